@@ -1,0 +1,29 @@
+# Bootstraps .venv on a fresh machine (Python 3.11) and runs the main job / the tests.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench venv clean
+
+demo: $(STAMP)
+	$(PY) -m ckstore.cli demo --store ./demo-store
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+venv: $(STAMP)
+
+# One pip call with the boto3 pin: s3fs's aiobotocore pins botocore, and a separate
+# install of moto would upgrade botocore past it. torch==2.13.0 is the CPU wheel.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0" "boto3==1.43.117" -e ".[test]"
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) demo-store .pytest_cache

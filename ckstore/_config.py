@@ -1,0 +1,95 @@
+"""The store's own config object (``ckstore.json``): format version, feature flags, knobs.
+
+Written once, create-if-absent, when a store is made; read and checked on every open. Knobs
+that change the bytes written (chunk size, inline limit) live here so every writer of one
+store cuts tensors on the same grid and dedups against the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import CorruptionError, InvalidInputError, SchemaError
+
+CONFIG_NAME = "ckstore.json"
+FORMAT_NAME = "ckstore"
+FORMAT_VERSION = 1
+FEATURES: tuple[str, ...] = ("blake3-ids", "packs-v1", "bytegroup-zstd", "manifest-v1")
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+DEFAULT_PACK_BYTES = 64 << 20
+DEFAULT_INLINE_BYTES = 2048
+DEFAULT_LEASE_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """What every writer of a store must agree on."""
+
+    store_id: str
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    pack_bytes: int = DEFAULT_PACK_BYTES
+    inline_bytes: int = DEFAULT_INLINE_BYTES
+    format: str = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+    hash: str = "blake3"
+    features: tuple[str, ...] = field(default=FEATURES)
+
+    @classmethod
+    def new(cls, chunk_bytes: int | None, pack_bytes: int | None, inline_bytes: int | None) -> StoreConfig:
+        cfg = cls(
+            store_id=uuid.uuid4().hex,
+            chunk_bytes=chunk_bytes or DEFAULT_CHUNK_BYTES,
+            pack_bytes=pack_bytes or DEFAULT_PACK_BYTES,
+            inline_bytes=DEFAULT_INLINE_BYTES if inline_bytes is None else inline_bytes,
+        )
+        if cfg.chunk_bytes < 16 or cfg.pack_bytes < cfg.chunk_bytes or cfg.inline_bytes < 0:
+            raise InvalidInputError(
+                f"store knobs out of range: chunk_bytes={cfg.chunk_bytes} (>= 16), "
+                f"pack_bytes={cfg.pack_bytes} (>= chunk_bytes), inline_bytes={cfg.inline_bytes} (>= 0)"
+            )
+        return cfg
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["features"] = list(self.features)
+        return json.dumps(d, sort_keys=True, indent=1).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> StoreConfig:
+        try:
+            d: dict[str, Any] = json.loads(raw)
+        except ValueError as exc:
+            raise CorruptionError(f"{where}/{CONFIG_NAME} is not valid JSON") from exc
+        if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
+            raise CorruptionError(f"{where}/{CONFIG_NAME} is not a ckstore config")
+        if d.get("format_version") != FORMAT_VERSION or d.get("hash") != "blake3":
+            raise SchemaError(
+                f"store {where} has format version {d.get('format_version')} (hash "
+                f"{d.get('hash')}); this ckstore reads version {FORMAT_VERSION}: upgrade ckstore"
+            )
+        unknown = set(d.get("features", ())) - set(FEATURES)
+        if unknown:
+            raise SchemaError(f"store {where} uses features {sorted(unknown)} this ckstore lacks: upgrade ckstore")
+        try:
+            return cls(
+                store_id=str(d["store_id"]),
+                chunk_bytes=int(d["chunk_bytes"]),
+                pack_bytes=int(d["pack_bytes"]),
+                inline_bytes=int(d["inline_bytes"]),
+                features=tuple(d.get("features", ())),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptionError(f"{where}/{CONFIG_NAME} lacks {exc}") from exc
+
+
+def default_threads() -> int:
+    """Worker threads for hashing/compression/IO: ``$CKSTORE_THREADS`` or the CPU count."""
+    env = os.environ.get("CKSTORE_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(2, os.cpu_count() or 2)

@@ -1,0 +1,248 @@
+"""Take: turn an app_state into a committed snapshot, writing only chunks the store lacks.
+
+Phases, one function each: flatten -> plan chunks -> hash -> ask the index (pinning what it
+has) -> encode and pack what is missing (packs durable before they are indexed) -> store the
+manifest -> commit in one index transaction. Nothing is visible until that commit (I1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import blake3
+import torch
+
+from . import objects
+from ._dtypes import GROUPED, dtype_name
+from ._grid import make_grid
+from ._lease import Lease
+from ._tensors import as_cpu_tensor, byte_view
+from ._tree import flatten, is_array
+from ._values import encode_value
+from .errors import InvalidInputError
+from .index import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
+from .manifest import ChunkRef, Entry, Manifest, TensorEntry, ValueEntry, canonical_json, entry_digest
+
+
+@dataclass(frozen=True)
+class TakeOptions:
+    """Knobs of one take (defaults come from the store's config)."""
+
+    chunk_bytes: int
+    pack_bytes: int
+    inline_bytes: int
+    threads: int
+    lease_seconds: float
+
+
+@dataclass
+class _Chunk:
+    key: str
+    view: memoryview
+    itemsize: int
+    grouped: bool
+    id: str = ""
+
+
+@dataclass
+class _Plan:
+    apps: dict[str, Any]
+    entries: dict[str, Entry] = field(default_factory=dict)
+    chunks: list[_Chunk] = field(default_factory=list)
+    boxes: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], _Chunk]]] = field(default_factory=dict)
+    keepalive: list[torch.Tensor] = field(default_factory=list)
+    tensors: dict[str, tuple[torch.Tensor, str, str]] = field(default_factory=dict)
+
+
+@dataclass
+class TakeResult:
+    """What a take wrote (the index records the same figures)."""
+
+    record: SnapshotRecord
+    manifest: Manifest
+
+
+def state_dicts(app_state: Mapping[str, Any]) -> dict[str, Any]:
+    """Call ``state_dict()`` on every stateful in ``app_state``; refuse anything else."""
+    if not isinstance(app_state, Mapping):
+        raise InvalidInputError("app_state must be a dict mapping names to stateful objects")
+    out = {}
+    for name, obj in app_state.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise InvalidInputError(f"app_state key {name!r} must be a non-empty str without '/'")
+        if not callable(getattr(obj, "state_dict", None)):
+            raise InvalidInputError(
+                f"app_state[{name!r}] is a {type(obj).__name__} without state_dict(); wrap plain "
+                "values as ckstore.StateDict(...) (and RNG state as ckstore.RNGState())"
+            )
+        out[name] = obj.state_dict()
+    return out
+
+
+def plan(states: Mapping[str, Any], opts: TakeOptions) -> _Plan:
+    """Flatten every state and cut its tensors into grid chunks (zero-copy views)."""
+    p = _Plan(apps={})
+    for name, sd in states.items():
+        flat = flatten(name, sd)
+        p.apps[name] = flat.tree
+        for key, value in flat.leaves.items():
+            if is_array(value):
+                _plan_tensor(p, key, value, opts)
+            else:
+                p.entries[key] = ValueEntry(encode_value(value, key))
+    return p
+
+
+def _plan_tensor(p: _Plan, key: str, value: Any, opts: TakeOptions) -> None:
+    device = str(value.device) if isinstance(value, torch.Tensor) else "cpu"
+    container = "torch" if isinstance(value, torch.Tensor) else "numpy"
+    t = as_cpu_tensor(value, key)
+    name = dtype_name(t.dtype, key)
+    view = byte_view(t)
+    p.keepalive.append(t)
+    shape = tuple(t.shape)
+    if len(view) <= opts.inline_bytes:
+        p.entries[key] = TensorEntry(name, shape, data=bytes(view), container=container, device=device)
+        return
+    grid = make_grid(shape, t.element_size(), opts.chunk_bytes)
+    boxes = []
+    for offsets, sizes in grid.boxes():
+        start, stop = grid.byte_range(offsets, sizes)
+        chunk = _Chunk(key, view[start:stop], t.element_size(), name in GROUPED)
+        p.chunks.append(chunk)
+        boxes.append((offsets, sizes, chunk))
+    p.boxes[key] = boxes
+    p.tensors[key] = (t, container, device)
+    p.entries[key] = TensorEntry(name, shape, (), grid.block, container=container, device=device)
+
+
+def hash_chunks(chunks: list[_Chunk], pool: ThreadPoolExecutor) -> None:
+    """Fill in every chunk's id (blake3 of its raw bytes), in parallel."""
+    for chunk, cid in zip(chunks, pool.map(lambda c: objects.chunk_id(c.view), chunks)):
+        chunk.id = cid
+
+
+def finish_entries(p: _Plan) -> None:
+    """Replace each chunked tensor's placeholder entry by one listing its chunk ids."""
+    for key, boxes in p.boxes.items():
+        e = p.entries[key]
+        assert isinstance(e, TensorEntry)
+        refs = tuple(ChunkRef(o, s, c.id) for o, s, c in boxes)
+        p.entries[key] = TensorEntry(e.dtype, e.shape, refs, e.block, container=e.container, device=e.device)
+
+
+@dataclass
+class _WriteStats:
+    new_bytes: int = 0
+    new_chunks: int = 0
+
+
+def write_missing(
+    store: objects.ObjectStore,
+    index: Any,
+    session: str,
+    missing: list[_Chunk],
+    opts: TakeOptions,
+    pool: ThreadPoolExecutor,
+) -> _WriteStats:
+    """Encode the missing chunks in parallel, fill packs, make each durable, then index it."""
+    stats = _WriteStats()
+    writer = store.new_pack_writer(opts.pack_bytes)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckstore-pack") as io:
+        flushing: list[Future[None]] = []
+        for chunk, (codec, payload) in zip(missing, _encoded(missing, pool, opts.threads * 2)):
+            writer.add(chunk.id, codec, payload, len(chunk.view))
+            stats.new_bytes += len(payload)
+            stats.new_chunks += 1
+            if writer.full:
+                flushing.append(io.submit(_flush, writer, index, session))
+                writer = store.new_pack_writer(opts.pack_bytes)
+        flushing.append(io.submit(_flush, writer, index, session))
+        for f in flushing:
+            f.result()
+    return stats
+
+
+def _encoded(chunks: list[_Chunk], pool: ThreadPoolExecutor, window: int) -> Iterator[tuple[str, Any]]:
+    """Encode chunks with at most ``window`` in flight, yielding results in order."""
+    pending: list[Future[tuple[str, Any]]] = []
+    it = iter(chunks)
+    for chunk in it:
+        pending.append(pool.submit(objects.encode, chunk.view, chunk.itemsize, chunk.grouped))
+        if len(pending) >= window:
+            yield pending.pop(0).result()
+    for f in pending:
+        yield f.result()
+
+
+def _flush(writer: objects.PackWriter, index: Any, session: str) -> None:
+    done = writer.finish()
+    if done is None:
+        return
+    pack_id, size, locs = done
+    chunks = [ChunkRecord(l.chunk_id, l.pack_id, l.offset, l.length, l.raw_length, l.codec) for l in locs]
+    index.add_pack(session, PackRecord(pack_id, size, len(chunks), time.time()), chunks)
+
+
+def entry_records(manifest: Manifest) -> list[EntryRecord]:
+    """Index rows for a manifest's entries (kind, dtype, shape, size, digest)."""
+    return [
+        EntryRecord(key, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))
+        for key, e in manifest.entries.items()
+    ]
+
+
+def take(
+    objs: objects.ObjectStore,
+    index: Any,
+    states: Mapping[str, Any],
+    opts: TakeOptions,
+    *,
+    run: str,
+    step: int | None,
+    tags: tuple[str, ...],
+    metadata: dict[str, Any],
+    name: str | None = None,
+) -> TakeResult:
+    """Store ``states`` (already-called state dicts) as one committed snapshot."""
+    started = time.time()
+    p = plan(states, opts)
+    with ThreadPoolExecutor(max_workers=opts.threads, thread_name_prefix="ckstore") as pool:
+        hash_chunks(p.chunks, pool)
+        finish_entries(p)
+        with Lease(index, opts.lease_seconds) as lease:
+            unique = {c.id: c for c in p.chunks}
+            found = index.lookup_chunks(lease.id, list(unique))
+            missing = [c for cid, c in unique.items() if cid not in found]
+            stats = write_missing(objs, index, lease.id, missing, opts, pool)
+            manifest = Manifest(p.apps, p.entries)
+            raw = manifest.to_json()
+            manifest_id = objs.put_blob("manifests", raw)
+            record = SnapshotRecord(
+                id=_snapshot_id(manifest_id, run, step, started, lease.id),
+                run=run,
+                step=step,
+                parent_id=None,
+                manifest_id=manifest_id,
+                created_at=started,
+                metadata=dict(metadata),
+                logical_bytes=manifest.logical_bytes(),
+                new_bytes=stats.new_bytes,
+                new_chunks=stats.new_chunks,
+                reused_chunks=len(found),
+                name=name,
+            )
+            committed = index.commit_snapshot(
+                lease.id, record, entry_records(manifest), list(unique), len(raw), tags
+            )
+            lease.committed = True
+    return TakeResult(committed, manifest)
+
+
+def _snapshot_id(manifest_id: str, run: str, step: int | None, when: float, session: str) -> str:
+    doc = {"manifest": manifest_id, "run": run, "step": step, "time": when, "session": session}
+    return blake3.blake3(canonical_json(doc)).hexdigest()

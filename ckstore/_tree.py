@@ -1,0 +1,154 @@
+"""Flatten a state dict into a JSON tree of containers plus addressable leaves, and back.
+
+Keys are '/'-joined paths from the app_state name down (``model/layer.0.weight``,
+``optim/state/0/exp_avg``); '%' and '/' inside a part are escaped as ``%25`` and ``%2F``.
+Leaves are tensors, NumPy arrays, plain scalars, and lists/tuples made only of plain scalars
+(kept whole so a long ``params`` list is one entry, not thousands). Containers (dicts, lists,
+tuples with a tensor somewhere below) stay in the tree, which records their types, key types
+and order, so restore rebuilds exactly the structure ``state_dict()`` produced.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._values import decode_value, encode_value, is_plain
+from .errors import CorruptionError, InvalidInputError, UnsupportedValueError
+
+
+def escape(part: str) -> str:
+    """Escape one path part so '/' stays the only separator."""
+    return part.replace("%", "%25").replace("/", "%2F")
+
+
+def join(prefix: str, part: str) -> str:
+    """Join an escaped part onto a key prefix."""
+    return f"{prefix}/{escape(part)}" if prefix else escape(part)
+
+
+def is_array(value: Any) -> bool:
+    """True for values stored as tensor entries."""
+    return isinstance(value, (torch.Tensor, np.ndarray))
+
+
+def _is_plain_seq(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and not isinstance(value, torch.Size) and all(
+        is_plain(v) or (isinstance(v, torch.Size)) for v in value
+    )
+
+
+@dataclass
+class Flat:
+    """A flattened state: the container tree and the leaves it references, in order."""
+
+    tree: Any
+    leaves: dict[str, Any] = field(default_factory=dict)
+
+
+def flatten(prefix: str, obj: Any, *, lenient: bool = False) -> Flat:
+    """Flatten ``obj`` (usually a ``state_dict()``) under key ``prefix``.
+
+    Args:
+        prefix: the key of ``obj`` itself (the app_state name).
+        obj: the value to flatten.
+        lenient: keep values ckstore cannot store as opaque leaves instead of raising (used to
+            read a destination's current state, which is never written).
+
+    Raises:
+        UnsupportedValueError: a value (or dict key) has a type ckstore does not store.
+        InvalidInputError: two keys of one dict map to the same path (e.g. ``1`` and ``"1"``).
+    """
+    flat = Flat(tree=None)
+    flat.tree = _flatten(prefix, obj, flat.leaves, lenient)
+    return flat
+
+
+def _flatten(key: str, obj: Any, leaves: dict[str, Any], lenient: bool) -> Any:
+    if is_array(obj) or is_plain(obj) or isinstance(obj, torch.Size) or _is_plain_seq(obj):
+        leaves[key] = obj
+        return {"$ref": key}
+    if isinstance(obj, dict):
+        return _flatten_dict(key, obj, leaves, lenient)
+    if isinstance(obj, (list, tuple)):
+        children = [_flatten(join(key, str(i)), v, leaves, lenient) for i, v in enumerate(obj)]
+        return children if isinstance(obj, list) else {"$tuple": children}
+    if lenient:
+        leaves[key] = obj
+        return {"$ref": key}
+    encode_value(obj, key)  # raises the typed error naming the key
+    raise UnsupportedValueError(f"key {key!r}: unsupported value")  # pragma: no cover
+
+
+def _flatten_dict(key: str, obj: dict[Any, Any], leaves: dict[str, Any], lenient: bool) -> Any:
+    items = []
+    seen: dict[str, Any] = {}
+    for k, v in obj.items():
+        if not is_plain(k) or isinstance(k, (bytes, bytearray)):
+            if lenient:
+                continue
+            raise UnsupportedValueError(
+                f"key {key!r}: dict key {k!r} of type {type(k).__name__} is not supported; "
+                "use str or int keys"
+            )
+        path = join(key, str(k))
+        if path in seen:
+            raise InvalidInputError(
+                f"key {key!r}: dict keys {seen[path]!r} and {k!r} both map to {path!r}; "
+                "rename one of them"
+            )
+        seen[path] = k
+        items.append([encode_value(k, key), _flatten(path, v, leaves, lenient)])
+    node: dict[str, Any] = {"$dict": items, "$cls": "OrderedDict" if isinstance(obj, OrderedDict) else "dict"}
+    meta = getattr(obj, "_metadata", None)
+    if isinstance(meta, dict) and not lenient:
+        node["$meta"] = encode_value(meta, key)
+    return node
+
+
+def unflatten(tree: Any, resolve: Callable[[str], Any]) -> Any:
+    """Rebuild the structure recorded in ``tree``, asking ``resolve(key)`` for each leaf."""
+    if isinstance(tree, list):
+        return [unflatten(t, resolve) for t in tree]
+    if not isinstance(tree, dict):
+        raise CorruptionError(f"manifest tree holds unexpected JSON {str(tree)[:100]}")
+    if "$ref" in tree:
+        return resolve(str(tree["$ref"]))
+    if "$tuple" in tree:
+        return tuple(unflatten(t, resolve) for t in tree["$tuple"])
+    if "$dict" in tree:
+        cls = OrderedDict if tree.get("$cls") == "OrderedDict" else dict
+        out = cls((decode_value(k), unflatten(v, resolve)) for k, v in tree["$dict"])
+        if "$meta" in tree:
+            out._metadata = decode_value(tree["$meta"])  # type: ignore[attr-defined]
+        return out
+    raise CorruptionError(f"manifest tree holds an unknown node {str(tree)[:100]}")
+
+
+def tree_refs(tree: Any) -> list[str]:
+    """All leaf keys referenced by ``tree``, in order."""
+    out: list[str] = []
+    unflatten(tree, lambda k: out.append(k))
+    return out
+
+
+def subtree(tree: Any, prefix: str, key: str) -> Any | None:
+    """Return the node of ``tree`` (rooted at ``prefix``) whose path is ``key``, or None."""
+    if key == prefix:
+        return tree
+    if isinstance(tree, dict) and "$ref" in tree:
+        return None
+    if isinstance(tree, dict) and "$dict" in tree:
+        children = [(join(prefix, str(decode_value(k))), v) for k, v in tree["$dict"]]
+    else:
+        items = tree["$tuple"] if isinstance(tree, dict) else tree
+        children = [(join(prefix, str(i)), v) for i, v in enumerate(items)]
+    for path, child in children:
+        if key == path or key.startswith(path + "/"):
+            return subtree(child, path, key)
+    return None

@@ -1,0 +1,75 @@
+"""One exception tree for ckstore.
+
+Every error derives from :class:`CkstoreError` and also from the builtin that fits, so callers
+that already catch ``KeyError``/``FileNotFoundError``/``ValueError`` keep working. Messages name
+the key, ref or object involved and say what to do. Lower layers translate foreign errors
+(fsspec, SQLAlchemy) at their boundary with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+
+class CkstoreError(Exception):
+    """Base class of every error ckstore raises on purpose."""
+
+
+class NotFoundError(CkstoreError, LookupError):
+    """Something named does not exist (a ref, a key, an object)."""
+
+
+class SnapshotNotFoundError(NotFoundError, KeyError):
+    """No snapshot matches a ref ("run", "run@step", a tag, an id prefix, a path)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class KeyNotFoundError(NotFoundError, KeyError):
+    """A key asked for is not in a snapshot's manifest."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ObjectNotFoundError(NotFoundError, FileNotFoundError):
+    """A stored object (pack, manifest) is missing from the backend."""
+
+
+class CorruptionError(CkstoreError, IOError):
+    """Stored bytes do not match their recorded id, length or structure. Never ignored."""
+
+
+class InvalidInputError(CkstoreError, ValueError):
+    """The caller passed something ckstore refuses (a value it cannot store, a bad name)."""
+
+
+class UnsupportedValueError(InvalidInputError, TypeError):
+    """A value in app_state has a type ckstore will not store (no pickle in the format)."""
+
+
+class MismatchError(CkstoreError, ValueError):
+    """A snapshot does not fit the destination (keys, dtypes or shapes differ)."""
+
+
+class ConflictError(CkstoreError):
+    """A concurrent change won (a tag moved, a name taken, a store already exists)."""
+
+
+class LeaseExpiredError(ConflictError):
+    """A write session's lease ran out before commit; GC may have reclaimed its pins."""
+
+
+class SchemaError(CkstoreError):
+    """The index schema or store format is older/newer than this ckstore understands."""
+
+
+class StorageError(CkstoreError, OSError):
+    """The object backend failed (after retries) for a reason other than not-found."""
+
+
+class IndexError_(CkstoreError):
+    """The SQL index failed for a reason other than a conflict."""
+
+
+class DistributedError(CkstoreError):
+    """One or more ranks failed a collective take/restore; names the ranks and causes."""

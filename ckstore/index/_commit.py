@@ -1,0 +1,137 @@
+"""The commit transaction: one snapshot, its manifest, chunk references and tag moves.
+
+Each function is one phase of :func:`commit`; all run inside the caller's single transaction, so
+any error leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.engine import Connection
+
+from ckstore.errors import ConflictError, InvalidInputError, NotFoundError
+from ckstore.index import _convert, _sql
+from ckstore.index._sql import batches, check_lease, insert, insert_ignore
+from ckstore.index.names import validate_name
+from ckstore.index.records import EntryRecord, SnapshotRecord
+
+
+def commit(
+    conn: Connection,
+    session_id: str,
+    snapshot: SnapshotRecord,
+    entries: Sequence[EntryRecord],
+    chunk_ids: list[str],
+    manifest_size: int,
+    tags: Sequence[str],
+) -> SnapshotRecord:
+    """Commits one snapshot; see :meth:`ckstore.index.Index.commit_snapshot` for the contract."""
+    validate(snapshot, tags)
+    now = check_lease(conn, session_id, lock=True)
+    require_chunks(conn, chunk_ids)
+    lock_run(conn, snapshot.run, now)
+    parent_id, seq = run_head(conn, snapshot.run)
+    require_free(conn, snapshot)
+    stored = dataclasses.replace(snapshot, parent_id=parent_id)
+    add_manifest(conn, snapshot.manifest_id, manifest_size, entries, now)
+    conn.execute(insert(conn, _sql.snapshots), _convert.snapshot_row(stored, seq + 1))
+    for batch in batches(chunk_ids):
+        conn.execute(
+            insert(conn, _sql.snapshot_chunks),
+            [{"snapshot_id": snapshot.id, "chunk_id": cid} for cid in batch],
+        )
+    for name in tags:
+        move_tag(conn, name, snapshot.id, now)
+    finish_session(conn, session_id, "committed", now)
+    return stored
+
+
+def validate(snapshot: SnapshotRecord, tags: Sequence[str]) -> None:
+    """Checks names and numbers before anything touches the database."""
+    validate_name(snapshot.run, "run")
+    if snapshot.name is not None:
+        validate_name(snapshot.name, "snapshot")
+    for name in tags:
+        validate_name(name, "tag")
+    if not snapshot.id or len(snapshot.id) > 128:
+        raise InvalidInputError(f"snapshot id must be 1 to 128 characters, got {snapshot.id!r}")
+    if snapshot.world_size < 1:
+        raise InvalidInputError(f"world_size must be >= 1, got {snapshot.world_size}")
+
+
+def require_chunks(conn: Connection, chunk_ids: list[str]) -> None:
+    """Raises NotFoundError if any referenced chunk has no row in ``chunks``."""
+    found = _sql.existing_chunk_ids(conn, chunk_ids)
+    missing = [cid for cid in chunk_ids if cid not in found]
+    if missing:
+        raise NotFoundError(
+            f"cannot commit: chunk {missing[0]} is not in the index ({len(missing)} of "
+            f"{len(chunk_ids)} chunks missing); add its pack with add_pack first"
+        )
+
+
+def lock_run(conn: Connection, run: str, now: float) -> None:
+    """Creates the run if missing and locks its row, so commits to one run go one at a time."""
+    insert_ignore(conn, _sql.runs, [{"name": run, "created_at": now}])
+    conn.execute(select(_sql.runs.c.name).where(_sql.runs.c.name == run).with_for_update())
+
+
+def run_head(conn: Connection, run: str) -> tuple[str | None, int]:
+    """Returns the id and sequence number of the run's latest snapshot (None, 0 if none)."""
+    s = _sql.snapshots
+    row = conn.execute(
+        select(s.c.id, s.c.seq).where(s.c.run == run).order_by(s.c.seq.desc()).limit(1)
+    ).first()
+    return (None, 0) if row is None else (row.id, row.seq)
+
+
+def require_free(conn: Connection, snapshot: SnapshotRecord) -> None:
+    """Raises ConflictError if the snapshot's id or name is already taken."""
+    s = _sql.snapshots
+    if conn.scalar(select(func.count()).where(s.c.id == snapshot.id)):
+        raise ConflictError(f"snapshot id {snapshot.id} already exists")
+    if snapshot.name is not None:
+        holder = conn.scalar(select(s.c.id).where(s.c.name == snapshot.name))
+        if holder is not None:
+            raise ConflictError(
+                f"snapshot name {snapshot.name!r} is taken by snapshot {holder}; "
+                "choose another name or delete that snapshot"
+            )
+
+
+def add_manifest(
+    conn: Connection, manifest_id: str, size: int, entries: Sequence[EntryRecord], now: float
+) -> None:
+    """Inserts the manifest and its entries unless a manifest with that id exists already."""
+    row = {"id": manifest_id, "size": int(size), "created_at": now}
+    if insert_ignore(conn, _sql.manifests, [row]) != 1:
+        return
+    rows = [_convert.entry_row(manifest_id, i, e) for i, e in enumerate(entries)]
+    for batch in batches(rows):
+        conn.execute(insert(conn, _sql.manifest_entries), batch)
+
+
+def move_tag(conn: Connection, name: str, snapshot_id: str, now: float) -> None:
+    """Creates the tag at ``snapshot_id`` or moves it there, bumping its version (atomic upsert)."""
+    t = _sql.tags
+    stmt = insert(conn, t).values(name=name, snapshot_id=snapshot_id, version=1, updated_at=now)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[t.c.name],
+        set_={"snapshot_id": snapshot_id, "version": t.c.version + 1, "updated_at": now},
+    )
+    conn.execute(stmt)
+
+
+def finish_session(conn: Connection, session_id: str, state: str, now: float | None = None) -> int:
+    """Sets a session's final state and drops its pins; returns how many sessions matched."""
+    result = conn.execute(
+        update(_sql.sessions)
+        .where(_sql.sessions.c.id == session_id)
+        .values(state=state, heartbeat_at=now if now is not None else time.time())
+    )
+    conn.execute(delete(_sql.pins).where(_sql.pins.c.session_id == session_id))
+    return result.rowcount

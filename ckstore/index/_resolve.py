@@ -1,0 +1,106 @@
+"""Resolution of a ref string to a snapshot.
+
+Tried in order, first match wins:
+
+1. ``run@step``: the snapshot of that run at that step (the newest if several).
+2. A tag name.
+3. A snapshot name.
+4. A run name: the run's latest snapshot.
+5. A snapshot id, or a hex id prefix of at least 4 characters (ambiguous: an error).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sqlalchemy import Row, select
+from sqlalchemy.engine import Connection
+
+from ckstore.errors import InvalidInputError, SnapshotNotFoundError
+from ckstore.index import _sql
+
+MIN_PREFIX = 4
+_HEX_PREFIX = re.compile(r"[0-9a-fA-F]{%d,128}" % MIN_PREFIX)
+_TRIED = "run@step, tag, snapshot name, run name, snapshot id (prefix of >= 4 hex digits)"
+
+
+def resolve(conn: Connection, ref: str) -> Row[Any]:
+    """Returns the ``snapshots`` row ``ref`` names.
+
+    Raises:
+        SnapshotNotFoundError: If nothing matches; the message lists what was tried and some
+            known runs and tags.
+        InvalidInputError: If an id prefix matches several snapshots, or ``run@step`` has a
+            step that is not an integer.
+    """
+    if not isinstance(ref, str) or not ref:
+        raise InvalidInputError(f"a snapshot ref must be a non-empty string, got {ref!r}")
+    s = _sql.snapshots
+    if "@" in ref:
+        return _by_step(conn, ref)
+    tagged = conn.scalar(select(_sql.tags.c.snapshot_id).where(_sql.tags.c.name == ref))
+    if tagged is not None:
+        return _one(conn, s.c.id == tagged, ref)
+    row = conn.execute(select(s).where(s.c.name == ref)).first()
+    if row is None:
+        row = _latest(conn, s.c.run == ref)
+    if row is None:
+        row = _by_id(conn, ref)
+    if row is None:
+        raise SnapshotNotFoundError(_not_found_message(conn, ref, _TRIED))
+    return row
+
+
+def _by_step(conn: Connection, ref: str) -> Row[Any]:
+    run, _, step_text = ref.rpartition("@")
+    try:
+        step = int(step_text)
+    except ValueError:
+        raise InvalidInputError(
+            f"bad ref {ref!r}: after '@' comes a step number, as in {run or 'run'}@100"
+        ) from None
+    s = _sql.snapshots
+    row = _latest(conn, (s.c.run == run) & (s.c.step == step))
+    if row is None:
+        raise SnapshotNotFoundError(_not_found_message(conn, ref, f"run {run!r} at step {step}"))
+    return row
+
+
+def _latest(conn: Connection, where: Any) -> Row[Any] | None:
+    s = _sql.snapshots
+    return conn.execute(select(s).where(where).order_by(s.c.seq.desc()).limit(1)).first()
+
+
+def _one(conn: Connection, where: Any, ref: str) -> Row[Any]:
+    row = conn.execute(select(_sql.snapshots).where(where)).first()
+    if row is None:  # a dangling tag cannot exist (foreign key), but be explicit
+        raise SnapshotNotFoundError(f"ref {ref!r} points at a snapshot that does not exist")
+    return row
+
+
+def _by_id(conn: Connection, ref: str) -> Row[Any] | None:
+    s = _sql.snapshots
+    row = conn.execute(select(s).where(s.c.id == ref)).first()
+    if row is not None or not _HEX_PREFIX.fullmatch(ref):
+        return row
+    rows = conn.execute(
+        select(s).where(s.c.id.startswith(ref.lower())).order_by(s.c.id).limit(11)
+    ).all()
+    if len(rows) > 1:
+        shown = ", ".join(f"{r.id} ({r.run}@{r.step})" for r in rows[:10])
+        more = " and more" if len(rows) > 10 else ""
+        raise InvalidInputError(
+            f"snapshot id prefix {ref!r} is ambiguous: it matches {shown}{more}; "
+            "give more digits"
+        )
+    return rows[0] if rows else None
+
+
+def _not_found_message(conn: Connection, ref: str, tried: str) -> str:
+    runs = list(conn.scalars(select(_sql.runs.c.name).order_by(_sql.runs.c.name).limit(5)))
+    tags = list(conn.scalars(select(_sql.tags.c.name).order_by(_sql.tags.c.name).limit(5)))
+    return (
+        f"no snapshot matches {ref!r} (tried: {tried}). "
+        f"Known runs: {', '.join(runs) or '(none)'}; tags: {', '.join(tags) or '(none)'}"
+    )

@@ -1,0 +1,109 @@
+"""Shared SQL building blocks: table handles, dialect-aware inserts, batching, lease checks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TypeVar, cast
+
+from sqlalchemy import Table, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from ckstore.errors import LeaseExpiredError
+from ckstore.index import models
+
+meta = cast(Table, models.Meta.__table__)
+packs = cast(Table, models.Pack.__table__)
+chunks = cast(Table, models.Chunk.__table__)
+manifests = cast(Table, models.Manifest.__table__)
+manifest_entries = cast(Table, models.ManifestEntry.__table__)
+runs = cast(Table, models.Run.__table__)
+snapshots = cast(Table, models.Snapshot.__table__)
+snapshot_chunks = cast(Table, models.SnapshotChunk.__table__)
+tags = cast(Table, models.Tag.__table__)
+sessions = cast(Table, models.WriteSession.__table__)
+pins = cast(Table, models.Pin.__table__)
+
+BATCH_SIZE = 500
+"""Most ids bound into one ``IN (...)`` query (well below SQLite's variable limit)."""
+
+ACTIVE = "active"
+SESSION_STATES = ("active", "committed", "aborted")
+
+T = TypeVar("T")
+
+
+def batches(items: Iterable[T], size: int = BATCH_SIZE) -> Iterator[list[T]]:
+    """Yields lists of at most ``size`` items."""
+    batch: list[T] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def unique(ids: Iterable[str]) -> list[str]:
+    """Returns the ids without duplicates, in first-seen order."""
+    return list(dict.fromkeys(ids))
+
+
+def insert(conn: Connection, table: Table) -> Any:
+    """Returns the dialect's INSERT (which supports ``on_conflict_do_nothing``/``_do_update``)."""
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
+
+
+def insert_ignore(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> int:
+    """Inserts rows, leaving rows whose primary key already exists as they are.
+
+    Returns:
+        The number of rows inserted (exact for a single row; -1 if the driver cannot tell).
+    """
+    if not rows:
+        return 0
+    keys = [c.name for c in table.primary_key.columns]
+    stmt = insert(conn, table).on_conflict_do_nothing(index_elements=keys)
+    result = conn.execute(stmt, rows[0] if len(rows) == 1 else list(rows))
+    return result.rowcount
+
+
+def check_lease(conn: Connection, session_id: str, *, lock: bool = False) -> float:
+    """Checks that a write session is active and unexpired; returns the current time.
+
+    Args:
+        conn: Connection inside the caller's transaction.
+        session_id: The session to check.
+        lock: Lock the session row until the transaction ends (PostgreSQL ``FOR UPDATE``), so
+            nothing expires or ends it between this check and the commit.
+
+    Raises:
+        LeaseExpiredError: If the session is unknown, no longer active, or past its lease.
+    """
+    query = select(sessions.c.state, sessions.c.expires_at).where(sessions.c.id == session_id)
+    if lock:
+        query = query.with_for_update()
+    row = conn.execute(query).first()
+    now = time.time()
+    if row is None:
+        raise LeaseExpiredError(f"write session {session_id} is unknown (expired and purged?)")
+    if row.state != ACTIVE:
+        raise LeaseExpiredError(f"write session {session_id} is {row.state}, not active")
+    if row.expires_at < now:
+        raise LeaseExpiredError(
+            f"write session {session_id}'s lease expired {now - row.expires_at:.3f}s ago; "
+            "heartbeat more often or use a longer lease"
+        )
+    return now
+
+
+def existing_chunk_ids(conn: Connection, ids: Sequence[str]) -> set[str]:
+    """Returns which of ``ids`` have a row in ``chunks`` (batched)."""
+    found: set[str] = set()
+    for batch in batches(ids):
+        found.update(conn.scalars(select(chunks.c.id).where(chunks.c.id.in_(batch))))
+    return found

@@ -1,0 +1,114 @@
+"""Engines for the index databases (SQLite and PostgreSQL), configured for safe concurrency.
+
+SQLite: pysqlite's own transaction handling starts transactions lazily and loses updates under
+concurrent writers, and a deferred ``BEGIN`` that later writes fails with "database is locked"
+(``busy_timeout`` does not help a read-to-write upgrade). So the DBAPI connection runs with
+``isolation_level=None`` and every SQLAlchemy transaction starts with ``BEGIN IMMEDIATE``: writers
+queue on the write lock (waiting up to ``busy_timeout``) instead of failing or overwriting each
+other. Transactions opened with the execution option ``ckstore_readonly=True`` use a deferred
+``BEGIN`` so readers do not queue behind writers (WAL lets them read a stable snapshot).
+
+PostgreSQL: the default READ COMMITTED level; the index code uses ``SELECT ... FOR UPDATE``,
+atomic upserts or compare-and-swap updates wherever it reads and then writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.pool import StaticPool
+
+from ckstore.errors import InvalidInputError
+
+READONLY = "ckstore_readonly"
+"""Execution option marking a read-only transaction (SQLite: deferred ``BEGIN``)."""
+
+DEFAULT_BUSY_TIMEOUT_S = 60.0
+
+
+def parse_url(url: str | URL) -> URL:
+    """Parses an index URL, mapping plain ``postgresql://`` to the psycopg 3 driver.
+
+    Raises:
+        InvalidInputError: If the URL cannot be parsed or names an unsupported database.
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise InvalidInputError(f"not a database URL: {url!r} ({exc})") from exc
+    backend = parsed.get_backend_name()
+    if backend == "postgresql" and parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if backend not in ("sqlite", "postgresql"):
+        raise InvalidInputError(
+            f"unsupported index database {parsed.drivername!r}: use sqlite:///PATH or "
+            "postgresql+psycopg://USER@HOST/DB"
+        )
+    return parsed
+
+
+def make_engine(url: str | URL, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> Engine:
+    """Creates an Engine for an index database.
+
+    Args:
+        url: SQLAlchemy URL (``sqlite:///path``, ``sqlite:///:memory:``,
+            ``postgresql+psycopg://user@host:port/db``).
+        busy_timeout_s: SQLite only: how long a writer waits for the write lock.
+
+    Returns:
+        A configured Engine (see the module docstring for the transaction rules).
+
+    Raises:
+        InvalidInputError: If the URL is malformed or the database kind is unsupported.
+    """
+    parsed = parse_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed, busy_timeout_s)
+    return create_engine(parsed, pool_pre_ping=True)
+
+
+def display_url(url: URL) -> str:
+    """Renders a URL for messages and commands: password hidden, SQLite paths readable."""
+    if url.get_backend_name() == "sqlite":
+        return f"sqlite:///{url.database or ':memory:'}"
+    return url.render_as_string(hide_password=True)
+
+
+def is_memory_sqlite(url: URL) -> bool:
+    """Tells whether a SQLite URL names an in-memory database."""
+    database = url.database or ""
+    return database in ("", ":memory:") or "mode=memory" in str(url.query.get("mode", ""))
+
+
+def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
+    memory = is_memory_sqlite(url)
+    kwargs: dict[str, Any] = {
+        "connect_args": {"check_same_thread": False, "timeout": busy_timeout_s},
+    }
+    if memory:
+        kwargs["poolclass"] = StaticPool
+    engine = create_engine(url, **kwargs)
+    busy_ms = int(busy_timeout_s * 1000)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+        # synchronous stays at its default (FULL): a committed snapshot must survive power loss.
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            if not memory:
+                cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        readonly = connection.get_execution_options().get(READONLY, False)
+        connection.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+
+    return engine

@@ -1,0 +1,437 @@
+"""The index: the dedup oracle and the commit point of a ckstore store.
+
+Contract:
+
+* Every method runs in its own short transaction and is atomic: it either does all it says or
+  raises and changes nothing.
+* An :class:`Index` may be shared by threads; several processes may open the same database.
+  On SQLite every write transaction starts with ``BEGIN IMMEDIATE`` (writers queue, no lost
+  updates); on PostgreSQL read-then-write paths lock rows or compare-and-swap.
+* Chunks a writer relies on are pinned to its write session (lease) from the moment the index
+  reports them, until the session commits or ends; GC must leave pinned chunks alone while the
+  lease is valid. A writer whose lease has expired cannot pin or commit (LeaseExpiredError).
+* Errors are ckstore errors: LeaseExpiredError, ConflictError, NotFoundError (and
+  SnapshotNotFoundError), InvalidInputError, SchemaError, and IndexError_ for database failures.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import StaticPool
+
+from ckstore.errors import InvalidInputError, LeaseExpiredError, NotFoundError
+from ckstore.errors import SnapshotNotFoundError
+from ckstore.index import _commit, _convert, _resolve, _sql, _tags
+from ckstore.index._errors import translated
+from ckstore.index._sql import batches, check_lease, insert, insert_ignore, unique
+from ckstore.index.engine import READONLY, display_url, make_engine
+from ckstore.index.records import (
+    ChunkRecord,
+    EntryRecord,
+    PackRecord,
+    SessionRecord,
+    SnapshotRecord,
+    TagRecord,
+)
+from ckstore.index.schema import ensure_schema
+
+FINAL_STATES = ("committed", "aborted")
+
+
+class Index:
+    """SQL index of one store (SQLite or PostgreSQL). Create it with :meth:`Index.open`."""
+
+    def __init__(self, engine: Engine) -> None:
+        """Wraps an engine whose schema is already checked; use :meth:`open` instead."""
+        self._engine = engine
+        self._url = display_url(engine.url)
+        # One shared connection (in-memory SQLite) must not run two transactions at once.
+        shared = isinstance(engine.pool, StaticPool)
+        self._lock: Any = threading.RLock() if shared else nullcontext()
+
+    # ----------------------------------------------------------------- lifecycle
+    @classmethod
+    def open(cls, url: str, *, create: bool = True) -> Index:
+        """Opens (and, if ``create``, initializes) the index database at ``url``.
+
+        Args:
+            url: SQLAlchemy URL: ``sqlite:///path``, ``sqlite:///:memory:`` or
+                ``postgresql+psycopg://user@host:port/db``.
+            create: Give an empty database the schema (else NotFoundError).
+
+        Raises:
+            SchemaError: If the database's schema is older or newer than this code, or it is
+                not a ckstore index. The message says what to run.
+            NotFoundError: If the database is empty and ``create`` is False.
+            IndexError_: If the database cannot be reached.
+        """
+        engine = make_engine(url)
+        try:
+            with translated("open index", display_url(engine.url)):
+                ensure_schema(engine, create=create)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine)
+
+    def close(self) -> None:
+        """Closes every pooled connection. The Index must not be used afterwards."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def url(self) -> str:
+        """The database URL, password hidden."""
+        return self._url
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._engine.dialect.name
+
+    @contextmanager
+    def _write(self, what: str) -> Iterator[Connection]:
+        with self._lock, translated(what, self._url), self._engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _read(self, what: str) -> Iterator[Connection]:
+        with self._lock, translated(what, self._url), self._engine.connect() as conn:
+            conn.execution_options(**{READONLY: True})
+            with conn.begin():
+                yield conn
+
+    # ---------------------------------------------------------------------- meta
+    def get_meta(self, key: str) -> str | None:
+        """Returns a store-wide setting, or None if unset."""
+        with self._read(f"read meta {key!r}") as conn:
+            return conn.scalar(select(_sql.meta.c.value).where(_sql.meta.c.key == key))
+
+    def set_meta(self, key: str, value: str, *, only_if_absent: bool = False) -> str:
+        """Stores a setting and returns the value now stored.
+
+        Args:
+            key: Setting name.
+            value: Setting value.
+            only_if_absent: Keep an existing value (first writer wins); the return value then
+                tells the caller which value is in force.
+        """
+        m = _sql.meta
+        with self._write(f"write meta {key!r}") as conn:
+            if only_if_absent:
+                insert_ignore(conn, m, [{"key": key, "value": value}])
+            else:
+                stmt = insert(conn, m).values(key=key, value=value)
+                conn.execute(
+                    stmt.on_conflict_do_update(index_elements=[m.c.key], set_={"value": value})
+                )
+            return conn.scalar(select(m.c.value).where(m.c.key == key))
+
+    # ------------------------------------------------------------ write sessions
+    def begin_session(self, owner: str, lease_seconds: float) -> SessionRecord:
+        """Starts a write session holding a lease of ``lease_seconds``.
+
+        Raises:
+            InvalidInputError: If ``lease_seconds`` is not positive.
+        """
+        if not lease_seconds > 0:
+            raise InvalidInputError(f"lease_seconds must be > 0, got {lease_seconds}")
+        now = time.time()
+        row = {
+            "id": uuid.uuid4().hex, "owner": str(owner)[:255], "started_at": now,
+            "heartbeat_at": now, "expires_at": now + lease_seconds, "state": _sql.ACTIVE,
+        }
+        with self._write("begin write session") as conn:
+            conn.execute(insert(conn, _sql.sessions), row)
+        return SessionRecord(**row)
+
+    def heartbeat(self, session_id: str, lease_seconds: float) -> None:
+        """Extends an active, unexpired lease to ``lease_seconds`` from now.
+
+        Raises:
+            LeaseExpiredError: If the session is unknown, ended, or its lease already expired.
+        """
+        s = _sql.sessions
+        with self._write(f"heartbeat session {session_id}") as conn:
+            now = time.time()
+            result = conn.execute(
+                update(s)
+                .where((s.c.id == session_id) & (s.c.state == _sql.ACTIVE))
+                .where(s.c.expires_at >= now)
+                .values(heartbeat_at=now, expires_at=now + lease_seconds)
+            )
+            if result.rowcount != 1:
+                check_lease(conn, session_id)  # raises with the precise reason
+                raise LeaseExpiredError(f"write session {session_id} could not be extended")
+
+    def end_session(self, session_id: str, state: str) -> None:
+        """Ends a session as ``"committed"`` or ``"aborted"`` and drops its pins.
+
+        Raises:
+            InvalidInputError: For any other state.
+            NotFoundError: If the session does not exist.
+        """
+        if state not in FINAL_STATES:
+            raise InvalidInputError(f"a session ends as one of {FINAL_STATES}, not {state!r}")
+        with self._write(f"end session {session_id}") as conn:
+            if _commit.finish_session(conn, session_id, state) != 1:
+                raise NotFoundError(f"no write session {session_id}")
+
+    # -------------------------------------------------------------- dedup oracle
+    def lookup_chunks(self, session_id: str, chunk_ids: Iterable[str]) -> dict[str, ChunkRecord]:
+        """Returns the chunks among ``chunk_ids`` the index has, pinning each to the session.
+
+        The lease check, the lookup and the pins happen in one transaction, so a chunk
+        reported here cannot be collected while the lease is valid.
+
+        Raises:
+            LeaseExpiredError: If the session's lease is no longer valid (nothing is pinned).
+        """
+        ids = unique(chunk_ids)
+        c = _sql.chunks
+        found: dict[str, ChunkRecord] = {}
+        with self._write(f"look up chunks for session {session_id}") as conn:
+            check_lease(conn, session_id)
+            for batch in batches(ids):
+                query = select(c).where(c.c.id.in_(batch)).with_for_update(read=True, key_share=True)
+                rows = conn.execute(query).all()
+                insert_ignore(
+                    conn, _sql.pins, [{"session_id": session_id, "chunk_id": r.id} for r in rows]
+                )
+                found.update((r.id, _convert.chunk(r)) for r in rows)
+        return found
+
+    def add_pack(self, session_id: str, pack: PackRecord, chunks: Sequence[ChunkRecord]) -> None:
+        """Records a durable pack and its chunks, pinning every chunk to the session.
+
+        Idempotent: a pack or chunk id already present is left as it is (the first location
+        recorded for a chunk stays its location).
+
+        Raises:
+            LeaseExpiredError: If the session's lease is no longer valid.
+            InvalidInputError: If a chunk claims to live in another pack.
+        """
+        strays = [ch.chunk_id for ch in chunks if ch.pack_id != pack.pack_id]
+        if strays:
+            raise InvalidInputError(f"chunk {strays[0]} is not in pack {pack.pack_id}")
+        with self._write(f"add pack {pack.pack_id}") as conn:
+            now = check_lease(conn, session_id)
+            created = pack.created_at or now
+            insert_ignore(conn, _sql.packs, [{
+                "id": pack.pack_id, "size": pack.size, "chunk_count": pack.chunk_count,
+                "created_at": created,
+            }])
+            for batch in batches(chunks):
+                insert_ignore(conn, _sql.chunks, [_convert.chunk_row(ch, created) for ch in batch])
+                pin_rows = [{"session_id": session_id, "chunk_id": ch.chunk_id} for ch in batch]
+                insert_ignore(conn, _sql.pins, pin_rows)
+
+    def chunk_locations(self, chunk_ids: Iterable[str]) -> dict[str, ChunkRecord]:
+        """Returns where each known chunk among ``chunk_ids`` lives (no pins; for reads)."""
+        c = _sql.chunks
+        with self._read("locate chunks") as conn:
+            return {
+                r.id: _convert.chunk(r)
+                for batch in batches(unique(chunk_ids))
+                for r in conn.execute(select(c).where(c.c.id.in_(batch)))
+            }
+
+    # -------------------------------------------------------------------- commit
+    def commit_snapshot(
+        self,
+        session_id: str,
+        snapshot: SnapshotRecord,
+        entries: Sequence[EntryRecord],
+        chunk_ids: Iterable[str],
+        manifest_size: int,
+        tags: Sequence[str] = (),
+    ) -> SnapshotRecord:
+        """Commits a snapshot in one transaction; the snapshot exists iff this returns.
+
+        In order: the session must be active and unexpired; every chunk id must be in the
+        index; the run is created if missing; ``parent_id`` becomes the run's latest snapshot
+        at commit time (the caller's value is ignored); the manifest and its entries are
+        inserted unless the manifest id exists; the snapshot and its chunk references are
+        inserted; each tag is created or moved to it; the session becomes committed and its
+        pins are dropped.
+
+        Returns:
+            The stored record, with ``parent_id`` filled in.
+
+        Raises:
+            LeaseExpiredError: If the lease is no longer valid.
+            NotFoundError: If a chunk id is not in the index (the message names one).
+            ConflictError: If the snapshot id or name is taken.
+            InvalidInputError: If the run, name or a tag name is invalid.
+        """
+        ids = unique(chunk_ids)
+        with self._write(f"commit snapshot {snapshot.id}") as conn:
+            return _commit.commit(
+                conn, session_id, snapshot, entries, ids, manifest_size, list(tags)
+            )
+
+    # --------------------------------------------------------------------- reads
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRecord:
+        """Returns the snapshot with this exact id.
+
+        Raises:
+            SnapshotNotFoundError: If there is none.
+        """
+        s = _sql.snapshots
+        with self._read(f"read snapshot {snapshot_id}") as conn:
+            row = conn.execute(select(s).where(s.c.id == snapshot_id)).first()
+        if row is None:
+            raise SnapshotNotFoundError(f"no snapshot with id {snapshot_id}")
+        return _convert.snapshot(row)
+
+    def resolve(self, ref: str) -> SnapshotRecord:
+        """Finds the snapshot a ref names.
+
+        Tried in order: ``run@step`` (the newest snapshot of that run at that step), a tag, a
+        snapshot name, a run name (its latest snapshot), a snapshot id or a hex id prefix of at
+        least 4 characters.
+
+        Raises:
+            SnapshotNotFoundError: If nothing matches (the message lists what was tried and a
+                few known runs and tags).
+            InvalidInputError: If an id prefix is ambiguous (the message lists candidates).
+        """
+        with self._read(f"resolve {ref!r}") as conn:
+            return _convert.snapshot(_resolve.resolve(conn, ref))
+
+    def list_snapshots(
+        self, run: str | None = None, limit: int | None = None
+    ) -> list[SnapshotRecord]:
+        """Lists snapshots newest first: by commit order within a run, else by created_at."""
+        s = _sql.snapshots
+        query = select(s)
+        if run is not None:
+            query = query.where(s.c.run == run).order_by(s.c.seq.desc())
+        else:
+            query = query.order_by(s.c.created_at.desc(), s.c.seq.desc(), s.c.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read("list snapshots") as conn:
+            return [_convert.snapshot(r) for r in conn.execute(query)]
+
+    def list_runs(self) -> list[str]:
+        """Lists run names in name order."""
+        with self._read("list runs") as conn:
+            return list(conn.scalars(select(_sql.runs.c.name).order_by(_sql.runs.c.name)))
+
+    def entries(self, manifest_id: str) -> list[EntryRecord]:
+        """Returns a manifest's entries in the order they were committed (empty if unknown)."""
+        e = _sql.manifest_entries
+        query = select(e).where(e.c.manifest_id == manifest_id).order_by(e.c.position)
+        with self._read(f"read manifest {manifest_id}") as conn:
+            return [_convert.entry(r) for r in conn.execute(query)]
+
+    def snapshot_chunk_ids(self, snapshot_id: str) -> set[str]:
+        """Returns the ids of the chunks a snapshot references."""
+        sc = _sql.snapshot_chunks
+        with self._read(f"read chunks of {snapshot_id}") as conn:
+            return set(conn.scalars(select(sc.c.chunk_id).where(sc.c.snapshot_id == snapshot_id)))
+
+    def stored_bytes(self, snapshot_id: str) -> int:
+        """Returns the stored (compressed) size of the chunks a snapshot references."""
+        sc, c = _sql.snapshot_chunks, _sql.chunks
+        query = (
+            select(func.coalesce(func.sum(c.c.length), 0))
+            .select_from(sc.join(c, c.c.id == sc.c.chunk_id))
+            .where(sc.c.snapshot_id == snapshot_id)
+        )
+        with self._read(f"size snapshot {snapshot_id}") as conn:
+            return int(conn.scalar(query) or 0)
+
+    # ---------------------------------------------------------------------- tags
+    def set_tag(
+        self,
+        name: str,
+        ref_snapshot_id: str,
+        *,
+        force: bool = False,
+        expected_version: int | None = None,
+    ) -> TagRecord:
+        """Creates or moves a tag.
+
+        Args:
+            name: Tag name (see ``validate_name``).
+            ref_snapshot_id: Id of the snapshot to point at.
+            force: Move the tag if it exists.
+            expected_version: Compare-and-swap: move only if the tag is at this version
+                (0: create only if absent). Of several concurrent movers that read the same
+                version exactly one wins.
+
+        Returns:
+            The tag as stored (version 1 when created, +1 per move).
+
+        Raises:
+            ConflictError: If the tag exists (no force, no expected_version) or moved since
+                ``expected_version``.
+            SnapshotNotFoundError: If the snapshot does not exist.
+            InvalidInputError: If the name is invalid.
+        """
+        with self._write(f"tag {name!r}") as conn:
+            return _tags.set_tag(
+                conn, name, ref_snapshot_id, force=force, expected_version=expected_version
+            )
+
+    def delete_tag(self, name: str) -> None:
+        """Deletes a tag.
+
+        Raises:
+            NotFoundError: If there is no such tag.
+        """
+        with self._write(f"delete tag {name!r}") as conn:
+            result = conn.execute(delete(_sql.tags).where(_sql.tags.c.name == name))
+            if result.rowcount != 1:
+                raise NotFoundError(f"no tag {name!r}")
+
+    def get_tag(self, name: str) -> TagRecord | None:
+        """Returns the tag, or None."""
+        with self._read(f"read tag {name!r}") as conn:
+            return _tags.get_tag(conn, name)
+
+    def list_tags(self, snapshot_id: str | None = None) -> list[TagRecord]:
+        """Lists tags by name, optionally only those pointing at ``snapshot_id``."""
+        t = _sql.tags
+        query = select(t).order_by(t.c.name)
+        if snapshot_id is not None:
+            query = query.where(t.c.snapshot_id == snapshot_id)
+        with self._read("list tags") as conn:
+            return [_convert.tag(r) for r in conn.execute(query)]
+
+    # -------------------------------------------------------------------- delete
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Deletes a snapshot, its chunk references and the tags pointing at it.
+
+        Its children get its parent as their parent, so run history stays a chain. Chunk,
+        pack and manifest rows are left for GC.
+
+        Raises:
+            SnapshotNotFoundError: If there is no such snapshot.
+        """
+        s, sc, t = _sql.snapshots, _sql.snapshot_chunks, _sql.tags
+        with self._write(f"delete snapshot {snapshot_id}") as conn:
+            row = conn.execute(
+                select(s.c.parent_id).where(s.c.id == snapshot_id).with_for_update()
+            ).first()
+            if row is None:
+                raise SnapshotNotFoundError(f"no snapshot with id {snapshot_id}")
+            conn.execute(update(s).where(s.c.parent_id == snapshot_id).values(parent_id=row.parent_id))
+            conn.execute(delete(t).where(t.c.snapshot_id == snapshot_id))
+            conn.execute(delete(sc).where(sc.c.snapshot_id == snapshot_id))
+            conn.execute(delete(s).where(s.c.id == snapshot_id))

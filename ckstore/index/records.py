@@ -1,0 +1,143 @@
+"""Frozen value types that cross the index boundary.
+
+The index never hands out ORM objects: every method takes and returns these records, so callers
+cannot keep a row alive past its transaction or mutate it behind the index's back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """Where one chunk lives.
+
+    Attributes:
+        chunk_id: 64 hex digits, the hash of the chunk's raw (uncompressed) bytes.
+        pack_id: Id of the pack object holding the chunk.
+        offset: Byte offset of the stored (possibly compressed) chunk inside the pack.
+        length: Stored length in the pack, in bytes.
+        raw_length: Uncompressed length, in bytes.
+        codec: Codec name used to store it (``"none"``, ``"zstd"``, ...).
+    """
+
+    chunk_id: str
+    pack_id: str
+    offset: int
+    length: int
+    raw_length: int
+    codec: str
+
+
+@dataclass(frozen=True)
+class PackRecord:
+    """One pack object.
+
+    Attributes:
+        pack_id: Id (object name) of the pack.
+        size: Size of the pack object, in bytes.
+        chunk_count: Number of chunks stored in it.
+        created_at: Unix time the pack was made durable (0.0: let the index use "now").
+    """
+
+    pack_id: str
+    size: int
+    chunk_count: int
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class EntryRecord:
+    """One key of a manifest, as far as the index needs it (listing and diffs).
+
+    Attributes:
+        key: The flattened app_state key.
+        kind: Entry kind (``"tensor"``, ``"inline"``, ...), defined by the manifest layer.
+        dtype: Tensor dtype name, or None for non-tensors.
+        shape: Global tensor shape, or None for non-tensors.
+        nbytes: Logical size in bytes.
+        digest: Hex hash of the entry's canonical JSON, computed by the caller; equal digests
+            mean equal entries.
+    """
+
+    key: str
+    kind: str
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    nbytes: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """A committed snapshot (the analogue of a git commit).
+
+    Attributes:
+        id: Snapshot id (unique, normally hex).
+        run: Run name the snapshot belongs to.
+        step: Training step, or None.
+        parent_id: Previous snapshot of the same run at commit time (set by the index).
+        manifest_id: Id of the manifest object.
+        created_at: Unix time.
+        metadata: JSON-able user metadata.
+        logical_bytes: Total logical bytes of the state.
+        new_bytes: Bytes written by this snapshot (not deduplicated).
+        new_chunks: Chunks written by this snapshot.
+        reused_chunks: Chunks reused from earlier snapshots.
+        name: Optional unique snapshot name (e.g. a TorchSnapshot path).
+        world_size: Number of ranks that wrote it.
+    """
+
+    id: str
+    run: str
+    step: int | None
+    parent_id: str | None
+    manifest_id: str
+    created_at: float
+    metadata: dict[str, Any] = field(hash=False)
+    logical_bytes: int
+    new_bytes: int
+    new_chunks: int
+    reused_chunks: int
+    name: str | None = None
+    world_size: int = 1
+
+
+@dataclass(frozen=True)
+class TagRecord:
+    """A named pointer to a snapshot.
+
+    Attributes:
+        name: Tag name.
+        snapshot_id: Snapshot it points at.
+        version: Incremented on every move; used for compare-and-swap.
+        updated_at: Unix time of the last move.
+    """
+
+    name: str
+    snapshot_id: str
+    version: int
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """A write session (lease). GC leaves alone chunks pinned by an active, unexpired session.
+
+    Attributes:
+        id: Session id.
+        owner: Free-form description of the writer (host, pid, rank).
+        started_at: Unix time the session began.
+        heartbeat_at: Unix time of the last heartbeat.
+        expires_at: Unix time after which the lease is void.
+        state: ``"active"``, ``"committed"`` or ``"aborted"``.
+    """
+
+    id: str
+    owner: str
+    started_at: float
+    heartbeat_at: float
+    expires_at: float
+    state: str

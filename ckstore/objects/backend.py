@@ -1,0 +1,202 @@
+"""The object backend contract: a flat namespace of immutable, content-named objects.
+
+Everything above this layer (packs, manifests, the index rebuild) talks to storage only through
+:class:`Backend`. Implementations live in ``local.py`` (plain files), ``fsspec_backend.py``
+(``memory://`` and any other fsspec filesystem) and ``s3.py`` (S3 via s3fs); ``opener.py`` picks
+one from a URL.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+from typing import Union
+
+from ckstore.errors import CorruptionError, InvalidInputError, ObjectNotFoundError
+
+Buffer = Union[bytes, bytearray, memoryview]
+"""A contiguous byte buffer accepted by :meth:`Backend.put`."""
+
+PutData = Union[Buffer, Sequence[Buffer]]
+"""One buffer, or a sequence of buffers written back to back."""
+
+MAX_NAME_LENGTH = 1024
+"""Hard limit on a name, in bytes (S3's key limit)."""
+
+
+def validate_name(name: str) -> str:
+    """Check that ``name`` is a safe object name and return it unchanged.
+
+    Rules: a non-empty ``str`` of at most :data:`MAX_NAME_LENGTH` visible ASCII characters
+    (0x21-0x7E); parts separated by ``/``; no leading or trailing ``/``, no empty part, no
+    backslash, and no part starting with ``.`` (this rules out ``.`` and ``..`` and keeps the
+    names backends use for temporary files out of the namespace).
+
+    Args:
+        name: the candidate object name.
+
+    Returns:
+        ``name``.
+
+    Raises:
+        InvalidInputError: if any rule is broken; the message names the rule.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidInputError(f"object name must be a non-empty str, got {name!r}")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidInputError(f"object name longer than {MAX_NAME_LENGTH} characters: {name!r}")
+    if any(not ("\x21" <= ch <= "\x7e") for ch in name):
+        raise InvalidInputError(f"object name must be visible ASCII only: {name!r}")
+    if "\\" in name:
+        raise InvalidInputError(f"object name must not contain a backslash: {name!r}")
+    for part in name.split("/"):
+        if not part:
+            raise InvalidInputError(f"object name has an empty part or a leading '/': {name!r}")
+        if part.startswith("."):
+            raise InvalidInputError(f"object name part must not start with '.': {name!r}")
+    return name
+
+
+def validate_prefix(prefix: str) -> str:
+    """Check a listing prefix: ``""`` or a name prefix that follows :func:`validate_name`.
+
+    A trailing ``/`` is allowed (``"packs/"``).
+
+    Raises:
+        InvalidInputError: if the prefix could never match a valid name.
+    """
+    if prefix == "":
+        return prefix
+    validate_name(prefix[:-1] if prefix.endswith("/") and len(prefix) > 1 else prefix)
+    return prefix
+
+
+def as_buffers(data: PutData) -> list[memoryview]:
+    """Normalise ``put`` data to a list of flat byte memoryviews (no copies).
+
+    Raises:
+        InvalidInputError: if ``data`` is not a buffer or a sequence of buffers.
+    """
+    items = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
+    views = []
+    for item in items:
+        try:
+            view = memoryview(item)
+        except TypeError as exc:
+            raise InvalidInputError(f"put data must be bytes-like, got {type(item)!r}") from exc
+        views.append(view.cast("B") if view.format != "B" or view.ndim != 1 else view)
+    return views
+
+
+def check_range(offset: int, length: int | None) -> None:
+    """Reject negative offsets/lengths.
+
+    Raises:
+        InvalidInputError: if ``offset < 0`` or ``length < 0``.
+    """
+    if offset < 0 or (length is not None and length < 0):
+        raise InvalidInputError(f"bad byte range: offset={offset}, length={length}")
+
+
+def not_found(name: str, url: str) -> ObjectNotFoundError:
+    """The error for a missing object, naming it and the store."""
+    return ObjectNotFoundError(f"object {name!r} not found in store {url}")
+
+
+def truncated(name: str, url: str, offset: int, wanted: int | None, got: int) -> CorruptionError:
+    """The error for a read that returned fewer bytes than asked for."""
+    want = "to the end" if wanted is None else f"{wanted} bytes"
+    return CorruptionError(
+        f"object {name!r} in store {url} is truncated: asked for {want} at offset {offset}, "
+        f"got {got} bytes"
+    )
+
+
+class Backend(abc.ABC):
+    """A store of immutable objects named by relative keys. The whole storage contract.
+
+    Names are '/'-separated relative keys such as ``packs/ab/<hex>.pack``; every method validates
+    them with :func:`validate_name` and raises :class:`InvalidInputError` for a bad one.
+
+    Guarantees an implementation MUST give:
+
+    * **Atomic, durable, create-if-absent puts.** :meth:`put` either makes the complete object
+      visible or nothing; readers never see a partial object. When it returns, the object is
+      durable (local: fsynced file and directory; S3: acknowledged). If the name already exists,
+      ``put`` does not touch it and returns ``False`` (names are content-addressed, so the
+      existing content is assumed identical). Of several concurrent puts of one name, at most one
+      returns ``True`` (the generic fsspec backend guarantees this only within one process).
+    * **Read-after-write.** Once ``put`` returns, ``get``/``size``/``exists``/``list`` see the
+      object (in this process and, for shared stores, in any other).
+    * **Exact ranged reads.** ``get(name, offset, length)`` returns exactly ``length`` bytes (or
+      everything from ``offset`` when ``length`` is None). A missing object raises
+      :class:`ObjectNotFoundError` naming the object and :attr:`url`; an object shorter than
+      the range raises :class:`CorruptionError` ("truncated"). ``get`` is idempotent.
+    * **Idempotent deletes.** Deleting a missing object is not an error.
+    * **Sorted recursive listing.** ``list(prefix)`` yields every name that starts with
+      ``prefix`` (all depths), as relative names, in sorted order; never temporary files.
+    * **Typed errors.** Any other failure raises :class:`StorageError` (after the
+      implementation's retries), chained with ``raise ... from`` to the underlying error.
+
+    Backends are safe to call from several threads at once. ``close`` releases resources; a
+    closed backend must not be used again.
+    """
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """The URL this backend stores under (used in error messages)."""
+
+    @abc.abstractmethod
+    def put(self, name: str, data: PutData) -> bool:
+        """Store ``data`` under ``name`` atomically and durably, unless ``name`` exists.
+
+        Args:
+            name: object name.
+            data: a bytes-like object, or a sequence of them written back to back without
+                concatenating them in memory where the backend allows it.
+
+        Returns:
+            True if this call created the object, False if it already existed.
+        """
+
+    @abc.abstractmethod
+    def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Read ``length`` bytes of ``name`` starting at ``offset`` (to the end if None).
+
+        Raises:
+            ObjectNotFoundError: the object does not exist.
+            CorruptionError: the object is shorter than the requested range.
+        """
+
+    @abc.abstractmethod
+    def size(self, name: str) -> int:
+        """Size of ``name`` in bytes.
+
+        Raises:
+            ObjectNotFoundError: the object does not exist.
+        """
+
+    @abc.abstractmethod
+    def exists(self, name: str) -> bool:
+        """Whether ``name`` exists (a prefix of other names is not an object)."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> None:
+        """Delete ``name``; a missing object is not an error."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Yield every object name starting with ``prefix``, recursively, sorted."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. The default does nothing."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"

@@ -1,0 +1,208 @@
+"""Local-disk backend: one file per object under a root directory, written atomically.
+
+A put writes a temporary file in the object's own directory (named ``.<name>.tmp-<random>``,
+never listed: object names cannot start with ``.``), fsyncs it, hard-links it into place with
+``os.link`` (which fails with ``FileExistsError`` if the name exists, making create-if-absent
+atomic), removes the temporary name and fsyncs the directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from ckstore.errors import CkstoreError, StorageError
+from ckstore.objects.backend import (
+    Backend,
+    PutData,
+    as_buffers,
+    check_range,
+    not_found,
+    truncated,
+    validate_name,
+    validate_prefix,
+)
+
+_NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK}
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a directory's entries durable (best effort where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class LocalBackend(Backend):
+    """Objects as plain files below ``root`` (created if missing).
+
+    Args:
+        root: directory that holds the objects.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self._root = os.path.abspath(os.fspath(root))
+        try:
+            os.makedirs(self._root, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create store directory {self._root}: {exc}") from exc
+
+    @property
+    def url(self) -> str:
+        return Path(self._root).as_uri()
+
+    @property
+    def root(self) -> str:
+        """The absolute root directory."""
+        return self._root
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self._root, *validate_name(name).split("/"))
+
+    def _makedirs(self, directory: str) -> None:
+        """Create ``directory`` and make every new entry durable in its parent."""
+        missing = []
+        d = directory
+        while not os.path.isdir(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                continue
+            _fsync_dir(os.path.dirname(d))
+
+    def put(self, name: str, data: PutData) -> bool:
+        path = self._path(name)
+        views = as_buffers(data)
+        if os.path.exists(path):
+            return False
+        directory = os.path.dirname(path)
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
+        try:
+            self._makedirs(directory)
+            self._write_durably(tmp, views)
+            created = self._publish(tmp, path)
+        except OSError as exc:
+            raise StorageError(f"cannot write object {name!r} in store {self.url}: {exc}") from exc
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        if created:
+            _fsync_dir(directory)
+        return created
+
+    @staticmethod
+    def _write_durably(tmp: str, views: list[memoryview]) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            for view in views:
+                while len(view):
+                    view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _publish(tmp: str, path: str) -> bool:
+        """Link ``tmp`` to ``path`` unless it exists; True if this call created it."""
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in _NO_LINK_ERRNOS:
+                raise
+        # Filesystem without hard links: rename is atomic but may replace an identical object.
+        if os.path.exists(path):
+            return False
+        os.replace(tmp, path)
+        return True
+
+    def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        check_range(offset, length)
+        path = self._path(name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise not_found(name, self.url) from exc
+        except OSError as exc:
+            raise StorageError(f"cannot read object {name!r} in store {self.url}: {exc}") from exc
+        try:
+            return self._pread(fd, name, offset, length)
+        except CkstoreError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"cannot read object {name!r} in store {self.url}: {exc}") from exc
+        finally:
+            os.close(fd)
+
+    def _pread(self, fd: int, name: str, offset: int, length: int | None) -> bytes:
+        if length is None:
+            size = os.fstat(fd).st_size
+            if offset > size:
+                raise truncated(name, self.url, offset, None, 0)
+            length = size - offset
+        parts = []
+        got = 0
+        while got < length:
+            piece = os.pread(fd, min(length - got, 1 << 30), offset + got)
+            if not piece:
+                raise truncated(name, self.url, offset, length, got)
+            parts.append(piece)
+            got += len(piece)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def size(self, name: str) -> int:
+        path = self._path(name)
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise not_found(name, self.url) from exc
+        except OSError as exc:
+            raise StorageError(f"cannot stat object {name!r} in store {self.url}: {exc}") from exc
+        if not os.path.isfile(path):
+            raise not_found(name, self.url)
+        return st.st_size
+
+    def exists(self, name: str) -> bool:
+        return os.path.isfile(self._path(name))
+
+    def delete(self, name: str) -> None:
+        path = self._path(name)
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:
+            raise StorageError(f"cannot delete object {name!r} in store {self.url}: {exc}") from exc
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        validate_prefix(prefix)
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        top = os.path.join(self._root, *base.split("/")) if base else self._root
+        names = []
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            rel = os.path.relpath(dirpath, self._root).replace(os.sep, "/")
+            for fn in filenames:
+                if fn.startswith("."):
+                    continue
+                full = fn if rel == "." else f"{rel}/{fn}"
+                if full.startswith(prefix):
+                    names.append(full)
+        yield from sorted(names)

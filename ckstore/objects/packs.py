@@ -1,0 +1,280 @@
+"""The pack format: many encoded chunks in one content-named, self-describing object.
+
+Name: ``packs/<first 2 hex of pack_id>/<pack_id>.pack``, where ``pack_id`` is the lowercase hex
+BLAKE3 of the complete pack bytes (header to footer).
+
+Layout (all integers little-endian, fixed width)::
+
+    offset 0   header, 16 bytes
+               8s  magic            b"CKPACK\\x00\\x01"
+               u16 format version   1
+               u16 hash id          1 = blake3 (chunk ids and trailer checksum)
+               u32 reserved         0
+    offset 16  payloads: each chunk's encoded bytes, back to back, in the order added,
+               no padding; every chunk is encoded on its own, so one ranged read of
+               (offset, length) returns it
+    T          trailer: one 64-byte entry per chunk, in payload order
+               32s chunk id (raw 32 bytes of the BLAKE3 of the chunk's raw bytes)
+               u64 offset       of the payload from the start of the pack
+               u64 length       of the payload in bytes
+               u64 raw_length   of the decoded chunk in bytes
+               u8  codec        0 = none, 1 = zstd, 2 = bytegroup-zstd
+               7x  zero padding
+    S - 56     footer, 56 bytes
+               u64 trailer length (= 64 * count)
+               u64 count        number of chunks
+               32s BLAKE3 of the trailer bytes
+               8s  end magic    b"CKPEND\\x00\\x01"
+
+where ``S`` is the pack size and ``T = S - 56 - trailer length``. Rules a reader MUST check:
+both magics, the version, ``trailer length == 64 * count``, the trailer checksum, every payload
+inside ``[16, T)``, known codec ids, and for codec none ``length == raw_length``. A writer MUST
+NOT store one chunk id twice in a pack. Worked example: an empty pack is never written; a pack
+holding the single raw chunk ``b"abc"`` (codec none) is 16 + 3 + 64 + 56 = 139 bytes, the
+payload at offset 16.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from ckstore.errors import CorruptionError, InvalidInputError
+from ckstore.objects.backend import Backend
+from ckstore.objects.codecs import CODECS
+from ckstore.objects.hashing import as_bytes_view, is_chunk_id, new_hasher
+
+MAGIC = b"CKPACK\x00\x01"
+END_MAGIC = b"CKPEND\x00\x01"
+FORMAT_VERSION = 1
+HASH_ID_BLAKE3 = 1
+PACK_PREFIX = "packs/"
+
+HEADER = struct.Struct("<8sHHI")
+ENTRY = struct.Struct("<32sQQQB7x")
+FOOTER = struct.Struct("<QQ32s8s")
+CODEC_IDS = {name: i for i, name in enumerate(CODECS)}
+"""Codec name -> id stored in the trailer (none 0, zstd 1, bytegroup-zstd 2)."""
+
+MAX_ENTRIES = 1 << 24
+"""Hard limit on chunks per pack (a corrupt count must not make a reader allocate wildly)."""
+
+_TAIL_READ = 64 << 10
+
+
+@dataclass(frozen=True)
+class ChunkLocation:
+    """Where one chunk lives: its pack and the byte range of its encoded payload."""
+
+    chunk_id: str
+    pack_id: str
+    offset: int
+    length: int
+    raw_length: int
+    codec: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of the fields."""
+        return {
+            "chunk_id": self.chunk_id,
+            "pack_id": self.pack_id,
+            "offset": self.offset,
+            "length": self.length,
+            "raw_length": self.raw_length,
+            "codec": self.codec,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ChunkLocation:
+        """The inverse of :meth:`to_dict`."""
+        return cls(
+            str(d["chunk_id"]), str(d["pack_id"]), int(d["offset"]), int(d["length"]),
+            int(d["raw_length"]), str(d["codec"]),
+        )
+
+
+def pack_name(pack_id: str) -> str:
+    """The object name of a pack: ``packs/<2 hex>/<pack_id>.pack``.
+
+    Raises:
+        InvalidInputError: ``pack_id`` is not a 64-hex id.
+    """
+    if not is_chunk_id(pack_id):
+        raise InvalidInputError(f"not a pack id: {pack_id!r}")
+    return f"{PACK_PREFIX}{pack_id[:2]}/{pack_id}.pack"
+
+
+def pack_id_from_name(name: str) -> str | None:
+    """The pack id in a pack object name, or None if ``name`` is not a pack name."""
+    stem = name.rsplit("/", 1)[-1]
+    if not name.startswith(PACK_PREFIX) or not stem.endswith(".pack"):
+        return None
+    pack_id = stem[: -len(".pack")]
+    return pack_id if is_chunk_id(pack_id) and name == pack_name(pack_id) else None
+
+
+class PackWriter:
+    """Collects encoded chunks and writes them as one pack.
+
+    Payloads are kept by reference (never concatenated); :meth:`finish` hashes them in order and
+    hands them to ONE ``backend.put`` call, so the pack is durable when it returns.
+
+    Args:
+        backend: where the pack goes.
+        target_size: size at which :attr:`full` turns true.
+    """
+
+    def __init__(self, backend: Backend, target_size: int = 64 << 20) -> None:
+        self._backend = backend
+        self._target = target_size
+        self._payloads: list[memoryview] = []
+        self._entries: list[tuple[str, int, int, int, str]] = []
+        self._ids: set[str] = set()
+        self._offset = HEADER.size
+        self._spent = False
+
+    @property
+    def nbytes(self) -> int:
+        """Size the pack would have if finished now."""
+        return self._offset + ENTRY.size * len(self._entries) + FOOTER.size
+
+    @property
+    def count(self) -> int:
+        """Number of distinct chunks added."""
+        return len(self._entries)
+
+    @property
+    def full(self) -> bool:
+        """Whether :attr:`nbytes` reached the target size."""
+        return self.nbytes >= self._target
+
+    def add(self, chunk_id: str, codec: str, payload: Any, raw_length: int) -> None:
+        """Add one encoded chunk; a chunk id already in this pack is ignored.
+
+        Raises:
+            InvalidInputError: bad id, unknown codec, negative length, or the writer is spent.
+        """
+        if self._spent:
+            raise InvalidInputError("PackWriter.add after finish(): the writer is spent")
+        if not is_chunk_id(chunk_id):
+            raise InvalidInputError(f"not a chunk id: {chunk_id!r}")
+        if codec not in CODEC_IDS:
+            raise InvalidInputError(f"unknown codec {codec!r}")
+        view = as_bytes_view(payload)
+        if raw_length < 0 or (codec == "none" and raw_length != len(view)):
+            raise InvalidInputError(f"chunk {chunk_id}: bad raw_length {raw_length}")
+        if chunk_id in self._ids:
+            return
+        if len(self._entries) >= MAX_ENTRIES:
+            raise InvalidInputError(f"a pack holds at most {MAX_ENTRIES} chunks")
+        self._ids.add(chunk_id)
+        self._entries.append((chunk_id, self._offset, len(view), raw_length, codec))
+        self._payloads.append(view)
+        self._offset += len(view)
+
+    def finish(self) -> tuple[str, int, list[ChunkLocation]] | None:
+        """Write the pack durably; return ``(pack_id, pack_size, locations)``, or None if empty.
+
+        After this call the writer is spent.
+        """
+        if self._spent:
+            raise InvalidInputError("PackWriter.finish called twice: the writer is spent")
+        self._spent = True
+        if not self._entries:
+            return None
+        parts = self._parts()
+        size = sum(len(p) for p in parts)
+        hasher = new_hasher(size)
+        for part in parts:
+            hasher.update(part)
+        pack_id = str(hasher.hexdigest())
+        self._backend.put(pack_name(pack_id), parts)
+        locations = [
+            ChunkLocation(cid, pack_id, off, length, raw, codec)
+            for cid, off, length, raw, codec in self._entries
+        ]
+        self._payloads = []
+        return pack_id, size, locations
+
+    def _parts(self) -> list[Any]:
+        header = HEADER.pack(MAGIC, FORMAT_VERSION, HASH_ID_BLAKE3, 0)
+        trailer = b"".join(
+            ENTRY.pack(bytes.fromhex(cid), off, length, raw, CODEC_IDS[codec])
+            for cid, off, length, raw, codec in self._entries
+        )
+        checksum = new_hasher().update(trailer).digest()
+        footer = FOOTER.pack(len(trailer), len(self._entries), checksum, END_MAGIC)
+        return [header, *self._payloads, trailer, footer]
+
+
+def read_pack_index(backend: Backend, pack_id: str) -> list[ChunkLocation]:
+    """Rebuild a pack's chunk table from the pack alone, with ranged reads only.
+
+    Reads the last 64 KiB (or the whole pack if smaller), and the rest of the trailer in a
+    second read only if it is longer.
+
+    Raises:
+        ObjectNotFoundError: the pack does not exist.
+        CorruptionError: bad magic, version, counts, checksum or entries.
+    """
+    name = pack_name(pack_id)
+    size = backend.size(name)
+    where = f"pack {pack_id} in store {backend.url}"
+    if size < HEADER.size + FOOTER.size:
+        raise CorruptionError(f"{where} is too small to be a pack ({size} bytes)")
+    tail_start = max(0, size - _TAIL_READ)
+    tail = backend.get(name, tail_start, size - tail_start)
+    trailer_len, count, checksum, end_magic = FOOTER.unpack_from(tail, len(tail) - FOOTER.size)
+    if end_magic != END_MAGIC:
+        raise CorruptionError(f"{where} has a bad end magic {end_magic!r}")
+    if count > MAX_ENTRIES or trailer_len != count * ENTRY.size:
+        raise CorruptionError(f"{where} has a bad footer (count {count}, trailer {trailer_len})")
+    trailer_start = size - FOOTER.size - trailer_len
+    if trailer_start < HEADER.size:
+        raise CorruptionError(f"{where} has a trailer longer than the pack")
+    if trailer_start >= tail_start:
+        trailer = tail[trailer_start - tail_start : len(tail) - FOOTER.size]
+    else:
+        trailer = backend.get(name, trailer_start, trailer_len)
+    if new_hasher().update(trailer).digest() != checksum:
+        raise CorruptionError(f"{where} has a trailer that fails its checksum")
+    if tail_start == 0:
+        _check_header(tail, where)
+    return _parse_entries(trailer, count, pack_id, trailer_start, where)
+
+
+def _check_header(data: bytes, where: str) -> None:
+    magic, version, hash_id, _ = HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise CorruptionError(f"{where} has a bad magic {magic!r}")
+    if version != FORMAT_VERSION or hash_id != HASH_ID_BLAKE3:
+        raise CorruptionError(f"{where} has unsupported version {version} / hash id {hash_id}")
+
+
+def _parse_entries(
+    trailer: bytes, count: int, pack_id: str, limit: int, where: str
+) -> list[ChunkLocation]:
+    locations = []
+    for i in range(count):
+        raw_id, off, length, raw_len, codec_id = ENTRY.unpack_from(trailer, i * ENTRY.size)
+        if codec_id >= len(CODECS):
+            raise CorruptionError(f"{where}: entry {i} has unknown codec id {codec_id}")
+        codec = CODECS[codec_id]
+        if off < HEADER.size or off + length > limit or (codec == "none" and length != raw_len):
+            raise CorruptionError(f"{where}: entry {i} has a bad range ({off}, {length})")
+        locations.append(ChunkLocation(raw_id.hex(), pack_id, off, length, raw_len, codec))
+    return locations
+
+
+def verify_pack(backend: Backend, pack_id: str) -> None:
+    """Read a whole pack and check that its bytes hash to ``pack_id``.
+
+    Raises:
+        ObjectNotFoundError: the pack does not exist.
+        CorruptionError: the content does not match its name.
+    """
+    data = backend.get(pack_name(pack_id))
+    if new_hasher(len(data)).update(data).hexdigest() != pack_id:
+        raise CorruptionError(f"pack {pack_id} in store {backend.url} does not match its id")
+

@@ -1,0 +1,201 @@
+"""S3 backend over s3fs, with create-only puts (``If-None-Match: *``).
+
+A put that finds the key taken answers HTTP 412 ``PreconditionFailed``. s3fs maps that to
+``FileExistsError`` for some servers and to ``OSError(EINVAL)`` for others, so this module
+recognises it by the HTTP status / error code found on the botocore error in the exception
+chain, never by the exception type. Objects up to ``multipart_threshold`` go up in one
+``PutObject`` (the buffers joined); larger ones as a multipart upload whose parts are built
+one at a time from the buffers (memory bounded by ``part_size``), completed with the same
+condition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ckstore.errors import CkstoreError
+from ckstore.objects.backend import (
+    PutData,
+    as_buffers,
+    check_range,
+    not_found,
+    truncated,
+)
+from ckstore.objects.fsspec_backend import FsspecBackend
+
+_CONFLICT_RETRIES = 5
+
+
+def _http_error(exc: BaseException | None) -> tuple[int | None, str | None]:
+    """(HTTP status, error code) from the first botocore-style error in the chain."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = response.get("Error", {}).get("Code")
+            return status, code
+        exc = exc.__cause__ or exc.__context__
+    return None, None
+
+
+def is_precondition_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) is an HTTP 412 / ``PreconditionFailed`` answer."""
+    status, code = _http_error(exc)
+    return status == 412 or code == "PreconditionFailed"
+
+
+def _is_conditional_conflict(exc: BaseException) -> bool:
+    """HTTP 409 ``ConditionalRequestConflict``: a concurrent conditional write; retry."""
+    status, code = _http_error(exc)
+    return code == "ConditionalRequestConflict" or (status == 409 and code is None)
+
+
+def _is_not_found(exc: BaseException) -> bool:
+    status, code = _http_error(exc)
+    return isinstance(exc, FileNotFoundError) or status == 404 or code in {"NoSuchKey", "404"}
+
+
+def _is_invalid_range(exc: BaseException) -> bool:
+    status, code = _http_error(exc)
+    return status == 416 or code == "InvalidRange"
+
+
+class S3Backend(FsspecBackend):
+    """Objects below ``bucket/prefix`` on S3 (or any S3-compatible server).
+
+    Args:
+        fs: an ``s3fs.S3FileSystem``.
+        root: ``bucket`` or ``bucket/prefix`` (no ``s3://``).
+        multipart_threshold: objects larger than this use a multipart upload.
+        part_size: size of each multipart part (at least 5 MiB, S3's minimum).
+    """
+
+    def __init__(
+        self,
+        fs: Any,
+        root: str,
+        multipart_threshold: int = 64 << 20,
+        part_size: int = 16 << 20,
+    ) -> None:
+        super().__init__(fs, root.strip("/"))
+        self._threshold = multipart_threshold
+        self._part_size = max(part_size, 5 << 20)
+
+    def _bucket_key(self, name: str) -> tuple[str, str]:
+        bucket, _, key = self._path(name).partition("/")
+        return bucket, key
+
+    def put(self, name: str, data: PutData) -> bool:
+        bucket, key = self._bucket_key(name)
+        views = as_buffers(data)
+        total = sum(len(v) for v in views)
+        last: BaseException | None = None
+        for _ in range(_CONFLICT_RETRIES):
+            try:
+                if total <= self._threshold:
+                    body = b"".join(views) if len(views) != 1 else bytes(views[0])
+                    self._fs.call_s3("put_object", Bucket=bucket, Key=key, Body=body,
+                                     IfNoneMatch="*")
+                else:
+                    self._multipart(bucket, key, views)
+                self._fs.invalidate_cache(self._path(name))
+                return True
+            except CkstoreError:
+                raise
+            except Exception as exc:
+                if is_precondition_failed(exc):
+                    return False
+                if not _is_conditional_conflict(exc):
+                    raise self._fail("write", name, exc) from exc
+                last = exc
+        raise self._fail("write", name, last or RuntimeError("conflict")) from last
+
+    def _parts(self, views: list[memoryview]) -> Iterator[bytes]:
+        """Yield ``part_size`` pieces of the concatenation of ``views``, one at a time."""
+        buf = bytearray()
+        for view in views:
+            while len(view):
+                take = min(self._part_size - len(buf), len(view))
+                buf += view[:take]
+                view = view[take:]
+                if len(buf) == self._part_size:
+                    yield bytes(buf)
+                    buf.clear()
+        if buf:
+            yield bytes(buf)
+
+    def _multipart(self, bucket: str, key: str, views: list[memoryview]) -> None:
+        mpu = self._fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)
+        upload_id = mpu["UploadId"]
+        try:
+            parts = []
+            for number, body in enumerate(self._parts(views), start=1):
+                out = self._fs.call_s3("upload_part", Bucket=bucket, Key=key, Body=body,
+                                       PartNumber=number, UploadId=upload_id)
+                parts.append({"PartNumber": number, "ETag": out["ETag"]})
+            self._fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key,
+                             UploadId=upload_id, MultipartUpload={"Parts": parts},
+                             IfNoneMatch="*")
+        except BaseException:
+            try:
+                self._fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key,
+                                 UploadId=upload_id)
+            except Exception:  # noqa: S110 - the original error matters more
+                pass
+            raise
+
+    def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        check_range(offset, length)
+        path = self._path(name)
+        if length == 0:
+            if self.size(name) < offset:
+                raise truncated(name, self.url, offset, length, 0)
+            return b""
+        end = None if length is None else offset + length
+        try:
+            data = self._fs.cat_file(path, start=offset, end=end)
+        except Exception as exc:
+            if _is_not_found(exc):
+                raise not_found(name, self.url) from exc
+            if _is_invalid_range(exc):
+                if length is None and self.size(name) == offset:
+                    return b""
+                raise truncated(name, self.url, offset, length, 0) from exc
+            raise self._fail("read", name, exc) from exc
+        if length is not None and len(data) != length:
+            raise truncated(name, self.url, offset, length, len(data))
+        return bytes(data)
+
+    def _head(self, name: str) -> dict[str, Any] | None:
+        bucket, key = self._bucket_key(name)
+        try:
+            return dict(self._fs.call_s3("head_object", Bucket=bucket, Key=key))
+        except Exception as exc:
+            if _is_not_found(exc):
+                return None
+            raise self._fail("stat", name, exc) from exc
+
+    def size(self, name: str) -> int:
+        head = self._head(name)
+        if head is None:
+            raise not_found(name, self.url)
+        return int(head["ContentLength"])
+
+    def exists(self, name: str) -> bool:
+        return self._head(name) is not None
+
+    def delete(self, name: str) -> None:
+        bucket, key = self._bucket_key(name)
+        try:
+            self._fs.call_s3("delete_object", Bucket=bucket, Key=key)
+        except Exception as exc:
+            if not _is_not_found(exc):
+                raise self._fail("delete", name, exc) from exc
+        self._fs.invalidate_cache(self._path(name))
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        self._fs.invalidate_cache(self._root)
+        return super().list(prefix)

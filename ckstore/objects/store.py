@@ -1,0 +1,140 @@
+"""The object store facade: packs of chunks plus content-named blobs, every read verified.
+
+Layout of a store's namespace::
+
+    packs/<2 hex>/<pack_id>.pack     packs (see ``packs.py``)
+    <kind>/<2 hex>/<blob_id>         blobs, e.g. kind "manifests"; blob_id = BLAKE3 of the bytes
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ckstore.errors import CorruptionError, InvalidInputError
+from ckstore.objects.backend import Backend
+from ckstore.objects.codecs import decode
+from ckstore.objects.hashing import chunk_id, is_chunk_id
+from ckstore.objects.packs import (
+    PACK_PREFIX,
+    ChunkLocation,
+    PackWriter,
+    pack_id_from_name,
+    pack_name,
+)
+
+_KIND_RE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+
+
+def _check_kind(kind: str) -> str:
+    if not isinstance(kind, str) or not _KIND_RE.fullmatch(kind) or kind == "packs":
+        raise InvalidInputError(
+            f"blob kind must match [a-z][a-z0-9_-]* and not be 'packs', got {kind!r}"
+        )
+    return kind
+
+
+def blob_name(kind: str, blob_id: str) -> str:
+    """The object name of a blob: ``<kind>/<2 hex>/<blob_id>``."""
+    if not is_chunk_id(blob_id):
+        raise InvalidInputError(f"not a blob id: {blob_id!r}")
+    return f"{_check_kind(kind)}/{blob_id[:2]}/{blob_id}"
+
+
+class ObjectStore:
+    """What the upper layers use to write and read chunks and blobs.
+
+    Every read is re-hashed against its id; a mismatch raises :class:`CorruptionError` and
+    wrong bytes are never returned.
+
+    Args:
+        backend: the storage backend.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+
+    @property
+    def backend(self) -> Backend:
+        """The storage backend."""
+        return self._backend
+
+    def new_pack_writer(self, target_size: int = 64 << 20) -> PackWriter:
+        """A writer for one new pack."""
+        return PackWriter(self._backend, target_size)
+
+    def read_chunk(self, loc: ChunkLocation, out: memoryview | None = None) -> bytes | memoryview:
+        """Read, decode and verify one chunk with ONE ranged get of ``(offset, length)``.
+
+        Args:
+            loc: where the chunk is.
+            out: optional writable buffer of exactly ``loc.raw_length`` bytes to decode into.
+
+        Returns:
+            The chunk's raw bytes (``out`` itself when given).
+
+        Raises:
+            ObjectNotFoundError: the pack is missing.
+            CorruptionError: the payload is malformed or does not hash to ``loc.chunk_id``.
+        """
+        payload = self._backend.get(pack_name(loc.pack_id), loc.offset, loc.length)
+        try:
+            data = decode(loc.codec, payload, loc.raw_length, out)
+        except CorruptionError as exc:
+            raise CorruptionError(
+                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
+                f"cannot be decoded: {exc}"
+            ) from exc
+        if chunk_id(data) != loc.chunk_id:
+            raise CorruptionError(
+                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
+                "does not match its id: the stored bytes are corrupt"
+            )
+        return data
+
+    def put_blob(self, kind: str, data: Any) -> str:
+        """Store ``data`` as a content-named blob of ``kind``; return its id."""
+        blob_id = chunk_id(data)
+        self._backend.put(blob_name(kind, blob_id), data)
+        return blob_id
+
+    def get_blob(self, kind: str, blob_id: str) -> bytes:
+        """Read a blob and verify it hashes to ``blob_id``.
+
+        Raises:
+            ObjectNotFoundError: no such blob.
+            CorruptionError: the stored bytes do not match the id.
+        """
+        data = self._backend.get(blob_name(kind, blob_id))
+        if chunk_id(data) != blob_id:
+            raise CorruptionError(
+                f"{kind} blob {blob_id} in store {self._backend.url} does not match its id"
+            )
+        return data
+
+    def list_blobs(self, kind: str) -> list[str]:
+        """Ids of every blob of ``kind``, sorted."""
+        prefix = f"{_check_kind(kind)}/"
+        ids = (name.rsplit("/", 1)[-1] for name in self._backend.list(prefix))
+        return sorted(i for i in ids if is_chunk_id(i))
+
+    def delete_blob(self, kind: str, blob_id: str) -> None:
+        """Delete a blob (idempotent)."""
+        self._backend.delete(blob_name(kind, blob_id))
+
+    def list_packs(self) -> list[str]:
+        """Ids of every pack, sorted."""
+        ids = (pack_id_from_name(name) for name in self._backend.list(PACK_PREFIX))
+        return sorted(i for i in ids if i is not None)
+
+    def pack_size(self, pack_id: str) -> int:
+        """Size of a pack in bytes."""
+        return self._backend.size(pack_name(pack_id))
+
+    def delete_pack(self, pack_id: str) -> None:
+        """Delete a pack (idempotent)."""
+        self._backend.delete(pack_name(pack_id))
+
+    def close(self) -> None:
+        """Close the backend."""
+        self._backend.close()

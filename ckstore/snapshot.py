@@ -1,0 +1,213 @@
+"""Snapshot handles, including the TorchSnapshot-compatible ``Snapshot(path=...)`` surface."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from ._config import CONFIG_NAME
+from ._restore import Reader, read_object, restore
+from .errors import SnapshotNotFoundError
+from .index import SnapshotRecord
+from .manifest import Entry, Manifest
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+class Snapshot:
+    """One committed snapshot: restore it, read single objects, inspect its manifest.
+
+    Obtain one from ``store.take`` / ``store.get``, or TorchSnapshot-style with
+    ``Snapshot(path=...)`` / ``Snapshot.take(path=..., app_state=...)``. A path inside an
+    existing local store (a parent directory holding ``ckstore.json``) names a snapshot of that
+    store, so siblings dedup against each other; any other path becomes a store of its own.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        pg: Any = None,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        index: str | None = None,
+    ) -> None:
+        store, name = _locate(os.fspath(path), storage_options, index, create=False)
+        record = store.index.resolve(name) if name else _latest(store)
+        self._init(store, record, None)
+        self.path = os.fspath(path)
+
+    def _init(self, store: Store, record: SnapshotRecord, manifest: Manifest | None) -> None:
+        self.store = store
+        self.record = record
+        self._manifest = manifest
+        self.path = store.url
+
+    @classmethod
+    def _bind(cls, store: Store, record: SnapshotRecord, manifest: Manifest | None = None) -> Snapshot:
+        snap = cls.__new__(cls)
+        snap._init(store, record, manifest)
+        return snap
+
+    # --- TorchSnapshot-compatible constructors --------------------------------------------
+    @classmethod
+    def take(
+        cls,
+        path: str | os.PathLike[str],
+        app_state: Mapping[str, Any],
+        pg: Any = None,
+        replicated: Any = None,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        index: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Snapshot:
+        """Take a snapshot of ``app_state`` at ``path`` (see the class docstring)."""
+        store, name = _locate(os.fspath(path), storage_options, index, create=True)
+        snap = store.take(app_state, run="default", metadata=metadata, name=name)
+        snap.path = os.fspath(path)
+        return snap
+
+    @classmethod
+    def async_take(
+        cls,
+        path: str | os.PathLike[str],
+        app_state: Mapping[str, Any],
+        pg: Any = None,
+        replicated: Any = None,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        index: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> PendingSnapshot:
+        """Like :meth:`take`, returning once the state is staged."""
+        store, name = _locate(os.fspath(path), storage_options, index, create=True)
+        return store.async_take(app_state, run="default", metadata=metadata, name=name)
+
+    # --- reading ---------------------------------------------------------------------------
+    @property
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            raw = self.store.objects.get_blob("manifests", self.record.manifest_id)
+            self._manifest = Manifest.from_json(raw, where=f"manifest of {self.ref}")
+        return self._manifest
+
+    def _reader(self) -> Reader:
+        return Reader(self.store.objects, self.store.index, self.manifest, f"snapshot {self.ref}", self.store.threads)
+
+    def restore(self, app_state: Mapping[str, Any], strict: bool = True) -> None:
+        """Load this snapshot into ``app_state`` in place.
+
+        Validates keys, dtypes and shapes, then reads and verifies every chunk, and only then
+        copies into the caller's tensors and calls ``load_state_dict``: on any error the
+        app_state is left untouched.
+
+        Raises:
+            MismatchError: keys, dtypes or shapes differ (named in the message).
+            CorruptionError: stored bytes are damaged (the key is named).
+        """
+        restore(self._reader(), app_state, strict=strict)
+
+    def read_object(self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None) -> Any:
+        """Read one entry (or a subtree such as ``"optim"``) without reading anything else.
+
+        A tensor comes back as a new CPU tensor, or is copied into ``obj_out`` if given.
+        """
+        return read_object(self._reader(), path, obj_out)
+
+    def get_manifest(self) -> dict[str, Entry]:
+        """Every leaf key -> its entry (``kind``, ``dtype``, ``shape``, ``nbytes``)."""
+        return dict(self.manifest.entries)
+
+    # --- metadata --------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def run(self) -> str:
+        return self.record.run
+
+    @property
+    def step(self) -> int | None:
+        return self.record.step
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.record.parent_id
+
+    @property
+    def created_at(self) -> float:
+        return self.record.created_at
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return dict(self.record.metadata)
+
+    @property
+    def name(self) -> str | None:
+        return self.record.name
+
+    @property
+    def ref(self) -> str:
+        """A human ref: ``run@step`` (or the name) plus a short id."""
+        base = self.record.name or (f"{self.run}@{self.step}" if self.step is not None else self.run)
+        return f"{base} ({self.id[:12]})"
+
+    @property
+    def stats(self) -> dict[str, int]:
+        r = self.record
+        return {
+            "logical_bytes": r.logical_bytes,
+            "new_bytes": r.new_bytes,
+            "new_chunks": r.new_chunks,
+            "reused_chunks": r.reused_chunks,
+        }
+
+    def __repr__(self) -> str:
+        return f"Snapshot({self.ref}, store={self.store.url!r})"
+
+
+class PendingSnapshot:
+    """A take running in the background (TorchSnapshot's ``PendingSnapshot``)."""
+
+    def __init__(self, future: Future[Snapshot]) -> None:
+        self._future = future
+
+    def done(self) -> bool:
+        """True once the snapshot committed or failed."""
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> Snapshot:
+        """Block until committed; return the Snapshot or raise the take's error."""
+        return self._future.result(timeout)
+
+
+def _locate(path: str, storage_options: dict[str, Any] | None, index: str | None, create: bool) -> tuple[Store, str | None]:
+    """Find the store holding ``path`` and the snapshot name inside it (None: the store root)."""
+    from .store import is_local, local_path, open as open_store
+
+    if not is_local(path):
+        return open_store(path, index=index, storage_options=storage_options, create=create), None
+    path = local_path(path)
+    d = path
+    while True:
+        if os.path.isfile(os.path.join(d, CONFIG_NAME)):
+            name = os.path.relpath(path, d).replace(os.sep, "/")
+            return open_store(d, index=index, create=False), None if name == "." else name
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    if not create:
+        raise SnapshotNotFoundError(f"no ckstore snapshot at {path!r} (no store in it or its parents)")
+    return open_store(path, index=index, storage_options=storage_options, create=True), None
+
+
+def _latest(store: Store) -> SnapshotRecord:
+    records = store.index.list_snapshots(limit=1)
+    if not records:
+        raise SnapshotNotFoundError(f"store {store.url} holds no snapshot yet")
+    return records[0]

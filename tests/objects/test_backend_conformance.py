@@ -1,0 +1,126 @@
+"""One conformance suite for the Backend contract, run against memory, local and S3."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ckstore.errors import CorruptionError, InvalidInputError, ObjectNotFoundError
+from ckstore.objects import Backend
+
+NAME = "packs/ab/abcdef.pack"
+
+
+def test_put_get_round_trip(backend: Backend) -> None:
+    assert backend.put(NAME, b"hello world") is True
+    assert backend.get(NAME) == b"hello world"
+    assert backend.size(NAME) == 11
+    assert backend.exists(NAME)
+
+
+def test_ranged_get(backend: Backend) -> None:
+    data = bytes(range(256)) * 4
+    backend.put(NAME, data)
+    assert backend.get(NAME, 10, 20) == data[10:30]
+    assert backend.get(NAME, 1000) == data[1000:]
+    assert backend.get(NAME, 5, 0) == b""
+    assert backend.get(NAME, len(data)) == b""
+
+
+def test_put_sequence_of_buffers(backend: Backend) -> None:
+    parts = [b"abc", memoryview(b"defgh"), bytearray(b""), memoryview(b"xyz")[1:]]
+    assert backend.put(NAME, parts)
+    assert backend.get(NAME) == b"abcdefghyz"
+
+
+def test_create_if_absent(backend: Backend) -> None:
+    assert backend.put(NAME, b"first") is True
+    assert backend.put(NAME, b"second") is False
+    assert backend.get(NAME) == b"first"
+
+
+def test_empty_object(backend: Backend) -> None:
+    assert backend.put("e/empty", b"")
+    assert backend.size("e/empty") == 0
+    assert backend.get("e/empty") == b""
+
+
+def test_missing_object(backend: Backend) -> None:
+    for call in (lambda: backend.get("no/such"), lambda: backend.size("no/such")):
+        with pytest.raises(ObjectNotFoundError) as info:
+            call()
+        assert "no/such" in str(info.value) and backend.url in str(info.value)
+    assert not backend.exists("no/such")
+
+
+def test_short_range_is_corruption(backend: Backend) -> None:
+    backend.put(NAME, b"0123456789")
+    with pytest.raises(CorruptionError, match="truncated"):
+        backend.get(NAME, 5, 10)
+    with pytest.raises(CorruptionError, match="truncated"):
+        backend.get(NAME, 20, 1)
+
+
+def test_delete_is_idempotent(backend: Backend) -> None:
+    backend.put(NAME, b"x")
+    backend.delete(NAME)
+    assert not backend.exists(NAME)
+    backend.delete(NAME)
+    with pytest.raises(ObjectNotFoundError):
+        backend.get(NAME)
+    assert backend.put(NAME, b"y") is True
+
+
+def test_list_with_prefix(backend: Backend) -> None:
+    names = ["packs/aa/1.pack", "packs/ab/2.pack", "packs/ab/3.pack", "manifests/cd/4", "top"]
+    for n in names:
+        backend.put(n, n.encode())
+    assert list(backend.list()) == sorted(names)
+    assert list(backend.list("packs/")) == sorted(names[:3])
+    assert list(backend.list("packs/ab")) == ["packs/ab/2.pack", "packs/ab/3.pack"]
+    assert list(backend.list("packs/ab/")) == ["packs/ab/2.pack", "packs/ab/3.pack"]
+    assert list(backend.list("nothing/")) == []
+    assert not backend.exists("packs")
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "/abs", "a//b", "a/", "../x", "a/../b", "a\\b", "a/.hidden", "sp ace", "é", "a\nb"]
+)
+def test_bad_names_rejected(backend: Backend, bad: str) -> None:
+    with pytest.raises(InvalidInputError):
+        backend.put(bad, b"x")
+    with pytest.raises(InvalidInputError):
+        backend.get(bad)
+    with pytest.raises(InvalidInputError):
+        backend.exists(bad)
+
+
+def test_bad_range_rejected(backend: Backend) -> None:
+    backend.put(NAME, b"abc")
+    with pytest.raises(InvalidInputError):
+        backend.get(NAME, -1, 1)
+    with pytest.raises(InvalidInputError):
+        backend.get(NAME, 0, -1)
+
+
+def test_concurrent_puts_one_winner(backend: Backend) -> None:
+    results: list[bool] = []
+    barrier = threading.Barrier(8)
+
+    def worker() -> None:
+        barrier.wait()
+        results.append(backend.put(NAME, b"same content" * 100))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 7 + [True]
+    assert backend.get(NAME) == b"same content" * 100
+
+
+def test_url_and_repr(backend: Backend) -> None:
+    assert "://" in backend.url
+    assert backend.url in repr(backend)
