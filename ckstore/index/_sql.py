@@ -62,14 +62,16 @@ def insert_ignore(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]
     """Inserts rows, leaving rows whose primary key already exists as they are.
 
     Returns:
-        The number of rows inserted (exact for a single row; -1 if the driver cannot tell).
+        The number of rows inserted (exact for a single row; -1 for several).
     """
     if not rows:
         return 0
-    keys = [c.name for c in table.primary_key.columns]
+    keys = list(table.primary_key.columns)
     stmt = insert(conn, table).on_conflict_do_nothing(index_elements=keys)
-    result = conn.execute(stmt, rows[0] if len(rows) == 1 else list(rows))
-    return result.rowcount
+    if len(rows) == 1:  # RETURNING lists only inserted rows; rowcount is not reliable here
+        return len(conn.execute(stmt.returning(keys[0]), rows[0]).all())
+    conn.execute(stmt, list(rows))
+    return -1
 
 
 def check_lease(conn: Connection, session_id: str, *, lock: bool = False) -> float:

@@ -150,17 +150,16 @@ def decode(
     target = _check_out(out, raw_length)
     pview = as_bytes_view(payload)
     if codec == NONE:
-        return _decode_none(pview, raw_length, target, payload)
-    if codec == ZSTD:
-        data = _zstd_frame(pview, raw_length)
+        result = _decode_none(pview, raw_length, target, payload)
+    elif codec == ZSTD:
+        result = _zstd_frame(pview, raw_length)
+        if target is not None:
+            target[:] = result
     elif codec == BYTEGROUP_ZSTD:
-        return _decode_grouped(pview, raw_length, target)
+        result = _decode_grouped(pview, raw_length, target)
     else:
         raise CorruptionError(f"unknown codec {codec!r} (this version knows {', '.join(CODECS)})")
-    if target is None:
-        return data
-    target[:] = data
-    return target
+    return out if out is not None else result
 
 
 def _check_out(out: memoryview | None, raw_length: int) -> memoryview | None:
@@ -194,9 +193,12 @@ def _zstd_frame(pview: memoryview, raw_length: int) -> bytes:
     if size != raw_length:
         raise CorruptionError(f"zstd frame declares {size} bytes, expected {raw_length}")
     try:
-        data = _decompressor().decompress(pview, max_output_size=raw_length)
+        dobj = _decompressor().decompressobj(write_size=max(raw_length, 1))
+        data = dobj.decompress(pview)
     except zstandard.ZstdError as exc:
         raise CorruptionError(f"malformed zstd frame: {exc}") from exc
+    if not dobj.eof or dobj.unused_data:
+        raise CorruptionError("zstd frame is incomplete or followed by extra bytes")
     if len(data) != raw_length:
         raise CorruptionError(f"zstd frame decoded to {len(data)} bytes, expected {raw_length}")
     return data

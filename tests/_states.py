@@ -1,0 +1,42 @@
+"""Deterministic states for tests (importable from subprocesses too)."""
+
+from __future__ import annotations
+
+import torch
+
+from ckstore._dtypes import DTYPES
+
+SHAPES = [(), (0,), (7,), (5, 3), (3, 0, 2), (64, 33)]
+
+
+def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """Random bit patterns (NaN/Inf payloads included) of any dtype, bit-exact reproducible."""
+    n = 1
+    for s in shape:
+        n *= s
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    raw = torch.randint(0, 256, (n * dtype.itemsize,), dtype=torch.uint8, generator=gen)
+    return raw.view(dtype).reshape(shape)
+
+
+def dtype_matrix(seed: int = 0) -> dict[str, torch.Tensor]:
+    """One tensor per (dtype, shape), plus strided, transposed and storage-sharing views."""
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, dtype in DTYPES.items():
+        for shape in SHAPES:
+            out[f"{name}_{'x'.join(map(str, shape)) or 'scalar'}"] = random_tensor(dtype, shape, gen)
+    base = random_tensor(torch.float32, (40, 30), gen)
+    out["transposed"] = base.t()
+    out["strided"] = base[::3, 1::2]
+    out["shares_a"] = base[:10]
+    out["shares_b"] = base[5:20]
+    out["expanded"] = torch.arange(5.0).expand(4, 5)
+    return out
+
+
+def bits(t: torch.Tensor) -> bytes:
+    """The exact element bytes of a tensor, for bit-exact comparison (NaN == NaN here)."""
+    c = t.detach().cpu().contiguous()
+    return c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
