@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test bench venv clean
 
 demo: $(STAMP)
-	$(PY) -m ckstore.cli demo --store ./demo-store
+	$(PY) -m ckstore.cli --store ./demo-store demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

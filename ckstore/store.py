@@ -163,6 +163,25 @@ class Store:
         """Forget one snapshot (its tags go with it); its bytes are reclaimed by ``gc``."""
         self.index.delete_snapshot(self.get(ref).id)
 
+    # --- history and maintenance ---------------------------------------------------------
+    def diff(self, a: str, b: str, numeric: bool = False) -> Any:
+        """Compare two snapshots key by key (see :mod:`ckstore._diff`)."""
+        from ._diff import diff
+
+        return diff(self, a, b, numeric=numeric)
+
+    def gc(self, **policy: Any) -> Any:
+        """Apply a retention policy, then prune unreferenced data (see :mod:`ckstore._gc`)."""
+        from ._gc import gc
+
+        return gc(self, **policy)
+
+    def check(self, read_data: bool | float = False) -> Any:
+        """Verify the store's integrity (see :mod:`ckstore._check`)."""
+        from ._check import check
+
+        return check(self, read_data=read_data)
+
     # --- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
         self.index.close()

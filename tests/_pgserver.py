@@ -53,19 +53,32 @@ class PgServer:
         cmd = [*self._as_user, str(self.bin_dir / args[0]), *args[1:]]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:
-            raise PgServerError(f"{' '.join(args[:2])} failed: {proc.stderr.strip() or proc.stdout}")
+            detail = proc.stderr.strip() or proc.stdout.strip()
+            raise PgServerError(f"{' '.join(args[:2])} failed: {detail}")
 
     def start(self) -> None:
         data = self.root / "data"
-        self._run("initdb", "-D", str(data), "--auth=trust", "--no-sync", "-U", "postgres",
-                  "-E", "UTF8")
+        self._run(
+            "initdb", "-D", str(data), "--auth=trust", "--no-sync", "-U", "postgres", "-E", "UTF8"
+        )
         options = (
             f"-c listen_addresses=127.0.0.1 -p {self.port} -c fsync=off "
             f"-c synchronous_commit=off -c full_page_writes=off "
             f"-c unix_socket_directories={self.root} -c max_connections=200"
         )
-        self._run("pg_ctl", "-D", str(data), "-w", "-t", "30", "-l", str(self.root / "log"),
-                  "-o", options, "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(data),
+            "-w",
+            "-t",
+            "30",
+            "-l",
+            str(self.root / "log"),
+            "-o",
+            options,
+            "start",
+        )
 
     def stop(self) -> None:
         try:

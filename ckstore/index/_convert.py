@@ -19,16 +19,24 @@ from ckstore.index.records import (
 def chunk(row: Row[Any]) -> ChunkRecord:
     """Builds a ChunkRecord from a ``chunks`` row."""
     return ChunkRecord(
-        chunk_id=row.id, pack_id=row.pack_id, offset=row.offset, length=row.length,
-        raw_length=row.raw_length, codec=row.codec,
+        chunk_id=row.id,
+        pack_id=row.pack_id,
+        offset=row.offset,
+        length=row.length,
+        raw_length=row.raw_length,
+        codec=row.codec,
     )
 
 
 def chunk_row(record: ChunkRecord, created_at: float) -> dict[str, Any]:
     """Returns the ``chunks`` row of a ChunkRecord."""
     return {
-        "id": record.chunk_id, "pack_id": record.pack_id, "offset": record.offset,
-        "length": record.length, "raw_length": record.raw_length, "codec": record.codec,
+        "id": record.chunk_id,
+        "pack_id": record.pack_id,
+        "offset": record.offset,
+        "length": record.length,
+        "raw_length": record.raw_length,
+        "codec": record.codec,
         "created_at": created_at,
     }
 
@@ -37,7 +45,11 @@ def entry(row: Row[Any]) -> EntryRecord:
     """Builds an EntryRecord from a ``manifest_entries`` row."""
     shape = None if row.shape is None else tuple(int(d) for d in json.loads(row.shape))
     return EntryRecord(
-        key=row.key, kind=row.kind, dtype=row.dtype, shape=shape, nbytes=row.nbytes,
+        key=row.key,
+        kind=row.kind,
+        dtype=row.dtype,
+        shape=shape,
+        nbytes=row.nbytes,
         digest=row.digest,
     )
 
@@ -46,40 +58,62 @@ def entry_row(manifest_id: str, position: int, record: EntryRecord) -> dict[str,
     """Returns the ``manifest_entries`` row of an EntryRecord."""
     shape = None if record.shape is None else json.dumps([int(d) for d in record.shape])
     return {
-        "manifest_id": manifest_id, "key": record.key, "position": position,
-        "kind": record.kind, "dtype": record.dtype, "shape": shape,
-        "nbytes": int(record.nbytes), "digest": record.digest,
+        "manifest_id": manifest_id,
+        "key": record.key,
+        "position": position,
+        "kind": record.kind,
+        "dtype": record.dtype,
+        "shape": shape,
+        "nbytes": int(record.nbytes),
+        "digest": record.digest,
     }
 
 
 def snapshot(row: Row[Any]) -> SnapshotRecord:
     """Builds a SnapshotRecord from a ``snapshots`` row."""
     return SnapshotRecord(
-        id=row.id, run=row.run, step=row.step, parent_id=row.parent_id,
-        manifest_id=row.manifest_id, created_at=row.created_at,
-        metadata=json.loads(row.metadata), logical_bytes=row.logical_bytes,
-        new_bytes=row.new_bytes, new_chunks=row.new_chunks, reused_chunks=row.reused_chunks,
-        name=row.name, world_size=row.world_size,
+        id=row.id,
+        run=row.run,
+        step=row.step,
+        parent_id=row.parent_id,
+        manifest_id=row.manifest_id,
+        created_at=row.created_at,
+        metadata=json.loads(row.metadata),
+        logical_bytes=row.logical_bytes,
+        new_bytes=row.new_bytes,
+        new_chunks=row.new_chunks,
+        reused_chunks=row.reused_chunks,
+        name=row.name,
+        world_size=row.world_size,
     )
 
 
 def snapshot_row(record: SnapshotRecord, seq: int) -> dict[str, Any]:
     """Returns the ``snapshots`` row of a SnapshotRecord (column names, not attributes)."""
     return {
-        "id": record.id, "run": record.run, "seq": seq, "step": record.step,
-        "parent_id": record.parent_id, "manifest_id": record.manifest_id,
+        "id": record.id,
+        "run": record.run,
+        "seq": seq,
+        "step": record.step,
+        "parent_id": record.parent_id,
+        "manifest_id": record.manifest_id,
         "created_at": record.created_at,
         "metadata": json.dumps(record.metadata, sort_keys=True, separators=(",", ":")),
-        "logical_bytes": record.logical_bytes, "new_bytes": record.new_bytes,
-        "new_chunks": record.new_chunks, "reused_chunks": record.reused_chunks,
-        "name": record.name, "world_size": record.world_size,
+        "logical_bytes": record.logical_bytes,
+        "new_bytes": record.new_bytes,
+        "new_chunks": record.new_chunks,
+        "reused_chunks": record.reused_chunks,
+        "name": record.name,
+        "world_size": record.world_size,
     }
 
 
 def tag(row: Row[Any]) -> TagRecord:
     """Builds a TagRecord from a ``tags`` row."""
     return TagRecord(
-        name=row.name, snapshot_id=row.snapshot_id, version=row.version,
+        name=row.name,
+        snapshot_id=row.snapshot_id,
+        version=row.version,
         updated_at=row.updated_at,
     )
 
@@ -87,6 +121,10 @@ def tag(row: Row[Any]) -> TagRecord:
 def session(row: Row[Any]) -> SessionRecord:
     """Builds a SessionRecord from a ``sessions`` row."""
     return SessionRecord(
-        id=row.id, owner=row.owner, started_at=row.started_at, heartbeat_at=row.heartbeat_at,
-        expires_at=row.expires_at, state=row.state,
+        id=row.id,
+        owner=row.owner,
+        started_at=row.started_at,
+        heartbeat_at=row.heartbeat_at,
+        expires_at=row.expires_at,
+        state=row.state,
     )

@@ -29,9 +29,7 @@ def translated(what: str, url: str) -> Iterator[None]:
             f"{what}: a concurrent change conflicts ({_first_line(exc)}); retry"
         ) from exc
     except OperationalError as exc:
-        raise IndexError_(
-            f"{what}: the index database {url} failed: {_first_line(exc)}"
-        ) from exc
+        raise IndexError_(f"{what}: the index database {url} failed: {_first_line(exc)}") from exc
     except SQLAlchemyError as exc:
         raise IndexError_(f"{what}: index error on {url}: {_first_line(exc)}") from exc
 

@@ -21,7 +21,7 @@ from ckstore.errors import InvalidInputError, SnapshotNotFoundError
 from ckstore.index import _sql
 
 MIN_PREFIX = 4
-_HEX_PREFIX = re.compile(r"[0-9a-fA-F]{%d,128}" % MIN_PREFIX)
+_HEX_PREFIX = re.compile(rf"[0-9a-fA-F]{{{MIN_PREFIX},128}}")
 _TRIED = "run@step, tag, snapshot name, run name, snapshot id (prefix of >= 4 hex digits)"
 
 
@@ -91,8 +91,7 @@ def _by_id(conn: Connection, ref: str) -> Row[Any] | None:
         shown = ", ".join(f"{r.id} ({r.run}@{r.step})" for r in rows[:10])
         more = " and more" if len(rows) > 10 else ""
         raise InvalidInputError(
-            f"snapshot id prefix {ref!r} is ambiguous: it matches {shown}{more}; "
-            "give more digits"
+            f"snapshot id prefix {ref!r} is ambiguous: it matches {shown}{more}; give more digits"
         )
     return rows[0] if rows else None
 

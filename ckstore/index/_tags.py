@@ -53,9 +53,7 @@ def _create(conn: Connection, name: str, snapshot_id: str, now: float) -> None:
     if insert_ignore(conn, _sql.tags, [row]) != 1:
         current = get_tag(conn, name)
         where = f" (at snapshot {current.snapshot_id})" if current else ""
-        raise ConflictError(
-            f"tag {name!r} already exists{where}; pass force=True to move it"
-        )
+        raise ConflictError(f"tag {name!r} already exists{where}; pass force=True to move it")
 
 
 def _compare_and_swap(

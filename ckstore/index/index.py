@@ -16,6 +16,7 @@ Contract:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -27,8 +28,12 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from ckstore.errors import InvalidInputError, LeaseExpiredError, NotFoundError
-from ckstore.errors import SnapshotNotFoundError
+from ckstore.errors import (
+    InvalidInputError,
+    LeaseExpiredError,
+    NotFoundError,
+    SnapshotNotFoundError,
+)
 from ckstore.index import _commit, _convert, _resolve, _sql, _tags
 from ckstore.index._errors import translated
 from ckstore.index._sql import batches, check_lease, insert, insert_ignore, unique
@@ -138,7 +143,7 @@ class Index:
                 conn.execute(
                     stmt.on_conflict_do_update(index_elements=[m.c.key], set_={"value": value})
                 )
-            return conn.scalar(select(m.c.value).where(m.c.key == key))
+            return str(conn.scalar(select(m.c.value).where(m.c.key == key)))
 
     # ------------------------------------------------------------ write sessions
     def begin_session(self, owner: str, lease_seconds: float) -> SessionRecord:
@@ -150,13 +155,17 @@ class Index:
         if not lease_seconds > 0:
             raise InvalidInputError(f"lease_seconds must be > 0, got {lease_seconds}")
         now = time.time()
-        row = {
-            "id": uuid.uuid4().hex, "owner": str(owner)[:255], "started_at": now,
-            "heartbeat_at": now, "expires_at": now + lease_seconds, "state": _sql.ACTIVE,
-        }
+        record = SessionRecord(
+            id=uuid.uuid4().hex,
+            owner=str(owner)[:255],
+            started_at=now,
+            heartbeat_at=now,
+            expires_at=now + lease_seconds,
+            state=_sql.ACTIVE,
+        )
         with self._write("begin write session") as conn:
-            conn.execute(insert(conn, _sql.sessions), row)
-        return SessionRecord(**row)
+            conn.execute(insert(conn, _sql.sessions), dataclasses.asdict(record))
+        return record
 
     def heartbeat(self, session_id: str, lease_seconds: float) -> None:
         """Extends an active, unexpired lease to ``lease_seconds`` from now.
@@ -206,8 +215,10 @@ class Index:
         with self._write(f"look up chunks for session {session_id}") as conn:
             check_lease(conn, session_id)
             for batch in batches(ids):
-                query = select(c).where(c.c.id.in_(batch)).with_for_update(read=True, key_share=True)
-                rows = conn.execute(query).all()
+                query = select(c).where(c.c.id.in_(batch))
+                # PostgreSQL: FOR KEY SHARE keeps a concurrent GC from deleting these rows
+                # before the pins below commit.
+                rows = conn.execute(query.with_for_update(read=True, key_share=True)).all()
                 insert_ignore(
                     conn, _sql.pins, [{"session_id": session_id, "chunk_id": r.id} for r in rows]
                 )
@@ -230,10 +241,18 @@ class Index:
         with self._write(f"add pack {pack.pack_id}") as conn:
             now = check_lease(conn, session_id)
             created = pack.created_at or now
-            insert_ignore(conn, _sql.packs, [{
-                "id": pack.pack_id, "size": pack.size, "chunk_count": pack.chunk_count,
-                "created_at": created,
-            }])
+            insert_ignore(
+                conn,
+                _sql.packs,
+                [
+                    {
+                        "id": pack.pack_id,
+                        "size": pack.size,
+                        "chunk_count": pack.chunk_count,
+                        "created_at": created,
+                    }
+                ],
+            )
             for batch in batches(chunks):
                 insert_ignore(conn, _sql.chunks, [_convert.chunk_row(ch, created) for ch in batch])
                 pin_rows = [{"session_id": session_id, "chunk_id": ch.chunk_id} for ch in batch]
@@ -431,7 +450,8 @@ class Index:
             ).first()
             if row is None:
                 raise SnapshotNotFoundError(f"no snapshot with id {snapshot_id}")
-            conn.execute(update(s).where(s.c.parent_id == snapshot_id).values(parent_id=row.parent_id))
+            children = update(s).where(s.c.parent_id == snapshot_id)
+            conn.execute(children.values(parent_id=row.parent_id))
             conn.execute(delete(t).where(t.c.snapshot_id == snapshot_id))
             conn.execute(delete(sc).where(sc.c.snapshot_id == snapshot_id))
             conn.execute(delete(s).where(s.c.id == snapshot_id))

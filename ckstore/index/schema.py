@@ -34,7 +34,9 @@ _PG_LOCK_KEY = 0x636B73746F7265  # "ckstore": serializes schema creation on Post
 
 
 def alembic_config(
-    *, connection: Connection | None = None, url: str | None = None,
+    *,
+    connection: Connection | None = None,
+    url: str | None = None,
     script_location: Path | None = None,
 ) -> Config:
     """Builds the alembic configuration in code (no alembic.ini is shipped).

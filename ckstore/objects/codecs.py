@@ -75,7 +75,9 @@ def _worth_it(stored: int, raw: int) -> bool:
     return stored <= raw * (1.0 - MIN_SAVING)
 
 
-def encode(raw: Any, itemsize: int, grouped: bool, level: int = 1) -> tuple[str, bytes | memoryview]:
+def encode(
+    raw: Any, itemsize: int, grouped: bool, level: int = 1
+) -> tuple[str, bytes | memoryview]:
     """Encode one chunk.
 
     Args:
@@ -226,7 +228,9 @@ def _parse_grouped(pview: memoryview, raw_length: int) -> tuple[int, list[tuple[
     return n, planes
 
 
-def _decode_grouped(pview: memoryview, raw_length: int, target: memoryview | None) -> bytes | memoryview:
+def _decode_grouped(
+    pview: memoryview, raw_length: int, target: memoryview | None
+) -> bytes | memoryview:
     n, planes = _parse_grouped(pview, raw_length)
     plane_len = raw_length // n
     result = target if target is not None else memoryview(bytearray(raw_length))
@@ -234,7 +238,9 @@ def _decode_grouped(pview: memoryview, raw_length: int, target: memoryview | Non
     for i, (flag, body) in enumerate(planes):
         data = _zstd_frame(body, plane_len) if flag == _ZSTD_FLAG else body
         if len(data) != plane_len:
-            raise CorruptionError(f"byte-grouped plane {i} has {len(data)} bytes, expected {plane_len}")
+            raise CorruptionError(
+                f"byte-grouped plane {i} has {len(data)} bytes, expected {plane_len}"
+            )
         if grid is not None:
             grid[:, i] = np.frombuffer(data, dtype=np.uint8)
     return result

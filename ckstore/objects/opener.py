@@ -34,7 +34,9 @@ def _s3_backend(url: str, options: dict[str, Any]) -> Backend:
     return S3Backend(fs, root)
 
 
-def open_backend(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Backend:
+def open_backend(
+    url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+) -> Backend:
     """Open the backend that serves ``url``.
 
     Args:

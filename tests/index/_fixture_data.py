@@ -1,8 +1,8 @@
 """Contents of the frozen revision-0001 index in ``data/`` and how it was made.
 
-Regenerate (only when adding a new frozen revision, never to "fix" an old one) with
-``python -m tests.index._fixture_data`` semantics: run this file with the repository root on
-``sys.path``; it writes ``data/index-<revision>.sqlite``.
+Generated once with the code of that revision by running this file as a script (with ckstore
+importable); it writes ``data/index-<revision>.sqlite``. Never regenerate an existing revision's
+file: it stands for databases already out there. Add a new file for a new revision instead.
 """
 
 from __future__ import annotations
@@ -39,8 +39,21 @@ def generate(path: Path = FILE) -> None:
         for pack in sorted({CHUNKS[c][0] for c in ids}):
             recs = [ChunkRecord(c, *CHUNKS[c]) for c in ids if CHUNKS[c][0] == pack]
             ix.add_pack(session.id, PackRecord(pack, 1000, len(recs), 500.0), recs)
-        record = SnapshotRecord(snap_id, run, step, None, f"m-{snap_id[:8]}", created,
-                                {"step": step}, 256, 100, 1, 1, name, 1)
+        record = SnapshotRecord(
+            snap_id,
+            run,
+            step,
+            None,
+            f"m-{snap_id[:8]}",
+            created,
+            {"step": step},
+            256,
+            100,
+            1,
+            1,
+            name,
+            1,
+        )
         ix.commit_snapshot(session.id, record, [EntryRecord(*ENTRY)], ids, 999, tags)
     ix.close()
     conn = sqlite3.connect(path)  # one small self-contained file: no WAL, 1 KiB pages

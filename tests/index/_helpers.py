@@ -16,24 +16,40 @@ def cid(label: str) -> str:
 def add_chunks(ix: Index, session_id: str, pack_id: str, labels: list[str]) -> list[str]:
     """Adds one pack holding chunks named by ``labels``; returns their ids."""
     records = [
-        ChunkRecord(cid(label), pack_id, offset=100 * i, length=10 + i, raw_length=64,
-                    codec="zstd")
+        ChunkRecord(cid(label), pack_id, offset=100 * i, length=10 + i, raw_length=64, codec="zstd")
         for i, label in enumerate(labels)
     ]
-    ix.add_pack(session_id, PackRecord(pack_id, size=100 * len(labels), chunk_count=len(labels)),
-                records)
+    ix.add_pack(
+        session_id, PackRecord(pack_id, size=100 * len(labels), chunk_count=len(labels)), records
+    )
     return [r.chunk_id for r in records]
 
 
-def snapshot(run: str, step: int | None, *, sid: str | None = None, name: str | None = None,
-             manifest: str | None = None, created_at: float | None = None) -> SnapshotRecord:
+def snapshot(
+    run: str,
+    step: int | None,
+    *,
+    sid: str | None = None,
+    name: str | None = None,
+    manifest: str | None = None,
+    created_at: float | None = None,
+) -> SnapshotRecord:
     """A snapshot record with a deterministic id."""
     sid = sid or hashlib.sha256(f"{run}@{step}@{name}@{time.time_ns()}".encode()).hexdigest()
     return SnapshotRecord(
-        id=sid, run=run, step=step, parent_id="ignored", manifest_id=manifest or f"m-{sid[:12]}",
+        id=sid,
+        run=run,
+        step=step,
+        parent_id="ignored",
+        manifest_id=manifest or f"m-{sid[:12]}",
         created_at=created_at if created_at is not None else time.time(),
-        metadata={"loss": 1.5, "note": "x"}, logical_bytes=128, new_bytes=64, new_chunks=1,
-        reused_chunks=1, name=name, world_size=2,
+        metadata={"loss": 1.5, "note": "x"},
+        logical_bytes=128,
+        new_bytes=64,
+        new_chunks=1,
+        reused_chunks=1,
+        name=name,
+        world_size=2,
     )
 
 
@@ -44,8 +60,9 @@ ENTRIES = [
 ]
 
 
-def commit(ix: Index, run: str, step: int | None, labels: list[str] | None = None,
-           **kwargs: object) -> SnapshotRecord:
+def commit(
+    ix: Index, run: str, step: int | None, labels: list[str] | None = None, **kwargs: object
+) -> SnapshotRecord:
     """Runs a whole write session: pack, lookup, commit."""
     tags = kwargs.pop("tags", ())
     session = ix.begin_session("test", 30)

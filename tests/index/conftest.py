@@ -8,7 +8,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-
 from _pgserver import PgServer, PgServerError, pg_server
 
 

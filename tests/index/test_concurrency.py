@@ -58,8 +58,7 @@ def _commit_worker(url: str, rank: int, barrier: Any, out: Any) -> None:
 def _run(target: Any, args_for: Any) -> list[Any]:
     out = _ctx.Queue()
     barrier = _ctx.Barrier(WORKERS)
-    procs = [_ctx.Process(target=target, args=(*args_for(r), barrier, out))
-             for r in range(WORKERS)]
+    procs = [_ctx.Process(target=target, args=(*args_for(r), barrier, out)) for r in range(WORKERS)]
     for p in procs:
         p.start()
     results = []
@@ -107,9 +106,31 @@ def test_concurrent_commits(index_url: str) -> None:
         # one linear chain in commit order: each snapshot's parent is the one before it
         chain = list(reversed(snaps))
         assert chain[0].parent_id is None
-        assert all(b.parent_id == a.id for a, b in zip(chain, chain[1:]))
+        assert all(b.parent_id == a.id for a, b in zip(chain, chain[1:], strict=False))
         for s in snaps:
             assert len(ix.snapshot_chunk_ids(s.id)) == 3
         tag = ix.get_tag("latest")
         assert tag is not None and tag.snapshot_id == snaps[0].id
         assert tag.version == WORKERS * COMMITS_PER_WORKER
+
+
+def test_threads_share_one_index(index_url: str) -> None:
+    """One Index used by several threads at once (the pool hands each its own connection)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Index.open(index_url) as ix:
+
+        def work(t: int) -> list[str]:
+            return [commit(ix, f"t{t % 2}", i, [f"x{t}-{i}", "common"]).id for i in range(5)]
+
+        with ThreadPoolExecutor(4) as pool:
+            ids = [sid for chunk in pool.map(work, range(4)) for sid in chunk]
+        assert len(set(ids)) == 20
+        assert sorted(s.id for s in ix.list_snapshots()) == sorted(ids)
+        for run in ("t0", "t1"):
+            chain = list(reversed(ix.list_snapshots(run)))
+            assert all(b.parent_id == a.id for a, b in zip(chain, chain[1:], strict=False))
+
+
+def test_threads_share_memory_index() -> None:
+    test_threads_share_one_index("sqlite:///:memory:")

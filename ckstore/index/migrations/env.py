@@ -41,8 +41,9 @@ def _run_online() -> None:
 
 
 if context.is_offline_mode():
-    context.configure(url=str(config.attributes["url"]), target_metadata=Base.metadata,
-                      literal_binds=True)
+    context.configure(
+        url=str(config.attributes["url"]), target_metadata=Base.metadata, literal_binds=True
+    )
     with context.begin_transaction():
         context.run_migrations()
 else:

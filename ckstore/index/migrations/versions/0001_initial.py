@@ -159,7 +159,9 @@ def _create_sessions_and_pins() -> None:
         "pins",
         sa.Column("session_id", ID, nullable=False),
         sa.Column("chunk_id", ID, nullable=False),
-        sa.ForeignKeyConstraint(["session_id"], ["sessions.id"], name="fk_pins_session_id_sessions"),
+        sa.ForeignKeyConstraint(
+            ["session_id"], ["sessions.id"], name="fk_pins_session_id_sessions"
+        ),
         sa.ForeignKeyConstraint(["chunk_id"], ["chunks.id"], name="fk_pins_chunk_id_chunks"),
         sa.PrimaryKeyConstraint("session_id", "chunk_id", name="pk_pins"),
     )
@@ -168,6 +170,17 @@ def _create_sessions_and_pins() -> None:
 
 def downgrade() -> None:
     """Drops every table of revision 0001."""
-    for table in ("pins", "sessions", "tags", "snapshot_chunks", "snapshots", "runs",
-                  "manifest_entries", "manifests", "chunks", "packs", "meta"):
+    for table in (
+        "pins",
+        "sessions",
+        "tags",
+        "snapshot_chunks",
+        "snapshots",
+        "runs",
+        "manifest_entries",
+        "manifests",
+        "chunks",
+        "packs",
+        "meta",
+    ):
         op.drop_table(table)

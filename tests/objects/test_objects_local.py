@@ -1,0 +1,145 @@
+"""Local backend atomicity, the opener, hashing and the fault-injection wrapper."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ckstore.errors import InvalidInputError, StorageError
+from ckstore.objects import (
+    HASH_NAME,
+    CountingBackend,
+    FaultyBackend,
+    FsspecBackend,
+    LocalBackend,
+    chunk_id,
+    is_chunk_id,
+    memory_backend,
+    open_backend,
+)
+from ckstore.objects import local as local_mod
+
+
+def _all_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_no_temp_files_left(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path)
+    backend.put("packs/ab/x.pack", [b"a", b"b"])
+    backend.put("packs/ab/x.pack", b"again")
+    assert _all_files(tmp_path) == ["packs/ab/x.pack"]
+
+
+def test_failed_put_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = LocalBackend(tmp_path)
+    calls = {"n": 0}
+    real_write = os.write
+
+    def failing_write(fd: int, data: memoryview) -> int:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(local_mod.os, "write", failing_write)
+    with pytest.raises(StorageError, match="No space left"):
+        backend.put("packs/ab/x.pack", [b"first", b"second"])
+    monkeypatch.undo()
+    assert not backend.exists("packs/ab/x.pack")
+    assert list(backend.list()) == []
+    assert _all_files(tmp_path) == []
+    assert backend.put("packs/ab/x.pack", b"ok") is True
+
+
+def test_failed_fsync_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = LocalBackend(tmp_path)
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(local_mod.os, "fsync", failing_fsync)
+    with pytest.raises(StorageError):
+        backend.put("a/b", b"data")
+    monkeypatch.undo()
+    assert _all_files(tmp_path) == []
+
+
+def test_temp_files_are_not_listed(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path)
+    backend.put("a/b", b"x")
+    (tmp_path / "a" / ".b.tmp-123").write_bytes(b"partial")
+    assert list(backend.list()) == ["a/b"]
+
+
+def test_works_without_hard_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_link(src: str, dst: str) -> None:
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(local_mod.os, "link", no_link)
+    backend = LocalBackend(tmp_path)
+    assert backend.put("a/b", b"x") is True
+    assert backend.put("a/b", b"y") is False
+    assert backend.get("a/b") == b"x"
+    assert _all_files(tmp_path) == ["a/b"]
+
+
+def test_open_backend_dispatch(tmp_path: Path) -> None:
+    assert isinstance(open_backend(str(tmp_path / "s")), LocalBackend)
+    local = open_backend((tmp_path / "t").as_uri())
+    assert isinstance(local, LocalBackend) and local.root == str(tmp_path / "t")
+    mem = open_backend("memory://")
+    assert isinstance(mem, FsspecBackend) and mem.url.startswith("memory://")
+    assert open_backend("memory://").url != mem.url
+    mem.put("k", b"v")
+    assert open_backend(mem.url).get("k") == b"v"
+    with pytest.raises(InvalidInputError):
+        open_backend("nosuchproto://x")
+
+
+def test_hashing() -> None:
+    assert HASH_NAME == "blake3"
+    empty = "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+    assert chunk_id(b"") == empty
+    big = bytes(5 << 20)
+    assert chunk_id(big) == chunk_id(memoryview(big)) == chunk_id(bytearray(big))
+    assert is_chunk_id(empty) and not is_chunk_id(empty.upper()) and not is_chunk_id(empty[:-1])
+    assert not is_chunk_id(None)
+
+
+def test_faulty_fail_nth_put() -> None:
+    backend = FaultyBackend(memory_backend(), fail_put_at=2)
+    backend.put("a", b"1")
+    with pytest.raises(StorageError, match="injected"):
+        backend.put("b", b"2")
+    assert not backend.exists("b")
+    backend.put("c", b"3")
+
+
+def test_counting_puts() -> None:
+    backend = CountingBackend(memory_backend())
+    backend.put("a", [b"12", b"345"])
+    backend.put("a", b"x")
+    assert (backend.put_calls, backend.bytes_written, backend.created) == (2, 6, 1)
+
+
+def test_layer_imports_neither_torch_nor_index() -> None:
+    """Static check of ckstore/objects itself (the parent package may import more)."""
+    import ast
+
+    import ckstore.objects
+
+    package_dir = Path(ckstore.objects.__file__).parent
+    for source in package_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] != "torch", f"{source.name} imports {name}"
+                assert not name.startswith("ckstore.index"), f"{source.name} imports {name}"
