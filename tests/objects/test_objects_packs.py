@@ -76,15 +76,25 @@ def test_pack_layout_worked_example() -> None:
     cid = chunk_id(b"abc")
     writer.add(cid, "none", b"abc", 3)
     writer.add(cid, "none", b"abc", 3)  # duplicate ignored
-    assert writer.count == 1 and writer.nbytes == 139
+    assert writer.count == 1 and writer.nbytes == 155
     pack_id, size, locs = writer.finish()  # type: ignore[misc]
-    assert size == 139 == HEADER.size + 3 + ENTRY.size + FOOTER.size
-    assert locs == [ChunkLocation(cid, pack_id, 16, 3, 3, "none")]
+    assert size == 155 == HEADER.size + 3 + ENTRY.size + FOOTER.size
+    assert locs == [ChunkLocation(cid, pack_id, 32, 3, 3, "none")]
     data = backend.get(pack_name(pack_id))
     assert data[:8] == b"CKPACK\x00\x01" and data[-8:] == b"CKPEND\x00\x01"
-    assert data[16:19] == b"abc" and chunk_id(data) == pack_id
+    assert data[32:35] == b"abc" and chunk_id(data) == pack_id
     with pytest.raises(InvalidInputError):
         writer.add(cid, "none", b"abc", 3)
+
+
+def test_two_writers_of_the_same_chunks_make_distinct_packs() -> None:
+    backend = memory_backend()
+    ids = set()
+    for _ in range(2):
+        writer = PackWriter(backend)
+        writer.add(chunk_id(b"abc"), "none", b"abc", 3)
+        ids.add(writer.finish()[0])  # type: ignore[index]
+    assert len(ids) == 2  # the header nonce gives every pack one owner
 
 
 def test_empty_writer_returns_none() -> None:

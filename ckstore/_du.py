@@ -1,0 +1,117 @@
+"""Disk usage: logical versus stored bytes per run, and for the whole store.
+
+Logical bytes are what the snapshots would take as full copies (the sum of their tensors' sizes).
+Stored bytes count each chunk once, at its stored (compressed) length: per run, the unique chunks
+its snapshots reference; store-wide, the unique chunks of every snapshot. The ratio logical /
+stored is the saving from dedup and compression together. Pack bytes on the backend also hold
+chunks no snapshot references any more (reclaimed by ``gc``) and pack headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from sqlalchemy import Table, func, select
+from sqlalchemy.engine import Connection
+
+from .index import models
+
+if TYPE_CHECKING:
+    from .store import Store
+
+_snapshots = cast(Table, models.Snapshot.__table__)
+_snapshot_chunks = cast(Table, models.SnapshotChunk.__table__)
+_chunks = cast(Table, models.Chunk.__table__)
+_packs = cast(Table, models.Pack.__table__)
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """Usage of one run (``run`` is None on the store-wide total row).
+
+    Attributes:
+        run: Run name, or None for the total.
+        snapshots: Number of snapshots.
+        logical_bytes: Sum of the snapshots' logical sizes.
+        stored_bytes: Stored length of the unique chunks they reference.
+        chunks: Number of those unique chunks.
+        pack_bytes: Total row only: bytes of every pack object on the backend.
+        packs: Total row only: number of pack objects on the backend.
+    """
+
+    run: str | None
+    snapshots: int
+    logical_bytes: int
+    stored_bytes: int
+    chunks: int
+    pack_bytes: int | None = None
+    packs: int | None = None
+
+    @property
+    def dedup_ratio(self) -> float | None:
+        """logical / stored; None when nothing is stored."""
+        return self.logical_bytes / self.stored_bytes if self.stored_bytes else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "run": self.run,
+            "snapshots": self.snapshots,
+            "logical_bytes": self.logical_bytes,
+            "stored_bytes": self.stored_bytes,
+            "chunks": self.chunks,
+            "dedup_ratio": self.dedup_ratio,
+        }
+        if self.run is None:
+            d.update(pack_bytes=self.pack_bytes, packs=self.packs)
+        return d
+
+
+def du(store: Store, progress: Callable[[Iterable[str]], Iterable[str]] | None = None) -> list[UsageRow]:
+    """Per-run usage rows in run order, then one store-wide total row (``run=None``).
+
+    Args:
+        store: The store.
+        progress: Optional wrapper around the pack iteration (e.g. a progress bar).
+    """
+    with store.index._read("disk usage") as conn:
+        rows = _run_rows(conn)
+        total = _total_row(conn)
+    pack_ids = store.objects.list_packs()
+    sizes = (store.objects.pack_size(p) for p in (progress(pack_ids) if progress else pack_ids))
+    pack_bytes = sum(sizes)
+    return [*rows, UsageRow(None, *total, pack_bytes=pack_bytes, packs=len(pack_ids))]
+
+
+def _run_rows(conn: Connection) -> list[UsageRow]:
+    s, sc, c = _snapshots, _snapshot_chunks, _chunks
+    counts = conn.execute(
+        select(s.c.run, func.count(), func.coalesce(func.sum(s.c.logical_bytes), 0)).group_by(s.c.run)
+    ).all()
+    pairs = select(s.c.run, sc.c.chunk_id).select_from(sc.join(s, s.c.id == sc.c.snapshot_id))
+    pairs_q = pairs.distinct().subquery()
+    stored = {
+        r.run: (int(r.bytes), int(r.n))
+        for r in conn.execute(
+            select(pairs_q.c.run, func.coalesce(func.sum(c.c.length), 0).label("bytes"), func.count().label("n"))
+            .select_from(pairs_q.join(c, c.c.id == pairs_q.c.chunk_id))
+            .group_by(pairs_q.c.run)
+        )
+    }
+    return [
+        UsageRow(run, int(n), int(logical), *stored.get(run, (0, 0)))
+        for run, n, logical in sorted(counts, key=lambda r: r[0])
+    ]
+
+
+def _total_row(conn: Connection) -> tuple[int, int, int, int]:
+    s, sc, c = _snapshots, _snapshot_chunks, _chunks
+    n, logical = conn.execute(select(func.count(), func.coalesce(func.sum(s.c.logical_bytes), 0))).one()
+    used = select(sc.c.chunk_id).distinct().subquery()
+    stored, chunks = conn.execute(
+        select(func.coalesce(func.sum(c.c.length), 0), func.count()).select_from(
+            used.join(c, c.c.id == used.c.chunk_id)
+        )
+    ).one()
+    return int(n), int(logical), int(stored), int(chunks)
