@@ -13,7 +13,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import blake3
 import torch
 
 from . import objects
@@ -25,7 +24,7 @@ from ._tree import flatten, is_array
 from ._values import encode_value
 from .errors import InvalidInputError
 from .index import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
-from .manifest import ChunkRef, Entry, Manifest, TensorEntry, ValueEntry, canonical_json, entry_digest
+from .manifest import ChunkRef, Entry, Manifest, TensorEntry, ValueEntry, entry_digest
 
 
 @dataclass(frozen=True)
@@ -219,11 +218,12 @@ def take(
             found = index.lookup_chunks(lease.id, list(unique))
             missing = [c for cid, c in unique.items() if cid not in found]
             stats = write_missing(objs, index, lease.id, missing, opts, pool)
-            manifest = Manifest(p.apps, p.entries)
+            header = {"run": run, "step": step, "created_at": started, "metadata": dict(metadata), "name": name, "session": lease.id}
+            manifest = Manifest(p.apps, p.entries, header)
             raw = manifest.to_json()
             manifest_id = objs.put_blob("manifests", raw)
             record = SnapshotRecord(
-                id=_snapshot_id(manifest_id, run, step, started, lease.id),
+                id=manifest_id,
                 run=run,
                 step=step,
                 parent_id=None,
@@ -242,7 +242,3 @@ def take(
             lease.committed = True
     return TakeResult(committed, manifest)
 
-
-def _snapshot_id(manifest_id: str, run: str, step: int | None, when: float, session: str) -> str:
-    doc = {"manifest": manifest_id, "run": run, "step": step, "time": when, "session": session}
-    return blake3.blake3(canonical_json(doc)).hexdigest()

@@ -174,16 +174,21 @@ class Manifest:
 
     apps: dict[str, Any]
     entries: dict[str, Entry]
+    snapshot: dict[str, Any] | None = None
+    """The commit's own fields (run, step, created_at, metadata, name, session): they make every
+    take's manifest unique, so a manifest object has one owner, and let ``reindex`` rebuild
+    snapshot rows from the store alone."""
 
     def to_json(self) -> bytes:
-        return canonical_json(
-            {
-                "format": FORMAT,
-                "version": VERSION,
-                "apps": self.apps,
-                "entries": {k: e.to_dict() for k, e in self.entries.items()},
-            }
-        )
+        doc: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "apps": self.apps,
+            "entries": {k: e.to_dict() for k, e in self.entries.items()},
+        }
+        if self.snapshot is not None:
+            doc["snapshot"] = self.snapshot
+        return canonical_json(doc)
 
     @classmethod
     def from_json(cls, raw: bytes, where: str = "manifest") -> Manifest:
@@ -200,7 +205,10 @@ class Manifest:
         apps, entries = doc.get("apps"), doc.get("entries")
         if not isinstance(apps, dict) or not isinstance(entries, dict):
             raise CorruptionError(f"{where} lacks apps/entries")
-        return cls(apps, {str(k): entry_from_dict(v, str(k)) for k, v in entries.items()})
+        snapshot = doc.get("snapshot")
+        if snapshot is not None and not isinstance(snapshot, dict):
+            raise CorruptionError(f"{where} has a malformed snapshot header")
+        return cls(apps, {str(k): entry_from_dict(v, str(k)) for k, v in entries.items()}, snapshot)
 
     def chunk_ids(self) -> set[str]:
         return {c.id for e in self.entries.values() if isinstance(e, TensorEntry) for c in e.chunks}

@@ -29,7 +29,8 @@ BATCH_SIZE = 500
 """Most ids bound into one ``IN (...)`` query (well below SQLite's variable limit)."""
 
 ACTIVE = "active"
-SESSION_STATES = ("active", "committed", "aborted")
+EXPIRED = "expired"
+SESSION_STATES = ("active", "committed", "aborted", "expired")
 
 T = TypeVar("T")
 

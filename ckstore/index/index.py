@@ -46,12 +46,13 @@ from ckstore.index.records import (
     SnapshotRecord,
     TagRecord,
 )
+from ckstore.index.maintenance import MaintenanceMixin
 from ckstore.index.schema import ensure_schema
 
 FINAL_STATES = ("committed", "aborted")
 
 
-class Index:
+class Index(MaintenanceMixin):
     """SQL index of one store (SQLite or PostgreSQL). Create it with :meth:`Index.open`."""
 
     def __init__(self, engine: Engine) -> None:

@@ -55,6 +55,8 @@ class Pack(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     chunk_count: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Double)
+    retired_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    """Set by GC when no chunk lives here any more; the object goes after the grace period."""
 
 
 class Chunk(Base):

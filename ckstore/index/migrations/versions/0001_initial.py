@@ -40,6 +40,7 @@ def upgrade() -> None:
         sa.Column("size", sa.BigInteger(), nullable=False),
         sa.Column("chunk_count", sa.Integer(), nullable=False),
         _ts("created_at"),
+        sa.Column("retired_at", sa.Double(), nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_packs"),
     )
     op.create_table(

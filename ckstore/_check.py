@@ -1,0 +1,129 @@
+"""Integrity check (restic ``check`` for checkpoints).
+
+Structure (always): every snapshot's manifest exists, hashes to its id and parses; every chunk
+it names has an index row and a ``snapshot_chunks`` reference; every pack holding live chunks
+exists and its own trailer agrees with the index about each chunk's place, length and codec.
+Data (``read_data=True`` or a fraction of packs): every chunk is read, decoded and re-hashed.
+Orphans (objects the index does not know, e.g. from a crashed take) are listed but are not
+errors: ``gc`` removes them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import objects
+from .errors import CkstoreError
+from .index import ChunkRecord
+from .manifest import Manifest
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong: what kind, which object, and a sentence for humans."""
+
+    kind: str
+    object: str
+    message: str
+
+
+@dataclass
+class CheckReport:
+    """The outcome of a check; ``ok`` is False iff ``problems`` is non-empty."""
+
+    snapshots: int = 0
+    packs: int = 0
+    chunks: int = 0
+    chunks_read: int = 0
+    bytes_read: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    orphan_packs: list[str] = field(default_factory=list)
+    orphan_manifests: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, kind: str, obj: str, message: str) -> None:
+        self.problems.append(Problem(kind, obj, message))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+def check(store: Store, read_data: bool | float = False, seed: int | None = None) -> CheckReport:
+    """Check the store; ``read_data`` True reads every chunk, a float in (0, 1] that share of packs."""
+    report = CheckReport()
+    chunks = {c.chunk_id: c for c in store.index.all_chunks()}
+    report.chunks = len(chunks)
+    _check_snapshots(store, chunks, report)
+    by_pack = _check_packs(store, chunks, report)
+    fraction = 1.0 if read_data is True else float(read_data or 0.0)
+    if fraction > 0:
+        _read_data(store, by_pack, fraction, report, random.Random(seed))
+    return report
+
+
+def _check_snapshots(store: Store, chunks: dict[str, ChunkRecord], report: CheckReport) -> None:
+    for snap in store.index.list_snapshots():
+        report.snapshots += 1
+        where = f"snapshot {snap.run}@{snap.step} ({snap.id[:12]})"
+        try:
+            manifest = Manifest.from_json(store.objects.get_blob("manifests", snap.manifest_id), where)
+        except CkstoreError as exc:
+            report.add("manifest", snap.manifest_id, f"{where}: manifest unreadable: {exc}")
+            continue
+        needed = manifest.chunk_ids()
+        missing = needed - chunks.keys()
+        if missing:
+            report.add("missing-chunk", snap.id, f"{where}: {len(missing)} chunk(s) unknown to the index, e.g. {min(missing)}")
+        refs = store.index.snapshot_chunk_ids(snap.id)
+        if refs != needed:
+            report.add("references", snap.id, f"{where}: index references {len(refs)} chunks, manifest needs {len(needed)}")
+
+
+def _check_packs(store: Store, chunks: dict[str, ChunkRecord], report: CheckReport) -> dict[str, list[ChunkRecord]]:
+    by_pack: dict[str, list[ChunkRecord]] = defaultdict(list)
+    for c in chunks.values():
+        by_pack[c.pack_id].append(c)
+    stored = set(store.objects.list_packs())
+    known = store.index.index_pack_ids()
+    report.orphan_packs = sorted(stored - known)
+    report.orphan_manifests = sorted(set(store.objects.list_blobs("manifests")) - store.index.index_manifest_ids())
+    for pack_id, live in sorted(by_pack.items()):
+        report.packs += 1
+        if pack_id not in stored:
+            report.add("missing-pack", pack_id, f"pack {pack_id} holds {len(live)} live chunk(s) but is missing from the store")
+            continue
+        try:
+            trailer = {loc.chunk_id: loc for loc in objects.read_pack_index(store.objects.backend, pack_id)}
+        except CkstoreError as exc:
+            report.add("pack", pack_id, f"pack {pack_id} is unreadable: {exc}")
+            continue
+        for c in live:
+            loc = trailer.get(c.chunk_id)
+            if loc is None or (loc.offset, loc.length, loc.raw_length, loc.codec) != (c.offset, c.length, c.raw_length, c.codec):
+                report.add("misplaced-chunk", c.chunk_id, f"chunk {c.chunk_id}: the index and pack {pack_id} disagree about it")
+    return by_pack
+
+
+def _read_data(store: Store, by_pack: dict[str, list[ChunkRecord]], fraction: float, report: CheckReport, rng: random.Random) -> None:
+    for pack_id, live in sorted(by_pack.items()):
+        if fraction < 1.0 and rng.random() >= fraction:
+            continue
+        for c in live:
+            loc = objects.ChunkLocation(c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.codec)
+            try:
+                store.objects.read_chunk(loc)
+                report.chunks_read += 1
+                report.bytes_read += c.length
+            except CkstoreError as exc:
+                report.add("corrupt-chunk", c.chunk_id, f"chunk {c.chunk_id} in pack {pack_id}: {exc}")

@@ -1,0 +1,181 @@
+"""Garbage collection that is safe beside live writers (reliability contract I4).
+
+Two phases, as restic's forget + prune:
+
+1. **forget** — drop the snapshot rows a retention :class:`Policy` selects.
+2. **prune** — expire stale write sessions (their pins go), delete chunk rows that nothing
+   references or pins and that are older than the grace period, retire packs left without live
+   chunks, rewrite packs whose live fraction fell below ``repack_below`` (new pack first, index
+   switched, old pack retired), delete retired packs' rows and then objects once the grace
+   period has passed, drop unused manifests, and delete orphan objects (in the store, unknown
+   to the index) only when no write session that could own them is still alive.
+
+Index rows always go before objects. A take that stalls past its lease loses its pins here and
+then fails at commit; it never commits references to chunks this GC deleted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import objects
+from ._policy import Policy
+from .errors import CorruptionError, ObjectNotFoundError
+from .index import ChunkRecord, PackRecord
+
+if TYPE_CHECKING:
+    from .store import Store
+
+DEFAULT_GRACE_SECONDS = 6 * 3600.0
+DEFAULT_REPACK_BELOW = 0.5
+
+
+@dataclass
+class GCReport:
+    """What a gc did (or, with ``dry_run``, would do)."""
+
+    dry_run: bool
+    snapshots_dropped: list[str] = field(default_factory=list)
+    snapshots_kept: int = 0
+    sessions_expired: int = 0
+    chunks_removed: int = 0
+    chunk_bytes_removed: int = 0
+    packs_rewritten: int = 0
+    packs_retired: int = 0
+    packs_removed: int = 0
+    manifests_removed: int = 0
+    orphans_removed: int = 0
+    bytes_reclaimed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def gc(
+    store: Store,
+    *,
+    keep_last: int | None = None,
+    keep_every_steps: int | None = None,
+    keep_tagged: bool = True,
+    older_than: float | None = None,
+    runs: list[str] | tuple[str, ...] | None = None,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    repack_below: float = DEFAULT_REPACK_BELOW,
+    dry_run: bool = False,
+) -> GCReport:
+    """Forget the snapshots the policy drops, then prune what nothing references.
+
+    Args:
+        keep_last, keep_every_steps, keep_tagged, older_than, runs: the retention policy
+            (see :class:`ckstore._policy.Policy`); with none of the first three set only prune.
+        grace_seconds: unreferenced data younger than this, and retired packs retired more
+            recently than this, are kept (readers that resolved a location just before may still
+            be reading it).
+        repack_below: rewrite packs whose live bytes fell below this fraction (0 disables).
+        dry_run: report without changing anything.
+    """
+    policy = Policy(keep_last, keep_every_steps, keep_tagged, older_than, tuple(runs) if runs else None)
+    report = GCReport(dry_run=dry_run)
+    now = time.time()
+    cutoff = now - grace_seconds
+    dropped = _forget(store, policy, report, dry_run)
+    if dry_run:
+        _estimate(store, report, cutoff, dropped)
+        return report
+    report.sessions_expired = store.index.expire_sessions(now)
+    removed = store.index.prune_chunks(cutoff)
+    report.chunks_removed = len(removed)
+    report.chunk_bytes_removed = sum(c.length for c in removed)
+    _compact_packs(store, report, cutoff, repack_below)
+    _delete_retired(store, report, cutoff)
+    for mid in store.index.prune_manifests(cutoff):
+        store.objects.delete_blob("manifests", mid)
+        report.manifests_removed += 1
+    _delete_orphans(store, report)
+    return report
+
+
+def _forget(store: Store, policy: Policy, report: GCReport, dry_run: bool) -> list[str]:
+    snapshots = store.index.list_snapshots()
+    tagged = {t.snapshot_id for t in store.index.list_tags()}
+    drop = policy.select(snapshots, tagged)
+    for s in drop:
+        if not dry_run:
+            store.index.delete_snapshot(s.id)
+        report.snapshots_dropped.append(f"{s.run}@{s.step}" if s.step is not None else f"{s.run} {s.id[:12]}")
+    report.snapshots_kept = len(snapshots) - len(drop)
+    return [s.id for s in drop]
+
+
+def _estimate(store: Store, report: GCReport, cutoff: float, dropped: list[str]) -> None:
+    chunks = store.index.unreferenced_chunks(cutoff, ignoring=dropped)
+    report.chunks_removed = len(chunks)
+    report.chunk_bytes_removed = sum(c.length for c in chunks)
+    report.manifests_removed = len(store.index.prune_manifests(cutoff, dry_run=True, ignoring=dropped))
+    report.bytes_reclaimed = report.chunk_bytes_removed
+
+
+def _compact_packs(store: Store, report: GCReport, cutoff: float, repack_below: float) -> None:
+    usage = [u for u in store.index.pack_usage() if u.retired_at is None]
+    dead = [u.pack_id for u in usage if u.live_chunks == 0]
+    report.packs_retired += len(store.index.retire_packs(dead))
+    sparse = [u for u in usage if u.live_chunks and u.created_at < cutoff and u.live_bytes < repack_below * u.size]
+    for u in sparse:
+        if _rewrite_pack(store, u.pack_id):
+            report.packs_rewritten += 1
+            report.packs_retired += len(store.index.retire_packs([u.pack_id]))
+
+
+def _rewrite_pack(store: Store, pack_id: str) -> bool:
+    """Copy a pack's live chunks (verified) into a new pack and switch the index to it."""
+    live = [c for c in store.index.all_chunks() if c.pack_id == pack_id]
+    if not live:
+        return False
+    writer = store.objects.new_pack_writer(store.config.pack_bytes * 4)
+    name = objects.pack_name(pack_id)
+    for c in live:
+        payload = store.objects.backend.get(name, c.offset, c.length)
+        raw = objects.decode(c.codec, payload, c.raw_length)
+        if objects.chunk_id(raw) != c.chunk_id:
+            raise CorruptionError(f"gc: chunk {c.chunk_id} in pack {pack_id} is damaged; run `ckstore check --read-data`")
+        writer.add(c.chunk_id, c.codec, payload, c.raw_length)
+    done = writer.finish()
+    assert done is not None
+    new_id, size, locs = done
+    moves = [ChunkRecord(l.chunk_id, l.pack_id, l.offset, l.length, l.raw_length, l.codec) for l in locs]
+    store.index.relocate_chunks(PackRecord(new_id, size, len(moves), time.time()), moves, pack_id)
+    return True
+
+
+def _delete_retired(store: Store, report: GCReport, cutoff: float) -> None:
+    for pack_id in store.index.delete_retired_packs(cutoff):  # rows first...
+        try:
+            report.bytes_reclaimed += store.objects.pack_size(pack_id)
+        except ObjectNotFoundError:
+            pass  # deleted by an earlier, interrupted gc
+        store.objects.delete_pack(pack_id)  # ...then the object
+        report.packs_removed += 1
+
+
+def _delete_orphans(store: Store, report: GCReport) -> None:
+    """Delete packs/manifests the index does not know, if no session can still claim them.
+
+    A pack listed at time T was written by a session begun before T. If no such session is
+    still alive, every one of them either committed (so its packs are in the index by now) or
+    ended/expired (and can no longer record anything): what the index lacks is garbage.
+    """
+    listed_at = time.time()
+    packs = set(store.objects.list_packs())
+    manifests = set(store.objects.list_blobs("manifests"))
+    if store.index.live_sessions(started_before=listed_at):
+        return
+    for pack_id in packs - store.index.index_pack_ids():
+        report.bytes_reclaimed += store.objects.pack_size(pack_id)
+        store.objects.delete_pack(pack_id)
+        report.orphans_removed += 1
+    for mid in manifests - store.index.index_manifest_ids():
+        store.objects.delete_blob("manifests", mid)
+        report.orphans_removed += 1
+

@@ -1,0 +1,66 @@
+"""Retention policies: which snapshots a ``gc`` forgets (the analogue of restic ``forget``)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .errors import InvalidInputError
+from .index import SnapshotRecord
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Keep rules; a snapshot is dropped only if it is eligible and no rule keeps it.
+
+    Attributes:
+        keep_last: keep the N newest snapshots of each run.
+        keep_every_steps: keep snapshots whose step is a multiple of N.
+        keep_tagged: keep every tagged snapshot.
+        older_than: only snapshots older than this many seconds are eligible.
+        runs: only snapshots of these runs are eligible (None: all runs).
+    """
+
+    keep_last: int | None = None
+    keep_every_steps: int | None = None
+    keep_tagged: bool = True
+    older_than: float | None = None
+    runs: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("keep_last", "keep_every_steps"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < (0 if name == "keep_last" else 1)):
+                raise InvalidInputError(f"gc: {name} must be a non-negative int (keep_every_steps >= 1), got {v!r}")
+        if self.older_than is not None and self.older_than < 0:
+            raise InvalidInputError(f"gc: older_than must be >= 0 seconds, got {self.older_than!r}")
+
+    @property
+    def forgets_anything(self) -> bool:
+        """With no keep_last/keep_every_steps/older_than, a gc only prunes."""
+        return self.keep_last is not None or self.keep_every_steps is not None or self.older_than is not None
+
+    def select(self, snapshots: Sequence[SnapshotRecord], tagged: set[str], now: float | None = None) -> list[SnapshotRecord]:
+        """Return the snapshots to drop, given all snapshots (newest first) and tagged ids."""
+        if not self.forgets_anything:
+            return []
+        now = time.time() if now is None else now
+        rank: dict[str, int] = defaultdict(int)
+        drop = []
+        for s in snapshots:  # newest first, so rank counts from the newest of each run
+            position = rank[s.run]
+            rank[s.run] += 1
+            if self.runs is not None and s.run not in self.runs:
+                continue
+            if self.older_than is not None and now - s.created_at < self.older_than:
+                continue
+            if self.keep_tagged and s.id in tagged:
+                continue
+            if self.keep_last is not None and position < self.keep_last:
+                continue
+            if self.keep_every_steps and s.step is not None and s.step % self.keep_every_steps == 0:
+                continue
+            drop.append(s)
+        return drop

@@ -1,0 +1,210 @@
+"""Index queries for garbage collection and integrity checks (mixed into :class:`Index`).
+
+Safety rules these queries implement (reliability contract I4):
+
+- A chunk row is deleted only if no snapshot references it, no write session pins it, and it
+  is older than the caller's cutoff; the check and the delete happen in one transaction. On
+  PostgreSQL the transaction first takes a SHARE ROW EXCLUSIVE lock on ``pins`` so no lookup
+  or commit can pin/reference a chunk between the check and the delete; on SQLite every
+  write transaction is ``BEGIN IMMEDIATE``, which serialises them anyway. Foreign keys from
+  ``pins`` and ``snapshot_chunks`` to ``chunks`` are the backstop: the database refuses to
+  delete a chunk something still points at.
+- Sessions whose lease ran out are marked ``expired`` (never active again) and lose their
+  pins before anything is pruned; an expired take then fails at commit.
+- Pack rows go before pack objects: a pack with no live chunk is first *retired*
+  (``retired_at``), and its row is deleted only once the grace period has passed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, delete, exists, func, select, text, update
+from sqlalchemy.engine import Connection
+
+from ckstore.index import _convert, _sql
+from ckstore.index._sql import batches
+from ckstore.index.records import ChunkRecord, PackRecord, SessionRecord
+
+
+@dataclass(frozen=True)
+class PackUsage:
+    """How much of a pack is still referenced by chunk rows."""
+
+    pack_id: str
+    size: int
+    created_at: float
+    retired_at: float | None
+    live_chunks: int
+    live_bytes: int
+
+
+def _unreferenced(ignoring: Sequence[str] = ()) -> Any:
+    """SQL condition: no snapshot (other than ``ignoring``) references, no session pins."""
+    c, sc, p = _sql.chunks, _sql.snapshot_chunks, _sql.pins
+    ref = select(sc.c.chunk_id).where(sc.c.chunk_id == c.c.id)
+    if ignoring:
+        ref = ref.where(sc.c.snapshot_id.not_in(list(ignoring)))
+    return and_(~exists(ref), ~exists(select(p.c.chunk_id).where(p.c.chunk_id == c.c.id)))
+
+
+class MaintenanceMixin:
+    """GC and check queries; relies on ``Index._write`` / ``Index._read``."""
+
+    def _write(self, what: str) -> AbstractContextManager[Connection]: ...  # provided by Index
+
+    def _read(self, what: str) -> AbstractContextManager[Connection]: ...  # provided by Index
+
+    # -------------------------------------------------------------------- sessions
+    def expire_sessions(self, now: float | None = None, purge_after: float = 86400.0) -> int:
+        """Mark active sessions past their lease ``expired``, drop pins of ended sessions.
+
+        Also forgets ended sessions older than ``purge_after`` seconds. Returns how many
+        sessions were expired now.
+        """
+        now = time.time() if now is None else now
+        s, p = _sql.sessions, _sql.pins
+        with self._write("expire write sessions") as conn:
+            expired = conn.execute(
+                update(s)
+                .where((s.c.state == _sql.ACTIVE) & (s.c.expires_at < now))
+                .values(state=_sql.EXPIRED)
+            ).rowcount
+            ended = select(s.c.id).where(s.c.state != _sql.ACTIVE)
+            conn.execute(delete(p).where(p.c.session_id.in_(ended)))
+            conn.execute(
+                delete(s).where((s.c.state != _sql.ACTIVE) & (s.c.heartbeat_at < now - purge_after))
+            )
+        return int(expired or 0)
+
+    def live_sessions(self, started_before: float | None = None) -> list[SessionRecord]:
+        """Active sessions whose lease has not run out (optionally begun before a time)."""
+        s = _sql.sessions
+        now = time.time()
+        query = select(s).where((s.c.state == _sql.ACTIVE) & (s.c.expires_at >= now))
+        if started_before is not None:
+            query = query.where(s.c.started_at <= started_before)
+        with self._read("list live sessions") as conn:
+            return [_convert.session(r) for r in conn.execute(query)]
+
+    # ---------------------------------------------------------------------- chunks
+    def unreferenced_chunks(self, cutoff: float, ignoring: Sequence[str] = ()) -> list[ChunkRecord]:
+        """Chunks older than ``cutoff`` that nothing references or pins (read only).
+
+        ``ignoring`` lists snapshots to treat as already forgotten (for dry runs).
+        """
+        c = _sql.chunks
+        query = select(c).where((c.c.created_at < cutoff) & _unreferenced(ignoring))
+        with self._read("find unreferenced chunks") as conn:
+            return [_convert.chunk(r) for r in conn.execute(query)]
+
+    def prune_chunks(self, cutoff: float) -> list[ChunkRecord]:
+        """Delete unreferenced, unpinned chunk rows older than ``cutoff``; return them."""
+        c = _sql.chunks
+        with self._write("prune chunks") as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("LOCK TABLE pins IN SHARE ROW EXCLUSIVE MODE"))
+                conn.execute(text("LOCK TABLE snapshot_chunks IN SHARE ROW EXCLUSIVE MODE"))
+            cond = (c.c.created_at < cutoff) & _unreferenced()
+            rows = [_convert.chunk(r) for r in conn.execute(select(c).where(cond))]
+            for batch in batches([r.chunk_id for r in rows]):
+                conn.execute(delete(c).where(c.c.id.in_(batch) & cond))
+        return rows
+
+    def all_chunks(self) -> Iterator[ChunkRecord]:
+        """Every chunk row (for check)."""
+        with self._read("list chunks") as conn:
+            rows = conn.execute(select(_sql.chunks)).all()
+        return (_convert.chunk(r) for r in rows)
+
+    def referenced_chunk_ids(self) -> set[str]:
+        """Every chunk id some snapshot references."""
+        sc = _sql.snapshot_chunks
+        with self._read("list referenced chunks") as conn:
+            return set(conn.scalars(select(sc.c.chunk_id).distinct()))
+
+    # ----------------------------------------------------------------------- packs
+    def pack_usage(self) -> list[PackUsage]:
+        """Every pack row with its live chunk count and bytes."""
+        p, c = _sql.packs, _sql.chunks
+        query = (
+            select(
+                p.c.id, p.c.size, p.c.created_at, p.c.retired_at,
+                func.count(c.c.id), func.coalesce(func.sum(c.c.length), 0),
+            )
+            .select_from(p.outerjoin(c, c.c.pack_id == p.c.id))
+            .group_by(p.c.id, p.c.size, p.c.created_at, p.c.retired_at)
+        )
+        with self._read("measure packs") as conn:
+            return [PackUsage(r[0], int(r[1]), float(r[2]), r[3], int(r[4]), int(r[5])) for r in conn.execute(query)]
+
+    def retire_packs(self, pack_ids: Iterable[str], now: float | None = None) -> list[str]:
+        """Mark packs that hold no live chunk as retired; return those marked now."""
+        now = time.time() if now is None else now
+        p, c = _sql.packs, _sql.chunks
+        done: list[str] = []
+        with self._write("retire packs") as conn:
+            for batch in batches(pack_ids):
+                cond = p.c.id.in_(batch) & p.c.retired_at.is_(None) & ~exists(select(c.c.id).where(c.c.pack_id == p.c.id))
+                ids = list(conn.scalars(select(p.c.id).where(cond)))
+                conn.execute(update(p).where(p.c.id.in_(ids)).values(retired_at=now))
+                done.extend(ids)
+        return done
+
+    def delete_retired_packs(self, retired_before: float) -> list[str]:
+        """Delete rows of packs retired before the given time; return their ids."""
+        p, c = _sql.packs, _sql.chunks
+        cond = (p.c.retired_at.is_not(None)) & (p.c.retired_at <= retired_before) & ~exists(
+            select(c.c.id).where(c.c.pack_id == p.c.id)
+        )
+        with self._write("delete retired packs") as conn:
+            ids = list(conn.scalars(select(p.c.id).where(cond)))
+            for batch in batches(ids):
+                conn.execute(delete(p).where(p.c.id.in_(batch) & cond))
+        return ids
+
+    def relocate_chunks(self, pack: PackRecord, moves: Sequence[ChunkRecord], old_pack_id: str) -> int:
+        """Record a rewritten pack and point chunks from ``old_pack_id`` at it (CAS per row).
+
+        A chunk no longer in the old pack (pruned or moved meanwhile) is left alone. Returns
+        the number of chunk rows switched.
+        """
+        p, c = _sql.packs, _sql.chunks
+        switched = 0
+        with self._write(f"relocate chunks of pack {old_pack_id}") as conn:
+            _sql.insert_ignore(conn, p, [{"id": pack.pack_id, "size": pack.size, "chunk_count": pack.chunk_count, "created_at": pack.created_at or time.time()}])
+            for m in moves:
+                switched += conn.execute(
+                    update(c)
+                    .where((c.c.id == m.chunk_id) & (c.c.pack_id == old_pack_id))
+                    .values(pack_id=m.pack_id, offset=m.offset, length=m.length, raw_length=m.raw_length, codec=m.codec)
+                ).rowcount or 0
+        return switched
+
+    def index_pack_ids(self) -> set[str]:
+        with self._read("list packs") as conn:
+            return set(conn.scalars(select(_sql.packs.c.id)))
+
+    # ------------------------------------------------------------------- manifests
+    def prune_manifests(self, cutoff: float, dry_run: bool = False, ignoring: Sequence[str] = ()) -> list[str]:
+        """Delete (or list) manifest rows no snapshot uses, older than ``cutoff``."""
+        m, e, s = _sql.manifests, _sql.manifest_entries, _sql.snapshots
+        used = select(s.c.id).where(s.c.manifest_id == m.c.id)
+        if ignoring:
+            used = used.where(s.c.id.not_in(list(ignoring)))
+        cond = (m.c.created_at < cutoff) & ~exists(used)
+        with (self._read if dry_run else self._write)("prune manifests") as conn:
+            ids = list(conn.scalars(select(m.c.id).where(cond)))
+            if not dry_run:
+                for batch in batches(ids):
+                    conn.execute(delete(e).where(e.c.manifest_id.in_(batch)))
+                    conn.execute(delete(m).where(m.c.id.in_(batch) & cond))
+        return ids
+
+    def index_manifest_ids(self) -> set[str]:
+        with self._read("list manifests") as conn:
+            return set(conn.scalars(select(_sql.manifests.c.id)))
