@@ -89,7 +89,7 @@ def gc(
     report.chunks_removed = len(removed)
     report.chunk_bytes_removed = sum(c.length for c in removed)
     _compact_packs(store, report, cutoff, repack_below)
-    _delete_retired(store, report, cutoff)
+    _delete_retired(store, report, time.time() - grace_seconds)
     for mid in store.index.prune_manifests(cutoff):
         store.objects.delete_blob("manifests", mid)
         report.manifests_removed += 1

@@ -285,7 +285,8 @@ def gc_policy(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``store.gc`` that the options given ask for."""
     policy: dict[str, Any] = {"dry_run": args.dry_run, "keep_tagged": not args.no_keep_tagged}
     for opt, key in (("keep_last", "keep_last"), ("keep_every_steps", "keep_every_steps"),
-                     ("older_than", "older_than"), ("runs", "runs"), ("grace", "grace_seconds")):
+                     ("older_than", "older_than"), ("runs", "runs"), ("grace", "grace_seconds"),
+                     ("repack_below", "repack_below")):
         value = getattr(args, opt)
         if value is not None:
             policy[key] = value
@@ -430,6 +431,16 @@ def _fraction_arg(text: str) -> float:
     return value
 
 
+def _unit_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"fraction must be in [0, 1], got {text!r}")
+    return value
+
+
 def _nonneg_int(text: str) -> int:
     try:
         value = int(text)
@@ -501,6 +512,8 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--run", dest="runs", action="append", metavar="R", help="apply the policy to this run only (repeatable)")
         p.add_argument("--no-keep-tagged", action="store_true", help="tagged snapshots are not kept automatically")
         p.add_argument("--grace", type=_duration_arg, metavar="DURATION", help="leave unreferenced data younger than this")
+        p.add_argument("--repack-below", type=_unit_fraction, metavar="FRACTION",
+                       help="rewrite packs whose live bytes fell below this fraction (0 disables)")
         p.add_argument("--dry-run", "-n", action="store_true", help="say what would be deleted, delete nothing")
     elif name == "check":
         p.add_argument("--read-data", nargs="?", const=True, default=False, type=_fraction_arg, metavar="FRACTION",

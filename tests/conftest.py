@@ -1,21 +1,84 @@
-"""Shared fixtures: stores with tiny knobs so small tensors take multi-chunk, multi-pack paths."""
+"""Shared fixtures: real servers on loopback (PostgreSQL, S3), and stores with tiny knobs so
+small tensors take the multi-chunk, multi-pack paths."""
 
 from __future__ import annotations
 
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
 import pytest
 
-import ckstore
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _pgserver import PgServer, PgServerError, pg_server  # noqa: E402
+from _s3server import S3Server, start_or_skip  # noqa: E402
+
+import ckstore  # noqa: E402
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
 
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One moto S3 server on 127.0.0.1 for the whole session (fails under CI if it cannot start)."""
+    server = start_or_skip()
+    try:
+        yield server
+    finally:
+        server.reset()
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _pg_state() -> Iterator[dict[str, object]]:
+    with ExitStack() as stack:
+        try:
+            server = stack.enter_context(pg_server())
+        except PgServerError as exc:
+            yield {"error": str(exc)}
+            return
+        yield {"server": server}
+
+
 @pytest.fixture
-def store_path(tmp_path):
+def pg(_pg_state: dict[str, object]) -> PgServer:
+    """The session's throwaway PostgreSQL; skipped here (failed under CI) if it cannot start."""
+    if "server" not in _pg_state:
+        reason = f"PostgreSQL unavailable: {_pg_state.get('error')}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return _pg_state["server"]  # type: ignore[return-value]
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
     return tmp_path / "store"
 
 
 @pytest.fixture
-def store(store_path):
+def store(store_path: Path) -> Iterator[ckstore.Store]:
     s = ckstore.open(store_path, **TINY)
+    yield s
+    s.close()
+
+
+@pytest.fixture(params=["local+sqlite", "memory+sqlite", "s3+postgresql"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ckstore.Store]:
+    """The same store suite on every backend/index pairing users deploy."""
+    if request.param == "local+sqlite":
+        s = ckstore.open(tmp_path / "store", **TINY)
+    elif request.param == "memory+sqlite":
+        s = ckstore.open(f"memory://store-{uuid.uuid4().hex}", **TINY)
+    else:
+        server: S3Server = request.getfixturevalue("s3_server")
+        pgs: PgServer = request.getfixturevalue("pg")
+        bucket = f"ck-{uuid.uuid4().hex[:12]}"
+        server.create_bucket(bucket)
+        s = ckstore.open(f"s3://{bucket}/ckpts", index=pgs.new_database(), storage_options=server.storage_options(), **TINY)
     yield s
     s.close()

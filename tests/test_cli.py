@@ -13,6 +13,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -87,23 +88,32 @@ def scratch(shared, tmp_path):
     return path
 
 
-def test_read_commands_json(shared):
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run the CLI in this process (no torch import to pay): (exit code, stdout, stderr)."""
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exc:  # argparse usage errors and --help
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line_inproc(result: tuple[int, str, str], code: int, *words: str) -> None:
+    one_error_line(SimpleNamespace(returncode=result[0], stdout=result[1], stderr=result[2]), code, *words)
+
+
+def test_read_commands_json(shared, capsys):
     s = ("--store", str(shared))
-    log, log_r, show, ls, diff, du, tags, pre = ck_many(
+    log, show, ls, diff, du = ck_many(
         (("log", "--json", *s), {}),
-        (("log", "--run", "r", "-n", "1", "--json", *s), {}),
         (("show", "best", "--json", *s), {}),
         (("ls", "r@1", "m/", "--json", *s), {}),
         (("diff", "r@1", "best", "--numeric", "--json", *s), {}),
         (("du", "--json", *s), {}),
-        (("tag", "--list", "--json", *s), {}),
-        ((*s, "--json", "log"), {}),  # global options before the command work too
     )
     rows = ok_json(log)
     assert [(r["run"], r["step"]) for r in rows] == [("q", 5), ("r", 2), ("r", 1)]
     assert rows[1]["tags"] == ["best"] and rows[0]["new_bytes"] == 0 and rows[2]["metadata"] == {"loss": 1.5}
-    assert [(r["run"], r["step"]) for r in ok_json(log_r)] == [("r", 2)]
-    assert ok_json(pre) == rows
     d = ok_json(show)
     assert (d["run"], d["step"], d["tags"]) == ("r", 2, ["best"]) and d["stored_bytes"] > 0
     assert d["entries"] == {"tensors": 3, "values": 1} and d["parent_id"] == rows[2]["id"]
@@ -120,7 +130,13 @@ def test_read_commands_json(shared):
     assert usage["total"]["snapshots"] == 3 and usage["total"]["pack_bytes"] >= usage["total"]["stored_bytes"]
     assert usage["total"]["logical_bytes"] == sum(r["logical_bytes"] for r in rows)
     _check_du_against_index(shared, runs, usage["total"])
-    assert [(t["name"], t["run"], t["step"]) for t in ok_json(tags)] == [("best", "r", 2)]
+    # the same CLI in-process: more option combinations
+    code, out, _ = run_cli(capsys, "log", "--run", "r", "-n", "1", "--json", *s)
+    assert code == 0 and [(r["run"], r["step"]) for r in json.loads(out)] == [("r", 2)]
+    code, out, _ = run_cli(capsys, *s, "--json", "log")  # global options before the command
+    assert code == 0 and json.loads(out) == rows
+    code, out, _ = run_cli(capsys, "tag", "--list", "--json", *s)
+    assert code == 0 and [(t["name"], t["run"], t["step"]) for t in json.loads(out)] == [("best", "r", 2)]
 
 
 def _check_du_against_index(path: Path, runs: dict, total: dict) -> None:
@@ -136,109 +152,126 @@ def _check_du_against_index(path: Path, runs: dict, total: dict) -> None:
     assert total["stored_bytes"] == sum(loc.length for loc in locs.values()) and total["chunks"] == len(everything)
 
 
-def test_read_commands_human(shared):
+def test_read_commands_human(shared, capsys):
     s = ("--store", str(shared))
-    log, show, ls, diff, du, tags = ck_many(
-        (("log", *s), {}), (("show", "r@1", *s), {}), (("ls", "best", *s), {}),
-        (("diff", "r@1", "r@2", *s), {}), (("du", *s), {}), (("tag", *s), {}),
-    )
-    for p in (log, show, ls, diff, du, tags):
-        assert p.returncode == 0 and p.stderr == "", p.stderr
+    log = ck("log", *s)
+    assert log.returncode == 0 and log.stderr == "", log.stderr
     assert log.stdout.splitlines()[0].split() == ["id", "snapshot", "time", "logical", "new", "tags"]
     assert "r@2" in log.stdout and "best" in log.stdout and "KiB" in log.stdout
-    assert "loss" in show.stdout and "run:" in show.stdout
-    assert "m/extra" in ls.stdout and "float32" in ls.stdout and "4 entries" in ls.stdout
-    assert "1/10 (10%)" in diff.stdout and "+  m/extra" in diff.stdout and "1 changed" in diff.stdout
-    assert "(total)" in du.stdout and "packs on the backend" in du.stdout
-    assert tags.stdout.split()[4] == "best"
+    outputs = {}
+    for argv in (("show", "r@1"), ("ls", "best"), ("diff", "r@1", "r@2", "--numeric"), ("du",), ("tag",)):
+        code, out, err = run_cli(capsys, *argv, *s)
+        assert code == 0 and err == "", (argv, err)
+        outputs[argv[0]] = out
+    assert "loss" in outputs["show"] and "run:" in outputs["show"]
+    assert "m/extra" in outputs["ls"] and "float32" in outputs["ls"] and "4 entries" in outputs["ls"]
+    diff = outputs["diff"]
+    assert "1/10 (10%)" in diff and "+  m/extra" in diff and "1 changed" in diff and "max|b-a|" in diff
+    assert "(total)" in outputs["du"] and "packs on the backend" in outputs["du"]
+    assert outputs["tag"].split()[4] == "best"
 
 
-def test_store_discovery_and_console_script(shared, tmp_path):
+def test_store_discovery_and_console_script(shared, tmp_path, capsys, monkeypatch):
     exe = Path(sys.executable).parent / "ckstore"
     assert exe.exists(), "the console script is installed next to the interpreter"
     nowhere = tmp_path / "empty"
     nowhere.mkdir()
-    by_cwd, by_env, script, missing, bad_store = ck_many(
+    by_cwd, by_env, script, missing = ck_many(
         (("log", "--json"), {"cwd": shared / "sub" / "dir"}),
         (("log", "--json"), {"cwd": nowhere, "env": _env(CKSTORE_STORE=str(shared))}),
         (("show", "best", "--json"), {"cwd": shared, "exe": [str(exe)]}),
         (("log",), {"cwd": nowhere}),
-        (("log", "--store", str(nowhere / "no-such-store")), {}),
     )
     assert len(ok_json(by_cwd)) == 3 and len(ok_json(by_env)) == 3
     assert ok_json(script)["step"] == 2
     one_error_line(missing, 3, "no ckstore store", "ckstore init")
-    one_error_line(bad_store, 3, "no-such-store")
+    monkeypatch.delenv(cli.STORE_ENV, raising=False)
+    one_error_line_inproc(run_cli(capsys, "log", "--store", str(nowhere / "no-such-store")), 3, "no-such-store")
 
 
-def test_errors_are_one_line_with_exit_codes(shared):
+def test_errors_are_one_line_with_exit_codes(shared, capsys):
     s = ("--store", str(shared))
-    unknown_ref, bad_tag, spaced_tag, unknown_cmd, no_key, tag_exists, bad_fraction, bad_duration = ck_many(
+    unknown_ref, bad_tag, unknown_cmd = ck_many(
         (("show", "nope", *s), {}),
         (("tag", "r@1", "../x", *s), {}),
-        (("tag", "r@1", "a b", *s), {}),
         (("frobnicate", *s), {}),
-        (("ls", "r@1", "zzz", *s), {}),
-        (("tag", "r@1", "best", *s), {}),
-        (("check", "--read-data", "2", *s), {}),
-        (("gc", "--older-than", "soon", *s), {}),
     )
     one_error_line(unknown_ref, 3, "'nope'")
     one_error_line(bad_tag, 2, "'../x'")
-    one_error_line(spaced_tag, 2, "'a b'")
     one_error_line(unknown_cmd, 2, "frobnicate")
-    one_error_line(no_key, 3, "zzz")
-    one_error_line(tag_exists, 4, "best", "--force")
-    one_error_line(bad_fraction, 2, "fraction")
-    one_error_line(bad_duration, 2, "duration")
+    cases = [
+        (("tag", "r@1", "a b"), 2, "'a b'"),
+        (("tag", "nope", "ok-name"), 3, "'nope'"),
+        (("diff", "r@1", "nope"), 3, "'nope'"),
+        (("ls", "r@1", "zzz"), 3, "zzz"),
+        (("tag", "r@1", "best"), 4, "--force"),
+        (("tag", "r@1"), 2, "NAME"),
+        (("check", "--read-data", "2"), 2, "fraction"),
+        (("gc", "--older-than", "soon"), 2, "duration"),
+        (("log", "-n", "-3"), 2, "non-negative"),
+        (("show",), 2, "ref"),
+    ]
+    for argv, code, word in cases:
+        one_error_line_inproc(run_cli(capsys, *argv, *s), code, word)
 
 
-def test_tag_and_rm_change_the_store(scratch):
+def test_tag_and_rm_change_the_store(scratch, capsys):
     s = ("--store", str(scratch))
-    made = ok_json(ck("tag", "r@1", "first", "--json", *s))
-    assert made["tag"] == "first" and made["step"] == 1
-    moved, deleted = ck("tag", "r", "best", "--force", *s), ck("tag", "--delete", "first", "--json", *s)
-    assert moved.returncode == 0 and "tagged r@2" in moved.stdout
-    assert ok_json(deleted) == {"deleted": "first"}
-    gone = ok_json(ck("rm", "r@1", "--json", *s))["deleted"]
-    after, again, untag = ck_many(
-        (("log", "--json", *s), {}), (("rm", "r@1", *s), {}), (("tag", "--delete", "first", *s), {})
-    )
-    assert gone[0] not in {r["id"] for r in ok_json(after)} and len(ok_json(after)) == 2
-    one_error_line(again, 3, "r@1")
-    one_error_line(untag, 3, "first")
+    made, gone = ck("tag", "r@1", "first", "--json", *s), ck("rm", "r@1", "--json", *s)
+    assert ok_json(made) == {"tag": "first", "snapshot_id": ok_json(made)["snapshot_id"], "run": "r", "step": 1}
+    gone_id = ok_json(gone)["deleted"][0]
+    assert gone_id == ok_json(made)["snapshot_id"]
+    code, out, _ = run_cli(capsys, "log", "--json", *s)
+    assert code == 0 and gone_id not in {r["id"] for r in json.loads(out)} and len(json.loads(out)) == 2
+    code, out, _ = run_cli(capsys, "tag", "--list", "--json", *s)
+    assert [t["name"] for t in json.loads(out)] == ["best"]  # the tag went with its snapshot
+    code, out, _ = run_cli(capsys, "tag", "r", "new", *s)
+    assert code == 0 and "tagged r@2" in out
+    code, out, _ = run_cli(capsys, "tag", "q", "new", "--force", *s)
+    assert code == 0 and "tagged q@5" in out
+    code, out, _ = run_cli(capsys, "tag", "--delete", "new", "--json", *s)
+    assert code == 0 and json.loads(out) == {"deleted": "new"}
+    one_error_line_inproc(run_cli(capsys, "tag", "--delete", "new", *s), 3, "new")
+    one_error_line_inproc(run_cli(capsys, "rm", "r@1", *s), 3, "r@1")
+    code, out, _ = run_cli(capsys, "rm", "q", "r", *s)
+    assert code == 0 and "ckstore gc" in out
+    code, out, _ = run_cli(capsys, "log", "--json", *s)
+    assert json.loads(out) == []
 
 
-def test_init(tmp_path):
+def test_init(tmp_path, capsys, monkeypatch):
     target = tmp_path / "new"
     made = ok_json(ck("init", str(target), "--chunk-bytes", "2KiB", "--pack-bytes", "16KiB", "--json"))
     assert (made["chunk_bytes"], made["pack_bytes"]) == (2048, 16384)
     assert (target / "ckstore.json").is_file()
-    here = tmp_path / "here"
-    here.mkdir()
-    again, in_cwd, bad = ck_many(
-        (("init", str(target)), {}), (("init",), {"cwd": here}), (("init", str(tmp_path / "x"), "--chunk-bytes", "lots"), {})
-    )
-    one_error_line(again, 4, "already exists")
-    assert in_cwd.returncode == 0 and "initialized empty ckstore store" in in_cwd.stdout
-    assert (here / "ckstore.json").is_file()
-    one_error_line(bad, 2, "not a size")
     with ckstore.open(target, create=False) as store:
         assert store.config.chunk_bytes == 2048 and store.log() == []
+    one_error_line_inproc(run_cli(capsys, "init", str(target)), 4, "already exists")
+    one_error_line_inproc(run_cli(capsys, "init", str(tmp_path / "x"), "--chunk-bytes", "lots"), 2, "not a size")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.delenv(cli.STORE_ENV, raising=False)
+    code, out, _ = run_cli(capsys, "init")
+    assert code == 0 and "initialized empty ckstore store" in out and (here / "ckstore.json").is_file()
+    code, out, _ = run_cli(capsys, "log", "--json")  # found from the current directory
+    assert code == 0 and json.loads(out) == []
+    code, out, _ = run_cli(capsys, "migrate", "--json")
+    assert code == 0 and json.loads(out)["revision"] == ckstore.index.head_revision()
 
 
-def test_gc_and_check_run_against_the_store(scratch):
+def test_gc_and_check_run_against_the_store(scratch, capsys):
     """Needs store.gc (ckstore/_gc.py) and store.check (ckstore/_check.py)."""
     s = ("--store", str(scratch))
-    dry, check, read = ck_many(
+    dry, read = ck_many(
         (("gc", "--dry-run", "--keep-last", "1", "--json", *s), {}),
-        (("check", "--json", *s), {}),
         (("check", "--read-data", "--json", *s), {}),
     )
-    assert isinstance(ok_json(dry), dict)
-    assert ok_json(check)["ok"] is True and ok_json(read)["ok"] is True
-    human = ck("gc", "--dry-run", *s)
-    assert human.returncode == 0 and human.stdout.strip()
+    assert isinstance(ok_json(dry), dict) and ok_json(read)["ok"] is True
+    code, out, _ = run_cli(capsys, "gc", "--dry-run", "--keep-last", "1", *s)
+    assert code == 0 and out.strip()
+    code, out, _ = run_cli(capsys, "check", *s)
+    assert code == 0 and "ok: True" in out
     with ckstore.open(scratch, create=False) as store:
         assert len(store.log()) == 3  # a dry run deletes nothing
 
@@ -250,10 +283,10 @@ def _args(*argv: str):
 
 def test_gc_arguments_map_to_store_gc():
     a = _args("gc", "--keep-last", "3", "--keep-every-steps", "1000", "--older-than", "7d", "--run", "sft",
-              "--run", "rl", "--no-keep-tagged", "--grace", "12h", "--dry-run")
+              "--run", "rl", "--no-keep-tagged", "--grace", "12h", "--repack-below", "0.3", "--dry-run")
     assert cli.gc_policy(a) == {
         "keep_last": 3, "keep_every_steps": 1000, "older_than": 7 * 86400.0, "runs": ["sft", "rl"],
-        "keep_tagged": False, "grace_seconds": 12 * 3600.0, "dry_run": True,
+        "keep_tagged": False, "grace_seconds": 12 * 3600.0, "repack_below": 0.3, "dry_run": True,
     }
     assert cli.gc_policy(_args("gc")) == {"dry_run": False, "keep_tagged": True}
     assert _args("check").read_data is False

@@ -8,29 +8,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from _pgserver import PgServer, PgServerError, pg_server
-
-
-@pytest.fixture(scope="session")
-def _pg_state() -> Iterator[dict[str, object]]:
-    with ExitStack() as stack:
-        try:
-            server = stack.enter_context(pg_server())
-        except PgServerError as exc:
-            yield {"error": str(exc)}
-            return
-        yield {"server": server}
-
-
-@pytest.fixture
-def pg(_pg_state: dict[str, object]) -> PgServer:
-    """The session's PostgreSQL server; skipped (failed under CI) if it could not start."""
-    if "server" not in _pg_state:
-        reason = f"PostgreSQL unavailable: {_pg_state.get('error')}"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return _pg_state["server"]  # type: ignore[return-value]
+from _pgserver import PgServer
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

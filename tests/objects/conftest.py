@@ -12,21 +12,10 @@ import pytest
 from ckstore.objects import Backend, LocalBackend, open_backend
 
 try:
-    from _s3server import S3Server, start_or_skip
+    from _s3server import S3Server
 except ImportError:  # tests/ not on sys.path under this import mode
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from _s3server import S3Server, start_or_skip
-
-
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    """One moto server for the whole session (wiped at the end)."""
-    server = start_or_skip()
-    try:
-        yield server
-    finally:
-        server.reset()
-        server.stop()
+    from _s3server import S3Server
 
 
 @pytest.fixture
