@@ -260,7 +260,9 @@ def _unchanged(ra: EntryRecord, rb: EntryRecord) -> KeyDiff:
     )
 
 
-def _changed(snap_a: Snapshot, snap_b: Snapshot, ra: EntryRecord, rb: EntryRecord, numeric: bool) -> KeyDiff:
+def _changed(
+    snap_a: Snapshot, snap_b: Snapshot, ra: EntryRecord, rb: EntryRecord, numeric: bool
+) -> KeyDiff:
     base = KeyDiff(
         rb.key, CHANGED, rb.kind, ra.dtype, rb.dtype, _shape(ra), _shape(rb), ra.nbytes, rb.nbytes
     )
@@ -292,7 +294,11 @@ def _whole_change_reason(ra: EntryRecord, rb: EntryRecord) -> str | None:
 
 def _chunk_change(ea: TensorEntry, eb: TensorEntry) -> dict[str, Any]:
     if ea.inline or eb.inline:
-        return {"chunk_fraction": 1.0, "changed_bytes": eb.nbytes, "reason": "stored inline (no chunks)"}
+        return {
+            "chunk_fraction": 1.0,
+            "changed_bytes": eb.nbytes,
+            "reason": "stored inline (no chunks)",
+        }
     old = {(c.offsets, c.sizes): c.id for c in ea.chunks}
     changed = [c for c in eb.chunks if old.get((c.offsets, c.sizes)) != c.id]
     size = itemsize(eb.dtype)
@@ -314,7 +320,9 @@ def _replace(k: KeyDiff, **changes: Any) -> KeyDiff:
 
 
 # --- numeric summary ---------------------------------------------------------------------------
-def _numeric(snap_a: Snapshot, snap_b: Snapshot, key: str, ea: TensorEntry, eb: TensorEntry) -> NumericDiff | None:
+def _numeric(
+    snap_a: Snapshot, snap_b: Snapshot, key: str, ea: TensorEntry, eb: TensorEntry
+) -> NumericDiff | None:
     """Summarise the changed region of one tensor; None for dtypes without float64 values."""
     if not _numeric_dtype(eb.dtype):
         return None
@@ -362,7 +370,9 @@ def _changed_ranges(ea: TensorEntry, eb: TensorEntry) -> Iterator[tuple[int, int
     """Disjoint byte ranges covering every chunk not present identically on both sides."""
     ra, rb = _ranges(ea), _ranges(eb)
     sa, sb = set(ra), set(rb)
-    spans = sorted((s, e) for s, e, _ in [*(r for r in ra if r not in sb), *(r for r in rb if r not in sa)])
+    spans = sorted(
+        (s, e) for s, e, _ in [*(r for r in ra if r not in sb), *(r for r in rb if r not in sa)]
+    )
     merged: list[list[int]] = []
     for s, e in spans:
         if merged and s <= merged[-1][1]:
@@ -404,10 +414,13 @@ class _ChunkSide:
         if cid not in self.cache:
             rec = self.locs.get(cid)
             if rec is None:
+                hint = "run `ckstore check`"
                 raise CorruptionError(
-                    f"{self.where}: chunk {cid[:16]}… is unknown to the index; run `ckstore check`"
+                    f"{self.where}: chunk {cid[:16]}… is unknown to the index; {hint}"
                 )
-            loc = objects.ChunkLocation(rec.chunk_id, rec.pack_id, rec.offset, rec.length, rec.raw_length, rec.codec)
+            loc = objects.ChunkLocation(
+                rec.chunk_id, rec.pack_id, rec.offset, rec.length, rec.raw_length, rec.codec
+            )
             self.cache[cid] = bytes(self.objs.read_chunk(loc))
         return self.cache[cid]
 
@@ -439,7 +452,11 @@ class _Accumulator:
 
     def result(self) -> NumericDiff:
         return NumericDiff(
-            self.max_abs, math.sqrt(self.sq_diff), math.sqrt(self.sq_a), math.sqrt(self.sq_b), self.elements
+            self.max_abs,
+            math.sqrt(self.sq_diff),
+            math.sqrt(self.sq_a),
+            math.sqrt(self.sq_b),
+            self.elements,
         )
 
 

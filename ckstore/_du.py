@@ -68,7 +68,9 @@ class UsageRow:
         return d
 
 
-def du(store: Store, progress: Callable[[Iterable[str]], Iterable[str]] | None = None) -> list[UsageRow]:
+def du(
+    store: Store, progress: Callable[[Iterable[str]], Iterable[str]] | None = None
+) -> list[UsageRow]:
     """Per-run usage rows in run order, then one store-wide total row (``run=None``).
 
     Args:
@@ -87,14 +89,20 @@ def du(store: Store, progress: Callable[[Iterable[str]], Iterable[str]] | None =
 def _run_rows(conn: Connection) -> list[UsageRow]:
     s, sc, c = _snapshots, _snapshot_chunks, _chunks
     counts = conn.execute(
-        select(s.c.run, func.count(), func.coalesce(func.sum(s.c.logical_bytes), 0)).group_by(s.c.run)
+        select(s.c.run, func.count(), func.coalesce(func.sum(s.c.logical_bytes), 0)).group_by(
+            s.c.run
+        )
     ).all()
     pairs = select(s.c.run, sc.c.chunk_id).select_from(sc.join(s, s.c.id == sc.c.snapshot_id))
     pairs_q = pairs.distinct().subquery()
     stored = {
         r.run: (int(r.bytes), int(r.n))
         for r in conn.execute(
-            select(pairs_q.c.run, func.coalesce(func.sum(c.c.length), 0).label("bytes"), func.count().label("n"))
+            select(
+                pairs_q.c.run,
+                func.coalesce(func.sum(c.c.length), 0).label("bytes"),
+                func.count().label("n"),
+            )
             .select_from(pairs_q.join(c, c.c.id == pairs_q.c.chunk_id))
             .group_by(pairs_q.c.run)
         )
@@ -107,7 +115,9 @@ def _run_rows(conn: Connection) -> list[UsageRow]:
 
 def _total_row(conn: Connection) -> tuple[int, int, int, int]:
     s, sc, c = _snapshots, _snapshot_chunks, _chunks
-    n, logical = conn.execute(select(func.count(), func.coalesce(func.sum(s.c.logical_bytes), 0))).one()
+    n, logical = conn.execute(
+        select(func.count(), func.coalesce(func.sum(s.c.logical_bytes), 0))
+    ).one()
     used = select(sc.c.chunk_id).distinct().subquery()
     stored, chunks = conn.execute(
         select(func.coalesce(func.sum(c.c.length), 0), func.count()).select_from(

@@ -66,7 +66,9 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], right: Sequence
     widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
-        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        parts = [
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ]
         return "  ".join(parts).rstrip()
 
     return "\n".join([line(list(headers))] + [line(r) for r in body])

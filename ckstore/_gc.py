@@ -24,6 +24,7 @@ from . import objects
 from ._policy import Policy
 from .errors import CorruptionError, ObjectNotFoundError
 from .index import ChunkRecord, PackRecord
+from .index.maintenance import PackUsage
 
 if TYPE_CHECKING:
     from .store import Store
@@ -121,11 +122,15 @@ def _compact_packs(store: Store, report: GCReport, cutoff: float, repack_below: 
     usage = [u for u in store.index.pack_usage() if u.retired_at is None]
     dead = [u.pack_id for u in usage if u.live_chunks == 0]
     report.packs_retired += len(store.index.retire_packs(dead))
-    sparse = [u for u in usage if u.live_chunks and u.created_at < cutoff and u.live_bytes < repack_below * u.size]
+    sparse = [u for u in usage if u.live_chunks and u.created_at < cutoff and u.live_bytes < repack_below * _payload(u)]
     for u in sparse:
         if _rewrite_pack(store, u.pack_id):
             report.packs_rewritten += 1
             report.packs_retired += len(store.index.retire_packs([u.pack_id]))
+
+
+def _payload(u: PackUsage) -> int:
+    return max(1, u.size - objects.pack_overhead(u.chunk_count))
 
 
 def _rewrite_pack(store: Store, pack_id: str) -> bool:

@@ -31,7 +31,9 @@ from .errors import (
     ObjectNotFoundError,
 )
 
-EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_CORRUPT, EXIT_ERROR = range(7)
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_CORRUPT, EXIT_ERROR = range(
+    7
+)
 STORE_ENV = "CKSTORE_STORE"
 CONFIG_NAME = "ckstore.json"
 
@@ -111,8 +113,14 @@ def cmd_log(args: argparse.Namespace) -> int:
         emit_json(rows)
         return EXIT_OK
     table = [
-        (s.id[:12], _where(s), fmt.when(s.created_at), fmt.size(r["logical_bytes"]),
-         fmt.size(r["new_bytes"]), ", ".join(r["tags"]))
+        (
+            s.id[:12],
+            _where(s),
+            fmt.when(s.created_at),
+            fmt.size(r["logical_bytes"]),
+            fmt.size(r["new_bytes"]),
+            ", ".join(r["tags"]),
+        )
         for s, r in zip(snaps, rows)
     ]
     print(fmt.table(("id", "snapshot", "time", "logical", "new", "tags"), table, right=(3, 4)))
@@ -125,17 +133,28 @@ def cmd_show(args: argparse.Namespace) -> int:
         d = _snap_dict(snap, _tags_by_snapshot(store).get(snap.id, []))
         d["stored_bytes"] = store.index.stored_bytes(snap.id)
         entries = _entries(snap)
-    d["entries"] = {"tensors": sum(e.kind == "tensor" for e in entries), "values": sum(e.kind != "tensor" for e in entries)}
+    d["entries"] = {
+        "tensors": sum(e.kind == "tensor" for e in entries),
+        "values": sum(e.kind != "tensor" for e in entries),
+    }
     if args.json:
         emit_json(d)
         return EXIT_OK
     lines = [
-        ("snapshot", d["id"]), ("run", d["run"]), ("step", d["step"]), ("name", d["name"]),
-        ("parent", d["parent_id"]), ("time", fmt.when(d["created_at"])), ("world size", d["world_size"]),
-        ("tags", ", ".join(d["tags"]) or None), ("manifest", d["manifest_id"]),
+        ("snapshot", d["id"]),
+        ("run", d["run"]),
+        ("step", d["step"]),
+        ("name", d["name"]),
+        ("parent", d["parent_id"]),
+        ("time", fmt.when(d["created_at"])),
+        ("world size", d["world_size"]),
+        ("tags", ", ".join(d["tags"]) or None),
+        ("manifest", d["manifest_id"]),
         ("entries", f"{d['entries']['tensors']} tensors, {d['entries']['values']} values"),
-        ("logical", fmt.size(d["logical_bytes"])), ("stored", fmt.size(d["stored_bytes"])),
-        ("new", f"{fmt.size(d['new_bytes'])} in {d['new_chunks']} new chunks ({d['reused_chunks']} reused)"),
+        ("logical", fmt.size(d["logical_bytes"])),
+        ("stored", fmt.size(d["stored_bytes"])),
+        ("new", f"{fmt.size(d['new_bytes'])} in {d['new_chunks']} new chunks"),
+        ("reused", f"{d['reused_chunks']} chunks"),
     ]
     width = max(len(k) for k, _ in lines)
     print("\n".join(f"{k + ':':<{width + 1}} {fmt.cell(v)}" for k, v in lines))
@@ -153,7 +172,10 @@ def _entries(snap: Any) -> list[Any]:
     from .index import EntryRecord
     from .manifest import entry_digest
 
-    return [EntryRecord(k, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e)) for k, e in snap.get_manifest().items()]
+    return [
+        EntryRecord(k, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))
+        for k, e in snap.get_manifest().items()
+    ]
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -163,7 +185,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.prefix and not entries:
         raise KeyNotFoundError(f"no key starts with {args.prefix!r} in snapshot {snap.ref}")
     rows = [
-        {"key": e.key, "kind": e.kind, "dtype": e.dtype, "shape": None if e.shape is None else list(e.shape), "bytes": e.nbytes}
+        {
+            "key": e.key,
+            "kind": e.kind,
+            "dtype": e.dtype,
+            "shape": None if e.shape is None else list(e.shape),
+            "bytes": e.nbytes,
+        }
         for e in entries
     ]
     if args.json:
@@ -189,13 +217,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
     print(f"a: {args.a} ({d['a']['id'][:12]})  b: {args.b} ({d['b']['id'][:12]})")
     shown = [k for k in d["keys"] if args.all or k["status"] != "unchanged"]
     if shown:
-        print(fmt.table(_diff_headers(args.numeric), [_diff_row(k, args.numeric) for k in shown], right=(3, 4)))
+        print(
+            fmt.table(
+                _diff_headers(args.numeric),
+                [_diff_row(k, args.numeric) for k in shown],
+                right=(3, 4),
+            )
+        )
     c, b = d["counts"], d["bytes"]
-    print(
-        f"{c['changed']} changed ({fmt.size(b['changed'])}; {fmt.size(b['changed_chunk_bytes'])} in changed "
-        f"chunks), {c['added']} added ({fmt.size(b['added'])}), {c['removed']} removed "
-        f"({fmt.size(b['removed'])}), {c['unchanged']} unchanged ({fmt.size(b['unchanged'])})"
-    )
+    changed = f"{fmt.size(b['changed'])}; {fmt.size(b['changed_chunk_bytes'])} in changed chunks"
+    parts = [f"{c['changed']} changed ({changed})"]
+    parts += [f"{c[k]} {k} ({fmt.size(b[k])})" for k in ("added", "removed", "unchanged")]
+    print(", ".join(parts))
     return EXIT_OK
 
 
@@ -213,7 +246,14 @@ def _diff_row(k: dict[str, Any], numeric: bool) -> tuple[Any, ...]:
         chunks = f"{k['changed_chunks']}/{k['total_chunks']} ({k['chunk_fraction']:.0%})"
     elif k.get("chunk_fraction") is not None:
         chunks = f"{k['chunk_fraction']:.0%}"
-    row: tuple[Any, ...] = (_MARK[k["status"]], k["key"], what, fmt.size(k[f"bytes_{side}"]), chunks, k.get("reason") or "")
+    row: tuple[Any, ...] = (
+        _MARK[k["status"]],
+        k["key"],
+        what,
+        fmt.size(k[f"bytes_{side}"]),
+        chunks,
+        k.get("reason") or "",
+    )
     if numeric:
         n = k.get("numeric") or {}
         row += tuple(n.get(f) for f in ("max_abs_diff", "l2_diff", "l2_a", "l2_b"))
@@ -256,13 +296,29 @@ def _tag_list(store: Any, args: argparse.Namespace) -> int:
     rows = []
     for t in store.index.list_tags():
         snap = store.get(t.snapshot_id)
-        rows.append({"name": t.name, "snapshot_id": t.snapshot_id, "run": snap.run, "step": snap.step,
-                     "version": t.version, "updated_at": t.updated_at, "where": _where(snap)})
+        rows.append(
+            {
+                "name": t.name,
+                "snapshot_id": t.snapshot_id,
+                "run": snap.run,
+                "step": snap.step,
+                "version": t.version,
+                "updated_at": t.updated_at,
+                "where": _where(snap),
+            }
+        )
     if args.json:
         emit_json([{k: v for k, v in r.items() if k != "where"} for r in rows])
     elif rows:
-        print(fmt.table(("tag", "id", "snapshot", "moved"),
-                        [(r["name"], r["snapshot_id"][:12], r["where"], fmt.when(r["updated_at"])) for r in rows]))
+        print(
+            fmt.table(
+                ("tag", "id", "snapshot", "moved"),
+                [
+                    (r["name"], r["snapshot_id"][:12], r["where"], fmt.when(r["updated_at"]))
+                    for r in rows
+                ],
+            )
+        )
     return EXIT_OK
 
 
@@ -284,9 +340,14 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def gc_policy(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``store.gc`` that the options given ask for."""
     policy: dict[str, Any] = {"dry_run": args.dry_run, "keep_tagged": not args.no_keep_tagged}
-    for opt, key in (("keep_last", "keep_last"), ("keep_every_steps", "keep_every_steps"),
-                     ("older_than", "older_than"), ("runs", "runs"), ("grace", "grace_seconds"),
-                     ("repack_below", "repack_below")):
+    for opt, key in (
+        ("keep_last", "keep_last"),
+        ("keep_every_steps", "keep_every_steps"),
+        ("older_than", "older_than"),
+        ("runs", "runs"),
+        ("grace", "grace_seconds"),
+        ("repack_below", "repack_below"),
+    ):
         value = getattr(args, opt)
         if value is not None:
             policy[key] = value
@@ -320,11 +381,19 @@ def _report_lines(d: dict[str, Any], indent: str) -> list[str]:
     for key, value in d.items():
         if isinstance(value, dict):
             lines += [f"{indent}{key}:"] + _report_lines(value, indent + "  ")
-        elif isinstance(value, (list, tuple)) and value and not all(isinstance(v, (int, float, str)) for v in value):
+        elif (
+            isinstance(value, (list, tuple))
+            and value
+            and not all(isinstance(v, (int, float, str)) for v in value)
+        ):
             lines.append(f"{indent}{key}: {len(value)}")
             lines += [f"{indent}  - {json.dumps(v, default=str)}" for v in value[:50]]
         elif isinstance(value, (list, tuple)):
-            lines.append(f"{indent}{key}: {len(value)}" + (f" ({', '.join(str(v)[:12] for v in value[:10])}{', ...' if len(value) > 10 else ''})" if value else ""))
+            more = ", ..." if len(value) > 10 else ""
+            lines.append(
+                f"{indent}{key}: {len(value)}"
+                + (f" ({', '.join(str(v)[:12] for v in value[:10])}{more})" if value else "")
+            )
         elif key.endswith("bytes") and isinstance(value, int):
             lines.append(f"{indent}{key}: {fmt.size(value)}")
         else:
@@ -341,11 +410,23 @@ def cmd_du(args: argparse.Namespace) -> int:
         emit_json({"runs": [r.to_dict() for r in rows[:-1]], "total": rows[-1].to_dict()})
         return EXIT_OK
     table = [
-        (r.run if r.run is not None else "(total)", r.snapshots, fmt.size(r.logical_bytes),
-         fmt.size(r.stored_bytes), r.chunks, fmt.ratio(r.dedup_ratio))
+        (
+            r.run if r.run is not None else "(total)",
+            r.snapshots,
+            fmt.size(r.logical_bytes),
+            fmt.size(r.stored_bytes),
+            r.chunks,
+            fmt.ratio(r.dedup_ratio),
+        )
         for r in rows
     ]
-    print(fmt.table(("run", "snapshots", "logical", "stored", "chunks", "ratio"), table, right=(1, 2, 3, 4, 5)))
+    print(
+        fmt.table(
+            ("run", "snapshots", "logical", "stored", "chunks", "ratio"),
+            table,
+            right=(1, 2, 3, 4, 5),
+        )
+    )
     total = rows[-1]
     print(f"packs on the backend: {total.packs}, {fmt.size(total.pack_bytes)}")
     return EXIT_OK
@@ -360,16 +441,27 @@ def cmd_init(args: argparse.Namespace) -> int:
     url = args.url or args.store or "."
     if is_local(url) and os.path.isfile(os.path.join(local_path(url), CONFIG_NAME)):
         raise ConflictError(f"a ckstore store already exists at {local_path(url)}")
-    knobs = {"chunk_bytes": args.chunk_bytes, "pack_bytes": args.pack_bytes, "inline_bytes": args.inline_bytes}
+    knobs = {
+        "chunk_bytes": args.chunk_bytes,
+        "pack_bytes": args.pack_bytes,
+        "inline_bytes": args.inline_bytes,
+    }
     with ckstore.open(url, index=args.index, **knobs) as store:
         cfg = store.config
-        info = {"url": store.url, "index": store.index.url, "store_id": cfg.store_id, "chunk_bytes": cfg.chunk_bytes,
-                "pack_bytes": cfg.pack_bytes, "inline_bytes": cfg.inline_bytes}
+        info = {
+            "url": store.url,
+            "index": store.index.url,
+            "store_id": cfg.store_id,
+            "chunk_bytes": cfg.chunk_bytes,
+            "pack_bytes": cfg.pack_bytes,
+            "inline_bytes": cfg.inline_bytes,
+        }
     if args.json:
         emit_json(info)
     else:
-        print(f"initialized empty ckstore store at {info['url']} (chunks {fmt.size(cfg.chunk_bytes)}, "
-              f"packs {fmt.size(cfg.pack_bytes)}, inline up to {fmt.size(cfg.inline_bytes)})")
+        knobs = f"chunks {fmt.size(cfg.chunk_bytes)}, packs {fmt.size(cfg.pack_bytes)}"
+        knobs += f", inline up to {fmt.size(cfg.inline_bytes)}"
+        print(f"initialized empty ckstore store at {info['url']} ({knobs})")
     return EXIT_OK
 
 
@@ -411,7 +503,9 @@ def _size_arg(text: str) -> int:
     try:
         return int(float(t[:-1] if t[-1:] in units else t) * mult)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 4MiB, 512KiB, 1048576)") from None
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (use e.g. 4MiB, 512KiB, 1048576)"
+        ) from None
 
 
 def _duration_arg(text: str) -> float:
@@ -455,34 +549,85 @@ def _common(suppress: bool) -> argparse.ArgumentParser:
     """Options every command takes, before or after its name."""
     p = argparse.ArgumentParser(add_help=False)
     kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
-    p.add_argument("--store", metavar="URL", help=f"store URL (default: ${STORE_ENV}, then the nearest store upwards)", **kw)
-    p.add_argument("--index", metavar="URL", help="SQLAlchemy URL of the index (needed for remote stores)", **kw)
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help=f"store URL (default: ${STORE_ENV}, then the nearest store upwards)",
+        **kw,
+    )
+    p.add_argument(
+        "--index",
+        metavar="URL",
+        help="SQLAlchemy URL of the index (needed for remote stores)",
+        **kw,
+    )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON", **kw)
     return p
 
 
-COMMANDS: list[tuple[str, str, str, Handler]] = [
-    ("init", "create a store", "ckstore init ./ckpts\nckstore init s3://bucket/ckpts --index postgresql+psycopg://u@host/db\nckstore init ./ckpts --chunk-bytes 8MiB", cmd_init),
-    ("log", "list snapshots, newest first", "ckstore log\nckstore log --run sft -n 5\nckstore log --json", cmd_log),
-    ("show", "show one snapshot: ids, metadata, stats", "ckstore show sft\nckstore show sft@100 --json\nckstore show best", cmd_show),
-    ("ls", "list a snapshot's entries (kind, dtype, shape, bytes)", "ckstore ls sft@100\nckstore ls best model/ --json", cmd_ls),
-    ("diff", "compare two snapshots key by key", "ckstore diff sft@100 sft@200\nckstore diff base best --numeric\nckstore diff sft@100 best --json", cmd_diff),
-    ("tag", "create, move, list or delete tags", "ckstore tag sft@100 best\nckstore tag sft best --force\nckstore tag --list\nckstore tag --delete best", cmd_tag),
-    ("rm", "delete snapshots (gc reclaims their bytes)", "ckstore rm sft@100\nckstore rm sft@100 sft@200", cmd_rm),
-    ("gc", "apply a retention policy and reclaim unreferenced data", "ckstore gc --dry-run\nckstore gc --keep-last 3 --older-than 7d\nckstore gc --run sft --keep-every-steps 1000 --json", cmd_gc),
-    ("check", "verify the store's integrity (exit 1 on problems)", "ckstore check\nckstore check --read-data\nckstore check --read-data 0.1 --json", cmd_check),
-    ("du", "disk usage per run: logical vs stored bytes", "ckstore du\nckstore du --json", cmd_du),
-    ("migrate", "upgrade the index schema to this ckstore's version", "ckstore migrate\nckstore migrate --index postgresql+psycopg://u@host/db", cmd_migrate),
-    ("demo", "train a small model, snapshot it, resume bit-exactly in a fresh process", "ckstore --store ./demo-store demo\nckstore demo --steps 20 --every 2", cmd_demo),
-]
+COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
+    ("init", "create a store", (
+        "ckstore init ./ckpts",
+        "ckstore init ./ckpts --chunk-bytes 8MiB",
+        "ckstore init s3://bucket/ckpts --index postgresql+psycopg://user@host/db",
+    ), cmd_init),
+    ("log", "list snapshots, newest first", (
+        "ckstore log", "ckstore log --run sft -n 5", "ckstore log --json",
+    ), cmd_log),
+    ("show", "show one snapshot: ids, metadata, stats", (
+        "ckstore show sft", "ckstore show sft@100 --json", "ckstore show best",
+    ), cmd_show),
+    ("ls", "list a snapshot's entries (kind, dtype, shape, bytes)", (
+        "ckstore ls sft@100", "ckstore ls best model/ --json",
+    ), cmd_ls),
+    ("diff", "compare two snapshots key by key", (
+        "ckstore diff sft@100 sft@200",
+        "ckstore diff base best --numeric",
+        "ckstore diff sft@100 best --json",
+    ), cmd_diff),
+    ("tag", "create, move, list or delete tags", (
+        "ckstore tag sft@100 best",
+        "ckstore tag sft best --force",
+        "ckstore tag --list",
+        "ckstore tag --delete best",
+    ), cmd_tag),
+    ("rm", "delete snapshots (gc reclaims their bytes)", (
+        "ckstore rm sft@100", "ckstore rm sft@100 sft@200",
+    ), cmd_rm),
+    ("gc", "apply a retention policy and reclaim unreferenced data", (
+        "ckstore gc --dry-run",
+        "ckstore gc --keep-last 3 --older-than 7d",
+        "ckstore gc --run sft --keep-every-steps 1000 --json",
+    ), cmd_gc),
+    ("check", "verify the store's integrity (exit 1 on problems)", (
+        "ckstore check", "ckstore check --read-data", "ckstore check --read-data 0.1 --json",
+    ), cmd_check),
+    ("du", "disk usage per run: logical vs stored bytes", (
+        "ckstore du", "ckstore du --json",
+    ), cmd_du),
+    ("migrate", "upgrade the index schema to this ckstore's version", (
+        "ckstore migrate", "ckstore migrate --index postgresql+psycopg://user@host/db",
+    ), cmd_migrate),
+    ("demo", "train a small model, snapshot it, resume bit-exactly in a fresh process", (
+        "ckstore --store ./demo-store demo", "ckstore demo --steps 20 --every 2",
+    ), cmd_demo),
+]  # fmt: skip
 
 
 def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     if name == "init":
-        p.add_argument("url", nargs="?", help="where to create it (default: --store, else the current directory)")
+        p.add_argument(
+            "url",
+            nargs="?",
+            help="where to create it (default: --store, else the current directory)",
+        )
         p.add_argument("--chunk-bytes", type=_size_arg, help="target chunk size (default 4MiB)")
         p.add_argument("--pack-bytes", type=_size_arg, help="target pack size (default 64MiB)")
-        p.add_argument("--inline-bytes", type=_size_arg, help="tensors up to this size live in the manifest (default 2KiB)")
+        p.add_argument(
+            "--inline-bytes",
+            type=_size_arg,
+            help="tensors up to this size live in the manifest (default 2KiB)",
+        )
     elif name == "log":
         p.add_argument("--run", help="only this run")
         p.add_argument("-n", type=_nonneg_int, metavar="N", help="at most N snapshots")
@@ -494,30 +639,79 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "diff":
         p.add_argument("a", help="the old snapshot (a ref)")
         p.add_argument("b", help="the new snapshot (a ref)")
-        p.add_argument("--numeric", action="store_true", help="read changed chunks and report value differences")
+        p.add_argument(
+            "--numeric",
+            action="store_true",
+            help="read changed chunks and report value differences",
+        )
         p.add_argument("--all", action="store_true", help="also list unchanged keys")
     elif name == "tag":
         p.add_argument("ref", nargs="?", help="snapshot to tag")
         p.add_argument("name", nargs="?", help="tag name")
         p.add_argument("--force", "-f", action="store_true", help="move the tag if it exists")
         g = p.add_mutually_exclusive_group()
-        g.add_argument("--list", "-l", action="store_true", help="list tags (the default without arguments)")
+        g.add_argument(
+            "--list", "-l", action="store_true", help="list tags (the default without arguments)"
+        )
         g.add_argument("--delete", "-d", metavar="NAME", help="delete a tag")
     elif name == "rm":
         p.add_argument("refs", nargs="+", metavar="REF", help="snapshots to delete")
     elif name == "gc":
-        p.add_argument("--keep-last", type=_nonneg_int, metavar="N", help="keep the newest N snapshots of each run")
-        p.add_argument("--keep-every-steps", type=_nonneg_int, metavar="N", help="keep snapshots whose step is a multiple of N")
-        p.add_argument("--older-than", type=_duration_arg, metavar="DURATION", help="only delete snapshots older than this (e.g. 7d, 12h)")
-        p.add_argument("--run", dest="runs", action="append", metavar="R", help="apply the policy to this run only (repeatable)")
-        p.add_argument("--no-keep-tagged", action="store_true", help="tagged snapshots are not kept automatically")
-        p.add_argument("--grace", type=_duration_arg, metavar="DURATION", help="leave unreferenced data younger than this")
-        p.add_argument("--repack-below", type=_unit_fraction, metavar="FRACTION",
-                       help="rewrite packs whose live bytes fell below this fraction (0 disables)")
-        p.add_argument("--dry-run", "-n", action="store_true", help="say what would be deleted, delete nothing")
+        p.add_argument(
+            "--keep-last",
+            type=_nonneg_int,
+            metavar="N",
+            help="keep the newest N snapshots of each run",
+        )
+        p.add_argument(
+            "--keep-every-steps",
+            type=_nonneg_int,
+            metavar="N",
+            help="keep snapshots whose step is a multiple of N",
+        )
+        p.add_argument(
+            "--older-than",
+            type=_duration_arg,
+            metavar="DURATION",
+            help="only delete snapshots older than this (e.g. 7d, 12h)",
+        )
+        p.add_argument(
+            "--run",
+            dest="runs",
+            action="append",
+            metavar="R",
+            help="apply the policy to this run only (repeatable)",
+        )
+        p.add_argument(
+            "--no-keep-tagged",
+            action="store_true",
+            help="tagged snapshots are not kept automatically",
+        )
+        p.add_argument(
+            "--grace",
+            type=_duration_arg,
+            metavar="DURATION",
+            help="leave unreferenced data younger than this",
+        )
+        p.add_argument(
+            "--repack-below",
+            type=_unit_fraction,
+            metavar="FRACTION",
+            help="rewrite packs whose live bytes fell below this fraction (0 disables)",
+        )
+        p.add_argument(
+            "--dry-run", "-n", action="store_true", help="say what would be deleted, delete nothing"
+        )
     elif name == "check":
-        p.add_argument("--read-data", nargs="?", const=True, default=False, type=_fraction_arg, metavar="FRACTION",
-                       help="also read and re-hash chunks (all, or this random fraction)")
+        p.add_argument(
+            "--read-data",
+            nargs="?",
+            const=True,
+            default=False,
+            type=_fraction_arg,
+            metavar="FRACTION",
+            help="also read and re-hash chunks (all, or this random fraction)",
+        )
     elif name == "demo":
         p.add_argument("--steps", type=int, default=40)
         p.add_argument("--every", type=int, default=5)
@@ -526,16 +720,24 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     fmt_cls = argparse.RawDescriptionHelpFormatter
     p = Parser(
-        prog="ckstore", parents=[_common(False)], formatter_class=fmt_cls,
+        prog="ckstore",
+        parents=[_common(False)],
+        formatter_class=fmt_cls,
         description="Content-addressed, versioned, deduplicating checkpoint store for PyTorch.",
-        epilog=textwrap.dedent(__doc__.split("\n\n", 1)[1]) + "\nexamples:\n  ckstore init ./ckpts\n"
-        "  ckstore log --run sft\n  ckstore diff sft@100 best --numeric\n  ckstore gc --keep-last 3 --dry-run",
+        epilog=textwrap.dedent(__doc__.split("\n\n", 1)[1])
+        + "\nexamples:\n  ckstore init ./ckpts\n  ckstore log --run sft\n"
+        "  ckstore diff sft@100 best --numeric\n  ckstore gc --keep-last 3 --dry-run",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, help_, examples, func in COMMANDS:
-        sp = sub.add_parser(name, help=help_, description=help_[0].upper() + help_[1:] + ".",
-                            epilog="examples:\n" + textwrap.indent(examples, "  "),
-                            formatter_class=fmt_cls, parents=[_common(True)])
+        sp = sub.add_parser(
+            name,
+            help=help_,
+            description=help_[0].upper() + help_[1:] + ".",
+            epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
+            formatter_class=fmt_cls,
+            parents=[_common(True)],
+        )
         _add_arguments(name, sp)
         sp.set_defaults(func=func, parser=sp)
     return p

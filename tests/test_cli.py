@@ -32,10 +32,17 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def ck(*args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None, exe: list[str] | None = None):
+def ck(
+    *args: str,
+    cwd: Path | str | None = None,
+    env: dict[str, str] | None = None,
+    exe: list[str] | None = None,
+):
     """Run the CLI; returns CompletedProcess with text stdout/stderr."""
     cmd = (exe or [sys.executable, "-m", "ckstore.cli"]) + list(args)
-    return subprocess.run(cmd, cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        cmd, check=False, cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=120
+    )
 
 
 def ck_many(*calls: tuple) -> list[subprocess.CompletedProcess]:
@@ -63,7 +70,12 @@ def _build(path: Path) -> None:
     torch.manual_seed(0)
     w = torch.randn(10, 256)
     with ckstore.open(path, **TINY) as store:
-        store.take({"m": ckstore.StateDict(w=w, b=torch.zeros(3), lr=0.1)}, run="r", step=1, metadata={"loss": 1.5})
+        store.take(
+            {"m": ckstore.StateDict(w=w, b=torch.zeros(3), lr=0.1)},
+            run="r",
+            step=1,
+            metadata={"loss": 1.5},
+        )
         w2 = w.clone()
         w2[3] += 1
         state = {"m": ckstore.StateDict(w=w2, b=torch.zeros(3), lr=0.1, extra=torch.ones(100))}
@@ -99,7 +111,9 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def one_error_line_inproc(result: tuple[int, str, str], code: int, *words: str) -> None:
-    one_error_line(SimpleNamespace(returncode=result[0], stdout=result[1], stderr=result[2]), code, *words)
+    one_error_line(
+        SimpleNamespace(returncode=result[0], stdout=result[1], stderr=result[2]), code, *words
+    )
 
 
 def test_read_commands_json(shared, capsys):
@@ -113,21 +127,36 @@ def test_read_commands_json(shared, capsys):
     )
     rows = ok_json(log)
     assert [(r["run"], r["step"]) for r in rows] == [("q", 5), ("r", 2), ("r", 1)]
-    assert rows[1]["tags"] == ["best"] and rows[0]["new_bytes"] == 0 and rows[2]["metadata"] == {"loss": 1.5}
+    assert (
+        rows[1]["tags"] == ["best"]
+        and rows[0]["new_bytes"] == 0
+        and rows[2]["metadata"] == {"loss": 1.5}
+    )
     d = ok_json(show)
     assert (d["run"], d["step"], d["tags"]) == ("r", 2, ["best"]) and d["stored_bytes"] > 0
     assert d["entries"] == {"tensors": 3, "values": 1} and d["parent_id"] == rows[2]["id"]
     entries = {e["key"]: e for e in ok_json(ls)}
-    assert entries["m/w"] == {"key": "m/w", "kind": "tensor", "dtype": "float32", "shape": [10, 256], "bytes": 10240}
+    assert entries["m/w"] == {
+        "key": "m/w",
+        "kind": "tensor",
+        "dtype": "float32",
+        "shape": [10, 256],
+        "bytes": 10240,
+    }
     assert entries["m/lr"]["kind"] == "value" and set(entries) == {"m/w", "m/b", "m/lr"}
     dd = ok_json(diff)
     assert dd["counts"] == {"added": 1, "removed": 0, "changed": 1, "unchanged": 2}
     w = next(k for k in dd["keys"] if k["key"] == "m/w")
-    assert (w["changed_chunks"], w["total_chunks"]) == (1, 10) and w["numeric"]["max_abs_diff"] == pytest.approx(1.0)
+    assert (w["changed_chunks"], w["total_chunks"]) == (1, 10) and w["numeric"][
+        "max_abs_diff"
+    ] == pytest.approx(1.0)
     usage = ok_json(du)
     runs = {r["run"]: r for r in usage["runs"]}
     assert runs["r"]["snapshots"] == 2 and runs["q"]["snapshots"] == 1
-    assert usage["total"]["snapshots"] == 3 and usage["total"]["pack_bytes"] >= usage["total"]["stored_bytes"]
+    assert (
+        usage["total"]["snapshots"] == 3
+        and usage["total"]["pack_bytes"] >= usage["total"]["stored_bytes"]
+    )
     assert usage["total"]["logical_bytes"] == sum(r["logical_bytes"] for r in rows)
     _check_du_against_index(shared, runs, usage["total"])
     # the same CLI in-process: more option combinations
@@ -136,7 +165,9 @@ def test_read_commands_json(shared, capsys):
     code, out, _ = run_cli(capsys, *s, "--json", "log")  # global options before the command
     assert code == 0 and json.loads(out) == rows
     code, out, _ = run_cli(capsys, "tag", "--list", "--json", *s)
-    assert code == 0 and [(t["name"], t["run"], t["step"]) for t in json.loads(out)] == [("best", "r", 2)]
+    assert code == 0 and [(t["name"], t["run"], t["step"]) for t in json.loads(out)] == [
+        ("best", "r", 2)
+    ]
 
 
 def _check_du_against_index(path: Path, runs: dict, total: dict) -> None:
@@ -148,25 +179,46 @@ def _check_du_against_index(path: Path, runs: dict, total: dict) -> None:
         locs = store.index.chunk_locations(everything)
     for run, ids in chunks.items():
         assert runs[run]["stored_bytes"] == sum(locs[i].length for i in ids)
-        assert runs[run]["dedup_ratio"] == pytest.approx(runs[run]["logical_bytes"] / runs[run]["stored_bytes"])
-    assert total["stored_bytes"] == sum(loc.length for loc in locs.values()) and total["chunks"] == len(everything)
+        assert runs[run]["dedup_ratio"] == pytest.approx(
+            runs[run]["logical_bytes"] / runs[run]["stored_bytes"]
+        )
+    assert total["stored_bytes"] == sum(loc.length for loc in locs.values()) and total[
+        "chunks"
+    ] == len(everything)
 
 
 def test_read_commands_human(shared, capsys):
     s = ("--store", str(shared))
     log = ck("log", *s)
     assert log.returncode == 0 and log.stderr == "", log.stderr
-    assert log.stdout.splitlines()[0].split() == ["id", "snapshot", "time", "logical", "new", "tags"]
+    assert log.stdout.splitlines()[0].split() == [
+        "id",
+        "snapshot",
+        "time",
+        "logical",
+        "new",
+        "tags",
+    ]
     assert "r@2" in log.stdout and "best" in log.stdout and "KiB" in log.stdout
     outputs = {}
-    for argv in (("show", "r@1"), ("ls", "best"), ("diff", "r@1", "r@2", "--numeric"), ("du",), ("tag",)):
+    for argv in (
+        ("show", "r@1"),
+        ("ls", "best"),
+        ("diff", "r@1", "r@2", "--numeric"),
+        ("du",),
+        ("tag",),
+    ):
         code, out, err = run_cli(capsys, *argv, *s)
         assert code == 0 and err == "", (argv, err)
         outputs[argv[0]] = out
     assert "loss" in outputs["show"] and "run:" in outputs["show"]
-    assert "m/extra" in outputs["ls"] and "float32" in outputs["ls"] and "4 entries" in outputs["ls"]
+    assert (
+        "m/extra" in outputs["ls"] and "float32" in outputs["ls"] and "4 entries" in outputs["ls"]
+    )
     diff = outputs["diff"]
-    assert "1/10 (10%)" in diff and "+  m/extra" in diff and "1 changed" in diff and "max|b-a|" in diff
+    assert (
+        "1/10 (10%)" in diff and "+  m/extra" in diff and "1 changed" in diff and "max|b-a|" in diff
+    )
     assert "(total)" in outputs["du"] and "packs on the backend" in outputs["du"]
     assert outputs["tag"].split()[4] == "best"
 
@@ -186,7 +238,9 @@ def test_store_discovery_and_console_script(shared, tmp_path, capsys, monkeypatc
     assert ok_json(script)["step"] == 2
     one_error_line(missing, 3, "no ckstore store", "ckstore init")
     monkeypatch.delenv(cli.STORE_ENV, raising=False)
-    one_error_line_inproc(run_cli(capsys, "log", "--store", str(nowhere / "no-such-store")), 3, "no-such-store")
+    one_error_line_inproc(
+        run_cli(capsys, "log", "--store", str(nowhere / "no-such-store")), 3, "no-such-store"
+    )
 
 
 def test_errors_are_one_line_with_exit_codes(shared, capsys):
@@ -218,11 +272,20 @@ def test_errors_are_one_line_with_exit_codes(shared, capsys):
 def test_tag_and_rm_change_the_store(scratch, capsys):
     s = ("--store", str(scratch))
     made, gone = ck("tag", "r@1", "first", "--json", *s), ck("rm", "r@1", "--json", *s)
-    assert ok_json(made) == {"tag": "first", "snapshot_id": ok_json(made)["snapshot_id"], "run": "r", "step": 1}
+    assert ok_json(made) == {
+        "tag": "first",
+        "snapshot_id": ok_json(made)["snapshot_id"],
+        "run": "r",
+        "step": 1,
+    }
     gone_id = ok_json(gone)["deleted"][0]
     assert gone_id == ok_json(made)["snapshot_id"]
     code, out, _ = run_cli(capsys, "log", "--json", *s)
-    assert code == 0 and gone_id not in {r["id"] for r in json.loads(out)} and len(json.loads(out)) == 2
+    assert (
+        code == 0
+        and gone_id not in {r["id"] for r in json.loads(out)}
+        and len(json.loads(out)) == 2
+    )
     code, out, _ = run_cli(capsys, "tag", "--list", "--json", *s)
     assert [t["name"] for t in json.loads(out)] == ["best"]  # the tag went with its snapshot
     code, out, _ = run_cli(capsys, "tag", "r", "new", *s)
@@ -241,19 +304,25 @@ def test_tag_and_rm_change_the_store(scratch, capsys):
 
 def test_init(tmp_path, capsys, monkeypatch):
     target = tmp_path / "new"
-    made = ok_json(ck("init", str(target), "--chunk-bytes", "2KiB", "--pack-bytes", "16KiB", "--json"))
+    made = ok_json(
+        ck("init", str(target), "--chunk-bytes", "2KiB", "--pack-bytes", "16KiB", "--json")
+    )
     assert (made["chunk_bytes"], made["pack_bytes"]) == (2048, 16384)
     assert (target / "ckstore.json").is_file()
     with ckstore.open(target, create=False) as store:
         assert store.config.chunk_bytes == 2048 and store.log() == []
     one_error_line_inproc(run_cli(capsys, "init", str(target)), 4, "already exists")
-    one_error_line_inproc(run_cli(capsys, "init", str(tmp_path / "x"), "--chunk-bytes", "lots"), 2, "not a size")
+    one_error_line_inproc(
+        run_cli(capsys, "init", str(tmp_path / "x"), "--chunk-bytes", "lots"), 2, "not a size"
+    )
     here = tmp_path / "here"
     here.mkdir()
     monkeypatch.chdir(here)
     monkeypatch.delenv(cli.STORE_ENV, raising=False)
     code, out, _ = run_cli(capsys, "init")
-    assert code == 0 and "initialized empty ckstore store" in out and (here / "ckstore.json").is_file()
+    assert (
+        code == 0 and "initialized empty ckstore store" in out and (here / "ckstore.json").is_file()
+    )
     code, out, _ = run_cli(capsys, "log", "--json")  # found from the current directory
     assert code == 0 and json.loads(out) == []
     code, out, _ = run_cli(capsys, "migrate", "--json")
@@ -282,11 +351,34 @@ def _args(*argv: str):
 
 
 def test_gc_arguments_map_to_store_gc():
-    a = _args("gc", "--keep-last", "3", "--keep-every-steps", "1000", "--older-than", "7d", "--run", "sft",
-              "--run", "rl", "--no-keep-tagged", "--grace", "12h", "--repack-below", "0.3", "--dry-run")
+    a = _args(
+        "gc",
+        "--keep-last",
+        "3",
+        "--keep-every-steps",
+        "1000",
+        "--older-than",
+        "7d",
+        "--run",
+        "sft",
+        "--run",
+        "rl",
+        "--no-keep-tagged",
+        "--grace",
+        "12h",
+        "--repack-below",
+        "0.3",
+        "--dry-run",
+    )
     assert cli.gc_policy(a) == {
-        "keep_last": 3, "keep_every_steps": 1000, "older_than": 7 * 86400.0, "runs": ["sft", "rl"],
-        "keep_tagged": False, "grace_seconds": 12 * 3600.0, "repack_below": 0.3, "dry_run": True,
+        "keep_last": 3,
+        "keep_every_steps": 1000,
+        "older_than": 7 * 86400.0,
+        "runs": ["sft", "rl"],
+        "keep_tagged": False,
+        "grace_seconds": 12 * 3600.0,
+        "repack_below": 0.3,
+        "dry_run": True,
     }
     assert cli.gc_policy(_args("gc")) == {"dry_run": False, "keep_tagged": True}
     assert _args("check").read_data is False
@@ -299,15 +391,37 @@ class _Report:
         self.ok = ok
 
     def to_dict(self):
-        return {"ok": self.ok, "problems": [] if self.ok else [{"pack": "ab12", "error": "bad"}], "checked_bytes": 4096}
+        return {
+            "ok": self.ok,
+            "problems": [] if self.ok else [{"pack": "ab12", "error": "bad"}],
+            "checked_bytes": 4096,
+        }
 
 
 def test_gc_and_check_call_the_store(shared, monkeypatch, capsys):
     seen = {}
-    monkeypatch.setattr(ckstore.Store, "gc", lambda self, **kw: seen.setdefault("gc", kw) and _Report(True))
-    monkeypatch.setattr(ckstore.Store, "check", lambda self, read_data=False: seen.setdefault("check", read_data) is not None and _Report(read_data != 0.5))
-    assert cli.main(["--store", str(shared), "gc", "--keep-last", "2", "--older-than", "90m", "--json"]) == 0
-    assert seen["gc"] == {"keep_last": 2, "older_than": 5400.0, "dry_run": False, "keep_tagged": True}
+    monkeypatch.setattr(
+        ckstore.Store, "gc", lambda self, **kw: seen.setdefault("gc", kw) and _Report(True)
+    )
+    monkeypatch.setattr(
+        ckstore.Store,
+        "check",
+        lambda self, read_data=False: (
+            seen.setdefault("check", read_data) is not None and _Report(read_data != 0.5)
+        ),
+    )
+    assert (
+        cli.main(
+            ["--store", str(shared), "gc", "--keep-last", "2", "--older-than", "90m", "--json"]
+        )
+        == 0
+    )
+    assert seen["gc"] == {
+        "keep_last": 2,
+        "older_than": 5400.0,
+        "dry_run": False,
+        "keep_tagged": True,
+    }
     assert json.loads(capsys.readouterr().out)["ok"] is True
     assert cli.main(["--store", str(shared), "check", "--read-data", "0.5"]) == 1
     assert seen["check"] == 0.5

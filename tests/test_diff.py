@@ -31,12 +31,26 @@ def pair(store):
     """Snapshots a (r@1) and b (r@2): w has 1 of 10 rows changed, and every other kind of change."""
     torch.manual_seed(0)
     w = torch.randn(10, ROW)
-    a = _state(w=w, same=torch.arange(1000.0), reshaped=torch.zeros(4, 300), cast=torch.ones(500),
-               small=torch.zeros(3), lr=0.1, gone=torch.ones(400))
+    a = _state(
+        w=w,
+        same=torch.arange(1000.0),
+        reshaped=torch.zeros(4, 300),
+        cast=torch.ones(500),
+        small=torch.zeros(3),
+        lr=0.1,
+        gone=torch.ones(400),
+    )
     w2 = w.clone()
     w2[7] += torch.linspace(-2.0, 3.0, ROW)
-    b = _state(w=w2, same=torch.arange(1000.0), reshaped=torch.zeros(300, 4), cast=torch.ones(500, dtype=torch.float64),
-               small=torch.tensor([1.0, -2.0, 0.5]), lr=0.05, new=torch.ones(70))
+    b = _state(
+        w=w2,
+        same=torch.arange(1000.0),
+        reshaped=torch.zeros(300, 4),
+        cast=torch.ones(500, dtype=torch.float64),
+        small=torch.tensor([1.0, -2.0, 0.5]),
+        lr=0.05,
+        new=torch.ones(70),
+    )
     store.take(a, run="r", step=1, tags=["first"])
     store.take(b, run="r", step=2)
     return w, w2
@@ -83,7 +97,11 @@ def test_numeric_summary_matches_torch(store, pair, monkeypatch):
     w, w2 = pair
     reads = []
     real = store.objects.read_chunk
-    monkeypatch.setattr(store.objects, "read_chunk", lambda loc, out=None: reads.append(loc.chunk_id) or real(loc, out))
+    monkeypatch.setattr(
+        store.objects,
+        "read_chunk",
+        lambda loc, out=None: reads.append(loc.chunk_id) or real(loc, out),
+    )
     d = store.diff("r@1", "r@2", numeric=True)
     n = d["m/w"].numeric
     a, b = w.double(), w2.double()
@@ -128,7 +146,10 @@ def test_non_finite_values_stay_valid_json(store):
     store.take(_state(x=y), run="n", step=1)
     d = store.diff("n@0", "n@1", numeric=True)
     assert math.isnan(d["m/x"].numeric.max_abs_diff)
-    assert json.loads(json.dumps(d.to_dict(), allow_nan=False))["keys"][0]["numeric"]["max_abs_diff"] == "nan"
+    assert (
+        json.loads(json.dumps(d.to_dict(), allow_nan=False))["keys"][0]["numeric"]["max_abs_diff"]
+        == "nan"
+    )
 
 
 def test_refs_and_unknown_ref(store, pair):

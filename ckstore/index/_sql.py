@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Table, select
+from sqlalchemy import Table, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -75,6 +75,22 @@ def insert_ignore(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]
     return -1
 
 
+GC_BARRIER_KEY = 0x636B_7374_6763  # an advisory-lock key of our own ("ckstgc")
+
+
+def gc_barrier(conn: Connection, *, exclusive: bool = False) -> None:
+    """Serialise GC's prune against writers on PostgreSQL (SQLite already serialises writes).
+
+    Every transaction that relies on a lease (lookup + pin, add_pack, commit) takes this
+    transaction-scoped advisory lock shared, as its first statement; GC's prune takes it
+    exclusive. So prune sees no half-done pin or commit, and since the barrier is always the
+    first lock anyone takes, it adds no lock-order cycle (no deadlocks).
+    """
+    if conn.dialect.name == "postgresql":
+        fn = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+        conn.execute(text(f"SELECT {fn}(:key)"), {"key": GC_BARRIER_KEY})
+
+
 def check_lease(conn: Connection, session_id: str, *, lock: bool = False) -> float:
     """Checks that a write session is active and unexpired; returns the current time.
 
@@ -87,6 +103,7 @@ def check_lease(conn: Connection, session_id: str, *, lock: bool = False) -> flo
     Raises:
         LeaseExpiredError: If the session is unknown, no longer active, or past its lease.
     """
+    gc_barrier(conn)
     query = select(sessions.c.state, sessions.c.expires_at).where(sessions.c.id == session_id)
     if lock:
         query = query.with_for_update()

@@ -4,9 +4,9 @@ Safety rules these queries implement (reliability contract I4):
 
 - A chunk row is deleted only if no snapshot references it, no write session pins it, and it
   is older than the caller's cutoff; the check and the delete happen in one transaction. On
-  PostgreSQL the transaction first takes a SHARE ROW EXCLUSIVE lock on ``pins`` so no lookup
-  or commit can pin/reference a chunk between the check and the delete; on SQLite every
-  write transaction is ``BEGIN IMMEDIATE``, which serialises them anyway. Foreign keys from
+  PostgreSQL that transaction holds the GC barrier (an advisory lock, see
+  ``_sql.gc_barrier``) exclusively, so no lookup, pin or commit is half-done meanwhile; on
+  SQLite every write transaction is ``BEGIN IMMEDIATE``, which serialises them anyway. Foreign keys from
   ``pins`` and ``snapshot_chunks`` to ``chunks`` are the backstop: the database refuses to
   delete a chunk something still points at.
 - Sessions whose lease ran out are marked ``expired`` (never active again) and lose their
@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, func, select, text, update
+from sqlalchemy import and_, delete, exists, func, select, update
 from sqlalchemy.engine import Connection
 
 from ckstore.index import _convert, _sql
@@ -37,6 +37,7 @@ class PackUsage:
 
     pack_id: str
     size: int
+    chunk_count: int
     created_at: float
     retired_at: float | None
     live_chunks: int
@@ -106,9 +107,7 @@ class MaintenanceMixin:
         """Delete unreferenced, unpinned chunk rows older than ``cutoff``; return them."""
         c = _sql.chunks
         with self._write("prune chunks") as conn:
-            if conn.dialect.name == "postgresql":
-                conn.execute(text("LOCK TABLE pins IN SHARE ROW EXCLUSIVE MODE"))
-                conn.execute(text("LOCK TABLE snapshot_chunks IN SHARE ROW EXCLUSIVE MODE"))
+            _sql.gc_barrier(conn, exclusive=True)
             cond = (c.c.created_at < cutoff) & _unreferenced()
             rows = [_convert.chunk(r) for r in conn.execute(select(c).where(cond))]
             for batch in batches([r.chunk_id for r in rows]):
@@ -133,14 +132,17 @@ class MaintenanceMixin:
         p, c = _sql.packs, _sql.chunks
         query = (
             select(
-                p.c.id, p.c.size, p.c.created_at, p.c.retired_at,
+                p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at,
                 func.count(c.c.id), func.coalesce(func.sum(c.c.length), 0),
             )
             .select_from(p.outerjoin(c, c.c.pack_id == p.c.id))
-            .group_by(p.c.id, p.c.size, p.c.created_at, p.c.retired_at)
+            .group_by(p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at)
         )
         with self._read("measure packs") as conn:
-            return [PackUsage(r[0], int(r[1]), float(r[2]), r[3], int(r[4]), int(r[5])) for r in conn.execute(query)]
+            return [
+                PackUsage(r[0], int(r[1]), int(r[2]), float(r[3]), r[4], int(r[5]), int(r[6]))
+                for r in conn.execute(query)
+            ]
 
     def retire_packs(self, pack_ids: Iterable[str], now: float | None = None) -> list[str]:
         """Mark packs that hold no live chunk as retired; return those marked now."""

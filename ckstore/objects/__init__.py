@@ -14,6 +14,7 @@ from ckstore.objects.packs import (
     PackWriter,
     pack_id_from_name,
     pack_name,
+    pack_overhead,
     read_pack_index,
     verify_pack,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "open_backend",
     "pack_id_from_name",
     "pack_name",
+    "pack_overhead",
     "read_pack_index",
     "validate_name",
     "verify_pack",

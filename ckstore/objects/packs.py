@@ -213,6 +213,11 @@ class PackWriter:
         return [header, *self._payloads, trailer, footer]
 
 
+def pack_overhead(count: int) -> int:
+    """Bytes of a pack of ``count`` chunks that are not payload (header, trailer, footer)."""
+    return HEADER.size + ENTRY.size * count + FOOTER.size
+
+
 def read_pack_index(backend: Backend, pack_id: str) -> list[ChunkLocation]:
     """Rebuild a pack's chunk table from the pack alone, with ranged reads only.
 
