@@ -107,6 +107,14 @@ def reset_peak_rss() -> bool:
         return False
 
 
+def scrub_paths(text: str) -> str:
+    """Shorten absolute file names in profiler output to repository-relative or library names."""
+    import re
+
+    text = re.sub(r"/[^\s:()]*/(site-packages|python3\.\d+)/", r"<\1>/", text)
+    return text.replace(str(ROOT) + os.sep, "")
+
+
 def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -877,7 +885,7 @@ class Bench:
         (self.out / "profile_take.txt").write_text(
             f"one ckstore take of {fmt_b(self.state_bytes)}: {wall:.2f} s wall, {threads_seen} threads profiled\n"
             "(tottime summed over threads; idle waits show up as lock/acquire time)\n\n"
-            + buf.getvalue()
+            + scrub_paths(buf.getvalue())
         )
         shutil.rmtree(root, ignore_errors=True)
 

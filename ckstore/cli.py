@@ -394,7 +394,7 @@ def _report_lines(d: dict[str, Any], indent: str) -> list[str]:
                 f"{indent}{key}: {len(value)}"
                 + (f" ({', '.join(str(v)[:12] for v in value[:10])}{more})" if value else "")
             )
-        elif key.endswith("bytes") and isinstance(value, int):
+        elif "bytes" in key and isinstance(value, int):
             lines.append(f"{indent}{key}: {fmt.size(value)}")
         else:
             lines.append(f"{indent}{key}: {fmt.cell(value)}")
@@ -724,7 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[_common(False)],
         formatter_class=fmt_cls,
         description="Content-addressed, versioned, deduplicating checkpoint store for PyTorch.",
-        epilog=textwrap.dedent(__doc__.split("\n\n", 1)[1])
+        epilog=textwrap.dedent((__doc__ or "\n\n").split("\n\n", 1)[1])
         + "\nexamples:\n  ckstore init ./ckpts\n  ckstore log --run sft\n"
         "  ckstore diff sft@100 best --numeric\n  ckstore gc --keep-last 3 --dry-run",
     )
