@@ -401,6 +401,13 @@ def _report_lines(d: dict[str, Any], indent: str) -> list[str]:
     return lines
 
 
+def cmd_reindex(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        report = store.reindex()
+    print_report(report.to_dict(), args.json)
+    return EXIT_OK if not report.skipped else EXIT_PROBLEMS
+
+
 def cmd_du(args: argparse.Namespace) -> int:
     from ._du import du
 
@@ -605,6 +612,9 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
     ("du", "disk usage per run: logical vs stored bytes", (
         "ckstore du", "ckstore du --json",
     ), cmd_du),
+    ("reindex", "rebuild an empty index from the store's packs and manifests", (
+        "ckstore reindex", "ckstore --store s3://bucket/ckpts --index postgresql+psycopg://u@h/new reindex",
+    ), cmd_reindex),
     ("migrate", "upgrade the index schema to this ckstore's version", (
         "ckstore migrate", "ckstore migrate --index postgresql+psycopg://user@host/db",
     ), cmd_migrate),

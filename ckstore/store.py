@@ -182,6 +182,12 @@ class Store:
 
         return check(self, read_data=read_data)
 
+    def reindex(self) -> Any:
+        """Rebuild this store's empty index from its packs and manifests (see :mod:`ckstore._reindex`)."""
+        from ._reindex import reindex
+
+        return reindex(self)
+
     # --- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
         self.index.close()

@@ -1,0 +1,115 @@
+"""Rebuild the SQL index from the store alone (reliability contract I5).
+
+Packs describe themselves (their trailers list every chunk), and every manifest carries its
+snapshot header (run, step, time, metadata, name), so an empty index can be refilled from the
+objects: chunk rows from pack trailers, then one commit per manifest in time order (which
+re-derives each run's parent chain). A manifest whose chunks are not all present is skipped
+and reported. Tags are refs kept only in the index and are not recovered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import objects
+from ._lease import Lease
+from ._take import entry_records
+from .errors import CkstoreError, ConflictError
+from .index import ChunkRecord, PackRecord, SnapshotRecord
+from .manifest import Manifest
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+@dataclass
+class ReindexReport:
+    """What a reindex recovered and what it could not."""
+
+    packs: int = 0
+    chunks: int = 0
+    snapshots: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def reindex(store: Store) -> ReindexReport:
+    """Refill ``store``'s (empty) index from its packs and manifests.
+
+    Raises:
+        ConflictError: the index already records snapshots (reindex into a fresh index).
+    """
+    if store.index.list_snapshots(limit=1):
+        raise ConflictError(
+            f"index {store.index.url} already holds snapshots; reindex rebuilds an EMPTY index "
+            "(move the old index file away, or pass another --index URL)"
+        )
+    report = ReindexReport()
+    with Lease(store.index, store.lease_seconds) as lease:
+        known = _add_packs(store, lease.id, report)
+        for manifest_id, manifest in _manifests_by_time(store, report):
+            _commit(store, lease, manifest_id, manifest, known, report)
+    return report
+
+
+def _add_packs(store: Store, session: str, report: ReindexReport) -> set[str]:
+    known: set[str] = set()
+    for pack_id in store.objects.list_packs():
+        try:
+            locs = objects.read_pack_index(store.objects.backend, pack_id)
+        except CkstoreError as exc:
+            report.skipped.append(f"pack {pack_id}: {exc}")
+            continue
+        chunks = [ChunkRecord(l.chunk_id, l.pack_id, l.offset, l.length, l.raw_length, l.codec) for l in locs]
+        store.index.add_pack(session, PackRecord(pack_id, store.objects.pack_size(pack_id), len(chunks)), chunks)
+        known.update(c.chunk_id for c in chunks)
+        report.packs += 1
+        report.chunks += len(chunks)
+    return known
+
+
+def _manifests_by_time(store: Store, report: ReindexReport) -> list[tuple[str, Manifest]]:
+    found = []
+    for manifest_id in store.objects.list_blobs("manifests"):
+        try:
+            manifest = Manifest.from_json(store.objects.get_blob("manifests", manifest_id), f"manifest {manifest_id}")
+        except CkstoreError as exc:
+            report.skipped.append(f"manifest {manifest_id}: {exc}")
+            continue
+        if manifest.snapshot is None:
+            report.skipped.append(f"manifest {manifest_id}: no snapshot header")
+            continue
+        found.append((manifest_id, manifest))
+    return sorted(found, key=lambda m: (float(m[1].snapshot.get("created_at", 0.0)), m[0]))  # type: ignore[union-attr]
+
+
+def _commit(store: Store, lease: Lease, manifest_id: str, manifest: Manifest, known: set[str], report: ReindexReport) -> None:
+    header = manifest.snapshot or {}
+    needed = manifest.chunk_ids()
+    if not needed <= known:
+        report.skipped.append(f"manifest {manifest_id}: {len(needed - known)} chunk(s) missing from the packs")
+        return
+    record = SnapshotRecord(
+        id=manifest_id,
+        run=str(header.get("run", "default")),
+        step=header.get("step"),
+        parent_id=None,
+        manifest_id=manifest_id,
+        created_at=float(header.get("created_at", 0.0)),
+        metadata=dict(header.get("metadata") or {}),
+        logical_bytes=manifest.logical_bytes(),
+        new_bytes=0,
+        new_chunks=0,
+        reused_chunks=len(needed),
+        name=header.get("name"),
+    )
+    raw = store.objects.get_blob("manifests", manifest_id)
+    # commit_snapshot ends the session it commits under: give each snapshot its own session.
+    with Lease(store.index, store.lease_seconds) as one:
+        store.index.lookup_chunks(one.id, needed)
+        store.index.commit_snapshot(one.id, record, entry_records(manifest), needed, len(raw), ())
+        one.committed = True
+    report.snapshots += 1
