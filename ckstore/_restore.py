@@ -10,86 +10,182 @@ touched before the read phase succeeded.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from . import objects
 from ._dtypes import dtype_from_name
-from ._grid import Grid
 from ._tensors import empty_for, from_bytes, writable_view
 from ._tree import flatten, subtree, tree_refs, unflatten
 from .errors import CorruptionError, KeyNotFoundError, MismatchError
-from .manifest import Manifest, TensorEntry, ValueEntry
+from .manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueEntry
+
+
+Region = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
+
+
+@dataclass
+class _Job:
+    """One chunk to fetch: decoded straight into ``out``, or into a temporary then copied."""
+
+    key: str
+    cid: str
+    out: memoryview | None = None
+    dtype: str = ""
+    sizes: tuple[int, ...] = ()
+    src: tuple[slice, ...] = ()
+    dst: torch.Tensor | None = None
 
 
 @dataclass
 class Reader:
-    """Reads tensor entries of one manifest from the object store, verifying every chunk."""
+    """Reads tensor entries of one manifest from the object store, verifying every chunk.
+
+    ``rank`` is the caller's rank in a distributed restore: it picks each per-rank entry's own
+    value (a process that is not distributed counts as rank 0).
+    """
 
     objs: objects.ObjectStore
     index: Any
     manifest: Manifest
     where: str
     threads: int = 2
+    rank: int | None = None
+
+    def entry(self, key: str) -> Entry:
+        """The entry of ``key`` for this reader's rank (per-rank entries resolved)."""
+        entry = self.manifest.entries[key]
+        if isinstance(entry, PerRankEntry):
+            rank = self.rank or 0
+            if rank >= entry.world_size:
+                raise MismatchError(
+                    f"{self.where}: key {key!r} was stored per rank by a take with "
+                    f"{entry.world_size} rank(s) (its value differed between ranks); rank {rank} "
+                    "has no value to restore. Restore with at most that many ranks, or leave the "
+                    "key out of the destination and pass strict=False"
+                )
+            return entry.entries[rank]
+        return entry
+
+    def is_tensor(self, key: str) -> bool:
+        return isinstance(self.entry(key), TensorEntry)
 
     def read_tensors(self, keys: list[str]) -> dict[str, torch.Tensor]:
         """Return a new CPU tensor per key, each chunk re-hashed against its id."""
+        return self.read_regions({k: None for k in keys})
+
+    def read_regions(self, wanted: Mapping[str, Region | None]) -> dict[str, torch.Tensor]:
+        """Return, per key, a new CPU tensor holding the region asked for (None: all of it).
+
+        Only chunks overlapping a region are fetched. A chunk lying wholly inside its region
+        and contiguous there is decoded straight into place; any other (a chunk cut by the
+        region, or a shard piece that is not contiguous in C order) is decoded into a
+        temporary and its overlap copied in.
+        """
         out: dict[str, torch.Tensor] = {}
-        jobs: list[tuple[str, str, memoryview]] = []
-        for key in keys:
-            entry = self.manifest.entries[key]
+        jobs: list[_Job] = []
+        for key, region in wanted.items():
+            entry = self.entry(key)
             assert isinstance(entry, TensorEntry)
-            if entry.inline:
-                out[key] = from_bytes(entry.data or b"", entry.dtype, entry.shape)
-                continue
-            t = empty_for(entry.dtype, entry.shape)
+            offs, sizes = region if region is not None else ((0,) * len(entry.shape), entry.shape)
+            t = empty_for(entry.dtype, sizes)
             out[key] = t
+            if t.numel() == 0:
+                continue
+            if entry.inline:
+                t.copy_(from_bytes(entry.data or b"", entry.dtype, entry.shape)[_slices(offs, offs, sizes)])
+                continue
             view = writable_view(t)
-            grid = Grid(entry.shape, t.element_size(), entry.block or ())
+            strides = _strides(sizes)
             for c in entry.chunks:
-                start, stop = grid.byte_range(c.offsets, c.sizes)
-                jobs.append((key, c.id, view[start:stop]))
+                inter = _intersect(c.offsets, c.sizes, offs, sizes)
+                if inter is None:
+                    continue
+                if inter == (c.offsets, c.sizes) and _contiguous(c.sizes, sizes):
+                    start = sum((o - r) * s for o, r, s in zip(c.offsets, offs, strides)) * t.element_size()
+                    jobs.append(_Job(key, c.id, view[start : start + math.prod(c.sizes) * t.element_size()]))
+                else:
+                    io, isz = inter
+                    jobs.append(
+                        _Job(key, c.id, None, entry.dtype, c.sizes, _slices(io, c.offsets, isz), t[_slices(io, offs, isz)])
+                    )
         self._fetch(jobs)
         return out
 
-    def _fetch(self, jobs: list[tuple[str, str, memoryview]]) -> None:
-        locs = self.index.chunk_locations({cid for _, cid, _ in jobs})
+    def _fetch(self, jobs: list[_Job]) -> None:
+        locs = self.index.chunk_locations({j.cid for j in jobs})
 
-        def one(job: tuple[str, str, memoryview]) -> None:
-            key, cid, out = job
-            rec = locs.get(cid)
+        def one(job: _Job) -> None:
+            rec = locs.get(job.cid)
             if rec is None:
                 raise CorruptionError(
-                    f"{self.where}: key {key!r} needs chunk {cid[:16]}… which the index does not "
+                    f"{self.where}: key {job.key!r} needs chunk {job.cid[:16]}… which the index does not "
                     "know; run `ckstore check` (the index may need `ckstore reindex`)"
                 )
             loc = objects.ChunkLocation(rec.chunk_id, rec.pack_id, rec.offset, rec.length, rec.raw_length, rec.codec)
+            tmp = None if job.out is not None else empty_for(job.dtype, job.sizes)
             try:
-                self.objs.read_chunk(loc, out=out)
+                self.objs.read_chunk(loc, out=job.out if tmp is None else writable_view(tmp))
             except CorruptionError as exc:
                 raise CorruptionError(
-                    f"{self.where}: key {key!r} is damaged in storage ({exc}); nothing was "
+                    f"{self.where}: key {job.key!r} is damaged in storage ({exc}); nothing was "
                     "restored. Run `ckstore check --read-data` and restore an older snapshot"
                 ) from exc
+            if tmp is not None and job.dst is not None:
+                job.dst.copy_(tmp[job.src])
 
         with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="ckstore-read") as pool:
             for _ in pool.map(one, jobs):
                 pass
 
     def value_of(self, key: str, tensors: Mapping[str, torch.Tensor]) -> Any:
-        entry = self.manifest.entries[key]
+        entry = self.entry(key)
         if isinstance(entry, ValueEntry):
             return entry.value
         t = tensors[key]
         return t.numpy() if entry.container == "numpy" else t
 
 
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    return tuple(strides)
+
+
+def _intersect(ao: tuple[int, ...], asz: tuple[int, ...], bo: tuple[int, ...], bsz: tuple[int, ...]) -> Region | None:
+    """The overlap of two boxes, or None when it is empty."""
+    lo = tuple(max(a, b) for a, b in zip(ao, bo))
+    hi = tuple(min(a + n, b + m) for a, n, b, m in zip(ao, asz, bo, bsz))
+    if any(h <= l for l, h in zip(lo, hi)):
+        return None
+    return lo, tuple(h - l for l, h in zip(lo, hi))
+
+
+def _contiguous(sizes: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """True if a box of ``sizes`` is one contiguous byte range of a C-order tensor of ``shape``."""
+    d = 0
+    while d < len(sizes) and sizes[d] == 1:
+        d += 1
+    return all(s == n for s, n in zip(sizes[d + 1 :], shape[d + 1 :]))
+
+
+def _slices(offsets: tuple[int, ...], origin: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[slice, ...]:
+    """Index of the box (offsets, sizes) inside a tensor whose element 0 sits at ``origin``."""
+    return tuple(slice(o - r, o - r + n) for o, r, n in zip(offsets, origin, sizes))
+
+
 def read_object(reader: Reader, key: str, obj_out: Any = None) -> Any:
-    """Read one entry, or a whole subtree (an app_state name or a container path)."""
+    """Read one entry, or a whole subtree (an app_state name or a container path).
+
+    A per-rank entry read outside a distributed restore (``reader.rank`` None) comes back as a
+    list with one value per rank of the take.
+    """
     m = reader.manifest
     if key in m.entries:
         keys = [key]
@@ -97,12 +193,25 @@ def read_object(reader: Reader, key: str, obj_out: Any = None) -> Any:
     else:
         tree = _find_subtree(m, key)
         keys = tree_refs(tree)
-    tensor_keys = [k for k in keys if isinstance(m.entries[k], TensorEntry)]
+    per_rank = {k for k in keys if reader.rank is None and isinstance(m.entries[k], PerRankEntry)}
+    tensor_keys = [k for k in keys if k not in per_rank and reader.is_tensor(k)]
     tensors = reader.read_tensors(tensor_keys)
     if obj_out is not None and key in tensors:
         _copy_into(obj_out, tensors[key], key, reader.where)
         return obj_out
-    return unflatten(tree, lambda k: reader.value_of(k, tensors))
+    lists = {k: _per_rank_values(reader, k) for k in per_rank}
+    return unflatten(tree, lambda k: lists[k] if k in lists else reader.value_of(k, tensors))
+
+
+def _per_rank_values(reader: Reader, key: str) -> list[Any]:
+    entry = reader.manifest.entries[key]
+    assert isinstance(entry, PerRankEntry)
+    out = []
+    for r in range(entry.world_size):
+        sub = replace(reader, rank=r)
+        tensors = sub.read_tensors([key] if sub.is_tensor(key) else [])
+        out.append(sub.value_of(key, tensors))
+    return out
 
 
 def _find_subtree(m: Manifest, key: str) -> Any:
@@ -138,16 +247,41 @@ class _AppPlan:
     obj: Any
     keys: list[str]
     dest: dict[str, torch.Tensor] = field(default_factory=dict)
+    target: dict[str, torch.Tensor] = field(default_factory=dict)  # where the bytes go (a DTensor's local shard)
+    region: dict[str, Region] = field(default_factory=dict)  # the part of the global tensor needed
+
+
+@dataclass
+class Prepared:
+    """A validated and fully read restore, not yet applied to the destination."""
+
+    plans: list[_AppPlan]
+    tensors: dict[str, torch.Tensor]
 
 
 def restore(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) -> None:
     """Load the snapshot into ``app_state`` in place (see module docstring for the phases)."""
+    apply(prepare(reader, app_state, strict), reader)
+
+
+def prepare(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) -> Prepared:
+    """Validate and read everything a restore needs; the destination is not touched."""
+    if reader.rank is None:
+        reader.rank = 0
     plans = [_validate(reader, name, obj, strict) for name, obj in app_state.items()]
     plans = [p for p in plans if p is not None]
-    tensor_keys = [k for p in plans for k in p.keys if isinstance(reader.manifest.entries[k], TensorEntry)]
-    tensors = reader.read_tensors(tensor_keys)
+    wanted: dict[str, Region | None] = {}
     for p in plans:
-        _apply(reader, p, tensors)
+        for k in p.keys:
+            if reader.is_tensor(k):
+                wanted[k] = p.region.get(k)
+    return Prepared(plans, reader.read_regions(wanted))
+
+
+def apply(prepared: Prepared, reader: Reader) -> None:
+    """Copy what :func:`prepare` read into the destination and call ``load_state_dict``."""
+    for p in prepared.plans:
+        _apply(reader, p, prepared.tensors)
 
 
 def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | None:
@@ -165,14 +299,27 @@ def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | N
     current = flatten(name, obj.state_dict(), lenient=True).leaves
     plan = _AppPlan(name, obj, keys)
     for key in keys:
-        entry = m.entries[key]
         dest = current.get(key)
-        if isinstance(entry, TensorEntry) and isinstance(dest, torch.Tensor):
-            _check_tensor(dest, dtype_from_name(entry.dtype), entry.shape, key, reader.where)
-            plan.dest[key] = dest
+        if not isinstance(dest, torch.Tensor):
+            continue
+        entry = reader.entry(key)
+        if not isinstance(entry, TensorEntry):
+            continue
+        _check_tensor(dest, dtype_from_name(entry.dtype), entry.shape, key, reader.where)
+        plan.dest[key] = dest
+        plan.target[key] = dest
+        if _is_dtensor(dest):
+            from .dist._boxes import local_box
+
+            plan.target[key] = dest.to_local()
+            plan.region[key] = local_box(dest)
     if strict:
         _check_keys(reader, plan, current, isinstance(obj, torch.nn.Module))
     return plan
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t) not in (torch.Tensor, torch.nn.Parameter) and callable(getattr(t, "to_local", None))
 
 
 def _check_keys(reader: Reader, plan: _AppPlan, current: dict[str, Any], module: bool) -> None:
@@ -190,8 +337,8 @@ def _check_keys(reader: Reader, plan: _AppPlan, current: dict[str, Any], module:
 
 def _apply(reader: Reader, plan: _AppPlan, tensors: Mapping[str, torch.Tensor]) -> None:
     with torch.no_grad():
-        for key, dest in plan.dest.items():
-            dest.copy_(tensors[key])
+        for key, target in plan.target.items():
+            target.copy_(tensors[key])
 
     def resolve(key: str) -> Any:
         return plan.dest[key] if key in plan.dest else reader.value_of(key, tensors)

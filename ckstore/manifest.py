@@ -145,11 +145,59 @@ class ValueEntry:
         return {"kind": "value", "value": self.encoded}
 
 
-Entry = Union[TensorEntry, ValueEntry]
+@dataclass(frozen=True)
+class PerRankEntry:
+    """A value that differed between the ranks of a distributed take: one entry per rank.
+
+    ``entries[r]`` is what rank ``r`` held (a TensorEntry or a ValueEntry). A restore gives each
+    rank its own entry and refuses ranks the take did not have; it never picks one rank's value
+    for everyone.
+    """
+
+    entries: tuple[Union[TensorEntry, ValueEntry], ...]
+
+    kind = "per_rank"
+
+    @property
+    def dtype(self) -> str | None:
+        dtypes = {getattr(e, "dtype", None) for e in self.entries}
+        return dtypes.pop() if len(dtypes) == 1 else None
+
+    @property
+    def shape(self) -> tuple[int, ...] | None:
+        shapes = {getattr(e, "shape", None) for e in self.entries}
+        return shapes.pop() if len(shapes) == 1 else None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.entries)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.entries)
+
+    def tensors(self) -> list[TensorEntry]:
+        return [e for e in self.entries if isinstance(e, TensorEntry)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "per_rank", "ranks": [e.to_dict() for e in self.entries]}
+
+
+Entry = Union[TensorEntry, ValueEntry, PerRankEntry]
 
 
 def entry_from_dict(d: Any, key: str) -> Entry:
     """Parse one entry; anything malformed raises CorruptionError naming ``key``."""
+    if isinstance(d, dict) and d.get("kind") == "per_rank":
+        ranks = d.get("ranks")
+        if not isinstance(ranks, list) or not ranks:
+            raise CorruptionError(f"manifest entry {key!r} has no per-rank entries")
+        parts = []
+        for r, sub in enumerate(ranks):
+            if not isinstance(sub, dict) or sub.get("kind") == "per_rank":
+                raise CorruptionError(f"manifest entry {key!r}: rank {r} entry is malformed")
+            parts.append(entry_from_dict(sub, f"{key}[rank {r}]"))
+        return PerRankEntry(tuple(parts))  # type: ignore[arg-type]
     if not isinstance(d, dict) or d.get("kind") not in ("tensor", "value"):
         raise CorruptionError(f"manifest entry {key!r} has no valid kind")
     if d["kind"] == "value":
@@ -210,11 +258,21 @@ class Manifest:
             raise CorruptionError(f"{where} has a malformed snapshot header")
         return cls(apps, {str(k): entry_from_dict(v, str(k)) for k, v in entries.items()}, snapshot)
 
+    def tensor_entries(self) -> list[TensorEntry]:
+        """Every tensor entry, per-rank ones included."""
+        out: list[TensorEntry] = []
+        for e in self.entries.values():
+            if isinstance(e, TensorEntry):
+                out.append(e)
+            elif isinstance(e, PerRankEntry):
+                out.extend(e.tensors())
+        return out
+
     def chunk_ids(self) -> set[str]:
-        return {c.id for e in self.entries.values() if isinstance(e, TensorEntry) for c in e.chunks}
+        return {c.id for e in self.tensor_entries() for c in e.chunks}
 
     def logical_bytes(self) -> int:
-        return sum(e.nbytes for e in self.entries.values() if isinstance(e, TensorEntry))
+        return sum(e.nbytes for e in self.tensor_entries())
 
 
 def _ints(v: Any) -> tuple[int, ...]:

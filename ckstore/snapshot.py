@@ -64,9 +64,13 @@ class Snapshot:
         index: str | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> Snapshot:
-        """Take a snapshot of ``app_state`` at ``path`` (see the class docstring)."""
-        store, name = _locate(os.fspath(path), storage_options, index, create=True)
-        snap = store.take(app_state, run="default", metadata=metadata, name=name)
+        """Take a snapshot of ``app_state`` at ``path`` (see the class docstring).
+
+        Distributed: call on every rank; ``pg`` and ``replicated`` (key globs) as in
+        :meth:`Store.take`.
+        """
+        store, name = _locate_all_ranks(os.fspath(path), storage_options, index)
+        snap = store.take(app_state, run="default", metadata=metadata, name=name, replicated=replicated or (), pg=pg)
         snap.path = os.fspath(path)
         return snap
 
@@ -97,17 +101,32 @@ class Snapshot:
     def _reader(self) -> Reader:
         return Reader(self.store.objects, self.store.index, self.manifest, f"snapshot {self.ref}", self.store.threads)
 
-    def restore(self, app_state: Mapping[str, Any], strict: bool = True) -> None:
+    def restore(
+        self, app_state: Mapping[str, Any], strict: bool = True, *, pg: Any = None, dist_timeout: float | None = None
+    ) -> None:
         """Load this snapshot into ``app_state`` in place.
 
         Validates keys, dtypes and shapes, then reads and verifies every chunk, and only then
         copies into the caller's tensors and calls ``load_state_dict``: on any error the
         app_state is left untouched.
 
+        With ``torch.distributed`` initialised, call it on every rank: each rank reads only
+        the part its destination needs (its DTensor shard, whatever the world size and
+        placement at take time; whole plain tensors; its own rank's per-rank values), and
+        either every rank loads or every rank raises DistributedError.
+
         Raises:
             MismatchError: keys, dtypes or shapes differ (named in the message).
             CorruptionError: stored bytes are damaged (the key is named).
+            DistributedError: a rank failed (distributed restore; names ranks and causes).
         """
+        from .dist import is_distributed
+
+        if is_distributed():
+            from .dist._restore import restore as dist_restore
+
+            dist_restore(self._reader(), app_state, strict=strict, pg=pg, timeout=dist_timeout)
+            return
         restore(self._reader(), app_state, strict=strict)
 
     def read_object(self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None) -> Any:
@@ -204,6 +223,30 @@ def _locate(path: str, storage_options: dict[str, Any] | None, index: str | None
     if not create:
         raise SnapshotNotFoundError(f"no ckstore snapshot at {path!r} (no store in it or its parents)")
     return open_store(path, index=index, storage_options=storage_options, create=True), None
+
+
+def _locate_all_ranks(path: str, storage_options: dict[str, Any] | None, index: str | None) -> tuple[Store, str | None]:
+    """Like ``_locate(create=True)``; distributed, rank 0 creates the store before the others open it."""
+    from .dist import is_distributed
+
+    if not is_distributed():
+        return _locate(path, storage_options, index, create=True)
+    from .dist._comm import Comm
+
+    comm = Comm()
+    found: Any = None
+    error = None
+    if comm.rank == 0:
+        try:
+            found = _locate(path, storage_options, index, create=True)
+        except Exception as exc:  # noqa: BLE001 - reported to every rank below
+            error = f"{type(exc).__name__}: {exc}"
+    reply = comm.broadcast_json({"error": error}, "opening the store")
+    if reply["error"]:
+        from .errors import DistributedError
+
+        raise DistributedError(f"rank 0 could not open {path!r}: {reply['error']}")
+    return found if comm.rank == 0 else _locate(path, storage_options, index, create=False)
 
 
 def _latest(store: Store) -> SnapshotRecord:

@@ -67,6 +67,9 @@ class Store:
         metadata: Mapping[str, Any] | None = None,
         *,
         name: str | None = None,
+        replicated: Sequence[str] = (),
+        pg: Any = None,
+        dist_timeout: float | None = None,
     ) -> Snapshot:
         """Snapshot ``app_state`` (names -> objects with ``state_dict()``) into ``run``.
 
@@ -74,12 +77,56 @@ class Store:
         its index transaction commits, after its packs are durable. ``tags`` move to it in the
         same transaction. Returns the committed :class:`Snapshot` with its stats.
 
+        With ``torch.distributed`` initialised, call it on every rank with the same arguments:
+        DTensors are written shard by shard, tensors of a DistributedDataParallel module or
+        with keys matching a ``replicated`` glob are written once (each rank writing about
+        1/world of the bytes), and any other value is kept per rank unless it is the same on
+        every rank. ``dist_timeout`` (default ``CKSTORE_DIST_TIMEOUT`` or 600 s) bounds how
+        long ranks wait for each other. Any rank's failure raises DistributedError on every
+        rank and commits nothing.
+
         Raises:
             InvalidInputError / UnsupportedValueError: app_state holds something unstorable
                 (the message names the key).
             LeaseExpiredError: the take stalled past its lease; nothing was committed.
         """
+        from .dist import is_distributed
+
+        if is_distributed():
+            return self._dist_take(app_state, None, run, step, tags, metadata, name, replicated, pg, dist_timeout)
         return self._take_states(state_dicts(app_state), run, step, tags, metadata, name)
+
+    def _take_options(self) -> TakeOptions:
+        return TakeOptions(
+            chunk_bytes=self.config.chunk_bytes,
+            pack_bytes=self.config.pack_bytes,
+            inline_bytes=self.config.inline_bytes,
+            threads=self.threads,
+            lease_seconds=self.lease_seconds,
+        )
+
+    def _dist_take(
+        self,
+        app_state: Mapping[str, Any] | None,
+        states: Mapping[str, Any] | None,
+        run: str,
+        step: int | None,
+        tags: Sequence[str],
+        metadata: Mapping[str, Any] | None,
+        name: str | None,
+        replicated: Sequence[str],
+        pg: Any,
+        dist_timeout: float | None,
+    ) -> Snapshot:
+        from .dist import _take as dist_take
+
+        _check_take_args(run, step, metadata)
+        record, manifest = dist_take.take(
+            self, app_state, self._take_options(),
+            run=run, step=step, tags=tuple(tags), metadata=dict(metadata or {}), name=name,
+            replicated=tuple(replicated), pg=pg, timeout=dist_timeout, states=states,
+        )
+        return Snapshot._bind(self, record, manifest)
 
     def async_take(
         self,
@@ -118,13 +165,7 @@ class Store:
         name: str | None,
     ) -> Snapshot:
         _check_take_args(run, step, metadata)
-        opts = TakeOptions(
-            chunk_bytes=self.config.chunk_bytes,
-            pack_bytes=self.config.pack_bytes,
-            inline_bytes=self.config.inline_bytes,
-            threads=self.threads,
-            lease_seconds=self.lease_seconds,
-        )
+        opts = self._take_options()
         result = take(
             self.objects, self.index, states, opts,
             run=run, step=step, tags=tuple(tags), metadata=dict(metadata or {}), name=name,
