@@ -47,12 +47,15 @@ class StoreConfig:
             pack_bytes=pack_bytes or DEFAULT_PACK_BYTES,
             inline_bytes=DEFAULT_INLINE_BYTES if inline_bytes is None else inline_bytes,
         )
-        if cfg.chunk_bytes < 16 or cfg.pack_bytes < cfg.chunk_bytes or cfg.inline_bytes < 0:
+        if not cfg.knobs_valid():
             raise InvalidInputError(
                 f"store knobs out of range: chunk_bytes={cfg.chunk_bytes} (>= 16), "
                 f"pack_bytes={cfg.pack_bytes} (>= chunk_bytes), inline_bytes={cfg.inline_bytes} (>= 0)"
             )
         return cfg
+
+    def knobs_valid(self) -> bool:
+        return 16 <= self.chunk_bytes <= self.pack_bytes and self.inline_bytes >= 0
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -76,7 +79,7 @@ class StoreConfig:
         if unknown:
             raise SchemaError(f"store {where} uses features {sorted(unknown)} this ckstore lacks: upgrade ckstore")
         try:
-            return cls(
+            cfg = cls(
                 store_id=str(d["store_id"]),
                 chunk_bytes=int(d["chunk_bytes"]),
                 pack_bytes=int(d["pack_bytes"]),
@@ -85,6 +88,9 @@ class StoreConfig:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptionError(f"{where}/{CONFIG_NAME} lacks {exc}") from exc
+        if not cfg.knobs_valid():
+            raise CorruptionError(f"{where}/{CONFIG_NAME} holds out-of-range knobs: {d}")
+        return cfg
 
 
 def default_threads() -> int:

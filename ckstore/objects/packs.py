@@ -249,8 +249,7 @@ def read_pack_index(backend: Backend, pack_id: str) -> list[ChunkLocation]:
         trailer = backend.get(name, trailer_start, trailer_len)
     if new_hasher().update(trailer).digest() != checksum:
         raise CorruptionError(f"{where} has a trailer that fails its checksum")
-    if tail_start == 0:
-        _check_header(tail, where)
+    _check_header(tail if tail_start == 0 else backend.get(name, 0, HEADER.size), where)
     return _parse_entries(trailer, count, pack_id, trailer_start, where)
 
 
