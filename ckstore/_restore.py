@@ -66,8 +66,8 @@ class Reader:
                 raise MismatchError(
                     f"{self.where}: key {key!r} was stored per rank by a take with "
                     f"{entry.world_size} rank(s) (its value differed between ranks); rank {rank} "
-                    "has no value to restore. Restore with at most that many ranks, or leave the "
-                    "key out of the destination and pass strict=False"
+                    "has no value to restore. Restore with at most that many ranks, or leave its "
+                    "app_state name out of the restore (strict=False)"
                 )
             return entry.entries[rank]
         return entry

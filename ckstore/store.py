@@ -117,6 +117,8 @@ class Store:
         replicated: Sequence[str],
         pg: Any,
         dist_timeout: float | None,
+        comm: Any = None,
+        ddp: Any = None,
     ) -> Snapshot:
         from .dist import _take as dist_take
 
@@ -124,7 +126,7 @@ class Store:
         record, manifest = dist_take.take(
             self, app_state, self._take_options(),
             run=run, step=step, tags=tuple(tags), metadata=dict(metadata or {}), name=name,
-            replicated=tuple(replicated), pg=pg, timeout=dist_timeout, states=states,
+            replicated=tuple(replicated), pg=pg, timeout=dist_timeout, states=states, comm=comm, ddp=ddp,
         )
         return Snapshot._bind(self, record, manifest)
 
@@ -137,12 +139,30 @@ class Store:
         metadata: Mapping[str, Any] | None = None,
         *,
         name: str | None = None,
+        replicated: Sequence[str] = (),
+        pg: Any = None,
+        dist_timeout: float | None = None,
     ) -> PendingSnapshot:
         """Stage a copy of ``app_state`` now, then hash, write and commit in the background.
 
         Returns once the copy is made: training may change the tensors afterwards; the snapshot
         holds the state as it was at this call. ``wait()`` returns the Snapshot or raises.
+        Distributed: call on every rank; the ranks' background takes commit together and
+        every rank's ``wait()`` returns the same Snapshot or raises DistributedError.
         """
+        from .dist import is_distributed
+
+        if is_distributed():
+            from .dist._comm import Comm
+            from .dist._take import _ddp_apps, background
+
+            comm = Comm(pg, dist_timeout)  # made here: creating a group is itself a collective
+            ddp = _ddp_apps(app_state)
+            staged = stage(state_dicts(app_state))
+            fut: Future[Snapshot] = background().submit(
+                self._dist_take, None, staged, run, step, tags, metadata, name, replicated, pg, dist_timeout, comm, ddp
+            )
+            return PendingSnapshot(fut)
         states = stage(state_dicts(app_state))
         future: Future[Snapshot] = Future()
 

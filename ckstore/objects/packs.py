@@ -1,7 +1,8 @@
 """The pack format: many encoded chunks in one content-named, self-describing object.
 
 Name: ``packs/<first 2 hex of pack_id>/<pack_id>.pack``, where ``pack_id`` is the lowercase hex
-BLAKE3 of the complete pack bytes (header to footer).
+BLAKE3 of the header, trailer and footer bytes concatenated (see :func:`pack_id_of`): the
+trailer commits to every chunk's id, so the payloads need not be hashed twice.
 
 Layout (all integers little-endian, fixed width)::
 
@@ -190,10 +191,7 @@ class PackWriter:
             return None
         parts = self._parts()
         size = sum(len(p) for p in parts)
-        hasher = new_hasher(size)
-        for part in parts:
-            hasher.update(part)
-        pack_id = str(hasher.hexdigest())
+        pack_id = pack_id_of(parts[0], parts[-2], parts[-1])
         self._backend.put(pack_name(pack_id), parts)
         locations = [
             ChunkLocation(cid, pack_id, off, length, raw, codec)
@@ -276,14 +274,36 @@ def _parse_entries(
     return locations
 
 
+def pack_id_of(header: Any, trailer: Any, footer: Any) -> str:
+    """A pack's id: BLAKE3 of its header, trailer and footer bytes, in that order.
+
+    The trailer lists every chunk's id (BLAKE3 of its raw bytes), place and codec, so the id
+    commits to the whole content without hashing the payloads a second time (each payload is
+    verified against its chunk id whenever it is read); the header's nonce makes it unique.
+    """
+    hasher = new_hasher()
+    for part in (header, trailer, footer):
+        hasher.update(part)
+    return str(hasher.hexdigest())
+
+
 def verify_pack(backend: Backend, pack_id: str) -> None:
-    """Read a whole pack and check that its bytes hash to ``pack_id``.
+    """Read a whole pack: check its id, its chunk table, and every chunk against its id.
 
     Raises:
         ObjectNotFoundError: the pack does not exist.
-        CorruptionError: the content does not match its name.
+        CorruptionError: the pack does not match its name, or a chunk does not match its id.
     """
+    from ckstore.objects.codecs import decode
+    from ckstore.objects.hashing import chunk_id
+
     data = backend.get(pack_name(pack_id))
-    if new_hasher(len(data)).update(data).hexdigest() != pack_id:
+    locations = read_pack_index(backend, pack_id)
+    trailer_start = len(data) - FOOTER.size - ENTRY.size * len(locations)
+    if pack_id_of(data[: HEADER.size], data[trailer_start:-FOOTER.size], data[-FOOTER.size :]) != pack_id:
         raise CorruptionError(f"pack {pack_id} in store {backend.url} does not match its id")
+    for loc in locations:
+        raw = decode(loc.codec, data[loc.offset : loc.offset + loc.length], loc.raw_length)
+        if chunk_id(raw) != loc.chunk_id:
+            raise CorruptionError(f"pack {pack_id}: chunk {loc.chunk_id} does not match its id")
 

@@ -20,7 +20,7 @@ from ckstore.objects import (
     read_pack_index,
     verify_pack,
 )
-from ckstore.objects.packs import ENTRY, FOOTER, HEADER
+from ckstore.objects.packs import ENTRY, FOOTER, HEADER, pack_id_of
 
 RNG = np.random.default_rng(7)
 
@@ -82,7 +82,7 @@ def test_pack_layout_worked_example() -> None:
     assert locs == [ChunkLocation(cid, pack_id, 32, 3, 3, "none")]
     data = backend.get(pack_name(pack_id))
     assert data[:8] == b"CKPACK\x00\x01" and data[-8:] == b"CKPEND\x00\x01"
-    assert data[32:35] == b"abc" and chunk_id(data) == pack_id
+    assert data[32:35] == b"abc" and pack_id == pack_id_of(data[:32], data[35:-56], data[-56:])
     with pytest.raises(InvalidInputError):
         writer.add(cid, "none", b"abc", 3)
 

@@ -1,0 +1,440 @@
+"""The distributed take: every rank writes its share of the chunks; rank 0 commits once.
+
+Phases, each closed by one collective so that a failure anywhere stops every rank at the
+same point (no rank commits or waits on a rank that gave up):
+
+1. plan (local): flatten each rank's state; describe every leaf (DTensor shard box,
+   replicated tensor, per-rank tensor or plain value). -> all_gather descriptions.
+2. assign (same on every rank, from the descriptions): cut each tensor by the chunk grid of
+   its GLOBAL shape; a DTensor's blocks are cut again by each shard's box, each distinct box
+   written by one of the ranks holding it; replicated tensors' blocks are spread over all
+   ranks by bytes. Each rank hashes what it was given (and all of its per-rank tensors).
+   -> all_gather chunk lists; each distinct chunk id gets exactly one writer.
+3. write (local, under this rank's own lease): look up (and pin) the chunks this rank
+   writes, write the missing ones (packs durable, then indexed). -> all_gather status.
+4. commit (rank 0): build the one manifest, store it, commit it in one index transaction.
+   -> broadcast the record or the error. Other ranks end their sessions only now, so their
+   pins protect what they wrote or reused until the snapshot references it.
+
+Any failure raises :class:`DistributedError` on every rank, naming the failed ranks and their
+causes; nothing is committed unless every rank succeeded.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import math
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import blake3
+import torch
+
+from .._dtypes import GROUPED, dtype_name, itemsize
+from .._grid import Box, make_grid
+from .._lease import Lease
+from .._take import TakeOptions, _Chunk, entry_records, hash_chunks, state_dicts, write_missing
+from .._tensors import as_cpu_tensor, byte_view
+from .._tree import flatten, is_array
+from .._values import encode_value
+from ..errors import DistributedError, UnsupportedValueError
+from ..index import SnapshotRecord
+from ..manifest import ChunkRef, Entry, Manifest, PerRankEntry, TensorEntry, ValueEntry, canonical_json, entry_digest
+from ._boxes import is_dtensor, local_box, pieces
+from ._comm import Comm, failure, raise_failed
+
+DTENSOR, REPLICATED, LOCAL, VALUE = "dtensor", "replicated", "per_rank", "value"
+
+
+@dataclass
+class _Leaf:
+    kind: str
+    desc: dict[str, Any]
+    tensor: torch.Tensor | None = None  # CPU data: the local shard of a DTensor, or the whole tensor
+    box: Box | None = None  # a DTensor shard's region
+
+
+@dataclass
+class _Local:
+    apps: dict[str, Any]
+    leaves: dict[str, _Leaf]
+    chunks: list[tuple[str, Box, _Chunk]] = field(default_factory=list)
+
+
+def take(
+    store: Any,
+    app_state: Mapping[str, Any] | None,
+    opts: TakeOptions,
+    *,
+    run: str,
+    step: int | None,
+    tags: tuple[str, ...],
+    metadata: dict[str, Any],
+    name: str | None = None,
+    replicated: Sequence[str] = (),
+    pg: Any = None,
+    timeout: float | None = None,
+    states: Mapping[str, Any] | None = None,
+    comm: Comm | None = None,
+    ddp: set[str] | None = None,
+) -> tuple[SnapshotRecord, Manifest | None]:
+    """Take one snapshot with every rank; returns the committed record on every rank.
+
+    ``states`` (already-called, e.g. staged, state dicts) replaces ``app_state`` when given;
+    then ``ddp`` names the app_state entries that were DistributedDataParallel modules.
+    """
+    comm = comm or Comm(pg, timeout)
+    started = time.time()
+
+    # 1. plan
+    local: _Local | None = None
+    try:
+        if states is None:
+            assert app_state is not None
+            ddp = _ddp_apps(app_state)
+            states = state_dicts(app_state)
+        else:
+            ddp = ddp or set()
+        local = _classify(states, ddp, tuple(replicated), opts)
+        msg: dict[str, Any] = {
+            "ok": True,
+            "tree": blake3.blake3(canonical_json(local.apps)).hexdigest(),
+            "leaves": {k: leaf.desc for k, leaf in local.leaves.items()},
+        }
+    except Exception as exc:
+        msg = failure(exc)
+    descs = comm.all_gather_json(msg, "planning")
+    raise_failed(descs, "distributed take (planning)")
+    assert local is not None
+    keys = _check_same_structure(descs)
+
+    # 2. assign and hash
+    try:
+        mine = _assign(descs, keys, opts, comm.world)[comm.rank]
+        _cut_chunks(local, mine, opts)
+        with ThreadPoolExecutor(max_workers=opts.threads, thread_name_prefix="ckstore") as pool:
+            hash_chunks([c for _, _, c in local.chunks], pool)
+        lists: dict[str, list[Any]] = defaultdict(list)
+        for key, (o, s), c in local.chunks:
+            lists[key].append([list(o), list(s), c.id])
+        msg = {"ok": True, "chunks": lists}
+    except Exception as exc:
+        msg = failure(exc)
+    results = comm.all_gather_json(msg, "hashing")
+    raise_failed(results, "distributed take (hashing)")
+    owners = _writers(results, descs, comm.world)
+
+    # 3. write, 4. commit
+    with ThreadPoolExecutor(max_workers=opts.threads, thread_name_prefix="ckstore") as pool:
+        lease = Lease(store.index, opts.lease_seconds)
+        entered = False
+        try:
+            try:
+                lease.__enter__()
+                entered = True
+                stats = _write_mine(store, lease, local, owners, comm.rank, opts, pool)
+                msg = {"ok": True, "stats": stats}
+            except Exception as exc:
+                msg = failure(exc)
+            statuses = comm.all_gather_json(msg, "writing chunks")
+            raise_failed(statuses, "distributed take (writing)")
+            if comm.rank == 0:
+                try:
+                    record, manifest = _commit(
+                        store, lease, local, descs, keys, results, statuses, opts,
+                        run=run, step=step, tags=tags, metadata=metadata, name=name,
+                        started=started, world=comm.world,
+                    )
+                    lease.committed = True
+                    reply = {"ok": True, "record": asdict(record)}
+                except Exception as exc:
+                    reply = failure(exc)
+            else:
+                reply = None
+            reply = comm.broadcast_json(reply, "commit")
+            if not reply.get("ok"):
+                err = DistributedError(f"distributed take: commit failed on rank 0: {reply.get('error')}")
+                err.ranks = [0]  # type: ignore[attr-defined]
+                err.causes = {0: reply.get("error")}  # type: ignore[attr-defined]
+                raise err
+            if comm.rank != 0:
+                try:
+                    store.index.end_session(lease.id, "committed")
+                    lease.committed = True
+                except Exception:  # noqa: BLE001 - the session expires by itself; the snapshot is committed
+                    pass
+                return SnapshotRecord(**reply["record"]), None
+            return record, manifest
+        finally:
+            if entered:
+                lease.__exit__(None, None, None)
+
+
+_BACKGROUND: list[Any] = []
+
+
+def background() -> Any:
+    """The one thread that runs this process's async distributed takes, in call order.
+
+    One thread keeps the order of collectives the same on every rank.
+    """
+    if not _BACKGROUND:
+        _BACKGROUND.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckstore-dist-async"))
+    return _BACKGROUND[0]
+
+
+def _ddp_apps(app_state: Mapping[str, Any]) -> set[str]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return {name for name, obj in app_state.items() if isinstance(obj, DistributedDataParallel)}
+
+
+def _classify(states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], opts: TakeOptions) -> _Local:
+    """Flatten and describe every leaf of this rank's state."""
+    out = _Local(apps={}, leaves={})
+    for app, sd in states.items():
+        flat = flatten(app, sd)
+        out.apps[app] = flat.tree
+        for key, value in flat.leaves.items():
+            if is_dtensor(value):
+                try:
+                    box = local_box(value)
+                except ValueError as exc:
+                    raise UnsupportedValueError(f"key {key!r}: {exc}") from exc
+                t = as_cpu_tensor(value.to_local(), key)
+                desc = {
+                    "t": DTENSOR, "dtype": dtype_name(t.dtype, key), "shape": list(value.shape),
+                    "box": [list(box[0]), list(box[1])], "container": "torch", "device": str(value.device),
+                }
+                out.leaves[key] = _Leaf(DTENSOR, desc, t, box)
+            elif is_array(value):
+                container = "torch" if isinstance(value, torch.Tensor) else "numpy"
+                device = str(value.device) if isinstance(value, torch.Tensor) else "cpu"
+                t = as_cpu_tensor(value, key)
+                kind = REPLICATED if app in ddp or any(fnmatch.fnmatchcase(key, g) for g in globs) else LOCAL
+                desc = {"t": kind, "dtype": dtype_name(t.dtype, key), "shape": list(t.shape), "container": container, "device": device}
+                if t.numel() * t.element_size() <= opts.inline_bytes:
+                    desc["data"] = base64.b64encode(bytes(byte_view(t))).decode()
+                out.leaves[key] = _Leaf(kind, desc, t)
+            else:
+                out.leaves[key] = _Leaf(VALUE, {"t": VALUE, "value": encode_value(value, key)})
+    return out
+
+
+def _check_same_structure(descs: list[dict[str, Any]]) -> list[str]:
+    """Every rank must hold the same keys in the same containers; returns rank 0's key order."""
+    keys = list(descs[0]["leaves"])
+    bad = [r for r, d in enumerate(descs) if d["tree"] != descs[0]["tree"]]
+    if bad:
+        ref = set(keys)
+        detail = []
+        for r in bad:
+            theirs = set(descs[r]["leaves"])
+            extra, lacking = sorted(theirs - ref)[:3], sorted(ref - theirs)[:3]
+            detail.append(f"rank {r}: extra keys {extra}, lacking {lacking}" if extra or lacking else f"rank {r}: containers differ")
+        err = DistributedError(
+            f"distributed take: rank(s) {bad} hold a differently shaped state than rank 0 ({'; '.join(detail)}); "
+            "every rank must pass app_state with the same keys"
+        )
+        err.ranks, err.causes = bad, dict(zip(bad, detail))  # type: ignore[attr-defined]
+        raise err
+    for key in keys:
+        ds = [d["leaves"][key] for d in descs]
+        kinds = {x["t"] for x in ds}
+        if (DTENSOR in kinds or REPLICATED in kinds) and len(kinds) > 1:
+            raise DistributedError(f"distributed take: key {key!r} is {sorted(kinds)} on different ranks")
+        if kinds & {DTENSOR, REPLICATED}:
+            metas = {(x["dtype"], tuple(x["shape"])) for x in ds}
+            if len(metas) > 1:
+                raise DistributedError(f"distributed take: key {key!r} has different dtype/shape on different ranks: {sorted(metas)}")
+    return keys
+
+
+def _assign(descs: list[dict[str, Any]], keys: list[str], opts: TakeOptions, world: int) -> list[list[tuple[str, Box]]]:
+    """Which pieces each rank hashes and writes, for DTensor and replicated entries.
+
+    Deterministic: every rank computes the same answer from the same descriptions. Load
+    (bytes) is balanced greedily: each piece goes to the least-loaded rank that holds it.
+    """
+    load = [0] * world
+    out: list[list[tuple[str, Box]]] = [[] for _ in range(world)]
+    for key in keys:
+        ds = [d["leaves"][key] for d in descs]
+        kind = ds[0]["t"]
+        if kind not in (DTENSOR, REPLICATED):
+            continue
+        shape, size = tuple(ds[0]["shape"]), itemsize(ds[0]["dtype"])
+        grid = make_grid(shape, size, opts.chunk_bytes)
+        if kind == REPLICATED:
+            if grid.nbytes <= opts.inline_bytes:
+                continue  # inline, from rank 0's description
+            groups = [(list(range(world)), list(grid.boxes()))]
+        else:
+            holders: dict[Box, list[int]] = {}
+            for r, x in enumerate(ds):
+                box = (tuple(x["box"][0]), tuple(x["box"][1]))
+                holders.setdefault(box, []).append(r)
+            covered = sum(math.prod(b[1]) for b in holders)
+            if covered != math.prod(shape):
+                raise DistributedError(
+                    f"distributed take: the shards of DTensor {key!r} cover {covered} of "
+                    f"{math.prod(shape)} elements (only Shard(d) and Replicate placements are supported)"
+                )
+            groups = [(ranks, list(pieces(grid, box))) for box, ranks in holders.items()]
+        for ranks, boxes in groups:
+            for piece in boxes:
+                r = min(ranks, key=lambda q: (load[q], q))
+                load[r] += math.prod(piece[1]) * size
+                out[r].append((key, piece))
+    return out
+
+
+def _cut_chunks(local: _Local, mine: list[tuple[str, Box]], opts: TakeOptions) -> None:
+    """Zero-copy (where contiguous) byte views of this rank's pieces and per-rank tensors."""
+    for key, (po, ps) in mine:
+        leaf = local.leaves[key]
+        assert leaf.tensor is not None
+        t = leaf.tensor
+        if leaf.kind == DTENSOR:
+            assert leaf.box is not None
+            sub = t[tuple(slice(o - b, o - b + s) for o, b, s in zip(po, leaf.box[0], ps))]
+        else:
+            sub = t[tuple(slice(o, o + s) for o, s in zip(po, ps))]
+        local.chunks.append((key, (po, ps), _Chunk(key, byte_view(sub), t.element_size(), leaf.desc["dtype"] in GROUPED)))
+    for key, leaf in local.leaves.items():
+        if leaf.kind != LOCAL or "data" in leaf.desc:
+            continue
+        t = leaf.tensor
+        assert t is not None
+        view = byte_view(t)
+        grid = make_grid(tuple(t.shape), t.element_size(), opts.chunk_bytes)
+        for offsets, sizes in grid.boxes():
+            start, stop = grid.byte_range(offsets, sizes)
+            local.chunks.append((key, (offsets, sizes), _Chunk(key, view[start:stop], t.element_size(), leaf.desc["dtype"] in GROUPED)))
+
+
+def _writers(results: list[dict[str, Any]], descs: list[dict[str, Any]], world: int) -> dict[str, int]:
+    """One writer per distinct chunk id: its only holder, or the least-loaded of its holders."""
+    holders: dict[str, set[int]] = defaultdict(set)
+    nbytes: dict[str, int] = {}
+    for r, res in enumerate(results):
+        for key, lst in res["chunks"].items():
+            size = itemsize(descs[r]["leaves"][key]["dtype"])
+            for _, sizes, cid in lst:
+                holders[cid].add(r)
+                nbytes[cid] = math.prod(sizes) * size
+    load = [0] * world
+    owners: dict[str, int] = {}
+    for cid, hs in holders.items():
+        if len(hs) == 1:
+            (owners[cid],) = hs
+            load[owners[cid]] += nbytes[cid]
+    for cid in sorted(c for c, hs in holders.items() if len(hs) > 1):
+        r = min(holders[cid], key=lambda q: (load[q], q))
+        owners[cid] = r
+        load[r] += nbytes[cid]
+    return owners
+
+
+def _write_mine(
+    store: Any, lease: Lease, local: _Local, owners: dict[str, int], rank: int, opts: TakeOptions, pool: ThreadPoolExecutor
+) -> dict[str, int]:
+    """Pin what the store has of this rank's chunks, write the rest; return the figures."""
+    unique = {c.id: c for _, _, c in local.chunks if owners.get(c.id) == rank}
+    found = store.index.lookup_chunks(lease.id, list(unique))
+    missing = [c for cid, c in unique.items() if cid not in found]
+    stats = write_missing(store.objects, store.index, lease.id, missing, opts, pool)
+    if lease.error is not None:
+        raise lease.error
+    return {
+        "new_bytes": stats.new_bytes,
+        "new_chunks": stats.new_chunks,
+        "reused_chunks": len(found),
+        "written_raw_bytes": sum(len(c.view) for c in missing),
+        "hashed_bytes": sum(len(c.view) for _, _, c in local.chunks),
+    }
+
+
+def _commit(
+    store: Any,
+    lease: Lease,
+    local: _Local,
+    descs: list[dict[str, Any]],
+    keys: list[str],
+    results: list[dict[str, Any]],
+    statuses: list[dict[str, Any]],
+    opts: TakeOptions,
+    *,
+    run: str,
+    step: int | None,
+    tags: tuple[str, ...],
+    metadata: dict[str, Any],
+    name: str | None,
+    started: float,
+    world: int,
+) -> tuple[SnapshotRecord, Manifest]:
+    """Rank 0: build the one manifest from every rank's pieces, store it, commit it."""
+    entries = {key: _entry(key, descs, results, opts) for key in keys}
+    ranks = [s["stats"] for s in statuses]
+    header = {
+        "run": run, "step": step, "created_at": started, "metadata": dict(metadata), "name": name,
+        "session": lease.id, "world_size": world, "ranks": ranks,
+    }
+    manifest = Manifest(local.apps, entries, header)
+    raw = manifest.to_json()
+    Manifest.from_json(raw, "the manifest being committed")  # every tensor's pieces must tile it
+    manifest_id = store.objects.put_blob("manifests", raw)
+    ids = sorted(manifest.chunk_ids())
+    record = SnapshotRecord(
+        id=manifest_id,
+        run=run,
+        step=step,
+        parent_id=None,
+        manifest_id=manifest_id,
+        created_at=started,
+        metadata=dict(metadata),
+        logical_bytes=manifest.logical_bytes(),
+        new_bytes=sum(r["new_bytes"] for r in ranks),
+        new_chunks=sum(r["new_chunks"] for r in ranks),
+        reused_chunks=sum(r["reused_chunks"] for r in ranks),
+        name=name,
+        world_size=world,
+    )
+    committed = store.index.commit_snapshot(lease.id, record, entry_records(manifest), ids, len(raw), tags)
+    return committed, manifest
+
+
+def _entry(key: str, descs: list[dict[str, Any]], results: list[dict[str, Any]], opts: TakeOptions) -> Entry:
+    ds = [d["leaves"][key] for d in descs]
+    kind = ds[0]["t"]
+    if kind in (DTENSOR, REPLICATED):
+        x = ds[0]
+        shape = tuple(x["shape"])
+        if kind == REPLICATED and "data" in x:
+            return TensorEntry(x["dtype"], shape, data=base64.b64decode(x["data"]), container=x["container"], device=x["device"])
+        refs = sorted(
+            (ChunkRef(tuple(o), tuple(s), cid) for res in results for o, s, cid in res["chunks"].get(key, ())),
+            key=lambda c: c.offsets,
+        )
+        block = make_grid(shape, itemsize(x["dtype"]), opts.chunk_bytes).block
+        return TensorEntry(x["dtype"], shape, tuple(refs), block, container=x["container"], device=x["device"])
+    per = [_own_entry(key, x, res, opts) for x, res in zip(ds, results)]
+    if len({entry_digest(e) for e in per}) == 1:
+        return per[0]  # the same on every rank: one entry, not one per rank
+    return PerRankEntry(tuple(per))  # type: ignore[arg-type]
+
+
+def _own_entry(key: str, x: dict[str, Any], res: dict[str, Any], opts: TakeOptions) -> TensorEntry | ValueEntry:
+    if x["t"] == VALUE:
+        return ValueEntry(x["value"])
+    shape = tuple(x["shape"])
+    if "data" in x:
+        return TensorEntry(x["dtype"], shape, data=base64.b64decode(x["data"]), container=x["container"], device=x["device"])
+    refs = tuple(ChunkRef(tuple(o), tuple(s), cid) for o, s, cid in res["chunks"].get(key, ()))
+    block = make_grid(shape, itemsize(x["dtype"]), opts.chunk_bytes).block
+    return TensorEntry(x["dtype"], shape, refs, block, container=x["container"], device=x["device"])

@@ -1,0 +1,61 @@
+"""Run a function on N real ranks (gloo on CPU, fork) and collect each rank's JSON result."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple[Any, ...]) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    result: Any
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        result = {"ok": True, "value": fn(rank, world, *args)}
+    except BaseException as exc:  # noqa: BLE001 - reported to the test
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "tb": traceback.format_exc()}
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    os._exit(0)  # no teardown collectives: a peer may be dead on purpose
+
+
+def run_ranks(fn: Callable[..., Any], world: int, tmp: Path, *args: Any, timeout: float = 120) -> list[Any]:
+    """Run ``fn(rank, world, *args)`` on ``world`` forked ranks; rank results (None: no report)."""
+    out = tmp / f"ranks-{fn.__name__}-{world}-{free_port()}"
+    out.mkdir(parents=True)
+    ctx = mp.start_processes(_entry, args=(fn, world, free_port(), str(out), args), nprocs=world, start_method="fork", join=False)
+    deadline = time.monotonic() + timeout
+    for p in ctx.processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in ctx.processes:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    results = []
+    for r in range(world):
+        f = out / f"rank{r}.json"
+        results.append(json.loads(f.read_text()) if f.exists() else None)
+    return results
+
+
+def values(results: list[Any]) -> list[Any]:
+    """Each rank's value; fails with every rank's traceback if any rank failed."""
+    bad = [(r, x) for r, x in enumerate(results) if not x or not x["ok"]]
+    if bad:
+        raise AssertionError("\n".join(f"rank {r}: {x['tb'] if x else 'no report (died)'}" for r, x in bad))
+    return [x["value"] for x in results]
