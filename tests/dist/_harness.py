@@ -34,12 +34,20 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, a
     os._exit(0)  # no teardown collectives: a peer may be dead on purpose
 
 
-def run_ranks(fn: Callable[..., Any], world: int, tmp: Path, *args: Any, timeout: float = 120) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` on ``world`` forked ranks; rank results (None: no report)."""
+def run_ranks(fn: Callable[..., Any], world: int, tmp: Path, *args: Any, timeout: float = 120, silent: int = 0) -> list[Any]:
+    """Run ``fn(rank, world, *args)`` on ``world`` forked ranks; rank results (None: no report).
+
+    ``silent``: ranks expected never to report (stopped on purpose); stop waiting once the
+    others have.
+    """
     out = tmp / f"ranks-{fn.__name__}-{world}-{free_port()}"
     out.mkdir(parents=True)
     ctx = mp.start_processes(_entry, args=(fn, world, free_port(), str(out), args), nprocs=world, start_method="fork", join=False)
     deadline = time.monotonic() + timeout
+    if silent:
+        while time.monotonic() < deadline and len(list(out.glob("rank*.json"))) < world - silent:
+            time.sleep(0.2)
+        deadline = min(deadline, time.monotonic() + 2)
     for p in ctx.processes:
         p.join(max(0.0, deadline - time.monotonic()))
     for p in ctx.processes:

@@ -157,7 +157,7 @@ def test_stuck_rank_others_fail_at_the_timeout(tmp_path: Path) -> None:
     path = str(tmp_path / "store")
     ckstore.open(path, **sc.TINY).close()
     timeout = 5.0
-    res = run_ranks(sc.failing_take, 3, tmp_path, path, 2, "stop", timeout, timeout=25)
+    res = run_ranks(sc.failing_take, 3, tmp_path, path, 2, "stop", timeout, timeout=60, silent=1)
     assert res[2] is None  # stopped, then killed by the harness
     for r in (0, 1):
         v = values([res[r]])[0]
