@@ -23,9 +23,6 @@ from _states import bits  # noqa: E402
 
 import ckstore  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
-
-
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Take with 1, 2 and 4 ranks and restore each with 1..4 ranks; keep what the tests check."""
