@@ -93,6 +93,19 @@ class StoreConfig:
         return cfg
 
 
+def default_memory_budget() -> int:
+    """Staging memory a restore may use: ``$CKSTORE_MEMORY_BUDGET`` (bytes) or the smaller of
+    512 MiB and 5% of physical memory."""
+    env = os.environ.get("CKSTORE_MEMORY_BUDGET")
+    if env:
+        return max(0, int(env))
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        physical = 8 << 30
+    return min(512 << 20, physical // 20)
+
+
 def default_threads() -> int:
     """Worker threads for hashing/compression/IO: ``$CKSTORE_THREADS`` or the CPU count."""
     env = os.environ.get("CKSTORE_THREADS")

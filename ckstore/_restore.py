@@ -88,34 +88,62 @@ class Reader:
         temporary and its overlap copied in.
         """
         out: dict[str, torch.Tensor] = {}
+        targets: dict[str, tuple[torch.Tensor, Region | None]] = {}
+        for key, region in wanted.items():
+            entry = self.entry(key)
+            assert isinstance(entry, TensorEntry)
+            sizes = region[1] if region is not None else entry.shape
+            out[key] = empty_for(entry.dtype, sizes)
+            targets[key] = (out[key], region)
+        self.read_into(targets)
+        return out
+
+    def read_into(self, targets: Mapping[str, tuple[torch.Tensor, Region | None]]) -> None:
+        """Decode each key's region (None: all of it) into the given tensor, verifying chunks.
+
+        The tensor must have the region's shape and the entry's dtype; it may live on any
+        device and have any strides (contiguous CPU tensors are decoded into directly).
+        """
         jobs: list[_Job] = []
+        for key, (t, region) in targets.items():
+            entry = self.entry(key)
+            assert isinstance(entry, TensorEntry)
+            offs, sizes = region if region is not None else ((0,) * len(entry.shape), entry.shape)
+            if t.numel() == 0:
+                continue
+            if entry.inline:
+                with torch.no_grad():
+                    t.copy_(from_bytes(entry.data or b"", entry.dtype, entry.shape)[_slices(offs, offs, sizes)])
+                continue
+            jobs.extend(self._jobs(key, entry, t, offs, sizes))
+        self._fetch(jobs)
+
+    def verify(self, wanted: Mapping[str, Region | None]) -> None:
+        """Fetch, decode and re-hash every chunk overlapping the regions; keep nothing."""
+        jobs = []
         for key, region in wanted.items():
             entry = self.entry(key)
             assert isinstance(entry, TensorEntry)
             offs, sizes = region if region is not None else ((0,) * len(entry.shape), entry.shape)
-            t = empty_for(entry.dtype, sizes)
-            out[key] = t
-            if t.numel() == 0:
-                continue
-            if entry.inline:
-                t.copy_(from_bytes(entry.data or b"", entry.dtype, entry.shape)[_slices(offs, offs, sizes)])
-                continue
-            view = writable_view(t)
-            strides = _strides(sizes)
-            for c in entry.chunks:
-                inter = _intersect(c.offsets, c.sizes, offs, sizes)
-                if inter is None:
-                    continue
-                if inter == (c.offsets, c.sizes) and _contiguous(c.sizes, sizes):
-                    start = sum((o - r) * s for o, r, s in zip(c.offsets, offs, strides)) * t.element_size()
-                    jobs.append(_Job(key, c.id, view[start : start + math.prod(c.sizes) * t.element_size()]))
-                else:
-                    io, isz = inter
-                    jobs.append(
-                        _Job(key, c.id, None, entry.dtype, c.sizes, _slices(io, c.offsets, isz), t[_slices(io, offs, isz)])
-                    )
+            jobs.extend(_Job(key, c.id) for c in entry.chunks if _intersect(c.offsets, c.sizes, offs, sizes))
         self._fetch(jobs)
-        return out
+
+    def _jobs(self, key: str, entry: TensorEntry, t: torch.Tensor, offs: tuple[int, ...], sizes: tuple[int, ...]) -> list[_Job]:
+        direct = t.device.type == "cpu" and t.is_contiguous()
+        view = writable_view(t) if direct else None
+        strides = _strides(sizes)
+        jobs = []
+        for c in entry.chunks:
+            inter = _intersect(c.offsets, c.sizes, offs, sizes)
+            if inter is None:
+                continue
+            if view is not None and inter == (c.offsets, c.sizes) and _contiguous(c.sizes, sizes):
+                start = sum((o - r) * s for o, r, s in zip(c.offsets, offs, strides)) * t.element_size()
+                jobs.append(_Job(key, c.id, view[start : start + math.prod(c.sizes) * t.element_size()]))
+            else:
+                io, isz = inter
+                jobs.append(_Job(key, c.id, None, entry.dtype, c.sizes, _slices(io, c.offsets, isz), t[_slices(io, offs, isz)]))
+        return jobs
 
     def _fetch(self, jobs: list[_Job]) -> None:
         locs = self.index.chunk_locations({j.cid for j in jobs})
@@ -128,7 +156,7 @@ class Reader:
                     "know; run `ckstore check` (the index may need `ckstore reindex`)"
                 )
             loc = objects.ChunkLocation(rec.chunk_id, rec.pack_id, rec.offset, rec.length, rec.raw_length, rec.codec)
-            tmp = None if job.out is not None else empty_for(job.dtype, job.sizes)
+            tmp = empty_for(job.dtype, job.sizes) if job.out is None and job.dst is not None else None
             try:
                 self.objs.read_chunk(loc, out=job.out if tmp is None else writable_view(tmp))
             except CorruptionError as exc:
@@ -137,7 +165,8 @@ class Reader:
                     "restored. Run `ckstore check --read-data` and restore an older snapshot"
                 ) from exc
             if tmp is not None and job.dst is not None:
-                job.dst.copy_(tmp[job.src])
+                with torch.no_grad():
+                    job.dst.copy_(tmp[job.src])
 
         with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="ckstore-read") as pool:
             for _ in pool.map(one, jobs):
@@ -253,33 +282,57 @@ class _AppPlan:
 
 @dataclass
 class Prepared:
-    """A validated and fully read restore, not yet applied to the destination."""
+    """A validated and verified restore, not yet applied to the destination.
+
+    ``tensors`` holds what was read (new tensors, and staged copies for destinations); keys in
+    ``direct`` were verified but not kept, and are decoded straight into the destination by
+    :func:`apply` (a second, again verified, read) because staging them would exceed the budget.
+    """
 
     plans: list[_AppPlan]
     tensors: dict[str, torch.Tensor]
+    direct: dict[str, tuple[torch.Tensor, Region | None]] = field(default_factory=dict)
 
 
-def restore(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) -> None:
+def restore(reader: Reader, app_state: Mapping[str, Any], strict: bool = True, budget: int | None = None) -> None:
     """Load the snapshot into ``app_state`` in place (see module docstring for the phases)."""
-    apply(prepare(reader, app_state, strict), reader)
+    apply(prepare(reader, app_state, strict, budget), reader)
 
 
-def prepare(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) -> Prepared:
-    """Validate and read everything a restore needs; the destination is not touched."""
+def prepare(reader: Reader, app_state: Mapping[str, Any], strict: bool = True, budget: int | None = None) -> Prepared:
+    """Validate and verify everything a restore needs; the destination is not touched.
+
+    Destination tensors whose total size fits ``budget`` bytes are staged (one read). Past the
+    budget, every chunk is fetched and re-hashed once here without being kept, and decoded
+    straight into the destination by :func:`apply`: memory stays bounded and a damaged chunk is
+    still found before anything of the caller's changes.
+    """
     if reader.rank is None:
         reader.rank = 0
     plans = [_validate(reader, name, obj, strict) for name, obj in app_state.items()]
     plans = [p for p in plans if p is not None]
     wanted: dict[str, Region | None] = {}
+    direct: dict[str, tuple[torch.Tensor, Region | None]] = {}
     for p in plans:
         for k in p.keys:
             if reader.is_tensor(k):
                 wanted[k] = p.region.get(k)
-    return Prepared(plans, reader.read_regions(wanted))
+                if k in p.target:
+                    direct[k] = (p.target[k], p.region.get(k))
+    staged = sum(t.numel() * t.element_size() for t, _ in direct.values())
+    if budget is None or staged <= budget:
+        return Prepared(plans, reader.read_regions(wanted))
+    reader.verify({k: wanted[k] for k in direct})
+    rest = {k: r for k, r in wanted.items() if k not in direct}
+    return Prepared(plans, reader.read_regions(rest), direct)
 
 
 def apply(prepared: Prepared, reader: Reader) -> None:
-    """Copy what :func:`prepare` read into the destination and call ``load_state_dict``."""
+    """Write what :func:`prepare` verified into the destination and call ``load_state_dict``."""
+    try:
+        reader.read_into(prepared.direct)
+    except CorruptionError as exc:  # the bytes changed since they were verified moments ago
+        raise CorruptionError(f"{exc} (the destination may be partly loaded: the chunk changed after it was verified)") from exc
     for p in prepared.plans:
         _apply(reader, p, prepared.tensors)
 
@@ -338,7 +391,8 @@ def _check_keys(reader: Reader, plan: _AppPlan, current: dict[str, Any], module:
 def _apply(reader: Reader, plan: _AppPlan, tensors: Mapping[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for key, target in plan.target.items():
-            target.copy_(tensors[key])
+            if key in tensors:  # else it was decoded in place already
+                target.copy_(tensors[key])
 
     def resolve(key: str) -> Any:
         return plan.dest[key] if key in plan.dest else reader.value_of(key, tensors)

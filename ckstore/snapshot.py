@@ -102,13 +102,22 @@ class Snapshot:
         return Reader(self.store.objects, self.store.index, self.manifest, f"snapshot {self.ref}", self.store.threads)
 
     def restore(
-        self, app_state: Mapping[str, Any], strict: bool = True, *, pg: Any = None, dist_timeout: float | None = None
+        self,
+        app_state: Mapping[str, Any],
+        strict: bool = True,
+        *,
+        memory_budget: int | None = None,
+        pg: Any = None,
+        dist_timeout: float | None = None,
     ) -> None:
         """Load this snapshot into ``app_state`` in place.
 
         Validates keys, dtypes and shapes, then reads and verifies every chunk, and only then
-        copies into the caller's tensors and calls ``load_state_dict``: on any error the
-        app_state is left untouched.
+        writes into the caller's tensors and calls ``load_state_dict``: on any error the
+        app_state is left untouched. Destinations up to ``memory_budget`` bytes in total
+        (default: ``$CKSTORE_MEMORY_BUDGET`` or the store's default) are staged and read once;
+        larger ones are verified in a first pass and decoded straight into place in a second,
+        so memory above the live state stays near the budget.
 
         With ``torch.distributed`` initialised, call it on every rank: each rank reads only
         the part its destination needs (its DTensor shard, whatever the world size and
@@ -122,12 +131,13 @@ class Snapshot:
         """
         from .dist import is_distributed
 
+        budget = self.store.memory_budget if memory_budget is None else memory_budget
         if is_distributed():
             from .dist._restore import restore as dist_restore
 
-            dist_restore(self._reader(), app_state, strict=strict, pg=pg, timeout=dist_timeout)
+            dist_restore(self._reader(), app_state, strict=strict, pg=pg, timeout=dist_timeout, budget=budget)
             return
-        restore(self._reader(), app_state, strict=strict)
+        restore(self._reader(), app_state, strict=strict, budget=budget)
 
     def read_object(self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None) -> Any:
         """Read one entry (or a subtree such as ``"optim"``) without reading anything else.

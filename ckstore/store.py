@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from . import objects
-from ._config import CONFIG_NAME, DEFAULT_LEASE_SECONDS, StoreConfig, default_threads
+from ._config import CONFIG_NAME, DEFAULT_LEASE_SECONDS, StoreConfig, default_memory_budget, default_threads
 from ._stage import stage
 from ._take import TakeOptions, state_dicts, take
 from .errors import ConflictError, InvalidInputError, NotFoundError, ObjectNotFoundError
@@ -55,6 +55,7 @@ class Store:
         self.index = index
         self.config = config
         self.threads = default_threads()
+        self.memory_budget = default_memory_budget()
         self.lease_seconds = float(os.environ.get("CKSTORE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
 
     # --- writing -------------------------------------------------------------------------

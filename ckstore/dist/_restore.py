@@ -17,12 +17,19 @@ from .._restore import Reader, apply, prepare
 from ._comm import Comm, failure, raise_failed
 
 
-def restore(reader: Reader, app_state: Mapping[str, Any], strict: bool = True, pg: Any = None, timeout: float | None = None) -> None:
+def restore(
+    reader: Reader,
+    app_state: Mapping[str, Any],
+    strict: bool = True,
+    pg: Any = None,
+    timeout: float | None = None,
+    budget: int | None = None,
+) -> None:
     comm = Comm(pg, timeout)
     reader = replace(reader, rank=comm.rank)
     prepared = None
     try:
-        prepared = prepare(reader, app_state, strict)
+        prepared = prepare(reader, app_state, strict, budget)
         msg: dict[str, Any] = {"ok": True}
     except Exception as exc:
         msg = failure(exc)
