@@ -14,6 +14,9 @@ atomic upserts or compare-and-swap updates wherever it reads and then writes.
 
 from __future__ import annotations
 
+import sqlite3
+import time
+
 from typing import Any
 
 from sqlalchemy import create_engine, event
@@ -83,6 +86,22 @@ def is_memory_sqlite(url: URL) -> bool:
     return database in ("", ":memory:") or "mode=memory" in str(url.query.get("mode", ""))
 
 
+def _set_wal(cursor: Any, timeout_s: float) -> None:
+    """Switch to WAL, retrying: the switch can answer "database is locked" at once, without
+    waiting on the busy handler, while another process creates the same fresh database."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.01
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
 def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
     memory = is_memory_sqlite(url)
     kwargs: dict[str, Any] = {
@@ -101,7 +120,7 @@ def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
         try:
             cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
             if not memory:
-                cursor.execute("PRAGMA journal_mode = WAL")
+                _set_wal(cursor, busy_timeout_s)
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
             cursor.close()

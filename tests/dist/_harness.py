@@ -21,8 +21,13 @@ def free_port() -> int:
 
 
 def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple[Any, ...]) -> None:
+    import torch
     import torch.distributed as dist
 
+    # A forked child must not enter the intra-op (OpenMP) pool the parent may have started:
+    # its threads do not exist after fork, so the first parallel region would hang. One
+    # intra-op thread per rank is also what 4 ranks on 2 cores should use.
+    torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     result: Any
     try:
