@@ -5,14 +5,15 @@ manifest entry has a content digest there (see ``manifest.entry_digest``), so no
 read. For a changed tensor of unchanged dtype and shape the two manifests' chunk lists say how
 much of it changed (chunk ids are content hashes on a grid in global coordinates). With
 ``numeric=True`` only the changed chunks of both sides are read (each one re-hashed against its
-id) to report how far apart the values are, computed in float64.
+id) to report how far apart the values are, computed in float64. Chunks are compared as boxes of
+the global tensor, so pieces of grid blocks cut by shard boxes (distributed takes), and two
+sides cut into different boxes (takes with different world sizes), compare correctly.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +21,10 @@ import torch
 
 from . import objects
 from ._dtypes import dtype_from_name, itemsize
-from ._tensors import from_bytes
+from ._tensors import empty_for, from_bytes, writable_view
 from .errors import CorruptionError
 from .index import EntryRecord
-from .manifest import TensorEntry, entry_digest
+from .manifest import ChunkRef, TensorEntry, entry_digest
 
 if TYPE_CHECKING:
     from .snapshot import Snapshot
@@ -31,19 +32,21 @@ if TYPE_CHECKING:
 
 ADDED, REMOVED, CHANGED, UNCHANGED = "added", "removed", "changed", "unchanged"
 STATUSES = (ADDED, REMOVED, CHANGED, UNCHANGED)
-_PIECE_BYTES = 64 << 20  # most bytes held per side at once by the numeric comparison
 
 
 @dataclass(frozen=True)
 class NumericDiff:
-    """How far apart a changed tensor's values are, over the elements of its changed chunks.
+    """How far apart a changed tensor's values are, over the region its changed chunks cover.
+
+    The region is the union of the boxes of side B's chunks that side A lacks, which is also
+    the union of side A's chunks that side B lacks (the sides may cut the tensor differently).
 
     Attributes:
         max_abs_diff: Largest ``|b - a|`` (modulus for complex dtypes).
         l2_diff: L2 norm of ``b - a``.
         l2_a: L2 norm of side A over the same elements (not the whole tensor).
         l2_b: L2 norm of side B over the same elements.
-        elements: Number of elements compared (those of the changed chunks).
+        elements: Number of elements compared (those of the changed region).
     """
 
     max_abs_diff: float
@@ -320,20 +323,25 @@ def _replace(k: KeyDiff, **changes: Any) -> KeyDiff:
 
 
 # --- numeric summary ---------------------------------------------------------------------------
+Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
+
+
 def _numeric(
     snap_a: Snapshot, snap_b: Snapshot, key: str, ea: TensorEntry, eb: TensorEntry
 ) -> NumericDiff | None:
-    """Summarise the changed region of one tensor; None for dtypes without float64 values."""
+    """Summarise the changed region of one tensor; None for dtypes without float64 values.
+
+    Chunks are boxes of the global tensor, not byte ranges: a piece of a grid block cut by a
+    Shard(1) shard is a strided region of the C-order tensor. So each box of the changed
+    region is assembled on both sides from the chunks overlapping it, whatever boxes each
+    side cut the tensor into, and the two are compared element by element.
+    """
     if not _numeric_dtype(eb.dtype):
         return None
     acc = _Accumulator(eb.dtype)
-    if ea.inline or eb.inline:
-        acc.add(_whole_bytes(snap_a, key, ea), _whole_bytes(snap_b, key, eb))
-        return acc.result()
-    side_a = _ChunkSide(snap_a, key, ea)
-    side_b = _ChunkSide(snap_b, key, eb)
-    for start, stop in _changed_ranges(ea, eb):
-        acc.add(side_a.read(start, stop), side_b.read(start, stop))
+    side_a, side_b = _BoxReader(snap_a, key, ea), _BoxReader(snap_b, key, eb)
+    for box in _changed_boxes(ea, eb):
+        acc.add(side_a.region(box), side_b.region(box))
     return acc.result()
 
 
@@ -347,82 +355,110 @@ def _numeric_dtype(dtype: str) -> bool:
     return True
 
 
-def _whole_bytes(snap: Snapshot, key: str, entry: TensorEntry) -> bytes:
-    if entry.inline:
-        return entry.data or b""
-    return _ChunkSide(snap, key, entry).read(0, entry.nbytes)
+def _changed_boxes(ea: TensorEntry, eb: TensorEntry) -> list[Box]:
+    """Disjoint boxes, in C order of their offsets, covering every element that may differ.
+
+    With both sides chunked these are side B's chunks that side A lacks (same box, same id).
+    They also cover every chunk of side A that side B lacks: such a chunk ``a`` only overlaps
+    changed chunks of B, since a chunk of B present identically in A is a chunk of A, hence
+    disjoint from ``a`` (chunks of one side never overlap, see ``manifest.tiling_problem``);
+    and B's chunks cover the whole tensor. So when the two sides cut the tensor into different
+    boxes (e.g. takes with different world sizes) the region compared is still the union of
+    both sides' changed chunks, each element once.
+    """
+    if ea.inline and eb.inline:
+        whole = ((0,) * len(eb.shape), eb.shape)
+        return [whole] if math.prod(eb.shape) else []
+    if ea.inline or eb.inline:
+        return sorted((c.offsets, c.sizes) for c in (ea if eb.inline else eb).chunks)
+    same = {(c.offsets, c.sizes, c.id) for c in ea.chunks}
+    return sorted((c.offsets, c.sizes) for c in eb.chunks if (c.offsets, c.sizes, c.id) not in same)
 
 
-def _ranges(entry: TensorEntry) -> list[tuple[int, int, str]]:
-    """(start, stop, chunk id) of every chunk, in byte order of the C-order tensor."""
-    size = itemsize(entry.dtype)
-    strides = [1] * len(entry.shape)
-    for d in range(len(entry.shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * entry.shape[d + 1]
-    out = []
-    for c in entry.chunks:
-        start = sum(o * s for o, s in zip(c.offsets, strides)) * size
-        out.append((start, start + math.prod(c.sizes) * size, c.id))
-    return sorted(out)
+class _BoxReader:
+    """Assembles boxes of one side's tensor from its verified chunks.
 
-
-def _changed_ranges(ea: TensorEntry, eb: TensorEntry) -> Iterator[tuple[int, int]]:
-    """Disjoint byte ranges covering every chunk not present identically on both sides."""
-    ra, rb = _ranges(ea), _ranges(eb)
-    sa, sb = set(ra), set(rb)
-    spans = sorted(
-        (s, e) for s, e, _ in [*(r for r in ra if r not in sb), *(r for r in rb if r not in sa)]
-    )
-    merged: list[list[int]] = []
-    for s, e in spans:
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
-    step = max(_PIECE_BYTES - _PIECE_BYTES % itemsize(eb.dtype), itemsize(eb.dtype))
-    for s, e in merged:
-        for p in range(s, e, step):
-            yield p, min(e, p + step)
-
-
-class _ChunkSide:
-    """Reads byte ranges of one chunked tensor, chunk by verified chunk, keeping a small cache."""
+    Boxes must be asked for in C order of their offsets (dim 0 never decreases): a decoded
+    chunk is kept only while a later box can still overlap it along dim 0.
+    """
 
     def __init__(self, snap: Snapshot, key: str, entry: TensorEntry) -> None:
-        self.objs: objects.ObjectStore = snap.store.objects
+        self.snap, self.key, self.entry = snap, key, entry
         self.where = f"snapshot {snap.ref}, key {key!r}"
-        self.ranges = _ranges(entry)
-        self.ends = [e for _, e, _ in self.ranges]
-        self.last_end = {cid: e for _, e, cid in self.ranges}  # ranges are sorted
-        self.locs = snap.store.index.chunk_locations(self.last_end)
-        self.cache: dict[str, bytes] = {}
+        inline = entry.data if entry.inline else None
+        self.whole = None if inline is None else from_bytes(inline, entry.dtype, entry.shape)
+        self.chunks = sorted(entry.chunks, key=lambda c: c.offsets)
+        self.starts = [c.offsets[0] if c.offsets else 0 for c in self.chunks]
+        # the longest extent of a chunk along dim 0: how far back a box's chunks may start
+        self.reach = max((c.sizes[0] for c in self.chunks if c.sizes), default=1)
+        self.locs: dict[str, Any] | None = None
+        self.cache: dict[int, torch.Tensor] = {}
 
-    def read(self, start: int, stop: int) -> bytes:
-        """Bytes [start, stop) of the tensor; calls must come in increasing byte order."""
-        out = bytearray(stop - start)
-        i = bisect.bisect_right(self.ends, start)
-        while i < len(self.ranges) and self.ranges[i][0] < stop:
-            s, e, cid = self.ranges[i]
-            data = self._chunk(cid)
-            lo, hi = max(s, start), min(e, stop)
-            out[lo - start : hi - start] = data[lo - s : hi - s]
-            i += 1
-        self.cache = {k: v for k, v in self.cache.items() if self.last_end[k] > stop}
-        return bytes(out)
+    def region(self, box: Box) -> torch.Tensor:
+        """A tensor of ``box``'s sizes holding this side's values there."""
+        offs, sizes = box
+        if self.whole is not None:
+            return self.whole[_slices(offs, (0,) * len(offs), sizes)]
+        lo = offs[0] if offs else 0
+        self.cache = {i: t for i, t in self.cache.items() if _end0(self.chunks[i]) > lo}
+        first = bisect.bisect_left(self.starts, lo - self.reach + 1)
+        last = bisect.bisect_left(self.starts, lo + sizes[0]) if offs else len(self.chunks)
+        out: torch.Tensor | None = None
+        for i in range(first, last):
+            c = self.chunks[i]
+            inter = _intersect(c.offsets, c.sizes, offs, sizes)
+            if inter is None:
+                continue
+            data = self._chunk(i)
+            if inter == box == (c.offsets, c.sizes):
+                return data
+            if out is None:
+                out = empty_for(self.entry.dtype, sizes)
+            out[_slices(inter[0], offs, inter[1])] = data[_slices(inter[0], c.offsets, inter[1])]
+        if out is None:  # pragma: no cover - a validated manifest's chunks tile the tensor
+            raise CorruptionError(f"{self.where}: no chunk covers box {list(offs)}+{list(sizes)}")
+        return out
 
-    def _chunk(self, cid: str) -> bytes:
-        if cid not in self.cache:
-            rec = self.locs.get(cid)
+    def _chunk(self, i: int) -> torch.Tensor:
+        if i not in self.cache:
+            c = self.chunks[i]
+            if self.locs is None:
+                self.locs = self.snap.store.index.chunk_locations({c.id for c in self.chunks})
+            rec = self.locs.get(c.id)
             if rec is None:
-                hint = "run `ckstore check`"
                 raise CorruptionError(
-                    f"{self.where}: chunk {cid[:16]}… is unknown to the index; {hint}"
+                    f"{self.where}: chunk {c.id[:16]}… is unknown to the index; "
+                    "run `ckstore check`"
                 )
             loc = objects.ChunkLocation(
                 rec.chunk_id, rec.pack_id, rec.offset, rec.length, rec.raw_length, rec.codec
             )
-            self.cache[cid] = bytes(self.objs.read_chunk(loc))
-        return self.cache[cid]
+            t = empty_for(self.entry.dtype, c.sizes)
+            self.snap.store.objects.read_chunk(loc, out=writable_view(t))
+            self.cache[i] = t
+        return self.cache[i]
+
+
+def _end0(c: ChunkRef) -> int:
+    return c.offsets[0] + c.sizes[0] if c.offsets else 1
+
+
+def _intersect(
+    ao: tuple[int, ...], asz: tuple[int, ...], bo: tuple[int, ...], bsz: tuple[int, ...]
+) -> Box | None:
+    """The overlap of two boxes, or None when it is empty (0-d boxes always overlap)."""
+    lo = tuple(max(a, b) for a, b in zip(ao, bo))
+    hi = tuple(min(a + n, b + m) for a, n, b, m in zip(ao, asz, bo, bsz))
+    if any(h <= l for l, h in zip(lo, hi)):
+        return None
+    return lo, tuple(h - l for l, h in zip(lo, hi))
+
+
+def _slices(
+    offsets: tuple[int, ...], origin: tuple[int, ...], sizes: tuple[int, ...]
+) -> tuple[slice, ...]:
+    """Index of the box (offsets, sizes) inside a tensor whose element 0 sits at ``origin``."""
+    return tuple(slice(o - r, o - r + n) for o, r, n in zip(offsets, origin, sizes))
 
 
 class _Accumulator:
@@ -435,12 +471,12 @@ class _Accumulator:
         self.sq_diff = self.sq_a = self.sq_b = 0.0
         self.elements = 0
 
-    def add(self, raw_a: bytes, raw_b: bytes) -> None:
-        n = len(raw_b) // itemsize(self.dtype)
+    def add(self, region_a: torch.Tensor, region_b: torch.Tensor) -> None:
+        n = region_b.numel()
         if n == 0:
             return
-        a = from_bytes(raw_a, self.dtype, (n,)).to(self.wide)
-        b = from_bytes(raw_b, self.dtype, (n,)).to(self.wide)
+        a = region_a.reshape(-1).to(self.wide)
+        b = region_b.reshape(-1).to(self.wide)
         d = (b - a).abs()
         m = float(d.max())
         if math.isnan(m) or m > self.max_abs:  # NaN, once seen, stays

@@ -1,10 +1,17 @@
 """Rebuild the SQL index from the store alone (reliability contract I5).
 
 Packs describe themselves (their trailers list every chunk), and every manifest carries its
-snapshot header (run, step, time, metadata, name), so an empty index can be refilled from the
-objects: chunk rows from pack trailers, then one commit per manifest in time order (which
-re-derives each run's parent chain). A manifest whose chunks are not all present is skipped
+snapshot header (run, step, time, metadata, name; and for a distributed take ``world_size`` and
+each rank's write figures), so an empty index can be refilled from the objects: chunk rows from
+pack trailers, then one commit per manifest in time order (which re-derives each run's parent
+chain). A manifest whose chunks are not all present, or whose header is malformed, is skipped
 and reported. Tags are refs kept only in the index and are not recovered.
+
+What a rebuilt snapshot row cannot know: how many bytes and chunks its take wrote rather than
+found already stored (``new_bytes``, ``new_chunks``) depends on what the store held at that
+moment, which the objects do not record. A distributed take's header keeps each rank's figures
+(``ranks``), so those rows get the sums back exactly as committed; any other row gets 0 for
+both, and ``reused_chunks`` counts every chunk the manifest references.
 """
 
 from __future__ import annotations
@@ -15,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from . import objects
 from ._lease import Lease
 from ._take import entry_records
-from .errors import CkstoreError, ConflictError
+from .errors import CkstoreError, ConflictError, CorruptionError
 from .index import ChunkRecord, PackRecord, SnapshotRecord
-from .manifest import Manifest
+from .manifest import Manifest, PerRankEntry
 
 if TYPE_CHECKING:
     from .store import Store
@@ -92,6 +99,11 @@ def _commit(store: Store, lease: Lease, manifest_id: str, manifest: Manifest, kn
     if not needed <= known:
         report.skipped.append(f"manifest {manifest_id}: {len(needed - known)} chunk(s) missing from the packs")
         return
+    try:
+        world, counts = _take_figures(manifest, len(needed))
+    except CorruptionError as exc:
+        report.skipped.append(f"manifest {manifest_id}: {exc}")
+        return
     record = SnapshotRecord(
         id=manifest_id,
         run=str(header.get("run", "default")),
@@ -101,10 +113,11 @@ def _commit(store: Store, lease: Lease, manifest_id: str, manifest: Manifest, kn
         created_at=float(header.get("created_at", 0.0)),
         metadata=dict(header.get("metadata") or {}),
         logical_bytes=manifest.logical_bytes(),
-        new_bytes=0,
-        new_chunks=0,
-        reused_chunks=len(needed),
+        new_bytes=counts["new_bytes"],
+        new_chunks=counts["new_chunks"],
+        reused_chunks=counts["reused_chunks"],
         name=header.get("name"),
+        world_size=world,
     )
     raw = store.objects.get_blob("manifests", manifest_id)
     # commit_snapshot ends the session it commits under: give each snapshot its own session.
@@ -113,3 +126,44 @@ def _commit(store: Store, lease: Lease, manifest_id: str, manifest: Manifest, kn
         store.index.commit_snapshot(one.id, record, entry_records(manifest), needed, len(raw), ())
         one.committed = True
     report.snapshots += 1
+
+
+_COUNTS = ("new_bytes", "new_chunks", "reused_chunks")
+
+
+def _take_figures(manifest: Manifest, referenced: int) -> tuple[int, dict[str, int]]:
+    """The world size and write figures the header records (see the module docstring).
+
+    Raises:
+        CorruptionError: ``world_size`` is not a positive int, ``ranks`` is not one dict of
+            non-negative int figures per rank, or a per-rank entry has another rank count.
+    """
+    header = manifest.snapshot or {}
+    world = header.get("world_size", 1)
+    if type(world) is not int or world < 1:
+        raise CorruptionError(
+            f"snapshot header has world_size {str(world)[:40]!r}; expected an int >= 1"
+        )
+    per_rank = {e.world_size for e in manifest.entries.values() if isinstance(e, PerRankEntry)}
+    if per_rank - {world}:
+        raise CorruptionError(
+            f"per-rank entries hold {sorted(per_rank)} ranks; the header says world_size {world}"
+        )
+    ranks = header.get("ranks")
+    if ranks is None:
+        return world, {"new_bytes": 0, "new_chunks": 0, "reused_chunks": referenced}
+    ok = (
+        type(ranks) is list
+        and len(ranks) == world
+        and all(type(r) is dict and all(_count(r.get(k)) for k in _COUNTS) for r in ranks)
+    )
+    if not ok:
+        raise CorruptionError(
+            f"snapshot header's ranks is not one record of {list(_COUNTS)} (ints >= 0) per rank "
+            f"for world_size {world}"
+        )
+    return world, {k: sum(r[k] for r in ranks) for k in _COUNTS}
+
+
+def _count(v: Any) -> bool:
+    return type(v) is int and v >= 0

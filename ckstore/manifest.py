@@ -11,22 +11,29 @@ CorruptionError, never a half-built state.
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import math
+import operator
 import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import chain, pairwise
 from typing import Any, Union
 
 import blake3
 
 from ._dtypes import DTYPES, itemsize
+from ._tree import tree_refs
 from ._values import decode_value
 from .errors import CorruptionError
 
 FORMAT = "ckstore/manifest"
 VERSION = 1
 MAX_MANIFEST_BYTES = 1 << 30
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}")  # used with fullmatch: "$" would let a trailing newline in
+_BULK = 16  # chunk lists longer than this are type-checked in bulk
 
 
 def canonical_json(data: Any) -> bytes:
@@ -97,7 +104,7 @@ class TensorEntry:
                 if len(data) != entry.nbytes:
                     raise ValueError("inline data length")
                 return entry
-            chunks = tuple(ChunkRef(_ints(o), _ints(s), str(i)) for o, s, i in d["chunks"])
+            chunks = _chunk_refs(d["chunks"], len(shape))
             entry = cls(dtype, shape, chunks, _ints(d["block"]), container=container, device=device)
         except CorruptionError:
             raise
@@ -107,20 +114,10 @@ class TensorEntry:
         return entry
 
     def _validate_chunks(self, key: str) -> None:
-        covered = 0
-        for c in self.chunks:
-            ok = (
-                _HEX64.match(c.id)
-                and len(c.offsets) == len(self.shape) == len(c.sizes)
-                and all(0 <= o and 0 < s and o + s <= n for o, s, n in zip(c.offsets, c.sizes, self.shape))
-            )
-            if not ok:
-                raise CorruptionError(f"manifest entry {key!r}: chunk {c} lies outside shape {self.shape}")
-            covered += math.prod(c.sizes)
-        if covered != math.prod(self.shape):
-            raise CorruptionError(
-                f"manifest entry {key!r}: chunks cover {covered} of {math.prod(self.shape)} elements"
-            )
+        """The chunks must tile the shape: valid ids, inside the shape, disjoint, covering it."""
+        problem = tiling_problem(self.shape, self.chunks)
+        if problem is not None:
+            raise CorruptionError(f"manifest entry {key!r}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -243,8 +240,9 @@ class Manifest:
         if len(raw) > MAX_MANIFEST_BYTES:
             raise CorruptionError(f"{where}: {len(raw)} bytes exceeds the manifest limit")
         try:
-            doc = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            with _gc_paused():
+                doc = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise CorruptionError(f"{where} is not valid JSON: {exc}") from exc
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise CorruptionError(f"{where} is not a ckstore manifest")
@@ -256,7 +254,10 @@ class Manifest:
         snapshot = doc.get("snapshot")
         if snapshot is not None and not isinstance(snapshot, dict):
             raise CorruptionError(f"{where} has a malformed snapshot header")
-        return cls(apps, {str(k): entry_from_dict(v, str(k)) for k, v in entries.items()}, snapshot)
+        with _gc_paused():
+            parsed = {str(k): entry_from_dict(v, str(k)) for k, v in entries.items()}
+        _check_refs(apps, parsed, where)
+        return cls(apps, parsed, snapshot)
 
     def tensor_entries(self) -> list[TensorEntry]:
         """Every tensor entry, per-rank ones included."""
@@ -279,3 +280,180 @@ def _ints(v: Any) -> tuple[int, ...]:
     if not isinstance(v, list) or not all(type(x) is int for x in v):
         raise ValueError(f"expected a list of ints, got {str(v)[:60]}")
     return tuple(v)
+
+
+def _chunk_refs(raw: Any, ndim: int) -> tuple[ChunkRef, ...]:
+    """Parse ``[[offsets], [sizes], id]`` triples; each list must hold exactly ``ndim`` ints.
+
+    The types are checked in bulk (C loops over the whole list), which keeps a manifest with
+    thousands of chunks fast to parse; on failure, the first bad triple is named.
+    """
+    if type(raw) is not list:
+        raise ValueError("chunks is not a list")
+    if len(raw) > _BULK and set(map(type, raw)) == {list} and set(map(len, raw)) == {3}:
+        offs, sizes, ids = zip(*raw)
+        if (
+            {*map(type, offs), *map(type, sizes)} == {list}
+            and {*map(len, offs), *map(len, sizes)} == {ndim}
+            and set(map(type, chain.from_iterable((*offs, *sizes)))) <= {int}
+            and set(map(type, ids)) == {str}
+        ):
+            return tuple(map(ChunkRef, map(tuple, offs), map(tuple, sizes), ids))
+    ints = (int,) * ndim  # type() is exact: bools and floats are refused
+    out = []
+    for item in raw:
+        if type(item) is not list or len(item) != 3:
+            raise ValueError(f"chunk {str(item)[:80]} is not [offsets, sizes, id]")
+        o, s, cid = item
+        lists = type(o) is type(s) is list
+        if not (lists and tuple(map(type, o)) == tuple(map(type, s)) == ints and type(cid) is str):
+            raise ValueError(f"chunk {str(item)[:80]} is not [offsets, sizes, id] of {ndim} ints")
+        out.append(ChunkRef(tuple(o), tuple(s), cid))
+    return tuple(out)
+
+
+def _hex_ids(ids: list[str]) -> bool:
+    """True if every id is 64 lowercase hex digits (one pass over all of them at once)."""
+    if set(map(len, ids)) - {64}:
+        return False
+    joined = "".join(ids)
+    try:
+        # fromhex skips whitespace: an equal digit count rules it out
+        digits = 2 * len(bytes.fromhex(joined))
+        return joined.isascii() and joined == joined.lower() and digits == len(joined)
+    except ValueError:
+        return False
+
+
+def tiling_problem(shape: tuple[int, ...], chunks: Sequence[ChunkRef]) -> str | None:
+    """Why ``chunks`` do not tile a tensor of ``shape`` exactly once, or None when they do.
+
+    Checked: ids are 64 lowercase hex digits; every box has the tensor's rank and lies inside
+    it with positive sizes; the boxes hold as many elements as the tensor; no two boxes overlap.
+    Equal element counts plus no overlap means the boxes cover every element exactly once.
+    The whole check is O(n log n) in the number of chunks for the tilings ckstore writes
+    (see :func:`_overlapping_pair`).
+    """
+    n, ndim = len(chunks), len(shape)
+    if n == 1 and _HEX64.fullmatch(chunks[0].id):  # the common case: one chunk, the whole tensor
+        c = chunks[0]
+        if c.offsets == (0,) * ndim and c.sizes == shape and 0 not in shape:
+            return None
+    if not _hex_ids([c.id for c in chunks]):
+        bad = next(c.id for c in chunks if not (type(c.id) is str and _HEX64.fullmatch(c.id)))
+        return f"chunk id {str(bad)[:80]!r} is not 64 lowercase hex digits"
+    offs = [c.offsets for c in chunks]
+    sizes = [c.sizes for c in chunks]
+    if {*map(len, offs), *map(len, sizes)} - {ndim}:
+        c = next(c for c in chunks if len(c.offsets) != ndim or len(c.sizes) != ndim)
+        return f"chunk {_box(c)} does not have the {ndim} dimensions of shape {list(shape)}"
+    ocols: list[tuple[int, ...]] = list(zip(*offs)) if n and ndim else [()] * ndim
+    scols: list[tuple[int, ...]] = list(zip(*sizes)) if n and ndim else [()] * ndim
+    ecols: list[list[int]] = []
+    for d, extent in enumerate(shape):
+        e_d = list(map(operator.add, ocols[d], scols[d]))
+        if n and (min(ocols[d]) < 0 or min(scols[d]) <= 0 or max(e_d) > extent):
+            c = next(c for c in chunks if not 0 <= c.offsets[d] < c.offsets[d] + c.sizes[d] <= extent)
+            return f"chunk {_box(c)} lies outside shape {list(shape)}"
+        ecols.append(e_d)
+    volumes = [1] * n
+    for s_d in scols:
+        volumes = list(map(operator.mul, volumes, s_d))
+    covered, total = sum(volumes), math.prod(shape)
+    if covered != total:
+        return f"chunks cover {covered} of {total} elements"
+    pair = _overlapping_pair(offs, ocols, ecols)
+    if pair is not None:
+        return f"chunks {_box(chunks[pair[0]])} and {_box(chunks[pair[1]])} overlap"
+    return None
+
+
+def _overlapping_pair(
+    offs: list[tuple[int, ...]], ocols: list[tuple[int, ...]], ecols: list[list[int]]
+) -> tuple[int, int] | None:
+    """Indices of two overlapping boxes (given per box and per dimension), or None.
+
+    Fast path: the boxes ckstore writes are grid blocks cut by shard boxes. Both are product
+    partitions of the tensor, so every box is one cell of the partition whose cut points, per
+    dimension, are all box starts and ends: each box spans exactly one gap between consecutive
+    cut points in every dimension. Boxes that are single cells overlap only if they are the same
+    cell, i.e. start at the same offsets. Other tilings fall back to a sweep along the dimension
+    with the most distinct starts, comparing each box with the boxes still open there.
+    """
+    if len(offs) < 2:
+        return None
+    first: dict[tuple[int, ...], int] = {}
+    for i, o in enumerate(offs):
+        j = first.setdefault(o, i)
+        if j != i:
+            return j, i
+    if all(_single_cells(o_d, e_d) for o_d, e_d in zip(ocols, ecols)):
+        return None
+    return _sweep(ocols, ecols)
+
+
+def _single_cells(starts: tuple[int, ...], ends: list[int]) -> bool:
+    """True if each interval [start, end) runs from one cut point to the next one."""
+    points = sorted({*starts, *ends})
+    following = dict(pairwise(points))
+    return list(map(following.__getitem__, starts)) == ends
+
+
+def _sweep(ocols: list[tuple[int, ...]], ecols: list[list[int]]) -> tuple[int, int] | None:
+    ndim = len(ocols)
+    d = max(range(ndim), key=lambda k: len(set(ocols[k])))
+    starts, ends = ocols[d], ecols[d]
+    active: list[int] = []
+    for i in sorted(range(len(starts)), key=starts.__getitem__):
+        active = [j for j in active if ends[j] > starts[i]]
+        for j in active:
+            if all(ocols[k][i] < ecols[k][j] and ocols[k][j] < ecols[k][i] for k in range(ndim)):
+                return j, i
+        active.append(i)
+    return None
+
+
+def _box(c: ChunkRef) -> str:
+    return f"{list(c.offsets)}+{list(c.sizes)}"
+
+
+def _check_refs(apps: dict[str, Any], entries: dict[str, Entry], where: str) -> None:
+    """Every ``{"$ref": key}`` of the app trees names an entry, once; every entry is named."""
+    seen: set[str] = set()
+    for name, tree in apps.items():
+        try:
+            refs = tree_refs(tree)
+        except CorruptionError as exc:
+            raise CorruptionError(f"{where}: the tree of app {name!r} is malformed: {exc}") from exc
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            raise CorruptionError(f"{where}: the tree of app {name!r} is malformed: {why}") from exc
+        for key in refs:
+            if key not in entries:
+                raise CorruptionError(
+                    f"{where}: app {name!r} references key {key!r}, which has no entry"
+                )
+            if key in seen:
+                raise CorruptionError(f"{where}: key {key!r} is referenced twice by the app trees")
+            seen.add(key)
+    if len(seen) != len(entries):
+        orphans = [k for k in entries if k not in seen]
+        raise CorruptionError(
+            f"{where}: entry {orphans[0]!r} is referenced by no app tree ({len(orphans)} such entries)"
+        )
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while parsing a manifest.
+
+    A large manifest allocates hundreds of thousands of small lists and tuples, none in a
+    cycle; the collections they trigger otherwise take longer than the parse itself.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

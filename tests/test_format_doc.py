@@ -59,7 +59,7 @@ def _arange4() -> bytes:
 
 
 def test_every_vector_is_present() -> None:
-    want = {"empty-id", "chunk-id", "ckstore-json", "grid", "bytegroup", "pack-hex", "pack-id",
+    want = {"empty-id", "chunk-id", "ckstore-json", "grid", "pieces", "bytegroup", "pack-hex", "pack-id",
             "manifest-json", "manifest-id"}
     assert want <= set(VECTORS), sorted(want - set(VECTORS))
 
@@ -122,6 +122,22 @@ def test_grid_examples() -> None:
         for offsets, sizes in boxes:  # every box is one contiguous byte range
             start, stop = grid.byte_range(offsets, sizes)
             assert 0 <= start < stop <= grid.nbytes
+
+
+def test_pieces_example() -> None:
+    """Section 4.1: grid blocks cut by shard boxes, global offsets, and they tile the tensor."""
+    from ckstore.dist._boxes import pieces
+    from ckstore.manifest import ChunkRef, tiling_problem
+
+    f = _fields("pieces")
+    shape, itemsize, chunk_bytes = _ints(f["shape"]), int(f["itemsize"]), int(f["chunk bytes"])
+    boxes = re.findall(r"(\[[^\]]*\])\+(\[[^\]]*\])", f["shard boxes"])
+    shards = [(_ints(o), _ints(s)) for o, s in boxes]
+    want = [(_ints(o), _ints(s)) for o, s in re.findall(r"(\[[^\]]*\])\+(\[[^\]]*\])", f["pieces"])]
+    grid = make_grid(shape, itemsize, chunk_bytes)
+    got = sorted(p for box in shards for p in pieces(grid, box))
+    assert got == want
+    assert tiling_problem(shape, [ChunkRef(o, s, "0" * 64) for o, s in got]) is None
 
 
 def test_bytegroup_decoding_vector() -> None:

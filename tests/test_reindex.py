@@ -64,3 +64,51 @@ def test_reindex_skips_a_snapshot_whose_chunks_are_gone_and_cli_reports_it(store
     assert out.returncode == 1, out.stderr
     report = json.loads(out.stdout)
     assert report["snapshots"] == 3 and len(report["skipped"]) == 1 and victim.id in report["skipped"][0]
+
+
+def _two_rank_take(rank: int, world: int, path: str) -> str:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    full = torch.arange(16 * 64, dtype=torch.float32).reshape(16, 64)
+    w = distribute_tensor(full, init_device_mesh("cpu", (world,)), [Shard(1)], src_data_rank=None)
+    store = ckstore.open(path, chunk_bytes=1024, pack_bytes=4096)
+    snap = store.take({"s": ckstore.StateDict(w=w, rank=rank)}, run="d", step=5, metadata={"k": 1})
+    store.close()
+    return snap.id
+
+
+def test_reindex_restores_world_size_and_the_figures_of_a_distributed_take(store_path, tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "dist"))
+    from _harness import run_ranks, values
+
+    ids = values(run_ranks(_two_rank_take, 2, tmp_path, str(store_path)))
+    assert ids[0] == ids[1]
+    with ckstore.open(store_path) as store:
+        store.take({"s": ckstore.StateDict(w=torch.ones(300))}, run="d", step=6)
+        before = {s.id: s.record for s in store.log()}
+    assert before[ids[0]].world_size == 2 and before[ids[0]].new_bytes > 0
+    _drop_index(store_path)
+    with ckstore.open(store_path) as store:
+        assert store.reindex().snapshots == 2
+        after = {s.id: s.record for s in store.log()}
+        assert after[ids[0]] == before[ids[0]]  # world_size and each rank's figures, from the header
+        plain = next(i for i in after if i != ids[0])
+        assert after[plain].world_size == 1 and after[plain].new_bytes == after[plain].new_chunks == 0
+        assert store.get("d@5").read_object("s/rank") == [0, 1]
+
+
+def test_reindex_skips_a_manifest_whose_header_world_size_is_malformed(store_path):
+    from ckstore.manifest import Manifest
+
+    _history(store_path)
+    with ckstore.open(store_path) as store:
+        good = store.get("n3").manifest
+        for bad in ("two", 0, True):
+            header = {**(good.snapshot or {}), "world_size": bad, "created_at": 1.0, "name": None}
+            store.objects.put_blob("manifests", Manifest(good.apps, good.entries, header).to_json())
+    _drop_index(store_path)
+    with ckstore.open(store_path) as store:
+        report = store.reindex()
+    assert report.snapshots == 4 and len(report.skipped) == 3
+    assert all("world_size" in s for s in report.skipped)
