@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import objects
+from ._locations import to_location
 from .errors import CkstoreError
 from .index import ChunkRecord
 from .manifest import Manifest
@@ -120,7 +121,7 @@ def _read_data(store: Store, by_pack: dict[str, list[ChunkRecord]], fraction: fl
         if fraction < 1.0 and rng.random() >= fraction:
             continue
         for c in live:
-            loc = objects.ChunkLocation(c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.codec)
+            loc = to_location(c)
             try:
                 store.objects.read_chunk(loc)
                 report.chunks_read += 1

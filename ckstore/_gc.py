@@ -21,9 +21,10 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import objects
+from ._locations import to_records
 from ._policy import Policy
 from .errors import CorruptionError, ObjectNotFoundError
-from .index import ChunkRecord, PackRecord
+from .index import PackRecord
 from .index.maintenance import PackUsage
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ def _rewrite_pack(store: Store, pack_id: str) -> bool:
     done = writer.finish()
     assert done is not None
     new_id, size, locs = done
-    moves = [ChunkRecord(l.chunk_id, l.pack_id, l.offset, l.length, l.raw_length, l.codec) for l in locs]
+    moves = to_records(locs)
     store.index.relocate_chunks(PackRecord(new_id, size, len(moves), time.time()), moves, pack_id)
     return True
 

@@ -20,11 +20,11 @@ import torch
 
 from . import objects
 from ._dtypes import dtype_from_name
+from ._locations import to_location
 from ._tensors import empty_for, from_bytes, writable_view
 from ._tree import flatten, subtree, tree_refs, unflatten
 from .errors import CorruptionError, KeyNotFoundError, MismatchError
 from .manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueEntry
-
 
 Region = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
 
@@ -155,7 +155,7 @@ class Reader:
                     f"{self.where}: key {job.key!r} needs chunk {job.cid[:16]}… which the index does not "
                     "know; run `ckstore check` (the index may need `ckstore reindex`)"
                 )
-            loc = objects.ChunkLocation(rec.chunk_id, rec.pack_id, rec.offset, rec.length, rec.raw_length, rec.codec)
+            loc = to_location(rec)
             tmp = empty_for(job.dtype, job.sizes) if job.out is None and job.dst is not None else None
             try:
                 self.objs.read_chunk(loc, out=job.out if tmp is None else writable_view(tmp))

@@ -19,11 +19,12 @@ from . import objects
 from ._dtypes import GROUPED, dtype_name
 from ._grid import make_grid
 from ._lease import Lease
+from ._locations import to_records
 from ._tensors import as_cpu_tensor, byte_view
 from ._tree import flatten, is_array
 from ._values import encode_value
 from .errors import InvalidInputError
-from .index import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
+from .index import EntryRecord, PackRecord, SnapshotRecord
 from .manifest import ChunkRef, Entry, Manifest, TensorEntry, ValueEntry, entry_digest
 
 
@@ -183,7 +184,7 @@ def _flush(writer: objects.PackWriter, index: Any, session: str) -> None:
     if done is None:
         return
     pack_id, size, locs = done
-    chunks = [ChunkRecord(l.chunk_id, l.pack_id, l.offset, l.length, l.raw_length, l.codec) for l in locs]
+    chunks = to_records(locs)
     index.add_pack(session, PackRecord(pack_id, size, len(chunks), time.time()), chunks)
 
 
