@@ -36,8 +36,9 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -876,7 +877,7 @@ class Bench:
         stats.sort_stats("cumulative").print_stats(30)
         threads_seen = 1 + len(profiles)
         top = []
-        for (file, line, fn), (cc, nc, tt, ct, _callers) in sorted(
+        for (file, line, fn), (_cc, nc, tt, ct, _callers) in sorted(
                 stats.stats.items(), key=lambda kv: -kv[1][2])[:15]:  # type: ignore[attr-defined]
             top.append({"function": f"{Path(file).name}:{line}({fn})", "calls": nc,
                         "tottime": tt, "cumtime": ct})

@@ -31,7 +31,7 @@ from .errors import (
 if TYPE_CHECKING:
     from .manifest import TensorEntry, ValueEntry
     from .snapshot import PendingSnapshot, Snapshot
-    from .stateful import RNGState, Stateful, StateDict
+    from .stateful import RNGState, StateDict, Stateful
     from .store import Store, open
 
 __version__ = "0.1.0"

@@ -201,7 +201,7 @@ def entry_from_dict(d: Any, key: str) -> Entry:
         if "value" not in d:
             raise CorruptionError(f"manifest entry {key!r} has no value")
         entry = ValueEntry(d["value"])
-        entry.value  # decode once to validate
+        _ = entry.value  # decode once to validate
         return entry
     return TensorEntry.from_dict(d, key)
 

@@ -216,7 +216,8 @@ class PendingSnapshot:
 
 def _locate(path: str, storage_options: dict[str, Any] | None, index: str | None, create: bool) -> tuple[Store, str | None]:
     """Find the store holding ``path`` and the snapshot name inside it (None: the store root)."""
-    from .store import is_local, local_path, open as open_store
+    from .store import is_local, local_path
+    from .store import open as open_store
 
     if not is_local(path):
         return open_store(path, index=index, storage_options=storage_options, create=create), None

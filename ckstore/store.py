@@ -10,7 +10,13 @@ from typing import Any
 from urllib.parse import urlparse
 
 from . import objects
-from ._config import CONFIG_NAME, DEFAULT_LEASE_SECONDS, StoreConfig, default_memory_budget, default_threads
+from ._config import (
+    CONFIG_NAME,
+    DEFAULT_LEASE_SECONDS,
+    StoreConfig,
+    default_memory_budget,
+    default_threads,
+)
 from ._stage import stage
 from ._take import TakeOptions, state_dicts, take
 from .errors import ConflictError, InvalidInputError, NotFoundError, ObjectNotFoundError

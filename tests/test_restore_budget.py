@@ -27,7 +27,7 @@ def test_restore_is_exact_and_in_place_with_or_without_staging(store, budget):
     dest = {"m": torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), "s": ckstore.StateDict(t=torch.zeros(30, 40).t(), step=0)}
     ptrs = [p.data_ptr() for p in dest["m"].parameters()] + [dest["s"]["t"].data_ptr()]
     snap = store.get("r")
-    snap.manifest  # not tensor data
+    _ = snap.manifest  # not tensor data
     counting.reset()
     snap.restore(dest, memory_budget=budget)
     assert ptrs == [p.data_ptr() for p in dest["m"].parameters()] + [dest["s"]["t"].data_ptr()]

@@ -38,6 +38,7 @@ from ckstore.index import _commit, _convert, _resolve, _sql, _tags
 from ckstore.index._errors import translated
 from ckstore.index._sql import batches, check_lease, insert, insert_ignore, unique
 from ckstore.index.engine import READONLY, display_url, make_engine
+from ckstore.index.maintenance import MaintenanceMixin
 from ckstore.index.records import (
     ChunkRecord,
     EntryRecord,
@@ -46,7 +47,6 @@ from ckstore.index.records import (
     SnapshotRecord,
     TagRecord,
 )
-from ckstore.index.maintenance import MaintenanceMixin
 from ckstore.index.schema import ensure_schema
 
 FINAL_STATES = ("committed", "aborted")
