@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,8 +61,16 @@ class CheckReport:
         return d
 
 
-def check(store: Store, read_data: bool | float = False, seed: int | None = None) -> CheckReport:
-    """Check the store; ``read_data`` True reads every chunk, a float in (0, 1] that share of packs."""
+def check(
+    store: Store,
+    read_data: bool | float = False,
+    seed: int | None = None,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+) -> CheckReport:
+    """Check the store; ``read_data`` True reads every chunk, a float in (0, 1] that share of packs.
+
+    ``progress`` wraps the per-pack loop of the data pass (the CLI passes a progress bar).
+    """
     report = CheckReport()
     chunks = {c.chunk_id: c for c in store.index.all_chunks()}
     report.chunks = len(chunks)
@@ -69,7 +78,7 @@ def check(store: Store, read_data: bool | float = False, seed: int | None = None
     by_pack = _check_packs(store, chunks, report)
     fraction = 1.0 if read_data is True else float(read_data or 0.0)
     if fraction > 0:
-        _read_data(store, by_pack, fraction, report, random.Random(seed))
+        _read_data(store, by_pack, fraction, report, random.Random(seed), progress or (lambda it: it))
     return report
 
 
@@ -116,8 +125,15 @@ def _check_packs(store: Store, chunks: dict[str, ChunkRecord], report: CheckRepo
     return by_pack
 
 
-def _read_data(store: Store, by_pack: dict[str, list[ChunkRecord]], fraction: float, report: CheckReport, rng: random.Random) -> None:
-    for pack_id, live in sorted(by_pack.items()):
+def _read_data(
+    store: Store,
+    by_pack: dict[str, list[ChunkRecord]],
+    fraction: float,
+    report: CheckReport,
+    rng: random.Random,
+    progress: Callable[[Iterable[Any]], Iterable[Any]],
+) -> None:
+    for pack_id, live in progress(sorted(by_pack.items())):
         if fraction < 1.0 and rng.random() >= fraction:
             continue
         for c in live:

@@ -106,6 +106,18 @@ def default_memory_budget() -> int:
     return min(512 << 20, physical // 20)
 
 
+def default_staging_budget() -> int:
+    """Copy memory an async take may use: ``$CKSTORE_STAGING_BUDGET`` (bytes) or half of the
+    RAM available now."""
+    env = os.environ.get("CKSTORE_STAGING_BUDGET")
+    if env:
+        return max(0, int(env))
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
 def default_threads() -> int:
     """Worker threads for hashing/compression/IO: ``$CKSTORE_THREADS`` or the CPU count."""
     env = os.environ.get("CKSTORE_THREADS")

@@ -7,6 +7,7 @@ manifest -> commit in one index transaction. Nothing is visible until that commi
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,7 +22,7 @@ from ._grid import make_grid
 from ._lease import Lease
 from ._locations import to_records
 from ._tensors import as_cpu_tensor, byte_view
-from ._tree import flatten, is_array
+from ._tree import flatten, is_array, unflatten
 from ._values import encode_value
 from .errors import InvalidInputError
 from .index import EntryRecord, PackRecord, SnapshotRecord
@@ -196,6 +197,77 @@ def entry_records(manifest: Manifest) -> list[EntryRecord]:
     ]
 
 
+@dataclass
+class _Acc:
+    """What a take has stored so far: unique chunk ids handled, how many the index had."""
+
+    seen: dict[str, _Chunk] = field(default_factory=dict)
+    found: int = 0
+    stats: _WriteStats = field(default_factory=_WriteStats)
+
+
+def store_chunks(
+    objs: objects.ObjectStore,
+    index: Any,
+    session: str,
+    chunks: list[_Chunk],
+    opts: TakeOptions,
+    pool: ThreadPoolExecutor,
+    acc: _Acc,
+) -> None:
+    """Hash ``chunks``, pin those the index has, write those it lacks (each id once per take)."""
+    hash_chunks(chunks, pool)
+    new: dict[str, _Chunk] = {}
+    for c in chunks:
+        if c.id not in acc.seen:
+            new.setdefault(c.id, c)
+    acc.seen.update(new)
+    found = index.lookup_chunks(session, list(new))
+    acc.found += len(found)
+    stats = write_missing(objs, index, session, [c for cid, c in new.items() if cid not in found], opts, pool)
+    acc.stats.new_bytes += stats.new_bytes
+    acc.stats.new_chunks += stats.new_chunks
+
+
+def commit(
+    objs: objects.ObjectStore,
+    index: Any,
+    lease: Lease,
+    p: _Plan,
+    acc: _Acc,
+    *,
+    run: str,
+    step: int | None,
+    tags: tuple[str, ...],
+    metadata: dict[str, Any],
+    name: str | None,
+    started: float,
+) -> TakeResult:
+    """Store the manifest, then commit the snapshot in one index transaction."""
+    finish_entries(p)
+    header = {"run": run, "step": step, "created_at": started, "metadata": dict(metadata), "name": name, "session": lease.id}
+    manifest = Manifest(p.apps, p.entries, header)
+    raw = manifest.to_json()
+    manifest_id = objs.put_blob("manifests", raw)
+    record = SnapshotRecord(
+        id=manifest_id,
+        run=run,
+        step=step,
+        parent_id=None,
+        manifest_id=manifest_id,
+        created_at=started,
+        metadata=dict(metadata),
+        logical_bytes=manifest.logical_bytes(),
+        new_bytes=acc.stats.new_bytes,
+        new_chunks=acc.stats.new_chunks,
+        reused_chunks=acc.found,
+        name=name,
+    )
+    committed = index.commit_snapshot(lease.id, record, entry_records(manifest), list(acc.seen), len(raw), tags)
+    lease.committed = True
+    return TakeResult(committed, manifest)
+
+
 def take(
     objs: objects.ObjectStore,
     index: Any,
@@ -211,35 +283,91 @@ def take(
     """Store ``states`` (already-called state dicts) as one committed snapshot."""
     started = time.time()
     p = plan(states, opts)
+    acc = _Acc()
     with ThreadPoolExecutor(max_workers=opts.threads, thread_name_prefix="ckstore") as pool:
-        hash_chunks(p.chunks, pool)
-        finish_entries(p)
         with Lease(index, opts.lease_seconds) as lease:
-            unique = {c.id: c for c in p.chunks}
-            found = index.lookup_chunks(lease.id, list(unique))
-            missing = [c for cid, c in unique.items() if cid not in found]
-            stats = write_missing(objs, index, lease.id, missing, opts, pool)
-            header = {"run": run, "step": step, "created_at": started, "metadata": dict(metadata), "name": name, "session": lease.id}
-            manifest = Manifest(p.apps, p.entries, header)
-            raw = manifest.to_json()
-            manifest_id = objs.put_blob("manifests", raw)
-            record = SnapshotRecord(
-                id=manifest_id,
-                run=run,
-                step=step,
-                parent_id=None,
-                manifest_id=manifest_id,
-                created_at=started,
-                metadata=dict(metadata),
-                logical_bytes=manifest.logical_bytes(),
-                new_bytes=stats.new_bytes,
-                new_chunks=stats.new_chunks,
-                reused_chunks=len(found),
-                name=name,
-            )
-            committed = index.commit_snapshot(
-                lease.id, record, entry_records(manifest), list(unique), len(raw), tags
-            )
-            lease.committed = True
-    return TakeResult(committed, manifest)
+            store_chunks(objs, index, lease.id, p.chunks, opts, pool, acc)
+            return commit(objs, index, lease, p, acc, run=run, step=step, tags=tags, metadata=metadata, name=name, started=started)
 
+
+def stage_within(states: Mapping[str, Any], budget: int) -> tuple[dict[str, Any], set[str], int]:
+    """Copy tensors (to CPU) while their total stays within ``budget`` bytes.
+
+    Returns the states rebuilt around the copies, the keys of tensors left uncopied (the
+    caller's own, which must be stored before the caller may change them), and the bytes
+    copied. Plain values need no copy: planning encodes them at once.
+    """
+    out: dict[str, Any] = {}
+    live: set[str] = set()
+    used = 0
+    for name, sd in states.items():
+        flat = flatten(name, sd)
+        for key, value in flat.leaves.items():
+            if not is_array(value):
+                continue
+            n = value.nbytes if not isinstance(value, torch.Tensor) else value.numel() * value.element_size()
+            if used + n <= budget:
+                flat.leaves[key] = value.copy() if not isinstance(value, torch.Tensor) else value.detach().to("cpu", copy=True)
+                used += n
+            else:
+                live.add(key)
+        out[name] = unflatten(flat.tree, flat.leaves.__getitem__)
+    return out, live, used
+
+
+@dataclass
+class AsyncTake:
+    """A take whose staged part finishes in the background."""
+
+    future: Future[TakeResult]
+    staged_bytes: int
+    sync_bytes: int
+
+
+def take_async(
+    objs: objects.ObjectStore,
+    index: Any,
+    states: Mapping[str, Any],
+    opts: TakeOptions,
+    budget: int,
+    *,
+    run: str,
+    step: int | None,
+    tags: tuple[str, ...],
+    metadata: dict[str, Any],
+    name: str | None = None,
+) -> AsyncTake:
+    """Return once the state at this call is safe: copied within ``budget``, the rest stored.
+
+    Tensors that fit the staging budget are copied; the others are hashed and written now,
+    before returning (so the caller may change them afterwards). Hashing and writing of the
+    copies, the manifest and the commit run in a background thread under the same lease.
+    """
+    started = time.time()
+    staged, live, used = stage_within(states, budget)
+    p = plan(staged, opts)
+    acc = _Acc()
+    pool = ThreadPoolExecutor(max_workers=opts.threads, thread_name_prefix="ckstore")
+    lease = Lease(index, opts.lease_seconds).__enter__()
+    now = [c for c in p.chunks if c.key in live]
+    try:
+        store_chunks(objs, index, lease.id, now, opts, pool, acc)
+    except BaseException:
+        lease.__exit__(None, None, None)
+        pool.shutdown()
+        raise
+    future: Future[TakeResult] = Future()
+
+    def finish() -> None:
+        try:
+            later = [c for c in p.chunks if c.key not in live]
+            store_chunks(objs, index, lease.id, later, opts, pool, acc)
+            future.set_result(commit(objs, index, lease, p, acc, run=run, step=step, tags=tags, metadata=metadata, name=name, started=started))
+        except BaseException as exc:  # surfaced by PendingSnapshot.wait()
+            future.set_exception(exc)
+        finally:
+            lease.__exit__(None, None, None)
+            pool.shutdown()
+
+    threading.Thread(target=finish, name="ckstore-async-take", daemon=False).start()
+    return AsyncTake(future, used, sum(len(c.view) for c in now))

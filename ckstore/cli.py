@@ -363,7 +363,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     with open_store(args) as store:
-        report = store.check(read_data=args.read_data)
+        report = store.check(read_data=args.read_data, progress=lambda it: fmt.progress(it, "packs"))
     print_report(report.to_dict(), args.json)
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 

@@ -122,7 +122,30 @@ def main(store_url: str = "./demo-store", steps: int = 40, every: int = 5) -> in
             print(f"{'...':>5}")
     ok = all(same) and len(resumed) == steps // 2
     print(f"\nloss curves bit-identical: {ok} ({sum(same)}/{len(same)} steps)")
+    history(store_url, every)
     return 0 if ok else 1
+
+
+def history(store_url: str, every: int) -> None:
+    """Phase 3: browse and maintain the history with the ``ckstore`` command line."""
+    from . import cli
+
+    def run(*args: str) -> None:
+        print(f"\n$ ckstore {' '.join(args)}")
+        cli.main(["--store", store_url, *args])
+
+    store = ckstore.open(store_url, create=False)
+    best = min(store.log(RUN), key=lambda s: s.metadata["loss"])
+    store.close()
+    print("\n== phase 3: history and maintenance with the ckstore command line")
+    run("log")
+    run("diff", f"{RUN}@{every}", f"{RUN}@{2 * every}", "--numeric")
+    run("tag", f"{RUN}@{best.step}", "best")
+    run("du")
+    run("gc", "--keep-last", "1", "--grace", "0s")
+    run("log")
+    run("du")
+    run("check", "--read-data")
 
 
 if __name__ == "__main__":

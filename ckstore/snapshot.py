@@ -200,10 +200,16 @@ class Snapshot:
 
 
 class PendingSnapshot:
-    """A take running in the background (TorchSnapshot's ``PendingSnapshot``)."""
+    """A take running in the background (TorchSnapshot's ``PendingSnapshot``).
 
-    def __init__(self, future: Future[Snapshot]) -> None:
+    ``staged_bytes``: tensor bytes copied to finish in the background; ``sync_bytes``: bytes
+    past the staging budget, stored before ``async_take`` returned.
+    """
+
+    def __init__(self, future: Future[Snapshot], staged_bytes: int = 0, sync_bytes: int = 0) -> None:
         self._future = future
+        self.staged_bytes = staged_bytes
+        self.sync_bytes = sync_bytes
 
     def done(self) -> bool:
         """True once the snapshot committed or failed."""

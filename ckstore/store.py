@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -15,10 +14,11 @@ from ._config import (
     DEFAULT_LEASE_SECONDS,
     StoreConfig,
     default_memory_budget,
+    default_staging_budget,
     default_threads,
 )
 from ._stage import stage
-from ._take import TakeOptions, state_dicts, take
+from ._take import TakeOptions, state_dicts, take, take_async
 from .errors import ConflictError, InvalidInputError, NotFoundError, ObjectNotFoundError
 from .index import Index
 from .manifest import canonical_json
@@ -62,6 +62,7 @@ class Store:
         self.config = config
         self.threads = default_threads()
         self.memory_budget = default_memory_budget()
+        self.staging_budget = default_staging_budget()
         self.lease_seconds = float(os.environ.get("CKSTORE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
 
     # --- writing -------------------------------------------------------------------------
@@ -149,11 +150,15 @@ class Store:
         replicated: Sequence[str] = (),
         pg: Any = None,
         dist_timeout: float | None = None,
+        staging_budget: int | None = None,
     ) -> PendingSnapshot:
         """Stage a copy of ``app_state`` now, then hash, write and commit in the background.
 
-        Returns once the copy is made: training may change the tensors afterwards; the snapshot
-        holds the state as it was at this call. ``wait()`` returns the Snapshot or raises.
+        Returns once the state at this call is safe: tensors are copied while they fit
+        ``staging_budget`` bytes (default ``$CKSTORE_STAGING_BUDGET``, else half the available
+        RAM); tensors past the budget are hashed and written before this returns. Training may
+        then change everything; the snapshot holds the state as it was at this call.
+        ``wait()`` returns the Snapshot or raises.
         Distributed: call on every rank; the ranks' background takes commit together and
         every rank's ``wait()`` returns the same Snapshot or raises DistributedError.
         """
@@ -170,17 +175,24 @@ class Store:
                 self._dist_take, None, staged, run, step, tags, metadata, name, replicated, pg, dist_timeout, comm, ddp
             )
             return PendingSnapshot(fut)
-        states = stage(state_dicts(app_state))
+        _check_take_args(run, step, metadata)
+        budget = self.staging_budget if staging_budget is None else staging_budget
+        job = take_async(
+            self.objects, self.index, state_dicts(app_state), self._take_options(), budget,
+            run=run, step=step, tags=tuple(tags), metadata=dict(metadata or {}), name=name,
+        )
         future: Future[Snapshot] = Future()
 
-        def work() -> None:
-            try:
-                future.set_result(self._take_states(states, run, step, tags, metadata, name))
-            except BaseException as exc:  # surfaced by PendingSnapshot.wait()
+        def bind(done: Future[Any]) -> None:
+            exc = done.exception()
+            if exc is not None:
                 future.set_exception(exc)
+            else:
+                result = done.result()
+                future.set_result(Snapshot._bind(self, result.record, result.manifest))
 
-        threading.Thread(target=work, name="ckstore-async-take", daemon=False).start()
-        return PendingSnapshot(future)
+        job.future.add_done_callback(bind)
+        return PendingSnapshot(future, staged_bytes=job.staged_bytes, sync_bytes=job.sync_bytes)
 
     def _take_states(
         self,
@@ -244,11 +256,11 @@ class Store:
 
         return gc(self, **policy)
 
-    def check(self, read_data: bool | float = False) -> Any:
+    def check(self, read_data: bool | float = False, progress: Any = None) -> Any:
         """Verify the store's integrity (see :mod:`ckstore._check`)."""
         from ._check import check
 
-        return check(self, read_data=read_data)
+        return check(self, read_data=read_data, progress=progress)
 
     def reindex(self) -> Any:
         """Rebuild this store's empty index from its packs and manifests (see :mod:`ckstore._reindex`)."""

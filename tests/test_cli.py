@@ -406,7 +406,7 @@ def test_gc_and_check_call_the_store(shared, monkeypatch, capsys):
     monkeypatch.setattr(
         ckstore.Store,
         "check",
-        lambda self, read_data=False: (
+        lambda self, read_data=False, progress=None: (
             seen.setdefault("check", read_data) is not None and _Report(read_data != 0.5)
         ),
     )

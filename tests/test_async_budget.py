@@ -1,0 +1,57 @@
+"""async_take under a staging budget: the snapshot is the state at the call, memory bounded."""
+
+from __future__ import annotations
+
+import torch
+
+import ckstore
+
+
+def _pack_bytes(store) -> int:
+    return sum(store.objects.pack_size(p) for p in store.objects.list_packs())
+
+
+def _state():
+    return ckstore.StateDict(a=torch.randn(128, 64), b=torch.randn(128, 64), c=torch.randn(64, 64), step=1)
+
+
+def _mutate(state):
+    for k in ("a", "b", "c"):
+        state[k].mul_(-1).add_(3.0)
+    state["step"] = 2
+
+
+def test_past_the_budget_tensors_are_stored_before_returning(store):
+    state = _state()
+    want = {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+    pending = store.async_take({"s": state}, run="r", staging_budget=0)
+    assert pending.staged_bytes == 0 and pending.sync_bytes == (2 * 128 + 64) * 64 * 4
+    assert _pack_bytes(store) > 0  # the uncopied tensors were written before the call returned
+    _mutate(state)
+    snap = pending.wait(timeout=60)
+    got = snap.read_object("s")
+    assert all(torch.equal(got[k], v) for k, v in want.items()) and got["step"] == 1
+
+
+def test_a_partial_budget_copies_what_fits_and_stores_the_rest_now(store):
+    state = _state()
+    want = {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+    budget = 128 * 64 * 4  # exactly one of the big tensors
+    pending = store.async_take({"s": state}, run="r", staging_budget=budget)
+    assert 0 < pending.staged_bytes <= budget and pending.sync_bytes > 0
+    _mutate(state)
+    got = pending.wait(timeout=60).read_object("s")
+    assert all(torch.equal(got[k], v) for k, v in want.items()) and got["step"] == 1
+
+
+def test_an_ample_budget_copies_everything(store):
+    state = _state()
+    pending = store.async_take({"s": state}, run="r", staging_budget=1 << 30)
+    assert pending.sync_bytes == 0 and pending.staged_bytes == (2 * 128 + 64) * 64 * 4
+    _mutate(state)
+    assert pending.wait(timeout=60).read_object("s/step") == 1
+
+
+def test_budget_from_the_environment(store_path, monkeypatch):
+    monkeypatch.setenv("CKSTORE_STAGING_BUDGET", "777")
+    assert ckstore.open(store_path).staging_budget == 777
