@@ -247,25 +247,50 @@ def commit(
     finish_entries(p)
     header = {"run": run, "step": step, "created_at": started, "metadata": dict(metadata), "name": name, "session": lease.id}
     manifest = Manifest(p.apps, p.entries, header)
+    record = commit_manifest(
+        objs, index, lease.id, manifest, tags,
+        new_bytes=acc.stats.new_bytes, new_chunks=acc.stats.new_chunks, reused_chunks=acc.found,
+    )
+    lease.committed = True
+    return TakeResult(record, manifest)
+
+
+def commit_manifest(
+    objs: objects.ObjectStore,
+    index: Any,
+    session: str,
+    manifest: Manifest,
+    tags: tuple[str, ...],
+    *,
+    new_bytes: int,
+    new_chunks: int,
+    reused_chunks: int,
+) -> SnapshotRecord:
+    """Store ``manifest`` (whose header names run, step, time, metadata, name) and commit it.
+
+    The snapshot id is the manifest id; the index transaction references every chunk the
+    manifest names, so nothing it needs can be collected once it is visible.
+    """
+    header = manifest.snapshot or {}
     raw = manifest.to_json()
     manifest_id = objs.put_blob("manifests", raw)
     record = SnapshotRecord(
         id=manifest_id,
-        run=run,
-        step=step,
+        run=header["run"],
+        step=header.get("step"),
         parent_id=None,
         manifest_id=manifest_id,
-        created_at=started,
-        metadata=dict(metadata),
+        created_at=header["created_at"],
+        metadata=dict(header.get("metadata") or {}),
         logical_bytes=manifest.logical_bytes(),
-        new_bytes=acc.stats.new_bytes,
-        new_chunks=acc.stats.new_chunks,
-        reused_chunks=acc.found,
-        name=name,
+        new_bytes=new_bytes,
+        new_chunks=new_chunks,
+        reused_chunks=reused_chunks,
+        name=header.get("name"),
+        world_size=int(header.get("world_size", 1)),
     )
-    committed = index.commit_snapshot(lease.id, record, entry_records(manifest), list(acc.seen), len(raw), tags)
-    lease.committed = True
-    return TakeResult(committed, manifest)
+    ids = sorted(manifest.chunk_ids())
+    return index.commit_snapshot(session, record, entry_records(manifest), ids, len(raw), tags)
 
 
 def take(

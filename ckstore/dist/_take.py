@@ -38,7 +38,7 @@ import torch
 from .._dtypes import GROUPED, dtype_name, itemsize
 from .._grid import Box, make_grid
 from .._lease import Lease
-from .._take import TakeOptions, _Chunk, entry_records, hash_chunks, state_dicts, write_missing
+from .._take import TakeOptions, _Chunk, commit_manifest, hash_chunks, state_dicts, write_missing
 from .._tensors import as_cpu_tensor, byte_view
 from .._tree import flatten, is_array
 from .._values import encode_value
@@ -386,26 +386,13 @@ def _commit(
         "session": lease.id, "world_size": world, "ranks": ranks,
     }
     manifest = Manifest(local.apps, entries, header)
-    raw = manifest.to_json()
-    Manifest.from_json(raw, "the manifest being committed")  # every tensor's pieces must tile it
-    manifest_id = store.objects.put_blob("manifests", raw)
-    ids = sorted(manifest.chunk_ids())
-    record = SnapshotRecord(
-        id=manifest_id,
-        run=run,
-        step=step,
-        parent_id=None,
-        manifest_id=manifest_id,
-        created_at=started,
-        metadata=dict(metadata),
-        logical_bytes=manifest.logical_bytes(),
+    Manifest.from_json(manifest.to_json(), "the manifest being committed")  # every tensor's pieces must tile it
+    committed = commit_manifest(
+        store.objects, store.index, lease.id, manifest, tags,
         new_bytes=sum(r["new_bytes"] for r in ranks),
         new_chunks=sum(r["new_chunks"] for r in ranks),
         reused_chunks=sum(r["reused_chunks"] for r in ranks),
-        name=name,
-        world_size=world,
     )
-    committed = store.index.commit_snapshot(lease.id, record, entry_records(manifest), ids, len(raw), tags)
     return committed, manifest
 
 

@@ -20,14 +20,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _dcp_scenarios as ds  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402  (ships with the torch we pin)
 from _harness import run_ranks, values  # noqa: E402
 from _states import bits  # noqa: E402
 
 import ckstore  # noqa: E402
 from ckstore.dist.dcp import StorageReader, StorageWriter, metadata_from_json, metadata_to_json  # noqa: E402
 from ckstore.errors import UnsupportedValueError  # noqa: E402
-
-dcp = pytest.importorskip("torch.distributed.checkpoint")
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
