@@ -299,23 +299,31 @@ def restore(reader: Reader, app_state: Mapping[str, Any], strict: bool = True, b
     apply(prepare(reader, app_state, strict, budget), reader)
 
 
-def prepare(reader: Reader, app_state: Mapping[str, Any], strict: bool = True, budget: int | None = None) -> Prepared:
+def prepare(
+    reader: Reader,
+    app_state: Mapping[str, Any],
+    strict: bool = True,
+    budget: int | None = None,
+    plans: list[_AppPlan] | None = None,
+    skip: frozenset[str] = frozenset(),
+) -> Prepared:
     """Validate and verify everything a restore needs; the destination is not touched.
 
     Destination tensors whose total size fits ``budget`` bytes are staged (one read). Past the
     budget, every chunk is fetched and re-hashed once here without being kept, and decoded
     straight into the destination by :func:`apply`: memory stays bounded and a damaged chunk is
     still found before anything of the caller's changes.
+
+    ``plans`` (from :func:`validate`) skips validating again; keys in ``skip`` are not read
+    (the caller puts their tensors into ``Prepared.tensors`` before :func:`apply`).
     """
-    if reader.rank is None:
-        reader.rank = 0
-    plans = [_validate(reader, name, obj, strict) for name, obj in app_state.items()]
-    plans = [p for p in plans if p is not None]
+    if plans is None:
+        plans = validate(reader, app_state, strict)
     wanted: dict[str, Region | None] = {}
     direct: dict[str, tuple[torch.Tensor, Region | None]] = {}
     for p in plans:
         for k in p.keys:
-            if reader.is_tensor(k):
+            if k not in skip and reader.is_tensor(k):
                 wanted[k] = p.region.get(k)
                 if k in p.target:
                     direct[k] = (p.target[k], p.region.get(k))
@@ -325,6 +333,29 @@ def prepare(reader: Reader, app_state: Mapping[str, Any], strict: bool = True, b
     reader.verify({k: wanted[k] for k in direct})
     rest = {k: r for k, r in wanted.items() if k not in direct}
     return Prepared(plans, reader.read_regions(rest), direct)
+
+
+def validate(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) -> list[_AppPlan]:
+    """Check keys, dtypes and shapes against the destination; read nothing."""
+    if reader.rank is None:
+        reader.rank = 0
+    plans = [_validate(reader, name, obj, strict) for name, obj in app_state.items()]
+    return [p for p in plans if p is not None]
+
+
+def whole_plain_keys(reader: Reader, plans: list[_AppPlan]) -> list[str]:
+    """Keys whose destination here is a plain tensor needing the whole stored tensor.
+
+    Only entries equal on every rank (not per-rank) and kept in packs (not inline) count: these
+    are the ones a distributed restore may read once and broadcast.
+    """
+    out = []
+    for p in plans:
+        for k in p.target:
+            entry = reader.manifest.entries[k]
+            if k not in p.region and isinstance(entry, TensorEntry) and not entry.inline and entry.chunks:
+                out.append(k)
+    return out
 
 
 def apply(prepared: Prepared, reader: Reader) -> None:

@@ -109,6 +109,7 @@ class Snapshot:
         memory_budget: int | None = None,
         pg: Any = None,
         dist_timeout: float | None = None,
+        replicated_read: str | None = None,
     ) -> None:
         """Load this snapshot into ``app_state`` in place.
 
@@ -123,6 +124,11 @@ class Snapshot:
         the part its destination needs (its DTensor shard, whatever the world size and
         placement at take time; whole plain tensors; its own rank's per-rank values), and
         either every rank loads or every rank raises DistributedError.
+        ``replicated_read`` (default ``$CKSTORE_REPLICATED_READ`` or ``"each"``) picks how
+        entries that every rank needs whole as plain tensors (DDP-style replicas) are read:
+        ``"each"``, every rank reads them; ``"broadcast"``, rank 0 reads and verifies them and
+        broadcasts them to the other ranks, which read none of their chunks (the broadcast
+        tensors are staged, so they count against ``memory_budget``).
 
         Raises:
             MismatchError: keys, dtypes or shapes differ (named in the message).
@@ -130,12 +136,14 @@ class Snapshot:
             DistributedError: a rank failed (distributed restore; names ranks and causes).
         """
         from .dist import is_distributed
+        from .dist._restore import replicated_mode
 
+        mode = replicated_mode(replicated_read)
         budget = self.store.memory_budget if memory_budget is None else memory_budget
         if is_distributed():
             from .dist._restore import restore as dist_restore
 
-            dist_restore(self._reader(), app_state, strict=strict, pg=pg, timeout=dist_timeout, budget=budget)
+            dist_restore(self._reader(), app_state, strict=strict, pg=pg, timeout=dist_timeout, budget=budget, replicated_read=mode)
             return
         restore(self._reader(), app_state, strict=strict, budget=budget)
 

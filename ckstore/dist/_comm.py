@@ -12,6 +12,7 @@ import torch
 from ..errors import DistributedError
 
 DEFAULT_TIMEOUT = 600.0
+BROADCAST_BATCH = 64 << 20  # default bytes per broadcast call when sending tensors
 _GROUPS: list[tuple[Any, float, Any]] = []  # (default group, timeout, gloo group): one per pair
 
 
@@ -73,6 +74,48 @@ class Comm:
         except Exception as exc:
             raise self._lost(what, exc) from exc
         return json.loads(buf.numpy().tobytes())
+
+    def broadcast_tensors(self, tensors: list[torch.Tensor], what: str, src: int = 0, batch_bytes: int | None = None) -> None:
+        """Copy rank ``src``'s contiguous CPU ``tensors`` into the same-shaped ones elsewhere.
+
+        Bytes travel in batches of at most ``batch_bytes``: small tensors are packed together
+        into one buffer, large ones are sent in slices of their own storage (no copy).
+        """
+        import torch.distributed as dist
+
+        batch_bytes = batch_bytes or BROADCAST_BATCH
+        pending: list[torch.Tensor] = []
+        filled = 0
+
+        def flush() -> None:
+            nonlocal filled
+            if len(pending) == 1:
+                dist.broadcast(pending[0], src, group=self.group)
+            elif pending:
+                buf = torch.cat(pending) if self.rank == src else torch.empty(filled, dtype=torch.uint8)
+                dist.broadcast(buf, src, group=self.group)
+                if self.rank != src:
+                    at = 0
+                    for piece in pending:
+                        piece.copy_(buf[at : at + piece.numel()])
+                        at += piece.numel()
+            pending.clear()
+            filled = 0
+
+        try:
+            for t in tensors:
+                if t.numel() == 0:
+                    continue
+                flat = t.reshape(-1).view(torch.uint8)
+                for start in range(0, flat.numel(), batch_bytes):
+                    piece = flat[start : start + batch_bytes]
+                    if filled + piece.numel() > batch_bytes:
+                        flush()
+                    pending.append(piece)
+                    filled += piece.numel()
+            flush()
+        except Exception as exc:
+            raise self._lost(what, exc) from exc
 
     def _lost(self, what: str, exc: BaseException) -> DistributedError:
         return DistributedError(

@@ -5,16 +5,40 @@ size: the stored pieces are cut to that box); a plain tensor needs the whole ten
 per-rank entry gives each rank its own value. Every rank validates and reads first, then all
 ranks compare outcomes: either every rank loads its state or every rank raises
 :class:`DistributedError` with the destination untouched.
+
+Replicated entries (a plain destination needing the whole tensor on every rank, as in DDP)
+are read by every rank by default (``replicated_read="each"``). With ``"broadcast"`` rank 0
+alone reads and verifies them and sends the verified bytes to the others over the gloo group;
+the others read none of their chunks. Which is faster depends on the storage (a local or
+shared file system serving many readers at once, or an object store with per-request
+latency) against the interconnect; ``bench/replicated_read.py`` measures both.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from .._restore import Reader, apply, prepare
+import torch
+
+from .._restore import Prepared, Reader, apply, prepare, validate, whole_plain_keys
+from .._tensors import empty_for
+from ..errors import InvalidInputError
+from ..manifest import TensorEntry
 from ._comm import Comm, failure, raise_failed
+
+REPLICATED_READS = ("each", "broadcast")
+
+
+def replicated_mode(value: str | None) -> str:
+    """The replicated-read mode: the argument, else ``CKSTORE_REPLICATED_READ``, else "each"."""
+    mode = value if value is not None else os.environ.get("CKSTORE_REPLICATED_READ", "each")
+    if mode not in REPLICATED_READS:
+        raise InvalidInputError(f"replicated_read must be one of {list(REPLICATED_READS)}, got {mode!r}")
+    return mode
 
 
 def restore(
@@ -24,9 +48,14 @@ def restore(
     pg: Any = None,
     timeout: float | None = None,
     budget: int | None = None,
+    replicated_read: str | None = None,
 ) -> None:
+    mode = replicated_mode(replicated_read)
     comm = Comm(pg, timeout)
     reader = replace(reader, rank=comm.rank)
+    if mode == "broadcast" and comm.world > 1:
+        _restore_broadcast(comm, reader, app_state, strict, budget)
+        return
     prepared = None
     try:
         prepared = prepare(reader, app_state, strict, budget)
@@ -36,3 +65,48 @@ def restore(
     raise_failed(comm.all_gather_json(msg, "restore"), f"distributed restore of {reader.where}")
     assert prepared is not None
     apply(prepared, reader)
+
+
+def _restore_broadcast(comm: Comm, reader: Reader, app_state: Mapping[str, Any], strict: bool, budget: int | None) -> None:
+    """Rank 0 reads the entries every rank needs whole; the others receive them by broadcast."""
+    what = f"distributed restore of {reader.where}"
+    plans = None
+    msg: dict[str, Any]
+    try:
+        plans = validate(reader, app_state, strict)
+        msg = {"ok": True, "whole": whole_plain_keys(reader, plans)}
+    except Exception as exc:
+        msg = failure(exc)
+    statuses = comm.all_gather_json(msg, "restore (validate)")
+    raise_failed(statuses, what)
+    assert plans is not None
+    # Entries needed whole everywhere, in one order on every rank (the manifest is the same).
+    shared = sorted(set.intersection(*(set(s["whole"]) for s in statuses)))
+    entries = {k: reader.manifest.entries[k] for k in shared}
+    nbytes = sum(_nbytes(e) for e in entries.values())
+    if budget is not None and nbytes > budget:
+        shared, entries, nbytes = [], {}, 0  # broadcast stages whole tensors: over budget, each rank reads
+    prepared: Prepared | None = None
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        rest_budget = None if budget is None else budget - nbytes
+        prepared = prepare(reader, app_state, strict, rest_budget, plans=plans, skip=frozenset(shared))
+        if comm.rank == 0:
+            tensors = reader.read_tensors(shared)
+        msg = {"ok": True}
+    except Exception as exc:
+        msg = failure(exc)
+    raise_failed(comm.all_gather_json(msg, "restore"), what)
+    assert prepared is not None
+    if comm.rank != 0:
+        for k, e in entries.items():
+            assert isinstance(e, TensorEntry)
+            tensors[k] = empty_for(e.dtype, e.shape)
+    comm.broadcast_tensors([tensors[k] for k in shared], "restore (broadcast of replicated entries)")
+    prepared.tensors.update(tensors)
+    apply(prepared, reader)
+
+
+def _nbytes(entry: Any) -> int:
+    assert isinstance(entry, TensorEntry)
+    return math.prod(entry.shape) * empty_for(entry.dtype, (0,)).element_size()

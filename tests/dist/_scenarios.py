@@ -242,3 +242,49 @@ def restore_after(rank: int, world: int, path: str, runs: dict[str, int], expect
     restore_dtensors(rank, world, path, runs)
     fsdp_restore(rank, world, path, expect)
     return {"fail": failing_take(rank, world, path, 1, "raise", 600), "async": async_take(rank, world, path)}
+
+
+def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
+    """Restore a DDP take with each replicated_read mode: bits, and pack reads per rank.
+
+    Then a read failure on rank 0 in broadcast mode: every rank raises, nothing loaded.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ckstore import objects
+    from ckstore.dist import _comm
+
+    _comm.BROADCAST_BATCH = 1000  # many batches, some packed, some slices of one tensor
+    want = DistributedDataParallel(model(5)).state_dict()
+    store = ckstore.open(path)
+    counting = objects.CountingBackend(store.objects.backend)
+    store.objects = objects.ObjectStore(counting)
+    snap = store.get("ddp")
+    _ = snap.manifest
+    out: dict[str, Any] = {}
+    for mode in ("each", "broadcast"):
+        fresh = DistributedDataParallel(model(6))
+        counting.reset()
+        snap.restore({"ddp": fresh}, replicated_read=mode)
+        out[mode] = sum(g.nbytes for g in counting.gets if g.name.startswith("packs/"))
+        for (k, a), b in zip(want.items(), fresh.state_dict().values()):
+            assert bits(a) == bits(b), (mode, k)
+    os.environ["CKSTORE_REPLICATED_READ"] = "broadcast"
+    fresh = DistributedDataParallel(model(6))
+    before = {k: bits(v) for k, v in fresh.state_dict().items()}
+    if rank == 0:
+        from ckstore.errors import CorruptionError
+
+        def broken(*a: Any, **k: Any) -> Any:
+            raise CorruptionError("injected damaged chunk")
+
+        store.objects.read_chunk = broken  # type: ignore[method-assign]
+    try:
+        snap.restore({"ddp": fresh})
+        out["error"] = None
+    except DistributedError as exc:
+        out["error"] = str(exc)
+    finally:
+        del os.environ["CKSTORE_REPLICATED_READ"]
+    out["untouched"] = all(bits(v) == before[k] for k, v in fresh.state_dict().items())
+    return out

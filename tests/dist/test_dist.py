@@ -111,6 +111,24 @@ def test_dedup_across_world_sizes(matrix: dict[str, Any]) -> None:
         print("w4 after w1+w2: new bytes", snap.stats["new_bytes"], "new piece bytes", new_pieces, "logical", snap.stats["logical_bytes"])
 
 
+def test_replicated_read_each_or_broadcast(matrix: dict[str, Any], tmp_path: Path) -> None:
+    """DDP replicas: "each" reads on every rank; "broadcast" reads on rank 0 only, same bits."""
+    res = values(run_ranks(sc.replicated_restore, 4, tmp_path, matrix["path"]))
+    print("pack bytes read per rank:", {m: [r[m] for r in res] for m in ("each", "broadcast")})
+    assert all(r["each"] > 0 for r in res)
+    assert res[0]["broadcast"] == res[0]["each"]
+    assert [r["broadcast"] for r in res[1:]] == [0, 0, 0]
+    for r in res:  # rank 0 failing to read: every rank raises, nothing loaded anywhere
+        assert r["error"] and "rank(s) [0]" in r["error"] and "injected damaged chunk" in r["error"], r
+        assert r["untouched"]
+
+
+def test_replicated_read_rejects_unknown_mode(matrix: dict[str, Any]) -> None:
+    with ckstore.open(matrix["path"]) as store:
+        with pytest.raises(ckstore.errors.InvalidInputError, match="replicated_read"):
+            store.get("w1").restore({}, strict=False, replicated_read="scatter")
+
+
 def test_fsdp2_restores_with_other_world_size(matrix: dict[str, Any]) -> None:
     assert matrix["w2b"] is not None  # model and optimizer compared bit for bit on each rank
 
