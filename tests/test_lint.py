@@ -15,3 +15,14 @@ def test_ruff_check_is_clean():
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_test_folder_is_collected():
+    """pytest skips folders named like build outputs (e.g. ``dist``) unless told otherwise."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    collected = {line.split("::")[0].split("/")[1] for line in out.stdout.splitlines() if "::" in line}
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
+    assert folders <= collected, (folders - collected, out.stdout[-2000:])
