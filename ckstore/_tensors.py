@@ -27,6 +27,11 @@ def as_cpu_tensor(value: Any, key: str) -> torch.Tensor:
             f"key {key!r}: distributed tensors (DTensor) are stored by the distributed take; "
             "call it on every rank with torch.distributed initialised"
         )
+    if type(value).__name__ == "ShardedTensor":
+        raise UnsupportedValueError(
+            f"key {key!r}: ShardedTensor (the deprecated pre-DTensor API) is not supported; "
+            "convert it to a DTensor (torch.distributed.tensor) and take on every rank"
+        )
     if value.is_sparse or value.layout != torch.strided:
         raise UnsupportedValueError(f"key {key!r}: sparse tensors are not supported; call .to_dense()")
     if value.is_quantized:

@@ -136,3 +136,12 @@ def test_read_path_never_unpickles(store, monkeypatch):
     fresh.get("r").read_object("m/0.weight")
     fresh.get("r").get_manifest()
     assert _same(dest["m"], _model().state_dict())
+
+
+def test_sharded_tensor_is_refused_with_advice(store):
+    class ShardedTensor(torch.Tensor):  # stands in for torch's deprecated class of that name
+        pass
+
+    t = torch.zeros(4).as_subclass(ShardedTensor)
+    with pytest.raises(ckstore.UnsupportedValueError, match="'s/w'.*DTensor"):
+        store.take({"s": ckstore.StateDict(w=t)}, run="r")
