@@ -522,24 +522,23 @@ def _duration_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _fraction_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"fraction must be in (0, 1], got {text!r}")
-    return value
+def _fraction(zero_ok: bool) -> Callable[[str], float]:
+    """An argparse type for a fraction in (0, 1], or [0, 1] when ``zero_ok``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not (0 <= value <= 1 and (zero_ok or value > 0)):
+            raise argparse.ArgumentTypeError(f"fraction must be in {'[' if zero_ok else '('}0, 1], got {text!r}")
+        return value
+
+    return parse
 
 
-def _unit_fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"fraction must be in [0, 1], got {text!r}")
-    return value
+_fraction_arg = _fraction(zero_ok=False)
+_unit_fraction = _fraction(zero_ok=True)
 
 
 def _nonneg_int(text: str) -> int:

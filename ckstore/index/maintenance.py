@@ -120,12 +120,6 @@ class MaintenanceMixin:
             rows = conn.execute(select(_sql.chunks)).all()
         return (_convert.chunk(r) for r in rows)
 
-    def referenced_chunk_ids(self) -> set[str]:
-        """Every chunk id some snapshot references."""
-        sc = _sql.snapshot_chunks
-        with self._read("list referenced chunks") as conn:
-            return set(conn.scalars(select(sc.c.chunk_id).distinct()))
-
     # ----------------------------------------------------------------------- packs
     def pack_usage(self) -> list[PackUsage]:
         """Every pack row with its live chunk count and bytes."""

@@ -22,12 +22,11 @@ ID_HEX_LENGTH = 64
 _ID_RE = re.compile(r"[0-9a-f]{64}")
 
 
-def new_hasher(expected_size: int = 0) -> Any:
+def new_hasher() -> Any:
     """A fresh incremental BLAKE3 hasher (single-threaded).
 
     Callers hash many chunks from a thread pool; BLAKE3's own threads on top of that only
-    fight the pool for the same cores (measured: slower on 2 cores). ``expected_size`` is kept
-    for callers that may want a policy later.
+    fight the pool for the same cores (measured: slower on 2 cores).
     """
     return blake3.blake3()
 
@@ -53,7 +52,7 @@ def chunk_id(data: Any) -> str:
         The 64-character hex id.
     """
     view = as_bytes_view(data)
-    hasher = new_hasher(view.nbytes)
+    hasher = new_hasher()
     hasher.update(view)
     return str(hasher.hexdigest())
 
