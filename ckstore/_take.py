@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +39,14 @@ class TakeOptions:
     inline_bytes: int
     threads: int
     lease_seconds: float
+    io_threads: int = 4
+    """Packs written (and fsynced) at once."""
+
+
+HASH_BATCH_BYTES = 128 << 20
+"""A take hashes and looks up chunks in batches of about this many bytes..."""
+HASH_BATCH_CHUNKS = 4096
+"""...or of at most this many chunks."""
 
 
 @dataclass
@@ -142,6 +151,72 @@ class _WriteStats:
     new_chunks: int = 0
 
 
+class _PackPipeline:
+    """Encode chunks in parallel, fill packs in chunk order, write several packs at once.
+
+    At most ``2 * opts.threads`` encodes are in flight and at most ``opts.io_threads`` packs
+    are being written (each made durable, then indexed, by ``_flush``), so memory stays
+    bounded by about ``(io_threads + 1) * pack_bytes`` whatever the state's size. Writing
+    packs concurrently keeps the device busy while each waits for its fsync: one pack at a
+    time left it idle between fsyncs and was the first take's bottleneck.
+    Use as a context manager: leaving it (even on error) waits for every write in flight.
+    """
+
+    def __init__(
+        self,
+        store: objects.ObjectStore,
+        index: Any,
+        session: str,
+        opts: TakeOptions,
+        pool: ThreadPoolExecutor,
+    ) -> None:
+        self._store, self._index, self._session, self._opts, self._pool = store, index, session, opts, pool
+        self._window = max(2, 2 * opts.threads)
+        self._io = ThreadPoolExecutor(max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack")
+        self._encoding: deque[tuple[_Chunk, Future[tuple[str, Any]]]] = deque()
+        self._flushing: deque[Future[None]] = deque()
+        self._writer = store.new_pack_writer(opts.pack_bytes)
+        self.stats = _WriteStats()
+
+    def __enter__(self) -> _PackPipeline:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            if exc_type is None:
+                while self._encoding:
+                    self._add_next()
+                self._submit_flush()
+                while self._flushing:
+                    self._flushing.popleft().result()
+        finally:
+            for _, fut in self._encoding:
+                fut.cancel()
+            self._io.shutdown(wait=True)
+
+    def push(self, chunk: _Chunk) -> None:
+        """Queue one chunk (its id known, absent from the store) for encoding and packing."""
+        fut = self._pool.submit(objects.encode, chunk.view, chunk.itemsize, chunk.grouped)
+        self._encoding.append((chunk, fut))
+        while len(self._encoding) > self._window:
+            self._add_next()
+
+    def _add_next(self) -> None:
+        chunk, fut = self._encoding.popleft()
+        codec, payload = fut.result()
+        self._writer.add(chunk.id, codec, payload, len(chunk.view))
+        self.stats.new_bytes += len(payload)
+        self.stats.new_chunks += 1
+        if self._writer.full:
+            self._submit_flush()
+            self._writer = self._store.new_pack_writer(self._opts.pack_bytes)
+
+    def _submit_flush(self) -> None:
+        while len(self._flushing) >= max(1, self._opts.io_threads):
+            self._flushing.popleft().result()
+        self._flushing.append(self._io.submit(_flush, self._writer, self._index, self._session))
+
+
 def write_missing(
     store: objects.ObjectStore,
     index: Any,
@@ -151,33 +226,10 @@ def write_missing(
     pool: ThreadPoolExecutor,
 ) -> _WriteStats:
     """Encode the missing chunks in parallel, fill packs, make each durable, then index it."""
-    stats = _WriteStats()
-    writer = store.new_pack_writer(opts.pack_bytes)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckstore-pack") as io:
-        flushing: list[Future[None]] = []
-        for chunk, (codec, payload) in zip(missing, _encoded(missing, pool, opts.threads * 2)):
-            writer.add(chunk.id, codec, payload, len(chunk.view))
-            stats.new_bytes += len(payload)
-            stats.new_chunks += 1
-            if writer.full:
-                flushing.append(io.submit(_flush, writer, index, session))
-                writer = store.new_pack_writer(opts.pack_bytes)
-        flushing.append(io.submit(_flush, writer, index, session))
-        for f in flushing:
-            f.result()
-    return stats
-
-
-def _encoded(chunks: list[_Chunk], pool: ThreadPoolExecutor, window: int) -> Iterator[tuple[str, Any]]:
-    """Encode chunks with at most ``window`` in flight, yielding results in order."""
-    pending: list[Future[tuple[str, Any]]] = []
-    it = iter(chunks)
-    for chunk in it:
-        pending.append(pool.submit(objects.encode, chunk.view, chunk.itemsize, chunk.grouped))
-        if len(pending) >= window:
-            yield pending.pop(0).result()
-    for f in pending:
-        yield f.result()
+    with _PackPipeline(store, index, session, opts, pool) as pipe:
+        for chunk in missing:
+            pipe.push(chunk)
+    return pipe.stats
 
 
 def _flush(writer: objects.PackWriter, index: Any, session: str) -> None:
@@ -187,6 +239,20 @@ def _flush(writer: objects.PackWriter, index: Any, session: str) -> None:
     pack_id, size, locs = done
     chunks = to_records(locs)
     index.add_pack(session, PackRecord(pack_id, size, len(chunks), time.time()), chunks)
+
+
+def _batches(chunks: list[_Chunk], max_bytes: int, max_count: int) -> Iterator[list[_Chunk]]:
+    """Consecutive runs of ``chunks`` of at most ``max_bytes`` (or ``max_count`` chunks)."""
+    batch: list[_Chunk] = []
+    size = 0
+    for c in chunks:
+        if batch and (size + len(c.view) > max_bytes or len(batch) >= max_count):
+            yield batch
+            batch, size = [], 0
+        batch.append(c)
+        size += len(c.view)
+    if batch:
+        yield batch
 
 
 def entry_records(manifest: Manifest) -> list[EntryRecord]:
@@ -215,18 +281,26 @@ def store_chunks(
     pool: ThreadPoolExecutor,
     acc: _Acc,
 ) -> None:
-    """Hash ``chunks``, pin those the index has, write those it lacks (each id once per take)."""
-    hash_chunks(chunks, pool)
-    new: dict[str, _Chunk] = {}
-    for c in chunks:
-        if c.id not in acc.seen:
-            new.setdefault(c.id, c)
-    acc.seen.update(new)
-    found = index.lookup_chunks(session, list(new))
-    acc.found += len(found)
-    stats = write_missing(objs, index, session, [c for cid, c in new.items() if cid not in found], opts, pool)
-    acc.stats.new_bytes += stats.new_bytes
-    acc.stats.new_chunks += stats.new_chunks
+    """Hash ``chunks``, pin those the index has, write those it lacks (each id once per take).
+
+    Works in batches of about ``HASH_BATCH_BYTES``: while one batch's missing chunks are
+    encoded and written, the next is hashed and looked up, so hashing overlaps the writes.
+    """
+    with _PackPipeline(objs, index, session, opts, pool) as pipe:
+        for batch in _batches(chunks, HASH_BATCH_BYTES, HASH_BATCH_CHUNKS):
+            hash_chunks(batch, pool)
+            new: dict[str, _Chunk] = {}
+            for c in batch:
+                if c.id not in acc.seen:
+                    new.setdefault(c.id, c)
+            acc.seen.update(new)
+            found = index.lookup_chunks(session, list(new))
+            acc.found += len(found)
+            for cid, c in new.items():
+                if cid not in found:
+                    pipe.push(c)
+    acc.stats.new_bytes += pipe.stats.new_bytes
+    acc.stats.new_chunks += pipe.stats.new_chunks
 
 
 def commit(

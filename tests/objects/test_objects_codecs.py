@@ -30,6 +30,13 @@ CASES = {
     "odd-length-grouped": (_weights(1001).tobytes()[:-1], 4, True),
     "empty": (b"", 4, True),
     "float64": (RNG.normal(0, 1, 10_000).tobytes(), 8, True),
+    # fp32 upcast from bf16: the two low planes are all zeros, so planes 0 and 1 are
+    # compressed and the raw plane 2 moves left behind them.
+    "fp32-from-bf16": ((_weights().view(np.uint32) & 0xFFFF0000).astype(np.uint32).tobytes(), 4, True),
+    # only a middle plane compresses: plane 0 random, plane 1 constant, plane 2 random, 3 exp
+    "middle-plane": (
+        np.stack([RNG.integers(0, 256, 1 << 16), np.full(1 << 16, 7), RNG.integers(0, 256, 1 << 16),
+                  RNG.integers(60, 62, 1 << 16)], axis=1).astype(np.uint8).tobytes(), 4, True),
 }
 
 
@@ -41,6 +48,26 @@ def test_round_trip(case: str) -> None:
     out = memoryview(bytearray(len(raw)))
     assert decode(codec, payload, len(raw), out) is out
     assert bytes(out) == raw
+
+
+def test_grouped_layout_flags_and_lengths() -> None:
+    """The payload is header, plane table, then the planes back to back (FORMAT.md)."""
+    import struct
+
+    raw, itemsize, _ = CASES["middle-plane"]
+    codec, payload = encode(raw, itemsize, True)
+    assert codec == BYTEGROUP_ZSTD
+    view = bytes(payload)
+    assert view[:2] == bytes([1, itemsize])
+    table = [struct.unpack_from("<BQ", view, 2 + 9 * i) for i in range(itemsize)]
+    assert [flag for flag, _ in table] == [0, 1, 0, 1]
+    plane = len(raw) // itemsize
+    assert table[0][1] == plane and table[2][1] == plane and table[1][1] < plane // 100
+    assert len(view) == 2 + 9 * itemsize + sum(n for _, n in table)
+    pos = 2 + 9 * itemsize
+    assert view[pos : pos + plane] == raw[0::4]
+    pos += plane + table[1][1]
+    assert view[pos : pos + plane] == raw[2::4]
 
 
 def test_random_bytes_stay_raw_without_copy() -> None:
