@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -157,8 +158,12 @@ class Reader:
                 )
             loc = to_location(rec)
             tmp = empty_for(job.dtype, job.sizes) if job.out is None and job.dst is not None else None
+            if tmp is not None:
+                out = writable_view(tmp)
+            else:  # a verify-only job decodes into this thread's scratch buffer
+                out = job.out if job.out is not None else _scratch(loc.raw_length)
             try:
-                self.objs.read_chunk(loc, out=job.out if tmp is None else writable_view(tmp))
+                self.objs.read_chunk(loc, out=out)
             except CorruptionError as exc:
                 raise CorruptionError(
                     f"{self.where}: key {job.key!r} is damaged in storage ({exc}); nothing was "
@@ -178,6 +183,18 @@ class Reader:
             return entry.value
         t = tensors[key]
         return t.numpy() if entry.container == "numpy" else t
+
+
+_local = threading.local()
+
+
+def _scratch(n: int) -> memoryview:
+    """This thread's reusable buffer of ``n`` bytes: verifying a chunk allocates nothing (a
+    fresh buffer per chunk costs page faults that halved the verify pass's speed)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or len(buf) < n:
+        buf = _local.buf = bytearray(n)
+    return memoryview(buf)[:n]
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -292,11 +309,14 @@ class Prepared:
     plans: list[_AppPlan]
     tensors: dict[str, torch.Tensor]
     direct: dict[str, tuple[torch.Tensor, Region | None]] = field(default_factory=dict)
+    verified: bool = True
 
 
-def restore(reader: Reader, app_state: Mapping[str, Any], strict: bool = True, budget: int | None = None) -> None:
+def restore(
+    reader: Reader, app_state: Mapping[str, Any], strict: bool = True, budget: int | None = None, atomic: bool = True
+) -> None:
     """Load the snapshot into ``app_state`` in place (see module docstring for the phases)."""
-    apply(prepare(reader, app_state, strict, budget), reader)
+    apply(prepare(reader, app_state, strict, budget, atomic=atomic), reader)
 
 
 def prepare(
@@ -306,6 +326,8 @@ def prepare(
     budget: int | None = None,
     plans: list[_AppPlan] | None = None,
     skip: frozenset[str] = frozenset(),
+    *,
+    atomic: bool = True,
 ) -> Prepared:
     """Validate and verify everything a restore needs; the destination is not touched.
 
@@ -313,6 +335,10 @@ def prepare(
     budget, every chunk is fetched and re-hashed once here without being kept, and decoded
     straight into the destination by :func:`apply`: memory stays bounded and a damaged chunk is
     still found before anything of the caller's changes.
+
+    ``atomic=False`` skips both the staging and that first pass: :func:`apply` decodes every
+    destination tensor straight into place, still re-hashing each chunk, in one pass and with
+    no staging memory; a damaged chunk then raises with the destination partly loaded.
 
     ``plans`` (from :func:`validate`) skips validating again; keys in ``skip`` are not read
     (the caller puts their tensors into ``Prepared.tensors`` before :func:`apply`).
@@ -328,11 +354,12 @@ def prepare(
                 if k in p.target:
                     direct[k] = (p.target[k], p.region.get(k))
     staged = sum(t.numel() * t.element_size() for t, _ in direct.values())
-    if budget is None or staged <= budget:
+    if atomic and (budget is None or staged <= budget):
         return Prepared(plans, reader.read_regions(wanted))
-    reader.verify({k: wanted[k] for k in direct})
+    if atomic:
+        reader.verify({k: wanted[k] for k in direct})
     rest = {k: r for k, r in wanted.items() if k not in direct}
-    return Prepared(plans, reader.read_regions(rest), direct)
+    return Prepared(plans, reader.read_regions(rest), direct, verified=atomic)
 
 
 def validate(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) -> list[_AppPlan]:
@@ -362,8 +389,9 @@ def apply(prepared: Prepared, reader: Reader) -> None:
     """Write what :func:`prepare` verified into the destination and call ``load_state_dict``."""
     try:
         reader.read_into(prepared.direct)
-    except CorruptionError as exc:  # the bytes changed since they were verified moments ago
-        raise CorruptionError(f"{exc} (the destination may be partly loaded: the chunk changed after it was verified)") from exc
+    except CorruptionError as exc:  # atomic: the bytes changed since they were verified moments ago
+        why = "the chunk changed after it was verified" if prepared.verified else "restore(atomic=False) loads as it reads"
+        raise CorruptionError(f"{exc} (the destination may be partly loaded: {why})") from exc
     for p in prepared.plans:
         _apply(reader, p, prepared.tensors)
 

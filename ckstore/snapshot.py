@@ -110,6 +110,7 @@ class Snapshot:
         pg: Any = None,
         dist_timeout: float | None = None,
         replicated_read: str | None = None,
+        atomic: bool = True,
     ) -> None:
         """Load this snapshot into ``app_state`` in place.
 
@@ -119,6 +120,12 @@ class Snapshot:
         (default: ``$CKSTORE_MEMORY_BUDGET`` or the store's default) are staged and read once;
         larger ones are verified in a first pass and decoded straight into place in a second,
         so memory above the live state stays near the budget.
+
+        ``atomic=False`` gives up that guarantee for speed: every tensor is decoded straight
+        into place in one pass (chunks are still re-hashed, and a damaged one still raises
+        CorruptionError naming the key, but the destination is then partly loaded) and
+        nothing is staged. Use it to load into a freshly built model at start-up, where a
+        failed restore ends the process anyway.
 
         With ``torch.distributed`` initialised, call it on every rank: each rank reads only
         the part its destination needs (its DTensor shard, whatever the world size and
@@ -143,9 +150,9 @@ class Snapshot:
         if is_distributed():
             from .dist._restore import restore as dist_restore
 
-            dist_restore(self._reader(), app_state, strict=strict, pg=pg, timeout=dist_timeout, budget=budget, replicated_read=mode)
+            dist_restore(self._reader(), app_state, strict=strict, pg=pg, timeout=dist_timeout, budget=budget, replicated_read=mode, atomic=atomic)
             return
-        restore(self._reader(), app_state, strict=strict, budget=budget)
+        restore(self._reader(), app_state, strict=strict, budget=budget, atomic=atomic)
 
     def read_object(self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None) -> Any:
         """Read one entry (or a subtree such as ``"optim"``) without reading anything else.

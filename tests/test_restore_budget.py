@@ -1,4 +1,4 @@
-"""Restore under a staging budget: bounded memory without giving up atomicity."""
+"""Restore under a staging budget: bounded memory without giving up atomicity (and\n``atomic=False``: one pass straight into place)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def _state():
     return {"m": model, "s": ckstore.StateDict(t=torch.randn(30, 40).t(), step=3)}
 
 
-@pytest.mark.parametrize("budget", [0, 1 << 30])
-def test_restore_is_exact_and_in_place_with_or_without_staging(store, budget):
+@pytest.mark.parametrize(("budget", "atomic"), [(0, True), (1 << 30, True), (0, False), (1 << 30, False)])
+def test_restore_is_exact_and_in_place_with_or_without_staging(store, budget, atomic):
     src = _state()
     store.take(src, run="r")
     counting = objects.CountingBackend(store.objects.backend)
@@ -29,14 +29,14 @@ def test_restore_is_exact_and_in_place_with_or_without_staging(store, budget):
     snap = store.get("r")
     _ = snap.manifest  # not tensor data
     counting.reset()
-    snap.restore(dest, memory_budget=budget)
+    snap.restore(dest, memory_budget=budget, atomic=atomic)
     assert ptrs == [p.data_ptr() for p in dest["m"].parameters()] + [dest["s"]["t"].data_ptr()]
     assert all(torch.equal(a, b) for a, b in zip(src["m"].state_dict().values(), dest["m"].state_dict().values()))
     assert torch.equal(dest["s"]["t"], src["s"]["t"]) and dest["s"]["step"] == 3
     chunk_reads = sum(1 for g in counting.gets if g.name.startswith("packs/"))
     n_chunks = len(snap.manifest.chunk_ids())
-    # past the budget every chunk is read twice (verify, then decode in place); else once
-    assert chunk_reads == (2 * n_chunks if budget == 0 else n_chunks)
+    # atomic past the budget every chunk is read twice (verify, then decode in place); else once
+    assert chunk_reads == (2 * n_chunks if budget == 0 and atomic else n_chunks)
 
 
 def test_a_damaged_chunk_is_found_before_the_destination_changes_even_past_the_budget(store):
@@ -53,3 +53,21 @@ def test_a_damaged_chunk_is_found_before_the_destination_changes_even_past_the_b
 def test_budget_from_the_environment(store_path, monkeypatch):
     monkeypatch.setenv("CKSTORE_MEMORY_BUDGET", "12345")
     assert ckstore.open(store_path).memory_budget == 12345
+
+
+def test_non_atomic_restore_still_refuses_damaged_bytes_and_says_it_loaded_part(store):
+    snap = store.take(_state(), run="r")
+    _flip_byte_of(store, snap, "m/1.weight")
+    dest = {"m": torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), "s": ckstore.StateDict(t=torch.zeros(30, 40).t(), step=0)}
+    with pytest.raises(ckstore.CorruptionError, match=r"'m/1.weight'.*partly loaded.*atomic=False"):
+        store.get("r").restore(dest, atomic=False)
+    assert dest["s"]["step"] == 0  # load_state_dict never ran
+
+
+def test_non_atomic_restore_checks_keys_and_shapes_before_loading(store):
+    store.take(_state(), run="r")
+    dest = {"m": torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 32)), "s": ckstore.StateDict(t=torch.zeros(30, 40).t(), step=0)}
+    before = copy.deepcopy(dest["m"].state_dict())
+    with pytest.raises(ckstore.MismatchError, match="m/1.weight"):
+        store.get("r").restore(dest, atomic=False)
+    assert all(torch.equal(v, before[k]) for k, v in dest["m"].state_dict().items())

@@ -49,16 +49,17 @@ def restore(
     timeout: float | None = None,
     budget: int | None = None,
     replicated_read: str | None = None,
+    atomic: bool = True,
 ) -> None:
     mode = replicated_mode(replicated_read)
     comm = Comm(pg, timeout)
     reader = replace(reader, rank=comm.rank)
     if mode == "broadcast" and comm.world > 1:
-        _restore_broadcast(comm, reader, app_state, strict, budget)
+        _restore_broadcast(comm, reader, app_state, strict, budget, atomic)
         return
     prepared = None
     try:
-        prepared = prepare(reader, app_state, strict, budget)
+        prepared = prepare(reader, app_state, strict, budget, atomic=atomic)
         msg: dict[str, Any] = {"ok": True}
     except Exception as exc:
         msg = failure(exc)
@@ -67,7 +68,9 @@ def restore(
     apply(prepared, reader)
 
 
-def _restore_broadcast(comm: Comm, reader: Reader, app_state: Mapping[str, Any], strict: bool, budget: int | None) -> None:
+def _restore_broadcast(
+    comm: Comm, reader: Reader, app_state: Mapping[str, Any], strict: bool, budget: int | None, atomic: bool
+) -> None:
     """Rank 0 reads the entries every rank needs whole; the others receive them by broadcast."""
     what = f"distributed restore of {reader.where}"
     plans = None
@@ -90,7 +93,7 @@ def _restore_broadcast(comm: Comm, reader: Reader, app_state: Mapping[str, Any],
     tensors: dict[str, torch.Tensor] = {}
     try:
         rest_budget = None if budget is None else budget - nbytes
-        prepared = prepare(reader, app_state, strict, rest_budget, plans=plans, skip=frozenset(shared))
+        prepared = prepare(reader, app_state, strict, rest_budget, plans=plans, skip=frozenset(shared), atomic=atomic)
         if comm.rank == 0:
             tensors = reader.read_tensors(shared)
         msg = {"ok": True}

@@ -4,7 +4,7 @@ Never imports torch or the index layer.
 """
 
 from ckstore.objects.backend import Backend, validate_name
-from ckstore.objects.codecs import BYTEGROUP_ZSTD, CODECS, NONE, ZSTD, decode, encode
+from ckstore.objects.codecs import BYTEGROUP_ZSTD, CODECS, NONE, ZSTD, decode, encode, grouped_size
 from ckstore.objects.fsspec_backend import FsspecBackend, memory_backend
 from ckstore.objects.hashing import HASH_NAME, chunk_id, is_chunk_id
 from ckstore.objects.local import LocalBackend
@@ -42,6 +42,7 @@ __all__ = [
     "chunk_id",
     "decode",
     "encode",
+    "grouped_size",
     "is_chunk_id",
     "memory_backend",
     "open_backend",

@@ -94,7 +94,7 @@ def _worth_it(stored: int, raw: int) -> bool:
 
 
 def encode(
-    raw: Any, itemsize: int, grouped: bool, level: int = 1
+    raw: Any, itemsize: int, grouped: bool, level: int = 1, buffer: bytearray | None = None
 ) -> tuple[str, bytes | memoryview]:
     """Encode one chunk.
 
@@ -104,6 +104,9 @@ def encode(
         grouped: use byte grouping (the caller says so for floating/complex dtypes with
             ``itemsize >= 2``); ignored if the chunk is not a whole number of elements.
         level: zstd level (1 is best for weights: fast, and no worse on the exponent plane).
+        buffer: optional scratch the byte-grouped layout is built in if it is large enough
+            (``grouped_size(len(raw), itemsize)``); recycling buffers spares the page faults
+            of a fresh allocation per chunk. The payload may then be a view into it.
 
     Returns:
         ``(codec, payload)``; ``("none", raw)`` if compression does not pay.
@@ -113,7 +116,7 @@ def encode(
     if n == 0:
         return NONE, _original(raw, view)
     if grouped and 2 <= itemsize <= 16 and n % itemsize == 0:
-        codec, payload = BYTEGROUP_ZSTD, _encode_grouped(view, itemsize, level)
+        codec, payload = BYTEGROUP_ZSTD, _encode_grouped(view, itemsize, level, buffer)
     else:
         codec, payload = ZSTD, _compressor(level).compress(view)
     if not _worth_it(len(payload), n):
@@ -125,14 +128,21 @@ def _original(raw: Any, view: memoryview) -> bytes | memoryview:
     return raw if isinstance(raw, (bytes, memoryview)) and raw is not view else view
 
 
-def _encode_grouped(view: memoryview, itemsize: int, level: int) -> memoryview:
+def grouped_size(raw_length: int, itemsize: int) -> int:
+    """Bytes the byte-grouped layout needs before compression (header, table, planes)."""
+    return _BG_HEAD.size + itemsize * _BG_PLANE.size + raw_length
+
+
+def _encode_grouped(
+    view: memoryview, itemsize: int, level: int, buffer: bytearray | None
+) -> memoryview:
     """Split ``view`` into planes written straight into the payload buffer, then compress
     the planes that pay in place (each result is no longer than its plane, so it only ever
     moves left): one transposing copy, and no join of the parts afterwards."""
     n = len(view)
     plane_len = n // itemsize
     head = _BG_HEAD.size + itemsize * _BG_PLANE.size
-    out = bytearray(head + n)
+    out = buffer if buffer is not None and len(buffer) >= head + n else bytearray(head + n)
     body = np.frombuffer(out, dtype=np.uint8, count=n, offset=head).reshape(itemsize, plane_len)
     body[...] = np.frombuffer(view, dtype=np.uint8).reshape(plane_len, itemsize).T
     cctx = _plane_compressor(level)
