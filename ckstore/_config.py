@@ -108,14 +108,30 @@ def default_memory_budget() -> int:
 
 def default_staging_budget() -> int:
     """Copy memory an async take may use: ``$CKSTORE_STAGING_BUDGET`` (bytes) or half of the
-    RAM available now."""
+    RAM available now (``MemAvailable``, which counts page cache the kernel can drop: free
+    memory alone shrinks to almost nothing once checkpoints have filled the cache)."""
     env = os.environ.get("CKSTORE_STAGING_BUDGET")
     if env:
         return max(0, int(env))
+    available = _mem_available()
+    if available is None:
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            available = 8 << 30
+    return available // 2
+
+
+def _mem_available() -> int | None:
+    """Linux's estimate of memory available without swapping, or None elsewhere."""
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def default_threads() -> int:

@@ -62,8 +62,18 @@ class Store:
         self.config = config
         self.threads = default_threads()
         self.memory_budget = default_memory_budget()
-        self.staging_budget = default_staging_budget()
+        self._staging_budget: int | None = None
         self.lease_seconds = float(os.environ.get("CKSTORE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
+
+    @property
+    def staging_budget(self) -> int:
+        """Bytes an ``async_take`` may copy: set explicitly, else ``default_staging_budget()``
+        measured at each call (available memory changes while training runs)."""
+        return default_staging_budget() if self._staging_budget is None else self._staging_budget
+
+    @staging_budget.setter
+    def staging_budget(self, value: int | None) -> None:
+        self._staging_budget = value
 
     # --- writing -------------------------------------------------------------------------
     def take(
