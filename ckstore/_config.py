@@ -140,3 +140,13 @@ def default_threads() -> int:
     if env:
         return max(1, int(env))
     return max(2, os.cpu_count() or 2)
+
+
+def default_io_threads() -> int:
+    """Packs a take writes at once: ``$CKSTORE_IO_THREADS`` or 4. Several writes in flight keep
+    a disk busy through each pack's fsync (and S3 through each upload's latency); each holds
+    up to one pack of encoded bytes in memory."""
+    env = os.environ.get("CKSTORE_IO_THREADS")
+    if env:
+        return max(1, int(env))
+    return 4

@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import objects
@@ -173,11 +174,11 @@ class _PackPipeline:
         self._store, self._index, self._session, self._opts, self._pool = store, index, session, opts, pool
         self._window = max(2, 2 * opts.threads)
         self._io = ThreadPoolExecutor(max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack")
-        self._encoding: deque[tuple[_Chunk, bytearray | None, Future[tuple[str, Any]]]] = deque()
+        self._encoding: deque[tuple[_Chunk, np.ndarray | None, Future[tuple[str, Any]]]] = deque()
         self._flushing: deque[Future[None]] = deque()
         self._writer = store.new_pack_writer(opts.pack_bytes)
-        self._held: list[bytearray] = []  # buffers the current pack's payloads live in
-        self._free: deque[bytearray] = deque()  # buffers whose pack is written: reused
+        self._held: list[np.ndarray] = []  # buffers the current pack's payloads live in
+        self._free: deque[np.ndarray] = deque()  # buffers whose pack is written: reused
         self.stats = _WriteStats()
 
     def __enter__(self) -> _PackPipeline:
@@ -204,13 +205,17 @@ class _PackPipeline:
         while len(self._encoding) > self._window:
             self._add_next()
 
-    def _buffer(self, size: int) -> bytearray:
-        """A recycled buffer (page faults of fresh 4 MiB allocations halved encode speed)."""
+    def _buffer(self, size: int) -> np.ndarray:
+        """A recycled buffer (page faults of fresh 4 MiB allocations halved encode speed).
+
+        A new one is left unfilled (``np.empty``): its pages are first touched by the encoding
+        thread, not zeroed here on the thread that feeds the pipeline.
+        """
         while self._free:
             buf = self._free.pop()
             if len(buf) >= size:
                 return buf
-        return bytearray(max(size, objects.grouped_size(self._opts.chunk_bytes, 16)))
+        return np.empty(max(size, objects.grouped_size(self._opts.chunk_bytes, 16)), dtype=np.uint8)
 
     def _add_next(self) -> None:
         chunk, buf, fut = self._encoding.popleft()

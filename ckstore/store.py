@@ -13,6 +13,7 @@ from ._config import (
     CONFIG_NAME,
     DEFAULT_LEASE_SECONDS,
     StoreConfig,
+    default_io_threads,
     default_memory_budget,
     default_staging_budget,
     default_threads,
@@ -61,6 +62,7 @@ class Store:
         self.index = index
         self.config = config
         self.threads = default_threads()
+        self.io_threads = default_io_threads()
         self.memory_budget = default_memory_budget()
         self._staging_budget: int | None = None
         self.lease_seconds = float(os.environ.get("CKSTORE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
@@ -121,6 +123,7 @@ class Store:
             inline_bytes=self.config.inline_bytes,
             threads=self.threads,
             lease_seconds=self.lease_seconds,
+            io_threads=self.io_threads,
         )
 
     def _dist_take(

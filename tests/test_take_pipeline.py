@@ -86,3 +86,14 @@ def test_encode_into_a_recycled_buffer_matches_a_fresh_one() -> None:
     assert bytes(objects.decode(reused[0], reused[1], len(raw))) == raw
     small = bytearray(10)  # too small: ignored, never written past its end
     assert bytes(objects.encode(raw, 4, True, 1, small)[1]) == bytes(fresh[1]) and small == bytearray(10)
+
+
+def test_io_threads_from_the_environment(store_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKSTORE_IO_THREADS", "1")
+    with ckstore.open(store_path, chunk_bytes=1024, pack_bytes=8192, inline_bytes=64) as s:
+        assert s.io_threads == 1
+        state = _state(6)
+        s.take({"s": ckstore.StateDict(state)}, run="r")  # one pack written at a time
+        dest = {k: torch.zeros_like(v) for k, v in state.items()}
+        s.get("r").restore({"s": ckstore.StateDict(dest)})
+        assert all(torch.equal(dest[k], v) for k, v in state.items())

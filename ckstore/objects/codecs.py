@@ -94,7 +94,7 @@ def _worth_it(stored: int, raw: int) -> bool:
 
 
 def encode(
-    raw: Any, itemsize: int, grouped: bool, level: int = 1, buffer: bytearray | None = None
+    raw: Any, itemsize: int, grouped: bool, level: int = 1, buffer: Any = None
 ) -> tuple[str, bytes | memoryview]:
     """Encode one chunk.
 
@@ -104,7 +104,8 @@ def encode(
         grouped: use byte grouping (the caller says so for floating/complex dtypes with
             ``itemsize >= 2``); ignored if the chunk is not a whole number of elements.
         level: zstd level (1 is best for weights: fast, and no worse on the exponent plane).
-        buffer: optional scratch the byte-grouped layout is built in if it is large enough
+        buffer: optional writable 1-D byte buffer (a ``bytearray`` or a ``uint8`` ndarray) the
+            byte-grouped layout is built in if it is large enough
             (``grouped_size(len(raw), itemsize)``); recycling buffers spares the page faults
             of a fresh allocation per chunk. The payload may then be a view into it.
 
@@ -133,16 +134,17 @@ def grouped_size(raw_length: int, itemsize: int) -> int:
     return _BG_HEAD.size + itemsize * _BG_PLANE.size + raw_length
 
 
-def _encode_grouped(
-    view: memoryview, itemsize: int, level: int, buffer: bytearray | None
-) -> memoryview:
+def _encode_grouped(view: memoryview, itemsize: int, level: int, buffer: Any) -> memoryview:
     """Split ``view`` into planes written straight into the payload buffer, then compress
     the planes that pay in place (each result is no longer than its plane, so it only ever
     moves left): one transposing copy, and no join of the parts afterwards."""
     n = len(view)
     plane_len = n // itemsize
     head = _BG_HEAD.size + itemsize * _BG_PLANE.size
-    out = buffer if buffer is not None and len(buffer) >= head + n else bytearray(head + n)
+    if buffer is not None and len(buffer) >= head + n:
+        out = buffer
+    else:
+        out = np.empty(head + n, dtype=np.uint8)  # every byte used is written below
     body = np.frombuffer(out, dtype=np.uint8, count=n, offset=head).reshape(itemsize, plane_len)
     body[...] = np.frombuffer(view, dtype=np.uint8).reshape(plane_len, itemsize).T
     cctx = _plane_compressor(level)
