@@ -1,0 +1,160 @@
+"""The ``ckstore`` command line (git-like subcommands).
+
+Every command finds its store from ``--store URL``, then ``$CKSTORE_STORE``, then the nearest
+directory upwards from the current one that holds ``ckstore.json``. Read commands print aligned
+tables for people and, with ``--json``, one JSON document for scripts.
+
+Exit codes: 0 success, 1 ``check`` found problems, 2 usage error (bad arguments or names),
+3 not found (ref, key, tag or store), 4 conflict (tag exists, store exists, lease lost),
+5 corruption (damaged or missing stored data), 6 any other ckstore error. Every ckstore error is
+printed as one line, ``ckstore: error: <message>``, on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+
+from ..errors import CkstoreError
+from ._args import Parser, add_arguments, common_options
+from ._common import (
+    CONFIG_NAME,
+    EXIT_CONFLICT,
+    EXIT_CORRUPT,
+    EXIT_ERROR,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    STORE_ENV,
+    emit_json,
+    exit_code,
+    find_store,
+    open_store,
+    print_report,
+    usage_error,
+)
+from ._history import cmd_diff, cmd_log, cmd_ls, cmd_rm, cmd_show, cmd_tag
+from ._maintenance import cmd_check, cmd_du, cmd_gc, cmd_migrate, cmd_reindex, gc_policy
+from ._setup import cmd_demo, cmd_init
+
+__all__ = [
+    "COMMANDS",
+    "CONFIG_NAME",
+    "EXIT_CONFLICT",
+    "EXIT_CORRUPT",
+    "EXIT_ERROR",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_PROBLEMS",
+    "EXIT_USAGE",
+    "STORE_ENV",
+    "Handler",
+    "Parser",
+    "build_parser",
+    "emit_json",
+    "exit_code",
+    "find_store",
+    "gc_policy",
+    "main",
+    "open_store",
+    "print_report",
+    "usage_error",
+]
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
+    ("init", "create a store", (
+        "ckstore init ./ckpts",
+        "ckstore init ./ckpts --chunk-bytes 8MiB",
+        "ckstore init s3://bucket/ckpts --index postgresql+psycopg://user@host/db",
+    ), cmd_init),
+    ("log", "list snapshots, newest first", (
+        "ckstore log", "ckstore log --run sft -n 5", "ckstore log --json",
+    ), cmd_log),
+    ("show", "show one snapshot: ids, metadata, stats", (
+        "ckstore show sft", "ckstore show sft@100 --json", "ckstore show best",
+    ), cmd_show),
+    ("ls", "list a snapshot's entries (kind, dtype, shape, bytes)", (
+        "ckstore ls sft@100", "ckstore ls best model/ --json",
+    ), cmd_ls),
+    ("diff", "compare two snapshots key by key", (
+        "ckstore diff sft@100 sft@200",
+        "ckstore diff base best --numeric",
+        "ckstore diff sft@100 best --json",
+    ), cmd_diff),
+    ("tag", "create, move, list or delete tags", (
+        "ckstore tag sft@100 best",
+        "ckstore tag sft best --force",
+        "ckstore tag --list",
+        "ckstore tag --delete best",
+    ), cmd_tag),
+    ("rm", "delete snapshots (gc reclaims their bytes)", (
+        "ckstore rm sft@100", "ckstore rm sft@100 sft@200",
+    ), cmd_rm),
+    ("gc", "apply a retention policy and reclaim unreferenced data", (
+        "ckstore gc --dry-run",
+        "ckstore gc --keep-last 3 --older-than 7d",
+        "ckstore gc --run sft --keep-every-steps 1000 --json",
+    ), cmd_gc),
+    ("check", "verify the store's integrity (exit 1 on problems)", (
+        "ckstore check", "ckstore check --read-data", "ckstore check --read-data 0.1 --json",
+    ), cmd_check),
+    ("du", "disk usage per run: logical vs stored bytes", (
+        "ckstore du", "ckstore du --json",
+    ), cmd_du),
+    ("reindex", "rebuild an empty index from the store's packs and manifests", (
+        "ckstore reindex", "ckstore --store s3://bucket/ckpts --index postgresql+psycopg://u@h/new reindex",
+    ), cmd_reindex),
+    ("migrate", "upgrade the index schema to this ckstore's version", (
+        "ckstore migrate", "ckstore migrate --index postgresql+psycopg://user@host/db",
+    ), cmd_migrate),
+    ("demo", "train a small model, snapshot it, resume bit-exactly in a fresh process", (
+        "ckstore --store ./demo-store demo", "ckstore demo --steps 20 --every 2",
+    ), cmd_demo),
+]  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt_cls = argparse.RawDescriptionHelpFormatter
+    p = Parser(
+        prog="ckstore",
+        parents=[common_options(False)],
+        formatter_class=fmt_cls,
+        description="Content-addressed, versioned, deduplicating checkpoint store for PyTorch.",
+        epilog=textwrap.dedent((__doc__ or "\n\n").split("\n\n", 1)[1])
+        + "\nexamples:\n  ckstore init ./ckpts\n  ckstore log --run sft\n"
+        "  ckstore diff sft@100 best --numeric\n  ckstore gc --keep-last 3 --dry-run",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    for name, help_, examples, func in COMMANDS:
+        sp = sub.add_parser(
+            name,
+            help=help_,
+            description=help_[0].upper() + help_[1:] + ".",
+            epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
+            formatter_class=fmt_cls,
+            parents=[common_options(True)],
+        )
+        add_arguments(name, sp)
+        sp.set_defaults(func=func, parser=sp)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CkstoreError as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"ckstore: error: {message}", file=sys.stderr)
+        return exit_code(exc)
+    except BrokenPipeError:  # e.g. `ckstore log | head`
+        sys.stderr.close()
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,192 @@
+"""The argparse pieces: a parser with one-line usage errors, value types, and every option.
+
+``common_options`` are the options every command takes; ``add_arguments`` adds one command's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from .. import _format as fmt
+from ._common import EXIT_USAGE, STORE_ENV
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as ONE line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"ckstore: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _size_arg(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    mult = units.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if t[-1:] in units else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (use e.g. 4MiB, 512KiB, 1048576)"
+        ) from None
+
+
+def _duration_arg(text: str) -> float:
+    try:
+        return fmt.parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fraction(zero_ok: bool) -> Callable[[str], float]:
+    """An argparse type for a fraction in (0, 1], or [0, 1] when ``zero_ok``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not (0 <= value <= 1 and (zero_ok or value > 0)):
+            raise argparse.ArgumentTypeError(f"fraction must be in {'[' if zero_ok else '('}0, 1], got {text!r}")
+        return value
+
+    return parse
+
+
+_fraction_arg = _fraction(zero_ok=False)
+_unit_fraction = _fraction(zero_ok=True)
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def common_options(suppress: bool) -> argparse.ArgumentParser:
+    """Options every command takes, before or after its name."""
+    p = argparse.ArgumentParser(add_help=False)
+    kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help=f"store URL (default: ${STORE_ENV}, then the nearest store upwards)",
+        **kw,
+    )
+    p.add_argument(
+        "--index",
+        metavar="URL",
+        help="SQLAlchemy URL of the index (needed for remote stores)",
+        **kw,
+    )
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON", **kw)
+    return p
+
+
+def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
+    """Add the arguments and options of command ``name`` to its parser ``p``."""
+    if name == "init":
+        p.add_argument(
+            "url",
+            nargs="?",
+            help="where to create it (default: --store, else the current directory)",
+        )
+        p.add_argument("--chunk-bytes", type=_size_arg, help="target chunk size (default 4MiB)")
+        p.add_argument("--pack-bytes", type=_size_arg, help="target pack size (default 64MiB)")
+        p.add_argument(
+            "--inline-bytes",
+            type=_size_arg,
+            help="tensors up to this size live in the manifest (default 2KiB)",
+        )
+    elif name == "log":
+        p.add_argument("--run", help="only this run")
+        p.add_argument("-n", type=_nonneg_int, metavar="N", help="at most N snapshots")
+    elif name == "show":
+        p.add_argument("ref", help="tag, run (its latest), run@step, snapshot name or id prefix")
+    elif name == "ls":
+        p.add_argument("ref", help="tag, run (its latest), run@step, snapshot name or id prefix")
+        p.add_argument("prefix", nargs="?", help="only keys starting with this")
+    elif name == "diff":
+        p.add_argument("a", help="the old snapshot (a ref)")
+        p.add_argument("b", help="the new snapshot (a ref)")
+        p.add_argument(
+            "--numeric",
+            action="store_true",
+            help="read changed chunks and report value differences",
+        )
+        p.add_argument("--all", action="store_true", help="also list unchanged keys")
+    elif name == "tag":
+        p.add_argument("ref", nargs="?", help="snapshot to tag")
+        p.add_argument("name", nargs="?", help="tag name")
+        p.add_argument("--force", "-f", action="store_true", help="move the tag if it exists")
+        g = p.add_mutually_exclusive_group()
+        g.add_argument(
+            "--list", "-l", action="store_true", help="list tags (the default without arguments)"
+        )
+        g.add_argument("--delete", "-d", metavar="NAME", help="delete a tag")
+    elif name == "rm":
+        p.add_argument("refs", nargs="+", metavar="REF", help="snapshots to delete")
+    elif name == "gc":
+        p.add_argument(
+            "--keep-last",
+            type=_nonneg_int,
+            metavar="N",
+            help="keep the newest N snapshots of each run",
+        )
+        p.add_argument(
+            "--keep-every-steps",
+            type=_nonneg_int,
+            metavar="N",
+            help="keep snapshots whose step is a multiple of N",
+        )
+        p.add_argument(
+            "--older-than",
+            type=_duration_arg,
+            metavar="DURATION",
+            help="only delete snapshots older than this (e.g. 7d, 12h)",
+        )
+        p.add_argument(
+            "--run",
+            dest="runs",
+            action="append",
+            metavar="R",
+            help="apply the policy to this run only (repeatable)",
+        )
+        p.add_argument(
+            "--no-keep-tagged",
+            action="store_true",
+            help="tagged snapshots are not kept automatically",
+        )
+        p.add_argument(
+            "--grace",
+            type=_duration_arg,
+            metavar="DURATION",
+            help="leave unreferenced data younger than this",
+        )
+        p.add_argument(
+            "--repack-below",
+            type=_unit_fraction,
+            metavar="FRACTION",
+            help="rewrite packs whose live bytes fell below this fraction (0 disables)",
+        )
+        p.add_argument(
+            "--dry-run", "-n", action="store_true", help="say what would be deleted, delete nothing"
+        )
+    elif name == "check":
+        p.add_argument(
+            "--read-data",
+            nargs="?",
+            const=True,
+            default=False,
+            type=_fraction_arg,
+            metavar="FRACTION",
+            help="also read and re-hash chunks (all, or this random fraction)",
+        )
+    elif name == "demo":
+        p.add_argument("--steps", type=int, default=40)
+        p.add_argument("--every", type=int, default=5)

@@ -1,0 +1,277 @@
+"""The history commands: ``log``, ``show``, ``ls``, ``diff``, ``tag`` and ``rm``.
+
+Each ``cmd_*`` takes the parsed arguments and returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from typing import Any
+
+from .. import _format as fmt
+from ..errors import ConflictError, KeyNotFoundError
+from ._common import EXIT_OK, emit_json, open_store, usage_error
+
+
+# --- log, show, ls ----------------------------------------------------------------------------
+def _tags_by_snapshot(store: Any) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name, sid in store.tags().items():
+        out.setdefault(sid, []).append(name)
+    return out
+
+
+def _where(snap: Any) -> str:
+    if snap.name:
+        return snap.name
+    return f"{snap.run}@{snap.step}" if snap.step is not None else snap.run
+
+
+def _snap_dict(snap: Any, tags: list[str]) -> dict[str, Any]:
+    return {
+        "id": snap.id,
+        "run": snap.run,
+        "step": snap.step,
+        "name": snap.name,
+        "parent_id": snap.parent_id,
+        "created_at": snap.created_at,
+        "world_size": snap.record.world_size,
+        "manifest_id": snap.record.manifest_id,
+        "tags": sorted(tags),
+        "metadata": snap.metadata,
+        **snap.stats,
+    }
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        snaps = store.log(run=args.run, limit=args.n)
+        tags = _tags_by_snapshot(store)
+    rows = [_snap_dict(s, tags.get(s.id, [])) for s in snaps]
+    if args.json:
+        emit_json(rows)
+        return EXIT_OK
+    table = [
+        (
+            s.id[:12],
+            _where(s),
+            fmt.when(s.created_at),
+            fmt.size(r["logical_bytes"]),
+            fmt.size(r["new_bytes"]),
+            ", ".join(r["tags"]),
+        )
+        for s, r in zip(snaps, rows)
+    ]
+    print(fmt.table(("id", "snapshot", "time", "logical", "new", "tags"), table, right=(3, 4)))
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        snap = store.get(args.ref)
+        d = _snap_dict(snap, _tags_by_snapshot(store).get(snap.id, []))
+        d["stored_bytes"] = store.index.stored_bytes(snap.id)
+        entries = _entries(snap)
+    d["entries"] = {
+        "tensors": sum(e.kind == "tensor" for e in entries),
+        "values": sum(e.kind != "tensor" for e in entries),
+    }
+    if args.json:
+        emit_json(d)
+        return EXIT_OK
+    lines = [
+        ("snapshot", d["id"]),
+        ("run", d["run"]),
+        ("step", d["step"]),
+        ("name", d["name"]),
+        ("parent", d["parent_id"]),
+        ("time", fmt.when(d["created_at"])),
+        ("world size", d["world_size"]),
+        ("tags", ", ".join(d["tags"]) or None),
+        ("manifest", d["manifest_id"]),
+        ("entries", f"{d['entries']['tensors']} tensors, {d['entries']['values']} values"),
+        ("logical", fmt.size(d["logical_bytes"])),
+        ("stored", fmt.size(d["stored_bytes"])),
+        ("new", f"{fmt.size(d['new_bytes'])} in {d['new_chunks']} new chunks"),
+        ("reused", f"{d['reused_chunks']} chunks"),
+    ]
+    width = max(len(k) for k, _ in lines)
+    print("\n".join(f"{k + ':':<{width + 1}} {fmt.cell(v)}" for k, v in lines))
+    if d["metadata"]:
+        print("metadata:")
+        print(textwrap.indent(json.dumps(d["metadata"], indent=2, sort_keys=True), "  "))
+    return EXIT_OK
+
+
+def _entries(snap: Any) -> list[Any]:
+    """The snapshot's entry records from the index (the manifest only if the index lacks them)."""
+    records = snap.store.index.entries(snap.record.manifest_id)
+    if records:
+        return list(records)
+    from ..index import EntryRecord
+    from ..manifest import entry_digest
+
+    return [
+        EntryRecord(k, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))
+        for k, e in snap.get_manifest().items()
+    ]
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        snap = store.get(args.ref)
+        entries = [e for e in _entries(snap) if e.key.startswith(args.prefix or "")]
+    if args.prefix and not entries:
+        raise KeyNotFoundError(f"no key starts with {args.prefix!r} in snapshot {snap.ref}")
+    rows = [
+        {
+            "key": e.key,
+            "kind": e.kind,
+            "dtype": e.dtype,
+            "shape": None if e.shape is None else list(e.shape),
+            "bytes": e.nbytes,
+        }
+        for e in entries
+    ]
+    if args.json:
+        emit_json(rows)
+        return EXIT_OK
+    table = [(r["key"], r["kind"], r["dtype"], r["shape"], fmt.size(r["bytes"])) for r in rows]
+    print(fmt.table(("key", "kind", "dtype", "shape", "bytes"), table, right=(4,)))
+    print(f"{len(rows)} entries, {fmt.size(sum(r['bytes'] for r in rows))}")
+    return EXIT_OK
+
+
+# --- diff ---------------------------------------------------------------------------------------
+_MARK = {"added": "+", "removed": "-", "changed": "M", "unchanged": " "}
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        result = store.diff(args.a, args.b, numeric=args.numeric)
+    if args.json:
+        emit_json(result.to_dict())
+        return EXIT_OK
+    d = result.to_dict()
+    print(f"a: {args.a} ({d['a']['id'][:12]})  b: {args.b} ({d['b']['id'][:12]})")
+    shown = [k for k in d["keys"] if args.all or k["status"] != "unchanged"]
+    if shown:
+        print(
+            fmt.table(
+                _diff_headers(args.numeric),
+                [_diff_row(k, args.numeric) for k in shown],
+                right=(3, 4),
+            )
+        )
+    c, b = d["counts"], d["bytes"]
+    changed = f"{fmt.size(b['changed'])}; {fmt.size(b['changed_chunk_bytes'])} in changed chunks"
+    parts = [f"{c['changed']} changed ({changed})"]
+    parts += [f"{c[k]} {k} ({fmt.size(b[k])})" for k in ("added", "removed", "unchanged")]
+    print(", ".join(parts))
+    return EXIT_OK
+
+
+def _diff_headers(numeric: bool) -> tuple[str, ...]:
+    base = ("", "key", "dtype/shape", "bytes", "chunks", "note")
+    return base + ("max|b-a|", "l2(b-a)", "l2(a)", "l2(b)") if numeric else base
+
+
+def _diff_row(k: dict[str, Any], numeric: bool) -> tuple[Any, ...]:
+    side = "a" if k["status"] == "removed" else "b"
+    dtype, shape = k[f"dtype_{side}"], k[f"shape_{side}"]
+    what = f"{dtype} {fmt.cell(shape)}" if dtype else k["kind"]
+    chunks = ""
+    if k.get("total_chunks"):
+        chunks = f"{k['changed_chunks']}/{k['total_chunks']} ({k['chunk_fraction']:.0%})"
+    elif k.get("chunk_fraction") is not None:
+        chunks = f"{k['chunk_fraction']:.0%}"
+    row: tuple[Any, ...] = (
+        _MARK[k["status"]],
+        k["key"],
+        what,
+        fmt.size(k[f"bytes_{side}"]),
+        chunks,
+        k.get("reason") or "",
+    )
+    if numeric:
+        n = k.get("numeric") or {}
+        row += tuple(n.get(f) for f in ("max_abs_diff", "l2_diff", "l2_a", "l2_b"))
+    return row
+
+
+# --- tag, rm ------------------------------------------------------------------------------------
+def cmd_tag(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        if args.delete:
+            return _tag_delete(store, args)
+        if args.ref is None:
+            return _tag_list(store, args)
+        if args.name is None:
+            usage_error(args, "tag needs REF and NAME (or --list, or --delete NAME)")
+        from ..index import validate_name
+
+        validate_name(args.name, "tag")
+        try:
+            snap = store.tag(args.ref, args.name, force=args.force)
+        except ConflictError as exc:
+            raise ConflictError(str(exc).replace("pass force=True", "use --force")) from exc
+    if args.json:
+        emit_json({"tag": args.name, "snapshot_id": snap.id, "run": snap.run, "step": snap.step})
+    else:
+        print(f"tagged {_where(snap)} ({snap.id[:12]}) as {args.name}")
+    return EXIT_OK
+
+
+def _tag_delete(store: Any, args: argparse.Namespace) -> int:
+    store.untag(args.delete)
+    if args.json:
+        emit_json({"deleted": args.delete})
+    else:
+        print(f"deleted tag {args.delete}")
+    return EXIT_OK
+
+
+def _tag_list(store: Any, args: argparse.Namespace) -> int:
+    rows = []
+    for t in store.index.list_tags():
+        snap = store.get(t.snapshot_id)
+        rows.append(
+            {
+                "name": t.name,
+                "snapshot_id": t.snapshot_id,
+                "run": snap.run,
+                "step": snap.step,
+                "version": t.version,
+                "updated_at": t.updated_at,
+                "where": _where(snap),
+            }
+        )
+    if args.json:
+        emit_json([{k: v for k, v in r.items() if k != "where"} for r in rows])
+    elif rows:
+        print(
+            fmt.table(
+                ("tag", "id", "snapshot", "moved"),
+                [
+                    (r["name"], r["snapshot_id"][:12], r["where"], fmt.when(r["updated_at"]))
+                    for r in rows
+                ],
+            )
+        )
+    return EXIT_OK
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        snaps = [store.get(ref) for ref in args.refs]  # resolve all before deleting any
+        for snap in snaps:
+            store.delete(snap.id)
+    if args.json:
+        emit_json({"deleted": [s.id for s in snaps]})
+    else:
+        for s in snaps:
+            print(f"deleted snapshot {_where(s)} ({s.id[:12]})")
+        print("run `ckstore gc` to reclaim the bytes no snapshot uses any more")
+    return EXIT_OK

@@ -1,0 +1,96 @@
+"""The maintenance commands: ``gc``, ``check``, ``du``, ``reindex`` and ``migrate``.
+
+Each ``cmd_*`` takes the parsed arguments and returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .. import _format as fmt
+from ._common import EXIT_OK, EXIT_PROBLEMS, emit_json, find_store, open_store, print_report
+
+
+# --- gc, check, reindex, du ---------------------------------------------------------------------
+def gc_policy(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``store.gc`` that the options given ask for."""
+    policy: dict[str, Any] = {"dry_run": args.dry_run, "keep_tagged": not args.no_keep_tagged}
+    for opt, key in (
+        ("keep_last", "keep_last"),
+        ("keep_every_steps", "keep_every_steps"),
+        ("older_than", "older_than"),
+        ("runs", "runs"),
+        ("grace", "grace_seconds"),
+        ("repack_below", "repack_below"),
+    ):
+        value = getattr(args, opt)
+        if value is not None:
+            policy[key] = value
+    return policy
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        report = store.gc(**gc_policy(args))
+    print_report(report.to_dict(), args.json)
+    return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        report = store.check(read_data=args.read_data, progress=lambda it: fmt.progress(it, "packs"))
+    print_report(report.to_dict(), args.json)
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+def cmd_reindex(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        report = store.reindex()
+    print_report(report.to_dict(), args.json)
+    return EXIT_OK if not report.skipped else EXIT_PROBLEMS
+
+
+def cmd_du(args: argparse.Namespace) -> int:
+    from .._du import du
+
+    with open_store(args) as store:
+        rows = du(store, progress=lambda it: fmt.progress(it, "packs"))
+    if args.json:
+        emit_json({"runs": [r.to_dict() for r in rows[:-1]], "total": rows[-1].to_dict()})
+        return EXIT_OK
+    table = [
+        (
+            r.run if r.run is not None else "(total)",
+            r.snapshots,
+            fmt.size(r.logical_bytes),
+            fmt.size(r.stored_bytes),
+            r.chunks,
+            fmt.ratio(r.dedup_ratio),
+        )
+        for r in rows
+    ]
+    print(
+        fmt.table(
+            ("run", "snapshots", "logical", "stored", "chunks", "ratio"),
+            table,
+            right=(1, 2, 3, 4, 5),
+        )
+    )
+    total = rows[-1]
+    print(f"packs on the backend: {total.packs}, {fmt.size(total.pack_bytes)}")
+    return EXIT_OK
+
+
+# --- migrate ------------------------------------------------------------------------------------
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from ..index import upgrade
+    from ..store import default_index_url
+
+    url = args.index or default_index_url(find_store(args.store))
+    revision = upgrade(url)
+    if args.json:
+        emit_json({"index": url, "revision": revision})
+    else:
+        print(f"index {url} is at schema revision {revision}")
+    return EXIT_OK
