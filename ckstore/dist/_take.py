@@ -38,7 +38,8 @@ import torch
 from .._dtypes import GROUPED, dtype_name, itemsize
 from .._grid import Box, make_grid
 from .._lease import Lease
-from .._take import TakeOptions, _Chunk, commit_manifest, hash_chunks, state_dicts, write_missing
+from .._packing import TakeOptions, _Chunk, write_missing
+from .._take import commit_manifest, hash_chunks, state_dicts
 from .._tensors import as_cpu_tensor, byte_view
 from .._tree import flatten, is_array
 from .._values import encode_value

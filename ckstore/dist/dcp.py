@@ -106,7 +106,8 @@ from .._dtypes import DTYPES, GROUPED, dtype_name, itemsize
 from .._grid import Box, make_grid
 from .._lease import Lease
 from .._restore import Reader
-from .._take import TakeOptions, _Chunk, entry_records, hash_chunks, write_missing
+from .._packing import TakeOptions, _Chunk, write_missing
+from .._take import entry_records, hash_chunks
 from .._tensors import as_cpu_tensor, byte_view
 from .._tree import join
 from .._values import decode_value, encode_value
