@@ -245,7 +245,8 @@ def restore_after(rank: int, world: int, path: str, runs: dict[str, int], expect
 
 
 def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
-    """Restore a DDP take with each replicated_read mode: bits, and pack reads per rank.
+    """Restore a DDP take with each replicated_read mode: bits, and pack reads per rank
+    (and with atomic=False in each mode: bits).
 
     Then a read failure on rank 0 in broadcast mode: every rank raises, nothing loaded.
     """
@@ -269,6 +270,11 @@ def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
         out[mode] = sum(g.nbytes for g in counting.gets if g.name.startswith("packs/"))
         for (k, a), b in zip(want.items(), fresh.state_dict().values()):
             assert bits(a) == bits(b), (mode, k)
+    for mode in ("each", "broadcast"):  # atomic=False: one pass straight into place, same bits
+        fresh = DistributedDataParallel(model(6))
+        snap.restore({"ddp": fresh}, replicated_read=mode, atomic=False, memory_budget=0)
+        for (k, a), b in zip(want.items(), fresh.state_dict().values()):
+            assert bits(a) == bits(b), ("atomic=False", mode, k)
     os.environ["CKSTORE_REPLICATED_READ"] = "broadcast"
     fresh = DistributedDataParallel(model(6))
     before = {k: bits(v) for k, v in fresh.state_dict().items()}
