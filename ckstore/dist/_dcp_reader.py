@@ -1,0 +1,162 @@
+"""``StorageReader``: ``dcp.load`` from a snapshot written by ``StorageWriter`` (any world size)."""
+
+from __future__ import annotations
+
+import io
+import math
+import uuid
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import StorageReader as _DcpStorageReader
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.futures import Future
+
+from .._dtypes import dtype_name, itemsize
+from .._restore import Reader
+from .._values import decode_value
+from ..errors import CorruptionError
+from ..manifest import ChunkRef, Entry, Manifest, TensorEntry
+from ._comm import Comm, failure, raise_failed
+from ._dcp_meta import _ints, metadata_from_json
+
+
+class StorageReader(_DcpStorageReader):
+    """Reads a snapshot written by :class:`StorageWriter` for ``dcp.load`` (any world size).
+
+    ``ref`` is anything ``store.get`` resolves ("run", "run@step", a tag, an id prefix). In a
+    distributed load every rank uses the snapshot rank 0 resolved, so a save committing
+    meanwhile cannot split the ranks. ``dcp.load(..., checkpoint_id=ref)`` overrides ``ref``.
+    """
+
+    def __init__(self, store: Any, ref: str, *, timeout: float | None = None) -> None:
+        super().__init__()
+        self.store = store
+        self.ref = ref
+        self.timeout = timeout
+        self.snapshot: Any = None
+        self.load_id = uuid.uuid4().hex
+        self._metadata: Metadata | None = None
+        self._storage: dict[MetadataIndex, Any] = {}
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        if checkpoint_id:
+            self.ref = str(checkpoint_id)
+        self.snapshot = None
+        self._metadata = None
+        self._storage = {}
+        self.load_id = uuid.uuid4().hex
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return False
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if kwargs.get("rank") is not None:
+            raise CorruptionError("ckstore keeps one global DCP metadata per snapshot, no rank-local metadata")
+        from . import is_distributed
+
+        mine: dict[str, Any]
+        snap = None
+        try:
+            snap = self.store.get(self.ref)
+            mine = {"ok": True, "id": snap.id}
+        except Exception as exc:
+            if not is_distributed():
+                raise
+            mine = failure(exc)
+        if is_distributed():
+            import torch.distributed as dist
+
+            if dist.get_world_size() > 1:
+                got = Comm(None, self.timeout).all_gather_json(mine, "dcp.load (resolving the snapshot)")
+                raise_failed(got, f"dcp.load of {self.ref!r} from ckstore")
+                if got[0]["id"] != mine["id"]:
+                    snap = self.store.get(got[0]["id"])
+        assert snap is not None
+        self.snapshot = snap
+        where = f"snapshot {snap.run}@{snap.step} ({snap.id[:12]})"
+        manifest = Manifest.from_json(self.store.objects.get_blob("manifests", snap.record.manifest_id), where)
+        doc = (manifest.snapshot or {}).get("dcp")
+        md = metadata_from_json(doc, f"{where}: DCP metadata")
+        if md.storage_meta is None:
+            md.storage_meta = StorageMeta()
+        md.storage_meta.load_id = self.load_id
+        self._metadata = md
+        return md
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._metadata = metadata
+        self._storage = dict(metadata.storage_data or {})
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        assert self._metadata is not None, "read_metadata/set_up_storage_reader first"
+        where = f"DCP snapshot {self.snapshot.id[:12]}" if self.snapshot is not None else "DCP snapshot"
+        entries: dict[str, Entry] = {}
+        wanted: dict[str, Any] = {}
+        values: list[tuple[Any, Any]] = []
+        tensor_reqs: list[tuple[str, Any]] = []
+        for i, req in enumerate(plan.items):
+            data = self._storage.get(req.storage_index)
+            if data is None:
+                raise CorruptionError(f"{where}: no stored data for {req.storage_index}")
+            if req.type == LoadItemType.BYTE_IO:
+                if not isinstance(data, dict) or "value" not in data:
+                    raise CorruptionError(f"{where}: key {req.storage_index.fqn!r} holds no value")
+                values.append((req, data["value"]))
+                continue
+            md = self._metadata.state_dict_metadata.get(req.storage_index.fqn)
+            if not isinstance(md, TensorStorageMetadata):
+                raise CorruptionError(f"{where}: key {req.storage_index.fqn!r} is not a tensor")
+            key = f"{i}"
+            shape = tuple(int(s) for s in md.size)
+            refs = tuple(ChunkRef(_ints(o), _ints(s), str(c)) for o, s, c in data["pieces"])
+            entries[key] = TensorEntry(dtype_name(md.properties.dtype), shape, refs, shape)
+            base = req.storage_index.offset or torch.Size([0] * len(shape))
+            offs = tuple(int(b) + int(o) for b, o in zip(base, req.storage_offsets))
+            wanted[key] = (offs, tuple(int(n) for n in req.lengths))
+            tensor_reqs.append((key, req))
+        reader = Reader(self.store.objects, self.store.index, Manifest({}, entries), where, threads=self.store.threads)
+        for batch in _batches(tensor_reqs, wanted, entries):
+            tensors = reader.read_regions({k: wanted[k] for k, _ in batch})
+            for key, req in batch:
+                src = tensors.pop(key)
+                target = planner.resolve_tensor(req).detach()
+                if target.size() != src.size():
+                    raise CorruptionError(f"{where}: {req.storage_index} is {list(src.size())}, DCP wants {list(target.size())}")
+                target.copy_(src)
+                planner.commit_tensor(req, target)
+        for req, encoded in values:
+            buf = io.BytesIO()
+            torch.save(decode_value(encoded), buf)  # made here from JSON: nothing stored is unpickled
+            buf.seek(0)
+            planner.load_bytes(req, buf)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+
+_BATCH_BYTES = 256 << 20
+
+
+def _batches(reqs: list[tuple[str, Any]], wanted: dict[str, Any], entries: dict[str, Entry]) -> list[list[tuple[str, Any]]]:
+    """Group read items so one batch holds about ``_BATCH_BYTES`` of tensors at a time."""
+    out: list[list[tuple[str, Any]]] = [[]]
+    size = 0
+    for key, req in reqs:
+        e = entries[key]
+        assert isinstance(e, TensorEntry)
+        n = math.prod(wanted[key][1]) * itemsize(e.dtype)
+        if out[-1] and size + n > _BATCH_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append((key, req))
+        size += n
+    return out if out[0] else []
