@@ -26,7 +26,15 @@ from ._tree import flatten, is_array, unflatten
 from ._values import encode_value
 from .errors import InvalidInputError
 from .index import EntryRecord, SnapshotRecord
-from .manifest import ChunkRef, Entry, Manifest, TensorEntry, ValueEntry, entry_digest
+from .manifest import (
+    ChunkRef,
+    Entry,
+    Manifest,
+    TensorEntry,
+    ValueEntry,
+    entry_digest,
+    snapshot_header,
+)
 
 HASH_BATCH_BYTES = 128 << 20
 """A take hashes and looks up chunks in batches of about this many bytes..."""
@@ -185,7 +193,7 @@ def commit(
 ) -> TakeResult:
     """Store the manifest, then commit the snapshot in one index transaction."""
     finish_entries(p)
-    header = {"run": run, "step": step, "created_at": started, "metadata": dict(metadata), "name": name, "session": lease.id}
+    header = snapshot_header(run=run, step=step, created_at=started, metadata=metadata, name=name, session=lease.id)
     manifest = Manifest(p.apps, p.entries, header)
     record = commit_manifest(
         objs, index, lease.id, manifest, tags,
@@ -205,14 +213,19 @@ def commit_manifest(
     new_bytes: int,
     new_chunks: int,
     reused_chunks: int,
+    validate: bool = False,
 ) -> SnapshotRecord:
     """Store ``manifest`` (whose header names run, step, time, metadata, name) and commit it.
 
     The snapshot id is the manifest id; the index transaction references every chunk the
-    manifest names, so nothing it needs can be collected once it is visible.
+    manifest names, so nothing it needs can be collected once it is visible. ``validate``
+    parses the serialised manifest back first (a manifest assembled from several ranks'
+    pieces must tile every tensor), raising CorruptionError before anything is stored.
     """
     header = manifest.snapshot or {}
     raw = manifest.to_json()
+    if validate:
+        Manifest.from_json(raw, "the manifest being committed")
     manifest_id = objs.put_blob("manifests", raw)
     record = SnapshotRecord(
         id=manifest_id,

@@ -213,6 +213,14 @@ def entry_digest(entry: Entry) -> str:
     return blake3.blake3(canonical_json(d)).hexdigest()
 
 
+def snapshot_header(
+    *, run: str, step: int | None, created_at: float, metadata: dict[str, Any], name: str | None, session: str, **extra: Any
+) -> dict[str, Any]:
+    """The ``snapshot`` header of a take's manifest (see :attr:`Manifest.snapshot`); ``extra``
+    adds the distributed fields (``world_size``, ``ranks``, ``dcp``)."""
+    return {"run": run, "step": step, "created_at": created_at, "metadata": dict(metadata), "name": name, "session": session, **extra}
+
+
 @dataclass(frozen=True)
 class Manifest:
     """The whole app_state of one snapshot."""

@@ -26,3 +26,14 @@ def test_every_test_folder_is_collected():
     collected = {line.split("::")[0].split("/")[1] for line in out.stdout.splitlines() if "::" in line}
     folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
     assert folders <= collected, (folders - collected, out.stdout[-2000:])
+
+
+def test_ruff_lints_every_python_file():
+    """Ruff's default excludes skip folders named ``dist`` (ckstore.dist, tests/dist)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--show-files", "ckstore", "tests", "bench"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    linted = {Path(line.strip()).resolve() for line in out.stdout.splitlines() if line.strip().endswith(".py")}
+    wanted = {p.resolve() for d in ("ckstore", "tests", "bench") for p in (ROOT / d).rglob("*.py") if "out" not in p.parts}
+    assert wanted <= linted, sorted(str(p.relative_to(ROOT)) for p in wanted - linted)

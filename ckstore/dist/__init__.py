@@ -22,7 +22,7 @@ def is_distributed() -> bool:
 
 def __getattr__(name: str) -> Any:
     if name in ("take", "restore"):
-        from . import _take, _restore
+        from . import _restore, _take
 
         return {"take": _take.take, "restore": _restore.restore}[name]
     raise AttributeError(name)

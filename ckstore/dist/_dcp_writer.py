@@ -17,15 +17,22 @@ from torch.futures import Future
 
 from .._lease import Lease
 from .._packing import TakeOptions, _Chunk, write_missing
-from .._take import entry_records, hash_chunks
+from .._take import commit_manifest, hash_chunks
 from .._tree import join
 from .._values import encode_value
 from ..errors import CkstoreError, CorruptionError, DistributedError, InvalidInputError
-from ..index import SnapshotRecord
-from ..manifest import Manifest
+from ..manifest import Manifest, snapshot_header
 from ._comm import Comm, failure, raise_failed
 from ._dcp_meta import metadata_to_json
-from ._dcp_plan import APP, _cut_items, _fill_ids, _id_sizes, _manifest_entries, _owners, _the_coordinator
+from ._dcp_plan import (
+    APP,
+    _cut_items,
+    _fill_ids,
+    _id_sizes,
+    _manifest_entries,
+    _owners,
+    _the_coordinator,
+)
 
 DCP_VERSION = "1.0.0"  # what torch's FileSystemWriter records for this layout of Metadata
 _RUN_STEP = re.compile(r"^(?P<run>.+)@(?P<step>\d+)$")
@@ -221,22 +228,16 @@ class StorageWriter(_DcpStorageWriter):
             doc = metadata_to_json(metadata)
             entries = _manifest_entries(metadata, self.store.config.chunk_bytes)
             apps = {APP: {"$dict": [[encode_value(fqn, fqn), {"$ref": join(APP, fqn)}] for fqn in metadata.state_dict_metadata], "$cls": "dict"}}
-            header = {
-                "run": self.run, "step": self.step, "created_at": self._started, "metadata": dict(self.metadata),
-                "name": self.name, "session": lease.id, "world_size": self._world, "dcp": doc,
-            }
-            manifest = Manifest(apps, entries, header)
-            raw = manifest.to_json()
-            Manifest.from_json(raw, "the DCP manifest being committed")  # every tensor's pieces must tile it
-            manifest_id = self.store.objects.put_blob("manifests", raw)
-            record = SnapshotRecord(
-                id=manifest_id, run=self.run, step=self.step, parent_id=None, manifest_id=manifest_id,
-                created_at=self._started, metadata=dict(self.metadata), logical_bytes=manifest.logical_bytes(),
-                new_bytes=self._stats.get("new_bytes", 0), new_chunks=self._stats.get("new_chunks", 0),
-                reused_chunks=self._stats.get("reused_chunks", 0), name=self.name, world_size=self._world,
+            header = snapshot_header(
+                run=self.run, step=self.step, created_at=self._started, metadata=self.metadata, name=self.name,
+                session=lease.id, world_size=self._world, dcp=doc,
             )
-            committed = self.store.index.commit_snapshot(
-                lease.id, record, entry_records(manifest), sorted(manifest.chunk_ids()), len(raw), self.tags
+            manifest = Manifest(apps, entries, header)
+            committed = commit_manifest(
+                self.store.objects, self.store.index, lease.id, manifest, self.tags,
+                new_bytes=self._stats.get("new_bytes", 0), new_chunks=self._stats.get("new_chunks", 0),
+                reused_chunks=self._stats.get("reused_chunks", 0),
+                validate=True,  # every tensor's pieces must tile it
             )
             lease.committed = True
             from ..snapshot import Snapshot

@@ -45,7 +45,17 @@ from .._tree import flatten, is_array
 from .._values import encode_value
 from ..errors import DistributedError, UnsupportedValueError
 from ..index import SnapshotRecord
-from ..manifest import ChunkRef, Entry, Manifest, PerRankEntry, TensorEntry, ValueEntry, canonical_json, entry_digest
+from ..manifest import (
+    ChunkRef,
+    Entry,
+    Manifest,
+    PerRankEntry,
+    TensorEntry,
+    ValueEntry,
+    canonical_json,
+    entry_digest,
+    snapshot_header,
+)
 from ._boxes import is_dtensor, local_box, pieces
 from ._comm import Comm, failure, raise_failed
 
@@ -382,17 +392,17 @@ def _commit(
     """Rank 0: build the one manifest from every rank's pieces, store it, commit it."""
     entries = {key: _entry(key, descs, results, opts) for key in keys}
     ranks = [s["stats"] for s in statuses]
-    header = {
-        "run": run, "step": step, "created_at": started, "metadata": dict(metadata), "name": name,
-        "session": lease.id, "world_size": world, "ranks": ranks,
-    }
+    header = snapshot_header(
+        run=run, step=step, created_at=started, metadata=metadata, name=name, session=lease.id,
+        world_size=world, ranks=ranks,
+    )
     manifest = Manifest(local.apps, entries, header)
-    Manifest.from_json(manifest.to_json(), "the manifest being committed")  # every tensor's pieces must tile it
     committed = commit_manifest(
         store.objects, store.index, lease.id, manifest, tags,
         new_bytes=sum(r["new_bytes"] for r in ranks),
         new_chunks=sum(r["new_chunks"] for r in ranks),
         reused_chunks=sum(r["reused_chunks"] for r in ranks),
+        validate=True,  # every tensor's pieces, from every rank, must tile it
     )
     return committed, manifest
 

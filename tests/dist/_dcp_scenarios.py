@@ -6,11 +6,10 @@ import pickle
 from typing import Any
 
 import torch
+from _states import bits, random_tensor
 
 import ckstore
 from ckstore.dist._boxes import local_box
-
-from _states import bits, random_tensor
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 SPECS = {

@@ -23,6 +23,7 @@ from _states import bits  # noqa: E402
 
 import ckstore  # noqa: E402
 
+
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Take with 1, 2 and 4 ranks and restore each with 1..4 ranks; keep what the tests check."""
