@@ -29,32 +29,41 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .manifest import TensorEntry, ValueEntry
+    from .engine.stateful import RNGState, StateDict, Stateful
+    from .format.manifest import TensorEntry, ValueEntry
     from .snapshot import PendingSnapshot, Snapshot
-    from .stateful import RNGState, StateDict, Stateful
     from .store import Store, open
 
 __version__ = "0.1.0"
 
+# public name -> the module that defines it (imported on first use)
 _LAZY = {
-    "TensorEntry": "manifest",
-    "ValueEntry": "manifest",
+    "TensorEntry": "format.manifest",
+    "ValueEntry": "format.manifest",
     "PendingSnapshot": "snapshot",
     "Snapshot": "snapshot",
-    "RNGState": "stateful",
-    "Stateful": "stateful",
-    "StateDict": "stateful",
+    "RNGState": "engine.stateful",
+    "Stateful": "engine.stateful",
+    "StateDict": "engine.stateful",
     "Store": "store",
     "open": "store",
 }
+_LAZY_MODULES = ("dcp",)  # public submodules reachable as attributes after ``import ckstore``
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'ckstore' has no attribute {name!r}")
+    elif name in _LAZY_MODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module 'ckstore' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_MODULES))
 
 
 __all__ = [
@@ -77,6 +86,7 @@ __all__ = [
     "TensorEntry",
     "UnsupportedValueError",
     "ValueEntry",
+    "dcp",
     "errors",
     "open",
 ]

@@ -5,19 +5,19 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._config import CONFIG_NAME
-from ._restore import Reader, read_object, restore
-from .errors import SnapshotNotFoundError
+from . import _takes
+from .dist import is_distributed
+from .engine.config import CONFIG_NAME
+from .engine.repository import Repository, SnapshotView, is_local, local_path, open_repository
+from .engine.restore import read_object, restore
+from .errors import DistributedError, SnapshotNotFoundError
+from .format.manifest import Entry, Manifest
 from .index import SnapshotRecord
-from .manifest import Entry, Manifest
-
-if TYPE_CHECKING:
-    from .store import Store
 
 
-class Snapshot:
+class Snapshot(SnapshotView):
     """One committed snapshot: restore it, read single objects, inspect its manifest.
 
     Obtain one from ``store.take`` / ``store.get``, or TorchSnapshot-style with
@@ -34,21 +34,19 @@ class Snapshot:
         *,
         index: str | None = None,
     ) -> None:
-        store, name = _locate(os.fspath(path), storage_options, index, create=False)
-        record = store.index.resolve(name) if name else _latest(store)
-        self._init(store, record, None)
+        repo, name = _locate(os.fspath(path), storage_options, index, create=False)
+        record = repo.index.resolve(name) if name else _latest(repo)
+        super().__init__(repo, record)
         self.path = os.fspath(path)
 
-    def _init(self, store: Store, record: SnapshotRecord, manifest: Manifest | None) -> None:
-        self.store = store
-        self.record = record
-        self._manifest = manifest
-        self.path = store.url
-
     @classmethod
-    def _bind(cls, store: Store, record: SnapshotRecord, manifest: Manifest | None = None) -> Snapshot:
+    def _bind(
+        cls, store: Repository, record: SnapshotRecord, manifest: Manifest | None = None
+    ) -> Snapshot:
+        """A handle on a committed record (what ``Store.take`` / ``Store.get`` return)."""
         snap = cls.__new__(cls)
-        snap._init(store, record, manifest)
+        SnapshotView.__init__(snap, store, record, manifest)
+        snap.path = store.url
         return snap
 
     # --- TorchSnapshot-compatible constructors --------------------------------------------
@@ -69,8 +67,10 @@ class Snapshot:
         Distributed: call on every rank; ``pg`` and ``replicated`` (key globs) as in
         :meth:`Store.take`.
         """
-        store, name = _locate_all_ranks(os.fspath(path), storage_options, index)
-        snap = store.take(app_state, run="default", metadata=metadata, name=name, replicated=replicated or (), pg=pg)
+        repo, name = _locate_all_ranks(os.fspath(path), storage_options, index)
+        args = _takes.TakeArgs.of("default", None, (), metadata, name, replicated or ())
+        record, manifest = _takes.take(repo, app_state, args, pg, None)
+        snap = cls._bind(repo, record, manifest)
         snap.path = os.fspath(path)
         return snap
 
@@ -87,20 +87,11 @@ class Snapshot:
         metadata: Mapping[str, Any] | None = None,
     ) -> PendingSnapshot:
         """Like :meth:`take`, returning once the state is staged."""
-        store, name = _locate(os.fspath(path), storage_options, index, create=True)
-        return store.async_take(app_state, run="default", metadata=metadata, name=name)
+        repo, name = _locate(os.fspath(path), storage_options, index, create=True)
+        args = _takes.TakeArgs.of("default", None, (), metadata, name, ())
+        return PendingSnapshot.of(repo, _takes.async_take(repo, app_state, args, None, None, None))
 
     # --- reading ---------------------------------------------------------------------------
-    @property
-    def manifest(self) -> Manifest:
-        if self._manifest is None:
-            raw = self.store.objects.get_blob("manifests", self.record.manifest_id)
-            self._manifest = Manifest.from_json(raw, where=f"manifest of {self.ref}")
-        return self._manifest
-
-    def _reader(self) -> Reader:
-        return Reader(self.store.objects, self.store.index, self.manifest, f"snapshot {self.ref}", self.store.threads)
-
     def restore(
         self,
         app_state: Mapping[str, Any],
@@ -142,7 +133,6 @@ class Snapshot:
             CorruptionError: stored bytes are damaged (the key is named).
             DistributedError: a rank failed (distributed restore; names ranks and causes).
         """
-        from .dist import is_distributed
         from .dist._restore import replicated_mode
 
         mode = replicated_mode(replicated_read)
@@ -150,65 +140,31 @@ class Snapshot:
         if is_distributed():
             from .dist._restore import restore as dist_restore
 
-            dist_restore(self._reader(), app_state, strict=strict, pg=pg, timeout=dist_timeout, budget=budget, replicated_read=mode, atomic=atomic)
+            dist_restore(
+                self.reader(),
+                app_state,
+                strict=strict,
+                pg=pg,
+                timeout=dist_timeout,
+                budget=budget,
+                replicated_read=mode,
+                atomic=atomic,
+            )
             return
-        restore(self._reader(), app_state, strict=strict, budget=budget, atomic=atomic)
+        restore(self.reader(), app_state, strict=strict, budget=budget, atomic=atomic)
 
-    def read_object(self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None) -> Any:
+    def read_object(
+        self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None
+    ) -> Any:
         """Read one entry (or a subtree such as ``"optim"``) without reading anything else.
 
         A tensor comes back as a new CPU tensor, or is copied into ``obj_out`` if given.
         """
-        return read_object(self._reader(), path, obj_out)
+        return read_object(self.reader(), path, obj_out)
 
     def get_manifest(self) -> dict[str, Entry]:
         """Every leaf key -> its entry (``kind``, ``dtype``, ``shape``, ``nbytes``)."""
         return dict(self.manifest.entries)
-
-    # --- metadata --------------------------------------------------------------------------
-    @property
-    def id(self) -> str:
-        return self.record.id
-
-    @property
-    def run(self) -> str:
-        return self.record.run
-
-    @property
-    def step(self) -> int | None:
-        return self.record.step
-
-    @property
-    def parent_id(self) -> str | None:
-        return self.record.parent_id
-
-    @property
-    def created_at(self) -> float:
-        return self.record.created_at
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return dict(self.record.metadata)
-
-    @property
-    def name(self) -> str | None:
-        return self.record.name
-
-    @property
-    def ref(self) -> str:
-        """A human ref: ``run@step`` (or the name) plus a short id."""
-        base = self.record.name or (f"{self.run}@{self.step}" if self.step is not None else self.run)
-        return f"{base} ({self.id[:12]})"
-
-    @property
-    def stats(self) -> dict[str, int]:
-        r = self.record
-        return {
-            "logical_bytes": r.logical_bytes,
-            "new_bytes": r.new_bytes,
-            "new_chunks": r.new_chunks,
-            "reused_chunks": r.reused_chunks,
-        }
 
     def __repr__(self) -> str:
         return f"Snapshot({self.ref}, store={self.store.url!r})"
@@ -221,10 +177,28 @@ class PendingSnapshot:
     past the staging budget, stored before ``async_take`` returned.
     """
 
-    def __init__(self, future: Future[Snapshot], staged_bytes: int = 0, sync_bytes: int = 0) -> None:
+    def __init__(
+        self, future: Future[Snapshot], staged_bytes: int = 0, sync_bytes: int = 0
+    ) -> None:
         self._future = future
         self.staged_bytes = staged_bytes
         self.sync_bytes = sync_bytes
+
+    @classmethod
+    def of(cls, repo: Repository, job: _takes.Background) -> PendingSnapshot:
+        """Wrap a background take: its result becomes a Snapshot of ``repo``."""
+        future: Future[Snapshot] = Future()
+
+        def bind(done: Future[_takes.Committed]) -> None:
+            exc = done.exception()
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                record, manifest = done.result()
+                future.set_result(Snapshot._bind(repo, record, manifest))
+
+        job.future.add_done_callback(bind)
+        return cls(future, staged_bytes=job.staged_bytes, sync_bytes=job.sync_bytes)
 
     def done(self) -> bool:
         """True once the snapshot committed or failed."""
@@ -235,11 +209,11 @@ class PendingSnapshot:
         return self._future.result(timeout)
 
 
-def _locate(path: str, storage_options: dict[str, Any] | None, index: str | None, create: bool) -> tuple[Store, str | None]:
+def _locate(
+    path: str, storage_options: dict[str, Any] | None, index: str | None, create: bool
+) -> tuple[Repository, str | None]:
     """Find the store holding ``path`` and the snapshot name inside it (None: the store root)."""
-    from .store import is_local, local_path
-    from .store import open as open_store
-
+    open_store = open_repository
     if not is_local(path):
         return open_store(path, index=index, storage_options=storage_options, create=create), None
     path = local_path(path)
@@ -253,14 +227,16 @@ def _locate(path: str, storage_options: dict[str, Any] | None, index: str | None
             break
         d = parent
     if not create:
-        raise SnapshotNotFoundError(f"no ckstore snapshot at {path!r} (no store in it or its parents)")
+        raise SnapshotNotFoundError(
+            f"no ckstore snapshot at {path!r} (no store in it or its parents)"
+        )
     return open_store(path, index=index, storage_options=storage_options, create=True), None
 
 
-def _locate_all_ranks(path: str, storage_options: dict[str, Any] | None, index: str | None) -> tuple[Store, str | None]:
+def _locate_all_ranks(
+    path: str, storage_options: dict[str, Any] | None, index: str | None
+) -> tuple[Repository, str | None]:
     """Like ``_locate(create=True)``; distributed, rank 0 creates the store before the others open it."""
-    from .dist import is_distributed
-
     if not is_distributed():
         return _locate(path, storage_options, index, create=True)
     from .dist._comm import Comm
@@ -275,13 +251,11 @@ def _locate_all_ranks(path: str, storage_options: dict[str, Any] | None, index: 
             error = f"{type(exc).__name__}: {exc}"
     reply = comm.broadcast_json({"error": error}, "opening the store")
     if reply["error"]:
-        from .errors import DistributedError
-
         raise DistributedError(f"rank 0 could not open {path!r}: {reply['error']}")
     return found if comm.rank == 0 else _locate(path, storage_options, index, create=False)
 
 
-def _latest(store: Store) -> SnapshotRecord:
+def _latest(store: Repository) -> SnapshotRecord:
     records = store.index.list_snapshots(limit=1)
     if not records:
         raise SnapshotNotFoundError(f"store {store.url} holds no snapshot yet")

@@ -3,79 +3,31 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlparse
 
-from . import objects
-from ._config import (
-    CONFIG_NAME,
-    DEFAULT_LEASE_SECONDS,
-    StoreConfig,
-    default_io_threads,
-    default_memory_budget,
-    default_staging_budget,
-    default_threads,
-)
-from ._stage import stage
-from ._take import TakeOptions, state_dicts, take, take_async
-from .errors import ConflictError, InvalidInputError, NotFoundError, ObjectNotFoundError
-from .index import Index
-from .manifest import canonical_json
+from . import _takes
+from .engine.repository import Repository, open_repository
+from .errors import NotFoundError
+from .history.check import CheckReport
+from .history.check import check as history_check
+from .history.diff import DiffResult
+from .history.diff import diff as history_diff
+from .history.gc import DEFAULT_GRACE_SECONDS, DEFAULT_REPACK_BELOW, GCReport
+from .history.gc import gc as history_gc
+from .history.reindex import ReindexReport
+from .history.reindex import reindex as history_reindex
 from .snapshot import PendingSnapshot, Snapshot
 
 
-def is_local(url: str) -> bool:
-    """True for plain paths and file:// URLs."""
-    scheme = urlparse(url).scheme
-    return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
-
-
-def local_path(url: str) -> str:
-    """The absolute filesystem path of a local store URL."""
-    return os.path.abspath(urlparse(url).path if url.startswith("file://") else url)
-
-
-def default_index_url(url: str) -> str:
-    """SQLite inside the store for local stores; an in-memory SQLite for memory:// stores."""
-    if is_local(url):
-        return f"sqlite:///{os.path.join(local_path(url), 'index.sqlite')}"
-    if url.startswith("memory://"):
-        return "sqlite:///:memory:"
-    raise InvalidInputError(
-        f"store {url!r} is not on a local disk: pass index=<SQLAlchemy URL> (e.g. "
-        "postgresql+psycopg://user@host/db) so several hosts share one index"
-    )
-
-
-class Store:
+class Store(Repository):
     """A content-addressed checkpoint store. Build one with :func:`ckstore.open`.
 
     Thread-safe for concurrent takes and reads from one process; many processes and hosts may
-    share a store (the index serialises commits).
+    share a store (the index serialises commits). The knobs of :class:`Repository`
+    (``threads``, ``io_threads``, ``memory_budget``, ``staging_budget``, ``lease_seconds``)
+    may be set on an open store.
     """
-
-    def __init__(self, url: str, objs: objects.ObjectStore, index: Index, config: StoreConfig) -> None:
-        self.url = url
-        self.objects = objs
-        self.index = index
-        self.config = config
-        self.threads = default_threads()
-        self.io_threads = default_io_threads()
-        self.memory_budget = default_memory_budget()
-        self._staging_budget: int | None = None
-        self.lease_seconds = float(os.environ.get("CKSTORE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
-
-    @property
-    def staging_budget(self) -> int:
-        """Bytes an ``async_take`` may copy: set explicitly, else ``default_staging_budget()``
-        measured at each call (available memory changes while training runs)."""
-        return default_staging_budget() if self._staging_budget is None else self._staging_budget
-
-    @staging_budget.setter
-    def staging_budget(self, value: int | None) -> None:
-        self._staging_budget = value
 
     # --- writing -------------------------------------------------------------------------
     def take(
@@ -110,45 +62,8 @@ class Store:
                 (the message names the key).
             LeaseExpiredError: the take stalled past its lease; nothing was committed.
         """
-        from .dist import is_distributed
-
-        if is_distributed():
-            return self._dist_take(app_state, None, run, step, tags, metadata, name, replicated, pg, dist_timeout)
-        return self._take_states(state_dicts(app_state), run, step, tags, metadata, name)
-
-    def _take_options(self) -> TakeOptions:
-        return TakeOptions(
-            chunk_bytes=self.config.chunk_bytes,
-            pack_bytes=self.config.pack_bytes,
-            inline_bytes=self.config.inline_bytes,
-            threads=self.threads,
-            lease_seconds=self.lease_seconds,
-            io_threads=self.io_threads,
-        )
-
-    def _dist_take(
-        self,
-        app_state: Mapping[str, Any] | None,
-        states: Mapping[str, Any] | None,
-        run: str,
-        step: int | None,
-        tags: Sequence[str],
-        metadata: Mapping[str, Any] | None,
-        name: str | None,
-        replicated: Sequence[str],
-        pg: Any,
-        dist_timeout: float | None,
-        comm: Any = None,
-        ddp: Any = None,
-    ) -> Snapshot:
-        from .dist import _take as dist_take
-
-        _check_take_args(run, step, metadata)
-        record, manifest = dist_take.take(
-            self, app_state, self._take_options(),
-            run=run, step=step, tags=tuple(tags), metadata=dict(metadata or {}), name=name,
-            replicated=tuple(replicated), pg=pg, timeout=dist_timeout, states=states, comm=comm, ddp=ddp,
-        )
+        args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated)
+        record, manifest = _takes.take(self, app_state, args, pg, dist_timeout)
         return Snapshot._bind(self, record, manifest)
 
     def async_take(
@@ -175,54 +90,10 @@ class Store:
         Distributed: call on every rank; the ranks' background takes commit together and
         every rank's ``wait()`` returns the same Snapshot or raises DistributedError.
         """
-        from .dist import is_distributed
-
-        if is_distributed():
-            from .dist._comm import Comm
-            from .dist._take import _ddp_apps, background
-
-            comm = Comm(pg, dist_timeout)  # made here: creating a group is itself a collective
-            ddp = _ddp_apps(app_state)
-            staged = stage(state_dicts(app_state))
-            fut: Future[Snapshot] = background().submit(
-                self._dist_take, None, staged, run, step, tags, metadata, name, replicated, pg, dist_timeout, comm, ddp
-            )
-            return PendingSnapshot(fut)
-        _check_take_args(run, step, metadata)
-        budget = self.staging_budget if staging_budget is None else staging_budget
-        job = take_async(
-            self.objects, self.index, state_dicts(app_state), self._take_options(), budget,
-            run=run, step=step, tags=tuple(tags), metadata=dict(metadata or {}), name=name,
+        args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated)
+        return PendingSnapshot.of(
+            self, _takes.async_take(self, app_state, args, pg, dist_timeout, staging_budget)
         )
-        future: Future[Snapshot] = Future()
-
-        def bind(done: Future[Any]) -> None:
-            exc = done.exception()
-            if exc is not None:
-                future.set_exception(exc)
-            else:
-                result = done.result()
-                future.set_result(Snapshot._bind(self, result.record, result.manifest))
-
-        job.future.add_done_callback(bind)
-        return PendingSnapshot(future, staged_bytes=job.staged_bytes, sync_bytes=job.sync_bytes)
-
-    def _take_states(
-        self,
-        states: Mapping[str, Any],
-        run: str,
-        step: int | None,
-        tags: Sequence[str],
-        metadata: Mapping[str, Any] | None,
-        name: str | None,
-    ) -> Snapshot:
-        _check_take_args(run, step, metadata)
-        opts = self._take_options()
-        result = take(
-            self.objects, self.index, states, opts,
-            run=run, step=step, tags=tuple(tags), metadata=dict(metadata or {}), name=name,
-        )
-        return Snapshot._bind(self, result.record, result.manifest)
 
     # --- reading -------------------------------------------------------------------------
     def get(self, ref: str) -> Snapshot:
@@ -234,6 +105,7 @@ class Store:
         return [Snapshot._bind(self, r) for r in self.index.list_snapshots(run=run, limit=limit)]
 
     def runs(self) -> list[str]:
+        """Every run name, sorted."""
         return self.index.list_runs()
 
     # --- refs ----------------------------------------------------------------------------
@@ -244,6 +116,7 @@ class Store:
         return snap
 
     def untag(self, name: str) -> None:
+        """Remove tag ``name`` (the snapshot stays)."""
         if self.index.get_tag(name) is None:
             raise NotFoundError(f"no tag {name!r} in store {self.url}")
         self.index.delete_tag(name)
@@ -257,54 +130,74 @@ class Store:
         self.index.delete_snapshot(self.get(ref).id)
 
     # --- history and maintenance ---------------------------------------------------------
-    def diff(self, a: str, b: str, numeric: bool = False) -> Any:
-        """Compare two snapshots key by key (see :mod:`ckstore._diff`)."""
-        from ._diff import diff
+    def diff(self, a: str, b: str, numeric: bool = False) -> DiffResult:
+        """Compare two snapshots key by key.
 
-        return diff(self, a, b, numeric=numeric)
+        Which keys were added, removed, changed or kept, and for a changed tensor how many of
+        its chunks changed, come from the index alone. ``numeric=True`` also reads the changed
+        chunks of both sides (verified) and summarises how far apart the values are.
 
-    def gc(self, **policy: Any) -> Any:
-        """Apply a retention policy, then prune unreferenced data (see :mod:`ckstore._gc`)."""
-        from ._gc import gc
+        Raises:
+            SnapshotNotFoundError: ``a`` or ``b`` names nothing.
+            CorruptionError: a manifest or (with ``numeric``) a chunk read is damaged.
+        """
+        return history_diff(self, a, b, numeric=numeric)
 
-        return gc(self, **policy)
+    def gc(
+        self,
+        *,
+        keep_last: int | None = None,
+        keep_every_steps: int | None = None,
+        keep_tagged: bool = True,
+        older_than: float | None = None,
+        runs: Sequence[str] | None = None,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        repack_below: float = DEFAULT_REPACK_BELOW,
+        dry_run: bool = False,
+    ) -> GCReport:
+        """Forget the snapshots a retention policy drops, then prune what nothing references.
 
-    def check(self, read_data: bool | float = False, progress: Any = None) -> Any:
-        """Verify the store's integrity (see :mod:`ckstore._check`)."""
-        from ._check import check
+        Args:
+            keep_last: keep the N newest snapshots of each run.
+            keep_every_steps: keep snapshots whose step is a multiple of N.
+            keep_tagged: keep every tagged snapshot.
+            older_than: only snapshots older than this many seconds may be dropped.
+            runs: only snapshots of these runs may be dropped (None: every run).
+            grace_seconds: unreferenced data younger than this, and packs retired more
+                recently, are kept (a reader or writer may still be using them).
+            repack_below: rewrite packs whose live bytes fell below this fraction (0: never).
+            dry_run: report what would happen, change nothing.
 
-        return check(self, read_data=read_data, progress=progress)
+        With none of ``keep_last``, ``keep_every_steps``, ``older_than`` set no snapshot is
+        dropped and gc only prunes. Safe beside live takes (see docs/RELIABILITY.md, I4).
+        """
+        return history_gc(
+            self,
+            keep_last=keep_last,
+            keep_every_steps=keep_every_steps,
+            keep_tagged=keep_tagged,
+            older_than=older_than,
+            runs=tuple(runs) if runs is not None else None,
+            grace_seconds=grace_seconds,
+            repack_below=repack_below,
+            dry_run=dry_run,
+        )
 
-    def reindex(self) -> Any:
-        """Rebuild this store's empty index from its packs and manifests (see :mod:`ckstore._reindex`)."""
-        from ._reindex import reindex
+    def check(
+        self,
+        read_data: bool | float = False,
+        progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+    ) -> CheckReport:
+        """Verify the store's integrity: manifests, references, packs against the index.
 
-        return reindex(self)
+        ``read_data`` True also reads and re-hashes every chunk; a float in (0, 1] does so for
+        that share of the packs. ``progress`` wraps the per-pack loop of the data pass.
+        """
+        return history_check(self, read_data=read_data, progress=progress)
 
-    # --- lifecycle -----------------------------------------------------------------------
-    def close(self) -> None:
-        self.index.close()
-        self.objects.backend.close()
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"ckstore.Store({self.url!r})"
-
-
-def _check_take_args(run: str, step: int | None, metadata: Mapping[str, Any] | None) -> None:
-    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
-        raise InvalidInputError(f"step must be a non-negative int, got {step!r}")
-    if not isinstance(run, str) or not run:
-        raise InvalidInputError(f"run must be a non-empty str, got {run!r}")
-    try:
-        canonical_json(dict(metadata or {}))
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"metadata must be JSON-able (finite numbers, str, lists, dicts): {exc}") from exc
+    def reindex(self) -> ReindexReport:
+        """Rebuild this store's empty index from its packs and manifests (I5)."""
+        return history_reindex(self)
 
 
 def open(  # noqa: A001 - the public verb is ckstore.open
@@ -332,33 +225,13 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         NotFoundError: no store at ``url`` and ``create`` is False.
         SchemaError: the store or index was written by another format version.
     """
-    url = os.fspath(url)
-    if is_local(url):
-        url = local_path(url)
-        if create:
-            os.makedirs(url, exist_ok=True)
-        elif not os.path.isdir(url):
-            raise NotFoundError(f"no ckstore store at {url!r}; create it with `ckstore init {url}`")
-    objs = objects.ObjectStore(objects.open_backend(url, storage_options))
-    config = _load_config(objs.backend, url, create, chunk_bytes, pack_bytes, inline_bytes)
-    idx = Index.open(index or default_index_url(url), create=create)
-    stored = idx.set_meta("store_id", config.store_id, only_if_absent=True)
-    if stored != config.store_id:
-        idx.close()
-        raise ConflictError(
-            f"index {idx.url} belongs to another store (id {stored}) than {url} (id "
-            f"{config.store_id}); point index= at this store's index"
-        )
-    return Store(url, objs, idx, config)
-
-
-def _load_config(
-    backend: objects.Backend, url: str, create: bool, chunk: int | None, pack: int | None, inline: int | None
-) -> StoreConfig:
-    try:
-        return StoreConfig.from_json(backend.get(CONFIG_NAME), url)
-    except ObjectNotFoundError:
-        if not create:
-            raise NotFoundError(f"no ckstore store at {url!r}; create it with `ckstore init {url}`") from None
-    backend.put(CONFIG_NAME, StoreConfig.new(chunk, pack, inline).to_json())
-    return StoreConfig.from_json(backend.get(CONFIG_NAME), url)  # whoever created it first wins
+    return open_repository(
+        url,
+        index=index,
+        storage_options=storage_options,
+        create=create,
+        chunk_bytes=chunk_bytes,
+        pack_bytes=pack_bytes,
+        inline_bytes=inline_bytes,
+        cls=Store,
+    )

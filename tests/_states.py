@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ckstore._dtypes import DTYPES
+from ckstore.format.dtypes import DTYPES
 
 SHAPES = [(), (0,), (7,), (5, 3), (3, 0, 2), (64, 33)]
 

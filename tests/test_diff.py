@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ckstore
-from ckstore._diff import DiffResult
+from ckstore.history.diff import DiffResult
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 ROW = 256  # float32 elements per 1 KiB row: one chunk per row with TINY knobs

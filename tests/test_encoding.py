@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from ckstore._grid import make_grid
-from ckstore._tree import flatten, subtree, tree_refs, unflatten
-from ckstore._values import decode_value, encode_value
 from ckstore.errors import CorruptionError, InvalidInputError, UnsupportedValueError
-from ckstore.manifest import Manifest, TensorEntry, canonical_json
+from ckstore.format.grid import make_grid
+from ckstore.format.manifest import Manifest, TensorEntry, canonical_json
+from ckstore.format.tree import flatten, subtree, tree_refs, unflatten
+from ckstore.format.values import decode_value, encode_value
 
 PLAIN = [
     None,

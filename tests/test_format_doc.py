@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from ckstore import objects
-from ckstore._config import FEATURES, FORMAT_VERSION, StoreConfig
-from ckstore._grid import make_grid
-from ckstore._take import TakeOptions, finish_entries, hash_chunks, plan
-from ckstore.manifest import Manifest
+from ckstore.engine.config import FEATURES, FORMAT_VERSION, StoreConfig
+from ckstore.engine.take import TakeOptions, finish_entries, hash_chunks, plan
+from ckstore.format.grid import make_grid
+from ckstore.format.manifest import Manifest
 from ckstore.objects import packs as packs_mod
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -126,8 +126,8 @@ def test_grid_examples() -> None:
 
 def test_pieces_example() -> None:
     """Section 4.1: grid blocks cut by shard boxes, global offsets, and they tile the tensor."""
-    from ckstore.dist._boxes import pieces
-    from ckstore.manifest import ChunkRef, tiling_problem
+    from ckstore.format.boxes import pieces
+    from ckstore.format.manifest import ChunkRef, tiling_problem
 
     f = _fields("pieces")
     shape, itemsize, chunk_bytes = _ints(f["shape"]), int(f["itemsize"]), int(f["chunk bytes"])

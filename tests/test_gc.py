@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ckstore
-from ckstore._policy import Policy
+from ckstore.history.policy import Policy
 from ckstore.index import SnapshotRecord
 
 WORKERS = str(Path(__file__).resolve().parent / "_gc_workers.py")

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from ckstore._grid import make_grid
-from ckstore.dist._boxes import pieces
 from ckstore.errors import CorruptionError
-from ckstore.manifest import (
+from ckstore.format.boxes import pieces
+from ckstore.format.grid import make_grid
+from ckstore.format.manifest import (
     ChunkRef,
     Manifest,
     PerRankEntry,

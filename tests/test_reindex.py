@@ -99,7 +99,7 @@ def test_reindex_restores_world_size_and_the_figures_of_a_distributed_take(store
 
 
 def test_reindex_skips_a_manifest_whose_header_world_size_is_malformed(store_path):
-    from ckstore.manifest import Manifest
+    from ckstore.format.manifest import Manifest
 
     _history(store_path)
     with ckstore.open(store_path) as store:

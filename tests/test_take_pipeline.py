@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import ckstore
-from ckstore import _take, objects
+from ckstore import objects
+from ckstore.engine import take as _take
 from ckstore.errors import StorageError
 
 

@@ -115,7 +115,7 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
     ), cmd_migrate),
     ("demo", "train a small model, snapshot it, resume bit-exactly in a fresh process", (
         "ckstore --store ./demo-store demo", "ckstore demo --steps 20 --every 2",
-    ), cmd_demo),
+    ), lambda args: cmd_demo(args, main)),
 ]  # fmt: skip
 
 

@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from .. import _format as fmt
+from . import _format as fmt
 from ._common import EXIT_USAGE, STORE_ENV
 
 

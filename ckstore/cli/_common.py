@@ -11,7 +11,6 @@ import json
 import os
 from typing import Any, NoReturn
 
-from .. import _format as fmt
 from ..errors import (
     CkstoreError,
     ConflictError,
@@ -20,6 +19,7 @@ from ..errors import (
     NotFoundError,
     ObjectNotFoundError,
 )
+from . import _format as fmt
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_CORRUPT, EXIT_ERROR = range(
     7

@@ -10,8 +10,8 @@ import json
 import textwrap
 from typing import Any
 
-from .. import _format as fmt
 from ..errors import ConflictError, KeyNotFoundError
+from . import _format as fmt
 from ._common import EXIT_OK, emit_json, open_store, usage_error
 
 
@@ -110,8 +110,8 @@ def _entries(snap: Any) -> list[Any]:
     records = snap.store.index.entries(snap.record.manifest_id)
     if records:
         return list(records)
+    from ..format.manifest import entry_digest
     from ..index import EntryRecord
-    from ..manifest import entry_digest
 
     return [
         EntryRecord(k, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))

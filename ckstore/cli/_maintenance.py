@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .. import _format as fmt
+from . import _format as fmt
 from ._common import EXIT_OK, EXIT_PROBLEMS, emit_json, find_store, open_store, print_report
 
 
@@ -52,7 +52,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 
 
 def cmd_du(args: argparse.Namespace) -> int:
-    from .._du import du
+    from ..history.du import du
 
     with open_store(args) as store:
         rows = du(store, progress=lambda it: fmt.progress(it, "packs"))
@@ -84,8 +84,8 @@ def cmd_du(args: argparse.Namespace) -> int:
 
 # --- migrate ------------------------------------------------------------------------------------
 def cmd_migrate(args: argparse.Namespace) -> int:
+    from ..engine.repository import default_index_url
     from ..index import upgrade
-    from ..store import default_index_url
 
     url = args.index or default_index_url(find_store(args.store))
     revision = upgrade(url)

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 
-from .. import _format as fmt
 from ..errors import ConflictError
+from . import _format as fmt
 from ._common import CONFIG_NAME, EXIT_OK, emit_json
 
 
 def cmd_init(args: argparse.Namespace) -> int:
     import ckstore
 
-    from ..store import is_local, local_path
+    from ..engine.repository import is_local, local_path
 
     url = args.url or args.store or "."
     if is_local(url) and os.path.isfile(os.path.join(local_path(url), CONFIG_NAME)):
@@ -45,7 +46,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .. import demo as demo_mod
+def cmd_demo(args: argparse.Namespace, run_cli: Callable[[list[str]], int]) -> int:
+    """``ckstore demo``; ``run_cli`` runs the history phase's commands (the CLI's ``main``)."""
+    from . import demo as demo_mod
 
-    return demo_mod.main(args.store or "./demo-store", steps=args.steps, every=args.every)
+    return demo_mod.main(args.store or "./demo-store", run_cli, steps=args.steps, every=args.every)

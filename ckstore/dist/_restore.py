@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from .._restore import Prepared, Reader, apply, prepare, validate, whole_plain_keys
-from .._tensors import empty_for
+from ..engine.restore import Prepared, Reader, apply, prepare, validate, whole_plain_keys
 from ..errors import InvalidInputError
-from ..manifest import TensorEntry
+from ..format.manifest import TensorEntry
+from ..format.tensors import empty_for
 from ._comm import Comm, failure, raise_failed
 
 REPLICATED_READS = ("each", "broadcast")

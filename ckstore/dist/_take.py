@@ -35,17 +35,14 @@ from typing import Any
 import blake3
 import torch
 
-from .._dtypes import GROUPED, dtype_name, itemsize
-from .._grid import Box, make_grid
-from .._lease import Lease
-from .._packing import TakeOptions, _Chunk, write_missing
-from .._take import commit_manifest, hash_chunks, state_dicts
-from .._tensors import as_cpu_tensor, byte_view
-from .._tree import flatten, is_array
-from .._values import encode_value
+from ..engine.lease import Lease
+from ..engine.packing import TakeOptions, _Chunk, write_missing
+from ..engine.take import commit_manifest, hash_chunks, state_dicts
 from ..errors import DistributedError, UnsupportedValueError
-from ..index import SnapshotRecord
-from ..manifest import (
+from ..format.boxes import is_dtensor, local_box, pieces
+from ..format.dtypes import GROUPED, dtype_name, itemsize
+from ..format.grid import Box, make_grid
+from ..format.manifest import (
     ChunkRef,
     Entry,
     Manifest,
@@ -56,7 +53,10 @@ from ..manifest import (
     entry_digest,
     snapshot_header,
 )
-from ._boxes import is_dtensor, local_box, pieces
+from ..format.tensors import as_cpu_tensor, byte_view
+from ..format.tree import flatten, is_array
+from ..format.values import encode_value
+from ..index import SnapshotRecord
 from ._comm import Comm, failure, raise_failed
 
 DTENSOR, REPLICATED, LOCAL, VALUE = "dtensor", "replicated", "per_rank", "value"

@@ -9,7 +9,7 @@ import torch
 from _states import bits, random_tensor
 
 import ckstore
-from ckstore.dist._boxes import local_box
+from ckstore.format.boxes import local_box
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 SPECS = {
@@ -65,7 +65,7 @@ def save_twice(rank: int, world: int, path: str, run: str) -> dict[str, Any]:
     """dcp.save the Shard(0) state twice; the coordinator reports both snapshots' figures."""
     import torch.distributed.checkpoint as dcp
 
-    from ckstore.dist.dcp import StorageWriter
+    from ckstore.dcp import StorageWriter
 
     store = ckstore.open(path, **TINY)
     out: dict[str, Any] = {}
@@ -92,7 +92,7 @@ def _gc_before_commit(rank: int, world: int, path: str) -> dict[str, Any] | None
 
     import torch.distributed.checkpoint as dcp
 
-    from ckstore.dist.dcp import StorageWriter
+    from ckstore.dcp import StorageWriter
 
     store = ckstore.open(path, **TINY)
     seen: dict[str, Any] = {}
@@ -117,7 +117,7 @@ def _save_refused(store: Any, world: int, run: str) -> str:
     """A value ckstore cannot store (a set): every rank raises, nothing is committed."""
     import torch.distributed.checkpoint as dcp
 
-    from ckstore.dist.dcp import StorageWriter
+    from ckstore.dcp import StorageWriter
 
     before = len(store.log(run))
     try:
@@ -137,7 +137,7 @@ def load(rank: int, world: int, path: str, ref: str, placement: str) -> dict[str
     """dcp.load into ``placement`` DTensors with pickle.load/loads disabled; check the bits."""
     import torch.distributed.checkpoint as dcp
 
-    from ckstore.dist.dcp import StorageReader
+    from ckstore.dcp import StorageReader
 
     store = ckstore.open(path)
     state = {"g": sharded(world, placement, zeros=True), "epoch": -1, "cfg": {"lr": 0.0, "name": ""}}

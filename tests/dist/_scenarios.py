@@ -11,8 +11,8 @@ import torch
 from _states import bits, random_tensor
 
 import ckstore
-from ckstore.dist._boxes import local_box
 from ckstore.errors import DistributedError
+from ckstore.format.boxes import local_box
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 F32, BF16 = torch.float32, torch.bfloat16

@@ -25,7 +25,7 @@ from _harness import run_ranks, values  # noqa: E402
 from _states import bits  # noqa: E402
 
 import ckstore  # noqa: E402
-from ckstore.dist.dcp import StorageReader, StorageWriter, metadata_from_json, metadata_to_json  # noqa: E402
+from ckstore.dcp import StorageReader, StorageWriter, metadata_from_json, metadata_to_json  # noqa: E402
 from ckstore.errors import UnsupportedValueError  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -108,7 +108,7 @@ def test_dedup_across_world_sizes(matrix: dict[str, Any]) -> None:
                 whole = all(o % b == 0 and (s == b or o + s == n) for o, s, b, n in zip(c.offsets, c.sizes, e.block, e.shape))
                 if c.id not in before:
                     assert not whole, f"{key}: whole block {c.offsets} stored again"
-                    new_pieces += math.prod(c.sizes) * torch.empty(0, dtype=ckstore._dtypes.dtype_from_name(e.dtype)).element_size()
+                    new_pieces += math.prod(c.sizes) * torch.empty(0, dtype=ckstore.format.dtypes.dtype_from_name(e.dtype)).element_size()
         print("w4 after w1+w2: new bytes", snap.stats["new_bytes"], "new piece bytes", new_pieces, "logical", snap.stats["logical_bytes"])
 
 
@@ -186,7 +186,7 @@ def test_stuck_rank_others_fail_at_the_timeout(tmp_path: Path) -> None:
 
 def test_reader_decodes_non_contiguous_pieces(tmp_path: Path) -> None:
     """Single process: a manifest whose chunks are column pieces restores exactly."""
-    from ckstore._restore import Reader
+    from ckstore.engine.restore import Reader
 
     with ckstore.open(tmp_path / "s", **sc.TINY) as store:
         t = torch.arange(20 * 33, dtype=torch.float32).reshape(20, 33)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .index import ChunkRecord
-from .objects import ChunkLocation
+from ..index import ChunkRecord
+from ..objects import ChunkLocation
 
 
 def to_location(rec: ChunkRecord) -> ChunkLocation:

@@ -3,7 +3,7 @@
 Usage, on every rank (or in a plain process)::
 
     import torch.distributed.checkpoint as dcp
-    from ckstore.dist.dcp import StorageReader, StorageWriter
+    from ckstore.dcp import StorageReader, StorageWriter
 
     dcp.save(state_dict, storage_writer=StorageWriter(store, run="train", step=100))
     dcp.load(state_dict, storage_reader=StorageReader(store, "train@100"))
@@ -66,8 +66,8 @@ Limits: only process groups spanning all ranks (``dcp.save``'s default group) an
 holds the others in the hand-over until the timeout.
 """
 
-from ._dcp_meta import metadata_from_json, metadata_to_json
-from ._dcp_reader import StorageReader
-from ._dcp_writer import StorageWriter
+from .meta import metadata_from_json, metadata_to_json
+from .reader import StorageReader
+from .writer import StorageWriter
 
 __all__ = ["StorageReader", "StorageWriter", "metadata_from_json", "metadata_to_json"]

@@ -18,13 +18,13 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from .._dtypes import dtype_name, itemsize
-from .._restore import Reader
-from .._values import decode_value
+from ..dist._comm import Comm, failure, raise_failed
+from ..engine.restore import Reader
 from ..errors import CorruptionError
-from ..manifest import ChunkRef, Entry, Manifest, TensorEntry
-from ._comm import Comm, failure, raise_failed
-from ._dcp_meta import _ints, metadata_from_json
+from ..format.dtypes import dtype_name, itemsize
+from ..format.manifest import ChunkRef, Entry, Manifest, TensorEntry
+from ..format.values import decode_value
+from .meta import _ints, metadata_from_json
 
 
 class StorageReader(_DcpStorageReader):
@@ -60,7 +60,7 @@ class StorageReader(_DcpStorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise CorruptionError("ckstore keeps one global DCP metadata per snapshot, no rank-local metadata")
-        from . import is_distributed
+        from ..dist import is_distributed
 
         mine: dict[str, Any]
         snap = None

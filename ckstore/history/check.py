@@ -16,14 +16,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import objects
-from ._locations import to_location
-from .errors import CkstoreError
-from .index import ChunkRecord
-from .manifest import Manifest
+from .. import objects
+from ..engine.locations import to_location
+from ..errors import CkstoreError
+from ..format.manifest import Manifest
+from ..index import ChunkRecord
 
 if TYPE_CHECKING:
-    from .store import Store
+    from ..engine.repository import Repository
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class CheckReport:
 
 
 def check(
-    store: Store,
+    store: Repository,
     read_data: bool | float = False,
     seed: int | None = None,
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
@@ -82,7 +82,7 @@ def check(
     return report
 
 
-def _check_snapshots(store: Store, chunks: dict[str, ChunkRecord], report: CheckReport) -> None:
+def _check_snapshots(store: Repository, chunks: dict[str, ChunkRecord], report: CheckReport) -> None:
     for snap in store.index.list_snapshots():
         report.snapshots += 1
         where = f"snapshot {snap.run}@{snap.step} ({snap.id[:12]})"
@@ -100,7 +100,7 @@ def _check_snapshots(store: Store, chunks: dict[str, ChunkRecord], report: Check
             report.add("references", snap.id, f"{where}: index references {len(refs)} chunks, manifest needs {len(needed)}")
 
 
-def _check_packs(store: Store, chunks: dict[str, ChunkRecord], report: CheckReport) -> dict[str, list[ChunkRecord]]:
+def _check_packs(store: Repository, chunks: dict[str, ChunkRecord], report: CheckReport) -> dict[str, list[ChunkRecord]]:
     by_pack: dict[str, list[ChunkRecord]] = defaultdict(list)
     for c in chunks.values():
         by_pack[c.pack_id].append(c)
@@ -126,7 +126,7 @@ def _check_packs(store: Store, chunks: dict[str, ChunkRecord], report: CheckRepo
 
 
 def _read_data(
-    store: Store,
+    store: Repository,
     by_pack: dict[str, list[ChunkRecord]],
     fraction: float,
     report: CheckReport,

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._values import decode_value, encode_value, is_plain
-from .errors import CorruptionError, InvalidInputError, UnsupportedValueError
+from ..errors import CorruptionError, InvalidInputError, UnsupportedValueError
+from .values import decode_value, encode_value, is_plain
 
 
 def escape(part: str) -> str:

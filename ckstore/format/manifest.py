@@ -24,10 +24,10 @@ from typing import Any, Union
 
 import blake3
 
-from ._dtypes import DTYPES, itemsize
-from ._tree import tree_refs
-from ._values import decode_value
-from .errors import CorruptionError
+from ..errors import CorruptionError
+from .dtypes import DTYPES, itemsize
+from .tree import tree_refs
+from .values import decode_value
 
 FORMAT = "ckstore/manifest"
 VERSION = 1

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -101,14 +102,15 @@ def phase2(store_url: str, steps: int) -> list[float]:
     return losses
 
 
-def main(store_url: str = "./demo-store", steps: int = 40, every: int = 5) -> int:
-    """Run both phases and compare; returns a process exit code."""
+def main(store_url: str, run_cli: Callable[[list[str]], int], steps: int = 40, every: int = 5) -> int:
+    """Run both phases and compare, then browse the history with ``run_cli`` (the ``ckstore``
+    command line's ``main``); returns a process exit code."""
     if os.path.exists(os.path.join(store_url, "ckstore.json")):
         shutil.rmtree(store_url)  # the demo starts from an empty store every time
     print("== phase 1: train, snapshotting as we go (frozen backbone: only the head changes)")
     losses = phase1(store_url, steps, every)
     print("\n== phase 2: a fresh process restores the latest snapshot and continues")
-    cmd = [sys.executable, "-m", "ckstore.demo", "--resume", store_url, str(steps)]
+    cmd = [sys.executable, "-m", "ckstore.cli.demo", "--resume", store_url, str(steps)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     resumed = json.loads(out.strip().splitlines()[-1])
     expected = losses[len(losses) - len(resumed):]
@@ -122,17 +124,16 @@ def main(store_url: str = "./demo-store", steps: int = 40, every: int = 5) -> in
             print(f"{'...':>5}")
     ok = all(same) and len(resumed) == steps // 2
     print(f"\nloss curves bit-identical: {ok} ({sum(same)}/{len(same)} steps)")
-    history(store_url, every)
+    history(store_url, every, run_cli)
     return 0 if ok else 1
 
 
-def history(store_url: str, every: int) -> None:
+def history(store_url: str, every: int, run_cli: Callable[[list[str]], int]) -> None:
     """Phase 3: browse and maintain the history with the ``ckstore`` command line."""
-    from . import cli
 
     def run(*args: str) -> None:
         print(f"\n$ ckstore {' '.join(args)}")
-        cli.main(["--store", store_url, *args])
+        run_cli(["--store", store_url, *args])
 
     store = ckstore.open(store_url, create=False)
     best = min(store.log(RUN), key=lambda s: s.metadata["loss"])
@@ -149,7 +150,6 @@ def history(store_url: str, every: int) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--resume":
-        print(json.dumps([float(x) for x in phase2(sys.argv[2], int(sys.argv[3]))]))
-    else:
-        raise SystemExit(main(*(sys.argv[1:2] or [])))
+    if len(sys.argv) != 4 or sys.argv[1] != "--resume":  # phase 2's entry point only
+        raise SystemExit("run the demo with `ckstore demo` (this module is its phase 2)")
+    print(json.dumps([float(x) for x in phase2(sys.argv[2], int(sys.argv[3]))]))

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._dtypes import dtype_from_name, dtype_name
-from .errors import UnsupportedValueError
+from ..errors import UnsupportedValueError
+from .dtypes import dtype_from_name, dtype_name
 
 
 def as_cpu_tensor(value: Any, key: str) -> torch.Tensor:

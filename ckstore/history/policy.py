@@ -7,8 +7,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import InvalidInputError
-from .index import SnapshotRecord
+from ..errors import InvalidInputError
+from ..index import SnapshotRecord
 
 
 @dataclass(frozen=True)

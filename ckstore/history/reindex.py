@@ -19,15 +19,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import objects
-from ._lease import Lease
-from ._take import entry_records
-from .errors import CkstoreError, ConflictError, CorruptionError
-from .index import ChunkRecord, PackRecord, SnapshotRecord
-from .manifest import Manifest, PerRankEntry
+from .. import objects
+from ..engine.lease import Lease
+from ..engine.take import entry_records
+from ..errors import CkstoreError, ConflictError, CorruptionError
+from ..format.manifest import Manifest, PerRankEntry
+from ..index import ChunkRecord, PackRecord, SnapshotRecord
 
 if TYPE_CHECKING:
-    from .store import Store
+    from ..engine.repository import Repository
 
 
 @dataclass
@@ -43,7 +43,7 @@ class ReindexReport:
         return asdict(self)
 
 
-def reindex(store: Store) -> ReindexReport:
+def reindex(store: Repository) -> ReindexReport:
     """Refill ``store``'s (empty) index from its packs and manifests.
 
     Raises:
@@ -62,7 +62,7 @@ def reindex(store: Store) -> ReindexReport:
     return report
 
 
-def _add_packs(store: Store, session: str, report: ReindexReport) -> set[str]:
+def _add_packs(store: Repository, session: str, report: ReindexReport) -> set[str]:
     known: set[str] = set()
     for pack_id in store.objects.list_packs():
         try:
@@ -78,7 +78,7 @@ def _add_packs(store: Store, session: str, report: ReindexReport) -> set[str]:
     return known
 
 
-def _manifests_by_time(store: Store, report: ReindexReport) -> list[tuple[str, Manifest]]:
+def _manifests_by_time(store: Repository, report: ReindexReport) -> list[tuple[str, Manifest]]:
     found = []
     for manifest_id in store.objects.list_blobs("manifests"):
         try:
@@ -93,7 +93,7 @@ def _manifests_by_time(store: Store, report: ReindexReport) -> list[tuple[str, M
     return sorted(found, key=lambda m: (float(m[1].snapshot.get("created_at", 0.0)), m[0]))  # type: ignore[union-attr]
 
 
-def _commit(store: Store, lease: Lease, manifest_id: str, manifest: Manifest, known: set[str], report: ReindexReport) -> None:
+def _commit(store: Repository, lease: Lease, manifest_id: str, manifest: Manifest, known: set[str], report: ReindexReport) -> None:
     header = manifest.snapshot or {}
     needed = manifest.chunk_ids()
     if not needed <= known:

@@ -16,17 +16,11 @@ from typing import Any
 
 import torch
 
-from . import objects
-from ._dtypes import GROUPED, dtype_name
-from ._grid import make_grid
-from ._lease import Lease
-from ._packing import TakeOptions, _batches, _Chunk, _PackPipeline, _WriteStats
-from ._tensors import as_cpu_tensor, byte_view
-from ._tree import flatten, is_array, unflatten
-from ._values import encode_value
-from .errors import InvalidInputError
-from .index import EntryRecord, SnapshotRecord
-from .manifest import (
+from .. import objects
+from ..errors import InvalidInputError
+from ..format.dtypes import GROUPED, dtype_name
+from ..format.grid import make_grid
+from ..format.manifest import (
     ChunkRef,
     Entry,
     Manifest,
@@ -35,6 +29,12 @@ from .manifest import (
     entry_digest,
     snapshot_header,
 )
+from ..format.tensors import as_cpu_tensor, byte_view
+from ..format.tree import flatten, is_array, unflatten
+from ..format.values import encode_value
+from ..index import EntryRecord, SnapshotRecord
+from .lease import Lease
+from .packing import TakeOptions, _batches, _Chunk, _PackPipeline, _WriteStats
 
 HASH_BATCH_BYTES = 128 << 20
 """A take hashes and looks up chunks in batches of about this many bytes..."""

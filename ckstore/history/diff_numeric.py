@@ -14,21 +14,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import objects
-from ._diff_result import NumericDiff
-from ._dtypes import dtype_from_name
-from ._tensors import empty_for, from_bytes, writable_view
-from .errors import CorruptionError
-from .manifest import ChunkRef, TensorEntry
+from .. import objects
+from ..errors import CorruptionError
+from ..format.dtypes import dtype_from_name
+from ..format.manifest import ChunkRef, TensorEntry
+from ..format.tensors import empty_for, from_bytes, writable_view
+from .diff_result import NumericDiff
 
 if TYPE_CHECKING:
-    from .snapshot import Snapshot
+    from ..engine.repository import SnapshotView
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
 
 
 def numeric_diff(
-    snap_a: Snapshot, snap_b: Snapshot, key: str, ea: TensorEntry, eb: TensorEntry
+    snap_a: SnapshotView, snap_b: SnapshotView, key: str, ea: TensorEntry, eb: TensorEntry
 ) -> NumericDiff | None:
     """Summarise the changed region of one tensor; None for dtypes without float64 values.
 
@@ -83,7 +83,7 @@ class _BoxReader:
     chunk is kept only while a later box can still overlap it along dim 0.
     """
 
-    def __init__(self, snap: Snapshot, key: str, entry: TensorEntry) -> None:
+    def __init__(self, snap: SnapshotView, key: str, entry: TensorEntry) -> None:
         self.snap, self.key, self.entry = snap, key, entry
         self.where = f"snapshot {snap.ref}, key {key!r}"
         inline = entry.data if entry.inline else None

@@ -20,15 +20,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import objects
-from ._locations import to_records
-from ._policy import Policy
-from .errors import CorruptionError, ObjectNotFoundError
-from .index import PackRecord
-from .index.maintenance import PackUsage
+from .. import objects
+from ..engine.locations import to_records
+from ..errors import CorruptionError, ObjectNotFoundError
+from ..index import PackRecord
+from ..index.maintenance import PackUsage
+from .policy import Policy
 
 if TYPE_CHECKING:
-    from .store import Store
+    from ..engine.repository import Repository
 
 DEFAULT_GRACE_SECONDS = 6 * 3600.0
 DEFAULT_REPACK_BELOW = 0.5
@@ -56,7 +56,7 @@ class GCReport:
 
 
 def gc(
-    store: Store,
+    store: Repository,
     *,
     keep_last: int | None = None,
     keep_every_steps: int | None = None,
@@ -99,7 +99,7 @@ def gc(
     return report
 
 
-def _forget(store: Store, policy: Policy, report: GCReport, dry_run: bool) -> list[str]:
+def _forget(store: Repository, policy: Policy, report: GCReport, dry_run: bool) -> list[str]:
     snapshots = store.index.list_snapshots()
     tagged = {t.snapshot_id for t in store.index.list_tags()}
     drop = policy.select(snapshots, tagged)
@@ -111,7 +111,7 @@ def _forget(store: Store, policy: Policy, report: GCReport, dry_run: bool) -> li
     return [s.id for s in drop]
 
 
-def _estimate(store: Store, report: GCReport, cutoff: float, dropped: list[str]) -> None:
+def _estimate(store: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
     chunks = store.index.unreferenced_chunks(cutoff, ignoring=dropped)
     report.chunks_removed = len(chunks)
     report.chunk_bytes_removed = sum(c.length for c in chunks)
@@ -119,7 +119,7 @@ def _estimate(store: Store, report: GCReport, cutoff: float, dropped: list[str])
     report.bytes_reclaimed = report.chunk_bytes_removed
 
 
-def _compact_packs(store: Store, report: GCReport, cutoff: float, repack_below: float) -> None:
+def _compact_packs(store: Repository, report: GCReport, cutoff: float, repack_below: float) -> None:
     usage = [u for u in store.index.pack_usage() if u.retired_at is None]
     dead = [u.pack_id for u in usage if u.live_chunks == 0]
     report.packs_retired += len(store.index.retire_packs(dead))
@@ -134,7 +134,7 @@ def _payload(u: PackUsage) -> int:
     return max(1, u.size - objects.pack_overhead(u.chunk_count))
 
 
-def _rewrite_pack(store: Store, pack_id: str) -> bool:
+def _rewrite_pack(store: Repository, pack_id: str) -> bool:
     """Copy a pack's live chunks (verified) into a new pack and switch the index to it."""
     live = [c for c in store.index.all_chunks() if c.pack_id == pack_id]
     if not live:
@@ -155,7 +155,7 @@ def _rewrite_pack(store: Store, pack_id: str) -> bool:
     return True
 
 
-def _delete_retired(store: Store, report: GCReport, cutoff: float) -> None:
+def _delete_retired(store: Repository, report: GCReport, cutoff: float) -> None:
     for pack_id in store.index.delete_retired_packs(cutoff):  # rows first...
         try:
             report.bytes_reclaimed += store.objects.pack_size(pack_id)
@@ -165,7 +165,7 @@ def _delete_retired(store: Store, report: GCReport, cutoff: float) -> None:
         report.packs_removed += 1
 
 
-def _delete_orphans(store: Store, report: GCReport) -> None:
+def _delete_orphans(store: Repository, report: GCReport) -> None:
     """Delete packs/manifests the index does not know, if no write session is alive.
 
     Every object was written inside some write session. If, after listing, no session is

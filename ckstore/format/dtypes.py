@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from .errors import CorruptionError, UnsupportedValueError
+from ..errors import CorruptionError, UnsupportedValueError
 
 if sys.byteorder != "little":  # pragma: no cover - no big-endian torch hosts in practice
     raise ImportError("ckstore stores little-endian bytes and needs a little-endian host")

@@ -15,10 +15,10 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from .._dtypes import DTYPES, dtype_name
-from .._values import decode_value, encode_value
 from ..errors import CorruptionError, UnsupportedValueError
-from ..manifest import canonical_json
+from ..format.dtypes import DTYPES, dtype_name
+from ..format.manifest import canonical_json
+from ..format.values import decode_value, encode_value
 
 FORMAT = "ckstore/dcp-metadata"
 VERSION = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .._grid import Box, Grid
+from .grid import Box, Grid
 
 
 def is_dtensor(value: Any) -> bool:

@@ -15,16 +15,16 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from .._lease import Lease
-from .._packing import TakeOptions, _Chunk, write_missing
-from .._take import commit_manifest, hash_chunks
-from .._tree import join
-from .._values import encode_value
+from ..dist._comm import Comm, failure, raise_failed
+from ..engine.lease import Lease
+from ..engine.packing import TakeOptions, _Chunk, write_missing
+from ..engine.take import commit_manifest, hash_chunks
 from ..errors import CkstoreError, CorruptionError, DistributedError, InvalidInputError
-from ..manifest import Manifest, snapshot_header
-from ._comm import Comm, failure, raise_failed
-from ._dcp_meta import metadata_to_json
-from ._dcp_plan import (
+from ..format.manifest import Manifest, snapshot_header
+from ..format.tree import join
+from ..format.values import encode_value
+from .meta import metadata_to_json
+from .plan import (
     APP,
     _cut_items,
     _fill_ids,
@@ -64,9 +64,9 @@ class StorageWriter(_DcpStorageWriter):
         timeout: float | None = None,
     ) -> None:
         super().__init__()
-        from ..store import _check_take_args
+        from .._takes import check_take_args
 
-        _check_take_args(run, step, metadata)
+        check_take_args(run, step, metadata)
         self.store = store
         self.run = run
         self.step = step
@@ -101,7 +101,7 @@ class StorageWriter(_DcpStorageWriter):
         return StorageMeta(checkpoint_id=_checkpoint_id(self.run, self.step), save_id=self.save_id)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        from . import is_distributed
+        from ..dist import is_distributed
 
         _abort_all(self._held)  # a previous save that never reached finish
         if not kwargs.get("use_collectives", True):
@@ -127,7 +127,7 @@ class StorageWriter(_DcpStorageWriter):
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        opts: TakeOptions = self.store._take_options()
+        opts: TakeOptions = self.store.take_options()
         comm = self._comm
         with ThreadPoolExecutor(max_workers=opts.threads, thread_name_prefix="ckstore") as pool:
             # 1. cut on the global grid and hash (local); one writer per distinct chunk id

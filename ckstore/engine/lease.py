@@ -10,8 +10,8 @@ import os
 import socket
 import threading
 
-from .errors import CkstoreError
-from .index import Index
+from ..errors import CkstoreError
+from ..index import Index
 
 
 class Lease:

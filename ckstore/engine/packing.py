@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from . import objects
-from ._locations import to_records
-from .index import PackRecord
+from .. import objects
+from ..index import PackRecord
+from .locations import to_records
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import CorruptionError, InvalidInputError, SchemaError
+from ..errors import CorruptionError, InvalidInputError, SchemaError
 
 CONFIG_NAME = "ckstore.json"
 FORMAT_NAME = "ckstore"

@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from . import objects
-from ._dtypes import dtype_from_name
-from ._locations import to_location
-from ._tensors import empty_for, from_bytes, writable_view
-from ._tree import flatten, subtree, tree_refs, unflatten
-from .errors import CorruptionError, KeyNotFoundError, MismatchError
-from .manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueEntry
+from .. import objects
+from ..errors import CorruptionError, KeyNotFoundError, MismatchError
+from ..format.dtypes import dtype_from_name
+from ..format.manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueEntry
+from ..format.tensors import empty_for, from_bytes, writable_view
+from ..format.tree import flatten, subtree, tree_refs, unflatten
+from .locations import to_location
 
 Region = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
 
@@ -421,7 +421,7 @@ def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | N
         plan.dest[key] = dest
         plan.target[key] = dest
         if _is_dtensor(dest):
-            from .dist._boxes import local_box
+            from ..format.boxes import local_box
 
             plan.target[key] = dest.to_local()
             plan.region[key] = local_box(dest)

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import Table, func, select
 from sqlalchemy.engine import Connection
 
-from .index import models
+from ..index import models
 
 if TYPE_CHECKING:
-    from .store import Store
+    from ..engine.repository import Repository
 
 _snapshots = cast(Table, models.Snapshot.__table__)
 _snapshot_chunks = cast(Table, models.SnapshotChunk.__table__)
@@ -69,7 +69,7 @@ class UsageRow:
 
 
 def du(
-    store: Store, progress: Callable[[Iterable[str]], Iterable[str]] | None = None
+    store: Repository, progress: Callable[[Iterable[str]], Iterable[str]] | None = None
 ) -> list[UsageRow]:
     """Per-run usage rows in run order, then one store-wide total row (``run=None``).
 

@@ -10,15 +10,15 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from .._dtypes import GROUPED, dtype_name, itemsize
-from .._grid import Box, make_grid
-from .._packing import TakeOptions, _Chunk
-from .._tensors import as_cpu_tensor, byte_view
-from .._tree import join
-from .._values import encode_value
+from ..engine.packing import TakeOptions, _Chunk
 from ..errors import DistributedError, InvalidInputError, UnsupportedValueError
-from ..manifest import ChunkRef, Entry, TensorEntry, ValueEntry, canonical_json
-from ._boxes import pieces
+from ..format.boxes import pieces
+from ..format.dtypes import GROUPED, dtype_name, itemsize
+from ..format.grid import Box, make_grid
+from ..format.manifest import ChunkRef, Entry, TensorEntry, ValueEntry, canonical_json
+from ..format.tensors import as_cpu_tensor, byte_view
+from ..format.tree import join
+from ..format.values import encode_value
 
 APP = "dcp"
 

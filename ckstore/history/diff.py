@@ -19,8 +19,13 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ._diff_numeric import numeric_diff
-from ._diff_result import (
+from ..engine.repository import SnapshotView
+from ..errors import CorruptionError
+from ..format.dtypes import itemsize
+from ..format.manifest import TensorEntry, entry_digest
+from ..index import EntryRecord
+from .diff_numeric import numeric_diff
+from .diff_result import (
     ADDED,
     CHANGED,
     REMOVED,
@@ -31,14 +36,9 @@ from ._diff_result import (
     NumericDiff,
     SnapshotSide,
 )
-from ._dtypes import itemsize
-from .errors import CorruptionError
-from .index import EntryRecord
-from .manifest import TensorEntry, entry_digest
 
 if TYPE_CHECKING:
-    from .snapshot import Snapshot
-    from .store import Store
+    from ..engine.repository import Repository
 
 __all__ = [
     "ADDED",
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 
-def diff(store: Store, a: str, b: str, numeric: bool = False) -> DiffResult:
+def diff(store: Repository, a: str, b: str, numeric: bool = False) -> DiffResult:
     """Compare the snapshots that refs ``a`` and ``b`` name (see the module docstring).
 
     Args:
@@ -66,7 +66,8 @@ def diff(store: Store, a: str, b: str, numeric: bool = False) -> DiffResult:
         SnapshotNotFoundError: A ref names nothing.
         CorruptionError: A manifest or (with ``numeric``) a chunk read is damaged.
     """
-    snap_a, snap_b = store.get(a), store.get(b)
+    snap_a = SnapshotView(store, store.index.resolve(a))
+    snap_b = SnapshotView(store, store.index.resolve(b))
     recs_a, recs_b = _entry_records(snap_a), _entry_records(snap_b)
     keys: list[KeyDiff] = []
     for key, rb in recs_b.items():
@@ -82,7 +83,7 @@ def diff(store: Store, a: str, b: str, numeric: bool = False) -> DiffResult:
 
 
 # --- classification --------------------------------------------------------------------------
-def _entry_records(snap: Snapshot) -> dict[str, EntryRecord]:
+def _entry_records(snap: SnapshotView) -> dict[str, EntryRecord]:
     records = snap.store.index.entries(snap.record.manifest_id)
     if not records and snap.manifest.entries:  # an index without entry rows: use the manifest
         records = [
@@ -92,7 +93,7 @@ def _entry_records(snap: Snapshot) -> dict[str, EntryRecord]:
     return {r.key: r for r in records}
 
 
-def _side(ref: str, snap: Snapshot) -> SnapshotSide:
+def _side(ref: str, snap: SnapshotView) -> SnapshotSide:
     return SnapshotSide(ref, snap.id, snap.run, snap.step)
 
 
@@ -113,7 +114,7 @@ def _unchanged(ra: EntryRecord, rb: EntryRecord) -> KeyDiff:
 
 
 def _changed(
-    snap_a: Snapshot, snap_b: Snapshot, ra: EntryRecord, rb: EntryRecord, numeric: bool
+    snap_a: SnapshotView, snap_b: SnapshotView, ra: EntryRecord, rb: EntryRecord, numeric: bool
 ) -> KeyDiff:
     base = KeyDiff(
         rb.key, CHANGED, rb.kind, ra.dtype, rb.dtype, _shape(ra), _shape(rb), ra.nbytes, rb.nbytes

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._dtypes import DTYPES, dtype_name
-from .errors import CorruptionError, UnsupportedValueError
+from ..errors import CorruptionError, UnsupportedValueError
+from .dtypes import DTYPES, dtype_name
 
 _NP_KINDS = frozenset("biufc")
 

@@ -1,0 +1,174 @@
+"""How a take runs: checked arguments, then one process or every rank, now or in the background.
+
+Shared by :class:`ckstore.Store` and the TorchSnapshot-style :meth:`ckstore.Snapshot.take`, so
+both choose between the single-process engine (:mod:`ckstore.engine.take`) and the distributed
+one (:mod:`ckstore.dist`) in one place. Results are committed ``(record, manifest)`` pairs; the
+facade binds them to :class:`ckstore.Snapshot` handles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from .dist import is_distributed
+from .engine.repository import Repository
+from .engine.stage import stage
+from .engine.take import state_dicts, take_async
+from .engine.take import take as engine_take
+from .errors import InvalidInputError
+from .format.manifest import Manifest, canonical_json
+from .index import SnapshotRecord
+
+Committed = tuple[SnapshotRecord, "Manifest | None"]
+
+
+@dataclass(frozen=True)
+class TakeArgs:
+    """What a take records besides the state: where it goes and how it is labelled."""
+
+    run: str = "default"
+    step: int | None = None
+    tags: tuple[str, ...] = ()
+    metadata: Mapping[str, Any] | None = None
+    name: str | None = None
+    replicated: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        run: str,
+        step: int | None,
+        tags: Sequence[str],
+        metadata: Mapping[str, Any] | None,
+        name: str | None,
+        replicated: Sequence[str],
+    ) -> TakeArgs:
+        check_take_args(run, step, metadata)
+        return cls(run, step, tuple(tags), dict(metadata or {}), name, tuple(replicated))
+
+
+@dataclass
+class Background:
+    """A take finishing in the background, and how much of the state it had to copy."""
+
+    future: Future[Committed]
+    staged_bytes: int = 0
+    sync_bytes: int = 0
+
+
+def take(
+    repo: Repository,
+    app_state: Mapping[str, Any],
+    args: TakeArgs,
+    pg: Any,
+    dist_timeout: float | None,
+) -> Committed:
+    """Take ``app_state`` into ``repo`` now (on every rank when distributed)."""
+    if is_distributed():
+        return _dist_take(repo, app_state, None, args, pg, dist_timeout)
+    result = engine_take(
+        repo.objects,
+        repo.index,
+        state_dicts(app_state),
+        repo.take_options(),
+        run=args.run,
+        step=args.step,
+        tags=args.tags,
+        metadata=dict(args.metadata or {}),
+        name=args.name,
+    )
+    return result.record, result.manifest
+
+
+def async_take(
+    repo: Repository,
+    app_state: Mapping[str, Any],
+    args: TakeArgs,
+    pg: Any,
+    dist_timeout: float | None,
+    staging_budget: int | None,
+) -> Background:
+    """Return once the state at this call is safe; hash, write and commit in the background."""
+    if is_distributed():
+        from .dist._comm import Comm
+        from .dist._take import _ddp_apps, background
+
+        comm = Comm(pg, dist_timeout)  # made here: creating a group is itself a collective
+        ddp = _ddp_apps(app_state)
+        staged = stage(state_dicts(app_state))
+        fut: Future[Committed] = background().submit(
+            _dist_take, repo, None, staged, args, pg, dist_timeout, comm, ddp
+        )
+        return Background(fut)
+    budget = repo.staging_budget if staging_budget is None else staging_budget
+    job = take_async(
+        repo.objects,
+        repo.index,
+        state_dicts(app_state),
+        repo.take_options(),
+        budget,
+        run=args.run,
+        step=args.step,
+        tags=args.tags,
+        metadata=dict(args.metadata or {}),
+        name=args.name,
+    )
+    future: Future[Committed] = Future()
+
+    def done(job_future: Future[Any]) -> None:
+        exc = job_future.exception()
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            result = job_future.result()
+            future.set_result((result.record, result.manifest))
+
+    job.future.add_done_callback(done)
+    return Background(future, staged_bytes=job.staged_bytes, sync_bytes=job.sync_bytes)
+
+
+def _dist_take(
+    repo: Repository,
+    app_state: Mapping[str, Any] | None,
+    states: Mapping[str, Any] | None,
+    args: TakeArgs,
+    pg: Any,
+    dist_timeout: float | None,
+    comm: Any = None,
+    ddp: Any = None,
+) -> Committed:
+    from .dist import _take as dist_take
+
+    return dist_take.take(
+        repo,
+        app_state,
+        repo.take_options(),
+        run=args.run,
+        step=args.step,
+        tags=args.tags,
+        metadata=dict(args.metadata or {}),
+        name=args.name,
+        replicated=args.replicated,
+        pg=pg,
+        timeout=dist_timeout,
+        states=states,
+        comm=comm,
+        ddp=ddp,
+    )
+
+
+def check_take_args(run: str, step: int | None, metadata: Mapping[str, Any] | None) -> None:
+    """Refuse a bad run, step or metadata before anything is planned."""
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise InvalidInputError(f"step must be a non-negative int, got {step!r}")
+    if not isinstance(run, str) or not run:
+        raise InvalidInputError(f"run must be a non-empty str, got {run!r}")
+    try:
+        canonical_json(dict(metadata or {}))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(
+            f"metadata must be JSON-able (finite numbers, str, lists, dicts): {exc}"
+        ) from exc

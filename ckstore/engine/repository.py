@@ -1,0 +1,249 @@
+"""A repository: one store's object backend, SQL index and config, opened together.
+
+This is the plumbing every layer above works on: the engine takes and restores through it,
+``history`` runs gc, check, diff and reindex over it, ``dist`` spreads takes and restores of it
+over ranks, and the public :class:`ckstore.Store` is a repository with the user's verbs on top.
+:class:`SnapshotView` binds one committed snapshot record to its repository and (lazily) its
+manifest; the public :class:`ckstore.Snapshot` extends it with restore and reads.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+from .. import objects
+from ..errors import ConflictError, InvalidInputError, NotFoundError, ObjectNotFoundError
+from ..format.manifest import Manifest
+from ..index import Index, SnapshotRecord
+from .config import (
+    CONFIG_NAME,
+    DEFAULT_LEASE_SECONDS,
+    StoreConfig,
+    default_io_threads,
+    default_memory_budget,
+    default_staging_budget,
+    default_threads,
+)
+from .packing import TakeOptions
+from .restore import Reader
+
+R = TypeVar("R", bound="Repository")
+
+
+def is_local(url: str) -> bool:
+    """True for plain paths and file:// URLs."""
+    scheme = urlparse(url).scheme
+    return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
+
+
+def local_path(url: str) -> str:
+    """The absolute filesystem path of a local store URL."""
+    return os.path.abspath(urlparse(url).path if url.startswith("file://") else url)
+
+
+def default_index_url(url: str) -> str:
+    """SQLite inside the store for local stores; an in-memory SQLite for memory:// stores."""
+    if is_local(url):
+        return f"sqlite:///{os.path.join(local_path(url), 'index.sqlite')}"
+    if url.startswith("memory://"):
+        return "sqlite:///:memory:"
+    raise InvalidInputError(
+        f"store {url!r} is not on a local disk: pass index=<SQLAlchemy URL> (e.g. "
+        "postgresql+psycopg://user@host/db) so several hosts share one index"
+    )
+
+
+class Repository:
+    """One store's objects, index and config, plus the knobs of this process.
+
+    ``threads`` (hash/encode/decode workers), ``io_threads`` (packs written at once),
+    ``memory_budget`` (restore staging) and ``lease_seconds`` may be changed on an open
+    repository; they affect this process only.
+    """
+
+    def __init__(
+        self, url: str, objs: objects.ObjectStore, index: Index, config: StoreConfig
+    ) -> None:
+        self.url = url
+        self.objects = objs
+        self.index = index
+        self.config = config
+        self.threads = default_threads()
+        self.io_threads = default_io_threads()
+        self.memory_budget = default_memory_budget()
+        self._staging_budget: int | None = None
+        self.lease_seconds = float(os.environ.get("CKSTORE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
+
+    @property
+    def staging_budget(self) -> int:
+        """Bytes an ``async_take`` may copy: set explicitly, else ``default_staging_budget()``
+        measured at each call (available memory changes while training runs)."""
+        return default_staging_budget() if self._staging_budget is None else self._staging_budget
+
+    @staging_budget.setter
+    def staging_budget(self, value: int | None) -> None:
+        self._staging_budget = value
+
+    def take_options(self) -> TakeOptions:
+        """The options a take into this repository runs with."""
+        return TakeOptions(
+            chunk_bytes=self.config.chunk_bytes,
+            pack_bytes=self.config.pack_bytes,
+            inline_bytes=self.config.inline_bytes,
+            threads=self.threads,
+            lease_seconds=self.lease_seconds,
+            io_threads=self.io_threads,
+        )
+
+    def load_manifest(self, record: SnapshotRecord) -> Manifest:
+        """The manifest of a committed snapshot, parsed and validated."""
+        raw = self.objects.get_blob("manifests", record.manifest_id)
+        return Manifest.from_json(raw, where=f"manifest of {describe(record)}")
+
+    def close(self) -> None:
+        self.index.close()
+        self.objects.backend.close()
+
+    def __enter__(self: R) -> R:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ckstore.{type(self).__name__}({self.url!r})"
+
+
+def describe(record: SnapshotRecord) -> str:
+    """A human ref: ``run@step`` (or the name) plus a short id."""
+    base = record.name or (f"{record.run}@{record.step}" if record.step is not None else record.run)
+    return f"{base} ({record.id[:12]})"
+
+
+class SnapshotView:
+    """One committed snapshot of a repository: its record, its manifest (read on first use)."""
+
+    store: Repository
+    record: SnapshotRecord
+
+    def __init__(
+        self, store: Repository, record: SnapshotRecord, manifest: Manifest | None = None
+    ) -> None:
+        self.store = store
+        self.record = record
+        self._manifest = manifest
+
+    @property
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            self._manifest = self.store.load_manifest(self.record)
+        return self._manifest
+
+    def reader(self) -> Reader:
+        """A reader of this snapshot's chunks (every chunk re-hashed on read)."""
+        return Reader(
+            self.store.objects,
+            self.store.index,
+            self.manifest,
+            f"snapshot {self.ref}",
+            self.store.threads,
+        )
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def run(self) -> str:
+        return self.record.run
+
+    @property
+    def step(self) -> int | None:
+        return self.record.step
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.record.parent_id
+
+    @property
+    def created_at(self) -> float:
+        return self.record.created_at
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return dict(self.record.metadata)
+
+    @property
+    def name(self) -> str | None:
+        return self.record.name
+
+    @property
+    def ref(self) -> str:
+        """A human ref: ``run@step`` (or the name) plus a short id."""
+        return describe(self.record)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        r = self.record
+        return {
+            "logical_bytes": r.logical_bytes,
+            "new_bytes": r.new_bytes,
+            "new_chunks": r.new_chunks,
+            "reused_chunks": r.reused_chunks,
+        }
+
+
+def open_repository(
+    url: str | os.PathLike[str],
+    *,
+    index: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    create: bool = True,
+    chunk_bytes: int | None = None,
+    pack_bytes: int | None = None,
+    inline_bytes: int | None = None,
+    cls: type[R] = Repository,  # type: ignore[assignment]
+) -> R:
+    """Open (and by default create) a store; see :func:`ckstore.open` for the arguments.
+
+    ``cls`` is the class to build (``Store`` for the public facade).
+    """
+    url = os.fspath(url)
+    if is_local(url):
+        url = local_path(url)
+        if create:
+            os.makedirs(url, exist_ok=True)
+        elif not os.path.isdir(url):
+            raise NotFoundError(f"no ckstore store at {url!r}; create it with `ckstore init {url}`")
+    objs = objects.ObjectStore(objects.open_backend(url, storage_options))
+    config = _load_config(objs.backend, url, create, chunk_bytes, pack_bytes, inline_bytes)
+    idx = Index.open(index or default_index_url(url), create=create)
+    stored = idx.set_meta("store_id", config.store_id, only_if_absent=True)
+    if stored != config.store_id:
+        idx.close()
+        raise ConflictError(
+            f"index {idx.url} belongs to another store (id {stored}) than {url} (id "
+            f"{config.store_id}); point index= at this store's index"
+        )
+    return cls(url, objs, idx, config)
+
+
+def _load_config(
+    backend: objects.Backend,
+    url: str,
+    create: bool,
+    chunk: int | None,
+    pack: int | None,
+    inline: int | None,
+) -> StoreConfig:
+    try:
+        return StoreConfig.from_json(backend.get(CONFIG_NAME), url)
+    except ObjectNotFoundError:
+        if not create:
+            raise NotFoundError(
+                f"no ckstore store at {url!r}; create it with `ckstore init {url}`"
+            ) from None
+    backend.put(CONFIG_NAME, StoreConfig.new(chunk, pack, inline).to_json())
+    return StoreConfig.from_json(backend.get(CONFIG_NAME), url)  # whoever created it first wins
