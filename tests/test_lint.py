@@ -17,6 +17,16 @@ def test_ruff_check_is_clean():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_mypy_is_clean():
+    """The package type-checks (configured in pyproject.toml; it ships py.typed)."""
+    assert (ROOT / "ckstore" / "py.typed").is_file()
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_every_test_folder_is_collected():
     """pytest skips folders named like build outputs (e.g. ``dist``) unless told otherwise."""
     out = subprocess.run(

@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
             description=help_[0].upper() + help_[1:] + ".",
             epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
             formatter_class=fmt_cls,
-            parents=[common_options(True)],
+            parents=[common_options(True)],  # type: ignore[list-item]
         )
         add_arguments(name, sp)
         sp.set_defaults(func=func, parser=sp)

@@ -98,7 +98,8 @@ def _report_lines(d: dict[str, Any], indent: str) -> list[str]:
 
 # --- errors -------------------------------------------------------------------------------------
 def usage_error(args: argparse.Namespace, message: str) -> NoReturn:
-    args.parser.error(message)
+    parser: argparse.ArgumentParser = args.parser
+    parser.error(message)
 
 
 def exit_code(exc: CkstoreError) -> int:

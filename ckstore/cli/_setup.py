@@ -40,9 +40,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(info)
     else:
-        knobs = f"chunks {fmt.size(cfg.chunk_bytes)}, packs {fmt.size(cfg.pack_bytes)}"
-        knobs += f", inline up to {fmt.size(cfg.inline_bytes)}"
-        print(f"initialized empty ckstore store at {info['url']} ({knobs})")
+        sizes = f"chunks {fmt.size(cfg.chunk_bytes)}, packs {fmt.size(cfg.pack_bytes)}"
+        sizes += f", inline up to {fmt.size(cfg.inline_bytes)}"
+        print(f"initialized empty ckstore store at {info['url']} ({sizes})")
     return EXIT_OK
 
 

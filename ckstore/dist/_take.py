@@ -320,13 +320,13 @@ def _cut_chunks(local: _Local, mine: list[tuple[str, Box]], opts: TakeOptions) -
     for key, leaf in local.leaves.items():
         if leaf.kind != LOCAL or "data" in leaf.desc:
             continue
-        t = leaf.tensor
-        assert t is not None
-        view = byte_view(t)
-        grid = make_grid(tuple(t.shape), t.element_size(), opts.chunk_bytes)
+        lt = leaf.tensor
+        assert lt is not None
+        view = byte_view(lt)
+        grid = make_grid(tuple(lt.shape), lt.element_size(), opts.chunk_bytes)
         for offsets, sizes in grid.boxes():
             start, stop = grid.byte_range(offsets, sizes)
-            local.chunks.append((key, (offsets, sizes), _Chunk(key, view[start:stop], t.element_size(), leaf.desc["dtype"] in GROUPED)))
+            local.chunks.append((key, (offsets, sizes), _Chunk(key, view[start:stop], lt.element_size(), leaf.desc["dtype"] in GROUPED)))
 
 
 def _writers(results: list[dict[str, Any]], descs: list[dict[str, Any]], world: int) -> dict[str, int]:
@@ -424,7 +424,7 @@ def _entry(key: str, descs: list[dict[str, Any]], results: list[dict[str, Any]],
     per = [_own_entry(key, x, res, opts) for x, res in zip(ds, results)]
     if len({entry_digest(e) for e in per}) == 1:
         return per[0]  # the same on every rank: one entry, not one per rank
-    return PerRankEntry(tuple(per))  # type: ignore[arg-type]
+    return PerRankEntry(tuple(per))
 
 
 def _own_entry(key: str, x: dict[str, Any], res: dict[str, Any], opts: TakeOptions) -> TensorEntry | ValueEntry:

@@ -121,7 +121,7 @@ class Reader:
 
     def verify(self, wanted: Mapping[str, Region | None]) -> None:
         """Fetch, decode and re-hash every chunk overlapping the regions; keep nothing."""
-        jobs = []
+        jobs: list[_Job] = []
         for key, region in wanted.items():
             entry = self.entry(key)
             assert isinstance(entry, TensorEntry)
@@ -182,7 +182,7 @@ class Reader:
         if isinstance(entry, ValueEntry):
             return entry.value
         t = tensors[key]
-        return t.numpy() if entry.container == "numpy" else t
+        return t.numpy() if entry.container == "numpy" else t  # type: ignore[union-attr]
 
 
 _local = threading.local()
@@ -423,7 +423,7 @@ def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | N
         if _is_dtensor(dest):
             from ..format.boxes import local_box
 
-            plan.target[key] = dest.to_local()
+            plan.target[key] = dest.to_local()  # type: ignore[attr-defined]
             plan.region[key] = local_box(dest)
     if strict:
         _check_keys(reader, plan, current, isinstance(obj, torch.nn.Module))

@@ -19,7 +19,7 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: Any) -> Any: ...
 
 
-class StateDict(UserDict):  # type: ignore[type-arg]
+class StateDict(UserDict[str, Any]):
     """A dict that is its own state: wrap plain values (step counters, configs, tensors).
 
     ``state_dict()`` returns the dict itself, so a restore copies into the tensors it holds.

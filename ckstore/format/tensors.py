@@ -47,7 +47,7 @@ def byte_view(t: torch.Tensor) -> memoryview:
     t = t.contiguous()
     if t.numel() == 0:
         return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
 def empty_for(dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -59,7 +59,7 @@ def writable_view(t: torch.Tensor) -> memoryview:
     """A writable uint8 memoryview over a contiguous CPU tensor's storage."""
     if t.numel() == 0:
         return memoryview(bytearray())
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
 def from_bytes(data: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:

@@ -56,9 +56,11 @@ def _unreferenced(ignoring: Sequence[str] = ()) -> Any:
 class MaintenanceMixin:
     """GC and check queries; relies on ``Index._write`` / ``Index._read``."""
 
-    def _write(self, what: str) -> AbstractContextManager[Connection]: ...  # provided by Index
+    def _write(self, what: str) -> AbstractContextManager[Connection]:  # provided by Index
+        raise NotImplementedError
 
-    def _read(self, what: str) -> AbstractContextManager[Connection]: ...  # provided by Index
+    def _read(self, what: str) -> AbstractContextManager[Connection]:  # provided by Index
+        raise NotImplementedError
 
     # -------------------------------------------------------------------- sessions
     def expire_sessions(self, now: float | None = None, purge_after: float = 86400.0) -> int:

@@ -116,6 +116,7 @@ def encode(
     n = len(view)
     if n == 0:
         return NONE, _original(raw, view)
+    payload: bytes | memoryview
     if grouped and 2 <= itemsize <= 16 and n % itemsize == 0:
         codec, payload = BYTEGROUP_ZSTD, _encode_grouped(view, itemsize, level, buffer)
     else:
