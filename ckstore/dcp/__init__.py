@@ -17,7 +17,7 @@ What is stored
   the same chunk ids for every block wholly inside it, whatever the world size, and an
   unchanged tensor yields identical ids next time: a second ``dcp.save`` of unchanged state
   writes no chunk bytes. Chunks are hashed, looked up in the index (pinning what it has), and
-  the missing ones encoded into packs exactly as a take does (``ckstore._take`` functions).
+  the missing ones encoded into packs exactly as a take does (``ckstore.engine.take`` functions).
 * **Non-tensor values** (DCP's ``BYTE_IO`` items: step counters, learning rates, ...) are NOT
   stored as DCP's ``torch.save`` bytes. The writer takes the object itself from the planner
   (``planner.lookup_object``, which ``DefaultSavePlanner`` and its subclasses have) and stores
@@ -41,7 +41,7 @@ What is stored
 
 Leases and GC (why nothing a save relies on can be pruned)
 ----------------------------------------------------------
-Every rank writes under its own write session (:class:`ckstore._lease.Lease`): the chunks it
+Every rank writes under its own write session (:class:`ckstore.engine.lease.Lease`): the chunks it
 reuses are pinned by ``lookup_chunks``, the chunks it writes by ``add_pack``. DCP calls
 ``finish`` on the coordinator only, so other ranks never learn when the snapshot is committed.
 Ending their sessions right after writing would drop their pins before the coordinator

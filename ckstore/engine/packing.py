@@ -1,6 +1,6 @@
 """Packing: encode missing chunks in parallel and write them into packs, several at once.
 
-The write half of a take (``ckstore._take`` decides what is missing; the distributed take
+The write half of a take (``ckstore.engine.take`` decides what is missing; the distributed take
 and the DCP writer reuse this too). Packs are made durable before they are indexed (I1).
 """
 

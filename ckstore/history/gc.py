@@ -71,7 +71,7 @@ def gc(
 
     Args:
         keep_last, keep_every_steps, keep_tagged, older_than, runs: the retention policy
-            (see :class:`ckstore._policy.Policy`); with none of the first three set only prune.
+            (see :class:`ckstore.history.policy.Policy`); with none of the first three set only prune.
         grace_seconds: unreferenced data younger than this, and retired packs retired more
             recently than this, are kept (readers that resolved a location just before may still
             be reading it).
