@@ -59,7 +59,8 @@ class Repository:
     """One store's objects, index and config, plus the knobs of this process.
 
     ``threads`` (hash/encode/decode workers), ``io_threads`` (packs written at once),
-    ``memory_budget`` (restore staging) and ``lease_seconds`` may be changed on an open
+    ``memory_budget`` (restore staging in bytes; None: a share of what each restore restores,
+    see ``config.restore_budget``) and ``lease_seconds`` may be changed on an open
     repository; they affect this process only.
     """
 
@@ -72,7 +73,7 @@ class Repository:
         self.config = config
         self.threads = default_threads()
         self.io_threads = default_io_threads()
-        self.memory_budget = default_memory_budget()
+        self.memory_budget: int | None = default_memory_budget()
         self._staging_budget: int | None = None
         self.lease_seconds = float(os.environ.get("CKSTORE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
 
