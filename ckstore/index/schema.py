@@ -16,11 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, Engine
 
@@ -28,8 +25,16 @@ from ckstore.errors import NotFoundError, SchemaError
 from ckstore.index.engine import READONLY, display_url, make_engine
 from ckstore.index.models import Base
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "alembic_version"
+HEAD_REVISION = "0001"
+"""The newest revision of the shipped migrations (a test checks it against them). Opening an
+index at this revision reads one row and imports no alembic (about half a second of a fresh
+process's start-up); anything else goes through alembic's script directory."""
 _PG_LOCK_KEY = 0x636B73746F7265  # "ckstore": serializes schema creation on PostgreSQL
 
 
@@ -46,6 +51,8 @@ def alembic_config(
         url: Database URL, used when no connection is given.
         script_location: Migration scripts directory (tests only; default: the shipped ones).
     """
+    from alembic.config import Config
+
     config = Config()
     location = str(script_location or MIGRATIONS_DIR)
     config.set_main_option("script_location", location.replace("%", "%%"))
@@ -57,6 +64,8 @@ def alembic_config(
 
 def script_directory(script_location: Path | None = None) -> ScriptDirectory:
     """Returns the migration scripts directory."""
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config(script_location=script_location))
 
 
@@ -86,24 +95,25 @@ def ensure_schema(
         SchemaError: If the database is older or newer than this code, or not a ckstore index.
         NotFoundError: If the database is empty and ``create`` is False.
     """
-    script = script_directory(script_location)
     url = _display_url(engine)
     with engine.connect() as conn:
         conn.execution_options(**{READONLY: True})
         with conn.begin():
             revision = _stored_revision(conn, url)
     if revision is not None:
-        _check_revision(revision, script, url)
+        _check_revision(revision, script_location, url)
         return
+    from alembic.runtime.migration import MigrationContext
+
     with _schema_lock(engine) as conn:
         revision = _stored_revision(conn, url)
         if revision is not None:  # another process created it meanwhile
-            _check_revision(revision, script, url)
+            _check_revision(revision, script_location, url)
             return
         if not create:
             raise NotFoundError(f"no ckstore index at {url} (open it with create=True)")
         Base.metadata.create_all(conn)
-        MigrationContext.configure(conn).stamp(script, "head")
+        MigrationContext.configure(conn).stamp(script_directory(script_location), "head")
 
 
 def upgrade(url: str, *, script_location: Path | None = None) -> str:
@@ -117,6 +127,9 @@ def upgrade(url: str, *, script_location: Path | None = None) -> str:
     Raises:
         SchemaError: If the database is newer than this code or is not a ckstore index.
     """
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+
     engine = make_engine(url)
     script = script_directory(script_location)
     try:
@@ -157,7 +170,7 @@ def _stored_revision(conn: Connection, url: str) -> str | None:
                 "ckstore index"
             )
         return None
-    heads = MigrationContext.configure(conn).get_current_heads()
+    heads = [row[0] for row in conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))]
     if len(heads) != 1:
         raise SchemaError(
             f"index {url} has {len(heads)} schema revisions recorded ({heads}); expected one. "
@@ -170,7 +183,10 @@ def _known(revision: str, script: ScriptDirectory) -> bool:
     return any(rev.revision == revision for rev in script.walk_revisions())
 
 
-def _check_revision(revision: str, script: ScriptDirectory, url: str) -> None:
+def _check_revision(revision: str, script_location: Path | None, url: str) -> None:
+    if revision == HEAD_REVISION and script_location is None:
+        return
+    script = script_directory(script_location)
     head = script.get_current_head()
     if revision == head:
         return

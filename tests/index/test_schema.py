@@ -20,7 +20,7 @@ from ckstore.index import (
     upgrade,
 )
 from ckstore.index.models import Base
-from ckstore.index.schema import MIGRATIONS_DIR
+from ckstore.index.schema import HEAD_REVISION, MIGRATIONS_DIR
 
 from . import _fixture_data as frozen
 from ._helpers import commit
@@ -33,6 +33,25 @@ def test_new_database_is_stamped_at_head(index_url: str) -> None:
         assert current_revision(engine) == head_revision() == "0001"
     finally:
         engine.dispose()
+
+
+def test_head_revision_constant_is_the_shipped_head() -> None:
+    """Opening an index at HEAD_REVISION skips alembic; the constant must follow the scripts."""
+    assert HEAD_REVISION == head_revision()
+
+
+def test_opening_an_index_at_head_imports_no_alembic(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'i.sqlite'}"
+    Index.open(url).close()
+    code = (
+        "import sys; from ckstore.index import Index; Index.open(sys.argv[1]).close(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_migrations_build_the_models_schema(index_url: str) -> None:
