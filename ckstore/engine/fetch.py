@@ -37,7 +37,8 @@ from ..errors import CorruptionError
 from ..format.dtypes import dtype_from_name
 from ..format.manifest import TensorEntry
 from ..format.tensors import writable_view
-from .devices import DONE, Copier, HostPool, copier_for
+from . import devices
+from .devices import DONE, Copier, HostPool
 from .locations import to_location
 
 Region = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
@@ -70,7 +71,7 @@ def plan_jobs(key: str, entry: TensorEntry, t: torch.Tensor, offs: tuple[int, ..
     is decoded straight into place; any other is decoded into a host buffer and its overlap
     copied in.
     """
-    direct = t.device.type == "cpu" and t.is_contiguous()
+    direct = t.device.type == "cpu" and t.device.type not in devices.DEVICE_TYPES and t.is_contiguous()
     view = writable_view(t) if direct else None
     strides = _strides(sizes)
     jobs = []
@@ -247,7 +248,7 @@ class _Pools:
         with self._lock:
             pool = self._pools.get(dst.device)
             if pool is None:
-                pool = self._pools[dst.device] = HostPool(copier_for(dst), self._size, POOL_BUFFERS_PER_THREAD * self._threads)
+                pool = self._pools[dst.device] = HostPool(devices.copier_for(dst), self._size, POOL_BUFFERS_PER_THREAD * self._threads)
             return pool
 
     def copier(self, dst: torch.Tensor) -> Copier:
@@ -270,7 +271,7 @@ def _arena_copier(jobs: list[Job]) -> Copier:
     """Pinned arena memory when a staged chunk will be copied to a CUDA device."""
     for j in jobs:
         if j.dst is not None and j.dst.device.type == "cuda":
-            return copier_for(j.dst)
+            return devices.copier_for(j.dst)
     return Copier()
 
 

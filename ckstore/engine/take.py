@@ -33,6 +33,7 @@ from ..format.tensors import as_cpu_tensor, byte_view
 from ..format.tree import flatten, is_array, unflatten
 from ..format.values import encode_value
 from ..index import EntryRecord, SnapshotRecord
+from .device_stage import DeviceStager, is_device_tensor
 from .lease import Lease
 from .packing import TakeOptions, _batches, _Chunk, _PackPipeline, _WriteStats
 
@@ -94,19 +95,26 @@ def plan(states: Mapping[str, Any], opts: TakeOptions) -> _Plan:
 def _plan_tensor(p: _Plan, key: str, value: Any, opts: TakeOptions) -> None:
     device = str(value.device) if isinstance(value, torch.Tensor) else "cpu"
     container = "torch" if isinstance(value, torch.Tensor) else "numpy"
-    t = as_cpu_tensor(value, key)
+    nbytes = value.numel() * value.element_size() if isinstance(value, torch.Tensor) else value.nbytes
+    on_device = is_device_tensor(value) and nbytes > opts.inline_bytes
+    # A device tensor stays where it is: its chunks are copied to host buffers batch by batch.
+    t = value.detach().contiguous() if on_device else as_cpu_tensor(value, key)
     name = dtype_name(t.dtype, key)
-    view = byte_view(t)
+    flat = t.reshape(-1).view(torch.uint8) if on_device else None
+    view = memoryview(b"") if on_device else byte_view(t)
     p.keepalive.append(t)
     shape = tuple(t.shape)
-    if len(view) <= opts.inline_bytes:
+    if not on_device and len(view) <= opts.inline_bytes:
         p.entries[key] = TensorEntry(name, shape, data=bytes(view), container=container, device=device)
         return
     grid = make_grid(shape, t.element_size(), opts.chunk_bytes)
     boxes = []
     for offsets, sizes in grid.boxes():
         start, stop = grid.byte_range(offsets, sizes)
-        chunk = _Chunk(key, view[start:stop], t.element_size(), name in GROUPED)
+        if flat is not None:
+            chunk = _Chunk(key, view, t.element_size(), name in GROUPED, source=flat[start:stop])
+        else:
+            chunk = _Chunk(key, view[start:stop], t.element_size(), name in GROUPED)
         p.chunks.append(chunk)
         boxes.append((offsets, sizes, chunk))
     p.boxes[key] = boxes
@@ -116,7 +124,7 @@ def _plan_tensor(p: _Plan, key: str, value: Any, opts: TakeOptions) -> None:
 
 def hash_chunks(chunks: list[_Chunk], pool: ThreadPoolExecutor) -> None:
     """Fill in every chunk's id (blake3 of its raw bytes), in parallel."""
-    for chunk, cid in zip(chunks, pool.map(lambda c: objects.chunk_id(c.view), chunks)):
+    for chunk, cid in zip(chunks, pool.map(lambda c: objects.chunk_id(c.ready()), chunks)):
         chunk.id = cid
 
 
@@ -159,20 +167,33 @@ def store_chunks(
 
     Works in batches of about ``HASH_BATCH_BYTES``: while one batch's missing chunks are
     encoded and written, the next is hashed and looked up, so hashing overlaps the writes.
+    Chunks of device tensors are copied into bounded host pools batch by batch
+    (``device_stage``), each copy overlapping the hashing of the chunks before it.
     """
-    with _PackPipeline(objs, index, session, opts, pool) as pipe:
-        for batch in _batches(chunks, HASH_BATCH_BYTES, HASH_BATCH_CHUNKS):
-            hash_chunks(batch, pool)
-            new: dict[str, _Chunk] = {}
-            for c in batch:
-                if c.id not in acc.seen:
-                    new.setdefault(c.id, c)
-            acc.seen.update(new)
-            found = index.lookup_chunks(session, list(new))
-            acc.found += len(found)
-            for cid, c in new.items():
-                if cid not in found:
-                    pipe.push(c)
+    stager = DeviceStager(opts.chunk_bytes)
+    device = any(c.source is not None for c in chunks)
+    max_bytes = min(HASH_BATCH_BYTES, stager.batch_bytes) if device else HASH_BATCH_BYTES
+    max_count = min(HASH_BATCH_CHUNKS, stager.batch_chunks) if device else HASH_BATCH_CHUNKS
+    try:
+        with _PackPipeline(objs, index, session, opts, pool) as pipe:
+            for batch in _batches(chunks, max_bytes, max_count):
+                stager.stage(batch)
+                hash_chunks(batch, pool)
+                new: dict[str, _Chunk] = {}
+                for c in batch:
+                    if c.id not in acc.seen:
+                        new.setdefault(c.id, c)
+                acc.seen.update(new)
+                found = index.lookup_chunks(session, list(new))
+                acc.found += len(found)
+                for cid, c in new.items():
+                    if cid not in found:
+                        pipe.push(c)
+                if device:
+                    pipe.drain()  # the batch's staged bytes are encoded: its buffers are free
+                    stager.release()
+    finally:
+        stager.close()
     acc.stats.new_bytes += pipe.stats.new_bytes
     acc.stats.new_chunks += pipe.stats.new_chunks
 
@@ -348,4 +369,4 @@ def take_async(
             pool.shutdown()
 
     threading.Thread(target=finish, name="ckstore-async-take", daemon=False).start()
-    return AsyncTake(future, used, sum(len(c.view) for c in now))
+    return AsyncTake(future, used, sum(c.nbytes for c in now))
