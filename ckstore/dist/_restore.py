@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..engine.config import restore_budget
+from ..engine.config import budget_cap
 from ..engine.restore import Prepared, Reader, apply, prepare, validate, whole_plain_keys
 from ..errors import InvalidInputError
 from ..format.manifest import TensorEntry
@@ -88,7 +88,9 @@ def _restore_broadcast(
     shared = sorted(set.intersection(*(set(s["whole"]) for s in statuses)))
     entries = {k: reader.manifest.entries[k] for k in shared}
     nbytes = sum(_nbytes(e) for e in entries.values())
-    budget = restore_budget(budget, sum(t.numel() * t.element_size() for p in plans for t in p.target.values()))
+    # Broadcast stages whole replicated tensors: by default up to the fixed cap, not the share
+    # of the restored bytes that bounds the staging of verified chunks.
+    budget = budget_cap() if budget is None else budget
     if nbytes > budget:
         shared, entries, nbytes = [], {}, 0  # broadcast stages whole tensors: over budget, each rank reads
     prepared: Prepared | None = None

@@ -114,11 +114,17 @@ def restore_budget(budget: int | None, restored_bytes: int) -> int:
     physical memory."""
     if budget is not None:
         return max(0, budget)
+    return min(budget_cap(), int(restored_bytes * RESTORE_BUDGET_FRACTION))
+
+
+def budget_cap() -> int:
+    """The most staging memory a restore uses by default: ``RESTORE_BUDGET_CAP`` or 5% of
+    physical memory, whichever is smaller."""
     try:
         physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         physical = 8 << 30
-    return min(RESTORE_BUDGET_CAP, physical // 20, int(restored_bytes * RESTORE_BUDGET_FRACTION))
+    return min(RESTORE_BUDGET_CAP, physical // 20)
 
 
 def default_staging_budget() -> int:

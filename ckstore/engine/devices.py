@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 import torch
 
-
 DEVICE_TYPES = frozenset({"cuda"})
 """Device types reached through host buffers: a take stages their tensors chunk by chunk (not
 copied whole at planning), a restore decodes into a host buffer and copies each chunk over."""

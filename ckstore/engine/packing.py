@@ -189,14 +189,21 @@ def _flush(writer: objects.PackWriter, index: Any, session: str) -> None:
     index.add_pack(session, PackRecord(pack_id, size, len(chunks), time.time()), chunks)
 
 
-def _batches(chunks: list[_Chunk], max_bytes: int, max_count: int) -> Iterator[list[_Chunk]]:
-    """Consecutive runs of ``chunks`` of at most ``max_bytes`` (or ``max_count`` chunks)."""
+def _batches(chunks: list[_Chunk], max_bytes: int, max_count: int, first_bytes: int | None = None) -> Iterator[list[_Chunk]]:
+    """Consecutive runs of ``chunks`` of at most ``max_bytes`` (or ``max_count`` chunks).
+
+    With ``first_bytes``, the first run holds at most that many bytes and each next one twice
+    the last, up to ``max_bytes``: the writes start after a small first batch is hashed
+    instead of after a full one (on a small state, a full first batch is all of it).
+    """
     batch: list[_Chunk] = []
     size = 0
+    limit = max_bytes if first_bytes is None else min(first_bytes, max_bytes)
     for c in chunks:
-        if batch and (size + c.nbytes > max_bytes or len(batch) >= max_count):
+        if batch and (size + c.nbytes > limit or len(batch) >= max_count):
             yield batch
             batch, size = [], 0
+            limit = min(max_bytes, 2 * limit)
         batch.append(c)
         size += c.nbytes
     if batch:

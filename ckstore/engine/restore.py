@@ -2,9 +2,11 @@
 
 ``restore`` runs in three phases so a bad snapshot never leaves the caller half-loaded:
 validate (keys, dtypes, shapes against the destination), read (every chunk fetched with one
-ranged read, decoded and re-hashed; a mismatch raises CorruptionError naming the key), apply
-(copy into the destination's own tensors, then ``load_state_dict``). Nothing of the caller's is
-touched before the read phase succeeded.
+ranged read, decoded and re-hashed; a mismatch raises CorruptionError naming the key; verified
+chunks kept within the memory budget, the others remembered by payload fingerprint), apply
+(staged chunks copied into the destination's own tensors, the others read again and decoded
+into place, then ``load_state_dict``). Nothing of the caller's is touched before the read phase
+succeeded. The chunk passes themselves are in ``fetch.py``.
 """
 
 from __future__ import annotations

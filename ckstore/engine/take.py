@@ -41,6 +41,9 @@ HASH_BATCH_BYTES = 128 << 20
 """A take hashes and looks up chunks in batches of about this many bytes..."""
 HASH_BATCH_CHUNKS = 4096
 """...or of at most this many chunks."""
+FIRST_BATCH_BYTES = 16 << 20
+"""The first batch is this small (each next one twice the last), so encoding and pack writes
+start early instead of after a whole batch was hashed."""
 
 
 @dataclass
@@ -176,7 +179,7 @@ def store_chunks(
     max_count = min(HASH_BATCH_CHUNKS, stager.batch_chunks) if device else HASH_BATCH_CHUNKS
     try:
         with _PackPipeline(objs, index, session, opts, pool) as pipe:
-            for batch in _batches(chunks, max_bytes, max_count):
+            for batch in _batches(chunks, max_bytes, max_count, FIRST_BATCH_BYTES):
                 stager.stage(batch)
                 hash_chunks(batch, pool)
                 new: dict[str, _Chunk] = {}

@@ -310,8 +310,8 @@ def decode_hashed(
         raise CorruptionError(f"unknown codec {codec!r} (this version knows {', '.join(CODECS)})")
     if hasher is not None:
         hasher.update(data)
-    if target is not None:
-        target[:] = data
+    if target is not None:  # numpy copies with the GIL released (a memoryview copy holds it)
+        np.frombuffer(target, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
 
 
 BLOCK_BYTES = 1 << 20
@@ -342,8 +342,8 @@ def _ungroup(pview: memoryview, raw_length: int, target: memoryview | None, hash
         else:
             block = _block_scratch(step * n)[: (stop - start) * n]
         grid = block.reshape(-1, n)
-        for i, plane in enumerate(data):
-            grid[:, i] = plane[start:stop]
+        for i, column in enumerate(data):
+            grid[:, i] = column[start:stop]
         if hasher is not None:
             hasher.update(block)
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..harness import Bench
-from ..states import empty_like_shapes, mutate, model_shapes
+from ..states import empty_like_shapes, model_shapes, mutate
 from ..systems import SYSTEM_CLASSES
 from ..util import BENCH_DIR, fmt_s
 
