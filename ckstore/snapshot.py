@@ -108,7 +108,7 @@ class Snapshot(SnapshotView):
         Validates keys, dtypes and shapes, then reads and verifies every chunk, and only then
         writes into the caller's tensors and calls ``load_state_dict``: on any error the
         app_state is left untouched. Verified chunks are staged up to ``memory_budget`` bytes
-        (default: ``$CKSTORE_MEMORY_BUDGET``, else 4% of what is restored, at most 512 MiB)
+        (default: ``$CKSTORE_MEMORY_BUDGET``, else 3% of what is restored, at most 512 MiB)
         and copied into place; the others are read again, checked against a fingerprint of
         the payload verified in the first pass, and decoded straight into place, so memory
         above the live state stays near the budget. CUDA destinations are filled through

@@ -93,7 +93,7 @@ class StoreConfig:
         return cfg
 
 
-RESTORE_BUDGET_FRACTION = 0.04
+RESTORE_BUDGET_FRACTION = 0.03
 """By default an atomic restore stages at most this fraction of the bytes it restores (with the
 per-thread read buffers, peak memory stays within ~10% above the live state at every size)."""
 

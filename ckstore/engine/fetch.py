@@ -127,6 +127,19 @@ class Fetcher:
 
     def __init__(self, objs: objects.ObjectStore, index: Any, where: str, threads: int) -> None:
         self.objs, self.index, self.where, self.threads = objs, index, where, max(1, threads)
+        self._executor: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Stop the worker threads (their read buffers go with them)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def __enter__(self) -> Fetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- the three passes --------------------------------------------------------------------
     def load(self, jobs: list[Job]) -> None:
@@ -219,13 +232,16 @@ class Fetcher:
         return job.loc
 
     def _run(self, jobs: list[Job], fn: Callable[[Job], None]) -> None:
+        """Run ``fn`` over ``jobs`` on this fetcher's threads. The same threads serve every
+        pass, so each thread's read buffers are allocated once per restore, not once per pass."""
         if self.threads == 1 or len(jobs) <= 1:
             for j in jobs:
                 fn(j)
             return
-        with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="ckstore-read") as pool:
-            for _ in pool.map(fn, jobs):
-                pass
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="ckstore-read")
+        for _ in self._executor.map(fn, jobs):
+            pass
 
 
 class _Pools:

@@ -94,7 +94,8 @@ class Reader:
         device and have any strides (contiguous CPU tensors are decoded into directly).
         """
         self.copy_inline(targets)
-        self.fetcher().load(self.jobs(targets))
+        with self.fetcher() as fetcher:
+            fetcher.load(self.jobs(targets))
 
     def jobs(self, targets: Mapping[str, tuple[torch.Tensor, Region | None]]) -> list[Job]:
         """The chunk jobs filling each target (inline entries need none: :meth:`copy_inline`)."""
@@ -127,7 +128,8 @@ class Reader:
             assert isinstance(entry, TensorEntry)
             offs, sizes = region if region is not None else ((0,) * len(entry.shape), entry.shape)
             jobs.extend(verify_only_jobs(key, entry, offs, sizes))
-        self.fetcher().load(jobs)
+        with self.fetcher() as fetcher:
+            fetcher.load(jobs)
 
     def value_of(self, key: str, tensors: Mapping[str, torch.Tensor]) -> Any:
         entry = self.entry(key)
@@ -224,6 +226,7 @@ class Prepared:
     jobs: list[Job] = field(default_factory=list)
     verified: bool = True
     arena: Arena | None = None
+    fetcher: Fetcher | None = None
 
 
 def restore(
@@ -271,11 +274,15 @@ def prepare(
                 if k in p.target:
                     direct[k] = (p.target[k], p.region.get(k))
     jobs = reader.jobs(direct)
-    arena = None
-    if atomic:
-        arena = reader.fetcher().verify(jobs, restore_budget(budget, destination_bytes(direct)))
-    rest = {k: r for k, r in wanted.items() if k not in direct}
-    return Prepared(plans, reader.read_regions(rest), direct, jobs, verified=atomic, arena=arena)
+    fetcher = reader.fetcher()
+    try:
+        arena = fetcher.verify(jobs, restore_budget(budget, destination_bytes(direct))) if atomic else None
+        rest = {k: r for k, r in wanted.items() if k not in direct}
+        tensors = reader.read_regions(rest)
+    except BaseException:
+        fetcher.close()
+        raise
+    return Prepared(plans, tensors, direct, jobs, verified=atomic, arena=arena, fetcher=fetcher)
 
 
 def destination_bytes(direct: Mapping[str, tuple[torch.Tensor, Region | None]]) -> int:
@@ -308,9 +315,9 @@ def whole_plain_keys(reader: Reader, plans: list[_AppPlan]) -> list[str]:
 
 def apply(prepared: Prepared, reader: Reader) -> None:
     """Write what :func:`prepare` verified into the destination and call ``load_state_dict``."""
+    fetcher = prepared.fetcher or reader.fetcher()
     try:
         reader.copy_inline(prepared.direct)
-        fetcher = reader.fetcher()
         if prepared.verified:
             fetcher.apply(prepared.jobs)
         else:
@@ -318,6 +325,9 @@ def apply(prepared: Prepared, reader: Reader) -> None:
     except CorruptionError as exc:  # atomic: the bytes changed since they were verified moments ago
         why = "the chunk changed after it was verified" if prepared.verified else "restore(atomic=False) loads as it reads"
         raise CorruptionError(f"{exc} (the destination may be partly loaded: {why})") from exc
+    finally:
+        fetcher.close()
+        prepared.arena = None
     for p in prepared.plans:
         _apply(reader, p, prepared.tensors)
 

@@ -8,6 +8,7 @@ Layout of a store's namespace::
 
 from __future__ import annotations
 
+import mmap
 import re
 import threading
 from typing import Any
@@ -130,9 +131,11 @@ class ObjectStore:
 
     def _payload(self, loc: ChunkLocation) -> memoryview:
         """The chunk's stored payload, read into this thread's recycled buffer."""
-        buf: bytearray | None = getattr(_local, "payload", None)
+        buf: mmap.mmap | None = getattr(_local, "payload", None)
         if buf is None or len(buf) < loc.length:
-            buf = _local.payload = bytearray(max(loc.length, 1 << 20))
+            # An anonymous mapping, not the heap: its memory goes back to the system with the
+            # thread (a freed heap block of this size stays in the process).
+            buf = _local.payload = mmap.mmap(-1, max(loc.length, 1 << 20))
         view = memoryview(buf)[: loc.length]
         self._backend.get_into(pack_name(loc.pack_id), loc.offset, view)
         return view
