@@ -88,11 +88,6 @@ def plan_jobs(key: str, entry: TensorEntry, t: torch.Tensor, offs: tuple[int, ..
     return jobs
 
 
-def verify_only_jobs(key: str, entry: TensorEntry, offs: tuple[int, ...], sizes: tuple[int, ...]) -> list[Job]:
-    """Jobs that fetch and verify every chunk overlapping the region, keeping nothing."""
-    return [Job(key, c.id) for c in entry.chunks if intersect(c.offsets, c.sizes, offs, sizes)]
-
-
 class Arena:
     """Staging memory for verified chunks: slots handed out first come, up to ``capacity`` bytes.
 

@@ -25,7 +25,7 @@ from ..format.manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueE
 from ..format.tensors import empty_for, from_bytes
 from ..format.tree import flatten, subtree, tree_refs, unflatten
 from .config import restore_budget
-from .fetch import Arena, Fetcher, Job, Region, plan_jobs, slices, verify_only_jobs
+from .fetch import Arena, Fetcher, Job, Region, plan_jobs, slices
 
 
 @dataclass
@@ -119,17 +119,6 @@ class Reader:
             offs, sizes = region if region is not None else ((0,) * len(entry.shape), entry.shape)
             with torch.no_grad():
                 t.copy_(from_bytes(entry.data or b"", entry.dtype, entry.shape)[slices(offs, offs, sizes)])
-
-    def verify(self, wanted: Mapping[str, Region | None]) -> None:
-        """Fetch, decode and re-hash every chunk overlapping the regions; keep nothing."""
-        jobs: list[Job] = []
-        for key, region in wanted.items():
-            entry = self.entry(key)
-            assert isinstance(entry, TensorEntry)
-            offs, sizes = region if region is not None else ((0,) * len(entry.shape), entry.shape)
-            jobs.extend(verify_only_jobs(key, entry, offs, sizes))
-        with self.fetcher() as fetcher:
-            fetcher.load(jobs)
 
     def value_of(self, key: str, tensors: Mapping[str, torch.Tensor]) -> Any:
         entry = self.entry(key)

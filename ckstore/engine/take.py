@@ -165,8 +165,12 @@ def store_chunks(
     opts: TakeOptions,
     pool: ThreadPoolExecutor,
     acc: _Acc,
+    then: Any = None,
 ) -> None:
     """Hash ``chunks``, pin those the index has, write those it lacks (each id once per take).
+
+    ``then`` (a callable) runs once every chunk is hashed and queued, while the last packs are
+    still being written (a take stores its manifest there).
 
     Works in batches of about ``HASH_BATCH_BYTES``: while one batch's missing chunks are
     encoded and written, the next is hashed and looked up, so hashing overlaps the writes.
@@ -195,10 +199,30 @@ def store_chunks(
                 if device:
                     pipe.drain()  # the batch's staged bytes are encoded: its buffers are free
                     stager.release()
+            if then is not None:
+                then()
     finally:
         stager.close()
     acc.stats.new_bytes += pipe.stats.new_bytes
     acc.stats.new_chunks += pipe.stats.new_chunks
+
+
+@dataclass
+class _Header:
+    """What a take's manifest header records besides its entries."""
+
+    run: str
+    step: int | None
+    metadata: dict[str, Any]
+    name: str | None
+    started: float
+
+    def manifest(self, p: _Plan, session: str) -> Manifest:
+        """The manifest of ``p`` (every chunk hashed) under this header."""
+        finish_entries(p)
+        header = snapshot_header(run=self.run, step=self.step, created_at=self.started,
+                                 metadata=self.metadata, name=self.name, session=session)
+        return Manifest(p.apps, p.entries, header)
 
 
 def commit(
@@ -214,14 +238,15 @@ def commit(
     metadata: dict[str, Any],
     name: str | None,
     started: float,
+    stored: tuple[Manifest, str, int] | None = None,
 ) -> TakeResult:
-    """Store the manifest, then commit the snapshot in one index transaction."""
-    finish_entries(p)
-    header = snapshot_header(run=run, step=step, created_at=started, metadata=metadata, name=name, session=lease.id)
-    manifest = Manifest(p.apps, p.entries, header)
+    """Store the manifest (unless ``stored`` already: manifest, id, size), then commit the
+    snapshot in one index transaction."""
+    manifest = stored[0] if stored else _Header(run, step, metadata, name, started).manifest(p, lease.id)
     record = commit_manifest(
         objs, index, lease.id, manifest, tags,
         new_bytes=acc.stats.new_bytes, new_chunks=acc.stats.new_chunks, reused_chunks=acc.found,
+        stored=stored[1:] if stored else None,
     )
     lease.committed = True
     return TakeResult(record, manifest)
@@ -238,6 +263,7 @@ def commit_manifest(
     new_chunks: int,
     reused_chunks: int,
     validate: bool = False,
+    stored: tuple[str, int] | None = None,
 ) -> SnapshotRecord:
     """Store ``manifest`` (whose header names run, step, time, metadata, name) and commit it.
 
@@ -245,12 +271,13 @@ def commit_manifest(
     manifest names, so nothing it needs can be collected once it is visible. ``validate``
     parses the serialised manifest back first (a manifest assembled from several ranks'
     pieces must tile every tensor), raising CorruptionError before anything is stored.
+    ``stored`` (id, size in bytes): the manifest is stored already (:func:`put_manifest`).
     """
     header = manifest.snapshot or {}
-    raw = manifest.to_json()
-    if validate:
-        Manifest.from_json(raw, "the manifest being committed")
-    manifest_id = objs.put_blob("manifests", raw)
+    if stored is None:
+        manifest_id, size = put_manifest(objs, manifest, validate)
+    else:
+        manifest_id, size = stored
     record = SnapshotRecord(
         id=manifest_id,
         run=header["run"],
@@ -267,7 +294,16 @@ def commit_manifest(
         world_size=int(header.get("world_size", 1)),
     )
     ids = sorted(manifest.chunk_ids())
-    return index.commit_snapshot(session, record, entry_records(manifest), ids, len(raw), tags)
+    return index.commit_snapshot(session, record, entry_records(manifest), ids, size, tags)
+
+
+def put_manifest(objs: objects.ObjectStore, manifest: Manifest, validate: bool = False) -> tuple[str, int]:
+    """Store ``manifest`` as a blob (durable); its id and size. Visible to nobody until a
+    commit names it; if none does, GC removes it as an orphan."""
+    raw = manifest.to_json()
+    if validate:
+        Manifest.from_json(raw, "the manifest being committed")
+    return objs.put_blob("manifests", raw), len(raw)
 
 
 def take(
@@ -286,10 +322,18 @@ def take(
     started = time.time()
     p = plan(states, opts)
     acc = _Acc()
+    head = _Header(run, step, metadata, name, started)
     with ThreadPoolExecutor(max_workers=opts.threads, thread_name_prefix="ckstore") as pool:
         with Lease(index, opts.lease_seconds) as lease:
-            store_chunks(objs, index, lease.id, p.chunks, opts, pool, acc)
-            return commit(objs, index, lease, p, acc, run=run, step=step, tags=tags, metadata=metadata, name=name, started=started)
+            stored: list[tuple[Manifest, str, int]] = []
+
+            def store_manifest() -> None:  # every chunk is hashed: overlap with the last pack writes
+                manifest = head.manifest(p, lease.id)
+                stored.append((manifest, *put_manifest(objs, manifest)))
+
+            store_chunks(objs, index, lease.id, p.chunks, opts, pool, acc, then=store_manifest)
+            return commit(objs, index, lease, p, acc, run=run, step=step, tags=tags, metadata=metadata,
+                          name=name, started=started, stored=stored[0] if stored else None)
 
 
 def stage_within(states: Mapping[str, Any], budget: int) -> tuple[dict[str, Any], set[str], int]:
