@@ -158,7 +158,8 @@ class Fetcher:
         def one(job: Job) -> None:
             loc = self._loc(job)
             job.staged = arena.take(loc.raw_length)
-            job.fingerprint = self._guard(job, lambda: self.objs.verify_chunk(loc, job.staged))
+            keep = job.staged is None  # read again in the second pass: remember the payload
+            job.fingerprint = self._guard(job, lambda: self.objs.verify_chunk(loc, job.staged, fingerprint_it=keep))
 
         self._run(jobs, one)
         return arena

@@ -85,7 +85,7 @@ class ObjectStore:
         self.verify_chunk(loc, target)
         return target
 
-    def verify_chunk(self, loc: ChunkLocation, out: memoryview | None = None) -> int:
+    def verify_chunk(self, loc: ChunkLocation, out: memoryview | None = None, *, fingerprint_it: bool = False) -> int | None:
         """Read one chunk's payload, decode it and verify it against its id, in one pass.
 
         The payload is read into this thread's recycled buffer (``Backend.get_into``), decoded
@@ -93,7 +93,8 @@ class ObjectStore:
         block as it is decoded (``codecs.decode_hashed``).
 
         Returns:
-            The payload's fingerprint (``hashing.fingerprint``), for :meth:`load_verified`.
+            With ``fingerprint_it``, the payload's fingerprint (``hashing.fingerprint``) for
+            :meth:`load_verified`; else None.
 
         Raises:
             ObjectNotFoundError: the pack is missing.
@@ -107,7 +108,7 @@ class ObjectStore:
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
                 "does not match its id: the stored bytes are corrupt"
             )
-        return fingerprint(payload)
+        return fingerprint(payload) if fingerprint_it else None
 
     def load_verified(self, loc: ChunkLocation, out: memoryview, expected: int) -> None:
         """Read a chunk that :meth:`verify_chunk` verified moments ago and decode it into ``out``.
