@@ -119,8 +119,7 @@ class MaintenanceMixin:
     def all_chunks(self) -> Iterator[ChunkRecord]:
         """Every chunk row (for check)."""
         with self._read("list chunks") as conn:
-            rows = conn.execute(select(_sql.chunks)).all()
-        return (_convert.chunk(r) for r in rows)
+            return iter([_convert.chunk(r) for r in conn.execute(select(_sql.chunks))])
 
     # ----------------------------------------------------------------------- packs
     def pack_usage(self) -> list[PackUsage]:
