@@ -130,8 +130,11 @@ def _check_packs(store: Repository, chunks: dict[str, ChunkRecord], report: Chec
     report.orphan_packs = sorted(stored - known)
     report.orphan_manifests = sorted(set(store.objects.list_blobs("manifests")) - store.index.index_manifest_ids())
     readable = []
+    rows = store.index.pack_row_ids()
     for pack_id, live in sorted(by_pack.items()):
         report.packs += 1
+        if pack_id not in rows:
+            report.add("unknown-pack", pack_id, f"{len(live)} chunk row(s) of the index name pack {pack_id}, which has no pack row (a damaged index: rebuild it with `ckstore reindex`)")
         if pack_id not in stored:
             report.add("missing-pack", pack_id, f"pack {pack_id} holds {len(live)} live chunk(s) but is missing from the store")
             continue
