@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidInputError
+from ..format.boxes import is_dtensor
 from ..format.limits import MAX_DEPTH
 from ..format.tensors import check_tensor
 from ..format.tree import join
@@ -30,7 +31,8 @@ def stage(obj: Any, key: str = "") -> Any:
 
 def _stage(obj: Any, key: str, depth: int) -> Any:
     if isinstance(obj, torch.Tensor):
-        check_tensor(obj, key)
+        local = obj.to_local() if is_dtensor(obj) else obj  # a DTensor: its shard is staged
+        check_tensor(local, key)
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, np.ndarray):
         return obj.copy()
