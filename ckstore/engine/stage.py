@@ -31,7 +31,7 @@ def stage(obj: Any, key: str = "") -> Any:
 
 def _stage(obj: Any, key: str, depth: int) -> Any:
     if isinstance(obj, torch.Tensor):
-        local = obj.to_local() if is_dtensor(obj) else obj  # a DTensor: its shard is staged
+        local = obj.to_local() if is_dtensor(obj) else obj  # type: ignore[attr-defined] # a DTensor: its shard is staged
         check_tensor(local, key)
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, np.ndarray):
