@@ -11,8 +11,9 @@ from . import _takes
 from .dist import is_distributed
 from .engine.config import CONFIG_NAME
 from .engine.repository import Repository, SnapshotView, is_local, local_path, open_repository
-from .engine.restore import read_object, restore
+from .engine.restore import check_app_state, read_object, restore
 from .errors import DistributedError, SnapshotNotFoundError
+from .format.limits import check_int, check_number
 from .format.manifest import Entry, Manifest
 from .index import SnapshotRecord
 
@@ -135,7 +136,12 @@ class Snapshot(SnapshotView):
         """
         from .dist._restore import replicated_mode
 
+        check_app_state(app_state)
         mode = replicated_mode(replicated_read)
+        if memory_budget is not None:
+            check_int("memory_budget", memory_budget)
+        if dist_timeout is not None:
+            check_number("dist_timeout", dist_timeout, lo_open=True)
         budget = self.store.memory_budget if memory_budget is None else memory_budget
         if is_distributed():
             from .dist._restore import restore as dist_restore
