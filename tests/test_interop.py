@@ -161,6 +161,7 @@ def _training_state() -> dict[str, Any]:
         "best_loss": 0.25,
         "names": ["a", "b"],
         "half": torch.randn(33, 17).to(torch.bfloat16),
+        "scheduler": {"lr_lambdas": [{}], "empty": {}, "nones": [None], "t": ()},  # empty containers stay
     }
 
 
@@ -187,7 +188,7 @@ def test_torch_save_round_trip(tmp_path: Path, zipped: bool) -> None:
     torch.save(state, src, _use_new_zipfile_serialization=zipped)
     store = ckstore.open(tmp_path / "store", **TINY)
     snap = store.import_checkpoint(src, run="t", step=7)
-    assert {"model", "optimizer", "epoch", "best_loss", "names", "half", "_source"} == {
+    assert {"model", "optimizer", "epoch", "best_loss", "names", "half", "scheduler", "_source"} == {
         k.split("/", 1)[0] for k in snap.get_manifest()
     }
     # restore into live objects, like any snapshot

@@ -53,6 +53,7 @@ __all__ = [
     "detect_format",
     "export_snapshot",
     "import_checkpoint",
+    "take_local",
 ]
 
 
@@ -115,17 +116,37 @@ def import_checkpoint(
     with Spill(repo.memory_budget) as spill:
         apps, src = _load(path, fmt, spill)
         apps[SOURCE_APP] = src.app()
-        result = engine_take(
-            repo.objects,
-            repo.index,
-            state_dicts(apps),
-            repo.take_options(),
-            run=run,
-            step=step,
-            tags=tags,
-            metadata={**src.metadata(), **dict(metadata)},
-            name=name,
-        )
+        return take_local(repo, apps, run=run, step=step, tags=tags, metadata={**src.metadata(), **dict(metadata)}, name=name)
+
+
+def take_local(
+    repo: Repository,
+    app_state: Mapping[str, Any],
+    *,
+    run: str,
+    step: int | None,
+    tags: Sequence[str] = (),
+    metadata: Mapping[str, Any] | None = None,
+    name: str | None = None,
+) -> tuple[SnapshotRecord, Manifest]:
+    """A take in this process only, even under torch.distributed (no collectives).
+
+    For callers that run on one rank by design: an import, or a trainer's checkpoint hook
+    that the trainer calls on rank 0 only. Returns the committed record and its manifest.
+    """
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise InvalidInputError(f"step must be a non-negative int, got {step!r}")
+    result = engine_take(
+        repo.objects,
+        repo.index,
+        state_dicts(app_state),
+        repo.take_options(),
+        run=run,
+        step=step,
+        tags=tuple(tags),
+        metadata=dict(metadata or {}),
+        name=name,
+    )
     return result.record, result.manifest
 
 

@@ -80,18 +80,21 @@ def _flush(reader: Reader, keys: list[str]) -> Iterator[tuple[str, memoryview]]:
 
 
 def prune(tree: Any, keep: set[str]) -> Any:
-    """``tree`` with only the leaves in ``keep`` (containers left empty are dropped); None if nothing is left."""
+    """``tree`` with only the leaves in ``keep``; None if nothing selected is left in it.
+
+    A container that loses every one of its children goes too; one that was empty already
+    (``[{}]`` in a scheduler's state) stays, as it is part of the selected structure.
+    """
     if isinstance(tree, list):
-        kids = [prune(t, keep) for t in tree]
-        kept = [k for k in kids if k is not None]
-        return kept or None
+        kept = [k for k in (prune(t, keep) for t in tree) if k is not None]
+        return kept if kept or not tree else None
     if "$ref" in tree:
         return tree if tree["$ref"] in keep else None
     if "$tuple" in tree:
         kids = [k for k in (prune(t, keep) for t in tree["$tuple"]) if k is not None]
-        return {"$tuple": kids} if kids else None
+        return {"$tuple": kids} if kids or not tree["$tuple"] else None
     items = [[k, c] for k, c in ((k, prune(v, keep)) for k, v in tree["$dict"]) if c is not None]
-    return {**tree, "$dict": items} if items else None
+    return {**tree, "$dict": items} if items or not tree["$dict"] else None
 
 
 def app_trees(view: SnapshotView, keys: Sequence[str]) -> dict[str, Any]:
