@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -59,8 +60,9 @@ def import_dir(path: str, spill: Spill) -> tuple[dict[str, Any], Source]:
                 chunks[fqn] = [[list(c.offsets), list(c.sizes)] for c in m.chunks]
         else:
             flat[fqn] = None
-    dcp = _dcp()
-    dcp.load(flat, storage_reader=_reader_class()(path), planner=_planner_class()(path), no_dist=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        _dcp().load(flat, storage_reader=_reader_class()(path), planner=_planner_class()(path), no_dist=True)
     nested = _unflatten(flat, md.planner_data)
     src = Source("dcp", os.path.basename(os.path.abspath(path)), "model" if is_flat(nested) else None, dcp_chunks=chunks)
     return app_state_of(nested, path), src
@@ -153,7 +155,9 @@ def export(view: SnapshotView, out: str, keys: list[str], src: Source | None, bu
     layout = src.dcp_chunks if src is not None else {}
     planner = _save_planner_class()(view, key_of, layout, budget)
     writer = _dcp().FileSystemWriter(out, thread_count=1, sync_files=True)
-    _dcp().save(state, storage_writer=writer, planner=planner, no_dist=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        _dcp().save(state, storage_writer=writer, planner=planner, no_dist=True)
     return {"files": sorted(os.listdir(out)), "tensors": len(placeholders)}
 
 
