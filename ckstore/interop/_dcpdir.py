@@ -10,15 +10,17 @@ ranks' shards) are kept in the import record.
 
 Export runs ``dcp.save`` in one process with DCP's own FileSystemWriter, so DCP reads the
 directory at any world size. A planner reads each write item's region from the snapshot when
-DCP asks for it (verified chunks, one item in memory at a time): tensors imported from DCP are
-written in their original shards, other tensors whole, or in row blocks when larger than the
-memory budget.
+DCP asks for it (verified chunks): tensors imported from DCP are written in their original
+shards, other tensors whole, or in row blocks when larger than the memory budget. DCP's writer
+holds every tensor of a file until the file is closed, so a checkpoint larger than the budget
+is written one file per item (one item in memory at a time).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import warnings
 from typing import Any
@@ -154,7 +156,10 @@ def export(view: SnapshotView, out: str, keys: list[str], src: Source | None, bu
         state = {"model": state}
     layout = src.dcp_chunks if src is not None else {}
     planner = _save_planner_class()(view, key_of, layout, budget)
-    writer = _dcp().FileSystemWriter(out, thread_count=1, sync_files=True)
+    # DCP's writer keeps every tensor of a file until the file is done: past the budget, one
+    # file per write item keeps one item in memory at a time.
+    total = sum(math.prod(t.shape) * t.element_size() for t in placeholders)
+    writer = _dcp().FileSystemWriter(out, thread_count=1, sync_files=True, single_file_per_rank=total <= budget)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         _dcp().save(state, storage_writer=writer, planner=planner, no_dist=True)
@@ -223,8 +228,6 @@ def _save_planner_class() -> Any:
 
 def _tiles(boxes: Any, shape: tuple[int, ...]) -> bool:
     """True if ``boxes`` (``[[offsets, sizes], ...]``) lie inside ``shape`` and add up to its volume."""
-    import math
-
     try:
         total = 0
         for offs, sizes in boxes:
