@@ -113,9 +113,16 @@ def test_minilm_folder_round_trip_dedup_and_shards(tmp_path: Path) -> None:
         merged.update(part)
     assert_same(merged, load_file(folder / "model.safetensors"))
 
-    # re-importing the exported folder dedups against the original too
-    back = store.import_checkpoint(out, run="back")
-    assert back.stats["new_chunks"] == 0 or back.stats["new_bytes"] < 64 << 10
+    # re-importing the exported folders (one file; 5 shards listed by the index) dedups
+    # against the original: not one new chunk
+    for path in (out, tmp_path / "sharded"):
+        back = store.import_checkpoint(path, run="back")
+        assert back.stats["new_chunks"] == 0, path
+        assert bits(back.read_object("model/encoder.layer.5.output.dense.weight")) == bits(
+            merged["encoder.layer.5.output.dense.weight"]
+        )
+    assert chunk_count(store) == chunks
+    assert ckstore.interop.app_state_of({"w": torch.ones(2)})["model"].state_dict()["w"].shape == (2,)
 
 
 def test_minilm_export_loads_with_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -257,11 +264,23 @@ def test_malicious_dcp_metadata_is_refused(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save({"w": torch.ones(4)}, checkpoint_id=str(d), no_dist=True)
+    md = (d / ".metadata").read_bytes()
     (d / ".metadata").write_bytes(pickle.dumps(_Evil(marker)))
     store = ckstore.open(tmp_path / "store")
     with pytest.raises(UnsafePickleError, match="posix.system|system"):
         store.import_checkpoint(d)
     assert not marker.exists()
+    # a data file outside the checkpoint directory is refused before anything is read
+    meta = pickle.loads(md)  # the test's own file: trusted
+    for info in meta.storage_data.values():
+        info.relative_path = "../secret.distcp"
+    (d / ".metadata").write_bytes(pickle.dumps(meta))
+    with pytest.raises(InvalidInputError, match="not a file name inside"):
+        store.import_checkpoint(d)
+    (d / ".metadata").write_bytes(b"not a pickle")
+    with pytest.raises(InvalidInputError, match="not readable DCP metadata"):
+        store.import_checkpoint(d)
+    assert store.log() == []
 
 
 # --- DCP in one process --------------------------------------------------------------------------

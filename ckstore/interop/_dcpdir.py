@@ -51,7 +51,12 @@ def _dcp() -> Any:
 def import_dir(path: str, spill: Spill) -> tuple[dict[str, Any], Source]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    md = load_dcp_metadata(os.path.join(path, METADATA_NAME))
+    where = os.path.join(path, METADATA_NAME)
+    md = load_dcp_metadata(where)
+    for info in (md.storage_data or {}).values():
+        rel = str(getattr(info, "relative_path", ""))
+        if not rel or rel != os.path.basename(rel) or rel in (".", ".."):
+            raise InvalidInputError(f"{where}: data file {rel!r} is not a file name inside the checkpoint")
     flat: dict[str, Any] = {}
     chunks: dict[str, list[list[list[int]]]] = {}
     for fqn, m in md.state_dict_metadata.items():

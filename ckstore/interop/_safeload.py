@@ -115,6 +115,10 @@ def _layout_by_name(name: str) -> torch.layout:
     raise pickle.UnpicklingError(f"unknown torch layout {name!r}")
 
 
+class _Refused(pickle.UnpicklingError):
+    """A global outside the allowed set."""
+
+
 class _DcpUnpickler(pickle.Unpickler):
     def __init__(self, data: bytes, allowed: dict[tuple[str, str], Any]) -> None:
         super().__init__(io.BytesIO(data))
@@ -124,7 +128,7 @@ class _DcpUnpickler(pickle.Unpickler):
         try:
             return self.allowed[(module, name)]
         except KeyError:
-            raise pickle.UnpicklingError(f"global {module}.{name} is not DCP metadata") from None
+            raise _Refused(f"it needs {module}.{name}, which is not DCP metadata") from None
 
 
 def load_dcp_metadata(path: str) -> Any:
@@ -140,7 +144,7 @@ def load_dcp_metadata(path: str) -> Any:
         data = f.read()
     try:
         md = _DcpUnpickler(data, _dcp_allowed()).load()
-    except pickle.UnpicklingError as exc:
+    except _Refused as exc:
         raise UnsafePickleError(
             f"{path}: refused to load DCP metadata: {exc}; it could run code when unpickled, and "
             "ckstore ran nothing from it. If you trust it, dcp.load it yourself and store.take the state"
