@@ -17,7 +17,10 @@ s3fs layer twice. When they give up, the error comes out as :class:`StorageError
 Names are content-addressed, which makes a retried put safe: when a put's acknowledgement is
 lost, the retry (or the next put) meets the object it created and answers 412, and an existing
 object under the name is by construction the same object. :meth:`S3Backend.put` still checks
-(with a HEAD) that an object is really there before reporting it as existing.
+(with a HEAD) that an object is really there before reporting it as existing, and settles a
+put that failed for any other reason the same way, if an object of exactly the size being
+written is in place (the write may have been committed before the connection broke); puts are
+atomic, so that object is complete.
 """
 
 from __future__ import annotations
@@ -108,8 +111,8 @@ class S3Backend(FsspecBackend):
         return False for an object it created itself; the object is in place either way.
 
         Raises:
-            StorageError: the write failed, or the server answered 412 without holding an
-                object by that name.
+            StorageError: the write failed and no complete object of this size is under
+                ``name``, or the server answered 412 without holding an object by that name.
         """
         bucket, key = self._bucket_key(name)
         views = as_buffers(data)
@@ -132,7 +135,7 @@ class S3Backend(FsspecBackend):
                 if is_precondition_failed(exc):
                     return self._check_existing(name, exc)
                 if not _is_conditional_conflict(exc):
-                    raise self._fail("write", name, exc) from exc
+                    return self._settle_failed_put(name, total, exc)
                 last = exc
         raise self._fail("write", name, last or RuntimeError("conflict")) from last
 
@@ -148,6 +151,20 @@ class S3Backend(FsspecBackend):
                 "other objects on a server that cannot store both?"
             ) from exc
         return False
+
+    def _settle_failed_put(self, name: str, size: int, exc: BaseException) -> bool:
+        """After a failed put: False if a complete object is in place anyway, else raise.
+
+        The write may have been committed before its acknowledgement was lost (a reset after
+        the server stored it; a multipart completion retried into ``NoSuchUpload``).
+        """
+        try:
+            head = self._head(name)
+        except StorageError:
+            head = None
+        if head is not None and int(head["ContentLength"]) == size:
+            return False
+        raise self._fail("write", name, exc) from exc
 
     def _parts(self, views: list[memoryview]) -> Iterator[bytes]:
         """Yield ``part_size`` pieces of the concatenation of ``views``, one at a time."""
