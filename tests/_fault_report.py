@@ -379,9 +379,12 @@ def format_table(rows: list[FaultRow]) -> str:
 def main(argv: list[str]) -> int:
     """Start the servers named in ``argv`` (default: seaweedfs and moto) on loopback, run
     every scenario on each, print the table."""
+    import logging
+
     from _s3server import S3Server
     from _seaweed import SeaweedServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     starts = {"seaweedfs": SeaweedServer.start, "moto": S3Server.start}
     rows = []
     for name in argv or list(starts):
