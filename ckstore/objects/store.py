@@ -15,7 +15,7 @@ from typing import Any
 
 from ckstore.errors import CorruptionError, InvalidInputError
 from ckstore.objects.backend import Backend
-from ckstore.objects.codecs import decode_hashed
+from ckstore.objects.codecs import MAX_RAW_LENGTH, decode_hashed
 from ckstore.objects.hashing import chunk_id, fingerprint, is_chunk_id, new_hasher
 from ckstore.objects.packs import (
     PACK_PREFIX,
@@ -81,6 +81,7 @@ class ObjectStore:
             ObjectNotFoundError: the pack is missing.
             CorruptionError: the payload is malformed or does not hash to ``loc.chunk_id``.
         """
+        self._check_sizes(loc)
         target = out if out is not None else memoryview(bytearray(loc.raw_length))
         self.verify_chunk(loc, target)
         return target
@@ -130,8 +131,17 @@ class ObjectStore:
             )
         self._decode(loc, payload, out, None)
 
+    def _check_sizes(self, loc: ChunkLocation) -> None:
+        """Refuse impossible lengths before allocating anything for them."""
+        if not (0 <= loc.raw_length <= MAX_RAW_LENGTH and 0 <= loc.length <= MAX_RAW_LENGTH + (1 << 12)):
+            raise CorruptionError(
+                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) has "
+                f"impossible lengths (stored {loc.length}, raw {loc.raw_length}; at most {MAX_RAW_LENGTH})"
+            )
+
     def _payload(self, loc: ChunkLocation) -> memoryview:
         """The chunk's stored payload, read into this thread's recycled buffer."""
+        self._check_sizes(loc)
         buf: mmap.mmap | None = getattr(_local, "payload", None)
         if buf is None or len(buf) < loc.length:
             # An anonymous mapping, not the heap: its memory goes back to the system with the
