@@ -103,13 +103,14 @@ class Arena:
         self._lock = threading.Lock()
 
     def take(self, n: int) -> memoryview | None:
-        """A slot of ``n`` bytes, or None once the arena is full."""
+        """A slot of ``n`` bytes (64-byte aligned), or None once the arena is full."""
         with self._lock:
-            if self._used + n > self.capacity:
+            start = -(-self._used // 64) * 64
+            if start + n > self.capacity:
                 return None
             if self._buf is None:
                 self._buf = self._copier.host_buffer(self.capacity)
-            start, self._used = self._used, self._used + n
+            self._used = start + n
             return memoryview(self._buf.numpy()).cast("B")[start : start + n]  # type: ignore[arg-type]
 
     @property
@@ -151,7 +152,7 @@ class Fetcher:
         the payload's fingerprint is kept. Returns the arena (``apply`` empties it).
         """
         self._locate(jobs)
-        want = sum(self._loc(j).raw_length for j in jobs)
+        want = sum(-(-self._loc(j).raw_length // 64) * 64 for j in jobs)  # slots are 64-byte aligned
         room = want if budget is None else max(0, budget - _Pools.bytes_needed(self.threads, jobs))
         arena = Arena(room, want, _arena_copier(jobs))
 
