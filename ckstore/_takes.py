@@ -96,7 +96,7 @@ def async_take(
         from .dist._comm import Comm
         from .dist._take import _ddp_apps, background
 
-        comm = Comm(pg, dist_timeout)  # made here: creating a group is itself a collective
+        comm = Comm(pg, dist_timeout, purpose="async")  # made now: opening a group waits for every member
         ddp = _ddp_apps(app_state)
         staged = stage(state_dicts(app_state))
         fut: Future[Committed] = background().submit(

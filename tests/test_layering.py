@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "dcp": {"errors", "objects", "index", "format", "engine", "dist", "facade"},
     "cli": {"errors", "objects", "index", "format", "engine", "history", "dist", "facade"},
 }
-FACADE = {"ckstore", "ckstore._takes", "ckstore.snapshot", "ckstore.store"}
+FACADE = {"ckstore", "ckstore._locate", "ckstore._takes", "ckstore.snapshot", "ckstore.store"}
 NO_TORCH = {"errors", "objects", "index"}
 
 

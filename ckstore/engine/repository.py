@@ -33,13 +33,19 @@ R = TypeVar("R", bound="Repository")
 
 
 def is_local(url: str) -> bool:
-    """True for plain paths and file:// URLs."""
+    """True for plain paths, ``file://`` URLs and TorchSnapshot's ``fs://`` paths."""
     scheme = urlparse(url).scheme
-    return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
+    return scheme in ("", "file", "fs") or (len(scheme) == 1 and os.name == "nt")
 
 
 def local_path(url: str) -> str:
-    """The absolute filesystem path of a local store URL."""
+    """The absolute filesystem path of a local store URL.
+
+    ``fs://`` is TorchSnapshot's prefix for a file-system path: what follows it is the path
+    (``fs:///abs/dir``, or ``fs://rel/dir`` relative to the working directory).
+    """
+    if url.startswith("fs://"):
+        return os.path.abspath(url[len("fs://") :])
     return os.path.abspath(urlparse(url).path if url.startswith("file://") else url)
 
 

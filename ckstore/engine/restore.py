@@ -10,6 +10,7 @@ touched before the read phase succeeded.
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import threading
 from collections.abc import Mapping
@@ -26,8 +27,25 @@ from ..format.manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueE
 from ..format.tensors import empty_for, from_bytes, writable_view
 from ..format.tree import flatten, subtree, tree_refs, unflatten
 from .locations import to_location
+from .stateful import check_app_state, rng_last
 
 Region = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
+log = logging.getLogger("ckstore")
+_ABSENT = object()  # a skipped key the destination does not have either: left out of the state
+
+
+def _prune(obj: Any) -> Any:
+    """``obj`` without the ``_ABSENT`` placeholders (in dicts, lists and tuples)."""
+    if isinstance(obj, dict):
+        out = type(obj)((k, _prune(v)) for k, v in obj.items() if v is not _ABSENT)
+        meta = getattr(obj, "_metadata", None)
+        if meta is not None:
+            out._metadata = meta  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, (list, tuple)):
+        items = [_prune(v) for v in obj if v is not _ABSENT]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
 
 
 @dataclass
@@ -67,11 +85,16 @@ class Reader:
                 raise MismatchError(
                     f"{self.where}: key {key!r} was stored per rank by a take with "
                     f"{entry.world_size} rank(s) (its value differed between ranks); rank {rank} "
-                    "has no value to restore. Restore with at most that many ranks, or leave its "
-                    "app_state name out of the restore (strict=False)"
+                    "has no value to restore. Restore with at most that many ranks, or pass "
+                    "strict=False to leave such values as they are on the extra ranks"
                 )
             return entry.entries[rank]
         return entry
+
+    def has_value(self, key: str) -> bool:
+        """False for a per-rank entry stored by fewer ranks than this reader's rank."""
+        entry = self.manifest.entries[key]
+        return not isinstance(entry, PerRankEntry) or (self.rank or 0) < entry.world_size
 
     def is_tensor(self, key: str) -> bool:
         return isinstance(self.entry(key), TensorEntry)
@@ -230,15 +253,27 @@ def read_object(reader: Reader, key: str, obj_out: Any = None) -> Any:
     """Read one entry, or a whole subtree (an app_state name or a container path).
 
     A per-rank entry read outside a distributed restore (``reader.rank`` None) comes back as a
-    list with one value per rank of the take.
+    list with one value per rank of the take. With ``reader.rank`` set, each per-rank entry
+    gives that rank's value; in a subtree, those the rank has none of are left out.
+
+    Raises:
+        KeyNotFoundError: ``key`` is not in the snapshot, or is a per-rank entry the rank has
+            no value for.
     """
     m = reader.manifest
     if key in m.entries:
+        if not reader.has_value(key):
+            entry = m.entries[key]
+            assert isinstance(entry, PerRankEntry)
+            raise KeyNotFoundError(
+                f"{reader.where}: key {key!r} was stored per rank by {entry.world_size} rank(s); "
+                f"rank {reader.rank} has no value"
+            )
         keys = [key]
         tree: Any = {"$ref": key}
     else:
         tree = _find_subtree(m, key)
-        keys = tree_refs(tree)
+        keys = [k for k in tree_refs(tree) if reader.has_value(k)]
     per_rank = {k for k in keys if reader.rank is None and isinstance(m.entries[k], PerRankEntry)}
     tensor_keys = [k for k in keys if k not in per_rank and reader.is_tensor(k)]
     tensors = reader.read_tensors(tensor_keys)
@@ -246,7 +281,31 @@ def read_object(reader: Reader, key: str, obj_out: Any = None) -> Any:
         _copy_into(obj_out, tensors[key], key, reader.where)
         return obj_out
     lists = {k: _per_rank_values(reader, k) for k in per_rank}
-    return unflatten(tree, lambda k: lists[k] if k in lists else reader.value_of(k, tensors))
+    wanted = set(keys)
+
+    def resolve(k: str) -> Any:
+        if k not in wanted:
+            return _ABSENT
+        return lists[k] if k in lists else reader.value_of(k, tensors)
+
+    return _prune(unflatten(tree, resolve))
+
+
+def read_state(reader: Reader, app: str) -> Any:
+    """The state dict of app_state name ``app`` as the take stored it for ``reader.rank``.
+
+    Per-rank values that rank has none of (the take had fewer ranks) are left out, as
+    TorchSnapshot's ``get_state_dict_for_key`` does.
+
+    Raises:
+        KeyNotFoundError: the snapshot has no app_state name ``app``.
+    """
+    m = reader.manifest
+    if app not in m.apps:
+        raise KeyNotFoundError(f"{reader.where} has no app_state key {app!r} (it has {sorted(m.apps)})")
+    keys = {k for k in tree_refs(m.apps[app]) if reader.has_value(k)}
+    tensors = reader.read_tensors([k for k in sorted(keys) if reader.is_tensor(k)])
+    return _prune(unflatten(m.apps[app], lambda k: reader.value_of(k, tensors) if k in keys else _ABSENT))
 
 
 def _per_rank_values(reader: Reader, key: str) -> list[Any]:
@@ -295,6 +354,7 @@ class _AppPlan:
     dest: dict[str, torch.Tensor] = field(default_factory=dict)
     target: dict[str, torch.Tensor] = field(default_factory=dict)  # where the bytes go (a DTensor's local shard)
     region: dict[str, Region] = field(default_factory=dict)  # the part of the global tensor needed
+    keep: dict[str, Any] = field(default_factory=dict)  # per-rank keys with no value here: left as they are
 
 
 @dataclass
@@ -363,10 +423,17 @@ def prepare(
 
 
 def validate(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) -> list[_AppPlan]:
-    """Check keys, dtypes and shapes against the destination; read nothing."""
+    """Check keys, dtypes and shapes against the destination; read nothing.
+
+    Plans come in app_state order with :class:`RNGState` entries last, so :func:`apply` loads
+    the generators after every other ``load_state_dict()`` (whose random draws then do not
+    shift the restored stream). With ``strict=False``, per-rank entries this rank has no value
+    for (the take had fewer ranks) are skipped and logged; see :func:`_skip_missing`.
+    """
+    check_app_state(app_state, restoring=True)
     if reader.rank is None:
         reader.rank = 0
-    plans = [_validate(reader, name, obj, strict) for name, obj in app_state.items()]
+    plans = [_validate(reader, name, obj, strict) for name, obj in rng_last(app_state)]
     return [p for p in plans if p is not None]
 
 
@@ -405,12 +472,12 @@ def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | N
             f"{reader.where} has no app_state key {name!r} (it has {sorted(m.apps)}); "
             "pass strict=False to restore the others"
         )
-    if not callable(getattr(obj, "load_state_dict", None)):
-        raise MismatchError(f"app_state[{name!r}] has no load_state_dict()")
     keys = tree_refs(m.apps[name])
     current = flatten(name, obj.state_dict(), lenient=True).leaves
     plan = _AppPlan(name, obj, keys)
-    for key in keys:
+    if not _skip_missing(reader, plan, current, strict):
+        return None
+    for key in plan.keys:
         dest = current.get(key)
         if not isinstance(dest, torch.Tensor):
             continue
@@ -428,6 +495,31 @@ def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | N
     if strict:
         _check_keys(reader, plan, current, isinstance(obj, torch.nn.Module))
     return plan
+
+
+def _skip_missing(reader: Reader, plan: _AppPlan, current: dict[str, Any], strict: bool) -> bool:
+    """Set aside the per-rank keys this rank has no value for; False: skip the whole app.
+
+    Strict, the first such key raises MismatchError. Otherwise each keeps the destination's
+    current value (or is left out of the state passed to ``load_state_dict`` if the
+    destination has none), and a warning names them. An app with no key left to load (an
+    :class:`RNGState` on a rank beyond the take's world size) is not loaded at all.
+    """
+    missing = [k for k in plan.keys if not reader.has_value(k)]
+    if not missing:
+        return True
+    if strict:
+        reader.entry(missing[0])  # raises, naming the key and the ranks
+    plan.keys = [k for k in plan.keys if k not in set(missing)]
+    plan.keep = {k: current.get(k, _ABSENT) for k in missing}
+    whole = not plan.keys
+    log.warning(
+        "%s: rank %d has no stored value for %d per-rank key(s) of app_state[%r] (the take had "
+        "fewer ranks): %s%s; %s (strict=False)",
+        reader.where, reader.rank or 0, len(missing), plan.name, missing[:10],
+        "..." if len(missing) > 10 else "", "the app was not loaded" if whole else "they keep their current values",
+    )
+    return not whole
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -454,9 +546,13 @@ def _apply(reader: Reader, plan: _AppPlan, tensors: Mapping[str, torch.Tensor]) 
                 target.copy_(tensors[key])
 
     def resolve(key: str) -> Any:
+        if key in plan.keep:
+            return plan.keep[key]
         return plan.dest[key] if key in plan.dest else reader.value_of(key, tensors)
 
     state = unflatten(reader.manifest.apps[plan.name], resolve)
+    if plan.keep:
+        state = _prune(state)
     if isinstance(plan.obj, torch.nn.Module):
         plan.obj.load_state_dict(state, strict=False)
     else:

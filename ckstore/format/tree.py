@@ -10,6 +10,7 @@ and order, so restore rebuilds exactly the structure ``state_dict()`` produced.
 
 from __future__ import annotations
 
+import io
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,7 +90,7 @@ def _flatten_dict(key: str, obj: dict[Any, Any], leaves: dict[str, Any], lenient
     items = []
     seen: dict[str, Any] = {}
     for k, v in obj.items():
-        if not is_plain(k) or isinstance(k, (bytes, bytearray)):
+        if not is_plain(k) or isinstance(k, (bytes, bytearray, io.BytesIO)):
             if lenient:
                 continue
             raise UnsupportedValueError(

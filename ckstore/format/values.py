@@ -2,7 +2,8 @@
 
 The encoding is lossless for: None, bool, int, float (NaN/inf and -0.0 included), str, bytes,
 list, tuple, dict (any JSON-able keys, insertion order kept), ``torch.Size``, ``torch.dtype``,
-``torch.device`` and NumPy scalars. JSON objects are only ever tags (``{"$tuple": [...]}``), so
+``torch.device``, NumPy scalars and ``io.BytesIO`` (its whole buffer; it comes back positioned
+at 0, as DCP users such as a loss history kept with ``torch.save`` expect). JSON objects are only ever tags (``{"$tuple": [...]}``), so
 a plain JSON array is a list and a plain JSON scalar is itself. Anything else is refused with an
 error naming its key: there is no pickle fallback.
 """
@@ -10,6 +11,7 @@ error naming its key: there is no pickle fallback.
 from __future__ import annotations
 
 import base64
+import io
 import math
 from collections import OrderedDict
 from typing import Any
@@ -36,7 +38,7 @@ def _refuse(value: Any, key: str) -> UnsupportedValueError:
 def is_plain(value: Any) -> bool:
     """True for scalars this module encodes (not containers, not arrays)."""
     return value is None or isinstance(
-        value, (bool, int, float, str, bytes, bytearray, torch.dtype, torch.device, np.generic)
+        value, (bool, int, float, str, bytes, bytearray, io.BytesIO, torch.dtype, torch.device, np.generic)
     )
 
 
@@ -56,6 +58,8 @@ def encode_value(value: Any, key: str) -> Any:
         return {"$float": repr(float(value))}
     if isinstance(value, (bytes, bytearray)):
         return {"$bytes": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, io.BytesIO):
+        return {"$bytesio": base64.b64encode(value.getbuffer()).decode()}
     if isinstance(value, torch.dtype):
         return {"$dtype": dtype_name(value, key)}
     if isinstance(value, torch.device):
@@ -103,6 +107,8 @@ def _decode_tag(data: dict[str, Any]) -> Any:
         return float(text)
     if "$bytes" in data:
         return base64.b64decode(data["$bytes"], validate=True)
+    if "$bytesio" in data:
+        return io.BytesIO(base64.b64decode(data["$bytesio"], validate=True))
     if "$dtype" in data:
         name = data["$dtype"]
         if name not in DTYPES:

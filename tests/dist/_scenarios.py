@@ -128,11 +128,11 @@ def matrix_take(rank: int, world: int, path: str, runs: dict[str, int]) -> dict[
 
 
 def _per_rank_too_few(rank: int, world: int, path: str, run: str) -> str:
-    """Restoring per-rank entries onto more ranks than the take had: every rank raises."""
+    """Restoring per-rank entries onto more ranks than the take had, strict: every rank raises."""
     store = ckstore.open(path, **TINY)
     app = ckstore.StateDict({k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1) for k, v in local_app(rank).items()})
     try:
-        store.get(run).restore({"local": app}, strict=False)
+        store.get(run).restore({"local": app}, strict=True)
     except DistributedError as exc:
         assert float(app["mine"].abs().sum()) == 0.0  # untouched on every rank
         return str(exc)
