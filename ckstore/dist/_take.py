@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import fnmatch
+import logging
 import math
 import time
 from collections import defaultdict
@@ -60,6 +61,7 @@ from ..index import SnapshotRecord
 from ._comm import Comm, failure, raise_failed
 
 DTENSOR, REPLICATED, LOCAL, VALUE = "dtensor", "replicated", "per_rank", "value"
+log = logging.getLogger("ckstore")
 
 
 @dataclass
@@ -122,6 +124,7 @@ def take(
     descs = comm.all_gather_json(msg, "planning")
     raise_failed(descs, "distributed take (planning)")
     assert local is not None
+    _coalesce_replicated(descs, local, comm.rank)
     keys = _check_same_structure(descs)
 
     # 2. assign and hash
@@ -235,6 +238,31 @@ def _classify(states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], 
             else:
                 out.leaves[key] = _Leaf(VALUE, {"t": VALUE, "value": encode_value(value, key)})
     return out
+
+
+def _coalesce_replicated(descs: list[dict[str, Any]], local: _Local, rank: int) -> None:
+    """A tensor counts as replicated only if every rank says so (its globs or DDP), as in
+    TorchSnapshot; keys some ranks mark replicated and others not are kept per rank (stored
+    once if equal everywhere) and logged. Deterministic: every rank decides the same."""
+    if any(not d.get("leaves") for d in descs):
+        return
+    demoted = []
+    for key in descs[0]["leaves"]:
+        ds = [d["leaves"].get(key) for d in descs]
+        kinds = {x["t"] for x in ds if x is not None}
+        if kinds == {REPLICATED, LOCAL}:
+            demoted.append(key)
+            for x in ds:
+                if x is not None:
+                    x["t"] = LOCAL
+            if key in local.leaves:
+                local.leaves[key].kind = LOCAL
+                local.leaves[key].desc["t"] = LOCAL
+    if demoted and rank == 0:
+        log.warning(
+            "distributed take: %d key(s) are marked replicated on some ranks only (different "
+            "replicated= globs); stored per rank instead: %s", len(demoted), demoted[:10],
+        )
 
 
 def _check_same_structure(descs: list[dict[str, Any]]) -> list[str]:

@@ -40,8 +40,8 @@ def is_dcp_manifest(manifest: Manifest) -> bool:
 def dcp_overlay(manifest: Manifest, app_state: Mapping[str, Any], strict: bool) -> Manifest:
     """``manifest`` (a DCP save) re-keyed for ``app_state`` (see the module docstring).
 
-    An app_state name none of whose FQNs is stored is left out (a strict restore then reports
-    it). Destination leaves with no stored FQN are left out of the state loaded.
+    Destination leaves with no stored FQN are left out of the state loaded; non-strict, an app
+    none of whose FQNs is stored is not loaded at all.
 
     Raises:
         MismatchError: strict, and a destination tensor has no stored FQN, or a module's
@@ -54,10 +54,11 @@ def dcp_overlay(manifest: Manifest, app_state: Mapping[str, Any], strict: bool) 
         fqns: dict[str, tuple[str, Any]] = {}
         tree = _walk(name, (name,), obj.state_dict(), fqns)
         found = {key: f for key, (f, _) in fqns.items() if join(DCP_APP, f) in manifest.entries}
-        if not found:
+        if not found and not strict:
             continue
         missing = sorted(k for k, (_, v) in fqns.items() if k not in found and isinstance(v, torch.Tensor))
-        if strict and missing:
+        if strict and (missing or not found):
+            missing = missing or sorted(fqns)
             raise MismatchError(
                 f"{where} does not match app_state[{name!r}]: no DCP key for {missing[:5]} (looked up "
                 f"as {[fqns[k][0] for k in missing[:5]]}); pass strict=False to load what matches"

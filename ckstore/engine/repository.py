@@ -81,6 +81,8 @@ class Repository:
         self.memory_budget = default_memory_budget()
         self._staging_budget: int | None = None
         self.lease_seconds = float(os.environ.get("CKSTORE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
+        # how it was opened (index URL as given, storage options), so another process can reopen it
+        self.opened_with: dict[str, Any] = {"index": None, "storage_options": None}
 
     @property
     def staging_budget(self) -> int:
@@ -233,7 +235,9 @@ def open_repository(
             f"index {idx.url} belongs to another store (id {stored}) than {url} (id "
             f"{config.store_id}); point index= at this store's index"
         )
-    return cls(url, objs, idx, config)
+    repo = cls(url, objs, idx, config)
+    repo.opened_with = {"index": index, "storage_options": dict(storage_options) if storage_options else None}
+    return repo
 
 
 def _load_config(
