@@ -3,19 +3,25 @@
 A :class:`Comm` talks over a gloo group of its own, built by the group's members alone from
 the job's rendezvous store (``torch.distributed``'s default store): ranks outside ``pg`` never
 take part, so a take on a sub-group cannot hang ranks that are busy elsewhere (in a barrier,
-say). Every step is bounded by the timeout:
+say). Every step is bounded by the timeout, and a failure names the ranks behind it:
 
 * **Opening a group**: each member posts ``here/<rank>`` in the store, then waits (polling)
-  for the others. A member that has not arrived by the timeout is named in the
-  :class:`DistributedError` ("rank(s) [2] never arrived").
+  for the others. Members that have not arrived by the timeout are named in the
+  :class:`~ckstore.errors.RankLostError` ("rank(s) [2] never arrived").
 * **Each collective**: before it starts, each member posts the collective's sequence number
-  (``at/<rank>``); gloo bounds the collective itself by the timeout; while a member waits it
-  bumps a heartbeat counter (``beat/<rank>``) about once a second. When a collective fails,
-  the member reads those keys to name the culprits: ranks that never reached this collective
-  (dead, stopped, or busy in another call), else ranks whose heartbeat stopped (dead or stopped
-  mid-collective). Naming takes at most a few seconds more.
+  (``at/<rank>``), and gloo bounds the collective by the timeout. While a group is open, a
+  daemon thread of each member bumps its heartbeat counter (``beat/<rank>``) every second.
+* **When a collective fails** (a peer's connection dropped, or the timeout passed), the member
+  posts ``left/<rank>`` and watches the others' keys until each has either left too (alive:
+  it saw the failure) or stopped beating, or the timeout (counted from the collective's start)
+  has passed: ranks whose heartbeat stopped are named as dead or stopped (a killed rank within
+  about ``STALL_CHECK_SECONDS``), ranks still beating that never reached the collective as
+  absent (busy in another call).
 
-A group whose collective failed is dropped; the next :class:`Comm` opens a fresh one.
+A group whose opening or collective failed is closed, and the first member to see that moves
+the group's *generation* (a store counter) on; the next :class:`Comm` opens the group of the
+current generation, so members that missed the failed group (absent then) and those that saw
+it fail meet again in the same fresh one.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -33,13 +40,13 @@ from ..errors import DistributedError, InvalidInputError, RankLostError
 
 DEFAULT_TIMEOUT = 600.0
 BROADCAST_BATCH = 64 << 20  # default bytes per broadcast call when sending tensors
-BEAT_SECONDS = 1.0  # heartbeat period while waiting in a collective
-STALL_CHECK_SECONDS = 2.5  # how long a heartbeat must stand still to count as stopped
-_POLL_MAX = 0.05  # longest sleep between polls of a collective or of the store
+BEAT_SECONDS = 1.0  # heartbeat period of an open group's members
+STALL_CHECK_SECONDS = 3.0  # how long a heartbeat must stand still to count as stopped
+_POLL_MAX = 0.05  # longest sleep between polls of the store while opening a group
+_KEYS = ("at", "beat", "left")  # per-member keys: last collective reached, heartbeat, done
 
-# (default group, members, timeout, purpose) -> the open group; and how many were opened
+# (default group, members, timeout, purpose) -> the open group
 _GROUPS: dict[tuple[Any, ...], _Group] = {}
-_OPENED: dict[tuple[Any, ...], int] = {}
 
 
 def dist_timeout(timeout: float | None) -> float:
@@ -166,45 +173,88 @@ class Comm:
 class _Group:
     """A gloo group over ``members`` with its store keys (arrival, progress, heartbeat)."""
 
-    def __init__(self, store: Any, members: list[int], rank: int, timeout: float, name: str) -> None:
+    def __init__(self, store: Any, members: list[int], rank: int, timeout: float, base: str) -> None:
         import torch.distributed as dist
 
         self.members = members
         self.rank = rank
         self.timeout = timeout
-        self.store = dist.PrefixStore(name + "/", store)
+        # The generation: every member reads the current one, and the first member to see a
+        # group of it fail moves it on, so members that missed that group (absent then) and
+        # those that saw it fail still open the same next one.
+        self._raw = store
+        self._gen_key = f"{base}/generation"
+        self._gen = int(store.add(self._gen_key, 0))
+        name = f"{base}/{self._gen}"
+        self.store: Any = dist.PrefixStore(name + "/", store)
         self.seq = 0
         self.broken = False
-        self._arrive()
         try:
-            self.pg: Any = dist.ProcessGroupGloo(
-                dist.PrefixStore(name + "/gloo/", store), rank, len(members), timedelta(seconds=timeout)
-            )
-        except Exception as exc:  # noqa: BLE001 - a peer vanished between arriving and connecting
-            raise self._error("opening the ckstore process group", exc, []) from exc
+            self._arrive()
+            try:
+                self.pg: Any = dist.ProcessGroupGloo(
+                    dist.PrefixStore(name + "/gloo/", store), rank, len(members), timedelta(seconds=timeout)
+                )
+            except Exception as exc:  # noqa: BLE001 - a peer vanished between arriving and connecting
+                raise self._error("opening the ckstore process group", exc, []) from exc
+        except BaseException:
+            self._next_generation()
+            raise
+        self._stop = threading.Event()
+        threading.Thread(target=self._beat_loop, name="ckstore-heartbeat", daemon=True).start()
+
+    def _beat_loop(self) -> None:
+        """Bump this member's heartbeat every second until the group closes."""
+        while not self._stop.wait(BEAT_SECONDS):
+            try:
+                self.store.add(f"beat/{self.rank}", 1)
+            except Exception:  # noqa: BLE001 - the store is gone: nothing left to tell
+                return
+
+    def close(self) -> None:
+        """Stop the heartbeat and post ``left/<rank>`` (alive, but done with the group)."""
+        self.broken = True
+        if not self._stop.is_set():
+            self._stop.set()
+            self._leave()
+
+    def _next_generation(self) -> None:
+        """Move the generation on from this group's (once, whoever comes first)."""
+        try:
+            self._raw.compare_set(self._gen_key, str(self._gen), str(self._gen + 1))
+        except Exception:  # noqa: BLE001 - the store is gone: no group can open anyway
+            pass
+
+    def _leave(self) -> None:
+        try:
+            self.store.set(f"left/{self.rank}", "1")
+        except Exception:  # noqa: BLE001 - the store is gone: nobody is left to ask
+            pass
 
     # --- opening ---------------------------------------------------------------------------
     def _arrive(self) -> None:
-        """Post our arrival and wait for every member's, naming those that never came."""
+        """Post our arrival and wait for every member's, naming those that never came.
+
+        Each member first creates its ``at``, ``beat`` and ``left`` keys (so later reads of
+        them never wait), then counts itself in; waiting polls one counter.
+        """
         what = "opening the ckstore process group"
         try:
+            self.store.multi_set([f"{k}/{self.rank}" for k in _KEYS], ["0"] * len(_KEYS))
             self.store.set(f"here/{self.rank}", "1")
-            waiting = [r for r in range(len(self.members)) if r != self.rank]
+            self.store.add("arrived", 1)
             deadline = time.monotonic() + self.timeout
             pause = 0.001
-            while waiting:
-                waiting = [r for r in waiting if not self.store.check([f"here/{r}"])]
-                if not waiting:
-                    break
+            while self.store.add("arrived", 0) < len(self.members):
                 if time.monotonic() >= deadline:
-                    err = self._error(what, None, waiting, "never arrived")
-                    raise err
+                    absent = [r for r in range(len(self.members)) if not self.store.check([f"here/{r}"])]
+                    raise self._error(what, None, [(absent, "never arrived (dead, stopped, or busy in another call such as a barrier)")])
                 time.sleep(pause)
                 pause = min(pause * 2, _POLL_MAX)
         except DistributedError:
             raise
         except Exception as exc:  # noqa: BLE001 - the store itself is gone (rank 0 died)
-            raise self._error(what, exc, [], "") from exc
+            raise self._error(what, exc, []) from exc
 
     # --- collectives -------------------------------------------------------------------------
     def broadcast(self, tensor: torch.Tensor, src: int) -> Any:
@@ -216,68 +266,85 @@ class _Group:
         return self.pg.broadcast([tensor], opts)
 
     def run(self, what: str, start: Any) -> None:
-        """Run one collective (``start()`` returns its Work) with progress keys and heartbeat."""
+        """Run one collective (``start()`` returns its Work), naming the culprits if it fails."""
         if self.broken:
             raise DistributedError(
                 f"rank {self.rank}: the ckstore process group failed earlier; {what} cannot run on it"
             )
         self.seq += 1
+        began = time.monotonic()
         try:
             self.store.set(f"at/{self.rank}", str(self.seq))
-            work = start()
-            self._wait(work)
+            start().wait()
         except Exception as exc:  # noqa: BLE001 - gloo: peer gone or timeout
             self.broken = True
             _forget(self)
-            raise self._diagnose(what, exc) from exc
-
-    def _wait(self, work: Any) -> None:
-        """Wait for ``work``, bumping this rank's heartbeat about once a second."""
-        pause = 0.0005
-        beat = time.monotonic() + BEAT_SECONDS
-        while not work.is_completed():
-            time.sleep(pause)
-            pause = min(pause * 2, _POLL_MAX)
-            if time.monotonic() >= beat:
-                self.store.add(f"beat/{self.rank}", 1)
-                beat = time.monotonic() + BEAT_SECONDS
-        work.wait()
+            self._next_generation()
+            err = self._diagnose(what, exc, began + self.timeout)  # still beating meanwhile
+            self.close()
+            raise err from exc
 
     # --- naming the culprits ---------------------------------------------------------------
-    def _diagnose(self, what: str, exc: BaseException) -> RankLostError:
-        """Name the ranks behind a failed collective: absent ones, else stalled ones."""
-        others = [r for r in range(len(self.members)) if r != self.rank]
-        try:
-            behind = [r for r in others if self._at(r) < self.seq]
-            if behind:
-                return self._error(what, exc, behind, f"never reached {what}")
-            first = {r: self._beat(r) for r in others}
-            time.sleep(STALL_CHECK_SECONDS)
-            stalled = [r for r in others if self._beat(r) == first[r] and self._at(r) == self.seq]
-            return self._error(what, exc, stalled, f"stopped responding during {what}")
-        except Exception:  # noqa: BLE001 - the store is gone too (rank 0 hosts it)
-            return self._error(what, exc, [], "")
+    def _diagnose(self, what: str, exc: BaseException, deadline: float) -> RankLostError:
+        """Watch the others' keys to tell which ranks caused a failed collective.
 
-    def _at(self, r: int) -> int:
-        return int(self.store.get(f"at/{r}")) if self.store.check([f"at/{r}"]) else 0
+        This rank first posts ``left/<rank>`` (alive, failed here). Another rank resolves as
+        soon as it is seen to have left (alive: it failed too, or closed the group) or its
+        heartbeat has stood still for ``STALL_CHECK_SECONDS`` (dead or stopped). Watching ends
+        when every rank resolved, or at the collective's deadline (at least
+        ``STALL_CHECK_SECONDS`` from now); ranks still beating then that never reached this
+        collective are named as absent. One ``multi_get`` per tick reads every key watched.
+        If the store goes away meanwhile (its host, rank 0, exited), what was seen so far is
+        reported.
+        """
+        waiting = [r for r in range(len(self.members)) if r != self.rank]
+        self._leave()
+        began = time.monotonic()
+        until = max(deadline, began + STALL_CHECK_SECONDS + 0.5)
+        last: dict[int, tuple[int, float]] = {}
+        at: dict[int, int] = {}
+        dead: list[int] = []
+        lost_store = False
+        while waiting and time.monotonic() < until:
+            try:
+                raw = self.store.multi_get([f"{k}/{r}" for r in waiting for k in _KEYS])
+            except Exception:  # noqa: BLE001 - the store is gone (rank 0 hosts it)
+                lost_store = True
+                break
+            now = time.monotonic()
+            for i, r in enumerate(list(waiting)):
+                at[r], beat, left = (int(v) for v in raw[3 * i : 3 * i + 3])
+                if left:
+                    waiting.remove(r)  # alive: it failed here too, or is done with the group
+                elif r not in last or beat != last[r][0]:
+                    last[r] = (beat, now)
+                elif now - last[r][1] >= STALL_CHECK_SECONDS:
+                    waiting.remove(r)
+                    dead.append(r)
+            time.sleep(0.25)
+        if lost_store:  # judge by what was seen: beats standing still for two periods or more
+            now = time.monotonic()
+            dead += [r for r in waiting if r in last and now - last[r][1] >= 2 * BEAT_SECONDS and at.get(r, 0) < self.seq]
+            waiting = []
+        absent = [r for r in waiting if at.get(r, 0) < self.seq]
+        return self._error(what, exc, [(sorted(dead), "stopped responding (dead or stopped)"), (absent, f"never reached {what} (alive, but in another call such as a barrier)")])
 
-    def _beat(self, r: int) -> int:
-        return int(self.store.get(f"beat/{r}")) if self.store.check([f"beat/{r}"]) else 0
-
-    def _error(self, what: str, exc: BaseException | None, ranks: list[int], how: str = "") -> RankLostError:
-        glob = [self.members[r] for r in ranks]
-        if ranks:
-            sub = "" if self.members == list(range(len(self.members))) else f" (global rank(s) {glob})"
-            who = f"rank(s) {ranks}{sub} {how} (dead, stopped, or busy in another call such as a barrier)"
-        else:
-            who = "could not tell which rank failed"
+    def _error(self, what: str, exc: BaseException | None, culprits: list[tuple[list[int], str]]) -> RankLostError:
+        """A RankLostError naming ``culprits`` (lists of ranks, each with how it failed)."""
+        whole = self.members == list(range(len(self.members)))
+        parts = []
+        for ranks, how in culprits:
+            if ranks:
+                glob = "" if whole else f" (global rank(s) {[self.members[r] for r in ranks]})"
+                parts.append(f"rank(s) {ranks}{glob} {how}")
+        who = "; ".join(parts) if parts else "could not tell which rank failed"
         cause = ""
         if exc is not None:
             text = str(exc).splitlines()[0] if str(exc) else ""
             cause = f": {type(exc).__name__}: {text}"
         err = RankLostError(f"rank {self.rank}: {what} failed (timeout {self.timeout:g} s); {who}{cause}")
-        err.ranks = ranks  # type: ignore[attr-defined]
-        err.causes = {r: how for r in ranks}  # type: ignore[attr-defined]
+        err.ranks = sorted(r for ranks, _ in culprits for r in ranks)  # type: ignore[attr-defined]
+        err.causes = {r: how for ranks, how in culprits for r in ranks}  # type: ignore[attr-defined]
         return err
 
 
@@ -291,12 +358,9 @@ def _open(members: list[int], rank: int, timeout: float, purpose: str) -> _Group
     if group is not None and not group.broken:
         return group
     for k in [k for k in _GROUPS if k[0] != id(default)]:
-        del _GROUPS[k]  # groups of a destroyed default group
-    n = _OPENED.get(key, 0)
-    _OPENED[key] = n + 1
+        _GROUPS.pop(k).close()  # groups of a destroyed default group
     digest = hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False).hexdigest()[:16]
-    name = f"ckstore/{purpose}/{digest}/{timeout:g}/{n}"
-    group = _Group(_store(timeout), members, rank, timeout, name)
+    group = _Group(_store(timeout), members, rank, timeout, f"ckstore/{purpose}/{digest}/{timeout:g}")
     _GROUPS[key] = group
     return group
 

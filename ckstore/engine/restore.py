@@ -27,7 +27,7 @@ from ..format.manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueE
 from ..format.tensors import empty_for, from_bytes, writable_view
 from ..format.tree import flatten, subtree, tree_refs, unflatten
 from .locations import to_location
-from .stateful import check_app_state, rng_last
+from .stateful import RNGState, check_app_state, rng_last
 
 Region = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
 log = logging.getLogger("ckstore")
@@ -502,8 +502,9 @@ def _skip_missing(reader: Reader, plan: _AppPlan, current: dict[str, Any], stric
 
     Strict, the first such key raises MismatchError. Otherwise each keeps the destination's
     current value (or is left out of the state passed to ``load_state_dict`` if the
-    destination has none), and a warning names them. An app with no key left to load (an
-    :class:`RNGState` on a rank beyond the take's world size) is not loaded at all.
+    destination has none), and a warning names them. An app with no key left to load, and an
+    :class:`RNGState` missing any of its keys (generators are restored all or nothing), is not
+    loaded at all.
     """
     missing = [k for k in plan.keys if not reader.has_value(k)]
     if not missing:
@@ -512,7 +513,7 @@ def _skip_missing(reader: Reader, plan: _AppPlan, current: dict[str, Any], stric
         reader.entry(missing[0])  # raises, naming the key and the ranks
     plan.keys = [k for k in plan.keys if k not in set(missing)]
     plan.keep = {k: current.get(k, _ABSENT) for k in missing}
-    whole = not plan.keys
+    whole = not plan.keys or isinstance(plan.obj, RNGState)  # generators: all or nothing
     log.warning(
         "%s: rank %d has no stored value for %d per-rank key(s) of app_state[%r] (the take had "
         "fewer ranks): %s%s; %s (strict=False)",

@@ -215,9 +215,10 @@ def failing_take(rank: int, world: int, path: str, bad: int, how: str, timeout: 
 
         store.objects.new_pack_writer = broken  # type: ignore[method-assign]
         del real
+    state = {"g": ckstore.StateDict(dtensors(world, True, False)), "local": local_app(rank)}
     t0 = time.monotonic()
     try:
-        store.take({"g": ckstore.StateDict(dtensors(world, True, False)), "local": local_app(rank)}, run="fail", dist_timeout=timeout)
+        store.take(state, run="fail", dist_timeout=timeout)
     except DistributedError as exc:
         return {"error": str(exc), "seconds": time.monotonic() - t0, "ranks": getattr(exc, "ranks", None)}
     return {"error": None, "seconds": time.monotonic() - t0}
