@@ -172,6 +172,11 @@ class StorageWriter(_DcpStorageWriter):
         if is_distributed():
             import torch.distributed as dist
 
+            if kwargs.get("rank") is not None and int(kwargs["rank"]) != dist.get_rank():
+                raise InvalidInputError(
+                    "ckstore's DCP StorageWriter needs dcp.save over every rank (no process_group "
+                    "sub-group); to checkpoint a sub-group use Snapshot.take(pg=...) or store.take(pg=...)"
+                )
             if dist.get_world_size() > 1:
                 self._comm = Comm(None, self.timeout)  # collective: every rank is here
                 self._world = self._comm.world

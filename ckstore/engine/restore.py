@@ -332,6 +332,11 @@ def _find_subtree(m: Manifest, key: str) -> Any:
 def _copy_into(dest: Any, src: torch.Tensor, key: str, where: str) -> None:
     if not isinstance(dest, torch.Tensor):
         raise MismatchError(f"{where}: obj_out for key {key!r} must be a tensor")
+    if _is_dtensor(dest):
+        raise MismatchError(
+            f"{where}: obj_out for key {key!r} is a DTensor; read the global tensor (no obj_out) "
+            "and distribute_tensor() it, or restore() into the DTensor to read only its shard"
+        )
     _check_tensor(dest, src.dtype, tuple(src.shape), key, where)
     with torch.no_grad():
         dest.copy_(src)

@@ -147,8 +147,8 @@ class PerRankEntry:
     """A value that differed between the ranks of a distributed take: one entry per rank.
 
     ``entries[r]`` is what rank ``r`` held (a TensorEntry or a ValueEntry). A restore gives each
-    rank its own entry and refuses ranks the take did not have; it never picks one rank's value
-    for everyone.
+    rank its own entry; ranks the take did not have are refused (strict) or keep their own
+    value (``strict=False``). It never picks one rank's value for everyone.
     """
 
     entries: tuple[Union[TensorEntry, ValueEntry], ...]
