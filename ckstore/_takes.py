@@ -93,8 +93,9 @@ def async_take(
 ) -> Background:
     """Return once the state at this call is safe; hash, write and commit in the background."""
     if is_distributed():
+        from .dist._classify import _ddp_apps
         from .dist._comm import Comm
-        from .dist._take import _ddp_apps, background
+        from .dist._take import background
 
         comm = Comm(pg, dist_timeout, purpose="async")  # made now: opening a group waits for every member
         ddp = _ddp_apps(app_state)

@@ -27,8 +27,9 @@ from ._locate import locate, locate_all_ranks, resolve
 from .dist import is_distributed
 from .engine.dcp_keys import dcp_overlay, is_dcp_manifest
 from .engine.logical import ranked_manifest, split_rank
+from .engine.read import read_object, read_state
 from .engine.repository import Repository, SnapshotView
-from .engine.restore import read_object, read_state, restore
+from .engine.restore import restore
 from .engine.stateful import check_app_state
 from .errors import InvalidInputError
 from .format.manifest import Entry, Manifest

@@ -53,9 +53,11 @@ class Store(Repository):
         DTensors are written shard by shard, tensors of a DistributedDataParallel module or
         with keys matching a ``replicated`` glob are written once (each rank writing about
         1/world of the bytes), and any other value is kept per rank unless it is the same on
-        every rank. ``dist_timeout`` (default ``CKSTORE_DIST_TIMEOUT`` or 600 s) bounds how
-        long ranks wait for each other. Any rank's failure raises DistributedError on every
-        rank and commits nothing.
+        every rank. ``pg`` limits the take to a process group's members (ranks outside it take
+        no part; per-rank values are kept by rank within ``pg``). ``dist_timeout`` (default
+        ``CKSTORE_DIST_TIMEOUT`` or 600 s) bounds how long ranks wait for each other; a rank
+        that never comes, dies or stops is named in a RankLostError. Any rank's failure raises
+        DistributedError on every rank and commits nothing.
 
         Raises:
             InvalidInputError / UnsupportedValueError: app_state holds something unstorable

@@ -153,3 +153,21 @@ def subtree(tree: Any, prefix: str, key: str) -> Any | None:
         if key == path or key.startswith(path + "/"):
             return subtree(child, path, key)
     return None
+
+
+ABSENT = object()
+"""A placeholder ``resolve`` may return for a leaf to leave out; :func:`prune` drops it."""
+
+
+def prune(obj: Any) -> Any:
+    """``obj`` (from :func:`unflatten`) without :data:`ABSENT` leaves, in dicts, lists, tuples."""
+    if isinstance(obj, dict):
+        out = type(obj)((k, prune(v)) for k, v in obj.items() if v is not ABSENT)
+        meta = getattr(obj, "_metadata", None)
+        if meta is not None:
+            out._metadata = meta  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, (list, tuple)):
+        items = [prune(v) for v in obj if v is not ABSENT]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
