@@ -96,7 +96,7 @@ class StorageReader(_DcpStorageReader):
             import torch.distributed as dist
 
             if dist.get_world_size() > 1:
-                got = Comm(None, self.timeout).all_gather_json(mine, "dcp.load (resolving the snapshot)")
+                got = Comm(None, self.timeout, purpose="dcp").all_gather_json(mine, "dcp.load (resolving the snapshot)")
                 raise_failed(got, f"dcp.load of {self.ref!r} from ckstore")
                 if got[0]["id"] != mine["id"]:
                     snap = self.store.get(got[0]["id"])

@@ -178,7 +178,7 @@ class StorageWriter(_DcpStorageWriter):
                     "sub-group); to checkpoint a sub-group use Snapshot.take(pg=...) or store.take(pg=...)"
                 )
             if dist.get_world_size() > 1:
-                self._comm = Comm(None, self.timeout)  # collective: every rank is here
+                self._comm = Comm(None, self.timeout, purpose="dcp")  # every rank is here; a group of its own (async_save runs in a thread)
                 self._world = self._comm.world
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:

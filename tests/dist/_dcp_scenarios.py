@@ -209,4 +209,9 @@ def parity(rank: int, world: int, path: str) -> dict[str, Any]:
     dcp.load(later, storage_reader=StorageReader(path, "p@3"))
     out["async"] = [later["train"].losses, bits(later["w"]) == bits(weights)]
     out["steps"] = sorted(s.step for s in store.log("p"))
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    if executor._CHECKPOINT_PROCESS is not None:  # stop DCP's checkpoint process cleanly
+        executor._CHECKPOINT_PROCESS.__del__()
+        executor._CHECKPOINT_PROCESS = None
     return out
