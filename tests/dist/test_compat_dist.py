@@ -42,7 +42,7 @@ def test_subgroup_take_beside_a_rank_in_a_barrier(tmp_path: Path) -> None:
 
 
 def test_rank_that_never_arrives_is_named_within_the_timeout(tmp_path: Path) -> None:
-    timeout = 3.0
+    timeout = 2.0
     res = values(run_ranks(cs.absent, 3, tmp_path, str(tmp_path / "s"), timeout, timeout=90))
     for r in res[:2]:
         first, later = r["open"], r["collective"]
