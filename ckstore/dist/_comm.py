@@ -291,9 +291,9 @@ class _Group:
         This rank first posts ``left/<rank>`` (alive, failed here). Another rank resolves as
         soon as it is seen to have left (alive: it failed too, or closed the group) or its
         heartbeat has stood still for ``STALL_CHECK_SECONDS`` (dead or stopped). Watching ends
-        when every rank resolved, or at the collective's deadline (at least
-        ``STALL_CHECK_SECONDS`` from now); ranks still beating then that never reached this
-        collective are named as absent. One ``multi_get`` per tick reads every key watched.
+        when every rank resolved, or once the collective's deadline has passed and every rank
+        left has been seen beating (at the latest ``STALL_CHECK_SECONDS`` after it); ranks still
+        beating then that never reached this collective are named as absent. One ``multi_get`` per tick reads every key watched.
         If the store goes away meanwhile (its host, rank 0, exited), what was seen so far is
         reported.
         """
@@ -304,6 +304,7 @@ class _Group:
         last: dict[int, tuple[int, float]] = {}
         at: dict[int, int] = {}
         dead: list[int] = []
+        alive: set[int] = set()
         lost_store = False
         while waiting and time.monotonic() < until:
             try:
@@ -317,10 +318,14 @@ class _Group:
                 if left:
                     waiting.remove(r)  # alive: it failed here too, or is done with the group
                 elif r not in last or beat != last[r][0]:
+                    if r in last:
+                        alive.add(r)  # seen beating since the failure
                     last[r] = (beat, now)
                 elif now - last[r][1] >= STALL_CHECK_SECONDS:
                     waiting.remove(r)
                     dead.append(r)
+            if now >= deadline and alive.issuperset(waiting):
+                break  # the timeout has passed and everyone left is alive elsewhere
             time.sleep(0.25)
         if lost_store:  # judge by what was seen: beats standing still for two periods or more
             now = time.monotonic()
