@@ -50,7 +50,7 @@ _LAZY = {
     "Store": "store",
     "open": "store",
 }
-_LAZY_MODULES = ("dcp",)  # public submodules reachable as attributes after ``import ckstore``
+_LAZY_MODULES = ("dcp", "interop")  # public submodules reachable as attributes after ``import ckstore``
 
 
 def __getattr__(name: str) -> Any:
@@ -92,5 +92,6 @@ __all__ = [
     "ValueEntry",
     "dcp",
     "errors",
+    "interop",
     "open",
 ]

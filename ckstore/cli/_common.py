@@ -52,10 +52,11 @@ def find_store(explicit: str | None, cwd: str | None = None) -> str:
         d = parent
 
 
-def open_store(args: argparse.Namespace) -> Any:
+def open_store(args: argparse.Namespace, **options: Any) -> Any:
+    """Open the store the arguments name (it must exist); ``options`` go to ``ckstore.open``."""
     import ckstore
 
-    return ckstore.open(find_store(args.store), index=args.index, create=False)
+    return ckstore.open(find_store(args.store), index=args.index, create=False, **options)
 
 
 # --- output -------------------------------------------------------------------------------------

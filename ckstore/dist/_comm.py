@@ -37,9 +37,11 @@ from typing import Any
 import torch
 
 from ..errors import DistributedError, InvalidInputError, RankLostError
+from ..format.limits import check_number
 
 DEFAULT_TIMEOUT = 600.0
 BROADCAST_BATCH = 64 << 20  # default bytes per broadcast call when sending tensors
+MAX_TIMEOUT = 7 * 86400.0
 BEAT_SECONDS = 1.0  # heartbeat period of an open group's members
 STALL_CHECK_SECONDS = 3.0  # how long a heartbeat must stand still to count as stopped
 _POLL_MAX = 0.05  # longest sleep between polls of the store while opening a group
@@ -50,10 +52,21 @@ _GROUPS: dict[tuple[Any, ...], _Group] = {}
 
 
 def dist_timeout(timeout: float | None) -> float:
-    """The timeout in seconds: the argument, else ``CKSTORE_DIST_TIMEOUT``, else 600."""
+    """The timeout in seconds: the argument, else ``CKSTORE_DIST_TIMEOUT``, else 600.
+
+    Raises:
+        InvalidInputError: not a finite number of seconds > 0 (at most a week).
+    """
     if timeout is not None:
-        return float(timeout)
-    return float(os.environ.get("CKSTORE_DIST_TIMEOUT", DEFAULT_TIMEOUT))
+        return check_number("dist_timeout", timeout, 0.0, MAX_TIMEOUT, lo_open=True)
+    env = os.environ.get("CKSTORE_DIST_TIMEOUT")
+    if not env:
+        return float(DEFAULT_TIMEOUT)
+    try:
+        value = float(env)
+    except ValueError:
+        raise InvalidInputError(f"$CKSTORE_DIST_TIMEOUT must be a number of seconds, got {env!r}") from None
+    return check_number("$CKSTORE_DIST_TIMEOUT", value, 0.0, MAX_TIMEOUT, lo_open=True)
 
 
 def members_of(pg: Any) -> list[int]:

@@ -325,6 +325,11 @@ def validate(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) 
     the generators after every other ``load_state_dict()`` (whose random draws then do not
     shift the restored stream). With ``strict=False``, per-rank entries this rank has no value
     for (the take had fewer ranks) are skipped and logged; see :func:`_skip_missing`.
+
+    Raises:
+        InvalidInputError: ``app_state`` is not a mapping of str names.
+        UnsupportedValueError: a value is not stateful (also a TypeError).
+        MismatchError: keys, dtypes or shapes differ.
     """
     check_app_state(app_state, restoring=True)
     if reader.rank is None:

@@ -80,7 +80,10 @@ def check_app_state(app_state: Any, *, restoring: bool = False) -> None:
             TorchSnapshot); the message names its key.
     """
     if not isinstance(app_state, Mapping):
-        raise InvalidInputError("app_state must be a dict mapping names to stateful objects")
+        raise InvalidInputError(
+            f"app_state must be a dict mapping names to stateful objects (with state_dict() and "
+            f"load_state_dict()), got a {type(app_state).__name__}"
+        )
     for name, obj in app_state.items():
         if not isinstance(name, str) or not name or "/" in name:
             raise InvalidInputError(f"app_state key {name!r} must be a non-empty str without '/'")
