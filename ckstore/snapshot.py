@@ -11,7 +11,6 @@ from . import _takes
 from .dist import is_distributed
 from .engine.config import CONFIG_NAME
 from .engine.repository import Repository, SnapshotView, is_local, local_path, open_repository
-from .engine.restore import read_object, restore
 from .errors import DistributedError, SnapshotNotFoundError
 from .format.manifest import Entry, Manifest
 from .index import SnapshotRecord
@@ -151,6 +150,8 @@ class Snapshot(SnapshotView):
                 atomic=atomic,
             )
             return
+        from .engine.restore import restore
+
         restore(self.reader(), app_state, strict=strict, budget=budget, atomic=atomic)
 
     def read_object(
@@ -160,6 +161,8 @@ class Snapshot(SnapshotView):
 
         A tensor comes back as a new CPU tensor, or is copied into ``obj_out`` if given.
         """
+        from .engine.restore import read_object
+
         return read_object(self.reader(), path, obj_out)
 
     def get_manifest(self) -> dict[str, Entry]:

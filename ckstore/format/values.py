@@ -5,6 +5,9 @@ list, tuple, dict (any JSON-able keys, insertion order kept), ``torch.Size``, ``
 ``torch.device`` and NumPy scalars. JSON objects are only ever tags (``{"$tuple": [...]}``), so
 a plain JSON array is a list and a plain JSON scalar is itself. Anything else is refused with an
 error naming its key: there is no pickle fallback.
+
+Decoding imports torch and NumPy only for the values that are their objects (``$dtype``,
+``$device``, ``$size``, ``$np``), so reading a manifest of plain values loads neither.
 """
 
 from __future__ import annotations
@@ -14,11 +17,8 @@ import math
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
-import torch
-
 from ..errors import CorruptionError, UnsupportedValueError
-from .dtypes import DTYPES, dtype_name
+from .dtypes import dtype_from_name, dtype_name
 
 _NP_KINDS = frozenset("biufc")
 
@@ -35,6 +35,9 @@ def _refuse(value: Any, key: str) -> UnsupportedValueError:
 
 def is_plain(value: Any) -> bool:
     """True for scalars this module encodes (not containers, not arrays)."""
+    import numpy as np
+    import torch
+
     return value is None or isinstance(
         value, (bool, int, float, str, bytes, bytearray, torch.dtype, torch.device, np.generic)
     )
@@ -42,6 +45,9 @@ def is_plain(value: Any) -> bool:
 
 def encode_value(value: Any, key: str) -> Any:
     """Encode ``value`` as JSON-able data; raise UnsupportedValueError naming ``key``."""
+    import numpy as np
+    import torch
+
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, np.generic):  # before int/float: np.float64 subclasses float
@@ -104,15 +110,18 @@ def _decode_tag(data: dict[str, Any]) -> Any:
     if "$bytes" in data:
         return base64.b64decode(data["$bytes"], validate=True)
     if "$dtype" in data:
-        name = data["$dtype"]
-        if name not in DTYPES:
-            raise CorruptionError(f"manifest names an unknown dtype {name!r}")
-        return DTYPES[name]
+        return dtype_from_name(data["$dtype"])
     if "$device" in data:
+        import torch
+
         return torch.device(str(data["$device"]))
     if "$size" in data:
+        import torch
+
         return torch.Size(int(v) for v in data["$size"])
     if "$np" in data:
+        import numpy as np
+
         dt = np.dtype(str(data["$np"]))
         if dt.kind not in _NP_KINDS:
             raise ValueError(dt)
