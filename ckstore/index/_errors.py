@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
-from ckstore.errors import ConflictError, IndexError_
+from ckstore.errors import ConflictError, IndexError_, NotFoundError
+
+_NO_DATABASE = re.compile(r'database "([^"]+)" does not exist')
 
 
 @contextmanager
@@ -20,6 +24,8 @@ def translated(what: str, url: str) -> Iterator[None]:
 
     Raises:
         ConflictError: For integrity violations (a concurrent writer took a name or id).
+        NotFoundError: For a PostgreSQL database that does not exist (the message says how
+            to create it).
         IndexError_: For every other database failure (unreachable, locked, broken).
     """
     try:
@@ -29,9 +35,23 @@ def translated(what: str, url: str) -> Iterator[None]:
             f"{what}: a concurrent change conflicts ({_first_line(exc)}); retry"
         ) from exc
     except OperationalError as exc:
+        missing = _NO_DATABASE.search(str(exc.orig or exc))
+        if missing:
+            raise NotFoundError(_create_database_hint(what, url, missing.group(1))) from exc
         raise IndexError_(f"{what}: the index database {url} failed: {_first_line(exc)}") from exc
     except SQLAlchemyError as exc:
         raise IndexError_(f"{what}: index error on {url}: {_first_line(exc)}") from exc
+
+
+def _create_database_hint(what: str, url: str, database: str) -> str:
+    u = make_url(url)
+    options = [("-h", u.host), ("-p", u.port), ("-U", u.username)]
+    flags = "".join(f"{flag} {value} " for flag, value in options if value)
+    return (
+        f"{what}: the PostgreSQL database {database!r} of index {url} does not exist; create "
+        f"it (empty) with `createdb {flags}{database}` or the SQL `CREATE DATABASE "
+        f'"{database}"`, then run the command again (ckstore creates its tables itself)'
+    )
 
 
 def _first_line(exc: Exception) -> str:
