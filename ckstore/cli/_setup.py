@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConflictError, InvalidInputError
+from ..errors import CkstoreError, ConflictError, InvalidInputError
 from . import _format as fmt
 from ._common import CONFIG_NAME, EXIT_OK, emit_json, storage_options
 
@@ -51,7 +51,10 @@ def cmd_init(args: argparse.Namespace) -> int:
                 "inline_bytes": cfg.inline_bytes,
             }
     except BaseException:
-        undo()
+        try:
+            undo()
+        except (CkstoreError, OSError):  # best effort: the error that stopped init is the news
+            pass
         raise
     if args.json:
         emit_json(info)
@@ -75,7 +78,8 @@ def _undo_init(url: str, opts: dict[str, Any]) -> Callable[[], None]:
 
         def undo_remote() -> None:
             try:
-                backend.delete(CONFIG_NAME)
+                if backend.exists(CONFIG_NAME):
+                    backend.delete(CONFIG_NAME)
             finally:
                 backend.close()
 
