@@ -1,7 +1,8 @@
 """The ``ckstore`` command line, run as a real executable in subprocesses.
 
-Every subprocess pays the torch import (~2 s), so independent read-only calls run concurrently
-and each test groups several calls.
+Every subprocess pays Python's start and the CLI's imports (about half a second; the torch
+import, 2 s or more, only for ``diff --numeric``), so independent read-only calls run
+concurrently and each test groups several calls.
 """
 
 from __future__ import annotations
