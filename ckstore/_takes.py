@@ -9,6 +9,7 @@ when a take runs, so opening a store does not pay for them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -17,8 +18,9 @@ from typing import Any
 from .dist import is_distributed
 from .engine.repository import Repository
 from .errors import InvalidInputError
+from .format.limits import INT64_MAX, check_int, check_metadata, check_number
 from .format.manifest import Manifest, canonical_json
-from .index import SnapshotRecord
+from .index import SnapshotRecord, validate_name
 
 Committed = tuple[SnapshotRecord, "Manifest | None"]
 
@@ -44,8 +46,10 @@ class TakeArgs:
         name: str | None,
         replicated: Sequence[str],
     ) -> TakeArgs:
-        check_take_args(run, step, metadata)
-        return cls(run, step, tuple(tags), dict(metadata or {}), name, tuple(replicated))
+        meta = check_take_args(run, step, metadata, name, tags)
+        if step is not None:
+            step = int(step)
+        return cls(run, step, tuple(tags), meta, name, tuple(replicated))
 
 
 @dataclass
@@ -164,15 +168,41 @@ def _dist_take(
     )
 
 
-def check_take_args(run: str, step: int | None, metadata: Mapping[str, Any] | None) -> None:
-    """Refuse a bad run, step or metadata before anything is planned."""
-    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
-        raise InvalidInputError(f"step must be a non-negative int, got {step!r}")
+def check_budgets(dist_timeout: float | None, staging_budget: int | None) -> None:
+    """Refuse a non-positive or non-finite ``dist_timeout`` and a negative ``staging_budget``."""
+    if dist_timeout is not None:
+        check_number("dist_timeout", dist_timeout, 0.0, math.inf, lo_open=True)
+    if staging_budget is not None:
+        check_int("staging_budget", staging_budget)
+
+
+def check_take_args(
+    run: str,
+    step: int | None,
+    metadata: Mapping[str, Any] | None,
+    name: str | None = None,
+    tags: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Refuse a bad run, step, name, tag or metadata before anything is planned or written.
+
+    Returns the metadata as plain JSON (a copy).
+    """
+    if step is not None:
+        check_int("step", step, 0, INT64_MAX)
     if not isinstance(run, str) or not run:
         raise InvalidInputError(f"run must be a non-empty str, got {run!r}")
+    validate_name(run, "run")
+    if name is not None:
+        validate_name(name, "snapshot")
+    if isinstance(tags, str):
+        raise InvalidInputError(f"tags must be a list of tag names, got the string {tags!r}")
+    for tag in tags:
+        validate_name(tag, "tag")
+    meta = check_metadata(metadata)
     try:
-        canonical_json(dict(metadata or {}))
-    except (TypeError, ValueError) as exc:
+        canonical_json(meta)
+    except (TypeError, ValueError) as exc:  # pragma: no cover - check_metadata refuses first
         raise InvalidInputError(
             f"metadata must be JSON-able (finite numbers, str, lists, dicts): {exc}"
         ) from exc
+    return meta

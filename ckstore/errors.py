@@ -71,5 +71,12 @@ class IndexError_(CkstoreError):
     """The SQL index failed for a reason other than a conflict."""
 
 
+class IndexCorruptionError(CorruptionError, IndexError_):
+    """The SQL index database itself is damaged (unreadable pages, rows that do not decode).
+
+    The store's objects are not affected: the message says how to rebuild the index from them.
+    """
+
+
 class DistributedError(CkstoreError):
     """One or more ranks failed a collective take/restore; names the ranks and causes."""

@@ -12,6 +12,7 @@ from .dist import is_distributed
 from .engine.config import CONFIG_NAME
 from .engine.repository import Repository, SnapshotView, is_local, local_path, open_repository
 from .errors import DistributedError, SnapshotNotFoundError
+from .format.limits import check_int, check_number
 from .format.manifest import Entry, Manifest
 from .index import SnapshotRecord
 
@@ -133,8 +134,14 @@ class Snapshot(SnapshotView):
             DistributedError: a rank failed (distributed restore; names ranks and causes).
         """
         from .dist._restore import replicated_mode
+        from .engine.restore import check_app_state
 
+        check_app_state(app_state)
         mode = replicated_mode(replicated_read)
+        if memory_budget is not None:
+            check_int("memory_budget", memory_budget)
+        if dist_timeout is not None:
+            check_number("dist_timeout", dist_timeout, lo_open=True)
         budget = self.store.memory_budget if memory_budget is None else memory_budget
         if is_distributed():
             from .dist._restore import restore as dist_restore

@@ -8,7 +8,7 @@ from typing import Any
 
 from . import _takes
 from .engine.repository import Repository, open_repository
-from .errors import ConflictError, NotFoundError
+from .errors import ConflictError, InvalidInputError, NotFoundError
 from .history.check import CheckReport
 from .history.check import check as history_check
 from .history.diff import DiffResult
@@ -63,6 +63,7 @@ class Store(Repository):
             LeaseExpiredError: the take stalled past its lease; nothing was committed.
         """
         args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated)
+        _takes.check_budgets(dist_timeout, None)
         record, manifest = _takes.take(self, app_state, args, pg, dist_timeout)
         return Snapshot._bind(self, record, manifest)
 
@@ -91,6 +92,7 @@ class Store(Repository):
         every rank's ``wait()`` returns the same Snapshot or raises DistributedError.
         """
         args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated)
+        _takes.check_budgets(dist_timeout, staging_budget)
         return PendingSnapshot.of(
             self, _takes.async_take(self, app_state, args, pg, dist_timeout, staging_budget)
         )
@@ -185,7 +187,13 @@ class Store(Repository):
 
         With none of ``keep_last``, ``keep_every_steps``, ``older_than`` set no snapshot is
         dropped and gc only prunes. Safe beside live takes (see docs/RELIABILITY.md, I4).
+
+        Raises:
+            InvalidInputError: an option is out of range (e.g. a negative grace period); nothing
+                changed.
         """
+        if isinstance(runs, str):
+            raise InvalidInputError(f"gc: runs must be a list of run names, got the string {runs!r}")
         return history_gc(
             self,
             keep_last=keep_last,
@@ -205,8 +213,14 @@ class Store(Repository):
     ) -> CheckReport:
         """Verify the store's integrity: manifests, references, packs against the index.
 
-        ``read_data`` True also reads and re-hashes every chunk; a float in (0, 1] does so for
-        that share of the packs. ``progress`` wraps the per-pack loop of the data pass.
+        ``read_data`` True also reads every pack whole: its bytes must hash to its name
+        (header, trailer and footer) and every chunk in it to its id. A number in [0, 1] reads
+        that share of the packs, at least one when above 0. The report says how much was read
+        (``packs_read``, ``chunks_read``, ``bytes_read``). ``progress`` wraps the per-pack loop
+        of the data pass.
+
+        Raises:
+            InvalidInputError: ``read_data`` is not a bool or a number in [0, 1].
         """
         return history_check(self, read_data=read_data, progress=progress)
 
@@ -224,6 +238,7 @@ def open(  # noqa: A001 - the public verb is ckstore.open
     chunk_bytes: int | None = None,
     pack_bytes: int | None = None,
     inline_bytes: int | None = None,
+    create_index: bool | None = None,
 ) -> Store:
     """Open (and by default create) a store.
 
@@ -235,6 +250,8 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         storage_options: passed to fsspec (e.g. s3fs credentials, endpoint_url).
         create: make the store if it does not exist; False raises NotFoundError instead.
         chunk_bytes, pack_bytes, inline_bytes: knobs for a NEW store (ignored when it exists).
+        create_index: give an empty index database the schema even when ``create`` is False
+            (to ``reindex`` an existing store into a fresh index); None: the same as ``create``.
 
     Raises:
         NotFoundError: no store at ``url`` and ``create`` is False.
@@ -248,5 +265,6 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         chunk_bytes=chunk_bytes,
         pack_bytes=pack_bytes,
         inline_bytes=inline_bytes,
+        create_index=create_index,
         cls=Store,
     )

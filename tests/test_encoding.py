@@ -19,7 +19,8 @@ PLAIN = [
     None,
     True,
     0,
-    -(2**80),
+    -(2**63),
+    2**64 - 1,  # the largest: an unsigned 64-bit seed (torch.initial_seed())
     1.5,
     -0.0,
     float("inf"),

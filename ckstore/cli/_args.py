@@ -217,7 +217,8 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             default=False,
             type=_fraction_arg,
             metavar="FRACTION",
-            help="also read and re-hash chunks (all, or this random fraction)",
+            help="also read packs whole: each must hash to its name and each chunk in it to its "
+            "id (all packs, or this random fraction of them, at least one)",
         )
     elif name == "demo":
         p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")

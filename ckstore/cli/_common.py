@@ -102,8 +102,11 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def open_store(args: argparse.Namespace) -> Any:
-    """The store the options name (see :func:`find_store`), opened; it must exist."""
+def open_store(args: argparse.Namespace, **options: Any) -> Any:
+    """Open the store the arguments name (see :func:`find_store`; it must exist).
+
+    ``--storage-option`` values become ``storage_options``; ``options`` go to ``ckstore.open``.
+    """
     import ckstore
 
     return ckstore.open(
@@ -111,6 +114,7 @@ def open_store(args: argparse.Namespace) -> Any:
         index=args.index,
         storage_options=storage_options(args),
         create=False,
+        **options,
     )
 
 

@@ -59,7 +59,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    # the store must exist, its index need not: reindex rebuilds a fresh (or moved-aside) one
+    with open_store(args, create_index=True) as store:
         report = store.reindex()
     print_report(report.to_dict(), args.json)
     return EXIT_OK if not report.skipped else EXIT_PROBLEMS

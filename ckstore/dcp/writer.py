@@ -66,12 +66,11 @@ class StorageWriter(_DcpStorageWriter):
         super().__init__()
         from .._takes import check_take_args
 
-        check_take_args(run, step, metadata)
+        self.tags = tuple(tags)
+        self.metadata = check_take_args(run, step, metadata, name, self.tags)
         self.store = store
         self.run = run
         self.step = step
-        self.tags = tuple(tags)
-        self.metadata = dict(metadata or {})
         self.name = name
         self.timeout = timeout
         self.is_coordinator = True

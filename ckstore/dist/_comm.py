@@ -9,18 +9,31 @@ from typing import Any
 
 import torch
 
-from ..errors import DistributedError
+from ..errors import DistributedError, InvalidInputError
+from ..format.limits import check_number
 
 DEFAULT_TIMEOUT = 600.0
 BROADCAST_BATCH = 64 << 20  # default bytes per broadcast call when sending tensors
+MAX_TIMEOUT = 7 * 86400.0
 _GROUPS: list[tuple[Any, float, Any]] = []  # (default group, timeout, gloo group): one per pair
 
 
 def dist_timeout(timeout: float | None) -> float:
-    """The timeout in seconds: the argument, else ``CKSTORE_DIST_TIMEOUT``, else 600."""
+    """The timeout in seconds: the argument, else ``CKSTORE_DIST_TIMEOUT``, else 600.
+
+    Raises:
+        InvalidInputError: not a finite number of seconds > 0 (at most a week).
+    """
     if timeout is not None:
-        return float(timeout)
-    return float(os.environ.get("CKSTORE_DIST_TIMEOUT", DEFAULT_TIMEOUT))
+        return check_number("dist_timeout", timeout, 0.0, MAX_TIMEOUT, lo_open=True)
+    env = os.environ.get("CKSTORE_DIST_TIMEOUT")
+    if not env:
+        return float(DEFAULT_TIMEOUT)
+    try:
+        value = float(env)
+    except ValueError:
+        raise InvalidInputError(f"$CKSTORE_DIST_TIMEOUT must be a number of seconds, got {env!r}") from None
+    return check_number("$CKSTORE_DIST_TIMEOUT", value, 0.0, MAX_TIMEOUT, lo_open=True)
 
 
 class Comm:

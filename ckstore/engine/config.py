@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import CorruptionError, InvalidInputError, SchemaError
+from ..format.limits import INT64_MAX, check_int, check_number
 
 CONFIG_NAME = "ckstore.json"
 FORMAT_NAME = "ckstore"
@@ -24,6 +25,16 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 DEFAULT_PACK_BYTES = 64 << 20
 DEFAULT_INLINE_BYTES = 2048
 DEFAULT_LEASE_SECONDS = 600.0
+MAX_LEASE_SECONDS = 7 * 86400.0
+MAX_THREADS = 1024
+
+MIN_CHUNK_BYTES = 16
+MAX_CHUNK_BYTES = 1 << 30
+"""A chunk is decoded in memory whole: at most 1 GiB."""
+MAX_PACK_BYTES = 1 << 36
+"""A pack is written by one put: at most 64 GiB."""
+MAX_INLINE_BYTES = 1 << 20
+"""Inline tensors live in the manifest (at most 1 GiB): at most 1 MiB each."""
 
 
 @dataclass(frozen=True)
@@ -41,21 +52,35 @@ class StoreConfig:
 
     @classmethod
     def new(cls, chunk_bytes: int | None, pack_bytes: int | None, inline_bytes: int | None) -> StoreConfig:
-        cfg = cls(
-            store_id=uuid.uuid4().hex,
-            chunk_bytes=chunk_bytes or DEFAULT_CHUNK_BYTES,
-            pack_bytes=pack_bytes or DEFAULT_PACK_BYTES,
-            inline_bytes=DEFAULT_INLINE_BYTES if inline_bytes is None else inline_bytes,
+        """The config of a new store; None takes a knob's default.
+
+        Raises:
+            InvalidInputError: a knob is not an int or is out of range (FORMAT.md section 10).
+        """
+        chunk = DEFAULT_CHUNK_BYTES if chunk_bytes is None else check_int(
+            "chunk_bytes", chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES
         )
+        pack = DEFAULT_PACK_BYTES if pack_bytes is None else check_int(
+            "pack_bytes", pack_bytes, MIN_CHUNK_BYTES, MAX_PACK_BYTES
+        )
+        inline = DEFAULT_INLINE_BYTES if inline_bytes is None else check_int(
+            "inline_bytes", inline_bytes, 0, MAX_INLINE_BYTES
+        )
+        cfg = cls(store_id=uuid.uuid4().hex, chunk_bytes=chunk, pack_bytes=pack, inline_bytes=inline)
         if not cfg.knobs_valid():
             raise InvalidInputError(
-                f"store knobs out of range: chunk_bytes={cfg.chunk_bytes} (>= 16), "
-                f"pack_bytes={cfg.pack_bytes} (>= chunk_bytes), inline_bytes={cfg.inline_bytes} (>= 0)"
+                f"store knobs out of range: chunk_bytes={cfg.chunk_bytes} (16 to 2**30), "
+                f"pack_bytes={cfg.pack_bytes} (chunk_bytes to 2**36), inline_bytes="
+                f"{cfg.inline_bytes} (0 to 2**20)"
             )
         return cfg
 
     def knobs_valid(self) -> bool:
-        return 16 <= self.chunk_bytes <= self.pack_bytes and self.inline_bytes >= 0
+        return (
+            MIN_CHUNK_BYTES <= self.chunk_bytes <= min(self.pack_bytes, MAX_CHUNK_BYTES)
+            and self.pack_bytes <= MAX_PACK_BYTES
+            and 0 <= self.inline_bytes <= MAX_INLINE_BYTES
+        )
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -79,11 +104,14 @@ class StoreConfig:
         if unknown:
             raise SchemaError(f"store {where} uses features {sorted(unknown)} this ckstore lacks: upgrade ckstore")
         try:
+            knobs = [d[k] for k in ("chunk_bytes", "pack_bytes", "inline_bytes")]
+            if not all(type(k) is int for k in knobs) or type(d["store_id"]) is not str:
+                raise TypeError(f"store_id, chunk_bytes, pack_bytes, inline_bytes of the wrong type: {d}")
             cfg = cls(
-                store_id=str(d["store_id"]),
-                chunk_bytes=int(d["chunk_bytes"]),
-                pack_bytes=int(d["pack_bytes"]),
-                inline_bytes=int(d["inline_bytes"]),
+                store_id=d["store_id"],
+                chunk_bytes=knobs[0],
+                pack_bytes=knobs[1],
+                inline_bytes=knobs[2],
                 features=tuple(d.get("features", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -96,9 +124,9 @@ class StoreConfig:
 def default_memory_budget() -> int:
     """Staging memory a restore may use: ``$CKSTORE_MEMORY_BUDGET`` (bytes) or the smaller of
     512 MiB and 5% of physical memory."""
-    env = os.environ.get("CKSTORE_MEMORY_BUDGET")
-    if env:
-        return max(0, int(env))
+    env = env_int("CKSTORE_MEMORY_BUDGET", 0)
+    if env is not None:
+        return env
     try:
         physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
@@ -110,9 +138,9 @@ def default_staging_budget() -> int:
     """Copy memory an async take may use: ``$CKSTORE_STAGING_BUDGET`` (bytes) or half of the
     RAM available now (``MemAvailable``, which counts page cache the kernel can drop: free
     memory alone shrinks to almost nothing once checkpoints have filled the cache)."""
-    env = os.environ.get("CKSTORE_STAGING_BUDGET")
-    if env:
-        return max(0, int(env))
+    env = env_int("CKSTORE_STAGING_BUDGET", 0)
+    if env is not None:
+        return env
     available = _mem_available()
     if available is None:
         try:
@@ -136,9 +164,9 @@ def _mem_available() -> int | None:
 
 def default_threads() -> int:
     """Worker threads for hashing/compression/IO: ``$CKSTORE_THREADS`` or the CPU count."""
-    env = os.environ.get("CKSTORE_THREADS")
-    if env:
-        return max(1, int(env))
+    env = env_int("CKSTORE_THREADS", 1, MAX_THREADS)
+    if env is not None:
+        return env
     return max(2, os.cpu_count() or 2)
 
 
@@ -146,7 +174,35 @@ def default_io_threads() -> int:
     """Packs a take writes at once: ``$CKSTORE_IO_THREADS`` or 4. Several writes in flight keep
     a disk busy through each pack's fsync (and S3 through each upload's latency); each holds
     up to one pack of encoded bytes in memory."""
-    env = os.environ.get("CKSTORE_IO_THREADS")
-    if env:
-        return max(1, int(env))
+    env = env_int("CKSTORE_IO_THREADS", 1, MAX_THREADS)
+    if env is not None:
+        return env
     return 4
+
+
+def default_lease_seconds() -> float:
+    """How long a take's lease lasts between heartbeats: ``$CKSTORE_LEASE_SECONDS`` or 600."""
+    env = os.environ.get("CKSTORE_LEASE_SECONDS")
+    if not env:
+        return DEFAULT_LEASE_SECONDS
+    try:
+        value = float(env)
+    except ValueError:
+        raise InvalidInputError(f"$CKSTORE_LEASE_SECONDS must be a number of seconds, got {env!r}") from None
+    return check_number("$CKSTORE_LEASE_SECONDS", value, 0.0, MAX_LEASE_SECONDS, lo_open=True)
+
+
+def env_int(name: str, lo: int, hi: int = INT64_MAX) -> int | None:
+    """The integer in environment variable ``name`` (None when unset or empty).
+
+    Raises:
+        InvalidInputError: it is not an integer in ``[lo, hi]``; the message names the variable.
+    """
+    env = os.environ.get(name)
+    if not env:
+        return None
+    try:
+        value = int(env)
+    except ValueError:
+        raise InvalidInputError(f"${name} must be an integer, got {env!r}") from None
+    return check_int(f"${name}", value, lo, hi)

@@ -18,13 +18,16 @@ from urllib.parse import urlparse
 
 from .. import objects
 from ..errors import ConflictError, InvalidInputError, NotFoundError, ObjectNotFoundError
+from ..format.limits import check_int, check_number
 from ..format.manifest import Manifest
 from ..index import Index, SnapshotRecord
 from .config import (
     CONFIG_NAME,
-    DEFAULT_LEASE_SECONDS,
+    MAX_LEASE_SECONDS,
+    MAX_THREADS,
     StoreConfig,
     default_io_threads,
+    default_lease_seconds,
     default_memory_budget,
     default_staging_budget,
     default_threads,
@@ -75,11 +78,47 @@ class Repository:
         self.objects = objs
         self.index = index
         self.config = config
-        self.threads = default_threads()
-        self.io_threads = default_io_threads()
-        self.memory_budget = default_memory_budget()
+        self._threads = default_threads()
+        self._io_threads = default_io_threads()
+        self._memory_budget = default_memory_budget()
         self._staging_budget: int | None = None
-        self.lease_seconds = float(os.environ.get("CKSTORE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
+        self._lease_seconds = default_lease_seconds()
+
+    @property
+    def threads(self) -> int:
+        """Hash, encode and decode workers (1 to 1024)."""
+        return self._threads
+
+    @threads.setter
+    def threads(self, value: int) -> None:
+        self._threads = check_int("threads", value, 1, MAX_THREADS)
+
+    @property
+    def io_threads(self) -> int:
+        """Packs a take writes at once (1 to 1024)."""
+        return self._io_threads
+
+    @io_threads.setter
+    def io_threads(self, value: int) -> None:
+        self._io_threads = check_int("io_threads", value, 1, MAX_THREADS)
+
+    @property
+    def memory_budget(self) -> int:
+        """Bytes a restore may stage (>= 0)."""
+        return self._memory_budget
+
+    @memory_budget.setter
+    def memory_budget(self, value: int) -> None:
+        self._memory_budget = check_int("memory_budget", value)
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a take's lease lasts between heartbeats (> 0, at most 7 days)."""
+        return self._lease_seconds
+
+    @lease_seconds.setter
+    def lease_seconds(self, value: float) -> None:
+        self._lease_seconds = check_number("lease_seconds", value, 0.0, MAX_LEASE_SECONDS, lo_open=True)
 
     @property
     def staging_budget(self) -> int:
@@ -89,7 +128,7 @@ class Repository:
 
     @staging_budget.setter
     def staging_budget(self, value: int | None) -> None:
-        self._staging_budget = value
+        self._staging_budget = None if value is None else check_int("staging_budget", value)
 
     def take_options(self) -> TakeOptions:
         """The options a take into this repository runs with."""
@@ -213,6 +252,7 @@ def open_repository(
     chunk_bytes: int | None = None,
     pack_bytes: int | None = None,
     inline_bytes: int | None = None,
+    create_index: bool | None = None,
     cls: type[R] = Repository,  # type: ignore[assignment]
 ) -> R:
     """Open (and by default create) a store; see :func:`ckstore.open` for the arguments.
@@ -228,7 +268,7 @@ def open_repository(
             raise NotFoundError(f"no ckstore store at {url!r}; create it with `ckstore init {url}`")
     objs = objects.ObjectStore(objects.open_backend(url, storage_options))
     config = _load_config(objs.backend, url, create, chunk_bytes, pack_bytes, inline_bytes)
-    idx = Index.open(index or default_index_url(url), create=create)
+    idx = Index.open(index or default_index_url(url), create=create if create_index is None else create_index)
     stored = idx.set_meta("store_id", config.store_id, only_if_absent=True)
     if stored != config.store_id:
         idx.close()

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .. import objects
-from ..errors import CorruptionError, KeyNotFoundError, MismatchError
+from ..errors import CorruptionError, InvalidInputError, KeyNotFoundError, MismatchError
 from ..format.dtypes import dtype_from_name
 from ..format.manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueEntry
 from ..format.tensors import empty_for, from_bytes, writable_view
@@ -363,11 +363,33 @@ def prepare(
 
 
 def validate(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) -> list[_AppPlan]:
-    """Check keys, dtypes and shapes against the destination; read nothing."""
+    """Check keys, dtypes and shapes against the destination; read nothing.
+
+    Raises:
+        InvalidInputError: ``app_state`` is not a mapping of names to stateful objects.
+        MismatchError: keys, dtypes or shapes differ.
+    """
+    check_app_state(app_state)
     if reader.rank is None:
         reader.rank = 0
     plans = [_validate(reader, name, obj, strict) for name, obj in app_state.items()]
     return [p for p in plans if p is not None]
+
+
+def check_app_state(app_state: Any) -> None:
+    """Refuse an ``app_state`` that is not a mapping of str names (before anything is read).
+
+    Raises:
+        InvalidInputError: naming what was passed instead.
+    """
+    if not isinstance(app_state, Mapping):
+        raise InvalidInputError(
+            f"app_state must be a dict mapping names to stateful objects (with state_dict() and "
+            f"load_state_dict()), got a {type(app_state).__name__}"
+        )
+    for name in app_state:
+        if not isinstance(name, str):
+            raise InvalidInputError(f"app_state key {name!r} must be a str")
 
 
 def whole_plain_keys(reader: Reader, plans: list[_AppPlan]) -> list[str]:

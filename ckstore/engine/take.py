@@ -29,7 +29,7 @@ from ..format.manifest import (
     entry_digest,
     snapshot_header,
 )
-from ..format.tensors import as_cpu_tensor, byte_view
+from ..format.tensors import as_cpu_tensor, byte_view, check_tensor
 from ..format.tree import flatten, is_array, unflatten
 from ..format.values import encode_value
 from ..index import EntryRecord, SnapshotRecord
@@ -283,6 +283,8 @@ def stage_within(states: Mapping[str, Any], budget: int) -> tuple[dict[str, Any]
         for key, value in flat.leaves.items():
             if not is_array(value):
                 continue
+            if isinstance(value, torch.Tensor):
+                check_tensor(value, key)  # before any copy: a meta tensor must not allocate
             n = value.nbytes if not isinstance(value, torch.Tensor) else value.numel() * value.element_size()
             if used + n <= budget:
                 flat.leaves[key] = value.copy() if not isinstance(value, torch.Tensor) else value.detach().to("cpu", copy=True)

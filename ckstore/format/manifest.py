@@ -250,7 +250,8 @@ class Manifest:
         try:
             with _gc_paused():
                 doc = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, and
+            # ValueError for an integer of more digits than int() converts
             raise CorruptionError(f"{where} is not valid JSON: {exc}") from exc
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise CorruptionError(f"{where} is not a ckstore manifest")

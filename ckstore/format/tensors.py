@@ -12,7 +12,15 @@ from .dtypes import dtype_from_name, dtype_name
 
 
 def as_cpu_tensor(value: Any, key: str) -> torch.Tensor:
-    """The value as a plain CPU torch tensor (NumPy arrays are wrapped without a copy)."""
+    """The value as a plain CPU torch tensor whose bytes are its elements.
+
+    NumPy arrays are wrapped without a copy; tensors on another device are copied to the CPU;
+    conjugate and negative-bit views (``.conj()`` of a complex tensor) are resolved. Tensors
+    without readable data are refused before anything is allocated (:func:`check_tensor`).
+
+    Raises:
+        UnsupportedValueError: naming ``key`` and saying what to do instead.
+    """
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biufc" or value.dtype.byteorder == ">":
             raise UnsupportedValueError(
@@ -20,6 +28,24 @@ def as_cpu_tensor(value: Any, key: str) -> torch.Tensor:
                 "use a numeric little-endian dtype"
             )
         return torch.from_numpy(np.ascontiguousarray(value))
+    check_tensor(value, key)
+    t = value.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    return t.resolve_conj().resolve_neg()
+
+
+def check_tensor(value: Any, key: str) -> None:
+    """Refuse a tensor ckstore cannot read the bytes of, before any copy or allocation.
+
+    Refused: DTensor outside a distributed take, ShardedTensor, nested tensors, meta tensors
+    (a shape without data: taking one would allocate its whole declared size), sparse and
+    other non-strided layouts, quantized tensors, and tensors without storage (wrapper
+    subclasses, fake tensors).
+
+    Raises:
+        UnsupportedValueError: naming ``key`` and saying what to do instead.
+    """
     if not isinstance(value, torch.Tensor):
         raise UnsupportedValueError(f"key {key!r}: expected a tensor, got {type(value).__name__}")
     if type(value) not in (torch.Tensor, torch.nn.Parameter) and hasattr(value, "to_local"):
@@ -32,19 +58,43 @@ def as_cpu_tensor(value: Any, key: str) -> torch.Tensor:
             f"key {key!r}: ShardedTensor (the deprecated pre-DTensor API) is not supported; "
             "convert it to a DTensor (torch.distributed.tensor) and take on every rank"
         )
+    if value.is_nested:
+        raise UnsupportedValueError(
+            f"key {key!r}: nested tensors are not supported; store their components "
+            "(e.g. list(t.unbind())) or a padded tensor (t.to_padded_tensor(0.0))"
+        )
+    if value.device.type == "meta":
+        raise UnsupportedValueError(
+            f"key {key!r}: a meta tensor has a shape ({list(value.shape)}) but no data; "
+            "materialise it first (e.g. module.to_empty(device='cpu') and load or init weights)"
+        )
     if value.is_sparse or value.layout != torch.strided:
         raise UnsupportedValueError(f"key {key!r}: sparse tensors are not supported; call .to_dense()")
     if value.is_quantized:
         dtype_name(value.dtype, key)  # raises the typed error
-    t = value.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")
-    return t
+    if type(value) not in (torch.Tensor, torch.nn.Parameter) and getattr(value, "fake_mode", None):
+        raise UnsupportedValueError(
+            f"key {key!r}: a {type(value).__name__} holds no data (a fake tensor); "
+            "take the real tensors"
+        )
+    try:
+        ptr = value.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        raise UnsupportedValueError(
+            f"key {key!r}: a {type(value).__name__} has no storage to read ({exc}); "
+            "convert it to a plain tensor in state_dict()"
+        ) from exc
+    if ptr == 0 and value.numel() > 0 and value.device.type == "cpu":
+        raise UnsupportedValueError(
+            f"key {key!r}: a {type(value).__name__} holds no data (a fake or meta tensor); "
+            "materialise it first"
+        )
 
 
 def byte_view(t: torch.Tensor) -> memoryview:
-    """A C-contiguous uint8 memoryview of a CPU tensor's elements (copies only if strided)."""
-    t = t.contiguous()
+    """A C-contiguous uint8 memoryview of a CPU tensor's elements (copies only if strided, or
+    to resolve a conjugate or negative-bit view)."""
+    t = t.resolve_conj().resolve_neg().contiguous()
     if t.numel() == 0:
         return memoryview(b"")
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CorruptionError, InvalidInputError, UnsupportedValueError
+from .limits import MAX_DEPTH
 from .values import decode_value, encode_value, is_plain
 
 
@@ -67,23 +68,31 @@ def flatten(prefix: str, obj: Any, *, lenient: bool = False) -> Flat:
 
     Raises:
         UnsupportedValueError: a value (or dict key) has a type ckstore does not store.
-        InvalidInputError: two keys of one dict map to the same path (e.g. ``1`` and ``"1"``).
+        InvalidInputError: two keys of one dict map to the same path (e.g. ``1`` and ``"1"``),
+            or containers are nested deeper than ``MAX_DEPTH`` (also when ``lenient``).
     """
     flat = Flat(tree=None)
-    flat.tree = _flatten(prefix, obj, flat.leaves, lenient)
+    flat.tree = _flatten(prefix, obj, flat.leaves, lenient, 0)
     return flat
 
 
-def _flatten(key: str, obj: Any, leaves: dict[str, Any], lenient: bool) -> Any:
+def _flatten(key: str, obj: Any, leaves: dict[str, Any], lenient: bool, depth: int) -> Any:
     import torch
 
     if is_array(obj) or is_plain(obj) or isinstance(obj, torch.Size) or _is_plain_seq(obj):
         leaves[key] = obj
         return {"$ref": key}
+    if isinstance(obj, (dict, list, tuple)) and depth >= MAX_DEPTH:
+        raise InvalidInputError(
+            f"key {key!r}: containers nested deeper than {MAX_DEPTH} levels; a state_dict() "
+            "this deep is refused (see the limits in docs/FORMAT.md)"
+        )
     if isinstance(obj, dict):
-        return _flatten_dict(key, obj, leaves, lenient)
+        return _flatten_dict(key, obj, leaves, lenient, depth)
     if isinstance(obj, (list, tuple)):
-        children = [_flatten(join(key, str(i)), v, leaves, lenient) for i, v in enumerate(obj)]
+        children = [
+            _flatten(join(key, str(i)), v, leaves, lenient, depth + 1) for i, v in enumerate(obj)
+        ]
         return children if isinstance(obj, list) else {"$tuple": children}
     if lenient:
         leaves[key] = obj
@@ -92,7 +101,9 @@ def _flatten(key: str, obj: Any, leaves: dict[str, Any], lenient: bool) -> Any:
     raise UnsupportedValueError(f"key {key!r}: unsupported value")  # pragma: no cover
 
 
-def _flatten_dict(key: str, obj: dict[Any, Any], leaves: dict[str, Any], lenient: bool) -> Any:
+def _flatten_dict(
+    key: str, obj: dict[Any, Any], leaves: dict[str, Any], lenient: bool, depth: int
+) -> Any:
     items = []
     seen: dict[str, Any] = {}
     for k, v in obj.items():
@@ -110,7 +121,7 @@ def _flatten_dict(key: str, obj: dict[Any, Any], leaves: dict[str, Any], lenient
                 "rename one of them"
             )
         seen[path] = k
-        items.append([encode_value(k, key), _flatten(path, v, leaves, lenient)])
+        items.append([encode_value(k, key), _flatten(path, v, leaves, lenient, depth + 1)])
     node: dict[str, Any] = {"$dict": items, "$cls": "OrderedDict" if isinstance(obj, OrderedDict) else "dict"}
     meta = getattr(obj, "_metadata", None)
     if isinstance(meta, dict) and not lenient:
@@ -118,19 +129,33 @@ def _flatten_dict(key: str, obj: dict[Any, Any], leaves: dict[str, Any], lenient
     return node
 
 
-def unflatten(tree: Any, resolve: Callable[[str], Any]) -> Any:
-    """Rebuild the structure recorded in ``tree``, asking ``resolve(key)`` for each leaf."""
+def unflatten(tree: Any, resolve: Callable[[str], Any], depth: int = 0) -> Any:
+    """Rebuild the structure recorded in ``tree``, asking ``resolve(key)`` for each leaf.
+
+    Raises:
+        CorruptionError: a node is malformed, or containers are nested deeper than
+            ``MAX_DEPTH`` (no writer produces that).
+    """
+    if isinstance(tree, dict) and "$ref" in tree:
+        return resolve(str(tree["$ref"]))
+    if depth >= MAX_DEPTH:
+        raise CorruptionError(f"manifest tree is nested deeper than {MAX_DEPTH} levels")
     if isinstance(tree, list):
-        return [unflatten(t, resolve) for t in tree]
+        return [unflatten(t, resolve, depth + 1) for t in tree]
     if not isinstance(tree, dict):
         raise CorruptionError(f"manifest tree holds unexpected JSON {str(tree)[:100]}")
-    if "$ref" in tree:
-        return resolve(str(tree["$ref"]))
-    if "$tuple" in tree:
-        return tuple(unflatten(t, resolve) for t in tree["$tuple"])
-    if "$dict" in tree:
+    if "$tuple" in tree and type(tree["$tuple"]) is list:
+        return tuple(unflatten(t, resolve, depth + 1) for t in tree["$tuple"])
+    if "$dict" in tree and type(tree["$dict"]) is list:
         cls = OrderedDict if tree.get("$cls") == "OrderedDict" else dict
-        out = cls((decode_value(k), unflatten(v, resolve)) for k, v in tree["$dict"])
+        out = cls()
+        for pair in tree["$dict"]:
+            if type(pair) is not list or len(pair) != 2:
+                raise CorruptionError(f"manifest tree holds a malformed dict item {str(pair)[:100]}")
+            key = decode_value(pair[0])
+            if not is_plain(key):
+                raise CorruptionError(f"manifest tree holds a dict key {str(pair[0])[:100]}")
+            out[key] = unflatten(pair[1], resolve, depth + 1)
         if "$meta" in tree:
             out._metadata = decode_value(tree["$meta"])  # type: ignore[attr-defined]
         return out

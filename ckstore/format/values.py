@@ -17,8 +17,9 @@ import math
 from collections import OrderedDict
 from typing import Any
 
-from ..errors import CorruptionError, UnsupportedValueError
+from ..errors import CorruptionError, InvalidInputError, UnsupportedValueError
 from .dtypes import dtype_from_name, dtype_name
+from .limits import INT64_MAX, INT64_MIN, MAX_DEPTH, UINT64_MAX
 
 _NP_KINDS = frozenset("biufc")
 
@@ -43,8 +44,15 @@ def is_plain(value: Any) -> bool:
     )
 
 
-def encode_value(value: Any, key: str) -> Any:
-    """Encode ``value`` as JSON-able data; raise UnsupportedValueError naming ``key``."""
+def encode_value(value: Any, key: str, depth: int = 0) -> Any:
+    """Encode ``value`` as JSON-able data.
+
+    ``depth`` counts the containers around ``value`` (at most :data:`MAX_DEPTH`).
+
+    Raises:
+        UnsupportedValueError: a type ckstore does not store (no pickle); names ``key``.
+        InvalidInputError: an integer outside 64 bits, or containers nested too deep.
+    """
     import numpy as np
     import torch
 
@@ -55,6 +63,11 @@ def encode_value(value: Any, key: str) -> Any:
             raise _refuse(value, key)
         return {"$np": value.dtype.str, "b64": base64.b64encode(value.tobytes()).decode()}
     if isinstance(value, int):
+        if not INT64_MIN <= value <= UINT64_MAX:
+            raise InvalidInputError(
+                f"key {key!r}: the integer {_short(value)} does not fit in 64 bits (values hold "
+                "integers from -2**63 to 2**64-1); store it as a string or bytes"
+            )
         return int(value)
     if isinstance(value, float):
         if math.isfinite(value):
@@ -68,40 +81,66 @@ def encode_value(value: Any, key: str) -> Any:
         return {"$device": str(value)}
     if isinstance(value, torch.Size):
         return {"$size": [int(v) for v in value]}
+    if isinstance(value, (list, tuple, dict)) and depth >= MAX_DEPTH:
+        raise InvalidInputError(f"key {key!r}: containers nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, list):
-        return [encode_value(v, f"{key}/{i}") for i, v in enumerate(value)]
+        return [encode_value(v, f"{key}/{i}", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, tuple):
-        return {"$tuple": [encode_value(v, f"{key}/{i}") for i, v in enumerate(value)]}
+        return {"$tuple": [encode_value(v, f"{key}/{i}", depth + 1) for i, v in enumerate(value)]}
     if isinstance(value, dict):
         return {
-            "$dict": [[encode_value(k, key), encode_value(v, f"{key}/{k}")] for k, v in value.items()],
+            "$dict": [
+                [encode_value(k, key, depth + 1), encode_value(v, f"{key}/{k}", depth + 1)]
+                for k, v in value.items()
+            ],
             "$cls": "OrderedDict" if isinstance(value, OrderedDict) else "dict",
         }
     raise _refuse(value, key)
 
 
-def decode_value(data: Any) -> Any:
-    """Inverse of :func:`encode_value`; malformed data raises CorruptionError."""
-    if data is None or isinstance(data, (bool, int, float, str)):
+def _short(n: int) -> str:
+    text = hex(n)
+    return text if len(text) <= 40 else f"{text[:20]}...({n.bit_length()} bits)"
+
+
+def decode_value(data: Any, depth: int = 0) -> Any:
+    """Inverse of :func:`encode_value`; malformed data raises CorruptionError.
+
+    Containers nested deeper than :data:`MAX_DEPTH` (counting from ``depth``) and integers
+    outside 64 bits are malformed: no writer produces them.
+    """
+    if data is None or isinstance(data, (bool, float, str)):
         return data
+    if isinstance(data, int):
+        if not INT64_MIN <= data <= UINT64_MAX:
+            raise CorruptionError(f"manifest holds an integer outside 64 bits: {_short(data)}")
+        return data
+    if depth >= MAX_DEPTH:
+        raise CorruptionError(f"manifest holds a value nested deeper than {MAX_DEPTH} levels")
     if isinstance(data, list):
-        return [decode_value(v) for v in data]
+        return [decode_value(v, depth + 1) for v in data]
     if not isinstance(data, dict):
         raise CorruptionError(f"manifest holds a value of unexpected JSON type {type(data).__name__}")
     try:
-        return _decode_tag(data)
+        return _decode_tag(data, depth + 1)
     except CorruptionError:
         raise
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
         raise CorruptionError(f"malformed value tag in manifest: {str(data)[:200]}") from exc
 
 
-def _decode_tag(data: dict[str, Any]) -> Any:
+def _decode_tag(data: dict[str, Any], depth: int) -> Any:
     if "$tuple" in data:
-        return tuple(decode_value(v) for v in data["$tuple"])
+        return tuple(decode_value(v, depth) for v in _list(data["$tuple"]))
     if "$dict" in data:
         cls = OrderedDict if data.get("$cls") == "OrderedDict" else dict
-        return cls((decode_value(k), decode_value(v)) for k, v in data["$dict"])
+        out = cls()
+        for pair in _list(data["$dict"]):
+            k, v = _list(pair)
+            key = decode_value(k, depth)
+            hash(key)  # a list as a key: TypeError -> CorruptionError
+            out[key] = decode_value(v, depth)
+        return out
     if "$float" in data:
         text = data["$float"]
         if text not in ("nan", "inf", "-inf"):
@@ -114,15 +153,18 @@ def _decode_tag(data: dict[str, Any]) -> Any:
     if "$device" in data:
         import torch
 
-        return torch.device(str(data["$device"]))
+        return torch.device(_str(data["$device"]))
     if "$size" in data:
         import torch
 
-        return torch.Size(int(v) for v in data["$size"])
+        sizes = _list(data["$size"])
+        if not all(type(v) is int and 0 <= v <= INT64_MAX for v in sizes):
+            raise ValueError("$size holds something other than non-negative int64s")
+        return torch.Size(sizes)
     if "$np" in data:
         import numpy as np
 
-        dt = np.dtype(str(data["$np"]))
+        dt = np.dtype(_str(data["$np"]))
         if dt.kind not in _NP_KINDS:
             raise ValueError(dt)
         raw = base64.b64decode(data["b64"], validate=True)
@@ -130,3 +172,15 @@ def _decode_tag(data: dict[str, Any]) -> Any:
             raise ValueError("scalar length")
         return np.frombuffer(raw, dtype=dt)[0]
     raise ValueError("unknown tag")
+
+
+def _list(v: Any) -> list[Any]:
+    if type(v) is not list:
+        raise TypeError(f"expected a JSON array, got {type(v).__name__}")
+    return v
+
+
+def _str(v: Any) -> str:
+    if type(v) is not str:
+        raise TypeError(f"expected a JSON string, got {type(v).__name__}")
+    return v

@@ -2,14 +2,19 @@
 
 Structure (always): every snapshot's manifest exists, hashes to its id and parses; every chunk
 it names has an index row and a ``snapshot_chunks`` reference; every pack holding live chunks
-exists and its own trailer agrees with the index about each chunk's place, length and codec.
-Data (``read_data=True`` or a fraction of packs): every chunk is read, decoded and re-hashed.
+exists, its header, trailer and footer hash to its name, and its own trailer agrees with the
+index about each chunk's place, length and codec.
+Data (``read_data=True`` or a fraction of packs): each pack chosen is read whole
+(:func:`ckstore.objects.scan_pack`): its payloads must fill it exactly and every chunk in it
+must decode to bytes that hash to its id. A fraction reads that share of the packs, chosen at
+random, and at least one. The report counts the packs, chunks and bytes read.
 Orphans (objects the index does not know, e.g. from a crashed take) are listed but are not
 errors: ``gc`` removes them.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -17,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
-from ..engine.locations import to_location
 from ..errors import CkstoreError
+from ..format.limits import check_fraction
 from ..format.manifest import Manifest
 from ..index import ChunkRecord
 
@@ -42,6 +47,7 @@ class CheckReport:
     snapshots: int = 0
     packs: int = 0
     chunks: int = 0
+    packs_read: int = 0
     chunks_read: int = 0
     bytes_read: int = 0
     problems: list[Problem] = field(default_factory=list)
@@ -67,19 +73,33 @@ def check(
     seed: int | None = None,
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
 ) -> CheckReport:
-    """Check the store; ``read_data`` True reads every chunk, a float in (0, 1] that share of packs.
+    """Check the store; ``read_data`` True reads every pack whole, a number in [0, 1] that share
+    of the packs (at least one when above 0).
 
-    ``progress`` wraps the per-pack loop of the data pass (the CLI passes a progress bar).
+    ``progress`` wraps the per-pack loop of the data pass (the CLI passes a progress bar);
+    ``seed`` makes the choice of packs repeatable.
+
+    Raises:
+        InvalidInputError: ``read_data`` is not a bool or a number in [0, 1].
     """
+    fraction = check_fraction("check: read_data", read_data)
     report = CheckReport()
     chunks = {c.chunk_id: c for c in store.index.all_chunks()}
     report.chunks = len(chunks)
     _check_snapshots(store, chunks, report)
-    by_pack = _check_packs(store, chunks, report)
-    fraction = 1.0 if read_data is True else float(read_data or 0.0)
-    if fraction > 0:
-        _read_data(store, by_pack, fraction, report, random.Random(seed), progress or (lambda it: it))
+    readable = _check_packs(store, chunks, report)
+    if fraction > 0 and readable:
+        chosen = choose_packs(readable, fraction, random.Random(seed))
+        _read_data(store, chosen, report, progress or (lambda it: it))
     return report
+
+
+def choose_packs(pack_ids: list[str], fraction: float, rng: random.Random) -> list[str]:
+    """``fraction`` of ``pack_ids`` (rounded up, so at least one), chosen at random, sorted."""
+    if fraction >= 1.0:
+        return sorted(pack_ids)
+    count = min(len(pack_ids), max(1, math.ceil(fraction * len(pack_ids))))
+    return sorted(rng.sample(sorted(pack_ids), count))
 
 
 def _check_snapshots(store: Repository, chunks: dict[str, ChunkRecord], report: CheckReport) -> None:
@@ -100,7 +120,8 @@ def _check_snapshots(store: Repository, chunks: dict[str, ChunkRecord], report: 
             report.add("references", snap.id, f"{where}: index references {len(refs)} chunks, manifest needs {len(needed)}")
 
 
-def _check_packs(store: Repository, chunks: dict[str, ChunkRecord], report: CheckReport) -> dict[str, list[ChunkRecord]]:
+def _check_packs(store: Repository, chunks: dict[str, ChunkRecord], report: CheckReport) -> list[str]:
+    """Check every pack holding live chunks; return those whose chunk table could be read."""
     by_pack: dict[str, list[ChunkRecord]] = defaultdict(list)
     for c in chunks.values():
         by_pack[c.pack_id].append(c)
@@ -108,39 +129,46 @@ def _check_packs(store: Repository, chunks: dict[str, ChunkRecord], report: Chec
     known = store.index.index_pack_ids()
     report.orphan_packs = sorted(stored - known)
     report.orphan_manifests = sorted(set(store.objects.list_blobs("manifests")) - store.index.index_manifest_ids())
+    readable = []
+    rows = store.index.pack_row_ids()
     for pack_id, live in sorted(by_pack.items()):
         report.packs += 1
+        if pack_id not in rows:
+            report.add("unknown-pack", pack_id, f"{len(live)} chunk row(s) of the index name pack {pack_id}, which has no pack row (a damaged index: rebuild it with `ckstore reindex`)")
         if pack_id not in stored:
             report.add("missing-pack", pack_id, f"pack {pack_id} holds {len(live)} live chunk(s) but is missing from the store")
             continue
         try:
-            trailer = {loc.chunk_id: loc for loc in objects.read_pack_index(store.objects.backend, pack_id)}
+            idx = objects.load_pack_index(store.objects.backend, pack_id)
         except CkstoreError as exc:
             report.add("pack", pack_id, f"pack {pack_id} is unreadable: {exc}")
             continue
+        readable.append(pack_id)
+        if idx.computed_id != pack_id:
+            report.add("pack-id", pack_id, f"pack {pack_id} does not match its name: its header, trailer and footer hash to {idx.computed_id}")
+        trailer = {loc.chunk_id: loc for loc in idx.locations}
         for c in live:
             loc = trailer.get(c.chunk_id)
             if loc is None or (loc.offset, loc.length, loc.raw_length, loc.codec) != (c.offset, c.length, c.raw_length, c.codec):
                 report.add("misplaced-chunk", c.chunk_id, f"chunk {c.chunk_id}: the index and pack {pack_id} disagree about it")
-    return by_pack
+    return readable
 
 
 def _read_data(
     store: Repository,
-    by_pack: dict[str, list[ChunkRecord]],
-    fraction: float,
+    pack_ids: list[str],
     report: CheckReport,
-    rng: random.Random,
     progress: Callable[[Iterable[Any]], Iterable[Any]],
 ) -> None:
-    for pack_id, live in progress(sorted(by_pack.items())):
-        if fraction < 1.0 and rng.random() >= fraction:
+    for pack_id in progress(pack_ids):
+        try:
+            scan = objects.scan_pack(store.objects.backend, pack_id)
+        except CkstoreError as exc:
+            report.add("pack", pack_id, f"pack {pack_id} could not be read whole: {exc}")
             continue
-        for c in live:
-            loc = to_location(c)
-            try:
-                store.objects.read_chunk(loc)
-                report.chunks_read += 1
-                report.bytes_read += c.length
-            except CkstoreError as exc:
-                report.add("corrupt-chunk", c.chunk_id, f"chunk {c.chunk_id} in pack {pack_id}: {exc}")
+        report.packs_read += 1
+        report.chunks_read += scan.chunks_read
+        report.bytes_read += scan.bytes_read
+        for p in scan.problems:
+            if p.kind != "pack-id":  # the structure pass reported it already
+                report.add(p.kind, p.object, p.message)

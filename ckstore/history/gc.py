@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 from .. import objects
 from ..engine.locations import to_records
 from ..errors import CorruptionError, ObjectNotFoundError
+from ..format.limits import check_number
 from ..index import PackRecord
 from ..index.maintenance import PackUsage
-from .policy import Policy
+from .policy import MAX_SECONDS, Policy
 
 if TYPE_CHECKING:
     from ..engine.repository import Repository
@@ -91,7 +92,14 @@ def gc(
             be reading it).
         repack_below: rewrite packs whose live bytes fell below this fraction (0 disables).
         dry_run: report without changing anything.
+
+    Raises:
+        InvalidInputError: an option is out of range (a negative or non-finite grace period,
+            ``repack_below`` outside [0, 1], a negative ``keep_last``...), before anything
+            changes.
     """
+    grace_seconds = check_number("gc: grace_seconds", grace_seconds, 0.0, MAX_SECONDS)
+    repack_below = check_number("gc: repack_below", repack_below, 0.0, 1.0)
     policy = Policy(keep_last, keep_every_steps, keep_tagged, older_than, tuple(runs) if runs else None)
     report = GCReport(dry_run=dry_run, grace_seconds=grace_seconds)
     now = time.time()

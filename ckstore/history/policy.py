@@ -8,7 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import InvalidInputError
+from ..format.limits import check_int, check_number
 from ..index import SnapshotRecord
+
+MAX_SECONDS = 1e12
+"""Durations (grace period, older_than) are at most about 31,000 years: finite, comparable."""
 
 
 @dataclass(frozen=True)
@@ -30,12 +34,14 @@ class Policy:
     runs: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("keep_last", "keep_every_steps"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < (0 if name == "keep_last" else 1)):
-                raise InvalidInputError(f"gc: {name} must be a non-negative int (keep_every_steps >= 1), got {v!r}")
-        if self.older_than is not None and self.older_than < 0:
-            raise InvalidInputError(f"gc: older_than must be >= 0 seconds, got {self.older_than!r}")
+        if self.keep_last is not None:
+            check_int("gc: keep_last", self.keep_last, 0)
+        if self.keep_every_steps is not None:
+            check_int("gc: keep_every_steps", self.keep_every_steps, 1)
+        if self.older_than is not None:
+            check_number("gc: older_than (seconds)", self.older_than, 0.0, MAX_SECONDS)
+        if self.runs is not None and not all(isinstance(r, str) for r in self.runs):
+            raise InvalidInputError(f"gc: runs must be run names (str), got {list(self.runs)!r}")
 
     @property
     def forgets_anything(self) -> bool:

@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection
 
 from ckstore.errors import ConflictError, InvalidInputError, NotFoundError
 from ckstore.index import _convert, _sql
+from ckstore.index._resolve import MAX_STEP
 from ckstore.index._sql import batches, check_lease, insert, insert_ignore
 from ckstore.index.names import validate_name
 from ckstore.index.records import EntryRecord, SnapshotRecord
@@ -61,6 +62,8 @@ def validate(snapshot: SnapshotRecord, tags: Sequence[str]) -> None:
         raise InvalidInputError(f"snapshot id must be 1 to 128 characters, got {snapshot.id!r}")
     if snapshot.world_size < 1:
         raise InvalidInputError(f"world_size must be >= 1, got {snapshot.world_size}")
+    if snapshot.step is not None and not 0 <= snapshot.step <= MAX_STEP:
+        raise InvalidInputError(f"step must be an integer from 0 to 2**63-1, got {snapshot.step}")
 
 
 def require_chunks(conn: Connection, chunk_ids: list[str]) -> None:

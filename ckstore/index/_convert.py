@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import Row
 
+from ckstore.index._errors import RowError
 from ckstore.index.records import (
     ChunkRecord,
     EntryRecord,
@@ -17,7 +18,16 @@ from ckstore.index.records import (
 
 
 def chunk(row: Row[Any]) -> ChunkRecord:
-    """Builds a ChunkRecord from a ``chunks`` row."""
+    """Builds a ChunkRecord from a ``chunks`` row.
+
+    Raises:
+        RowError: a column has the wrong type or a negative size (a damaged index).
+    """
+    numbers = (row.offset, row.length, row.raw_length)
+    if not all(type(v) is int and v >= 0 for v in numbers) or not all(
+        isinstance(v, str) for v in (row.id, row.pack_id, row.codec)
+    ):
+        raise RowError(f"chunk row {str(row.id)[:64]!r} holds {tuple(row)!r:.200}")
     return ChunkRecord(
         chunk_id=row.id,
         pack_id=row.pack_id,
@@ -26,6 +36,13 @@ def chunk(row: Row[Any]) -> ChunkRecord:
         raw_length=row.raw_length,
         codec=row.codec,
     )
+
+
+def _json(text: Any, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise RowError(f"{what} is not JSON: {str(text)[:80]!r}") from exc
 
 
 def chunk_row(record: ChunkRecord, created_at: float) -> dict[str, Any]:
@@ -43,7 +60,10 @@ def chunk_row(record: ChunkRecord, created_at: float) -> dict[str, Any]:
 
 def entry(row: Row[Any]) -> EntryRecord:
     """Builds an EntryRecord from a ``manifest_entries`` row."""
-    shape = None if row.shape is None else tuple(int(d) for d in json.loads(row.shape))
+    try:
+        shape = None if row.shape is None else tuple(int(d) for d in _json(row.shape, "shape"))
+    except (TypeError, ValueError) as exc:
+        raise RowError(f"manifest entry {row.key!r}: shape {row.shape!r:.80}") from exc
     return EntryRecord(
         key=row.key,
         kind=row.kind,
@@ -78,7 +98,7 @@ def snapshot(row: Row[Any]) -> SnapshotRecord:
         parent_id=row.parent_id,
         manifest_id=row.manifest_id,
         created_at=row.created_at,
-        metadata=json.loads(row.metadata),
+        metadata=_metadata(row),
         logical_bytes=row.logical_bytes,
         new_bytes=row.new_bytes,
         new_chunks=row.new_chunks,
@@ -86,6 +106,13 @@ def snapshot(row: Row[Any]) -> SnapshotRecord:
         name=row.name,
         world_size=row.world_size,
     )
+
+
+def _metadata(row: Row[Any]) -> dict[str, Any]:
+    value = _json(row.metadata, f"the metadata of snapshot {row.id}")
+    if not isinstance(value, dict):
+        raise RowError(f"the metadata of snapshot {row.id} is not a JSON object")
+    return value
 
 
 def snapshot_row(record: SnapshotRecord, seq: int) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from ckstore.errors import InvalidInputError, SnapshotNotFoundError
 from ckstore.index import _sql
 
 MIN_PREFIX = 4
+MAX_STEP = 2**63 - 1
+"""Steps are stored as signed 64-bit integers."""
 _HEX_PREFIX = re.compile(rf"[0-9a-fA-F]{{{MIN_PREFIX},128}}")
 _TRIED = "run@step, tag, snapshot name, run name, snapshot id (prefix of >= 4 hex digits)"
 
@@ -60,6 +62,10 @@ def _by_step(conn: Connection, ref: str) -> Row[Any]:
         raise InvalidInputError(
             f"bad ref {ref!r}: after '@' comes a step number, as in {run or 'run'}@100"
         ) from None
+    if not 0 <= step <= MAX_STEP:
+        raise InvalidInputError(
+            f"bad ref {ref!r}: steps are integers from 0 to 2**63-1, got {step_text[:40]!r}"
+        )
     s = _sql.snapshots
     row = _latest(conn, (s.c.run == run) & (s.c.step == step))
     if row is None:

@@ -314,9 +314,9 @@ class Index(MaintenanceMixin):
         s = _sql.snapshots
         with self._read(f"read snapshot {snapshot_id}") as conn:
             row = conn.execute(select(s).where(s.c.id == snapshot_id)).first()
-        if row is None:
-            raise SnapshotNotFoundError(f"no snapshot with id {snapshot_id}")
-        return _convert.snapshot(row)
+            if row is None:
+                raise SnapshotNotFoundError(f"no snapshot with id {snapshot_id}")
+            return _convert.snapshot(row)
 
     def resolve(self, ref: str) -> SnapshotRecord:
         """Finds the snapshot a ref names.
@@ -336,7 +336,15 @@ class Index(MaintenanceMixin):
     def list_snapshots(
         self, run: str | None = None, limit: int | None = None
     ) -> list[SnapshotRecord]:
-        """Lists snapshots newest first: by commit order within a run, else by created_at."""
+        """Lists snapshots newest first: by commit order within a run, else by created_at.
+
+        Raises:
+            InvalidInputError: If ``limit`` is not None or an int from 0 to 2**63-1.
+        """
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= _resolve.MAX_STEP
+        ):
+            raise InvalidInputError(f"limit must be None or an int from 0 to 2**63-1, got {limit!r}")
         s = _sql.snapshots
         query = select(s)
         if run is not None:

@@ -137,8 +137,7 @@ class MaintenanceMixin:
     def all_chunks(self) -> Iterator[ChunkRecord]:
         """Every chunk row (for check)."""
         with self._read("list chunks") as conn:
-            rows = conn.execute(select(_sql.chunks)).all()
-        return (_convert.chunk(r) for r in rows)
+            return iter([_convert.chunk(r) for r in conn.execute(select(_sql.chunks))])
 
     # ----------------------------------------------------------------------- packs
     def pack_usage(self) -> list[PackUsage]:
@@ -202,7 +201,17 @@ class MaintenanceMixin:
         return switched
 
     def index_pack_ids(self) -> set[str]:
+        """Ids of every pack the index knows: by its ``packs`` row or by a chunk row naming it.
+
+        A pack a chunk row names is never an orphan, even if a damaged index lost its row.
+        """
         with self._read("list packs") as conn:
+            rows = set(conn.scalars(select(_sql.packs.c.id)))
+            return rows | set(conn.scalars(select(_sql.chunks.c.pack_id).distinct()))
+
+    def pack_row_ids(self) -> set[str]:
+        """Ids of the packs that have a ``packs`` row."""
+        with self._read("list pack rows") as conn:
             return set(conn.scalars(select(_sql.packs.c.id)))
 
     # ------------------------------------------------------------------- manifests

@@ -11,14 +11,16 @@ from ckstore.objects.codecs import BYTEGROUP_ZSTD, CODECS, NONE, ZSTD, decode, e
 from ckstore.objects.hashing import HASH_NAME, chunk_id, is_chunk_id
 from ckstore.objects.local import LocalBackend
 from ckstore.objects.opener import open_backend
+from ckstore.objects.pack_scan import PackProblem, PackScan, scan_pack, verify_pack
 from ckstore.objects.packs import (
     ChunkLocation,
+    PackIndex,
     PackWriter,
+    load_pack_index,
     pack_id_from_name,
     pack_name,
     pack_overhead,
     read_pack_index,
-    verify_pack,
 )
 from ckstore.objects.store import ObjectStore, blob_name
 from ckstore.objects.wrappers import CountingBackend, FaultyBackend, WrappingBackend
@@ -61,6 +63,9 @@ __all__ = [
     "FsspecBackend",
     "LocalBackend",
     "ObjectStore",
+    "PackIndex",
+    "PackProblem",
+    "PackScan",
     "PackWriter",
     "S3Backend",
     "WrappingBackend",
@@ -70,12 +75,14 @@ __all__ = [
     "encode",
     "grouped_size",
     "is_chunk_id",
+    "load_pack_index",
     "memory_backend",
     "open_backend",
     "pack_id_from_name",
     "pack_name",
     "pack_overhead",
     "read_pack_index",
+    "scan_pack",
     "validate_name",
     "verify_pack",
 ]

@@ -52,6 +52,13 @@ PLANE_HASH_LOG = 6
 normal-distributed and of trained fp32/bf16 weights: 2.8x faster than level 1's default
 (17) and about 7% smaller (ratio 0.34 instead of 0.37); decoding is 1.5x faster too."""
 
+MAX_RAW_LENGTH = 1 << 30
+"""A chunk's raw length is at most 1 GiB (the largest ``chunk_bytes``): a reader refuses a
+larger one before allocating anything."""
+ZSTD_MAX_RATIO = 1 << 15
+"""zstd cannot expand a frame by more than this (one 128 KiB RLE block costs 4 bytes): a frame
+declaring more is refused before its output is allocated."""
+
 _BG_VERSION = 1
 _BG_HEAD = struct.Struct("<BB")
 _BG_PLANE = struct.Struct("<BQ")
@@ -193,6 +200,8 @@ def decode(
     """
     target = _check_out(out, raw_length)
     pview = as_bytes_view(payload)
+    if not 0 <= raw_length <= MAX_RAW_LENGTH:
+        raise CorruptionError(f"raw length {raw_length} is outside 0 to {MAX_RAW_LENGTH}")
     if codec == NONE:
         result = _decode_none(pview, raw_length, target, payload)
     elif codec == ZSTD:
@@ -236,6 +245,8 @@ def _zstd_frame(pview: memoryview, raw_length: int) -> bytes:
         raise CorruptionError(f"malformed zstd frame: {exc}") from exc
     if size != raw_length:
         raise CorruptionError(f"zstd frame declares {size} bytes, expected {raw_length}")
+    if raw_length > (len(pview) + 1) * ZSTD_MAX_RATIO:
+        raise CorruptionError(f"a {len(pview)}-byte zstd frame cannot hold {raw_length} bytes")
     try:
         dobj = _decompressor().decompressobj(write_size=max(raw_length, 1))
         data = dobj.decompress(pview)
@@ -261,7 +272,9 @@ def _parse_grouped(pview: memoryview, raw_length: int) -> tuple[int, list[tuple[
     planes = []
     for i in range(n):
         flag, length = _BG_PLANE.unpack_from(pview, _BG_HEAD.size + i * _BG_PLANE.size)
-        if flag not in (_RAW, _ZSTD_FLAG) or pos + length > len(pview):
+        plane_len = raw_length // n
+        fits = length == plane_len if flag == _RAW else plane_len <= (length + 1) * ZSTD_MAX_RATIO
+        if flag not in (_RAW, _ZSTD_FLAG) or pos + length > len(pview) or not fits:
             raise CorruptionError(f"bad byte-grouped plane {i} (flag {flag}, length {length})")
         planes.append((flag, pview[pos : pos + length]))
         pos += length

@@ -48,7 +48,7 @@ from typing import Any
 
 from ckstore.errors import CorruptionError, InvalidInputError
 from ckstore.objects.backend import Backend
-from ckstore.objects.codecs import CODECS
+from ckstore.objects.codecs import CODECS, MAX_RAW_LENGTH
 from ckstore.objects.hashing import as_bytes_view, is_chunk_id, new_hasher
 
 MAGIC = b"CKPACK\x00\x01"
@@ -216,11 +216,44 @@ def pack_overhead(count: int) -> int:
     return HEADER.size + ENTRY.size * count + FOOTER.size
 
 
+@dataclass(frozen=True)
+class PackIndex:
+    """A pack's structure as read from the pack itself: the bytes its id is the hash of, and
+    the chunk table its trailer holds (already checked: magics, version, checksum, ranges)."""
+
+    pack_id: str
+    size: int
+    header: bytes
+    trailer: bytes
+    footer: bytes
+    locations: list[ChunkLocation]
+
+    @property
+    def computed_id(self) -> str:
+        """The id these bytes hash to; equal to :attr:`pack_id` unless the pack is damaged."""
+        return pack_id_of(self.header, self.trailer, self.footer)
+
+    @property
+    def trailer_start(self) -> int:
+        """Offset of the trailer: where the payloads must end."""
+        return self.size - FOOTER.size - len(self.trailer)
+
+
 def read_pack_index(backend: Backend, pack_id: str) -> list[ChunkLocation]:
     """Rebuild a pack's chunk table from the pack alone, with ranged reads only.
 
     Reads the last 64 KiB (or the whole pack if smaller), and the rest of the trailer in a
-    second read only if it is longer.
+    second read only if it is longer. The pack's id is not checked (see :func:`load_pack_index`).
+
+    Raises:
+        ObjectNotFoundError: the pack does not exist.
+        CorruptionError: bad magic, version, counts, checksum or entries.
+    """
+    return load_pack_index(backend, pack_id).locations
+
+
+def load_pack_index(backend: Backend, pack_id: str) -> PackIndex:
+    """Read and check a pack's header, trailer and footer (see :func:`read_pack_index`).
 
     Raises:
         ObjectNotFoundError: the pack does not exist.
@@ -233,7 +266,8 @@ def read_pack_index(backend: Backend, pack_id: str) -> list[ChunkLocation]:
         raise CorruptionError(f"{where} is too small to be a pack ({size} bytes)")
     tail_start = max(0, size - _TAIL_READ)
     tail = backend.get(name, tail_start, size - tail_start)
-    trailer_len, count, checksum, end_magic = FOOTER.unpack_from(tail, len(tail) - FOOTER.size)
+    footer = bytes(tail[len(tail) - FOOTER.size :])
+    trailer_len, count, checksum, end_magic = FOOTER.unpack(footer)
     if end_magic != END_MAGIC:
         raise CorruptionError(f"{where} has a bad end magic {end_magic!r}")
     if count > MAX_ENTRIES or trailer_len != count * ENTRY.size:
@@ -242,13 +276,15 @@ def read_pack_index(backend: Backend, pack_id: str) -> list[ChunkLocation]:
     if trailer_start < HEADER.size:
         raise CorruptionError(f"{where} has a trailer longer than the pack")
     if trailer_start >= tail_start:
-        trailer = tail[trailer_start - tail_start : len(tail) - FOOTER.size]
+        trailer = bytes(tail[trailer_start - tail_start : len(tail) - FOOTER.size])
     else:
         trailer = backend.get(name, trailer_start, trailer_len)
     if new_hasher().update(trailer).digest() != checksum:
         raise CorruptionError(f"{where} has a trailer that fails its checksum")
-    _check_header(tail if tail_start == 0 else backend.get(name, 0, HEADER.size), where)
-    return _parse_entries(trailer, count, pack_id, trailer_start, where)
+    header = bytes(tail[: HEADER.size]) if tail_start == 0 else backend.get(name, 0, HEADER.size)
+    _check_header(header, where)
+    locations = _parse_entries(trailer, count, pack_id, trailer_start, where)
+    return PackIndex(pack_id, size, header, trailer, footer, locations)
 
 
 def _check_header(data: bytes, where: str) -> None:
@@ -270,6 +306,8 @@ def _parse_entries(
         codec = CODECS[codec_id]
         if off < HEADER.size or off + length > limit or (codec == "none" and length != raw_len):
             raise CorruptionError(f"{where}: entry {i} has a bad range ({off}, {length})")
+        if raw_len > MAX_RAW_LENGTH:
+            raise CorruptionError(f"{where}: entry {i} has a raw length of {raw_len} bytes")
         locations.append(ChunkLocation(raw_id.hex(), pack_id, off, length, raw_len, codec))
     return locations
 
@@ -285,25 +323,3 @@ def pack_id_of(header: Any, trailer: Any, footer: Any) -> str:
     for part in (header, trailer, footer):
         hasher.update(part)
     return str(hasher.hexdigest())
-
-
-def verify_pack(backend: Backend, pack_id: str) -> None:
-    """Read a whole pack: check its id, its chunk table, and every chunk against its id.
-
-    Raises:
-        ObjectNotFoundError: the pack does not exist.
-        CorruptionError: the pack does not match its name, or a chunk does not match its id.
-    """
-    from ckstore.objects.codecs import decode
-    from ckstore.objects.hashing import chunk_id
-
-    data = backend.get(pack_name(pack_id))
-    locations = read_pack_index(backend, pack_id)
-    trailer_start = len(data) - FOOTER.size - ENTRY.size * len(locations)
-    if pack_id_of(data[: HEADER.size], data[trailer_start:-FOOTER.size], data[-FOOTER.size :]) != pack_id:
-        raise CorruptionError(f"pack {pack_id} in store {backend.url} does not match its id")
-    for loc in locations:
-        raw = decode(loc.codec, data[loc.offset : loc.offset + loc.length], loc.raw_length)
-        if chunk_id(raw) != loc.chunk_id:
-            raise CorruptionError(f"pack {pack_id}: chunk {loc.chunk_id} does not match its id")
-

@@ -1,0 +1,7 @@
+"""``python -m ckbench`` (from bench/): the same as ``python bench/run.py``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

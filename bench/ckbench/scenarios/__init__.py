@@ -1,0 +1,20 @@
+"""The measured phases, in the order a run goes through them; ``--skip`` names them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..harness import Bench
+from .bytes_over_saves import bytes_over_saves
+from .minilm import minilm
+from .peak_rss import peak_rss
+from .profile import profile
+from .rounds import run_rounds
+
+PHASES: list[tuple[str, Callable[[Bench], None]]] = [
+    ("rounds", run_rounds),
+    ("bytes", bytes_over_saves),
+    ("rss", peak_rss),
+    ("minilm", minilm),
+    ("profile", profile),
+]

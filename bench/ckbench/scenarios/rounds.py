@@ -1,0 +1,143 @@
+"""The interleaved rounds: first take, take after 10% changed, restore in place (atomic and, for
+ckstore, not), read one tensor, and ckstore's async_take. Within a round every system runs each
+scenario before the next scenario starts; the order of the systems rotates every round."""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..harness import Bench
+from ..states import READ_KEY, flat_tensors, mutate, scramble
+from ..util import dir_bytes
+
+Roots = dict[str, Path]
+Handles = dict[str, Any]
+
+
+def run_rounds(b: Bench) -> None:
+    for r in range(b.args.rounds):
+        one_round(b, r)
+
+
+def one_round(b: Bench, r: int) -> None:
+    order = b.order(r)
+    b.log(f"round {r + 1}/{b.args.rounds}: order {', '.join(order)}")
+    roots = {n: b.fresh(f"round{r}", n.replace("+", "_")) for n in order}
+    handles: Handles = {}
+    prepare(b, order, roots)
+    first_take(b, order, roots, handles)
+    mutate(b.state, b.trainable, seed=1000 + r)
+    incremental_take(b, order, roots, handles)
+    restore_in_place(b, order, handles, verify_it=r == 0)
+    restore_nonatomic(b, handles)
+    read_one_tensor(b, order, handles, check=r == 0)
+    if b.ok("ckstore"):
+        async_take(b, r)
+    for n in order:
+        try:
+            b.systems[n].close(roots[n])
+        except Exception:  # noqa: BLE001
+            pass
+    shutil.rmtree(b.work / f"round{r}", ignore_errors=True)
+
+
+def prepare(b: Bench, order: list[str], roots: Roots) -> None:
+    """Untimed per-system setup; ckstore's store creation is recorded as store_open."""
+    for n in order:
+        try:
+            b.systems[n].prepare(roots[n])
+        except Exception as exc:  # noqa: BLE001
+            b.fail(n, "prepare", exc)
+    if b.ok("ckstore"):
+        b.record("store_open", "ckstore", b.ckstore().open_seconds)
+
+
+def first_take(b: Bench, order: list[str], roots: Roots, handles: Handles) -> None:
+    for n in order:
+        h = b.timed("first_save", n, partial(b.systems[n].save, b.state, roots[n], 0))
+        if h is not None:
+            handles[n] = h
+            b.sizes.setdefault(f"first_save_bytes/{n}", []).append(dir_bytes(roots[n]))
+            if n == "ckstore":
+                b.extra.setdefault("ckstore_first_stats", []).append(b.ckstore().last_stats)
+
+
+def incremental_take(b: Bench, order: list[str], roots: Roots, handles: Handles) -> None:
+    """A take after one training step on the trainable head (about 10% of the bytes)."""
+    for n in order:
+        h = b.timed("incremental_save", n, partial(b.systems[n].save, b.state, roots[n], 1))
+        if h is not None:
+            handles[n] = h
+            if n == "ckstore":
+                b.extra.setdefault("ckstore_incr_stats", []).append(b.ckstore().last_stats)
+
+
+def restore_in_place(b: Bench, order: list[str], handles: Handles, verify_it: bool) -> None:
+    for n in order:
+        if not b.ok(n):
+            continue
+        ptrs = scramble(b.dest)
+        b.timed("restore", n, partial(b.systems[n].restore, handles[n], b.dest))
+        if b.ok(n) and verify_it:
+            verify(b, n, ptrs)
+
+
+def verify(b: Bench, n: str, ptrs: dict[str, int]) -> None:
+    """Record whether ``n`` restored the saved bytes, into the destination's own tensors."""
+    flat_src = flat_tensors(b.state)
+    flat_dst = flat_tensors(b.dest)
+    equal = all(torch.equal(flat_src[k], flat_dst[k]) for k in flat_src)
+    in_place = all(flat_dst[k].data_ptr() == p for k, p in ptrs.items() if k in flat_dst)
+    b.extra.setdefault("restore_correct", {})[n] = equal
+    b.extra.setdefault("restore_in_place", {})[n] = in_place
+    if not equal:
+        b.log(f"  !! {n}: restored state differs from the saved one")
+
+
+def restore_nonatomic(b: Bench, handles: Handles) -> None:
+    """ckstore only: one pass straight into place, not atomic (untargeted)."""
+    if not b.ok("ckstore"):
+        return
+    ck = b.ckstore()
+    scramble(b.dest)
+    b.timed("restore_nonatomic", "ckstore", lambda: ck.restore(handles["ckstore"], b.dest, atomic=False))
+
+
+def read_one_tensor(b: Bench, order: list[str], handles: Handles, check: bool) -> None:
+    shape = tuple(b.state["model"][READ_KEY].shape)
+    for n in order:
+        if not b.ok(n):
+            continue
+        t = b.timed("read_one_tensor", n, partial(b.systems[n].read, handles[n], shape))
+        if t is not None and check:
+            good = torch.equal(t, b.state["model"][READ_KEY])
+            b.extra.setdefault("read_correct", {})[n] = good
+        del t
+
+
+def async_take(b: Bench, r: int) -> None:
+    """ckstore's async_take into a fresh store: the time it blocks and the time until done."""
+    ck = b.ckstore()
+    root = b.fresh(f"round{r}", "ckstore_async")
+    store = ck.ck.open(root / "store")
+    try:
+        gc.collect()
+        t0 = time.perf_counter()
+        pending = store.async_take(ck.app(b.state), run="bench", step=0)
+        t1 = time.perf_counter()
+        pending.wait()
+        t2 = time.perf_counter()
+        b.record("async_block", "ckstore", t1 - t0)
+        b.record("async_total", "ckstore", t2 - t0)
+    except Exception as exc:  # noqa: BLE001
+        b.log(f"  !! ckstore async_take failed: {type(exc).__name__}: {exc}")
+        b.extra["async_error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        store.close()

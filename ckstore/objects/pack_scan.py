@@ -1,0 +1,140 @@
+"""Verify a whole pack: every byte of it read and checked against the names it is stored under.
+
+A pack is sound when (a) its header, trailer and footer hash to its name (the pack id, see
+``packs.pack_id_of``), (b) its payloads lie back to back from the end of the header to the start
+of the trailer, with no gap or overlap, and (c) every payload decodes to bytes that hash to the
+chunk id the trailer lists for it. (a) covers the header's nonce and reserved bytes, which no
+chunk read touches; (b) leaves no byte of the pack unverified; (c) covers the payloads.
+
+Payloads are read in windows of consecutive chunks (at most ``window`` bytes each, or one
+chunk if larger), so a pack of any size is checked in bounded memory with few ranged reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ckstore.errors import CorruptionError
+from ckstore.objects.backend import Backend
+from ckstore.objects.codecs import decode
+from ckstore.objects.hashing import chunk_id
+from ckstore.objects.packs import HEADER, ChunkLocation, PackIndex, load_pack_index, pack_name
+
+WINDOW_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class PackProblem:
+    """One thing wrong with a pack: ``kind`` is ``pack-id``, ``pack-layout`` or
+    ``corrupt-chunk``; ``object`` the pack or chunk id."""
+
+    kind: str
+    object: str
+    message: str
+
+
+@dataclass
+class PackScan:
+    """What :func:`scan_pack` read and found."""
+
+    pack_id: str
+    bytes_read: int = 0
+    chunks_read: int = 0
+    problems: list[PackProblem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def scan_pack(backend: Backend, pack_id: str, window: int = WINDOW_BYTES) -> PackScan:
+    """Read a whole pack and check (a), (b) and (c) of the module docstring.
+
+    Returns:
+        What was read and every problem found (the scan goes on past damaged chunks).
+
+    Raises:
+        ObjectNotFoundError: the pack does not exist.
+        CorruptionError: its trailer or footer is unreadable (no chunk table to check against).
+    """
+    idx = load_pack_index(backend, pack_id)
+    scan = PackScan(pack_id, bytes_read=len(idx.header) + len(idx.trailer) + len(idx.footer))
+    where = f"pack {pack_id} in store {backend.url}"
+    if idx.computed_id != pack_id:
+        scan.problems.append(PackProblem(
+            "pack-id", pack_id,
+            f"{where} does not match its name: its header, trailer and footer hash to "
+            f"{idx.computed_id} (a damaged header, e.g. its nonce, or a renamed pack)",
+        ))
+    _check_layout(idx, scan, where)
+    name = pack_name(pack_id)
+    for group in _windows(sorted(idx.locations, key=lambda l: l.offset), window):
+        start, end = group[0].offset, group[-1].offset + group[-1].length
+        data = backend.get(name, start, end - start)
+        scan.bytes_read += len(data)
+        for loc in group:
+            _check_chunk(loc, memoryview(data)[loc.offset - start : loc.offset - start + loc.length], scan, where)
+    return scan
+
+
+def verify_pack(backend: Backend, pack_id: str) -> None:
+    """Read a whole pack; raise on the first thing wrong with it (see :func:`scan_pack`).
+
+    Raises:
+        ObjectNotFoundError: the pack does not exist.
+        CorruptionError: the pack does not match its name, its payloads do not fill it, or a
+            chunk does not match its id.
+    """
+    scan = scan_pack(backend, pack_id)
+    if scan.problems:
+        raise CorruptionError(scan.problems[0].message)
+
+
+def _check_layout(idx: PackIndex, scan: PackScan, where: str) -> None:
+    expected = HEADER.size
+    for loc in sorted(idx.locations, key=lambda l: l.offset):
+        if loc.offset != expected:
+            what = "a gap" if loc.offset > expected else "an overlap"
+            scan.problems.append(PackProblem(
+                "pack-layout", idx.pack_id,
+                f"{where}: {what} before chunk {loc.chunk_id} at offset {loc.offset} "
+                f"(the previous payload ends at {expected})",
+            ))
+            return
+        expected = loc.offset + loc.length
+    if expected != idx.trailer_start:
+        scan.problems.append(PackProblem(
+            "pack-layout", idx.pack_id,
+            f"{where}: the payloads end at {expected}, the trailer starts at {idx.trailer_start}",
+        ))
+
+
+def _check_chunk(loc: ChunkLocation, payload: memoryview, scan: PackScan, where: str) -> None:
+    scan.chunks_read += 1
+    try:
+        raw = decode(loc.codec, payload, loc.raw_length)
+    except CorruptionError as exc:
+        scan.problems.append(PackProblem(
+            "corrupt-chunk", loc.chunk_id, f"chunk {loc.chunk_id} in {where} cannot be decoded: {exc}"
+        ))
+        return
+    if chunk_id(raw) != loc.chunk_id:
+        scan.problems.append(PackProblem(
+            "corrupt-chunk", loc.chunk_id,
+            f"chunk {loc.chunk_id} in {where} does not match its id: the stored bytes are corrupt",
+        ))
+
+
+def _windows(locs: list[ChunkLocation], window: int) -> Iterator[list[ChunkLocation]]:
+    """Runs of chunks adjacent in the pack, each spanning at most ``window`` bytes (or one)."""
+    group: list[ChunkLocation] = []
+    for loc in locs:
+        if group:
+            end = group[-1].offset + group[-1].length
+            if loc.offset != end or loc.offset + loc.length - group[0].offset > window:
+                yield group
+                group = []
+        group.append(loc)
+    if group:
+        yield group
