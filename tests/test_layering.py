@@ -23,9 +23,11 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"errors", "objects", "index", "format"},
     "history": {"errors", "objects", "index", "format", "engine"},
     "dist": {"errors", "objects", "index", "format", "engine"},
-    "facade": {"errors", "objects", "index", "format", "engine", "history", "dist"},
+    "interop": {"errors", "objects", "index", "format", "engine"},
+    "facade": {"errors", "objects", "index", "format", "engine", "history", "dist", "interop"},
     "dcp": {"errors", "objects", "index", "format", "engine", "dist", "facade"},
-    "cli": {"errors", "objects", "index", "format", "engine", "history", "dist", "facade"},
+    "integrations": {"errors", "objects", "index", "format", "engine", "interop", "facade"},
+    "cli": {"errors", "objects", "index", "format", "engine", "history", "dist", "interop", "facade"},
 }
 FACADE = {"ckstore", "ckstore._takes", "ckstore.snapshot", "ckstore.store"}
 NO_TORCH = {"errors", "objects", "index"}

@@ -39,6 +39,7 @@ from ._common import (
     usage_error,
 )
 from ._history import cmd_diff, cmd_log, cmd_ls, cmd_rm, cmd_show, cmd_tag
+from ._interop import cmd_export, cmd_import
 from ._maintenance import cmd_check, cmd_du, cmd_gc, cmd_migrate, cmd_reindex, gc_policy
 from ._setup import DEMO_STORE, cmd_demo, cmd_init
 
@@ -120,6 +121,18 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
     ("du", "disk usage per run: logical vs stored bytes", (
         "ckstore du", "ckstore du --json",
     ), cmd_du),
+    ("import", "take a safetensors, Hugging Face, torch.save or DCP checkpoint into the store", (
+        "ckstore import ./model.safetensors --run base --step 0",
+        "ckstore import ./hf-model-folder --run base --tag base",
+        "ckstore import ./ckpt.pt --run sft --step 1000 --format torch",
+        "ckstore import ./dcp-checkpoint-dir --run titan --step 500",
+    ), cmd_import),
+    ("export", "write a snapshot as a Hugging Face folder, a torch.save file or a DCP directory", (
+        "ckstore export best ./hf-out",
+        "ckstore export sft@1000 ./weights --keys 'model/**' --shard-size 2GB",
+        "ckstore export sft ./ckpt --format torch",
+        "ckstore export sft ./dcp-out --format dcp --force",
+    ), cmd_export),
     ("reindex", "rebuild an empty index from the store's packs and manifests", (
         "ckstore reindex", "ckstore --store s3://bucket/ckpts --index postgresql+psycopg://u@h/new reindex",
     ), cmd_reindex),

@@ -220,6 +220,36 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             help="also read packs whole: each must hash to its name and each chunk in it to its "
             "id (all packs, or this random fraction of them, at least one)",
         )
+    elif name == "import":
+        p.add_argument("path", help="a .safetensors or torch.save file, a Hugging Face or DCP folder")
+        p.add_argument("--run", default="default", help="run to add the snapshot to (default: default)")
+        p.add_argument("--step", type=_nonneg_int, help="the snapshot's step")
+        p.add_argument("--tag", dest="tags", action="append", default=[], metavar="T", help="tag it (repeatable)")
+        p.add_argument("--name", help="a unique snapshot name")
+        p.add_argument(
+            "--format",
+            choices=("safetensors", "hf", "torch", "dcp"),
+            help="the checkpoint's format (default: detected)",
+        )
+    elif name == "export":
+        p.add_argument("ref", help="tag, run (its latest), run@step, snapshot name or id prefix")
+        p.add_argument("dir", help="directory to write (must be missing or empty, unless --force)")
+        p.add_argument(
+            "--format",
+            choices=("safetensors", "hf", "torch", "dcp"),
+            default="safetensors",
+            help="safetensors/hf: Hugging Face folder (default); torch: one torch.save file; dcp: a DCP directory",
+        )
+        p.add_argument(
+            "--keys", action="append", metavar="GLOB", help="only keys matching this glob, e.g. 'model/**' (repeatable)"
+        )
+        p.add_argument("--force", action="store_true", help="replace a non-empty directory")
+        p.add_argument(
+            "--shard-size",
+            type=_size_arg,
+            metavar="SIZE",
+            help="largest safetensors shard (default 5e9 bytes, Hugging Face's 5GB; e.g. 2GiB)",
+        )
     elif name == "demo":
         p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
         p.add_argument(

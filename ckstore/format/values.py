@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import math
+import sys
 from collections import OrderedDict
 from typing import Any
 
@@ -36,11 +37,13 @@ def _refuse(value: Any, key: str) -> UnsupportedValueError:
 
 def is_plain(value: Any) -> bool:
     """True for scalars this module encodes (not containers, not arrays)."""
-    import numpy as np
-    import torch
-
-    return value is None or isinstance(
-        value, (bool, int, float, str, bytes, bytearray, torch.dtype, torch.device, np.generic)
+    if value is None or isinstance(value, (bool, int, float, str, bytes, bytearray)):
+        return True
+    # A torch or NumPy scalar exists only once its library is imported: look, never import
+    # (reading a manifest's dict keys must not load torch).
+    torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
+    return (torch is not None and isinstance(value, (torch.dtype, torch.device))) or (
+        np is not None and isinstance(value, np.generic)
     )
 
 

@@ -1,0 +1,211 @@
+"""Checkpoints in and out of a store: safetensors / Hugging Face folders, ``torch.save``, DCP.
+
+The public entry points are :meth:`ckstore.Store.import_checkpoint` and
+:meth:`ckstore.Snapshot.export` (and ``ckstore import`` / ``ckstore export``); this package is
+what they run. Import goes through the normal take: chunks dedup against the whole store, and
+nothing is visible until the snapshot commits. Export reads through the snapshot's verifying
+reader and publishes the output directory only once it is complete.
+
+Formats (``format=``):
+
+========== ================================================ ==========================================
+name       import                                           export
+========== ================================================ ==========================================
+safetensors a ``.safetensors`` file                          Hugging Face layout: shards + index
+hf         a Hugging Face model / Trainer checkpoint folder same as ``safetensors``
+torch      a ``torch.save`` file, loaded weights-only       one ``torch.save`` file
+dcp        a DCP checkpoint directory, any world size       a DCP directory (DCP's FileSystemWriter)
+========== ================================================ ==========================================
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.repository import Repository, SnapshotView
+from ..engine.take import state_dicts
+from ..engine.take import take as engine_take
+from ..errors import InvalidInputError, NotFoundError
+from ..format.manifest import Manifest
+from ..index import SnapshotRecord
+from . import _dcpdir, _hf, _outdir, _torchfile
+from ._apps import SOURCE_APP, app_state_of, select
+from ._hf import DEFAULT_SHARD_BYTES
+from ._source import Source, load_source
+from ._spill import Spill
+
+IMPORT_FORMATS = ("safetensors", "hf", "torch", "dcp")
+EXPORT_FORMATS = ("safetensors", "hf", "torch", "dcp")
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar")
+
+__all__ = [
+    "DEFAULT_SHARD_BYTES",
+    "EXPORT_FORMATS",
+    "IMPORT_FORMATS",
+    "SOURCE_APP",
+    "ExportReport",
+    "app_state_of",
+    "detect_format",
+    "export_snapshot",
+    "import_checkpoint",
+    "take_local",
+]
+
+
+def detect_format(path: str) -> str:
+    """The import format of ``path``: a DCP or Hugging Face folder, a safetensors or torch file.
+
+    Raises:
+        NotFoundError: nothing at ``path``.
+        InvalidInputError: the format cannot be told (pass ``format=``).
+    """
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, _dcpdir.METADATA_NAME)):
+            return "dcp"
+        return "hf"
+    if not os.path.isfile(path):
+        raise NotFoundError(f"no checkpoint file or folder at {path!r}")
+    lower = path.lower()
+    if lower.endswith(".safetensors"):
+        return "safetensors"
+    if lower.endswith(TORCH_SUFFIXES) or zipfile.is_zipfile(path):
+        return "torch"
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if len(head) == 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] < os.path.getsize(path):
+        return "safetensors"
+    if head[:1] == b"\x80":
+        return "torch"
+    raise InvalidInputError(f"{path}: cannot tell its format; pass format= (--format) one of {', '.join(IMPORT_FORMATS)}")
+
+
+def _load(path: str, fmt: str, spill: Spill) -> tuple[dict[str, Any], Source]:
+    if fmt == "dcp":
+        return _dcpdir.import_dir(path, spill)
+    if fmt == "torch":
+        return _torchfile.import_file(path)
+    if fmt in ("safetensors", "hf"):
+        return _hf.import_folder(path) if os.path.isdir(path) else _hf.import_file(path)
+    raise InvalidInputError(f"unknown import format {fmt!r}; use one of {', '.join(IMPORT_FORMATS)}")
+
+
+def import_checkpoint(
+    repo: Repository,
+    path: str | os.PathLike[str],
+    *,
+    run: str,
+    step: int | None,
+    tags: tuple[str, ...],
+    metadata: Mapping[str, Any],
+    name: str | None = None,
+    format: str | None = None,  # noqa: A002 - the option users type
+) -> tuple[SnapshotRecord, Manifest]:
+    """Take the checkpoint at ``path`` into ``repo`` as one snapshot (in this process).
+
+    The state maps onto apps as :func:`app_state_of` says, plus the app ``_source`` (the import
+    record and kept files). ``metadata`` is merged over ``{"imported_from": {"format", "name"}}``.
+    Returns the committed record and its manifest.
+    """
+    path = os.fspath(path)
+    fmt = format or detect_format(path)
+    with Spill(repo.memory_budget) as spill:
+        apps, src = _load(path, fmt, spill)
+        apps[SOURCE_APP] = src.app()
+        return take_local(repo, apps, run=run, step=step, tags=tags, metadata={**src.metadata(), **dict(metadata)}, name=name)
+
+
+def take_local(
+    repo: Repository,
+    app_state: Mapping[str, Any],
+    *,
+    run: str,
+    step: int | None,
+    tags: Sequence[str] = (),
+    metadata: Mapping[str, Any] | None = None,
+    name: str | None = None,
+) -> tuple[SnapshotRecord, Manifest]:
+    """A take in this process only, even under torch.distributed (no collectives).
+
+    For callers that run on one rank by design: an import, or a trainer's checkpoint hook
+    that the trainer calls on rank 0 only. Returns the committed record and its manifest.
+    """
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise InvalidInputError(f"step must be a non-negative int, got {step!r}")
+    result = engine_take(
+        repo.objects,
+        repo.index,
+        state_dicts(app_state),
+        repo.take_options(),
+        run=run,
+        step=step,
+        tags=tuple(tags),
+        metadata=dict(metadata or {}),
+        name=name,
+    )
+    return result.record, result.manifest
+
+
+@dataclass
+class ExportReport:
+    """What an export wrote.
+
+    Attributes:
+        path: the destination directory.
+        format: the format written.
+        files: file names written, relative to ``path``.
+        tensors: tensors written.
+        skipped_values: keys of plain values left out (safetensors holds tensors only).
+    """
+
+    path: str
+    format: str
+    files: list[str] = field(default_factory=list)
+    tensors: int = 0
+    skipped_values: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "format": self.format,
+            "files": list(self.files),
+            "tensors": self.tensors,
+            "skipped_values": list(self.skipped_values),
+        }
+
+
+def export_snapshot(
+    view: SnapshotView,
+    dest: str | os.PathLike[str],
+    *,
+    format: str = "safetensors",  # noqa: A002 - the option users type
+    keys: Sequence[str] | None = None,
+    force: bool = False,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    memory_budget: int | None = None,
+) -> ExportReport:
+    """Write the snapshot (or the keys matching ``keys`` globs) to directory ``dest``."""
+    dest = os.path.abspath(os.fspath(dest))
+    if format not in EXPORT_FORMATS:
+        raise InvalidInputError(f"unknown export format {format!r}; use one of {', '.join(EXPORT_FORMATS)}")
+    if shard_bytes <= 0:
+        raise InvalidInputError(f"shard_bytes must be positive, got {shard_bytes}")
+    selected = select(view.manifest.entries, keys)
+    if not selected:
+        raise NotFoundError(
+            f"snapshot {view.ref}: no key matches {list(keys or [])!r}; list them with `ckstore ls {view.id[:12]}`"
+        )
+    budget = view.store.memory_budget if memory_budget is None else memory_budget
+    src = load_source(view)
+    with _outdir.staged(dest, force) as out:
+        if format == "torch":
+            done = _torchfile.export(view, out, selected, src, budget)
+        elif format == "dcp":
+            done = _dcpdir.export(view, out, selected, src, budget)
+        else:
+            done = _hf.export(view, out, selected, src, shard_bytes, budget)
+    return ExportReport(dest, format, done["files"], done["tensors"], done.get("skipped_values", []))

@@ -1,0 +1,79 @@
+"""An export's output directory: built beside its destination, published whole.
+
+The files are written into a hidden temporary directory next to the destination and fsynced;
+only then does the directory take the destination's name (one rename onto a missing or empty
+directory; with ``force``, a non-empty one is moved aside first and deleted after). A failed
+export leaves nothing at the destination and removes its temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..errors import DestinationExistsError
+
+
+def check_destination(dest: str, force: bool) -> None:
+    """Refuse a destination that is a file, or a non-empty directory without ``force``."""
+    if os.path.isfile(dest) or (os.path.lexists(dest) and not os.path.isdir(dest)):
+        raise DestinationExistsError(f"export destination {dest!r} exists and is not a directory")
+    if os.path.isdir(dest) and os.listdir(dest) and not force:
+        raise DestinationExistsError(
+            f"export destination {dest!r} is not empty; choose another directory or pass "
+            "force=True (--force) to replace it"
+        )
+
+
+@contextmanager
+def staged(dest: str, force: bool) -> Iterator[str]:
+    """Yield a temporary directory to fill; on success it becomes ``dest``."""
+    dest = os.path.abspath(dest)
+    check_destination(dest, force)
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.tmp-", dir=parent)
+    try:
+        yield tmp
+        _sync_tree(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        _publish(tmp, dest, force)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _publish(tmp: str, dest: str, force: bool) -> None:
+    check_destination(dest, force)
+    if os.path.isdir(dest) and os.listdir(dest):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.old-", dir=os.path.dirname(dest))
+        os.rename(dest, os.path.join(old, "d"))
+        os.rename(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, dest)  # onto a missing or empty directory: atomic
+    _fsync_dir(os.path.dirname(dest))
+
+
+def _sync_tree(root: str) -> None:
+    for d, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(d)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
