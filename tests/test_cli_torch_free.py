@@ -3,19 +3,22 @@
 Each command runs in a fresh interpreter whose import system refuses ``torch`` (a meta-path
 finder placed first raises ImportError for it and its submodules), so any import of torch on
 the way, lazy or not, fails the command. Then the commands are timed against the half-second
-budget: best of three runs, with bytecode caching on as in an installed package. On a machine
-running more processes than it has cores, a process gets only ``cores / load`` of a core, so
-the budget is scaled by ``load / cores`` there (never below half a second).
+budget. Wall time on a shared machine mostly measures the neighbours, so the test measures the
+command's CPU time (user + system; on an idle core that is its wall time), best of five, with
+bytecode caching on as in an installed package. The budget holds where
+``python -c "import sqlalchemy"`` (the index library every command needs) costs 0.3 s of CPU,
+as on this kind of machine; on a slower or busier one it grows in proportion to that floor,
+measured interleaved with the command's runs.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -156,22 +159,32 @@ def test_read_commands_run_without_torch(small_store: Path, tmp_path: Path) -> N
         assert store.tags() == {"mine": store.get("r@2").id}
 
 
-def _budget() -> float:
-    """Half a second of a core, whatever share of a core a busy machine gives us."""
-    return BUDGET_S * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+FLOOR_AT_BUDGET_S = 0.3
+"""CPU seconds ``import sqlalchemy`` takes where the half-second budget was set."""
+
+
+def _cpu_seconds(argv: list[str]) -> float:
+    """The CPU time (user + system) a child process used."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=60, check=False)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert p.returncode == 0, p.stderr
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
 def test_read_commands_print_within_half_a_second(small_store: Path) -> None:
     s = ("--store", str(small_store))
     assert no_torch("log", *s).returncode == 0  # writes the bytecode caches
+    floor_cmd = [sys.executable, "-c", "import sqlalchemy"]
     for argv in (("log", *s), ("show", "best", *s), ("diff", "r@1", "r@2", *s), ("du", *s)):
-        best, budget = float("inf"), BUDGET_S
-        for _ in range(3):
-            budget = _budget()
-            t0 = time.perf_counter()
-            p = no_torch(*argv)
-            best = min(best, time.perf_counter() - t0)
-            assert p.returncode == 0, p.stderr
+        best = floor = budget = float("inf")
+        for _ in range(5):  # best of up to five: stop once within the budget
+            floor = min(floor, _cpu_seconds(floor_cmd))
+            best = min(best, _cpu_seconds([sys.executable, "-c", NO_TORCH, *argv]))
+            budget = BUDGET_S * max(1.0, floor / FLOOR_AT_BUDGET_S)
             if best < budget:
                 break
-        assert best < budget, f"ckstore {argv[0]} took {best:.2f} s (best of 3; budget {budget:.2f} s)"
+        assert best < budget, (
+            f"ckstore {argv[0]} took {best:.2f} s of CPU (best of 5; budget {budget:.2f} s, "
+            f"import sqlalchemy {floor:.2f} s)"
+        )

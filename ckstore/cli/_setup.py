@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +66,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def _undo_init(url: str, opts: dict[str, Any]) -> Callable[[], None]:
     """Refuse an existing store; return what removes everything ``init`` is about to make."""
+    import shutil  # here: it loads bz2 and lzma, which the read commands do without
+
     from .. import objects
     from ..engine.repository import is_local, local_path
 
@@ -127,6 +128,8 @@ def claim_demo_store(url: str) -> str:
         ConflictError: ``url`` holds a store the demo did not make, or other files.
         InvalidInputError: ``url`` is not a local folder.
     """
+    import shutil
+
     import ckstore
 
     from ..engine.repository import is_local, local_path
