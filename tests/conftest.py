@@ -16,6 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _pgserver import PgServer, PgServerError, pg_server  # noqa: E402
 from _s3server import S3Server, start_or_skip  # noqa: E402
+from _seaweed import SeaweedServer  # noqa: E402
+from _seaweed import start_or_skip as start_seaweed_or_skip  # noqa: E402
 
 import ckstore  # noqa: E402
 
@@ -30,6 +32,20 @@ def s3_server() -> Iterator[S3Server]:
         yield server
     finally:
         server.reset()
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweed_server() -> Iterator[SeaweedServer]:
+    """One SeaweedFS S3 server (a real one, on disk) on 127.0.0.1 for the whole session.
+
+    Fails under CI if it cannot start. Share a bucket between tests (fresh prefix per test):
+    every SeaweedFS bucket takes a volume of its own, and their number is bounded.
+    """
+    server = start_seaweed_or_skip()
+    try:
+        yield server
+    finally:
         server.stop()
 
 
@@ -79,6 +95,11 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ckstor
         pgs: PgServer = request.getfixturevalue("pg")
         bucket = f"ck-{uuid.uuid4().hex[:12]}"
         server.create_bucket(bucket)
-        s = ckstore.open(f"s3://{bucket}/ckpts", index=pgs.new_database(), storage_options=server.storage_options(), **TINY)
+        s = ckstore.open(
+            f"s3://{bucket}/ckpts",
+            index=pgs.new_database(),
+            storage_options=server.storage_options(),
+            **TINY,
+        )
     yield s
     s.close()

@@ -1,12 +1,26 @@
 """S3 backend over s3fs, with create-only puts (``If-None-Match: *``).
 
 A put that finds the key taken answers HTTP 412 ``PreconditionFailed``. s3fs maps that to
-``FileExistsError`` for some servers and to ``OSError(EINVAL)`` for others, so this module
-recognises it by the HTTP status / error code found on the botocore error in the exception
-chain, never by the exception type. Objects up to ``multipart_threshold`` go up in one
-``PutObject`` (the buffers joined); larger ones as a multipart upload whose parts are built
+``FileExistsError`` for some servers and to ``OSError(EINVAL)`` for others (SeaweedFS), so this
+module recognises it by the HTTP status / error code found on the botocore error in the
+exception chain, never by the exception type. Objects up to ``multipart_threshold`` go up in
+one ``PutObject`` (the buffers joined); larger ones as a multipart upload whose parts are built
 one at a time from the buffers (memory bounded by ``part_size``), completed with the same
 condition.
+
+Retries happen below this module, in two layers, both bounded: botocore retries each request
+(throttling, 5xx, connection errors) up to ``config_kwargs={"retries": {"max_attempts": N}}``,
+and s3fs repeats a whole call up to ``S3FileSystem.retries`` times (default 5) on throttling and
+on errors while reading a body (a connection reset or a truncated body). A ranged read nests the
+s3fs layer twice. When they give up, the error comes out as :class:`StorageError`.
+
+Names are content-addressed, which makes a retried put safe: when a put's acknowledgement is
+lost, the retry (or the next put) meets the object it created and answers 412, and an existing
+object under the name is by construction the same object. :meth:`S3Backend.put` still checks
+(with a HEAD) that an object is really there before reporting it as existing, and settles a
+put that failed for any other reason the same way, if an object of exactly the size being
+written is in place (the write may have been committed before the connection broke); puts are
+atomic, so that object is complete.
 """
 
 from __future__ import annotations
@@ -14,13 +28,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ckstore.errors import CkstoreError
+from ckstore.errors import CkstoreError, InvalidInputError, StorageError
 from ckstore.objects.backend import (
     PutData,
     as_buffers,
     check_range,
     not_found,
     truncated,
+    validate_name,
+    validate_prefix,
 )
 from ckstore.objects.fsspec_backend import FsspecBackend
 
@@ -89,6 +105,15 @@ class S3Backend(FsspecBackend):
         return bucket, key
 
     def put(self, name: str, data: PutData) -> bool:
+        """Create-only put; see :class:`Backend`.
+
+        After a lost acknowledgement the retry finds the object this call wrote, so a put may
+        return False for an object it created itself; the object is in place either way.
+
+        Raises:
+            StorageError: the write failed and no complete object of this size is under
+                ``name``, or the server answered 412 without holding an object by that name.
+        """
         bucket, key = self._bucket_key(name)
         views = as_buffers(data)
         total = sum(len(v) for v in views)
@@ -97,8 +122,9 @@ class S3Backend(FsspecBackend):
             try:
                 if total <= self._threshold:
                     body = b"".join(views) if len(views) != 1 else bytes(views[0])
-                    self._fs.call_s3("put_object", Bucket=bucket, Key=key, Body=body,
-                                     IfNoneMatch="*")
+                    self._fs.call_s3(
+                        "put_object", Bucket=bucket, Key=key, Body=body, IfNoneMatch="*"
+                    )
                 else:
                     self._multipart(bucket, key, views)
                 self._fs.invalidate_cache(self._path(name))
@@ -107,11 +133,38 @@ class S3Backend(FsspecBackend):
                 raise
             except Exception as exc:
                 if is_precondition_failed(exc):
-                    return False
+                    return self._check_existing(name, exc)
                 if not _is_conditional_conflict(exc):
-                    raise self._fail("write", name, exc) from exc
+                    return self._settle_failed_put(name, total, exc)
                 last = exc
         raise self._fail("write", name, last or RuntimeError("conflict")) from last
+
+    def _check_existing(self, name: str, exc: BaseException) -> bool:
+        """After a 412: confirm that an object holds ``name`` (its content is not compared:
+        the name is the content's hash, see :class:`Backend`)."""
+        if self._head(name) is None:
+            # SeaweedFS (and other file-system-backed servers) answer 412 when the name is a
+            # directory, i.e. a prefix of other objects' names.
+            raise StorageError(
+                f"cannot write object {name!r} in store {self.url}: the server reports it as "
+                "existing (HTTP 412) but holds no such object; is the name also a prefix of "
+                "other objects on a server that cannot store both?"
+            ) from exc
+        return False
+
+    def _settle_failed_put(self, name: str, size: int, exc: BaseException) -> bool:
+        """After a failed put: False if a complete object is in place anyway, else raise.
+
+        The write may have been committed before its acknowledgement was lost (a reset after
+        the server stored it; a multipart completion retried into ``NoSuchUpload``).
+        """
+        try:
+            head = self._head(name)
+        except StorageError:
+            head = None
+        if head is not None and int(head["ContentLength"]) == size:
+            return False
+        raise self._fail("write", name, exc) from exc
 
     def _parts(self, views: list[memoryview]) -> Iterator[bytes]:
         """Yield ``part_size`` pieces of the concatenation of ``views``, one at a time."""
@@ -133,16 +186,28 @@ class S3Backend(FsspecBackend):
         try:
             parts = []
             for number, body in enumerate(self._parts(views), start=1):
-                out = self._fs.call_s3("upload_part", Bucket=bucket, Key=key, Body=body,
-                                       PartNumber=number, UploadId=upload_id)
+                out = self._fs.call_s3(
+                    "upload_part",
+                    Bucket=bucket,
+                    Key=key,
+                    Body=body,
+                    PartNumber=number,
+                    UploadId=upload_id,
+                )
                 parts.append({"PartNumber": number, "ETag": out["ETag"]})
-            self._fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key,
-                             UploadId=upload_id, MultipartUpload={"Parts": parts},
-                             IfNoneMatch="*")
+            self._fs.call_s3(
+                "complete_multipart_upload",
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+                IfNoneMatch="*",
+            )
         except BaseException:
             try:
-                self._fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key,
-                                 UploadId=upload_id)
+                self._fs.call_s3(
+                    "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id
+                )
             except Exception:  # noqa: S110 - the original error matters more
                 pass
             raise
@@ -197,5 +262,36 @@ class S3Backend(FsspecBackend):
         self._fs.invalidate_cache(self._path(name))
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        self._fs.invalidate_cache(self._root)
-        return super().list(prefix)
+        """Keys below the root from ``ListObjectsV2`` (not s3fs's ``find``).
+
+        Only keys that are valid object names are listed: no directory markers (keys ending
+        in ``/``) and never the root itself, which s3fs's ``find`` reports as a file on servers
+        that keep an emptied directory (SeaweedFS).
+        """
+        validate_prefix(prefix)
+        bucket, _, base = self._root.partition("/")
+        base = f"{base}/" if base else ""
+        args: dict[str, Any] = {"Bucket": bucket, "Prefix": base + prefix}
+        names = []
+        try:
+            while True:
+                page = self._fs.call_s3("list_objects_v2", **args)
+                for obj in page.get("Contents", []):
+                    key = str(obj["Key"])
+                    if key.startswith(base) and _is_name(key[len(base) :]):
+                        names.append(key[len(base) :])
+                if not page.get("IsTruncated"):
+                    break
+                args["ContinuationToken"] = page["NextContinuationToken"]
+        except Exception as exc:
+            if not _is_not_found(exc):
+                raise StorageError(f"cannot list {prefix!r} in store {self.url}: {exc}") from exc
+        yield from sorted(names)
+
+
+def _is_name(key: str) -> bool:
+    try:
+        validate_name(key)
+    except InvalidInputError:
+        return False
+    return True
