@@ -25,12 +25,8 @@ from typing import TYPE_CHECKING, Any
 from . import _takes
 from ._locate import locate, locate_all_ranks, resolve
 from .dist import is_distributed
-from .engine.dcp_keys import dcp_overlay, is_dcp_manifest
 from .engine.logical import ranked_manifest, split_rank
-from .engine.read import read_object, read_state
 from .engine.repository import Repository, SnapshotView
-from .engine.restore import restore
-from .engine.stateful import check_app_state
 from .errors import InvalidInputError
 from .format.limits import check_int, check_number
 from .format.manifest import Entry, Manifest
@@ -155,6 +151,8 @@ class Snapshot(SnapshotView):
         Raises:
             UnsupportedValueError: an app_state value has no ``state_dict()`` (a TypeError).
         """
+        from .engine.stateful import check_app_state
+
         check_app_state(app_state)
         repo, name = locate_all_ranks(os.fspath(path), storage_options, index, pg, dist_timeout)
         args = _takes.TakeArgs.of("default", None, (), metadata, name, replicated or ())
@@ -175,6 +173,8 @@ class Snapshot(SnapshotView):
         dist_timeout: float | None = None,
     ) -> PendingSnapshot:
         """Like :meth:`take` (same ``pg`` and ``replicated``), returning once the state is staged."""
+        from .engine.stateful import check_app_state
+
         check_app_state(app_state)
         repo, name = locate_all_ranks(os.fspath(path), storage_options, index, pg, dist_timeout)
         args = _takes.TakeArgs.of("default", None, (), metadata, name, replicated or ())
@@ -234,6 +234,7 @@ class Snapshot(SnapshotView):
                 RankLostError when a rank never answered within ``dist_timeout``.
         """
         from .dist._restore import replicated_mode
+        from .engine.restore import check_app_state
 
         check_app_state(app_state, restoring=True)
         mode = replicated_mode(replicated_read)
@@ -242,6 +243,9 @@ class Snapshot(SnapshotView):
         if dist_timeout is not None:
             check_number("dist_timeout", dist_timeout, lo_open=True)
         budget = self.store.memory_budget if memory_budget is None else memory_budget
+        from .engine.dcp_keys import dcp_overlay, is_dcp_manifest
+        from .engine.restore import restore
+
         reader = self.reader()
         if is_dcp_manifest(reader.manifest):
             reader = replace(reader, manifest=dcp_overlay(reader.manifest, app_state, strict))
@@ -275,6 +279,8 @@ class Snapshot(SnapshotView):
         Raises:
             KeyNotFoundError: no such path (the message suggests near matches).
         """
+        from .engine.read import read_object
+
         reader = self.reader()
         if self.ranked_paths:
             rank, path = split_rank(path, f"snapshot {self.ref}")
@@ -359,6 +365,8 @@ class Snapshot(SnapshotView):
             rank = dist.get_rank(self.pg) if self.pg is not None else dist.get_rank()
             if rank < 0:
                 raise InvalidInputError("this rank is not a member of the snapshot handle's pg")
+        from .engine.read import read_state
+
         return read_state(replace(self.reader(), rank=rank), key)
 
     def __repr__(self) -> str:

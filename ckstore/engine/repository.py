@@ -5,12 +5,15 @@ This is the plumbing every layer above works on: the engine takes and restores t
 over ranks, and the public :class:`ckstore.Store` is a repository with the user's verbs on top.
 :class:`SnapshotView` binds one committed snapshot record to its repository and (lazily) its
 manifest; the public :class:`ckstore.Snapshot` extends it with restore and reads.
+
+Opening a repository and reading its history never imports torch (the command line's read
+commands rely on it); only reading tensors (:meth:`SnapshotView.reader`) does.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 from .. import objects
@@ -29,8 +32,10 @@ from .config import (
     default_staging_budget,
     default_threads,
 )
-from .packing import TakeOptions
-from .restore import Reader
+
+if TYPE_CHECKING:
+    from .packing import TakeOptions
+    from .restore import Reader
 
 R = TypeVar("R", bound="Repository")
 
@@ -135,6 +140,8 @@ class Repository:
 
     def take_options(self) -> TakeOptions:
         """The options a take into this repository runs with."""
+        from .packing import TakeOptions
+
         return TakeOptions(
             chunk_bytes=self.config.chunk_bytes,
             pack_bytes=self.config.pack_bytes,
@@ -190,6 +197,8 @@ class SnapshotView:
 
     def reader(self) -> Reader:
         """A reader of this snapshot's chunks (every chunk re-hashed on read)."""
+        from .restore import Reader  # imports torch: opening a store and reading history do not
+
         return Reader(
             self.store.objects,
             self.store.index,

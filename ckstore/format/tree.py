@@ -6,6 +6,9 @@ Leaves are tensors, NumPy arrays, plain scalars, and lists/tuples made only of p
 (kept whole so a long ``params`` list is one entry, not thousands). Containers (dicts, lists,
 tuples with a tensor somewhere below) stay in the tree, which records their types, key types
 and order, so restore rebuilds exactly the structure ``state_dict()`` produced.
+
+Walking a stored tree (``unflatten``, ``tree_refs``, ``subtree``) needs no torch or NumPy;
+only flattening live state does, and imports them then.
 """
 
 from __future__ import annotations
@@ -15,9 +18,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
-import torch
 
 from ..errors import CorruptionError, InvalidInputError, UnsupportedValueError
 from .limits import MAX_DEPTH
@@ -36,10 +36,15 @@ def join(prefix: str, part: str) -> str:
 
 def is_array(value: Any) -> bool:
     """True for values stored as tensor entries."""
+    import numpy as np
+    import torch
+
     return isinstance(value, (torch.Tensor, np.ndarray))
 
 
 def _is_plain_seq(value: Any) -> bool:
+    import torch
+
     return isinstance(value, (list, tuple)) and not isinstance(value, torch.Size) and all(
         is_plain(v) or (isinstance(v, torch.Size)) for v in value
     )
@@ -73,6 +78,8 @@ def flatten(prefix: str, obj: Any, *, lenient: bool = False) -> Flat:
 
 
 def _flatten(key: str, obj: Any, leaves: dict[str, Any], lenient: bool, depth: int) -> Any:
+    import torch
+
     if is_array(obj) or is_plain(obj) or isinstance(obj, torch.Size) or _is_plain_seq(obj):
         leaves[key] = obj
         return {"$ref": key}

@@ -9,6 +9,9 @@ Rules (in the manner of optuna's RDB storage):
   :func:`upgrade`). Upgrades are never run implicitly: other processes may still run the old code.
 * A revision this code does not know was written by a newer ckstore: refused, upgrade ckstore.
 * A database with tables but no ``alembic_version`` is not a ckstore index: refused.
+
+Opening an index at :data:`HEAD_REVISION` reads the version table with plain SQL; alembic (slow
+to import) is loaded only to create, check an unexpected revision, or upgrade.
 """
 
 from __future__ import annotations
@@ -16,18 +19,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, Engine
 
 from ckstore.errors import NotFoundError, SchemaError
 from ckstore.index.engine import READONLY, display_url, make_engine
-from ckstore.index.models import Base
+from ckstore.index.models import metadata
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+HEAD_REVISION = "0001"
+"""The newest revision in ``migrations/versions`` (a test checks it against alembic's head)."""
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "alembic_version"
 _PG_LOCK_KEY = 0x636B73746F7265  # "ckstore": serializes schema creation on PostgreSQL
@@ -46,6 +52,8 @@ def alembic_config(
         url: Database URL, used when no connection is given.
         script_location: Migration scripts directory (tests only; default: the shipped ones).
     """
+    from alembic.config import Config
+
     config = Config()
     location = str(script_location or MIGRATIONS_DIR)
     config.set_main_option("script_location", location.replace("%", "%%"))
@@ -57,6 +65,8 @@ def alembic_config(
 
 def script_directory(script_location: Path | None = None) -> ScriptDirectory:
     """Returns the migration scripts directory."""
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config(script_location=script_location))
 
 
@@ -86,12 +96,16 @@ def ensure_schema(
         SchemaError: If the database is older or newer than this code, or not a ckstore index.
         NotFoundError: If the database is empty and ``create`` is False.
     """
-    script = script_directory(script_location)
     url = _display_url(engine)
     with engine.connect() as conn:
         conn.execution_options(**{READONLY: True})
         with conn.begin():
             revision = _stored_revision(conn, url)
+    if revision == HEAD_REVISION and script_location is None:
+        return  # the common case, without importing alembic
+    from alembic.runtime.migration import MigrationContext
+
+    script = script_directory(script_location)
     if revision is not None:
         _check_revision(revision, script, url)
         return
@@ -102,7 +116,7 @@ def ensure_schema(
             return
         if not create:
             raise NotFoundError(f"no ckstore index at {url} (open it with create=True)")
-        Base.metadata.create_all(conn)
+        metadata.create_all(conn)
         MigrationContext.configure(conn).stamp(script, "head")
 
 
@@ -117,6 +131,9 @@ def upgrade(url: str, *, script_location: Path | None = None) -> str:
     Raises:
         SchemaError: If the database is newer than this code or is not a ckstore index.
     """
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+
     engine = make_engine(url)
     script = script_directory(script_location)
     try:
@@ -157,7 +174,7 @@ def _stored_revision(conn: Connection, url: str) -> str | None:
                 "ckstore index"
             )
         return None
-    heads = MigrationContext.configure(conn).get_current_heads()
+    heads = [str(v) for v in conn.scalars(text(f"SELECT version_num FROM {VERSION_TABLE}"))]
     if len(heads) != 1:
         raise SchemaError(
             f"index {url} has {len(heads)} schema revisions recorded ({heads}); expected one. "

@@ -27,7 +27,6 @@ import struct
 import threading
 from typing import Any
 
-import numpy as np
 import zstandard
 
 from ckstore.errors import CorruptionError, InvalidInputError
@@ -143,6 +142,8 @@ def grouped_size(raw_length: int, itemsize: int) -> int:
 
 
 def _encode_grouped(view: memoryview, itemsize: int, level: int, buffer: Any) -> memoryview:
+    import numpy as np  # here: reading an index or a plain chunk never loads numpy
+
     """Split ``view`` into planes written straight into the payload buffer, then compress
     the planes that pay in place (each result is no longer than its plane, so it only ever
     moves left): one transposing copy, and no join of the parts afterwards."""
@@ -285,6 +286,8 @@ def _parse_grouped(pview: memoryview, raw_length: int) -> tuple[int, list[tuple[
 def _decode_grouped(
     pview: memoryview, raw_length: int, target: memoryview | None
 ) -> bytes | memoryview:
+    import numpy as np
+
     n, planes = _parse_grouped(pview, raw_length)
     plane_len = raw_length // n
     result = target if target is not None else memoryview(bytearray(raw_length))
