@@ -11,7 +11,8 @@ Columns: ``keys``; ``sent/rank`` and ``recv/rank``: JSON bytes one rank sends an
 the planning and hashing gathers; ``decode``: parsing what one rank receives; ``plan first``:
 the structure check and the assignment on a cold cache, plus choosing each chunk's writer;
 ``plan cached``: the same for a second take of the same layout (fresh descriptions, so only
-the plan is reused). Times are the median of ``--rounds``.
+the plan is reused). Times are the median of ``--rounds``, each after a ``gc.collect()`` so
+that the simulation's own garbage is not collected inside the timed region.
 
     python bench/plan_scale.py                       # 8 .. 1024 ranks
     python bench/plan_scale.py --ranks 8 64 --rounds 1
@@ -20,6 +21,7 @@ the plan is reused). Times are the median of ``--rounds``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import statistics
@@ -104,6 +106,7 @@ def measure(world: int, args: argparse.Namespace) -> dict[str, Any]:
 
     def one(cache: PlanCache) -> float:
         fresh = [json.loads(b) for b in raw]  # every take gathers new descriptions
+        gc.collect()  # not the simulation's own garbage
         t = time.perf_counter()
         plan(fresh, OPTS, cache)
         _writers(results, fresh, world)
