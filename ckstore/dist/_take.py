@@ -8,7 +8,8 @@ same point (no rank commits or waits on a rank that gave up):
 2. assign (same on every rank, from the descriptions): cut each tensor by the chunk grid of
    its GLOBAL shape; a DTensor's blocks are cut again by each shard's box, each distinct box
    written by one of the ranks holding it; replicated tensors' blocks are spread over all
-   ranks by bytes. Each rank hashes what it was given (and all of its per-rank tensors).
+   ranks by bytes (``_plan.plan``, cached across takes of the same layout). Each rank hashes
+   what it was given (and all of its per-rank tensors).
    -> all_gather chunk lists; each distinct chunk id gets exactly one writer.
 3. write (local, under this rank's own lease): look up (and pin) the chunks this rank
    writes, write the missing ones (packs durable, then indexed). -> all_gather status.
