@@ -83,12 +83,14 @@ def _classify(states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], 
     return out
 
 
-def _coalesce_replicated(descs: list[dict[str, Any]], local: _Local, rank: int) -> None:
-    """A tensor counts as replicated only if every rank says so (its globs or DDP), as in
-    TorchSnapshot; keys some ranks mark replicated and others not are kept per rank (stored
-    once if equal everywhere) and logged. Deterministic: every rank decides the same."""
+def demote_mixed(descs: list[dict[str, Any]]) -> list[str]:
+    """Keys some ranks mark replicated and others not, now marked per rank in ``descs``.
+
+    A tensor counts as replicated only if every rank says so (its globs or DDP), as in
+    TorchSnapshot. Deterministic: every rank decides the same from the same descriptions.
+    """
     if any(not d.get("leaves") for d in descs):
-        return
+        return []
     demoted = []
     for key in descs[0]["leaves"]:
         ds = [d["leaves"].get(key) for d in descs]
@@ -98,13 +100,20 @@ def _coalesce_replicated(descs: list[dict[str, Any]], local: _Local, rank: int) 
             for x in ds:
                 if x is not None:
                     x["t"] = LOCAL
-            if key in local.leaves:
-                local.leaves[key].kind = LOCAL
-                local.leaves[key].desc["t"] = LOCAL
+    return demoted
+
+
+def _coalesce_replicated(demoted: tuple[str, ...] | list[str], local: _Local, rank: int) -> None:
+    """Apply the demoted keys (see :func:`demote_mixed`) to this rank's leaves: they are kept
+    per rank (stored once if equal everywhere), and logged once, by rank 0."""
+    for key in demoted:
+        if key in local.leaves:
+            local.leaves[key].kind = LOCAL
+            local.leaves[key].desc["t"] = LOCAL
     if demoted and rank == 0:
         log.warning(
             "distributed take: %d key(s) are marked replicated on some ranks only (different "
-            "replicated= globs); stored per rank instead: %s", len(demoted), demoted[:10],
+            "replicated= globs); stored per rank instead: %s", len(demoted), list(demoted)[:10],
         )
 
 
