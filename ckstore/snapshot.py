@@ -197,10 +197,12 @@ class Snapshot(SnapshotView):
 
         Validates keys, dtypes and shapes, then reads and verifies every chunk, and only then
         writes into the caller's tensors and calls ``load_state_dict``: on any error the
-        app_state is left untouched. Destinations up to ``memory_budget`` bytes in total
-        (default: ``$CKSTORE_MEMORY_BUDGET`` or the store's default) are staged and read once;
-        larger ones are verified in a first pass and decoded straight into place in a second,
-        so memory above the live state stays near the budget.
+        app_state is left untouched. Verified chunks are staged up to ``memory_budget`` bytes
+        (default: ``$CKSTORE_MEMORY_BUDGET``, else 3% of what is restored, at most 512 MiB)
+        and copied into place; the others are read again, checked against a fingerprint of
+        the payload verified in the first pass, and decoded straight into place, so memory
+        above the live state stays near the budget. CUDA destinations are filled through
+        pinned host buffers, counted in the budget.
 
         ``atomic=False`` gives up that guarantee for speed: every tensor is decoded straight
         into place in one pass (chunks are still re-hashed, and a damaged one still raises

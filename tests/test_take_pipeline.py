@@ -51,6 +51,12 @@ def test_batches_cut_by_bytes_and_by_count() -> None:
     assert [c for b in _take._batches(chunks, 10, 2) for c in b] == chunks  # order kept
 
 
+def test_batches_start_small_and_double() -> None:
+    chunks = [_take._Chunk("k", memoryview(bytes(4)), 1, False) for _ in range(16)]
+    sizes = [sum(len(c.view) for c in b) for b in _take._batches(chunks, 24, 100, first_bytes=4)]
+    assert sizes == [4, 8, 16, 24, 12]
+
+
 def test_hashing_in_batches_finds_duplicates_across_batches(store: ckstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_take, "HASH_BATCH_CHUNKS", 3)
     state = _state(4)

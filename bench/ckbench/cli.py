@@ -4,8 +4,9 @@ One deterministic state (a transformer-like fp32 model + Adam state), every syst
 (each file written and its directory fsynced), systems interleaved within each round (the order
 rotates every round) to cancel drift, medians over rounds. Scenarios: first save, save after 10%
 of the weights changed (frozen backbone), restore in place, read one 64 MiB tensor, bytes on disk
-over successive saves, peak RSS of save and restore (each in a child process), async_take blocking
-time, and compression of real trained weights (MiniLM, fp32 and bf16).
+over successive saves, peak RSS of save and restore (each in a child process), resume (a fresh
+process builds the model, restores the latest snapshot and runs a first step, timed end to end),
+async_take blocking time, and compression of real trained weights (MiniLM, fp32 and bf16).
 
     python bench/run.py                  # 2 GiB state, 3 rounds
     python bench/run.py --quick          # 256 MiB state
@@ -31,6 +32,7 @@ from . import report
 from .harness import Bench
 from .scenarios import PHASES
 from .scenarios.peak_rss import child_main
+from .scenarios.resume import child_main as resume_child
 from .systems import ALL_SYSTEMS, SYSTEM_CLASSES
 from .util import BENCH_DIR
 
@@ -44,13 +46,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=str(BENCH_DIR / "out"), help="output directory (default bench/out)")
     ap.add_argument("--systems", default=",".join(ALL_SYSTEMS),
                     help=f"comma-separated subset of {','.join(ALL_SYSTEMS)}")
-    ap.add_argument("--skip", default="", help="comma-separated phases to skip: rounds,bytes,rss,minilm,profile")
+    ap.add_argument("--skip", default="", help="comma-separated phases to skip: rounds,bytes,rss,resume,minilm,profile")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-profile", action="store_true", help="skip the cProfile of one ckstore take")
     ap.add_argument("--child-timeout", type=int, default=600)
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing peers")
-    # the peak-RSS child process (scenarios.peak_rss spawns bench/run.py with these)
-    ap.add_argument("--child-op", choices=("save", "restore"), help=argparse.SUPPRESS)
+    # the child processes (scenarios.peak_rss and scenarios.resume spawn bench/run.py with these)
+    ap.add_argument("--child-op", choices=("save", "restore", "resume"), help=argparse.SUPPRESS)
     ap.add_argument("--child-system", help=argparse.SUPPRESS)
     ap.add_argument("--child-state", help=argparse.SUPPRESS)
     ap.add_argument("--child-dir", help=argparse.SUPPRESS)
@@ -60,6 +62,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    if args.child_op == "resume":
+        return resume_child(args.child_system, args.child_dir, args.size_mb)
     if args.child_op:
         return child_main(args.child_op, args.child_system, args.child_state, args.child_dir)
     if args.quick:

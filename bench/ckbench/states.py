@@ -83,6 +83,17 @@ def build_state(total_bytes: int, seed: int) -> dict[str, Any]:
     return {"model": model, "optim": {"state": state, "param_groups": groups}}
 
 
+def empty_like_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """A destination built from shapes alone, as a freshly constructed model and optimizer are:
+    the same structure as :func:`build_state`, every tensor allocated and touched."""
+    model = {k: torch.empty(s).fill_(-1.0) for k, s in shapes.items()}
+    state = {k: {"step": torch.tensor(0.0), "exp_avg": torch.empty(s).fill_(-1.0),
+                 "exp_avg_sq": torch.empty(s).fill_(-1.0)} for k, s in shapes.items()}
+    groups = [{"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
+               "params": list(model)}]
+    return {"model": model, "optim": {"state": state, "param_groups": groups}}
+
+
 # ---------------------------------------------------------------------------------------------
 # walking and copying states
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..engine.config import budget_cap
 from ..engine.restore import Prepared, Reader, apply, prepare, validate, whole_plain_keys
 from ..errors import InvalidInputError
 from ..format.manifest import TensorEntry
@@ -87,13 +88,15 @@ def _restore_broadcast(
     shared = sorted(set.intersection(*(set(s["whole"]) for s in statuses)))
     entries = {k: reader.manifest.entries[k] for k in shared}
     nbytes = sum(_nbytes(e) for e in entries.values())
-    if budget is not None and nbytes > budget:
+    # Broadcast stages whole replicated tensors: by default up to the fixed cap, not the share
+    # of the restored bytes that bounds the staging of verified chunks.
+    budget = budget_cap() if budget is None else budget
+    if nbytes > budget:
         shared, entries, nbytes = [], {}, 0  # broadcast stages whole tensors: over budget, each rank reads
     prepared: Prepared | None = None
     tensors: dict[str, torch.Tensor] = {}
     try:
-        rest_budget = None if budget is None else budget - nbytes
-        prepared = prepare(reader, app_state, strict, rest_budget, plans=plans, skip=frozenset(shared), atomic=atomic)
+        prepared = prepare(reader, app_state, strict, budget - nbytes, plans=plans, skip=frozenset(shared), atomic=atomic)
         if comm.rank == 0:
             tensors = reader.read_tensors(shared)
         msg = {"ok": True}

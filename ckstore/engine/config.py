@@ -121,17 +121,37 @@ class StoreConfig:
         return cfg
 
 
-def default_memory_budget() -> int:
-    """Staging memory a restore may use: ``$CKSTORE_MEMORY_BUDGET`` (bytes) or the smaller of
-    512 MiB and 5% of physical memory."""
-    env = env_int("CKSTORE_MEMORY_BUDGET", 0)
-    if env is not None:
-        return env
+RESTORE_BUDGET_FRACTION = 0.03
+"""By default an atomic restore stages at most this fraction of the bytes it restores (with the
+per-thread read buffers, peak memory stays within ~10% above the live state at every size)."""
+
+RESTORE_BUDGET_CAP = 512 << 20
+"""...and never more than this many bytes (nor 5% of physical memory)."""
+
+
+def default_memory_budget() -> int | None:
+    """``$CKSTORE_MEMORY_BUDGET`` (bytes) if set, else None: :func:`restore_budget` decides
+    per restore from the size of what it restores."""
+    return env_int("CKSTORE_MEMORY_BUDGET", 0)
+
+
+def restore_budget(budget: int | None, restored_bytes: int) -> int:
+    """Staging memory a restore of ``restored_bytes`` may use: ``budget`` when given, else
+    ``RESTORE_BUDGET_FRACTION`` of ``restored_bytes``, at most ``RESTORE_BUDGET_CAP`` and 5% of
+    physical memory."""
+    if budget is not None:
+        return max(0, budget)
+    return min(budget_cap(), int(restored_bytes * RESTORE_BUDGET_FRACTION))
+
+
+def budget_cap() -> int:
+    """The most staging memory a restore uses by default: ``RESTORE_BUDGET_CAP`` or 5% of
+    physical memory, whichever is smaller."""
     try:
         physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         physical = 8 << 30
-    return min(512 << 20, physical // 20)
+    return min(RESTORE_BUDGET_CAP, physical // 20)
 
 
 def default_staging_budget() -> int:

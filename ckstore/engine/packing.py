@@ -35,13 +35,31 @@ class TakeOptions:
 
 @dataclass
 class _Chunk:
-    """One grid chunk of a tensor: a zero-copy view of its raw bytes, and its id once hashed."""
+    """One grid chunk of a tensor: a zero-copy view of its raw bytes, and its id once hashed.
+
+    A chunk of a device tensor (``source``: its flat uint8 bytes on the device) has no host
+    bytes until a take stages it (``engine/device_stage.py``): ``view`` is then a host buffer
+    of a bounded pool, valid once ``transfer`` completed.
+    """
 
     key: str
     view: memoryview
     itemsize: int
     grouped: bool
     id: str = ""
+    source: Any = None
+    transfer: Any = None
+
+    @property
+    def nbytes(self) -> int:
+        """The chunk's raw size in bytes."""
+        return int(self.source.numel()) if self.source is not None else len(self.view)
+
+    def ready(self) -> memoryview:
+        """The host bytes, once any copy from the device into them completed."""
+        if self.transfer is not None:
+            self.transfer.wait()
+        return self.view
 
 
 @dataclass
@@ -103,6 +121,12 @@ class _PackPipeline:
         while len(self._encoding) > self._window:
             self._add_next()
 
+    def drain(self) -> None:
+        """Wait until every chunk pushed so far is encoded and in a pack (its source bytes,
+        such as a staging buffer, are no longer needed; packs may still be being written)."""
+        while self._encoding:
+            self._add_next()
+
     def _buffer(self, size: int) -> np.ndarray:
         """A recycled buffer (page faults of fresh 4 MiB allocations halved encode speed).
 
@@ -118,6 +142,8 @@ class _PackPipeline:
     def _add_next(self) -> None:
         chunk, buf, fut = self._encoding.popleft()
         codec, payload = fut.result()
+        if chunk.source is not None and codec == objects.NONE:
+            payload = bytes(payload)  # a raw payload would point into a recycled staging buffer
         self._writer.add(chunk.id, codec, payload, len(chunk.view))
         if buf is not None:
             (self._held if codec == objects.BYTEGROUP_ZSTD else self._free).append(buf)
@@ -163,15 +189,22 @@ def _flush(writer: objects.PackWriter, index: Any, session: str) -> None:
     index.add_pack(session, PackRecord(pack_id, size, len(chunks), time.time()), chunks)
 
 
-def _batches(chunks: list[_Chunk], max_bytes: int, max_count: int) -> Iterator[list[_Chunk]]:
-    """Consecutive runs of ``chunks`` of at most ``max_bytes`` (or ``max_count`` chunks)."""
+def _batches(chunks: list[_Chunk], max_bytes: int, max_count: int, first_bytes: int | None = None) -> Iterator[list[_Chunk]]:
+    """Consecutive runs of ``chunks`` of at most ``max_bytes`` (or ``max_count`` chunks).
+
+    With ``first_bytes``, the first run holds at most that many bytes and each next one twice
+    the last, up to ``max_bytes``: the writes start after a small first batch is hashed
+    instead of after a full one (on a small state, a full first batch is all of it).
+    """
     batch: list[_Chunk] = []
     size = 0
+    limit = max_bytes if first_bytes is None else min(first_bytes, max_bytes)
     for c in chunks:
-        if batch and (size + len(c.view) > max_bytes or len(batch) >= max_count):
+        if batch and (size + c.nbytes > limit or len(batch) >= max_count):
             yield batch
             batch, size = [], 0
+            limit = min(max_bytes, 2 * limit)
         batch.append(c)
-        size += len(c.view)
+        size += c.nbytes
     if batch:
         yield batch

@@ -73,7 +73,8 @@ class Repository:
     """One store's objects, index and config, plus the knobs of this process.
 
     ``threads`` (hash/encode/decode workers), ``io_threads`` (packs written at once),
-    ``memory_budget`` (restore staging) and ``lease_seconds`` may be changed on an open
+    ``memory_budget`` (restore staging in bytes; None: a share of what each restore restores,
+    see ``config.restore_budget``) and ``lease_seconds`` may be changed on an open
     repository; they affect this process only.
     """
 
@@ -86,7 +87,7 @@ class Repository:
         self.config = config
         self._threads = default_threads()
         self._io_threads = default_io_threads()
-        self._memory_budget = default_memory_budget()
+        self._memory_budget: int | None = default_memory_budget()
         self._staging_budget: int | None = None
         self._lease_seconds = default_lease_seconds()
         # how it was opened (index URL as given, storage options), so another process can reopen it
@@ -111,13 +112,14 @@ class Repository:
         self._io_threads = check_int("io_threads", value, 1, MAX_THREADS)
 
     @property
-    def memory_budget(self) -> int:
-        """Bytes a restore may stage (>= 0)."""
+    def memory_budget(self) -> int | None:
+        """Bytes a restore may stage (>= 0); None: a share of what each restore restores
+        (``config.restore_budget``)."""
         return self._memory_budget
 
     @memory_budget.setter
-    def memory_budget(self, value: int) -> None:
-        self._memory_budget = check_int("memory_budget", value)
+    def memory_budget(self, value: int | None) -> None:
+        self._memory_budget = None if value is None else check_int("memory_budget", value)
 
     @property
     def lease_seconds(self) -> float:

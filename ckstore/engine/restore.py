@@ -2,18 +2,17 @@
 
 ``restore`` runs in three phases so a bad snapshot never leaves the caller half-loaded:
 validate (keys, dtypes, shapes against the destination), read (every chunk fetched with one
-ranged read, decoded and re-hashed; a mismatch raises CorruptionError naming the key), apply
-(copy into the destination's own tensors, then ``load_state_dict``). Nothing of the caller's is
-touched before the read phase succeeded.
+ranged read, decoded and re-hashed; a mismatch raises CorruptionError naming the key; verified
+chunks kept within the memory budget, the others remembered by payload fingerprint), apply
+(staged chunks copied into the destination's own tensors, the others read again and decoded
+into place, then ``load_state_dict``). Nothing of the caller's is touched before the read phase
+succeeded. The chunk passes themselves are in ``fetch.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,26 +22,13 @@ from .. import objects
 from ..errors import CorruptionError, MismatchError
 from ..format.dtypes import dtype_from_name
 from ..format.manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueEntry
-from ..format.tensors import empty_for, from_bytes, writable_view
+from ..format.tensors import empty_for, from_bytes
 from ..format.tree import ABSENT, flatten, prune, tree_refs, unflatten
-from .locations import to_location
+from .config import restore_budget
+from .fetch import Arena, Fetcher, Job, Region, plan_jobs, slices
 from .stateful import RNGState, check_app_state, rng_last
 
-Region = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
 log = logging.getLogger("ckstore")
-
-
-@dataclass
-class _Job:
-    """One chunk to fetch: decoded straight into ``out``, or into a temporary then copied."""
-
-    key: str
-    cid: str
-    out: memoryview | None = None
-    dtype: str = ""
-    sizes: tuple[int, ...] = ()
-    src: tuple[slice, ...] = ()
-    dst: torch.Tensor | None = None
 
 
 @dataclass
@@ -75,13 +61,16 @@ class Reader:
             return entry.entries[rank]
         return entry
 
+    def is_tensor(self, key: str) -> bool:
+        return isinstance(self.entry(key), TensorEntry)
+
     def has_value(self, key: str) -> bool:
         """False for a per-rank entry stored by fewer ranks than this reader's rank."""
         entry = self.manifest.entries[key]
         return not isinstance(entry, PerRankEntry) or (self.rank or 0) < entry.world_size
 
-    def is_tensor(self, key: str) -> bool:
-        return isinstance(self.entry(key), TensorEntry)
+    def fetcher(self) -> Fetcher:
+        return Fetcher(self.objs, self.index, self.where, self.threads)
 
     def read_tensors(self, keys: list[str]) -> dict[str, torch.Tensor]:
         """Return a new CPU tensor per key, each chunk re-hashed against its id."""
@@ -93,7 +82,7 @@ class Reader:
         Only chunks overlapping a region are fetched. A chunk lying wholly inside its region
         and contiguous there is decoded straight into place; any other (a chunk cut by the
         region, or a shard piece that is not contiguous in C order) is decoded into a
-        temporary and its overlap copied in.
+        host buffer and its overlap copied in.
         """
         out: dict[str, torch.Tensor] = {}
         targets: dict[str, tuple[torch.Tensor, Region | None]] = {}
@@ -112,77 +101,32 @@ class Reader:
         The tensor must have the region's shape and the entry's dtype; it may live on any
         device and have any strides (contiguous CPU tensors are decoded into directly).
         """
-        jobs: list[_Job] = []
+        self.copy_inline(targets)
+        with self.fetcher() as fetcher:
+            fetcher.load(self.jobs(targets))
+
+    def jobs(self, targets: Mapping[str, tuple[torch.Tensor, Region | None]]) -> list[Job]:
+        """The chunk jobs filling each target (inline entries need none: :meth:`copy_inline`)."""
+        jobs: list[Job] = []
         for key, (t, region) in targets.items():
             entry = self.entry(key)
             assert isinstance(entry, TensorEntry)
+            if t.numel() == 0 or entry.inline:
+                continue
             offs, sizes = region if region is not None else ((0,) * len(entry.shape), entry.shape)
-            if t.numel() == 0:
-                continue
-            if entry.inline:
-                with torch.no_grad():
-                    t.copy_(from_bytes(entry.data or b"", entry.dtype, entry.shape)[_slices(offs, offs, sizes)])
-                continue
-            jobs.extend(self._jobs(key, entry, t, offs, sizes))
-        self._fetch(jobs)
-
-    def verify(self, wanted: Mapping[str, Region | None]) -> None:
-        """Fetch, decode and re-hash every chunk overlapping the regions; keep nothing."""
-        jobs: list[_Job] = []
-        for key, region in wanted.items():
-            entry = self.entry(key)
-            assert isinstance(entry, TensorEntry)
-            offs, sizes = region if region is not None else ((0,) * len(entry.shape), entry.shape)
-            jobs.extend(_Job(key, c.id) for c in entry.chunks if _intersect(c.offsets, c.sizes, offs, sizes))
-        self._fetch(jobs)
-
-    def _jobs(self, key: str, entry: TensorEntry, t: torch.Tensor, offs: tuple[int, ...], sizes: tuple[int, ...]) -> list[_Job]:
-        direct = t.device.type == "cpu" and t.is_contiguous()
-        view = writable_view(t) if direct else None
-        strides = _strides(sizes)
-        jobs = []
-        for c in entry.chunks:
-            inter = _intersect(c.offsets, c.sizes, offs, sizes)
-            if inter is None:
-                continue
-            if view is not None and inter == (c.offsets, c.sizes) and _contiguous(c.sizes, sizes):
-                start = sum((o - r) * s for o, r, s in zip(c.offsets, offs, strides)) * t.element_size()
-                jobs.append(_Job(key, c.id, view[start : start + math.prod(c.sizes) * t.element_size()]))
-            else:
-                io, isz = inter
-                jobs.append(_Job(key, c.id, None, entry.dtype, c.sizes, _slices(io, c.offsets, isz), t[_slices(io, offs, isz)]))
+            jobs.extend(plan_jobs(key, entry, t, offs, sizes))
         return jobs
 
-    def _fetch(self, jobs: list[_Job]) -> None:
-        locs = self.index.chunk_locations({j.cid for j in jobs})
-
-        def one(job: _Job) -> None:
-            rec = locs.get(job.cid)
-            if rec is None:
-                raise CorruptionError(
-                    f"{self.where}: key {job.key!r} needs chunk {job.cid[:16]}… which the index does not "
-                    "know; run `ckstore check` (the index may need `ckstore reindex`)"
-                )
-            loc = to_location(rec)
-            tmp = empty_for(job.dtype, job.sizes) if job.out is None and job.dst is not None else None
-            if tmp is not None:
-                out = writable_view(tmp)
-            else:  # a verify-only job decodes into this thread's scratch buffer
-                out = job.out if job.out is not None else _scratch(loc.raw_length)
-            try:
-                self.objs.read_chunk(loc, out=out)
-            except CorruptionError as exc:
-                raise CorruptionError(
-                    f"{self.where}: key {job.key!r} is damaged in storage ({exc}); nothing was "
-                    "restored. Run `ckstore check --read-data` and restore an older snapshot"
-                ) from exc
-            if tmp is not None and job.dst is not None:
-                with torch.no_grad():
-                    job.dst.copy_(tmp[job.src])
-
-        with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="ckstore-read") as pool:
-            for _ in pool.map(one, jobs):
-                pass
+    def copy_inline(self, targets: Mapping[str, tuple[torch.Tensor, Region | None]]) -> None:
+        """Copy the targets of inline entries (stored inside the manifest) into place."""
+        for key, (t, region) in targets.items():
+            entry = self.entry(key)
+            assert isinstance(entry, TensorEntry)
+            if t.numel() == 0 or not entry.inline:
+                continue
+            offs, sizes = region if region is not None else ((0,) * len(entry.shape), entry.shape)
+            with torch.no_grad():
+                t.copy_(from_bytes(entry.data or b"", entry.dtype, entry.shape)[slices(offs, offs, sizes)])
 
     def value_of(self, key: str, tensors: Mapping[str, torch.Tensor]) -> Any:
         entry = self.entry(key)
@@ -190,47 +134,6 @@ class Reader:
             return entry.value
         t = tensors[key]
         return t.numpy() if entry.container == "numpy" else t  # type: ignore[union-attr]
-
-
-_local = threading.local()
-
-
-def _scratch(n: int) -> memoryview:
-    """This thread's reusable buffer of ``n`` bytes: verifying a chunk allocates nothing (a
-    fresh buffer per chunk costs page faults that halved the verify pass's speed)."""
-    buf = getattr(_local, "buf", None)
-    if buf is None or len(buf) < n:
-        buf = _local.buf = bytearray(n)
-    return memoryview(buf)[:n]
-
-
-def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides = [1] * len(shape)
-    for d in range(len(shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * shape[d + 1]
-    return tuple(strides)
-
-
-def _intersect(ao: tuple[int, ...], asz: tuple[int, ...], bo: tuple[int, ...], bsz: tuple[int, ...]) -> Region | None:
-    """The overlap of two boxes, or None when it is empty."""
-    lo = tuple(max(a, b) for a, b in zip(ao, bo))
-    hi = tuple(min(a + n, b + m) for a, n, b, m in zip(ao, asz, bo, bsz))
-    if any(h <= l for l, h in zip(lo, hi)):
-        return None
-    return lo, tuple(h - l for l, h in zip(lo, hi))
-
-
-def _contiguous(sizes: tuple[int, ...], shape: tuple[int, ...]) -> bool:
-    """True if a box of ``sizes`` is one contiguous byte range of a C-order tensor of ``shape``."""
-    d = 0
-    while d < len(sizes) and sizes[d] == 1:
-        d += 1
-    return all(s == n for s, n in zip(sizes[d + 1 :], shape[d + 1 :]))
-
-
-def _slices(offsets: tuple[int, ...], origin: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[slice, ...]:
-    """Index of the box (offsets, sizes) inside a tensor whose element 0 sits at ``origin``."""
-    return tuple(slice(o - r, o - r + n) for o, r, n in zip(offsets, origin, sizes))
 
 
 def _check_tensor(dest: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], key: str, where: str) -> None:
@@ -257,15 +160,19 @@ class _AppPlan:
 class Prepared:
     """A validated and verified restore, not yet applied to the destination.
 
-    ``tensors`` holds what was read (new tensors, and staged copies for destinations); keys in
-    ``direct`` were verified but not kept, and are decoded straight into the destination by
-    :func:`apply` (a second, again verified, read) because staging them would exceed the budget.
+    ``tensors`` holds new tensors read for keys without a destination tensor; ``jobs`` fill the
+    destination tensors ``direct``: verified (atomic: staged within the budget, or remembered
+    by payload fingerprint) and put in place by :func:`apply`, or, with ``verified`` False
+    (``atomic=False``), read, verified and decoded into place by :func:`apply` in one pass.
     """
 
     plans: list[_AppPlan]
     tensors: dict[str, torch.Tensor]
     direct: dict[str, tuple[torch.Tensor, Region | None]] = field(default_factory=dict)
+    jobs: list[Job] = field(default_factory=list)
     verified: bool = True
+    arena: Arena | None = None
+    fetcher: Fetcher | None = None
 
 
 def restore(
@@ -287,14 +194,17 @@ def prepare(
 ) -> Prepared:
     """Validate and verify everything a restore needs; the destination is not touched.
 
-    Destination tensors whose total size fits ``budget`` bytes are staged (one read). Past the
-    budget, every chunk is fetched and re-hashed once here without being kept, and decoded
-    straight into the destination by :func:`apply`: memory stays bounded and a damaged chunk is
-    still found before anything of the caller's changes.
+    Every chunk of the destination tensors is read, decoded and re-hashed once here. Decoded
+    chunks are kept in a staging arena of at most ``budget`` bytes (None: the default,
+    :func:`~ckstore.engine.config.restore_budget` of the destination's size) and copied into
+    place by :func:`apply`; for the chunks past it only a fingerprint of the stored payload is
+    kept, and :func:`apply` reads them again, checks the payload against it and decodes them
+    straight into place. Memory stays bounded and a damaged chunk is found before anything of
+    the caller's changes.
 
-    ``atomic=False`` skips both the staging and that first pass: :func:`apply` decodes every
-    destination tensor straight into place, still re-hashing each chunk, in one pass and with
-    no staging memory; a damaged chunk then raises with the destination partly loaded.
+    ``atomic=False`` skips this pass: :func:`apply` decodes every destination tensor straight
+    into place, still re-hashing each chunk, in one pass and with no staging memory; a damaged
+    chunk then raises with the destination partly loaded.
 
     ``plans`` (from :func:`validate`) skips validating again; keys in ``skip`` are not read
     (the caller puts their tensors into ``Prepared.tensors`` before :func:`apply`).
@@ -309,13 +219,21 @@ def prepare(
                 wanted[k] = p.region.get(k)
                 if k in p.target:
                     direct[k] = (p.target[k], p.region.get(k))
-    staged = sum(t.numel() * t.element_size() for t, _ in direct.values())
-    if atomic and (budget is None or staged <= budget):
-        return Prepared(plans, reader.read_regions(wanted))
-    if atomic:
-        reader.verify({k: wanted[k] for k in direct})
-    rest = {k: r for k, r in wanted.items() if k not in direct}
-    return Prepared(plans, reader.read_regions(rest), direct, verified=atomic)
+    jobs = reader.jobs(direct)
+    fetcher = reader.fetcher()
+    try:
+        arena = fetcher.verify(jobs, restore_budget(budget, destination_bytes(direct))) if atomic else None
+        rest = {k: r for k, r in wanted.items() if k not in direct}
+        tensors = reader.read_regions(rest)
+    except BaseException:
+        fetcher.close()
+        raise
+    return Prepared(plans, tensors, direct, jobs, verified=atomic, arena=arena, fetcher=fetcher)
+
+
+def destination_bytes(direct: Mapping[str, tuple[torch.Tensor, Region | None]]) -> int:
+    """Bytes of the destination tensors a restore writes into."""
+    return sum(t.numel() * t.element_size() for t, _ in direct.values())
 
 
 def validate(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) -> list[_AppPlan]:
@@ -355,11 +273,19 @@ def whole_plain_keys(reader: Reader, plans: list[_AppPlan]) -> list[str]:
 
 def apply(prepared: Prepared, reader: Reader) -> None:
     """Write what :func:`prepare` verified into the destination and call ``load_state_dict``."""
+    fetcher = prepared.fetcher or reader.fetcher()
     try:
-        reader.read_into(prepared.direct)
+        reader.copy_inline(prepared.direct)
+        if prepared.verified:
+            fetcher.apply(prepared.jobs)
+        else:
+            fetcher.load(prepared.jobs)
     except CorruptionError as exc:  # atomic: the bytes changed since they were verified moments ago
         why = "the chunk changed after it was verified" if prepared.verified else "restore(atomic=False) loads as it reads"
         raise CorruptionError(f"{exc} (the destination may be partly loaded: {why})") from exc
+    finally:
+        fetcher.close()
+        prepared.arena = None
     for p in prepared.plans:
         _apply(reader, p, prepared.tensors)
 

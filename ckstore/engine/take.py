@@ -32,6 +32,7 @@ from ..format.tensors import as_cpu_tensor, byte_view, check_tensor
 from ..format.tree import flatten, is_array, unflatten
 from ..format.values import encode_value
 from ..index import EntryRecord, SnapshotRecord
+from .device_stage import DeviceStager, is_device_tensor
 from .lease import Lease
 from .packing import TakeOptions, _batches, _Chunk, _PackPipeline, _WriteStats
 from .stateful import RNGState, check_app_state
@@ -40,6 +41,9 @@ HASH_BATCH_BYTES = 128 << 20
 """A take hashes and looks up chunks in batches of about this many bytes..."""
 HASH_BATCH_CHUNKS = 4096
 """...or of at most this many chunks."""
+FIRST_BATCH_BYTES = 16 << 20
+"""The first batch is this small (each next one twice the last), so encoding and pack writes
+start early instead of after a whole batch was hashed."""
 
 
 @dataclass
@@ -93,19 +97,26 @@ def plan(states: Mapping[str, Any], opts: TakeOptions) -> _Plan:
 def _plan_tensor(p: _Plan, key: str, value: Any, opts: TakeOptions) -> None:
     device = str(value.device) if isinstance(value, torch.Tensor) else "cpu"
     container = "torch" if isinstance(value, torch.Tensor) else "numpy"
-    t = as_cpu_tensor(value, key)
+    nbytes = value.numel() * value.element_size() if isinstance(value, torch.Tensor) else value.nbytes
+    on_device = is_device_tensor(value) and nbytes > opts.inline_bytes
+    # A device tensor stays where it is: its chunks are copied to host buffers batch by batch.
+    t = value.detach().contiguous() if on_device else as_cpu_tensor(value, key)
     name = dtype_name(t.dtype, key)
-    view = byte_view(t)
+    flat = t.reshape(-1).view(torch.uint8) if on_device else None
+    view = memoryview(b"") if on_device else byte_view(t)
     p.keepalive.append(t)
     shape = tuple(t.shape)
-    if len(view) <= opts.inline_bytes:
+    if not on_device and len(view) <= opts.inline_bytes:
         p.entries[key] = TensorEntry(name, shape, data=bytes(view), container=container, device=device)
         return
     grid = make_grid(shape, t.element_size(), opts.chunk_bytes)
     boxes = []
     for offsets, sizes in grid.boxes():
         start, stop = grid.byte_range(offsets, sizes)
-        chunk = _Chunk(key, view[start:stop], t.element_size(), name in GROUPED)
+        if flat is not None:
+            chunk = _Chunk(key, view, t.element_size(), name in GROUPED, source=flat[start:stop])
+        else:
+            chunk = _Chunk(key, view[start:stop], t.element_size(), name in GROUPED)
         p.chunks.append(chunk)
         boxes.append((offsets, sizes, chunk))
     p.boxes[key] = boxes
@@ -115,7 +126,7 @@ def _plan_tensor(p: _Plan, key: str, value: Any, opts: TakeOptions) -> None:
 
 def hash_chunks(chunks: list[_Chunk], pool: ThreadPoolExecutor) -> None:
     """Fill in every chunk's id (blake3 of its raw bytes), in parallel."""
-    for chunk, cid in zip(chunks, pool.map(lambda c: objects.chunk_id(c.view), chunks)):
+    for chunk, cid in zip(chunks, pool.map(lambda c: objects.chunk_id(c.ready()), chunks)):
         chunk.id = cid
 
 
@@ -153,27 +164,64 @@ def store_chunks(
     opts: TakeOptions,
     pool: ThreadPoolExecutor,
     acc: _Acc,
+    then: Any = None,
 ) -> None:
     """Hash ``chunks``, pin those the index has, write those it lacks (each id once per take).
 
+    ``then`` (a callable) runs once every chunk is hashed and queued, while the last packs are
+    still being written (a take stores its manifest there).
+
     Works in batches of about ``HASH_BATCH_BYTES``: while one batch's missing chunks are
     encoded and written, the next is hashed and looked up, so hashing overlaps the writes.
+    Chunks of device tensors are copied into bounded host pools batch by batch
+    (``device_stage``), each copy overlapping the hashing of the chunks before it.
     """
-    with _PackPipeline(objs, index, session, opts, pool) as pipe:
-        for batch in _batches(chunks, HASH_BATCH_BYTES, HASH_BATCH_CHUNKS):
-            hash_chunks(batch, pool)
-            new: dict[str, _Chunk] = {}
-            for c in batch:
-                if c.id not in acc.seen:
-                    new.setdefault(c.id, c)
-            acc.seen.update(new)
-            found = index.lookup_chunks(session, list(new))
-            acc.found += len(found)
-            for cid, c in new.items():
-                if cid not in found:
-                    pipe.push(c)
+    stager = DeviceStager(opts.chunk_bytes)
+    device = any(c.source is not None for c in chunks)
+    max_bytes = min(HASH_BATCH_BYTES, stager.batch_bytes) if device else HASH_BATCH_BYTES
+    max_count = min(HASH_BATCH_CHUNKS, stager.batch_chunks) if device else HASH_BATCH_CHUNKS
+    try:
+        with _PackPipeline(objs, index, session, opts, pool) as pipe:
+            for batch in _batches(chunks, max_bytes, max_count, FIRST_BATCH_BYTES):
+                stager.stage(batch)
+                hash_chunks(batch, pool)
+                new: dict[str, _Chunk] = {}
+                for c in batch:
+                    if c.id not in acc.seen:
+                        new.setdefault(c.id, c)
+                acc.seen.update(new)
+                found = index.lookup_chunks(session, list(new))
+                acc.found += len(found)
+                for cid, c in new.items():
+                    if cid not in found:
+                        pipe.push(c)
+                if device:
+                    pipe.drain()  # the batch's staged bytes are encoded: its buffers are free
+                    stager.release()
+            if then is not None:
+                then()
+    finally:
+        stager.close()
     acc.stats.new_bytes += pipe.stats.new_bytes
     acc.stats.new_chunks += pipe.stats.new_chunks
+
+
+@dataclass
+class _Header:
+    """What a take's manifest header records besides its entries."""
+
+    run: str
+    step: int | None
+    metadata: dict[str, Any]
+    name: str | None
+    started: float
+
+    def manifest(self, p: _Plan, session: str) -> Manifest:
+        """The manifest of ``p`` (every chunk hashed) under this header."""
+        finish_entries(p)
+        header = snapshot_header(run=self.run, step=self.step, created_at=self.started,
+                                 metadata=self.metadata, name=self.name, session=session)
+        return Manifest(p.apps, p.entries, header)
 
 
 def commit(
@@ -189,14 +237,15 @@ def commit(
     metadata: dict[str, Any],
     name: str | None,
     started: float,
+    stored: tuple[Manifest, str, int] | None = None,
 ) -> TakeResult:
-    """Store the manifest, then commit the snapshot in one index transaction."""
-    finish_entries(p)
-    header = snapshot_header(run=run, step=step, created_at=started, metadata=metadata, name=name, session=lease.id)
-    manifest = Manifest(p.apps, p.entries, header)
+    """Store the manifest (unless ``stored`` already: manifest, id, size), then commit the
+    snapshot in one index transaction."""
+    manifest = stored[0] if stored else _Header(run, step, metadata, name, started).manifest(p, lease.id)
     record = commit_manifest(
         objs, index, lease.id, manifest, tags,
         new_bytes=acc.stats.new_bytes, new_chunks=acc.stats.new_chunks, reused_chunks=acc.found,
+        stored=stored[1:] if stored else None,
     )
     lease.committed = True
     return TakeResult(record, manifest)
@@ -213,6 +262,7 @@ def commit_manifest(
     new_chunks: int,
     reused_chunks: int,
     validate: bool = False,
+    stored: tuple[str, int] | None = None,
 ) -> SnapshotRecord:
     """Store ``manifest`` (whose header names run, step, time, metadata, name) and commit it.
 
@@ -220,12 +270,13 @@ def commit_manifest(
     manifest names, so nothing it needs can be collected once it is visible. ``validate``
     parses the serialised manifest back first (a manifest assembled from several ranks'
     pieces must tile every tensor), raising CorruptionError before anything is stored.
+    ``stored`` (id, size in bytes): the manifest is stored already (:func:`put_manifest`).
     """
     header = manifest.snapshot or {}
-    raw = manifest.to_json()
-    if validate:
-        Manifest.from_json(raw, "the manifest being committed")
-    manifest_id = objs.put_blob("manifests", raw)
+    if stored is None:
+        manifest_id, size = put_manifest(objs, manifest, validate)
+    else:
+        manifest_id, size = stored
     record = SnapshotRecord(
         id=manifest_id,
         run=header["run"],
@@ -242,7 +293,16 @@ def commit_manifest(
         world_size=int(header.get("world_size", 1)),
     )
     ids = sorted(manifest.chunk_ids())
-    return index.commit_snapshot(session, record, entry_records(manifest), ids, len(raw), tags)
+    return index.commit_snapshot(session, record, entry_records(manifest), ids, size, tags)
+
+
+def put_manifest(objs: objects.ObjectStore, manifest: Manifest, validate: bool = False) -> tuple[str, int]:
+    """Store ``manifest`` as a blob (durable); its id and size. Visible to nobody until a
+    commit names it; if none does, GC removes it as an orphan."""
+    raw = manifest.to_json()
+    if validate:
+        Manifest.from_json(raw, "the manifest being committed")
+    return objs.put_blob("manifests", raw), len(raw)
 
 
 def take(
@@ -261,10 +321,18 @@ def take(
     started = time.time()
     p = plan(states, opts)
     acc = _Acc()
+    head = _Header(run, step, metadata, name, started)
     with ThreadPoolExecutor(max_workers=opts.threads, thread_name_prefix="ckstore") as pool:
         with Lease(index, opts.lease_seconds) as lease:
-            store_chunks(objs, index, lease.id, p.chunks, opts, pool, acc)
-            return commit(objs, index, lease, p, acc, run=run, step=step, tags=tags, metadata=metadata, name=name, started=started)
+            stored: list[tuple[Manifest, str, int]] = []
+
+            def store_manifest() -> None:  # every chunk is hashed: overlap with the last pack writes
+                manifest = head.manifest(p, lease.id)
+                stored.append((manifest, *put_manifest(objs, manifest)))
+
+            store_chunks(objs, index, lease.id, p.chunks, opts, pool, acc, then=store_manifest)
+            return commit(objs, index, lease, p, acc, run=run, step=step, tags=tags, metadata=metadata,
+                          name=name, started=started, stored=stored[0] if stored else None)
 
 
 def stage_within(states: Mapping[str, Any], budget: int) -> tuple[dict[str, Any], set[str], int]:
@@ -349,4 +417,4 @@ def take_async(
             pool.shutdown()
 
     threading.Thread(target=finish, name="ckstore-async-take", daemon=False).start()
-    return AsyncTake(future, used, sum(len(c.view) for c in now))
+    return AsyncTake(future, used, sum(c.nbytes for c in now))

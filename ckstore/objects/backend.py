@@ -129,7 +129,8 @@ class Backend(abc.ABC):
     * **Read-after-write.** Once ``put`` returns, ``get``/``size``/``exists``/``list`` see the
       object (in this process and, for shared stores, in any other).
     * **Exact ranged reads.** ``get(name, offset, length)`` returns exactly ``length`` bytes (or
-      everything from ``offset`` when ``length`` is None). A missing object raises
+      everything from ``offset`` when ``length`` is None); ``get_into(name, offset, out)`` reads
+      exactly ``len(out)`` bytes into a caller's buffer (the default goes through ``get``). A missing object raises
       :class:`ObjectNotFoundError` naming the object and :attr:`url`; an object shorter than
       the range raises :class:`CorruptionError` ("truncated"). ``get`` is idempotent.
     * **Idempotent deletes.** Deleting a missing object is not an error.
@@ -168,6 +169,18 @@ class Backend(abc.ABC):
             ObjectNotFoundError: the object does not exist.
             CorruptionError: the object is shorter than the requested range.
         """
+
+    def get_into(self, name: str, offset: int, out: memoryview) -> None:
+        """Read exactly ``len(out)`` bytes of ``name`` starting at ``offset`` into ``out``.
+
+        Readers that recycle their buffers use this instead of :meth:`get` (no new ``bytes``
+        per read). The default calls :meth:`get` and copies; a backend that can read straight
+        into memory (the local one: ``preadv``) overrides it. Same errors as :meth:`get`.
+        """
+        data = self.get(name, offset, len(out))
+        if len(data) != len(out):
+            raise truncated(name, self.url, offset, len(out), len(data))
+        out[:] = data
 
     @abc.abstractmethod
     def size(self, name: str) -> int:

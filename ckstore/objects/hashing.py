@@ -7,10 +7,12 @@ Example (a test vector): the id of ``b""`` is
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 import blake3
+import xxhash
 
 HASH_NAME = "blake3"
 """Name of the id hash, as recorded in the format."""
@@ -60,3 +62,18 @@ def chunk_id(data: Any) -> str:
 def is_chunk_id(s: object) -> bool:
     """Whether ``s`` is a well-formed id (64 lowercase hex characters)."""
     return isinstance(s, str) and _ID_RE.fullmatch(s) is not None
+
+
+_FINGERPRINT_SEED = int.from_bytes(os.urandom(8), "little")
+
+
+def fingerprint(data: Any) -> int:
+    """A fast 64-bit fingerprint of ``data`` (XXH3-64, seeded at random once per process).
+
+    Not an id and never stored: a restore records it for a payload whose decoded bytes it has
+    just verified against their BLAKE3 id, and checks it when it reads the same immutable
+    payload again to show the bytes did not change in between (docs/RELIABILITY.md, I3). The
+    random seed keeps stored bytes from being crafted to collide with a fingerprint nobody
+    outside this process can compute.
+    """
+    return int(xxhash.xxh3_64_intdigest(as_bytes_view(data), seed=_FINGERPRINT_SEED))

@@ -151,6 +151,30 @@ class LocalBackend(Backend):
         finally:
             os.close(fd)
 
+    def get_into(self, name: str, offset: int, out: memoryview) -> None:
+        check_range(offset, len(out))
+        path = self._path(name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise not_found(name, self.url) from exc
+        except OSError as exc:
+            raise StorageError(f"cannot read object {name!r} in store {self.url}: {exc}") from exc
+        try:
+            view = memoryview(out).cast("B")
+            got = 0
+            while got < len(view):
+                n = os.preadv(fd, [view[got:]], offset + got)
+                if n == 0:
+                    raise truncated(name, self.url, offset, len(view), got)
+                got += n
+        except CkstoreError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"cannot read object {name!r} in store {self.url}: {exc}") from exc
+        finally:
+            os.close(fd)
+
     def _pread(self, fd: int, name: str, offset: int, length: int | None) -> bytes:
         if length is None:
             size = os.fstat(fd).st_size

@@ -8,13 +8,15 @@ Layout of a store's namespace::
 
 from __future__ import annotations
 
+import mmap
 import re
+import threading
 from typing import Any
 
 from ckstore.errors import CorruptionError, InvalidInputError
 from ckstore.objects.backend import Backend
-from ckstore.objects.codecs import decode
-from ckstore.objects.hashing import chunk_id, is_chunk_id
+from ckstore.objects.codecs import decode_hashed
+from ckstore.objects.hashing import chunk_id, fingerprint, is_chunk_id, new_hasher
 from ckstore.objects.packs import (
     PACK_PREFIX,
     ChunkLocation,
@@ -22,6 +24,8 @@ from ckstore.objects.packs import (
     pack_id_from_name,
     pack_name,
 )
+
+_local = threading.local()
 
 _KIND_RE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 
@@ -77,20 +81,74 @@ class ObjectStore:
             ObjectNotFoundError: the pack is missing.
             CorruptionError: the payload is malformed or does not hash to ``loc.chunk_id``.
         """
-        payload = self._backend.get(pack_name(loc.pack_id), loc.offset, loc.length)
+        target = out if out is not None else memoryview(bytearray(loc.raw_length))
+        self.verify_chunk(loc, target)
+        return target
+
+    def verify_chunk(self, loc: ChunkLocation, out: memoryview | None = None, *, fingerprint_it: bool = False) -> int | None:
+        """Read one chunk's payload, decode it and verify it against its id, in one pass.
+
+        The payload is read into this thread's recycled buffer (``Backend.get_into``), decoded
+        into ``out`` (or, when None, kept nowhere: a verify-only pass) and hashed block by
+        block as it is decoded (``codecs.decode_hashed``).
+
+        Returns:
+            With ``fingerprint_it``, the payload's fingerprint (``hashing.fingerprint``) for
+            :meth:`load_verified`; else None.
+
+        Raises:
+            ObjectNotFoundError: the pack is missing.
+            CorruptionError: the payload is malformed or does not hash to ``loc.chunk_id``.
+        """
+        payload = self._payload(loc)
+        hasher = new_hasher()
+        self._decode(loc, payload, out, hasher)
+        if str(hasher.hexdigest()) != loc.chunk_id:
+            raise CorruptionError(
+                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
+                "does not match its id: the stored bytes are corrupt"
+            )
+        return fingerprint(payload) if fingerprint_it else None
+
+    def load_verified(self, loc: ChunkLocation, out: memoryview, expected: int) -> None:
+        """Read a chunk that :meth:`verify_chunk` verified moments ago and decode it into ``out``.
+
+        Instead of hashing the decoded bytes again, the payload is checked against the
+        fingerprint ``verify_chunk`` returned: stored objects are immutable, so the payload
+        that decoded to verified bytes then decodes to the same bytes now, and the check
+        catches the one case left, the object having changed in between anyway.
+
+        Raises:
+            ObjectNotFoundError: the pack is missing.
+            CorruptionError: the payload differs from the one verified, or is malformed.
+        """
+        payload = self._payload(loc)
+        if fingerprint(payload) != expected:
+            raise CorruptionError(
+                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
+                "changed after it was verified: stored objects must never change"
+            )
+        self._decode(loc, payload, out, None)
+
+    def _payload(self, loc: ChunkLocation) -> memoryview:
+        """The chunk's stored payload, read into this thread's recycled buffer."""
+        buf: mmap.mmap | None = getattr(_local, "payload", None)
+        if buf is None or len(buf) < loc.length:
+            # An anonymous mapping, not the heap: its memory goes back to the system with the
+            # thread (a freed heap block of this size stays in the process).
+            buf = _local.payload = mmap.mmap(-1, max(loc.length, 1 << 20))
+        view = memoryview(buf)[: loc.length]
+        self._backend.get_into(pack_name(loc.pack_id), loc.offset, view)
+        return view
+
+    def _decode(self, loc: ChunkLocation, payload: memoryview, out: memoryview | None, hasher: Any) -> None:
         try:
-            data = decode(loc.codec, payload, loc.raw_length, out)
+            decode_hashed(loc.codec, payload, loc.raw_length, out, hasher)
         except CorruptionError as exc:
             raise CorruptionError(
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
                 f"cannot be decoded: {exc}"
             ) from exc
-        if chunk_id(data) != loc.chunk_id:
-            raise CorruptionError(
-                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
-                "does not match its id: the stored bytes are corrupt"
-            )
-        return data
 
     def put_blob(self, kind: str, data: Any) -> str:
         """Store ``data`` as a content-named blob of ``kind``; return its id."""

@@ -266,7 +266,7 @@ def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
     for mode in ("each", "broadcast"):
         fresh = DistributedDataParallel(model(6))
         counting.reset()
-        snap.restore({"ddp": fresh}, replicated_read=mode)
+        snap.restore({"ddp": fresh}, replicated_read=mode, memory_budget=1 << 30)  # all staged: one read
         out[mode] = sum(g.nbytes for g in counting.gets if g.name.startswith("packs/"))
         for (k, a), b in zip(want.items(), fresh.state_dict().values()):
             assert bits(a) == bits(b), (mode, k)
@@ -285,6 +285,7 @@ def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
             raise CorruptionError("injected damaged chunk")
 
         store.objects.read_chunk = broken  # type: ignore[method-assign]
+        store.objects.verify_chunk = broken  # type: ignore[method-assign]
     try:
         snap.restore({"ddp": fresh})
         out["error"] = None

@@ -40,6 +40,20 @@ def test_head_revision_constant_names_the_newest_script() -> None:
     assert HEAD_REVISION == head_revision()
 
 
+def test_opening_an_index_at_head_imports_no_alembic(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'i.sqlite'}"
+    Index.open(url).close()
+    code = (
+        "import sys; from ckstore.index import Index; Index.open(sys.argv[1]).close(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_migrations_build_the_models_schema(index_url: str) -> None:
     """The migration scripts (what ``ckstore migrate`` runs) and the models must agree."""
     assert upgrade(index_url) == head_revision()

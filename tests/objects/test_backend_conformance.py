@@ -62,6 +62,18 @@ def test_short_range_is_corruption(backend: Backend) -> None:
         backend.get(NAME, 20, 1)
 
 
+def test_get_into_reads_exactly_into_the_buffer(backend: Backend) -> None:
+    data = bytes(range(256)) * 4
+    backend.put(NAME, data)
+    buf = bytearray(b"\xee" * 40)
+    backend.get_into(NAME, 10, memoryview(buf)[5:25])
+    assert buf[5:25] == data[10:30] and buf[:5] == b"\xee" * 5 and buf[25:] == b"\xee" * 15
+    with pytest.raises(CorruptionError, match="truncated"):
+        backend.get_into(NAME, 1020, memoryview(bytearray(10)))
+    with pytest.raises(ObjectNotFoundError):
+        backend.get_into("no/such", 0, memoryview(bytearray(1)))
+
+
 def test_delete_is_idempotent(backend: Backend) -> None:
     backend.put(NAME, b"x")
     backend.delete(NAME)

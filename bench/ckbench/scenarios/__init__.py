@@ -9,12 +9,14 @@ from .bytes_over_saves import bytes_over_saves
 from .minilm import minilm
 from .peak_rss import peak_rss
 from .profile import profile
+from .resume import resume
 from .rounds import run_rounds
 
 PHASES: list[tuple[str, Callable[[Bench], None]]] = [
     ("rounds", run_rounds),
     ("bytes", bytes_over_saves),
     ("rss", peak_rss),
+    ("resume", resume),
     ("minilm", minilm),
     ("profile", profile),
 ]

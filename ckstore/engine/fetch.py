@@ -1,0 +1,327 @@
+"""Chunk jobs of a restore: where each verified chunk's bytes go, and the passes that move them.
+
+One pass over the bytes per chunk: its payload is read into a recycled buffer, decoded straight
+into its destination (or a staging slot) and hashed block by block as it is decoded, on
+``threads`` threads (zstd, numpy, BLAKE3 and file reads release the GIL). Three ways to run a
+list of jobs:
+
+* :meth:`Fetcher.load`: verify and decode into the destination at once (new tensors, or
+  ``restore(atomic=False)``).
+* :meth:`Fetcher.verify` then :meth:`Fetcher.apply` (atomic restore): the first pass verifies
+  every chunk without touching the destination, keeping the decoded bytes of those that fit a
+  bounded :class:`Arena` and, for the others, a fingerprint of the payload; the second copies
+  the kept ones into place and reads the others once more, checks their payload against its
+  fingerprint (stored objects are immutable, so it decodes to the bytes just verified) and
+  decodes them straight into place.
+
+A destination that is not a contiguous CPU tensor (strided, or on a GPU) is reached through a
+:class:`~ckstore.engine.devices.HostPool` of host buffers (pinned for CUDA): the chunk is decoded
+into a buffer and copied by the device's :class:`~ckstore.engine.devices.Copier`, so the copy
+to the device overlaps the reading and decoding of the next chunks.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import objects
+from ..errors import CorruptionError
+from ..format.dtypes import dtype_from_name
+from ..format.manifest import TensorEntry
+from ..format.tensors import writable_view
+from . import devices
+from .devices import DONE, Copier, HostPool
+from .locations import to_location
+
+Region = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
+
+POOL_BUFFERS_PER_THREAD = 2
+"""Host buffers per thread for non-direct destinations: one being decoded into while the
+previous one's copy to the device is still in flight."""
+
+
+@dataclass
+class Job:
+    """One chunk to fetch: decoded straight into ``out``, or into a host buffer copied to ``dst``."""
+
+    key: str
+    cid: str
+    out: memoryview | None = None
+    dtype: str = ""
+    sizes: tuple[int, ...] = ()
+    src: tuple[slice, ...] = ()
+    dst: torch.Tensor | None = None
+    loc: objects.ChunkLocation | None = None
+    fingerprint: int | None = field(default=None, repr=False)
+    staged: memoryview | None = field(default=None, repr=False)
+
+
+def plan_jobs(key: str, entry: TensorEntry, t: torch.Tensor, offs: tuple[int, ...], sizes: tuple[int, ...]) -> list[Job]:
+    """Jobs filling ``t`` (the region ``offs``/``sizes`` of ``key``) from the chunks overlapping it.
+
+    A chunk lying wholly inside the region and contiguous there, in a contiguous CPU tensor,
+    is decoded straight into place; any other is decoded into a host buffer and its overlap
+    copied in.
+    """
+    direct = t.device.type == "cpu" and t.device.type not in devices.DEVICE_TYPES and t.is_contiguous()
+    view = writable_view(t) if direct else None
+    strides = _strides(sizes)
+    jobs = []
+    for c in entry.chunks:
+        inter = intersect(c.offsets, c.sizes, offs, sizes)
+        if inter is None:
+            continue
+        if view is not None and inter == (c.offsets, c.sizes) and _contiguous(c.sizes, sizes):
+            start = sum((o - r) * s for o, r, s in zip(c.offsets, offs, strides)) * t.element_size()
+            jobs.append(Job(key, c.id, view[start : start + math.prod(c.sizes) * t.element_size()]))
+        else:
+            io, isz = inter
+            jobs.append(Job(key, c.id, None, entry.dtype, c.sizes, slices(io, c.offsets, isz), t[slices(io, offs, isz)]))
+    return jobs
+
+
+class Arena:
+    """Staging memory for verified chunks: slots handed out first come, up to ``capacity`` bytes.
+
+    Allocated once, on first use, no larger than what it is asked for in total; pinned when a
+    copy from it goes to a CUDA device.
+    """
+
+    def __init__(self, capacity: int, want: int, copier: Copier | None = None) -> None:
+        self.capacity = max(0, min(capacity, want))
+        self._copier = copier or Copier()
+        self._buf: torch.Tensor | None = None
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> memoryview | None:
+        """A slot of ``n`` bytes, or None once the arena is full."""
+        with self._lock:
+            if self._used + n > self.capacity:
+                return None
+            if self._buf is None:
+                self._buf = self._copier.host_buffer(self.capacity)
+            start, self._used = self._used, self._used + n
+            return memoryview(self._buf.numpy()).cast("B")[start : start + n]  # type: ignore[arg-type]
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+
+class Fetcher:
+    """Runs chunk jobs of one snapshot on ``threads`` threads (see the module docstring)."""
+
+    def __init__(self, objs: objects.ObjectStore, index: Any, where: str, threads: int) -> None:
+        self.objs, self.index, self.where, self.threads = objs, index, where, max(1, threads)
+        self._executor: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Stop the worker threads (their read buffers go with them)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def __enter__(self) -> Fetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the three passes --------------------------------------------------------------------
+    def load(self, jobs: list[Job]) -> None:
+        """Verify each chunk and decode it into its destination, in one pass."""
+        self._locate(jobs)
+        with _Pools(self.threads, jobs) as pools:
+            self._run(jobs, lambda j: self._deliver(j, pools, lambda out: self.objs.verify_chunk(self._loc(j), out)))
+
+    def verify(self, jobs: list[Job], budget: int | None) -> Arena:
+        """Verify every chunk without touching any destination.
+
+        Decoded bytes are kept in an arena of at most ``budget`` bytes (less what the host
+        pools of the second pass need; None: no limit) while it has room; for the others only
+        the payload's fingerprint is kept. Returns the arena (``apply`` empties it).
+        """
+        self._locate(jobs)
+        want = sum(self._loc(j).raw_length for j in jobs)
+        room = want if budget is None else max(0, budget - _Pools.bytes_needed(self.threads, jobs))
+        arena = Arena(room, want, _arena_copier(jobs))
+
+        def one(job: Job) -> None:
+            loc = self._loc(job)
+            job.staged = arena.take(loc.raw_length)
+            keep = job.staged is None  # read again in the second pass: remember the payload
+            job.fingerprint = self._guard(job, lambda: self.objs.verify_chunk(loc, job.staged, fingerprint_it=keep))
+
+        self._run(jobs, one)
+        return arena
+
+    def apply(self, jobs: list[Job]) -> None:
+        """Put what :meth:`verify` checked into the destinations: staged bytes are copied,
+        the others read again (payload checked against its fingerprint) and decoded in place."""
+        with _Pools(self.threads, [j for j in jobs if j.staged is None or j.out is None]) as pools:
+
+            def one(job: Job) -> None:
+                loc, staged, expected = self._loc(job), job.staged, job.fingerprint
+                if staged is not None and job.out is not None:
+                    _memcpy(job.out, staged)
+                elif staged is not None:
+                    assert job.dst is not None
+                    pools.copier(job.dst).copy(job.dst, _chunk_tensor(job, staged)[job.src])
+                else:
+                    assert expected is not None
+                    self._deliver(job, pools, lambda out: self.objs.load_verified(loc, out, expected))
+
+            self._run(jobs, one)
+        for job in jobs:  # every copy out of the arena has completed (the pools waited)
+            job.staged = None
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _deliver(self, job: Job, pools: _Pools, fill: Callable[[memoryview], Any]) -> None:
+        """Decode into ``job.out``, or into a pooled host buffer copied to ``job.dst``."""
+        if job.out is not None or job.dst is None:
+            self._guard(job, lambda: fill(job.out))  # type: ignore[arg-type]
+            return
+        pool = pools.pool(job.dst)
+        buf = pool.acquire()
+        transfer = DONE
+        try:
+            n = self._loc(job).raw_length
+            self._guard(job, lambda: fill(memoryview(buf.numpy()).cast("B")[:n]))  # type: ignore[arg-type]
+            transfer = pool.copier.copy(job.dst, _chunk_tensor(job, buf[:n])[job.src])
+        finally:
+            pool.release(buf, transfer)
+
+    def _guard(self, job: Job, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except CorruptionError as exc:
+            raise CorruptionError(
+                f"{self.where}: key {job.key!r} is damaged in storage ({exc}); nothing was "
+                "restored. Run `ckstore check --read-data` and restore an older snapshot"
+            ) from exc
+
+    def _locate(self, jobs: list[Job]) -> None:
+        missing = {j.cid for j in jobs if j.loc is None}
+        locs = self.index.chunk_locations(missing) if missing else {}
+        for j in jobs:
+            if j.loc is None:
+                rec = locs.get(j.cid)
+                if rec is None:
+                    raise CorruptionError(
+                        f"{self.where}: key {j.key!r} needs chunk {j.cid[:16]}… which the index does not "
+                        "know; run `ckstore check` (the index may need `ckstore reindex`)"
+                    )
+                j.loc = to_location(rec)
+
+    @staticmethod
+    def _loc(job: Job) -> objects.ChunkLocation:
+        assert job.loc is not None
+        return job.loc
+
+    def _run(self, jobs: list[Job], fn: Callable[[Job], None]) -> None:
+        """Run ``fn`` over ``jobs`` on this fetcher's threads. The same threads serve every
+        pass, so each thread's read buffers are allocated once per restore, not once per pass."""
+        if self.threads == 1 or len(jobs) <= 1:
+            for j in jobs:
+                fn(j)
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="ckstore-read")
+        for _ in self._executor.map(fn, jobs):
+            pass
+
+
+class _Pools:
+    """One host pool per destination device of the jobs that need one; waits for every copy on exit."""
+
+    def __init__(self, threads: int, jobs: list[Job]) -> None:
+        self._threads = threads
+        self._size = max((_raw(j) for j in jobs if j.out is None and j.dst is not None), default=0)
+        self._pools: dict[torch.device, HostPool] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def bytes_needed(threads: int, jobs: list[Job]) -> int:
+        """Host memory the pools may take for these jobs (per destination device)."""
+        sizes = [_raw(j) for j in jobs if j.out is None and j.dst is not None]
+        devices = {j.dst.device for j in jobs if j.out is None and j.dst is not None}
+        return max(sizes, default=0) * POOL_BUFFERS_PER_THREAD * threads * len(devices)
+
+    def pool(self, dst: torch.Tensor) -> HostPool:
+        with self._lock:
+            pool = self._pools.get(dst.device)
+            if pool is None:
+                pool = self._pools[dst.device] = HostPool(devices.copier_for(dst), self._size, POOL_BUFFERS_PER_THREAD * self._threads)
+            return pool
+
+    def copier(self, dst: torch.Tensor) -> Copier:
+        return self.pool(dst).copier
+
+    def __enter__(self) -> _Pools:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for pool in self._pools.values():
+            pool.drain()
+            pool.copier.finish()
+
+
+def _raw(job: Job) -> int:
+    return job.loc.raw_length if job.loc is not None else math.prod(job.sizes) * dtype_from_name(job.dtype).itemsize
+
+
+def _arena_copier(jobs: list[Job]) -> Copier:
+    """Pinned arena memory when a staged chunk will be copied to a CUDA device."""
+    for j in jobs:
+        if j.dst is not None and j.dst.device.type == "cuda":
+            return devices.copier_for(j.dst)
+    return Copier()
+
+
+def _chunk_tensor(job: Job, data: Any) -> torch.Tensor:
+    """The decoded chunk ``data`` (a uint8 tensor or a buffer) as a tensor of its dtype and shape."""
+    t = data if isinstance(data, torch.Tensor) else torch.frombuffer(data, dtype=torch.uint8)
+    return t.view(dtype_from_name(job.dtype)).reshape(job.sizes)
+
+
+def _memcpy(out: memoryview, src: memoryview) -> None:
+    """Copy with the GIL released (numpy), so threads copy in parallel."""
+    np.frombuffer(out, dtype=np.uint8)[:] = np.frombuffer(src, dtype=np.uint8)
+
+
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    return tuple(strides)
+
+
+def intersect(ao: tuple[int, ...], asz: tuple[int, ...], bo: tuple[int, ...], bsz: tuple[int, ...]) -> Region | None:
+    """The overlap of two boxes, or None when it is empty."""
+    lo = tuple(max(a, b) for a, b in zip(ao, bo))
+    hi = tuple(min(a + n, b + m) for a, n, b, m in zip(ao, asz, bo, bsz))
+    if any(h <= l for l, h in zip(lo, hi)):
+        return None
+    return lo, tuple(h - l for l, h in zip(lo, hi))
+
+
+def _contiguous(sizes: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """True if a box of ``sizes`` is one contiguous byte range of a C-order tensor of ``shape``."""
+    d = 0
+    while d < len(sizes) and sizes[d] == 1:
+        d += 1
+    return all(s == n for s, n in zip(sizes[d + 1 :], shape[d + 1 :]))
+
+
+def slices(offsets: tuple[int, ...], origin: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[slice, ...]:
+    """Index of the box (offsets, sizes) inside a tensor whose element 0 sits at ``origin``."""
+    return tuple(slice(o - r, o - r + n) for o, r, n in zip(offsets, origin, sizes))
