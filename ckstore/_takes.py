@@ -3,7 +3,8 @@
 Shared by :class:`ckstore.Store` and the TorchSnapshot-style :meth:`ckstore.Snapshot.take`, so
 both choose between the single-process engine (:mod:`ckstore.engine.take`) and the distributed
 one (:mod:`ckstore.dist`) in one place. Results are committed ``(record, manifest)`` pairs; the
-facade binds them to :class:`ckstore.Snapshot` handles.
+facade binds them to :class:`ckstore.Snapshot` handles. The engines (and torch) are imported
+when a take runs, so opening a store does not pay for them.
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ from typing import Any
 
 from .dist import is_distributed
 from .engine.repository import Repository
-from .engine.stage import stage
-from .engine.take import state_dicts, take_async
-from .engine.take import take as engine_take
 from .errors import InvalidInputError
 from .format.limits import INT64_MAX, check_int, check_metadata, check_number
 from .format.manifest import Manifest, canonical_json
@@ -73,6 +71,9 @@ def take(
     """Take ``app_state`` into ``repo`` now (on every rank when distributed)."""
     if is_distributed():
         return _dist_take(repo, app_state, None, args, pg, dist_timeout)
+    from .engine.take import state_dicts
+    from .engine.take import take as engine_take
+
     result = engine_take(
         repo.objects,
         repo.index,
@@ -96,11 +97,15 @@ def async_take(
     staging_budget: int | None,
 ) -> Background:
     """Return once the state at this call is safe; hash, write and commit in the background."""
-    if is_distributed():
-        from .dist._comm import Comm
-        from .dist._take import _ddp_apps, background
+    from .engine.stage import stage
+    from .engine.take import state_dicts, take_async
 
-        comm = Comm(pg, dist_timeout)  # made here: creating a group is itself a collective
+    if is_distributed():
+        from .dist._classify import _ddp_apps
+        from .dist._comm import Comm
+        from .dist._take import background
+
+        comm = Comm(pg, dist_timeout, purpose="async")  # made now: opening a group waits for every member
         ddp = _ddp_apps(app_state)
         staged = stage(state_dicts(app_state))
         fut: Future[Committed] = background().submit(

@@ -92,3 +92,10 @@ class IndexCorruptionError(CorruptionError, IndexError_):
 
 class DistributedError(CkstoreError):
     """One or more ranks failed a collective take/restore; names the ranks and causes."""
+
+
+class RankLostError(DistributedError, TimeoutError):
+    """A collective could not complete in time: ranks never arrived, died or stopped.
+
+    ``ranks`` names them (ranks within the process group), when they could be told apart.
+    """

@@ -8,7 +8,7 @@ from typing import Any
 
 from . import _takes
 from .engine.repository import Repository, open_repository
-from .errors import InvalidInputError, NotFoundError
+from .errors import ConflictError, InvalidInputError, NotFoundError
 from .history.check import CheckReport
 from .history.check import check as history_check
 from .history.diff import DiffResult
@@ -53,9 +53,11 @@ class Store(Repository):
         DTensors are written shard by shard, tensors of a DistributedDataParallel module or
         with keys matching a ``replicated`` glob are written once (each rank writing about
         1/world of the bytes), and any other value is kept per rank unless it is the same on
-        every rank. ``dist_timeout`` (default ``CKSTORE_DIST_TIMEOUT`` or 600 s) bounds how
-        long ranks wait for each other. Any rank's failure raises DistributedError on every
-        rank and commits nothing.
+        every rank. ``pg`` limits the take to a process group's members (ranks outside it take
+        no part; per-rank values are kept by rank within ``pg``). ``dist_timeout`` (default
+        ``CKSTORE_DIST_TIMEOUT`` or 600 s) bounds how long ranks wait for each other; a rank
+        that never comes, dies or stops is named in a RankLostError. Any rank's failure raises
+        DistributedError on every rank and commits nothing.
 
         Raises:
             InvalidInputError / UnsupportedValueError: app_state holds something unstorable
@@ -175,9 +177,24 @@ class Store(Repository):
         """Tag name -> snapshot id."""
         return {t.name: t.snapshot_id for t in self.index.list_tags()}
 
-    def delete(self, ref: str) -> None:
-        """Forget one snapshot (its tags go with it); its bytes are reclaimed by ``gc``."""
-        self.index.delete_snapshot(self.get(ref).id)
+    def delete(self, ref: str, *, force: bool = False) -> None:
+        """Forget one snapshot; its bytes are reclaimed by ``gc``.
+
+        A tagged snapshot is kept unless ``force=True``, which deletes its tags with it.
+
+        Raises:
+            SnapshotNotFoundError: ``ref`` names nothing.
+            ConflictError: the snapshot is tagged and ``force`` is False (the tags are named).
+        """
+        snap = self.get(ref)
+        try:
+            self.index.delete_snapshot(snap.id, refuse_tagged=not force)
+        except ConflictError as exc:
+            tags = sorted(t.name for t in self.index.list_tags(snap.id))
+            raise ConflictError(
+                f"snapshot {snap.ref} is tagged {', '.join(tags) or '(tags moved meanwhile)'}: "
+                "untag it first (store.untag(name)), or pass force=True to delete it and its tags"
+            ) from exc
 
     # --- history and maintenance ---------------------------------------------------------
     def diff(self, a: str, b: str, numeric: bool = False) -> DiffResult:

@@ -1,7 +1,8 @@
 """The ``ckstore`` command line, run as a real executable in subprocesses.
 
-Every subprocess pays the torch import (~2 s), so independent read-only calls run concurrently
-and each test groups several calls.
+Every subprocess pays Python's start and the CLI's imports (about half a second; the torch
+import, 2 s or more, only for ``diff --numeric``), so independent read-only calls run
+concurrently and each test groups several calls.
 """
 
 from __future__ import annotations
@@ -271,7 +272,7 @@ def test_errors_are_one_line_with_exit_codes(shared, capsys):
 
 def test_tag_and_rm_change_the_store(scratch, capsys):
     s = ("--store", str(scratch))
-    made, gone = ck("tag", "r@1", "first", "--json", *s), ck("rm", "r@1", "--json", *s)
+    made, gone = ck("tag", "r@1", "first", "--json", *s), ck("rm", "r@1", "--force", "--json", *s)
     assert ok_json(made) == {
         "tag": "first",
         "snapshot_id": ok_json(made)["snapshot_id"],
@@ -279,6 +280,7 @@ def test_tag_and_rm_change_the_store(scratch, capsys):
         "step": 1,
     }
     gone_id = ok_json(gone)["deleted"][0]
+    assert ok_json(gone)["tags_deleted"] == ["first"]
     assert gone_id == ok_json(made)["snapshot_id"]
     code, out, _ = run_cli(capsys, "log", "--json", *s)
     assert (
@@ -296,8 +298,9 @@ def test_tag_and_rm_change_the_store(scratch, capsys):
     assert code == 0 and json.loads(out) == {"deleted": "new"}
     one_error_line_inproc(run_cli(capsys, "tag", "--delete", "new", *s), 3, "new")
     one_error_line_inproc(run_cli(capsys, "rm", "r@1", *s), 3, "r@1")
-    code, out, _ = run_cli(capsys, "rm", "q", "r", *s)
-    assert code == 0 and "ckstore gc" in out
+    one_error_line_inproc(run_cli(capsys, "rm", "q", "r", *s), 4, "best", "--force")
+    code, out, _ = run_cli(capsys, "rm", "q", "r", "--force", *s)
+    assert code == 0 and "ckstore gc" in out and "and its tags best" in out
     code, out, _ = run_cli(capsys, "log", "--json", *s)
     assert json.loads(out) == []
 

@@ -25,12 +25,12 @@ def test_take_and_restore_by_path_makes_a_store_of_its_own(tmp_path):
     dest = {"model": torch.nn.Linear(30, 20), "progress": ckstore.StateDict()}
     Snapshot(path=str(path)).restore(app_state=dest)
     assert torch.equal(dest["model"].weight, app["model"].weight) and dest["progress"]["step"] == 5
-    manifest = Snapshot(path=str(path)).get_manifest()
-    assert manifest["model/weight"].kind == "tensor" and manifest["model/weight"].shape == (20, 30)
-    assert manifest["model/weight"].nbytes == 20 * 30 * 4 and manifest["progress/step"].kind == "value"
-    assert torch.equal(Snapshot(path=str(path)).read_object("model/weight"), app["model"].weight)
+    manifest = Snapshot(path=str(path)).get_manifest()  # TorchSnapshot's logical paths: <rank>/<key>
+    assert manifest["0/model/weight"].kind == "tensor" and manifest["0/model/weight"].shape == (20, 30)
+    assert manifest["0/model/weight"].nbytes == 20 * 30 * 4 and manifest["0/progress/step"].kind == "value"
+    assert torch.equal(Snapshot(path=str(path)).read_object("0/model/weight"), app["model"].weight)
     out = torch.empty(20)
-    Snapshot(path=str(path)).read_object("model/bias", obj_out=out)
+    assert Snapshot(path=str(path)).read_object("0/model/bias", obj_out=out) is out
     assert torch.equal(out, app["model"].bias)
 
 
@@ -47,13 +47,17 @@ def test_paths_inside_an_existing_store_join_it_and_dedup(tmp_path):
     assert dest["progress"]["step"] == 5
     with pytest.raises(ckstore.ConflictError):
         Snapshot.take(path=str(tmp_path / "ckpts" / "run1" / "step_100"), app_state=app)
+    lazy = Snapshot(path=str(tmp_path / "ckpts" / "run1" / "step_300"))  # lazy: nothing opened yet
     with pytest.raises(ckstore.SnapshotNotFoundError):
-        Snapshot(path=str(tmp_path / "ckpts" / "run1" / "step_300"))
+        lazy.get_manifest()
 
 
-def test_missing_path_is_not_found(tmp_path):
+def test_missing_path_is_not_found_on_first_use(tmp_path):
+    snap = Snapshot(path=str(tmp_path / "nothing"))
+    assert "not opened" in repr(snap)
     with pytest.raises(ckstore.SnapshotNotFoundError):
-        Snapshot(path=str(tmp_path / "nothing"))
+        snap.restore({"s": ckstore.StateDict()})
+    assert not (tmp_path / "nothing").exists()
 
 
 def test_async_take_holds_the_state_at_call_time(store):
@@ -81,7 +85,8 @@ def test_snapshot_async_take_by_path(tmp_path):
     with torch.no_grad():
         app["model"].weight.zero_()
     snap = pending.wait()
-    assert not torch.equal(snap.read_object("model/weight"), torch.zeros(20, 30))
+    assert not torch.equal(snap.read_object("0/model/weight"), torch.zeros(20, 30))
+    assert snap.ranked_paths and torch.equal(snap.with_ranked_paths(False).read_object("model/weight"), snap.read_object("0/model/weight"))
 
 
 def test_concurrent_takes_from_threads(store):

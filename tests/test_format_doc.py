@@ -7,6 +7,8 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -243,3 +245,19 @@ def test_usage_snippets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         except Exception as exc:  # pragma: no cover - the message shows the block
             raise AssertionError(f"USAGE.md python block {i} failed: {exc!r}\n{code}") from exc
     assert os.path.isdir(tmp_path / "ckpts")
+
+
+def test_readme_snippets_run_as_pasted(tmp_path: Path) -> None:
+    """The README's ```python blocks, in order, in a fresh interpreter (so ``import ckstore``
+    alone must make ``ckstore.dcp`` work) started in an empty directory."""
+    text = (DOCS.parent / "README.md").read_text()
+    blocks = [body for skip, body in _SNIPPET.findall(text) if not skip]
+    assert len(blocks) >= 2
+    script = tmp_path / "readme.py"
+    script.write_text("\n".join(blocks))
+    env = {**os.environ, "PYTHONPATH": str(DOCS.parent)}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "ckpts" / "ckstore.json").is_file() and (tmp_path / "ts" / "step_100").is_dir()

@@ -99,3 +99,16 @@ def test_fit_checkpoints_into_store_and_resumes_with_identical_loss(tmp_path: Pa
     assert io.load_checkpoint(best_path)["global_step"] == 8
     with pytest.raises(ckstore.SnapshotNotFoundError, match="ckstore log --run lit"):
         io.load_checkpoint(tmp_path / "nope.ckpt")
+
+
+def test_remove_checkpoint_keeps_a_snapshot_you_tagged(tmp_path: Path) -> None:
+    """Top-k removal deletes the path's snapshot, but a tag of yours (e.g. best) keeps it."""
+    store = ckstore.open(tmp_path / "store", chunk_bytes=1024, inline_bytes=64)
+    io = CkstoreCheckpointIO(store, run="lit")
+    for step in (1, 2):
+        io.save_checkpoint({"global_step": step, "w": torch.full((64,), float(step))}, f"s{step}.ckpt")
+    store.tag(io.ref("s1.ckpt"), "best")
+    io.remove_checkpoint("s1.ckpt")
+    io.remove_checkpoint("s2.ckpt")
+    assert [s.step for s in store.log("lit")] == [1]  # kept by best; s2 deleted
+    assert sorted(store.tags()) == ["best"]

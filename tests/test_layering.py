@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "integrations": {"errors", "objects", "index", "format", "engine", "interop", "facade"},
     "cli": {"errors", "objects", "index", "format", "engine", "history", "dist", "interop", "facade"},
 }
-FACADE = {"ckstore", "ckstore._takes", "ckstore.snapshot", "ckstore.store"}
+FACADE = {"ckstore", "ckstore._locate", "ckstore._takes", "ckstore.snapshot", "ckstore.store"}
 NO_TORCH = {"errors", "objects", "index"}
 
 

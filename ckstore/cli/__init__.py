@@ -17,6 +17,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 
+from .. import __version__
 from ..errors import CkstoreError
 from ._args import Parser, add_arguments, common_options
 from ._common import (
@@ -34,12 +35,13 @@ from ._common import (
     find_store,
     open_store,
     print_report,
+    storage_options,
     usage_error,
 )
 from ._history import cmd_diff, cmd_log, cmd_ls, cmd_rm, cmd_show, cmd_tag
 from ._interop import cmd_export, cmd_import
 from ._maintenance import cmd_check, cmd_du, cmd_gc, cmd_migrate, cmd_reindex, gc_policy
-from ._setup import cmd_demo, cmd_init
+from ._setup import DEMO_STORE, cmd_demo, cmd_init
 
 __all__ = [
     "COMMANDS",
@@ -62,8 +64,19 @@ __all__ = [
     "main",
     "open_store",
     "print_report",
+    "storage_options",
     "usage_error",
 ]
+
+DESCRIPTIONS = {
+    "demo": f"Train a small model, snapshot it, resume bit-exactly in a fresh process. The demo "
+    f"makes its own store in {DEMO_STORE} (or --store FOLDER): it writes only into a new or "
+    "empty folder, or replaces a store an earlier demo made; it never touches another store.",
+}
+STORE_HELPS = {
+    "demo": f"folder for the demo's own store (default: {DEMO_STORE}; ${STORE_ENV} is not "
+    "used); an existing store the demo did not make, or any other non-empty folder, is refused",
+}
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -95,7 +108,7 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
         "ckstore tag --delete best",
     ), cmd_tag),
     ("rm", "delete snapshots (gc reclaims their bytes)", (
-        "ckstore rm sft@100", "ckstore rm sft@100 sft@200",
+        "ckstore rm sft@100", "ckstore rm sft@100 sft@200", "ckstore rm best --force",
     ), cmd_rm),
     ("gc", "apply a retention policy and reclaim unreferenced data", (
         "ckstore gc --dry-run",
@@ -127,7 +140,7 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
         "ckstore migrate", "ckstore migrate --index postgresql+psycopg://user@host/db",
     ), cmd_migrate),
     ("demo", "train a small model, snapshot it, resume bit-exactly in a fresh process", (
-        "ckstore --store ./demo-store demo", "ckstore demo --steps 20 --every 2",
+        "ckstore demo", "ckstore --store ./my-demo demo --steps 20 --every 2",
     ), lambda args: cmd_demo(args, main)),
 ]  # fmt: skip
 
@@ -143,19 +156,24 @@ def build_parser() -> argparse.ArgumentParser:
         + "\nexamples:\n  ckstore init ./ckpts\n  ckstore log --run sft\n"
         "  ckstore diff sft@100 best --numeric\n  ckstore gc --keep-last 3 --dry-run",
     )
+    p.add_argument("--version", action="version", version=f"ckstore {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, help_, examples, func in COMMANDS:
         sp = sub.add_parser(
             name,
             help=help_,
-            description=help_[0].upper() + help_[1:] + ".",
+            description=textwrap.fill(DESCRIPTIONS.get(name, help_[0].upper() + help_[1:] + ".")),
             epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
             formatter_class=fmt_cls,
-            parents=[common_options(True)],  # type: ignore[list-item]
+            parents=[common_options(True, **_store_help(name))],  # type: ignore[list-item]
         )
         add_arguments(name, sp)
         sp.set_defaults(func=func, parser=sp)
     return p
+
+
+def _store_help(name: str) -> dict[str, str]:
+    return {"store_help": STORE_HELPS[name]} if name in STORE_HELPS else {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

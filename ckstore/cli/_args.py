@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -68,20 +69,45 @@ def _nonneg_int(text: str) -> int:
     return value
 
 
-def common_options(suppress: bool) -> argparse.ArgumentParser:
+def _storage_option(text: str) -> tuple[list[str], Any]:
+    """``a.b=VALUE`` -> ``(["a", "b"], VALUE parsed as JSON, else the string)``."""
+    key, sep, raw = text.partition("=")
+    path = key.strip().split(".")
+    if not sep or not all(path):
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE (e.g. client_kwargs.endpoint_url=http://127.0.0.1:9000), "
+            f"got {text!r}"
+        )
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return path, value
+
+
+STORE_HELP = f"store URL (default: ${STORE_ENV}, then the nearest store upwards)"
+
+
+def common_options(suppress: bool, store_help: str = STORE_HELP) -> argparse.ArgumentParser:
     """Options every command takes, before or after its name."""
     p = argparse.ArgumentParser(add_help=False)
     kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
-    p.add_argument(
-        "--store",
-        metavar="URL",
-        help=f"store URL (default: ${STORE_ENV}, then the nearest store upwards)",
-        **kw,
-    )
+    p.add_argument("--store", metavar="URL", help=store_help, **kw)
     p.add_argument(
         "--index",
         metavar="URL",
         help="SQLAlchemy URL of the index (needed for remote stores)",
+        **kw,
+    )
+    p.add_argument(
+        "--storage-option",
+        "-o",
+        dest="storage_option_sub" if suppress else "storage_option",
+        action="append",
+        type=_storage_option,
+        metavar="KEY=VALUE",
+        help="an fsspec storage option for a remote store (repeatable; dots in KEY nest, "
+        "VALUE is JSON or a string), e.g. client_kwargs.endpoint_url=http://127.0.0.1:9000",
         **kw,
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON", **kw)
@@ -131,6 +157,12 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         g.add_argument("--delete", "-d", metavar="NAME", help="delete a tag")
     elif name == "rm":
         p.add_argument("refs", nargs="+", metavar="REF", help="snapshots to delete")
+        p.add_argument(
+            "--force",
+            "-f",
+            action="store_true",
+            help="also delete tagged snapshots, with their tags (refused otherwise)",
+        )
     elif name == "gc":
         p.add_argument(
             "--keep-last",
@@ -219,5 +251,11 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             help="largest safetensors shard (default 5e9 bytes, Hugging Face's 5GB; e.g. 2GiB)",
         )
     elif name == "demo":
-        p.add_argument("--steps", type=int, default=40)
-        p.add_argument("--every", type=int, default=5)
+        p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+        p.add_argument(
+            "--every",
+            type=int,
+            default=5,
+            metavar="N",
+            help="snapshot every N steps of the first half (default 5)",
+        )

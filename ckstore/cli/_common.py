@@ -33,30 +33,89 @@ def find_store(explicit: str | None, cwd: str | None = None) -> str:
     """``--store``, then ``$CKSTORE_STORE``, then the nearest directory upwards with ckstore.json.
 
     Raises:
-        NotFoundError: None of them names a store.
+        NotFoundError: None of them names a store. The message says where it looked, how to
+            point at a store, and names the store in a direct subfolder if there is one.
     """
     if explicit:
         return explicit
     if os.environ.get(STORE_ENV):
         return os.environ[STORE_ENV]
-    d = os.path.abspath(cwd or os.getcwd())
+    here = os.path.abspath(cwd or os.getcwd())
+    d = here
     while True:
         if os.path.isfile(os.path.join(d, CONFIG_NAME)):
             return d
         parent = os.path.dirname(d)
         if parent == d:
-            raise NotFoundError(
-                f"no ckstore store here or in any parent directory: pass --store URL, set "
-                f"${STORE_ENV}, or create one with `ckstore init`"
-            )
+            break
         d = parent
+    raise NotFoundError(
+        f"no ckstore store found: no --store given, ${STORE_ENV} is not set, and neither "
+        f"{here} nor any folder above it holds {CONFIG_NAME}.{_store_below(here)} Point at a "
+        f"store with --store URL or {STORE_ENV}=URL, or create one with `ckstore init [PATH]`"
+    )
+
+
+def _store_below(here: str) -> str:
+    """A hint naming the store in a direct subfolder of ``here``, if there is exactly one."""
+    try:
+        below = [
+            e.name
+            for e in os.scandir(here)
+            if e.is_dir() and os.path.isfile(os.path.join(e.path, CONFIG_NAME))
+        ]
+    except OSError:
+        return ""
+    if len(below) != 1:
+        return ""
+    return f" The folder {below[0]}/ here holds a store: pass --store {below[0]} (or cd into it)."
+
+
+def storage_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The fsspec ``storage_options`` that the ``--storage-option KEY=VALUE`` options build.
+
+    Dots in KEY nest (``client_kwargs.endpoint_url=...`` becomes
+    ``{"client_kwargs": {"endpoint_url": ...}}``); VALUE is parsed as JSON when it parses
+    (``true``, ``10``, ``{"a": 1}``), else kept as a string.
+
+    Raises:
+        InvalidInputError: two options give a key both a value and nested keys.
+    """
+    out: dict[str, Any] = {}
+    pairs = (getattr(args, "storage_option", None) or []) + (
+        getattr(args, "storage_option_sub", None) or []
+    )
+    for path, value in pairs:
+        node = out
+        for i, part in enumerate(path[:-1]):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise InvalidInputError(
+                    f"--storage-option {'.'.join(path)}: {'.'.join(path[: i + 1])} already has "
+                    "a value, so it cannot also have nested keys"
+                )
+        if isinstance(node.get(path[-1]), dict) and not isinstance(value, dict):
+            raise InvalidInputError(
+                f"--storage-option {'.'.join(path)}: it already has nested keys"
+            )
+        node[path[-1]] = value
+    return out
 
 
 def open_store(args: argparse.Namespace, **options: Any) -> Any:
-    """Open the store the arguments name (it must exist); ``options`` go to ``ckstore.open``."""
+    """Open the store the arguments name (see :func:`find_store`; it must exist).
+
+    ``--storage-option`` values become ``storage_options``; ``options`` go to ``ckstore.open``.
+    """
     import ckstore
 
-    return ckstore.open(find_store(args.store), index=args.index, create=False, **options)
+    return ckstore.open(
+        find_store(args.store),
+        index=args.index,
+        storage_options=storage_options(args),
+        create=False,
+        **options,
+    )
 
 
 # --- output -------------------------------------------------------------------------------------
@@ -92,6 +151,10 @@ def _report_lines(d: dict[str, Any], indent: str) -> list[str]:
             )
         elif "bytes" in key and isinstance(value, int):
             lines.append(f"{indent}{key}: {fmt.size(value)}")
+        elif key.endswith("_seconds") and isinstance(value, (int, float)):
+            lines.append(f"{indent}{key}: {fmt.duration(value)}")
+        elif key.endswith("_at") and isinstance(value, (int, float, type(None))):
+            lines.append(f"{indent}{key}: {fmt.when(value)}")
         else:
             lines.append(f"{indent}{key}: {fmt.cell(value)}")
     return lines

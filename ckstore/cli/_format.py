@@ -43,6 +43,15 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _SECONDS[m.group(2)]
 
 
+def duration(seconds: float) -> str:
+    """``21600`` -> ``"6h"``: the largest unit that divides it (the inverse of parse_duration)."""
+    for unit in ("w", "d", "h", "m"):
+        n = seconds / _SECONDS[unit]
+        if n >= 1 and n == int(n):
+            return f"{int(n)}{unit}"
+    return f"{seconds:g}s"
+
+
 def when(ts: float | None) -> str:
     """Local time ``YYYY-MM-DD HH:MM:SS``."""
     if ts is None:

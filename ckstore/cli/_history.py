@@ -266,12 +266,25 @@ def _tag_list(store: Any, args: argparse.Namespace) -> int:
 def cmd_rm(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snaps = [store.get(ref) for ref in args.refs]  # resolve all before deleting any
+        tags = _tags_by_snapshot(store)
+        tagged = [(s, sorted(tags[s.id])) for s in snaps if s.id in tags]
+        if tagged and not args.force:  # refuse before deleting any
+            which = "; ".join(f"{_where(s)} ({s.id[:12]}) is tagged {', '.join(t)}" for s, t in tagged)
+            raise ConflictError(
+                f"{which}: use --force to delete tagged snapshots with their tags, or remove "
+                "the tags first (`ckstore tag --delete NAME`)"
+            )
         for snap in snaps:
-            store.delete(snap.id)
+            try:
+                store.delete(snap.id, force=args.force)
+            except ConflictError as exc:  # tagged since the check above
+                raise ConflictError(str(exc).replace("pass force=True", "use --force")) from exc
     if args.json:
-        emit_json({"deleted": [s.id for s in snaps]})
+        emit_json({"deleted": [s.id for s in snaps], "tags_deleted": [n for _, t in tagged for n in t]})
     else:
         for s in snaps:
-            print(f"deleted snapshot {_where(s)} ({s.id[:12]})")
+            gone = tags.get(s.id)
+            also = f" and its tags {', '.join(sorted(gone))}" if gone else ""
+            print(f"deleted snapshot {_where(s)} ({s.id[:12]}){also}")
         print("run `ckstore gc` to reclaim the bytes no snapshot uses any more")
     return EXIT_OK

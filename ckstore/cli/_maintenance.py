@@ -33,8 +33,22 @@ def gc_policy(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_gc(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         report = store.gc(**gc_policy(args))
-    print_report(report.to_dict(), args.json)
+    d = report.to_dict()
+    print_report(d, args.json)
+    if d.get("grace_kept_bytes") and not args.json:
+        print(_grace_note(d))
     return EXIT_OK
+
+
+def _grace_note(d: dict[str, Any]) -> str:
+    """Why gc left bytes behind, and when they go (the grace period protects live readers)."""
+    return (
+        f"note: the {fmt.duration(d['grace_seconds'])} grace period kept "
+        f"{fmt.size(d['grace_kept_bytes'])} that nothing references ({d['grace_kept_chunks']} "
+        f"chunks, {d['grace_kept_packs']} retired packs); `ckstore gc` reclaims it after "
+        f"{fmt.when(d['grace_expires_at'])} (a pack that pruning empties is deleted one grace "
+        "period later), or now with --grace 0s if no take or restore is running"
+    )
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -1,6 +1,8 @@
 """The setup commands: ``init`` creates a store, ``demo`` walks through one end to end.
 
-Each ``cmd_*`` takes the parsed arguments and returns an exit code.
+Each ``cmd_*`` takes the parsed arguments and returns an exit code. Neither leaves a surprise
+behind: a failed ``init`` removes what it made, and the demo writes only into a new or empty
+folder, or a store an earlier demo made (marked by :data:`DEMO_MARK`), never into anything else.
 """
 
 from __future__ import annotations
@@ -8,35 +10,51 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from typing import Any
 
-from ..errors import ConflictError
+from ..errors import CkstoreError, ConflictError, InvalidInputError
 from . import _format as fmt
-from ._common import CONFIG_NAME, EXIT_OK, emit_json
+from ._common import CONFIG_NAME, EXIT_OK, emit_json, storage_options
+
+DEMO_STORE = "./demo-store"
+"""Where ``ckstore demo`` puts its store unless ``--store`` says otherwise."""
+DEMO_MARK = "CKSTORE-DEMO"
+"""A file in the root of a store the demo made: the next demo may replace that store."""
 
 
+# --- init ---------------------------------------------------------------------------------------
 def cmd_init(args: argparse.Namespace) -> int:
     import ckstore
 
-    from ..engine.repository import is_local, local_path
+    from ..index import make_engine
 
     url = args.url or args.store or "."
-    if is_local(url) and os.path.isfile(os.path.join(local_path(url), CONFIG_NAME)):
-        raise ConflictError(f"a ckstore store already exists at {local_path(url)}")
+    if args.index:
+        make_engine(args.index).dispose()  # a malformed index URL fails before anything is made
+    opts = storage_options(args)
+    undo = _undo_init(url, opts)
     knobs = {
         "chunk_bytes": args.chunk_bytes,
         "pack_bytes": args.pack_bytes,
         "inline_bytes": args.inline_bytes,
     }
-    with ckstore.open(url, index=args.index, **knobs) as store:
-        cfg = store.config
-        info = {
-            "url": store.url,
-            "index": store.index.url,
-            "store_id": cfg.store_id,
-            "chunk_bytes": cfg.chunk_bytes,
-            "pack_bytes": cfg.pack_bytes,
-            "inline_bytes": cfg.inline_bytes,
-        }
+    try:
+        with ckstore.open(url, index=args.index, storage_options=opts, **knobs) as store:
+            cfg = store.config
+            info = {
+                "url": store.url,
+                "index": store.index.url,
+                "store_id": cfg.store_id,
+                "chunk_bytes": cfg.chunk_bytes,
+                "pack_bytes": cfg.pack_bytes,
+                "inline_bytes": cfg.inline_bytes,
+            }
+    except BaseException:
+        try:
+            undo()
+        except (CkstoreError, OSError):  # best effort: the error that stopped init is the news
+            pass
+        raise
     if args.json:
         emit_json(info)
     else:
@@ -46,8 +64,102 @@ def cmd_init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _undo_init(url: str, opts: dict[str, Any]) -> Callable[[], None]:
+    """Refuse an existing store; return what removes everything ``init`` is about to make."""
+    import shutil  # here: it loads bz2 and lzma, which the read commands do without
+
+    from .. import objects
+    from ..engine.repository import is_local, local_path
+
+    if not is_local(url):
+        backend = objects.open_backend(url, opts)
+        if backend.exists(CONFIG_NAME):
+            backend.close()
+            raise ConflictError(f"a ckstore store already exists at {url}")
+
+        def undo_remote() -> None:
+            try:
+                if backend.exists(CONFIG_NAME):
+                    backend.delete(CONFIG_NAME)
+            finally:
+                backend.close()
+
+        return undo_remote
+    path = local_path(url)
+    if os.path.isfile(os.path.join(path, CONFIG_NAME)):
+        raise ConflictError(f"a ckstore store already exists at {path}")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InvalidInputError(f"{path} is a file: give init a folder (new or existing)")
+    top = path  # the outermost folder init will create, if any
+    while not os.path.exists(os.path.dirname(top)) and os.path.dirname(top) != top:
+        top = os.path.dirname(top)
+    if not os.path.exists(top):
+        return lambda: shutil.rmtree(top, ignore_errors=True)
+    before = set(os.listdir(path)) if os.path.isdir(path) else set()
+
+    def undo_local() -> None:
+        for name in set(os.listdir(path)) - before if os.path.isdir(path) else ():
+            p = os.path.join(path, name)
+            if os.path.isdir(p):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.remove(p)
+
+    return undo_local
+
+
+# --- demo ---------------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace, run_cli: Callable[[list[str]], int]) -> int:
     """``ckstore demo``; ``run_cli`` runs the history phase's commands (the CLI's ``main``)."""
-    from . import demo as demo_mod
+    url = claim_demo_store(args.store or DEMO_STORE)
+    from . import demo as demo_mod  # imports torch: only once the folder is known to be ours
 
-    return demo_mod.main(args.store or "./demo-store", run_cli, steps=args.steps, every=args.every)
+    return demo_mod.main(url, run_cli, steps=args.steps, every=args.every)
+
+
+def claim_demo_store(url: str) -> str:
+    """Make ``url`` an empty store that the demo owns, and return its path.
+
+    A folder that does not exist or is empty becomes a new store; a store an earlier demo
+    made (it holds :data:`DEMO_MARK` and only the demo's run) is replaced. Anything else is
+    refused, before anything is written.
+
+    Raises:
+        ConflictError: ``url`` holds a store the demo did not make, or other files.
+        InvalidInputError: ``url`` is not a local folder.
+    """
+    import shutil
+
+    import ckstore
+
+    from ..engine.repository import is_local, local_path
+
+    if not is_local(url):
+        raise InvalidInputError(
+            f"the demo runs in a local folder, not {url!r}: pass --store NEW_FOLDER"
+        )
+    path = local_path(url)
+    elsewhere = f"run it elsewhere: ckstore --store NEW_FOLDER demo (default {DEMO_STORE})"
+    if os.path.isfile(os.path.join(path, CONFIG_NAME)):
+        if not os.path.isfile(os.path.join(path, DEMO_MARK)):
+            raise ConflictError(
+                f"{path} holds a ckstore store that `ckstore demo` did not create; the demo "
+                f"never writes into or deletes a store of yours: {elsewhere}"
+            )
+        with ckstore.open(path, create=False) as old:
+            foreign = [r for r in old.runs() if r != "demo"]
+        if foreign:
+            raise ConflictError(
+                f"{path} was made by `ckstore demo` but now also holds run(s) "
+                f"{', '.join(foreign)}; the demo will not replace it: {elsewhere}"
+            )
+        shutil.rmtree(path)  # the previous demo's own store
+    elif os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise ConflictError(
+            f"{path} exists and is not empty; the demo writes only into a new or empty folder "
+            f"(or a store an earlier demo made): {elsewhere}"
+        )
+    ckstore.open(path).close()
+    with open(os.path.join(path, DEMO_MARK), "w") as f:
+        f.write("made by `ckstore demo`: the next `ckstore demo` here replaces this store\n")
+    return path

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -104,9 +103,8 @@ def phase2(store_url: str, steps: int) -> list[float]:
 
 def main(store_url: str, run_cli: Callable[[list[str]], int], steps: int = 40, every: int = 5) -> int:
     """Run both phases and compare, then browse the history with ``run_cli`` (the ``ckstore``
-    command line's ``main``); returns a process exit code."""
-    if os.path.exists(os.path.join(store_url, "ckstore.json")):
-        shutil.rmtree(store_url)  # the demo starts from an empty store every time
+    command line's ``main``); returns a process exit code. ``store_url`` must be an empty store
+    (``ckstore demo`` makes one with ``claim_demo_store``)."""
     print("== phase 1: train, snapshotting as we go (frozen backbone: only the head changes)")
     losses = phase1(store_url, steps, every)
     print("\n== phase 2: a fresh process restores the latest snapshot and continues")

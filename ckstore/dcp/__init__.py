@@ -61,9 +61,21 @@ or when the writer is garbage collected, else it expires with its process.
 The same hand-over assigns each distinct chunk id one writer, so two ranks holding identical
 bytes do not both write them.
 
+DCP options and behaviours
+--------------------------
+``overwrite=False`` (as in ``FileSystemWriter``) refuses a save whose target snapshot exists
+(``name``, else ``run@step``, else any snapshot of ``run``) with ``ConflictError``, checked when
+the save starts and again just before it commits. Writer and reader pickle: they carry the
+store URL, index URL and storage options (not the open store) and reopen the store on first
+use, so ``dcp.async_save`` works with the thread and the process executor. ``io.BytesIO``
+values are stored as their bytes and come back as ``io.BytesIO``. A DCP save can also be read
+with ckstore's own API: entries ``dcp/<fqn>`` for ``read_object``, and ``snap.restore`` maps an
+app_state onto the FQNs (:mod:`ckstore.engine.dcp_keys`).
+
 Limits: only process groups spanning all ranks (``dcp.save``'s default group) and
 ``use_collectives=True`` are supported. A rank that fails before reaching ``write_data``
-holds the others in the hand-over until the timeout.
+holds the others in the hand-over until the timeout, then every rank raises
+:class:`~ckstore.errors.RankLostError` naming it.
 """
 
 from .meta import metadata_from_json, metadata_to_json

@@ -24,6 +24,7 @@ from ..errors import CorruptionError
 from ..format.dtypes import dtype_name, itemsize
 from ..format.manifest import ChunkRef, Entry, Manifest, TensorEntry
 from ..format.values import decode_value
+from ._store import StoreRef
 from .meta import _ints, metadata_from_json
 
 
@@ -33,17 +34,37 @@ class StorageReader(_DcpStorageReader):
     ``ref`` is anything ``store.get`` resolves ("run", "run@step", a tag, an id prefix). In a
     distributed load every rank uses the snapshot rank 0 resolved, so a save committing
     meanwhile cannot split the ranks. ``dcp.load(..., checkpoint_id=ref)`` overrides ``ref``.
+    ``store`` may be an open store or a URL (with ``index`` and ``storage_options``); the
+    reader pickles like :class:`StorageWriter` and reopens the store on first use.
     """
 
-    def __init__(self, store: Any, ref: str, *, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        ref: str,
+        *,
+        timeout: float | None = None,
+        index: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
-        self.store = store
+        self._ref = StoreRef(store, index, storage_options)
         self.ref = ref
         self.timeout = timeout
         self.snapshot: Any = None
         self.load_id = uuid.uuid4().hex
         self._metadata: Metadata | None = None
         self._storage: dict[MetadataIndex, Any] = {}
+
+    @property
+    def store(self) -> Any:
+        """The open store (reopened on first use after the reader was pickled)."""
+        return self._ref.get()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["snapshot"] = None  # bound to this process's open store
+        return state
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id:
@@ -75,7 +96,7 @@ class StorageReader(_DcpStorageReader):
             import torch.distributed as dist
 
             if dist.get_world_size() > 1:
-                got = Comm(None, self.timeout).all_gather_json(mine, "dcp.load (resolving the snapshot)")
+                got = Comm(None, self.timeout, purpose="dcp").all_gather_json(mine, "dcp.load (resolving the snapshot)")
                 raise_failed(got, f"dcp.load of {self.ref!r} from ckstore")
                 if got[0]["id"] != mine["id"]:
                     snap = self.store.get(got[0]["id"])

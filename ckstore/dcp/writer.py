@@ -19,10 +19,17 @@ from ..dist._comm import Comm, failure, raise_failed
 from ..engine.lease import Lease
 from ..engine.packing import TakeOptions, _Chunk, write_missing
 from ..engine.take import commit_manifest, hash_chunks
-from ..errors import CkstoreError, CorruptionError, DistributedError, InvalidInputError
+from ..errors import (
+    CkstoreError,
+    ConflictError,
+    CorruptionError,
+    DistributedError,
+    InvalidInputError,
+)
 from ..format.manifest import Manifest, snapshot_header
 from ..format.tree import join
 from ..format.values import encode_value
+from ._store import StoreRef
 from .meta import metadata_to_json
 from .plan import (
     APP,
@@ -42,14 +49,24 @@ class StorageWriter(_DcpStorageWriter):
     """Writes a ``dcp.save`` into ``store`` as one snapshot of ``run`` (at ``step``).
 
     Args:
-        store: an open :class:`ckstore.Store` (each rank opens its own).
+        store: an open :class:`ckstore.Store` (each rank opens its own), or a store URL
+            (opened on first use; create a new store once beforehand, not from every rank).
         run, step, tags, metadata: as for ``store.take``.
         name: optional unique snapshot name.
         timeout: seconds ranks wait for each other in the hand-over (default
             ``CKSTORE_DIST_TIMEOUT`` or 600).
+        overwrite: as in DCP's ``FileSystemWriter``. True (default): a save whose target
+            exists adds a newer snapshot (``store.get("run@step")`` then finds the newest).
+            False: refuse, with ``ConflictError``, a save whose target exists: the snapshot
+            called ``name`` if given, else ``run@step``, else (no step) any snapshot of
+            ``run``. Checked when the save starts and again just before it commits.
+        index, storage_options: for a store given by URL (an open store's are reused).
 
     ``dcp.save(..., checkpoint_id="run" or "run@step")`` overrides run/step.
     After a save, :attr:`snapshot` (coordinator) is the committed :class:`ckstore.Snapshot`.
+    The writer pickles (for ``dcp.async_save`` with the process executor): it carries the
+    store URL, index URL and options and reopens the store in the other process; there
+    :attr:`snapshot` is set, not in the process that called ``async_save``.
     """
 
     def __init__(
@@ -62,13 +79,17 @@ class StorageWriter(_DcpStorageWriter):
         *,
         name: str | None = None,
         timeout: float | None = None,
+        overwrite: bool = True,
+        index: str | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         from .._takes import check_take_args
 
         self.tags = tuple(tags)
         self.metadata = check_take_args(run, step, metadata, name, self.tags)
-        self.store = store
+        self._ref = StoreRef(store, index, storage_options)
+        self.overwrite = bool(overwrite)
         self.run = run
         self.step = step
         self.name = name
@@ -83,6 +104,40 @@ class StorageWriter(_DcpStorageWriter):
         self._world = 1
         self._held: list[Lease] = []  # the coordinator's lease, kept from write_data to finish
         self._finalizer = weakref.finalize(self, _abort_all, self._held)
+
+    @property
+    def store(self) -> Any:
+        """The open store (reopened on first use after the writer was pickled)."""
+        return self._ref.get()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for transient in ("_comm", "_held", "_finalizer", "snapshot"):
+            state.pop(transient, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._comm = None
+        self.snapshot = None
+        self._held = []
+        self._finalizer = weakref.finalize(self, _abort_all, self._held)
+
+    def _refuse_existing(self) -> None:
+        """With ``overwrite=False``: ConflictError if the save's target snapshot exists."""
+        if self.overwrite:
+            return
+        found = [
+            s for s in self.store.index.list_snapshots(run=None if self.name else self.run)
+            if (s.name == self.name if self.name else self.step is None or s.step == self.step)
+        ]
+        if found:
+            target = self.name or _checkpoint_id(self.run, self.step)
+            raise ConflictError(
+                f"dcp.save into ckstore: {target!r} already exists in {self.store.url} "
+                f"(snapshot {found[0].id[:12]}) and overwrite=False; pick another step or name, "
+                "or pass overwrite=True to add a newer snapshot"
+            )
 
     # DCP API ------------------------------------------------------------------------------
     def reset(self, checkpoint_id: Any = None) -> None:
@@ -112,11 +167,17 @@ class StorageWriter(_DcpStorageWriter):
         self.snapshot = None
         self._comm = None
         self._world = 1
+        self._refuse_existing()  # every rank sees the same index: all refuse, before any collective
         if is_distributed():
             import torch.distributed as dist
 
+            if kwargs.get("rank") is not None and int(kwargs["rank"]) != dist.get_rank():
+                raise InvalidInputError(
+                    "ckstore's DCP StorageWriter needs dcp.save over every rank (no process_group "
+                    "sub-group); to checkpoint a sub-group use Snapshot.take(pg=...) or store.take(pg=...)"
+                )
             if dist.get_world_size() > 1:
-                self._comm = Comm(None, self.timeout)  # collective: every rank is here
+                self._comm = Comm(None, self.timeout, purpose="dcp")  # every rank is here; a group of its own (async_save runs in a thread)
                 self._world = self._comm.world
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
@@ -221,6 +282,7 @@ class StorageWriter(_DcpStorageWriter):
         try:
             if lease.error is not None:
                 raise lease.error
+            self._refuse_existing()  # again: another save may have committed meanwhile
             metadata.version = DCP_VERSION
             metadata.storage_data = {wr.index: wr.storage_data for rs in results for wr in rs}
             metadata.storage_meta = self.storage_meta()

@@ -8,7 +8,8 @@ same point (no rank commits or waits on a rank that gave up):
 2. assign (same on every rank, from the descriptions): cut each tensor by the chunk grid of
    its GLOBAL shape; a DTensor's blocks are cut again by each shard's box, each distinct box
    written by one of the ranks holding it; replicated tensors' blocks are spread over all
-   ranks by bytes. Each rank hashes what it was given (and all of its per-rank tensors).
+   ranks by bytes (``_plan.plan``, cached across takes of the same layout). Each rank hashes
+   what it was given (and all of its per-rank tensors).
    -> all_gather chunk lists; each distinct chunk id gets exactly one writer.
 3. write (local, under this rank's own lease): look up (and pin) the chunks this rank
    writes, write the missing ones (packs durable, then indexed). -> all_gather status.
@@ -23,24 +24,21 @@ causes; nothing is committed unless every rank succeeded.
 from __future__ import annotations
 
 import base64
-import fnmatch
 import math
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import blake3
-import torch
 
 from ..engine.lease import Lease
 from ..engine.packing import TakeOptions, _Chunk, write_missing
 from ..engine.take import commit_manifest, hash_chunks, state_dicts
-from ..errors import DistributedError, UnsupportedValueError
-from ..format.boxes import is_dtensor, local_box, pieces
-from ..format.dtypes import GROUPED, dtype_name, itemsize
+from ..errors import DistributedError
+from ..format.dtypes import GROUPED, itemsize
 from ..format.grid import Box, make_grid
 from ..format.manifest import (
     ChunkRef,
@@ -53,28 +51,20 @@ from ..format.manifest import (
     entry_digest,
     snapshot_header,
 )
-from ..format.tensors import as_cpu_tensor, byte_view
-from ..format.tree import flatten, is_array
-from ..format.values import encode_value
+from ..format.tensors import byte_view
 from ..index import SnapshotRecord
+from ._classify import (
+    DTENSOR,
+    LOCAL,
+    REPLICATED,
+    VALUE,
+    _classify,
+    _coalesce_replicated,
+    _ddp_apps,
+    _Local,
+)
 from ._comm import Comm, failure, raise_failed
-
-DTENSOR, REPLICATED, LOCAL, VALUE = "dtensor", "replicated", "per_rank", "value"
-
-
-@dataclass
-class _Leaf:
-    kind: str
-    desc: dict[str, Any]
-    tensor: torch.Tensor | None = None  # CPU data: the local shard of a DTensor, or the whole tensor
-    box: Box | None = None  # a DTensor shard's region
-
-
-@dataclass
-class _Local:
-    apps: dict[str, Any]
-    leaves: dict[str, _Leaf]
-    chunks: list[tuple[str, Box, _Chunk]] = field(default_factory=list)
+from ._plan import Loads, layout_digest, plan
 
 
 def take(
@@ -117,23 +107,27 @@ def take(
             "tree": blake3.blake3(canonical_json(local.apps)).hexdigest(),
             "leaves": {k: leaf.desc for k, leaf in local.leaves.items()},
         }
+        msg["layout"] = layout_digest(msg["leaves"])
     except Exception as exc:
         msg = failure(exc)
     descs = comm.all_gather_json(msg, "planning")
     raise_failed(descs, "distributed take (planning)")
     assert local is not None
-    keys = _check_same_structure(descs)
+    layout = plan(descs, opts)
+    _coalesce_replicated(layout.demoted, local, comm.rank)
+    keys = list(layout.keys)
 
     # 2. assign and hash
     try:
-        mine = _assign(descs, keys, opts, comm.world)[comm.rank]
+        mine = layout.assignment[comm.rank]
         _cut_chunks(local, mine, opts)
         with ThreadPoolExecutor(max_workers=opts.threads, thread_name_prefix="ckstore") as pool:
             hash_chunks([c for _, _, c in local.chunks], pool)
         lists: dict[str, list[Any]] = defaultdict(list)
         for key, (o, s), c in local.chunks:
             lists[key].append([list(o), list(s), c.id])
-        msg = {"ok": True, "chunks": lists}
+        distinct = {c.id: len(c.view) for _, _, c in local.chunks}
+        msg = {"ok": True, "chunks": lists, "bytes": sum(distinct.values())}
     except Exception as exc:
         msg = failure(exc)
     results = comm.all_gather_json(msg, "hashing")
@@ -199,113 +193,7 @@ def background() -> Any:
     return _BACKGROUND[0]
 
 
-def _ddp_apps(app_state: Mapping[str, Any]) -> set[str]:
-    from torch.nn.parallel import DistributedDataParallel
-
-    return {name for name, obj in app_state.items() if isinstance(obj, DistributedDataParallel)}
-
-
-def _classify(states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], opts: TakeOptions) -> _Local:
-    """Flatten and describe every leaf of this rank's state."""
-    out = _Local(apps={}, leaves={})
-    for app, sd in states.items():
-        flat = flatten(app, sd)
-        out.apps[app] = flat.tree
-        for key, value in flat.leaves.items():
-            if is_dtensor(value):
-                try:
-                    box = local_box(value)
-                except ValueError as exc:
-                    raise UnsupportedValueError(f"key {key!r}: {exc}") from exc
-                t = as_cpu_tensor(value.to_local(), key)
-                desc = {
-                    "t": DTENSOR, "dtype": dtype_name(t.dtype, key), "shape": list(value.shape),
-                    "box": [list(box[0]), list(box[1])], "container": "torch", "device": str(value.device),
-                }
-                out.leaves[key] = _Leaf(DTENSOR, desc, t, box)
-            elif is_array(value):
-                container = "torch" if isinstance(value, torch.Tensor) else "numpy"
-                device = str(value.device) if isinstance(value, torch.Tensor) else "cpu"
-                t = as_cpu_tensor(value, key)
-                kind = REPLICATED if app in ddp or any(fnmatch.fnmatchcase(key, g) for g in globs) else LOCAL
-                desc = {"t": kind, "dtype": dtype_name(t.dtype, key), "shape": list(t.shape), "container": container, "device": device}
-                if t.numel() * t.element_size() <= opts.inline_bytes:
-                    desc["data"] = base64.b64encode(bytes(byte_view(t))).decode()
-                out.leaves[key] = _Leaf(kind, desc, t)
-            else:
-                out.leaves[key] = _Leaf(VALUE, {"t": VALUE, "value": encode_value(value, key)})
-    return out
-
-
-def _check_same_structure(descs: list[dict[str, Any]]) -> list[str]:
-    """Every rank must hold the same keys in the same containers; returns rank 0's key order."""
-    keys = list(descs[0]["leaves"])
-    bad = [r for r, d in enumerate(descs) if d["tree"] != descs[0]["tree"]]
-    if bad:
-        ref = set(keys)
-        detail = []
-        for r in bad:
-            theirs = set(descs[r]["leaves"])
-            extra, lacking = sorted(theirs - ref)[:3], sorted(ref - theirs)[:3]
-            detail.append(f"rank {r}: extra keys {extra}, lacking {lacking}" if extra or lacking else f"rank {r}: containers differ")
-        err = DistributedError(
-            f"distributed take: rank(s) {bad} hold a differently shaped state than rank 0 ({'; '.join(detail)}); "
-            "every rank must pass app_state with the same keys"
-        )
-        err.ranks, err.causes = bad, dict(zip(bad, detail))  # type: ignore[attr-defined]
-        raise err
-    for key in keys:
-        ds = [d["leaves"][key] for d in descs]
-        kinds = {x["t"] for x in ds}
-        if (DTENSOR in kinds or REPLICATED in kinds) and len(kinds) > 1:
-            raise DistributedError(f"distributed take: key {key!r} is {sorted(kinds)} on different ranks")
-        if kinds & {DTENSOR, REPLICATED}:
-            metas = {(x["dtype"], tuple(x["shape"])) for x in ds}
-            if len(metas) > 1:
-                raise DistributedError(f"distributed take: key {key!r} has different dtype/shape on different ranks: {sorted(metas)}")
-    return keys
-
-
-def _assign(descs: list[dict[str, Any]], keys: list[str], opts: TakeOptions, world: int) -> list[list[tuple[str, Box]]]:
-    """Which pieces each rank hashes and writes, for DTensor and replicated entries.
-
-    Deterministic: every rank computes the same answer from the same descriptions. Load
-    (bytes) is balanced greedily: each piece goes to the least-loaded rank that holds it.
-    """
-    load = [0] * world
-    out: list[list[tuple[str, Box]]] = [[] for _ in range(world)]
-    for key in keys:
-        ds = [d["leaves"][key] for d in descs]
-        kind = ds[0]["t"]
-        if kind not in (DTENSOR, REPLICATED):
-            continue
-        shape, size = tuple(ds[0]["shape"]), itemsize(ds[0]["dtype"])
-        grid = make_grid(shape, size, opts.chunk_bytes)
-        if kind == REPLICATED:
-            if grid.nbytes <= opts.inline_bytes:
-                continue  # inline, from rank 0's description
-            groups = [(list(range(world)), list(grid.boxes()))]
-        else:
-            holders: dict[Box, list[int]] = {}
-            for r, x in enumerate(ds):
-                box = (tuple(x["box"][0]), tuple(x["box"][1]))
-                holders.setdefault(box, []).append(r)
-            covered = sum(math.prod(b[1]) for b in holders)
-            if covered != math.prod(shape):
-                raise DistributedError(
-                    f"distributed take: the shards of DTensor {key!r} cover {covered} of "
-                    f"{math.prod(shape)} elements (only Shard(d) and Replicate placements are supported)"
-                )
-            groups = [(ranks, list(pieces(grid, box))) for box, ranks in holders.items()]
-        for ranks, boxes in groups:
-            for piece in boxes:
-                r = min(ranks, key=lambda q: (load[q], q))
-                load[r] += math.prod(piece[1]) * size
-                out[r].append((key, piece))
-    return out
-
-
-def _cut_chunks(local: _Local, mine: list[tuple[str, Box]], opts: TakeOptions) -> None:
+def _cut_chunks(local: _Local, mine: Sequence[tuple[str, Box]], opts: TakeOptions) -> None:
     """Zero-copy (where contiguous) byte views of this rank's pieces and per-rank tensors."""
     for key, (po, ps) in mine:
         leaf = local.leaves[key]
@@ -330,25 +218,38 @@ def _cut_chunks(local: _Local, mine: list[tuple[str, Box]], opts: TakeOptions) -
 
 
 def _writers(results: list[dict[str, Any]], descs: list[dict[str, Any]], world: int) -> dict[str, int]:
-    """One writer per distinct chunk id: its only holder, or the least-loaded of its holders."""
-    holders: dict[str, set[int]] = defaultdict(set)
+    """One writer per distinct chunk id: its only holder, or the least-loaded of its holders.
+
+    Linear in the gathered chunk lists, and cheap per chunk: an id held by one rank (nearly
+    all of them) costs one dict lookup. Each rank's load starts as the bytes of the distinct
+    ids it hashed (``bytes`` in its message) less those held by other ranks too; those shared
+    ids then go, in id order, to the least-loaded of their holders.
+    """
+    first: dict[str, int] = {}
+    shared: dict[str, set[int]] = {}
     nbytes: dict[str, int] = {}
     for r, res in enumerate(results):
+        leaves = descs[r]["leaves"]
         for key, lst in res["chunks"].items():
-            size = itemsize(descs[r]["leaves"][key]["dtype"])
-            for _, sizes, cid in lst:
-                holders[cid].add(r)
-                nbytes[cid] = math.prod(sizes) * size
-    load = [0] * world
-    owners: dict[str, int] = {}
-    for cid, hs in holders.items():
-        if len(hs) == 1:
-            (owners[cid],) = hs
-            load[owners[cid]] += nbytes[cid]
-    for cid in sorted(c for c, hs in holders.items() if len(hs) > 1):
-        r = min(holders[cid], key=lambda q: (load[q], q))
+            for _, extent, cid in lst:
+                holder = first.setdefault(cid, r)
+                if holder != r:
+                    shared.setdefault(cid, {holder}).add(r)
+                    nbytes[cid] = math.prod(extent) * itemsize(leaves[key]["dtype"])
+    if not shared:
+        return first
+    loads = Loads(world)
+    loads.load = [int(res["bytes"]) for res in results]
+    for cid, hs in shared.items():
+        for r in hs:
+            loads.load[r] -= nbytes[cid]
+    loads.reset()
+    owners = first
+    for cid in sorted(shared):
+        hs = shared[cid]
+        r = loads.least(None if len(hs) == world else sorted(hs))
         owners[cid] = r
-        load[r] += nbytes[cid]
+        loads.add(r, nbytes[cid])
     return owners
 
 

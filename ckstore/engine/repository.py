@@ -5,12 +5,15 @@ This is the plumbing every layer above works on: the engine takes and restores t
 over ranks, and the public :class:`ckstore.Store` is a repository with the user's verbs on top.
 :class:`SnapshotView` binds one committed snapshot record to its repository and (lazily) its
 manifest; the public :class:`ckstore.Snapshot` extends it with restore and reads.
+
+Opening a repository and reading its history never imports torch (the command line's read
+commands rely on it); only reading tensors (:meth:`SnapshotView.reader`) does.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 from .. import objects
@@ -23,27 +26,34 @@ from .config import (
     MAX_LEASE_SECONDS,
     MAX_THREADS,
     StoreConfig,
-    budget_cap,
     default_io_threads,
     default_lease_seconds,
     default_memory_budget,
     default_staging_budget,
     default_threads,
 )
-from .packing import TakeOptions
-from .restore import Reader
+
+if TYPE_CHECKING:
+    from .packing import TakeOptions
+    from .restore import Reader
 
 R = TypeVar("R", bound="Repository")
 
 
 def is_local(url: str) -> bool:
-    """True for plain paths and file:// URLs."""
+    """True for plain paths, ``file://`` URLs and TorchSnapshot's ``fs://`` paths."""
     scheme = urlparse(url).scheme
-    return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
+    return scheme in ("", "file", "fs") or (len(scheme) == 1 and os.name == "nt")
 
 
 def local_path(url: str) -> str:
-    """The absolute filesystem path of a local store URL."""
+    """The absolute filesystem path of a local store URL.
+
+    ``fs://`` is TorchSnapshot's prefix for a file-system path: what follows it is the path
+    (``fs:///abs/dir``, or ``fs://rel/dir`` relative to the working directory).
+    """
+    if url.startswith("fs://"):
+        return os.path.abspath(url[len("fs://") :])
     return os.path.abspath(urlparse(url).path if url.startswith("file://") else url)
 
 
@@ -80,6 +90,8 @@ class Repository:
         self._memory_budget: int | None = default_memory_budget()
         self._staging_budget: int | None = None
         self._lease_seconds = default_lease_seconds()
+        # how it was opened (index URL as given, storage options), so another process can reopen it
+        self.opened_with: dict[str, Any] = {"index": None, "storage_options": None}
 
     @property
     def threads(self) -> int:
@@ -110,12 +122,6 @@ class Repository:
         self._memory_budget = None if value is None else check_int("memory_budget", value)
 
     @property
-    def memory_budget_bytes(self) -> int:
-        """The budget as one number of bytes (imports and exports read in pieces of it): the
-        one set, else the default cap (``config.budget_cap``)."""
-        return budget_cap() if self._memory_budget is None else self._memory_budget
-
-    @property
     def lease_seconds(self) -> float:
         """How long a take's lease lasts between heartbeats (> 0, at most 7 days)."""
         return self._lease_seconds
@@ -136,6 +142,8 @@ class Repository:
 
     def take_options(self) -> TakeOptions:
         """The options a take into this repository runs with."""
+        from .packing import TakeOptions
+
         return TakeOptions(
             chunk_bytes=self.config.chunk_bytes,
             pack_bytes=self.config.pack_bytes,
@@ -191,6 +199,8 @@ class SnapshotView:
 
     def reader(self) -> Reader:
         """A reader of this snapshot's chunks (every chunk re-hashed on read)."""
+        from .restore import Reader  # imports torch: opening a store and reading history do not
+
         return Reader(
             self.store.objects,
             self.store.index,
@@ -276,7 +286,9 @@ def open_repository(
             f"index {idx.url} belongs to another store (id {stored}) than {url} (id "
             f"{config.store_id}); point index= at this store's index"
         )
-    return cls(url, objs, idx, config)
+    repo = cls(url, objs, idx, config)
+    repo.opened_with = {"index": index, "storage_options": dict(storage_options) if storage_options else None}
+    return repo
 
 
 def _load_config(

@@ -11,21 +11,24 @@ succeeded. The chunk passes themselves are in ``fetch.py``.
 
 from __future__ import annotations
 
-import difflib
+import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .. import objects
-from ..errors import CorruptionError, InvalidInputError, KeyNotFoundError, MismatchError
+from ..errors import CorruptionError, MismatchError
 from ..format.dtypes import dtype_from_name
 from ..format.manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueEntry
 from ..format.tensors import empty_for, from_bytes
-from ..format.tree import flatten, subtree, tree_refs, unflatten
+from ..format.tree import ABSENT, flatten, prune, tree_refs, unflatten
 from .config import restore_budget
 from .fetch import Arena, Fetcher, Job, Region, plan_jobs, slices
+from .stateful import RNGState, check_app_state, rng_last
+
+log = logging.getLogger("ckstore")
 
 
 @dataclass
@@ -52,14 +55,19 @@ class Reader:
                 raise MismatchError(
                     f"{self.where}: key {key!r} was stored per rank by a take with "
                     f"{entry.world_size} rank(s) (its value differed between ranks); rank {rank} "
-                    "has no value to restore. Restore with at most that many ranks, or leave its "
-                    "app_state name out of the restore (strict=False)"
+                    "has no value to restore. Restore with at most that many ranks, or pass "
+                    "strict=False to leave such values as they are on the extra ranks"
                 )
             return entry.entries[rank]
         return entry
 
     def is_tensor(self, key: str) -> bool:
         return isinstance(self.entry(key), TensorEntry)
+
+    def has_value(self, key: str) -> bool:
+        """False for a per-rank entry stored by fewer ranks than this reader's rank."""
+        entry = self.manifest.entries[key]
+        return not isinstance(entry, PerRankEntry) or (self.rank or 0) < entry.world_size
 
     def fetcher(self) -> Fetcher:
         return Fetcher(self.objs, self.index, self.where, self.threads)
@@ -128,58 +136,6 @@ class Reader:
         return t.numpy() if entry.container == "numpy" else t  # type: ignore[union-attr]
 
 
-def read_object(reader: Reader, key: str, obj_out: Any = None) -> Any:
-    """Read one entry, or a whole subtree (an app_state name or a container path).
-
-    A per-rank entry read outside a distributed restore (``reader.rank`` None) comes back as a
-    list with one value per rank of the take.
-    """
-    m = reader.manifest
-    if key in m.entries:
-        keys = [key]
-        tree: Any = {"$ref": key}
-    else:
-        tree = _find_subtree(m, key)
-        keys = tree_refs(tree)
-    per_rank = {k for k in keys if reader.rank is None and isinstance(m.entries[k], PerRankEntry)}
-    tensor_keys = [k for k in keys if k not in per_rank and reader.is_tensor(k)]
-    tensors = reader.read_tensors(tensor_keys)
-    if obj_out is not None and key in tensors:
-        _copy_into(obj_out, tensors[key], key, reader.where)
-        return obj_out
-    lists = {k: _per_rank_values(reader, k) for k in per_rank}
-    return unflatten(tree, lambda k: lists[k] if k in lists else reader.value_of(k, tensors))
-
-
-def _per_rank_values(reader: Reader, key: str) -> list[Any]:
-    entry = reader.manifest.entries[key]
-    assert isinstance(entry, PerRankEntry)
-    out = []
-    for r in range(entry.world_size):
-        sub = replace(reader, rank=r)
-        tensors = sub.read_tensors([key] if sub.is_tensor(key) else [])
-        out.append(sub.value_of(key, tensors))
-    return out
-
-
-def _find_subtree(m: Manifest, key: str) -> Any:
-    app = key.split("/", 1)[0]
-    node = subtree(m.apps[app], app, key) if app in m.apps else None
-    if node is None:
-        near = difflib.get_close_matches(key, list(m.entries) + list(m.apps), n=3)
-        hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
-        raise KeyNotFoundError(f"key {key!r} is not in the snapshot{hint} (see get_manifest())")
-    return node
-
-
-def _copy_into(dest: Any, src: torch.Tensor, key: str, where: str) -> None:
-    if not isinstance(dest, torch.Tensor):
-        raise MismatchError(f"{where}: obj_out for key {key!r} must be a tensor")
-    _check_tensor(dest, src.dtype, tuple(src.shape), key, where)
-    with torch.no_grad():
-        dest.copy_(src)
-
-
 def _check_tensor(dest: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], key: str, where: str) -> None:
     if dest.dtype != dtype or tuple(dest.shape) != shape:
         raise MismatchError(
@@ -197,6 +153,7 @@ class _AppPlan:
     dest: dict[str, torch.Tensor] = field(default_factory=dict)
     target: dict[str, torch.Tensor] = field(default_factory=dict)  # where the bytes go (a DTensor's local shard)
     region: dict[str, Region] = field(default_factory=dict)  # the part of the global tensor needed
+    keep: dict[str, Any] = field(default_factory=dict)  # per-rank keys with no value here: left as they are
 
 
 @dataclass
@@ -282,31 +239,21 @@ def destination_bytes(direct: Mapping[str, tuple[torch.Tensor, Region | None]]) 
 def validate(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) -> list[_AppPlan]:
     """Check keys, dtypes and shapes against the destination; read nothing.
 
+    Plans come in app_state order with :class:`RNGState` entries last, so :func:`apply` loads
+    the generators after every other ``load_state_dict()`` (whose random draws then do not
+    shift the restored stream). With ``strict=False``, per-rank entries this rank has no value
+    for (the take had fewer ranks) are skipped and logged; see :func:`_skip_missing`.
+
     Raises:
-        InvalidInputError: ``app_state`` is not a mapping of names to stateful objects.
+        InvalidInputError: ``app_state`` is not a mapping of str names.
+        UnsupportedValueError: a value is not stateful (also a TypeError).
         MismatchError: keys, dtypes or shapes differ.
     """
-    check_app_state(app_state)
+    check_app_state(app_state, restoring=True)
     if reader.rank is None:
         reader.rank = 0
-    plans = [_validate(reader, name, obj, strict) for name, obj in app_state.items()]
+    plans = [_validate(reader, name, obj, strict) for name, obj in rng_last(app_state)]
     return [p for p in plans if p is not None]
-
-
-def check_app_state(app_state: Any) -> None:
-    """Refuse an ``app_state`` that is not a mapping of str names (before anything is read).
-
-    Raises:
-        InvalidInputError: naming what was passed instead.
-    """
-    if not isinstance(app_state, Mapping):
-        raise InvalidInputError(
-            f"app_state must be a dict mapping names to stateful objects (with state_dict() and "
-            f"load_state_dict()), got a {type(app_state).__name__}"
-        )
-    for name in app_state:
-        if not isinstance(name, str):
-            raise InvalidInputError(f"app_state key {name!r} must be a str")
 
 
 def whole_plain_keys(reader: Reader, plans: list[_AppPlan]) -> list[str]:
@@ -352,12 +299,12 @@ def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | N
             f"{reader.where} has no app_state key {name!r} (it has {sorted(m.apps)}); "
             "pass strict=False to restore the others"
         )
-    if not callable(getattr(obj, "load_state_dict", None)):
-        raise MismatchError(f"app_state[{name!r}] has no load_state_dict()")
     keys = tree_refs(m.apps[name])
     current = flatten(name, obj.state_dict(), lenient=True).leaves
     plan = _AppPlan(name, obj, keys)
-    for key in keys:
+    if not _skip_missing(reader, plan, current, strict):
+        return None
+    for key in plan.keys:
         dest = current.get(key)
         if not isinstance(dest, torch.Tensor):
             continue
@@ -375,6 +322,32 @@ def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | N
     if strict:
         _check_keys(reader, plan, current, isinstance(obj, torch.nn.Module))
     return plan
+
+
+def _skip_missing(reader: Reader, plan: _AppPlan, current: dict[str, Any], strict: bool) -> bool:
+    """Set aside the per-rank keys this rank has no value for; False: skip the whole app.
+
+    Strict, the first such key raises MismatchError. Otherwise each keeps the destination's
+    current value (or is left out of the state passed to ``load_state_dict`` if the
+    destination has none), and a warning names them. An app with no key left to load, and an
+    :class:`RNGState` missing any of its keys (generators are restored all or nothing), is not
+    loaded at all.
+    """
+    missing = [k for k in plan.keys if not reader.has_value(k)]
+    if not missing:
+        return True
+    if strict:
+        reader.entry(missing[0])  # raises, naming the key and the ranks
+    plan.keys = [k for k in plan.keys if k not in set(missing)]
+    plan.keep = {k: current.get(k, ABSENT) for k in missing}
+    whole = not plan.keys or isinstance(plan.obj, RNGState)  # generators: all or nothing
+    log.warning(
+        "%s: rank %d has no stored value for %d per-rank key(s) of app_state[%r] (the take had "
+        "fewer ranks): %s%s; %s (strict=False)",
+        reader.where, reader.rank or 0, len(missing), plan.name, missing[:10],
+        "..." if len(missing) > 10 else "", "the app was not loaded" if whole else "they keep their current values",
+    )
+    return not whole
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -401,9 +374,13 @@ def _apply(reader: Reader, plan: _AppPlan, tensors: Mapping[str, torch.Tensor]) 
                 target.copy_(tensors[key])
 
     def resolve(key: str) -> Any:
+        if key in plan.keep:
+            return plan.keep[key]
         return plan.dest[key] if key in plan.dest else reader.value_of(key, tensors)
 
     state = unflatten(reader.manifest.apps[plan.name], resolve)
+    if plan.keep:
+        state = prune(state)
     if isinstance(plan.obj, torch.nn.Module):
         plan.obj.load_state_dict(state, strict=False)
     else:

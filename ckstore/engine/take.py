@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from .. import objects
-from ..errors import InvalidInputError
 from ..format.dtypes import GROUPED, dtype_name
 from ..format.grid import make_grid
 from ..format.manifest import (
@@ -36,6 +35,7 @@ from ..index import EntryRecord, SnapshotRecord
 from .device_stage import DeviceStager, is_device_tensor
 from .lease import Lease
 from .packing import TakeOptions, _batches, _Chunk, _PackPipeline, _WriteStats
+from .stateful import RNGState, check_app_state
 
 HASH_BATCH_BYTES = 128 << 20
 """A take hashes and looks up chunks in batches of about this many bytes..."""
@@ -65,20 +65,19 @@ class TakeResult:
 
 
 def state_dicts(app_state: Mapping[str, Any]) -> dict[str, Any]:
-    """Call ``state_dict()`` on every stateful in ``app_state``; refuse anything else."""
-    if not isinstance(app_state, Mapping):
-        raise InvalidInputError("app_state must be a dict mapping names to stateful objects")
-    out = {}
-    for name, obj in app_state.items():
-        if not isinstance(name, str) or not name or "/" in name:
-            raise InvalidInputError(f"app_state key {name!r} must be a non-empty str without '/'")
-        if not callable(getattr(obj, "state_dict", None)):
-            raise InvalidInputError(
-                f"app_state[{name!r}] is a {type(obj).__name__} without state_dict(); wrap plain "
-                "values as ckstore.StateDict(...) (and RNG state as ckstore.RNGState())"
-            )
-        out[name] = obj.state_dict()
-    return out
+    """Call ``state_dict()`` on every stateful in ``app_state``; refuse anything else.
+
+    :class:`RNGState` entries are captured first and put back once the others are done, so
+    random numbers drawn inside other ``state_dict()`` calls leave no trace (TorchSnapshot's
+    order). The result keeps ``app_state``'s order.
+    """
+    check_app_state(app_state)
+    rng = {name: obj for name, obj in app_state.items() if isinstance(obj, RNGState)}
+    captured = {name: obj.state_dict() for name, obj in rng.items()}
+    others = {name: obj.state_dict() for name, obj in app_state.items() if name not in rng}
+    for name, obj in rng.items():
+        obj.load_state_dict(captured[name])  # undo draws made by the other statefuls
+    return {name: captured[name] if name in captured else others[name] for name in app_state}
 
 
 def plan(states: Mapping[str, Any], opts: TakeOptions) -> _Plan:

@@ -25,7 +25,7 @@ from typing import Any, Union
 import blake3
 
 from ..errors import CorruptionError
-from .dtypes import DTYPES, itemsize
+from .dtypes import ITEMSIZE, itemsize
 from .tree import tree_refs
 from .values import decode_value
 
@@ -92,7 +92,7 @@ class TensorEntry:
         try:
             dtype = str(d["dtype"])
             shape = _ints(d["shape"])
-            if dtype not in DTYPES or any(s < 0 for s in shape):
+            if dtype not in ITEMSIZE or any(s < 0 for s in shape):
                 raise ValueError(f"dtype {dtype!r} / shape {shape}")
             container = str(d.get("container", "torch"))
             if container not in ("torch", "numpy"):
@@ -147,8 +147,8 @@ class PerRankEntry:
     """A value that differed between the ranks of a distributed take: one entry per rank.
 
     ``entries[r]`` is what rank ``r`` held (a TensorEntry or a ValueEntry). A restore gives each
-    rank its own entry and refuses ranks the take did not have; it never picks one rank's value
-    for everyone.
+    rank its own entry; ranks the take did not have are refused (strict) or keep their own
+    value (``strict=False``). It never picks one rank's value for everyone.
     """
 
     entries: tuple[Union[TensorEntry, ValueEntry], ...]

@@ -6,17 +6,18 @@ Leaves are tensors, NumPy arrays, plain scalars, and lists/tuples made only of p
 (kept whole so a long ``params`` list is one entry, not thousands). Containers (dicts, lists,
 tuples with a tensor somewhere below) stay in the tree, which records their types, key types
 and order, so restore rebuilds exactly the structure ``state_dict()`` produced.
+
+Walking a stored tree (``unflatten``, ``tree_refs``, ``subtree``) needs no torch or NumPy;
+only flattening live state does, and imports them then.
 """
 
 from __future__ import annotations
 
+import io
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
-import torch
 
 from ..errors import CorruptionError, InvalidInputError, UnsupportedValueError
 from .limits import MAX_DEPTH
@@ -35,10 +36,15 @@ def join(prefix: str, part: str) -> str:
 
 def is_array(value: Any) -> bool:
     """True for values stored as tensor entries."""
+    import numpy as np
+    import torch
+
     return isinstance(value, (torch.Tensor, np.ndarray))
 
 
 def _is_plain_seq(value: Any) -> bool:
+    import torch
+
     return isinstance(value, (list, tuple)) and not isinstance(value, torch.Size) and all(
         is_plain(v) or (isinstance(v, torch.Size)) for v in value
     )
@@ -72,6 +78,8 @@ def flatten(prefix: str, obj: Any, *, lenient: bool = False) -> Flat:
 
 
 def _flatten(key: str, obj: Any, leaves: dict[str, Any], lenient: bool, depth: int) -> Any:
+    import torch
+
     if is_array(obj) or is_plain(obj) or isinstance(obj, torch.Size) or _is_plain_seq(obj):
         leaves[key] = obj
         return {"$ref": key}
@@ -100,7 +108,7 @@ def _flatten_dict(
     items = []
     seen: dict[str, Any] = {}
     for k, v in obj.items():
-        if not is_plain(k) or isinstance(k, (bytes, bytearray)):
+        if not is_plain(k) or isinstance(k, (bytes, bytearray, io.BytesIO)):
             if lenient:
                 continue
             raise UnsupportedValueError(
@@ -177,3 +185,21 @@ def subtree(tree: Any, prefix: str, key: str) -> Any | None:
         if key == path or key.startswith(path + "/"):
             return subtree(child, path, key)
     return None
+
+
+ABSENT = object()
+"""A placeholder ``resolve`` may return for a leaf to leave out; :func:`prune` drops it."""
+
+
+def prune(obj: Any) -> Any:
+    """``obj`` (from :func:`unflatten`) without :data:`ABSENT` leaves, in dicts, lists, tuples."""
+    if isinstance(obj, dict):
+        out = type(obj)((k, prune(v)) for k, v in obj.items() if v is not ABSENT)
+        meta = getattr(obj, "_metadata", None)
+        if meta is not None:
+            out._metadata = meta  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, (list, tuple)):
+        items = [prune(v) for v in obj if v is not ABSENT]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj

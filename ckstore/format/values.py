@@ -2,23 +2,26 @@
 
 The encoding is lossless for: None, bool, int, float (NaN/inf and -0.0 included), str, bytes,
 list, tuple, dict (any JSON-able keys, insertion order kept), ``torch.Size``, ``torch.dtype``,
-``torch.device`` and NumPy scalars. JSON objects are only ever tags (``{"$tuple": [...]}``), so
+``torch.device``, NumPy scalars and ``io.BytesIO`` (its whole buffer; it comes back positioned
+at 0, as DCP users such as a loss history kept with ``torch.save`` expect). JSON objects are only ever tags (``{"$tuple": [...]}``), so
 a plain JSON array is a list and a plain JSON scalar is itself. Anything else is refused with an
 error naming its key: there is no pickle fallback.
+
+Decoding imports torch and NumPy only for the values that are their objects (``$dtype``,
+``$device``, ``$size``, ``$np``), so reading a manifest of plain values loads neither.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import math
+import sys
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
-import torch
-
 from ..errors import CorruptionError, InvalidInputError, UnsupportedValueError
-from .dtypes import DTYPES, dtype_name
+from .dtypes import dtype_from_name, dtype_name
 from .limits import INT64_MAX, INT64_MIN, MAX_DEPTH, UINT64_MAX
 
 _NP_KINDS = frozenset("biufc")
@@ -36,8 +39,13 @@ def _refuse(value: Any, key: str) -> UnsupportedValueError:
 
 def is_plain(value: Any) -> bool:
     """True for scalars this module encodes (not containers, not arrays)."""
-    return value is None or isinstance(
-        value, (bool, int, float, str, bytes, bytearray, torch.dtype, torch.device, np.generic)
+    if value is None or isinstance(value, (bool, int, float, str, bytes, bytearray, io.BytesIO)):
+        return True
+    # A torch or NumPy scalar exists only once its library is imported: look, never import
+    # (reading a manifest's dict keys must not load torch).
+    torch, np = sys.modules.get("torch"), sys.modules.get("numpy")
+    return (torch is not None and isinstance(value, (torch.dtype, torch.device))) or (
+        np is not None and isinstance(value, np.generic)
     )
 
 
@@ -50,6 +58,9 @@ def encode_value(value: Any, key: str, depth: int = 0) -> Any:
         UnsupportedValueError: a type ckstore does not store (no pickle); names ``key``.
         InvalidInputError: an integer outside 64 bits, or containers nested too deep.
     """
+    import numpy as np
+    import torch
+
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, np.generic):  # before int/float: np.float64 subclasses float
@@ -69,6 +80,8 @@ def encode_value(value: Any, key: str, depth: int = 0) -> Any:
         return {"$float": repr(float(value))}
     if isinstance(value, (bytes, bytearray)):
         return {"$bytes": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, io.BytesIO):
+        return {"$bytesio": base64.b64encode(value.getbuffer()).decode()}
     if isinstance(value, torch.dtype):
         return {"$dtype": dtype_name(value, key)}
     if isinstance(value, torch.device):
@@ -142,19 +155,24 @@ def _decode_tag(data: dict[str, Any], depth: int) -> Any:
         return float(text)
     if "$bytes" in data:
         return base64.b64decode(data["$bytes"], validate=True)
+    if "$bytesio" in data:
+        return io.BytesIO(base64.b64decode(data["$bytesio"], validate=True))
     if "$dtype" in data:
-        name = data["$dtype"]
-        if name not in DTYPES:
-            raise CorruptionError(f"manifest names an unknown dtype {name!r}")
-        return DTYPES[name]
+        return dtype_from_name(data["$dtype"])
     if "$device" in data:
+        import torch
+
         return torch.device(_str(data["$device"]))
     if "$size" in data:
+        import torch
+
         sizes = _list(data["$size"])
         if not all(type(v) is int and 0 <= v <= INT64_MAX for v in sizes):
             raise ValueError("$size holds something other than non-negative int64s")
         return torch.Size(sizes)
     if "$np" in data:
+        import numpy as np
+
         dt = np.dtype(_str(data["$np"]))
         if dt.kind not in _NP_KINDS:
             raise ValueError(dt)

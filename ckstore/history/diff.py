@@ -24,7 +24,6 @@ from ..errors import CorruptionError
 from ..format.dtypes import itemsize
 from ..format.manifest import TensorEntry, entry_digest
 from ..index import EntryRecord
-from .diff_numeric import numeric_diff
 from .diff_result import (
     ADDED,
     CHANGED,
@@ -128,6 +127,8 @@ def _changed(
         raise CorruptionError(f"key {rb.key!r}: the index says tensor but the manifest disagrees")
     fields = _chunk_change(ea, eb)
     if numeric:
+        from .diff_numeric import numeric_diff  # imports torch: a plain diff does not
+
         fields["numeric"] = numeric_diff(snap_a, snap_b, rb.key, ea, eb)
     return _replace(base, **fields)
 

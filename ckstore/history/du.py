@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Table, func, select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from ..index import models
@@ -21,10 +21,10 @@ from ..index import models
 if TYPE_CHECKING:
     from ..engine.repository import Repository
 
-_snapshots = cast(Table, models.Snapshot.__table__)
-_snapshot_chunks = cast(Table, models.SnapshotChunk.__table__)
-_chunks = cast(Table, models.Chunk.__table__)
-_packs = cast(Table, models.Pack.__table__)
+_snapshots = models.snapshots
+_snapshot_chunks = models.snapshot_chunks
+_chunks = models.chunks
+_packs = models.packs
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ Two phases, as restic's forget + prune:
 
 Index rows always go before objects. A take that stalls past its lease loses its pins here and
 then fails at commit; it never commits references to chunks this GC deleted.
+
+The report also says what the grace period kept: unreferenced chunks younger than it and
+retired packs not yet past it, their bytes, and when the grace period of the youngest ends.
 """
 
 from __future__ import annotations
@@ -51,6 +54,17 @@ class GCReport:
     manifests_removed: int = 0
     orphans_removed: int = 0
     bytes_reclaimed: int = 0
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+    grace_kept_chunks: int = 0
+    """Unreferenced chunks kept because they are younger than the grace period."""
+    grace_kept_packs: int = 0
+    """Retired packs (no live chunk) kept until the grace period since retiring them ends."""
+    grace_kept_bytes: int = 0
+    """Stored bytes of both: what the grace period keeps from being reclaimed."""
+    grace_expires_at: float | None = None
+    """When the grace period of the youngest of them ends (Unix time; None: nothing kept).
+    A gc after it prunes those chunks and deletes those packs; a pack that the pruning empties
+    is retired then and deleted one grace period later (a reader may still be using it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,12 +101,13 @@ def gc(
     grace_seconds = check_number("gc: grace_seconds", grace_seconds, 0.0, MAX_SECONDS)
     repack_below = check_number("gc: repack_below", repack_below, 0.0, 1.0)
     policy = Policy(keep_last, keep_every_steps, keep_tagged, older_than, tuple(runs) if runs else None)
-    report = GCReport(dry_run=dry_run)
+    report = GCReport(dry_run=dry_run, grace_seconds=grace_seconds)
     now = time.time()
     cutoff = now - grace_seconds
     dropped = _forget(store, policy, report, dry_run)
     if dry_run:
         _estimate(store, report, cutoff, dropped)
+        _grace_kept(store, report, cutoff, dropped)
         return report
     report.sessions_expired = store.index.expire_sessions(now)
     removed = store.index.prune_chunks(cutoff)
@@ -104,6 +119,7 @@ def gc(
         store.objects.delete_blob("manifests", mid)
         report.manifests_removed += 1
     _delete_orphans(store, report)
+    _grace_kept(store, report, time.time() - grace_seconds, [])
     return report
 
 
@@ -125,6 +141,17 @@ def _estimate(store: Repository, report: GCReport, cutoff: float, dropped: list[
     report.chunk_bytes_removed = sum(c.length for c in chunks)
     report.manifests_removed = len(store.index.prune_manifests(cutoff, dry_run=True, ignoring=dropped))
     report.bytes_reclaimed = report.chunk_bytes_removed
+
+
+def _grace_kept(store: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
+    """Fill in what the grace period keeps (unreferenced data not yet ``cutoff`` old)."""
+    count, size, newest = store.index.young_unreferenced(cutoff, ignoring=dropped)
+    retired = [u for u in store.index.pack_usage() if u.retired_at is not None and u.retired_at > cutoff]
+    report.grace_kept_chunks = count
+    report.grace_kept_packs = len(retired)
+    report.grace_kept_bytes = size + sum(u.size for u in retired)
+    ends = [t + report.grace_seconds for t in [newest, *(u.retired_at for u in retired)] if t is not None]
+    report.grace_expires_at = max(ends) if ends else None
 
 
 def _compact_packs(store: Repository, report: GCReport, cutoff: float, repack_below: float) -> None:

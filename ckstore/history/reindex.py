@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from .. import objects
 from ..engine.lease import Lease
-from ..engine.take import entry_records
 from ..errors import CkstoreError, ConflictError, CorruptionError
 from ..format.manifest import Manifest, PerRankEntry
 from ..index import ChunkRecord, PackRecord, SnapshotRecord
@@ -119,6 +118,8 @@ def _commit(store: Repository, lease: Lease, manifest_id: str, manifest: Manifes
         name=header.get("name"),
         world_size=world,
     )
+    from ..engine.take import entry_records  # imports torch, which reindex alone does not need
+
     raw = store.objects.get_blob("manifests", manifest_id)
     # commit_snapshot ends the session it commits under: give each snapshot its own session.
     with Lease(store.index, store.lease_seconds) as one:

@@ -9,17 +9,26 @@ rows that do not decode (:class:`RowError`, raised by ``_convert``).
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 
-from ckstore.errors import ConflictError, IndexCorruptionError, IndexError_, InvalidInputError
+from ckstore.errors import (
+    ConflictError,
+    IndexCorruptionError,
+    IndexError_,
+    InvalidInputError,
+    NotFoundError,
+)
 
 _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
 _CORRUPT_WORDS = ("malformed", "not a database", "could not decode to utf-8")
+_NO_DATABASE = re.compile(r'database "([^"]+)" does not exist')
 
 
 class RowError(ValueError):
@@ -39,6 +48,8 @@ def translated(what: str, url: str) -> Iterator[None]:
             text that is not UTF-8, or a row does not decode); the message says how to rebuild.
         InvalidInputError: A number is outside the 64-bit integer range the index stores.
         ConflictError: For integrity violations (a concurrent writer took a name or id).
+        NotFoundError: For a PostgreSQL database that does not exist (the message says how
+            to create it).
         IndexError_: For every other database failure (unreachable, locked, broken).
     """
     try:
@@ -52,6 +63,9 @@ def translated(what: str, url: str) -> Iterator[None]:
         if _is_corruption(orig):
             raise IndexCorruptionError(damaged_message(what, url, _first_line(exc))) from exc
         if isinstance(exc, OperationalError):
+            missing = _NO_DATABASE.search(_first_line(exc))
+            if missing:
+                raise NotFoundError(_create_database_hint(what, url, missing.group(1))) from exc
             raise IndexError_(
                 f"{what}: the index database {url} failed: {_first_line(exc)}"
             ) from exc
@@ -69,6 +83,17 @@ def translated(what: str, url: str) -> Iterator[None]:
             f"{what}: a number is outside the signed 64-bit range the index stores "
             f"(-2**63 .. 2**63-1): {exc}"
         ) from exc
+
+
+def _create_database_hint(what: str, url: str, database: str) -> str:
+    u = make_url(url)
+    options = [("-h", u.host), ("-p", u.port), ("-U", u.username)]
+    flags = "".join(f"{flag} {value} " for flag, value in options if value)
+    return (
+        f"{what}: the PostgreSQL database {database!r} of index {url} does not exist; create "
+        f"it (empty) with `createdb {flags}{database}` or the SQL `CREATE DATABASE "
+        f'"{database}"`, then run the command again (ckstore creates its tables itself)'
+    )
 
 
 def damaged_message(what: str, url: str, detail: str) -> str:

@@ -4,26 +4,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from sqlalchemy import Table, select, text
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from ckstore.errors import LeaseExpiredError
 from ckstore.index import models
 
-meta = cast(Table, models.Meta.__table__)
-packs = cast(Table, models.Pack.__table__)
-chunks = cast(Table, models.Chunk.__table__)
-manifests = cast(Table, models.Manifest.__table__)
-manifest_entries = cast(Table, models.ManifestEntry.__table__)
-runs = cast(Table, models.Run.__table__)
-snapshots = cast(Table, models.Snapshot.__table__)
-snapshot_chunks = cast(Table, models.SnapshotChunk.__table__)
-tags = cast(Table, models.Tag.__table__)
-sessions = cast(Table, models.WriteSession.__table__)
-pins = cast(Table, models.Pin.__table__)
+meta = models.meta
+packs = models.packs
+chunks = models.chunks
+manifests = models.manifests
+manifest_entries = models.manifest_entries
+runs = models.runs
+snapshots = models.snapshots
+snapshot_chunks = models.snapshot_chunks
+tags = models.tags
+sessions = models.sessions
+pins = models.pins
 
 BATCH_SIZE = 500
 """Most ids bound into one ``IN (...)`` query (well below SQLite's variable limit)."""
@@ -54,8 +53,12 @@ def unique(ids: Iterable[str]) -> list[str]:
 
 def insert(conn: Connection, table: Table) -> Any:
     """Returns the dialect's INSERT (which supports ``on_conflict_do_nothing``/``_do_update``)."""
-    if conn.dialect.name == "postgresql":
+    if conn.dialect.name == "postgresql":  # imported here: the SQLite-only case never loads it
+        from sqlalchemy.dialects import postgresql
+
         return postgresql.insert(table)
+    from sqlalchemy.dialects import sqlite
+
     return sqlite.insert(table)
 
 

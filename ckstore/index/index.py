@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
 from ckstore.errors import (
+    ConflictError,
     InvalidInputError,
     LeaseExpiredError,
     NotFoundError,
@@ -443,14 +444,20 @@ class Index(MaintenanceMixin):
             return [_convert.tag(r) for r in conn.execute(query)]
 
     # -------------------------------------------------------------------- delete
-    def delete_snapshot(self, snapshot_id: str) -> None:
+    def delete_snapshot(self, snapshot_id: str, *, refuse_tagged: bool = False) -> None:
         """Deletes a snapshot, its chunk references and the tags pointing at it.
 
         Its children get its parent as their parent, so run history stays a chain. Chunk,
         pack and manifest rows are left for GC.
 
+        Args:
+            snapshot_id: The snapshot to delete.
+            refuse_tagged: Delete nothing if a tag points at it, checked in the same
+                transaction (a tag set concurrently is either seen or waits for the delete).
+
         Raises:
             SnapshotNotFoundError: If there is no such snapshot.
+            ConflictError: If ``refuse_tagged`` and tags point at it (the message names them).
         """
         s, sc, t = _sql.snapshots, _sql.snapshot_chunks, _sql.tags
         with self._write(f"delete snapshot {snapshot_id}") as conn:
@@ -459,6 +466,15 @@ class Index(MaintenanceMixin):
             ).first()
             if row is None:
                 raise SnapshotNotFoundError(f"no snapshot with id {snapshot_id}")
+            if refuse_tagged:
+                names = conn.scalars(
+                    select(t.c.name).where(t.c.snapshot_id == snapshot_id).order_by(t.c.name)
+                ).all()
+                if names:
+                    raise ConflictError(
+                        f"snapshot {snapshot_id} is tagged {', '.join(names)}; delete the "
+                        "tags first, or delete it with its tags (force)"
+                    )
             children = update(s).where(s.c.parent_id == snapshot_id)
             conn.execute(children.values(parent_id=row.parent_id))
             conn.execute(delete(t).where(t.c.snapshot_id == snapshot_id))

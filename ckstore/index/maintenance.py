@@ -105,6 +105,24 @@ class MaintenanceMixin:
         with self._read("find unreferenced chunks") as conn:
             return [_convert.chunk(r) for r in conn.execute(query)]
 
+    def young_unreferenced(
+        self, cutoff: float, ignoring: Sequence[str] = ()
+    ) -> tuple[int, int, float | None]:
+        """Chunks nothing references or pins that are NOT older than ``cutoff`` (read only).
+
+        What GC's grace period keeps. ``ignoring`` as in :meth:`unreferenced_chunks`.
+
+        Returns:
+            ``(count, stored bytes, newest created_at or None)``.
+        """
+        c = _sql.chunks
+        query = select(
+            func.count(c.c.id), func.coalesce(func.sum(c.c.length), 0), func.max(c.c.created_at)
+        ).where((c.c.created_at >= cutoff) & _unreferenced(ignoring))
+        with self._read("measure unreferenced chunks in the grace period") as conn:
+            count, size, newest = conn.execute(query).one()
+        return int(count), int(size), None if newest is None else float(newest)
+
     def prune_chunks(self, cutoff: float) -> list[ChunkRecord]:
         """Delete unreferenced, unpinned chunk rows older than ``cutoff``; return them."""
         c = _sql.chunks

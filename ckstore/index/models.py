@@ -1,23 +1,25 @@
-"""SQLAlchemy declarative models of the index schema.
+"""The index schema at the head revision, as SQLAlchemy Core tables.
 
-These classes describe the schema at the head revision. The migration scripts in
+Core tables, not ORM classes: the index issues Core statements only, and leaving
+``sqlalchemy.orm`` unimported keeps the command line quick. The migration scripts in
 ``migrations/versions`` create the same schema step by step and do not import this module, so
-an old revision stays frozen when the models move on; a test checks that both agree.
+an old revision stays frozen when the tables move on; a test checks that both agree.
 """
 
 from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Column,
     Double,
     ForeignKey,
     Index,
     Integer,
     MetaData,
     String,
+    Table,
     Text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 ID = String(128)
 """Column type of every object id (chunks, packs, manifests, snapshots, sessions)."""
@@ -32,138 +34,138 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-
-class Base(DeclarativeBase):
-    """Declarative base with a naming convention, so migrations can name constraints."""
-
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+"""Every table of the index, with a naming convention so migrations can name constraints."""
 
 
-class Meta(Base):
-    """Store-wide key/value settings (format version, feature flags, store id)."""
-
-    __tablename__ = "meta"
-    key: Mapped[str] = mapped_column(NAME, primary_key=True)
-    value: Mapped[str] = mapped_column(Text)
+def _required(name: str, type_: object, *args: object, **kw: object) -> Column[object]:
+    return Column(name, type_, *args, nullable=False, **kw)  # type: ignore[arg-type]
 
 
-class Pack(Base):
-    """One pack object in the store."""
+meta = Table(
+    "meta",
+    metadata,
+    Column("key", NAME, primary_key=True),
+    _required("value", Text),
+)
+"""Store-wide key/value settings (format version, feature flags, store id)."""
 
-    __tablename__ = "packs"
-    id: Mapped[str] = mapped_column(ID, primary_key=True)
-    size: Mapped[int] = mapped_column(BigInteger)
-    chunk_count: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[float] = mapped_column(Double)
-    retired_at: Mapped[float | None] = mapped_column(Double, nullable=True)
-    """Set by GC when no chunk lives here any more; the object goes after the grace period."""
+packs = Table(
+    "packs",
+    metadata,
+    Column("id", ID, primary_key=True),
+    _required("size", BigInteger),
+    _required("chunk_count", Integer),
+    _required("created_at", Double),
+    # set by GC when no chunk lives here any more; the object goes after the grace period
+    Column("retired_at", Double, nullable=True),
+)
+"""One pack object in the store."""
 
+chunks = Table(
+    "chunks",
+    metadata,
+    Column("id", ID, primary_key=True),
+    _required("pack_id", ID, ForeignKey("packs.id"), index=True),
+    _required("offset", BigInteger),
+    _required("length", BigInteger),
+    _required("raw_length", BigInteger),
+    _required("codec", String(32)),
+    _required("created_at", Double),
+)
+"""Where a chunk lives: pack, byte range, codec."""
 
-class Chunk(Base):
-    """Where a chunk lives: pack, byte range, codec."""
+manifests = Table(
+    "manifests",
+    metadata,
+    Column("id", ID, primary_key=True),
+    _required("size", BigInteger),
+    _required("created_at", Double),
+)
+"""A manifest object (the analogue of a git tree)."""
 
-    __tablename__ = "chunks"
-    id: Mapped[str] = mapped_column(ID, primary_key=True)
-    pack_id: Mapped[str] = mapped_column(ForeignKey("packs.id"), index=True)
-    offset: Mapped[int] = mapped_column(BigInteger)
-    length: Mapped[int] = mapped_column(BigInteger)
-    raw_length: Mapped[int] = mapped_column(BigInteger)
-    codec: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[float] = mapped_column(Double)
+manifest_entries = Table(
+    "manifest_entries",
+    metadata,
+    Column("manifest_id", ID, ForeignKey("manifests.id"), primary_key=True),
+    Column("key", Text, primary_key=True),
+    _required("position", Integer),
+    _required("kind", String(32)),
+    Column("dtype", String(32), nullable=True),
+    Column("shape", Text, nullable=True),
+    _required("nbytes", BigInteger),
+    _required("digest", String(128)),
+)
+"""One key of a manifest; ``position`` keeps the caller's order."""
 
+runs = Table(
+    "runs",
+    metadata,
+    Column("name", NAME, primary_key=True),
+    _required("created_at", Double),
+)
+"""A run: a sequence of snapshots (the analogue of a branch)."""
 
-class Manifest(Base):
-    """A manifest object (the analogue of a git tree)."""
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("id", ID, primary_key=True),
+    _required("run", NAME, ForeignKey("runs.name")),
+    _required("seq", BigInteger),
+    Column("step", BigInteger, nullable=True),
+    Column("parent_id", ID, nullable=True),
+    _required("manifest_id", ID, ForeignKey("manifests.id")),
+    _required("created_at", Double),
+    _required("metadata", Text),
+    _required("logical_bytes", BigInteger),
+    _required("new_bytes", BigInteger),
+    _required("new_chunks", BigInteger),
+    _required("reused_chunks", BigInteger),
+    Column("name", NAME, nullable=True, unique=True),
+    _required("world_size", Integer),
+    Index("ix_snapshots_run_seq", "run", "seq", unique=True),
+    Index("ix_snapshots_run_step", "run", "step"),
+    Index("ix_snapshots_created_at", "created_at"),
+    Index("ix_snapshots_manifest_id", "manifest_id"),
+    Index("ix_snapshots_parent_id", "parent_id"),
+)
+"""A committed snapshot. ``seq`` is its commit order within the run (1, 2, ...)."""
 
-    __tablename__ = "manifests"
-    id: Mapped[str] = mapped_column(ID, primary_key=True)
-    size: Mapped[int] = mapped_column(BigInteger)
-    created_at: Mapped[float] = mapped_column(Double)
+snapshot_chunks = Table(
+    "snapshot_chunks",
+    metadata,
+    Column("snapshot_id", ID, ForeignKey("snapshots.id"), primary_key=True),
+    Column("chunk_id", ID, ForeignKey("chunks.id"), primary_key=True, index=True),
+)
+"""A chunk referenced by a snapshot (what GC keeps alive)."""
 
+tags = Table(
+    "tags",
+    metadata,
+    Column("name", NAME, primary_key=True),
+    _required("snapshot_id", ID, ForeignKey("snapshots.id"), index=True),
+    _required("version", Integer),
+    _required("updated_at", Double),
+)
+"""A named pointer to a snapshot; ``version`` is bumped on each move (compare-and-swap)."""
 
-class ManifestEntry(Base):
-    """One key of a manifest; ``position`` keeps the caller's order."""
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("id", ID, primary_key=True),
+    _required("owner", String(255)),
+    _required("started_at", Double),
+    _required("heartbeat_at", Double),
+    _required("expires_at", Double),
+    _required("state", String(16)),
+    Index("ix_sessions_state_expires_at", "state", "expires_at"),
+)
+"""A write lease held by a take in progress."""
 
-    __tablename__ = "manifest_entries"
-    manifest_id: Mapped[str] = mapped_column(ForeignKey("manifests.id"), primary_key=True)
-    key: Mapped[str] = mapped_column(Text, primary_key=True)
-    position: Mapped[int] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(String(32))
-    dtype: Mapped[str | None] = mapped_column(String(32))
-    shape: Mapped[str | None] = mapped_column(Text)
-    nbytes: Mapped[int] = mapped_column(BigInteger)
-    digest: Mapped[str] = mapped_column(String(128))
-
-
-class Run(Base):
-    """A run: a sequence of snapshots (the analogue of a branch)."""
-
-    __tablename__ = "runs"
-    name: Mapped[str] = mapped_column(NAME, primary_key=True)
-    created_at: Mapped[float] = mapped_column(Double)
-
-
-class Snapshot(Base):
-    """A committed snapshot. ``seq`` is its commit order within the run (1, 2, ...)."""
-
-    __tablename__ = "snapshots"
-    __table_args__ = (
-        Index("ix_snapshots_run_seq", "run", "seq", unique=True),
-        Index("ix_snapshots_run_step", "run", "step"),
-        Index("ix_snapshots_created_at", "created_at"),
-        Index("ix_snapshots_manifest_id", "manifest_id"),
-        Index("ix_snapshots_parent_id", "parent_id"),
-    )
-    id: Mapped[str] = mapped_column(ID, primary_key=True)
-    run: Mapped[str] = mapped_column(ForeignKey("runs.name"))
-    seq: Mapped[int] = mapped_column(BigInteger)
-    step: Mapped[int | None] = mapped_column(BigInteger)
-    parent_id: Mapped[str | None] = mapped_column(ID)
-    manifest_id: Mapped[str] = mapped_column(ForeignKey("manifests.id"))
-    created_at: Mapped[float] = mapped_column(Double)
-    metadata_json: Mapped[str] = mapped_column("metadata", Text)
-    logical_bytes: Mapped[int] = mapped_column(BigInteger)
-    new_bytes: Mapped[int] = mapped_column(BigInteger)
-    new_chunks: Mapped[int] = mapped_column(BigInteger)
-    reused_chunks: Mapped[int] = mapped_column(BigInteger)
-    name: Mapped[str | None] = mapped_column(NAME, unique=True)
-    world_size: Mapped[int] = mapped_column(Integer)
-
-
-class SnapshotChunk(Base):
-    """A chunk referenced by a snapshot (what GC keeps alive)."""
-
-    __tablename__ = "snapshot_chunks"
-    snapshot_id: Mapped[str] = mapped_column(ForeignKey("snapshots.id"), primary_key=True)
-    chunk_id: Mapped[str] = mapped_column(ForeignKey("chunks.id"), primary_key=True, index=True)
-
-
-class Tag(Base):
-    """A named pointer to a snapshot; ``version`` is bumped on each move (compare-and-swap)."""
-
-    __tablename__ = "tags"
-    name: Mapped[str] = mapped_column(NAME, primary_key=True)
-    snapshot_id: Mapped[str] = mapped_column(ForeignKey("snapshots.id"), index=True)
-    version: Mapped[int] = mapped_column(Integer)
-    updated_at: Mapped[float] = mapped_column(Double)
-
-
-class WriteSession(Base):
-    """A write lease held by a take in progress."""
-
-    __tablename__ = "sessions"
-    __table_args__ = (Index("ix_sessions_state_expires_at", "state", "expires_at"),)
-    id: Mapped[str] = mapped_column(ID, primary_key=True)
-    owner: Mapped[str] = mapped_column(String(255))
-    started_at: Mapped[float] = mapped_column(Double)
-    heartbeat_at: Mapped[float] = mapped_column(Double)
-    expires_at: Mapped[float] = mapped_column(Double)
-    state: Mapped[str] = mapped_column(String(16))
-
-
-class Pin(Base):
-    """A chunk a write session relies on without having referenced it yet."""
-
-    __tablename__ = "pins"
-    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), primary_key=True)
-    chunk_id: Mapped[str] = mapped_column(ForeignKey("chunks.id"), primary_key=True, index=True)
+pins = Table(
+    "pins",
+    metadata,
+    Column("session_id", ID, ForeignKey("sessions.id"), primary_key=True),
+    Column("chunk_id", ID, ForeignKey("chunks.id"), primary_key=True, index=True),
+)
+"""A chunk a write session relies on without having referenced it yet."""

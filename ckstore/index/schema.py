@@ -9,6 +9,9 @@ Rules (in the manner of optuna's RDB storage):
   :func:`upgrade`). Upgrades are never run implicitly: other processes may still run the old code.
 * A revision this code does not know was written by a newer ckstore: refused, upgrade ckstore.
 * A database with tables but no ``alembic_version`` is not a ckstore index: refused.
+
+Opening an index at :data:`HEAD_REVISION` reads the version table with plain SQL; alembic (slow
+to import) is loaded only to create, check an unexpected revision, or upgrade.
 """
 
 from __future__ import annotations
@@ -23,18 +26,16 @@ from sqlalchemy.engine import Connection, Engine
 
 from ckstore.errors import NotFoundError, SchemaError
 from ckstore.index.engine import READONLY, display_url, make_engine
-from ckstore.index.models import Base
+from ckstore.index.models import metadata
 
 if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
+HEAD_REVISION = "0001"
+"""The newest revision in ``migrations/versions`` (a test checks it against alembic's head)."""
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "alembic_version"
-HEAD_REVISION = "0001"
-"""The newest revision of the shipped migrations (a test checks it against them). Opening an
-index at this revision reads one row and imports no alembic (about half a second of a fresh
-process's start-up); anything else goes through alembic's script directory."""
 _PG_LOCK_KEY = 0x636B73746F7265  # "ckstore": serializes schema creation on PostgreSQL
 
 
@@ -100,20 +101,23 @@ def ensure_schema(
         conn.execution_options(**{READONLY: True})
         with conn.begin():
             revision = _stored_revision(conn, url)
-    if revision is not None:
-        _check_revision(revision, script_location, url)
-        return
+    if revision == HEAD_REVISION and script_location is None:
+        return  # the common case, without importing alembic
     from alembic.runtime.migration import MigrationContext
 
+    script = script_directory(script_location)
+    if revision is not None:
+        _check_revision(revision, script, url)
+        return
     with _schema_lock(engine) as conn:
         revision = _stored_revision(conn, url)
         if revision is not None:  # another process created it meanwhile
-            _check_revision(revision, script_location, url)
+            _check_revision(revision, script, url)
             return
         if not create:
             raise NotFoundError(f"no ckstore index at {url} (open it with create=True)")
-        Base.metadata.create_all(conn)
-        MigrationContext.configure(conn).stamp(script_directory(script_location), "head")
+        metadata.create_all(conn)
+        MigrationContext.configure(conn).stamp(script, "head")
 
 
 def upgrade(url: str, *, script_location: Path | None = None) -> str:
@@ -170,7 +174,7 @@ def _stored_revision(conn: Connection, url: str) -> str | None:
                 "ckstore index"
             )
         return None
-    heads = [row[0] for row in conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))]
+    heads = [str(v) for v in conn.scalars(text(f"SELECT version_num FROM {VERSION_TABLE}"))]
     if len(heads) != 1:
         raise SchemaError(
             f"index {url} has {len(heads)} schema revisions recorded ({heads}); expected one. "
@@ -183,10 +187,7 @@ def _known(revision: str, script: ScriptDirectory) -> bool:
     return any(rev.revision == revision for rev in script.walk_revisions())
 
 
-def _check_revision(revision: str, script_location: Path | None, url: str) -> None:
-    if revision == HEAD_REVISION and script_location is None:
-        return
-    script = script_directory(script_location)
+def _check_revision(revision: str, script: ScriptDirectory, url: str) -> None:
     head = script.get_current_head()
     if revision == head:
         return

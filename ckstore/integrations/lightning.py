@@ -15,7 +15,8 @@ Each ``save_checkpoint(checkpoint, path)`` takes Lightning's checkpoint dict as 
 against every earlier checkpoint. The path is recorded as a tag (``<run>/<file name>``, see
 :meth:`CkstoreCheckpointIO.tag_of`); saving to the same path again moves the tag and deletes the
 snapshot it left, as overwriting the file would. ``remove_checkpoint(path)`` (what
-``ModelCheckpoint`` calls to drop a checkpoint that left the top k) deletes the snapshot, and
+``ModelCheckpoint`` calls to drop a checkpoint that left the top k) removes the path's tag and
+deletes the snapshot, unless a tag of yours still points at it (tags mark what to keep), and
 ``gc`` reclaims its bytes. ``load_checkpoint(path)`` accepts a path saved through the plugin or
 any ref (``run@step``, a tag, an id prefix).
 
@@ -33,7 +34,7 @@ import os
 import re
 from typing import Any
 
-from ..errors import NotFoundError, SnapshotNotFoundError
+from ..errors import ConflictError, NotFoundError, SnapshotNotFoundError
 from ..interop import SOURCE_APP, app_state_of, take_local
 from ..store import Store
 
@@ -92,10 +93,23 @@ class CkstoreCheckpointIO(CheckpointIO):
         return {app: snap.read_object(app) for app in apps}
 
     def remove_checkpoint(self, path: Any) -> None:
-        """Delete the snapshot saved at ``path``; ``store.gc()`` reclaims what only it used."""
-        sid = self.store.tags().get(self.tag_of(path))
-        if sid is not None:
+        """Delete the snapshot saved at ``path``; ``store.gc()`` reclaims what only it used.
+
+        The path's tag goes first; a snapshot that another tag still points at (one you set,
+        e.g. ``best``) is kept.
+        """
+        tag = self.tag_of(path)
+        sid = self.store.tags().get(tag)
+        if sid is None:
+            return
+        try:
+            self.store.untag(tag)
+        except NotFoundError:
+            pass  # removed meanwhile
+        try:
             self._delete(sid)
+        except ConflictError:
+            pass  # another tag keeps it
 
     def _resolve(self, path: Any) -> Any:
         tag = self.tag_of(path)

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.config import budget_cap
 from ..engine.repository import Repository, SnapshotView
 from ..engine.take import state_dicts
 from ..engine.take import take as engine_take
@@ -113,7 +114,7 @@ def import_checkpoint(
     """
     path = os.fspath(path)
     fmt = format or detect_format(path)
-    with Spill(repo.memory_budget_bytes) as spill:
+    with Spill(budget_cap() if repo.memory_budget is None else repo.memory_budget) as spill:
         apps, src = _load(path, fmt, spill)
         apps[SOURCE_APP] = src.app()
         return take_local(repo, apps, run=run, step=step, tags=tags, metadata={**src.metadata(), **dict(metadata)}, name=name)
@@ -199,7 +200,9 @@ def export_snapshot(
         raise NotFoundError(
             f"snapshot {view.ref}: no key matches {list(keys or [])!r}; list them with `ckstore ls {view.id[:12]}`"
         )
-    budget = view.store.memory_budget_bytes if memory_budget is None else memory_budget
+    budget = view.store.memory_budget if memory_budget is None else memory_budget
+    if budget is None:  # the store's default: the most a restore stages by default
+        budget = budget_cap()
     src = load_source(view)
     with _outdir.staged(dest, force) as out:
         if format == "torch":

@@ -1,11 +1,13 @@
 """The object layer: backends, hashing, codecs, packs and the verified object store.
 
-Never imports torch or the index layer.
+Never imports torch or the index layer. The fsspec-based backends (``FsspecBackend``,
+``memory_backend``, ``S3Backend``) are imported on first use, so a local store never loads fsspec.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ckstore.objects.backend import Backend, validate_name
 from ckstore.objects.codecs import BYTEGROUP_ZSTD, CODECS, NONE, ZSTD, decode, encode, grouped_size
-from ckstore.objects.fsspec_backend import FsspecBackend, memory_backend
 from ckstore.objects.hashing import HASH_NAME, chunk_id, is_chunk_id
 from ckstore.objects.local import LocalBackend
 from ckstore.objects.opener import open_backend
@@ -20,9 +22,33 @@ from ckstore.objects.packs import (
     pack_overhead,
     read_pack_index,
 )
-from ckstore.objects.s3 import S3Backend
 from ckstore.objects.store import ObjectStore, blob_name
 from ckstore.objects.wrappers import CountingBackend, FaultyBackend, WrappingBackend
+
+if TYPE_CHECKING:
+    from ckstore.objects.fsspec_backend import FsspecBackend, memory_backend
+    from ckstore.objects.s3 import S3Backend
+
+_LAZY = {
+    "FsspecBackend": "fsspec_backend",
+    "memory_backend": "fsspec_backend",
+    "S3Backend": "s3",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "BYTEGROUP_ZSTD",

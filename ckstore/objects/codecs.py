@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import struct
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import zstandard
 
 from ckstore.errors import CorruptionError, InvalidInputError
 from ckstore.objects.hashing import as_bytes_view
+
+if TYPE_CHECKING:
+    import numpy as np
 
 NONE = "none"
 ZSTD = "zstd"
@@ -143,6 +145,8 @@ def grouped_size(raw_length: int, itemsize: int) -> int:
 
 
 def _encode_grouped(view: memoryview, itemsize: int, level: int, buffer: Any) -> memoryview:
+    import numpy as np  # here: reading an index or a plain chunk never loads numpy
+
     """Split ``view`` into planes written straight into the payload buffer, then compress
     the planes that pay in place (each result is no longer than its plane, so it only ever
     moves left): one transposing copy, and no join of the parts afterwards."""
@@ -308,6 +312,8 @@ def decode_hashed(
     Raises:
         CorruptionError, InvalidInputError: as for :func:`decode`.
     """
+    import numpy as np  # here: reading an index or a plain chunk never loads numpy
+
     target = _check_out(out, raw_length)
     pview = as_bytes_view(payload)
     if not 0 <= raw_length <= MAX_RAW_LENGTH:
@@ -338,6 +344,8 @@ re-interleaving the whole 4 MiB chunk and hashing it afterwards."""
 def _ungroup(pview: memoryview, raw_length: int, target: memoryview | None, hasher: Any) -> None:
     """Re-interleave a byte-grouped payload into ``target`` (None: a scratch block), block by
     block, feeding each block to ``hasher`` right after it is written."""
+    import numpy as np
+
     n, planes = _parse_grouped(pview, raw_length)
     plane_len = raw_length // n
     data = []
@@ -365,6 +373,8 @@ def _ungroup(pview: memoryview, raw_length: int, target: memoryview | None, hash
 
 def _block_scratch(n: int) -> np.ndarray:
     """This thread's reusable block buffer of at least ``n`` bytes."""
+    import numpy as np
+
     buf: np.ndarray | None = getattr(_local, "block", None)
     if buf is None or len(buf) < n:
         buf = _local.block = np.empty(n, dtype=np.uint8)

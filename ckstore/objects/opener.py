@@ -6,11 +6,8 @@ import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import fsspec
-
 from ckstore.errors import InvalidInputError, StorageError
 from ckstore.objects.backend import Backend
-from ckstore.objects.fsspec_backend import FsspecBackend, memory_backend
 from ckstore.objects.local import LocalBackend
 
 
@@ -62,9 +59,15 @@ def open_backend(
     if protocol in ("file", "local"):
         return LocalBackend(unquote(urlsplit(text).path))
     if protocol == "memory":
+        from ckstore.objects.fsspec_backend import memory_backend
+
         return memory_backend(text[len("memory://") :])
     if protocol in ("s3", "s3a"):
         return _s3_backend("s3://" + text.split("://", 1)[1], options)
+    import fsspec  # here, not at the top: local stores never pay for importing it
+
+    from ckstore.objects.fsspec_backend import FsspecBackend
+
     try:
         fs, root = fsspec.core.url_to_fs(text, **options)
     except (ValueError, ImportError) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 from typing import Any
 
@@ -152,4 +153,65 @@ def load(rank: int, world: int, path: str, ref: str, placement: str) -> dict[str
     finally:
         pickle.load, pickle.loads = saved  # type: ignore[assignment]
     check(state["g"])
+    # the same DCP snapshot through ckstore's own restore: app "g" maps onto DCP keys g.<name>
+    again = ckstore.StateDict(sharded(world, placement, zeros=True))
+    store.get(ref).restore({"g": again})
+    check(dict(again))
     return {"epoch": state["epoch"], "cfg": state["cfg"]}
+
+
+class TrainState:
+    """A trainer's progress as DCP users keep it: tensors plus a loss history in an io.BytesIO."""
+
+    def __init__(self, step: int = 0, losses: list[float] | None = None) -> None:
+        self.step = step
+        self.losses = list(losses or [])
+
+    def state_dict(self) -> dict[str, Any]:
+        buf = io.BytesIO()
+        torch.save(self.losses, buf)
+        return {"step": torch.tensor(self.step), "losses": buf}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.step = int(sd["step"])
+        sd["losses"].seek(0)
+        self.losses = torch.load(sd["losses"], weights_only=True)
+
+
+def parity(rank: int, world: int, path: str) -> dict[str, Any]:
+    """overwrite=False, BytesIO values, async_save with the thread and the process executor."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    from ckstore.dcp import StorageReader, StorageWriter
+
+    store = ckstore.open(path)
+    weights = global_state()["plain"]
+    state = {"w": weights.clone(), "train": TrainState(7, [0.5, 0.25])}
+    dcp.save(state, storage_writer=StorageWriter(store, run="p", step=1, overwrite=False))
+    out: dict[str, Any] = {}
+    try:
+        dcp.save(state, storage_writer=StorageWriter(store, run="p", step=1, overwrite=False))
+        out["refused"] = None
+    except BaseException as exc:  # noqa: BLE001 - DCP wraps it in a CheckpointException
+        out["refused"] = f"{type(exc).__name__}: {exc}"
+    fresh = {"w": torch.zeros_like(weights), "train": TrainState()}
+    dcp.load(fresh, storage_reader=StorageReader(store, "p@1"))
+    out["loaded"] = [fresh["train"].step, fresh["train"].losses, bits(fresh["w"]) == bits(weights)]
+    # thread executor with a writer given the store's URL; process executor with one holding the
+    # open store: it is pickled into the checkpoint process and reopens the store there
+    for step, kind, where in ((2, AsyncCheckpointerType.THREAD, path), (3, AsyncCheckpointerType.PROCESS, store)):
+        state["train"].losses.append(float(step))
+        writer = StorageWriter(where, run="p", step=step)
+        fut = dcp.async_save(state, storage_writer=writer, async_checkpointer_type=kind)
+        fut.result(timeout=120)
+    later = {"w": torch.zeros_like(weights), "train": TrainState()}
+    dcp.load(later, storage_reader=StorageReader(path, "p@3"))
+    out["async"] = [later["train"].losses, bits(later["w"]) == bits(weights)]
+    out["steps"] = sorted(s.step for s in store.log("p"))
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    if executor._CHECKPOINT_PROCESS is not None:  # stop DCP's checkpoint process cleanly
+        executor._CHECKPOINT_PROCESS.__del__()
+        executor._CHECKPOINT_PROCESS = None
+    return out

@@ -128,11 +128,11 @@ def matrix_take(rank: int, world: int, path: str, runs: dict[str, int]) -> dict[
 
 
 def _per_rank_too_few(rank: int, world: int, path: str, run: str) -> str:
-    """Restoring per-rank entries onto more ranks than the take had: every rank raises."""
+    """Restoring per-rank entries onto more ranks than the take had, strict: every rank raises."""
     store = ckstore.open(path, **TINY)
     app = ckstore.StateDict({k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1) for k, v in local_app(rank).items()})
     try:
-        store.get(run).restore({"local": app}, strict=False)
+        store.get(run).restore({"local": app}, strict=True)
     except DistributedError as exc:
         assert float(app["mine"].abs().sum()) == 0.0  # untouched on every rank
         return str(exc)
@@ -215,9 +215,10 @@ def failing_take(rank: int, world: int, path: str, bad: int, how: str, timeout: 
 
         store.objects.new_pack_writer = broken  # type: ignore[method-assign]
         del real
+    state = {"g": ckstore.StateDict(dtensors(world, True, False)), "local": local_app(rank)}
     t0 = time.monotonic()
     try:
-        store.take({"g": ckstore.StateDict(dtensors(world, True, False)), "local": local_app(rank)}, run="fail", dist_timeout=timeout)
+        store.take(state, run="fail", dist_timeout=timeout)
     except DistributedError as exc:
         return {"error": str(exc), "seconds": time.monotonic() - t0, "ranks": getattr(exc, "ranks", None)}
     return {"error": None, "seconds": time.monotonic() - t0}

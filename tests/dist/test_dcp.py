@@ -118,6 +118,67 @@ def test_stored_metadata_is_json(tmp_path: Path) -> None:
     store.close()
 
 
+def test_ckstore_restore_and_read_object_of_a_dcp_snapshot(tmp_path: Path) -> None:
+    """A dcp.save read back with ckstore's own restore: each app's state dict is mapped onto
+    DCP's keys (model.0.weight -> dcp/model.0.weight); BytesIO values come back as BytesIO."""
+    store = ckstore.open(tmp_path / "store", **ds.TINY)
+    m, o = _trained()
+    state = {"model": m.state_dict(), "optim": o.state_dict(), "train": ds.TrainState(3, [1.5, 0.5])}
+    dcp.save(state, storage_writer=StorageWriter(store, run="d", step=1))
+    m2, o2 = _model()
+    m2(torch.randn(3, 40)).sum().backward()
+    o2.step()  # optimizer state exists, as DCP itself needs for loading
+    train = ds.TrainState()
+    store.get("d@1").restore({"model": m2, "optim": o2, "train": train})
+    for k, v in m.state_dict().items():
+        assert bits(v) == bits(m2.state_dict()[k]), k
+    for pid, st in o.state_dict()["state"].items():
+        for k, v in st.items():
+            assert bits(v) == bits(o2.state_dict()["state"][pid][k]), (pid, k)
+    assert (train.step, train.losses) == (3, [1.5, 0.5])
+    with pytest.raises(ckstore.MismatchError, match="no DCP key"):  # strict: a tensor DCP never saved
+        store.get("d@1").restore({"model": torch.nn.Linear(2, 2)})
+    snap = store.get("d@1")
+    assert bits(snap.read_object("dcp/model.0.weight")) == bits(m.state_dict()["0.weight"])
+    losses = snap.read_object("dcp/train.losses")
+    assert torch.load(losses, weights_only=True) == [1.5, 0.5]
+    assert snap.with_ranked_paths().read_object("0/dcp/train.step") == torch.tensor(3)
+    store.close()
+
+
+def test_overwrite_false_refuses_an_existing_target(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "store", **ds.TINY)
+    state = {"t": torch.arange(600.0)}
+    dcp.save(state, storage_writer=StorageWriter(store, run="o", step=1, overwrite=False))
+    with pytest.raises(BaseException, match="already exists") as info:
+        dcp.save(state, storage_writer=StorageWriter(store, run="o", step=1, overwrite=False))
+    assert "ConflictError" in str(info.value)
+    dcp.save(state, storage_writer=StorageWriter(store, run="o", step=2, overwrite=False))  # another step: fine
+    dcp.save(state, storage_writer=StorageWriter(store, run="o", step=1))  # overwrite=True: a newer one
+    assert [s.step for s in store.log("o")] == [1, 2, 1]
+    dcp.save(state, storage_writer=StorageWriter(store, run="n", name="ckpt-a", overwrite=False))
+    with pytest.raises(BaseException, match="'ckpt-a' already exists"):
+        dcp.save(state, storage_writer=StorageWriter(store, run="other", name="ckpt-a", overwrite=False))
+    with pytest.raises(BaseException, match="already exists"):  # no step: any snapshot of the run
+        dcp.save(state, storage_writer=StorageWriter(store, run="o", overwrite=False))
+    store.close()
+
+
+def test_writer_and_reader_pickle_and_reopen_lazily(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "store", **ds.TINY)
+    writer = pickle.loads(pickle.dumps(StorageWriter(store, run="pk", step=1, overwrite=False)))
+    assert writer.overwrite is False and writer._ref._store is None  # nothing open until used
+    dcp.save({"t": torch.arange(600.0)}, storage_writer=writer)
+    assert writer.snapshot.run == "pk"
+    again = pickle.loads(pickle.dumps(writer))  # after a save too: leases and store stay behind
+    assert again.snapshot is None and again._held == []
+    reader = pickle.loads(pickle.dumps(StorageReader(store, "pk@1")))
+    dest = {"t": torch.zeros(600)}
+    dcp.load(dest, storage_reader=reader)
+    assert torch.equal(dest["t"], torch.arange(600.0))
+    store.close()
+
+
 def test_planner_data_that_is_not_json_is_refused() -> None:
     from torch.distributed.checkpoint.metadata import Metadata
 
@@ -187,6 +248,19 @@ def test_coordinator_pins_everything_until_it_commits(ranks: dict[str, Any]) -> 
     assert gc["chunks"] > 0 and gc["unprotected"] == 0 and gc["removed"] == 0
     assert gc["live_sessions"] == 1  # the coordinator's
     assert gc["check"]
+
+
+def test_two_ranks_overwrite_false_bytesio_and_both_async_executors(tmp_path: Path) -> None:
+    """2 ranks: overwrite=False refuses on every rank; a BytesIO loss history round-trips;
+    dcp.async_save commits with the thread executor (writer given a URL) and with the process
+    executor (the writer, holding an open store, is pickled into DCP's checkpoint process)."""
+    path = str(tmp_path / "store")
+    ckstore.open(path, **ds.TINY).close()
+    for r in values(run_ranks(ds.parity, 2, tmp_path, path, timeout=180)):
+        assert "ConflictError" in r["refused"] and "overwrite=False" in r["refused"], r["refused"][:300]
+        assert r["loaded"] == [7, [0.5, 0.25], True]
+        assert r["async"] == [[0.5, 0.25, 2.0, 3.0], True]
+        assert r["steps"] == [1, 2, 3]  # the refused save committed nothing
 
 
 def test_plain_process_loads_the_four_rank_save_after_gc(ranks: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed.tensor  # noqa: F401  (imported once here: forked ranks inherit it, ~3 s each otherwise)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -160,8 +161,8 @@ def test_sigkilled_rank_others_fail_within_timeout(tmp_path: Path) -> None:
     assert res[2] is None  # killed
     for r in (0, 1):
         v = res[r]["value"] if res[r] and res[r]["ok"] else pytest.fail(f"rank {r}: {res[r]}")
-        assert v["error"], v
-        assert v["seconds"] < timeout + 20, v
+        assert v["error"] and v["ranks"] == [2] and "rank(s) [2] stopped responding" in v["error"], v
+        assert v["seconds"] < timeout + 5, v  # named within about 3 s of the kill
         print(f"rank {r} raised after {v['seconds']:.1f} s: {v['error'][:200]}")
     with ckstore.open(path) as store:
         assert store.runs() == ["base"]
@@ -177,8 +178,8 @@ def test_stuck_rank_others_fail_at_the_timeout(tmp_path: Path) -> None:
     assert res[2] is None  # stopped, then killed by the harness
     for r in (0, 1):
         v = values([res[r]])[0]
-        assert v["error"] and "timeout 5 s" in v["error"], v
-        assert timeout - 1 <= v["seconds"] < timeout + 15, v
+        assert v["error"] and "timeout 5 s" in v["error"] and v["ranks"] == [2], v  # the stuck rank, named
+        assert timeout - 1 <= v["seconds"] < timeout + 5, v
         print(f"stuck peer: rank {r} raised after {v['seconds']:.1f} s")
     with ckstore.open(path) as store:
         assert store.runs() == [] and store.check().ok

@@ -11,7 +11,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from ckstore.index.engine import make_engine
-from ckstore.index.models import Base
+from ckstore.index.models import metadata
 
 config = context.config
 
@@ -19,7 +19,7 @@ config = context.config
 def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
-        target_metadata=Base.metadata,
+        target_metadata=metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
     )
@@ -42,7 +42,7 @@ def _run_online() -> None:
 
 if context.is_offline_mode():
     context.configure(
-        url=str(config.attributes["url"]), target_metadata=Base.metadata, literal_binds=True
+        url=str(config.attributes["url"]), target_metadata=metadata, literal_binds=True
     )
     with context.begin_transaction():
         context.run_migrations()

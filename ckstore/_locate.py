@@ -1,0 +1,78 @@
+"""From a TorchSnapshot-style path to a store and a snapshot name inside it.
+
+A local path inside an existing store (a parent directory holding ``ckstore.json``) names a
+snapshot of that store; any other path is a store of its own (created by a take). ``fs://``
+(TorchSnapshot's file-system prefix) and ``file://`` paths are local; other URLs (``s3://``,
+``memory://``) are stores.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .dist import is_distributed
+from .engine.config import CONFIG_NAME
+from .engine.repository import Repository, is_local, local_path, open_repository
+from .errors import DistributedError, SnapshotNotFoundError
+from .index import SnapshotRecord
+
+
+def locate(
+    path: str, storage_options: dict[str, Any] | None, index: str | None, create: bool
+) -> tuple[Repository, str | None]:
+    """The store holding ``path`` and the snapshot name inside it (None: the store root)."""
+    if not is_local(path):
+        return open_repository(path, index=index, storage_options=storage_options, create=create), None
+    path = local_path(path)
+    d = path
+    while True:
+        if os.path.isfile(os.path.join(d, CONFIG_NAME)):
+            name = os.path.relpath(path, d).replace(os.sep, "/")
+            return open_repository(d, index=index, create=False), None if name == "." else name
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    if not create:
+        raise SnapshotNotFoundError(f"no ckstore snapshot at {path!r} (no store in it or its parents)")
+    return open_repository(path, index=index, storage_options=storage_options, create=True), None
+
+
+def locate_all_ranks(
+    path: str,
+    storage_options: dict[str, Any] | None,
+    index: str | None,
+    pg: Any = None,
+    timeout: float | None = None,
+) -> tuple[Repository, str | None]:
+    """Like ``locate(create=True)``; distributed, the group's rank 0 creates the store first.
+
+    Only the members of ``pg`` take part (a bounded broadcast over their own group).
+    """
+    if not is_distributed():
+        return locate(path, storage_options, index, create=True)
+    from .dist._comm import Comm
+
+    comm = Comm(pg, timeout)
+    found: Any = None
+    error = None
+    if comm.rank == 0:
+        try:
+            found = locate(path, storage_options, index, create=True)
+        except Exception as exc:  # noqa: BLE001 - reported to every rank below
+            error = f"{type(exc).__name__}: {exc}"
+    reply = comm.broadcast_json({"error": error}, "opening the store")
+    if reply["error"]:
+        raise DistributedError(f"rank 0 could not open {path!r}: {reply['error']}")
+    return found if comm.rank == 0 else locate(path, storage_options, index, create=False)
+
+
+def resolve(repo: Repository, name: str | None) -> SnapshotRecord:
+    """The snapshot called ``name``, or the store's latest when ``name`` is None."""
+    if name:
+        return repo.index.resolve(name)
+    records = repo.index.list_snapshots(limit=1)
+    if not records:
+        raise SnapshotNotFoundError(f"store {repo.url} holds no snapshot yet")
+    return records[0]

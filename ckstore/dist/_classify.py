@@ -1,0 +1,146 @@
+"""The first phase of a distributed take: what each leaf of this rank's state is.
+
+Every leaf is described as JSON for the planning all_gather: a DTensor shard (its box of the
+global tensor), a replicated tensor (a DDP module's, or matching a ``replicated`` glob), a
+per-rank tensor, or a plain value. After the gather, every rank checks the same structure and
+settles which keys count as replicated (only those every rank marks so), identically.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..engine.packing import TakeOptions, _Chunk
+from ..errors import DistributedError, UnsupportedValueError
+from ..format.boxes import is_dtensor, local_box
+from ..format.dtypes import dtype_name
+from ..format.grid import Box
+from ..format.tensors import as_cpu_tensor, byte_view
+from ..format.tree import flatten, is_array
+from ..format.values import encode_value
+
+DTENSOR, REPLICATED, LOCAL, VALUE = "dtensor", "replicated", "per_rank", "value"
+log = logging.getLogger("ckstore")
+
+
+@dataclass
+class _Leaf:
+    kind: str
+    desc: dict[str, Any]
+    tensor: torch.Tensor | None = None  # CPU data: the local shard of a DTensor, or the whole tensor
+    box: Box | None = None  # a DTensor shard's region
+
+
+@dataclass
+class _Local:
+    apps: dict[str, Any]
+    leaves: dict[str, _Leaf]
+    chunks: list[tuple[str, Box, _Chunk]] = field(default_factory=list)
+
+
+def _ddp_apps(app_state: Mapping[str, Any]) -> set[str]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return {name for name, obj in app_state.items() if isinstance(obj, DistributedDataParallel)}
+
+
+def _classify(states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], opts: TakeOptions) -> _Local:
+    """Flatten and describe every leaf of this rank's state."""
+    out = _Local(apps={}, leaves={})
+    for app, sd in states.items():
+        flat = flatten(app, sd)
+        out.apps[app] = flat.tree
+        for key, value in flat.leaves.items():
+            if is_dtensor(value):
+                try:
+                    box = local_box(value)
+                except ValueError as exc:
+                    raise UnsupportedValueError(f"key {key!r}: {exc}") from exc
+                t = as_cpu_tensor(value.to_local(), key)
+                desc = {
+                    "t": DTENSOR, "dtype": dtype_name(t.dtype, key), "shape": list(value.shape),
+                    "box": [list(box[0]), list(box[1])], "container": "torch", "device": str(value.device),
+                }
+                out.leaves[key] = _Leaf(DTENSOR, desc, t, box)
+            elif is_array(value):
+                container = "torch" if isinstance(value, torch.Tensor) else "numpy"
+                device = str(value.device) if isinstance(value, torch.Tensor) else "cpu"
+                t = as_cpu_tensor(value, key)
+                kind = REPLICATED if app in ddp or any(fnmatch.fnmatchcase(key, g) for g in globs) else LOCAL
+                desc = {"t": kind, "dtype": dtype_name(t.dtype, key), "shape": list(t.shape), "container": container, "device": device}
+                if t.numel() * t.element_size() <= opts.inline_bytes:
+                    desc["data"] = base64.b64encode(bytes(byte_view(t))).decode()
+                out.leaves[key] = _Leaf(kind, desc, t)
+            else:
+                out.leaves[key] = _Leaf(VALUE, {"t": VALUE, "value": encode_value(value, key)})
+    return out
+
+
+def demote_mixed(descs: list[dict[str, Any]]) -> list[str]:
+    """Keys some ranks mark replicated and others not, now marked per rank in ``descs``.
+
+    A tensor counts as replicated only if every rank says so (its globs or DDP), as in
+    TorchSnapshot. Deterministic: every rank decides the same from the same descriptions.
+    """
+    if any(not d.get("leaves") for d in descs):
+        return []
+    demoted = []
+    for key in descs[0]["leaves"]:
+        ds = [d["leaves"].get(key) for d in descs]
+        kinds = {x["t"] for x in ds if x is not None}
+        if kinds == {REPLICATED, LOCAL}:
+            demoted.append(key)
+            for x in ds:
+                if x is not None:
+                    x["t"] = LOCAL
+    return demoted
+
+
+def _coalesce_replicated(demoted: tuple[str, ...] | list[str], local: _Local, rank: int) -> None:
+    """Apply the demoted keys (see :func:`demote_mixed`) to this rank's leaves: they are kept
+    per rank (stored once if equal everywhere), and logged once, by rank 0."""
+    for key in demoted:
+        if key in local.leaves:
+            local.leaves[key].kind = LOCAL
+            local.leaves[key].desc["t"] = LOCAL
+    if demoted and rank == 0:
+        log.warning(
+            "distributed take: %d key(s) are marked replicated on some ranks only (different "
+            "replicated= globs); stored per rank instead: %s", len(demoted), list(demoted)[:10],
+        )
+
+
+def _check_same_structure(descs: list[dict[str, Any]]) -> list[str]:
+    """Every rank must hold the same keys in the same containers; returns rank 0's key order."""
+    keys = list(descs[0]["leaves"])
+    bad = [r for r, d in enumerate(descs) if d["tree"] != descs[0]["tree"]]
+    if bad:
+        ref = set(keys)
+        detail = []
+        for r in bad:
+            theirs = set(descs[r]["leaves"])
+            extra, lacking = sorted(theirs - ref)[:3], sorted(ref - theirs)[:3]
+            detail.append(f"rank {r}: extra keys {extra}, lacking {lacking}" if extra or lacking else f"rank {r}: containers differ")
+        err = DistributedError(
+            f"distributed take: rank(s) {bad} hold a differently shaped state than rank 0 ({'; '.join(detail)}); "
+            "every rank must pass app_state with the same keys"
+        )
+        err.ranks, err.causes = bad, dict(zip(bad, detail))  # type: ignore[attr-defined]
+        raise err
+    for key in keys:
+        ds = [d["leaves"][key] for d in descs]
+        kinds = {x["t"] for x in ds}
+        if (DTENSOR in kinds or REPLICATED in kinds) and len(kinds) > 1:
+            raise DistributedError(f"distributed take: key {key!r} is {sorted(kinds)} on different ranks")
+        if kinds & {DTENSOR, REPLICATED}:
+            metas = {(x["dtype"], tuple(x["shape"])) for x in ds}
+            if len(metas) > 1:
+                raise DistributedError(f"distributed take: key {key!r} has different dtype/shape on different ranks: {sorted(metas)}")
+    return keys
