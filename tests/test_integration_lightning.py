@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytorch_lightning as pl  # noqa: E402 - in the test extra: a missing one fails, never skips
 import torch
-
-pl = pytest.importorskip("pytorch_lightning")
 
 import ckstore  # noqa: E402
 from ckstore.integrations.lightning import CkstoreCheckpointIO  # noqa: E402
