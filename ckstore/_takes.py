@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .dist import is_distributed
+from .engine.config import check_delta_base
 from .engine.repository import Repository
 from .errors import InvalidInputError
 from .format.limits import INT64_MAX, check_int, check_metadata, check_number
@@ -35,6 +36,7 @@ class TakeArgs:
     metadata: Mapping[str, Any] | None = None
     name: str | None = None
     replicated: tuple[str, ...] = ()
+    delta_base: str | None = None
 
     @classmethod
     def of(
@@ -45,11 +47,28 @@ class TakeArgs:
         metadata: Mapping[str, Any] | None,
         name: str | None,
         replicated: Sequence[str],
+        delta_base: str | None = None,
     ) -> TakeArgs:
         meta = check_take_args(run, step, metadata, name, tags)
         if step is not None:
             step = int(step)
-        return cls(run, step, tuple(tags), meta, name, tuple(replicated))
+        return cls(run, step, tuple(tags), meta, name, tuple(replicated), check_delta_base(delta_base))
+
+
+class _StoreDefault:
+    """The type of :data:`STORE_DEFAULT`."""
+
+    def __repr__(self) -> str:
+        return "STORE_DEFAULT"
+
+
+STORE_DEFAULT = _StoreDefault()
+"""``delta_base`` left to the store's default (``Store.delta_base``)."""
+
+
+def delta_base_of(repo: Repository, given: str | None | _StoreDefault) -> str | None:
+    """The delta base a take uses: ``given``, or the store's default for ``STORE_DEFAULT``."""
+    return repo.delta_base if isinstance(given, _StoreDefault) else check_delta_base(given)
 
 
 @dataclass
@@ -70,20 +89,23 @@ def take(
 ) -> Committed:
     """Take ``app_state`` into ``repo`` now (on every rank when distributed)."""
     if is_distributed():
+        _no_dist_deltas(args)
         return _dist_take(repo, app_state, None, args, pg, dist_timeout)
     from .engine.take import state_dicts
     from .engine.take import take as engine_take
 
+    base = repo.delta_manifest(args.delta_base, args.run)
     result = engine_take(
         repo.objects,
         repo.index,
         state_dicts(app_state),
-        repo.take_options(),
+        repo.take_options(deltas=base is not None),
         run=args.run,
         step=args.step,
         tags=args.tags,
         metadata=dict(args.metadata or {}),
         name=args.name,
+        base=base,
     )
     return result.record, result.manifest
 
@@ -101,6 +123,7 @@ def async_take(
     from .engine.take import state_dicts, take_async
 
     if is_distributed():
+        _no_dist_deltas(args)
         from .dist._classify import _ddp_apps
         from .dist._comm import Comm
         from .dist._take import background
@@ -113,17 +136,19 @@ def async_take(
         )
         return Background(fut)
     budget = repo.staging_budget if staging_budget is None else staging_budget
+    base = repo.delta_manifest(args.delta_base, args.run)
     job = take_async(
         repo.objects,
         repo.index,
         state_dicts(app_state),
-        repo.take_options(),
+        repo.take_options(deltas=base is not None),
         budget,
         run=args.run,
         step=args.step,
         tags=args.tags,
         metadata=dict(args.metadata or {}),
         name=args.name,
+        base=base,
     )
     future: Future[Committed] = Future()
 
@@ -137,6 +162,15 @@ def async_take(
 
     job.future.add_done_callback(done)
     return Background(future, staged_bytes=job.staged_bytes, sync_bytes=job.sync_bytes)
+
+
+def _no_dist_deltas(args: TakeArgs) -> None:
+    if args.delta_base is not None:
+        raise InvalidInputError(
+            f"delta_base={args.delta_base!r}: a distributed take stores every chunk whole (deltas are "
+            "written by single-process takes and imports; restores read them under any world size). "
+            "Pass delta_base=None, or set store.delta_base = None"
+        )
 
 
 def _dist_take(

@@ -42,6 +42,7 @@ class Store(Repository):
         replicated: Sequence[str] = (),
         pg: Any = None,
         dist_timeout: float | None = None,
+        delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
     ) -> Snapshot:
         """Snapshot ``app_state`` (names -> objects with ``state_dict()``) into ``run``.
 
@@ -59,12 +60,20 @@ class Store(Repository):
         that never comes, dies or stops is named in a RankLostError. Any rank's failure raises
         DistributedError on every rank and commits nothing.
 
+        ``delta_base`` (default: the store's ``delta_base``, None unless set) stores each new
+        chunk as the XOR of its bits with the chunk at the same place of the same key in that
+        snapshot, when that is smaller: ``"parent"`` is the run's latest snapshot (a run's
+        first take stores everything whole), or any snapshot ref (a base model for fine-tunes).
+        Chains are kept within ``delta_depth`` links; reads and restores are unchanged.
+        Single-process takes only.
+
         Raises:
             InvalidInputError / UnsupportedValueError: app_state holds something unstorable
                 (the message names the key).
             LeaseExpiredError: the take stalled past its lease; nothing was committed.
         """
-        args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated)
+        args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated,
+                                  _takes.delta_base_of(self, delta_base))
         _takes.check_budgets(dist_timeout, None)
         record, manifest = _takes.take(self, app_state, args, pg, dist_timeout)
         return Snapshot._bind(self, record, manifest)
@@ -82,6 +91,7 @@ class Store(Repository):
         pg: Any = None,
         dist_timeout: float | None = None,
         staging_budget: int | None = None,
+        delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
     ) -> PendingSnapshot:
         """Stage a copy of ``app_state`` now, then hash, write and commit in the background.
 
@@ -92,8 +102,10 @@ class Store(Repository):
         ``wait()`` returns the Snapshot or raises.
         Distributed: call on every rank; the ranks' background takes commit together and
         every rank's ``wait()`` returns the same Snapshot or raises DistributedError.
+        ``delta_base`` as for :meth:`take`.
         """
-        args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated)
+        args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated,
+                                  _takes.delta_base_of(self, delta_base))
         _takes.check_budgets(dist_timeout, staging_budget)
         return PendingSnapshot.of(
             self, _takes.async_take(self, app_state, args, pg, dist_timeout, staging_budget)
@@ -109,6 +121,7 @@ class Store(Repository):
         *,
         format: str | None = None,  # noqa: A002 - the option users type
         name: str | None = None,
+        delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
     ) -> Snapshot:
         """Take an existing checkpoint (file or folder) into ``run`` as one snapshot.
 
@@ -130,7 +143,8 @@ class Store(Repository):
         written again (a second import of the same files adds no chunks), tensors are read
         from memory-mapped files (or, for DCP, temporary files past the memory budget), and
         nothing is visible until the commit. Runs in this process only (under
-        torch.distributed, call it on one rank).
+        torch.distributed, call it on one rank). ``delta_base`` as for :meth:`take`: the ref of
+        a stored base model makes a fine-tune of it store its changed bits only.
 
         Raises:
             UnsafePickleError: a ``torch.save`` file (or DCP metadata) needs arbitrary
@@ -140,10 +154,11 @@ class Store(Repository):
         """
         from .interop import import_checkpoint
 
-        args = _takes.TakeArgs.of(run, step, tags, metadata, name, ())
+        args = _takes.TakeArgs.of(run, step, tags, metadata, name, (), _takes.delta_base_of(self, delta_base))
         record, manifest = import_checkpoint(
             self, path, run=args.run, step=args.step, tags=args.tags,
             metadata=dict(args.metadata or {}), name=args.name, format=format,
+            delta_base=args.delta_base,
         )  # fmt: skip
         return Snapshot._bind(self, record, manifest)
 
@@ -289,6 +304,8 @@ def open(  # noqa: A001 - the public verb is ckstore.open
     pack_bytes: int | None = None,
     inline_bytes: int | None = None,
     create_index: bool | None = None,
+    delta_base: str | None = None,
+    delta_depth: int | None = None,
 ) -> Store:
     """Open (and by default create) a store.
 
@@ -302,12 +319,15 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         chunk_bytes, pack_bytes, inline_bytes: knobs for a NEW store (ignored when it exists).
         create_index: give an empty index database the schema even when ``create`` is False
             (to ``reindex`` an existing store into a fresh index); None: the same as ``create``.
+        delta_base, delta_depth: this handle's defaults for takes (see :meth:`Store.take`):
+            ``delta_base="parent"`` stores every take of a run as deltas against the one before
+            where that is smaller; ``delta_depth`` (default 8) bounds the chains.
 
     Raises:
         NotFoundError: no store at ``url`` and ``create`` is False.
         SchemaError: the store or index was written by another format version.
     """
-    return open_repository(
+    store = open_repository(
         url,
         index=index,
         storage_options=storage_options,
@@ -318,3 +338,11 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         create_index=create_index,
         cls=Store,
     )
+    try:
+        store.delta_base = delta_base
+        if delta_depth is not None:
+            store.delta_depth = delta_depth
+    except BaseException:
+        store.close()
+        raise
+    return store

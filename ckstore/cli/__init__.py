@@ -126,6 +126,7 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
         "ckstore import ./hf-model-folder --run base --tag base",
         "ckstore import ./ckpt.pt --run sft --step 1000 --format torch",
         "ckstore import ./dcp-checkpoint-dir --run titan --step 500",
+        "ckstore import ./finetuned-folder --run sft --delta-base base",
     ), cmd_import),
     ("export", "write a snapshot as a Hugging Face folder, a torch.save file or a DCP directory", (
         "ckstore export best ./hf-out",

@@ -231,6 +231,12 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             choices=("safetensors", "hf", "torch", "dcp"),
             help="the checkpoint's format (default: detected)",
         )
+        p.add_argument(
+            "--delta-base",
+            metavar="REF",
+            help="store changed tensors as deltas against this snapshot where smaller (e.g. the base "
+            "model a fine-tune started from; 'parent': the run's latest snapshot)",
+        )
     elif name == "export":
         p.add_argument("ref", help="tag, run (its latest), run@step, snapshot name or id prefix")
         p.add_argument("dir", help="directory to write (must be missing or empty, unless --force)")

@@ -170,6 +170,13 @@ def cmd_diff(args: argparse.Namespace) -> int:
     parts = [f"{c['changed']} changed ({changed})"]
     parts += [f"{c[k]} {k} ({fmt.size(b[k])})" for k in ("added", "removed", "unchanged")]
     print(", ".join(parts))
+    dl = d["b_deltas"]
+    if dl["chunks"]:
+        print(
+            f"b stores {dl['new_chunks']} chunks beyond a in {fmt.size(dl['new_stored_bytes'])}; "
+            f"{dl['chunks']} are deltas: {fmt.size(dl['raw_bytes'])} raw in {fmt.size(dl['stored_bytes'])} "
+            f"({fmt.size(dl['saved_bytes'])} saved)"
+        )
     return EXIT_OK
 
 

@@ -14,7 +14,8 @@ from ._common import EXIT_OK, open_store, print_report
 def cmd_import(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snap = store.import_checkpoint(
-            args.path, run=args.run, step=args.step, tags=args.tags, name=args.name, format=args.format
+            args.path, run=args.run, step=args.step, tags=args.tags, name=args.name, format=args.format,
+            delta_base=args.delta_base,
         )
         report = {
             "id": snap.id,

@@ -94,6 +94,13 @@ def cmd_du(args: argparse.Namespace) -> int:
     )
     total = rows[-1]
     print(f"packs on the backend: {total.packs}, {fmt.size(total.pack_bytes)}")
+    for r in rows:
+        if r.delta_chunks:
+            print(
+                f"deltas in {r.run if r.run is not None else 'the store'}: {r.delta_chunks} chunks, "
+                f"{fmt.size(r.delta_raw_bytes)} raw stored in {fmt.size(r.delta_bytes)} "
+                f"({fmt.size(r.delta_saved_bytes)} saved)"
+            )
     return EXIT_OK
 
 

@@ -226,3 +226,37 @@ def env_int(name: str, lo: int, hi: int = INT64_MAX) -> int | None:
     except ValueError:
         raise InvalidInputError(f"${name} must be an integer, got {env!r}") from None
     return check_int(f"${name}", value, lo, hi)
+
+
+DEFAULT_DELTA_DEPTH = 4
+"""Longest chain a take builds by default: reading a chunk decodes at most 5 payloads, and a
+run's chunks are stored whole once every 5 takes (see docs/USAGE.md, "Deltas", for the
+measured trade of bytes against restore time)."""
+MAX_DELTA_DEPTH = 32
+"""The largest depth limit accepted (readers follow chains of up to 64 links)."""
+DELTA_BASES = ("parent",)
+"""Special ``delta_base`` values besides a snapshot ref: ``parent``, the run's latest snapshot."""
+
+
+def check_depth(value: int) -> int:
+    """``value`` as a delta depth limit (0 turns deltas off).
+
+    Raises:
+        InvalidInputError: not an int in [0, MAX_DELTA_DEPTH].
+    """
+    return check_int("delta_depth", value, 0, MAX_DELTA_DEPTH)
+
+
+def check_delta_base(value: Any) -> str | None:
+    """``value`` as a ``delta_base`` option: None, ``"parent"`` or a snapshot ref.
+
+    Raises:
+        InvalidInputError: not None and not a non-empty string.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError(
+            f"delta_base must be None, 'parent' or a snapshot ref (run@step, tag, name, id), got {value!r}"
+        )
+    return value

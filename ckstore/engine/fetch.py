@@ -221,7 +221,7 @@ class Fetcher:
                         f"{self.where}: key {j.key!r} needs chunk {j.cid[:16]}… which the index does not "
                         "know; run `ckstore check` (the index may need `ckstore reindex`)"
                     )
-                j.loc = to_location(rec)
+                j.loc = to_location(rec, locs)
 
     @staticmethod
     def _loc(job: Job) -> objects.ChunkLocation:

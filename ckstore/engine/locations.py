@@ -6,17 +6,37 @@ carry the same fields; the layers never import each other, so the layers above c
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ..index import ChunkRecord
 from ..objects import ChunkLocation
+from ..objects.delta import MAX_CHAIN
 
 
-def to_location(rec: ChunkRecord) -> ChunkLocation:
-    """The object layer's location of an indexed chunk."""
-    return ChunkLocation(rec.chunk_id, rec.pack_id, rec.offset, rec.length, rec.raw_length, rec.codec)
+def to_location(rec: ChunkRecord, known: Mapping[str, ChunkRecord] | None = None) -> ChunkLocation:
+    """The object layer's location of an indexed chunk.
+
+    For a delta, ``known`` (e.g. what ``Index.chunk_locations`` returned, which holds every
+    base) resolves its chain, so the location carries its bases; a base missing from it is
+    left unresolved (reading the chunk then raises ``CorruptionError`` naming it).
+    """
+    base = None
+    if rec.base_id is not None and known is not None:
+        link = known.get(rec.base_id)
+        if link is not None and link.chunk_id != rec.chunk_id and rec.depth <= MAX_CHAIN:
+            base = to_location(link, known) if link.depth < rec.depth else None
+    return ChunkLocation(rec.chunk_id, rec.pack_id, rec.offset, rec.length, rec.raw_length, rec.codec,
+                         rec.base_id, base)
 
 
-def to_records(locs: Iterable[ChunkLocation]) -> list[ChunkRecord]:
-    """Index records for the chunks a pack writer or pack trailer reports."""
-    return [ChunkRecord(l.chunk_id, l.pack_id, l.offset, l.length, l.raw_length, l.codec) for l in locs]
+def to_records(locs: Iterable[ChunkLocation], depths: Mapping[str, int] | None = None) -> list[ChunkRecord]:
+    """Index records for the chunks a pack writer or pack trailer reports.
+
+    ``depths`` gives each delta's depth (its base's plus one); chunks not in it get 0.
+    """
+    depths = depths or {}
+    return [
+        ChunkRecord(l.chunk_id, l.pack_id, l.offset, l.length, l.raw_length, l.codec, l.base_id,
+                    depths.get(l.chunk_id, 0))
+        for l in locs
+    ]

@@ -6,6 +6,7 @@ and the DCP writer reuse this too). Packs are made durable before they are index
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -31,6 +32,8 @@ class TakeOptions:
     lease_seconds: float
     io_threads: int = 4
     """Packs written (and fsynced) at once."""
+    delta_depth: int = 0
+    """Longest delta chain a take may build (0: every chunk is stored whole)."""
 
 
 @dataclass
@@ -49,6 +52,12 @@ class _Chunk:
     id: str = ""
     source: Any = None
     transfer: Any = None
+    base_id: str = ""
+    """The chunk at the same place in the take's delta base snapshot (a candidate)."""
+    base: objects.ChunkLocation | None = None
+    """The base chosen and pinned (``engine.deltas``), with its chain; None: store it whole."""
+    depth: int = 0
+    """The chain depth it gets when stored as a delta against ``base``."""
 
     @property
     def nbytes(self) -> int:
@@ -66,6 +75,12 @@ class _Chunk:
 class _WriteStats:
     new_bytes: int = 0
     new_chunks: int = 0
+    delta_chunks: int = 0
+    """Chunks stored as deltas..."""
+    delta_raw_bytes: int = 0
+    """...their raw size..."""
+    delta_bytes: int = 0
+    """...and what they took."""
 
 
 class _PackPipeline:
@@ -91,6 +106,7 @@ class _PackPipeline:
         self._window = max(2, 2 * opts.threads)
         self._io = ThreadPoolExecutor(max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack")
         self._encoding: deque[tuple[_Chunk, np.ndarray | None, Future[tuple[str, Any]]]] = deque()
+        self._depths: dict[str, int] = {}  # chain depth of each delta written
         self._flushing: deque[Future[None]] = deque()
         self._writer = store.new_pack_writer(opts.pack_bytes)
         self._held: list[np.ndarray] = []  # buffers the current pack's payloads live in
@@ -116,7 +132,10 @@ class _PackPipeline:
     def push(self, chunk: _Chunk) -> None:
         """Queue one chunk (its id known, absent from the store) for encoding and packing."""
         buf = self._buffer(objects.grouped_size(len(chunk.view), chunk.itemsize)) if chunk.grouped else None
-        fut = self._pool.submit(objects.encode, chunk.view, chunk.itemsize, chunk.grouped, 1, buf)
+        if chunk.base is not None:
+            fut = self._pool.submit(_encode_delta, self._store, chunk, buf)
+        else:
+            fut = self._pool.submit(objects.encode, chunk.view, chunk.itemsize, chunk.grouped, 1, buf)
         self._encoding.append((chunk, buf, fut))
         while len(self._encoding) > self._window:
             self._add_next()
@@ -144,11 +163,18 @@ class _PackPipeline:
         codec, payload = fut.result()
         if chunk.source is not None and codec == objects.NONE:
             payload = bytes(payload)  # a raw payload would point into a recycled staging buffer
-        self._writer.add(chunk.id, codec, payload, len(chunk.view))
+        delta = objects.is_delta(codec)
+        base_id = chunk.base.chunk_id if delta and chunk.base is not None else None
+        self._writer.add(chunk.id, codec, payload, len(chunk.view), base_id)
         if buf is not None:
-            (self._held if codec == objects.BYTEGROUP_ZSTD else self._free).append(buf)
+            (self._held if codec in _IN_BUFFER else self._free).append(buf)
         self.stats.new_bytes += len(payload)
         self.stats.new_chunks += 1
+        if delta:
+            self._depths[chunk.id] = chunk.depth
+            self.stats.delta_chunks += 1
+            self.stats.delta_raw_bytes += len(chunk.view)
+            self.stats.delta_bytes += len(payload)
         if self._writer.full:
             self._submit_flush()
             self._writer = self._store.new_pack_writer(self._opts.pack_bytes)
@@ -159,7 +185,7 @@ class _PackPipeline:
         held, self._held = self._held, []
 
         def flush(writer: objects.PackWriter = self._writer) -> None:
-            _flush(writer, self._index, self._session)
+            _flush(writer, self._index, self._session, self._depths)
             self._free.extend(held)  # the pack is durable: its payload buffers are free
 
         self._flushing.append(self._io.submit(flush))
@@ -180,12 +206,40 @@ def write_missing(
     return pipe.stats
 
 
-def _flush(writer: objects.PackWriter, index: Any, session: str) -> None:
+_IN_BUFFER = (objects.BYTEGROUP_ZSTD, objects.XOR_BYTEGROUP_ZSTD)
+"""Codecs whose payload may be a view into the recycled encode buffer."""
+
+
+def _encode_delta(store: objects.ObjectStore, chunk: _Chunk, buf: np.ndarray | None) -> tuple[str, Any]:
+    """Encode ``chunk`` against its base (read and verified through its chain now), or whole
+    when the delta does not pay (``objects.encode_delta``)."""
+    assert chunk.base is not None
+    n = len(chunk.view)
+    base = memoryview(_scratch("base", n).data)[:n]
+    store.read_chunk(chunk.base, out=base)
+    root = chunk.base.chain()[-1]
+    return objects.encode_delta(chunk.ready(), base, chunk.itemsize, chunk.grouped,
+                                scratch=_scratch("xor", n), buffer=buf, plain_estimate=root.length)
+
+
+_local = threading.local()
+
+
+def _scratch(kind: str, n: int) -> np.ndarray:
+    """This thread's recycled buffer ``kind`` of at least ``n`` bytes."""
+    bufs = _local.__dict__.setdefault("bufs", {})
+    buf: np.ndarray | None = bufs.get(kind)
+    if buf is None or len(buf) < n:
+        buf = bufs[kind] = np.empty(n, dtype=np.uint8)
+    return buf
+
+
+def _flush(writer: objects.PackWriter, index: Any, session: str, depths: dict[str, int] | None = None) -> None:
     done = writer.finish()
     if done is None:
         return
     pack_id, size, locs = done
-    chunks = to_records(locs)
+    chunks = to_records(locs, depths)
     index.add_pack(session, PackRecord(pack_id, size, len(chunks), time.time()), chunks)
 
 

@@ -23,9 +23,12 @@ from ..format.manifest import Manifest
 from ..index import Index, SnapshotRecord
 from .config import (
     CONFIG_NAME,
+    DEFAULT_DELTA_DEPTH,
     MAX_LEASE_SECONDS,
     MAX_THREADS,
     StoreConfig,
+    check_delta_base,
+    check_depth,
     default_io_threads,
     default_lease_seconds,
     default_memory_budget,
@@ -90,6 +93,8 @@ class Repository:
         self._memory_budget: int | None = default_memory_budget()
         self._staging_budget: int | None = None
         self._lease_seconds = default_lease_seconds()
+        self._delta_base: str | None = None
+        self._delta_depth = DEFAULT_DELTA_DEPTH
         # how it was opened (index URL as given, storage options), so another process can reopen it
         self.opened_with: dict[str, Any] = {"index": None, "storage_options": None}
 
@@ -140,8 +145,28 @@ class Repository:
     def staging_budget(self, value: int | None) -> None:
         self._staging_budget = None if value is None else check_int("staging_budget", value)
 
-    def take_options(self) -> TakeOptions:
-        """The options a take into this repository runs with."""
+    @property
+    def delta_base(self) -> str | None:
+        """What takes store deltas against unless they say otherwise: None (no deltas, the
+        default), ``"parent"`` (the run's latest snapshot) or a snapshot ref."""
+        return self._delta_base
+
+    @delta_base.setter
+    def delta_base(self, value: str | None) -> None:
+        self._delta_base = check_delta_base(value)
+
+    @property
+    def delta_depth(self) -> int:
+        """Longest delta chain a take builds (0 to 32; 0 stores every chunk whole). Reading a
+        chunk decodes at most ``delta_depth + 1`` payloads."""
+        return self._delta_depth
+
+    @delta_depth.setter
+    def delta_depth(self, value: int) -> None:
+        self._delta_depth = check_depth(value)
+
+    def take_options(self, deltas: bool = False) -> TakeOptions:
+        """The options a take into this repository runs with (``deltas``: it has a base)."""
         from .packing import TakeOptions
 
         return TakeOptions(
@@ -151,7 +176,27 @@ class Repository:
             threads=self.threads,
             lease_seconds=self.lease_seconds,
             io_threads=self.io_threads,
+            delta_depth=self.delta_depth if deltas else 0,
         )
+
+    def delta_manifest(self, delta_base: str | None, run: str) -> Manifest | None:
+        """The manifest a take into ``run`` stores deltas against: that of ``delta_base``
+        (``"parent"``: the run's latest snapshot, none for a new run), or None.
+
+        Raises:
+            SnapshotNotFoundError: ``delta_base`` is a ref that names no snapshot.
+        """
+        delta_base = check_delta_base(delta_base)
+        if delta_base is None or self.delta_depth == 0:
+            return None
+        if delta_base == "parent":
+            latest = self.index.list_snapshots(run=run, limit=1)
+            if not latest:
+                return None
+            record = latest[0]
+        else:
+            record = self.index.resolve(delta_base)
+        return self.load_manifest(record)
 
     def load_manifest(self, record: SnapshotRecord) -> Manifest:
         """The manifest of a committed snapshot, parsed and validated."""

@@ -32,6 +32,7 @@ from ..format.tensors import as_cpu_tensor, byte_view, check_tensor
 from ..format.tree import flatten, is_array, unflatten
 from ..format.values import encode_value
 from ..index import EntryRecord, SnapshotRecord
+from .deltas import attach_bases, resolve_bases
 from .device_stage import DeviceStager, is_device_tensor
 from .lease import Lease
 from .packing import TakeOptions, _batches, _Chunk, _PackPipeline, _WriteStats
@@ -124,6 +125,12 @@ def _plan_tensor(p: _Plan, key: str, value: Any, opts: TakeOptions) -> None:
     p.entries[key] = TensorEntry(name, shape, (), grid.block, container=container, device=device)
 
 
+def with_base(p: _Plan, base: Manifest | None, opts: TakeOptions) -> None:
+    """Give the plan's chunks their candidate bases in ``base`` (when deltas are on)."""
+    if base is not None and opts.delta_depth > 0:
+        attach_bases(p.boxes, p.entries, base)
+
+
 def hash_chunks(chunks: list[_Chunk], pool: ThreadPoolExecutor) -> None:
     """Fill in every chunk's id (blake3 of its raw bytes), in parallel."""
     for chunk, cid in zip(chunks, pool.map(lambda c: objects.chunk_id(c.ready()), chunks)):
@@ -192,9 +199,10 @@ def store_chunks(
                 acc.seen.update(new)
                 found = index.lookup_chunks(session, list(new))
                 acc.found += len(found)
-                for cid, c in new.items():
-                    if cid not in found:
-                        pipe.push(c)
+                missing = [c for cid, c in new.items() if cid not in found]
+                resolve_bases(index, session, missing, opts.delta_depth)
+                for c in missing:
+                    pipe.push(c)
                 if device:
                     pipe.drain()  # the batch's staged bytes are encoded: its buffers are free
                     stager.release()
@@ -202,8 +210,8 @@ def store_chunks(
                 then()
     finally:
         stager.close()
-    acc.stats.new_bytes += pipe.stats.new_bytes
-    acc.stats.new_chunks += pipe.stats.new_chunks
+    for name in ("new_bytes", "new_chunks", "delta_chunks", "delta_raw_bytes", "delta_bytes"):
+        setattr(acc.stats, name, getattr(acc.stats, name) + getattr(pipe.stats, name))
 
 
 @dataclass
@@ -316,10 +324,16 @@ def take(
     tags: tuple[str, ...],
     metadata: dict[str, Any],
     name: str | None = None,
+    base: Manifest | None = None,
 ) -> TakeResult:
-    """Store ``states`` (already-called state dicts) as one committed snapshot."""
+    """Store ``states`` (already-called state dicts) as one committed snapshot.
+
+    With ``base`` (and ``opts.delta_depth`` > 0), each new chunk may be stored as a delta
+    against the chunk at the same place in that snapshot (``engine.deltas``).
+    """
     started = time.time()
     p = plan(states, opts)
+    with_base(p, base, opts)
     acc = _Acc()
     head = _Header(run, step, metadata, name, started)
     with ThreadPoolExecutor(max_workers=opts.threads, thread_name_prefix="ckstore") as pool:
@@ -383,6 +397,7 @@ def take_async(
     tags: tuple[str, ...],
     metadata: dict[str, Any],
     name: str | None = None,
+    base: Manifest | None = None,
 ) -> AsyncTake:
     """Return once the state at this call is safe: copied within ``budget``, the rest stored.
 
@@ -393,6 +408,7 @@ def take_async(
     started = time.time()
     staged, live, used = stage_within(states, budget)
     p = plan(staged, opts)
+    with_base(p, base, opts)
     acc = _Acc()
     pool = ThreadPoolExecutor(max_workers=opts.threads, thread_name_prefix="ckstore")
     lease = Lease(index, opts.lease_seconds).__enter__()

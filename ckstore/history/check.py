@@ -6,7 +6,8 @@ exists, its header, trailer and footer hash to its name, and its own trailer agr
 index about each chunk's place, length and codec.
 Data (``read_data=True`` or a fraction of packs): each pack chosen is read whole
 (:func:`ckstore.objects.scan_pack`): its payloads must fill it exactly and every chunk in it
-must decode to bytes that hash to its id. A fraction reads that share of the packs, chosen at
+must decode to bytes that hash to its id (a delta through its chain of bases, each read and
+verified). A fraction reads that share of the packs, chosen at
 random, and at least one. The report counts the packs, chunks and bytes read.
 Orphans (objects the index does not know, e.g. from a crashed take) are listed but are not
 errors: ``gc`` removes them.
@@ -22,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
+from ..engine.locations import to_location
 from ..errors import CkstoreError
 from ..format.limits import check_fraction
 from ..format.manifest import Manifest
@@ -149,9 +151,26 @@ def _check_packs(store: Repository, chunks: dict[str, ChunkRecord], report: Chec
         trailer = {loc.chunk_id: loc for loc in idx.locations}
         for c in live:
             loc = trailer.get(c.chunk_id)
-            if loc is None or (loc.offset, loc.length, loc.raw_length, loc.codec) != (c.offset, c.length, c.raw_length, c.codec):
+            if loc is None or (loc.offset, loc.length, loc.raw_length, loc.codec, loc.base_id) != (
+                c.offset, c.length, c.raw_length, c.codec, c.base_id
+            ):
                 report.add("misplaced-chunk", c.chunk_id, f"chunk {c.chunk_id}: the index and pack {pack_id} disagree about it")
+    _check_chains(chunks, report)
     return readable
+
+
+def _check_chains(chunks: dict[str, ChunkRecord], report: CheckReport) -> None:
+    """Every delta's base is indexed, one link shallower, with the same length."""
+    for c in chunks.values():
+        if c.base_id is None:
+            if c.depth != 0:
+                report.add("delta-chain", c.chunk_id, f"chunk {c.chunk_id} is stored whole but the index gives it depth {c.depth}")
+            continue
+        base = chunks.get(c.base_id)
+        if base is None:
+            report.add("missing-base", c.chunk_id, f"chunk {c.chunk_id} is a delta against chunk {c.base_id}, which the index does not know (rebuild it with `ckstore reindex`)")
+        elif base.depth + 1 != c.depth or base.raw_length != c.raw_length:
+            report.add("delta-chain", c.chunk_id, f"chunk {c.chunk_id} (depth {c.depth}, {c.raw_length} bytes) is a delta against chunk {c.base_id} (depth {base.depth}, {base.raw_length} bytes)")
 
 
 def _read_data(
@@ -160,9 +179,21 @@ def _read_data(
     report: CheckReport,
     progress: Callable[[Iterable[Any]], Iterable[Any]],
 ) -> None:
+    known: dict[str, ChunkRecord] = {}
+
+    def base_of(loc: objects.ChunkLocation) -> Any:
+        """The verified raw bytes of a delta's base, read through its own chain."""
+        assert loc.base_id is not None
+        if loc.base_id not in known:
+            known.update(store.index.chunk_locations([loc.base_id]))
+        rec = known.get(loc.base_id)
+        if rec is None:
+            raise CkstoreError("the index does not know it")
+        return store.objects.read_chunk(to_location(rec, known))
+
     for pack_id in progress(pack_ids):
         try:
-            scan = objects.scan_pack(store.objects.backend, pack_id)
+            scan = objects.scan_pack(store.objects.backend, pack_id, bases=base_of)
         except CkstoreError as exc:
             report.add("pack", pack_id, f"pack {pack_id} could not be read whole: {exc}")
             continue

@@ -30,6 +30,7 @@ from .diff_result import (
     REMOVED,
     STATUSES,
     UNCHANGED,
+    DeltaSavings,
     DiffResult,
     KeyDiff,
     NumericDiff,
@@ -78,7 +79,19 @@ def diff(store: Repository, a: str, b: str, numeric: bool = False) -> DiffResult
         else:
             keys.append(_changed(snap_a, snap_b, ra, rb, numeric))
     keys.extend(_one_sided(ra, REMOVED) for key, ra in recs_a.items() if key not in recs_b)
-    return DiffResult(_side(a, snap_a), _side(b, snap_b), tuple(keys), numeric)
+    return DiffResult(_side(a, snap_a), _side(b, snap_b), tuple(keys), numeric, _savings(snap_a, snap_b))
+
+
+def _savings(snap_a: SnapshotView, snap_b: SnapshotView) -> DeltaSavings:
+    """What B stores beyond A, and how much of it as deltas (from the index alone)."""
+    index = snap_b.store.index
+    new = index.snapshot_chunk_ids(snap_b.id) - index.snapshot_chunk_ids(snap_a.id)
+    recs = [r for cid, r in index.chunk_locations(new).items() if cid in new]
+    deltas = [r for r in recs if r.base_id is not None]
+    return DeltaSavings(
+        len(recs), sum(r.raw_length for r in recs), sum(r.length for r in recs),
+        len(deltas), sum(r.raw_length for r in deltas), sum(r.length for r in deltas),
+    )
 
 
 # --- classification --------------------------------------------------------------------------

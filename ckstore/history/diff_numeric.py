@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import objects
+from ..engine.locations import to_location
 from ..errors import CorruptionError
 from ..format.dtypes import dtype_from_name
 from ..format.manifest import ChunkRef, TensorEntry
@@ -131,9 +131,7 @@ class _BoxReader:
                     f"{self.where}: chunk {c.id[:16]}… is unknown to the index; "
                     "run `ckstore check`"
                 )
-            loc = objects.ChunkLocation(
-                rec.chunk_id, rec.pack_id, rec.offset, rec.length, rec.raw_length, rec.codec
-            )
+            loc = to_location(rec, self.locs)
             t = empty_for(self.entry.dtype, c.sizes)
             self.snap.store.objects.read_chunk(loc, out=writable_view(t))
             self.cache[i] = t

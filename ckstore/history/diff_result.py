@@ -117,13 +117,51 @@ class SnapshotSide:
 
 
 @dataclass(frozen=True)
+class DeltaSavings:
+    """The chunks side B holds that side A lacks, and how many of them are stored as deltas.
+
+    Attributes:
+        new_chunks: Chunks of B not in A.
+        new_raw_bytes, new_stored_bytes: Their raw size and stored length.
+        chunks: How many of them are deltas; ``raw_bytes``/``stored_bytes`` of those.
+    """
+
+    new_chunks: int = 0
+    new_raw_bytes: int = 0
+    new_stored_bytes: int = 0
+    chunks: int = 0
+    raw_bytes: int = 0
+    stored_bytes: int = 0
+
+    @property
+    def saved_bytes(self) -> int:
+        """Raw bytes of the delta chunks that their deltas did not store."""
+        return self.raw_bytes - self.stored_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "new_chunks": self.new_chunks,
+            "new_raw_bytes": self.new_raw_bytes,
+            "new_stored_bytes": self.new_stored_bytes,
+            "chunks": self.chunks,
+            "raw_bytes": self.raw_bytes,
+            "stored_bytes": self.stored_bytes,
+            "saved_bytes": self.saved_bytes,
+        }
+
+
+@dataclass(frozen=True)
 class DiffResult:
-    """The comparison of snapshot A (older, usually) with snapshot B, key by key."""
+    """The comparison of snapshot A (older, usually) with snapshot B, key by key.
+
+    ``b_deltas`` counts what B stores beyond A, deltas included (see :class:`DeltaSavings`).
+    """
 
     a: SnapshotSide
     b: SnapshotSide
     keys: tuple[KeyDiff, ...]
     numeric: bool = False
+    b_deltas: DeltaSavings = field(default_factory=DeltaSavings)
     _by_status: dict[str, tuple[KeyDiff, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -181,6 +219,7 @@ class DiffResult:
             "counts": self.counts,
             "bytes": self.bytes,
             "keys": [k.to_dict() for k in self.keys],
+            "b_deltas": self.b_deltas.to_dict(),
         }
 
 

@@ -39,6 +39,10 @@ class UsageRow:
         chunks: Number of those unique chunks.
         pack_bytes: Total row only: bytes of every pack object on the backend.
         packs: Total row only: number of pack objects on the backend.
+        delta_chunks: Of the unique chunks, how many are stored as deltas...
+        delta_raw_bytes: ...their raw size...
+        delta_bytes: ...and their stored length (included in ``stored_bytes``). The bases they
+            need are counted where they are referenced (a base model's run, an older snapshot).
     """
 
     run: str | None
@@ -48,6 +52,14 @@ class UsageRow:
     chunks: int
     pack_bytes: int | None = None
     packs: int | None = None
+    delta_chunks: int = 0
+    delta_raw_bytes: int = 0
+    delta_bytes: int = 0
+
+    @property
+    def delta_saved_bytes(self) -> int:
+        """Raw bytes of the delta chunks that their deltas did not store."""
+        return self.delta_raw_bytes - self.delta_bytes
 
     @property
     def dedup_ratio(self) -> float | None:
@@ -62,6 +74,9 @@ class UsageRow:
             "stored_bytes": self.stored_bytes,
             "chunks": self.chunks,
             "dedup_ratio": self.dedup_ratio,
+            "delta_chunks": self.delta_chunks,
+            "delta_raw_bytes": self.delta_raw_bytes,
+            "delta_bytes": self.delta_bytes,
         }
         if self.run is None:
             d.update(pack_bytes=self.pack_bytes, packs=self.packs)
@@ -83,7 +98,8 @@ def du(
     pack_ids = store.objects.list_packs()
     sizes = (store.objects.pack_size(p) for p in (progress(pack_ids) if progress else pack_ids))
     pack_bytes = sum(sizes)
-    return [*rows, UsageRow(None, *total, pack_bytes=pack_bytes, packs=len(pack_ids))]
+    n, logical, stored, chunks, *deltas = total
+    return [*rows, UsageRow(None, n, logical, stored, chunks, pack_bytes, len(pack_ids), *deltas)]
 
 
 def _run_rows(conn: Connection) -> list[UsageRow]:
@@ -107,13 +123,27 @@ def _run_rows(conn: Connection) -> list[UsageRow]:
             .group_by(pairs_q.c.run)
         )
     }
+    deltas = {
+        r[0]: (int(r[1]), int(r[2]), int(r[3]))
+        for r in conn.execute(
+            select(pairs_q.c.run, *_delta_sums(c))
+            .select_from(pairs_q.join(c, c.c.id == pairs_q.c.chunk_id))
+            .where(c.c.base_id.is_not(None))
+            .group_by(pairs_q.c.run)
+        )
+    }
     return [
-        UsageRow(run, int(n), int(logical), *stored.get(run, (0, 0)))
+        UsageRow(run, int(n), int(logical), *stored.get(run, (0, 0)), None, None, *deltas.get(run, (0, 0, 0)))
         for run, n, logical in sorted(counts, key=lambda r: r[0])
     ]
 
 
-def _total_row(conn: Connection) -> tuple[int, int, int, int]:
+def _delta_sums(c: Any) -> tuple[Any, ...]:
+    """Count, raw bytes and stored bytes of the delta chunks among the selected rows."""
+    return (func.count(), func.coalesce(func.sum(c.c.raw_length), 0), func.coalesce(func.sum(c.c.length), 0))
+
+
+def _total_row(conn: Connection) -> tuple[int, ...]:
     s, sc, c = _snapshots, _snapshot_chunks, _chunks
     n, logical = conn.execute(
         select(func.count(), func.coalesce(func.sum(s.c.logical_bytes), 0))
@@ -124,4 +154,7 @@ def _total_row(conn: Connection) -> tuple[int, int, int, int]:
             used.join(c, c.c.id == used.c.chunk_id)
         )
     ).one()
-    return int(n), int(logical), int(stored), int(chunks)
+    deltas = conn.execute(
+        select(*_delta_sums(c)).select_from(used.join(c, c.c.id == used.c.chunk_id)).where(c.c.base_id.is_not(None))
+    ).one()
+    return int(n), int(logical), int(stored), int(chunks), *(int(v) for v in deltas)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
-from ..engine.locations import to_records
+from ..engine.locations import to_location, to_records
 from ..errors import CorruptionError, ObjectNotFoundError
 from ..format.limits import check_number
 from ..index import PackRecord
@@ -166,22 +166,28 @@ def _compact_packs(store: Repository, report: GCReport, cutoff: float, repack_be
 
 
 def _payload(u: PackUsage) -> int:
-    return max(1, u.size - objects.pack_overhead(u.chunk_count))
+    return max(1, u.size - objects.pack_overhead(u.chunk_count))  # v1 entries: a lower bound
 
 
 def _rewrite_pack(store: Repository, pack_id: str) -> bool:
-    """Copy a pack's live chunks (verified) into a new pack and switch the index to it."""
+    """Copy a pack's live chunks (verified) into a new pack and switch the index to it.
+
+    Payloads are copied as they are: a delta stays a delta against the same base (which the
+    index keeps while the delta lives), so its chain, and every chain through it, reads the same.
+    """
     live = [c for c in store.index.all_chunks() if c.pack_id == pack_id]
     if not live:
         return False
+    known = store.index.chunk_locations(c.chunk_id for c in live if c.base_id is not None)
     writer = store.objects.new_pack_writer(store.config.pack_bytes * 4)
     name = objects.pack_name(pack_id)
     for c in live:
         payload = store.objects.backend.get(name, c.offset, c.length)
-        raw = objects.decode(c.codec, payload, c.raw_length)
-        if objects.chunk_id(raw) != c.chunk_id:
+        if c.base_id is not None:
+            store.objects.verify_chunk(to_location(c, known))  # through the chain
+        elif objects.chunk_id(objects.decode(c.codec, payload, c.raw_length)) != c.chunk_id:
             raise CorruptionError(f"gc: chunk {c.chunk_id} in pack {pack_id} is damaged; run `ckstore check --read-data`")
-        writer.add(c.chunk_id, c.codec, payload, c.raw_length)
+        writer.add(c.chunk_id, c.codec, payload, c.raw_length, c.base_id)
     done = writer.finish()
     assert done is not None
     new_id, size, locs = done

@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from .. import objects
 from ..engine.lease import Lease
+from ..engine.locations import to_records
 from ..errors import CkstoreError, ConflictError, CorruptionError
 from ..format.manifest import Manifest, PerRankEntry
-from ..index import ChunkRecord, PackRecord, SnapshotRecord
+from ..index import PackRecord, SnapshotRecord
+from ..objects.delta import MAX_CHAIN
 
 if TYPE_CHECKING:
     from ..engine.repository import Repository
@@ -62,19 +64,59 @@ def reindex(store: Repository) -> ReindexReport:
 
 
 def _add_packs(store: Repository, session: str, report: ReindexReport) -> set[str]:
-    known: set[str] = set()
+    """Index every readable pack's chunks; return the ids of the chunks indexed.
+
+    A chunk stored in several packs is indexed at one place, a full copy when there is one.
+    Deltas get their chain depth from their bases and are indexed after them (the index
+    refuses a delta whose base it lacks); a delta whose chain does not reach a full chunk in
+    some pack is left out and reported.
+    """
+    packs: dict[str, int] = {}
+    chosen: dict[str, objects.ChunkLocation] = {}
     for pack_id in store.objects.list_packs():
         try:
             locs = objects.read_pack_index(store.objects.backend, pack_id)
         except CkstoreError as exc:
             report.skipped.append(f"pack {pack_id}: {exc}")
             continue
-        chunks = [ChunkRecord(l.chunk_id, l.pack_id, l.offset, l.length, l.raw_length, l.codec) for l in locs]
-        store.index.add_pack(session, PackRecord(pack_id, store.objects.pack_size(pack_id), len(chunks)), chunks)
-        known.update(c.chunk_id for c in chunks)
-        report.packs += 1
-        report.chunks += len(chunks)
-    return known
+        packs[pack_id] = len(locs)
+        for loc in locs:
+            have = chosen.get(loc.chunk_id)
+            if have is None or (have.base_id is not None and loc.base_id is None):
+                chosen[loc.chunk_id] = loc
+    depths = _depths(chosen, report)
+    by_pack: dict[str, list[objects.ChunkLocation]] = {p: [] for p in packs}
+    for cid, loc in chosen.items():
+        if cid in depths:
+            by_pack[loc.pack_id].append(loc)
+    for level in range(max(depths.values(), default=0) + 1):
+        for pack_id, locs in by_pack.items():
+            rows = to_records([l for l in locs if depths[l.chunk_id] == level], depths)
+            if rows or level == 0:
+                store.index.add_pack(session, PackRecord(pack_id, store.objects.pack_size(pack_id), packs[pack_id]), rows)
+    report.packs += len(packs)
+    report.chunks += len(depths)
+    return set(depths)
+
+
+def _depths(chosen: dict[str, objects.ChunkLocation], report: ReindexReport) -> dict[str, int]:
+    """Each chunk's chain depth (0 for a full chunk); deltas without a full root are left out."""
+    depths: dict[str, int] = {}
+    for cid in chosen:
+        path: list[str] = []
+        at: str | None = cid
+        while at is not None and at not in depths:
+            loc = chosen.get(at)
+            if loc is None or at in path or len(path) > MAX_CHAIN:
+                report.skipped.append(f"chunk {cid}: its delta chain does not reach a full chunk ({at} is missing or a loop)")
+                break
+            path.append(at)
+            at = loc.base_id
+        else:
+            base = -1 if at is None else depths[at]
+            for i, link in enumerate(reversed(path)):
+                depths[link] = base + 1 + i
+    return depths
 
 
 def _manifests_by_time(store: Repository, report: ReindexReport) -> list[tuple[str, Manifest]]:

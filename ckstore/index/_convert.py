@@ -23,9 +23,11 @@ def chunk(row: Row[Any]) -> ChunkRecord:
     Raises:
         RowError: a column has the wrong type or a negative size (a damaged index).
     """
-    numbers = (row.offset, row.length, row.raw_length)
-    if not all(type(v) is int and v >= 0 for v in numbers) or not all(
-        isinstance(v, str) for v in (row.id, row.pack_id, row.codec)
+    numbers = (row.offset, row.length, row.raw_length, row.depth)
+    if (
+        not all(type(v) is int and v >= 0 for v in numbers)
+        or not all(isinstance(v, str) for v in (row.id, row.pack_id, row.codec))
+        or not (row.base_id is None or isinstance(row.base_id, str))
     ):
         raise RowError(f"chunk row {str(row.id)[:64]!r} holds {tuple(row)!r:.200}")
     return ChunkRecord(
@@ -35,6 +37,8 @@ def chunk(row: Row[Any]) -> ChunkRecord:
         length=row.length,
         raw_length=row.raw_length,
         codec=row.codec,
+        base_id=row.base_id,
+        depth=row.depth,
     )
 
 
@@ -55,6 +59,8 @@ def chunk_row(record: ChunkRecord, created_at: float) -> dict[str, Any]:
         "raw_length": record.raw_length,
         "codec": record.codec,
         "created_at": created_at,
+        "base_id": record.base_id,
+        "depth": record.depth,
     }
 
 

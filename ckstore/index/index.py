@@ -51,6 +51,9 @@ from ckstore.index.records import (
 from ckstore.index.schema import ensure_schema
 
 FINAL_STATES = ("committed", "aborted")
+MAX_CHAIN_ROUNDS = 65
+"""Lookups :meth:`Index.chunk_locations` makes to follow delta chains (one per link; chains
+are far shorter, and readers refuse one over 64 links)."""
 
 
 class Index(MaintenanceMixin):
@@ -261,14 +264,23 @@ class Index(MaintenanceMixin):
                 insert_ignore(conn, _sql.pins, pin_rows)
 
     def chunk_locations(self, chunk_ids: Iterable[str]) -> dict[str, ChunkRecord]:
-        """Returns where each known chunk among ``chunk_ids`` lives (no pins; for reads)."""
+        """Returns where each known chunk among ``chunk_ids`` lives (no pins; for reads).
+
+        The result also holds the bases of every delta among them, down to the full chunk at
+        the root of each chain (in one read transaction, so a chain is seen whole), which is
+        everything a reader needs to decode them.
+        """
         c = _sql.chunks
+        found: dict[str, ChunkRecord] = {}
         with self._read("locate chunks") as conn:
-            return {
-                r.id: _convert.chunk(r)
-                for batch in batches(unique(chunk_ids))
-                for r in conn.execute(select(c).where(c.c.id.in_(batch)))
-            }
+            todo = unique(chunk_ids)
+            for _ in range(MAX_CHAIN_ROUNDS):
+                for batch in batches(todo):
+                    found.update((r.id, _convert.chunk(r)) for r in conn.execute(select(c).where(c.c.id.in_(batch))))
+                todo = unique(r.base_id for r in found.values() if r.base_id is not None and r.base_id not in found)
+                if not todo:
+                    break
+        return found
 
     # -------------------------------------------------------------------- commit
     def commit_snapshot(

@@ -44,13 +44,34 @@ class PackUsage:
     live_bytes: int
 
 
-def _unreferenced(ignoring: Sequence[str] = ()) -> Any:
-    """SQL condition: no snapshot (other than ``ignoring``) references, no session pins."""
+def _unreferenced(ignoring: Sequence[str] = (), bases: bool = True) -> Any:
+    """SQL condition: no snapshot (other than ``ignoring``) references, no session pins, and
+    (with ``bases``) no delta is stored against it."""
     c, sc, p = _sql.chunks, _sql.snapshot_chunks, _sql.pins
     ref = select(sc.c.chunk_id).where(sc.c.chunk_id == c.c.id)
     if ignoring:
         ref = ref.where(sc.c.snapshot_id.not_in(list(ignoring)))
-    return and_(~exists(ref), ~exists(select(p.c.chunk_id).where(p.c.chunk_id == c.c.id)))
+    cond = and_(~exists(ref), ~exists(select(p.c.chunk_id).where(p.c.chunk_id == c.c.id)))
+    if bases:
+        d = c.alias("dependent")
+        cond = and_(cond, ~exists(select(d.c.id).where(d.c.base_id == c.c.id)))
+    return cond
+
+
+def _removable(rows: list[ChunkRecord], edges: Iterable[tuple[str, str]]) -> list[ChunkRecord]:
+    """Of ``rows`` (chunks nothing references or pins), those whose every dependent delta is
+    removable too: a base goes only with the last delta stored against it. ``edges`` are
+    ``(delta, base)`` pairs whose base is among ``rows``."""
+    gone = {r.chunk_id for r in rows}
+    pairs = list(edges)
+    changed = True
+    while changed:
+        changed = False
+        for delta, base in pairs:
+            if base in gone and delta not in gone:
+                gone.discard(base)
+                changed = True
+    return [r for r in rows if r.chunk_id in gone]
 
 
 class MaintenanceMixin:
@@ -101,9 +122,20 @@ class MaintenanceMixin:
         ``ignoring`` lists snapshots to treat as already forgotten (for dry runs).
         """
         c = _sql.chunks
-        query = select(c).where((c.c.created_at < cutoff) & _unreferenced(ignoring))
+        query = select(c).where((c.c.created_at < cutoff) & _unreferenced(ignoring, bases=False))
         with self._read("find unreferenced chunks") as conn:
-            return [_convert.chunk(r) for r in conn.execute(query)]
+            rows = [_convert.chunk(r) for r in conn.execute(query)]
+            return _removable(rows, self._edges(conn, [r.chunk_id for r in rows]))
+
+    @staticmethod
+    def _edges(conn: Connection, base_ids: Sequence[str]) -> list[tuple[str, str]]:
+        """``(delta, base)`` for every delta stored against one of ``base_ids``."""
+        c = _sql.chunks
+        return [
+            (str(r[0]), str(r[1]))
+            for batch in batches(base_ids)
+            for r in conn.execute(select(c.c.id, c.c.base_id).where(c.c.base_id.in_(batch)))
+        ]
 
     def young_unreferenced(
         self, cutoff: float, ignoring: Sequence[str] = ()
@@ -124,15 +156,24 @@ class MaintenanceMixin:
         return int(count), int(size), None if newest is None else float(newest)
 
     def prune_chunks(self, cutoff: float) -> list[ChunkRecord]:
-        """Delete unreferenced, unpinned chunk rows older than ``cutoff``; return them."""
+        """Delete unreferenced, unpinned chunk rows older than ``cutoff``; return them.
+
+        A base goes only once no delta is stored against it: each round deletes the chunks
+        nothing depends on, which may free their bases for the next round (at most one round
+        per link of the longest chain, plus one).
+        """
         c = _sql.chunks
+        removed: list[ChunkRecord] = []
         with self._write("prune chunks") as conn:
             _sql.gc_barrier(conn, exclusive=True)
             cond = (c.c.created_at < cutoff) & _unreferenced()
-            rows = [_convert.chunk(r) for r in conn.execute(select(c).where(cond))]
-            for batch in batches([r.chunk_id for r in rows]):
-                conn.execute(delete(c).where(c.c.id.in_(batch) & cond))
-        return rows
+            while True:
+                rows = [_convert.chunk(r) for r in conn.execute(select(c).where(cond))]
+                for batch in batches([r.chunk_id for r in rows]):
+                    conn.execute(delete(c).where(c.c.id.in_(batch) & cond))
+                removed.extend(rows)
+                if not rows or not any(r.base_id for r in rows):
+                    return removed
 
     def all_chunks(self) -> Iterator[ChunkRecord]:
         """Every chunk row (for check)."""
@@ -196,7 +237,8 @@ class MaintenanceMixin:
                 switched += conn.execute(
                     update(c)
                     .where((c.c.id == m.chunk_id) & (c.c.pack_id == old_pack_id))
-                    .values(pack_id=m.pack_id, offset=m.offset, length=m.length, raw_length=m.raw_length, codec=m.codec)
+                    .values(pack_id=m.pack_id, offset=m.offset, length=m.length, raw_length=m.raw_length,
+                            codec=m.codec, base_id=m.base_id)
                 ).rowcount or 0
         return switched
 

@@ -72,8 +72,11 @@ chunks = Table(
     _required("raw_length", BigInteger),
     _required("codec", String(32)),
     _required("created_at", Double),
+    # a delta: the chunk its bytes are XORed against (the database keeps it while it is needed)
+    Column("base_id", ID, ForeignKey("chunks.id"), nullable=True, index=True),
+    _required("depth", Integer, server_default="0"),  # links down to the root's full chunk
 )
-"""Where a chunk lives: pack, byte range, codec."""
+"""Where a chunk lives: pack, byte range, codec, and for a delta its base."""
 
 manifests = Table(
     "manifests",

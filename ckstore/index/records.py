@@ -21,6 +21,8 @@ class ChunkRecord:
         length: Stored length in the pack, in bytes.
         raw_length: Uncompressed length, in bytes.
         codec: Codec name used to store it (``"none"``, ``"zstd"``, ...).
+        base_id: For a delta, the chunk its bytes are XORed against; None for a full chunk.
+        depth: Links from this chunk down to the full chunk at the root of its chain.
     """
 
     chunk_id: str
@@ -29,6 +31,8 @@ class ChunkRecord:
     length: int
     raw_length: int
     codec: str
+    base_id: str | None = None
+    depth: int = 0
 
 
 @dataclass(frozen=True)

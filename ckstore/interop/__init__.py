@@ -105,19 +105,22 @@ def import_checkpoint(
     metadata: Mapping[str, Any],
     name: str | None = None,
     format: str | None = None,  # noqa: A002 - the option users type
+    delta_base: str | None = None,
 ) -> tuple[SnapshotRecord, Manifest]:
     """Take the checkpoint at ``path`` into ``repo`` as one snapshot (in this process).
 
     The state maps onto apps as :func:`app_state_of` says, plus the app ``_source`` (the import
     record and kept files). ``metadata`` is merged over ``{"imported_from": {"format", "name"}}``.
-    Returns the committed record and its manifest.
+    ``delta_base`` as for ``Store.take`` (e.g. the ref of an imported base model, for a
+    fine-tune of it). Returns the committed record and its manifest.
     """
     path = os.fspath(path)
     fmt = format or detect_format(path)
     with Spill(budget_cap() if repo.memory_budget is None else repo.memory_budget) as spill:
         apps, src = _load(path, fmt, spill)
         apps[SOURCE_APP] = src.app()
-        return take_local(repo, apps, run=run, step=step, tags=tags, metadata={**src.metadata(), **dict(metadata)}, name=name)
+        return take_local(repo, apps, run=run, step=step, tags=tags, metadata={**src.metadata(), **dict(metadata)},
+                          name=name, delta_base=delta_base)
 
 
 def take_local(
@@ -129,6 +132,7 @@ def take_local(
     tags: Sequence[str] = (),
     metadata: Mapping[str, Any] | None = None,
     name: str | None = None,
+    delta_base: str | None = None,
 ) -> tuple[SnapshotRecord, Manifest]:
     """A take in this process only, even under torch.distributed (no collectives).
 
@@ -137,16 +141,18 @@ def take_local(
     """
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
         raise InvalidInputError(f"step must be a non-negative int, got {step!r}")
+    base = repo.delta_manifest(delta_base, run)
     result = engine_take(
         repo.objects,
         repo.index,
         state_dicts(app_state),
-        repo.take_options(),
+        repo.take_options(deltas=base is not None),
         run=run,
         step=step,
         tags=tuple(tags),
         metadata=dict(metadata or {}),
         name=name,
+        base=base,
     )
     return result.record, result.manifest
 

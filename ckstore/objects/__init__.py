@@ -7,7 +7,19 @@ Never imports torch or the index layer. The fsspec-based backends (``FsspecBacke
 from typing import TYPE_CHECKING, Any
 
 from ckstore.objects.backend import Backend, validate_name
-from ckstore.objects.codecs import BYTEGROUP_ZSTD, CODECS, NONE, ZSTD, decode, encode, grouped_size
+from ckstore.objects.codecs import (
+    BYTEGROUP_ZSTD,
+    CODECS,
+    NONE,
+    XOR_BYTEGROUP_ZSTD,
+    XOR_ZSTD,
+    ZSTD,
+    decode,
+    encode,
+    grouped_size,
+    is_delta,
+)
+from ckstore.objects.delta import encode_delta
 from ckstore.objects.hashing import HASH_NAME, chunk_id, is_chunk_id
 from ckstore.objects.local import LocalBackend
 from ckstore.objects.opener import open_backend
@@ -55,6 +67,8 @@ __all__ = [
     "CODECS",
     "HASH_NAME",
     "NONE",
+    "XOR_BYTEGROUP_ZSTD",
+    "XOR_ZSTD",
     "ZSTD",
     "Backend",
     "ChunkLocation",
@@ -73,8 +87,10 @@ __all__ = [
     "chunk_id",
     "decode",
     "encode",
+    "encode_delta",
     "grouped_size",
     "is_chunk_id",
+    "is_delta",
     "load_pack_index",
     "memory_backend",
     "open_backend",

@@ -1,4 +1,5 @@
-"""Per-chunk codecs, named by strings: ``"none"``, ``"zstd"`` and ``"bytegroup-zstd"``.
+"""Per-chunk codecs, named by strings: ``"none"``, ``"zstd"``, ``"bytegroup-zstd"`` and the two
+delta codecs ``"xor-zstd"`` and ``"xor-bytegroup-zstd"``.
 
 A chunk's id is always the hash of its raw bytes; the codec only changes how it is stored.
 
@@ -15,6 +16,12 @@ A chunk's id is always the hash of its raw bytes; the codec only changes how it 
 
   Each plane's raw length is ``raw_length / n``. The top plane is always tried with zstd;
   the others only if a sample of their first 64 KiB compresses below 90%.
+
+* ``xor-zstd`` / ``xor-bytegroup-zstd``: a delta. The payload is the ``zstd`` /
+  ``bytegroup-zstd`` payload of the chunk's raw bytes XORed with the raw bytes of its base
+  chunk (same length; the pack entry names the base, see ``packs.py``). Decoding one needs the
+  base's raw bytes: :func:`decode` and :func:`decode_hashed` decode only the XOR bytes
+  (``delta_inner`` names the codec they use); ``objects.delta`` and the object store apply it.
 
 :func:`encode` falls back to ``("none", raw)`` (no copy) when compression saves less than
 about 3%. Compressor objects are per thread (zstd contexts are not thread-safe); the heavy
@@ -38,8 +45,22 @@ if TYPE_CHECKING:
 NONE = "none"
 ZSTD = "zstd"
 BYTEGROUP_ZSTD = "bytegroup-zstd"
-CODECS = (NONE, ZSTD, BYTEGROUP_ZSTD)
-"""Every codec name this version reads and writes."""
+XOR_ZSTD = "xor-zstd"
+XOR_BYTEGROUP_ZSTD = "xor-bytegroup-zstd"
+CODECS = (NONE, ZSTD, BYTEGROUP_ZSTD, XOR_ZSTD, XOR_BYTEGROUP_ZSTD)
+"""Every codec name this version reads and writes (a pack stores the position as the id)."""
+DELTA_CODECS = {XOR_ZSTD: ZSTD, XOR_BYTEGROUP_ZSTD: BYTEGROUP_ZSTD}
+"""Delta codec -> the codec of its XOR bytes."""
+
+
+def is_delta(codec: str) -> bool:
+    """Whether chunks of ``codec`` are stored against a base chunk."""
+    return codec in DELTA_CODECS
+
+
+def delta_inner(codec: str) -> str:
+    """The codec a chunk's stored bytes decode with: that of the XOR bytes for a delta."""
+    return DELTA_CODECS.get(codec, codec)
 
 MIN_SAVING = 0.03
 """Compression must save at least this fraction of the raw size, else the chunk stays raw."""
@@ -186,7 +207,7 @@ def _sample_pays(cctx: zstandard.ZstdCompressor, plane: memoryview) -> bool:
 def decode(
     codec: str, payload: Any, raw_length: int, out: memoryview | None = None
 ) -> bytes | memoryview:
-    """Decode one chunk; the inverse of :func:`encode`.
+    """Decode one chunk; the inverse of :func:`encode`. For a delta codec, the XOR bytes.
 
     Args:
         codec: the codec name recorded for the chunk.
@@ -203,6 +224,7 @@ def decode(
     """
     target = _check_out(out, raw_length)
     pview = as_bytes_view(payload)
+    codec = delta_inner(codec)
     if not 0 <= raw_length <= MAX_RAW_LENGTH:
         raise CorruptionError(f"raw length {raw_length} is outside 0 to {MAX_RAW_LENGTH}")
     if codec == NONE:
@@ -316,6 +338,7 @@ def decode_hashed(
 
     target = _check_out(out, raw_length)
     pview = as_bytes_view(payload)
+    codec = delta_inner(codec)
     if not 0 <= raw_length <= MAX_RAW_LENGTH:
         raise CorruptionError(f"raw length {raw_length} is outside 0 to {MAX_RAW_LENGTH}")
     if codec == NONE:
@@ -356,6 +379,14 @@ def _ungroup(pview: memoryview, raw_length: int, target: memoryview | None, hash
                 f"byte-grouped plane {i} has {len(plane)} bytes, expected {plane_len}"
             )
         data.append(np.frombuffer(plane, dtype=np.uint8))
+    _interleave(data, n, plane_len, target, hasher)
+
+
+def _interleave(data: list[Any], n: int, plane_len: int, target: memoryview | None, hasher: Any) -> None:
+    """Write the ``n`` planes ``data`` interleaved into ``target`` (None: a scratch block), in
+    blocks of about ``BLOCK_BYTES``, feeding each block to ``hasher`` right after it is written."""
+    import numpy as np
+
     step = max(1, BLOCK_BYTES // n)  # elements per block
     dest = np.frombuffer(target, dtype=np.uint8) if target is not None else None
     for start in range(0, plane_len, step):
@@ -369,6 +400,47 @@ def _ungroup(pview: memoryview, raw_length: int, target: memoryview | None, hash
             grid[:, i] = column[start:stop]
         if hasher is not None:
             hasher.update(block)
+
+
+def grouped_itemsize(codec: str, payload: Any) -> int | None:
+    """The element size of a (delta's) byte-grouped payload, or None for any other codec."""
+    if delta_inner(codec) != BYTEGROUP_ZSTD:
+        return None
+    pview = as_bytes_view(payload)
+    return int(pview[1]) if len(pview) >= _BG_HEAD.size else None
+
+
+def accumulate_planes(payload: Any, raw_length: int, planes: Any, first: bool) -> None:
+    """Decode a byte-grouped payload's planes into ``planes`` (a ``(n, raw_length / n)`` uint8
+    array), or XOR them into it unless ``first``: XOR commutes with the byte grouping, so a
+    chain of byte-grouped deltas is applied plane by plane and interleaved once
+    (:func:`interleave_planes`).
+
+    Raises:
+        CorruptionError: a malformed payload, or another element size than ``planes`` has.
+    """
+    import numpy as np
+
+    pview = as_bytes_view(payload)
+    n, parts = _parse_grouped(pview, raw_length)
+    plane_len = raw_length // n
+    if planes.shape != (n, plane_len):
+        raise CorruptionError(f"a delta chain mixes element sizes ({n} and {planes.shape[0]})")
+    for i, (flag, body) in enumerate(parts):
+        plane = np.frombuffer(_zstd_frame(body, plane_len) if flag == _ZSTD_FLAG else body, dtype=np.uint8)
+        if len(plane) != plane_len:
+            raise CorruptionError(f"byte-grouped plane {i} has {len(plane)} bytes, expected {plane_len}")
+        if first:
+            planes[i] = plane
+        else:
+            np.bitwise_xor(planes[i], plane, out=planes[i])
+
+
+def interleave_planes(planes: Any, target: memoryview | None, hasher: Any) -> None:
+    """Interleave the ``(n, plane_len)`` array ``planes`` into ``target`` (None: hash only),
+    hashing as it goes (see :func:`accumulate_planes`)."""
+    n, plane_len = planes.shape
+    _interleave(list(planes), n, plane_len, _check_out(target, n * plane_len), hasher)
 
 
 def _block_scratch(n: int) -> np.ndarray:

@@ -3,7 +3,8 @@
 A pack is sound when (a) its header, trailer and footer hash to its name (the pack id, see
 ``packs.pack_id_of``), (b) its payloads lie back to back from the end of the header to the start
 of the trailer, with no gap or overlap, and (c) every payload decodes to bytes that hash to the
-chunk id the trailer lists for it. (a) covers the header's nonce and reserved bytes, which no
+chunk id the trailer lists for it (a delta's XOR bytes applied to its base's raw bytes, which
+the caller provides). (a) covers the header's nonce and reserved bytes, which no
 chunk read touches; (b) leaves no byte of the pack unverified; (c) covers the payloads.
 
 Payloads are read in windows of consecutive chunks (at most ``window`` bytes each, or one
@@ -12,12 +13,14 @@ chunk if larger), so a pack of any size is checked in bounded memory with few ra
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from ckstore.errors import CorruptionError
 from ckstore.objects.backend import Backend
 from ckstore.objects.codecs import decode
+from ckstore.objects.delta import xor_into
 from ckstore.objects.hashing import chunk_id
 from ckstore.objects.packs import HEADER, ChunkLocation, PackIndex, load_pack_index, pack_name
 
@@ -26,8 +29,9 @@ WINDOW_BYTES = 64 << 20
 
 @dataclass(frozen=True)
 class PackProblem:
-    """One thing wrong with a pack: ``kind`` is ``pack-id``, ``pack-layout`` or
-    ``corrupt-chunk``; ``object`` the pack or chunk id."""
+    """One thing wrong with a pack: ``kind`` is ``pack-id``, ``pack-layout``,
+    ``corrupt-chunk`` or ``missing-base`` (a delta whose base cannot be read); ``object`` the
+    pack or chunk id."""
 
     kind: str
     object: str
@@ -48,8 +52,17 @@ class PackScan:
         return not self.problems
 
 
-def scan_pack(backend: Backend, pack_id: str, window: int = WINDOW_BYTES) -> PackScan:
+BaseReader = Callable[[ChunkLocation], Any]
+"""Given a delta's location, its base's verified raw bytes; raises to report the base unreadable."""
+
+
+def scan_pack(
+    backend: Backend, pack_id: str, window: int = WINDOW_BYTES, bases: BaseReader | None = None
+) -> PackScan:
     """Read a whole pack and check (a), (b) and (c) of the module docstring.
+
+    ``bases`` reads the base of each delta; without it a pack holding deltas reports each as
+    ``missing-base``.
 
     Returns:
         What was read and every problem found (the scan goes on past damaged chunks).
@@ -74,7 +87,8 @@ def scan_pack(backend: Backend, pack_id: str, window: int = WINDOW_BYTES) -> Pac
         data = backend.get(name, start, end - start)
         scan.bytes_read += len(data)
         for loc in group:
-            _check_chunk(loc, memoryview(data)[loc.offset - start : loc.offset - start + loc.length], scan, where)
+            payload = memoryview(data)[loc.offset - start : loc.offset - start + loc.length]
+            _check_chunk(loc, payload, scan, where, bases)
     return scan
 
 
@@ -110,10 +124,28 @@ def _check_layout(idx: PackIndex, scan: PackScan, where: str) -> None:
         ))
 
 
-def _check_chunk(loc: ChunkLocation, payload: memoryview, scan: PackScan, where: str) -> None:
+def _check_chunk(
+    loc: ChunkLocation, payload: memoryview, scan: PackScan, where: str, bases: BaseReader | None
+) -> None:
     scan.chunks_read += 1
+    base: Any = None
+    if loc.base_id is not None:
+        try:
+            if bases is None:
+                raise CorruptionError("no reader for bases was given")
+            base = bases(loc)
+        except Exception as exc:  # reported, and the scan goes on
+            scan.problems.append(PackProblem(
+                "missing-base", loc.chunk_id,
+                f"chunk {loc.chunk_id} in {where} is a delta against chunk {loc.base_id}, "
+                f"which cannot be read: {exc}",
+            ))
+            return
     try:
-        raw = decode(loc.codec, payload, loc.raw_length)
+        raw: Any = decode(loc.codec, payload, loc.raw_length)
+        if base is not None:
+            raw = bytearray(raw)
+            xor_into(raw, base)
     except CorruptionError as exc:
         scan.problems.append(PackProblem(
             "corrupt-chunk", loc.chunk_id, f"chunk {loc.chunk_id} in {where} cannot be decoded: {exc}"

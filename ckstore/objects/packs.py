@@ -8,7 +8,7 @@ Layout (all integers little-endian, fixed width)::
 
     offset 0   header, 32 bytes
                8s  magic            b"CKPACK\\x00\\x01"
-               u16 format version   1
+               u16 format version   1, or 2 when the pack holds a delta
                u16 hash id          1 = blake3 (chunk ids and trailer checksum)
                u32 reserved         0
                16s writer nonce     random bytes: two writers never produce the same pack id,
@@ -18,23 +18,29 @@ Layout (all integers little-endian, fixed width)::
     offset 32  payloads: each chunk's encoded bytes, back to back, in the order added,
                no padding; every chunk is encoded on its own, so one ranged read of
                (offset, length) returns it
-    T          trailer: one 64-byte entry per chunk, in payload order
+    T          trailer: one entry per chunk, in payload order, 64 bytes (version 1) or 96
+               bytes (version 2):
                32s chunk id (raw 32 bytes of the BLAKE3 of the chunk's raw bytes)
                u64 offset       of the payload from the start of the pack
                u64 length       of the payload in bytes
                u64 raw_length   of the decoded chunk in bytes
-               u8  codec        0 = none, 1 = zstd, 2 = bytegroup-zstd
+               u8  codec        0 = none, 1 = zstd, 2 = bytegroup-zstd, 3 = xor-zstd,
+                                4 = xor-bytegroup-zstd (3 and 4 only in version 2)
                7x  zero padding
+               32s base id      version 2 only: the chunk id of the base a delta (codec 3
+                                or 4) is XORed against; 32 zero bytes for any other codec
     S - 56     footer, 56 bytes
-               u64 trailer length (= 64 * count)
+               u64 trailer length (= entry size * count)
                u64 count        number of chunks
                32s BLAKE3 of the trailer bytes
                8s  end magic    b"CKPEND\\x00\\x01"
 
 where ``S`` is the pack size and ``T = S - 56 - trailer length``. Rules a reader MUST check:
-both magics, the version, ``trailer length == 64 * count``, the trailer checksum, every payload
-inside ``[32, T)``, known codec ids, and for codec none ``length == raw_length``. A writer MUST
-NOT store one chunk id twice in a pack. Worked example: an empty pack is never written; a pack
+both magics, the version, ``trailer length == entry size * count``, the trailer checksum, every
+payload inside ``[32, T)``, known codec ids, for codec none ``length == raw_length``, and that a
+base id is present exactly for the delta codecs and differs from the chunk's own id. A writer
+MUST NOT store one chunk id twice in a pack, and writes version 1 unless the pack holds a delta
+(so packs without deltas read the same with older readers). Worked example: an empty pack is never written; a pack
 holding the single raw chunk ``b"abc"`` (codec none) is 32 + 3 + 64 + 56 = 155 bytes, the
 payload at offset 32.
 """
@@ -43,25 +49,31 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ckstore.errors import CorruptionError, InvalidInputError
 from ckstore.objects.backend import Backend
-from ckstore.objects.codecs import CODECS, MAX_RAW_LENGTH
+from ckstore.objects.codecs import CODECS, MAX_RAW_LENGTH, is_delta
 from ckstore.objects.hashing import as_bytes_view, is_chunk_id, new_hasher
 
 MAGIC = b"CKPACK\x00\x01"
 END_MAGIC = b"CKPEND\x00\x01"
 FORMAT_VERSION = 1
+DELTA_FORMAT_VERSION = 2
+"""The version of packs holding deltas (96-byte entries with a base id)."""
 HASH_ID_BLAKE3 = 1
 PACK_PREFIX = "packs/"
 
 HEADER = struct.Struct("<8sHHI16s")
 ENTRY = struct.Struct("<32sQQQB7x")
+ENTRY_V2 = struct.Struct("<32sQQQB7x32s")
+_ENTRIES = {FORMAT_VERSION: ENTRY, DELTA_FORMAT_VERSION: ENTRY_V2}
+_NO_BASE = bytes(32)
 FOOTER = struct.Struct("<QQ32s8s")
 CODEC_IDS = {name: i for i, name in enumerate(CODECS)}
-"""Codec name -> id stored in the trailer (none 0, zstd 1, bytegroup-zstd 2)."""
+"""Codec name -> id stored in the trailer (none 0, zstd 1, bytegroup-zstd 2, xor-zstd 3,
+xor-bytegroup-zstd 4)."""
 
 MAX_ENTRIES = 1 << 24
 """Hard limit on chunks per pack (a corrupt count must not make a reader allocate wildly)."""
@@ -71,7 +83,12 @@ _TAIL_READ = 64 << 10
 
 @dataclass(frozen=True)
 class ChunkLocation:
-    """Where one chunk lives: its pack and the byte range of its encoded payload."""
+    """Where one chunk lives: its pack and the byte range of its encoded payload.
+
+    A delta (``codecs.is_delta(codec)``) names its base chunk in ``base_id``; ``base`` is the
+    base's location once someone resolved it (the index knows it, a pack does not), so a
+    reader holding a location holds the whole chain.
+    """
 
     chunk_id: str
     pack_id: str
@@ -79,10 +96,37 @@ class ChunkLocation:
     length: int
     raw_length: int
     codec: str
+    base_id: str | None = None
+    base: ChunkLocation | None = field(default=None, compare=False, repr=False)
+
+    def chain(self) -> list[ChunkLocation]:
+        """This location and its bases, down to the full chunk at the root.
+
+        Raises:
+            CorruptionError: a base is not resolved, has another length, or the chain is
+                longer than ``delta.MAX_CHAIN`` (a cycle).
+        """
+        from ckstore.objects.delta import MAX_CHAIN
+
+        out: list[ChunkLocation] = [self]
+        while out[-1].base_id is not None:
+            loc = out[-1]
+            if loc.base is None or loc.base.chunk_id != loc.base_id:
+                raise CorruptionError(
+                    f"chunk {loc.chunk_id} is a delta against chunk {loc.base_id}, which the "
+                    "index does not know: run `ckstore check` (the index may need `ckstore reindex`)"
+                )
+            if loc.base.raw_length != loc.raw_length or len(out) > MAX_CHAIN:
+                raise CorruptionError(
+                    f"chunk {self.chunk_id} has a broken delta chain at {loc.chunk_id} "
+                    f"(base of {loc.base.raw_length} bytes for {loc.raw_length}, or over {MAX_CHAIN} links)"
+                )
+            out.append(loc.base)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of the fields."""
-        return {
+        """A JSON-able dict of the fields (the base by id only)."""
+        d: dict[str, Any] = {
             "chunk_id": self.chunk_id,
             "pack_id": self.pack_id,
             "offset": self.offset,
@@ -90,13 +134,17 @@ class ChunkLocation:
             "raw_length": self.raw_length,
             "codec": self.codec,
         }
+        if self.base_id is not None:
+            d["base_id"] = self.base_id
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ChunkLocation:
         """The inverse of :meth:`to_dict`."""
+        base = d.get("base_id")
         return cls(
             str(d["chunk_id"]), str(d["pack_id"]), int(d["offset"]), int(d["length"]),
-            int(d["raw_length"]), str(d["codec"]),
+            int(d["raw_length"]), str(d["codec"]), None if base is None else str(base),
         )
 
 
@@ -135,15 +183,20 @@ class PackWriter:
         self._backend = backend
         self._target = target_size
         self._payloads: list[memoryview] = []
-        self._entries: list[tuple[str, int, int, int, str]] = []
+        self._entries: list[tuple[str, int, int, int, str, str | None]] = []
         self._ids: set[str] = set()
         self._offset = HEADER.size
         self._spent = False
+        self._deltas = False
 
     @property
     def nbytes(self) -> int:
         """Size the pack would have if finished now."""
-        return self._offset + ENTRY.size * len(self._entries) + FOOTER.size
+        return self._offset + self._entry.size * len(self._entries) + FOOTER.size
+
+    @property
+    def _entry(self) -> struct.Struct:
+        return ENTRY_V2 if self._deltas else ENTRY
 
     @property
     def count(self) -> int:
@@ -155,11 +208,14 @@ class PackWriter:
         """Whether :attr:`nbytes` reached the target size."""
         return self.nbytes >= self._target
 
-    def add(self, chunk_id: str, codec: str, payload: Any, raw_length: int) -> None:
+    def add(self, chunk_id: str, codec: str, payload: Any, raw_length: int, base_id: str | None = None) -> None:
         """Add one encoded chunk; a chunk id already in this pack is ignored.
 
+        ``base_id`` names the base chunk of a delta (and only of a delta).
+
         Raises:
-            InvalidInputError: bad id, unknown codec, negative length, or the writer is spent.
+            InvalidInputError: bad id, unknown codec, negative length, a base id missing for a
+                delta, given for another codec or equal to the chunk's id, or the writer is spent.
         """
         if self._spent:
             raise InvalidInputError("PackWriter.add after finish(): the writer is spent")
@@ -170,12 +226,17 @@ class PackWriter:
         view = as_bytes_view(payload)
         if raw_length < 0 or (codec == "none" and raw_length != len(view)):
             raise InvalidInputError(f"chunk {chunk_id}: bad raw_length {raw_length}")
+        if is_delta(codec) != (base_id is not None) or base_id == chunk_id:
+            raise InvalidInputError(f"chunk {chunk_id}: codec {codec!r} with base {base_id!r}")
+        if base_id is not None and not is_chunk_id(base_id):
+            raise InvalidInputError(f"chunk {chunk_id}: not a base chunk id: {base_id!r}")
         if chunk_id in self._ids:
             return
         if len(self._entries) >= MAX_ENTRIES:
             raise InvalidInputError(f"a pack holds at most {MAX_ENTRIES} chunks")
         self._ids.add(chunk_id)
-        self._entries.append((chunk_id, self._offset, len(view), raw_length, codec))
+        self._deltas = self._deltas or base_id is not None
+        self._entries.append((chunk_id, self._offset, len(view), raw_length, codec, base_id))
         self._payloads.append(view)
         self._offset += len(view)
 
@@ -194,26 +255,34 @@ class PackWriter:
         pack_id = pack_id_of(parts[0], parts[-2], parts[-1])
         self._backend.put(pack_name(pack_id), parts)
         locations = [
-            ChunkLocation(cid, pack_id, off, length, raw, codec)
-            for cid, off, length, raw, codec in self._entries
+            ChunkLocation(cid, pack_id, off, length, raw, codec, base)
+            for cid, off, length, raw, codec, base in self._entries
         ]
         self._payloads = []
         return pack_id, size, locations
 
     def _parts(self) -> list[Any]:
-        header = HEADER.pack(MAGIC, FORMAT_VERSION, HASH_ID_BLAKE3, 0, os.urandom(16))
-        trailer = b"".join(
-            ENTRY.pack(bytes.fromhex(cid), off, length, raw, CODEC_IDS[codec])
-            for cid, off, length, raw, codec in self._entries
-        )
+        version = DELTA_FORMAT_VERSION if self._deltas else FORMAT_VERSION
+        header = HEADER.pack(MAGIC, version, HASH_ID_BLAKE3, 0, os.urandom(16))
+        if self._deltas:
+            trailer = b"".join(
+                ENTRY_V2.pack(bytes.fromhex(cid), off, length, raw, CODEC_IDS[codec],
+                              _NO_BASE if base is None else bytes.fromhex(base))
+                for cid, off, length, raw, codec, base in self._entries
+            )
+        else:
+            trailer = b"".join(
+                ENTRY.pack(bytes.fromhex(cid), off, length, raw, CODEC_IDS[codec])
+                for cid, off, length, raw, codec, _ in self._entries
+            )
         checksum = new_hasher().update(trailer).digest()
         footer = FOOTER.pack(len(trailer), len(self._entries), checksum, END_MAGIC)
         return [header, *self._payloads, trailer, footer]
 
 
-def pack_overhead(count: int) -> int:
+def pack_overhead(count: int, deltas: bool = False) -> int:
     """Bytes of a pack of ``count`` chunks that are not payload (header, trailer, footer)."""
-    return HEADER.size + ENTRY.size * count + FOOTER.size
+    return HEADER.size + (ENTRY_V2 if deltas else ENTRY).size * count + FOOTER.size
 
 
 @dataclass(frozen=True)
@@ -270,7 +339,7 @@ def load_pack_index(backend: Backend, pack_id: str) -> PackIndex:
     trailer_len, count, checksum, end_magic = FOOTER.unpack(footer)
     if end_magic != END_MAGIC:
         raise CorruptionError(f"{where} has a bad end magic {end_magic!r}")
-    if count > MAX_ENTRIES or trailer_len != count * ENTRY.size:
+    if count > MAX_ENTRIES or trailer_len not in (count * ENTRY.size, count * ENTRY_V2.size):
         raise CorruptionError(f"{where} has a bad footer (count {count}, trailer {trailer_len})")
     trailer_start = size - FOOTER.size - trailer_len
     if trailer_start < HEADER.size:
@@ -282,33 +351,44 @@ def load_pack_index(backend: Backend, pack_id: str) -> PackIndex:
     if new_hasher().update(trailer).digest() != checksum:
         raise CorruptionError(f"{where} has a trailer that fails its checksum")
     header = bytes(tail[: HEADER.size]) if tail_start == 0 else backend.get(name, 0, HEADER.size)
-    _check_header(header, where)
-    locations = _parse_entries(trailer, count, pack_id, trailer_start, where)
+    version = _check_header(header, where)
+    if trailer_len != count * _ENTRIES[version].size:
+        raise CorruptionError(f"{where}: a version {version} pack with {count} entries of {trailer_len} bytes")
+    locations = _parse_entries(trailer, count, pack_id, trailer_start, where, _ENTRIES[version])
     return PackIndex(pack_id, size, header, trailer, footer, locations)
 
 
-def _check_header(data: bytes, where: str) -> None:
+def _check_header(data: bytes, where: str) -> int:
     magic, version, hash_id, _, _ = HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise CorruptionError(f"{where} has a bad magic {magic!r}")
-    if version != FORMAT_VERSION or hash_id != HASH_ID_BLAKE3:
-        raise CorruptionError(f"{where} has unsupported version {version} / hash id {hash_id}")
+    if version not in _ENTRIES or hash_id != HASH_ID_BLAKE3:
+        raise CorruptionError(
+            f"{where} has unsupported version {version} / hash id {hash_id}: it was written by "
+            "a newer ckstore; upgrade ckstore to read it"
+        )
+    return int(version)
 
 
 def _parse_entries(
-    trailer: bytes, count: int, pack_id: str, limit: int, where: str
+    trailer: bytes, count: int, pack_id: str, limit: int, where: str, entry: struct.Struct = ENTRY
 ) -> list[ChunkLocation]:
     locations = []
     for i in range(count):
-        raw_id, off, length, raw_len, codec_id = ENTRY.unpack_from(trailer, i * ENTRY.size)
-        if codec_id >= len(CODECS):
+        fields = entry.unpack_from(trailer, i * entry.size)
+        raw_id, off, length, raw_len, codec_id = fields[:5]
+        base_raw = fields[5] if len(fields) > 5 else _NO_BASE
+        if codec_id >= len(CODECS) or (entry is ENTRY and is_delta(CODECS[codec_id])):
             raise CorruptionError(f"{where}: entry {i} has unknown codec id {codec_id}")
         codec = CODECS[codec_id]
+        base = None if base_raw == _NO_BASE else base_raw.hex()
+        if is_delta(codec) != (base is not None) or base_raw == raw_id:
+            raise CorruptionError(f"{where}: entry {i} has codec {codec} with base {base}")
         if off < HEADER.size or off + length > limit or (codec == "none" and length != raw_len):
             raise CorruptionError(f"{where}: entry {i} has a bad range ({off}, {length})")
         if raw_len > MAX_RAW_LENGTH:
             raise CorruptionError(f"{where}: entry {i} has a raw length of {raw_len} bytes")
-        locations.append(ChunkLocation(raw_id.hex(), pack_id, off, length, raw_len, codec))
+        locations.append(ChunkLocation(raw_id.hex(), pack_id, off, length, raw_len, codec, base))
     return locations
 
 

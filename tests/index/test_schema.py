@@ -30,7 +30,7 @@ def test_new_database_is_stamped_at_head(index_url: str) -> None:
     Index.open(index_url).close()
     engine = make_engine(index_url)
     try:
-        assert current_revision(engine) == head_revision() == "0001"
+        assert current_revision(engine) == head_revision() == "0002"
     finally:
         engine.dispose()
 
@@ -88,10 +88,16 @@ def test_foreign_database_is_refused(index_url: str) -> None:
         Index.open(index_url)
 
 
-def test_frozen_revision_0001_database_opens(tmp_path: Path) -> None:
+def test_frozen_revision_0001_database_upgrades_and_keeps_its_data(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite"
     shutil.copyfile(frozen.FILE, path)
-    with Index.open(f"sqlite:///{path}", create=False) as ix:
+    url = f"sqlite:///{path}"
+    with pytest.raises(SchemaError, match=f"ckstore migrate --index {url}"):
+        Index.open(url, create=False)  # never upgraded behind the user's back
+    assert upgrade(url) == "0002"
+    with Index.open(url, create=False) as ix:
+        # every chunk of revision 0001 is a full chunk
+        assert {(c.base_id, c.depth) for c in ix.all_chunks()} == {(None, 0)}
         assert {k: ix.get_meta(k) for k in frozen.META} == frozen.META
         assert ix.list_runs() == sorted({s[1] for s in frozen.SNAPSHOTS})
         for snap_id, run, step, created, name, chunk_idx, tags in frozen.SNAPSHOTS:
@@ -115,20 +121,20 @@ def test_frozen_revision_0001_database_opens(tmp_path: Path) -> None:
         assert ix.resolve("sft").step == 300
 
 
-# Test-only revision 0002. There is no real second revision yet, so to exercise the "older
-# revision" path for real we build a migration directory holding the shipped env.py and 0001
-# plus this 0002, and run the same check/upgrade code against it. A database the shipped code
-# created (at 0001) is then genuinely older than that directory's head.
+# Test-only revision 0003. To exercise the "older revision" path against the shipped head we
+# build a migration directory holding the shipped env.py and revisions plus this 0003, and run
+# the same check/upgrade code against it. A database the shipped code created (at the shipped
+# head) is then genuinely older than that directory's head.
 REVISION_0002 = '''"""Test-only revision.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002"
-down_revision = "0001"
+revision = "0003"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 
@@ -148,28 +154,28 @@ def downgrade():
 def scripts_with_0002(tmp_path: Path) -> Path:
     location = tmp_path / "migrations"
     shutil.copytree(MIGRATIONS_DIR, location, ignore=shutil.ignore_patterns("__pycache__"))
-    (location / "versions" / "0002_test_only.py").write_text(REVISION_0002)
+    (location / "versions" / "0003_test_only.py").write_text(REVISION_0002)
     return location
 
 
 def test_older_revision_is_refused_with_migrate_command(
     index_url: str, scripts_with_0002: Path
 ) -> None:
-    with Index.open(index_url) as ix:  # the shipped code creates it at 0001
+    with Index.open(index_url) as ix:  # the shipped code creates it at its head, 0002
         commit(ix, "r", 1)
     engine = make_engine(index_url)
     try:
         with pytest.raises(SchemaError) as err:
             ensure_schema(engine, script_location=scripts_with_0002)
         message = str(err.value)
-        assert "0001" in message and "0002" in message
+        assert "0002" in message and "0003" in message
         assert f"ckstore migrate --index {index_url}" in message
-        assert upgrade(index_url, script_location=scripts_with_0002) == "0002"
+        assert upgrade(index_url, script_location=scripts_with_0002) == "0003"
         ensure_schema(engine, script_location=scripts_with_0002)  # now current: opens
-        assert current_revision(engine) == "0002"
+        assert current_revision(engine) == "0003"
     finally:
         engine.dispose()
-    with pytest.raises(SchemaError, match="newer ckstore"):  # the shipped code: 0002 is new
+    with pytest.raises(SchemaError, match="newer ckstore"):  # the shipped code: 0003 is new
         Index.open(index_url)
 
 

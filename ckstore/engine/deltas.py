@@ -1,0 +1,72 @@
+"""Choosing delta bases for a take: which stored chunk each new chunk may be XORed against.
+
+A chunk's base is the chunk at the same place of the same key in a base snapshot: same key,
+same dtype and shape, same box of the grid. The writer stores the chunk as a delta only if
+that is smaller (``objects.delta.encode_delta``); it never builds a chain longer than the
+depth limit: when the base candidate already sits at the limit, the chunk is stored whole
+(re-based), and the next take's deltas start a new chain on it. A take's chunks thus cost
+their full size once every ``limit + 1`` takes, and reading any chunk decodes at most
+``limit + 1`` payloads.
+
+Bases are pinned to the take's session when chosen (``Index.lookup_chunks``), so no gc removes
+one while the take runs; once a delta is indexed the index itself keeps its base (a foreign
+key, and gc deletes a base only after its last delta).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..format.manifest import Manifest, TensorEntry
+from ..index import ChunkRecord
+from .locations import to_location
+from .packing import _Chunk
+
+
+def attach_bases(keys: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], _Chunk]]],
+                 entries: dict[str, Any], base: Manifest) -> int:
+    """Give each chunk of ``keys`` (key -> [(offsets, sizes, chunk)]) the id of the chunk at the
+    same place in ``base`` as its candidate base; returns how many got one.
+
+    ``entries`` are the take's own entries (placeholders carrying dtype and shape): a key whose
+    dtype or shape differs in ``base`` gets no base (its bytes mean something else there).
+    """
+    count = 0
+    for key, boxes in keys.items():
+        old, new = base.entries.get(key), entries.get(key)
+        if not isinstance(old, TensorEntry) or old.inline or not isinstance(new, TensorEntry):
+            continue
+        if (old.dtype, old.shape) != (new.dtype, new.shape):
+            continue
+        at = {(c.offsets, c.sizes): c.id for c in old.chunks}
+        for offsets, sizes, chunk in boxes:
+            cid = at.get((offsets, sizes))
+            if cid is not None:
+                chunk.base_id = cid
+                count += 1
+    return count
+
+
+def resolve_bases(index: Any, session: str, chunks: Iterable[_Chunk], depth_limit: int) -> None:
+    """Pin the base of each chunk in ``chunks`` that has a candidate and give it the base's
+    location (with its chain); a chunk whose candidate the index lacks, or whose candidate is
+    its own id, gets none.
+
+    A candidate at ``depth_limit`` or deeper gets none: the chunk is stored whole (re-based).
+    """
+    todo = [c for c in chunks if c.base_id and c.base_id != c.id]
+    if depth_limit <= 0 or not todo:
+        return
+    known: dict[str, ChunkRecord] = index.chunk_locations({c.base_id for c in todo})
+    wanted: list[tuple[_Chunk, str]] = []
+    for c in todo:
+        rec = known.get(c.base_id)
+        if rec is not None and rec.depth < depth_limit and rec.chunk_id != c.id and rec.raw_length == c.nbytes:
+            wanted.append((c, rec.chunk_id))
+    pinned = index.lookup_chunks(session, {b for _, b in wanted})  # gone meanwhile: no delta
+    for c, base_id in wanted:
+        rec = pinned.get(base_id)
+        if rec is not None:
+            c.base = to_location(rec, known)
+            c.depth = rec.depth + 1
