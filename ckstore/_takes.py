@@ -67,8 +67,12 @@ STORE_DEFAULT = _StoreDefault()
 
 
 def delta_base_of(repo: Repository, given: str | None | _StoreDefault) -> str | None:
-    """The delta base a take uses: ``given``, or the store's default for ``STORE_DEFAULT``."""
-    return repo.delta_base if isinstance(given, _StoreDefault) else check_delta_base(given)
+    """The delta base a take uses: ``given``, or the store's default for ``STORE_DEFAULT``
+    (which a distributed take, storing every chunk whole, leaves aside; an explicit
+    ``delta_base`` there is refused)."""
+    if isinstance(given, _StoreDefault):
+        return None if is_distributed() else repo.delta_base
+    return check_delta_base(given)
 
 
 @dataclass
