@@ -279,3 +279,21 @@ def test_cli_import_of_a_fine_tune_against_its_base(tmp_path: Path, capsys: pyte
     (exported,) = (tmp_path / "out").glob("*.safetensors")
     back = load_file(str(exported))
     assert all(torch.equal(back[k], v) for k, v in tuned.items())
+
+
+def test_chains_on_every_deployment_survive_gc_and_repack(any_store: ckstore.Store) -> None:
+    """Local, memory and S3 + PostgreSQL: the foreign key and the pruning rounds behave alike."""
+    store = any_store
+    store.delta_depth = 2
+    states = _train(6)
+    ids = _take_all(store, states, delta_base="parent")
+    assert {c.depth for c in store.index.all_chunks()} == {0, 1, 2}
+    dry = store.gc(keep_last=1, grace_seconds=0, dry_run=True)
+    report = store.gc(keep_last=1, grace_seconds=0, repack_below=1.0)
+    assert report.chunks_removed == dry.chunks_removed > 0
+    assert _restores(store, ids[-1], states[-1])
+    assert store.check(read_data=True).ok
+    for s in store.log():
+        store.delete(s.id, force=True)
+    store.gc(grace_seconds=0)
+    assert list(store.index.all_chunks()) == []
