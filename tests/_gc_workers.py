@@ -24,17 +24,29 @@ def state_for(step: int) -> dict[str, torch.Tensor]:
     return {"fresh": torch.randn(48, 32, generator=g), "slow": torch.randn(64, 32, generator=stable)}
 
 
+def drifting_state_for(step: int) -> dict[str, torch.Tensor]:
+    """A state whose every element drifts a little from step to step (a training run): what
+    deltas against the parent are for. Still a function of the step."""
+    base = torch.randn(48, 64, generator=torch.Generator().manual_seed(0))
+    drift = torch.randn(48, 64, generator=torch.Generator().manual_seed(step))
+    return {"w": base + 1e-3 * drift, "wb": (base + 1e-3 * drift).to(torch.bfloat16)}
+
+
 def open_store(url: str, index: str) -> ckstore.Store:
     return ckstore.open(url, index=index or None, chunk_bytes=1024, pack_bytes=4096)
 
 
-def take_loop(url: str, index: str, seconds: float) -> int:
+def take_loop(url: str, index: str, seconds: float, deltas: bool = False) -> int:
     store = open_store(url, index)
     deadline, step, failures = time.time() + seconds, 0, 0
     while time.time() < deadline:
         step += 1
         try:
-            store.take({"s": ckstore.StateDict(state_for(step))}, run="loop", step=step)
+            if deltas:  # a chain per chunk, its older links forgotten by the gc beside
+                store.take({"s": ckstore.StateDict(drifting_state_for(step))}, run="loop", step=step,
+                           delta_base="parent")
+            else:
+                store.take({"s": ckstore.StateDict(state_for(step))}, run="loop", step=step)
         except ckstore.CkstoreError as exc:  # a take may lose a race with GC; never silently
             failures += 1
             print(f"take {step} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -72,8 +84,8 @@ def pause_after_pinning(url: str, index: str) -> int:
 
 if __name__ == "__main__":
     cmd, url, index = sys.argv[1], sys.argv[2], sys.argv[3]
-    if cmd == "take":
-        sys.exit(take_loop(url, index, float(sys.argv[4])))
+    if cmd in ("take", "take-deltas"):
+        sys.exit(take_loop(url, index, float(sys.argv[4]), deltas=cmd == "take-deltas"))
     if cmd == "gc":
         sys.exit(gc_loop(url, index, float(sys.argv[4])))
     sys.exit(pause_after_pinning(url, index))

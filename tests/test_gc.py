@@ -19,7 +19,7 @@ from ckstore.index import SnapshotRecord
 WORKERS = str(Path(__file__).resolve().parent / "_gc_workers.py")
 ROOT = str(Path(__file__).resolve().parents[1])
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _gc_workers import state_for  # noqa: E402
+from _gc_workers import drifting_state_for, state_for  # noqa: E402
 
 
 def _rec(run: str, step: int, age: float, now: float = 1e6) -> SnapshotRecord:
@@ -111,12 +111,16 @@ def _run(*args, **kw):
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def test_gc_beside_a_live_writer_never_breaks_a_committed_snapshot(tmp_path, dialect, request):
+@pytest.mark.parametrize("deltas", [False, True], ids=["whole", "deltas"])
+def test_gc_beside_a_live_writer_never_breaks_a_committed_snapshot(tmp_path, dialect, deltas, request):
+    """With ``deltas`` every take chains onto the one before while gc forgets all but the last
+    two and repacks: no chain may ever lose a link."""
     url = str(tmp_path / "store")
     index = "" if dialect == "sqlite" else request.getfixturevalue("pg").new_database()
     ckstore.open(url, index=index or None, chunk_bytes=1024, pack_bytes=4096).close()
-    writer = _run("take", url, index, "8")
-    collector = _run("gc", url, index, "8")
+    seconds = "6" if deltas else "8"
+    writer = _run("take-deltas" if deltas else "take", url, index, seconds)
+    collector = _run("gc", url, index, seconds)
     w_out, w_err = writer.communicate(timeout=120)
     g_out, g_err = collector.communicate(timeout=120)
     assert writer.returncode == 0, w_err
@@ -128,8 +132,10 @@ def test_gc_beside_a_live_writer_never_breaks_a_committed_snapshot(tmp_path, dia
     assert snaps, w_out
     for snap in snaps:  # every committed snapshot restores bit-exactly
         got = snap.read_object("s")
-        want = state_for(snap.step)
+        want = (drifting_state_for if deltas else state_for)(snap.step)
         assert all(torch.equal(got[k], want[k]) for k in want), snap.step
+    if deltas:
+        assert any(c.base_id for c in store.index.all_chunks()), "the takes stored no delta"
     took = int(w_out.split()[1])
     failures = int(w_out.split()[3])
     assert took > 5 and failures == 0, (w_out, w_err)  # GC never makes a take fail

@@ -82,7 +82,8 @@ class CkstoreCheckpointIO(CheckpointIO):
         step = checkpoint.get("global_step")
         meta = {**self.metadata, "lightning": {"path": os.fspath(path), "epoch": checkpoint.get("epoch")}}
         apps = app_state_of(checkpoint, f"Lightning checkpoint {os.fspath(path)!r}")
-        take_local(self.store, apps, run=self.run, step=step if isinstance(step, int) else None, tags=(tag,), metadata=meta)
+        take_local(self.store, apps, run=self.run, step=step if isinstance(step, int) else None, tags=(tag,),
+                   metadata=meta, delta_base=self.store.delta_base)
         if previous is not None and previous not in self.store.tags().values():
             self._delete(previous)
 
