@@ -3,10 +3,11 @@
 A chunk's base is the chunk at the same place of the same key in a base snapshot: same key,
 same dtype and shape, same box of the grid. The writer stores the chunk as a delta only if
 that is smaller (``objects.delta.encode_delta``); it never builds a chain longer than the
-depth limit: when the base candidate already sits at the limit, the chunk is stored whole
-(re-based), and the next take's deltas start a new chain on it. A take's chunks thus cost
-their full size once every ``limit + 1`` takes, and reading any chunk decodes at most
-``limit + 1`` payloads.
+depth limit: when the base candidate already sits at the limit, its ancestor one link
+shallower than the limit is used instead. With a limit of 1 every delta is taken against the
+full chunk at the root (a keyframe), so reading any chunk decodes at most two payloads and a
+take reads one base, however long the run; the chunk is stored whole again (a new keyframe)
+once a delta against the old one no longer pays.
 
 Bases are pinned to the take's session when chosen (``Index.lookup_chunks``), so no gc removes
 one while the take runs; once a delta is indexed the index itself keeps its base (a foreign
@@ -53,7 +54,7 @@ def resolve_bases(index: Any, session: str, chunks: Iterable[_Chunk], depth_limi
     location (with its chain); a chunk whose candidate the index lacks, or whose candidate is
     its own id, gets none.
 
-    A candidate at ``depth_limit`` or deeper gets none: the chunk is stored whole (re-based).
+    A candidate at ``depth_limit`` or deeper is replaced by its ancestor at ``depth_limit - 1``.
     """
     todo = [c for c in chunks if c.base_id and c.base_id != c.id]
     if depth_limit <= 0 or not todo:
@@ -62,6 +63,8 @@ def resolve_bases(index: Any, session: str, chunks: Iterable[_Chunk], depth_limi
     wanted: list[tuple[_Chunk, str]] = []
     for c in todo:
         rec = known.get(c.base_id)
+        while rec is not None and rec.depth >= depth_limit:
+            rec = known.get(rec.base_id) if rec.base_id is not None else None
         if rec is not None and rec.depth < depth_limit and rec.chunk_id != c.id and rec.raw_length == c.nbytes:
             wanted.append((c, rec.chunk_id))
     pinned = index.lookup_chunks(session, {b for _, b in wanted})  # gone meanwhile: no delta

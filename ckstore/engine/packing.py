@@ -166,6 +166,8 @@ class _PackPipeline:
         delta = objects.is_delta(codec)
         base_id = chunk.base.chunk_id if delta and chunk.base is not None else None
         self._writer.add(chunk.id, codec, payload, len(chunk.view), base_id)
+        if self._opts.delta_depth > 0:  # the next delta take reads it as a base without re-hashing
+            self._store.trust(chunk.id, payload)
         if buf is not None:
             (self._held if codec in _IN_BUFFER else self._free).append(buf)
         self.stats.new_bytes += len(payload)
@@ -211,13 +213,23 @@ _IN_BUFFER = (objects.BYTEGROUP_ZSTD, objects.XOR_BYTEGROUP_ZSTD)
 
 
 def _encode_delta(store: objects.ObjectStore, chunk: _Chunk, buf: np.ndarray | None) -> tuple[str, Any]:
-    """Encode ``chunk`` against its base (read and verified through its chain now), or whole
-    when the delta does not pay (``objects.encode_delta``)."""
+    """Encode ``chunk`` against its base, or whole when the delta does not pay
+    (``objects.encode_delta``).
+
+    The base must be right, or the delta would be wrong forever: a base whose payloads this
+    process wrote or verified itself (the previous take of a training loop) is decoded plane by
+    plane and XORed without interleaving (``ObjectStore.trusted_planes``); any other is read
+    and verified against its id through its chain (and trusted from then on).
+    """
     assert chunk.base is not None
     n = len(chunk.view)
-    base = memoryview(_scratch("base", n).data)[:n]
-    store.read_chunk(chunk.base, out=base)
     root = chunk.base.chain()[-1]
+    planes = store.trusted_planes(chunk.base, chunk.itemsize) if chunk.grouped else None
+    if planes is not None:
+        return objects.encode_delta(chunk.ready(), None, chunk.itemsize, chunk.grouped, buffer=buf,
+                                    plain_estimate=root.length, base_planes=planes)
+    base = memoryview(_scratch("base", n).data)[:n]
+    store.read_chunk(chunk.base, out=base, trust=True)
     return objects.encode_delta(chunk.ready(), base, chunk.itemsize, chunk.grouped,
                                 scratch=_scratch("xor", n), buffer=buf, plain_estimate=root.length)
 

@@ -146,7 +146,7 @@ def take_local(
         repo.objects,
         repo.index,
         state_dicts(app_state),
-        repo.take_options(deltas=base is not None),
+        repo.take_options(deltas=delta_base is not None),
         run=run,
         step=step,
         tags=tuple(tags),

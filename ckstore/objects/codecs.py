@@ -165,7 +165,21 @@ def grouped_size(raw_length: int, itemsize: int) -> int:
     return _BG_HEAD.size + itemsize * _BG_PLANE.size + raw_length
 
 
-def _encode_grouped(view: memoryview, itemsize: int, level: int, buffer: Any) -> memoryview:
+def encode_grouped_xor(raw: Any, itemsize: int, base_planes: Any, level: int = 1, buffer: Any = None) -> memoryview:
+    """The ``bytegroup-zstd`` payload of ``raw`` XOR a base whose byte planes are
+    ``base_planes`` (a ``(itemsize, len(raw) / itemsize)`` uint8 array): XOR commutes with the
+    grouping, so the base is never interleaved. The payload may be a view into ``buffer``.
+
+    Raises:
+        InvalidInputError: the planes do not fit ``raw``.
+    """
+    view = as_bytes_view(raw)
+    if len(view) % itemsize or tuple(base_planes.shape) != (itemsize, len(view) // itemsize):
+        raise InvalidInputError(f"base planes {tuple(base_planes.shape)} do not fit {len(view)} bytes of itemsize {itemsize}")
+    return _encode_grouped(view, itemsize, level, buffer, base_planes)
+
+
+def _encode_grouped(view: memoryview, itemsize: int, level: int, buffer: Any, xor_planes: Any = None) -> memoryview:
     import numpy as np  # here: reading an index or a plain chunk never loads numpy
 
     """Split ``view`` into planes written straight into the payload buffer, then compress
@@ -180,6 +194,8 @@ def _encode_grouped(view: memoryview, itemsize: int, level: int, buffer: Any) ->
         out = np.empty(head + n, dtype=np.uint8)  # every byte used is written below
     body = np.frombuffer(out, dtype=np.uint8, count=n, offset=head).reshape(itemsize, plane_len)
     body[...] = np.frombuffer(view, dtype=np.uint8).reshape(plane_len, itemsize).T
+    if xor_planes is not None:
+        np.bitwise_xor(body, xor_planes, out=body)
     cctx = _plane_compressor(level)
     _BG_HEAD.pack_into(out, 0, _BG_VERSION, itemsize)
     flat = np.frombuffer(out, dtype=np.uint8)

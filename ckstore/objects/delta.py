@@ -21,11 +21,13 @@ from typing import Any
 from ckstore.errors import InvalidInputError
 from ckstore.objects.codecs import (
     BYTEGROUP_ZSTD,
+    MIN_SAVING,
     NONE,
     XOR_BYTEGROUP_ZSTD,
     XOR_ZSTD,
     ZSTD,
     encode,
+    encode_grouped_xor,
 )
 from ckstore.objects.hashing import as_bytes_view
 
@@ -65,6 +67,7 @@ def encode_delta(
     scratch: Any = None,
     buffer: Any = None,
     plain_estimate: int | None = None,
+    base_planes: Any = None,
 ) -> tuple[str, bytes | memoryview]:
     """Encode ``raw`` as a delta against ``base`` when that pays, else as ``codecs.encode`` would.
 
@@ -76,6 +79,9 @@ def encode_delta(
         plain_estimate: what the chunk's plain payload would take, if the caller knows (e.g.
             the stored length of the full chunk at the root of the base's chain, which holds
             the same kind of data): the chunk is then not encoded plainly just to compare.
+        base_planes: instead of ``base`` (pass None), the base's byte planes (a
+            ``(itemsize, n / itemsize)`` uint8 array) for a ``grouped`` chunk: the XOR is taken
+            plane by plane and the base is never interleaved.
 
     Returns:
         ``(codec, payload)``: a delta codec when the delta is at most ``SURE_DELTA_RATIO`` of
@@ -87,18 +93,25 @@ def encode_delta(
     """
     import numpy as np
 
-    rview, bview = as_bytes_view(raw), as_bytes_view(base)
+    rview = as_bytes_view(raw)
     n = len(rview)
-    if len(bview) != n:
-        raise InvalidInputError(f"a delta needs a base of the same length ({len(bview)} != {n} bytes)")
-    if n == 0:
-        return encode(raw, itemsize, grouped, level)
-    if scratch is not None and len(scratch) >= n:
-        xor = np.frombuffer(scratch, dtype=np.uint8, count=n)
+    if base_planes is not None:
+        if n == 0 or not grouped:
+            raise InvalidInputError("base planes are for byte-grouped chunks")
+        payload: bytes | memoryview = encode_grouped_xor(rview, itemsize, base_planes, level, buffer)
+        inner = BYTEGROUP_ZSTD if len(payload) <= n * (1.0 - MIN_SAVING) else NONE
     else:
-        xor = np.empty(n, dtype=np.uint8)
-    np.bitwise_xor(np.frombuffer(rview, dtype=np.uint8), np.frombuffer(bview, dtype=np.uint8), out=xor)
-    inner, payload = encode(memoryview(xor.data), itemsize, grouped, level, buffer)
+        bview = as_bytes_view(base)
+        if len(bview) != n:
+            raise InvalidInputError(f"a delta needs a base of the same length ({len(bview)} != {n} bytes)")
+        if n == 0:
+            return encode(raw, itemsize, grouped, level)
+        if scratch is not None and len(scratch) >= n:
+            xor = np.frombuffer(scratch, dtype=np.uint8, count=n)
+        else:
+            xor = np.empty(n, dtype=np.uint8)
+        np.bitwise_xor(np.frombuffer(rview, dtype=np.uint8), np.frombuffer(bview, dtype=np.uint8), out=xor)
+        inner, payload = encode(memoryview(xor.data), itemsize, grouped, level, buffer)
     if inner != NONE and len(payload) <= n * SURE_DELTA_RATIO:
         return _WRAP[inner], payload
     if inner != NONE and plain_estimate is not None and len(payload) <= plain_estimate * (1.0 - MIN_DELTA_SAVING):

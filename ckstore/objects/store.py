@@ -73,6 +73,45 @@ class ObjectStore:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        self._trusted: dict[str, int] = {}
+
+    # -- payloads this process knows to be right (what a delta take's bases are read with) -----
+    MAX_TRUSTED = 1 << 18
+    """Payload fingerprints remembered (about 40 MiB at most; forgotten all at once when full)."""
+
+    def trust(self, chunk_id: str, payload: Any) -> None:
+        """Remember that ``payload`` is a right encoding of chunk ``chunk_id``: this process
+        encoded it from bytes it hashed to that id, or decoded it to bytes verified against it.
+        Only a fingerprint is kept (``hashing.fingerprint``, seeded per process)."""
+        if len(self._trusted) >= self.MAX_TRUSTED:
+            self._trusted.clear()
+        self._trusted[chunk_id] = fingerprint(payload)
+
+    def trusted_planes(self, loc: ChunkLocation, itemsize: int) -> Any:
+        """The byte planes (a ``(itemsize, raw_length / itemsize)`` uint8 array in this
+        thread's scratch memory) of a chunk whose every payload along its chain this process
+        trusts (:meth:`trust`) and is byte-grouped with ``itemsize``; None otherwise.
+
+        The planes are not hashed: each payload is the one this process encoded from, or
+        decoded to, verified bytes (its fingerprint says so), and decoding is deterministic.
+        What a delta take needs from its base, at the cost of decompression only.
+        """
+        import numpy as np
+
+        n = loc.raw_length
+        if n % itemsize:
+            return None
+        chain = list(reversed(loc.chain()))
+        planes = np.frombuffer(_scratch("base-planes", n), dtype=np.uint8, count=n).reshape(itemsize, n // itemsize)
+        for i, link in enumerate(chain):
+            expected = self._trusted.get(link.chunk_id)
+            if expected is None:
+                return None
+            payload = self._payload(link)
+            if grouped_itemsize(link.codec, payload) != itemsize or fingerprint(payload) != expected:
+                return None
+            self._guarded(link, accumulate_planes, payload, n, planes, i == 0)
+        return planes
 
     @property
     def backend(self) -> Backend:
@@ -83,7 +122,7 @@ class ObjectStore:
         """A writer for one new pack."""
         return PackWriter(self._backend, target_size)
 
-    def read_chunk(self, loc: ChunkLocation, out: memoryview | None = None) -> bytes | memoryview:
+    def read_chunk(self, loc: ChunkLocation, out: memoryview | None = None, *, trust: bool = False) -> bytes | memoryview:
         """Read, decode and verify one chunk with ONE ranged get of ``(offset, length)``.
 
         Args:
@@ -99,15 +138,20 @@ class ObjectStore:
         """
         self._check_sizes(loc)
         target = out if out is not None else memoryview(bytearray(loc.raw_length))
-        self.verify_chunk(loc, target)
+        self.verify_chunk(loc, target, trust=trust)
         return target
 
-    def verify_chunk(self, loc: ChunkLocation, out: memoryview | None = None, *, fingerprint_it: bool = False) -> int | None:
+    def verify_chunk(
+        self, loc: ChunkLocation, out: memoryview | None = None, *, fingerprint_it: bool = False, trust: bool = False
+    ) -> int | None:
         """Read one chunk's payload, decode it and verify it against its id, in one pass.
 
         The payload is read into this thread's recycled buffer (``Backend.get_into``), decoded
         into ``out`` (or, when None, kept nowhere: a verify-only pass) and hashed block by
         block as it is decoded (``codecs.decode_hashed``).
+
+        With ``trust``, the payloads of the chunk (and its chain) are remembered as right once
+        verified (:meth:`trust`).
 
         Returns:
             With ``fingerprint_it``, the payload's fingerprint (``hashing.fingerprint``) for
@@ -118,18 +162,25 @@ class ObjectStore:
             CorruptionError: the payload is malformed or does not hash to ``loc.chunk_id``.
         """
         hasher = new_hasher()
+        links: list[tuple[str, int]] | None = [] if trust else None
         if loc.base_id is not None:
-            prints = self._decode_chain(loc, out, hasher, fingerprint_it)
+            prints = self._decode_chain(loc, out, hasher, fingerprint_it, links)
         else:
             payload = self._payload(loc)
             self._decode(loc, payload, out, hasher)
             prints = fingerprint(payload) if fingerprint_it else None
+            if links is not None:
+                links.append((loc.chunk_id, fingerprint(payload)))
         if str(hasher.hexdigest()) != loc.chunk_id:
             raise CorruptionError(
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
                 "does not match its id: the stored bytes are corrupt"
                 + (" (or those of a base in its delta chain)" if loc.base_id else "")
             )
+        if links:
+            if len(self._trusted) + len(links) > self.MAX_TRUSTED:
+                self._trusted.clear()
+            self._trusted.update(links)
         return prints
 
     def load_verified(self, loc: ChunkLocation, out: memoryview, expected: int) -> None:
@@ -177,7 +228,10 @@ class ObjectStore:
         self._backend.get_into(pack_name(loc.pack_id), loc.offset, view)
         return view
 
-    def _decode_chain(self, loc: ChunkLocation, out: memoryview | None, hasher: Any, fingerprint_it: bool) -> int | None:
+    def _decode_chain(
+        self, loc: ChunkLocation, out: memoryview | None, hasher: Any, fingerprint_it: bool,
+        links: list[tuple[str, int]] | None = None,
+    ) -> int | None:
         """Decode a delta: the full chunk at the root of its chain, then the XOR bytes of each
         delta from the root up; hash the result.
 
@@ -196,8 +250,10 @@ class ObjectStore:
         planes: Any = None
         for i, link in enumerate(chain):
             payload = self._payload(link)
-            if fingerprint_it:
+            if fingerprint_it or links is not None:
                 prints.append(fingerprint(payload))
+                if links is not None:
+                    links.append((link.chunk_id, prints[-1]))
             size = grouped_itemsize(link.codec, payload)
             if i == 0 and size and n % size == 0:
                 planes = np.frombuffer(_scratch("planes", n), dtype=np.uint8, count=n).reshape(size, n // size)
