@@ -42,7 +42,7 @@ def targets(tr: dict[str, Any]) -> list[dict[str, Any]]:
                          _ratio(_get(tr, v, DELTA, "take_later_seconds"), _get(tr, v, "ckstore", "take_later_seconds")),
                          None, TAKE_LIMIT))
     for v in ("fp32", "bf16"):
-        rows.append(_row(f"{LABEL[v]}: restore at chain depth {depth} / restore of the full first snapshot", "x",
+        rows.append(_row(f"{LABEL[v]}: restore of the last snapshot (chain depth <= {depth}) / of the full first one", "x",
                          _get(tr, v, DELTA, "restore_last_over_first"),
                          _get(tr, v, "ckstore", "restore_last_over_first"), RESTORE_LIMIT))
     return rows
@@ -73,7 +73,9 @@ def markdown(tr: dict[str, Any]) -> list[str]:
         f"(step {t['steps']}); training {t['train_seconds']:.0f} s.",
         "Stored: bytes the save added to the system's directory / raw bytes of that save's state; "
         "later saves: mean over saves 2.."
-        f"{t['saves']}. Take: durable, median over later saves. Restore: into a live state, median of 3.",
+        f"{t['saves']}. Take: durable, median over later saves. Restore: into a live state, "
+        f"median of {t['restore_reps']}; for ckstore+delta the last snapshot ends a chain of up to "
+        f"{t['saves'] - 1} deltas (raise --train-saves to reach ckstore's depth limit).",
     ]
     if tr["delta_status"] != "ok":
         L.append(f"{DELTA}: {tr['delta_status']}")

@@ -33,7 +33,7 @@ from ..util import dir_bytes, fmt_b, median
 
 VARIANTS = ("fp32", "bf16")
 DELTA = "ckstore+delta"
-RESTORE_REPS = 3
+RESTORE_REPS = 5
 
 Key = tuple[str, str]  # (variant, system)
 
@@ -190,7 +190,7 @@ def summarize(b: Bench, cfg: TrainConfig, t: Trainer, names: list[str], rec: dic
                   "params": n_params, "param_bytes_fp32": n_params * 4},
         "train": {"optimizer": f"AdamW(lr={cfg.lr}, weight_decay={cfg.weight_decay})",
                   "batch": cfg.batch, "seq": cfg.seq, "every": b.args.train_every,
-                  "saves": b.args.train_saves, "steps": t.step, "loss_at_saves": losses,
+                  "saves": b.args.train_saves, "restore_reps": RESTORE_REPS, "steps": t.step, "loss_at_saves": losses,
                   "train_seconds": train_s},
         "variants": {"fp32": "fp32 weights + fp32 AdamW state (step, exp_avg, exp_avg_sq)",
                      "bf16": "bfloat16 copy of the weights of the same fp32 run, weights only"},
