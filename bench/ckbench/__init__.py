@@ -2,11 +2,13 @@
 
 - ``util``: durability (fsync), sizes on disk, peak RSS, formatting, machine info
 - ``states``: the synthetic transformer + Adam state, its mutation, the real MiniLM weights
+- ``training_model``: the small transformer, its synthetic tokens and AdamW loop (training phase)
 - ``systems``: one adapter per checkpointing system (ckstore and its peers)
 - ``harness``: the shared run state (systems, state, timings) and its bookkeeping
-- ``scenarios``: one module per measured phase (rounds, bytes over saves, peak RSS, MiniLM,
-  profile)
-- ``report``: targets, ratios, the markdown tables and the chart
+- ``scenarios``: one module per measured phase (rounds, bytes over saves, peak RSS, resume,
+  MiniLM, profile, training)
+- ``report``: targets, ratios, the markdown tables and the chart; ``report_training``: the
+  training phase's targets and section
 - ``cli``: argument parsing, the peak-RSS child process entry, main
 """
 

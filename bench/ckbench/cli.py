@@ -6,11 +6,15 @@ rotates every round) to cancel drift, medians over rounds. Scenarios: first save
 of the weights changed (frozen backbone), restore in place, read one 64 MiB tensor, bytes on disk
 over successive saves, peak RSS of save and restore (each in a child process), resume (a fresh
 process builds the model, restores the latest snapshot and runs a first step, timed end to end),
-async_take blocking time, and compression of real trained weights (MiniLM, fp32 and bf16).
+async_take blocking time, compression of real trained weights (MiniLM, fp32 and bf16), and full
+training (a small transformer trained with AdamW, a save every 10 steps, fp32 and bf16: bytes per
+save, take time, restore of the last snapshot against the first; with ckstore+delta when this
+ckstore's take has delta_base).
 
     python bench/run.py                  # 2 GiB state, 3 rounds
     python bench/run.py --quick          # 256 MiB state
     python bench/run.py --systems ckstore,safetensors --rounds 2
+    python bench/run.py --only training  # the full-training phase alone
 
 Writes ``<out>/results.json``, ``<out>/results.md``, ``<out>/bytes_over_saves.png`` and
 ``<out>/profile_take.txt``; prints the tables. The page cache is warm throughout (it cannot be
@@ -30,11 +34,13 @@ import torch
 
 from . import report
 from .harness import Bench
-from .scenarios import PHASES
+from .scenarios import PHASES, STATE_FREE
 from .scenarios.peak_rss import child_main
 from .scenarios.resume import child_main as resume_child
-from .systems import ALL_SYSTEMS, SYSTEM_CLASSES
+from .systems import ALL_SYSTEMS, EXTRA_SYSTEMS, SYSTEM_CLASSES
 from .util import BENCH_DIR
+
+PHASE_NAMES = [name for name, _ in PHASES]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -46,7 +52,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=str(BENCH_DIR / "out"), help="output directory (default bench/out)")
     ap.add_argument("--systems", default=",".join(ALL_SYSTEMS),
                     help=f"comma-separated subset of {','.join(ALL_SYSTEMS)}")
-    ap.add_argument("--skip", default="", help="comma-separated phases to skip: rounds,bytes,rss,resume,minilm,profile")
+    ap.add_argument("--skip", default="", help=f"comma-separated phases to skip: {','.join(PHASE_NAMES)}")
+    ap.add_argument("--only", default="", help="comma-separated phases to run, the others skipped")
+    ap.add_argument("--train-saves", type=int, default=6, help="saves in the training phase (default 6)")
+    ap.add_argument("--train-every", type=int, default=10, help="training steps between saves (default 10)")
+    ap.add_argument("--train-dim", type=int, default=384, help="the trained transformer's width (default 384)")
+    ap.add_argument("--train-layers", type=int, default=4, help="its layers (default 4)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-profile", action="store_true", help="skip the cProfile of one ckstore take")
     ap.add_argument("--child-timeout", type=int, default=600)
@@ -71,10 +82,23 @@ def main(argv: list[str] | None = None) -> int:
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in args.systems if s not in SYSTEM_CLASSES]
     if unknown:
-        ap.error(f"unknown systems {unknown}; choose from {', '.join(ALL_SYSTEMS)}")
-    args.skip = [s.strip() for s in args.skip.split(",") if s.strip()]
+        ap.error(f"unknown systems {unknown}; choose from {', '.join(ALL_SYSTEMS + EXTRA_SYSTEMS)}")
+    args.skip = phase_list(ap, "--skip", args.skip)
+    only = phase_list(ap, "--only", args.only)
+    if only:
+        args.skip = sorted(set(args.skip) | (set(PHASE_NAMES) - set(only)))
+    if args.train_saves < 1 or args.train_every < 1:
+        ap.error("--train-saves and --train-every must be at least 1")
     torch.manual_seed(args.seed)
     return run(Bench(args))
+
+
+def phase_list(ap: argparse.ArgumentParser, flag: str, text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in PHASE_NAMES]
+    if unknown:
+        ap.error(f"{flag}: unknown phases {unknown}; choose from {', '.join(PHASE_NAMES)}")
+    return names
 
 
 def run(b: Bench) -> int:
@@ -82,10 +106,10 @@ def run(b: Bench) -> int:
     results written to ``<out>`` and the tables printed."""
     t0 = time.perf_counter()
     b.out.mkdir(parents=True, exist_ok=True)
-    b.setup()
+    skip = set(b.args.skip)
+    b.setup(state=any(name not in skip | STATE_FREE for name in PHASE_NAMES))
     if not b.systems:
         b.log("no system available")
-    skip = set(b.args.skip)
     for name, fn in PHASES:
         if name not in skip:
             run_phase(b, name, fn)

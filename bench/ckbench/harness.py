@@ -91,11 +91,13 @@ class Bench:
         return ck
 
     # -- setup
-    def setup(self) -> None:
+    def setup(self, state: bool = True) -> None:
+        """The systems, an empty work folder and (when ``state``) the synthetic state."""
         self.setup_systems()
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
-        self.setup_state()
+        if state:
+            self.setup_state()
 
     def setup_systems(self) -> None:
         for n in self.args.systems:

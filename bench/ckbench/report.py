@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import report_training
 from .harness import Bench
 from .util import GiB, fmt_b, fmt_s, machine_info, median
 
@@ -25,7 +26,9 @@ def results(b: Bench) -> dict[str, Any]:
     res = {
         "machine": machine_info(),
         "config": {"size_mb": b.args.size_mb, "rounds": b.args.rounds, "seed": b.args.seed,
-                   "saves": b.args.saves, "systems": b.args.systems},
+                   "saves": b.args.saves, "systems": b.args.systems, "skip": b.args.skip,
+                   "train_saves": b.args.train_saves, "train_every": b.args.train_every,
+                   "train_dim": b.args.train_dim, "train_layers": b.args.train_layers},
         "state": b.extra.get("state"),
         "systems": b.status,
         "times": b.times,
@@ -84,7 +87,22 @@ def targets(b: Bench, res: dict[str, Any]) -> list[dict[str, Any]]:
 # the markdown report
 
 
+MAIN_PHASES = ("rounds", "bytes", "rss", "resume", "minilm", "profile")
+
+
 def markdown(b: Bench, res: dict[str, Any]) -> str:
+    """The main tables (when a phase other than training ran), then the training section."""
+    ran = b.extra.get("phase_seconds", {})
+    L = main_tables(b, res) if any(p in ran for p in MAIN_PHASES) or not ran else []
+    tr = b.extra.get("training")
+    if tr:
+        L += ([""] if L else []) + report_training.markdown(tr)
+    elif "training" in ran:
+        L += ["", f"training: {b.extra.get('phase_errors', {}).get('training', 'no results')}"]
+    return "\n".join(L) + "\n"
+
+
+def main_tables(b: Bench, res: dict[str, Any]) -> list[str]:
     peers = [n for n in b.args.systems if n != "ckstore"]
     L = header(b, res)
     L.append("| scenario | ckstore | " + " | ".join(peers) + " |")
@@ -97,7 +115,7 @@ def markdown(b: Bench, res: dict[str, Any]) -> str:
     L += problems(b, res["systems"])
     L.append("")
     L += target_table(res["targets"])
-    return "\n".join(L) + "\n"
+    return L
 
 
 def header(b: Bench, res: dict[str, Any]) -> list[str]:

@@ -3,6 +3,7 @@ read(handle) -> tensor. Every save is durable (files and their directories fsync
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import time
@@ -15,6 +16,8 @@ from .states import READ_KEY, copy_into, flat_tensors, iter_tensors
 from .util import fsync_path, fsync_tree
 
 ALL_SYSTEMS = ("ckstore", "safetensors", "torch.save", "dcp", "dcp+zstd", "torchsnapshot")
+# Also accepted by --systems; the training phase adds it next to ckstore by itself.
+EXTRA_SYSTEMS = ("ckstore+delta",)
 
 
 class Unavailable(Exception):
@@ -92,6 +95,28 @@ class Ckstore(System):
             s.close()
 
 
+class CkstoreDelta(Ckstore):
+    """ckstore taking every snapshot as a delta against the run's latest one
+    (``take(..., delta_base="parent")``); unavailable where ``Store.take`` has no ``delta_base``."""
+
+    name = "ckstore+delta"
+
+    def setup(self) -> None:
+        super().setup()
+        if not supports_delta(self.ck):
+            raise Unavailable("this ckstore's Store.take has no delta_base keyword")
+
+    def save(self, state: dict[str, Any], root: Path, i: int) -> Any:
+        snap = self.store(root).take(self.app(state), run="bench", step=i, delta_base="parent")
+        self.last_stats = dict(snap.stats)
+        return self.handle(root, i)
+
+
+def supports_delta(ck: Any) -> bool:
+    """Whether ``ck.Store.take`` accepts ``delta_base`` (the incremental-checkpoint feature)."""
+    return "delta_base" in inspect.signature(ck.Store.take).parameters
+
+
 class TorchSave(System):
     name = "torch.save"
 
@@ -131,7 +156,7 @@ class Safetensors(System):
 
     def save(self, state: dict[str, Any], root: Path, i: int) -> Any:
         path = self.handle(root, i)
-        meta = {"param_groups": json.dumps(state["optim"]["param_groups"])}
+        meta = {"param_groups": json.dumps(state["optim"]["param_groups"])} if "optim" in state else None
         self.st.save_file(flat_tensors(state), str(path), metadata=meta)
         fsync_path(path)
         fsync_path(root)
@@ -228,6 +253,6 @@ class TorchSnapshot(System):
 
 
 SYSTEM_CLASSES: dict[str, type[System]] = {
-    c.name: c for c in (Ckstore, Safetensors, TorchSave, Dcp, DcpZstd, TorchSnapshot)
+    c.name: c for c in (Ckstore, CkstoreDelta, Safetensors, TorchSave, Dcp, DcpZstd, TorchSnapshot)
 }
 

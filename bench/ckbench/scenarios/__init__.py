@@ -1,4 +1,5 @@
-"""The measured phases, in the order a run goes through them; ``--skip`` names them."""
+"""The measured phases, in the order a run goes through them; ``--skip`` and ``--only`` name
+them. ``STATE_FREE``: the phases that do not use the synthetic state (``Bench.state``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from .peak_rss import peak_rss
 from .profile import profile
 from .resume import resume
 from .rounds import run_rounds
+from .training import training
 
 PHASES: list[tuple[str, Callable[[Bench], None]]] = [
     ("rounds", run_rounds),
@@ -19,4 +21,6 @@ PHASES: list[tuple[str, Callable[[Bench], None]]] = [
     ("resume", resume),
     ("minilm", minilm),
     ("profile", profile),
+    ("training", training),
 ]
+STATE_FREE = frozenset({"minilm", "training"})
