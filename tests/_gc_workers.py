@@ -38,6 +38,7 @@ def open_store(url: str, index: str) -> ckstore.Store:
 
 def take_loop(url: str, index: str, seconds: float, deltas: bool = False) -> int:
     store = open_store(url, index)
+    store.delta_depth = 3  # chains of up to 3 links, their older links forgotten by the gc beside
     deadline, step, failures = time.time() + seconds, 0, 0
     while time.time() < deadline:
         step += 1

@@ -297,3 +297,27 @@ def test_chains_on_every_deployment_survive_gc_and_repack(any_store: ckstore.Sto
         store.delete(s.id, force=True)
     store.gc(grace_seconds=0)
     assert list(store.index.all_chunks()) == []
+
+
+def test_a_new_handle_verifies_bases_and_a_damaged_base_never_blocks_a_take(tmp_path: Path) -> None:
+    states = _train(4)
+    path = tmp_path / "s"
+    with ckstore.open(path, **KNOBS) as store:
+        first = store.take({"m": App(dict(states[0]))}, run="r", step=0).id
+    with ckstore.open(path, **KNOBS) as store:  # nothing trusted yet: bases are read and verified
+        second = store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent").id
+        assert any(c.base_id for c in store.index.all_chunks())
+        third = store.take({"m": App(dict(states[2]))}, run="r", step=2, delta_base="parent").id  # trusted
+        for i, s in zip((first, second, third), states):
+            assert _restores(store, i, s)
+    # damage one keyframe's payload: a new take stores the chunks against it whole, and says so
+    with ckstore.open(path, **KNOBS) as store:
+        rows = {c.chunk_id: c for c in store.index.all_chunks()}
+        root = next(c for c in rows.values() if c.base_id is None and c.chunk_id in store.get(first).manifest.chunk_ids())
+        pack = Path(store.url) / objects.pack_name(root.pack_id)
+        data = bytearray(pack.read_bytes())
+        data[root.offset + root.length // 3] ^= 0x10
+        pack.chmod(0o644)
+        pack.write_bytes(bytes(data))
+        snap = store.take({"m": App(dict(states[3]))}, run="r", step=3, delta_base=first)
+        assert _restores(store, snap.id, states[3])

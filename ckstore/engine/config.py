@@ -228,10 +228,12 @@ def env_int(name: str, lo: int, hi: int = INT64_MAX) -> int | None:
     return check_int(f"${name}", value, lo, hi)
 
 
-DEFAULT_DELTA_DEPTH = 4
-"""Longest chain a take builds by default: reading a chunk decodes at most 5 payloads, and a
-run's chunks are stored whole once every 5 takes (see docs/USAGE.md, "Deltas", for the
-measured trade of bytes against restore time)."""
+DEFAULT_DELTA_DEPTH = 1
+"""Longest chain a take builds by default: every delta is taken against a full chunk (a
+keyframe), so reading a chunk decodes at most 2 payloads and a take reads one base. Measured
+on the benchmark's training run (a save every 10 steps): depth 2 stores 0.5 (fp32 + AdamW) to
+3 (bf16 weights) points of raw less, and restores its deepest snapshot 1.2-1.6x slower than
+depth 1 (each link costs about a full chunk's decompression); see docs/USAGE.md, "Deltas"."""
 MAX_DELTA_DEPTH = 32
 """The largest depth limit accepted (readers follow chains of up to 64 links)."""
 DELTA_BASES = ("parent",)
@@ -260,3 +262,9 @@ def check_delta_base(value: Any) -> str | None:
             f"delta_base must be None, 'parent' or a snapshot ref (run@step, tag, name, id), got {value!r}"
         )
     return value
+
+
+def default_delta_depth() -> int:
+    """The delta chain limit of a new handle: ``$CKSTORE_DELTA_DEPTH`` or ``DEFAULT_DELTA_DEPTH``."""
+    env = env_int("CKSTORE_DELTA_DEPTH", 0, MAX_DELTA_DEPTH)
+    return DEFAULT_DELTA_DEPTH if env is None else env

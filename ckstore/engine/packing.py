@@ -6,6 +6,7 @@ and the DCP writer reuse this too). Packs are made durable before they are index
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import objects
+from ..errors import CorruptionError, ObjectNotFoundError
 from ..index import PackRecord
 from .locations import to_records
 
@@ -229,12 +231,18 @@ def _encode_delta(store: objects.ObjectStore, chunk: _Chunk, buf: np.ndarray | N
         return objects.encode_delta(chunk.ready(), None, chunk.itemsize, chunk.grouped, buffer=buf,
                                     plain_estimate=root.length, base_planes=planes)
     base = memoryview(_scratch("base", n).data)[:n]
-    store.read_chunk(chunk.base, out=base, trust=True)
+    try:
+        store.read_chunk(chunk.base, out=base, trust=True)
+    except (CorruptionError, ObjectNotFoundError) as exc:  # a damaged base never blocks a take
+        log.warning("key %r: its delta base %s is unreadable (%s); storing the chunk whole. "
+                    "Run `ckstore check --read-data`", chunk.key, chunk.base.chunk_id, exc)
+        return objects.encode(chunk.ready(), chunk.itemsize, chunk.grouped, 1, buf)
     return objects.encode_delta(chunk.ready(), base, chunk.itemsize, chunk.grouped,
                                 scratch=_scratch("xor", n), buffer=buf, plain_estimate=root.length)
 
 
 _local = threading.local()
+log = logging.getLogger(__name__)
 
 
 def _scratch(kind: str, n: int) -> np.ndarray:

@@ -23,12 +23,12 @@ from ..format.manifest import Manifest
 from ..index import Index, SnapshotRecord
 from .config import (
     CONFIG_NAME,
-    DEFAULT_DELTA_DEPTH,
     MAX_LEASE_SECONDS,
     MAX_THREADS,
     StoreConfig,
     check_delta_base,
     check_depth,
+    default_delta_depth,
     default_io_threads,
     default_lease_seconds,
     default_memory_budget,
@@ -94,7 +94,7 @@ class Repository:
         self._staging_budget: int | None = None
         self._lease_seconds = default_lease_seconds()
         self._delta_base: str | None = None
-        self._delta_depth = DEFAULT_DELTA_DEPTH
+        self._delta_depth = default_delta_depth()
         # how it was opened (index URL as given, storage options), so another process can reopen it
         self.opened_with: dict[str, Any] = {"index": None, "storage_options": None}
 

@@ -31,8 +31,9 @@ from ckstore.objects.codecs import (
 )
 from ckstore.objects.hashing import as_bytes_view
 
-MIN_DELTA_SAVING = 0.05
-"""A delta is kept only if it is at least this fraction smaller than the chunk's plain payload."""
+MIN_DELTA_SAVING = 0.02
+"""A delta is kept only if it is at least this fraction smaller than the chunk's plain payload
+(reading it costs a second payload, so a tie goes to the whole chunk)."""
 
 SURE_DELTA_RATIO = 0.5
 """A delta at most this fraction of the raw size is kept without encoding the chunk plainly to
@@ -78,7 +79,8 @@ def encode_delta(
         buffer: optional buffer for the delta's byte-grouped layout (as for ``codecs.encode``).
         plain_estimate: what the chunk's plain payload would take, if the caller knows (e.g.
             the stored length of the full chunk at the root of the base's chain, which holds
-            the same kind of data): the chunk is then not encoded plainly just to compare.
+            the same kind of data): a delta clearly below it is kept without encoding the
+            chunk plainly to compare; otherwise the comparison is made.
         base_planes: instead of ``base`` (pass None), the base's byte planes (a
             ``(itemsize, n / itemsize)`` uint8 array) for a ``grouped`` chunk: the XOR is taken
             plane by plane and the base is never interleaved.
