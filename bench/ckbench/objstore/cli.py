@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from datetime import UTC, datetime
 from functools import partial
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     b = Bench(args)
     b.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    load = {"start": os.getloadavg()}
     notes: list[str] = []
     with server.running() as obj:
         b.log(f"SeaweedFS S3 gateway at {obj.endpoint_url} (loopback only), bucket {obj.bucket}")
@@ -63,9 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             one_round(b, obj, r)
         scale = run_scaling(b, obj, writers)
+    load["end"] = os.getloadavg()
     res = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine_info(),
+        "loadavg_1_5_15min": load,
         "args": {k: v for k, v in vars(args).items()},
         "state": b.extra["state"],
         "status": b.status,
@@ -141,9 +145,12 @@ def verify(b: Bench, n: str) -> None:
 
 
 def run_scaling(b: Bench, obj: server.ObjectStore, writers: list[int]) -> dict[str, Any]:
+    """Each writer count for both systems before the next (the order alternating), so a change
+    in the machine's load hits both alike."""
     out: dict[str, Any] = {}
-    for n in (s for s in ("ckstore", "dcp") if b.ok(s)):
-        for w in writers:
+    names = [s for s in ("ckstore", "dcp") if b.ok(s)]
+    for i, w in enumerate(writers):
+        for n in names if i % 2 == 0 else names[::-1]:
             b.log(f"scaling: {n} first save from {w} writer process(es)")
             res = scaling.first_save(obj, n, w, b.size, b.args.seed, b.args.dcp_threads,
                                      b.args.timeout, prefix=f"scale/{n}/{w}")
@@ -183,7 +190,7 @@ def markdown(b: Bench, res: dict[str, Any]) -> str:
         cells = [_cell(m.get(n), S) for n in names]
         lines.append(f"| {title} | " + " | ".join(cells) + f" | {_ratio(m.get('ckstore'), m.get('dcp'))} |")
     stored = {n: median(v) for n, v in res["stored_bytes"].items()}
-    lines.append("| stored after both saves | " + " | ".join(fmt_b(stored.get(n)) for n in names)
+    lines.append("| bytes in the bucket after both saves | " + " | ".join(fmt_b(stored.get(n)) for n in names)
                  + f" | {_ratio(stored.get('ckstore'), stored.get('dcp'))} |")
     scale = res["scaling"]
     if scale:
@@ -208,5 +215,8 @@ def markdown(b: Bench, res: dict[str, Any]) -> str:
     lines += [f"- {note}" for note in res["notes"]]
     mach = res["machine"]
     lines.append(f"- {mach['cpu_count']} CPUs ({mach['cpu_model']}), torch {mach['torch']}, "
-                 f"MiB/s = state bytes / seconds; ratios are ckstore's time (or bytes) / DCP's")
+                 f"MiB/s = state bytes / seconds; ratios are ckstore's time (or bytes) / DCP's; "
+                 "ckstore's SQLite index is local and not in the bucket's bytes")
+    lines.append("- load average (1 min) at the start and the end: "
+                 f"{res['loadavg_1_5_15min']['start'][0]:.1f}, {res['loadavg_1_5_15min']['end'][0]:.1f}")
     return "\n".join(lines) + "\n"
