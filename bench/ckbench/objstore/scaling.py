@@ -1,5 +1,5 @@
-"""The first save from N writer processes: a gloo job of N ranks (spawned, one intra-op thread
-each) in which every rank holds 1/N of every tensor of the state (a DTensor ``Shard(0)`` over a
+"""The first save from N writer processes: a gloo job of N ranks (spawned, the machine's cores
+shared out as intra-op threads, at least one each) in which every rank holds 1/N of every tensor of the state (a DTensor ``Shard(0)`` over a
 1-D CPU mesh; the 0-dim Adam steps stay plain tensors) and saves it into a fresh prefix.
 
 ckstore: ``store.take`` under torch.distributed into one store (SQLite index in a local temp
@@ -53,7 +53,7 @@ def sharded_state(size: int, seed: int, world: int) -> dict[str, Any]:
 def _rank(rank: int, world: int, port: int, job: dict[str, Any]) -> None:
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     result: dict[str, Any]
     try:
