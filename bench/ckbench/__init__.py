@@ -10,6 +10,9 @@
 - ``report``: targets, ratios, the markdown tables and the chart; ``report_training``: the
   training phase's targets and section
 - ``cli``: argument parsing, the peak-RSS child process entry, main
+- ``objstore``: a separate benchmark (``bench/objstore.py``, ``make bench-objstore``): ckstore,
+  DCP's fsspec writer and TorchSnapshot on one SeaweedFS S3 server on loopback, with 1, 2 and 4
+  writer processes
 """
 
 import logging
