@@ -31,7 +31,7 @@ def _ratio(a: float | None, c: float | None) -> float | None:
 
 def targets(tr: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per target and variant: value (ckstore+delta), no_delta (ckstore), limit, verdict."""
-    depth = tr["train"]["saves"] - 1
+    depth = _deepest(tr)
     rows = []
     for v in ("fp32", "bf16"):
         rows.append(_row(f"{LABEL[v]}: stored per later save / raw", "%",
@@ -42,7 +42,7 @@ def targets(tr: dict[str, Any]) -> list[dict[str, Any]]:
                          _ratio(_get(tr, v, DELTA, "take_later_seconds"), _get(tr, v, "ckstore", "take_later_seconds")),
                          None, TAKE_LIMIT))
     for v in ("fp32", "bf16"):
-        rows.append(_row(f"{LABEL[v]}: restore of the last snapshot (chain depth <= {depth}) / of the full first one", "x",
+        rows.append(_row(f"{LABEL[v]}: restore of the last snapshot (chain depth {depth}) / of the full first one", "x",
                          _get(tr, v, DELTA, "restore_last_over_first"),
                          _get(tr, v, "ckstore", "restore_last_over_first"), RESTORE_LIMIT))
     return rows
@@ -55,6 +55,14 @@ def _row(name: str, unit: str, value: float | None, no_delta: float | None, limi
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
+
+
+def _deepest(tr: dict[str, Any]) -> str:
+    """The chain depth of ckstore+delta's last snapshot, and the store's limit."""
+    depths = [_get(tr, v, DELTA, "max_depth") for v in ("fp32", "bf16")]
+    limit = next((_get(tr, v, DELTA, "depth_limit") for v in ("fp32", "bf16") if _get(tr, v, DELTA, "depth_limit") is not None), None)
+    last = {d[-1] for d in depths if d}
+    return f"{'/'.join(map(str, sorted(last))) or '?'}, limit {limit if limit is not None else '?'}"
 
 
 def _x(x: float | None) -> str:
@@ -74,8 +82,8 @@ def markdown(tr: dict[str, Any]) -> list[str]:
         "Stored: bytes the save added to the system's directory / raw bytes of that save's state; "
         "later saves: mean over saves 2.."
         f"{t['saves']}. Take: durable, median over later saves. Restore: into a live state, "
-        f"median of {t['restore_reps']}; for ckstore+delta the last snapshot ends a chain of up to "
-        f"{t['saves'] - 1} deltas (raise --train-saves to reach ckstore's depth limit).",
+        f"median of {t['restore_reps']}; for ckstore+delta the last snapshot reads through delta chains "
+        f"of depth {_deepest(tr)} (`CKSTORE_DELTA_DEPTH` sets the limit).",
     ]
     if tr["delta_status"] != "ok":
         L.append(f"{DELTA}: {tr['delta_status']}")

@@ -107,8 +107,13 @@ class CkstoreDelta(Ckstore):
             raise Unavailable("this ckstore's Store.take has no delta_base keyword")
 
     def save(self, state: dict[str, Any], root: Path, i: int) -> Any:
-        snap = self.store(root).take(self.app(state), run="bench", step=i, delta_base="parent")
+        store = self.store(root)
+        snap = store.take(self.app(state), run="bench", step=i, delta_base="parent")
         self.last_stats = dict(snap.stats)
+        # the chain depth this snapshot reads through (index only, untimed work after the take)
+        rows = store.index.chunk_locations(snap.manifest.chunk_ids())
+        self.last_stats["max_depth"] = max((r.depth for r in rows.values()), default=0)
+        self.last_stats["depth_limit"] = store.delta_depth
         return self.handle(root, i)
 
 

@@ -141,6 +141,9 @@ def save_one(b: Bench, v: str, n: str, state: dict[str, Any], root: Path, i: int
     sys_ = b.systems[n]
     if isinstance(sys_, Ckstore):
         r["ckstore_new_bytes"].append(sys_.last_stats.get("new_bytes"))
+        if "max_depth" in sys_.last_stats:
+            r.setdefault("max_depth", []).append(sys_.last_stats["max_depth"])
+            r["depth_limit"] = sys_.last_stats["depth_limit"]
 
 
 def restore_all(b: Bench, v: str, names: list[str], refs: dict[int, Any],
