@@ -167,15 +167,17 @@ def grouped_size(raw_length: int, itemsize: int) -> int:
 
 def encode_grouped_xor(raw: Any, itemsize: int, base_planes: Any, level: int = 1, buffer: Any = None) -> memoryview:
     """The ``bytegroup-zstd`` payload of ``raw`` XOR a base whose byte planes are
-    ``base_planes`` (a ``(itemsize, len(raw) / itemsize)`` uint8 array): XOR commutes with the
-    grouping, so the base is never interleaved. The payload may be a view into ``buffer``.
+    ``base_planes`` (``itemsize`` uint8 arrays of ``len(raw) / itemsize`` bytes, or one such 2-D
+    array): XOR commutes with the grouping, so the base is never interleaved. The payload may
+    be a view into ``buffer``.
 
     Raises:
         InvalidInputError: the planes do not fit ``raw``.
     """
     view = as_bytes_view(raw)
-    if len(view) % itemsize or tuple(base_planes.shape) != (itemsize, len(view) // itemsize):
-        raise InvalidInputError(f"base planes {tuple(base_planes.shape)} do not fit {len(view)} bytes of itemsize {itemsize}")
+    plane_len = len(view) // itemsize
+    if len(view) % itemsize or len(base_planes) != itemsize or any(len(p) != plane_len for p in base_planes):
+        raise InvalidInputError(f"base planes do not fit {len(view)} bytes of itemsize {itemsize}")
     return _encode_grouped(view, itemsize, level, buffer, base_planes)
 
 
@@ -195,7 +197,8 @@ def _encode_grouped(view: memoryview, itemsize: int, level: int, buffer: Any, xo
     body = np.frombuffer(out, dtype=np.uint8, count=n, offset=head).reshape(itemsize, plane_len)
     body[...] = np.frombuffer(view, dtype=np.uint8).reshape(plane_len, itemsize).T
     if xor_planes is not None:
-        np.bitwise_xor(body, xor_planes, out=body)
+        for i, plane in enumerate(xor_planes):
+            np.bitwise_xor(body[i], plane, out=body[i])
     cctx = _plane_compressor(level)
     _BG_HEAD.pack_into(out, 0, _BG_VERSION, itemsize)
     flat = np.frombuffer(out, dtype=np.uint8)
@@ -426,6 +429,26 @@ def grouped_itemsize(codec: str, payload: Any) -> int | None:
     return int(pview[1]) if len(pview) >= _BG_HEAD.size else None
 
 
+def decoded_planes(payload: Any, raw_length: int) -> list[Any]:
+    """The byte planes of a (delta's) byte-grouped payload, as uint8 arrays: views into
+    ``payload`` for planes stored raw, new arrays for compressed ones.
+
+    Raises:
+        CorruptionError: a malformed payload.
+    """
+    import numpy as np
+
+    n, parts = _parse_grouped(as_bytes_view(payload), raw_length)
+    plane_len = raw_length // n
+    out = []
+    for i, (flag, body) in enumerate(parts):
+        plane = np.frombuffer(_zstd_frame(body, plane_len) if flag == _ZSTD_FLAG else body, dtype=np.uint8)
+        if len(plane) != plane_len:
+            raise CorruptionError(f"byte-grouped plane {i} has {len(plane)} bytes, expected {plane_len}")
+        out.append(plane)
+    return out
+
+
 def accumulate_planes(payload: Any, raw_length: int, planes: Any, first: bool) -> None:
     """Decode a byte-grouped payload's planes into ``planes`` (a ``(n, raw_length / n)`` uint8
     array), or XOR them into it unless ``first``: XOR commutes with the byte grouping, so a
@@ -437,15 +460,10 @@ def accumulate_planes(payload: Any, raw_length: int, planes: Any, first: bool) -
     """
     import numpy as np
 
-    pview = as_bytes_view(payload)
-    n, parts = _parse_grouped(pview, raw_length)
-    plane_len = raw_length // n
-    if planes.shape != (n, plane_len):
-        raise CorruptionError(f"a delta chain mixes element sizes ({n} and {planes.shape[0]})")
-    for i, (flag, body) in enumerate(parts):
-        plane = np.frombuffer(_zstd_frame(body, plane_len) if flag == _ZSTD_FLAG else body, dtype=np.uint8)
-        if len(plane) != plane_len:
-            raise CorruptionError(f"byte-grouped plane {i} has {len(plane)} bytes, expected {plane_len}")
+    parts = decoded_planes(payload, raw_length)
+    if planes.shape != (len(parts), raw_length // len(parts)):
+        raise CorruptionError(f"a delta chain mixes element sizes ({len(parts)} and {planes.shape[0]})")
+    for i, plane in enumerate(parts):
         if first:
             planes[i] = plane
         else:

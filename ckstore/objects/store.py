@@ -19,6 +19,7 @@ from ckstore.objects.codecs import (
     MAX_RAW_LENGTH,
     accumulate_planes,
     decode_hashed,
+    decoded_planes,
     grouped_itemsize,
     interleave_planes,
 )
@@ -88,9 +89,10 @@ class ObjectStore:
         self._trusted[chunk_id] = fingerprint(payload)
 
     def trusted_planes(self, loc: ChunkLocation, itemsize: int) -> Any:
-        """The byte planes (a ``(itemsize, raw_length / itemsize)`` uint8 array in this
-        thread's scratch memory) of a chunk whose every payload along its chain this process
-        trusts (:meth:`trust`) and is byte-grouped with ``itemsize``; None otherwise.
+        """The byte planes (``itemsize`` uint8 arrays of ``raw_length / itemsize`` bytes, in
+        this thread's read buffers: valid until its next read) of a chunk whose every payload
+        along its chain this process trusts (:meth:`trust`) and is byte-grouped with
+        ``itemsize``; None otherwise.
 
         The planes are not hashed: each payload is the one this process encoded from, or
         decoded to, verified bytes (its fingerprint says so), and decoding is deterministic.
@@ -102,7 +104,7 @@ class ObjectStore:
         if n % itemsize:
             return None
         chain = list(reversed(loc.chain()))
-        planes = np.frombuffer(_scratch("base-planes", n), dtype=np.uint8, count=n).reshape(itemsize, n // itemsize)
+        planes = None
         for i, link in enumerate(chain):
             expected = self._trusted.get(link.chunk_id)
             if expected is None:
@@ -110,6 +112,13 @@ class ObjectStore:
             payload = self._payload(link)
             if grouped_itemsize(link.codec, payload) != itemsize or fingerprint(payload) != expected:
                 return None
+            if len(chain) == 1:  # a keyframe: its planes as they lie in the payload, no copy
+                try:
+                    return decoded_planes(payload, n)
+                except CorruptionError:
+                    return None
+            if planes is None:
+                planes = np.frombuffer(_scratch("base-planes", n), dtype=np.uint8, count=n).reshape(itemsize, n // itemsize)
             self._guarded(link, accumulate_planes, payload, n, planes, i == 0)
         return planes
 
