@@ -225,14 +225,15 @@ class ObjectStore:
                 f"impossible lengths (stored {loc.length}, raw {loc.raw_length}; at most {MAX_RAW_LENGTH})"
             )
 
-    def _payload(self, loc: ChunkLocation) -> memoryview:
-        """The chunk's stored payload, read into this thread's recycled buffer."""
+    def _payload(self, loc: ChunkLocation, slot: str = "payload") -> memoryview:
+        """The chunk's stored payload, read into this thread's recycled buffer ``slot``."""
         self._check_sizes(loc)
-        buf: mmap.mmap | None = getattr(_local, "payload", None)
+        buf: mmap.mmap | None = getattr(_local, slot, None)
         if buf is None or len(buf) < loc.length:
             # An anonymous mapping, not the heap: its memory goes back to the system with the
             # thread (a freed heap block of this size stays in the process).
-            buf = _local.payload = mmap.mmap(-1, max(loc.length, 1 << 20))
+            buf = mmap.mmap(-1, max(loc.length, 1 << 20))
+            setattr(_local, slot, buf)
         view = memoryview(buf)[: loc.length]
         self._backend.get_into(pack_name(loc.pack_id), loc.offset, view)
         return view
@@ -257,8 +258,9 @@ class ObjectStore:
         target = out if out is not None else None
         prints: list[int] = []
         planes: Any = None
+        root: list[Any] | None = None  # the root's planes as they lie in its payload, until XORed
         for i, link in enumerate(chain):
-            payload = self._payload(link)
+            payload = self._payload(link, "root" if i == 0 else "payload")
             if fingerprint_it or links is not None:
                 prints.append(fingerprint(payload))
                 if links is not None:
@@ -266,8 +268,25 @@ class ObjectStore:
             size = grouped_itemsize(link.codec, payload)
             if i == 0 and size and n % size == 0:
                 planes = np.frombuffer(_scratch("planes", n), dtype=np.uint8, count=n).reshape(size, n // size)
+                root = self._guarded(link, decoded_planes, payload, n)
+                if len(root) != size:
+                    raise CorruptionError(f"chunk {link.chunk_id}: a byte-grouped payload of {len(root)} planes, itemsize {size}")
+                continue
+            if root is not None and planes is not None and size == planes.shape[0]:
+                delta = self._guarded(link, decoded_planes, payload, n)
+                if len(delta) != size:
+                    raise CorruptionError(f"a delta chain mixes element sizes ({len(delta)} and {size})")
+                for j, (a, b) in enumerate(zip(root, delta)):
+                    np.bitwise_xor(a, b, out=planes[j])  # root XOR first delta, with no copy first
+                root = None
+                continue
+            if root is not None:
+                assert planes is not None
+                for j, a in enumerate(root):
+                    planes[j] = a
+                root = None
             if planes is not None and size == planes.shape[0]:
-                self._guarded(link, accumulate_planes, payload, n, planes, i == 0)
+                self._guarded(link, accumulate_planes, payload, n, planes, False)
                 continue
             if planes is not None:  # a link of another codec: interleave what we have, go on bytewise
                 target = target if target is not None else memoryview(_scratch("chain", n))[:n]
@@ -288,9 +307,9 @@ class ObjectStore:
             hasher.update(np.frombuffer(target, dtype=np.uint8))
         return hash(tuple(prints)) if fingerprint_it else None
 
-    def _guarded(self, loc: ChunkLocation, fn: Any, *args: Any) -> None:
+    def _guarded(self, loc: ChunkLocation, fn: Any, *args: Any) -> Any:
         try:
-            fn(*args)
+            return fn(*args)
         except CorruptionError as exc:
             raise CorruptionError(
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
