@@ -222,8 +222,11 @@ class DcpZstd(Dcp):
     zstd = True
 
 
-class TorchSnapshot(System):
-    name = "torchsnapshot"
+class TorchSnapshotApp:
+    """What every TorchSnapshot system shares: the import (unavailable when it fails) and its
+    app_state of ``StateDict``s."""
+
+    ts: Any
 
     def setup(self) -> None:
         try:
@@ -234,6 +237,10 @@ class TorchSnapshot(System):
 
     def app(self, state: dict[str, Any]) -> dict[str, Any]:
         return {k: self.ts.StateDict(**v) for k, v in state.items()}
+
+
+class TorchSnapshot(TorchSnapshotApp, System):
+    name = "torchsnapshot"
 
     def handle(self, root: Path, i: int) -> Any:
         return root / f"snap{i}"

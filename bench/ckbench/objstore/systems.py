@@ -20,15 +20,12 @@ from typing import Any
 
 import torch
 
+from ..systems import TorchSnapshotApp
 from .server import ObjectStore
 
 SYSTEMS = ("ckstore", "dcp", "torchsnapshot")
 TS_NOTE = ("TorchSnapshot's S3 plugin takes no endpoint (it ignores storage_options); it reaches "
            "the server only through botocore's AWS_ENDPOINT_URL_S3 environment variable")
-
-
-class Unavailable(Exception):
-    """The system cannot run here (not installed, or cannot reach a custom endpoint)."""
 
 
 class S3System:
@@ -39,7 +36,7 @@ class S3System:
         self.obj = obj
 
     def setup(self) -> None:
-        """Raise :class:`Unavailable` when the system cannot run here."""
+        """Raise ``ckbench.systems.Unavailable`` when the system cannot run here."""
 
     def prepare(self, prefix: str) -> None:
         """Untimed setup before the first save below ``prefix``."""
@@ -114,18 +111,8 @@ class Dcp(S3System):
         self.dcp.load(dest, storage_reader=self.reader(h, **self.obj.storage_options()))
 
 
-class TorchSnapshot(S3System):
+class TorchSnapshot(TorchSnapshotApp, S3System):
     name, label = "torchsnapshot", "TorchSnapshot"
-
-    def setup(self) -> None:
-        try:
-            import torchsnapshot
-        except Exception as exc:  # noqa: BLE001 - any import failure makes it unavailable
-            raise Unavailable(f"import torchsnapshot failed: {type(exc).__name__}: {exc}") from exc
-        self.ts = torchsnapshot
-
-    def app(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {k: self.ts.StateDict(**v) for k, v in state.items()}
 
     def save(self, state: dict[str, Any], prefix: str, i: int) -> Any:
         url = self.obj.url(f"{prefix}/snap{i}")
