@@ -109,6 +109,7 @@ class _PackPipeline:
         self._io = ThreadPoolExecutor(max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack")
         self._encoding: deque[tuple[_Chunk, np.ndarray | None, Future[tuple[str, Any]]]] = deque()
         self._depths: dict[str, int] = {}  # chain depth of each delta written
+        self._delta_tries: dict[str, list[int]] = {}  # leaf name -> [deltas kept, deltas not paying]
         self._flushing: deque[Future[None]] = deque()
         self._writer = store.new_pack_writer(opts.pack_bytes)
         self._held: list[np.ndarray] = []  # buffers the current pack's payloads live in
@@ -134,6 +135,8 @@ class _PackPipeline:
     def push(self, chunk: _Chunk) -> None:
         """Queue one chunk (its id known, absent from the store) for encoding and packing."""
         buf = self._buffer(objects.grouped_size(len(chunk.view), chunk.itemsize)) if chunk.grouped else None
+        if chunk.base is not None and self._hopeless(chunk.key):
+            chunk.base = None  # deltas of its kind did not pay in this take: spare the double encode
         if chunk.base is not None:
             fut = self._pool.submit(_encode_delta, self._store, chunk, buf)
         else:
@@ -141,6 +144,14 @@ class _PackPipeline:
         self._encoding.append((chunk, buf, fut))
         while len(self._encoding) > self._window:
             self._add_next()
+
+    def _hopeless(self, key: str) -> bool:
+        """Whether deltas of tensors named like ``key`` (its last path component, e.g.
+        ``exp_avg``) failed at least ``HOPELESS_AFTER`` times in this take and never paid: an
+        optimizer's first moment changes too much between saves for a delta to pay, and each
+        failed try costs a second compression."""
+        kept, failed = self._delta_tries.get(_leaf(key), (0, 0))
+        return kept == 0 and failed >= HOPELESS_AFTER
 
     def drain(self) -> None:
         """Wait until every chunk pushed so far is encoded and in a pack (its source bytes,
@@ -167,6 +178,8 @@ class _PackPipeline:
             payload = bytes(payload)  # a raw payload would point into a recycled staging buffer
         delta = objects.is_delta(codec)
         base_id = chunk.base.chunk_id if delta and chunk.base is not None else None
+        if chunk.base is not None:
+            self._delta_tries.setdefault(_leaf(chunk.key), [0, 0])[0 if delta else 1] += 1
         self._writer.add(chunk.id, codec, payload, len(chunk.view), base_id)
         if self._opts.delta_depth > 0:  # the next delta take reads it as a base without re-hashing
             self._store.trust(chunk.id, payload)
@@ -208,6 +221,15 @@ def write_missing(
         for chunk in missing:
             pipe.push(chunk)
     return pipe.stats
+
+
+HOPELESS_AFTER = 3
+"""Failed delta tries (and no success) after which a take stops trying deltas for tensors of
+the same leaf name."""
+
+
+def _leaf(key: str) -> str:
+    return key.rsplit("/", 1)[-1]
 
 
 _IN_BUFFER = (objects.BYTEGROUP_ZSTD, objects.XOR_BYTEGROUP_ZSTD)
