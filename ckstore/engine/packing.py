@@ -247,18 +247,20 @@ def _encode_delta(store: objects.ObjectStore, chunk: _Chunk, buf: np.ndarray | N
     """
     assert chunk.base is not None
     n = len(chunk.view)
-    root = chunk.base.chain()[-1]
-    planes = store.trusted_planes(chunk.base, chunk.itemsize) if chunk.grouped else None
-    if planes is not None:
-        return objects.encode_delta(chunk.ready(), None, chunk.itemsize, chunk.grouped, buffer=buf,
-                                    plain_estimate=root.length, base_planes=planes)
-    base = memoryview(_scratch("base", n).data)[:n]
-    try:
-        store.read_chunk(chunk.base, out=base, trust=True)
+    base = None
+    try:  # the trusted path too: its pack may be gone (a gc beside) or its chain broken
+        root = chunk.base.chain()[-1]
+        planes = store.trusted_planes(chunk.base, chunk.itemsize) if chunk.grouped else None
+        if planes is None:
+            base = memoryview(_scratch("base", n).data)[:n]
+            store.read_chunk(chunk.base, out=base, trust=True)
     except (CorruptionError, ObjectNotFoundError) as exc:  # a damaged base never blocks a take
         log.warning("key %r: its delta base %s is unreadable (%s); storing the chunk whole. "
                     "Run `ckstore check --read-data`", chunk.key, chunk.base.chunk_id, exc)
         return objects.encode(chunk.ready(), chunk.itemsize, chunk.grouped, 1, buf)
+    if planes is not None:
+        return objects.encode_delta(chunk.ready(), None, chunk.itemsize, chunk.grouped, buffer=buf,
+                                    plain_estimate=root.length, base_planes=planes)
     return objects.encode_delta(chunk.ready(), base, chunk.itemsize, chunk.grouped,
                                 scratch=_scratch("xor", n), buffer=buf, plain_estimate=root.length)
 
