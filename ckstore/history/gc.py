@@ -158,7 +158,10 @@ def _compact_packs(store: Repository, report: GCReport, cutoff: float, repack_be
     usage = [u for u in store.index.pack_usage() if u.retired_at is None]
     dead = [u.pack_id for u in usage if u.live_chunks == 0]
     report.packs_retired += len(store.index.retire_packs(dead))
-    sparse = [u for u in usage if u.live_chunks and u.created_at < cutoff and u.live_bytes < repack_below * _payload(u)]
+    # a pack whose every entry is live has nothing to reclaim (and _payload overestimates a
+    # version 2 pack's payload, which made such packs look sparse to every gc)
+    sparse = [u for u in usage if 0 < u.live_chunks < u.chunk_count and u.created_at < cutoff
+              and u.live_bytes < repack_below * _payload(u)]
     for u in sparse:
         if _rewrite_pack(store, u.pack_id):
             report.packs_rewritten += 1
