@@ -36,3 +36,29 @@ def test_gc_does_not_rewrite_delta_packs_whose_every_chunk_is_live(tmp_path: Pat
         assert any(c.base_id for c in store.index.all_chunks())
         rewritten = [store.gc(grace_seconds=0, repack_below=0.99).packs_rewritten for _ in range(2)]
         assert rewritten == [0, 0]
+
+
+def test_check_reports_a_delta_against_a_base_of_another_length_and_scans_on(tmp_path: Path) -> None:
+    """A (damaged or crafted) delta whose base has another length is a corrupt chunk: check
+    names it and goes on with the rest of its pack, instead of giving up on the pack with an
+    internal 'xor of 8 bytes with 16 bytes'."""
+    import zstandard
+
+    from ckstore import objects
+
+    with ckstore.open(tmp_path / "s") as store:
+        base = bytes(range(16))
+        w = store.objects.new_pack_writer()
+        w.add(objects.chunk_id(base), "none", base, len(base))
+        w.finish()
+        new, bad = bytes(range(8, 16)), b"\x01" * 32
+        xor = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(a ^ b for a, b in zip(new, base)))
+        w = store.objects.new_pack_writer()
+        w.add(objects.chunk_id(new), objects.XOR_ZSTD, xor, len(new), objects.chunk_id(base))
+        w.add(objects.chunk_id(b"\x00" * 32), "none", bad, len(bad))  # a corrupt chunk beside it
+        w.finish()
+        store.reindex()
+        kinds = {(p.kind, p.object) for p in store.check(read_data=True).problems}
+        assert ("corrupt-chunk", objects.chunk_id(new)) in kinds
+        assert ("corrupt-chunk", objects.chunk_id(b"\x00" * 32)) in kinds
+        assert "pack" not in {k for k, _ in kinds}

@@ -144,6 +144,8 @@ def _check_chunk(
     try:
         raw: Any = decode(loc.codec, payload, loc.raw_length)
         if base is not None:
+            if len(base) != loc.raw_length:
+                raise CorruptionError(f"its base {loc.base_id} has {len(base)} bytes, not {loc.raw_length}")
             raw = bytearray(raw)
             xor_into(raw, base)
     except CorruptionError as exc:
