@@ -321,7 +321,7 @@ def open(  # noqa: A001 - the public verb is ckstore.open
             (to ``reindex`` an existing store into a fresh index); None: the same as ``create``.
         delta_base, delta_depth: this handle's defaults for takes (see :meth:`Store.take`):
             ``delta_base="parent"`` stores every take of a run as deltas against the one before
-            where that is smaller; ``delta_depth`` (default 8) bounds the chains.
+            where that is smaller; ``delta_depth`` (default 1, or ``$CKSTORE_DELTA_DEPTH``) bounds the chains.
 
     Raises:
         NotFoundError: no store at ``url`` and ``create`` is False.
