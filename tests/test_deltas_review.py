@@ -62,3 +62,35 @@ def test_check_reports_a_delta_against_a_base_of_another_length_and_scans_on(tmp
         assert ("corrupt-chunk", objects.chunk_id(new)) in kinds
         assert ("corrupt-chunk", objects.chunk_id(b"\x00" * 32)) in kinds
         assert "pack" not in {k for k, _ in kinds}
+
+
+def test_reindex_leaves_out_chains_longer_than_readers_follow(tmp_path: Path) -> None:
+    """Readers refuse a chain over ``MAX_CHAIN`` links: reindex must not index one (it did,
+    at any depth, and every read of it then failed saying the index lacked a base)."""
+    import os
+
+    import zstandard
+
+    from ckstore import objects
+    from ckstore.engine.locations import to_location
+    from ckstore.objects.delta import MAX_CHAIN
+
+    z = zstandard.ZstdCompressor(write_content_size=True)
+    with ckstore.open(tmp_path / "s") as store:
+        prev = os.urandom(64)
+        w = store.objects.new_pack_writer(1 << 30)
+        w.add(objects.chunk_id(prev), "none", prev, len(prev))
+        ids = [objects.chunk_id(prev)]
+        for _ in range(MAX_CHAIN + 3):
+            new = os.urandom(64)
+            w.add(objects.chunk_id(new), objects.XOR_ZSTD, z.compress(bytes(a ^ b for a, b in zip(new, prev))),
+                  len(new), ids[-1])
+            prev = new
+            ids.append(objects.chunk_id(new))
+        w.finish()
+        report = store.reindex()
+        assert len(report.skipped) == 3 and all("longer than" in s for s in report.skipped)
+        rows = {c.chunk_id: c for c in store.index.all_chunks()}
+        assert set(rows) == set(ids[: MAX_CHAIN + 1])
+        deepest = store.index.chunk_locations([ids[MAX_CHAIN]])
+        assert objects.chunk_id(store.objects.read_chunk(to_location(deepest[ids[MAX_CHAIN]], deepest))) == ids[MAX_CHAIN]

@@ -100,7 +100,8 @@ def _add_packs(store: Repository, session: str, report: ReindexReport) -> set[st
 
 
 def _depths(chosen: dict[str, objects.ChunkLocation], report: ReindexReport) -> dict[str, int]:
-    """Each chunk's chain depth (0 for a full chunk); deltas without a full root are left out."""
+    """Each chunk's chain depth (0 for a full chunk); deltas without a full root within
+    ``MAX_CHAIN`` links are left out."""
     depths: dict[str, int] = {}
     for cid in chosen:
         path: list[str] = []
@@ -115,7 +116,10 @@ def _depths(chosen: dict[str, objects.ChunkLocation], report: ReindexReport) -> 
         else:
             base = -1 if at is None else depths[at]
             for i, link in enumerate(reversed(path)):
-                depths[link] = base + 1 + i
+                if base + 1 + i <= MAX_CHAIN:  # readers refuse a deeper chain
+                    depths[link] = base + 1 + i
+            if cid not in depths:
+                report.skipped.append(f"chunk {cid}: its delta chain is longer than {MAX_CHAIN} links")
     return depths
 
 
