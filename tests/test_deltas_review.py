@@ -94,3 +94,30 @@ def test_reindex_leaves_out_chains_longer_than_readers_follow(tmp_path: Path) ->
         assert set(rows) == set(ids[: MAX_CHAIN + 1])
         deepest = store.index.chunk_locations([ids[MAX_CHAIN]])
         assert objects.chunk_id(store.objects.read_chunk(to_location(deepest[ids[MAX_CHAIN]], deepest))) == ids[MAX_CHAIN]
+
+
+def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decoded_into_place(tmp_path: Path) -> None:
+    """The second pass of a restore checks a chunk's payload fingerprints *before* decoding
+    into the caller's tensor (docs/RELIABILITY.md, I3): a delta's chain too, so a payload
+    changed between the passes leaves that chunk's elements untouched, never wrong."""
+    from ckstore.engine.restore import apply, prepare
+
+    states = _train(2)
+    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+        store.take({"m": App(dict(states[0]))}, run="r", step=0)
+        snap = store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent")
+        rows = {c.chunk_id: c for c in store.index.all_chunks()}
+        delta = next(rows[cid] for cid in snap.manifest.chunk_ids() if rows[cid].base_id)
+        dest = {k: torch.zeros_like(v) for k, v in states[1].items()}
+        reader = snap.reader()
+        prepared = prepare(reader, {"m": App(dest)}, budget=0)  # nothing staged: all read again
+        pack = Path(store.url) / ckstore.objects.pack_name(delta.pack_id)
+        data = bytearray(pack.read_bytes())
+        data[delta.offset + delta.length - 1] ^= 0x01  # the delta's last plane: still decodable
+        pack.chmod(0o644)
+        pack.write_bytes(bytes(data))
+        with pytest.raises(ckstore.CorruptionError, match="changed after it was verified"):
+            apply(prepared, reader)
+        for key, want in states[1].items():
+            got = dest[key]
+            assert bool(((got == want) | (got == 0)).all()), key

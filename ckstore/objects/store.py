@@ -205,7 +205,7 @@ class ObjectStore:
             CorruptionError: the payload differs from the one verified, or is malformed.
         """
         if loc.base_id is not None:
-            prints = self._decode_chain(loc, out, None, True)
+            prints = self._decode_chain(loc, out, None, True, expected=expected)
         else:
             payload = self._payload(loc)
             prints = fingerprint(payload)
@@ -240,10 +240,13 @@ class ObjectStore:
 
     def _decode_chain(
         self, loc: ChunkLocation, out: memoryview | None, hasher: Any, fingerprint_it: bool,
-        links: list[tuple[str, int]] | None = None,
+        links: list[tuple[str, int]] | None = None, expected: int | None = None,
     ) -> int | None:
         """Decode a delta: the full chunk at the root of its chain, then the XOR bytes of each
         delta from the root up; hash the result.
+
+        With ``expected`` (:meth:`load_verified`), nothing is written into ``out`` unless the
+        chain's combined fingerprint equals it.
 
         When every link is byte-grouped with one element size (the common case: a float
         tensor), the links are XORed plane by plane and the planes interleaved once, so each
@@ -255,7 +258,7 @@ class ObjectStore:
 
         chain = list(reversed(loc.chain()))
         n = loc.raw_length
-        target = out if out is not None else None
+        target = out if expected is None else None  # else decoded aside until the check
         prints: list[int] = []
         planes: Any = None
         root: list[Any] | None = None  # the root's planes as they lie in its payload, until XORed
@@ -300,12 +303,20 @@ class ObjectStore:
                 xor = memoryview(_scratch("xor", n))[:n]
                 self._decode(link, payload, xor, None)
                 xor_into(target, xor)
+        combined = hash(tuple(prints)) if fingerprint_it else None
+        if expected is not None:
+            if combined != expected:
+                return combined  # the caller raises: nothing was written into out
+            if planes is None and out is not None:
+                assert target is not None
+                np.frombuffer(out, dtype=np.uint8)[:] = np.frombuffer(target, dtype=np.uint8)
+            target = out
         if planes is not None:
             interleave_planes(planes, target, hasher)
         elif hasher is not None:
             assert target is not None
             hasher.update(np.frombuffer(target, dtype=np.uint8))
-        return hash(tuple(prints)) if fingerprint_it else None
+        return combined
 
     def _guarded(self, loc: ChunkLocation, fn: Any, *args: Any) -> Any:
         try:
