@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_deltas import KNOBS, App, _restores, _train
 
 import ckstore
-from test_deltas import KNOBS, App, _restores, _train
 
 
 def test_a_trusted_base_whose_pack_is_gone_never_blocks_a_take(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
