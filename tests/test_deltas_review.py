@@ -121,3 +121,26 @@ def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decode
         for key, want in states[1].items():
             got = dest[key]
             assert bool(((got == want) | (got == 0)).all()), key
+
+
+def test_check_read_data_is_clean_after_gc_leaves_dead_deltas_in_a_live_pack(tmp_path: Path) -> None:
+    """gc leaves a pack alone while enough of it is live: the deltas in it that nothing needs
+    any more stay there, their bases already gone. They are garbage, not damage: check
+    --read-data must not report them (it said 'a delta against chunk X, which cannot be read')."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(32, 32, generator=g)
+    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+        store.take({"m": App({"w": w})}, run="r", step=0)
+        w = w + 1e-3 * torch.randn(w.shape, generator=g)
+        kept = torch.randn(16, 16, generator=g)  # new here, unchanged after: its pack stays live
+        snap = store.take({"m": App({"w": w, "k": kept})}, run="r", step=1, delta_base="parent")
+        rows = {c.chunk_id: c for c in store.index.all_chunks()}
+        delta_packs = {rows[cid].pack_id for cid in snap.manifest.chunk_ids() if rows[cid].base_id}
+        w = w + 1e-3 * torch.randn(w.shape, generator=g)
+        last = store.take({"m": App({"w": w, "k": kept})}, run="r", step=2, delta_base=None)
+        store.gc(keep_last=1, grace_seconds=0, repack_below=0.0)
+        assert delta_packs <= set(store.objects.list_packs())  # the dead deltas are still stored
+        assert not any(c.base_id for c in store.index.all_chunks())
+        report = store.check(read_data=True)
+        assert report.ok, [p.message for p in report.problems]
+        assert _restores(store, last.id, {"w": w, "k": kept})
