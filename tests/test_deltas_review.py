@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -107,13 +108,18 @@ def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decode
         store.take({"m": App(dict(states[0]))}, run="r", step=0)
         snap = store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent")
         rows = {c.chunk_id: c for c in store.index.all_chunks()}
-        delta = next(rows[cid] for cid in snap.manifest.chunk_ids() if rows[cid].base_id)
+        delta = min((rows[c.id] for c in snap.manifest.entries["m/w"].chunks if rows[c.id].base_id),
+                    key=lambda r: r.chunk_id)
         dest = {k: torch.zeros_like(v) for k, v in states[1].items()}
         reader = snap.reader()
         prepared = prepare(reader, {"m": App(dest)}, budget=0)  # nothing staged: all read again
         pack = Path(store.url) / ckstore.objects.pack_name(delta.pack_id)
         data = bytearray(pack.read_bytes())
-        data[delta.offset + delta.length - 1] ^= 0x01  # the delta's last plane: still decodable
+        payload = delta.offset
+        assert delta.codec == ckstore.objects.XOR_BYTEGROUP_ZSTD and data[payload + 1] == 4
+        flag, length = struct.unpack_from("<BQ", data, payload + 2)  # plane 0 (low bytes) is stored
+        assert flag == 0  # raw (its XOR bits are noise): a byte flipped there still decodes
+        data[payload + 2 + 4 * 9 + length // 2] ^= 0x01
         pack.chmod(0o644)
         pack.write_bytes(bytes(data))
         with pytest.raises(ckstore.CorruptionError, match="changed after it was verified"):
