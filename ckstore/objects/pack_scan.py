@@ -92,15 +92,16 @@ def scan_pack(
     return scan
 
 
-def verify_pack(backend: Backend, pack_id: str) -> None:
-    """Read a whole pack; raise on the first thing wrong with it (see :func:`scan_pack`).
+def verify_pack(backend: Backend, pack_id: str, bases: BaseReader | None = None) -> None:
+    """Read a whole pack; raise on the first thing wrong with it (see :func:`scan_pack`;
+    ``bases`` reads the bases of its deltas, without which a delta is reported unreadable).
 
     Raises:
         ObjectNotFoundError: the pack does not exist.
         CorruptionError: the pack does not match its name, its payloads do not fill it, or a
             chunk does not match its id.
     """
-    scan = scan_pack(backend, pack_id)
+    scan = scan_pack(backend, pack_id, bases=bases)
     if scan.problems:
         raise CorruptionError(scan.problems[0].message)
 
