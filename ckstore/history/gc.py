@@ -169,7 +169,7 @@ def _compact_packs(store: Repository, report: GCReport, cutoff: float, repack_be
 
 
 def _payload(u: PackUsage) -> int:
-    return max(1, u.size - objects.pack_overhead(u.chunk_count))  # v1 entries: a lower bound
+    return max(1, u.size - objects.pack_overhead(u.chunk_count, deltas=True))  # v2 entries: never more than the payload
 
 
 def _rewrite_pack(store: Repository, pack_id: str) -> bool:

@@ -114,7 +114,8 @@ class ChunkLocation:
             if loc.base is None or loc.base.chunk_id != loc.base_id:
                 raise CorruptionError(
                     f"chunk {loc.chunk_id} is a delta against chunk {loc.base_id}, which the "
-                    "index does not know: run `ckstore check` (the index may need `ckstore reindex`)"
+                    "index does not know (or records at an inconsistent chain depth): run "
+                    "`ckstore check` (the index may need `ckstore reindex`)"
                 )
             if loc.base.raw_length != loc.raw_length or len(out) > MAX_CHAIN:
                 raise CorruptionError(
