@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 DUMMY_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -89,14 +90,22 @@ class S3Server:
         self._server.stop()
 
 
-def start_or_skip() -> S3Server:
-    """Start a server; skip the calling test if moto is unusable, or fail if ``CI`` is set."""
+T = TypeVar("T")
+
+
+def start_server_or_skip(what: str, start: Callable[[], T]) -> T:
+    """``start()`` a server; skip the calling test if it cannot start (its binary or package
+    missing, no port to bind), or fail it if ``CI`` is set: CI must run every suite."""
     import pytest
 
     try:
-        return S3Server.start()
-    except Exception as exc:  # moto missing or cannot bind
+        return start()
+    except Exception as exc:
         if os.environ.get("CI"):
-            pytest.fail(f"cannot start the moto S3 server and CI is set: {exc!r}")
-        pytest.skip(f"cannot start the moto S3 server: {exc!r}")
-        raise  # unreachable; pytest.skip raises
+            pytest.fail(f"cannot start the {what} and CI is set: {exc!r}")
+        pytest.skip(f"cannot start the {what}: {exc!r}")
+
+
+def start_or_skip() -> S3Server:
+    """Start a moto server (see :func:`start_server_or_skip`)."""
+    return start_server_or_skip("moto S3 server", S3Server.start)

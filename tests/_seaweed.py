@@ -241,13 +241,8 @@ class SeaweedServer:
 
 
 def start_or_skip() -> SeaweedServer:
-    """Start a server; skip the calling test if SeaweedFS is unusable, or fail if ``CI`` is set."""
-    import pytest
+    """Start a SeaweedFS server: skipped if its binary is missing, cannot bind or does not come
+    up, failed instead when ``CI`` is set (``_s3server.start_server_or_skip``)."""
+    from _s3server import start_server_or_skip
 
-    try:
-        return SeaweedServer.start()
-    except Exception as exc:  # binary missing, cannot bind, does not come up
-        if os.environ.get("CI"):
-            pytest.fail(f"cannot start the SeaweedFS S3 server and CI is set: {exc!r}")
-        pytest.skip(f"cannot start the SeaweedFS S3 server: {exc!r}")
-        raise  # unreachable; pytest.skip raises
+    return start_server_or_skip("SeaweedFS S3 server", SeaweedServer.start)

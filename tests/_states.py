@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import torch
 
 from ckstore.format.dtypes import DTYPES
@@ -40,3 +43,19 @@ def bits(t: torch.Tensor) -> bytes:
     """The exact element bytes of a tensor, for bit-exact comparison (NaN == NaN here)."""
     c = t.detach().cpu().contiguous()
     return c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
+
+
+class DrawsRandomNumbers:
+    """A stateful whose state_dict() and load_state_dict() draw from every generator (torch,
+    ``random``, NumPy): what RNGState's capture-first, load-last order must undo."""
+
+    def state_dict(self) -> dict[str, int]:
+        torch.rand(2)
+        random.random()
+        np.random.rand(2)
+        return {"n": 1}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        torch.rand(3)
+        random.random()
+        np.random.rand(3)

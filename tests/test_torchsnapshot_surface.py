@@ -15,25 +15,11 @@ import random
 import numpy as np
 import pytest
 import torch
+from _states import DrawsRandomNumbers
 
 import ckstore
 from ckstore import RNGState, Snapshot, StateDict
 from ckstore.errors import KeyNotFoundError, UnsupportedValueError
-
-
-class DrawsRandomNumbers:
-    """A stateful whose state_dict() and load_state_dict() draw from every generator."""
-
-    def state_dict(self) -> dict[str, int]:
-        torch.rand(2)
-        random.random()
-        np.random.rand(2)
-        return {"n": 1}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        torch.rand(3)
-        random.random()
-        np.random.rand(3)
 
 
 def _draws() -> tuple[torch.Tensor, float, np.ndarray]:

@@ -236,8 +236,6 @@ on the benchmark's training run (a save every 10 steps): depth 2 stores 0.5 (fp3
 depth 1 (each link costs about a full chunk's decompression); see docs/USAGE.md, "Deltas"."""
 MAX_DELTA_DEPTH = 32
 """The largest depth limit accepted (readers follow chains of up to 64 links)."""
-DELTA_BASES = ("parent",)
-"""Special ``delta_base`` values besides a snapshot ref: ``parent``, the run's latest snapshot."""
 
 
 def check_depth(value: int) -> int:

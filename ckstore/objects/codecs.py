@@ -449,30 +449,10 @@ def decoded_planes(payload: Any, raw_length: int) -> list[Any]:
     return out
 
 
-def accumulate_planes(payload: Any, raw_length: int, planes: Any, first: bool) -> None:
-    """Decode a byte-grouped payload's planes into ``planes`` (a ``(n, raw_length / n)`` uint8
-    array), or XOR them into it unless ``first``: XOR commutes with the byte grouping, so a
-    chain of byte-grouped deltas is applied plane by plane and interleaved once
-    (:func:`interleave_planes`).
-
-    Raises:
-        CorruptionError: a malformed payload, or another element size than ``planes`` has.
-    """
-    import numpy as np
-
-    parts = decoded_planes(payload, raw_length)
-    if planes.shape != (len(parts), raw_length // len(parts)):
-        raise CorruptionError(f"a delta chain mixes element sizes ({len(parts)} and {planes.shape[0]})")
-    for i, plane in enumerate(parts):
-        if first:
-            planes[i] = plane
-        else:
-            np.bitwise_xor(planes[i], plane, out=planes[i])
-
-
 def interleave_planes(planes: Any, target: memoryview | None, hasher: Any) -> None:
     """Interleave the ``(n, plane_len)`` array ``planes`` into ``target`` (None: hash only),
-    hashing as it goes (see :func:`accumulate_planes`)."""
+    hashing as it goes: XOR commutes with the byte grouping, so a chain of byte-grouped deltas
+    is applied plane by plane (:func:`decoded_planes`) and interleaved once."""
     n, plane_len = planes.shape
     _interleave(list(planes), n, plane_len, _check_out(target, n * plane_len), hasher)
 

@@ -55,6 +55,7 @@ from typing import Any
 from ckstore.errors import CorruptionError, InvalidInputError
 from ckstore.objects.backend import Backend
 from ckstore.objects.codecs import CODECS, MAX_RAW_LENGTH, is_delta
+from ckstore.objects.delta import MAX_CHAIN
 from ckstore.objects.hashing import as_bytes_view, is_chunk_id, new_hasher
 
 MAGIC = b"CKPACK\x00\x01"
@@ -106,8 +107,6 @@ class ChunkLocation:
             CorruptionError: a base is not resolved, has another length, or the chain is
                 longer than ``delta.MAX_CHAIN`` (a cycle).
         """
-        from ckstore.objects.delta import MAX_CHAIN
-
         out: list[ChunkLocation] = [self]
         while out[-1].base_id is not None:
             loc = out[-1]

@@ -11,13 +11,13 @@ from __future__ import annotations
 import mmap
 import re
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from ckstore.errors import CorruptionError, InvalidInputError
 from ckstore.objects.backend import Backend
 from ckstore.objects.codecs import (
     MAX_RAW_LENGTH,
-    accumulate_planes,
     decode_hashed,
     decoded_planes,
     grouped_itemsize,
@@ -98,29 +98,53 @@ class ObjectStore:
         decoded to, verified bytes (its fingerprint says so), and decoding is deterministic.
         What a delta take needs from its base, at the cost of decompression only.
         """
-        import numpy as np
-
         n = loc.raw_length
         if n % itemsize:
             return None
-        chain = list(reversed(loc.chain()))
-        planes = None
-        for i, link in enumerate(chain):
+
+        def trusted(link: ChunkLocation, payload: memoryview) -> bool:
             expected = self._trusted.get(link.chunk_id)
-            if expected is None:
+            return expected is not None and fingerprint(payload) == expected
+
+        planes = self._chain_planes(list(reversed(loc.chain())), n, trusted)
+        return planes if planes is not None and len(planes) == itemsize else None
+
+    def _chain_planes(self, chain: list[ChunkLocation], n: int, seen: Callable[[ChunkLocation, memoryview], bool]) -> Any:
+        """The byte planes of the bytes ``chain`` (root first) decodes to, when every link is
+        byte-grouped with one element size: the root's planes as they lie in its payload (a
+        chain of one), else the links XORed plane by plane into this thread's scratch memory,
+        never interleaved. None as soon as a link is not byte-grouped alike, or ``seen`` (shown
+        each payload as it is read) refuses it.
+
+        Raises:
+            CorruptionError: a malformed payload.
+        """
+        import numpy as np
+
+        size: int | None = None
+        planes: Any = None
+        root: list[Any] | None = None  # the root's planes, in its payload until XORed
+        for i, link in enumerate(chain):
+            payload = self._payload(link, "root" if i == 0 else "payload")
+            if not seen(link, payload):
                 return None
-            payload = self._payload(link)
-            if grouped_itemsize(link.codec, payload) != itemsize or fingerprint(payload) != expected:
+            s = grouped_itemsize(link.codec, payload)
+            if s is None or n % s or (size is not None and s != size):
                 return None
-            if len(chain) == 1:  # a keyframe: its planes as they lie in the payload, no copy
-                try:
-                    return decoded_planes(payload, n)
-                except CorruptionError:
-                    return None
+            size = s
+            parts = self._guarded(link, decoded_planes, payload, n)
+            if len(parts) != size:
+                raise CorruptionError(f"chunk {link.chunk_id}: {len(parts)} byte planes for element size {size}")
+            if root is None and planes is None:
+                root = parts
+                continue
             if planes is None:
-                planes = np.frombuffer(_scratch("base-planes", n), dtype=np.uint8, count=n).reshape(itemsize, n // itemsize)
-            self._guarded(link, accumulate_planes, payload, n, planes, i == 0)
-        return planes
+                planes = np.frombuffer(_scratch("planes", n), dtype=np.uint8, count=n).reshape(size, n // size)
+            first = root if root is not None else planes
+            for j, b in enumerate(parts):
+                np.bitwise_xor(first[j], b, out=planes[j])  # root XOR first delta: no copy first
+            root = None
+        return root if planes is None else planes
 
     @property
     def backend(self) -> Backend:
@@ -177,9 +201,11 @@ class ObjectStore:
         else:
             payload = self._payload(loc)
             self._decode(loc, payload, out, hasher)
-            prints = fingerprint(payload) if fingerprint_it else None
+            prints = fingerprint(payload) if fingerprint_it or links is not None else None
             if links is not None:
-                links.append((loc.chunk_id, fingerprint(payload)))
+                assert prints is not None
+                links.append((loc.chunk_id, prints))
+            prints = prints if fingerprint_it else None
         if str(hasher.hexdigest()) != loc.chunk_id:
             raise CorruptionError(
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
@@ -258,63 +284,42 @@ class ObjectStore:
 
         chain = list(reversed(loc.chain()))
         n = loc.raw_length
-        target = out if expected is None else None  # else decoded aside until the check
         prints: list[int] = []
-        planes: Any = None
-        root: list[Any] | None = None  # the root's planes as they lie in its payload, until XORed
-        for i, link in enumerate(chain):
-            payload = self._payload(link, "root" if i == 0 else "payload")
+        found: list[tuple[str, int]] = []
+
+        def seen(link: ChunkLocation, payload: memoryview) -> bool:
             if fingerprint_it or links is not None:
                 prints.append(fingerprint(payload))
-                if links is not None:
-                    links.append((link.chunk_id, prints[-1]))
-            size = grouped_itemsize(link.codec, payload)
-            if i == 0 and size and n % size == 0:
-                planes = np.frombuffer(_scratch("planes", n), dtype=np.uint8, count=n).reshape(size, n // size)
-                root = self._guarded(link, decoded_planes, payload, n)
-                if len(root) != size:
-                    raise CorruptionError(f"chunk {link.chunk_id}: a byte-grouped payload of {len(root)} planes, itemsize {size}")
-                continue
-            if root is not None and planes is not None and size == planes.shape[0]:
-                delta = self._guarded(link, decoded_planes, payload, n)
-                if len(delta) != size:
-                    raise CorruptionError(f"a delta chain mixes element sizes ({len(delta)} and {size})")
-                for j, (a, b) in enumerate(zip(root, delta)):
-                    np.bitwise_xor(a, b, out=planes[j])  # root XOR first delta, with no copy first
-                root = None
-                continue
-            if root is not None:
-                assert planes is not None
-                for j, a in enumerate(root):
-                    planes[j] = a
-                root = None
-            if planes is not None and size == planes.shape[0]:
-                self._guarded(link, accumulate_planes, payload, n, planes, False)
-                continue
-            if planes is not None:  # a link of another codec: interleave what we have, go on bytewise
-                target = target if target is not None else memoryview(_scratch("chain", n))[:n]
-                interleave_planes(planes, target, None)
-                planes = None
-            if target is None:
-                target = memoryview(_scratch("chain", n))[:n]
-            if i == 0:
-                self._decode(link, payload, target, None)
-            else:
-                xor = memoryview(_scratch("xor", n))[:n]
-                self._decode(link, payload, xor, None)
-                xor_into(target, xor)
+                found.append((link.chunk_id, prints[-1]))
+            return True
+
+        planes = self._chain_planes(chain, n, seen)
+        target: memoryview | None = None
+        if planes is None:  # a link of another codec (rare): start again, byte by byte
+            prints.clear()
+            found.clear()
+            target = out if expected is None and out is not None else memoryview(_scratch("chain", n))[:n]
+            for i, link in enumerate(chain):
+                payload = self._payload(link)
+                seen(link, payload)
+                if i == 0:
+                    self._decode(link, payload, target, None)
+                else:
+                    xor = memoryview(_scratch("xor", n))[:n]
+                    self._decode(link, payload, xor, None)
+                    xor_into(target, xor)
+        if links is not None:
+            links.extend(found)
         combined = hash(tuple(prints)) if fingerprint_it else None
-        if expected is not None:
-            if combined != expected:
-                return combined  # the caller raises: nothing was written into out
-            if planes is None and out is not None:
-                assert target is not None
-                np.frombuffer(out, dtype=np.uint8)[:] = np.frombuffer(target, dtype=np.uint8)
-            target = out
+        if expected is not None and combined != expected:
+            return combined  # the caller raises: nothing was written into out
         if planes is not None:
-            interleave_planes(planes, target, hasher)
-        elif hasher is not None:
-            assert target is not None
+            interleave_planes(planes, out, hasher)
+            return combined
+        assert target is not None
+        if out is not None and target is not out:
+            np.frombuffer(out, dtype=np.uint8)[:] = np.frombuffer(target, dtype=np.uint8)
+        if hasher is not None:
             hasher.update(np.frombuffer(target, dtype=np.uint8))
         return combined
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _states import bits
+from _states import DrawsRandomNumbers, bits
 
 from ckstore import RNGState, Snapshot, StateDict
 from ckstore.errors import DistributedError, RankLostError
@@ -28,19 +28,6 @@ class CountingRNG(RNGState):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         CountingRNG.loads += 1
         super().load_state_dict(state_dict)
-
-
-class DrawsRandomNumbers:
-    def state_dict(self) -> dict[str, int]:
-        torch.rand(2)
-        random.random()
-        np.random.rand(2)
-        return {"n": 1}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        torch.rand(3)
-        random.random()
-        np.random.rand(3)
 
 
 class Captured(logging.Handler):
