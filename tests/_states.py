@@ -59,3 +59,12 @@ class DrawsRandomNumbers:
         torch.rand(3)
         random.random()
         np.random.rand(3)
+
+
+def forget_payload_digests(store: object) -> None:
+    """Make every chunk of ``store`` look written before index revision 0003 (no payload
+    digest recorded), as in a migrated or reindexed store: readers then verify by decoding."""
+    from sqlalchemy import text
+
+    with store.index._engine.begin() as conn:  # type: ignore[attr-defined]
+        conn.execute(text("UPDATE chunks SET payload_digest = NULL"))

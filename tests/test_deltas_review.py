@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _states import forget_payload_digests
 from test_deltas import KNOBS, App, _restores, _train
 
 import ckstore
@@ -97,16 +98,22 @@ def test_reindex_leaves_out_chains_longer_than_readers_follow(tmp_path: Path) ->
         assert objects.chunk_id(store.objects.read_chunk(to_location(deepest[ids[MAX_CHAIN]], deepest))) == ids[MAX_CHAIN]
 
 
-def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decoded_into_place(tmp_path: Path) -> None:
-    """The second pass of a restore checks a chunk's payload fingerprints *before* decoding
-    into the caller's tensor (docs/RELIABILITY.md, I3): a delta's chain too, so a payload
-    changed between the passes leaves that chunk's elements untouched, never wrong."""
+@pytest.mark.parametrize("digests", [True, False], ids=["digests", "no-digests"])
+def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decoded_into_place(
+    tmp_path: Path, digests: bool
+) -> None:
+    """The second pass of a restore checks a chunk's payloads (against their recorded digests,
+    or without them against fingerprints taken in the first pass) *before* decoding into the
+    caller's tensor (docs/RELIABILITY.md, I3): a delta's chain too, so a payload changed
+    between the passes leaves that chunk's elements untouched, never wrong."""
     from ckstore.engine.restore import apply, prepare
 
     states = _train(2)
     with ckstore.open(tmp_path / "s", **KNOBS) as store:
         store.take({"m": App(dict(states[0]))}, run="r", step=0)
         snap = store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent")
+        if not digests:
+            forget_payload_digests(store)
         rows = {c.chunk_id: c for c in store.index.all_chunks()}
         delta = min((rows[c.id] for c in snap.manifest.entries["m/w"].chunks if rows[c.id].base_id),
                     key=lambda r: r.chunk_id)
@@ -122,7 +129,8 @@ def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decode
         data[payload + 2 + 4 * 9 + length // 2] ^= 0x01
         pack.chmod(0o644)
         pack.write_bytes(bytes(data))
-        with pytest.raises(ckstore.CorruptionError, match="changed after it was verified"):
+        why = "differs from the one its writer recorded" if digests else "changed after it was verified"
+        with pytest.raises(ckstore.CorruptionError, match=why):
             apply(prepared, reader)
         for key, want in states[1].items():
             got = dest[key]

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from _states import forget_payload_digests
 
 import ckstore
 from ckstore.engine import devices
@@ -138,15 +139,21 @@ def test_restore_into_device_destinations_goes_through_host_buffers(store: cksto
     assert late.buffers <= 2 * threads + (1 if budget else 0)  # the pools, and at most one arena
 
 
-def test_a_payload_that_changes_between_the_passes_is_refused(store: ckstore.Store) -> None:
+@pytest.mark.parametrize("digests", [True, False], ids=["digests", "no-digests"])
+def test_a_payload_that_changes_between_the_passes_is_refused(store: ckstore.Store, digests: bool) -> None:
     from ckstore.engine.restore import apply, prepare
 
     src = _state(2)
     snap = store.take(src, run="r")
+    if not digests:
+        forget_payload_digests(store)
     dest = _zeros_like(src)
     reader = snap.reader()
     prepared = prepare(reader, dest, budget=0)  # nothing staged: every chunk is read again
-    assert all(j.staged is None and j.fingerprint is not None for j in prepared.jobs)
+    if digests:  # checked against the recorded digests, nothing decoded
+        assert all(j.staged is None and j.checked and j.fingerprint is None for j in prepared.jobs)
+    else:
+        assert all(j.staged is None and not j.checked and j.fingerprint is not None for j in prepared.jobs)
     assert all(torch.count_nonzero(v) == 0 for v in dest["m"].values() if isinstance(v, torch.Tensor))
     pack = next(iter(store.objects.list_packs()))
     path = store.objects.backend._path(ckstore.objects.pack_name(pack))  # type: ignore[attr-defined]
@@ -154,7 +161,8 @@ def test_a_payload_that_changes_between_the_passes_is_refused(store: ckstore.Sto
     data[40] ^= 0xFF  # inside the first payload
     with open(path, "wb") as f:
         f.write(data)
-    with pytest.raises(ckstore.CorruptionError, match="changed after it was verified.*partly loaded"):
+    why = "differs from the one its writer recorded" if digests else "changed after it was verified"
+    with pytest.raises(ckstore.CorruptionError, match=f"{why}.*partly loaded"):
         apply(prepared, reader)
 
 

@@ -62,7 +62,7 @@ def _arange4() -> bytes:
 
 def test_every_vector_is_present() -> None:
     want = {"empty-id", "chunk-id", "ckstore-json", "grid", "pieces", "bytegroup", "pack-hex", "pack-id",
-            "manifest-json", "manifest-id", "delta"}
+            "manifest-json", "manifest-id", "delta", "payload-digest"}
     assert want <= set(VECTORS), sorted(want - set(VECTORS))
 
 
@@ -76,6 +76,14 @@ def test_chunk_id_of_a_small_tensor() -> None:
     assert _hex(f["raw"]) == _arange4()
     assert objects.chunk_id(_arange4()) == f["id"]
     assert objects.chunk_id(torch.arange(4, dtype=torch.float32).numpy()) == f["id"]
+
+
+def test_payload_digest_vector() -> None:
+    from ckstore.objects.hashing import payload_digest
+
+    f = _fields("payload-digest")
+    assert _hex(f["payload"]) == _arange4() and f["id"] == _fields("chunk-id")["id"]
+    assert payload_digest(_hex(f["payload"]), f["id"], f["codec"], int(f["raw length"])) == f["digest"]
 
 
 def test_the_id_never_depends_on_the_codec() -> None:

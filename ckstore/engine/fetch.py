@@ -7,12 +7,20 @@ list of jobs:
 
 * :meth:`Fetcher.load`: verify and decode into the destination at once (new tensors, or
   ``restore(atomic=False)``).
-* :meth:`Fetcher.verify` then :meth:`Fetcher.apply` (atomic restore): the first pass verifies
-  every chunk without touching the destination, keeping the decoded bytes of those that fit a
-  bounded :class:`Arena` and, for the others, a fingerprint of the payload; the second copies
-  the kept ones into place and reads the others once more, checks their payload against its
-  fingerprint (stored objects are immutable, so it decodes to the bytes just verified) and
-  decodes them straight into place.
+* :meth:`Fetcher.verify` then :meth:`Fetcher.apply` (atomic restore): the first pass checks
+  every chunk without touching the destination, the second puts them in place.
+
+  - Chunks that fit a bounded :class:`Arena` are decoded and verified into it by the first
+    pass and copied into place by the second: read and decoded once.
+  - Past the arena, a chunk whose payloads (its own and its bases') have digests in the index
+    (every chunk written since index revision 0003) is checked by reading its payloads and
+    comparing their digests, without decoding them. The second pass reads them again, compares
+    the digests again and, only if they match, decodes straight into place, hashing as it
+    goes: the BLAKE3 id still checks every decoded byte, and each chunk is decoded once.
+  - Past the arena, a chunk without digests is decoded and verified by the first pass, which
+    keeps a fingerprint of its payload; the second reads it again, checks the payload against
+    the fingerprint (stored objects are immutable, so it decodes to the bytes just verified)
+    and decodes it straight into place.
 
 A destination that is not a contiguous CPU tensor (strided, or on a GPU) is reached through a
 :class:`~ckstore.engine.devices.HostPool` of host buffers (pinned for CUDA): the chunk is decoded
@@ -62,6 +70,7 @@ class Job:
     loc: objects.ChunkLocation | None = None
     fingerprint: int | None = field(default=None, repr=False)
     staged: memoryview | None = field(default=None, repr=False)
+    checked: bool = field(default=False, repr=False)  # its payloads matched their digests
 
 
 def plan_jobs(key: str, entry: TensorEntry, t: torch.Tensor, offs: tuple[int, ...], sizes: tuple[int, ...]) -> list[Job]:
@@ -124,6 +133,7 @@ class Fetcher:
     def __init__(self, objs: objects.ObjectStore, index: Any, where: str, threads: int) -> None:
         self.objs, self.index, self.where, self.threads = objs, index, where, max(1, threads)
         self._executor: ThreadPoolExecutor | None = None
+        self._writing = False  # a pass writing into destinations runs (errors then say less)
 
     def close(self) -> None:
         """Stop the worker threads (their read buffers go with them)."""
@@ -141,15 +151,21 @@ class Fetcher:
     def load(self, jobs: list[Job]) -> None:
         """Verify each chunk and decode it into its destination, in one pass."""
         self._locate(jobs)
-        with _Pools(self.threads, jobs) as pools:
-            self._run(jobs, lambda j: self._deliver(j, pools, lambda out: self.objs.verify_chunk(self._loc(j), out)))
+        self._writing = True
+        try:
+            with _Pools(self.threads, jobs) as pools:
+                self._run(jobs, lambda j: self._deliver(j, pools, lambda out: self.objs.verify_chunk(self._loc(j), out)))
+        finally:
+            self._writing = False
 
     def verify(self, jobs: list[Job], budget: int | None) -> Arena:
-        """Verify every chunk without touching any destination.
+        """Check every chunk without touching any destination.
 
-        Decoded bytes are kept in an arena of at most ``budget`` bytes (less what the host
-        pools of the second pass need; None: no limit) while it has room; for the others only
-        the payload's fingerprint is kept. Returns the arena (``apply`` empties it).
+        While an arena of at most ``budget`` bytes (less what the host pools of the second
+        pass need; None: no limit) has room, chunks are decoded and verified into it (read
+        once, copied into place by ``apply``). Past it, a chunk's payloads are checked against
+        their recorded digests, undecoded; a chunk without digests is decoded and verified,
+        and its payload's fingerprint kept. Returns the arena (``apply`` empties it).
         """
         self._locate(jobs)
         want = sum(-(-self._loc(j).raw_length // 64) * 64 for j in jobs)  # slots are 64-byte aligned
@@ -159,6 +175,10 @@ class Fetcher:
         def one(job: Job) -> None:
             loc = self._loc(job)
             job.staged = arena.take(loc.raw_length)
+            job.checked = job.staged is None and loc.digests_known()
+            if job.checked:
+                self._guard(job, lambda: self.objs.check_payloads(loc))
+                return
             keep = job.staged is None  # read again in the second pass: remember the payload
             job.fingerprint = self._guard(job, lambda: self.objs.verify_chunk(loc, job.staged, fingerprint_it=keep))
 
@@ -167,7 +187,9 @@ class Fetcher:
 
     def apply(self, jobs: list[Job]) -> None:
         """Put what :meth:`verify` checked into the destinations: staged bytes are copied,
-        the others read again (payload checked against its fingerprint) and decoded in place."""
+        the others read again (payloads checked against their digests, or against the
+        fingerprint taken by :meth:`verify`) and decoded in place."""
+        self._writing = True
         with _Pools(self.threads, [j for j in jobs if j.staged is None or j.out is None]) as pools:
 
             def one(job: Job) -> None:
@@ -177,11 +199,16 @@ class Fetcher:
                 elif staged is not None:
                     assert job.dst is not None
                     pools.copier(job.dst).copy(job.dst, _chunk_tensor(job, staged)[job.src])
+                elif job.checked:
+                    self._deliver(job, pools, lambda out: self.objs.verify_chunk(loc, out, check_digests=True))
                 else:
                     assert expected is not None
                     self._deliver(job, pools, lambda out: self.objs.load_verified(loc, out, expected))
 
-            self._run(jobs, one)
+            try:
+                self._run(jobs, one)
+            finally:
+                self._writing = False
         for job in jobs:  # every copy out of the arena has completed (the pools waited)
             job.staged = None
 
@@ -205,9 +232,10 @@ class Fetcher:
         try:
             return fn()
         except CorruptionError as exc:
+            done = "" if self._writing else " nothing was restored."
             raise CorruptionError(
-                f"{self.where}: key {job.key!r} is damaged in storage ({exc}); nothing was "
-                "restored. Run `ckstore check --read-data` and restore an older snapshot"
+                f"{self.where}: key {job.key!r} is damaged in storage ({exc});{done} Run "
+                "`ckstore check --read-data` and restore an older snapshot"
             ) from exc
 
     def _locate(self, jobs: list[Job]) -> None:

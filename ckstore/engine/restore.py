@@ -1,12 +1,12 @@
 """Restore and random access: rebuild tensors from verified chunks.
 
 ``restore`` runs in three phases so a bad snapshot never leaves the caller half-loaded:
-validate (keys, dtypes, shapes against the destination), read (every chunk fetched with one
-ranged read, decoded and re-hashed; a mismatch raises CorruptionError naming the key; verified
-chunks kept within the memory budget, the others remembered by payload fingerprint), apply
-(staged chunks copied into the destination's own tensors, the others read again and decoded
-into place, then ``load_state_dict``). Nothing of the caller's is touched before the read phase
-succeeded. The chunk passes themselves are in ``fetch.py``.
+validate (keys, dtypes, shapes against the destination), check (every chunk's stored payload
+read with one ranged read and compared with the digest its writer recorded, or, for a chunk
+without one, decoded and re-hashed; a mismatch raises CorruptionError naming the key), apply
+(each chunk read again, checked again, decoded into the destination's own tensors and
+re-hashed against its id; then ``load_state_dict``). Nothing of the caller's is touched before
+the check phase succeeded. The chunk passes themselves are in ``fetch.py``.
 """
 
 from __future__ import annotations
@@ -194,13 +194,16 @@ def prepare(
 ) -> Prepared:
     """Validate and verify everything a restore needs; the destination is not touched.
 
-    Every chunk of the destination tensors is read, decoded and re-hashed once here. Decoded
-    chunks are kept in a staging arena of at most ``budget`` bytes (None: the default,
-    :func:`~ckstore.engine.config.restore_budget` of the destination's size) and copied into
-    place by :func:`apply`; for the chunks past it only a fingerprint of the stored payload is
-    kept, and :func:`apply` reads them again, checks the payload against it and decodes them
-    straight into place. Memory stays bounded and a damaged chunk is found before anything of
-    the caller's changes.
+    Every chunk of the destination tensors is checked here (``Fetcher.verify``). Chunks are
+    decoded and re-hashed into a staging arena of at most ``budget`` bytes (None: the default,
+    :func:`~ckstore.engine.config.restore_budget` of the destination's size), which
+    :func:`apply` copies into place. Past it, a chunk's stored payloads are compared with the
+    digests the index recorded when they were written, undecoded, and :func:`apply` reads them
+    again, compares again, and decodes them into place once, re-hashing against the chunk id as
+    it goes. A chunk without recorded digests (written before index revision 0003, or
+    reindexed) is instead decoded and re-hashed here, and remembered by a fingerprint of its
+    payload that :func:`apply` checks before decoding it into place. Memory stays bounded and a
+    damaged chunk is found before anything of the caller's changes.
 
     ``atomic=False`` skips this pass: :func:`apply` decodes every destination tensor straight
     into place, still re-hashing each chunk, in one pass and with no staging memory; a damaged
@@ -281,7 +284,7 @@ def apply(prepared: Prepared, reader: Reader) -> None:
         else:
             fetcher.load(prepared.jobs)
     except CorruptionError as exc:  # atomic: the bytes changed since they were verified moments ago
-        why = "the chunk changed after it was verified" if prepared.verified else "restore(atomic=False) loads as it reads"
+        why = "a chunk failed its check while being put in place" if prepared.verified else "restore(atomic=False) loads as it reads"
         raise CorruptionError(f"{exc} (the destination may be partly loaded: {why})") from exc
     finally:
         fetcher.close()

@@ -5,9 +5,9 @@ it names has an index row and a ``snapshot_chunks`` reference; every pack holdin
 exists, its header, trailer and footer hash to its name, and its own trailer agrees with the
 index about each chunk's place, length and codec.
 Data (``read_data=True`` or a fraction of packs): each pack chosen is read whole
-(:func:`ckstore.objects.scan_pack`): its payloads must fill it exactly and every chunk in it
+(:func:`ckstore.objects.scan_pack`): its payloads must fill it exactly, every chunk in it
 must decode to bytes that hash to its id (a delta through its chain of bases, each read and
-verified). A fraction reads that share of the packs, chosen at
+verified), and every payload digest the index recorded must be the payload's. A fraction reads that share of the packs, chosen at
 random, and at least one. The report counts the packs, chunks and bytes read.
 Orphans (objects the index does not know, e.g. from a crashed take) are listed but are not
 errors: ``gc`` removes them.
@@ -207,3 +207,21 @@ def _read_data(
             dead = p.kind == "missing-base" and (p.object not in chunks or chunks[p.object].pack_id != pack_id)
             if p.kind != "pack-id" and not dead:  # the structure pass reported pack-id already
                 report.add(p.kind, p.object, p.message)
+        damaged = {p.object for p in scan.problems}
+        _check_digests(pack_id, {c: d for c, d in scan.digests.items() if c not in damaged}, chunks, report)
+
+
+def _check_digests(pack_id: str, digests: dict[str, str], chunks: dict[str, ChunkRecord], report: CheckReport) -> None:
+    """Report index rows whose payload digest the pack's payload does not have (chunks found
+    damaged are reported as such already): an atomic restore refuses such a chunk even when
+    its bytes are right."""
+    for cid, found in digests.items():
+        rec = chunks.get(cid)
+        if rec is not None and rec.pack_id == pack_id and rec.payload_digest not in (None, found):
+            report.add(
+                "payload-digest", cid,
+                f"the index records payload digest {rec.payload_digest} for chunk {cid} in pack "
+                f"{pack_id}, whose payload there has {found}: atomic restores refuse the chunk. If no "
+                "other problem names it, its bytes are right: restore(atomic=False) reads it, "
+                "verified against its id, and an index rebuilt by `ckstore reindex` records no digest",
+            )

@@ -27,7 +27,7 @@ def chunk(row: Row[Any]) -> ChunkRecord:
     if (
         not all(type(v) is int and v >= 0 for v in numbers)
         or not all(isinstance(v, str) for v in (row.id, row.pack_id, row.codec))
-        or not (row.base_id is None or isinstance(row.base_id, str))
+        or not all(v is None or isinstance(v, str) for v in (row.base_id, row.payload_digest))
     ):
         raise RowError(f"chunk row {str(row.id)[:64]!r} holds {tuple(row)!r:.200}")
     return ChunkRecord(
@@ -39,6 +39,7 @@ def chunk(row: Row[Any]) -> ChunkRecord:
         codec=row.codec,
         base_id=row.base_id,
         depth=row.depth,
+        payload_digest=row.payload_digest,
     )
 
 
@@ -61,6 +62,7 @@ def chunk_row(record: ChunkRecord, created_at: float) -> dict[str, Any]:
         "created_at": created_at,
         "base_id": record.base_id,
         "depth": record.depth,
+        "payload_digest": record.payload_digest,
     }
 
 

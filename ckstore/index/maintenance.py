@@ -238,7 +238,7 @@ class MaintenanceMixin:
                     update(c)
                     .where((c.c.id == m.chunk_id) & (c.c.pack_id == old_pack_id))
                     .values(pack_id=m.pack_id, offset=m.offset, length=m.length, raw_length=m.raw_length,
-                            codec=m.codec, base_id=m.base_id)
+                            codec=m.codec, base_id=m.base_id, payload_digest=m.payload_digest)
                 ).rowcount or 0
         return switched
 

@@ -75,8 +75,10 @@ chunks = Table(
     # a delta: the chunk its bytes are XORed against (the database keeps it while it is needed)
     Column("base_id", ID, ForeignKey("chunks.id"), nullable=True, index=True),
     _required("depth", Integer, server_default="0"),  # links down to the root's full chunk
+    # XXH3-128 of the stored payload, from its writer (NULL for rows rebuilt from packs)
+    Column("payload_digest", String(32), nullable=True),
 )
-"""Where a chunk lives: pack, byte range, codec, and for a delta its base."""
+"""Where a chunk lives: pack, byte range, codec, for a delta its base, and its payload's digest."""
 
 manifests = Table(
     "manifests",

@@ -23,6 +23,9 @@ class ChunkRecord:
         codec: Codec name used to store it (``"none"``, ``"zstd"``, ...).
         base_id: For a delta, the chunk its bytes are XORed against; None for a full chunk.
         depth: Links from this chunk down to the full chunk at the root of its chain.
+        payload_digest: 32 hex digits, the XXH3-128 of the stored payload as its writer
+            recorded it (readers check stored bytes with it without decoding them); None
+            when unknown (a row rebuilt from the packs by reindex).
     """
 
     chunk_id: str
@@ -33,6 +36,7 @@ class ChunkRecord:
     codec: str
     base_id: str | None = None
     depth: int = 0
+    payload_digest: str | None = None
 
 
 @dataclass(frozen=True)

@@ -77,3 +77,34 @@ def fingerprint(data: Any) -> int:
     outside this process can compute.
     """
     return int(xxhash.xxh3_64_intdigest(as_bytes_view(data), seed=_FINGERPRINT_SEED))
+
+
+PAYLOAD_DIGEST_NAME = "xxh3-128"
+"""Name of the payload digest (``chunks.payload_digest`` in the index)."""
+
+
+def payload_digest(payload: Any, chunk_id: str, codec: str, raw_length: int, base_id: str | None = None) -> str:
+    """The digest of a stored chunk: lowercase hex XXH3-128, unseeded (32 characters), of the
+    payload followed by what decoding it depends on: the chunk id (32 bytes), the raw length
+    (8 bytes, little-endian), the codec name (UTF-8) and, for a delta, the base's id (32 bytes).
+
+    Recorded in the index when a chunk is written, so a reader can show that the payload it
+    reads, and the index row it decodes it with, are the ones the writer stored, without
+    decoding it (the atomic restore's first pass, docs/RELIABILITY.md I3). It detects damage,
+    not forgery: the chunk id (BLAKE3 of the raw bytes) stays the check every decoded byte
+    passes.
+    """
+    h = xxhash.xxh3_128()
+    h.update(as_bytes_view(payload))
+    h.update(bytes.fromhex(chunk_id) + raw_length.to_bytes(8, "little") + codec.encode())
+    if base_id is not None:
+        h.update(bytes.fromhex(base_id))
+    return str(h.hexdigest())
+
+
+def is_payload_digest(s: object) -> bool:
+    """Whether ``s`` is a well-formed payload digest (32 lowercase hex characters)."""
+    return isinstance(s, str) and _DIGEST_RE.fullmatch(s) is not None
+
+
+_DIGEST_RE = re.compile(r"[0-9a-f]{32}")

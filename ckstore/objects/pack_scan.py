@@ -21,7 +21,7 @@ from ckstore.errors import CorruptionError
 from ckstore.objects.backend import Backend
 from ckstore.objects.codecs import decode
 from ckstore.objects.delta import xor_into
-from ckstore.objects.hashing import chunk_id
+from ckstore.objects.hashing import chunk_id, payload_digest
 from ckstore.objects.packs import HEADER, ChunkLocation, PackIndex, load_pack_index, pack_name
 
 WINDOW_BYTES = 64 << 20
@@ -46,6 +46,9 @@ class PackScan:
     bytes_read: int = 0
     chunks_read: int = 0
     problems: list[PackProblem] = field(default_factory=list)
+    digests: dict[str, str] = field(default_factory=dict)
+    """Each chunk's ``hashing.payload_digest`` as its payload lies in the pack (for checking
+    the digests an index recorded)."""
 
     @property
     def ok(self) -> bool:
@@ -88,6 +91,7 @@ def scan_pack(
         scan.bytes_read += len(data)
         for loc in group:
             payload = memoryview(data)[loc.offset - start : loc.offset - start + loc.length]
+            scan.digests[loc.chunk_id] = payload_digest(payload, loc.chunk_id, loc.codec, loc.raw_length, loc.base_id)
             _check_chunk(loc, payload, scan, where, bases)
     return scan
 

@@ -56,7 +56,7 @@ from ckstore.errors import CorruptionError, InvalidInputError
 from ckstore.objects.backend import Backend
 from ckstore.objects.codecs import CODECS, MAX_RAW_LENGTH, is_delta
 from ckstore.objects.delta import MAX_CHAIN
-from ckstore.objects.hashing import as_bytes_view, is_chunk_id, new_hasher
+from ckstore.objects.hashing import as_bytes_view, is_chunk_id, new_hasher, payload_digest
 
 MAGIC = b"CKPACK\x00\x01"
 END_MAGIC = b"CKPEND\x00\x01"
@@ -88,7 +88,9 @@ class ChunkLocation:
 
     A delta (``codecs.is_delta(codec)``) names its base chunk in ``base_id``; ``base`` is the
     base's location once someone resolved it (the index knows it, a pack does not), so a
-    reader holding a location holds the whole chain.
+    reader holding a location holds the whole chain. ``payload_digest``
+    (``hashing.payload_digest`` of the stored payload) comes from the writer or the index; a
+    pack's trailer does not hold it.
     """
 
     chunk_id: str
@@ -99,6 +101,17 @@ class ChunkLocation:
     codec: str
     base_id: str | None = None
     base: ChunkLocation | None = field(default=None, compare=False, repr=False)
+    payload_digest: str | None = field(default=None, compare=False, repr=False)
+
+    def digests_known(self) -> bool:
+        """Whether every payload along this chunk's chain has its digest (``payload_digest``):
+        a reader can then check the stored bytes without decoding them."""
+        loc: ChunkLocation | None = self
+        while loc is not None:
+            if loc.payload_digest is None:
+                return False
+            loc = loc.base if loc.base_id is not None else None
+        return True
 
     def chain(self) -> list[ChunkLocation]:
         """This location and its bases, down to the full chunk at the root.
@@ -184,6 +197,7 @@ class PackWriter:
         self._target = target_size
         self._payloads: list[memoryview] = []
         self._entries: list[tuple[str, int, int, int, str, str | None]] = []
+        self._digests: list[str] = []
         self._ids: set[str] = set()
         self._offset = HEADER.size
         self._spent = False
@@ -237,6 +251,7 @@ class PackWriter:
         self._ids.add(chunk_id)
         self._deltas = self._deltas or base_id is not None
         self._entries.append((chunk_id, self._offset, len(view), raw_length, codec, base_id))
+        self._digests.append(payload_digest(view, chunk_id, codec, raw_length, base_id))
         self._payloads.append(view)
         self._offset += len(view)
 
@@ -255,8 +270,8 @@ class PackWriter:
         pack_id = pack_id_of(parts[0], parts[-2], parts[-1])
         self._backend.put(pack_name(pack_id), parts)
         locations = [
-            ChunkLocation(cid, pack_id, off, length, raw, codec, base)
-            for cid, off, length, raw, codec, base in self._entries
+            ChunkLocation(cid, pack_id, off, length, raw, codec, base, payload_digest=digest)
+            for (cid, off, length, raw, codec, base), digest in zip(self._entries, self._digests)
         ]
         self._payloads = []
         return pack_id, size, locations

@@ -24,7 +24,7 @@ from ckstore.objects.codecs import (
     interleave_planes,
 )
 from ckstore.objects.delta import xor_into
-from ckstore.objects.hashing import chunk_id, fingerprint, is_chunk_id, new_hasher
+from ckstore.objects.hashing import chunk_id, fingerprint, is_chunk_id, new_hasher, payload_digest
 from ckstore.objects.packs import (
     PACK_PREFIX,
     ChunkLocation,
@@ -174,8 +174,37 @@ class ObjectStore:
         self.verify_chunk(loc, target, trust=trust)
         return target
 
+    def check_payloads(self, loc: ChunkLocation) -> None:
+        """Show that the stored payloads of a chunk (and of every base along its chain) are
+        the ones their writer stored, without decoding them: each is read and its
+        ``hashing.payload_digest`` compared with the one the index recorded
+        (``ChunkLocation.payload_digest``; see :meth:`ChunkLocation.digests_known`).
+
+        Raises:
+            InvalidInputError: a payload along the chain has no recorded digest.
+            ObjectNotFoundError: the pack is missing.
+            CorruptionError: a payload differs from what was written.
+        """
+        for link in loc.chain():
+            self._check_digest(link, self._payload(link))
+
+    def _check_digest(self, loc: ChunkLocation, payload: memoryview) -> None:
+        if loc.payload_digest is None:
+            raise InvalidInputError(f"chunk {loc.chunk_id} has no recorded payload digest to check")
+        try:
+            digest = payload_digest(payload, loc.chunk_id, loc.codec, loc.raw_length, loc.base_id)
+        except ValueError:  # an id that is not hex: a damaged index row
+            digest = None
+        if digest != loc.payload_digest:
+            raise CorruptionError(
+                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}): the "
+                "stored payload differs from the one its writer recorded (or the index's row for "
+                "it was damaged): the stored bytes are corrupt"
+            )
+
     def verify_chunk(
-        self, loc: ChunkLocation, out: memoryview | None = None, *, fingerprint_it: bool = False, trust: bool = False
+        self, loc: ChunkLocation, out: memoryview | None = None, *, fingerprint_it: bool = False,
+        trust: bool = False, check_digests: bool = False,
     ) -> int | None:
         """Read one chunk's payload, decode it and verify it against its id, in one pass.
 
@@ -184,7 +213,11 @@ class ObjectStore:
         block as it is decoded (``codecs.decode_hashed``).
 
         With ``trust``, the payloads of the chunk (and its chain) are remembered as right once
-        verified (:meth:`trust`).
+        verified (:meth:`trust`). With ``check_digests`` (after :meth:`check_payloads`: the
+        atomic restore's second pass), each payload along the chain is first compared with its
+        recorded digest, and nothing is decoded into ``out`` unless every one matches; a
+        chunk whose intact payload does not decode to its id is still found by the hash, once
+        its bytes are in ``out``.
 
         Returns:
             With ``fingerprint_it``, the payload's fingerprint (``hashing.fingerprint``) for
@@ -197,9 +230,11 @@ class ObjectStore:
         hasher = new_hasher()
         links: list[tuple[str, int]] | None = [] if trust else None
         if loc.base_id is not None:
-            prints = self._decode_chain(loc, out, hasher, fingerprint_it, links)
+            prints = self._decode_chain(loc, out, hasher, fingerprint_it, links, digests=check_digests)
         else:
             payload = self._payload(loc)
+            if check_digests:
+                self._check_digest(loc, payload)
             self._decode(loc, payload, out, hasher)
             prints = fingerprint(payload) if fingerprint_it or links is not None else None
             if links is not None:
@@ -207,10 +242,14 @@ class ObjectStore:
                 links.append((loc.chunk_id, prints))
             prints = prints if fingerprint_it else None
         if str(hasher.hexdigest()) != loc.chunk_id:
+            why = (
+                "its stored payload is the one its writer recorded, so the writer stored a wrong "
+                "encoding" if check_digests else "the stored bytes are corrupt"
+                + (" (or those of a base in its delta chain)" if loc.base_id else "")
+            )
             raise CorruptionError(
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
-                "does not match its id: the stored bytes are corrupt"
-                + (" (or those of a base in its delta chain)" if loc.base_id else "")
+                f"does not match its id: {why}"
             )
         if links:
             if len(self._trusted) + len(links) > self.MAX_TRUSTED:
@@ -266,13 +305,14 @@ class ObjectStore:
 
     def _decode_chain(
         self, loc: ChunkLocation, out: memoryview | None, hasher: Any, fingerprint_it: bool,
-        links: list[tuple[str, int]] | None = None, expected: int | None = None,
+        links: list[tuple[str, int]] | None = None, expected: int | None = None, digests: bool = False,
     ) -> int | None:
         """Decode a delta: the full chunk at the root of its chain, then the XOR bytes of each
         delta from the root up; hash the result.
 
         With ``expected`` (:meth:`load_verified`), nothing is written into ``out`` unless the
-        chain's combined fingerprint equals it.
+        chain's combined fingerprint equals it; with ``digests``, unless every payload matches
+        its recorded digest (:meth:`check_payloads`).
 
         When every link is byte-grouped with one element size (the common case: a float
         tensor), the links are XORed plane by plane and the planes interleaved once, so each
@@ -288,6 +328,8 @@ class ObjectStore:
         found: list[tuple[str, int]] = []
 
         def seen(link: ChunkLocation, payload: memoryview) -> bool:
+            if digests:
+                self._check_digest(link, payload)
             if fingerprint_it or links is not None:
                 prints.append(fingerprint(payload))
                 found.append((link.chunk_id, prints[-1]))
@@ -298,7 +340,8 @@ class ObjectStore:
         if planes is None:  # a link of another codec (rare): start again, byte by byte
             prints.clear()
             found.clear()
-            target = out if expected is None and out is not None else memoryview(_scratch("chain", n))[:n]
+            aside = expected is not None or digests or out is None  # decoded aside until every link is checked
+            target = memoryview(_scratch("chain", n))[:n] if aside else out
             for i, link in enumerate(chain):
                 payload = self._payload(link)
                 seen(link, payload)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,9 @@ from sqlalchemy import text
 
 from ckstore.errors import SchemaError
 from ckstore.index import (
+    ChunkRecord,
     Index,
+    PackRecord,
     current_revision,
     ensure_schema,
     head_revision,
@@ -30,7 +33,7 @@ def test_new_database_is_stamped_at_head(index_url: str) -> None:
     Index.open(index_url).close()
     engine = make_engine(index_url)
     try:
-        assert current_revision(engine) == head_revision() == "0002"
+        assert current_revision(engine) == head_revision() == "0003"
     finally:
         engine.dispose()
 
@@ -94,10 +97,10 @@ def test_frozen_revision_0001_database_upgrades_and_keeps_its_data(tmp_path: Pat
     url = f"sqlite:///{path}"
     with pytest.raises(SchemaError, match=f"ckstore migrate --index {url}"):
         Index.open(url, create=False)  # never upgraded behind the user's back
-    assert upgrade(url) == "0002"
+    assert upgrade(url) == "0003"
     with Index.open(url, create=False) as ix:
-        # every chunk of revision 0001 is a full chunk
-        assert {(c.base_id, c.depth) for c in ix.all_chunks()} == {(None, 0)}
+        # every chunk of revision 0001 is a full chunk, with no payload digest recorded
+        assert {(c.base_id, c.depth, c.payload_digest) for c in ix.all_chunks()} == {(None, 0, None)}
         assert {k: ix.get_meta(k) for k in frozen.META} == frozen.META
         assert ix.list_runs() == sorted({s[1] for s in frozen.SNAPSHOTS})
         for snap_id, run, step, created, name, chunk_idx, tags in frozen.SNAPSHOTS:
@@ -121,20 +124,20 @@ def test_frozen_revision_0001_database_upgrades_and_keeps_its_data(tmp_path: Pat
         assert ix.resolve("sft").step == 300
 
 
-# Test-only revision 0003. To exercise the "older revision" path against the shipped head we
-# build a migration directory holding the shipped env.py and revisions plus this 0003, and run
+# Test-only revision 0004. To exercise the "older revision" path against the shipped head we
+# build a migration directory holding the shipped env.py and revisions plus this 0004, and run
 # the same check/upgrade code against it. A database the shipped code created (at the shipped
 # head) is then genuinely older than that directory's head.
-REVISION_0002 = '''"""Test-only revision.
+REVISION_TEST_ONLY = '''"""Test-only revision.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003"
-down_revision = "0002"
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
@@ -151,32 +154,62 @@ def downgrade():
 
 
 @pytest.fixture
-def scripts_with_0002(tmp_path: Path) -> Path:
+def scripts_with_test_only(tmp_path: Path) -> Path:
     location = tmp_path / "migrations"
     shutil.copytree(MIGRATIONS_DIR, location, ignore=shutil.ignore_patterns("__pycache__"))
-    (location / "versions" / "0003_test_only.py").write_text(REVISION_0002)
+    (location / "versions" / "0004_test_only.py").write_text(REVISION_TEST_ONLY)
     return location
 
 
 def test_older_revision_is_refused_with_migrate_command(
-    index_url: str, scripts_with_0002: Path
+    index_url: str, scripts_with_test_only: Path
 ) -> None:
-    with Index.open(index_url) as ix:  # the shipped code creates it at its head, 0002
+    with Index.open(index_url) as ix:  # the shipped code creates it at its head, 0003
         commit(ix, "r", 1)
     engine = make_engine(index_url)
     try:
         with pytest.raises(SchemaError) as err:
-            ensure_schema(engine, script_location=scripts_with_0002)
+            ensure_schema(engine, script_location=scripts_with_test_only)
         message = str(err.value)
-        assert "0002" in message and "0003" in message
+        assert "0003" in message and "0004" in message
         assert f"ckstore migrate --index {index_url}" in message
-        assert upgrade(index_url, script_location=scripts_with_0002) == "0003"
-        ensure_schema(engine, script_location=scripts_with_0002)  # now current: opens
-        assert current_revision(engine) == "0003"
+        assert upgrade(index_url, script_location=scripts_with_test_only) == "0004"
+        ensure_schema(engine, script_location=scripts_with_test_only)  # now current: opens
+        assert current_revision(engine) == "0004"
     finally:
         engine.dispose()
-    with pytest.raises(SchemaError, match="newer ckstore"):  # the shipped code: 0003 is new
+    with pytest.raises(SchemaError, match="newer ckstore"):  # the shipped code: 0004 is new
         Index.open(index_url)
+
+
+def test_payload_digests_migrate_down_and_up_in_place(index_url: str) -> None:
+    """0003 adds ``chunks.payload_digest``; its downgrade drops it and keeps every row; the
+    upgrade then leaves old rows without a digest (their readers decode them to verify)."""
+    from alembic import command
+
+    from ckstore.index.schema import alembic_config
+
+    with Index.open(index_url) as ix:
+        session = ix.begin_session("test", 30)
+        rec = ChunkRecord("ab" * 32, "p1", 0, 5, 64, "zstd", payload_digest="cd" * 16)
+        ix.add_pack(session.id, PackRecord("p1", 10, 1), [rec])
+        assert ix.chunk_locations([rec.chunk_id])[rec.chunk_id] == rec
+    engine = make_engine(index_url)
+    try:
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(connection=conn), "0002")
+        with engine.connect() as conn:
+            assert current_revision(engine) == "0002"
+            row = conn.execute(text("SELECT * FROM chunks")).mappings().one()
+            assert "payload_digest" not in row and row["id"] == rec.chunk_id and row["codec"] == "zstd"
+    finally:
+        engine.dispose()
+    with pytest.raises(SchemaError, match=re.escape(f"ckstore migrate --index {index_url}")):
+        Index.open(index_url, create=False)
+    assert upgrade(index_url) == "0003"
+    with Index.open(index_url, create=False) as ix:
+        got = ix.chunk_locations([rec.chunk_id])[rec.chunk_id]
+        assert got == ChunkRecord(rec.chunk_id, "p1", 0, 5, 64, "zstd")  # the digest is unknown now
 
 
 def _set_revision(url: str, revision: str) -> None:
