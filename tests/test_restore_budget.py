@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -71,3 +72,31 @@ def test_non_atomic_restore_checks_keys_and_shapes_before_loading(store):
     with pytest.raises(ckstore.MismatchError, match="m/1.weight"):
         store.get("r").restore(dest, atomic=False)
     assert all(torch.equal(v, before[k]) for k, v in dest["m"].state_dict().items())
+
+
+def test_a_small_restore_runs_on_the_calling_thread_and_a_large_one_on_workers(
+    store: ckstore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below ``fetch.INLINE_BYTES`` starting worker threads costs more than it saves: no pool
+    is made. Above it the chunks are spread over the store's threads. Both restore exactly."""
+    from ckstore.engine import fetch
+
+    made: list[int] = []
+    real = fetch.ThreadPoolExecutor
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        made.append(kwargs.get("max_workers", 0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fetch, "ThreadPoolExecutor", counting)
+    src = _state()
+    store.take(src, run="r")
+    store.threads = 2
+    for inline, atomic in [(fetch.INLINE_BYTES, True), (fetch.INLINE_BYTES, False), (1, True), (1, False)]:
+        monkeypatch.setattr(fetch, "INLINE_BYTES", inline)
+        made.clear()
+        dest = {"m": torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), "s": ckstore.StateDict(t=torch.zeros(30, 40).t(), step=0)}
+        store.get("r").restore(dest, atomic=atomic, memory_budget=0)
+        assert all(torch.equal(a, b) for a, b in zip(src["m"].state_dict().values(), dest["m"].state_dict().values()))
+        assert torch.equal(dest["s"]["t"], src["s"]["t"])
+        assert made == ([] if inline > 1 else [2]), (inline, atomic, made)
