@@ -27,9 +27,9 @@ from .. import objects
 from ..engine.locations import to_location, to_records
 from ..errors import CorruptionError, ObjectNotFoundError
 from ..format.limits import check_number
-from ..objects.delta import xor_into
 from ..index import PackRecord
 from ..index.maintenance import PackUsage
+from ..objects.delta import xor_into
 from .policy import MAX_SECONDS, Policy
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ def _rewrite_pack(store: Repository, pack_id: str) -> bool:
     name = objects.pack_name(pack_id)
     for c in live:
         payload = store.objects.backend.get(name, c.offset, c.length)
-        raw = objects.decode(c.codec, payload, c.raw_length)  # a delta's: its XOR bytes
+        raw: bytes | bytearray | memoryview = objects.decode(c.codec, payload, c.raw_length)  # a delta's: its XOR bytes
         if c.base_id is not None:  # the bytes copied (not a second read) XORed with the verified base
             raw = bytearray(raw)
             xor_into(raw, store.objects.read_chunk(to_location(c, known).chain()[1]))
