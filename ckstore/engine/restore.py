@@ -2,10 +2,11 @@
 
 ``restore`` runs in three phases so a bad snapshot never leaves the caller half-loaded:
 validate (keys, dtypes, shapes against the destination), check (every chunk's stored payload
-read with one ranged read and compared with the digest its writer recorded, or, for a chunk
-without one, decoded and re-hashed; a mismatch raises CorruptionError naming the key), apply
-(each chunk read again, checked again, decoded into the destination's own tensors and
-re-hashed against its id; then ``load_state_dict``). Nothing of the caller's is touched before
+read with one ranged read; decoded and re-hashed into the staging arena while it has room,
+past it compared with the digest its writer recorded, or, for a chunk without one, decoded
+and re-hashed; a mismatch raises CorruptionError naming the key), apply (staged chunks copied
+into the destination's own tensors, the others read again, checked again and decoded into
+them, re-hashed against their id when checked by digest; then ``load_state_dict``). Nothing of the caller's is touched before
 the check phase succeeded. The chunk passes themselves are in ``fetch.py``.
 """
 

@@ -29,6 +29,7 @@ from ..errors import CorruptionError, ObjectNotFoundError
 from ..format.limits import check_number
 from ..index import PackRecord
 from ..index.maintenance import PackUsage
+from ..objects.delta import xor_into
 from .policy import MAX_SECONDS, Policy
 
 if TYPE_CHECKING:
@@ -186,9 +187,11 @@ def _rewrite_pack(store: Repository, pack_id: str) -> bool:
     name = objects.pack_name(pack_id)
     for c in live:
         payload = store.objects.backend.get(name, c.offset, c.length)
-        if c.base_id is not None:
-            store.objects.verify_chunk(to_location(c, known))  # through the chain
-        elif objects.chunk_id(objects.decode(c.codec, payload, c.raw_length)) != c.chunk_id:
+        raw: bytes | bytearray | memoryview = objects.decode(c.codec, payload, c.raw_length)  # a delta's: its XOR bytes
+        if c.base_id is not None:  # the bytes copied (not a second read) XORed with the verified base
+            raw = bytearray(raw)
+            xor_into(raw, store.objects.read_chunk(to_location(c, known).chain()[1]))
+        if objects.chunk_id(raw) != c.chunk_id:
             raise CorruptionError(f"gc: chunk {c.chunk_id} in pack {pack_id} is damaged; run `ckstore check --read-data`")
         writer.add(c.chunk_id, c.codec, payload, c.raw_length, c.base_id)
     done = writer.finish()
