@@ -53,12 +53,27 @@ def blob_name(kind: str, blob_id: str) -> str:
     return f"{_check_kind(kind)}/{blob_id[:2]}/{blob_id}"
 
 
+def private_memory(n: int) -> mmap.mmap:
+    """``n`` bytes of anonymous memory private to this process.
+
+    An anonymous mapping, not the heap: its memory goes back to the system when it is dropped
+    (a freed heap block of this size stays in the process). Private, not ``mmap(-1, n)``'s
+    default shared mapping: a child forked while the buffer exists (a DataLoader worker, a
+    launcher forking ranks) must get its own copy of the pages, or siblings reading at once
+    would overwrite each other's payloads between a read and its checks.
+    """
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    if private is None:  # no fork where there is no MAP_PRIVATE (Windows)
+        return mmap.mmap(-1, n)
+    return mmap.mmap(-1, n, flags=private | mmap.MAP_ANONYMOUS)
+
+
 def _scratch(kind: str, n: int) -> mmap.mmap:
     """This thread's recycled scratch buffer ``kind`` of at least ``n`` bytes."""
     bufs = _local.__dict__.setdefault("scratch", {})
     buf: mmap.mmap | None = bufs.get(kind)
     if buf is None or len(buf) < n:
-        buf = bufs[kind] = mmap.mmap(-1, max(n, 1 << 20))
+        buf = bufs[kind] = private_memory(max(n, 1 << 20))
     return buf
 
 
@@ -295,9 +310,7 @@ class ObjectStore:
         self._check_sizes(loc)
         buf: mmap.mmap | None = getattr(_local, slot, None)
         if buf is None or len(buf) < loc.length:
-            # An anonymous mapping, not the heap: its memory goes back to the system with the
-            # thread (a freed heap block of this size stays in the process).
-            buf = mmap.mmap(-1, max(loc.length, 1 << 20))
+            buf = private_memory(max(loc.length, 1 << 20))  # goes back to the system with the thread
             setattr(_local, slot, buf)
         view = memoryview(buf)[: loc.length]
         self._backend.get_into(pack_name(loc.pack_id), loc.offset, view)
