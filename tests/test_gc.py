@@ -169,3 +169,37 @@ def test_a_take_paused_past_its_lease_fails_and_commits_nothing(tmp_path):
     assert store.log() == [] and store.check(read_data=True).ok
     store.gc(grace_seconds=0)
     assert store.check().orphan_packs == [] and store.check().orphan_manifests == []
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+@pytest.mark.parametrize("digests", [True, False], ids=["digests", "no-digests"])
+def test_a_restore_follows_chunks_that_gc_moved_while_it_ran(tmp_path: Path, atomic: bool, digests: bool) -> None:
+    """A reader that located its chunks before gc repacked them and deleted the old pack (its
+    grace period over) looks them up again and reads them at their new place, instead of
+    failing with ObjectNotFoundError (docs/RELIABILITY.md, I4)."""
+    from _states import forget_payload_digests
+
+    from ckstore.engine.restore import apply, prepare
+
+    g = torch.Generator().manual_seed(7)
+    keep, drop = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+    with ckstore.open(tmp_path / "s", chunk_bytes=4096) as store:
+        store.take({"m": ckstore.StateDict(keep=keep, drop=drop)}, run="mix")  # one pack
+        store.take({"m": ckstore.StateDict(keep=keep)}, run="solo")
+        if not digests:
+            forget_payload_digests(store)
+        old_packs = set(store.objects.list_packs())
+        dest = {"m": ckstore.StateDict(keep=torch.zeros(64, 64))}
+        reader = store.get("solo").reader()
+        prepared = prepare(reader, dest, budget=0, atomic=atomic)  # located (and, atomic, checked) now
+        if not atomic:  # its one pass locates as it starts: locate now, as a slow reader would have
+            assert prepared.fetcher is not None
+            prepared.fetcher._locate(prepared.jobs)  # noqa: SLF001
+        store.delete("mix")
+        assert store.gc(grace_seconds=0, repack_below=1.0).packs_rewritten == 1
+        store.gc(grace_seconds=0, repack_below=1.0)  # deletes the retired pack
+        assert not old_packs & set(store.objects.list_packs())
+        apply(prepared, reader)
+        assert torch.equal(dest["m"]["keep"], keep)
+        got = store.get("solo").read_object("m/keep")
+        assert torch.equal(got, keep)

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .. import objects
-from ..errors import CorruptionError
+from ..errors import CorruptionError, ObjectNotFoundError
 from ..format.dtypes import dtype_from_name
 from ..format.manifest import TensorEntry
 from ..format.tensors import writable_view
@@ -182,10 +182,12 @@ class Fetcher:
             job.staged = arena.take(loc.raw_length)
             job.checked = job.staged is None and loc.digests_known()
             if job.checked:
-                self._guard(job, lambda: self.objs.check_payloads(loc))
+                self._guard(job, lambda: self.objs.check_payloads(self._loc(job)))
                 return
             keep = job.staged is None  # read again in the second pass: remember the payload
-            job.fingerprint = self._guard(job, lambda: self.objs.verify_chunk(loc, job.staged, fingerprint_it=keep))
+            job.fingerprint = self._guard(
+                job, lambda: self.objs.verify_chunk(self._loc(job), job.staged, fingerprint_it=keep)
+            )
 
         self._run(jobs, one)
         return arena
@@ -198,17 +200,17 @@ class Fetcher:
         with _Pools(self.threads, [j for j in jobs if j.staged is None or j.out is None]) as pools:
 
             def one(job: Job) -> None:
-                loc, staged, expected = self._loc(job), job.staged, job.fingerprint
+                staged, expected = job.staged, job.fingerprint
                 if staged is not None and job.out is not None:
                     _memcpy(job.out, staged)
                 elif staged is not None:
                     assert job.dst is not None
                     pools.copier(job.dst).copy(job.dst, _chunk_tensor(job, staged)[job.src])
                 elif job.checked:
-                    self._deliver(job, pools, lambda out: self.objs.verify_chunk(loc, out, check_digests=True))
+                    self._deliver(job, pools, lambda out: self.objs.verify_chunk(self._loc(job), out, check_digests=True))
                 else:
                     assert expected is not None
-                    self._deliver(job, pools, lambda out: self.objs.load_verified(loc, out, expected))
+                    self._deliver(job, pools, lambda out: self.objs.load_verified(self._loc(job), out, expected))
 
             try:
                 self._run(jobs, one)
@@ -234,14 +236,40 @@ class Fetcher:
             pool.release(buf, transfer)
 
     def _guard(self, job: Job, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` (which reads ``job.loc`` when it runs) for ``job``: a pack gone since the
+        chunk was located is looked up again (:meth:`_moved`); damage raises naming the key."""
         try:
-            return fn()
+            try:
+                return fn()
+            except ObjectNotFoundError:
+                if not self._moved(job):
+                    raise
+                return fn()
         except CorruptionError as exc:
             done = "" if self._writing else " nothing was restored."
             raise CorruptionError(
                 f"{self.where}: key {job.key!r} is damaged in storage ({exc});{done} Run "
                 "`ckstore check --read-data` and restore an older snapshot"
             ) from exc
+
+    def _moved(self, job: Job) -> bool:
+        """Look ``job``'s chunk up again after a read found a pack of its chain gone: gc may have
+        moved the chunk to a new pack and deleted the old one once its grace period passed
+        (docs/RELIABILITY.md, I4). True if the chunk now lives elsewhere (``job.loc`` updated):
+        its payloads are the same bytes, so the checks made so far still hold."""
+        locs = self.index.chunk_locations([job.cid])
+        rec = locs.get(job.cid)
+        if rec is None:
+            return False
+        new = to_location(rec, locs)
+        old = self._loc(job)
+        try:
+            moved = [(l.pack_id, l.offset) for l in new.chain()] != [(l.pack_id, l.offset) for l in old.chain()]
+        except CorruptionError:
+            return False
+        if moved:
+            job.loc = new
+        return moved
 
     def _locate(self, jobs: list[Job]) -> None:
         missing = {j.cid for j in jobs if j.loc is None}
