@@ -138,7 +138,6 @@ class Fetcher:
     def __init__(self, objs: objects.ObjectStore, index: Any, where: str, threads: int) -> None:
         self.objs, self.index, self.where, self.threads = objs, index, where, max(1, threads)
         self._executor: ThreadPoolExecutor | None = None
-        self._writing = False  # a pass writing into destinations runs (errors then say less)
 
     def close(self) -> None:
         """Stop the worker threads (their read buffers go with them)."""
@@ -156,12 +155,8 @@ class Fetcher:
     def load(self, jobs: list[Job]) -> None:
         """Verify each chunk and decode it into its destination, in one pass."""
         self._locate(jobs)
-        self._writing = True
-        try:
-            with _Pools(self.threads, jobs) as pools:
-                self._run(jobs, lambda j: self._deliver(j, pools, lambda out: self.objs.verify_chunk(self._loc(j), out)))
-        finally:
-            self._writing = False
+        with _Pools(self.threads, jobs) as pools:
+            self._run(jobs, lambda j: self._deliver(j, pools, lambda out: self.objs.verify_chunk(self._loc(j), out)))
 
     def verify(self, jobs: list[Job], budget: int | None) -> Arena:
         """Check every chunk without touching any destination.
@@ -196,7 +191,6 @@ class Fetcher:
         """Put what :meth:`verify` checked into the destinations: staged bytes are copied,
         the others read again (payloads checked against their digests, or against the
         fingerprint taken by :meth:`verify`) and decoded in place."""
-        self._writing = True
         with _Pools(self.threads, [j for j in jobs if j.staged is None or j.out is None]) as pools:
 
             def one(job: Job) -> None:
@@ -212,10 +206,7 @@ class Fetcher:
                     assert expected is not None
                     self._deliver(job, pools, lambda out: self.objs.load_verified(self._loc(job), out, expected))
 
-            try:
-                self._run(jobs, one)
-            finally:
-                self._writing = False
+            self._run(jobs, one)
         for job in jobs:  # every copy out of the arena has completed (the pools waited)
             job.staged = None
 
@@ -223,21 +214,22 @@ class Fetcher:
     def _deliver(self, job: Job, pools: _Pools, fill: Callable[[memoryview], Any]) -> None:
         """Decode into ``job.out``, or into a pooled host buffer copied to ``job.dst``."""
         if job.out is not None or job.dst is None:
-            self._guard(job, lambda: fill(job.out))  # type: ignore[arg-type]
+            self._guard(job, lambda: fill(job.out), writing=True)  # type: ignore[arg-type]
             return
         pool = pools.pool(job.dst)
         buf = pool.acquire()
         transfer = DONE
         try:
             n = self._loc(job).raw_length
-            self._guard(job, lambda: fill(memoryview(buf.numpy()).cast("B")[:n]))  # type: ignore[arg-type]
+            self._guard(job, lambda: fill(memoryview(buf.numpy()).cast("B")[:n]), writing=True)  # type: ignore[arg-type]
             transfer = pool.copier.copy(job.dst, _chunk_tensor(job, buf[:n])[job.src])
         finally:
             pool.release(buf, transfer)
 
-    def _guard(self, job: Job, fn: Callable[[], Any]) -> Any:
+    def _guard(self, job: Job, fn: Callable[[], Any], *, writing: bool = False) -> Any:
         """Run ``fn`` (which reads ``job.loc`` when it runs) for ``job``: a pack gone since the
-        chunk was located is looked up again (:meth:`_moved`); damage raises naming the key."""
+        chunk was located is looked up again (:meth:`_moved`); damage raises naming the key
+        (and, unless ``fn`` was ``writing`` into a destination, saying nothing was restored)."""
         try:
             try:
                 return fn()
@@ -246,7 +238,7 @@ class Fetcher:
                     raise
                 return fn()
         except CorruptionError as exc:
-            done = "" if self._writing else " nothing was restored."
+            done = "" if writing else " nothing was restored."
             raise CorruptionError(
                 f"{self.where}: key {job.key!r} is damaged in storage ({exc});{done} Run "
                 "`ckstore check --read-data` and restore an older snapshot"

@@ -6,8 +6,9 @@ read with one ranged read; decoded and re-hashed into the staging arena while it
 past it compared with the digest its writer recorded, or, for a chunk without one, decoded
 and re-hashed; a mismatch raises CorruptionError naming the key), apply (staged chunks copied
 into the destination's own tensors, the others read again, checked again and decoded into
-them, re-hashed against their id when checked by digest; then ``load_state_dict``). Nothing of the caller's is touched before
-the check phase succeeded. The chunk passes themselves are in ``fetch.py``.
+them, re-hashed against their id when checked by digest; then ``load_state_dict``). Nothing
+of the caller's is touched before the check phase succeeded. The chunk passes themselves are
+in ``fetch.py``.
 """
 
 from __future__ import annotations
