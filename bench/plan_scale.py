@@ -2,7 +2,7 @@
 
 No processes: the planning inputs of every rank are generated in this one process, exactly as
 the two gathers of a distributed take deliver them (JSON), and the planner of
-``ckstore.dist`` runs on them as one rank would. The state is transformer-like: ``--layers``
+``ckstore.distributed`` runs on them as one rank would. The state is transformer-like: ``--layers``
 blocks of attention and MLP weights plus an Adam moment per weight, all DTensor Shard(0) over
 the world (FSDP2-style), ``--replicated`` small replicated adapter tensors, and per-rank
 leaves (an RNG state that differs per rank, a buffer equal on every rank, a step counter).
@@ -30,9 +30,9 @@ from typing import Any
 
 import blake3
 
-from ckstore.dist._classify import DTENSOR, LOCAL, REPLICATED, VALUE
-from ckstore.dist._plan import PlanCache, layout_digest, plan
-from ckstore.dist._take import _writers
+from ckstore.distributed._classify import DTENSOR, LOCAL, REPLICATED, VALUE
+from ckstore.distributed._plan import PlanCache, layout_digest, plan
+from ckstore.distributed._take import _writers
 from ckstore.engine.config import DEFAULT_CHUNK_BYTES, DEFAULT_INLINE_BYTES, DEFAULT_PACK_BYTES
 from ckstore.engine.packing import TakeOptions
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .dist import is_distributed
+from .distributed import is_distributed
 from .engine.config import CONFIG_NAME
 from .engine.repository import Repository, is_local, local_path, open_repository
 from .errors import DistributedError, SnapshotNotFoundError
@@ -52,7 +52,7 @@ def locate_all_ranks(
     """
     if not is_distributed():
         return locate(path, storage_options, index, create=True)
-    from .dist._comm import Comm
+    from .distributed._comm import Comm
 
     comm = Comm(pg, timeout)
     found: Any = None

@@ -2,7 +2,7 @@
 
 Shared by :class:`ckstore.Store` and the TorchSnapshot-style :meth:`ckstore.Snapshot.take`, so
 both choose between the single-process engine (:mod:`ckstore.engine.take`) and the distributed
-one (:mod:`ckstore.dist`) in one place. Results are committed ``(record, manifest)`` pairs; the
+one (:mod:`ckstore.distributed`) in one place. Results are committed ``(record, manifest)`` pairs; the
 facade binds them to :class:`ckstore.Snapshot` handles. The engines (and torch) are imported
 when a take runs, so opening a store does not pay for them.
 """
@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from .dist import is_distributed
+from .distributed import is_distributed
 from .engine.config import check_delta_base
 from .engine.repository import Repository
 from .errors import InvalidInputError
@@ -128,9 +128,9 @@ def async_take(
 
     if is_distributed():
         _no_dist_deltas(args)
-        from .dist._classify import _ddp_apps
-        from .dist._comm import Comm
-        from .dist._take import background
+        from .distributed._classify import _ddp_apps
+        from .distributed._comm import Comm
+        from .distributed._take import background
 
         comm = Comm(pg, dist_timeout, purpose="async")  # made now: opening a group waits for every member
         ddp = _ddp_apps(app_state)
@@ -187,7 +187,7 @@ def _dist_take(
     comm: Any = None,
     ddp: Any = None,
 ) -> Committed:
-    from .dist import _take as dist_take
+    from .distributed import _take as dist_take
 
     return dist_take.take(
         repo,

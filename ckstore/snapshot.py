@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _takes
 from ._locate import locate, locate_all_ranks, resolve
-from .dist import is_distributed
+from .distributed import is_distributed
 from .engine.logical import ranked_manifest, split_rank
 from .engine.repository import Repository, SnapshotView
 from .errors import InvalidInputError
@@ -235,7 +235,7 @@ class Snapshot(SnapshotView):
             DistributedError: a rank failed (distributed restore; names ranks and causes);
                 RankLostError when a rank never answered within ``dist_timeout``.
         """
-        from .dist._restore import replicated_mode
+        from .distributed._restore import replicated_mode
         from .engine.restore import check_app_state
 
         check_app_state(app_state, restoring=True)
@@ -252,7 +252,7 @@ class Snapshot(SnapshotView):
         if is_dcp_manifest(reader.manifest):
             reader = replace(reader, manifest=dcp_overlay(reader.manifest, app_state, strict))
         if is_distributed():
-            from .dist._restore import restore as dist_restore
+            from .distributed._restore import restore as dist_restore
 
             dist_restore(
                 reader,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "dist"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "distributed"))
 
 from _harness import run_ranks, values
 

@@ -22,12 +22,12 @@ ALLOWED: dict[str, set[str]] = {
     "format": {"errors"},
     "engine": {"errors", "objects", "index", "format"},
     "history": {"errors", "objects", "index", "format", "engine"},
-    "dist": {"errors", "objects", "index", "format", "engine"},
+    "distributed": {"errors", "objects", "index", "format", "engine"},
     "interop": {"errors", "objects", "index", "format", "engine"},
-    "facade": {"errors", "objects", "index", "format", "engine", "history", "dist", "interop"},
-    "dcp": {"errors", "objects", "index", "format", "engine", "dist", "facade"},
+    "facade": {"errors", "objects", "index", "format", "engine", "history", "distributed", "interop"},
+    "dcp": {"errors", "objects", "index", "format", "engine", "distributed", "facade"},
     "integrations": {"errors", "objects", "index", "format", "engine", "interop", "facade"},
-    "cli": {"errors", "objects", "index", "format", "engine", "history", "dist", "interop", "facade"},
+    "cli": {"errors", "objects", "index", "format", "engine", "history", "distributed", "interop", "facade"},
 }
 FACADE = {"ckstore", "ckstore._locate", "ckstore._takes", "ckstore.snapshot", "ckstore.store"}
 NO_TORCH = {"errors", "objects", "index"}
@@ -149,5 +149,5 @@ def test_no_import_cycles() -> None:
 def test_the_checker_sees_lazy_and_relative_imports() -> None:
     """The graph is built right: a lazy import inside a function and ``from . import x`` count."""
     assert "ckstore.snapshot" in GRAPH["ckstore.store"]
-    assert "ckstore.dist._restore" in GRAPH["ckstore.snapshot"]  # imported inside restore()
+    assert "ckstore.distributed._restore" in GRAPH["ckstore.snapshot"]  # imported inside restore()
     assert "ckstore.index._convert" in GRAPH["ckstore.index._commit"]  # from . import _convert

@@ -79,7 +79,7 @@ def _two_rank_take(rank: int, world: int, path: str) -> str:
 
 
 def test_reindex_restores_world_size_and_the_figures_of_a_distributed_take(store_path, tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "dist"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "distributed"))
     from _harness import run_ranks, values
 
     ids = values(run_ranks(_two_rank_take, 2, tmp_path, str(store_path)))

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from ..dist._comm import Comm, failure, raise_failed
+from ..distributed._comm import Comm, failure, raise_failed
 from ..engine.restore import Reader
 from ..errors import CorruptionError
 from ..format.dtypes import dtype_name, itemsize
@@ -81,7 +81,7 @@ class StorageReader(_DcpStorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise CorruptionError("ckstore keeps one global DCP metadata per snapshot, no rank-local metadata")
-        from ..dist import is_distributed
+        from ..distributed import is_distributed
 
         mine: dict[str, Any]
         snap = None

@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from ..dist._comm import Comm, failure, raise_failed
+from ..distributed._comm import Comm, failure, raise_failed
 from ..engine.lease import Lease
 from ..engine.packing import TakeOptions, _Chunk, write_missing
 from ..engine.take import commit_manifest, hash_chunks
@@ -155,7 +155,7 @@ class StorageWriter(_DcpStorageWriter):
         return StorageMeta(checkpoint_id=_checkpoint_id(self.run, self.step), save_id=self.save_id)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        from ..dist import is_distributed
+        from ..distributed import is_distributed
 
         _abort_all(self._held)  # a previous save that never reached finish
         if not kwargs.get("use_collectives", True):

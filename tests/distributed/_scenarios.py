@@ -253,7 +253,7 @@ def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
     from ckstore import objects
-    from ckstore.dist import _comm
+    from ckstore.distributed import _comm
 
     _comm.BROADCAST_BATCH = 1000  # many batches, some packed, some slices of one tensor
     want = DistributedDataParallel(model(5)).state_dict()

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from ckstore.dist._classify import DTENSOR, LOCAL, REPLICATED, VALUE
-from ckstore.dist._plan import PlanCache, layout_digest, plan
-from ckstore.dist._take import _writers
+from ckstore.distributed._classify import DTENSOR, LOCAL, REPLICATED, VALUE
+from ckstore.distributed._plan import PlanCache, layout_digest, plan
+from ckstore.distributed._take import _writers
 from ckstore.engine.packing import TakeOptions
 from ckstore.errors import DistributedError
 from ckstore.format.boxes import pieces
