@@ -32,7 +32,7 @@ import blake3
 
 from ckstore.distributed._classify import DTENSOR, LOCAL, REPLICATED, VALUE
 from ckstore.distributed._plan import PlanCache, layout_digest, plan
-from ckstore.distributed._take import _writers
+from ckstore.distributed.take import _writers
 from ckstore.engine.config import DEFAULT_CHUNK_BYTES, DEFAULT_INLINE_BYTES, DEFAULT_PACK_BYTES
 from ckstore.engine.packing import TakeOptions
 

@@ -50,7 +50,7 @@ def _without_digests(root: Path) -> ckstore.Store:
     copy = root.parent / "no-digests"
     shutil.copytree(root, copy)
     store = ckstore.open(copy)
-    with store.index._engine.begin() as conn:  # noqa: SLF001 - a benchmark's own store
+    with store.repository.index._engine.begin() as conn:  # noqa: SLF001 - a benchmark's own store
         conn.execute(text("UPDATE chunks SET payload_digest = NULL"))
     return store
 

@@ -33,8 +33,9 @@ from .errors import (
 if TYPE_CHECKING:
     from .engine.stateful import RNGState, StateDict, Stateful
     from .format.manifest import TensorEntry, ValueEntry
-    from .snapshot import PendingSnapshot, Snapshot
+    from .snapshot import PendingSnapshot, StoredSnapshot
     from .store import Store, open
+    from .torchsnapshot import Snapshot
 
 __version__ = "0.1.0"
 
@@ -43,7 +44,8 @@ _LAZY = {
     "TensorEntry": "format.manifest",
     "ValueEntry": "format.manifest",
     "PendingSnapshot": "snapshot",
-    "Snapshot": "snapshot",
+    "Snapshot": "torchsnapshot",
+    "StoredSnapshot": "snapshot",
     "RNGState": "engine.stateful",
     "Stateful": "engine.stateful",
     "StateDict": "engine.stateful",
@@ -87,6 +89,7 @@ __all__ = [
     "StateDict",
     "Stateful",
     "Store",
+    "StoredSnapshot",
     "TensorEntry",
     "UnsupportedValueError",
     "ValueEntry",

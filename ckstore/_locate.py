@@ -9,13 +9,16 @@ snapshot of that store; any other path is a store of its own (created by a take)
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .distributed import is_distributed
 from .engine.config import CONFIG_NAME
 from .engine.repository import Repository, is_local, local_path, open_repository
-from .errors import DistributedError, SnapshotNotFoundError
+from .errors import SnapshotNotFoundError
 from .index import SnapshotRecord
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 
 def locate(
@@ -43,7 +46,7 @@ def locate_all_ranks(
     path: str,
     storage_options: dict[str, Any] | None,
     index: str | None,
-    pg: Any = None,
+    pg: ProcessGroup | None = None,
     timeout: float | None = None,
 ) -> tuple[Repository, str | None]:
     """Like ``locate(create=True)``; distributed, the group's rank 0 creates the store first.
@@ -52,20 +55,14 @@ def locate_all_ranks(
     """
     if not is_distributed():
         return locate(path, storage_options, index, create=True)
-    from .distributed._comm import Comm
+    from .distributed.comm import Comm, phase
 
     comm = Comm(pg, timeout)
-    found: Any = None
-    error = None
-    if comm.rank == 0:
-        try:
+    found = None
+    with phase(comm, "opening the store", f"opening {path!r}", root=0):
+        if comm.rank == 0:
             found = locate(path, storage_options, index, create=True)
-        except Exception as exc:  # noqa: BLE001 - reported to every rank below
-            error = f"{type(exc).__name__}: {exc}"
-    reply = comm.broadcast_json({"error": error}, "opening the store")
-    if reply["error"]:
-        raise DistributedError(f"rank 0 could not open {path!r}: {reply['error']}")
-    return found if comm.rank == 0 else locate(path, storage_options, index, create=False)
+    return found if found is not None else locate(path, storage_options, index, create=False)
 
 
 def resolve(repo: Repository, name: str | None) -> SnapshotRecord:

@@ -8,6 +8,8 @@ the key, ref or object involved and say what to do. Lower layers translate forei
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 
 class CkstoreError(Exception):
     """Base class of every error ckstore raises on purpose."""
@@ -91,7 +93,18 @@ class IndexCorruptionError(CorruptionError, IndexError_):
 
 
 class DistributedError(CkstoreError):
-    """One or more ranks failed a collective take/restore; names the ranks and causes."""
+    """One or more ranks failed a collective take/restore; names the ranks and causes.
+
+    Attributes:
+        ranks: the failed ranks (ranks within the process group), sorted; empty when they
+            could not be told apart.
+        causes: rank -> what went wrong there (an error's type and message, or how it was lost).
+    """
+
+    def __init__(self, message: str, *, ranks: Iterable[int] = (), causes: Mapping[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.ranks: list[int] = sorted(set(ranks))
+        self.causes: dict[int, str] = dict(causes or {})
 
 
 class RankLostError(DistributedError, TimeoutError):

@@ -1,185 +1,79 @@
-"""Snapshot handles, including the TorchSnapshot-compatible ``Snapshot(path=...)`` surface.
+"""Snapshot handles: restore a committed snapshot, read single objects, inspect its manifest.
 
-Two flavours of the same handle, told apart by :attr:`Snapshot.ranked_paths`:
-
-* **TorchSnapshot flavour** (``ranked_paths`` True): made by ``Snapshot(path=...)``,
-  ``Snapshot.take(path=...)`` or ``Snapshot.async_take(path=...)``. ``read_object`` and
-  ``get_manifest`` use TorchSnapshot's logical paths ``<rank>/<key>`` (``0/model/weight``;
-  see :mod:`ckstore.engine.logical`).
-* **ckstore flavour** (``ranked_paths`` False): made by ``store.take``, ``store.get`` and
-  ``store.log``. ``read_object`` and ``get_manifest`` use plain keys (``model/weight``).
-
-``snap.with_ranked_paths(flag)`` gives the same snapshot in the other flavour. Everything else
-(restore, stats, refs) is the same in both.
+:class:`StoredSnapshot` is what ``store.take``, ``store.get`` and ``store.log`` return; it
+names entries by their plain keys (``model/weight``). TorchSnapshot's ``Snapshot``, which names
+them ``<rank>/<key>`` and is made from a path, is the thin adapter in
+:mod:`ckstore.torchsnapshot`. :class:`PendingSnapshot` is a take finishing in the background,
+for both.
 """
 
 from __future__ import annotations
 
-import copy
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from . import _takes
-from ._locate import locate, locate_all_ranks, resolve
 from .distributed import is_distributed
-from .engine.logical import ranked_manifest, split_rank
-from .engine.repository import Repository, SnapshotView
+from .engine.repository import SnapshotFields, SnapshotView
 from .errors import InvalidInputError
 from .format.limits import check_int, check_number
 from .format.manifest import Entry, Manifest
 from .index import SnapshotRecord
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
     from .interop import ExportReport
 
 
-class Snapshot(SnapshotView):
-    """One committed snapshot: restore it, read single objects, inspect its manifest.
+class StoredSnapshot(SnapshotFields):
+    """One committed snapshot of a store: restore it, read single objects, inspect its manifest.
 
-    Obtain one from ``store.take`` / ``store.get``, or TorchSnapshot-style with
-    ``Snapshot(path=...)`` / ``Snapshot.take(path=..., app_state=...)``. A path inside an
-    existing local store (a parent directory holding ``ckstore.json``) names a snapshot of that
-    store, so siblings dedup against each other; any other path becomes a store of its own.
-    ``fs://`` paths (TorchSnapshot's file-system prefix) are local paths.
-
-    ``Snapshot(path)`` is lazy, as in TorchSnapshot: nothing is opened until the snapshot is
-    first used (then a missing one raises SnapshotNotFoundError), so a handle made before the
-    take at ``path`` works once it is taken. ``pg`` is the process group used by
-    :meth:`restore` (default: every rank).
+    Made by the store (``store.take``, ``store.get``, ``store.log``); entries are named by
+    their plain keys (``"model/weight"``). ``ckstore.Snapshot.of(snap)`` gives the same
+    snapshot as TorchSnapshot's ``Snapshot``, whose paths are ``<rank>/<key>``.
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        pg: Any = None,
-        storage_options: dict[str, Any] | None = None,
-        *,
-        index: str | None = None,
-    ) -> None:
-        self.path = os.fspath(path)
-        self.pg = pg
-        self.ranked_paths = True
-        self._where: tuple[str, dict[str, Any] | None, str | None] | None = (self.path, storage_options, index)
-        self._store: Repository | None = None
-        self._record: SnapshotRecord | None = None
-        self._manifest = None
+    ranked_paths = False
+    """Whether :meth:`read_object` and :meth:`get_manifest` use TorchSnapshot's ``<rank>/<key>``
+    paths (only :class:`ckstore.Snapshot` does)."""
+    pg: ProcessGroup | None = None
+    """The process group :meth:`restore` uses by default (None: every rank)."""
 
-    @classmethod
-    def _bind(
-        cls,
-        store: Repository,
-        record: SnapshotRecord,
-        manifest: Manifest | None = None,
-        *,
-        path: str | None = None,
-        pg: Any = None,
-        ranked_paths: bool = False,
-    ) -> Snapshot:
-        """A handle on a committed record (what ``Store.take`` / ``Store.get`` return)."""
-        snap = cls.__new__(cls)
-        snap._where = None
-        SnapshotView.__init__(snap, store, record, manifest)
-        snap.path = path if path is not None else store.url
-        snap.pg = pg
-        snap.ranked_paths = ranked_paths
-        return snap
+    _bound_view: SnapshotView | None
 
-    # --- lazy resolution ------------------------------------------------------------------
+    def __init__(self, view: SnapshotView) -> None:
+        self._bound_view = view
+
+    def _view(self) -> SnapshotView:
+        """The engine's view of this snapshot (a subclass may resolve it on first use)."""
+        assert self._bound_view is not None
+        return self._bound_view
+
     @property
-    def store(self) -> Repository:
-        self._resolve()
-        assert self._store is not None
-        return self._store
+    def view(self) -> SnapshotView:
+        """The plumbing under the handle: the snapshot's record and manifest bound to its
+        repository, with a verifying chunk reader (for maintenance tools and tests; the
+        methods here are what users call)."""
+        return self._view()
 
-    @store.setter
-    def store(self, value: Repository) -> None:
-        self._store = value
-
+    # --- what it is ------------------------------------------------------------------------
     @property
     def record(self) -> SnapshotRecord:
-        self._resolve()
-        assert self._record is not None
-        return self._record
+        """The index row: id, run, step, parent, time, metadata, sizes."""
+        return self._view().record
 
-    @record.setter
-    def record(self, value: SnapshotRecord) -> None:
-        self._record = value
+    @property
+    def manifest(self) -> Manifest:
+        """The parsed manifest (read from the store on first use, validated)."""
+        return self._view().manifest
 
-    def _resolve(self) -> None:
-        if self._record is not None or self._where is None:
-            return
-        path, storage_options, index = self._where
-        repo, name = locate(path, storage_options, index, create=False)
-        try:
-            self._record = resolve(repo, name)
-        except BaseException:
-            repo.close()
-            raise
-        self._store = repo
-
-    def with_ranked_paths(self, ranked: bool = True) -> Snapshot:
-        """This snapshot in the TorchSnapshot flavour (``<rank>/<key>``) or the plain one."""
-        other = copy.copy(self)
-        other.ranked_paths = ranked
-        return other
-
-    # --- TorchSnapshot-compatible constructors --------------------------------------------
-    @classmethod
-    def take(
-        cls,
-        path: str | os.PathLike[str],
-        app_state: Mapping[str, Any],
-        pg: Any = None,
-        replicated: Any = None,
-        storage_options: dict[str, Any] | None = None,
-        *,
-        index: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        dist_timeout: float | None = None,
-    ) -> Snapshot:
-        """Take a snapshot of ``app_state`` at ``path`` (see the class docstring).
-
-        Distributed: call on every rank of ``pg`` (default: every rank); ranks outside it are
-        free to do anything else meanwhile. ``replicated`` (key globs, e.g. ``["optim/**"]``)
-        marks plain tensors that are the same on every rank: written once, the work spread
-        over the ranks; DDP modules are replicated without it. ``dist_timeout`` as in
-        :meth:`Store.take`.
-
-        Raises:
-            UnsupportedValueError: an app_state value has no ``state_dict()`` (a TypeError).
-        """
-        from .engine.stateful import check_app_state
-
-        check_app_state(app_state)
-        repo, name = locate_all_ranks(os.fspath(path), storage_options, index, pg, dist_timeout)
-        args = _takes.TakeArgs.of("default", None, (), metadata, name, replicated or ())
-        record, manifest = _takes.take(repo, app_state, args, pg, dist_timeout)
-        return cls._bind(repo, record, manifest, path=os.fspath(path), pg=pg, ranked_paths=True)
-
-    @classmethod
-    def async_take(
-        cls,
-        path: str | os.PathLike[str],
-        app_state: Mapping[str, Any],
-        pg: Any = None,
-        replicated: Any = None,
-        storage_options: dict[str, Any] | None = None,
-        *,
-        index: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        dist_timeout: float | None = None,
-    ) -> PendingSnapshot:
-        """Like :meth:`take` (same ``pg`` and ``replicated``), returning once the state is staged."""
-        from .engine.stateful import check_app_state
-
-        check_app_state(app_state)
-        repo, name = locate_all_ranks(os.fspath(path), storage_options, index, pg, dist_timeout)
-        args = _takes.TakeArgs.of("default", None, (), metadata, name, replicated or ())
-        job = _takes.async_take(repo, app_state, args, pg, dist_timeout, None)
-        return PendingSnapshot.of(repo, job, path=os.fspath(path), pg=pg, ranked_paths=True)
+    @property
+    def path(self) -> str:
+        """Where the snapshot lives: its store's URL (TorchSnapshot's path for ``Snapshot``)."""
+        return self._view().store.url
 
     # --- reading ---------------------------------------------------------------------------
     def restore(
@@ -188,7 +82,7 @@ class Snapshot(SnapshotView):
         strict: bool = True,
         *,
         memory_budget: int | None = None,
-        pg: Any = None,
+        pg: ProcessGroup | None = None,
         dist_timeout: float | None = None,
         replicated_read: str | None = None,
         atomic: bool = True,
@@ -235,8 +129,9 @@ class Snapshot(SnapshotView):
             DistributedError: a rank failed (distributed restore; names ranks and causes);
                 RankLostError when a rank never answered within ``dist_timeout``.
         """
-        from .distributed._restore import replicated_mode
-        from .engine.restore import check_app_state
+        from .distributed.restore import replicated_mode
+        from .engine.dcp_keys import dcp_overlay, is_dcp_manifest
+        from .engine.restore import check_app_state, restore
 
         check_app_state(app_state, restoring=True)
         mode = replicated_mode(replicated_read)
@@ -244,50 +139,59 @@ class Snapshot(SnapshotView):
             check_int("memory_budget", memory_budget)
         if dist_timeout is not None:
             check_number("dist_timeout", dist_timeout, lo_open=True)
-        budget = self.store.memory_budget if memory_budget is None else memory_budget
-        from .engine.dcp_keys import dcp_overlay, is_dcp_manifest
-        from .engine.restore import restore
-
-        reader = self.reader()
+        view = self._view()
+        budget = view.store.memory_budget if memory_budget is None else memory_budget
+        reader = view.reader()
         if is_dcp_manifest(reader.manifest):
             reader = replace(reader, manifest=dcp_overlay(reader.manifest, app_state, strict))
         if is_distributed():
-            from .distributed._restore import restore as dist_restore
+            from .distributed.restore import restore as dist_restore
 
-            dist_restore(
-                reader,
-                app_state,
-                strict=strict,
-                pg=pg if pg is not None else self.pg,
-                timeout=dist_timeout,
-                budget=budget,
-                replicated_read=mode,
-                atomic=atomic,
-            )
+            dist_restore(reader, app_state, strict=strict, pg=pg if pg is not None else self.pg,
+                         timeout=dist_timeout, budget=budget, replicated_read=mode, atomic=atomic)
             return
         restore(reader, app_state, strict=strict, budget=budget, atomic=atomic)
 
-    def read_object(
-        self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None
-    ) -> Any:
+    def read_object(self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None) -> Any:
         """Read one entry (or a subtree such as ``"optim"``) without reading anything else.
 
-        ``path`` is a logical path of :meth:`get_manifest`: ``"0/model/weight"`` in the
-        TorchSnapshot flavour (rank ``r``'s value of a per-rank entry for ``"r/..."``), a
-        plain key ``"model/weight"`` in the ckstore flavour (a per-rank entry comes back as a
-        list with one value per rank). A tensor comes back as a new CPU tensor, or is copied
-        into ``obj_out`` if given (and returned).
+        ``path`` is a plain key of :meth:`get_manifest` (``"model/weight"``); a per-rank entry
+        comes back as a list with one value per rank. A tensor comes back as a new CPU tensor,
+        or is copied into ``obj_out`` if given (and returned).
 
         Raises:
             KeyNotFoundError: no such path (the message suggests near matches).
         """
         from .engine.read import read_object
 
-        reader = self.reader()
-        if self.ranked_paths:
-            rank, path = split_rank(path, f"snapshot {self.ref}")
-            reader = replace(reader, rank=rank)
-        return read_object(reader, path, obj_out)
+        return read_object(self._view().reader(), path, obj_out)
+
+    def get_manifest(self) -> dict[str, Entry]:
+        """Every leaf's key -> its entry (``kind``, ``dtype``, ``shape``, ``nbytes``); a per-rank
+        entry is one entry of kind ``"per_rank"``."""
+        return dict(self.manifest.entries)
+
+    def get_state_dict_for_key(self, key: str, replicate_from_rank0: bool = False) -> Any:
+        """The state dict stored for app_state name ``key``, without loading it anywhere.
+
+        Under torch.distributed each rank gets its own per-rank values (rank within this
+        handle's ``pg``); with ``replicate_from_rank0`` every rank gets rank 0's. A rank beyond
+        the take's world size gets the shared values only (per-rank ones are left out). Reads
+        only ``key``'s entries; no collective.
+
+        Raises:
+            KeyNotFoundError: the snapshot has no app_state name ``key``.
+        """
+        rank = 0
+        if not replicate_from_rank0 and is_distributed():
+            import torch.distributed as dist
+
+            rank = dist.get_rank(self.pg) if self.pg is not None else dist.get_rank()
+            if rank < 0:
+                raise InvalidInputError("this rank is not a member of the snapshot handle's pg")
+        from .engine.read import read_state
+
+        return read_state(replace(self._view().reader(), rank=rank), key)
 
     def export(
         self,
@@ -333,48 +237,13 @@ class Snapshot(SnapshotView):
 
         globs = [keys] if isinstance(keys, str) else keys
         return export_snapshot(
-            self, path, format=format, keys=globs, force=force,
+            self._view(), path, format=format, keys=globs, force=force,
             shard_bytes=DEFAULT_SHARD_BYTES if shard_bytes is None else shard_bytes,
             memory_budget=memory_budget,
         )  # fmt: skip
 
-    def get_manifest(self) -> dict[str, Entry]:
-        """Every leaf's logical path -> its entry (``kind``, ``dtype``, ``shape``, ``nbytes``).
-
-        TorchSnapshot flavour: ``<rank>/<key>`` paths (shared entries under ``0/``, per-rank
-        ones under each rank); ckstore flavour: plain keys, a per-rank entry as one entry of
-        kind ``"per_rank"``.
-        """
-        if self.ranked_paths:
-            return ranked_manifest(self.manifest)
-        return dict(self.manifest.entries)
-
-    def get_state_dict_for_key(self, key: str, replicate_from_rank0: bool = False) -> Any:
-        """The state dict stored for app_state name ``key``, without loading it anywhere.
-
-        Under torch.distributed each rank gets its own per-rank values (rank within this
-        handle's ``pg``); with ``replicate_from_rank0`` every rank gets rank 0's. A rank beyond
-        the take's world size gets the shared values only (per-rank ones are left out). Reads
-        only ``key``'s entries; no collective.
-
-        Raises:
-            KeyNotFoundError: the snapshot has no app_state name ``key``.
-        """
-        rank = 0
-        if not replicate_from_rank0 and is_distributed():
-            import torch.distributed as dist
-
-            rank = dist.get_rank(self.pg) if self.pg is not None else dist.get_rank()
-            if rank < 0:
-                raise InvalidInputError("this rank is not a member of the snapshot handle's pg")
-        from .engine.read import read_state
-
-        return read_state(replace(self.reader(), rank=rank), key)
-
     def __repr__(self) -> str:
-        if self._record is None and self._where is not None:
-            return f"Snapshot(path={self.path!r}, not opened yet)"
-        return f"Snapshot({self.ref}, store={self.store.url!r})"
+        return f"Snapshot({self.ref}, store={self._view().store.url!r})"
 
 
 class PendingSnapshot:
@@ -384,35 +253,32 @@ class PendingSnapshot:
     past the staging budget, stored before ``async_take`` returned.
     """
 
-    def __init__(
-        self, future: Future[Snapshot], staged_bytes: int = 0, sync_bytes: int = 0
-    ) -> None:
+    def __init__(self, future: Future[Any], staged_bytes: int = 0, sync_bytes: int = 0) -> None:
         self._future = future
         self.staged_bytes = staged_bytes
         self.sync_bytes = sync_bytes
 
     @classmethod
-    def of(
-        cls, repo: Repository, job: _takes.Background, *, path: str | None = None, pg: Any = None, ranked_paths: bool = False
-    ) -> PendingSnapshot:
-        """Wrap a background take: its result becomes a Snapshot of ``repo``."""
-        future: Future[Snapshot] = Future()
+    def of(cls, job: Future[tuple[SnapshotRecord, Manifest | None]], handle: Callable[[SnapshotRecord, Manifest | None], Any],
+           staged_bytes: int = 0, sync_bytes: int = 0) -> PendingSnapshot:
+        """A background take whose committed ``(record, manifest)`` becomes ``handle(...)``."""
+        future: Future[Any] = Future()
 
-        def bind(done: Future[_takes.Committed]) -> None:
+        def bind(done: Future[tuple[SnapshotRecord, Manifest | None]]) -> None:
             exc = done.exception()
             if exc is not None:
                 future.set_exception(exc)
             else:
-                record, manifest = done.result()
-                future.set_result(Snapshot._bind(repo, record, manifest, path=path, pg=pg, ranked_paths=ranked_paths))
+                future.set_result(handle(*done.result()))
 
-        job.future.add_done_callback(bind)
-        return cls(future, staged_bytes=job.staged_bytes, sync_bytes=job.sync_bytes)
+        job.add_done_callback(bind)
+        return cls(future, staged_bytes=staged_bytes, sync_bytes=sync_bytes)
 
     def done(self) -> bool:
         """True once the snapshot committed or failed."""
         return self._future.done()
 
-    def wait(self, timeout: float | None = None) -> Snapshot:
-        """Block until committed; return the Snapshot or raise the take's error."""
-        return self._future.result(timeout)
+    def wait(self, timeout: float | None = None) -> StoredSnapshot:
+        """Block until committed; return the snapshot or raise the take's error."""
+        result: StoredSnapshot = self._future.result(timeout)
+        return result

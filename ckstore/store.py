@@ -1,14 +1,18 @@
-"""The store: an object backend plus an SQL index, and the verbs users call on it."""
+"""The store: what users open and call verbs on. It holds a repository (objects, index, config)
+and hands out snapshot handles."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _takes
-from .engine.repository import Repository, open_repository
+from .engine.config import StoreConfig
+from .engine.repository import Repository, SnapshotView, open_repository
+from .engine.spec import TakeSpec
 from .errors import ConflictError, InvalidInputError, NotFoundError
+from .format.manifest import Manifest
 from .history.check import CheckReport
 from .history.check import check as history_check
 from .history.diff import DiffResult
@@ -17,17 +21,74 @@ from .history.gc import DEFAULT_GRACE_SECONDS, DEFAULT_REPACK_BELOW, GCReport
 from .history.gc import gc as history_gc
 from .history.reindex import ReindexReport
 from .history.reindex import reindex as history_reindex
-from .snapshot import PendingSnapshot, Snapshot
+from .index import SnapshotRecord
+from .snapshot import PendingSnapshot, StoredSnapshot
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+T = TypeVar("T")
 
 
-class Store(Repository):
+class _Knob(Generic[T]):
+    """A knob of this process's repository, read and set through the store."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, store: Store | None, owner: type) -> T:
+        assert store is not None, "a knob of an open store"
+        value: T = getattr(store.repository, self.name)
+        return value
+
+    def __set__(self, store: Store, value: T) -> None:
+        setattr(store.repository, self.name, value)
+
+
+class Store:
     """A content-addressed checkpoint store. Build one with :func:`ckstore.open`.
 
     Thread-safe for concurrent takes and reads from one process; many processes and hosts may
-    share a store (the index serialises commits). The knobs of :class:`Repository`
-    (``threads``, ``io_threads``, ``memory_budget``, ``staging_budget``, ``lease_seconds``)
-    may be set on an open store.
+    share a store (the index serialises commits). The knobs ``threads``, ``io_threads``,
+    ``memory_budget``, ``staging_budget``, ``lease_seconds``, ``delta_base`` and
+    ``delta_depth`` (see :class:`~ckstore.engine.repository.Repository`) may be set on an
+    open store; they affect this process only.
     """
+
+    threads: _Knob[int] = _Knob()
+    io_threads: _Knob[int] = _Knob()
+    memory_budget: _Knob[int | None] = _Knob()
+    staging_budget: _Knob[int] = _Knob()
+    lease_seconds: _Knob[float] = _Knob()
+    delta_base: _Knob[str | None] = _Knob()
+    delta_depth: _Knob[int] = _Knob()
+
+    def __init__(self, repository: Repository) -> None:
+        self._repo = repository
+
+    @property
+    def repository(self) -> Repository:
+        """The plumbing under the store: object store, index, config and knobs (for
+        maintenance tools and tests; the verbs here are what users call)."""
+        return self._repo
+
+    @property
+    def url(self) -> str:
+        """The store's URL (an absolute path for a local store)."""
+        return self._repo.url
+
+    @property
+    def config(self) -> StoreConfig:
+        """The store's own config: format version, features, chunk and pack sizes."""
+        return self._repo.config
+
+    @property
+    def opened_with(self) -> dict[str, Any]:
+        """How it was opened (index URL as given, storage options), to reopen it elsewhere."""
+        return self._repo.opened_with
+
+    def _handle(self, record: SnapshotRecord, manifest: Manifest | None = None) -> StoredSnapshot:
+        return StoredSnapshot(SnapshotView(self._repo, record, manifest))
 
     # --- writing -------------------------------------------------------------------------
     def take(
@@ -40,10 +101,11 @@ class Store(Repository):
         *,
         name: str | None = None,
         replicated: Sequence[str] = (),
-        pg: Any = None,
+        pg: ProcessGroup | None = None,
         dist_timeout: float | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
-    ) -> Snapshot:
+        no_dist: bool = False,
+    ) -> StoredSnapshot:
         """Snapshot ``app_state`` (names -> objects with ``state_dict()``) into ``run``.
 
         Only chunks the store lacks are written; the snapshot becomes visible atomically when
@@ -67,16 +129,19 @@ class Store(Repository):
         Chains are kept within ``delta_depth`` links; reads and restores are unchanged.
         Single-process takes only.
 
+        ``no_dist=True`` takes in this process alone even under torch.distributed (no
+        collectives), for code that runs on one rank by design, such as a trainer's checkpoint
+        hook called on rank 0 only.
+
         Raises:
             InvalidInputError / UnsupportedValueError: app_state holds something unstorable
                 (the message names the key).
             LeaseExpiredError: the take stalled past its lease; nothing was committed.
         """
-        args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated,
-                                  _takes.delta_base_of(self, delta_base))
-        _takes.check_budgets(dist_timeout, None)
-        record, manifest = _takes.take(self, app_state, args, pg, dist_timeout)
-        return Snapshot._bind(self, record, manifest)
+        spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, replicated=replicated,
+                           delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
+                           dist_timeout=dist_timeout, no_dist=no_dist)
+        return self._handle(*_takes.take(self._repo, app_state, spec, pg))
 
     def async_take(
         self,
@@ -88,10 +153,11 @@ class Store(Repository):
         *,
         name: str | None = None,
         replicated: Sequence[str] = (),
-        pg: Any = None,
+        pg: ProcessGroup | None = None,
         dist_timeout: float | None = None,
         staging_budget: int | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
+        no_dist: bool = False,
     ) -> PendingSnapshot:
         """Stage a copy of ``app_state`` now, then hash, write and commit in the background.
 
@@ -102,14 +168,13 @@ class Store(Repository):
         ``wait()`` returns the Snapshot or raises.
         Distributed: call on every rank; the ranks' background takes commit together and
         every rank's ``wait()`` returns the same Snapshot or raises DistributedError.
-        ``delta_base`` as for :meth:`take`.
+        ``delta_base`` and ``no_dist`` as for :meth:`take`.
         """
-        args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated,
-                                  _takes.delta_base_of(self, delta_base))
-        _takes.check_budgets(dist_timeout, staging_budget)
-        return PendingSnapshot.of(
-            self, _takes.async_take(self, app_state, args, pg, dist_timeout, staging_budget)
-        )
+        spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, replicated=replicated,
+                           delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
+                           dist_timeout=dist_timeout, staging_budget=staging_budget, no_dist=no_dist)
+        job = _takes.take_async(self._repo, app_state, spec, pg)
+        return PendingSnapshot.of(job.future, self._handle, job.staged_bytes, job.sync_bytes)
 
     def import_checkpoint(
         self,
@@ -122,7 +187,7 @@ class Store(Repository):
         format: str | None = None,  # noqa: A002 - the option users type
         name: str | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
-    ) -> Snapshot:
+    ) -> StoredSnapshot:
         """Take an existing checkpoint (file or folder) into ``run`` as one snapshot.
 
         ``format`` (default: detected) is one of:
@@ -152,45 +217,43 @@ class Store(Repository):
             InvalidInputError: the path is not a readable checkpoint of the format.
             NotFoundError: nothing at ``path``.
         """
-        from .interop import import_checkpoint
+        from .interop import load_checkpoint
 
-        args = _takes.TakeArgs.of(run, step, tags, metadata, name, (), _takes.delta_base_of(self, delta_base))
-        record, manifest = import_checkpoint(
-            self, path, run=args.run, step=args.step, tags=args.tags,
-            metadata=dict(args.metadata or {}), name=args.name, format=format,
-            delta_base=args.delta_base,
-        )  # fmt: skip
-        return Snapshot._bind(self, record, manifest)
+        spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name,
+                           delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist=True), no_dist=True)
+        with load_checkpoint(self._repo, path, format) as loaded:
+            spec = spec.evolve(metadata={**loaded.metadata, **spec.metadata})
+            return self._handle(*_takes.take(self._repo, loaded.apps, spec))
 
     # --- reading -------------------------------------------------------------------------
-    def get(self, ref: str) -> Snapshot:
+    def get(self, ref: str) -> StoredSnapshot:
         """Resolve "run" (latest), "run@step", a tag, a snapshot name or an id prefix."""
-        return Snapshot._bind(self, self.index.resolve(ref))
+        return self._handle(self._repo.index.resolve(ref))
 
-    def log(self, run: str | None = None, limit: int | None = None) -> list[Snapshot]:
+    def log(self, run: str | None = None, limit: int | None = None) -> list[StoredSnapshot]:
         """Snapshots newest first, of one run or of all."""
-        return [Snapshot._bind(self, r) for r in self.index.list_snapshots(run=run, limit=limit)]
+        return [self._handle(r) for r in self._repo.index.list_snapshots(run=run, limit=limit)]
 
     def runs(self) -> list[str]:
         """Every run name, sorted."""
-        return self.index.list_runs()
+        return self._repo.index.list_runs()
 
     # --- refs ----------------------------------------------------------------------------
-    def tag(self, ref: str, name: str, force: bool = False) -> Snapshot:
+    def tag(self, ref: str, name: str, force: bool = False) -> StoredSnapshot:
         """Point tag ``name`` at ``ref``; moving an existing tag needs ``force=True``."""
         snap = self.get(ref)
-        self.index.set_tag(name, snap.id, force=force)
+        self._repo.index.set_tag(name, snap.id, force=force)
         return snap
 
     def untag(self, name: str) -> None:
         """Remove tag ``name`` (the snapshot stays)."""
-        if self.index.get_tag(name) is None:
+        if self._repo.index.get_tag(name) is None:
             raise NotFoundError(f"no tag {name!r} in store {self.url}")
-        self.index.delete_tag(name)
+        self._repo.index.delete_tag(name)
 
     def tags(self) -> dict[str, str]:
         """Tag name -> snapshot id."""
-        return {t.name: t.snapshot_id for t in self.index.list_tags()}
+        return {t.name: t.snapshot_id for t in self._repo.index.list_tags()}
 
     def delete(self, ref: str, *, force: bool = False) -> None:
         """Forget one snapshot; its bytes are reclaimed by ``gc``.
@@ -203,9 +266,9 @@ class Store(Repository):
         """
         snap = self.get(ref)
         try:
-            self.index.delete_snapshot(snap.id, refuse_tagged=not force)
+            self._repo.index.delete_snapshot(snap.id, refuse_tagged=not force)
         except ConflictError as exc:
-            tags = sorted(t.name for t in self.index.list_tags(snap.id))
+            tags = sorted(t.name for t in self._repo.index.list_tags(snap.id))
             raise ConflictError(
                 f"snapshot {snap.ref} is tagged {', '.join(tags) or '(tags moved meanwhile)'}: "
                 "untag it first (store.untag(name)), or pass force=True to delete it and its tags"
@@ -223,7 +286,7 @@ class Store(Repository):
             SnapshotNotFoundError: ``a`` or ``b`` names nothing.
             CorruptionError: a manifest or (with ``numeric``) a chunk read is damaged.
         """
-        return history_diff(self, a, b, numeric=numeric)
+        return history_diff(self._repo, a, b, numeric=numeric)
 
     def gc(
         self,
@@ -260,7 +323,7 @@ class Store(Repository):
         if isinstance(runs, str):
             raise InvalidInputError(f"gc: runs must be a list of run names, got the string {runs!r}")
         return history_gc(
-            self,
+            self._repo,
             keep_last=keep_last,
             keep_every_steps=keep_every_steps,
             keep_tagged=keep_tagged,
@@ -287,11 +350,24 @@ class Store(Repository):
         Raises:
             InvalidInputError: ``read_data`` is not a bool or a number in [0, 1].
         """
-        return history_check(self, read_data=read_data, progress=progress)
+        return history_check(self._repo, read_data=read_data, progress=progress)
 
     def reindex(self) -> ReindexReport:
         """Rebuild this store's empty index from its packs and manifests (I5)."""
-        return history_reindex(self)
+        return history_reindex(self._repo)
+
+    def close(self) -> None:
+        """Close the index connections and the object backend."""
+        self._repo.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ckstore.Store({self.url!r})"
 
 
 def open(  # noqa: A001 - the public verb is ckstore.open
@@ -327,7 +403,7 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         NotFoundError: no store at ``url`` and ``create`` is False.
         SchemaError: the store or index was written by another format version.
     """
-    store = open_repository(
+    repo: Repository = open_repository(
         url,
         index=index,
         storage_options=storage_options,
@@ -336,13 +412,12 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         pack_bytes=pack_bytes,
         inline_bytes=inline_bytes,
         create_index=create_index,
-        cls=Store,
     )
     try:
-        store.delta_base = delta_base
+        repo.delta_base = delta_base
         if delta_depth is not None:
-            store.delta_depth = delta_depth
+            repo.delta_depth = delta_depth
     except BaseException:
-        store.close()
+        repo.close()
         raise
-    return store
+    return Store(repo)

@@ -67,14 +67,14 @@ def gc_loop(url: str, index: str, seconds: float) -> int:
 
 def pause_after_pinning(url: str, index: str) -> int:
     store = open_store(url, index)
-    real = store.index.lookup_chunks
+    real = store.repository.index.lookup_chunks
 
     def lookup_then_stop(session_id, ids):
         found = real(session_id, ids)
         os.kill(os.getpid(), signal.SIGSTOP)
         return found
 
-    store.index.lookup_chunks = lookup_then_stop  # type: ignore[method-assign]
+    store.repository.index.lookup_chunks = lookup_then_stop  # type: ignore[method-assign]
     try:
         store.take({"s": ckstore.StateDict(state_for(1))}, run="paused", step=1)
     except ckstore.LeaseExpiredError as exc:

@@ -122,7 +122,7 @@ def _preimport() -> None:
     import importlib
 
     for name in ("torch.distributed.tensor", "torch.distributed.device_mesh", "torch._dynamo", "s3fs", "sqlalchemy",
-                 "sqlalchemy.dialects.postgresql.psycopg", "psycopg", "ckstore.distributed._take", "ckstore.distributed._restore"):
+                 "sqlalchemy.dialects.postgresql.psycopg", "psycopg", "ckstore.distributed.take", "ckstore.distributed.restore"):
         importlib.import_module(name)
 
 

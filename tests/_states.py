@@ -66,5 +66,5 @@ def forget_payload_digests(store: object) -> None:
     digest recorded), as in a migrated or reindexed store: readers then verify by decoding."""
     from sqlalchemy import text
 
-    with store.index._engine.begin() as conn:  # type: ignore[attr-defined]
+    with store.repository.index._engine.begin() as conn:  # type: ignore[attr-defined]
         conn.execute(text("UPDATE chunks SET payload_digest = NULL"))

@@ -8,7 +8,7 @@ import ckstore
 
 
 def _pack_bytes(store) -> int:
-    return sum(store.objects.pack_size(p) for p in store.objects.list_packs())
+    return sum(store.repository.objects.pack_size(p) for p in store.repository.objects.list_packs())
 
 
 def _state():

@@ -27,7 +27,7 @@ def _template(tmp_path_factory):
     s = ckstore.open(path, chunk_bytes=1024, pack_bytes=64 << 10, inline_bytes=64)
     for step in range(10):
         s.take({"m": ckstore.StateDict(w=torch.arange(1024.0) + 1024 * step)}, run="r", step=step)
-    assert len(s.objects.list_packs()) == 10
+    assert len(s.repository.objects.list_packs()) == 10
     s.close()
     return path
 
@@ -53,7 +53,7 @@ def _flip(path: Path, at: int) -> None:
 
 
 def test_a_flipped_byte_in_the_header_nonce_is_reported(ten_packs):
-    pack_id = ten_packs.objects.list_packs()[3]
+    pack_id = ten_packs.repository.objects.list_packs()[3]
     nonce_at = packfmt.HEADER.size - 16  # the last 16 header bytes are the writer nonce
     _flip(_pack_file(ten_packs, pack_id), nonce_at + 5)
     for read_data in (True, False):  # the structure pass reads the header too
@@ -66,7 +66,7 @@ def test_a_flipped_byte_in_the_header_nonce_is_reported(ten_packs):
 
 def test_read_data_reads_every_pack_whole(ten_packs):
     report = ten_packs.check(read_data=True)
-    sizes = [ten_packs.objects.pack_size(p) for p in ten_packs.objects.list_packs()]
+    sizes = [ten_packs.repository.objects.pack_size(p) for p in ten_packs.repository.objects.list_packs()]
     assert report.ok and report.packs_read == report.packs == 10
     assert report.bytes_read == sum(sizes)
     assert report.chunks_read == report.chunks == 40
@@ -81,7 +81,7 @@ def test_a_fraction_reads_that_share_of_the_packs_and_at_least_one(ten_packs, fr
 
 
 def test_a_fraction_finds_damage_in_the_packs_it_reads(ten_packs):
-    for pack_id in ten_packs.objects.list_packs():  # damage one payload byte of every pack
+    for pack_id in ten_packs.repository.objects.list_packs():  # damage one payload byte of every pack
         _flip(_pack_file(ten_packs, pack_id), packfmt.HEADER.size + 3)
     report = ten_packs.check(read_data=0.1)
     assert report.packs_read == 1 and not report.ok

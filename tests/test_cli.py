@@ -175,9 +175,9 @@ def _check_du_against_index(path: Path, runs: dict, total: dict) -> None:
     with ckstore.open(path, create=False) as store:
         chunks: dict[str, set[str]] = {}
         for snap in store.log():
-            chunks.setdefault(snap.run, set()).update(store.index.snapshot_chunk_ids(snap.id))
+            chunks.setdefault(snap.run, set()).update(store.repository.index.snapshot_chunk_ids(snap.id))
         everything = set().union(*chunks.values())
-        locs = store.index.chunk_locations(everything)
+        locs = store.repository.index.chunk_locations(everything)
     for run, ids in chunks.items():
         assert runs[run]["stored_bytes"] == sum(locs[i].length for i in ids)
         assert runs[run]["dedup_ratio"] == pytest.approx(

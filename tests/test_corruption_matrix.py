@@ -51,8 +51,8 @@ def template(tmp_path_factory) -> Path:
 def store(template, tmp_path) -> Iterator[ckstore.Store]:
     shutil.copytree(template, tmp_path / "store")
     s = ckstore.open(tmp_path / "store", create=False)
-    (pack_id,) = s.objects.list_packs()
-    codecs = {loc.codec for loc in objects.read_pack_index(s.objects.backend, pack_id)}
+    (pack_id,) = s.repository.objects.list_packs()
+    codecs = {loc.codec for loc in objects.read_pack_index(s.repository.objects.backend, pack_id)}
     assert codecs == {"none", "zstd", "bytegroup-zstd"}, codecs
     assert s.check(read_data=True).ok
     yield s
@@ -102,8 +102,8 @@ def _flip(at: int):
 
 
 def _pack(store) -> tuple[Path, packfmt.PackIndex]:
-    (pack_id,) = store.objects.list_packs()
-    return Path(store.url) / objects.pack_name(pack_id), packfmt.load_pack_index(store.objects.backend, pack_id)
+    (pack_id,) = store.repository.objects.list_packs()
+    return Path(store.url) / objects.pack_name(pack_id), packfmt.load_pack_index(store.repository.objects.backend, pack_id)
 
 
 def _pack_offsets(idx: packfmt.PackIndex) -> Iterator[tuple[str, int]]:
@@ -145,7 +145,7 @@ def test_a_pack_cut_short_or_extended(store, change):
 
 
 def test_every_part_of_the_manifest(store):
-    (mid,) = store.objects.list_blobs("manifests")
+    (mid,) = store.repository.objects.list_blobs("manifests")
     path = Path(store.url) / objects.blob_name("manifests", mid)
     size = path.stat().st_size
     changes = {f"manifest byte {at}": _flip(at) for at in (0, 1, size // 3, size // 2, size - 2, size - 1)}
@@ -171,7 +171,7 @@ def _index_changed(store, *statements: str) -> Iterator[None]:
     try:
         yield
     finally:
-        store.index.close()
+        store.repository.index.close()
         for f in db.parent.glob("index.sqlite-*"):
             f.unlink()
         shutil.copy(backup, db)
@@ -223,6 +223,6 @@ def test_gc_never_deletes_a_pack_whose_row_was_lost(store):
     with _index_changed(store, "DELETE FROM packs"):
         reopened = ckstore.open(store.url, create=False)
         reopened.gc(grace_seconds=0)
-        assert reopened.objects.list_packs(), "gc took a pack that chunk rows still name for an orphan"
+        assert reopened.repository.objects.list_packs(), "gc took a pack that chunk rows still name for an orphan"
         assert torch.equal(reopened.get("r").read_object("m/ints"), EXPECTED["m/ints"])
         reopened.close()

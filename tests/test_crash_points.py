@@ -104,11 +104,11 @@ def _armed(point: tuple[str, str | None, int, str]):
 def _child(path: str, job: str, point) -> None:
     store = ckstore.open(path, create=False)
     arm = _armed(point)
-    store.objects._backend = _KillAt(store.objects.backend, arm)
+    store.repository.objects._backend = _KillAt(store.repository.objects.backend, arm)
     for name in ("add_pack", "commit_snapshot", "lookup_chunks", "delete_snapshot", "expire_sessions",
                  "prune_chunks", "relocate_chunks", "retire_packs", "delete_retired_packs"):
-        real = getattr(store.index, name)
-        setattr(store.index, name, lambda *a, _n=name, _r=real, **k: arm(f"index.{_n}", None, lambda: _r(*a, **k)))
+        real = getattr(store.repository.index, name)
+        setattr(store.repository.index, name, lambda *a, _n=name, _r=real, **k: arm(f"index.{_n}", None, lambda: _r(*a, **k)))
     real_link = os.link
     os.link = lambda *a, **k: arm("os.link", None, lambda: real_link(*a, **k))  # type: ignore[assignment]
     if job == "take":
@@ -155,7 +155,7 @@ def _assert_whole(path: Path, expect_new: bool | None) -> list[int]:
         _restores_all(store)
         report = store.check(read_data=True)
         assert report.ok, report.problems
-        store.index.expire_sessions(time.time() + 10 * store.lease_seconds)  # the dead take's lease
+        store.repository.index.expire_sessions(time.time() + 10 * store.lease_seconds)  # the dead take's lease
         store.gc(grace_seconds=0)
         after = store.check(read_data=True)
         assert after.ok and after.orphan_packs == [] and after.orphan_manifests == [], after
@@ -190,7 +190,7 @@ def gc_template(template, tmp_path_factory):
     # the second pack is durable but was never indexed: an orphan
     assert _run_killed(path, "take", ("backend.put", "packs/*", 2, "after")) == -signal.SIGKILL
     s = ckstore.open(path, create=False)
-    s.index.expire_sessions(time.time() + 10 * s.lease_seconds)  # its lease ran out
+    s.repository.index.expire_sessions(time.time() + 10 * s.lease_seconds)  # its lease ran out
     assert s.check().orphan_packs
     s.close()
     return path

@@ -9,7 +9,7 @@ from ckstore import objects
 
 
 def _pack_bytes(store) -> int:
-    return sum(store.objects.pack_size(p) for p in store.objects.list_packs())
+    return sum(store.repository.objects.pack_size(p) for p in store.repository.objects.list_packs())
 
 
 def test_second_take_of_unchanged_state_writes_no_chunk_bytes(store):
@@ -67,8 +67,8 @@ def test_read_object_reads_only_that_tensors_chunks(store_path):
     setup.close()
 
     store = ckstore.open(store_path)
-    counting = objects.CountingBackend(store.objects.backend)
-    store.objects = objects.ObjectStore(counting)
+    counting = objects.CountingBackend(store.repository.objects.backend)
+    store.repository.objects = objects.ObjectStore(counting)
     snap = store.get("r")
     _ = snap.manifest  # the manifest read is not tensor data
     counting.reset()

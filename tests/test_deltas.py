@@ -54,7 +54,7 @@ def _restores(store: ckstore.Store, snap_id: str, ref: dict[str, torch.Tensor]) 
 
 
 def _depths(store: ckstore.Store) -> list[int]:
-    return sorted(c.depth for c in store.index.all_chunks())
+    return sorted(c.depth for c in store.repository.index.all_chunks())
 
 
 # -- the codec ---------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_parent_deltas_restore_every_snapshot_and_stay_within_the_depth_limit(tm
             assert _restores(store, i, s)
         assert torch.equal(store.get(ids[-1]).read_object("m/w"), states[-1]["w"])
         assert store.check(read_data=True).ok
-        codecs = {c.codec for c in store.index.all_chunks()}
+        codecs = {c.codec for c in store.repository.index.all_chunks()}
         assert {objects.XOR_BYTEGROUP_ZSTD} <= codecs
     with ckstore.open(tmp_path / "whole", **KNOBS) as store:
         ids = _take_all(store, states)
@@ -142,7 +142,7 @@ def test_store_default_and_explicit_none(tmp_path: Path) -> None:
         _take_all(store, states[:2])
         assert max(_depths(store)) == 1
         store.take({"m": App(dict(states[2]))}, run="r", step=2, delta_base=None)
-        assert max(c.depth for c in store.index.all_chunks()) == 1  # the third is whole
+        assert max(c.depth for c in store.repository.index.all_chunks()) == 1  # the third is whole
         with pytest.raises(ckstore.InvalidInputError, match="delta_depth"):
             store.delta_depth = 99
         with pytest.raises(ckstore.InvalidInputError, match="delta_base"):
@@ -161,7 +161,7 @@ def test_fine_tune_against_a_tagged_base_model(tmp_path: Path) -> None:
         snap = store.take({"m": App(dict(tuned))}, run="ft", delta_base="base-model")
         assert snap.parent_id is None  # the base is a delta source, not the run's parent
         assert _restores(store, snap.id, tuned)
-        assert any(c.base_id for c in store.index.all_chunks())
+        assert any(c.base_id for c in store.repository.index.all_chunks())
 
 
 def test_gc_never_leaves_a_chain_unreadable(tmp_path: Path) -> None:
@@ -174,21 +174,21 @@ def test_gc_never_leaves_a_chain_unreadable(tmp_path: Path) -> None:
         for i, s in list(zip(ids, states))[-2:]:
             assert _restores(store, i, s)
         assert store.check(read_data=True).ok
-        kept = {c.chunk_id: c for c in store.index.all_chunks()}
+        kept = {c.chunk_id: c for c in store.repository.index.all_chunks()}
         assert all(c.base_id in kept for c in kept.values() if c.base_id)
         # once every snapshot is gone, gc removes every chunk, chains included (rounds of pruning)
         for s in store.log():
             store.delete(s.id, force=True)
         store.gc(grace_seconds=0)
-        assert list(store.index.all_chunks()) == []
-        assert store.objects.list_packs() == []
+        assert list(store.repository.index.all_chunks()) == []
+        assert store.repository.objects.list_packs() == []
 
 
 def test_check_and_restore_see_a_damaged_base(tmp_path: Path) -> None:
     states = _train(3)
     with ckstore.open(tmp_path / "s", **KNOBS) as store:
         ids = _take_all(store, states, delta_base="parent")
-        rows = list(store.index.all_chunks())
+        rows = list(store.repository.index.all_chunks())
         delta = next(c for c in rows if c.base_id)
         root = {c.chunk_id: c for c in rows}[delta.base_id]
         while root.base_id:
@@ -211,14 +211,14 @@ def test_reindex_rebuilds_delta_edges_and_depths(tmp_path: Path) -> None:
     path = tmp_path / "s"
     with ckstore.open(path, delta_depth=2, **KNOBS) as store:
         ids = _take_all(store, states, delta_base="parent")
-        before = {(c.chunk_id, c.base_id, c.depth) for c in store.index.all_chunks()}
+        before = {(c.chunk_id, c.base_id, c.depth) for c in store.repository.index.all_chunks()}
     for f in path.iterdir():
         if f.name.startswith("index.sqlite"):
             f.unlink()
     with ckstore.open(path) as store:
         report = store.reindex()
         assert report.snapshots == 5 and report.skipped == []
-        assert {(c.chunk_id, c.base_id, c.depth) for c in store.index.all_chunks()} == before
+        assert {(c.chunk_id, c.base_id, c.depth) for c in store.repository.index.all_chunks()} == before
         for i, s in zip(ids, states):
             assert _restores(store, i, s)
         assert store.check(read_data=True).ok
@@ -231,7 +231,7 @@ def test_du_and_diff_report_delta_savings(tmp_path: Path) -> None:
     with ckstore.open(tmp_path / "s", **KNOBS) as store:
         _take_all(store, states[:1], run="whole")
         a, b = _take_all(store, states, delta_base="parent")
-        rows = {r.run: r for r in du(store)}
+        rows = {r.run: r for r in du(store.repository)}
         usage, total = rows["r"], rows[None]
         assert usage.delta_chunks > 0 and 0 < usage.delta_bytes < usage.delta_raw_bytes
         assert usage.delta_saved_bytes == usage.delta_raw_bytes - usage.delta_bytes
@@ -242,10 +242,10 @@ def test_du_and_diff_report_delta_savings(tmp_path: Path) -> None:
 
 def test_distributed_take_refuses_deltas_clearly(tmp_path: Path) -> None:
     from ckstore import _takes
+    from ckstore.engine.spec import TakeSpec
 
-    args = _takes.TakeArgs.of("r", None, (), None, None, (), "parent")
     with pytest.raises(ckstore.InvalidInputError, match="distributed take"):
-        _takes._no_dist_deltas(args)
+        _takes._no_dist_deltas(TakeSpec.of(run="r", delta_base="parent"))
 
 
 def test_cli_import_of_a_fine_tune_against_its_base(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -271,7 +271,7 @@ def test_cli_import_of_a_fine_tune_against_its_base(tmp_path: Path, capsys: pyte
     with ckstore.open(store) as s:
         got = s.get("sft").read_object("model/layer.weight")
         assert torch.equal(got, tuned["layer.weight"])
-        assert any(c.base_id for c in s.index.all_chunks())
+        assert any(c.base_id for c in s.repository.index.all_chunks())
     # and out again, through the chains
     from safetensors.torch import load_file
 
@@ -287,7 +287,7 @@ def test_chains_on_every_deployment_survive_gc_and_repack(any_store: ckstore.Sto
     store.delta_depth = 2
     states = _train(6)
     ids = _take_all(store, states, delta_base="parent")
-    assert {c.depth for c in store.index.all_chunks()} == {0, 1, 2}
+    assert {c.depth for c in store.repository.index.all_chunks()} == {0, 1, 2}
     dry = store.gc(keep_last=1, grace_seconds=0, dry_run=True)
     report = store.gc(keep_last=1, grace_seconds=0, repack_below=1.0)
     assert report.chunks_removed == dry.chunks_removed > 0
@@ -296,7 +296,7 @@ def test_chains_on_every_deployment_survive_gc_and_repack(any_store: ckstore.Sto
     for s in store.log():
         store.delete(s.id, force=True)
     store.gc(grace_seconds=0)
-    assert list(store.index.all_chunks()) == []
+    assert list(store.repository.index.all_chunks()) == []
 
 
 def test_a_new_handle_verifies_bases_and_a_damaged_base_never_blocks_a_take(tmp_path: Path) -> None:
@@ -306,13 +306,13 @@ def test_a_new_handle_verifies_bases_and_a_damaged_base_never_blocks_a_take(tmp_
         first = store.take({"m": App(dict(states[0]))}, run="r", step=0).id
     with ckstore.open(path, **KNOBS) as store:  # nothing trusted yet: bases are read and verified
         second = store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent").id
-        assert any(c.base_id for c in store.index.all_chunks())
+        assert any(c.base_id for c in store.repository.index.all_chunks())
         third = store.take({"m": App(dict(states[2]))}, run="r", step=2, delta_base="parent").id  # trusted
         for i, s in zip((first, second, third), states):
             assert _restores(store, i, s)
     # damage one keyframe's payload: a new take stores the chunks against it whole, and says so
     with ckstore.open(path, **KNOBS) as store:
-        rows = {c.chunk_id: c for c in store.index.all_chunks()}
+        rows = {c.chunk_id: c for c in store.repository.index.all_chunks()}
         root = next(c for c in rows.values() if c.base_id is None and c.chunk_id in store.get(first).manifest.chunk_ids())
         pack = Path(store.url) / objects.pack_name(root.pack_id)
         data = bytearray(pack.read_bytes())

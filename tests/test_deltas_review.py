@@ -20,10 +20,10 @@ def test_a_trusted_base_whose_pack_is_gone_never_blocks_a_take(tmp_path: Path, c
     states = _train(3)
     with ckstore.open(tmp_path / "s", **KNOBS) as store:
         store.take({"m": App(dict(states[0]))}, run="r", step=0)
-        first_packs = {c.pack_id for c in store.index.all_chunks()}
+        first_packs = {c.pack_id for c in store.repository.index.all_chunks()}
         store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent")  # trusts the bases
         for pack_id in first_packs:
-            store.objects.delete_pack(pack_id)
+            store.repository.objects.delete_pack(pack_id)
         snap = store.take({"m": App(dict(states[2]))}, run="r", step=2, delta_base="parent")
         assert "storing the chunk whole" in caplog.text
         assert _restores(store, snap.id, states[2])
@@ -35,7 +35,7 @@ def test_gc_does_not_rewrite_delta_packs_whose_every_chunk_is_live(tmp_path: Pat
     with ckstore.open(tmp_path / "s", **KNOBS) as store:
         for i, s in enumerate(_train(3)):
             store.take({"m": App(dict(s))}, run="r", step=i, delta_base="parent")
-        assert any(c.base_id for c in store.index.all_chunks())
+        assert any(c.base_id for c in store.repository.index.all_chunks())
         rewritten = [store.gc(grace_seconds=0, repack_below=0.99).packs_rewritten for _ in range(2)]
         assert rewritten == [0, 0]
 
@@ -50,12 +50,12 @@ def test_check_reports_a_delta_against_a_base_of_another_length_and_scans_on(tmp
 
     with ckstore.open(tmp_path / "s") as store:
         base = bytes(range(16))
-        w = store.objects.new_pack_writer()
+        w = store.repository.objects.new_pack_writer()
         w.add(objects.chunk_id(base), "none", base, len(base))
         w.finish()
         new, bad = bytes(range(8, 16)), b"\x01" * 32
         xor = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(a ^ b for a, b in zip(new, base)))
-        w = store.objects.new_pack_writer()
+        w = store.repository.objects.new_pack_writer()
         w.add(objects.chunk_id(new), objects.XOR_ZSTD, xor, len(new), objects.chunk_id(base))
         w.add(objects.chunk_id(b"\x00" * 32), "none", bad, len(bad))  # a corrupt chunk beside it
         w.finish()
@@ -80,7 +80,7 @@ def test_reindex_leaves_out_chains_longer_than_readers_follow(tmp_path: Path) ->
     z = zstandard.ZstdCompressor(write_content_size=True)
     with ckstore.open(tmp_path / "s") as store:
         prev = os.urandom(64)
-        w = store.objects.new_pack_writer(1 << 30)
+        w = store.repository.objects.new_pack_writer(1 << 30)
         w.add(objects.chunk_id(prev), "none", prev, len(prev))
         ids = [objects.chunk_id(prev)]
         for _ in range(MAX_CHAIN + 3):
@@ -92,10 +92,10 @@ def test_reindex_leaves_out_chains_longer_than_readers_follow(tmp_path: Path) ->
         w.finish()
         report = store.reindex()
         assert len(report.skipped) == 3 and all("longer than" in s for s in report.skipped)
-        rows = {c.chunk_id: c for c in store.index.all_chunks()}
+        rows = {c.chunk_id: c for c in store.repository.index.all_chunks()}
         assert set(rows) == set(ids[: MAX_CHAIN + 1])
-        deepest = store.index.chunk_locations([ids[MAX_CHAIN]])
-        assert objects.chunk_id(store.objects.read_chunk(to_location(deepest[ids[MAX_CHAIN]], deepest))) == ids[MAX_CHAIN]
+        deepest = store.repository.index.chunk_locations([ids[MAX_CHAIN]])
+        assert objects.chunk_id(store.repository.objects.read_chunk(to_location(deepest[ids[MAX_CHAIN]], deepest))) == ids[MAX_CHAIN]
 
 
 @pytest.mark.parametrize("digests", [True, False], ids=["digests", "no-digests"])
@@ -114,11 +114,11 @@ def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decode
         snap = store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent")
         if not digests:
             forget_payload_digests(store)
-        rows = {c.chunk_id: c for c in store.index.all_chunks()}
+        rows = {c.chunk_id: c for c in store.repository.index.all_chunks()}
         delta = min((rows[c.id] for c in snap.manifest.entries["m/w"].chunks if rows[c.id].base_id),
                     key=lambda r: r.chunk_id)
         dest = {k: torch.zeros_like(v) for k, v in states[1].items()}
-        reader = snap.reader()
+        reader = snap.view.reader()
         prepared = prepare(reader, {"m": App(dest)}, budget=0)  # nothing staged: all read again
         pack = Path(store.url) / ckstore.objects.pack_name(delta.pack_id)
         data = bytearray(pack.read_bytes())
@@ -148,13 +148,13 @@ def test_check_read_data_is_clean_after_gc_leaves_dead_deltas_in_a_live_pack(tmp
         w = w + 1e-3 * torch.randn(w.shape, generator=g)
         kept = torch.randn(16, 16, generator=g)  # new here, unchanged after: its pack stays live
         snap = store.take({"m": App({"w": w, "k": kept})}, run="r", step=1, delta_base="parent")
-        rows = {c.chunk_id: c for c in store.index.all_chunks()}
+        rows = {c.chunk_id: c for c in store.repository.index.all_chunks()}
         delta_packs = {rows[cid].pack_id for cid in snap.manifest.chunk_ids() if rows[cid].base_id}
         w = w + 1e-3 * torch.randn(w.shape, generator=g)
         last = store.take({"m": App({"w": w, "k": kept})}, run="r", step=2, delta_base=None)
         store.gc(keep_last=1, grace_seconds=0, repack_below=0.0)
-        assert delta_packs <= set(store.objects.list_packs())  # the dead deltas are still stored
-        assert not any(c.base_id for c in store.index.all_chunks())
+        assert delta_packs <= set(store.repository.objects.list_packs())  # the dead deltas are still stored
+        assert not any(c.base_id for c in store.repository.index.all_chunks())
         report = store.check(read_data=True)
         assert report.ok, [p.message for p in report.problems]
         assert _restores(store, last.id, {"w": w, "k": kept})

@@ -41,4 +41,4 @@ def test_take_restore_dedup_read_check_gc(any_store):
     store.delete("r@1")
     report = store.gc(grace_seconds=0)
     assert report.chunks_removed == first.stats["new_chunks"] and report.packs_removed > 0
-    assert store.objects.list_packs() == [] and store.check(read_data=True).ok
+    assert store.repository.objects.list_packs() == [] and store.check(read_data=True).ok

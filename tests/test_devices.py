@@ -148,15 +148,15 @@ def test_a_payload_that_changes_between_the_passes_is_refused(store: ckstore.Sto
     if not digests:
         forget_payload_digests(store)
     dest = _zeros_like(src)
-    reader = snap.reader()
+    reader = snap.view.reader()
     prepared = prepare(reader, dest, budget=0)  # nothing staged: every chunk is read again
     if digests:  # checked against the recorded digests, nothing decoded
         assert all(j.staged is None and j.checked and j.fingerprint is None for j in prepared.jobs)
     else:
         assert all(j.staged is None and not j.checked and j.fingerprint is not None for j in prepared.jobs)
     assert all(torch.count_nonzero(v) == 0 for v in dest["m"].values() if isinstance(v, torch.Tensor))
-    pack = next(iter(store.objects.list_packs()))
-    path = store.objects.backend._path(ckstore.objects.pack_name(pack))  # type: ignore[attr-defined]
+    pack = next(iter(store.repository.objects.list_packs()))
+    path = store.repository.objects.backend._path(ckstore.objects.pack_name(pack))  # type: ignore[attr-defined]
     data = bytearray(open(path, "rb").read())
     data[40] ^= 0xFF  # inside the first payload
     with open(path, "wb") as f:
@@ -171,8 +171,8 @@ def test_the_arena_keeps_what_fits_the_budget_and_only_the_rest_is_read_again(st
 
     src = {"m": ckstore.StateDict(w=torch.randn(64, 64))}  # 16 chunks of 1 KiB
     snap = store.take(src, run="r")
-    counting = objects.CountingBackend(store.objects.backend)
-    store.objects = objects.ObjectStore(counting)
+    counting = objects.CountingBackend(store.repository.objects.backend)
+    store.repository.objects = objects.ObjectStore(counting)
     dest = {"m": ckstore.StateDict(w=torch.zeros(64, 64))}
     store.get("r").restore(dest, memory_budget=5 * 1024)
     assert torch.equal(dest["m"]["w"], src["m"]["w"])

@@ -89,16 +89,16 @@ def test_cheap_diff_reads_no_tensor_data(store, pair, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("diff without numeric must not read chunks")
 
-    monkeypatch.setattr(store.objects, "read_chunk", boom)
+    monkeypatch.setattr(store.repository.objects, "read_chunk", boom)
     assert store.diff("r@1", "r@2").counts["changed"] == 5
 
 
 def test_numeric_summary_matches_torch(store, pair, monkeypatch):
     w, w2 = pair
     reads = []
-    real = store.objects.read_chunk
+    real = store.repository.objects.read_chunk
     monkeypatch.setattr(
-        store.objects,
+        store.repository.objects,
         "read_chunk",
         lambda loc, out=None: reads.append(loc.chunk_id) or real(loc, out),
     )

@@ -49,14 +49,14 @@ def test_gc_never_copies_a_delta_payload_it_did_not_verify(tmp_path: Path) -> No
         store.take(_app({"w": w1, "drop": torch.randn(64, 64, generator=g)}), run="r", step=1, delta_base="parent")
         store.take(_app({"w": w1}), run="keep")  # the deltas stay live, "drop" does not
         store.delete("r@1")
-        delta = next(c for c in store.index.all_chunks() if c.base_id is not None)
-        inner = store.objects.backend
-        store.objects = objects.ObjectStore(_FlipOnce(inner, objects.pack_name(delta.pack_id), delta.offset, delta.length))
+        delta = next(c for c in store.repository.index.all_chunks() if c.base_id is not None)
+        inner = store.repository.objects.backend
+        store.repository.objects = objects.ObjectStore(_FlipOnce(inner, objects.pack_name(delta.pack_id), delta.offset, delta.length))
         try:
             store.gc(grace_seconds=0, repack_below=1.0)
         except ckstore.CorruptionError:
             pass  # refusing to copy is right too; copying the bad read is not
-        store.objects = objects.ObjectStore(inner)
+        store.repository.objects = objects.ObjectStore(inner)
         dest = {"w": torch.zeros_like(w1)}
         store.get("keep").restore(_app(dest), memory_budget=0)
         assert torch.equal(dest["w"], w1)

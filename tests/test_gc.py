@@ -51,7 +51,7 @@ def _fill(store, n=6):
 def test_gc_keeps_last_and_tagged_and_reclaims_the_rest(store):
     _fill(store)
     store.tag("r@2", "best")
-    before = sum(store.objects.pack_size(p) for p in store.objects.list_packs())
+    before = sum(store.repository.objects.pack_size(p) for p in store.repository.objects.list_packs())
     dry = store.gc(keep_last=2, dry_run=True, grace_seconds=0)
     assert dry.dry_run and sorted(dry.snapshots_dropped) == ["r@1", "r@3", "r@4"]
     assert len(store.log()) == 6  # a dry run changes nothing
@@ -59,7 +59,7 @@ def test_gc_keeps_last_and_tagged_and_reclaims_the_rest(store):
     assert sorted(report.snapshots_dropped) == sorted(dry.snapshots_dropped)
     assert report.chunks_removed == dry.chunks_removed > 0 and report.bytes_reclaimed > 0
     assert [s.step for s in store.log()] == [6, 5, 2]
-    after = sum(store.objects.pack_size(p) for p in store.objects.list_packs())
+    after = sum(store.repository.objects.pack_size(p) for p in store.repository.objects.list_packs())
     assert after < before
     for snap in store.log():
         assert float(snap.read_object("s/w")[0, 0]) == snap.step
@@ -85,7 +85,7 @@ def test_sparse_packs_are_rewritten_and_still_read(store_path):
     report = store.gc(grace_seconds=0, repack_below=0.5)
     assert report.packs_rewritten == 1 and report.packs_removed >= 1
     assert torch.equal(store.get("b").read_object("s/keep"), keep)
-    assert store.check(read_data=True).ok and len(store.objects.list_packs()) == 1
+    assert store.check(read_data=True).ok and len(store.repository.objects.list_packs()) == 1
 
 
 def test_orphans_of_a_crashed_take_are_removed_only_when_no_writer_can_own_them(store, monkeypatch):
@@ -95,13 +95,13 @@ def test_orphans_of_a_crashed_take_are_removed_only_when_no_writer_can_own_them(
         raise ckstore.errors.IndexError_("simulated crash")
 
     with monkeypatch.context() as m:
-        m.setattr(store.index, "add_pack", crash)
+        m.setattr(store.repository.index, "add_pack", crash)
         with pytest.raises(ckstore.CkstoreError):
             store.take({"s": ckstore.StateDict(x=torch.randn(64, 64))}, run="crash")
     assert store.check().orphan_packs and store.check().ok  # garbage, not damage
-    live = store.index.begin_session("someone-else", 60)  # a writer that began before GC listed
+    live = store.repository.index.begin_session("someone-else", 60)  # a writer that began before GC listed
     assert store.gc(grace_seconds=0).orphans_removed == 0
-    store.index.end_session(live.id, "aborted")
+    store.repository.index.end_session(live.id, "aborted")
     assert store.gc(grace_seconds=0).orphans_removed > 0
     assert store.check().orphan_packs == [] and store.check(read_data=True).ok
 
@@ -135,7 +135,7 @@ def test_gc_beside_a_live_writer_never_breaks_a_committed_snapshot(tmp_path, dia
         want = (drifting_state_for if deltas else state_for)(snap.step)
         assert all(torch.equal(got[k], want[k]) for k in want), snap.step
     if deltas:
-        assert any(c.base_id for c in store.index.all_chunks()), "the takes stored no delta"
+        assert any(c.base_id for c in store.repository.index.all_chunks()), "the takes stored no delta"
     took = int(w_out.split()[1])
     failures = int(w_out.split()[3])
     assert took > 5 and failures == 0, (w_out, w_err)  # GC never makes a take fail
@@ -188,9 +188,9 @@ def test_a_restore_follows_chunks_that_gc_moved_while_it_ran(tmp_path: Path, ato
         store.take({"m": ckstore.StateDict(keep=keep)}, run="solo")
         if not digests:
             forget_payload_digests(store)
-        old_packs = set(store.objects.list_packs())
+        old_packs = set(store.repository.objects.list_packs())
         dest = {"m": ckstore.StateDict(keep=torch.zeros(64, 64))}
-        reader = store.get("solo").reader()
+        reader = store.get("solo").view.reader()
         prepared = prepare(reader, dest, budget=0, atomic=atomic)  # located (and, atomic, checked) now
         if not atomic:  # its one pass locates as it starts: locate now, as a slow reader would have
             assert prepared.fetcher is not None
@@ -198,7 +198,7 @@ def test_a_restore_follows_chunks_that_gc_moved_while_it_ran(tmp_path: Path, ato
         store.delete("mix")
         assert store.gc(grace_seconds=0, repack_below=1.0).packs_rewritten == 1
         store.gc(grace_seconds=0, repack_below=1.0)  # deletes the retired pack
-        assert not old_packs & set(store.objects.list_packs())
+        assert not old_packs & set(store.repository.objects.list_packs())
         apply(prepared, reader)
         assert torch.equal(dest["m"]["keep"], keep)
         got = store.get("solo").read_object("m/keep")

@@ -83,7 +83,7 @@ def test_nested_and_storageless_tensors_are_refused_with_the_key(mem):
 def test_step_outside_int64_is_refused_before_anything_is_written(mem, step):
     with pytest.raises(InvalidInputError, match="step"):
         mem.take(_state(x=1), run="r", step=step)
-    assert mem.objects.list_blobs("manifests") == [mem.log()[0].record.manifest_id]
+    assert mem.repository.objects.list_blobs("manifests") == [mem.log()[0].record.manifest_id]
     _nothing_new(mem)
 
 
@@ -93,7 +93,7 @@ def test_ref_with_a_step_past_int64_is_a_typed_error(mem, verb):
         "get": lambda: mem.get(BIG_REF),
         "diff": lambda: mem.diff(BIG_REF, "r"),
         "delete": lambda: mem.delete(BIG_REF),
-        "read": lambda: mem.index.resolve(BIG_REF),
+        "read": lambda: mem.repository.index.resolve(BIG_REF),
     }
     with pytest.raises(InvalidInputError, match="2\\*\\*63-1"):
         calls[verb]()
@@ -171,11 +171,11 @@ def test_metadata_must_be_json_with_string_keys(mem, metadata):
 
 
 def test_names_and_tags_are_checked_before_anything_is_written(mem):
-    packs = mem.objects.list_packs()
+    packs = mem.repository.objects.list_packs()
     for kwargs in ({"tags": ["bad name"]}, {"tags": "best"}, {"name": "a@b"}, {"run": "x y"}):
         with pytest.raises(InvalidInputError):
             mem.take(_state(w=torch.randn(600)), **{"run": "r", "step": 2, **kwargs})
-    assert mem.objects.list_packs() == packs  # refused before any pack was written
+    assert mem.repository.objects.list_packs() == packs  # refused before any pack was written
     _nothing_new(mem)
 
 

@@ -20,7 +20,7 @@ def _model() -> torch.nn.Module:
 
 def _flip_byte_of(store, snap, key: str) -> None:
     entry = snap.manifest.entries[key]
-    rec = store.index.chunk_locations([entry.chunks[-1].id])[entry.chunks[-1].id]
+    rec = store.repository.index.chunk_locations([entry.chunks[-1].id])[entry.chunks[-1].id]
     path = store_path_of(store) / objects.pack_name(rec.pack_id)
     data = bytearray(path.read_bytes())
     data[rec.offset + rec.length // 2] ^= 0x40

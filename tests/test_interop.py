@@ -46,7 +46,7 @@ def minilm_dir() -> Path:
 
 
 def chunk_count(store: Any) -> int:
-    return int(du(store)[-1].chunks)
+    return int(du(store.repository)[-1].chunks)
 
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

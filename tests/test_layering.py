@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "integrations": {"errors", "objects", "index", "format", "engine", "interop", "facade"},
     "cli": {"errors", "objects", "index", "format", "engine", "history", "distributed", "interop", "facade"},
 }
-FACADE = {"ckstore", "ckstore._locate", "ckstore._takes", "ckstore.snapshot", "ckstore.store"}
+FACADE = {"ckstore", "ckstore._locate", "ckstore._takes", "ckstore.snapshot", "ckstore.store", "ckstore.torchsnapshot"}
 NO_TORCH = {"errors", "objects", "index"}
 
 
@@ -149,5 +149,50 @@ def test_no_import_cycles() -> None:
 def test_the_checker_sees_lazy_and_relative_imports() -> None:
     """The graph is built right: a lazy import inside a function and ``from . import x`` count."""
     assert "ckstore.snapshot" in GRAPH["ckstore.store"]
-    assert "ckstore.distributed._restore" in GRAPH["ckstore.snapshot"]  # imported inside restore()
+    assert "ckstore.distributed.restore" in GRAPH["ckstore.snapshot"]  # imported inside restore()
     assert "ckstore.index._convert" in GRAPH["ckstore.index._commit"]  # from . import _convert
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_imports(module: str, path: Path) -> list[str]:
+    """Imports of ``module`` that reach past another module's or package's privacy (the rule
+    in docs/ARCHITECTURE.md): a ``_name`` of another module, or a ``_module`` of another package."""
+    is_pkg = path.name == "__init__.py"
+    here = module.split(".") if is_pkg else module.split(".")[:-1]
+    package = ".".join(here)
+    modules: list[str] = []  # dotted modules imported
+    names: list[tuple[str, str]] = []  # (module, name) imported from it
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules += [a.name for a in node.names if a.name.split(".")[0] == "ckstore"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                target = ".".join(here[: len(here) - (node.level - 1)] + ([node.module] if node.module else []))
+            elif (node.module or "").split(".")[0] == "ckstore":
+                target = str(node.module)
+            else:
+                continue
+            for a in node.names:
+                if f"{target}.{a.name}" in MODULES:
+                    modules.append(f"{target}.{a.name}")
+                else:
+                    modules.append(target)
+                    names.append((target, a.name))
+    bad = []
+    for dotted in modules:
+        parts = dotted.split(".")
+        for i, part in enumerate(parts[1:], start=1):
+            owner = ".".join(parts[:i])
+            if _private(part) and owner != package:
+                bad.append(f"{dotted}: a module private to {owner}")
+    bad += [f"{m}.{n}: a name private to {m}" for m, n in names if _private(n) and m != module]
+    return bad
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_import_reaches_past_privacy(module: str) -> None:
+    """One privacy rule: ``_name`` is its module's own, ``_module`` its package's own."""
+    assert not _private_imports(module, MODULES[module]), _private_imports(module, MODULES[module])

@@ -33,7 +33,7 @@ def _zeros(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _payload(store: ckstore.Store, rec: Any) -> bytes:
-    return bytes(store.objects.backend.get(objects.pack_name(rec.pack_id), rec.offset, rec.length))
+    return bytes(store.repository.objects.backend.get(objects.pack_name(rec.pack_id), rec.offset, rec.length))
 
 
 def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -51,7 +51,7 @@ def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_every_chunk_a_take_writes_has_the_digest_of_its_stored_payload(tmp_path: Path) -> None:
     with ckstore.open(tmp_path / "s", **KNOBS) as store:
         store.take(_app(_state()), run="r")
-        rows = list(store.index.all_chunks())
+        rows = list(store.repository.index.all_chunks())
         assert len(rows) > 4
         for rec in rows:
             assert is_payload_digest(rec.payload_digest)
@@ -99,7 +99,7 @@ def test_a_damaged_payload_is_found_before_anything_is_touched(tmp_path: Path) -
     src = _state()
     with ckstore.open(tmp_path / "s", **KNOBS) as store:
         store.take(_app(src), run="r")
-        rec = max(store.index.all_chunks(), key=lambda r: r.offset)  # the last payload of its pack
+        rec = max(store.repository.index.all_chunks(), key=lambda r: r.offset)  # the last payload of its pack
         path = Path(store.url) / objects.pack_name(rec.pack_id)
         data = bytearray(path.read_bytes())
         data[rec.offset + rec.length - 1] ^= 0x40
@@ -123,8 +123,8 @@ def test_a_damaged_index_row_is_found_before_anything_is_touched(tmp_path: Path,
     src = _state()
     with ckstore.open(tmp_path / "s", **KNOBS) as store:
         store.take(_app(src), run="r")
-        rec = next(r for r in store.index.all_chunks() if r.codec == "bytegroup-zstd")
-        with store.index._engine.begin() as conn:  # type: ignore[attr-defined]
+        rec = next(r for r in store.repository.index.all_chunks() if r.codec == "bytegroup-zstd")
+        with store.repository.index._engine.begin() as conn:  # type: ignore[attr-defined]
             conn.execute(text(f"UPDATE chunks SET {column} = {value} WHERE id = :id"), {"id": rec.chunk_id})
         dest = _zeros(src)
         with pytest.raises(ckstore.CorruptionError):
@@ -163,8 +163,8 @@ def test_a_wrong_digest_in_the_index_is_reported_by_check_and_atomic_false_still
     src = _state()
     with ckstore.open(tmp_path / "s", **KNOBS) as store:
         store.take(_app(src), run="r")
-        rec = next(iter(store.index.all_chunks()))
-        with store.index._engine.begin() as conn:  # type: ignore[attr-defined]
+        rec = next(iter(store.repository.index.all_chunks()))
+        with store.repository.index._engine.begin() as conn:  # type: ignore[attr-defined]
             conn.execute(text("UPDATE chunks SET payload_digest = :d WHERE id = :id"), {"d": "0" * 32, "id": rec.chunk_id})
         problems = store.check(read_data=True).problems
         assert [(p.kind, p.object) for p in problems] == [("payload-digest", rec.chunk_id)]
@@ -192,7 +192,7 @@ def test_repack_and_delta_chains_keep_digests_that_restores_check(tmp_path: Path
         store.delete("mix")
         report = store.gc(grace_seconds=0, repack_below=1.0)
         assert report.packs_rewritten >= 1
-        rows = list(store.index.all_chunks())
+        rows = list(store.repository.index.all_chunks())
         assert any(r.base_id for r in rows)
         for rec in rows:
             assert rec.payload_digest == payload_digest(_payload(store, rec), rec.chunk_id, rec.codec, rec.raw_length, rec.base_id)

@@ -52,11 +52,11 @@ def test_reindex_skips_a_snapshot_whose_chunks_are_gone_and_cli_reports_it(store
     other = set().union(*(s.manifest.chunk_ids() for s in store.log() if s.id != victim.id))
     lonely = victim.manifest.chunk_ids() - other
     assert lonely
-    packs = {store.index.chunk_locations([c])[c].pack_id for c in lonely}
+    packs = {store.repository.index.chunk_locations([c])[c].pack_id for c in lonely}
     store.close()
     _drop_index(store_path)
     for p in packs:  # lose the packs only that snapshot needed
-        ckstore.open(store_path).objects.delete_pack(p)
+        ckstore.open(store_path).repository.objects.delete_pack(p)
     out = subprocess.run(
         [sys.executable, "-m", "ckstore.cli", "--store", str(store_path), "reindex", "--json"],
         capture_output=True, text=True, timeout=120,
@@ -106,7 +106,7 @@ def test_reindex_skips_a_manifest_whose_header_world_size_is_malformed(store_pat
         good = store.get("n3").manifest
         for bad in ("two", 0, True):
             header = {**(good.snapshot or {}), "world_size": bad, "created_at": 1.0, "name": None}
-            store.objects.put_blob("manifests", Manifest(good.apps, good.entries, header).to_json())
+            store.repository.objects.put_blob("manifests", Manifest(good.apps, good.entries, header).to_json())
     _drop_index(store_path)
     with ckstore.open(store_path) as store:
         report = store.reindex()

@@ -23,8 +23,8 @@ def _state():
 def test_restore_is_exact_and_in_place_with_or_without_staging(store, budget, atomic):
     src = _state()
     store.take(src, run="r")
-    counting = objects.CountingBackend(store.objects.backend)
-    store.objects = objects.ObjectStore(counting)
+    counting = objects.CountingBackend(store.repository.objects.backend)
+    store.repository.objects = objects.ObjectStore(counting)
     dest = {"m": torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), "s": ckstore.StateDict(t=torch.zeros(30, 40).t(), step=0)}
     ptrs = [p.data_ptr() for p in dest["m"].parameters()] + [dest["s"]["t"].data_ptr()]
     snap = store.get("r")

@@ -57,11 +57,11 @@ def test_take_restore_and_gc_round_trip(s3: Any, tmp_path: Path) -> None:
         assert report.snapshots == 2 and not report.orphan_packs
 
         # Dropping r@1 leaves its old w0 unreferenced: gc deletes (or repacks) it on the server.
-        before = set(store.objects.backend.list())
+        before = set(store.repository.objects.backend.list())
         store.delete("r@1")
         gc = store.gc(grace_seconds=0)
         assert gc.chunks_removed > 0 and gc.manifests_removed == 1, gc
-        assert len(before - set(store.objects.backend.list())) >= 1
+        assert len(before - set(store.repository.objects.backend.list())) >= 1
         _restore(store, "r@2", second)
         report = store.check(read_data=True)
         assert report.ok, report.problems

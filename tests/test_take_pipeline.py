@@ -15,7 +15,7 @@ import torch
 
 import ckstore
 from ckstore import objects
-from ckstore.engine import take as _take
+from ckstore.engine import local_take, packing
 from ckstore.errors import StorageError
 
 
@@ -34,8 +34,8 @@ def _state(n: int = 24) -> dict[str, torch.Tensor]:
 def test_many_packs_written_concurrently_read_back_exactly(store: ckstore.Store) -> None:
     state = _state()
     snap = store.take({"s": ckstore.StateDict(state)}, run="r", step=0)
-    packs = store.objects.list_packs()
-    assert len(packs) > 2 * _take.TakeOptions.io_threads  # several waves of concurrent flushes
+    packs = store.repository.objects.list_packs()
+    assert len(packs) > 2 * packing.TakeOptions.io_threads  # several waves of concurrent flushes
     assert snap.stats["new_chunks"] == len(snap.manifest.chunk_ids())  # each chunk written once
     dest = {k: torch.zeros_like(v) for k, v in state.items()}
     store.get("r").restore({"s": ckstore.StateDict(dest)})
@@ -45,20 +45,20 @@ def test_many_packs_written_concurrently_read_back_exactly(store: ckstore.Store)
 
 
 def test_batches_cut_by_bytes_and_by_count() -> None:
-    chunks = [_take._Chunk("k", memoryview(bytes(n)), 1, False) for n in (5, 5, 5, 20, 1, 1, 1)]
-    sizes = [[len(c.view) for c in b] for b in _take._batches(chunks, max_bytes=10, max_count=2)]
+    chunks = [packing.Chunk("k", memoryview(bytes(n)), 1, False) for n in (5, 5, 5, 20, 1, 1, 1)]
+    sizes = [[len(c.view) for c in b] for b in packing.batches(chunks, max_bytes=10, max_count=2)]
     assert sizes == [[5, 5], [5], [20], [1, 1], [1]]
-    assert [c for b in _take._batches(chunks, 10, 2) for c in b] == chunks  # order kept
+    assert [c for b in packing.batches(chunks, 10, 2) for c in b] == chunks  # order kept
 
 
 def test_batches_start_small_and_double() -> None:
-    chunks = [_take._Chunk("k", memoryview(bytes(4)), 1, False) for _ in range(16)]
-    sizes = [sum(len(c.view) for c in b) for b in _take._batches(chunks, 24, 100, first_bytes=4)]
+    chunks = [packing.Chunk("k", memoryview(bytes(4)), 1, False) for _ in range(16)]
+    sizes = [sum(len(c.view) for c in b) for b in packing.batches(chunks, 24, 100, first_bytes=4)]
     assert sizes == [4, 8, 16, 24, 12]
 
 
 def test_hashing_in_batches_finds_duplicates_across_batches(store: ckstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_take, "HASH_BATCH_CHUNKS", 3)
+    monkeypatch.setattr(local_take, "HASH_BATCH_CHUNKS", 3)
     state = _state(4)
     snap = store.take({"s": ckstore.StateDict(state)}, run="r", step=0)
     assert snap.stats["new_chunks"] == len(snap.manifest.chunk_ids())
@@ -68,14 +68,14 @@ def test_hashing_in_batches_finds_duplicates_across_batches(store: ckstore.Store
 
 @pytest.mark.parametrize("fail_at", [2, 7])
 def test_a_failing_pack_write_fails_the_take_with_nothing_visible(store: ckstore.Store, fail_at: int) -> None:
-    faulty = objects.FaultyBackend(store.objects.backend, fail_put_at=fail_at)
-    store.objects = objects.ObjectStore(faulty)
+    faulty = objects.FaultyBackend(store.repository.objects.backend, fail_put_at=fail_at)
+    store.repository.objects = objects.ObjectStore(faulty)
     with pytest.raises(StorageError):
         store.take({"s": ckstore.StateDict(_state())}, run="r", step=0)
     assert store.log() == []
     assert not [t for t in threading.enumerate() if t.name.startswith("ckstore-pack")]
     # the store still works: the next take succeeds and reads back
-    store.objects = objects.ObjectStore(faulty.inner)
+    store.repository.objects = objects.ObjectStore(faulty.inner)
     state = _state()
     store.take({"s": ckstore.StateDict(state)}, run="r", step=1)
     dest = {k: torch.zeros_like(v) for k, v in state.items()}

@@ -111,7 +111,7 @@ class CkstoreDelta(Ckstore):
         snap = store.take(self.app(state), run="bench", step=i, delta_base="parent")
         self.last_stats = dict(snap.stats)
         # the chain depth this snapshot reads through (index only, untimed work after the take)
-        rows = store.index.chunk_locations(snap.manifest.chunk_ids())
+        rows = store.repository.index.chunk_locations(snap.manifest.chunk_ids())
         self.last_stats["max_depth"] = max((r.depth for r in rows.values()), default=0)
         self.last_stats["depth_limit"] = store.delta_depth
         return self.handle(root, i)

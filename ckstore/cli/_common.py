@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import (
     CkstoreError,
@@ -20,6 +20,9 @@ from ..errors import (
     ObjectNotFoundError,
 )
 from . import _format as fmt
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_CORRUPT, EXIT_ERROR = range(
     7
@@ -102,7 +105,7 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def open_store(args: argparse.Namespace, **options: Any) -> Any:
+def open_store(args: argparse.Namespace, **options: Any) -> Store:
     """Open the store the arguments name (see :func:`find_store`; it must exist).
 
     ``--storage-option`` values become ``storage_options``; ``options`` go to ``ckstore.open``.

@@ -8,28 +8,32 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, KeyNotFoundError
 from . import _format as fmt
 from ._common import EXIT_OK, emit_json, open_store, usage_error
 
+if TYPE_CHECKING:
+    from ..snapshot import StoredSnapshot
+    from ..store import Store
+
 
 # --- log, show, ls ----------------------------------------------------------------------------
-def _tags_by_snapshot(store: Any) -> dict[str, list[str]]:
+def _tags_by_snapshot(store: Store) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for name, sid in store.tags().items():
         out.setdefault(sid, []).append(name)
     return out
 
 
-def _where(snap: Any) -> str:
+def _where(snap: StoredSnapshot) -> str:
     if snap.name:
         return snap.name
     return f"{snap.run}@{snap.step}" if snap.step is not None else snap.run
 
 
-def _snap_dict(snap: Any, tags: list[str]) -> dict[str, Any]:
+def _snap_dict(snap: StoredSnapshot, tags: list[str]) -> dict[str, Any]:
     return {
         "id": snap.id,
         "run": snap.run,
@@ -72,8 +76,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snap = store.get(args.ref)
         d = _snap_dict(snap, _tags_by_snapshot(store).get(snap.id, []))
-        d["stored_bytes"] = store.index.stored_bytes(snap.id)
-        entries = _entries(snap)
+        d["stored_bytes"] = store.repository.index.stored_bytes(snap.id)
+        entries = _entries(store, snap)
     d["entries"] = {
         "tensors": sum(e.kind == "tensor" for e in entries),
         "values": sum(e.kind != "tensor" for e in entries),
@@ -105,9 +109,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _entries(snap: Any) -> list[Any]:
+def _entries(store: Store, snap: StoredSnapshot) -> list[Any]:
     """The snapshot's entry records from the index (the manifest only if the index lacks them)."""
-    records = snap.store.index.entries(snap.record.manifest_id)
+    records = store.repository.index.entries(snap.record.manifest_id)
     if records:
         return list(records)
     from ..format.manifest import entry_digest
@@ -122,7 +126,7 @@ def _entries(snap: Any) -> list[Any]:
 def cmd_ls(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snap = store.get(args.ref)
-        entries = [e for e in _entries(snap) if e.key.startswith(args.prefix or "")]
+        entries = [e for e in _entries(store, snap) if e.key.startswith(args.prefix or "")]
     if args.prefix and not entries:
         raise KeyNotFoundError(f"no key starts with {args.prefix!r} in snapshot {snap.ref}")
     rows = [
@@ -231,7 +235,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _tag_delete(store: Any, args: argparse.Namespace) -> int:
+def _tag_delete(store: Store, args: argparse.Namespace) -> int:
     store.untag(args.delete)
     if args.json:
         emit_json({"deleted": args.delete})
@@ -240,9 +244,9 @@ def _tag_delete(store: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _tag_list(store: Any, args: argparse.Namespace) -> int:
-    rows = []
-    for t in store.index.list_tags():
+def _tag_list(store: Store, args: argparse.Namespace) -> int:
+    rows: list[dict[str, Any]] = []
+    for t in store.repository.index.list_tags():
         snap = store.get(t.snapshot_id)
         rows.append(
             {

@@ -70,7 +70,7 @@ def cmd_du(args: argparse.Namespace) -> int:
     from ..history.du import du
 
     with open_store(args) as store:
-        rows = du(store, progress=lambda it: fmt.progress(it, "packs"))
+        rows = du(store.repository, progress=lambda it: fmt.progress(it, "packs"))
     if args.json:
         emit_json({"runs": [r.to_dict() for r in rows[:-1]], "total": rows[-1].to_dict()})
         return EXIT_OK

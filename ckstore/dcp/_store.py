@@ -8,7 +8,11 @@ is opened on first use in whichever process uses it, and never pickled.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 
 class StoreRef:
@@ -20,22 +24,22 @@ class StoreRef:
         storage_options: fsspec options (default: the open store's).
     """
 
-    def __init__(self, store: Any, index: str | None = None, storage_options: dict[str, Any] | None = None) -> None:
-        if isinstance(store, str) or hasattr(store, "__fspath__"):
-            import os
-
+    def __init__(
+        self, store: Store | str | os.PathLike[str], index: str | None = None, storage_options: dict[str, Any] | None = None
+    ) -> None:
+        self._store: Store | None = None
+        if isinstance(store, (str, os.PathLike)):
             self.url = os.fspath(store)
-            self._store: Any = None
         else:
             self.url = store.url
             self._store = store
-            opened = getattr(store, "opened_with", {})
+            opened = store.opened_with
             index = index if index is not None else opened.get("index")
             storage_options = storage_options if storage_options is not None else opened.get("storage_options")
         self.index = index
         self.storage_options = dict(storage_options) if storage_options else None
 
-    def get(self) -> Any:
+    def get(self) -> Store:
         """The open store (opened, and created if missing, on first use in this process)."""
         if self._store is None:
             from ..store import open as open_store

@@ -108,11 +108,11 @@ def metadata_from_json(doc: Any, where: str = "DCP metadata") -> Metadata:
                 memory_format=_MEMORY_FORMATS[d["memory_format"]],
                 pin_memory=bool(d["pin_memory"]),
             )
-            chunks = [ChunkStorageMetadata(torch.Size(_ints(o)), torch.Size(_ints(s))) for o, s in d["chunks"]]
-            sdm[fqn] = TensorStorageMetadata(props, torch.Size(_ints(d["size"])), chunks)
+            chunks = [ChunkStorageMetadata(torch.Size(ints(o)), torch.Size(ints(s))) for o, s in d["chunks"]]
+            sdm[fqn] = TensorStorageMetadata(props, torch.Size(ints(d["size"])), chunks)
         storage = {}
         for idx, data in doc["storage_data"]:
-            offset = None if idx["offset"] is None else _ints(idx["offset"])
+            offset = None if idx["offset"] is None else ints(idx["offset"])
             storage[MetadataIndex(str(idx["fqn"]), offset, idx.get("index"))] = data
         sm = doc.get("storage_meta")
         meta = None if sm is None else StorageMeta(
@@ -136,7 +136,7 @@ def _name_of(table: dict[str, Any], value: Any, what: str, fqn: str) -> str:
     raise UnsupportedValueError(f"key {fqn!r}: {what} {value} cannot be recorded")
 
 
-def _ints(v: Any) -> tuple[int, ...]:
+def ints(v: Any) -> tuple[int, ...]:
     if not isinstance(v, list) or not all(type(x) is int for x in v):
         raise ValueError(f"expected a list of ints, got {str(v)[:60]}")
     return tuple(v)

@@ -10,7 +10,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from ..engine.packing import TakeOptions, _Chunk
+from ..engine.packing import Chunk, TakeOptions
 from ..errors import DistributedError, InvalidInputError, UnsupportedValueError
 from ..format.boxes import pieces
 from ..format.dtypes import GROUPED, dtype_name, itemsize
@@ -23,13 +23,13 @@ from ..format.values import encode_value
 APP = "dcp"
 
 
-def _cut_items(items: list[WriteItem], planner: SavePlanner, opts: TakeOptions) -> tuple[list[WriteResult], list[_Chunk]]:
+def cut_items(items: list[WriteItem], planner: SavePlanner, opts: TakeOptions) -> tuple[list[WriteResult], list[Chunk]]:
     """Per item: its pieces on the global grid (tensors) or its JSON value (everything else).
 
-    Returns the WriteResults (piece ids filled in later by :func:`_fill_ids`) and the chunks.
+    Returns the WriteResults (piece ids filled in later by :func:`fill_ids`) and the chunks.
     """
     results: list[WriteResult] = []
-    chunks: list[_Chunk] = []
+    chunks: list[Chunk] = []
     for item in items:
         fqn = item.index.fqn
         if item.type == WriteItemType.BYTE_IO:
@@ -57,13 +57,13 @@ def _cut_items(items: list[WriteItem], planner: SavePlanner, opts: TakeOptions) 
         mine: list[list[Any]] = []
         for po, ps in pieces(grid, box):
             sub = t[tuple(slice(o - b, o - b + s) for o, b, s in zip(po, box[0], ps))]
-            chunks.append(_Chunk(fqn, byte_view(sub), t.element_size(), name in GROUPED))
+            chunks.append(Chunk(fqn, byte_view(sub), t.element_size(), name in GROUPED))
             mine.append([list(po), list(ps), ""])
         results.append(WriteResult(item.index, math.prod(box[1]) * t.element_size(), {"dtype": name, "pieces": mine}))
     return results, chunks
 
 
-def _fill_ids(results: list[WriteResult], chunks: list[_Chunk]) -> None:
+def fill_ids(results: list[WriteResult], chunks: list[Chunk]) -> None:
     """Write each hashed chunk's id into its piece of the results, in the order they were cut."""
     it = iter(chunks)
     for r in results:
@@ -71,11 +71,11 @@ def _fill_ids(results: list[WriteResult], chunks: list[_Chunk]) -> None:
             piece[2] = next(it).id
 
 
-def _id_sizes(chunks: list[_Chunk]) -> list[list[Any]]:
+def id_sizes(chunks: list[Chunk]) -> list[list[Any]]:
     return sorted({c.id: len(c.view) for c in chunks}.items())  # type: ignore[arg-type]
 
 
-def _the_coordinator(gathered: list[dict[str, Any]]) -> int:
+def the_coordinator(gathered: list[dict[str, Any]]) -> int:
     ranks = [r for r, g in enumerate(gathered) if g.get("coordinator")]
     if len(ranks) != 1:
         raise DistributedError(
@@ -85,7 +85,7 @@ def _the_coordinator(gathered: list[dict[str, Any]]) -> int:
     return ranks[0]
 
 
-def _owners(per_rank: list[dict[str, int]]) -> dict[str, int]:
+def owners(per_rank: list[dict[str, int]]) -> dict[str, int]:
     """One writer per distinct chunk id: its only holder, else the least-loaded holder."""
     holders: dict[str, list[int]] = defaultdict(list)
     size: dict[str, int] = {}
@@ -106,7 +106,7 @@ def _owners(per_rank: list[dict[str, int]]) -> dict[str, int]:
     return owners
 
 
-def _manifest_entries(metadata: Metadata, chunk_bytes: int) -> dict[str, Entry]:
+def manifest_entries(metadata: Metadata, chunk_bytes: int) -> dict[str, Entry]:
     """One manifest entry per DCP key: tensors with the pieces of every rank, values inline."""
     by_fqn: dict[str, list[Any]] = defaultdict(list)
     for index, data in (metadata.storage_data or {}).items():

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.checkpoint import StorageReader as _DcpStorageReader
@@ -18,14 +19,18 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from ..distributed._comm import Comm, failure, raise_failed
+from ..distributed import is_distributed
+from ..distributed.comm import Comm, phase
 from ..engine.restore import Reader
 from ..errors import CorruptionError
 from ..format.dtypes import dtype_name, itemsize
 from ..format.manifest import ChunkRef, Entry, Manifest, TensorEntry
 from ..format.values import decode_value
 from ._store import StoreRef
-from .meta import _ints, metadata_from_json
+from .meta import ints, metadata_from_json
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 
 class StorageReader(_DcpStorageReader):
@@ -40,7 +45,7 @@ class StorageReader(_DcpStorageReader):
 
     def __init__(
         self,
-        store: Any,
+        store: Store | str | os.PathLike[str],
         ref: str,
         *,
         timeout: float | None = None,
@@ -57,7 +62,7 @@ class StorageReader(_DcpStorageReader):
         self._storage: dict[MetadataIndex, Any] = {}
 
     @property
-    def store(self) -> Any:
+    def store(self) -> Store:
         """The open store (reopened on first use after the reader was pickled)."""
         return self._ref.get()
 
@@ -81,29 +86,20 @@ class StorageReader(_DcpStorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise CorruptionError("ckstore keeps one global DCP metadata per snapshot, no rank-local metadata")
-        from ..distributed import is_distributed
-
-        mine: dict[str, Any]
-        snap = None
-        try:
-            snap = self.store.get(self.ref)
-            mine = {"ok": True, "id": snap.id}
-        except Exception as exc:
-            if not is_distributed():
-                raise
-            mine = failure(exc)
+        comm = None
         if is_distributed():
             import torch.distributed as dist
 
             if dist.get_world_size() > 1:
-                got = Comm(None, self.timeout, purpose="dcp").all_gather_json(mine, "dcp.load (resolving the snapshot)")
-                raise_failed(got, f"dcp.load of {self.ref!r} from ckstore")
-                if got[0]["id"] != mine["id"]:
-                    snap = self.store.get(got[0]["id"])
-        assert snap is not None
+                comm = Comm(None, self.timeout, purpose="dcp")
+        with phase(comm, "dcp.load (resolving the snapshot)", f"dcp.load of {self.ref!r} from ckstore") as ph:
+            snap = self.store.get(self.ref)
+            ph.send(snap.id)
+        if ph.received[0] != snap.id:  # every rank loads the snapshot rank 0 resolved
+            snap = self.store.get(ph.received[0])
         self.snapshot = snap
         where = f"snapshot {snap.run}@{snap.step} ({snap.id[:12]})"
-        manifest = Manifest.from_json(self.store.objects.get_blob("manifests", snap.record.manifest_id), where)
+        manifest = snap.manifest
         doc = (manifest.snapshot or {}).get("dcp")
         md = metadata_from_json(doc, f"{where}: DCP metadata")
         if md.storage_meta is None:
@@ -143,13 +139,14 @@ class StorageReader(_DcpStorageReader):
                 raise CorruptionError(f"{where}: key {req.storage_index.fqn!r} is not a tensor")
             key = f"{i}"
             shape = tuple(int(s) for s in md.size)
-            refs = tuple(ChunkRef(_ints(o), _ints(s), str(c)) for o, s, c in data["pieces"])
+            refs = tuple(ChunkRef(ints(o), ints(s), str(c)) for o, s, c in data["pieces"])
             entries[key] = TensorEntry(dtype_name(md.properties.dtype), shape, refs, shape)
             base = req.storage_index.offset or torch.Size([0] * len(shape))
             offs = tuple(int(b) + int(o) for b, o in zip(base, req.storage_offsets))
             wanted[key] = (offs, tuple(int(n) for n in req.lengths))
             tensor_reqs.append((key, req))
-        reader = Reader(self.store.objects, self.store.index, Manifest({}, entries), where, threads=self.store.threads)
+        repo = self.store.repository
+        reader = Reader(repo.objects, repo.index, Manifest({}, entries), where, threads=repo.threads)
         for batch in _batches(tensor_reqs, wanted, entries):
             tensors = reader.read_regions({k: wanted[k] for k, _ in batch})
             for key, req in batch:

@@ -4,11 +4,14 @@
 ``torch.distributed`` is initialised. Ranks exchange plans and results as JSON (never pickle)
 over a dedicated gloo group whose timeout (``CKSTORE_DIST_TIMEOUT``, default 600 s) bounds how
 long a dead or stuck rank can hold up the others.
+
+Public modules: :mod:`~ckstore.distributed.take` (the distributed take, now or in the
+background), :mod:`~ckstore.distributed.restore`, :mod:`~ckstore.distributed.comm` (the
+communicator and :func:`~ckstore.distributed.comm.phase`, the one way a phase of a collective
+operation reports failures). This module itself stays importable without torch.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 
 def is_distributed() -> bool:
@@ -18,11 +21,3 @@ def is_distributed() -> bool:
     except ImportError:  # pragma: no cover - torch built without distributed
         return False
     return bool(dist.is_available() and dist.is_initialized())
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("take", "restore"):
-        from . import _restore, _take
-
-        return {"take": _take.take, "restore": _restore.restore}[name]
-    raise AttributeError(name)

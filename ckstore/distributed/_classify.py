@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..engine.packing import TakeOptions, _Chunk
+from ..engine.packing import Chunk, TakeOptions
 from ..errors import DistributedError, UnsupportedValueError
 from ..format.boxes import is_dtensor, local_box
 from ..format.dtypes import dtype_name
@@ -31,7 +31,7 @@ log = logging.getLogger("ckstore")
 
 
 @dataclass
-class _Leaf:
+class Leaf:
     kind: str
     desc: dict[str, Any]
     tensor: torch.Tensor | None = None  # CPU data: the local shard of a DTensor, or the whole tensor
@@ -39,21 +39,21 @@ class _Leaf:
 
 
 @dataclass
-class _Local:
+class Local:
     apps: dict[str, Any]
-    leaves: dict[str, _Leaf]
-    chunks: list[tuple[str, Box, _Chunk]] = field(default_factory=list)
+    leaves: dict[str, Leaf]
+    chunks: list[tuple[str, Box, Chunk]] = field(default_factory=list)
 
 
-def _ddp_apps(app_state: Mapping[str, Any]) -> set[str]:
+def ddp_apps(app_state: Mapping[str, Any]) -> set[str]:
     from torch.nn.parallel import DistributedDataParallel
 
     return {name for name, obj in app_state.items() if isinstance(obj, DistributedDataParallel)}
 
 
-def _classify(states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], opts: TakeOptions) -> _Local:
+def classify(states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], opts: TakeOptions) -> Local:
     """Flatten and describe every leaf of this rank's state."""
-    out = _Local(apps={}, leaves={})
+    out = Local(apps={}, leaves={})
     for app, sd in states.items():
         flat = flatten(app, sd)
         out.apps[app] = flat.tree
@@ -68,7 +68,7 @@ def _classify(states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], 
                     "t": DTENSOR, "dtype": dtype_name(t.dtype, key), "shape": list(value.shape),
                     "box": [list(box[0]), list(box[1])], "container": "torch", "device": str(value.device),
                 }
-                out.leaves[key] = _Leaf(DTENSOR, desc, t, box)
+                out.leaves[key] = Leaf(DTENSOR, desc, t, box)
             elif is_array(value):
                 container = "torch" if isinstance(value, torch.Tensor) else "numpy"
                 device = str(value.device) if isinstance(value, torch.Tensor) else "cpu"
@@ -77,9 +77,9 @@ def _classify(states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], 
                 desc = {"t": kind, "dtype": dtype_name(t.dtype, key), "shape": list(t.shape), "container": container, "device": device}
                 if t.numel() * t.element_size() <= opts.inline_bytes:
                     desc["data"] = base64.b64encode(bytes(byte_view(t))).decode()
-                out.leaves[key] = _Leaf(kind, desc, t)
+                out.leaves[key] = Leaf(kind, desc, t)
             else:
-                out.leaves[key] = _Leaf(VALUE, {"t": VALUE, "value": encode_value(value, key)})
+                out.leaves[key] = Leaf(VALUE, {"t": VALUE, "value": encode_value(value, key)})
     return out
 
 
@@ -103,7 +103,7 @@ def demote_mixed(descs: list[dict[str, Any]]) -> list[str]:
     return demoted
 
 
-def _coalesce_replicated(demoted: tuple[str, ...] | list[str], local: _Local, rank: int) -> None:
+def coalesce_replicated(demoted: tuple[str, ...] | list[str], local: Local, rank: int) -> None:
     """Apply the demoted keys (see :func:`demote_mixed`) to this rank's leaves: they are kept
     per rank (stored once if equal everywhere), and logged once, by rank 0."""
     for key in demoted:
@@ -117,7 +117,7 @@ def _coalesce_replicated(demoted: tuple[str, ...] | list[str], local: _Local, ra
         )
 
 
-def _check_same_structure(descs: list[dict[str, Any]]) -> list[str]:
+def check_same_structure(descs: list[dict[str, Any]]) -> list[str]:
     """Every rank must hold the same keys in the same containers; returns rank 0's key order."""
     keys = list(descs[0]["leaves"])
     bad = [r for r, d in enumerate(descs) if d["tree"] != descs[0]["tree"]]
@@ -128,12 +128,11 @@ def _check_same_structure(descs: list[dict[str, Any]]) -> list[str]:
             theirs = set(descs[r]["leaves"])
             extra, lacking = sorted(theirs - ref)[:3], sorted(ref - theirs)[:3]
             detail.append(f"rank {r}: extra keys {extra}, lacking {lacking}" if extra or lacking else f"rank {r}: containers differ")
-        err = DistributedError(
+        raise DistributedError(
             f"distributed take: rank(s) {bad} hold a differently shaped state than rank 0 ({'; '.join(detail)}); "
-            "every rank must pass app_state with the same keys"
+            "every rank must pass app_state with the same keys",
+            ranks=bad, causes=dict(zip(bad, detail)),
         )
-        err.ranks, err.causes = bad, dict(zip(bad, detail))  # type: ignore[attr-defined]
-        raise err
     for key in keys:
         ds = [d["leaves"][key] for d in descs]
         kinds = {x["t"] for x in ds}

@@ -33,7 +33,7 @@ from ..format.boxes import pieces
 from ..format.dtypes import itemsize
 from ..format.grid import Box, make_grid
 from ..format.manifest import canonical_json
-from ._classify import DTENSOR, LOCAL, REPLICATED, _check_same_structure, demote_mixed
+from ._classify import DTENSOR, LOCAL, REPLICATED, check_same_structure, demote_mixed
 
 CACHE_SIZE = 8
 """Plans kept per process (a few layouts: e.g. a model state and an optimizer-only state)."""
@@ -133,7 +133,7 @@ def plan(descs: list[dict[str, Any]], opts: TakeOptions, cache: PlanCache | None
         _mark_demoted(descs, found.demoted)
         return found
     demoted = tuple(demote_mixed(descs))
-    keys = _check_same_structure(descs)
+    keys = check_same_structure(descs)
     result = Plan(tuple(keys), demoted, assign(descs, keys, opts, len(descs)))
     if cache is not None and key is not None:
         cache.put(key, result)

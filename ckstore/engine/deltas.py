@@ -22,10 +22,10 @@ from typing import Any
 from ..format.manifest import Manifest, TensorEntry
 from ..index import ChunkRecord
 from .locations import to_location
-from .packing import _Chunk
+from .packing import Chunk
 
 
-def attach_bases(keys: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], _Chunk]]],
+def attach_bases(keys: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], Chunk]]],
                  entries: dict[str, Any], base: Manifest) -> int:
     """Give each chunk of ``keys`` (key -> [(offsets, sizes, chunk)]) the id of the chunk at the
     same place in ``base`` as its candidate base; returns how many got one.
@@ -49,7 +49,7 @@ def attach_bases(keys: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], _C
     return count
 
 
-def resolve_bases(index: Any, session: str, chunks: Iterable[_Chunk], depth_limit: int) -> None:
+def resolve_bases(index: Any, session: str, chunks: Iterable[Chunk], depth_limit: int) -> None:
     """Pin the base of each chunk in ``chunks`` that has a candidate and give it the base's
     location (with its chain); a chunk whose candidate the index lacks, or whose candidate is
     its own id, gets none.
@@ -60,7 +60,7 @@ def resolve_bases(index: Any, session: str, chunks: Iterable[_Chunk], depth_limi
     if depth_limit <= 0 or not todo:
         return
     known: dict[str, ChunkRecord] = index.chunk_locations({c.base_id for c in todo})
-    wanted: list[tuple[_Chunk, str]] = []
+    wanted: list[tuple[Chunk, str]] = []
     for c in todo:
         rec = known.get(c.base_id)
         while rec is not None and rec.depth >= depth_limit:

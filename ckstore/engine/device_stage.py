@@ -3,7 +3,7 @@
 A take hashes, looks up and encodes chunks batch by batch (``engine/take.py``). For a chunk of a
 device tensor, :func:`stage` takes a buffer from its device's :class:`~.devices.HostPool`
 (pinned for CUDA) and starts the device-to-host copy on the copier's side stream; hashing waits
-for each chunk's own copy (``_Chunk.ready``), so copies overlap the hashing of the chunks before
+for each chunk's own copy (``Chunk.ready``), so copies overlap the hashing of the chunks before
 them and the pack writes in flight. Once the batch's missing chunks are encoded into packs,
 :meth:`DeviceStager.release` hands the buffers back. Pinned memory is bounded by
 ``DEVICE_STAGING_BYTES`` per device, whatever the state's size.
@@ -18,7 +18,7 @@ import torch
 
 from . import devices
 from .devices import Copier, HostPool
-from .packing import _Chunk
+from .packing import Chunk
 
 DEVICE_STAGING_BYTES = 128 << 20
 """Host (pinned) memory per device a take stages device chunks through; device chunks are
@@ -63,7 +63,7 @@ class DeviceStager:
             pool = self._pools[t.device] = HostPool(copier, self._chunk_bytes, self._count())
         return pool
 
-    def stage(self, batch: list[_Chunk]) -> None:
+    def stage(self, batch: list[Chunk]) -> None:
         """Start copying every device chunk of ``batch`` into a host buffer (asynchronously)."""
         for c in batch:
             if c.source is None:

@@ -1,7 +1,7 @@
 """Packing: encode missing chunks in parallel and write them into packs, several at once.
 
-The write half of a take (``ckstore.engine.take`` decides what is missing; the distributed take
-and the DCP writer reuse this too). Packs are made durable before they are indexed (I1).
+The write half of a take (:class:`~ckstore.engine.local_take.LocalTake` decides what is
+missing and feeds the pipeline). Packs are made durable before they are indexed (I1).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 from .. import objects
 from ..errors import CorruptionError, ObjectNotFoundError
 from ..index import PackRecord
+from .interfaces import WriteIndex
 from .locations import to_records
 
 
@@ -39,7 +40,7 @@ class TakeOptions:
 
 
 @dataclass
-class _Chunk:
+class Chunk:
     """One grid chunk of a tensor: a zero-copy view of its raw bytes, and its id once hashed.
 
     A chunk of a device tensor (``source``: its flat uint8 bytes on the device) has no host
@@ -74,7 +75,7 @@ class _Chunk:
 
 
 @dataclass
-class _WriteStats:
+class WriteStats:
     new_bytes: int = 0
     new_chunks: int = 0
     delta_chunks: int = 0
@@ -85,7 +86,7 @@ class _WriteStats:
     """...and what they took."""
 
 
-class _PackPipeline:
+class PackPipeline:
     """Encode chunks in parallel, fill packs in chunk order, write several packs at once.
 
     At most ``2 * opts.threads`` encodes are in flight and at most ``opts.io_threads`` packs
@@ -99,7 +100,7 @@ class _PackPipeline:
     def __init__(
         self,
         store: objects.ObjectStore,
-        index: Any,
+        index: WriteIndex,
         session: str,
         opts: TakeOptions,
         pool: ThreadPoolExecutor,
@@ -107,16 +108,16 @@ class _PackPipeline:
         self._store, self._index, self._session, self._opts, self._pool = store, index, session, opts, pool
         self._window = max(2, 2 * opts.threads)
         self._io = ThreadPoolExecutor(max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack")
-        self._encoding: deque[tuple[_Chunk, np.ndarray | None, Future[tuple[str, Any]]]] = deque()
+        self._encoding: deque[tuple[Chunk, np.ndarray | None, Future[tuple[str, Any]]]] = deque()
         self._depths: dict[str, int] = {}  # chain depth of each delta written
         self._delta_tries: dict[str, list[int]] = {}  # leaf name -> [deltas kept, deltas not paying]
         self._flushing: deque[Future[None]] = deque()
         self._writer = store.new_pack_writer(opts.pack_bytes)
         self._held: list[np.ndarray] = []  # buffers the current pack's payloads live in
         self._free: deque[np.ndarray] = deque()  # buffers whose pack is written: reused
-        self.stats = _WriteStats()
+        self.stats = WriteStats()
 
-    def __enter__(self) -> _PackPipeline:
+    def __enter__(self) -> PackPipeline:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -132,7 +133,7 @@ class _PackPipeline:
                 fut.cancel()
             self._io.shutdown(wait=True)
 
-    def push(self, chunk: _Chunk) -> None:
+    def push(self, chunk: Chunk) -> None:
         """Queue one chunk (its id known, absent from the store) for encoding and packing."""
         buf = self._buffer(objects.grouped_size(len(chunk.view), chunk.itemsize)) if chunk.grouped else None
         if chunk.base is not None and self._hopeless(chunk.key):
@@ -208,21 +209,6 @@ class _PackPipeline:
         self._flushing.append(self._io.submit(flush))
 
 
-def write_missing(
-    store: objects.ObjectStore,
-    index: Any,
-    session: str,
-    missing: list[_Chunk],
-    opts: TakeOptions,
-    pool: ThreadPoolExecutor,
-) -> _WriteStats:
-    """Encode the missing chunks in parallel, fill packs, make each durable, then index it."""
-    with _PackPipeline(store, index, session, opts, pool) as pipe:
-        for chunk in missing:
-            pipe.push(chunk)
-    return pipe.stats
-
-
 HOPELESS_AFTER = 3
 """Failed delta tries (and no success) after which a take stops trying deltas for tensors of
 the same leaf name."""
@@ -236,7 +222,7 @@ _IN_BUFFER = (objects.BYTEGROUP_ZSTD, objects.XOR_BYTEGROUP_ZSTD)
 """Codecs whose payload may be a view into the recycled encode buffer."""
 
 
-def _encode_delta(store: objects.ObjectStore, chunk: _Chunk, buf: np.ndarray | None) -> tuple[str, Any]:
+def _encode_delta(store: objects.ObjectStore, chunk: Chunk, buf: np.ndarray | None) -> tuple[str, Any]:
     """Encode ``chunk`` against its base, or whole when the delta does not pay
     (``objects.encode_delta``).
 
@@ -278,7 +264,7 @@ def _scratch(kind: str, n: int) -> np.ndarray:
     return buf
 
 
-def _flush(writer: objects.PackWriter, index: Any, session: str, depths: dict[str, int] | None = None) -> None:
+def _flush(writer: objects.PackWriter, index: WriteIndex, session: str, depths: dict[str, int] | None = None) -> None:
     done = writer.finish()
     if done is None:
         return
@@ -287,14 +273,14 @@ def _flush(writer: objects.PackWriter, index: Any, session: str, depths: dict[st
     index.add_pack(session, PackRecord(pack_id, size, len(chunks), time.time()), chunks)
 
 
-def _batches(chunks: list[_Chunk], max_bytes: int, max_count: int, first_bytes: int | None = None) -> Iterator[list[_Chunk]]:
+def batches(chunks: list[Chunk], max_bytes: int, max_count: int, first_bytes: int | None = None) -> Iterator[list[Chunk]]:
     """Consecutive runs of ``chunks`` of at most ``max_bytes`` (or ``max_count`` chunks).
 
     With ``first_bytes``, the first run holds at most that many bytes and each next one twice
     the last, up to ``max_bytes``: the writes start after a small first batch is hashed
     instead of after a full one (on a small state, a full first batch is all of it).
     """
-    batch: list[_Chunk] = []
+    batch: list[Chunk] = []
     size = 0
     limit = max_bytes if first_bytes is None else min(first_bytes, max_bytes)
     for c in chunks:

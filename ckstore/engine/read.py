@@ -14,7 +14,7 @@ import torch
 from ..errors import KeyNotFoundError, MismatchError
 from ..format.manifest import Manifest, PerRankEntry
 from ..format.tree import ABSENT, prune, subtree, tree_refs, unflatten
-from .restore import Reader, _check_tensor, _is_dtensor
+from .restore import Reader, check_destination, is_dtensor_dest
 
 
 def read_object(reader: Reader, key: str, obj_out: Any = None) -> Any:
@@ -100,11 +100,11 @@ def _find_subtree(m: Manifest, key: str) -> Any:
 def _copy_into(dest: Any, src: torch.Tensor, key: str, where: str) -> None:
     if not isinstance(dest, torch.Tensor):
         raise MismatchError(f"{where}: obj_out for key {key!r} must be a tensor")
-    if _is_dtensor(dest):
+    if is_dtensor_dest(dest):
         raise MismatchError(
             f"{where}: obj_out for key {key!r} is a DTensor; read the global tensor (no obj_out) "
             "and distribute_tensor() it, or restore() into the DTensor to read only its shard"
         )
-    _check_tensor(dest, src.dtype, tuple(src.shape), key, where)
+    check_destination(dest, src.dtype, tuple(src.shape), key, where)
     with torch.no_grad():
         dest.copy_(src)

@@ -1,10 +1,10 @@
 """A repository: one store's object backend, SQL index and config, opened together.
 
 This is the plumbing every layer above works on: the engine takes and restores through it,
-``history`` runs gc, check, diff and reindex over it, ``dist`` spreads takes and restores of it
-over ranks, and the public :class:`ckstore.Store` is a repository with the user's verbs on top.
-:class:`SnapshotView` binds one committed snapshot record to its repository and (lazily) its
-manifest; the public :class:`ckstore.Snapshot` extends it with restore and reads.
+``history`` runs gc, check, diff and reindex over it, ``distributed`` spreads takes and
+restores of it over ranks, and the public :class:`ckstore.Store` holds one and puts the
+user's verbs on top. :class:`SnapshotView` binds one committed snapshot record to its
+repository and (lazily) its manifest; the public snapshot handles hold one.
 
 Opening a repository and reading its history never imports torch (the command line's read
 commands rely on it); only reading tensors (:meth:`SnapshotView.reader`) does.
@@ -13,7 +13,7 @@ commands rely on it); only reading tensors (:meth:`SnapshotView.reader`) does.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from .. import objects
@@ -39,9 +39,6 @@ from .config import (
 if TYPE_CHECKING:
     from .packing import TakeOptions
     from .restore import Reader
-
-R = TypeVar("R", bound="Repository")
-
 
 def is_local(url: str) -> bool:
     """True for plain paths, ``file://`` URLs and TorchSnapshot's ``fs://`` paths."""
@@ -207,7 +204,7 @@ class Repository:
         self.index.close()
         self.objects.backend.close()
 
-    def __enter__(self: R) -> R:
+    def __enter__(self) -> Repository:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -223,36 +220,12 @@ def describe(record: SnapshotRecord) -> str:
     return f"{base} ({record.id[:12]})"
 
 
-class SnapshotView:
-    """One committed snapshot of a repository: its record, its manifest (read on first use)."""
-
-    store: Repository
-    record: SnapshotRecord
-
-    def __init__(
-        self, store: Repository, record: SnapshotRecord, manifest: Manifest | None = None
-    ) -> None:
-        self.store = store
-        self.record = record
-        self._manifest = manifest
+class SnapshotFields:
+    """Read-only fields of a committed snapshot, from its index record (``self.record``)."""
 
     @property
-    def manifest(self) -> Manifest:
-        if self._manifest is None:
-            self._manifest = self.store.load_manifest(self.record)
-        return self._manifest
-
-    def reader(self) -> Reader:
-        """A reader of this snapshot's chunks (every chunk re-hashed on read)."""
-        from .restore import Reader  # imports torch: opening a store and reading history do not
-
-        return Reader(
-            self.store.objects,
-            self.store.index,
-            self.manifest,
-            f"snapshot {self.ref}",
-            self.store.threads,
-        )
+    def record(self) -> SnapshotRecord:
+        raise NotImplementedError
 
     @property
     def id(self) -> str:
@@ -289,6 +262,7 @@ class SnapshotView:
 
     @property
     def stats(self) -> dict[str, int]:
+        """Logical bytes, new bytes and chunks stored, chunks reused."""
         r = self.record
         return {
             "logical_bytes": r.logical_bytes,
@@ -296,6 +270,39 @@ class SnapshotView:
             "new_chunks": r.new_chunks,
             "reused_chunks": r.reused_chunks,
         }
+
+
+class SnapshotView(SnapshotFields):
+    """One committed snapshot of a repository: its record, its manifest (read on first use)."""
+
+    def __init__(
+        self, store: Repository, record: SnapshotRecord, manifest: Manifest | None = None
+    ) -> None:
+        self.store = store
+        self._record = record
+        self._manifest = manifest
+
+    @property
+    def record(self) -> SnapshotRecord:
+        return self._record
+
+    @property
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            self._manifest = self.store.load_manifest(self.record)
+        return self._manifest
+
+    def reader(self) -> Reader:
+        """A reader of this snapshot's chunks (every chunk re-hashed on read)."""
+        from .restore import Reader  # imports torch: opening a store and reading history do not
+
+        return Reader(
+            self.store.objects,
+            self.store.index,
+            self.manifest,
+            f"snapshot {self.ref}",
+            self.store.threads,
+        )
 
 
 def open_repository(
@@ -308,12 +315,8 @@ def open_repository(
     pack_bytes: int | None = None,
     inline_bytes: int | None = None,
     create_index: bool | None = None,
-    cls: type[R] = Repository,  # type: ignore[assignment]
-) -> R:
-    """Open (and by default create) a store; see :func:`ckstore.open` for the arguments.
-
-    ``cls`` is the class to build (``Store`` for the public facade).
-    """
+) -> Repository:
+    """Open (and by default create) a store; see :func:`ckstore.open` for the arguments."""
     url = os.fspath(url)
     if is_local(url):
         url = local_path(url)
@@ -331,7 +334,7 @@ def open_repository(
             f"index {idx.url} belongs to another store (id {stored}) than {url} (id "
             f"{config.store_id}); point index= at this store's index"
         )
-    repo = cls(url, objs, idx, config)
+    repo = Repository(url, objs, idx, config)
     repo.opened_with = {"index": index, "storage_options": dict(storage_options) if storage_options else None}
     return repo
 

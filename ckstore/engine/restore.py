@@ -138,7 +138,8 @@ class Reader:
         return t.numpy() if entry.container == "numpy" else t  # type: ignore[union-attr]
 
 
-def _check_tensor(dest: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], key: str, where: str) -> None:
+def check_destination(dest: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], key: str, where: str) -> None:
+    """Refuse a destination tensor of another dtype or shape than the stored ``key``."""
     if dest.dtype != dtype or tuple(dest.shape) != shape:
         raise MismatchError(
             f"{where}: key {key!r} is {dtype} {list(shape)} in the snapshot but "
@@ -316,10 +317,10 @@ def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | N
         entry = reader.entry(key)
         if not isinstance(entry, TensorEntry):
             continue
-        _check_tensor(dest, dtype_from_name(entry.dtype), entry.shape, key, reader.where)
+        check_destination(dest, dtype_from_name(entry.dtype), entry.shape, key, reader.where)
         plan.dest[key] = dest
         plan.target[key] = dest
-        if _is_dtensor(dest):
+        if is_dtensor_dest(dest):
             from ..format.boxes import local_box
 
             plan.target[key] = dest.to_local()  # type: ignore[attr-defined]
@@ -355,7 +356,8 @@ def _skip_missing(reader: Reader, plan: _AppPlan, current: dict[str, Any], stric
     return not whole
 
 
-def _is_dtensor(t: torch.Tensor) -> bool:
+def is_dtensor_dest(t: torch.Tensor) -> bool:
+    """Whether a destination is a DTensor (or another tensor subclass with local shards)."""
     return type(t) not in (torch.Tensor, torch.nn.Parameter) and callable(getattr(t, "to_local", None))
 
 

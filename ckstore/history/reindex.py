@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
+from ..engine.commit import entry_records
 from ..engine.lease import Lease
 from ..engine.locations import to_records
 from ..errors import CkstoreError, ConflictError, CorruptionError
@@ -164,8 +165,6 @@ def _commit(store: Repository, lease: Lease, manifest_id: str, manifest: Manifes
         name=header.get("name"),
         world_size=world,
     )
-    from ..engine.take import entry_records  # imports torch, which reindex alone does not need
-
     raw = store.objects.get_blob("manifests", manifest_id)
     # commit_snapshot ends the session it commits under: give each snapshot its own session.
     with Lease(store.index, store.lease_seconds) as one:

@@ -35,7 +35,7 @@ import re
 from typing import Any
 
 from ..errors import ConflictError, NotFoundError, SnapshotNotFoundError
-from ..interop import SOURCE_APP, app_state_of, take_local
+from ..interop import SOURCE_APP, app_state_of
 from ..store import Store
 
 try:
@@ -82,8 +82,8 @@ class CkstoreCheckpointIO(CheckpointIO):
         step = checkpoint.get("global_step")
         meta = {**self.metadata, "lightning": {"path": os.fspath(path), "epoch": checkpoint.get("epoch")}}
         apps = app_state_of(checkpoint, f"Lightning checkpoint {os.fspath(path)!r}")
-        take_local(self.store, apps, run=self.run, step=step if isinstance(step, int) else None, tags=(tag,),
-                   metadata=meta, delta_base=self.store.delta_base)
+        self.store.take(apps, run=self.run, step=step if isinstance(step, int) else None, tags=(tag,),
+                        metadata=meta, no_dist=True)
         if previous is not None and previous not in self.store.tags().values():
             self._delete(previous)
 

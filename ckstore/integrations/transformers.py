@@ -20,7 +20,7 @@ dedup against every earlier checkpoint and every model imported before. The fold
 deleted, unless ``keep_local`` (default: kept only when the Trainer will need it again,
 i.e. ``load_best_model_at_end``).
 
-:func:`checkout` writes a snapshot back as a checkpoint folder (``Snapshot.export(dir,
+:func:`checkout` writes a snapshot back as a checkpoint folder (``StoredSnapshot.export(dir,
 "hf")``), which ``trainer.train(resume_from_checkpoint=...)`` resumes from exactly: weights,
 optimizer, scheduler, RNG and trainer state.
 """
@@ -33,7 +33,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..snapshot import Snapshot
+from ..snapshot import StoredSnapshot
 from ..store import Store
 
 PREFIX = "checkpoint"
@@ -57,7 +57,7 @@ class CkstoreCallback(TrainerCallback):
         self.run = run
         self.keep_local = keep_local
         self.tags = tuple(tags)
-        self.snapshots: list[Snapshot] = []
+        self.snapshots: list[StoredSnapshot] = []
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:

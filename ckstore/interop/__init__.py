@@ -23,17 +23,14 @@ from __future__ import annotations
 import os
 import struct
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.config import budget_cap
 from ..engine.repository import Repository, SnapshotView
-from ..engine.take import state_dicts
-from ..engine.take import take as engine_take
 from ..errors import InvalidInputError, NotFoundError
-from ..format.manifest import Manifest
-from ..index import SnapshotRecord
 from . import _dcpdir, _hf, _outdir, _torchfile
 from ._apps import SOURCE_APP, app_state_of, select
 from ._hf import DEFAULT_SHARD_BYTES
@@ -50,11 +47,11 @@ __all__ = [
     "IMPORT_FORMATS",
     "SOURCE_APP",
     "ExportReport",
+    "Loaded",
     "app_state_of",
     "detect_format",
     "export_snapshot",
-    "import_checkpoint",
-    "take_local",
+    "load_checkpoint",
 ]
 
 
@@ -95,66 +92,36 @@ def _load(path: str, fmt: str, spill: Spill) -> tuple[dict[str, Any], Source]:
     raise InvalidInputError(f"unknown import format {fmt!r}; use one of {', '.join(IMPORT_FORMATS)}")
 
 
-def import_checkpoint(
-    repo: Repository,
-    path: str | os.PathLike[str],
-    *,
-    run: str,
-    step: int | None,
-    tags: tuple[str, ...],
-    metadata: Mapping[str, Any],
-    name: str | None = None,
-    format: str | None = None,  # noqa: A002 - the option users type
-    delta_base: str | None = None,
-) -> tuple[SnapshotRecord, Manifest]:
-    """Take the checkpoint at ``path`` into ``repo`` as one snapshot (in this process).
+@dataclass
+class Loaded:
+    """A checkpoint loaded for an import: the app_state to take, and the import's metadata."""
 
-    The state maps onto apps as :func:`app_state_of` says, plus the app ``_source`` (the import
-    record and kept files). ``metadata`` is merged over ``{"imported_from": {"format", "name"}}``.
-    ``delta_base`` as for ``Store.take`` (e.g. the ref of an imported base model, for a
-    fine-tune of it). Returns the committed record and its manifest.
+    apps: dict[str, Any]
+    """App name -> state dict, as :func:`app_state_of` maps the checkpoint, plus the app
+    ``_source`` (the import record and kept files)."""
+    metadata: dict[str, Any]
+    """``{"imported_from": {"format", "name"}}``: what the snapshot's metadata starts from."""
+
+
+@contextmanager
+def load_checkpoint(repo: Repository, path: str | os.PathLike[str], format: str | None = None) -> Iterator[Loaded]:  # noqa: A002
+    """Load the checkpoint at ``path`` (file or folder) for a take into ``repo``.
+
+    Tensors are memory-mapped from the files, or (DCP) spilled to temporary files past the
+    repository's memory budget; they stay valid inside the ``with`` block, where the caller
+    takes them (``Store.import_checkpoint``).
+
+    Raises:
+        UnsafePickleError: a ``torch.save`` file (or DCP metadata) needs arbitrary unpickling.
+        InvalidInputError: the path is not a readable checkpoint of the format.
+        NotFoundError: nothing at ``path``.
     """
     path = os.fspath(path)
     fmt = format or detect_format(path)
     with Spill(budget_cap() if repo.memory_budget is None else repo.memory_budget) as spill:
         apps, src = _load(path, fmt, spill)
         apps[SOURCE_APP] = src.app()
-        return take_local(repo, apps, run=run, step=step, tags=tags, metadata={**src.metadata(), **dict(metadata)},
-                          name=name, delta_base=delta_base)
-
-
-def take_local(
-    repo: Repository,
-    app_state: Mapping[str, Any],
-    *,
-    run: str,
-    step: int | None,
-    tags: Sequence[str] = (),
-    metadata: Mapping[str, Any] | None = None,
-    name: str | None = None,
-    delta_base: str | None = None,
-) -> tuple[SnapshotRecord, Manifest]:
-    """A take in this process only, even under torch.distributed (no collectives).
-
-    For callers that run on one rank by design: an import, or a trainer's checkpoint hook
-    that the trainer calls on rank 0 only. Returns the committed record and its manifest.
-    """
-    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
-        raise InvalidInputError(f"step must be a non-negative int, got {step!r}")
-    base = repo.delta_manifest(delta_base, run)
-    result = engine_take(
-        repo.objects,
-        repo.index,
-        state_dicts(app_state),
-        repo.take_options(deltas=delta_base is not None),
-        run=run,
-        step=step,
-        tags=tuple(tags),
-        metadata=dict(metadata or {}),
-        name=name,
-        base=base,
-    )
-    return result.record, result.manifest
+        yield Loaded(apps, src.metadata())
 
 
 @dataclass

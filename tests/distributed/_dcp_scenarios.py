@@ -78,7 +78,7 @@ def save_twice(rank: int, world: int, path: str, run: str) -> dict[str, Any]:
             r = w.snapshot.record
             out[str(step)] = {"id": r.id, "new_bytes": r.new_bytes, "new_chunks": r.new_chunks, "world": r.world_size}
     out["failed"] = _save_refused(store, world, run)
-    out["live_sessions"] = len(store.index.live_sessions())
+    out["live_sessions"] = len(store.repository.index.live_sessions())
     out["gc"] = _gc_before_commit(rank, world, path + "-gc")
     return out
 
@@ -100,9 +100,9 @@ def _gc_before_commit(rank: int, world: int, path: str) -> dict[str, Any] | None
 
     class GcFirst(StorageWriter):
         def finish(self, metadata: Any, results: Any) -> None:
-            seen["chunks"] = sum(1 for _ in store.index.all_chunks())
-            seen["unprotected"] = len(store.index.unreferenced_chunks(time.time() + 1))
-            seen["live_sessions"] = len(store.index.live_sessions())
+            seen["chunks"] = sum(1 for _ in store.repository.index.all_chunks())
+            seen["unprotected"] = len(store.repository.index.unreferenced_chunks(time.time() + 1))
+            seen["live_sessions"] = len(store.repository.index.live_sessions())
             seen["removed"] = store.gc(grace_seconds=0).chunks_removed
             super().finish(metadata, results)
 

@@ -204,7 +204,7 @@ def failing_take(rank: int, world: int, path: str, bad: int, how: str, timeout: 
     """Rank ``bad`` raises (or is SIGKILLed) while writing its chunks."""
     store = ckstore.open(path, **TINY)
     if rank == bad:
-        real = store.objects.new_pack_writer
+        real = store.repository.objects.new_pack_writer
 
         def broken(*a: Any, **k: Any) -> Any:
             if how == "kill":
@@ -213,7 +213,7 @@ def failing_take(rank: int, world: int, path: str, bad: int, how: str, timeout: 
                 os.kill(os.getpid(), signal.SIGSTOP)
             raise RuntimeError("injected failure while writing")
 
-        store.objects.new_pack_writer = broken  # type: ignore[method-assign]
+        store.repository.objects.new_pack_writer = broken  # type: ignore[method-assign]
         del real
     state = {"g": ckstore.StateDict(dtensors(world, True, False)), "local": local_app(rank)}
     t0 = time.monotonic()
@@ -253,13 +253,13 @@ def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
     from ckstore import objects
-    from ckstore.distributed import _comm
+    from ckstore.distributed import comm
 
-    _comm.BROADCAST_BATCH = 1000  # many batches, some packed, some slices of one tensor
+    comm.BROADCAST_BATCH = 1000  # many batches, some packed, some slices of one tensor
     want = DistributedDataParallel(model(5)).state_dict()
     store = ckstore.open(path)
-    counting = objects.CountingBackend(store.objects.backend)
-    store.objects = objects.ObjectStore(counting)
+    counting = objects.CountingBackend(store.repository.objects.backend)
+    store.repository.objects = objects.ObjectStore(counting)
     snap = store.get("ddp")
     _ = snap.manifest
     out: dict[str, Any] = {}
@@ -284,8 +284,8 @@ def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
         def broken(*a: Any, **k: Any) -> Any:
             raise CorruptionError("injected damaged chunk")
 
-        store.objects.read_chunk = broken  # type: ignore[method-assign]
-        store.objects.verify_chunk = broken  # type: ignore[method-assign]
+        store.repository.objects.read_chunk = broken  # type: ignore[method-assign]
+        store.repository.objects.verify_chunk = broken  # type: ignore[method-assign]
     try:
         snap.restore({"ddp": fresh})
         out["error"] = None

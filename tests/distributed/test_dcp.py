@@ -64,16 +64,16 @@ def test_single_process_model_and_optimizer(tmp_path: Path, monkeypatch: pytest.
     dcp.save(state, storage_writer=w1)
     first = w1.snapshot.record
     assert first.new_chunks > 0 and first.new_bytes > 0 and first.world_size == 1
-    packs = store.objects.list_packs()
+    packs = store.repository.objects.list_packs()
 
     w2 = StorageWriter(store, run="sp", step=2)
     dcp.save(state, storage_writer=w2)
     second = w2.snapshot.record
     assert (second.new_bytes, second.new_chunks) == (0, 0)
     assert second.reused_chunks == first.new_chunks + first.reused_chunks
-    assert store.objects.list_packs() == packs  # not one byte of chunk data written
-    assert store.index.snapshot_chunk_ids(first.id) == store.index.snapshot_chunk_ids(second.id)
-    assert not store.index.live_sessions()
+    assert store.repository.objects.list_packs() == packs  # not one byte of chunk data written
+    assert store.repository.index.snapshot_chunk_ids(first.id) == store.repository.index.snapshot_chunk_ids(second.id)
+    assert not store.repository.index.live_sessions()
     assert store.tags()["best"] == first.id and store.get("sp@1").record.metadata == {"who": "test"}
     assert store.check(read_data=True).ok
 
@@ -102,7 +102,7 @@ def test_stored_metadata_is_json(tmp_path: Path) -> None:
     state = {"model": m.state_dict(), "step": 7}
     w = StorageWriter(store, run="js")
     returned = dcp.save(state, storage_writer=w)
-    raw = store.objects.get_blob("manifests", w.snapshot.record.manifest_id)
+    raw = store.repository.objects.get_blob("manifests", w.snapshot.record.manifest_id)
     doc = json.loads(raw)  # the manifest (which carries DCP's metadata) is plain JSON
     assert not raw.startswith(b"\x80")
     dcp_doc = doc["snapshot"]["dcp"]
@@ -142,7 +142,7 @@ def test_ckstore_restore_and_read_object_of_a_dcp_snapshot(tmp_path: Path) -> No
     assert bits(snap.read_object("dcp/model.0.weight")) == bits(m.state_dict()["0.weight"])
     losses = snap.read_object("dcp/train.losses")
     assert torch.load(losses, weights_only=True) == [1.5, 0.5]
-    assert snap.with_ranked_paths().read_object("0/dcp/train.step") == torch.tensor(3)
+    assert ckstore.Snapshot.of(snap).read_object("0/dcp/train.step") == torch.tensor(3)
     store.close()
 
 
@@ -217,14 +217,14 @@ def test_four_ranks_save_one_snapshot(ranks: dict[str, Any]) -> None:
     with ckstore.open(ranks["path"]) as store:
         assert store.get("d4@1").id == first["id"]
         assert store.check(read_data=True).ok
-        assert not store.index.live_sessions()
+        assert not store.repository.index.live_sessions()
 
 
 def test_second_save_of_unchanged_state_writes_no_chunk_bytes(ranks: dict[str, Any]) -> None:
     second = ranks["saved"][0]["2"]
     assert (second["new_bytes"], second["new_chunks"]) == (0, 0)
     with ckstore.open(ranks["path"]) as store:
-        assert store.index.snapshot_chunk_ids(second["id"]) == store.index.snapshot_chunk_ids(ranks["saved"][0]["1"]["id"])
+        assert store.repository.index.snapshot_chunk_ids(second["id"]) == store.repository.index.snapshot_chunk_ids(ranks["saved"][0]["1"]["id"])
 
 
 def test_two_ranks_load_with_other_placements(ranks: dict[str, Any]) -> None:

@@ -41,7 +41,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with ckstore.open(delta_path, **sc.TINY) as store:
         store.take({"g": ckstore.StateDict(_last_bit_flipped(sc.global_state()))}, run="w1d", step=0)
         store.take({"g": ckstore.StateDict(sc.global_state())}, run="w1d", step=1, delta_base="parent")
-        out["w1d_deltas"] = sum(1 for c in store.index.all_chunks() if c.base_id)
+        out["w1d_deltas"] = sum(1 for c in store.repository.index.all_chunks() if c.base_id)
     out["delta_path"] = delta_path
     out["w2d"] = values(run_ranks(sc.restore_dtensors, 2, tmp, delta_path, {"w1d": 1}))
     out["w2"] = values(run_ranks(sc.matrix_take, 2, tmp, path, {"w1": 1}))
@@ -212,6 +212,6 @@ def test_reader_decodes_non_contiguous_pieces(tmp_path: Path) -> None:
     with ckstore.open(tmp_path / "s", **sc.TINY) as store:
         t = torch.arange(20 * 33, dtype=torch.float32).reshape(20, 33)
         snap = store.take({"a": ckstore.StateDict(x=t)})
-        r = Reader(store.objects, store.index, snap.manifest, "t")
+        r = Reader(store.repository.objects, store.repository.index, snap.manifest, "t")
         got = r.read_regions({"a/x": ((3, 5), (9, 20))})["a/x"]
         assert bits(got) == bits(t[3:12, 5:25])

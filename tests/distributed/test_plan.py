@@ -11,7 +11,7 @@ import pytest
 
 from ckstore.distributed._classify import DTENSOR, LOCAL, REPLICATED, VALUE
 from ckstore.distributed._plan import PlanCache, layout_digest, plan
-from ckstore.distributed._take import _writers
+from ckstore.distributed.take import _writers
 from ckstore.engine.packing import TakeOptions
 from ckstore.errors import DistributedError
 from ckstore.format.boxes import pieces

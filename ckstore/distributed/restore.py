@@ -20,16 +20,19 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..engine.config import budget_cap
-from ..engine.restore import Prepared, Reader, apply, prepare, validate, whole_plain_keys
+from ..engine.restore import Reader, apply, prepare, validate, whole_plain_keys
 from ..errors import InvalidInputError
 from ..format.manifest import TensorEntry
 from ..format.tensors import empty_for
-from ._comm import Comm, failure, raise_failed
+from .comm import Comm, phase
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 REPLICATED_READS = ("each", "broadcast")
 
@@ -46,26 +49,22 @@ def restore(
     reader: Reader,
     app_state: Mapping[str, Any],
     strict: bool = True,
-    pg: Any = None,
+    pg: ProcessGroup | None = None,
     timeout: float | None = None,
     budget: int | None = None,
     replicated_read: str | None = None,
     atomic: bool = True,
 ) -> None:
+    """Restore ``reader``'s snapshot into ``app_state`` on every rank of ``pg`` (see the module
+    docstring); every rank loads, or every rank raises DistributedError."""
     mode = replicated_mode(replicated_read)
     comm = Comm(pg, timeout)
     reader = replace(reader, rank=comm.rank)
     if mode == "broadcast" and comm.world > 1:
         _restore_broadcast(comm, reader, app_state, strict, budget, atomic)
         return
-    prepared = None
-    try:
+    with phase(comm, "restore", f"distributed restore of {reader.where}"):
         prepared = prepare(reader, app_state, strict, budget, atomic=atomic)
-        msg: dict[str, Any] = {"ok": True}
-    except Exception as exc:
-        msg = failure(exc)
-    raise_failed(comm.all_gather_json(msg, "restore"), f"distributed restore of {reader.where}")
-    assert prepared is not None
     apply(prepared, reader)
 
 
@@ -74,18 +73,11 @@ def _restore_broadcast(
 ) -> None:
     """Rank 0 reads the entries every rank needs whole; the others receive them by broadcast."""
     what = f"distributed restore of {reader.where}"
-    plans = None
-    msg: dict[str, Any]
-    try:
+    with phase(comm, "restore (validate)", what) as ph:
         plans = validate(reader, app_state, strict)
-        msg = {"ok": True, "whole": whole_plain_keys(reader, plans)}
-    except Exception as exc:
-        msg = failure(exc)
-    statuses = comm.all_gather_json(msg, "restore (validate)")
-    raise_failed(statuses, what)
-    assert plans is not None
+        ph.send(whole_plain_keys(reader, plans))
     # Entries needed whole everywhere, in one order on every rank (the manifest is the same).
-    shared = sorted(set.intersection(*(set(s["whole"]) for s in statuses)))
+    shared = sorted(set.intersection(*(set(whole) for whole in ph.received)))
     entries = {k: reader.manifest.entries[k] for k in shared}
     nbytes = sum(_nbytes(e) for e in entries.values())
     # Broadcast stages whole replicated tensors: by default up to the fixed cap, not the share
@@ -93,17 +85,11 @@ def _restore_broadcast(
     budget = budget_cap() if budget is None else budget
     if nbytes > budget:
         shared, entries, nbytes = [], {}, 0  # broadcast stages whole tensors: over budget, each rank reads
-    prepared: Prepared | None = None
     tensors: dict[str, torch.Tensor] = {}
-    try:
+    with phase(comm, "restore", what):
         prepared = prepare(reader, app_state, strict, budget - nbytes, plans=plans, skip=frozenset(shared), atomic=atomic)
         if comm.rank == 0:
             tensors = reader.read_tensors(shared)
-        msg = {"ok": True}
-    except Exception as exc:
-        msg = failure(exc)
-    raise_failed(comm.all_gather_json(msg, "restore"), what)
-    assert prepared is not None
     if comm.rank != 0:
         for k, e in entries.items():
             assert isinstance(e, TensorEntry)

@@ -1,34 +1,15 @@
-"""JSON messages between the ranks of a process group: no pickle, every wait bounded.
+"""A gloo group of a process group's members, with arrival, heartbeat and culprit naming.
 
-A :class:`Comm` talks over a gloo group of its own, built by the group's members alone from
-the job's rendezvous store (``torch.distributed``'s default store): ranks outside ``pg`` never
-take part, so a take on a sub-group cannot hang ranks that are busy elsewhere (in a barrier,
-say). Every step is bounded by the timeout, and a failure names the ranks behind it:
-
-* **Opening a group**: each member posts ``here/<rank>`` in the store, then waits (polling)
-  for the others. Members that have not arrived by the timeout are named in the
-  :class:`~ckstore.errors.RankLostError` ("rank(s) [2] never arrived").
-* **Each collective**: before it starts, each member posts the collective's sequence number
-  (``at/<rank>``), and gloo bounds the collective by the timeout. While a group is open, a
-  daemon thread of each member bumps its heartbeat counter (``beat/<rank>``) every second.
-* **When a collective fails** (a peer's connection dropped, or the timeout passed), the member
-  posts ``left/<rank>`` and watches the others' keys until each has either left too (alive:
-  it saw the failure) or stopped beating, or the timeout (counted from the collective's start)
-  has passed: ranks whose heartbeat stopped are named as dead or stopped (a killed rank within
-  about ``STALL_CHECK_SECONDS``), ranks still beating that never reached the collective as
-  absent (busy in another call).
-
-A group whose opening or collective failed is closed, and the first member to see that moves
-the group's *generation* (a store counter) on; the next :class:`Comm` opens the group of the
-current generation, so members that missed the failed group (absent then) and those that saw
-it fail meet again in the same fresh one.
+The transport under :class:`ckstore.distributed.comm.Comm`: each member posts ``here/<rank>``
+in the job's rendezvous store and waits for the others; each collective first posts its
+sequence number (``at/<rank>``); a daemon thread bumps ``beat/<rank>`` every second; when a
+collective fails, the member posts ``left/<rank>`` and watches the others' keys to tell dead
+or stopped ranks from ranks busy elsewhere (see the module docstring of ``comm``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import threading
 import time
 from datetime import timedelta
@@ -36,154 +17,18 @@ from typing import Any
 
 import torch
 
-from ..errors import DistributedError, InvalidInputError, RankLostError
-from ..format.limits import check_number
+from ..errors import DistributedError, RankLostError
 
-DEFAULT_TIMEOUT = 600.0
-BROADCAST_BATCH = 64 << 20  # default bytes per broadcast call when sending tensors
-MAX_TIMEOUT = 7 * 86400.0
 BEAT_SECONDS = 1.0  # heartbeat period of an open group's members
 STALL_CHECK_SECONDS = 3.0  # how long a heartbeat must stand still to count as stopped
 _POLL_MAX = 0.05  # longest sleep between polls of the store while opening a group
 _KEYS = ("at", "beat", "left")  # per-member keys: last collective reached, heartbeat, done
 
 # (default group, members, timeout, purpose) -> the open group
-_GROUPS: dict[tuple[Any, ...], _Group] = {}
+_GROUPS: dict[tuple[Any, ...], Group] = {}
 
 
-def dist_timeout(timeout: float | None) -> float:
-    """The timeout in seconds: the argument, else ``CKSTORE_DIST_TIMEOUT``, else 600.
-
-    Raises:
-        InvalidInputError: not a finite number of seconds > 0 (at most a week).
-    """
-    if timeout is not None:
-        return check_number("dist_timeout", timeout, 0.0, MAX_TIMEOUT, lo_open=True)
-    env = os.environ.get("CKSTORE_DIST_TIMEOUT")
-    if not env:
-        return float(DEFAULT_TIMEOUT)
-    try:
-        value = float(env)
-    except ValueError:
-        raise InvalidInputError(f"$CKSTORE_DIST_TIMEOUT must be a number of seconds, got {env!r}") from None
-    return check_number("$CKSTORE_DIST_TIMEOUT", value, 0.0, MAX_TIMEOUT, lo_open=True)
-
-
-def members_of(pg: Any) -> list[int]:
-    """The global ranks of ``pg`` in group-rank order (``None``: every rank)."""
-    import torch.distributed as dist
-
-    if pg is None or pg is dist.group.WORLD:
-        return list(range(dist.get_world_size()))
-    if pg is dist.GroupMember.NON_GROUP_MEMBER:
-        raise InvalidInputError(
-            f"rank {dist.get_rank()} is not a member of the process group passed as pg=; "
-            "call ckstore only on the group's members"
-        )
-    return [int(r) for r in dist.get_process_group_ranks(pg)]
-
-
-class Comm:
-    """This rank's view of a process group: its rank and size there, and JSON collectives.
-
-    Args:
-        pg: ``None`` (every rank) or a ``torch.distributed`` group; only its members call.
-            ``rank`` and ``world`` are this process's rank and the size within ``pg``.
-        timeout: seconds any step may wait for the others (default ``CKSTORE_DIST_TIMEOUT``
-            or 600).
-        purpose: a label keeping apart groups used at the same time by different threads (a
-            background take beside a restore in the main thread).
-
-    Every collective returns or raises :class:`DistributedError` within the timeout (plus a
-    few seconds to name the missing ranks); ``err.ranks`` lists them (group ranks).
-    """
-
-    def __init__(self, pg: Any = None, timeout: float | None = None, purpose: str = "sync") -> None:
-        import torch.distributed as dist
-
-        self.timeout = dist_timeout(timeout)
-        self.members = members_of(pg)
-        me = dist.get_rank()
-        if me not in self.members:
-            raise InvalidInputError(f"rank {me} is not in the process group passed as pg= ({self.members})")
-        self.rank = self.members.index(me)
-        self.world = len(self.members)
-        self._group = _open(self.members, self.rank, self.timeout, purpose) if self.world > 1 else None
-
-    def all_gather_json(self, obj: Any, what: str) -> list[Any]:
-        """Every rank's ``obj``, in rank order."""
-        raw = json.dumps(obj, separators=(",", ":")).encode()
-        if self._group is None:
-            return [json.loads(raw)]
-        g = self._group
-        n = torch.tensor([len(raw)], dtype=torch.int64)
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
-        g.run(what, lambda: g.pg.allgather([sizes], [n]))
-        longest = max(int(s) for s in sizes)
-        mine = torch.zeros(longest, dtype=torch.uint8)
-        if raw:
-            mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        bufs = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.world)]
-        g.run(what, lambda: g.pg.allgather([bufs], [mine]))
-        return [json.loads(b[: int(s)].numpy().tobytes()) for b, s in zip(bufs, sizes)]
-
-    def broadcast_json(self, obj: Any, what: str, src: int = 0) -> Any:
-        """Rank ``src``'s ``obj`` on every rank."""
-        raw = json.dumps(obj, separators=(",", ":")).encode() if self.rank == src else b""
-        if self._group is None:
-            return json.loads(raw)
-        g = self._group
-        n = torch.tensor([len(raw)], dtype=torch.int64)
-        g.run(what, lambda: g.broadcast(n, src))
-        buf = torch.zeros(int(n), dtype=torch.uint8)
-        if self.rank == src and raw:
-            buf[:] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        g.run(what, lambda: g.broadcast(buf, src))
-        return json.loads(buf.numpy().tobytes())
-
-    def broadcast_tensors(self, tensors: list[torch.Tensor], what: str, src: int = 0, batch_bytes: int | None = None) -> None:
-        """Copy rank ``src``'s contiguous CPU ``tensors`` into the same-shaped ones elsewhere.
-
-        Bytes travel in batches of at most ``batch_bytes``: small tensors are packed together
-        into one buffer, large ones are sent in slices of their own storage (no copy).
-        """
-        if self._group is None:
-            return
-        g = self._group
-        batch_bytes = batch_bytes or BROADCAST_BATCH
-        pending: list[torch.Tensor] = []
-        filled = 0
-
-        def flush() -> None:
-            nonlocal filled
-            if len(pending) == 1:
-                one = pending[0]
-                g.run(what, lambda: g.broadcast(one, src))
-            elif pending:
-                buf = torch.cat(pending) if self.rank == src else torch.empty(filled, dtype=torch.uint8)
-                g.run(what, lambda: g.broadcast(buf, src))
-                if self.rank != src:
-                    at = 0
-                    for piece in pending:
-                        piece.copy_(buf[at : at + piece.numel()])
-                        at += piece.numel()
-            pending.clear()
-            filled = 0
-
-        for t in tensors:
-            if t.numel() == 0:
-                continue
-            flat = t.reshape(-1).view(torch.uint8)
-            for start in range(0, flat.numel(), batch_bytes):
-                piece = flat[start : start + batch_bytes]
-                if filled + piece.numel() > batch_bytes:
-                    flush()
-                pending.append(piece)
-                filled += piece.numel()
-        flush()
-
-
-class _Group:
+class Group:
     """A gloo group over ``members`` with its store keys (arrival, progress, heartbeat)."""
 
     def __init__(self, store: Any, members: list[int], rank: int, timeout: float, base: str) -> None:
@@ -360,13 +205,14 @@ class _Group:
         if exc is not None:
             text = str(exc).splitlines()[0] if str(exc) else ""
             cause = f": {type(exc).__name__}: {text}"
-        err = RankLostError(f"rank {self.rank}: {what} failed (timeout {self.timeout:g} s); {who}{cause}")
-        err.ranks = sorted(r for ranks, _ in culprits for r in ranks)  # type: ignore[attr-defined]
-        err.causes = {r: how for ranks, how in culprits for r in ranks}  # type: ignore[attr-defined]
-        return err
+        return RankLostError(
+            f"rank {self.rank}: {what} failed (timeout {self.timeout:g} s); {who}{cause}",
+            ranks=[r for ranks, _ in culprits for r in ranks],
+            causes={r: how for ranks, how in culprits for r in ranks},
+        )
 
 
-def _open(members: list[int], rank: int, timeout: float, purpose: str) -> _Group:
+def open_group(members: list[int], rank: int, timeout: float, purpose: str) -> Group:
     """The cached group of ``members`` for ``(timeout, purpose)``, opened on first use."""
     import torch.distributed as dist
 
@@ -378,12 +224,12 @@ def _open(members: list[int], rank: int, timeout: float, purpose: str) -> _Group
     for k in [k for k in _GROUPS if k[0] != id(default)]:
         _GROUPS.pop(k).close()  # groups of a destroyed default group
     digest = hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False).hexdigest()[:16]
-    group = _Group(_store(timeout), members, rank, timeout, f"ckstore/{purpose}/{digest}/{timeout:g}")
+    group = Group(_store(timeout), members, rank, timeout, f"ckstore/{purpose}/{digest}/{timeout:g}")
     _GROUPS[key] = group
     return group
 
 
-def _forget(group: _Group) -> None:
+def _forget(group: Group) -> None:
     for k, g in list(_GROUPS.items()):
         if g is group:
             del _GROUPS[k]
@@ -401,19 +247,3 @@ def _store(timeout: float) -> Any:
     except Exception:  # noqa: BLE001 - stores without clone (HashStore, FileStore): share it
         return store
 
-
-def failure(exc: BaseException) -> dict[str, Any]:
-    """A JSON status for a rank that failed with ``exc``."""
-    return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-
-
-def raise_failed(statuses: list[dict[str, Any]], what: str) -> None:
-    """Raise DistributedError naming every failed rank and its cause, if any failed."""
-    failed = [(r, s.get("error", "?")) for r, s in enumerate(statuses) if not s.get("ok")]
-    if failed:
-        causes = "; ".join(f"rank {r}: {e}" for r, e in failed)
-        ranks = [r for r, _ in failed]
-        err = DistributedError(f"{what} failed on rank(s) {ranks}: {causes}")
-        err.ranks = ranks  # type: ignore[attr-defined]
-        err.causes = dict(failed)  # type: ignore[attr-defined]
-        raise err

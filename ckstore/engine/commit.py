@@ -1,0 +1,73 @@
+"""The commit point of a take: store the manifest, then commit the snapshot in one transaction.
+
+Torch-free, so ``reindex`` (which rebuilds index rows from stored manifests) uses the same
+conversion as a take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import objects
+from ..format.manifest import Manifest, entry_digest
+from ..index import EntryRecord, SnapshotRecord
+from .interfaces import WriteIndex
+
+
+def entry_records(manifest: Manifest) -> list[EntryRecord]:
+    """Index rows for a manifest's entries (kind, dtype, shape, size, digest)."""
+    return [
+        EntryRecord(key, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))
+        for key, e in manifest.entries.items()
+    ]
+
+
+def put_manifest(objs: objects.ObjectStore, manifest: Manifest, validate: bool = False) -> tuple[str, int]:
+    """Store ``manifest`` as a blob (durable); its id and size. Visible to nobody until a
+    commit names it; if none does, GC removes it as an orphan.
+
+    ``validate`` parses the serialised manifest back first (a manifest assembled from several
+    ranks' pieces must tile every tensor), raising CorruptionError before anything is stored.
+    """
+    raw = manifest.to_json()
+    if validate:
+        Manifest.from_json(raw, "the manifest being committed")
+    return objs.put_blob("manifests", raw), len(raw)
+
+
+def commit_manifest(
+    index: WriteIndex,
+    session: str,
+    manifest: Manifest,
+    stored: tuple[str, int],
+    tags: Sequence[str],
+    *,
+    new_bytes: int,
+    new_chunks: int,
+    reused_chunks: int,
+) -> SnapshotRecord:
+    """Commit the snapshot of a stored ``manifest`` (``stored``: its id and size) in one index
+    transaction, with ``tags`` moved to it.
+
+    The snapshot id is the manifest id; the transaction references every chunk the manifest
+    names, so nothing it needs can be collected once it is visible (I1).
+    """
+    header = manifest.snapshot or {}
+    manifest_id, size = stored
+    record = SnapshotRecord(
+        id=manifest_id,
+        run=header["run"],
+        step=header.get("step"),
+        parent_id=None,
+        manifest_id=manifest_id,
+        created_at=header["created_at"],
+        metadata=dict(header.get("metadata") or {}),
+        logical_bytes=manifest.logical_bytes(),
+        new_bytes=new_bytes,
+        new_chunks=new_chunks,
+        reused_chunks=reused_chunks,
+        name=header.get("name"),
+        world_size=int(header.get("world_size", 1)),
+    )
+    ids = sorted(manifest.chunk_ids())
+    return index.commit_snapshot(session, record, entry_records(manifest), ids, size, tuple(tags))

@@ -1,0 +1,233 @@
+"""One process's part of a take: a write session, workers, the chunks it stores, the commit.
+
+Every way of taking a snapshot goes through :class:`LocalTake`: a take in one process (now or
+in the background), an import, each rank of a distributed take and each rank of a DCP save.
+What differs between them is only which chunks a process stores and whether it commits::
+
+    with LocalTake(repo, spec) as t:          # a write session with a lease (I4)
+        t.store(chunks)                       # hash, pin what the store has, write the rest
+        manifest = t.manifest(apps, entries)  # the spec's labels, this take's session
+        record = t.commit(manifest)           # or t.hand_over(), on a rank that does not commit
+
+Leaving the ``with`` block without a commit or a hand-over aborts the session: its pins are
+dropped and what it wrote becomes garbage for gc. Packs are durable before they are indexed,
+and the manifest before the commit names it (I1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from .. import objects
+from ..errors import InvalidInputError
+from ..format.manifest import Entry, Manifest
+from ..index import SnapshotRecord
+from .commit import commit_manifest, put_manifest
+from .deltas import resolve_bases
+from .device_stage import DeviceStager
+from .interfaces import WriteIndex
+from .lease import Lease
+from .packing import Chunk, PackPipeline, TakeOptions, WriteStats, batches
+from .repository import Repository
+from .spec import TakeSpec
+
+HASH_BATCH_BYTES = 128 << 20
+"""A take hashes and looks up chunks in batches of about this many bytes..."""
+HASH_BATCH_CHUNKS = 4096
+"""...or of at most this many chunks."""
+FIRST_BATCH_BYTES = 16 << 20
+"""The first batch is this small (each next one twice the last), so encoding and pack writes
+start early instead of after a whole batch was hashed."""
+
+
+@dataclass
+class TakeStats(WriteStats):
+    """What a take stored: the pack writer's figures, and the chunks the store already had."""
+
+    reused_chunks: int = 0
+    written_raw_bytes: int = 0
+    """Raw bytes of the chunks this take had to write (the store lacked them)."""
+
+    def add(self, other: WriteStats) -> None:
+        for name in ("new_bytes", "new_chunks", "delta_chunks", "delta_raw_bytes", "delta_bytes"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def figures(self) -> dict[str, int]:
+        """The figures a commit records (and a distributed take gathers from every rank)."""
+        return {"new_bytes": self.new_bytes, "new_chunks": self.new_chunks, "reused_chunks": self.reused_chunks}
+
+
+class LocalTake:
+    """This process's part of one take into ``repo``, as ``spec`` describes it.
+
+    Args:
+        repo: the repository written to.
+        spec: the take's description; its labels are what :meth:`manifest` and :meth:`commit`
+            record.
+        opts: the knobs (default: the repository's, with deltas on when ``spec`` has a base).
+    """
+
+    def __init__(self, repo: Repository, spec: TakeSpec, opts: TakeOptions | None = None) -> None:
+        self.repo = repo
+        self.spec = spec
+        self.opts = opts or repo.take_options(deltas=spec.delta_base is not None)
+        self.index: WriteIndex = repo.index
+        self.started = time.time()
+        self.stats = TakeStats()
+        self._seen: set[str] = set()  # chunk ids handled by this take
+        self._lease: Lease | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    # --- the session ------------------------------------------------------------------------
+    def open(self) -> LocalTake:
+        """Begin the write session (its lease beats until :meth:`close`) and the workers."""
+        self._pool = ThreadPoolExecutor(max_workers=self.opts.threads, thread_name_prefix="ckstore")
+        try:
+            self._lease = Lease(self.repo.index, self.opts.lease_seconds).__enter__()
+        except BaseException:
+            self._pool.shutdown()
+            raise
+        return self
+
+    def close(self) -> None:
+        """End the session: aborted unless committed or handed over. Idempotent."""
+        lease, self._lease = self._lease, None
+        pool, self._pool = self._pool, None
+        try:
+            if lease is not None:
+                lease.__exit__(None, None, None)
+        finally:
+            if pool is not None:
+                pool.shutdown()
+
+    def __enter__(self) -> LocalTake:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def session(self) -> str:
+        """The write session's id (its pins keep what this take uses)."""
+        return self._live_lease().id
+
+    def check_lease(self) -> None:
+        """Raise LeaseExpiredError if the lease ran out (gc may have taken the pins)."""
+        error = self._live_lease().error
+        if error is not None:
+            raise error
+
+    # --- chunks -----------------------------------------------------------------------------
+    def hash(self, chunks: list[Chunk]) -> None:
+        """Fill in every chunk's id (blake3 of its raw bytes), on the workers."""
+        for chunk, cid in zip(chunks, self._workers().map(lambda c: objects.chunk_id(c.ready()), chunks)):
+            chunk.id = cid
+
+    def pin(self, chunk_ids: Iterable[str]) -> set[str]:
+        """Pin the chunks the store has among ``chunk_ids`` to this session; return those."""
+        return set(self.index.lookup_chunks(self.session, list(chunk_ids)))
+
+    def store(self, chunks: list[Chunk], *, hashed: bool = False, then: Callable[[], None] | None = None) -> None:
+        """Hash ``chunks`` (unless ``hashed``), pin those the store has, write those it lacks.
+
+        Each chunk id is handled once per take, whatever the number of calls. Works in batches
+        of about ``HASH_BATCH_BYTES``: while one batch's missing chunks are encoded and written,
+        the next is hashed and looked up. Chunks of device tensors are copied into bounded host
+        pools batch by batch (``device_stage``). ``then`` runs once every chunk is hashed and
+        queued, while the last packs are still being written (a take stores its manifest there).
+        """
+        stager = DeviceStager(self.opts.chunk_bytes)
+        device = any(c.source is not None for c in chunks)
+        max_bytes = min(HASH_BATCH_BYTES, stager.batch_bytes) if device else HASH_BATCH_BYTES
+        max_count = min(HASH_BATCH_CHUNKS, stager.batch_chunks) if device else HASH_BATCH_CHUNKS
+        try:
+            with PackPipeline(self.repo.objects, self.index, self.session, self.opts, self._workers()) as pipe:
+                for batch in batches(chunks, max_bytes, max_count, FIRST_BATCH_BYTES):
+                    stager.stage(batch)
+                    if not hashed:
+                        self.hash(batch)
+                    self._store_batch(batch, pipe)
+                    if device:
+                        pipe.drain()  # the batch's staged bytes are encoded: its buffers are free
+                        stager.release()
+                if then is not None:
+                    then()
+        finally:
+            stager.close()
+        self.stats.add(pipe.stats)
+        self.check_lease()
+
+    def _store_batch(self, batch: list[Chunk], pipe: PackPipeline) -> None:
+        new: dict[str, Chunk] = {}
+        for c in batch:
+            if c.id not in self._seen:
+                new.setdefault(c.id, c)
+        self._seen.update(new)
+        found = self.pin(new)
+        self.stats.reused_chunks += len(found)
+        missing = [c for cid, c in new.items() if cid not in found]
+        self.stats.written_raw_bytes += sum(c.nbytes for c in missing)
+        resolve_bases(self.index, self.session, missing, self.opts.delta_depth)
+        for c in missing:
+            pipe.push(c)
+
+    # --- the commit -------------------------------------------------------------------------
+    def manifest(self, apps: dict[str, Any], entries: dict[str, Entry], **header: Any) -> Manifest:
+        """The manifest of this take: ``apps`` and ``entries`` under the spec's labels
+        (``header`` adds distributed fields: ``world_size``, ``ranks``, ``dcp``)."""
+        return Manifest(apps, entries, self.spec.header(created_at=self.started, session=self.session, **header))
+
+    def put_manifest(self, manifest: Manifest, validate: bool = False) -> tuple[str, int]:
+        """Store ``manifest`` (durable, visible to nobody yet); its id and size."""
+        return put_manifest(self.repo.objects, manifest, validate)
+
+    def commit(
+        self,
+        manifest: Manifest,
+        *,
+        stored: tuple[str, int] | None = None,
+        validate: bool = False,
+        figures: dict[str, int] | None = None,
+    ) -> SnapshotRecord:
+        """Store ``manifest`` (unless ``stored``: its id and size) and commit the snapshot in one
+        index transaction, moving the spec's tags to it (I1).
+
+        ``validate`` parses the manifest back before storing it (one assembled from several
+        ranks' pieces must tile every tensor). ``figures`` (``new_bytes``, ``new_chunks``,
+        ``reused_chunks``) replace this process's own (a take of several processes).
+
+        Raises:
+            LeaseExpiredError: the session's lease ran out; nothing was committed.
+            ConflictError: the name is taken or a tag conflicts; nothing was committed.
+        """
+        self.check_lease()
+        stored = stored or self.put_manifest(manifest, validate)
+        record = commit_manifest(self.index, self.session, manifest, stored, self.spec.tags,
+                                 **(figures or self.stats.figures()))
+        self._live_lease().committed = True
+        return record
+
+    def hand_over(self) -> None:
+        """End the session as committed without committing here: the process that commits
+        has pinned (or committed) everything this one stored."""
+        lease = self._live_lease()
+        try:
+            self.index.end_session(lease.id, "committed")
+            lease.committed = True
+        except Exception:  # noqa: BLE001 - the session expires by itself; the pins it dropped are held elsewhere
+            pass
+
+    # --- internals --------------------------------------------------------------------------
+    def _live_lease(self) -> Lease:
+        if self._lease is None:
+            raise InvalidInputError("LocalTake used outside its session: call open() or use it in a with block")
+        return self._lease
+
+    def _workers(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            raise InvalidInputError("LocalTake used outside its session: call open() or use it in a with block")
+        return self._pool

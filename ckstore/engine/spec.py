@@ -1,0 +1,140 @@
+"""A take, described: what it records and how it runs, checked once and carried to the commit.
+
+Every way of taking a snapshot (``Store.take`` and ``async_take``, TorchSnapshot's
+``Snapshot.take``, ``import_checkpoint``, the trainer integrations, a distributed take, a DCP
+save) builds one :class:`TakeSpec` with :meth:`TakeSpec.of` where the caller's arguments come
+in, and nothing downstream re-reads or re-validates them: the labels a snapshot is committed
+with are exactly the spec's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from ..errors import InvalidInputError
+from ..format.limits import INT64_MAX, check_int, check_metadata, check_number
+from ..format.manifest import canonical_json, snapshot_header
+from ..index import validate_name
+from .config import check_delta_base
+
+
+@dataclass(frozen=True)
+class TakeSpec:
+    """One take's description, validated (build it with :meth:`of`).
+
+    Attributes:
+        run: the run the snapshot joins (created on first use).
+        step: the training step it records, or None.
+        tags: tags pointing at it once committed (in the commit's transaction).
+        metadata: JSON-able user metadata (a read-only copy).
+        name: a unique snapshot name (TorchSnapshot paths inside a store), or None.
+        delta_base: None (chunks stored whole), ``"parent"`` or a snapshot ref: new chunks
+            may be stored as XOR deltas against the chunk at the same place there.
+        replicated: key globs of plain tensors that are the same on every rank (written once).
+        dist_timeout: seconds ranks wait for each other (None: ``$CKSTORE_DIST_TIMEOUT`` or 600).
+        staging_budget: bytes an asynchronous take may copy (None: the store's default).
+        no_dist: take in this process alone, even under torch.distributed (what a hook called
+            on one rank only needs, as DCP's ``no_dist``).
+    """
+
+    run: str = "default"
+    step: int | None = None
+    tags: tuple[str, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    name: str | None = None
+    delta_base: str | None = None
+    replicated: tuple[str, ...] = ()
+    dist_timeout: float | None = None
+    staging_budget: int | None = None
+    no_dist: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        run: str = "default",
+        step: int | None = None,
+        tags: Iterable[str] = (),
+        metadata: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        delta_base: str | None = None,
+        replicated: Iterable[str] | None = (),
+        dist_timeout: float | None = None,
+        staging_budget: int | None = None,
+        no_dist: bool = False,
+    ) -> TakeSpec:
+        """Check every argument and build the description.
+
+        Raises:
+            InvalidInputError: a bad run, step, name or tag (the message names it), metadata
+                that is not JSON-able, a string where a list of names or globs belongs, a
+                non-positive ``dist_timeout`` or a negative ``staging_budget``.
+        """
+        if step is not None:
+            step = check_int("step", step, 0, INT64_MAX)
+        if not isinstance(run, str) or not run:
+            raise InvalidInputError(f"run must be a non-empty str, got {run!r}")
+        validate_name(run, "run")
+        if name is not None:
+            validate_name(name, "snapshot")
+        tag_names = _names("tags", "tag names", tags)
+        for tag in tag_names:
+            validate_name(tag, "tag")
+        globs = _names("replicated", "key globs", replicated or ())
+        if dist_timeout is not None:
+            dist_timeout = check_number("dist_timeout", dist_timeout, 0.0, math.inf, lo_open=True)
+        if staging_budget is not None:
+            staging_budget = check_int("staging_budget", staging_budget)
+        meta = _json_metadata(metadata)
+        return cls(run, step, tag_names, MappingProxyType(meta), name, check_delta_base(delta_base),
+                   globs, dist_timeout, staging_budget, bool(no_dist))
+
+    def evolve(self, **changes: Any) -> TakeSpec:
+        """This description with ``changes`` (arguments of :meth:`of`), checked again."""
+        return TakeSpec.of(**{**self._fields(), **changes})
+
+    def without_deltas(self) -> TakeSpec:
+        """The same take storing every chunk whole."""
+        return replace(self, delta_base=None)
+
+    def header(self, *, created_at: float, session: str, **extra: Any) -> dict[str, Any]:
+        """The ``snapshot`` header of this take's manifest; ``extra`` adds the distributed
+        fields (``world_size``, ``ranks``, ``dcp``)."""
+        return snapshot_header(run=self.run, step=self.step, created_at=created_at, metadata=dict(self.metadata),
+                               name=self.name, session=session, **extra)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as the arguments of :meth:`of` (a DCP writer travels to another process)."""
+        return (_rebuild, (self._fields(),))
+
+    def _fields(self) -> dict[str, Any]:
+        return {"run": self.run, "step": self.step, "tags": self.tags, "metadata": dict(self.metadata),
+                "name": self.name, "delta_base": self.delta_base, "replicated": self.replicated,
+                "dist_timeout": self.dist_timeout, "staging_budget": self.staging_budget, "no_dist": self.no_dist}
+
+
+def _rebuild(fields: dict[str, Any]) -> TakeSpec:
+    return TakeSpec.of(**fields)
+
+
+def _names(what: str, kind: str, values: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(values, (str, bytes)):
+        raise InvalidInputError(f"{what} must be a list of {kind}, got the string {values!r}")
+    out = tuple(values)
+    bad = [v for v in out if not isinstance(v, str)]
+    if bad:
+        raise InvalidInputError(f"{what} must be a list of {kind} (str), got {bad[0]!r} in it")
+    return out
+
+
+def _json_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    meta = check_metadata(metadata)
+    try:
+        canonical_json(meta)
+    except (TypeError, ValueError) as exc:  # pragma: no cover - check_metadata refuses first
+        raise InvalidInputError(f"metadata must be JSON-able (finite numbers, str, lists, dicts): {exc}") from exc
+    return meta
