@@ -4,7 +4,6 @@ small tensors take the multi-chunk, multi-pack paths."""
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -12,14 +11,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _pgserver import PgServer, PgServerError, pg_server  # noqa: E402
-from _s3server import S3Server, start_or_skip  # noqa: E402
-from _seaweed import SeaweedServer  # noqa: E402
-from _seaweed import start_or_skip as start_seaweed_or_skip  # noqa: E402
-
-import ckstore  # noqa: E402
+import ckstore
+from tests.support.pgserver import PgServer, PgServerError, pg_server
+from tests.support.s3server import S3Server, start_or_skip
+from tests.support.seaweed import SeaweedServer
+from tests.support.seaweed import start_or_skip as start_seaweed_or_skip
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 

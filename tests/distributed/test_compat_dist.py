@@ -8,7 +8,6 @@ elastic restore with per-rank values and RNG state (strict=False skips, strict r
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +15,9 @@ import pytest
 import torch.distributed.tensor  # noqa: F401  (imported once here: forked ranks inherit it, ~3 s each otherwise)
 from torch.nn.parallel import DistributedDataParallel  # noqa: F401
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _compat_scenarios as cs  # noqa: E402
-from _harness import run_ranks, values  # noqa: E402
-
-import ckstore  # noqa: E402
+import ckstore
+from tests.distributed import compat_scenarios as cs
+from tests.support.ranks import run_ranks, values
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -8,7 +8,6 @@ ranks runs several scenarios to keep the directory fast.
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +15,10 @@ import pytest
 import torch
 import torch.distributed.tensor  # noqa: F401  (imported once here: forked ranks inherit it, ~3 s each otherwise)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _scenarios as sc  # noqa: E402
-from _harness import run_ranks, values  # noqa: E402
-from _states import bits  # noqa: E402
-
-import ckstore  # noqa: E402
+import ckstore
+from tests.distributed import scenarios as sc
+from tests.support.ranks import run_ranks, values
+from tests.support.states import bits
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from typing import Any
 from ckstore.errors import ConflictError
 from ckstore.index import Index
 
-from ._helpers import commit
+from .helpers import commit
 
 WORKERS = 4
 ROUNDS = 6

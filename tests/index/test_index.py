@@ -16,7 +16,7 @@ from ckstore.errors import (
 )
 from ckstore.index import Index, PackRecord, validate_name
 
-from ._helpers import ENTRIES, add_chunks, cid, commit, snapshot
+from .helpers import ENTRIES, add_chunks, cid, commit, snapshot
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_add_pack_is_idempotent(ix: Index) -> None:
     s = ix.begin_session("w", 30)
     ids = add_chunks(ix, s.id, "p0", ["a", "b"])
     add_chunks(ix, s.id, "p0", ["a", "b"])
-    from ._helpers import ChunkRecord
+    from .helpers import ChunkRecord
 
     # the same chunk in a second pack keeps its first location
     ix.add_pack(s.id, PackRecord("p1", 10, 1), [ChunkRecord(ids[0], "p1", 0, 5, 64, "none")])

@@ -25,8 +25,8 @@ from ckstore.index import (
 from ckstore.index.models import metadata
 from ckstore.index.schema import HEAD_REVISION, MIGRATIONS_DIR
 
-from . import _fixture_data as frozen
-from ._helpers import commit
+from . import fixture_data as frozen
+from .helpers import commit
 
 
 def test_new_database_is_stamped_at_head(index_url: str) -> None:

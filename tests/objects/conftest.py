@@ -3,7 +3,6 @@ implementation."""
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,11 +11,6 @@ from typing import Any
 import pytest
 
 from ckstore.objects import Backend, LocalBackend, S3Backend, open_backend
-
-try:
-    import _s3server  # noqa: F401
-except ImportError:  # tests/ not on sys.path under this import mode
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 S3_SERVERS = {"moto": "s3_server", "seaweedfs": "seaweed_server"}
 """S3 server kind -> the session fixture that runs it."""

@@ -1,7 +1,7 @@
 """Faults on the wire, between s3fs/botocore and a real S3 server (SeaweedFS on loopback).
 
-A seeded fault proxy (tests/_faultproxy.py) injects 503 SlowDown, connection resets mid-body,
-truncated bodies, latency and lost acknowledgements; tests/_fault_report.py runs the
+A seeded fault proxy (tests/support/faultproxy.py) injects 503 SlowDown, connection resets mid-body,
+truncated bodies, latency and lost acknowledgements; tests/support/fault_report.py runs the
 scenarios. Whatever the fault: no partial object is ever visible on the server, every read
 returns the bytes written or raises a ckstore error, retries are bounded, and when they run
 out a typed :class:`StorageError` comes out, never a raw botocore/aiohttp exception. Run with
@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fault_report import (
+
+from tests.support.fault_report import (
     EXHAUST_MAX_ATTEMPTS,
     EXHAUST_S3FS_RETRIES,
     EXHAUSTIBLE,
@@ -31,7 +32,7 @@ from _fault_report import (
     run_recover,
     run_store,
 )
-from _faultproxy import FAULTS
+from tests.support.faultproxy import FAULTS
 
 pytestmark = pytest.mark.s3
 

