@@ -27,7 +27,8 @@ ALLOWED: dict[str, set[str]] = {
     "facade": {"errors", "objects", "index", "format", "engine", "history", "dist", "interop"},
     "dcp": {"errors", "objects", "index", "format", "engine", "dist", "facade"},
     "integrations": {"errors", "objects", "index", "format", "engine", "interop", "facade"},
-    "cli": {"errors", "objects", "index", "format", "engine", "history", "dist", "interop", "facade"},
+    "ui": {"errors", "objects", "index", "format", "engine", "history", "facade"},
+    "cli": {"errors", "objects", "index", "format", "engine", "history", "dist", "interop", "facade", "ui"},
 }
 FACADE = {"ckstore", "ckstore._locate", "ckstore._takes", "ckstore.snapshot", "ckstore.store"}
 NO_TORCH = {"errors", "objects", "index"}
