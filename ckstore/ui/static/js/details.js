@@ -5,17 +5,17 @@ import {get, post, hasToken} from "./api.js";
 import {el, clear, size, when, table} from "./util.js";
 import {confirmAction, showError, refresh} from "./shell.js";
 
-let box;
+let box, seq = 0;
 
 export function initDetails(root) { box = root; }
 
 export async function showDetails() {
   if (state.selected < 0) { clear(box).append(el("p", {class: "muted"}, "Click a snapshot to see it here.")); return; }
-  const pos = state.selected, id = state.ov.snaps.id[pos];
+  const pos = state.selected, id = state.ov.snaps.id[pos], mine = ++seq;
   clear(box).append(el("p", {class: "muted"}, "Loading " + ref(pos) + "…"));
   let d;
   try { d = await get("/api/snapshot", {ref: id}); } catch (e) { showError(e); return; }
-  if (state.selected !== pos) return;
+  if (mine !== seq) return;  // a later selection (or refresh) renders instead
   const shared = d.shared.length
     ? table(["snapshot", "relation", "chunks", "stored"], d.shared.map((s) => [s.ref, s.relation, s.chunks, size(s.stored_bytes)]), "compact shared")
     : el("p", {class: "muted"}, "Shares no chunk with its neighbours, tagged snapshots or other runs' latest.");

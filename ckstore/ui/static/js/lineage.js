@@ -66,7 +66,9 @@ export function draw() {
   for (let k = 0; k <= 5; k++) {
     const v = lo + (hi - lo) * k / 5, x = sx(v);
     g.fillRect(x, height - BOTTOM + 2, 1, 4);
-    const label = xMode === "step" ? String(Math.round(v)) : hi - lo < 86400 ? when(v).slice(11, 19) : when(v).slice(0, 16);
+    const iso = new Date(v * 1000).toISOString();
+    const label = xMode === "step" ? String(Math.round(v)) : hi - lo < 60 ? iso.slice(11, 23)
+      : hi - lo < 86400 ? iso.slice(11, 19) : when(v).slice(0, 16);
     g.textAlign = k === 0 ? "left" : k === 5 ? "right" : "center";
     g.fillText(label, x, height - BOTTOM + 8);
   }
@@ -178,8 +180,8 @@ function onMove(ev) {
   canvas.style.cursor = "pointer";
   const s = state.ov.snaps;
   const tags = state.tagsAt.get(i);
-  clear(tip).append(el("b", {}, ref(i)), el("br"), when(s.t[i]), el("br"),
-    `logical ${size(s.logical[i])}, new ${size(s.new[i])}`, tags ? el("div", {}, "tags: " + tags.join(", ")) : null);
+  clear(tip).append(el("div", {}, el("b", {}, ref(i)), el("br"), when(s.t[i]), el("br"),
+    `logical ${size(s.logical[i])}, new ${size(s.new[i])}`, tags ? el("div", {}, "tags: " + tags.join(", ")) : null));
   tip.style.left = (ev.clientX - r.left + 14) + "px";
   tip.style.top = (ev.clientY - r.top + 10) + "px";
   tip.hidden = false;
