@@ -180,9 +180,7 @@ def test_actions_need_the_token_and_a_confirmation(browser: Browser, store_copy:
         ro.goto(s.base + "/")
         ro.wait_for_selector("html[data-ready='1']")
         assert ro.inner_text("#mode") == "read-only"
-        ro.evaluate("() => { window.ckstoreUI.state.selected = 0; }")
-        ro.click("#tab-storage")
-        ro.click("#tab-lineage")
+        ro.wait_for_selector("html[data-forks]")
         at = ro.evaluate("() => window.ckstoreUI.where(window.ckstoreUI.state.ov.snaps.id[0])")
         ro.mouse.click(at["x"], at["y"])
         ro.wait_for_selector("#read-only-note")
@@ -191,7 +189,7 @@ def test_actions_need_the_token_and_a_confirmation(browser: Browser, store_copy:
 
         p = browser.page()
         p.goto(s.base + "/?token=secret")
-        p.wait_for_selector("html[data-ready='1']")
+        p.wait_for_selector("html[data-forks]")
         at = p.evaluate("() => window.ckstoreUI.where(window.ckstoreUI.state.ov.snaps.id[0])")
         p.mouse.click(at["x"], at["y"])
         p.wait_for_selector("#details-ref")
