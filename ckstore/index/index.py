@@ -49,6 +49,7 @@ from ckstore.index.records import (
     TagRecord,
 )
 from ckstore.index.schema import ensure_schema
+from ckstore.index.sharing import SharingMixin
 
 FINAL_STATES = ("committed", "aborted")
 MAX_CHAIN_ROUNDS = 65
@@ -56,7 +57,7 @@ MAX_CHAIN_ROUNDS = 65
 are far shorter, and readers refuse one over 64 links)."""
 
 
-class Index(MaintenanceMixin):
+class Index(MaintenanceMixin, SharingMixin):
     """SQL index of one store (SQLite or PostgreSQL). Create it with :meth:`Index.open`."""
 
     def __init__(self, engine: Engine) -> None:

@@ -29,7 +29,8 @@ ALLOWED: dict[str, set[str]] = {
     "facade": {"errors", "objects", "index", "format", "engine", "history", "distributed", "interop"},
     "dcp": {"errors", "objects", "index", "format", "engine", "distributed", "facade"},
     "integrations": {"errors", "objects", "index", "format", "engine", "interop", "facade"},
-    "cli": {"errors", "objects", "index", "format", "engine", "history", "distributed", "interop", "facade"},
+    "ui": {"errors", "objects", "index", "format", "engine", "history", "facade"},
+    "cli": {"errors", "objects", "index", "format", "engine", "history", "distributed", "interop", "facade", "ui"},
     "testing": {"errors", "objects"},
 }
 FACADE = {"ckstore", "ckstore._locate", "ckstore._takes", "ckstore.snapshot", "ckstore.store", "ckstore.torchsnapshot"}

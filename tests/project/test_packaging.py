@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tomllib
 import warnings
+from pathlib import Path
 
 import ckstore
 from tests.support.paths import REPO
@@ -59,3 +60,32 @@ def test_dir_lists_the_lazy_public_names_without_importing_them() -> None:
     ).stdout
     assert out.strip() == "[] False False"
     assert {"Store", "open", "Snapshot", "StateDict", "dcp", "__version__"} <= set(dir(ckstore))
+
+
+def test_the_ui_assets_are_in_the_wheel(tmp_path: Path) -> None:
+    """`ckstore ui` serves its page from the installed package: no asset may be left out."""
+    import shutil
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "ckstore", src / "ckstore", ignore=shutil.ignore_patterns("__pycache__"))
+    code = f"from setuptools import build_meta; print(build_meta.build_wheel({str(tmp_path / 'out')!r}))"
+    (tmp_path / "out").mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=src, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    wheel = tmp_path / "out" / done.stdout.strip().splitlines()[-1]
+    names = set(zipfile.ZipFile(wheel).namelist())
+    static = ROOT / "ckstore" / "ui" / "static"
+    wanted = {f"ckstore/ui/static/{p.relative_to(static).as_posix()}" for p in static.rglob("*") if p.is_file()}
+    assert {
+        "ckstore/ui/static/index.html",
+        "ckstore/ui/static/js/main.js",
+        "ckstore/ui/static/vendor/uplot/uPlot.iife.min.js",
+        "ckstore/ui/static/vendor/uplot/LICENSE",
+    } <= wanted
+    assert wanted <= names, sorted(wanted - names)

@@ -1,0 +1,143 @@
+"""Health of snapshots (NaN/Inf counts, staleness, norms per layer), where a snapshot records it.
+
+All of it goes through ONE adapter, :func:`health_of`, so the page does not depend on where
+or how a take records health (being settled in issue 25). Today the adapter reads the
+manifest's snapshot header ``health`` field, of the shape::
+
+    {"tensors": {key: {"nan": int, "inf": int, "norm": float}}, "stale": [key, ...]}
+
+and returns None when it is absent or malformed (the page then says "no health recorded").
+Change the adapter, not the page, when the recorded shape is final.
+
+Health needs each snapshot's manifest, so a run's series reads at most ``limit`` manifests
+(evenly spread over the run, the newest always in), each parsed once per process
+(:class:`HealthCache`, keyed by the immutable manifest id).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from ..format.manifest import Manifest
+from ..index import SnapshotRecord
+from ..store import Store
+from .changes import layer_of
+from .timeline import History
+
+DEFAULT_LIMIT = 200
+MAX_LIMIT = 2000
+MAX_LAYERS = 12
+"""Layers whose norm series the page plots (the largest by norm in the newest snapshot)."""
+
+
+def health_of(record: SnapshotRecord, manifest: Manifest) -> dict[str, Any] | None:
+    """The health a snapshot recorded, normalised, or None when it recorded none.
+
+    Args:
+        record: The snapshot's index record (unused today; where issue 25 may put a summary).
+        manifest: Its manifest; ``manifest.snapshot["health"]`` is read.
+
+    Returns:
+        ``{"tensors": {key: {"nan": int, "inf": int, "norm": float | None}},
+        "stale": [key, ...], "nan": total, "inf": total}``, or None.
+    """
+    raw = (manifest.snapshot or {}).get("health")
+    if not isinstance(raw, dict):
+        return None
+    tensors_in = raw.get("tensors")
+    stale_in = raw.get("stale", [])
+    if not isinstance(tensors_in, dict) or not isinstance(stale_in, list):
+        return None
+    tensors: dict[str, dict[str, Any]] = {}
+    for key, t in tensors_in.items():
+        if isinstance(key, str) and isinstance(t, dict):
+            tensors[key] = {"nan": _count(t.get("nan")), "inf": _count(t.get("inf")), "norm": _number(t.get("norm"))}
+    stale = [k for k in stale_in if isinstance(k, str)]
+    return {
+        "tensors": tensors,
+        "stale": stale,
+        "nan": sum(t["nan"] for t in tensors.values()),
+        "inf": sum(t["inf"] for t in tensors.values()),
+    }
+
+
+def _count(v: Any) -> int:
+    return v if type(v) is int and v >= 0 else 0
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+class HealthCache:
+    """Health per manifest id (manifests never change), least recently used out first."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, dict[str, Any] | None] = OrderedDict()
+
+    def get(self, store: Store, record: SnapshotRecord) -> dict[str, Any] | None:
+        with self._lock:
+            if record.manifest_id in self._items:
+                self._items.move_to_end(record.manifest_id)
+                return self._items[record.manifest_id]
+        value = health_of(record, store.repository.load_manifest(record))
+        with self._lock:
+            self._items[record.manifest_id] = value
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return value
+
+
+def pick(records: list[SnapshotRecord], limit: int) -> list[SnapshotRecord]:
+    """At most ``limit`` of ``records`` (oldest first), evenly spread, the newest included."""
+    if len(records) <= limit:
+        return records
+    step = (len(records) - 1) / (limit - 1) if limit > 1 else 0
+    chosen = sorted({round(i * step) for i in range(limit)} | {len(records) - 1})
+    return [records[i] for i in chosen]
+
+
+def run_health(store: Store, history: History, cache: HealthCache, run: str, limit: int) -> dict[str, Any]:
+    """The health series of one run: flags per snapshot and norms per layer over steps."""
+    pos = history.position()
+    records = pick([r for r in history.records if r.run == run], max(1, min(limit, MAX_LIMIT)))
+    points: list[dict[str, Any]] = []
+    norms: dict[str, list[float | None]] = {}
+    for n, r in enumerate(records):
+        h = cache.get(store, r)
+        layer_norms = _layer_norms(h)
+        for layer, value in layer_norms.items():
+            norms.setdefault(layer, [None] * len(records))[n] = value
+        points.append({
+            "pos": pos[r.id], "id": r.id, "step": r.step, "t": r.created_at,
+            "recorded": h is not None,
+            "nan": h["nan"] if h else 0, "inf": h["inf"] if h else 0,
+            "stale": h["stale"] if h else [],
+            "bad": sorted(k for k, t in h["tensors"].items() if t["nan"] or t["inf"]) if h else [],
+        })  # fmt: skip
+    last = {layer: next((v for v in reversed(vals) if v is not None), 0.0) for layer, vals in norms.items()}
+    top = sorted(last, key=lambda layer: -(last[layer] or 0.0))[:MAX_LAYERS]
+    return {
+        "run": run,
+        "recorded": any(p["recorded"] for p in points),
+        "read": len(records),
+        "points": points,
+        "norms": {layer: norms[layer] for layer in top},
+    }
+
+
+def _layer_norms(h: dict[str, Any] | None) -> dict[str, float]:
+    """L2 norm per layer: the root of the sum of its tensors' squared norms."""
+    if h is None:
+        return {}
+    sums: dict[str, float] = {}
+    for key, t in h["tensors"].items():
+        if t["norm"] is not None:
+            layer, _ = layer_of(key)
+            sums[layer] = sums.get(layer, 0.0) + t["norm"] ** 2
+    return {layer: math.sqrt(s) for layer, s in sums.items()}

@@ -1,0 +1,134 @@
+"""The store's history as JSON-able views: every snapshot in one columnar table, and forks.
+
+Everything here comes from the SQL index; no manifest is read. One query lists the snapshots
+(a store of 10,000 costs one round trip, not 10,000), one lists the tags, and the fork edges
+cost one bounded query per run (:meth:`ckstore.index.Index.fork_sources`).
+
+What the lineage graph shows:
+
+- **parent edges**: ``parent_id`` of each snapshot, which the index sets to the run's latest
+  snapshot at commit time (deleting a snapshot re-links its children to its parent), so each
+  run is one chain;
+- **fork edges**: for the first snapshot of each run (the root of its chain), the earlier
+  snapshot of another run that holds the most of a sample of its chunks, or of the delta bases
+  of its chunks (a fine-tune with a frozen backbone keeps the base's chunks; one taken with
+  ``delta_base=`` stores deltas against them). Ties go to a tagged snapshot, then the newest.
+  A fine-tune that changed every tensor and stored no deltas shares nothing, and shows no edge.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..index import SnapshotRecord
+from ..store import Store
+
+FORK_SAMPLE = 32
+"""Chunks of a run's first snapshot sampled to find where it forked from."""
+
+
+@dataclass(frozen=True)
+class History:
+    """Snapshots oldest first, with the lookups the views need."""
+
+    records: tuple[SnapshotRecord, ...]
+    tags: dict[str, str]
+    """Tag name -> snapshot id."""
+
+    def position(self) -> dict[str, int]:
+        """Snapshot id -> its position in ``records``."""
+        return {r.id: i for i, r in enumerate(self.records)}
+
+    def runs(self) -> list[str]:
+        """Run names, in the order their first snapshots were taken."""
+        return list(dict.fromkeys(r.run for r in self.records))
+
+    def roots(self) -> list[SnapshotRecord]:
+        """The first snapshot of each run (no parent)."""
+        return [r for r in self.records if r.parent_id is None]
+
+
+def load_history(store: Store) -> History:
+    """All snapshots (oldest first) and tags, in two index queries."""
+    records = store.repository.index.list_snapshots()
+    records.reverse()
+    return History(tuple(records), store.tags())
+
+
+def ref_of(r: SnapshotRecord) -> str:
+    """A ref people read: the name, ``run@step``, or the run and a short id."""
+    if r.name:
+        return r.name
+    return f"{r.run}@{r.step}" if r.step is not None else f"{r.run} {r.id[:12]}"
+
+
+def overview(store: Store, history: History) -> dict[str, Any]:
+    """The first view the page draws: every snapshot as parallel arrays (compact for 10,000).
+
+    ``snaps.parent`` holds positions (-1: none), ``snaps.run`` positions in ``runs``;
+    ``tags`` maps a tag to the position of its snapshot.
+    """
+    pos = history.position()
+    runs = history.runs()
+    run_pos = {name: i for i, name in enumerate(runs)}
+    recs = history.records
+    return {
+        "store": {"url": store.url, "index": store.repository.index.url, "snapshots": len(recs)},
+        "runs": runs,
+        "snaps": {
+            "id": [r.id for r in recs],
+            "run": [run_pos[r.run] for r in recs],
+            "step": [r.step for r in recs],
+            "name": [r.name for r in recs],
+            "t": [r.created_at for r in recs],
+            "parent": [pos.get(r.parent_id, -1) if r.parent_id else -1 for r in recs],
+            "logical": [r.logical_bytes for r in recs],
+            "new": [r.new_bytes for r in recs],
+            "newChunks": [r.new_chunks for r in recs],
+            "reused": [r.reused_chunks for r in recs],
+        },
+        "tags": {name: pos[sid] for name, sid in sorted(history.tags.items()) if sid in pos},
+    }
+
+
+class ForkCache:
+    """Fork edges, recomputed only when the set of run roots changes (they rarely do)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: tuple[str, ...] | None = None
+        self._edges: list[dict[str, Any]] = []
+
+    def edges(self, store: Store, history: History) -> list[dict[str, Any]]:
+        """One edge per forked run: ``{"from": position, "to": position, "shared": n, "sampled": k}``."""
+        roots = history.roots()
+        key = tuple(sorted(r.id for r in roots)) + tuple(sorted(history.tags.values()))
+        with self._lock:
+            if key != self._key:
+                self._edges = fork_edges(store, history, roots)
+                self._key = key
+            return list(self._edges)
+
+
+def fork_edges(
+    store: Store, history: History, roots: Sequence[SnapshotRecord]
+) -> list[dict[str, Any]]:
+    """Where each run's first snapshot forked from (see the module docstring)."""
+    pos = history.position()
+    tagged = set(history.tags.values())
+    found = store.repository.index.fork_sources([r.id for r in roots], sample=FORK_SAMPLE)
+    edges = []
+    for root in roots:
+        holders = [h for h in found.get(root.id, []) if h.snapshot_id in pos]
+        if not holders:
+            continue
+        best = max(h.chunks for h in holders)
+        top = [h for h in holders if h.chunks == best]
+        pick = max(top, key=lambda h: (h.snapshot_id in tagged, pos[h.snapshot_id]))
+        edges.append(
+            {"from": pos[pick.snapshot_id], "to": pos[root.id], "shared": best, "sampled": FORK_SAMPLE}
+        )
+    return edges

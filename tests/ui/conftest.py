@@ -1,0 +1,43 @@
+"""Fixtures of the UI tests: one scenario store for the module (read-only tests share it; tests
+that change the store get a copy), the app served in-process on 127.0.0.1, and a browser."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.ui.browser import Browser, Served, serve, start_or_skip
+from tests.ui.scenario import build
+
+
+@pytest.fixture(scope="session")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The scenario store (built once) and its snapshot ids by ``run@step``."""
+    path = tmp_path_factory.mktemp("ui") / "store"
+    return path, build(path)
+
+
+@pytest.fixture
+def store_copy(scenario: tuple[Path, dict[str, str]], tmp_path: Path) -> Path:
+    """A copy of the scenario store that a test may change."""
+    dest = tmp_path / "copy"
+    shutil.copytree(scenario[0], dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def served(scenario: tuple[Path, dict[str, str]]) -> Iterator[Served]:
+    """The UI of the scenario store (do not change the store through it)."""
+    s = serve(str(scenario[0]))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    b = start_or_skip("headless chromium (Debian's chromium package)", Browser)
+    yield b
+    b.close()
