@@ -15,6 +15,7 @@ from .distributed import is_distributed
 from .engine.config import CONFIG_NAME
 from .engine.repository import Repository, is_local, local_path, open_repository
 from .errors import SnapshotNotFoundError
+from .history.compact import attach as attach_compaction
 from .index import SnapshotRecord
 
 if TYPE_CHECKING:
@@ -24,7 +25,16 @@ if TYPE_CHECKING:
 def locate(
     path: str, storage_options: dict[str, Any] | None, index: str | None, create: bool
 ) -> tuple[Repository, str | None]:
-    """The store holding ``path`` and the snapshot name inside it (None: the store root)."""
+    """The store holding ``path`` and the snapshot name inside it (None: the store root),
+    with background compaction after takes (``ckstore.history.compact.attach``)."""
+    repo, name = _locate(path, storage_options, index, create)
+    attach_compaction(repo)
+    return repo, name
+
+
+def _locate(
+    path: str, storage_options: dict[str, Any] | None, index: str | None, create: bool
+) -> tuple[Repository, str | None]:
     if not is_local(path):
         return open_repository(path, index=index, storage_options=storage_options, create=create), None
     path = local_path(path)

@@ -15,6 +15,9 @@ from .errors import ConflictError, InvalidInputError, NotFoundError
 from .format.manifest import Manifest
 from .history.check import CheckReport
 from .history.check import check as history_check
+from .history.compact import DEFAULT_KEEP_LOOSE, CompactReport
+from .history.compact import attach as attach_compaction
+from .history.compact import compact as history_compact
 from .history.diff import DiffResult
 from .history.diff import diff as history_diff
 from .history.gc import DEFAULT_GRACE_SECONDS, DEFAULT_REPACK_BELOW, GCReport
@@ -50,8 +53,8 @@ class Store:
 
     Thread-safe for concurrent takes and reads from one process; many processes and hosts may
     share a store (the index serialises commits). The knobs ``threads``, ``io_threads``,
-    ``memory_budget``, ``staging_budget``, ``lease_seconds``, ``delta_base`` and
-    ``delta_depth`` (see :class:`~ckstore.engine.repository.Repository`) may be set on an
+    ``memory_budget``, ``staging_budget``, ``lease_seconds``, ``delta_base``, ``delta_depth``
+    and ``take_codec`` (see :class:`~ckstore.engine.repository.Repository`) may be set on an
     open store; they affect this process only.
     """
 
@@ -62,9 +65,12 @@ class Store:
     lease_seconds: _Knob[float] = _Knob()
     delta_base: _Knob[str | None] = _Knob()
     delta_depth: _Knob[int] = _Knob()
+    take_codec: _Knob[str] = _Knob()
+    auto_compact: _Knob[bool] = _Knob()
 
     def __init__(self, repository: Repository) -> None:
         self._repo = repository
+        self._compactor = attach_compaction(repository)
 
     @property
     def repository(self) -> Repository:
@@ -352,6 +358,32 @@ class Store:
         """
         return history_check(self._repo, read_data=read_data, progress=progress)
 
+    def compact(self, *, keep_loose: int = DEFAULT_KEEP_LOOSE, dry_run: bool = False,
+                progress: Callable[[int], None] | None = None) -> CompactReport:
+        """Rewrite older snapshots' loose chunks densely, now (``git gc`` for loose objects).
+
+        A take writes new chunks loose (a fast codec, no deltas). This rewrites those that no
+        run's ``keep_loose`` newest snapshots use: byte-grouped zstd, or an XOR delta against
+        the chunk at the same place in the snapshot's parent when that is smaller (chains bounded
+        by ``delta_depth``). Safe beside takes, restores and gc in any process; crash-safe at
+        every step (docs/RELIABILITY.md). Takes also start it in the background by themselves
+        (``auto_compact``); this waits for a background run first. ``progress`` is called with
+        the raw bytes of each chunk rewritten.
+
+        Raises:
+            InvalidInputError: ``keep_loose`` is not an int >= 0.
+            LeaseExpiredError: the compaction stalled past its lease (what it switched stays).
+        """
+        from .format.limits import check_int
+
+        check_int("keep_loose", keep_loose)
+        self._compactor.wait_idle()
+        return history_compact(self._repo, keep_loose=keep_loose, dry_run=dry_run, progress=progress)
+
+    def wait_compacted(self, timeout: float | None = None) -> bool:
+        """Wait until no background compaction of this handle runs or is due; False on timeout."""
+        return self._compactor.wait_idle(timeout)
+
     def reindex(self) -> ReindexReport:
         """Rebuild this store's empty index from its packs and manifests (I5)."""
         return history_reindex(self._repo)
@@ -382,6 +414,8 @@ def open(  # noqa: A001 - the public verb is ckstore.open
     create_index: bool | None = None,
     delta_base: str | None = None,
     delta_depth: int | None = None,
+    take_codec: str | None = None,
+    auto_compact: bool | None = None,
 ) -> Store:
     """Open (and by default create) a store.
 
@@ -398,6 +432,10 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         delta_base, delta_depth: this handle's defaults for takes (see :meth:`Store.take`):
             ``delta_base="parent"`` stores every take of a run as deltas against the one before
             where that is smaller; ``delta_depth`` (default 1, or ``$CKSTORE_DELTA_DEPTH``) bounds the chains.
+        take_codec: how this handle's takes encode new chunks: ``"fast"`` (default, or
+            ``$CKSTORE_TAKE_CODEC``; compaction rewrites older snapshots densely) or ``"dense"``.
+        auto_compact: whether takes start a background compaction (default True, or
+            ``$CKSTORE_AUTO_COMPACT``); see :meth:`Store.compact`.
 
     Raises:
         NotFoundError: no store at ``url`` and ``create`` is False.
@@ -417,6 +455,10 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         repo.delta_base = delta_base
         if delta_depth is not None:
             repo.delta_depth = delta_depth
+        if take_codec is not None:
+            repo.take_codec = take_codec
+        if auto_compact is not None:
+            repo.auto_compact = auto_compact
     except BaseException:
         repo.close()
         raise

@@ -19,6 +19,10 @@ from tests.support.seaweed import start_or_skip as start_seaweed_or_skip
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
+# Background compaction after takes would rewrite packs while tests inspect them: off unless a
+# test turns it on (tests/history/test_compact.py does). Child processes inherit it.
+os.environ.setdefault("CKSTORE_AUTO_COMPACT", "0")
+
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:

@@ -40,7 +40,15 @@ from ._common import (
 )
 from ._history import cmd_diff, cmd_log, cmd_ls, cmd_rm, cmd_show, cmd_tag
 from ._interop import cmd_export, cmd_import
-from ._maintenance import cmd_check, cmd_du, cmd_gc, cmd_migrate, cmd_reindex, gc_policy
+from ._maintenance import (
+    cmd_check,
+    cmd_compact,
+    cmd_du,
+    cmd_gc,
+    cmd_migrate,
+    cmd_reindex,
+    gc_policy,
+)
 from ._setup import DEMO_STORE, cmd_demo, cmd_init
 from ._ui import cmd_ui
 
@@ -122,6 +130,9 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
         "ckstore gc --keep-last 3 --older-than 7d",
         "ckstore gc --run sft --keep-every-steps 1000 --json",
     ), cmd_gc),
+    ("compact", "rewrite older snapshots' loose chunks densely (deltas, full compression)", (
+        "ckstore compact", "ckstore compact --dry-run --json", "ckstore compact --keep-loose 3",
+    ), cmd_compact),
     ("check", "verify the store's integrity (exit 1 on problems)", (
         "ckstore check", "ckstore check --read-data", "ckstore check --read-data 0.1 --json",
     ), cmd_check),

@@ -163,6 +163,15 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             action="store_true",
             help="also delete tagged snapshots, with their tags (refused otherwise)",
         )
+    elif name == "compact":
+        p.add_argument(
+            "--keep-loose",
+            type=_nonneg_int,
+            default=1,
+            metavar="N",
+            help="newest snapshots of each run whose chunks stay loose, in the fast form (default 1)",
+        )
+        p.add_argument("--dry-run", "-n", action="store_true", help="say what would be rewritten, write nothing")
     elif name == "gc":
         p.add_argument(
             "--keep-last",

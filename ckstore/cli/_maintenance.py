@@ -1,4 +1,4 @@
-"""The maintenance commands: ``gc``, ``check``, ``du``, ``reindex`` and ``migrate``.
+"""The maintenance commands: ``gc``, ``compact``, ``check``, ``du``, ``reindex`` and ``migrate``.
 
 Each ``cmd_*`` takes the parsed arguments and returns an exit code.
 """
@@ -37,6 +37,16 @@ def cmd_gc(args: argparse.Namespace) -> int:
     print_report(d, args.json)
     if d.get("grace_kept_bytes") and not args.json:
         print(_grace_note(d))
+    return EXIT_OK
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        store.auto_compact = False
+        report = store.compact(keep_loose=args.keep_loose, dry_run=args.dry_run)
+    print_report(report.to_dict(), args.json)
+    if report.chunks and not args.dry_run and not args.json:
+        print("note: the loose packs emptied are retired; `ckstore gc` deletes them once their grace period has passed")
     return EXIT_OK
 
 

@@ -12,7 +12,11 @@ commands rely on it); only reading tensors (:meth:`SnapshotView.reader`) does.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -28,13 +32,18 @@ from .config import (
     StoreConfig,
     check_delta_base,
     check_depth,
+    check_take_codec,
+    default_auto_compact,
     default_delta_depth,
     default_io_threads,
     default_lease_seconds,
     default_memory_budget,
     default_staging_budget,
+    default_take_codec,
     default_threads,
 )
+
+log = logging.getLogger("ckstore")
 
 if TYPE_CHECKING:
     from .packing import TakeOptions
@@ -92,8 +101,17 @@ class Repository:
         self._lease_seconds = default_lease_seconds()
         self._delta_base: str | None = None
         self._delta_depth = default_delta_depth()
+        self._take_codec = default_take_codec()
         # how it was opened (index URL as given, storage options), so another process can reopen it
         self.opened_with: dict[str, Any] = {"index": None, "storage_options": None}
+        self._auto_compact = default_auto_compact()
+        self._busy = 0
+        self._busy_lock = threading.Lock()
+        self.after_commit: list[Callable[[SnapshotRecord], None]] = []
+        """Called (in order) with each snapshot a take of this process committed here; a
+        failure is logged, never raised (the snapshot is committed)."""
+        self.before_close: list[Callable[[], None]] = []
+        """Called (in order) when the repository closes, before its index and backend."""
 
     @property
     def threads(self) -> int:
@@ -162,6 +180,17 @@ class Repository:
     def delta_depth(self, value: int) -> None:
         self._delta_depth = check_depth(value)
 
+    @property
+    def take_codec(self) -> str:
+        """How takes encode new whole chunks: ``"fast"`` (the default: ``exp-zstd`` for
+        floats, raw otherwise; compaction rewrites them densely later) or ``"dense"``
+        (``bytegroup-zstd``/``zstd`` at once)."""
+        return self._take_codec
+
+    @take_codec.setter
+    def take_codec(self, value: str) -> None:
+        self._take_codec = check_take_codec(value)
+
     def take_options(self, deltas: bool = False) -> TakeOptions:
         """The options a take into this repository runs with (``deltas``: it has a base)."""
         from .packing import TakeOptions
@@ -174,6 +203,7 @@ class Repository:
             lease_seconds=self.lease_seconds,
             io_threads=self.io_threads,
             delta_depth=self.delta_depth if deltas else 0,
+            fast=self.take_codec == "fast",
         )
 
     def delta_manifest(self, delta_base: str | None, run: str) -> Manifest | None:
@@ -200,7 +230,45 @@ class Repository:
         raw = self.objects.get_blob("manifests", record.manifest_id)
         return Manifest.from_json(raw, where=f"manifest of {describe(record)}")
 
+    @property
+    def auto_compact(self) -> bool:
+        """Whether takes of this process start a background compaction once older snapshots
+        hold loose chunks (default True, or ``$CKSTORE_AUTO_COMPACT``)."""
+        return self._auto_compact
+
+    @auto_compact.setter
+    def auto_compact(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise InvalidInputError(f"auto_compact must be True or False, got {value!r}")
+        self._auto_compact = value
+
+    @contextmanager
+    def activity(self) -> Iterator[None]:
+        """Mark a take or restore of this process as running (background work waits meanwhile)."""
+        with self._busy_lock:
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._busy_lock:
+                self._busy -= 1
+
+    def busy(self) -> bool:
+        """Whether a take or restore of this process is running (:meth:`activity`)."""
+        return self._busy > 0
+
+    def committed(self, record: SnapshotRecord) -> None:
+        """Run the :attr:`after_commit` hooks for a snapshot a take just committed."""
+        for hook in list(self.after_commit):
+            try:
+                hook(record)
+            except Exception as exc:  # noqa: BLE001 - the snapshot is committed whatever a hook does
+                log.warning("ckstore: a hook after committing %s failed: %s: %s", describe(record), type(exc).__name__, exc)
+
     def close(self) -> None:
+        for hook in list(self.before_close):
+            hook()
+        self.before_close.clear()
         self.index.close()
         self.objects.backend.close()
 

@@ -38,6 +38,7 @@ from ckstore.errors import (
 from ckstore.index import _commit, _convert, _resolve, _sql, _tags
 from ckstore.index._errors import translated
 from ckstore.index._sql import batches, check_lease, insert, insert_ignore, unique
+from ckstore.index.compaction import CompactionMixin
 from ckstore.index.engine import READONLY, display_url, make_engine
 from ckstore.index.maintenance import MaintenanceMixin
 from ckstore.index.records import (
@@ -57,7 +58,7 @@ MAX_CHAIN_ROUNDS = 65
 are far shorter, and readers refuse one over 64 links)."""
 
 
-class Index(MaintenanceMixin, SharingMixin):
+class Index(MaintenanceMixin, SharingMixin, CompactionMixin):
     """SQL index of one store (SQLite or PostgreSQL). Create it with :meth:`Index.open`."""
 
     def __init__(self, engine: Engine) -> None:
@@ -256,6 +257,7 @@ class Index(MaintenanceMixin, SharingMixin):
                         "size": pack.size,
                         "chunk_count": pack.chunk_count,
                         "created_at": created,
+                        "loose": pack.loose,
                     }
                 ],
             )

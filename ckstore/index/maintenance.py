@@ -42,6 +42,7 @@ class PackUsage:
     retired_at: float | None
     live_chunks: int
     live_bytes: int
+    loose: bool = False
 
 
 def _unreferenced(ignoring: Sequence[str] = (), bases: bool = True) -> Any:
@@ -187,14 +188,14 @@ class MaintenanceMixin:
         query = (
             select(
                 p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at,
-                func.count(c.c.id), func.coalesce(func.sum(c.c.length), 0),
+                func.count(c.c.id), func.coalesce(func.sum(c.c.length), 0), p.c.loose,
             )
             .select_from(p.outerjoin(c, c.c.pack_id == p.c.id))
-            .group_by(p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at)
+            .group_by(p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at, p.c.loose)
         )
         with self._read("measure packs") as conn:
             return [
-                PackUsage(r[0], int(r[1]), int(r[2]), float(r[3]), r[4], int(r[5]), int(r[6]))
+                PackUsage(r[0], int(r[1]), int(r[2]), float(r[3]), r[4], int(r[5]), int(r[6]), bool(r[7]))
                 for r in conn.execute(query)
             ]
 
@@ -232,7 +233,8 @@ class MaintenanceMixin:
         p, c = _sql.packs, _sql.chunks
         switched = 0
         with self._write(f"relocate chunks of pack {old_pack_id}") as conn:
-            _sql.insert_ignore(conn, p, [{"id": pack.pack_id, "size": pack.size, "chunk_count": pack.chunk_count, "created_at": pack.created_at or time.time()}])
+            _sql.insert_ignore(conn, p, [{"id": pack.pack_id, "size": pack.size, "chunk_count": pack.chunk_count,
+                                          "created_at": pack.created_at or time.time(), "loose": pack.loose}])
             for m in moves:
                 switched += conn.execute(
                     update(c)

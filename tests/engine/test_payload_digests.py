@@ -16,7 +16,8 @@ from ckstore.objects import store as object_store
 from ckstore.objects.hashing import is_payload_digest, payload_digest
 from tests.support.states import forget_payload_digests
 
-KNOBS: dict[str, Any] = {"chunk_bytes": 4096, "inline_bytes": 64}
+KNOBS: dict[str, Any] = {"chunk_bytes": 4096, "inline_bytes": 64, "take_codec": "dense"}
+"""Dense takes: these tests pick byte-grouped chunks (the fast codec's are checked alike)."""
 
 
 def _state(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -48,8 +49,9 @@ def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def test_every_chunk_a_take_writes_has_the_digest_of_its_stored_payload(tmp_path: Path) -> None:
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+@pytest.mark.parametrize("take_codec", ["fast", "dense"])
+def test_every_chunk_a_take_writes_has_the_digest_of_its_stored_payload(tmp_path: Path, take_codec: str) -> None:
+    with ckstore.open(tmp_path / "s", **{**KNOBS, "take_codec": take_codec}) as store:
         store.take(_app(_state()), run="r")
         rows = list(store.repository.index.all_chunks())
         assert len(rows) > 4
@@ -141,10 +143,10 @@ def test_a_payload_its_writer_encoded_wrong_is_still_caught_by_the_id(
     loaded. check --read-data finds it too."""
     real = objects.encode
 
-    def wrong(raw: Any, itemsize: int, grouped: bool, level: int = 1, buffer: Any = None) -> Any:
+    def wrong(raw: Any, itemsize: int, grouped: bool, level: int = 1, buffer: Any = None, fast: bool = False) -> Any:
         bad = bytearray(memoryview(raw).cast("B"))
         bad[0] ^= 0x01
-        return real(bytes(bad), itemsize, grouped, level)
+        return real(bytes(bad), itemsize, grouped, level, fast=fast)
 
     src = {"w": torch.randn(64, 64, generator=torch.Generator().manual_seed(1))}
     with ckstore.open(tmp_path / "s", **KNOBS) as store:

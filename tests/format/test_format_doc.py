@@ -157,6 +157,20 @@ def test_bytegroup_decoding_vector() -> None:
     assert bytes(objects.decode("bytegroup-zstd", _hex(f["payload"]), len(raw))) == raw
 
 
+def test_exp_zstd_decoding_vector() -> None:
+    from ckstore.objects.hashing import new_hasher
+
+    f = _fields("exp-zstd")
+    raw, payload = _hex(f["raw"]), _hex(f["payload"])
+    assert raw == _arange4()
+    assert bytes(objects.decode("exp-zstd", payload, len(raw))) == raw
+    hasher = new_hasher()
+    objects.codecs.decode_hashed("exp-zstd", payload, len(raw), None, hasher)
+    assert hasher.hexdigest() == _fields("chunk-id")["id"]
+    codec, encoded = objects.encode(raw, 4, True, fast=True)  # ckstore's encoder: the same layout
+    assert codec == "none" or bytes(encoded)[:8 + 12] == payload[:8 + 12]
+
+
 def test_delta_decoding_vector() -> None:
     from ckstore.objects.delta import xor_into
 
