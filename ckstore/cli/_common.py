@@ -144,10 +144,10 @@ def _report_lines(d: dict[str, Any], indent: str) -> list[str]:
             lines.append(f"{indent}{key}: {len(value)}")
             lines += [f"{indent}  - {json.dumps(v, default=str)}" for v in value[:50]]
         elif isinstance(value, (list, tuple)):
-            more = ", ..." if len(value) > 10 else ""
+            more = f", ... {len(value) - 10} more" if len(value) > 10 else ""
             lines.append(
                 f"{indent}{key}: {len(value)}"
-                + (f" ({', '.join(str(v)[:12] for v in value[:10])}{more})" if value else "")
+                + (f" ({', '.join(str(v) for v in value[:10])}{more})" if value else "")
             )
         elif "bytes" in key and isinstance(value, int):
             lines.append(f"{indent}{key}: {fmt.size(value)}")
