@@ -64,7 +64,8 @@ class ConflictError(CkstoreError):
 
 
 class DestinationExistsError(ConflictError, FileExistsError):
-    """An export's destination directory is not empty (pass ``force=True`` to replace it)."""
+    """A destination is not empty: an export's directory (pass ``force=True`` to replace it),
+    or the folder (or prefix) a new store was to be created in."""
 
 
 class LeaseExpiredError(ConflictError):

@@ -299,7 +299,7 @@ def open(  # noqa: A001 - the public verb is ckstore.open
     *,
     index: str | None = None,
     storage_options: dict[str, Any] | None = None,
-    create: bool = True,
+    create: bool = False,
     chunk_bytes: int | None = None,
     pack_bytes: int | None = None,
     inline_bytes: int | None = None,
@@ -307,7 +307,7 @@ def open(  # noqa: A001 - the public verb is ckstore.open
     delta_base: str | None = None,
     delta_depth: int | None = None,
 ) -> Store:
-    """Open (and by default create) a store.
+    """Open a store; with ``create=True``, create it first if there is none.
 
     Args:
         url: a local directory, ``file://``, ``memory://name``, ``s3://bucket/prefix`` or any
@@ -315,7 +315,10 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         index: SQLAlchemy URL of the index. Default: SQLite inside a local store. Required for
             remote stores (PostgreSQL when many hosts share one).
         storage_options: passed to fsspec (e.g. s3fs credentials, endpoint_url).
-        create: make the store if it does not exist; False raises NotFoundError instead.
+        create: make the store if there is none at ``url``: in a new or empty folder (or
+            prefix), never in a non-empty one that is not a store. False (the default, as
+            git outside ``git init``) raises NotFoundError, so a mistyped path is an error, not a
+            new empty store.
         chunk_bytes, pack_bytes, inline_bytes: knobs for a NEW store (ignored when it exists).
         create_index: give an empty index database the schema even when ``create`` is False
             (to ``reindex`` an existing store into a fresh index); None: the same as ``create``.
@@ -324,7 +327,11 @@ def open(  # noqa: A001 - the public verb is ckstore.open
             where that is smaller; ``delta_depth`` (default 1, or ``$CKSTORE_DELTA_DEPTH``) bounds the chains.
 
     Raises:
-        NotFoundError: no store at ``url`` and ``create`` is False.
+        NotFoundError: no store at ``url`` and ``create`` is False (the message says how to
+            create one).
+        InvalidInputError: ``url`` is a file.
+        errors.DestinationExistsError: ``create`` is True and ``url`` is a non-empty folder
+            (or prefix) that is not a store.
         SchemaError: the store or index was written by another format version.
     """
     store = open_repository(

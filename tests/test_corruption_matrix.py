@@ -41,7 +41,7 @@ EXPECTED = {
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("matrix") / "store"
-    s = ckstore.open(path, chunk_bytes=1024, pack_bytes=1 << 20, inline_bytes=16)
+    s = ckstore.open(path, chunk_bytes=1024, pack_bytes=1 << 20, inline_bytes=16, create=True)
     s.take({"m": ckstore.StateDict({k.split("/")[1]: v.clone() for k, v in EXPECTED.items()}, step=3)}, run="r", step=1)
     s.close()
     return path

@@ -18,7 +18,7 @@ def test_a_trusted_base_whose_pack_is_gone_never_blocks_a_take(tmp_path: Path, c
     a base pack lost meanwhile (a gc beside with no grace, a damaged store) must make the
     take store those chunks whole, as for an untrusted base, not fail it."""
     states = _train(3)
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take({"m": App(dict(states[0]))}, run="r", step=0)
         first_packs = {c.pack_id for c in store.index.all_chunks()}
         store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent")  # trusts the bases
@@ -32,7 +32,7 @@ def test_a_trusted_base_whose_pack_is_gone_never_blocks_a_take(tmp_path: Path, c
 def test_gc_does_not_rewrite_delta_packs_whose_every_chunk_is_live(tmp_path: Path) -> None:
     """A version 2 pack's entries are 96 bytes, not 64: its payload must not be overestimated
     so that a pack with nothing dead looks sparse and is rewritten by every gc."""
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         for i, s in enumerate(_train(3)):
             store.take({"m": App(dict(s))}, run="r", step=i, delta_base="parent")
         assert any(c.base_id for c in store.index.all_chunks())
@@ -48,7 +48,7 @@ def test_check_reports_a_delta_against_a_base_of_another_length_and_scans_on(tmp
 
     from ckstore import objects
 
-    with ckstore.open(tmp_path / "s") as store:
+    with ckstore.open(tmp_path / "s", create=True) as store:
         base = bytes(range(16))
         w = store.objects.new_pack_writer()
         w.add(objects.chunk_id(base), "none", base, len(base))
@@ -78,7 +78,7 @@ def test_reindex_leaves_out_chains_longer_than_readers_follow(tmp_path: Path) ->
     from ckstore.objects.delta import MAX_CHAIN
 
     z = zstandard.ZstdCompressor(write_content_size=True)
-    with ckstore.open(tmp_path / "s") as store:
+    with ckstore.open(tmp_path / "s", create=True) as store:
         prev = os.urandom(64)
         w = store.objects.new_pack_writer(1 << 30)
         w.add(objects.chunk_id(prev), "none", prev, len(prev))
@@ -109,7 +109,7 @@ def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decode
     from ckstore.engine.restore import apply, prepare
 
     states = _train(2)
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take({"m": App(dict(states[0]))}, run="r", step=0)
         snap = store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent")
         if not digests:
@@ -143,7 +143,7 @@ def test_check_read_data_is_clean_after_gc_leaves_dead_deltas_in_a_live_pack(tmp
     --read-data must not report them (it said 'a delta against chunk X, which cannot be read')."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(32, 32, generator=g)
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take({"m": App({"w": w})}, run="r", step=0)
         w = w + 1e-3 * torch.randn(w.shape, generator=g)
         kept = torch.randn(16, 16, generator=g)  # new here, unchanged after: its pack stays live

@@ -44,7 +44,7 @@ def test_gc_never_copies_a_delta_payload_it_did_not_verify(tmp_path: Path) -> No
     g = torch.Generator().manual_seed(3)
     w0 = torch.randn(64, 64, generator=g)
     w1 = w0 + 1e-3 * torch.randn(w0.shape, generator=g)
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take(_app({"w": w0}), run="r", step=0)
         store.take(_app({"w": w1, "drop": torch.randn(64, 64, generator=g)}), run="r", step=1, delta_base="parent")
         store.take(_app({"w": w1}), run="keep")  # the deltas stay live, "drop" does not

@@ -13,6 +13,7 @@ printed as one line, ``ckstore: error: <message>``, on stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -79,6 +80,8 @@ STORE_HELPS = {
 }
 
 Handler = Callable[[argparse.Namespace], int]
+DEBUG_ENV = "CKSTORE_DEBUG"
+"""Set to 1 to let an unexpected error (a bug) end in its traceback instead of one line."""
 
 
 COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
@@ -190,3 +193,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:  # the file system said no (a path that is a file, no permission)
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"ckstore: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # a bug: one line, the traceback on request
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(
+            f"ckstore: error: internal error, please report it: {type(exc).__name__}: {exc} "
+            f"(set {DEBUG_ENV}=1 to see the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR

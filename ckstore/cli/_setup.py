@@ -39,7 +39,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         "inline_bytes": args.inline_bytes,
     }
     try:
-        with ckstore.open(url, index=args.index, storage_options=opts, **knobs) as store:
+        with ckstore.open(url, index=args.index, storage_options=opts, create=True, **knobs) as store:
             cfg = store.config
             info = {
                 "url": store.url,
@@ -159,7 +159,7 @@ def claim_demo_store(url: str) -> str:
             f"{path} exists and is not empty; the demo writes only into a new or empty folder "
             f"(or a store an earlier demo made): {elsewhere}"
         )
-    ckstore.open(path).close()
+    ckstore.open(path, create=True).close()
     with open(os.path.join(path, DEMO_MARK), "w") as f:
         f.write("made by `ckstore demo`: the next `ckstore demo` here replaces this store\n")
     return path

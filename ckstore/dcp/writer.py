@@ -88,7 +88,7 @@ class StorageWriter(_DcpStorageWriter):
 
         self.tags = tuple(tags)
         self.metadata = check_take_args(run, step, metadata, name, self.tags)
-        self._ref = StoreRef(store, index, storage_options)
+        self._ref = StoreRef(store, index, storage_options, create=True)
         self.overwrite = bool(overwrite)
         self.run = run
         self.step = step

@@ -4,7 +4,7 @@
 
     from ckstore.integrations.lightning import CkstoreCheckpointIO
 
-    io = CkstoreCheckpointIO(ckstore.open("./ckpts"), run="lit")
+    io = CkstoreCheckpointIO(ckstore.open("./ckpts", create=True), run="lit")
     trainer = Trainer(plugins=[io], callbacks=[ModelCheckpoint(save_top_k=2, monitor="val_loss")])
     trainer.fit(model)                                   # every checkpoint is a snapshot
     trainer.fit(model, ckpt_path=io.ref(path) or "lit@200")  # resume from a path or any ref

@@ -4,7 +4,7 @@
 
     from ckstore.integrations.transformers import CkstoreCallback, checkout
 
-    store = ckstore.open("./ckpts")
+    store = ckstore.open("./ckpts", create=True)
     trainer = Trainer(model, args, train_dataset=ds, callbacks=[CkstoreCallback(store, run="sft")])
     trainer.train()                                   # each save is a snapshot sft@<global_step>
     trainer.train(resume_from_checkpoint=checkout(store, "sft@500", "./resume"))
