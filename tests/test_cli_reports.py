@@ -5,6 +5,7 @@ Most calls run the CLI in this process (``cli.main``); the output is the point o
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,28 @@ def test_gc_and_export_reports_name_things_whole(tmp_path: Path, capsys) -> None
     code, out, err = run(capsys, "--store", str(store), "export", "py-reimport", str(tmp_path / "hf"))
     assert code == 0, err
     assert "model.safetensors" in out and "model.safete," not in out and "model.safete)" not in out
+
+
+# --- item 13: --json covers errors too ---------------------------------------------------------
+def test_json_errors_are_one_document_on_stdout_with_the_same_exit_codes(tmp_path, capsys) -> None:
+    store = tmp_path / "store"
+    _store(store, runs=("r",), steps=1)
+    s = ("--store", str(store))
+    cases = [
+        (("show", "nope", "--json", *s), 3, "SnapshotNotFoundError", "nope"),
+        (("log", "-n", "x", "--json", *s), 2, "UsageError", "non-negative"),
+        (("--json", "tag", "r@1", "a b", *s), 2, "InvalidInputError", "'a b'"),
+        (("log", "--json", "--store", str(tmp_path / "missing")), 3, "NotFoundError", "ckstore init"),
+    ]
+    for argv, code, kind, word in cases:
+        got, out, err = run(capsys, *argv)
+        assert got == code, (argv, got, out, err)
+        doc = json.loads(out)
+        assert doc["error"]["type"] == kind and doc["error"]["exit_code"] == code
+        assert word in doc["error"]["message"]
+        assert err.startswith("ckstore: error: ") and len(err.strip().splitlines()) == 1
+    run(capsys, "tag", "r@1", "best", *s)
+    got, out, _ = run(capsys, "tag", "r@1", "best", "--json", *s)
+    assert got == 4 and json.loads(out)["error"]["type"] == "ConflictError"
+    got, out, err = run(capsys, "show", "nope", *s)  # without --json: stderr only, as before
+    assert got == 3 and out == "" and err.startswith("ckstore: error: ")

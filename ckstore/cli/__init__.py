@@ -4,10 +4,11 @@ Every command finds its store from ``--store URL``, then ``$CKSTORE_STORE``, the
 directory upwards from the current one that holds ``ckstore.json``. Read commands print aligned
 tables for people and, with ``--json``, one JSON document for scripts.
 
-Exit codes: 0 success, 1 ``check`` found problems, 2 usage error (bad arguments or names),
+Exit codes: 0 success, 1 `check` found problems, 2 usage error (bad arguments or names),
 3 not found (ref, key, tag or store), 4 conflict (tag exists, store exists, lease lost),
-5 corruption (damaged or missing stored data), 6 any other ckstore error. Every ckstore error is
-printed as one line, ``ckstore: error: <message>``, on stderr.
+5 corruption (damaged or missing stored data), 6 any other error (incl. a read-only store).
+Every error is printed as one line, `ckstore: error: <message>`, on stderr; with --json,
+stdout also gets one JSON document, {"error": {"type", "message", "exit_code"}}.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ._common import (
     find_store,
     open_store,
     print_report,
+    report_error,
     storage_options,
     usage_error,
 )
@@ -181,13 +183,14 @@ def _store_help(name: str) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    Parser.json_errors = "--json" in argv
     args = build_parser().parse_args(argv)
+    as_json = bool(getattr(args, "json", False))
     try:
         return int(args.func(args))
     except CkstoreError as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"ckstore: error: {message}", file=sys.stderr)
-        return exit_code(exc)
+        return report_error(str(exc), exit_code(exc), type(exc).__name__, as_json)
     except BrokenPipeError:  # e.g. `ckstore log | head`
         sys.stderr.close()
         return EXIT_OK
@@ -195,14 +198,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except OSError as exc:  # the file system said no (a path that is a file, no permission)
         where = f": {exc.filename}" if exc.filename else ""
-        print(f"ckstore: error: {exc.strerror or exc}{where}", file=sys.stderr)
-        return EXIT_ERROR
+        return report_error(f"{exc.strerror or exc}{where}", EXIT_ERROR, type(exc).__name__, as_json)
     except Exception as exc:  # a bug: one line, the traceback on request
         if os.environ.get(DEBUG_ENV):
             raise
-        print(
-            f"ckstore: error: internal error, please report it: {type(exc).__name__}: {exc} "
-            f"(set {DEBUG_ENV}=1 to see the traceback)",
-            file=sys.stderr,
+        message = (
+            f"internal error, please report it: {type(exc).__name__}: {exc} "
+            f"(set {DEBUG_ENV}=1 to see the traceback)"
         )
-        return EXIT_ERROR
+        return report_error(message, EXIT_ERROR, type(exc).__name__, as_json)

@@ -11,14 +11,19 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from . import _format as fmt
-from ._common import EXIT_USAGE, STORE_ENV
+from ._common import EXIT_USAGE, STORE_ENV, report_error
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as ONE line and exit code 2."""
+    """argparse that reports usage errors as ONE line and exit code 2 (and, when the command
+    line asks for ``--json``, as a JSON document on stdout too: see ``report_error``)."""
+
+    json_errors = False
+    """Set by ``main`` when the arguments hold ``--json`` (they are not parsed yet)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"ckstore: error: {message} (see `{self.prog} --help`)\n")
+        report_error(f"{message} (see `{self.prog} --help`)", EXIT_USAGE, "UsageError", self.json_errors)
+        self.exit(EXIT_USAGE)
 
 
 def _size_arg(text: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any, NoReturn
 
 from ..errors import (
@@ -161,6 +162,16 @@ def _report_lines(d: dict[str, Any], indent: str) -> list[str]:
 
 
 # --- errors -------------------------------------------------------------------------------------
+def report_error(message: str, code: int, kind: str, as_json: bool) -> int:
+    """Print an error as one line on stderr and, under ``--json``, also as one JSON document on
+    stdout: ``{"error": {"type": ..., "message": ..., "exit_code": ...}}``. Returns ``code``."""
+    message = " ".join(message.split()) or kind
+    if as_json:
+        emit_json({"error": {"type": kind, "message": message, "exit_code": code}})
+    print(f"ckstore: error: {message}", file=sys.stderr)
+    return code
+
+
 def usage_error(args: argparse.Namespace, message: str) -> NoReturn:
     parser: argparse.ArgumentParser = args.parser
     parser.error(message)
