@@ -72,6 +72,11 @@ class LeaseExpiredError(ConflictError):
     """A write session's lease ran out before commit; GC may have reclaimed its pins."""
 
 
+class ReadOnlyStoreError(CkstoreError, PermissionError):
+    """A write (take, tag, delete, gc, reindex) on a store opened read-only: its folder is not
+    writable, its index URL is read-only, or it was opened with ``read_only=True``."""
+
+
 class SchemaError(CkstoreError):
     """The index schema or store format is older/newer than this ckstore understands."""
 

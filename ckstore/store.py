@@ -306,6 +306,7 @@ def open(  # noqa: A001 - the public verb is ckstore.open
     create_index: bool | None = None,
     delta_base: str | None = None,
     delta_depth: int | None = None,
+    read_only: bool | None = None,
 ) -> Store:
     """Open a store; with ``create=True``, create it first if there is none.
 
@@ -325,6 +326,10 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         delta_base, delta_depth: this handle's defaults for takes (see :meth:`Store.take`):
             ``delta_base="parent"`` stores every take of a run as deltas against the one before
             where that is smaller; ``delta_depth`` (default 1, or ``$CKSTORE_DELTA_DEPTH``) bounds the chains.
+        read_only: True opens without writing anything (reads, restores, exports, check and
+            du work; a take, tag, delete, gc or reindex raises ReadOnlyStoreError). None (the
+            default) does so when a local store's folder or index is not writable (a
+            read-only mount), or the index URL is SQLite ``mode=ro`` / ``immutable=1``.
 
     Raises:
         NotFoundError: no store at ``url`` and ``create`` is False (the message says how to
@@ -343,6 +348,7 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         pack_bytes=pack_bytes,
         inline_bytes=inline_bytes,
         create_index=create_index,
+        read_only=read_only,
         cls=Store,
     )
     try:

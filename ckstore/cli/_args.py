@@ -116,6 +116,12 @@ def common_options(suppress: bool, store_help: str = STORE_HELP) -> argparse.Arg
         **kw,
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON", **kw)
+    p.add_argument(
+        "--read-only",
+        action="store_true",
+        help="open the store without writing anything (automatic when it is not writable)",
+        **kw,
+    )
     return p
 
 

@@ -110,6 +110,8 @@ def open_store(args: argparse.Namespace, **options: Any) -> Any:
     """
     import ckstore
 
+    if getattr(args, "read_only", False):
+        options.setdefault("read_only", True)
     return ckstore.open(
         find_store(args.store),
         index=args.index,

@@ -210,6 +210,11 @@ class Repository:
         raw = self.objects.get_blob("manifests", record.manifest_id)
         return Manifest.from_json(raw, where=f"manifest of {describe(record)}")
 
+    @property
+    def read_only(self) -> bool:
+        """True when this store refuses writes (see :func:`read_only_reason`)."""
+        return self.index.read_only is not None
+
     def close(self) -> None:
         self.index.close()
         self.objects.backend.close()
@@ -315,6 +320,7 @@ def open_repository(
     pack_bytes: int | None = None,
     inline_bytes: int | None = None,
     create_index: bool | None = None,
+    read_only: bool | None = None,
     cls: type[R] = Repository,  # type: ignore[assignment]
 ) -> R:
     """Open (with ``create``, also create) a store; see :func:`ckstore.open` for the arguments.
@@ -322,13 +328,20 @@ def open_repository(
     ``cls`` is the class to build (``Store`` for the public facade).
     """
     url = os.fspath(url)
+    if read_only and create:
+        raise InvalidInputError(f"cannot create a store read-only: {url!r} (pass create=False)")
     if is_local(url):
         url = local_path(url)
         prepare_local(url, create)
+    index_url = index or default_index_url(url)
+    why = read_only_reason(url, index_url, read_only)
     objs = objects.ObjectStore(objects.open_backend(url, storage_options))
     config = _load_config(objs.backend, url, create, chunk_bytes, pack_bytes, inline_bytes)
-    idx = Index.open(index or default_index_url(url), create=create if create_index is None else create_index)
-    stored = idx.set_meta("store_id", config.store_id, only_if_absent=True)
+    idx = Index.open(index_url, create=create if create_index is None else create_index, read_only=why)
+    if idx.read_only is None:
+        stored = idx.set_meta("store_id", config.store_id, only_if_absent=True)
+    else:
+        stored = idx.get_meta("store_id") or config.store_id
     if stored != config.store_id:
         idx.close()
         raise ConflictError(
@@ -338,6 +351,24 @@ def open_repository(
     repo = cls(url, objs, idx, config)
     repo.opened_with = {"index": index, "storage_options": dict(storage_options) if storage_options else None}
     return repo
+
+
+def read_only_reason(url: str, index_url: str, asked: bool | None) -> str | None:
+    """Why a store opens read-only, or None: asked for (``read_only=True``), or (``None``, the
+    default) a local store whose folder or SQLite index file is not writable (a read-only
+    mount, a shared folder of someone else's); ``False`` insists on writable."""
+    where = f"the store {url} is open read-only"
+    if asked:
+        return f"{where} (it was opened with read_only=True, or --read-only)"
+    if asked is False or not is_local(url):
+        return None
+    path = local_path(url)
+    db = os.path.join(path, "index.sqlite")
+    if not os.access(path, os.W_OK) or (
+        index_url == default_index_url(url) and os.path.exists(db) and not os.access(db, os.W_OK)
+    ):
+        return f"{where}: its folder {path} is not writable (a read-only mount or share); work on a writable copy to change it"
+    return None
 
 
 def how_to_create(url: str) -> str:

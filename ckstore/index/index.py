@@ -30,15 +30,23 @@ from sqlalchemy.pool import StaticPool
 
 from ckstore.errors import (
     ConflictError,
+    IndexError_,
     InvalidInputError,
     LeaseExpiredError,
     NotFoundError,
+    ReadOnlyStoreError,
     SnapshotNotFoundError,
 )
 from ckstore.index import _commit, _convert, _resolve, _sql, _tags
 from ckstore.index._errors import translated
 from ckstore.index._sql import batches, check_lease, insert, insert_ignore, unique
-from ckstore.index.engine import READONLY, display_url, make_engine
+from ckstore.index.engine import (
+    READONLY,
+    display_url,
+    is_memory_sqlite,
+    is_read_only_url,
+    make_engine,
+)
 from ckstore.index.maintenance import MaintenanceMixin
 from ckstore.index.records import (
     ChunkRecord,
@@ -59,23 +67,33 @@ are far shorter, and readers refuse one over 64 links)."""
 class Index(MaintenanceMixin):
     """SQL index of one store (SQLite or PostgreSQL). Create it with :meth:`Index.open`."""
 
-    def __init__(self, engine: Engine) -> None:
-        """Wraps an engine whose schema is already checked; use :meth:`open` instead."""
+    def __init__(self, engine: Engine, read_only: str | None = None) -> None:
+        """Wraps an engine whose schema is already checked; use :meth:`open` instead.
+
+        ``read_only``: why the index is read-only (every write then raises
+        ReadOnlyStoreError with this reason), or None for a writable one.
+        """
         self._engine = engine
         self._url = display_url(engine.url)
+        self._read_only = read_only
         # One shared connection (in-memory SQLite) must not run two transactions at once.
         shared = isinstance(engine.pool, StaticPool)
         self._lock: Any = threading.RLock() if shared else nullcontext()
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    def open(cls, url: str, *, create: bool = True) -> Index:
+    def open(cls, url: str, *, create: bool = True, read_only: str | bool | None = None) -> Index:
         """Opens (and, if ``create``, initializes) the index database at ``url``.
 
         Args:
             url: SQLAlchemy URL: ``sqlite:///path``, ``sqlite:///:memory:`` or
                 ``postgresql+psycopg://user@host:port/db``.
             create: Give an empty database the schema (else NotFoundError).
+            read_only: Open without writing anything, and refuse every write with
+                ReadOnlyStoreError; a string says why (it ends that error's message). A
+                SQLite URL with ``mode=ro`` or ``immutable=1`` is read-only by itself. A SQLite
+                file that cannot be opened ``mode=ro`` (a WAL database on read-only media,
+                where its ``-shm`` file cannot be made) is opened ``immutable=1``.
 
         Raises:
             SchemaError: If the database's schema is older or newer than this code, or it is
@@ -83,14 +101,40 @@ class Index(MaintenanceMixin):
             NotFoundError: If the database is empty and ``create`` is False.
             IndexError_: If the database cannot be reached.
         """
-        engine = make_engine(url)
+        if not read_only and is_read_only_url(url):
+            read_only = "its URL opens it read-only (mode=ro or immutable=1)"
+        reason = None
+        if read_only:
+            reason = read_only if isinstance(read_only, str) else "it was opened read-only"
+            create = False
+        engine = make_engine(url, read_only=bool(reason))
         try:
-            with translated("open index", display_url(engine.url)):
-                ensure_schema(engine, create=create)
+            engine = cls._checked(engine, url, create, reason)
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine)
+        return cls(engine, reason)
+
+    @staticmethod
+    def _checked(engine: Engine, url: str, create: bool, reason: str | None) -> Engine:
+        """``engine`` with its schema checked (or, read-only, an immutable one that works)."""
+        try:
+            with translated("open index", display_url(engine.url)):
+                ensure_schema(engine, create=create)
+            return engine
+        except IndexError_:
+            if reason is None or engine.dialect.name != "sqlite" or is_memory_sqlite(engine.url):
+                raise
+        engine.dispose()  # mode=ro could not open it: read-only media, try immutable
+        engine = make_engine(url, read_only=True, immutable=True)
+        with translated("open index", display_url(engine.url)):
+            ensure_schema(engine, create=False)
+        return engine
+
+    @property
+    def read_only(self) -> str | None:
+        """Why this index refuses writes, or None when it is writable."""
+        return self._read_only
 
     def close(self) -> None:
         """Closes every pooled connection. The Index must not be used afterwards."""
@@ -114,6 +158,8 @@ class Index(MaintenanceMixin):
 
     @contextmanager
     def _write(self, what: str) -> Iterator[Connection]:
+        if self._read_only is not None:
+            raise ReadOnlyStoreError(f"cannot {what}: {self._read_only}")
         with self._lock, translated(what, self._url), self._engine.begin() as conn:
             yield conn
 
