@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from . import _takes
@@ -17,6 +18,7 @@ from .history.gc import DEFAULT_GRACE_SECONDS, DEFAULT_REPACK_BELOW, GCReport
 from .history.gc import gc as history_gc
 from .history.reindex import ReindexReport
 from .history.reindex import reindex as history_reindex
+from .index import tag_specs
 from .snapshot import PendingSnapshot, Snapshot
 
 
@@ -43,6 +45,7 @@ class Store(Repository):
         pg: Any = None,
         dist_timeout: float | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
+        move_tags: bool = False,
     ) -> Snapshot:
         """Snapshot ``app_state`` (names -> objects with ``state_dict()``) into ``run``.
 
@@ -67,13 +70,18 @@ class Store(Repository):
         Chains are kept within ``delta_depth`` links; reads and restores are unchanged.
         Single-process takes only.
 
+        ``tags`` are created; one that exists already is moved only with ``move_tags=True``
+        (the rule of :meth:`tag` and ``force``), and none may take the name of a run, nor
+        ``run`` the name of a tag (a ref names a tag first, so either would hide the other).
+
         Raises:
             InvalidInputError / UnsupportedValueError: app_state holds something unstorable
                 (the message names the key).
+            ConflictError: a tag exists and ``move_tags`` is False, or a tag and a run would
+                share a name; checked before anything is written.
             LeaseExpiredError: the take stalled past its lease; nothing was committed.
         """
-        args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated,
-                                  _takes.delta_base_of(self, delta_base))
+        args = self._take_args(run, step, tags, metadata, name, replicated, delta_base, move_tags)
         _takes.check_budgets(dist_timeout, None)
         record, manifest = _takes.take(self, app_state, args, pg, dist_timeout)
         return Snapshot._bind(self, record, manifest)
@@ -92,6 +100,7 @@ class Store(Repository):
         dist_timeout: float | None = None,
         staging_budget: int | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
+        move_tags: bool = False,
     ) -> PendingSnapshot:
         """Stage a copy of ``app_state`` now, then hash, write and commit in the background.
 
@@ -102,10 +111,9 @@ class Store(Repository):
         ``wait()`` returns the Snapshot or raises.
         Distributed: call on every rank; the ranks' background takes commit together and
         every rank's ``wait()`` returns the same Snapshot or raises DistributedError.
-        ``delta_base`` as for :meth:`take`.
+        ``delta_base``, ``tags`` and ``move_tags`` as for :meth:`take`.
         """
-        args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated,
-                                  _takes.delta_base_of(self, delta_base))
+        args = self._take_args(run, step, tags, metadata, name, replicated, delta_base, move_tags)
         _takes.check_budgets(dist_timeout, staging_budget)
         return PendingSnapshot.of(
             self, _takes.async_take(self, app_state, args, pg, dist_timeout, staging_budget)
@@ -122,6 +130,7 @@ class Store(Repository):
         format: str | None = None,  # noqa: A002 - the option users type
         name: str | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
+        move_tags: bool = False,
     ) -> Snapshot:
         """Take an existing checkpoint (file or folder) into ``run`` as one snapshot.
 
@@ -144,7 +153,8 @@ class Store(Repository):
         from memory-mapped files (or, for DCP, temporary files past the memory budget), and
         nothing is visible until the commit. Runs in this process only (under
         torch.distributed, call it on one rank). ``delta_base`` as for :meth:`take`: the ref of
-        a stored base model makes a fine-tune of it store its changed bits only.
+        a stored base model makes a fine-tune of it store its changed bits only; ``tags`` and
+        ``move_tags`` as for :meth:`take`.
 
         Raises:
             UnsafePickleError: a ``torch.save`` file (or DCP metadata) needs arbitrary
@@ -154,7 +164,7 @@ class Store(Repository):
         """
         from .interop import import_checkpoint
 
-        args = _takes.TakeArgs.of(run, step, tags, metadata, name, (), _takes.delta_base_of(self, delta_base))
+        args = self._take_args(run, step, tags, metadata, name, (), delta_base, move_tags)
         record, manifest = import_checkpoint(
             self, path, run=args.run, step=args.step, tags=args.tags,
             metadata=dict(args.metadata or {}), name=args.name, format=format,
@@ -162,9 +172,21 @@ class Store(Repository):
         )  # fmt: skip
         return Snapshot._bind(self, record, manifest)
 
+    def _take_args(
+        self, run: str, step: int | None, tags: Sequence[str], metadata: Mapping[str, Any] | None,
+        name: str | None, replicated: Sequence[str], delta_base: str | None | _takes._StoreDefault,
+        move_tags: bool,
+    ) -> _takes.TakeArgs:
+        """Checked take arguments, the tags as commit specs; name clashes refused up front."""
+        args = _takes.TakeArgs.of(run, step, tags, metadata, name, replicated, _takes.delta_base_of(self, delta_base))
+        args = replace(args, tags=tag_specs(args.tags, move_tags))
+        self.index.check_take(args.run, args.tags)
+        return args
+
     # --- reading -------------------------------------------------------------------------
     def get(self, ref: str) -> Snapshot:
-        """Resolve "run" (latest), "run@step", a tag, a snapshot name or an id prefix."""
+        """Resolve "run" (latest), "run@step", a tag, a snapshot name or an id prefix; also
+        what ``Snapshot.ref`` prints, ``"sft@100 (0123456789ab)"``."""
         return Snapshot._bind(self, self.index.resolve(ref))
 
     def log(self, run: str | None = None, limit: int | None = None) -> list[Snapshot]:

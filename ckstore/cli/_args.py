@@ -236,6 +236,11 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--run", default="default", help="run to add the snapshot to (default: default)")
         p.add_argument("--step", type=_nonneg_int, help="the snapshot's step")
         p.add_argument("--tag", dest="tags", action="append", default=[], metavar="T", help="tag it (repeatable)")
+        p.add_argument(
+            "--move-tags",
+            action="store_true",
+            help="move a --tag that exists already (refused otherwise, as `ckstore tag` without --force)",
+        )
         p.add_argument("--name", help="a unique snapshot name")
         p.add_argument(
             "--format",

@@ -10,7 +10,7 @@ import json
 import textwrap
 from typing import Any
 
-from ..errors import ConflictError, KeyNotFoundError
+from ..errors import ConflictError, KeyNotFoundError, NotFoundError
 from . import _format as fmt
 from ._common import EXIT_OK, emit_json, open_store, usage_error
 
@@ -48,6 +48,10 @@ def _snap_dict(snap: Any, tags: list[str]) -> dict[str, Any]:
 def cmd_log(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snaps = store.log(run=args.run, limit=args.n)
+        if args.run is not None and not snaps and args.run not in store.runs():
+            runs = store.runs()
+            known = ", ".join(runs[:10]) + (", ..." if len(runs) > 10 else "") if runs else "(none)"
+            raise NotFoundError(f"no run {args.run!r} in store {store.url} (runs: {known})")
         tags = _tags_by_snapshot(store)
     rows = [_snap_dict(s, tags.get(s.id, [])) for s in snaps]
     if args.json:

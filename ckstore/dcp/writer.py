@@ -29,6 +29,7 @@ from ..errors import (
 from ..format.manifest import Manifest, snapshot_header
 from ..format.tree import join
 from ..format.values import encode_value
+from ..index import tag_specs
 from ._store import StoreRef
 from .meta import metadata_to_json
 from .plan import (
@@ -51,7 +52,7 @@ class StorageWriter(_DcpStorageWriter):
     Args:
         store: an open :class:`ckstore.Store` (each rank opens its own), or a store URL
             (opened on first use; create a new store once beforehand, not from every rank).
-        run, step, tags, metadata: as for ``store.take``.
+        run, step, tags, metadata, move_tags: as for ``store.take``.
         name: optional unique snapshot name.
         timeout: seconds ranks wait for each other in the hand-over (default
             ``CKSTORE_DIST_TIMEOUT`` or 600).
@@ -82,12 +83,13 @@ class StorageWriter(_DcpStorageWriter):
         overwrite: bool = True,
         index: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        move_tags: bool = False,
     ) -> None:
         super().__init__()
         from .._takes import check_take_args
 
-        self.tags = tuple(tags)
-        self.metadata = check_take_args(run, step, metadata, name, self.tags)
+        self.metadata = check_take_args(run, step, metadata, name, tuple(tags))
+        self.tags = tag_specs(tuple(tags), move_tags)
         self._ref = StoreRef(store, index, storage_options, create=True)
         self.overwrite = bool(overwrite)
         self.run = run

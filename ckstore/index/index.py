@@ -37,7 +37,7 @@ from ckstore.errors import (
     ReadOnlyStoreError,
     SnapshotNotFoundError,
 )
-from ckstore.index import _commit, _convert, _resolve, _sql, _tags
+from ckstore.index import _commit, _convert, _refnames, _resolve, _sql, _tags
 from ckstore.index._errors import translated
 from ckstore.index._sql import batches, check_lease, insert, insert_ignore, unique
 from ckstore.index.engine import (
@@ -341,11 +341,14 @@ class Index(MaintenanceMixin):
         """Commits a snapshot in one transaction; the snapshot exists iff this returns.
 
         In order: the session must be active and unexpired; every chunk id must be in the
-        index; the run is created if missing; ``parent_id`` becomes the run's latest snapshot
-        at commit time (the caller's value is ignored); the manifest and its entries are
-        inserted unless the manifest id exists; the snapshot and its chunk references are
-        inserted; each tag is created or moved to it; the session becomes committed and its
-        pins are dropped.
+        index; the names must keep their meaning (:meth:`check_take`); the run is created if
+        missing; ``parent_id`` becomes the run's latest snapshot at commit time (the caller's
+        value is ignored); the manifest and its entries are inserted unless the manifest id
+        exists; the snapshot and its chunk references are inserted; each tag is created or
+        moved to it; the session becomes committed and its pins are dropped.
+
+        ``tags`` are specs (:func:`tag_specs`): ``"name"`` creates a tag and is refused if
+        the tag exists at another snapshot; ``"+name"`` creates or moves it.
 
         Returns:
             The stored record, with ``parent_id`` filled in.
@@ -353,7 +356,8 @@ class Index(MaintenanceMixin):
         Raises:
             LeaseExpiredError: If the lease is no longer valid.
             NotFoundError: If a chunk id is not in the index (the message names one).
-            ConflictError: If the snapshot id or name is taken.
+            ConflictError: If the snapshot id or name is taken, a tag exists and may not move,
+                a tag has the name of a run, or a new run the name of a tag.
             InvalidInputError: If the run, name or a tag name is invalid.
         """
         ids = unique(chunk_ids)
@@ -361,6 +365,17 @@ class Index(MaintenanceMixin):
             return _commit.commit(
                 conn, session_id, snapshot, entries, ids, manifest_size, list(tags)
             )
+
+    def check_take(self, run: str, tags: Sequence[str] = ()) -> None:
+        """Refuses, before anything is written, a take the commit would refuse for its names:
+        a tag (spec, see :meth:`commit_snapshot`) that exists and may not move, a tag named like
+        a run with snapshots, a new run named like a tag. The commit checks again.
+
+        Raises:
+            ConflictError: Naming the clash and what to do instead.
+        """
+        with self._read(f"check names for a take into run {run!r}") as conn:
+            _refnames.check_take(conn, run, tags)
 
     # --------------------------------------------------------------------- reads
     def get_snapshot(self, snapshot_id: str) -> SnapshotRecord:
@@ -415,9 +430,11 @@ class Index(MaintenanceMixin):
             return [_convert.snapshot(r) for r in conn.execute(query)]
 
     def list_runs(self) -> list[str]:
-        """Lists run names in name order."""
+        """Lists the names of runs that have snapshots, in name order (a run whose snapshots
+        were all deleted is not listed)."""
+        s = _sql.snapshots
         with self._read("list runs") as conn:
-            return list(conn.scalars(select(_sql.runs.c.name).order_by(_sql.runs.c.name)))
+            return list(conn.scalars(select(s.c.run).distinct().order_by(s.c.run)))
 
     def entries(self, manifest_id: str) -> list[EntryRecord]:
         """Returns a manifest's entries in the order they were committed (empty if unknown)."""

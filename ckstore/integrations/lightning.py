@@ -35,6 +35,7 @@ import re
 from typing import Any
 
 from ..errors import ConflictError, NotFoundError, SnapshotNotFoundError
+from ..index import tag_specs
 from ..interop import SOURCE_APP, app_state_of, take_local
 from ..store import Store
 
@@ -82,7 +83,7 @@ class CkstoreCheckpointIO(CheckpointIO):
         step = checkpoint.get("global_step")
         meta = {**self.metadata, "lightning": {"path": os.fspath(path), "epoch": checkpoint.get("epoch")}}
         apps = app_state_of(checkpoint, f"Lightning checkpoint {os.fspath(path)!r}")
-        take_local(self.store, apps, run=self.run, step=step if isinstance(step, int) else None, tags=(tag,),
+        take_local(self.store, apps, run=self.run, step=step if isinstance(step, int) else None, tags=tag_specs((tag,), move=True),
                    metadata=meta, delta_base=self.store.delta_base)
         if previous is not None and previous not in self.store.tags().values():
             self._delete(previous)
