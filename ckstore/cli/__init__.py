@@ -20,6 +20,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 
 from .. import __version__
+from ..engine.lease import Terminated
 from ..errors import CkstoreError
 from ._args import Parser, add_arguments, common_options
 from ._common import (
@@ -196,6 +197,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         return 130
+    except Terminated as exc:  # SIGTERM during a take (import): it unwound and ended its lease
+        report_error(
+            "terminated by SIGTERM: nothing was committed, and the take's lease was released "
+            "(`ckstore gc` reclaims what it had written)",
+            int(exc.code or 143), "Terminated", as_json,
+        )  # fmt: skip
+        return int(exc.code or 143)
     except OSError as exc:  # the file system said no (a path that is a file, no permission)
         where = f": {exc.filename}" if exc.filename else ""
         return report_error(f"{exc.strerror or exc}{where}", EXIT_ERROR, type(exc).__name__, as_json)

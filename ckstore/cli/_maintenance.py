@@ -6,6 +6,7 @@ Each ``cmd_*`` takes the parsed arguments and returns an exit code.
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from . import _format as fmt
@@ -34,10 +35,41 @@ def cmd_gc(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         report = store.gc(**gc_policy(args))
     d = report.to_dict()
-    print_report(d, args.json)
-    if d.get("grace_kept_bytes") and not args.json:
+    if args.json:
+        print_report(d, True)
+        return EXIT_OK
+    held = d.pop("sessions_held")
+    print_report(d, False)
+    if d.get("grace_kept_bytes"):
         print(_grace_note(d))
+    if held:
+        print(sessions_note(held, "gc leaves"))
     return EXIT_OK
+
+
+def sessions_note(held: list[dict[str, Any]], who: str) -> str:
+    """Which write sessions hold data, whose, until when, and how to free it."""
+    now = time.time()
+    lines = [f"write sessions holding data ({len(held)}): a take in progress, or one killed before it ended its lease"]
+    for h in held:
+        if h["expired"]:
+            until = f"lease ran out {fmt.when(h['expires_at'])}: the next `ckstore gc` ends it"
+        else:
+            until = f"lease until {fmt.when(h['expires_at'])} (in {_left(h['expires_at'] - now)})"
+        lines.append(
+            f"  {h['owner']}  started {fmt.when(h['started_at'])}  {until}; "
+            f"{h['pinned_chunks']} chunks pinned, {fmt.size(h['held_bytes'])} in no snapshot"
+        )
+    lines.append(
+        f"{who} those bytes until the take commits or its lease ends (a take stopped by Ctrl-C "
+        "or SIGTERM ends its lease at once; one killed with SIGKILL holds it until it runs out)"
+    )
+    return "\n".join(lines)
+
+
+def _left(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def _grace_note(d: dict[str, Any]) -> str:
@@ -71,8 +103,9 @@ def cmd_du(args: argparse.Namespace) -> int:
 
     with open_store(args) as store:
         rows = du(store, progress=lambda it: fmt.progress(it, "packs"))
+        held = [h.to_dict() for h in store.index.held_sessions()]
     if args.json:
-        emit_json({"runs": [r.to_dict() for r in rows[:-1]], "total": rows[-1].to_dict()})
+        emit_json({"runs": [r.to_dict() for r in rows[:-1]], "total": rows[-1].to_dict(), "sessions": held})
         return EXIT_OK
     table = [
         (
@@ -101,6 +134,8 @@ def cmd_du(args: argparse.Namespace) -> int:
                 f"{fmt.size(r.delta_raw_bytes)} raw stored in {fmt.size(r.delta_bytes)} "
                 f"({fmt.size(r.delta_saved_bytes)} saved)"
             )
+    if held:
+        print(sessions_note(held, "gc keeps"))
     return EXIT_OK
 
 
