@@ -113,18 +113,20 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
         "ckstore tag --list",
         "ckstore tag --delete best",
     ), cmd_tag),
-    ("rm", "delete snapshots (gc reclaims their bytes)", (
+    ("rm", "delete snapshots or whole runs (gc reclaims their bytes)", (
         "ckstore rm sft@100", "ckstore rm sft@100 sft@200", "ckstore rm best --force",
+        "ckstore rm --run old-sweep", "ckstore rm --run old-sweep --force --yes",
     ), cmd_rm),
     ("gc", "apply a retention policy and reclaim unreferenced data", (
         "ckstore gc --dry-run",
         "ckstore gc --keep-last 3 --older-than 7d",
         "ckstore gc --run sft --keep-every-steps 1000 --json",
+        "ckstore gc --keep-last 0 --yes",
     ), cmd_gc),
     ("check", "verify the store's integrity (exit 1 on problems)", (
         "ckstore check", "ckstore check --read-data", "ckstore check --read-data 0.1 --json",
     ), cmd_check),
-    ("du", "disk usage per run: logical vs stored bytes", (
+    ("du", "disk usage per run: logical, stored, and what deleting the run frees", (
         "ckstore du", "ckstore du --json",
     ), cmd_du),
     ("import", "take a safetensors, Hugging Face, torch.save or DCP checkpoint into the store", (

@@ -90,6 +90,12 @@ def _storage_option(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
+GC_GRACE_DEFAULT = "6h"
+"""``history.gc.DEFAULT_GRACE_SECONDS`` as ``gc --help`` shows it (a test keeps them equal;
+importing history here would load codecs for every command)."""
+GC_REPACK_DEFAULT = 0.5
+"""``history.gc.DEFAULT_REPACK_BELOW``, likewise."""
+
 STORE_HELP = f"store URL (default: ${STORE_ENV}, then the nearest store upwards)"
 
 
@@ -167,58 +173,77 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         )
         g.add_argument("--delete", "-d", metavar="NAME", help="delete a tag")
     elif name == "rm":
-        p.add_argument("refs", nargs="+", metavar="REF", help="snapshots to delete")
+        p.add_argument("refs", nargs="*", metavar="REF", help="snapshots to delete")
+        p.add_argument(
+            "--run",
+            dest="runs",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="delete every snapshot of this run, and the run (repeatable; asks on a terminal)",
+        )
         p.add_argument(
             "--force",
             "-f",
             action="store_true",
             help="also delete tagged snapshots, with their tags (refused otherwise)",
         )
+        p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     elif name == "gc":
         p.add_argument(
             "--keep-last",
             type=_nonneg_int,
             metavar="N",
-            help="keep the newest N snapshots of each run",
+            help="keep the newest N snapshots of each run (default: unset; gc drops snapshots only "
+            "when --keep-last, --keep-every-steps or --older-than is given, and asks on a terminal "
+            "before leaving a run with none, as --keep-last 0 does)",
         )
         p.add_argument(
             "--keep-every-steps",
             type=_nonneg_int,
             metavar="N",
-            help="keep snapshots whose step is a multiple of N",
+            help="keep snapshots whose step is a multiple of N (default: off)",
         )
         p.add_argument(
             "--older-than",
             type=_duration_arg,
             metavar="DURATION",
-            help="only delete snapshots older than this (e.g. 7d, 12h)",
+            help="only delete snapshots older than this (e.g. 7d, 12h; default: any age)",
         )
         p.add_argument(
             "--run",
             dest="runs",
             action="append",
             metavar="R",
-            help="apply the policy to this run only (repeatable)",
+            help="apply the policy to this run only (repeatable; default: every run)",
         )
         p.add_argument(
             "--no-keep-tagged",
             action="store_true",
-            help="tagged snapshots are not kept automatically",
+            help="tagged snapshots are not kept automatically (default: a tag keeps its snapshot)",
         )
         p.add_argument(
             "--grace",
             type=_duration_arg,
             metavar="DURATION",
-            help="leave unreferenced data younger than this",
+            help=f"leave unreferenced data younger than this (default: {GC_GRACE_DEFAULT}; 0s "
+            "reclaims at once when no take or restore is running)",
         )
         p.add_argument(
             "--repack-below",
             type=_unit_fraction,
             metavar="FRACTION",
-            help="rewrite packs whose live bytes fell below this fraction (0 disables)",
+            help=f"rewrite packs whose live bytes fell below this fraction (default: "
+            f"{GC_REPACK_DEFAULT}; 0 disables)",
         )
         p.add_argument(
             "--dry-run", "-n", action="store_true", help="say what would be deleted, delete nothing"
+        )
+        p.add_argument(
+            "--yes",
+            "-y",
+            action="store_true",
+            help="do not ask before deleting every snapshot of a run (asked on a terminal only)",
         )
     elif name == "check":
         p.add_argument(

@@ -163,6 +163,30 @@ def _report_lines(d: dict[str, Any], indent: str) -> list[str]:
     return lines
 
 
+# --- confirmation -------------------------------------------------------------------------------
+def is_terminal() -> bool:
+    """True when a person can answer a question (stdin and stderr are terminals)."""
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def ask(question: str) -> bool:
+    """Ask ``question`` on the terminal; True only for an explicit yes."""
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    try:
+        answer = input()
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def confirmed(args: argparse.Namespace, question: str) -> bool:
+    """Whether a destructive step may go ahead: ``--yes``, no terminal to ask (a script, which
+    asked for it in its arguments), or a person answering yes on the terminal."""
+    if getattr(args, "yes", False) or not is_terminal():
+        return True
+    return ask(question)
+
+
 # --- errors -------------------------------------------------------------------------------------
 def report_error(message: str, code: int, kind: str, as_json: bool) -> int:
     """Print an error as one line on stderr and, under ``--json``, also as one JSON document on

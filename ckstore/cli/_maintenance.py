@@ -6,9 +6,11 @@ Each ``cmd_*`` takes the parsed arguments and returns an exit code.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
+from . import _common
 from . import _format as fmt
 from ._common import EXIT_OK, EXIT_PROBLEMS, emit_json, find_store, open_store, print_report
 
@@ -33,7 +35,16 @@ def gc_policy(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     with open_store(args) as store:
-        report = store.gc(**gc_policy(args))
+        policy = gc_policy(args)
+        if not args.dry_run and not args.yes and _common.is_terminal():
+            emptied = runs_emptied(store, store.gc(**{**policy, "dry_run": True}).snapshots_dropped)
+            if emptied and not _common.ask(
+                f"gc would delete every snapshot of {', '.join(f'{r} ({n})' for r, n in emptied.items())}"
+                " (no run keeps a snapshot unless --keep-last N >= 1 or a tag keeps one). Go on?"
+            ):
+                print("nothing deleted", file=sys.stderr)
+                return EXIT_OK
+        report = store.gc(**policy)
     d = report.to_dict()
     if args.json:
         print_report(d, True)
@@ -45,6 +56,16 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if held:
         print(sessions_note(held, "gc leaves"))
     return EXIT_OK
+
+
+def runs_emptied(store: Any, dropped: list[str]) -> dict[str, int]:
+    """Run -> snapshots dropped, for the runs that ``dropped`` (gc's labels, ``run@step`` or
+    ``run id``) would leave without any snapshot."""
+    gone: dict[str, int] = {}
+    for label in dropped:
+        run = label.rpartition("@")[0] if "@" in label else label.split(" ")[0]
+        gone[run] = gone.get(run, 0) + 1
+    return {run: n for run, n in gone.items() if len(store.log(run=run)) <= n}
 
 
 def sessions_note(held: list[dict[str, Any]], who: str) -> str:
@@ -113,6 +134,7 @@ def cmd_du(args: argparse.Namespace) -> int:
             r.snapshots,
             fmt.size(r.logical_bytes),
             fmt.size(r.stored_bytes),
+            fmt.size(r.exclusive_bytes) if r.run is not None else "",
             r.chunks,
             fmt.ratio(r.dedup_ratio),
         )
@@ -120,13 +142,15 @@ def cmd_du(args: argparse.Namespace) -> int:
     ]
     print(
         fmt.table(
-            ("run", "snapshots", "logical", "stored", "chunks", "ratio"),
+            ("run", "snapshots", "logical", "stored", "exclusive", "chunks", "ratio"),
             table,
-            right=(1, 2, 3, 4, 5),
+            right=(1, 2, 3, 4, 5, 6),
         )
     )
     total = rows[-1]
     print(f"packs on the backend: {total.packs}, {fmt.size(total.pack_bytes)}")
+    if len(rows) > 1:
+        print("exclusive: stored bytes no other run uses, what `ckstore rm --run RUN` then `ckstore gc` free")
     for r in rows:
         if r.delta_chunks:
             print(

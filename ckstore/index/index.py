@@ -555,3 +555,40 @@ class Index(MaintenanceMixin):
             conn.execute(delete(t).where(t.c.snapshot_id == snapshot_id))
             conn.execute(delete(sc).where(sc.c.snapshot_id == snapshot_id))
             conn.execute(delete(s).where(s.c.id == snapshot_id))
+
+    def delete_run(self, run: str, *, refuse_tagged: bool = False) -> list[SnapshotRecord]:
+        """Deletes every snapshot of ``run``, their chunk references and tags, and the run, in
+        one transaction (all or nothing). Chunk, pack and manifest rows are left for GC.
+
+        Args:
+            run: The run to delete.
+            refuse_tagged: Delete nothing if a tag points at one of its snapshots.
+
+        Returns:
+            The deleted snapshots, newest first.
+
+        Raises:
+            NotFoundError: If the run has no snapshot.
+            ConflictError: If ``refuse_tagged`` and tags point at its snapshots (named).
+        """
+        s, sc, t = _sql.snapshots, _sql.snapshot_chunks, _sql.tags
+        with self._write(f"delete run {run!r}") as conn:
+            rows = conn.execute(
+                select(s).where(s.c.run == run).order_by(s.c.seq.desc()).with_for_update()
+            ).all()
+            if not rows:
+                raise NotFoundError(f"no run {run!r} (it has no snapshot)")
+            ids = [r.id for r in rows]
+            tagged = conn.execute(select(t.c.name, t.c.snapshot_id).where(t.c.snapshot_id.in_(ids))).all()
+            if refuse_tagged and tagged:
+                names = ", ".join(sorted(r.name for r in tagged))
+                raise ConflictError(
+                    f"run {run!r} has tagged snapshots ({names}); delete the tags first, or "
+                    "delete the run with its tags (force)"
+                )
+            for batch in batches(ids):
+                conn.execute(delete(t).where(t.c.snapshot_id.in_(batch)))
+                conn.execute(delete(sc).where(sc.c.snapshot_id.in_(batch)))
+                conn.execute(delete(s).where(s.c.id.in_(batch)))
+            conn.execute(delete(_sql.runs).where(_sql.runs.c.name == run))
+            return [_convert.snapshot(r) for r in rows]
