@@ -85,6 +85,12 @@ class StorageError(CkstoreError, OSError):
     """The object backend failed (after retries) for a reason other than not-found."""
 
 
+class NoSpaceError(StorageError):
+    """A write found its disk (or quota) full. The operation that was writing commits
+    nothing (a take or import leaves no snapshot and moves no tag); what it had written is
+    garbage that ``gc`` reclaims. The message says so, and how."""
+
+
 class IndexError_(CkstoreError):
     """The SQL index failed for a reason other than a conflict."""
 

@@ -22,11 +22,13 @@ from ckstore.errors import (
     IndexCorruptionError,
     IndexError_,
     InvalidInputError,
+    NoSpaceError,
     NotFoundError,
     ReadOnlyStoreError,
 )
 
 _SQLITE_READONLY = 8
+_SQLITE_FULL = 13
 _READ_ONLY_WORDS = ("readonly database", "read-only transaction")
 _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
@@ -66,6 +68,14 @@ def translated(what: str, url: str) -> Iterator[None]:
         orig = exc.orig if isinstance(exc, DBAPIError) else exc
         if _is_corruption(orig):
             raise IndexCorruptionError(damaged_message(what, url, _first_line(exc))) from exc
+        if _is_full(orig):
+            raise NoSpaceError(
+                f"cannot {what}: the disk holding the index {url} is full ({_first_line(exc)}); "
+                "the transaction was rolled back, so nothing was committed (no snapshot, no tag "
+                "change); once some space is free, `ckstore gc` reclaims what an interrupted take "
+                "wrote (with --grace 0s, at once when no other take or restore is running), then "
+                "try again"
+            ) from exc
         if _is_read_only(orig):
             raise ReadOnlyStoreError(
                 f"cannot {what}: the index database {url} is read-only ({_first_line(exc)}); "
@@ -123,6 +133,14 @@ def damaged_message(what: str, url: str, detail: str) -> str:
         f"{what}: the index database {url} is damaged ({detail}). The store's objects are "
         f"not affected: {how} (tags are not recovered; see docs/RELIABILITY.md, I5)"
     )
+
+
+def _is_full(orig: BaseException | None) -> bool:
+    code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == _SQLITE_FULL:
+        return True
+    text = str(orig).lower()
+    return "database or disk is full" in text or "no space left on device" in text
 
 
 def _is_read_only(orig: BaseException | None) -> bool:
