@@ -164,6 +164,18 @@ class MaintenanceMixin:
                 out.append(HeldSession(_convert.session(row), int(pinned or 0), int(held or 0)))
         return out
 
+    def snapshots_using(self, chunk_ids: Iterable[str]) -> dict[str, set[str]]:
+        """Chunk id -> ids of the snapshots that reference it (chunks nothing references are
+        left out)."""
+        sc = _sql.snapshot_chunks
+        out: dict[str, set[str]] = {}
+        with self._read("find snapshots using chunks") as conn:
+            for batch in batches(sorted(set(chunk_ids))):
+                rows = conn.execute(select(sc.c.chunk_id, sc.c.snapshot_id).where(sc.c.chunk_id.in_(batch)))
+                for chunk_id, snapshot_id in rows:
+                    out.setdefault(str(chunk_id), set()).add(str(snapshot_id))
+        return out
+
     # ---------------------------------------------------------------------- chunks
     def unreferenced_chunks(self, cutoff: float, ignoring: Sequence[str] = ()) -> list[ChunkRecord]:
         """Chunks older than ``cutoff`` that nothing references or pins (read only).
