@@ -22,7 +22,9 @@ from collections.abc import Callable, Sequence
 from .. import __version__
 from ..engine.lease import Terminated
 from ..errors import CkstoreError
+from . import _complete
 from ._args import Parser, add_arguments, common_options
+from ._cat import cmd_cat
 from ._common import (
     CONFIG_NAME,
     EXIT_CONFLICT,
@@ -42,6 +44,7 @@ from ._common import (
     storage_options,
     usage_error,
 )
+from ._complete import cmd_completion
 from ._history import cmd_diff, cmd_log, cmd_ls, cmd_rm, cmd_show, cmd_tag
 from ._interop import cmd_export, cmd_import
 from ._maintenance import cmd_check, cmd_du, cmd_gc, cmd_migrate, cmd_reindex, gc_policy
@@ -73,6 +76,7 @@ __all__ = [
 ]
 
 DESCRIPTIONS = {
+    "completion": _complete.DESCRIPTION,
     "demo": f"Train a small model, snapshot it, resume bit-exactly in a fresh process. The demo "
     f"makes its own store in {DEMO_STORE} (or --store FOLDER): it writes only into a new or "
     "empty folder, or replaces a store an earlier demo made; it never touches another store.",
@@ -102,6 +106,11 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
     ("ls", "list a snapshot's entries (kind, dtype, shape, bytes)", (
         "ckstore ls sft@100", "ckstore ls best model/ --json",
     ), cmd_ls),
+    ("cat", "print one stored value, or a tensor's dtype, shape and value statistics", (
+        "ckstore cat sft@100 progress/step",
+        "ckstore cat best model/lm_head.weight",
+        "ckstore cat sft optim/param_groups/0/lr --json",
+    ), cmd_cat),
     ("diff", "compare two snapshots key by key", (
         "ckstore diff sft@100 sft@200",
         "ckstore diff base best --numeric",
@@ -148,6 +157,10 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
     ("migrate", "upgrade the index schema to this ckstore's version", (
         "ckstore migrate", "ckstore migrate --index postgresql+psycopg://user@host/db",
     ), cmd_migrate),
+    ("completion", "print a shell completion script (bash, zsh, fish)", (
+        'eval "$(ckstore completion bash)"', 'eval "$(ckstore completion zsh)"',
+        "ckstore completion fish | source",
+    ), cmd_completion),
     ("demo", "train a small model, snapshot it, resume bit-exactly in a fresh process", (
         "ckstore demo", "ckstore --store ./my-demo demo --steps 20 --every 2",
     ), lambda args: cmd_demo(args, main)),
@@ -187,6 +200,8 @@ def _store_help(name: str) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [_complete.COMPLETE]:  # the shell asking for candidates (hidden)
+        return _complete.main(argv[1:], build_parser())
     Parser.json_errors = "--json" in argv
     args = build_parser().parse_args(argv)
     as_json = bool(getattr(args, "json", False))

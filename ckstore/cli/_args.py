@@ -154,6 +154,9 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "ls":
         p.add_argument("ref", help="tag, run (its latest), run@step, snapshot name or id prefix")
         p.add_argument("prefix", nargs="?", help="only keys starting with this")
+    elif name == "cat":
+        p.add_argument("ref", help="tag, run (its latest), run@step, snapshot name or id prefix")
+        p.add_argument("key", help="one entry's key, as `ckstore ls REF` lists them")
     elif name == "diff":
         p.add_argument("a", help="the old snapshot (a ref)")
         p.add_argument("b", help="the new snapshot (a ref)")
@@ -297,6 +300,8 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             metavar="SIZE",
             help="largest safetensors shard (default 5e9 bytes, Hugging Face's 5GB; e.g. 2GiB)",
         )
+    elif name == "completion":
+        p.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to complete in")
     elif name == "demo":
         p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
         p.add_argument(
