@@ -1,8 +1,9 @@
 """The ``ckstore`` command line (git-like subcommands).
 
-Every command finds its store from ``--store URL``, then ``$CKSTORE_STORE``, then the nearest
-directory upwards from the current one that holds ``ckstore.json``. Read commands print aligned
-tables for people and, with ``--json``, one JSON document for scripts.
+Every command finds its store from `--store URL`, then `$CKSTORE_STORE`, then the nearest
+directory upwards from the current one that holds `ckstore.json`. Read commands print aligned
+tables for people and, with `--json`, one JSON document for scripts. A store that is not
+writable (a read-only mount) opens read-only by itself: reads work, writes say why not.
 
 Exit codes: 0 success, 1 `check` found problems, 2 usage error (bad arguments or names),
 3 not found (ref, key, tag or store), 4 conflict (tag exists, store exists, lease lost),
