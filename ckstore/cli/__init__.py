@@ -141,7 +141,7 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
     ), cmd_du),
     ("import", "take a safetensors, Hugging Face, torch.save or DCP checkpoint into the store", (
         "ckstore import ./model.safetensors --run base --step 0",
-        "ckstore import ./hf-model-folder --run base --tag base",
+        "ckstore import ./hf-model-folder --run base --tag llama-1b",
         "ckstore import ./ckpt.pt --run sft --step 1000 --format torch",
         "ckstore import ./dcp-checkpoint-dir --run titan --step 500",
         "ckstore import ./finetuned-folder --run sft --delta-base base",
@@ -214,7 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return EXIT_OK
     except KeyboardInterrupt:
-        return 130
+        return report_error(
+            "interrupted (Ctrl-C): a take in progress committed nothing and released its lease",
+            130, "KeyboardInterrupt", as_json,
+        )  # fmt: skip
     except Terminated as exc:  # SIGTERM during a take (import): it unwound and ended its lease
         report_error(
             "terminated by SIGTERM: nothing was committed, and the take's lease was released "
