@@ -260,7 +260,7 @@ def test_cli_import_of_a_fine_tune_against_its_base(tmp_path: Path, capsys: pyte
     save_file(tuned, str(tmp_path / "tuned.safetensors"))
     store = str(tmp_path / "s")
     assert cli.main(["--store", store, "init"]) == 0
-    assert cli.main(["--store", store, "import", str(tmp_path / "base.safetensors"), "--run", "base", "--tag", "base"]) == 0
+    assert cli.main(["--store", store, "import", str(tmp_path / "base.safetensors"), "--run", "base", "--tag", "base-model"]) == 0
     assert cli.main(["--store", store, "import", str(tmp_path / "tuned.safetensors"), "--run", "sft",
                      "--delta-base", "base", "--json"]) == 0
     capsys.readouterr()
