@@ -133,3 +133,21 @@ def test_the_handler_is_ckstores_only_during_a_take_and_never_replaces_the_progr
                 signal.signal(signal.SIGTERM, previous)
         finally:
             ckstore.index.Index.commit_snapshot = real
+
+
+def test_a_sigterm_after_the_last_lease_ended_elsewhere_is_the_default_action(tmp_path) -> None:
+    """An async take ends its lease in its own thread, which cannot put SIGTERM's default back:
+    the handler then behaves as the default action (the process ends, no exit code 143)."""
+    script = (
+        "import os, signal, time, torch, ckstore\n"
+        f"store = ckstore.open({str(tmp_path / 's')!r}, create=True)\n"
+        "store.async_take({'m': ckstore.StateDict(w=torch.ones(4))}, run='r', step=1).wait()\n"
+        "time.sleep(1)  # wait() returns just before the background thread ends the lease\n"
+        "print('HANDLER', signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(5)\n"
+        "print('SURVIVED')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=120, check=False)
+    assert done.returncode == -signal.SIGTERM, (done.returncode, done.stdout, done.stderr)
+    assert "SURVIVED" not in done.stdout and "Traceback" not in done.stderr

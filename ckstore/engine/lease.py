@@ -86,6 +86,9 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     global _installed
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     _installed = False
+    if not _held:  # left installed by a lease that ended in another thread: the default action
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise Terminated()
 
 
