@@ -89,6 +89,11 @@ class Store:
         return self._repo.config
 
     @property
+    def read_only(self) -> bool:
+        """True when this store refuses writes (opened read-only, or not writable)."""
+        return self._repo.read_only
+
+    @property
     def opened_with(self) -> dict[str, Any]:
         """How it was opened (index URL as given, storage options), to reopen it elsewhere."""
         return self._repo.opened_with
@@ -111,6 +116,7 @@ class Store:
         dist_timeout: float | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
         no_dist: bool = False,
+        move_tags: bool = False,
     ) -> StoredSnapshot:
         """Snapshot ``app_state`` (names -> objects with ``state_dict()``) into ``run``.
 
@@ -139,14 +145,20 @@ class Store:
         collectives), for code that runs on one rank by design, such as a trainer's checkpoint
         hook called on rank 0 only.
 
+        ``tags`` are created; one that exists already is moved only with ``move_tags=True``
+        (the rule of :meth:`tag` and ``force``), and none may take the name of a run, nor
+        ``run`` the name of a tag (a ref names a tag first, so either would hide the other).
+
         Raises:
             InvalidInputError / UnsupportedValueError: app_state holds something unstorable
                 (the message names the key).
+            ConflictError: a tag exists and ``move_tags`` is False, or a tag and a run would
+                share a name; checked before anything is written.
             LeaseExpiredError: the take stalled past its lease; nothing was committed.
         """
         spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, replicated=replicated,
                            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
-                           dist_timeout=dist_timeout, no_dist=no_dist)
+                           dist_timeout=dist_timeout, no_dist=no_dist, move_tags=move_tags)
         return self._handle(*_takes.take(self._repo, app_state, spec, pg))
 
     def async_take(
@@ -164,6 +176,7 @@ class Store:
         staging_budget: int | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
         no_dist: bool = False,
+        move_tags: bool = False,
     ) -> PendingSnapshot:
         """Stage a copy of ``app_state`` now, then hash, write and commit in the background.
 
@@ -174,11 +187,12 @@ class Store:
         ``wait()`` returns the Snapshot or raises.
         Distributed: call on every rank; the ranks' background takes commit together and
         every rank's ``wait()`` returns the same Snapshot or raises DistributedError.
-        ``delta_base`` and ``no_dist`` as for :meth:`take`.
+        ``delta_base``, ``no_dist``, ``tags`` and ``move_tags`` as for :meth:`take`.
         """
         spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, replicated=replicated,
                            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
-                           dist_timeout=dist_timeout, staging_budget=staging_budget, no_dist=no_dist)
+                           dist_timeout=dist_timeout, staging_budget=staging_budget, no_dist=no_dist,
+                           move_tags=move_tags)
         job = _takes.take_async(self._repo, app_state, spec, pg)
         return PendingSnapshot.of(job.future, self._handle, job.staged_bytes, job.sync_bytes)
 
@@ -193,6 +207,7 @@ class Store:
         format: str | None = None,  # noqa: A002 - the option users type
         name: str | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
+        move_tags: bool = False,
     ) -> StoredSnapshot:
         """Take an existing checkpoint (file or folder) into ``run`` as one snapshot.
 
@@ -215,7 +230,8 @@ class Store:
         from memory-mapped files (or, for DCP, temporary files past the memory budget), and
         nothing is visible until the commit. Runs in this process only (under
         torch.distributed, call it on one rank). ``delta_base`` as for :meth:`take`: the ref of
-        a stored base model makes a fine-tune of it store its changed bits only.
+        a stored base model makes a fine-tune of it store its changed bits only; ``tags`` and
+        ``move_tags`` as for :meth:`take`.
 
         Raises:
             UnsafePickleError: a ``torch.save`` file (or DCP metadata) needs arbitrary
@@ -226,14 +242,16 @@ class Store:
         from .interop import load_checkpoint
 
         spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name,
-                           delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist=True), no_dist=True)
+                           delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist=True), no_dist=True,
+                           move_tags=move_tags)
         with load_checkpoint(self._repo, path, format) as loaded:
             spec = spec.evolve(metadata={**loaded.metadata, **spec.metadata})
             return self._handle(*_takes.take(self._repo, loaded.apps, spec))
 
     # --- reading -------------------------------------------------------------------------
     def get(self, ref: str) -> StoredSnapshot:
-        """Resolve "run" (latest), "run@step", a tag, a snapshot name or an id prefix."""
+        """Resolve "run" (latest), "run@step", a tag, a snapshot name or an id prefix; also
+        what ``snap.ref`` prints, ``"sft@100 (0123456789ab)"``."""
         return self._handle(self._repo.index.resolve(ref))
 
     def log(self, run: str | None = None, limit: int | None = None) -> list[StoredSnapshot]:
@@ -407,7 +425,7 @@ def open(  # noqa: A001 - the public verb is ckstore.open
     *,
     index: str | None = None,
     storage_options: dict[str, Any] | None = None,
-    create: bool = True,
+    create: bool = False,
     chunk_bytes: int | None = None,
     pack_bytes: int | None = None,
     inline_bytes: int | None = None,
@@ -416,8 +434,9 @@ def open(  # noqa: A001 - the public verb is ckstore.open
     delta_depth: int | None = None,
     take_codec: str | None = None,
     auto_compact: bool | None = None,
+    read_only: bool | None = None,
 ) -> Store:
-    """Open (and by default create) a store.
+    """Open a store; with ``create=True``, create it first if there is none.
 
     Args:
         url: a local directory, ``file://``, ``memory://name``, ``s3://bucket/prefix`` or any
@@ -425,7 +444,10 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         index: SQLAlchemy URL of the index. Default: SQLite inside a local store. Required for
             remote stores (PostgreSQL when many hosts share one).
         storage_options: passed to fsspec (e.g. s3fs credentials, endpoint_url).
-        create: make the store if it does not exist; False raises NotFoundError instead.
+        create: make the store if there is none at ``url``: in a new or empty folder (or
+            prefix), never in a non-empty one that is not a store. False (the default, as
+            git outside ``git init``) raises NotFoundError, so a mistyped path is an error, not a
+            new empty store.
         chunk_bytes, pack_bytes, inline_bytes: knobs for a NEW store (ignored when it exists).
         create_index: give an empty index database the schema even when ``create`` is False
             (to ``reindex`` an existing store into a fresh index); None: the same as ``create``.
@@ -436,9 +458,17 @@ def open(  # noqa: A001 - the public verb is ckstore.open
             ``$CKSTORE_TAKE_CODEC``; compaction rewrites older snapshots densely) or ``"dense"``.
         auto_compact: whether takes start a background compaction (default True, or
             ``$CKSTORE_AUTO_COMPACT``); see :meth:`Store.compact`.
+        read_only: True opens without writing anything (reads, restores, exports, check and
+            du work; a take, tag, delete, gc or reindex raises ReadOnlyStoreError). None (the
+            default) does so when a local store's folder or index is not writable (a
+            read-only mount), or the index URL is SQLite ``mode=ro`` / ``immutable=1``.
 
     Raises:
-        NotFoundError: no store at ``url`` and ``create`` is False.
+        NotFoundError: no store at ``url`` and ``create`` is False (the message says how to
+            create one).
+        InvalidInputError: ``url`` is a file.
+        errors.DestinationExistsError: ``create`` is True and ``url`` is a non-empty folder
+            (or prefix) that is not a store.
         SchemaError: the store or index was written by another format version.
     """
     repo: Repository = open_repository(
@@ -450,6 +480,7 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         pack_bytes=pack_bytes,
         inline_bytes=inline_bytes,
         create_index=create_index,
+        read_only=read_only,
     )
     try:
         repo.delta_base = delta_base

@@ -78,7 +78,7 @@ def store_path(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(store_path: Path) -> Iterator[ckstore.Store]:
-    s = ckstore.open(store_path, **TINY)
+    s = ckstore.open(store_path, **TINY, create=True)
     yield s
     s.close()
 
@@ -87,9 +87,9 @@ def store(store_path: Path) -> Iterator[ckstore.Store]:
 def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ckstore.Store]:
     """The same store suite on every backend/index pairing users deploy."""
     if request.param == "local+sqlite":
-        s = ckstore.open(tmp_path / "store", **TINY)
+        s = ckstore.open(tmp_path / "store", **TINY, create=True)
     elif request.param == "memory+sqlite":
-        s = ckstore.open(f"memory://store-{uuid.uuid4().hex}", **TINY)
+        s = ckstore.open(f"memory://store-{uuid.uuid4().hex}", **TINY, create=True)
     else:
         server: S3Server = request.getfixturevalue("s3_server")
         pgs: PgServer = request.getfixturevalue("pg")
@@ -100,6 +100,7 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ckstor
             index=pgs.new_database(),
             storage_options=server.storage_options(),
             **TINY,
+            create=True,
         )
     yield s
     s.close()

@@ -211,7 +211,7 @@ class LocalTake:
         """
         self.check_lease()
         stored = stored or self.put_manifest(manifest, validate)
-        record = commit_manifest(self.index, self.session, manifest, stored, self.spec.tags,
+        record = commit_manifest(self.index, self.session, manifest, stored, self.spec.tag_specs,
                                  **(figures or self.stats.figures()))
         self._live_lease().committed = True
         self.repo.committed(record)

@@ -66,6 +66,9 @@ class GCReport:
     """When the grace period of the youngest of them ends (Unix time; None: nothing kept).
     A gc after it prunes those chunks and deletes those packs; a pack that the pruning empties
     is retired then and deleted one grace period later (a reader may still be using it)."""
+    sessions_held: list[dict[str, Any]] = field(default_factory=list)
+    """Write sessions still active after this gc (``HeldSession.to_dict``): a take running,
+    or one killed before it could end its lease, whose bytes gc leaves until the lease ends."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,8 +112,10 @@ def gc(
     if dry_run:
         _estimate(store, report, cutoff, dropped)
         _grace_kept(store, report, cutoff, dropped)
+        report.sessions_held = [h.to_dict(now) for h in store.index.held_sessions()]
         return report
     report.sessions_expired = store.index.expire_sessions(now)
+    report.sessions_held = [h.to_dict(now) for h in store.index.held_sessions()]
     removed = store.index.prune_chunks(cutoff)
     report.chunks_removed = len(removed)
     report.chunk_bytes_removed = sum(c.length for c in removed)

@@ -45,6 +45,36 @@ class PackUsage:
     loose: bool = False
 
 
+@dataclass(frozen=True)
+class HeldSession:
+    """A write session still marked active, and what it keeps from gc.
+
+    Attributes:
+        session: The session (owner ``host:pid``, start, lease end).
+        pinned_chunks: Chunks pinned to it (what it wrote, and what it dedups against).
+        held_bytes: Stored bytes of those pinned chunks that no snapshot references: what
+            gc cannot reclaim until the session commits, ends or its lease runs out.
+    """
+
+    session: SessionRecord
+    pinned_chunks: int
+    held_bytes: int
+
+    def to_dict(self, now: float | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        s = self.session
+        return {
+            "id": s.id,
+            "owner": s.owner,
+            "started_at": s.started_at,
+            "heartbeat_at": s.heartbeat_at,
+            "expires_at": s.expires_at,
+            "expired": s.expires_at < now,
+            "pinned_chunks": self.pinned_chunks,
+            "held_bytes": self.held_bytes,
+        }
+
+
 def _unreferenced(ignoring: Sequence[str] = (), bases: bool = True) -> Any:
     """SQL condition: no snapshot (other than ``ignoring``) references, no session pins, and
     (with ``bases``) no delta is stored against it."""
@@ -115,6 +145,37 @@ class MaintenanceMixin:
             query = query.where(s.c.started_at <= started_before)
         with self._read("list live sessions") as conn:
             return [_convert.session(r) for r in conn.execute(query)]
+
+    def held_sessions(self) -> list[HeldSession]:
+        """Sessions still marked active (live, or past their lease but not yet expired by a
+        gc), oldest first, with the chunks they pin and the bytes only they keep."""
+        s, p, c, sc = _sql.sessions, _sql.pins, _sql.chunks, _sql.snapshot_chunks
+        unreferenced = ~exists(select(sc.c.chunk_id).where(sc.c.chunk_id == c.c.id))
+        out = []
+        with self._read("list held write sessions") as conn:
+            rows = conn.execute(select(s).where(s.c.state == _sql.ACTIVE).order_by(s.c.started_at)).all()
+            for row in rows:
+                mine = p.c.session_id == row.id
+                pinned = conn.scalar(select(func.count()).select_from(p).where(mine))
+                held = conn.scalar(
+                    select(func.coalesce(func.sum(c.c.length), 0))
+                    .select_from(p.join(c, c.c.id == p.c.chunk_id))
+                    .where(mine & unreferenced)
+                )
+                out.append(HeldSession(_convert.session(row), int(pinned or 0), int(held or 0)))
+        return out
+
+    def snapshots_using(self, chunk_ids: Iterable[str]) -> dict[str, set[str]]:
+        """Chunk id -> ids of the snapshots that reference it (chunks nothing references are
+        left out)."""
+        sc = _sql.snapshot_chunks
+        out: dict[str, set[str]] = {}
+        with self._read("find snapshots using chunks") as conn:
+            for batch in batches(sorted(set(chunk_ids))):
+                rows = conn.execute(select(sc.c.chunk_id, sc.c.snapshot_id).where(sc.c.chunk_id.in_(batch)))
+                for chunk_id, snapshot_id in rows:
+                    out.setdefault(str(chunk_id), set()).add(str(snapshot_id))
+        return out
 
     # ---------------------------------------------------------------------- chunks
     def unreferenced_chunks(self, cutoff: float, ignoring: Sequence[str] = ()) -> list[ChunkRecord]:

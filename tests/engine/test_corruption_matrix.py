@@ -45,7 +45,7 @@ CODECS = {"fast": {"none", "exp-zstd"}, "dense": {"none", "zstd", "bytegroup-zst
 @pytest.fixture(scope="module", params=sorted(CODECS))
 def template(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("matrix") / "store"
-    s = ckstore.open(path, chunk_bytes=1024, pack_bytes=1 << 20, inline_bytes=16, take_codec=request.param)
+    s = ckstore.open(path, chunk_bytes=1024, pack_bytes=1 << 20, inline_bytes=16, take_codec=request.param, create=True)
     s.take({"m": ckstore.StateDict({k.split("/")[1]: v.clone() for k, v in EXPECTED.items()}, step=3)}, run="r", step=1)
     s.close()
     return path

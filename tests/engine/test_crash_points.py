@@ -143,7 +143,7 @@ def _run_killed(path: Path, job: str, point) -> int | None:
 def template(tmp_path_factory):
     """Six committed snapshots; with_orphan: plus the packs of a take killed before indexing."""
     path = tmp_path_factory.mktemp("crash") / "store"
-    s = ckstore.open(path, **KNOBS)
+    s = ckstore.open(path, **KNOBS, create=True)
     for step in range(1, BASE_STEPS + 1):
         s.take({"s": ckstore.StateDict(state_for(step))}, run="loop", step=step)
     s.close()

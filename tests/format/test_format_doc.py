@@ -260,7 +260,7 @@ def test_a_store_writes_the_example_manifest_id(tmp_path: Path) -> None:
     """The same state through the public take: same entries, so only the header differs."""
     import ckstore
 
-    store = ckstore.open(tmp_path / "s", chunk_bytes=16, inline_bytes=0)
+    store = ckstore.open(tmp_path / "s", chunk_bytes=16, inline_bytes=0, create=True)
     snap = store.take({"model": ckstore.StateDict(w=torch.arange(8.0), step=3)}, run="r", step=1)
     doc = json.loads(VECTORS["manifest-json"])
     stored = json.loads(store.repository.objects.get_blob("manifests", snap.id))
@@ -303,4 +303,4 @@ def test_readme_snippets_run_as_pasted(tmp_path: Path) -> None:
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "ckpts" / "ckstore.json").is_file() and (tmp_path / "ts" / "step_100").is_dir()
+    assert (tmp_path / "ckpts" / "ckstore.json").is_file() and (tmp_path / "ts" / "ckstore.json").is_file()

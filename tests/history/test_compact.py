@@ -52,7 +52,7 @@ def _codecs(store: ckstore.Store, snap_id: str) -> set[str]:
 
 def test_takes_write_loose_and_compaction_rewrites_all_but_the_newest(tmp_path: Path) -> None:
     states = _run(5)
-    with ckstore.open(tmp_path / "s", auto_compact=False, **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, **KNOBS) as store:
         ids = _take_all(store, states)
         assert _codecs(store, ids[0]) <= objects.FAST_CODECS and "exp-zstd" in _codecs(store, ids[0])
         before = sum(store.get(i).stats["new_bytes"] for i in ids)
@@ -79,7 +79,7 @@ def test_takes_write_loose_and_compaction_rewrites_all_but_the_newest(tmp_path: 
 def test_compacting_after_every_take_keeps_chains_within_the_depth_limit(tmp_path: Path) -> None:
     """What auto-compaction does in a training loop: each take makes its parent cold."""
     states = _run(7)
-    with ckstore.open(tmp_path / "s", auto_compact=False, delta_depth=1, **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, delta_depth=1, **KNOBS) as store:
         ids = []
         for i, s in enumerate(states):
             ids.append(store.take({"m": App(dict(s))}, run="r", step=i).id)
@@ -95,7 +95,7 @@ def test_compacting_after_every_take_keeps_chains_within_the_depth_limit(tmp_pat
 
 
 def test_keep_loose_and_several_runs(tmp_path: Path) -> None:
-    with ckstore.open(tmp_path / "s", auto_compact=False, **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, **KNOBS) as store:
         a = _take_all(store, _run(3, seed=1), run="a")
         b = _take_all(store, _run(3, seed=2), run="b")
         store.compact(keep_loose=2)
@@ -113,7 +113,7 @@ def test_a_base_of_a_take_time_delta_stays_whole(tmp_path: Path) -> None:
     """A take with delta_base="parent" stores deltas against loose chunks: compacting those
     must not turn them into deltas themselves (their dependents' chains would grow)."""
     states = _run(3)
-    with ckstore.open(tmp_path / "s", auto_compact=False, **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, **KNOBS) as store:
         first = store.take({"m": App(dict(states[0]))}, run="r", step=0).id
         second = store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent").id
         third = store.take({"m": App(dict(states[2]))}, run="r", step=2).id
@@ -128,7 +128,7 @@ def test_a_base_of_a_take_time_delta_stays_whole(tmp_path: Path) -> None:
 
 def test_auto_compaction_after_takes_waits_while_busy(tmp_path: Path) -> None:
     states = _run(4)
-    with ckstore.open(tmp_path / "s", auto_compact=True, **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=True, **KNOBS) as store:
         ids = _take_all(store, states[:2])
         assert store.wait_compacted(timeout=60)
         assert _loose(store) <= store.repository.index.snapshot_chunk_ids(ids[-1])
@@ -150,7 +150,7 @@ def test_compaction_beside_takes_restores_and_gc(tmp_path: Path) -> None:
     one run, restores of everything committed, gc with no grace, compaction in a loop. Nothing
     is lost or wrong; check is clean afterwards."""
     path = tmp_path / "s"
-    ckstore.open(path, **KNOBS).close()
+    ckstore.open(path, create=True, **KNOBS).close()
     states = _run(8)
     committed: list[tuple[str, int]] = []
     errors: list[BaseException] = []
@@ -202,7 +202,7 @@ def test_a_restore_follows_a_chunk_compaction_rewrote_between_its_passes(tmp_pat
     from ckstore.engine.restore import apply, prepare
 
     states = _run(2)
-    with ckstore.open(tmp_path / "s", auto_compact=False, **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, **KNOBS) as store:
         old = store.take({"m": App(dict(states[0]))}, run="r", step=0)
         store.take({"m": App(dict(states[1]))}, run="r", step=1)
         dest = {k: torch.zeros_like(v) for k, v in states[0].items()}
@@ -227,7 +227,7 @@ def test_compaction_on_every_deployment(any_store: ckstore.Store) -> None:
 
 
 def test_dense_takes_write_no_loose_packs(tmp_path: Path) -> None:
-    with ckstore.open(tmp_path / "s", auto_compact=False, take_codec="dense", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, take_codec="dense", **KNOBS) as store:
         ids = _take_all(store, _run(2))
         assert not store.repository.index.loose_chunks() and store.compact().chunks == 0
         assert "bytegroup-zstd" in _codecs(store, ids[0])
@@ -241,7 +241,7 @@ def test_cli_compact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     from ckstore import cli
 
     states = _run(3)
-    with ckstore.open(tmp_path / "s", auto_compact=False, **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, **KNOBS) as store:
         ids = _take_all(store, states)
     assert cli.main(["--store", str(tmp_path / "s"), "--json", "compact", "--dry-run"]) == 0
     dry = json.loads(capsys.readouterr().out)
