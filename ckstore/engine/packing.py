@@ -93,8 +93,11 @@ class PackPipeline:
     """Encode chunks in parallel, fill packs in chunk order, write several packs at once.
 
     At most ``2 * opts.threads`` encodes are in flight and at most ``opts.io_threads`` packs
-    are being written (each made durable, then indexed, by ``_flush``), so memory stays
-    bounded by about ``(io_threads + 1) * pack_bytes`` whatever the state's size. Writing
+    are being written (each made durable, then indexed, by ``_flush``). Where the backend
+    streams a pack to a temporary file as it is filled (local disks), each encode buffer is
+    free again as soon as its payload is added, so memory stays bounded by the encode window
+    (``2 * threads`` chunks); elsewhere by about ``(io_threads + 1) * pack_bytes``, whatever the
+    state's size. Writing
     packs concurrently keeps the device busy while each waits for its fsync: one pack at a
     time left it idle between fsyncs and was the first take's bottleneck.
     Use as a context manager: leaving it (even on error) waits for every write in flight.
@@ -178,7 +181,7 @@ class PackPipeline:
     def _add_next(self) -> None:
         chunk, buf, fut = self._encoding.popleft()
         codec, payload = fut.result()
-        if chunk.source is not None and codec == objects.NONE:
+        if chunk.source is not None and codec == objects.NONE and self._writer.holds_payloads:
             payload = bytes(payload)  # a raw payload would point into a recycled staging buffer
         delta = objects.is_delta(codec)
         base_id = chunk.base.chunk_id if delta and chunk.base is not None else None
@@ -187,8 +190,9 @@ class PackPipeline:
         self._writer.add(chunk.id, codec, payload, len(chunk.view), base_id)
         if self._opts.delta_depth > 0:  # the next delta take reads it as a base without re-hashing
             self._store.trust(chunk.id, payload)
-        if buf is not None:
-            (self._held if codec in _IN_BUFFER else self._free).append(buf)
+        if buf is not None:  # a payload in it stays referenced until its pack is written, unless written away
+            held = codec in _IN_BUFFER and self._writer.holds_payloads
+            (self._held if held else self._free).append(buf)
         self.stats.new_bytes += len(payload)
         self.stats.new_chunks += 1
         if delta:

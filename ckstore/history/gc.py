@@ -124,7 +124,7 @@ def gc(
     for mid in store.index.prune_manifests(cutoff):
         store.objects.delete_blob("manifests", mid)
         report.manifests_removed += 1
-    _delete_orphans(store, report)
+    _delete_orphans(store, report, cutoff)
     _grace_kept(store, report, time.time() - grace_seconds, [])
     return report
 
@@ -218,8 +218,10 @@ def _delete_retired(store: Repository, report: GCReport, cutoff: float) -> None:
         report.packs_removed += 1
 
 
-def _delete_orphans(store: Repository, report: GCReport) -> None:
-    """Delete packs/manifests the index does not know, if no write session is alive.
+def _delete_orphans(store: Repository, report: GCReport, cutoff: float) -> None:
+    """Delete packs/manifests the index does not know, and what interrupted writes left
+    (temporary files last written before both the listing and ``cutoff``), if no write session
+    is alive.
 
     Every object was written inside some write session. If, after listing, no session is
     alive, each writer of a listed object either committed (so its objects are in the index by
@@ -227,10 +229,12 @@ def _delete_orphans(store: Repository, report: GCReport) -> None:
     garbage. No clocks are compared, so skew between hosts cannot make this unsafe; the cost
     is that orphans wait for a moment when no take is running.
     """
+    listed = time.time()
     packs = set(store.objects.list_packs())
     manifests = set(store.objects.list_blobs("manifests"))
     if store.index.live_sessions():
         return
+    report.orphans_removed += store.objects.backend.sweep_temporary(min(listed, cutoff))
     for pack_id in packs - store.index.index_pack_ids():
         report.bytes_reclaimed += store.objects.pack_size(pack_id)
         store.objects.delete_pack(pack_id)

@@ -229,6 +229,20 @@ class Backend(abc.ABC):
     def list(self, prefix: str = "") -> Iterator[str]:
         """Yield every object name starting with ``prefix``, recursively, sorted."""
 
+    def writer(self) -> ObjectWriter:
+        """A new object written piece by piece and published under its name at the end
+        (:class:`ObjectWriter`): a pack whose name, the hash of its trailer, is known only once
+        every payload went in. The default keeps the pieces in memory and publishes them with
+        one :meth:`put`; a backend that can stage bytes elsewhere (the local one: a temporary
+        file) overrides it, so the writer holds nothing in memory."""
+        return ObjectWriter(self)
+
+    def sweep_temporary(self, older_than: float) -> int:
+        """Delete what interrupted writes left behind (e.g. temporary files of a killed
+        process) that is older than ``older_than`` (Unix time); the number deleted. Called by gc
+        when no writer can be alive. The default has nothing to sweep."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. The default does nothing."""
 
@@ -240,3 +254,55 @@ class Backend(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+class ObjectWriter:
+    """An object written piece by piece, then published under a name given at the end.
+
+    :meth:`write` appends, :meth:`patch` overwrites bytes already written (a header filled in
+    last), :meth:`commit` publishes the object with :meth:`Backend.put`'s guarantees (atomic,
+    durable, create-if-absent; True if this call created it), :meth:`abort` drops it. Nothing is
+    visible before ``commit``. Used by one thread at a time.
+
+    This default keeps the pieces (by reference, never copied) until ``commit``:
+    :attr:`holds_data` is True, so a caller must not reuse a buffer it wrote until then.
+    """
+
+    holds_data = True
+    """Whether written buffers stay referenced until :meth:`commit` (False: copied away)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._parts: list[memoryview] = []
+        self.size = 0
+
+    def write(self, data: Buffer) -> None:
+        """Append ``data``."""
+        (view,) = as_buffers(data)
+        self._parts.append(view)
+        self.size += len(view)
+
+    def patch(self, offset: int, data: Buffer) -> None:
+        """Overwrite the bytes at ``offset`` (already written) with ``data``.
+
+        Raises:
+            InvalidInputError: the range is not inside what was written (this default: it must
+                be exactly one earlier :meth:`write`).
+        """
+        (view,) = as_buffers(data)
+        at = 0
+        for i, part in enumerate(self._parts):
+            if at == offset and len(part) == len(view):
+                self._parts[i] = view
+                return
+            at += len(part)
+        raise InvalidInputError(f"patch of {len(view)} bytes at {offset}: not one earlier write")
+
+    def commit(self, name: str) -> bool:
+        """Publish under ``name`` (see :meth:`Backend.put`); the writer is spent."""
+        parts, self._parts = self._parts, []
+        return self._backend.put(name, parts)
+
+    def abort(self) -> None:
+        """Drop what was written (idempotent)."""
+        self._parts = []

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckstore.errors import CorruptionError, InvalidInputError
-from ckstore.objects.backend import Backend
+from ckstore.objects.backend import Backend, ObjectWriter
 from ckstore.objects.codecs import CODECS, MAX_RAW_LENGTH, is_delta
 from ckstore.objects.delta import MAX_CHAIN
 from ckstore.objects.hashing import as_bytes_view, is_chunk_id, new_hasher, payload_digest
@@ -191,8 +191,12 @@ def pack_id_from_name(name: str) -> str | None:
 class PackWriter:
     """Collects encoded chunks and writes them as one pack.
 
-    Payloads are kept by reference (never concatenated); :meth:`finish` hashes them in order and
-    hands them to ONE ``backend.put`` call, so the pack is durable when it returns.
+    Payloads go to a :meth:`Backend.writer` as they are added: straight into a temporary file on
+    a local disk (so the writer holds no payload, and the caller may reuse its buffer at once:
+    :attr:`holds_payloads` is False), or kept by reference until :meth:`finish` where the
+    backend can only put whole objects. :meth:`finish` writes the trailer and footer, fills in
+    the header (its version depends on the codecs added) and publishes the pack under its id, so
+    the pack is durable when it returns.
 
     Args:
         backend: where the pack goes.
@@ -202,13 +206,19 @@ class PackWriter:
     def __init__(self, backend: Backend, target_size: int = 64 << 20) -> None:
         self._backend = backend
         self._target = target_size
-        self._payloads: list[memoryview] = []
+        self._out: ObjectWriter | None = None
         self._entries: list[tuple[str, int, int, int, str, str | None]] = []
         self._digests: list[str] = []
         self._ids: set[str] = set()
         self._offset = HEADER.size
         self._spent = False
         self._version = FORMAT_VERSION
+
+    @property
+    def holds_payloads(self) -> bool:
+        """Whether added payloads stay referenced until :meth:`finish` (their buffers must not
+        be reused before); False when they are written away as they are added."""
+        return self._sink().holds_data
 
     @property
     def nbytes(self) -> int:
@@ -229,6 +239,12 @@ class PackWriter:
         """Whether :attr:`nbytes` reached the target size."""
         return self.nbytes >= self._target
 
+    def _sink(self) -> ObjectWriter:
+        if self._out is None:
+            self._out = self._backend.writer()
+            self._out.write(bytes(HEADER.size))  # filled in by finish(), once the version is known
+        return self._out
+
     def add(self, chunk_id: str, codec: str, payload: Any, raw_length: int, base_id: str | None = None) -> None:
         """Add one encoded chunk; a chunk id already in this pack is ignored.
 
@@ -237,6 +253,7 @@ class PackWriter:
         Raises:
             InvalidInputError: bad id, unknown codec, negative length, a base id missing for a
                 delta, given for another codec or equal to the chunk's id, or the writer is spent.
+            StorageError: the payload could not be written (NoSpaceError: the disk is full).
         """
         if self._spent:
             raise InvalidInputError("PackWriter.add after finish(): the writer is spent")
@@ -255,11 +272,11 @@ class PackWriter:
             return
         if len(self._entries) >= MAX_ENTRIES:
             raise InvalidInputError(f"a pack holds at most {MAX_ENTRIES} chunks")
+        self._sink().write(view)
         self._ids.add(chunk_id)
         self._version = max(self._version, _version_for(codec))
         self._entries.append((chunk_id, self._offset, len(view), raw_length, codec, base_id))
         self._digests.append(payload_digest(view, chunk_id, codec, raw_length, base_id))
-        self._payloads.append(view)
         self._offset += len(view)
 
     def finish(self) -> tuple[str, int, list[ChunkLocation]] | None:
@@ -271,19 +288,33 @@ class PackWriter:
             raise InvalidInputError("PackWriter.finish called twice: the writer is spent")
         self._spent = True
         if not self._entries:
+            self.abort()
             return None
-        parts = self._parts()
-        size = sum(len(p) for p in parts)
-        pack_id = pack_id_of(parts[0], parts[-2], parts[-1])
-        self._backend.put(pack_name(pack_id), parts)
+        out = self._sink()
+        header, trailer, footer = self._frame()
+        try:
+            out.write(trailer)
+            out.write(footer)
+            out.patch(0, header)
+            pack_id = pack_id_of(header, trailer, footer)
+            out.commit(pack_name(pack_id))
+        except BaseException:
+            out.abort()
+            raise
         locations = [
             ChunkLocation(cid, pack_id, off, length, raw, codec, base, payload_digest=digest)
             for (cid, off, length, raw, codec, base), digest in zip(self._entries, self._digests)
         ]
-        self._payloads = []
-        return pack_id, size, locations
+        return pack_id, self.nbytes, locations
 
-    def _parts(self) -> list[Any]:
+    def abort(self) -> None:
+        """Drop what was written (nothing becomes visible); the writer is spent."""
+        self._spent = True
+        if self._out is not None:
+            self._out.abort()
+
+    def _frame(self) -> tuple[bytes, bytes, bytes]:
+        """The header, trailer and footer of the pack as added so far."""
         header = HEADER.pack(MAGIC, self._version, HASH_ID_BLAKE3, 0, os.urandom(16))
         if self._entry is ENTRY_V2:
             trailer = b"".join(
@@ -298,7 +329,7 @@ class PackWriter:
             )
         checksum = new_hasher().update(trailer).digest()
         footer = FOOTER.pack(len(trailer), len(self._entries), checksum, END_MAGIC)
-        return [header, *self._payloads, trailer, footer]
+        return header, trailer, footer
 
 
 def _version_for(codec: str) -> int:

@@ -1,7 +1,7 @@
 """A full disk (issue 27, item 14): the error says nothing was committed and that gc reclaims
 what the take wrote; then gc does, and the store checks clean.
 
-In-process, the local backend's writes fail with ENOSPC after the first pack; in a user
+In-process, the local backend's writes fail with ENOSPC after a few packs; in a user
 namespace, a real 2 MiB tmpfs fills up under a take and under ``ckstore import`` (skipped where
 the kernel does not allow it).
 """
@@ -29,23 +29,24 @@ def test_enospc_says_nothing_was_committed_and_gc_reclaims(tmp_path, monkeypatch
     store = ckstore.open(tmp_path / "s", create=True, **TINY)
     torch.manual_seed(0)
     store.take({"m": ckstore.StateDict(w=torch.randn(8, 64))}, run="r", step=1, tags=["best"])
-    real = local.LocalBackend._write_durably
-    calls = {"n": 0}
+    real = local._write_all
+    written = {"n": 0}
 
-    def filling(tmp: str, views) -> None:
-        calls["n"] += 1
-        if calls["n"] > 2:  # two packs fit, then the disk is full
-            raise OSError(errno.ENOSPC, "No space left on device", tmp)
-        real(tmp, views)
+    def filling(fd: int, view) -> None:
+        written["n"] += len(view)
+        if written["n"] > 3 * TINY["pack_bytes"]:  # a few packs fit, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, view)
 
-    monkeypatch.setattr(local.LocalBackend, "_write_durably", staticmethod(filling))
+    monkeypatch.setattr(local, "_write_all", filling)
     with pytest.raises(NoSpaceError) as exc:
         store.take({"m": ckstore.StateDict(w=torch.randn(256, 64))}, run="r", step=2)
     message = str(exc.value)
     assert isinstance(exc.value, StorageError) and isinstance(exc.value, OSError)
     assert "No space left on device" in message and "nothing was committed" in message
     assert "ckstore gc" in message and "--grace 0s" in message
-    monkeypatch.setattr(local.LocalBackend, "_write_durably", staticmethod(real))
+    monkeypatch.setattr(local, "_write_all", real)
+    assert not list((tmp_path / "s").rglob(".writer-*"))  # the failed pack's staging file is gone
     assert [s.step for s in store.log()] == [1] and store.get("best").step == 1
     assert store.repository.index.held_sessions() == []  # the failed take ended its lease
     report = store.gc(grace_seconds=0)

@@ -201,3 +201,19 @@ def test_a_restore_follows_chunks_that_gc_moved_while_it_ran(tmp_path: Path, ato
         assert torch.equal(dest["m"]["keep"], keep)
         got = store.get("solo").read_object("m/keep")
         assert torch.equal(got, keep)
+
+
+def test_gc_sweeps_staging_files_of_killed_writers(tmp_path) -> None:
+    """A take killed while streaming a pack leaves a hidden staging file in the store; gc
+    deletes it once no write session is alive (and the grace period allows)."""
+    store = ckstore.open(tmp_path / "s", create=True)
+    store.take({"m": ckstore.StateDict(w=torch.zeros(4))}, run="r", step=1)
+    out = store.repository.objects.backend.writer()
+    out.write(b"half a pack")
+    staged = [p for p in (tmp_path / "s").rglob(".writer-*")]
+    assert len(staged) == 1
+    assert store.gc(grace_seconds=3600).orphans_removed == 0  # too fresh: its writer may be alive
+    os.utime(staged[0], (1, 1))
+    assert store.gc(grace_seconds=3600).orphans_removed == 1
+    assert not staged[0].exists() and store.check(read_data=True).ok
+    store.close()
