@@ -402,6 +402,11 @@ class Store:
         """Wait until no background compaction of this handle runs or is due; False on timeout."""
         return self._compactor.wait_idle(timeout)
 
+    @property
+    def last_compaction(self) -> CompactReport | None:
+        """What this handle's last background compaction did (None before one ran)."""
+        return self._compactor.last
+
     def reindex(self) -> ReindexReport:
         """Rebuild this store's empty index from its packs and manifests (I5)."""
         return history_reindex(self._repo)

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import objects
 from ..errors import CorruptionError, ObjectNotFoundError
-from ..index import PackRecord
+from ..index import ChunkRecord, PackRecord
 from .interfaces import WriteIndex
 from .locations import to_records
 
@@ -93,13 +93,13 @@ class PackPipeline:
     """Encode chunks in parallel, fill packs in chunk order, write several packs at once.
 
     At most ``2 * opts.threads`` encodes are in flight and at most ``opts.io_threads`` packs
-    are being written (each made durable, then indexed, by ``_flush``). Where the backend
-    streams a pack to a temporary file as it is filled (local disks), each encode buffer is
+    are being written, each made durable by ``_finish`` and then indexed (``add_pack``) or,
+    with ``deferred``, left in that list for the commit's own transaction to record. Where the
+    backend streams a pack to a staging file as it fills (local disks), each encode buffer is
     free again as soon as its payload is added, so memory stays bounded by the encode window
     (``2 * threads`` chunks); elsewhere by about ``(io_threads + 1) * pack_bytes``, whatever the
-    state's size. Writing
-    packs concurrently keeps the device busy while each waits for its fsync: one pack at a
-    time left it idle between fsyncs and was the first take's bottleneck.
+    state's size. Writing packs concurrently keeps the device busy while each waits for its
+    fsync: one pack at a time left it idle between fsyncs and was the first take's bottleneck.
     Use as a context manager: leaving it (even on error) waits for every write in flight.
     """
 
@@ -110,8 +110,10 @@ class PackPipeline:
         session: str,
         opts: TakeOptions,
         pool: ThreadPoolExecutor,
+        deferred: list[tuple[PackRecord, list[ChunkRecord]]] | None = None,
     ) -> None:
         self._store, self._index, self._session, self._opts, self._pool = store, index, session, opts, pool
+        self._deferred = deferred
         self._window = max(2, 2 * opts.threads)
         self._io = ThreadPoolExecutor(max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack")
         self._encoding: deque[tuple[Chunk, np.ndarray | None, Future[tuple[str, Any]]]] = deque()
@@ -119,6 +121,7 @@ class PackPipeline:
         self._delta_tries: dict[str, list[int]] = {}  # leaf name -> [deltas kept, deltas not paying]
         self._flushing: deque[Future[None]] = deque()
         self._writer = store.new_pack_writer(opts.pack_bytes)
+        self._submitted = False  # whether self._writer is handed to the io threads
         self._held: list[np.ndarray] = []  # buffers the current pack's payloads live in
         self._free: deque[np.ndarray] = deque()  # buffers whose pack is written: reused
         self.stats = WriteStats()
@@ -138,6 +141,8 @@ class PackPipeline:
             for _, _, fut in self._encoding:
                 fut.cancel()
             self._io.shutdown(wait=True)
+            if not self._submitted:
+                self._writer.abort()  # a pack being filled when the take failed: nothing stays staged
 
     def push(self, chunk: Chunk) -> None:
         """Queue one chunk (its id known, absent from the store) for encoding and packing."""
@@ -202,7 +207,7 @@ class PackPipeline:
             self.stats.delta_bytes += len(payload)
         if self._writer.full:
             self._submit_flush()
-            self._writer = self._store.new_pack_writer(self._opts.pack_bytes)
+            self._writer, self._submitted = self._store.new_pack_writer(self._opts.pack_bytes), False
 
     def _submit_flush(self) -> None:
         while len(self._flushing) >= max(1, self._opts.io_threads):
@@ -210,10 +215,15 @@ class PackPipeline:
         held, self._held = self._held, []
 
         def flush(writer: objects.PackWriter = self._writer) -> None:
-            _flush(writer, self._index, self._session, self._depths, self._opts.fast)
+            done = _finish(writer, self._depths, self._opts.fast)
+            if done is not None and self._deferred is not None:
+                self._deferred.append(done)  # recorded by the commit's own transaction
+            elif done is not None:
+                self._index.add_pack(self._session, *done)
             self._free.extend(held)  # the pack is durable: its payload buffers are free
 
         self._flushing.append(self._io.submit(flush))
+        self._submitted = True
 
 
 HOPELESS_AFTER = 3
@@ -271,14 +281,15 @@ def _scratch(kind: str, n: int) -> np.ndarray:
     return buf
 
 
-def _flush(writer: objects.PackWriter, index: WriteIndex, session: str, depths: dict[str, int] | None = None,
-           loose: bool = False) -> None:
+def _finish(writer: objects.PackWriter, depths: dict[str, int] | None = None,
+            loose: bool = False) -> tuple[PackRecord, list[ChunkRecord]] | None:
+    """Make the pack durable; its index rows (None if it holds nothing)."""
     done = writer.finish()
     if done is None:
-        return
+        return None
     pack_id, size, locs = done
     chunks = to_records(locs, depths)
-    index.add_pack(session, PackRecord(pack_id, size, len(chunks), time.time(), loose=loose), chunks)
+    return PackRecord(pack_id, size, len(chunks), time.time(), loose=loose), chunks
 
 
 def batches(chunks: list[Chunk], max_bytes: int, max_count: int, first_bytes: int | None = None) -> Iterator[list[Chunk]]:

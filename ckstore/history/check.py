@@ -101,8 +101,32 @@ def check(
     if fraction > 0 and readable:
         chosen = choose_packs(readable, fraction, random.Random(seed))
         _read_data(store, chosen, report, progress or (lambda it: it), chunks)
+    _drop_moved(store, report, chunks)
     _name_users(store, report, chunks)
     return report
+
+
+PACK_PROBLEMS = ("missing-pack", "unknown-pack", "pack")
+"""Problems about a whole pack, which a compaction or gc beside the check may cause by moving
+every live chunk out of the pack and deleting it while the check ran."""
+
+
+def _drop_moved(store: Repository, report: CheckReport, chunks: dict[str, ChunkRecord]) -> None:
+    """Drop the pack problems of packs whose chunks all moved elsewhere since the check read
+    the index (looked up again now): the pack was emptied and deleted meanwhile, no damage."""
+    suspects = {p.object for p in report.problems if p.kind in PACK_PROBLEMS}
+    if not suspects:
+        return
+    held = {c.chunk_id: c.pack_id for c in chunks.values() if c.pack_id in suspects}
+    now = store.index.chunk_locations(list(held))
+    still = {rec.pack_id for cid, rec in now.items() if rec.pack_id == held.get(cid)}
+    gone = suspects - still
+    if gone:
+        report.problems = [p for p in report.problems if not (p.kind in PACK_PROBLEMS and p.object in gone)]
+        for cid, pack_id in held.items():
+            rec = now.get(cid)
+            if pack_id in gone and rec is not None:  # the row as it is now (the users named below)
+                chunks[cid] = rec
 
 
 MAX_NAMED = 10

@@ -18,8 +18,10 @@ possible. Compaction later rewrites the loose chunks that no *newest* snapshot o
    else ``bytegroup-zstd`` / ``zstd`` whole.
 4. **Switch**: each dense pack is made durable, then one index transaction points its chunks'
    rows at it (compare-and-swap on the loose pack: a chunk gc pruned or moved meanwhile is left
-   alone); loose packs left without chunks are retired, and gc deletes them once their grace
-   period has passed (a reader may still be reading one).
+   alone); loose packs left without chunks are retired and deleted at once (rows first, then
+   objects). A reader that located a chunk in one of them finds the pack gone and looks the
+   chunk up again (docs/RELIABILITY.md, I4), so the disk holds each state once, not twice,
+   while the grace period of gc's own repacks runs.
 
 A crash at any point leaves every snapshot readable: before the switch the new pack is an
 orphan gc removes; after it the old pack is garbage. Chunk ids never change, so takes that
@@ -75,6 +77,9 @@ class CompactReport:
     delta_chunks: int = 0
     packs_written: int = 0
     packs_retired: int = 0
+    """Loose packs left without chunks..."""
+    packs_deleted: int = 0
+    """...and deleted (at once: readers look a chunk up again when its pack is gone)."""
     seconds: float = 0.0
 
     @property
@@ -272,42 +277,61 @@ def _rewrite(
     window: deque[tuple[_Job, Future[tuple[str, bytes]]]] = deque()
     with ThreadPoolExecutor(max_workers=max(1, repo.threads), thread_name_prefix="ckstore-compact") as pool:
         todo = iter(jobs)
-        while True:
-            while len(window) < 2 * max(1, repo.threads):
-                job = next(todo, None)
-                if job is None or (stop is not None and stop()):
+        try:
+            while True:
+                while len(window) < 2 * max(1, repo.threads):
+                    job = next(todo, None)
+                    if job is None or (stop is not None and stop()):
+                        break
+                    _wait(pause)
+                    window.append((job, pool.submit(_encode, repo, job)))
+                if not window:
                     break
-                _wait(pause)
-                window.append((job, pool.submit(_encode, repo, job)))
-            if not window:
-                break
-            job, fut = window.popleft()
-            try:
-                codec, payload = fut.result()
-            except (CorruptionError, ObjectNotFoundError) as exc:  # it stays loose; check names it
-                log.warning("ckstore: compaction left chunk %s loose: %s", job.rec.chunk_id, exc)
-                continue
-            delta = objects.is_delta(codec)
-            writer.add(job.rec.chunk_id, codec, payload, job.rec.raw_length, job.base_id if delta else None)
-            batch.append((job, job.base.depth + 1 if delta and job.base is not None else 0))
-            report.delta_chunks += delta
-            if progress is not None:
-                progress(job.rec.raw_length)
-            if writer.full:
-                _switch(repo, lease, writer, batch, report)
-                writer, batch = repo.objects.new_pack_writer(repo.config.pack_bytes), []
-        _switch(repo, lease, writer, batch, report)
+                job, fut = window.popleft()
+                try:
+                    codec, payload = fut.result()
+                except (CorruptionError, ObjectNotFoundError) as exc:  # it stays loose; check names it
+                    log.warning("ckstore: compaction left chunk %s loose: %s", job.rec.chunk_id, exc)
+                    continue
+                delta = objects.is_delta(codec)
+                writer.add(job.rec.chunk_id, codec, payload, job.rec.raw_length, job.base_id if delta else None)
+                batch.append((job, job.base.depth + 1 if delta and job.base is not None else 0))
+                report.delta_chunks += delta
+                if progress is not None:
+                    progress(job.rec.raw_length)
+                if writer.full:
+                    _switch(repo, lease, writer, batch, report)
+                    writer, batch = repo.objects.new_pack_writer(repo.config.pack_bytes), []
+            _switch(repo, lease, writer, batch, report)
+        except BaseException:
+            writer.abort()  # the pack being filled leaves no staging file (those switched stay)
+            for _, fut in window:
+                fut.cancel()
+            raise
 
 
 def _encode(repo: Repository, job: _Job) -> tuple[str, bytes]:
     """Read and verify the chunk (and its base), then encode it densely (a delta if smaller)."""
-    raw = repo.objects.read_chunk(to_location(job.rec))
+    raw = _read(repo, job.rec, {})
     if job.base is not None:
-        base = repo.objects.read_chunk(to_location(job.base, job.base_known))
+        base = _read(repo, job.base, job.base_known)
         codec, payload = objects.encode_delta(raw, base, job.itemsize, job.grouped, plain_estimate=job.rec.length)
     else:
         codec, payload = objects.encode(raw, job.itemsize, job.grouped)
     return codec, bytes(payload)
+
+
+def _read(repo: Repository, rec: ChunkRecord, known: dict[str, ChunkRecord]) -> Any:
+    """The verified raw bytes of ``rec``'s chunk; looked up again if its pack is gone (this
+    compaction, or another, switched it and deleted the loose pack: a base rewritten earlier in
+    the same run, typically)."""
+    try:
+        return repo.objects.read_chunk(to_location(rec, known))
+    except ObjectNotFoundError:
+        now = repo.index.chunk_locations([rec.chunk_id])
+        if rec.chunk_id not in now or now[rec.chunk_id].pack_id == rec.pack_id:
+            raise
+        return repo.objects.read_chunk(to_location(now[rec.chunk_id], now))
 
 
 def _switch(repo: Repository, lease: Lease, writer: objects.PackWriter, batch: list[tuple[_Job, int]],
@@ -326,7 +350,13 @@ def _switch(repo: Repository, lease: Lease, writer: objects.PackWriter, batch: l
     report.packs_written += 1
     report.chunks += len(switched)
     report.dense_bytes += sum(rec.length for rec, _ in moves if rec.chunk_id in switched)
-    report.packs_retired += len(repo.index.retire_packs(set(old.values())))
+    retired = repo.index.retire_packs(set(old.values()))
+    report.packs_retired += len(retired)
+    # Deleted at once, rows first: a reader that located a chunk in one of them finds the pack
+    # gone and looks the chunk up again (I4); the disk holds each state once, not twice.
+    for pack_id in repo.index.delete_retired_packs(time.time(), only=retired):
+        repo.objects.delete_pack(pack_id)
+        report.packs_deleted += 1
 
 
 def _wait(pause: Callable[[], bool] | None) -> None:

@@ -191,15 +191,22 @@ def _rewrite_pack(store: Repository, pack_id: str, loose: bool) -> bool:
     known = store.index.chunk_locations(c.chunk_id for c in live if c.base_id is not None)
     writer = store.objects.new_pack_writer(store.config.pack_bytes * 4)
     name = objects.pack_name(pack_id)
-    for c in live:
-        payload = store.objects.backend.get(name, c.offset, c.length)
-        raw: bytes | bytearray | memoryview = objects.decode(c.codec, payload, c.raw_length)  # a delta's: its XOR bytes
-        if c.base_id is not None:  # the bytes copied (not a second read) XORed with the verified base
-            raw = bytearray(raw)
-            xor_into(raw, store.objects.read_chunk(to_location(c, known).chain()[1]))
-        if objects.chunk_id(raw) != c.chunk_id:
-            raise CorruptionError(f"gc: chunk {c.chunk_id} in pack {pack_id} is damaged; run `ckstore check --read-data`")
-        writer.add(c.chunk_id, c.codec, payload, c.raw_length, c.base_id)
+    try:
+        for c in live:
+            payload = store.objects.backend.get(name, c.offset, c.length)
+            raw: bytes | bytearray | memoryview = objects.decode(c.codec, payload, c.raw_length)  # a delta's: its XOR bytes
+            if c.base_id is not None:  # the bytes copied (not a second read) XORed with the verified base
+                raw = bytearray(raw)
+                xor_into(raw, store.objects.read_chunk(to_location(c, known).chain()[1]))
+            if objects.chunk_id(raw) != c.chunk_id:
+                raise CorruptionError(f"gc: chunk {c.chunk_id} in pack {pack_id} is damaged; run `ckstore check --read-data`")
+            writer.add(c.chunk_id, c.codec, payload, c.raw_length, c.base_id)
+    except ObjectNotFoundError:  # a compaction beside moved the pack's chunks, or a base's, meanwhile
+        writer.abort()
+        return False
+    except BaseException:
+        writer.abort()
+        raise
     done = writer.finish()
     assert done is not None
     new_id, size, locs = done

@@ -273,14 +273,18 @@ class MaintenanceMixin:
                 done.extend(ids)
         return done
 
-    def delete_retired_packs(self, retired_before: float) -> list[str]:
-        """Delete rows of packs retired before the given time; return their ids."""
+    def delete_retired_packs(self, retired_before: float, only: Iterable[str] | None = None) -> list[str]:
+        """Delete rows of packs retired before the given time (of those in ``only``, if given);
+        return their ids."""
         p, c = _sql.packs, _sql.chunks
         cond = (p.c.retired_at.is_not(None)) & (p.c.retired_at <= retired_before) & ~exists(
             select(c.c.id).where(c.c.pack_id == p.c.id)
         )
         with self._write("delete retired packs") as conn:
-            ids = list(conn.scalars(select(p.c.id).where(cond)))
+            if only is None:
+                ids = list(conn.scalars(select(p.c.id).where(cond)))
+            else:
+                ids = [i for batch in batches(list(only)) for i in conn.scalars(select(p.c.id).where(cond & p.c.id.in_(batch)))]
             for batch in batches(ids):
                 conn.execute(delete(p).where(p.c.id.in_(batch) & cond))
         return ids

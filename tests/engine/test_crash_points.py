@@ -42,6 +42,7 @@ NEW_STEP = BASE_STEPS + 1
 
 # (what to wrap, name glob for backend calls, which matching call, before or after it)
 TAKE_POINTS = [
+    ("writer.write", None, 3, "after"),  # a pack half streamed into its staging file
     ("backend.put", "packs/*", 1, "before"),
     ("os.link", None, 1, "before"),  # a pack's temp file written and fsynced, never linked
     ("backend.put", "packs/*", 1, "after"),  # a pack durable, not yet in the index
@@ -73,6 +74,8 @@ COMPACT_POINTS = [
     ("index.rewrite_chunks", None, 1, "before"),
     ("index.rewrite_chunks", None, 1, "after"),  # switched, the loose packs not yet retired
     ("index.retire_packs", None, 1, "after"),
+    ("index.delete_retired_packs", None, 1, "after"),  # the emptied loose packs' rows gone, objects not
+    ("backend.delete", "packs/*", 1, "after"),  # one emptied loose pack deleted, the others not
     ("backend.put", "packs/*", 2, "after"),  # the second dense pack durable, not switched
 ]
 
@@ -89,6 +92,29 @@ class _KillAt(WrappingBackend):
 
     def delete(self, name):
         return self.arm("backend.delete", name, lambda: self.inner.delete(name))
+
+    def writer(self):
+        """The local backend's streaming writer (packs go to a staging file as they fill):
+        its writes are the point ``writer.write``, its commit is the pack's ``backend.put``."""
+        return _KillWriter(self.inner.writer(), self.arm)
+
+
+class _KillWriter:
+    def __init__(self, inner: Any, arm: Any) -> None:
+        self.inner, self.arm = inner, arm
+        self.holds_data = inner.holds_data
+
+    def write(self, data):
+        return self.arm("writer.write", None, lambda: self.inner.write(data))
+
+    def patch(self, offset, data):
+        return self.inner.patch(offset, data)
+
+    def commit(self, name):
+        return self.arm("backend.put", name, lambda: self.inner.commit(name))
+
+    def abort(self):
+        return self.inner.abort()
 
 
 def _armed(point: tuple[str, str | None, int, str]):
@@ -169,6 +195,7 @@ def _assert_whole(path: Path, expect_new: bool | None) -> list[int]:
         store.gc(grace_seconds=0)
         after = store.check(read_data=True)
         assert after.ok and after.orphan_packs == [] and after.orphan_manifests == [], after
+        assert not [p for p in path.rglob(".*") if p.is_file()], "gc left a staging file behind"
         assert sorted(s.step for s in store.log()) == steps
         _restores_all(store)
         return steps

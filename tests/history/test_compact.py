@@ -45,6 +45,10 @@ def _loose(store: ckstore.Store) -> set[str]:
     return {c.chunk_id for c in store.repository.index.loose_chunks() if c.codec in objects.FAST_CODECS}
 
 
+def _pack_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / "packs").rglob("*.pack"))
+
+
 def _codecs(store: ckstore.Store, snap_id: str) -> set[str]:
     rows = {c.chunk_id: c for c in store.repository.index.all_chunks()}
     return {rows[cid].codec for cid in store.repository.index.snapshot_chunk_ids(snap_id)}
@@ -58,9 +62,13 @@ def test_takes_write_loose_and_compaction_rewrites_all_but_the_newest(tmp_path: 
         before = sum(store.get(i).stats["new_bytes"] for i in ids)
         dry = store.compact(dry_run=True)
         assert dry.dry_run and dry.chunks > 0 and dry.snapshots == 4 and _loose(store)  # nothing changed
+        on_disk = _pack_bytes(tmp_path / "s")
         report = store.compact()
         assert (report.chunks, report.snapshots) == (dry.chunks, 4) and report.delta_chunks > 0
         assert 0 < report.dense_bytes < report.loose_bytes and report.packs_written > 0
+        # the loose packs it emptied are gone at once: the disk holds each state once, not twice
+        assert report.packs_deleted == report.packs_retired > 0
+        assert _pack_bytes(tmp_path / "s") < on_disk - (report.loose_bytes - report.dense_bytes) // 2
         assert _loose(store) <= store.repository.index.snapshot_chunk_ids(ids[-1])  # the newest stays loose
         assert "exp-zstd" in _codecs(store, ids[-1]) and "xor-bytegroup-zstd" in _codecs(store, ids[1])
         assert not loose_pending(store.repository) and store.compact().chunks == 0  # nothing left to do
@@ -147,8 +155,9 @@ def test_auto_compaction_after_takes_waits_while_busy(tmp_path: Path) -> None:
 
 def test_compaction_beside_takes_restores_and_gc(tmp_path: Path) -> None:
     """Threads of one process (each its own store handle, as separate hosts would): takes into
-    one run, restores of everything committed, gc with no grace, compaction in a loop. Nothing
-    is lost or wrong; check is clean afterwards."""
+    one run, restores of everything committed, check and numeric diffs (readers that do not
+    restore), gc with no grace, compaction in a loop (which deletes the loose packs it empties at
+    once). Nothing is lost or wrong, no check reports a problem, and check is clean afterwards."""
     path = tmp_path / "s"
     ckstore.open(path, create=True, **KNOBS).close()
     states = _run(8)
@@ -181,8 +190,19 @@ def test_compaction_beside_takes_restores_and_gc(tmp_path: Path) -> None:
                 time.sleep(0.01)
         return run
 
+    def checker(store: ckstore.Store) -> None:  # a pack emptied and deleted meanwhile is no damage
+        while not done.is_set():
+            report = store.check(read_data=True)
+            assert report.ok, report.problems
+
+    def differ(store: ckstore.Store) -> None:  # reads chunks whose packs compaction deletes
+        while not done.is_set():
+            if len(committed) >= 2:
+                (a, _), (b, _) = committed[0], committed[-1]
+                assert store.diff(a, b, numeric=True).changed
+
     threads = [threading.Thread(target=worker, args=(f,)) for f in
-               (taker, restorer, loop(lambda s: s.compact()), loop(lambda s: s.gc(grace_seconds=0)))]
+               (taker, restorer, checker, differ, loop(lambda s: s.compact()), loop(lambda s: s.gc(grace_seconds=0)))]
     for t in threads:
         t.start()
     for t in threads:
@@ -253,3 +273,29 @@ def test_cli_compact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
         assert not _loose(store)
         for i, s in zip(ids, states):
             assert restores(store, i, s)
+
+
+def test_check_and_numeric_diff_across_a_compaction_that_deletes_their_packs(tmp_path: Path, monkeypatch) -> None:
+    """Compaction switches chunks and deletes the loose packs between a check's (or a numeric
+    diff's) reading of the index and its reading of the packs: neither reports damage, while a
+    pack that really went missing is still reported."""
+    states = _run(3)
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, **KNOBS) as store:
+        ids = _take_all(store, states)
+        index = store.repository.index
+        real = type(index).all_chunks
+
+        def then_compact(self: Any) -> Any:
+            rows = real(self)
+            monkeypatch.setattr(type(index), "all_chunks", real)
+            assert store.compact().packs_deleted > 0
+            return rows
+
+        monkeypatch.setattr(type(index), "all_chunks", then_compact)
+        report = store.check(read_data=True)
+        assert report.ok, report.problems
+        diff = store.diff(ids[0], ids[1], numeric=True)  # located loose, compacted above: follows the move
+        assert diff.changed
+        victim = next(iter({c.pack_id for c in index.all_chunks()}))
+        (tmp_path / "s" / objects.pack_name(victim)).unlink()
+        assert {p.kind for p in store.check().problems} == {"missing-pack"}
