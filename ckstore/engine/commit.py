@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from .. import objects
 from ..format.manifest import Manifest, entry_digest
-from ..index import EntryRecord, SnapshotRecord
+from ..index import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
 from .interfaces import WriteIndex
 
 
@@ -42,6 +42,7 @@ def commit_manifest(
     stored: tuple[str, int],
     tags: Sequence[str],
     *,
+    packs: Sequence[tuple[PackRecord, Sequence[ChunkRecord]]] = (),
     new_bytes: int,
     new_chunks: int,
     reused_chunks: int,
@@ -49,8 +50,9 @@ def commit_manifest(
     """Commit the snapshot of a stored ``manifest`` (``stored``: its id and size) in one index
     transaction, with ``tags`` moved to it.
 
-    The snapshot id is the manifest id; the transaction references every chunk the manifest
-    names, so nothing it needs can be collected once it is visible (I1).
+    The snapshot id is the manifest id; the transaction records ``packs`` (durable packs the
+    take did not index yet) and references every chunk the manifest names, so nothing it needs
+    can be collected once it is visible (I1).
     """
     header = manifest.snapshot or {}
     manifest_id, size = stored
@@ -70,4 +72,4 @@ def commit_manifest(
         world_size=int(header.get("world_size", 1)),
     )
     ids = sorted(manifest.chunk_ids())
-    return index.commit_snapshot(session, record, entry_records(manifest), ids, size, tuple(tags))
+    return index.commit_snapshot(session, record, entry_records(manifest), ids, size, tuple(tags), packs)

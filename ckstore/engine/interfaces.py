@@ -61,8 +61,10 @@ class WriteIndex(LocationIndex, LeaseIndex, Protocol):
         chunk_ids: Iterable[str],
         manifest_size: int,
         tags: Sequence[str] = (),
+        packs: Sequence[tuple[PackRecord, Sequence[ChunkRecord]]] = (),
     ) -> SnapshotRecord:
-        """Commit the snapshot in one transaction (I1); it exists iff this returns."""
+        """Commit the snapshot in one transaction (I1), recording ``packs`` (durable, not yet
+        added) first; it exists iff this returns."""
         ...
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from .. import objects
 from ..errors import InvalidInputError
 from ..format.manifest import Entry, Manifest
-from ..index import SnapshotRecord
+from ..index import ChunkRecord, PackRecord, SnapshotRecord
 from .commit import commit_manifest, put_manifest
 from .deltas import resolve_bases
 from .device_stage import DeviceStager
@@ -80,6 +80,7 @@ class LocalTake:
         self.started = time.time()
         self.stats = TakeStats()
         self._seen: set[str] = set()  # chunk ids handled by this take
+        self._deferred: list[tuple[PackRecord, list[ChunkRecord]]] = []  # durable, recorded at commit
         self._lease: Lease | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._activity = ExitStack()
@@ -90,7 +91,7 @@ class LocalTake:
         self._activity.enter_context(self.repo.activity())  # background compaction waits meanwhile
         self._pool = ThreadPoolExecutor(max_workers=self.opts.threads, thread_name_prefix="ckstore")
         try:
-            self._lease = Lease(self.repo.index, self.opts.lease_seconds).__enter__()
+            self._lease = Lease(self.repo.index, self.opts.lease_seconds, eager=False).__enter__()
         except BaseException:
             self._pool.shutdown()
             self._activity.close()
@@ -136,7 +137,8 @@ class LocalTake:
         """Pin the chunks the store has among ``chunk_ids`` to this session; return those."""
         return set(self.index.lookup_chunks(self.session, list(chunk_ids)))
 
-    def store(self, chunks: list[Chunk], *, hashed: bool = False, then: Callable[[], None] | None = None) -> None:
+    def store(self, chunks: list[Chunk], *, hashed: bool = False, then: Callable[[], None] | None = None,
+              defer: bool = False) -> None:
         """Hash ``chunks`` (unless ``hashed``), pin those the store has, write those it lacks.
 
         Each chunk id is handled once per take, whatever the number of calls. Works in batches
@@ -144,13 +146,19 @@ class LocalTake:
         the next is hashed and looked up. Chunks of device tensors are copied into bounded host
         pools batch by batch (``device_stage``). ``then`` runs once every chunk is hashed and
         queued, while the last packs are still being written (a take stores its manifest there).
+
+        With ``defer``, the last pack written is durable when this returns but recorded in the
+        index only by :meth:`commit`'s transaction (one transaction less: a small take writes
+        one pack). Only for a take that commits in this process with nobody else waiting for
+        its chunks: another rank's commit, or a hand-over, needs them indexed now.
         """
         stager = DeviceStager(self.opts.chunk_bytes)
         device = any(c.source is not None for c in chunks)
         max_bytes = min(HASH_BATCH_BYTES, stager.batch_bytes) if device else HASH_BATCH_BYTES
         max_count = min(HASH_BATCH_CHUNKS, stager.batch_chunks) if device else HASH_BATCH_CHUNKS
         try:
-            with PackPipeline(self.repo.objects, self.index, self.session, self.opts, self._workers()) as pipe:
+            with PackPipeline(self.repo.objects, self.index, self.session, self.opts, self._workers(),
+                              self._deferred if defer else None) as pipe:
                 for batch in batches(chunks, max_bytes, max_count, FIRST_BATCH_BYTES):
                     stager.stage(batch)
                     if not hashed:
@@ -212,7 +220,7 @@ class LocalTake:
         self.check_lease()
         stored = stored or self.put_manifest(manifest, validate)
         record = commit_manifest(self.index, self.session, manifest, stored, self.spec.tag_specs,
-                                 **(figures or self.stats.figures()))
+                                 packs=self._deferred, **(figures or self.stats.figures()))
         self._live_lease().committed = True
         self.repo.committed(record)
         return record
@@ -221,6 +229,9 @@ class LocalTake:
         """End the session as committed without committing here: the process that commits
         has pinned (or committed) everything this one stored."""
         lease = self._live_lease()
+        for pack, chunks in self._deferred:  # deferred packs must be indexed before anyone commits them
+            self.index.add_pack(lease.id, pack, chunks)
+        self._deferred.clear()
         try:
             self.index.end_session(lease.id, "committed")
             lease.committed = True

@@ -93,8 +93,10 @@ class PackPipeline:
     """Encode chunks in parallel, fill packs in chunk order, write several packs at once.
 
     At most ``2 * opts.threads`` encodes are in flight and at most ``opts.io_threads`` packs
-    are being written, each made durable by ``_finish`` and then indexed (``add_pack``) or,
-    with ``deferred``, left in that list for the commit's own transaction to record. Where the
+    are being written, each made durable by ``_finish`` and then indexed (``add_pack``); with
+    ``deferred``, the last pack is left in that list for the commit's own transaction to record
+    (the others are indexed as they are written, so what a killed take wrote stays pinned to
+    its session and named by ``ckstore du``, not an orphan). Where the
     backend streams a pack to a staging file as it fills (local disks), each encode buffer is
     free again as soon as its payload is added, so memory stays bounded by the encode window
     (``2 * threads`` chunks); elsewhere by about ``(io_threads + 1) * pack_bytes``, whatever the
@@ -134,7 +136,7 @@ class PackPipeline:
             if exc_type is None:
                 while self._encoding:
                     self._add_next()
-                self._submit_flush()
+                self._submit_flush(last=True)
                 while self._flushing:
                     self._flushing.popleft().result()
         finally:
@@ -209,14 +211,16 @@ class PackPipeline:
             self._submit_flush()
             self._writer, self._submitted = self._store.new_pack_writer(self._opts.pack_bytes), False
 
-    def _submit_flush(self) -> None:
+    def _submit_flush(self, last: bool = False) -> None:
         while len(self._flushing) >= max(1, self._opts.io_threads):
             self._flushing.popleft().result()
         held, self._held = self._held, []
+        defer = last and self._deferred is not None
 
         def flush(writer: objects.PackWriter = self._writer) -> None:
             done = _finish(writer, self._depths, self._opts.fast)
-            if done is not None and self._deferred is not None:
+            if done is not None and defer:
+                assert self._deferred is not None
                 self._deferred.append(done)  # recorded by the commit's own transaction
             elif done is not None:
                 self._index.add_pack(self._session, *done)

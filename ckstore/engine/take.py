@@ -144,7 +144,7 @@ def take(repo: Repository, states: Mapping[str, Any], spec: TakeSpec) -> TakeRes
             manifest = t.manifest(p.apps, finish_entries(p))
             stored.append((manifest, t.put_manifest(manifest)))
 
-        t.store(p.chunks, then=store_manifest)
+        t.store(p.chunks, then=store_manifest, defer=True)
         manifest, where = stored[0]
         return TakeResult(t.commit(manifest, stored=where), manifest)
 
@@ -199,7 +199,7 @@ def take_async(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, budg
     now = [c for c in p.chunks if c.key in live]
     t.open()
     try:
-        t.store(now)
+        t.store(now, defer=True)
     except BaseException:
         t.close()
         raise
@@ -207,7 +207,7 @@ def take_async(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, budg
 
     def finish() -> None:
         try:
-            t.store([c for c in p.chunks if c.key not in live])
+            t.store([c for c in p.chunks if c.key not in live], defer=True)
             manifest = t.manifest(p.apps, finish_entries(p))
             future.set_result(TakeResult(t.commit(manifest), manifest))
         except BaseException as exc:  # surfaced by PendingSnapshot.wait()

@@ -94,9 +94,10 @@ def check(
     """
     fraction = check_fraction("check: read_data", read_data)
     report = CheckReport()
+    snapshots = store.index.list_snapshots()  # before the chunks: a take committing meanwhile adds both
     chunks = {c.chunk_id: c for c in store.index.all_chunks()}
     report.chunks = len(chunks)
-    _check_snapshots(store, chunks, report)
+    _check_snapshots(store, snapshots, chunks, report)
     readable = _check_packs(store, chunks, report)
     if fraction > 0 and readable:
         chosen = choose_packs(readable, fraction, random.Random(seed))
@@ -224,8 +225,9 @@ def choose_packs(pack_ids: list[str], fraction: float, rng: random.Random) -> li
     return sorted(rng.sample(sorted(pack_ids), count))
 
 
-def _check_snapshots(store: Repository, chunks: dict[str, ChunkRecord], report: CheckReport) -> None:
-    for snap in store.index.list_snapshots():
+def _check_snapshots(store: Repository, snapshots: list[SnapshotRecord], chunks: dict[str, ChunkRecord],
+                     report: CheckReport) -> None:
+    for snap in snapshots:
         report.snapshots += 1
         where = f"snapshot {snap.run}@{snap.step} ({snap.id[:12]})"
         try:

@@ -18,7 +18,7 @@ from ckstore.index import _convert, _refnames, _sql
 from ckstore.index._resolve import MAX_STEP
 from ckstore.index._sql import batches, check_lease, insert, insert_ignore
 from ckstore.index.names import validate_name
-from ckstore.index.records import EntryRecord, SnapshotRecord
+from ckstore.index.records import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
 
 
 def commit(
@@ -29,10 +29,13 @@ def commit(
     chunk_ids: list[str],
     manifest_size: int,
     tags: Sequence[str],
+    packs: Sequence[tuple[PackRecord, Sequence[ChunkRecord]]] = (),
 ) -> SnapshotRecord:
     """Commits one snapshot; see :meth:`ckstore.index.Index.commit_snapshot` for the contract."""
     validate(snapshot, tags)
     now = check_lease(conn, session_id, lock=True)
+    for pack, chunks in packs:
+        add_pack(conn, pack, chunks, now)
     require_chunks(conn, chunk_ids)
     _refnames.check_take(conn, snapshot.run, tags, snapshot.id)
     lock_run(conn, snapshot.run, now)
@@ -50,6 +53,27 @@ def commit(
         move_tag(conn, _refnames.parse_spec(spec)[0], snapshot.id, now)
     finish_session(conn, session_id, "committed", now)
     return stored
+
+
+def check_pack(pack: PackRecord, chunks: Sequence[ChunkRecord]) -> None:
+    """Raises InvalidInputError if a chunk claims to live in another pack."""
+    strays = [ch.chunk_id for ch in chunks if ch.pack_id != pack.pack_id]
+    if strays:
+        raise InvalidInputError(f"chunk {strays[0]} is not in pack {pack.pack_id}")
+
+
+def add_pack(conn: Connection, pack: PackRecord, chunks: Sequence[ChunkRecord], now: float,
+             pin_for: str | None = None) -> None:
+    """Inserts a durable pack and its chunks unless present (the first location recorded for a
+    chunk stays its location), pinning them to session ``pin_for`` when given."""
+    created = pack.created_at or now
+    row = {"id": pack.pack_id, "size": pack.size, "chunk_count": pack.chunk_count, "created_at": created,
+           "loose": pack.loose}
+    insert_ignore(conn, _sql.packs, [row])
+    for batch in batches(chunks):
+        insert_ignore(conn, _sql.chunks, [_convert.chunk_row(ch, created) for ch in batch])
+        if pin_for is not None:
+            insert_ignore(conn, _sql.pins, [{"session_id": pin_for, "chunk_id": ch.chunk_id} for ch in batch])
 
 
 def validate(snapshot: SnapshotRecord, tags: Sequence[str]) -> None:

@@ -288,29 +288,10 @@ class Index(MaintenanceMixin, SharingMixin, CompactionMixin):
             LeaseExpiredError: If the session's lease is no longer valid.
             InvalidInputError: If a chunk claims to live in another pack.
         """
-        strays = [ch.chunk_id for ch in chunks if ch.pack_id != pack.pack_id]
-        if strays:
-            raise InvalidInputError(f"chunk {strays[0]} is not in pack {pack.pack_id}")
+        _commit.check_pack(pack, chunks)
         with self._write(f"add pack {pack.pack_id}") as conn:
             now = check_lease(conn, session_id)
-            created = pack.created_at or now
-            insert_ignore(
-                conn,
-                _sql.packs,
-                [
-                    {
-                        "id": pack.pack_id,
-                        "size": pack.size,
-                        "chunk_count": pack.chunk_count,
-                        "created_at": created,
-                        "loose": pack.loose,
-                    }
-                ],
-            )
-            for batch in batches(chunks):
-                insert_ignore(conn, _sql.chunks, [_convert.chunk_row(ch, created) for ch in batch])
-                pin_rows = [{"session_id": session_id, "chunk_id": ch.chunk_id} for ch in batch]
-                insert_ignore(conn, _sql.pins, pin_rows)
+            _commit.add_pack(conn, pack, chunks, now, pin_for=session_id)
 
     def chunk_locations(self, chunk_ids: Iterable[str]) -> dict[str, ChunkRecord]:
         """Returns where each known chunk among ``chunk_ids`` lives (no pins; for reads).
@@ -340,10 +321,13 @@ class Index(MaintenanceMixin, SharingMixin, CompactionMixin):
         chunk_ids: Iterable[str],
         manifest_size: int,
         tags: Sequence[str] = (),
+        packs: Sequence[tuple[PackRecord, Sequence[ChunkRecord]]] = (),
     ) -> SnapshotRecord:
         """Commits a snapshot in one transaction; the snapshot exists iff this returns.
 
-        In order: the session must be active and unexpired; every chunk id must be in the
+        In order: the session must be active and unexpired; ``packs`` (durable packs this take
+        wrote and did not :meth:`add_pack`: one transaction for both, the last pack of a small
+        take typically) are recorded with their chunks; every chunk id must be in the
         index; the names must keep their meaning (:meth:`check_take`); the run is created if
         missing; ``parent_id`` becomes the run's latest snapshot at commit time (the caller's
         value is ignored); the manifest and its entries are inserted unless the manifest id
@@ -364,9 +348,11 @@ class Index(MaintenanceMixin, SharingMixin, CompactionMixin):
             InvalidInputError: If the run, name or a tag name is invalid.
         """
         ids = unique(chunk_ids)
+        for pack, chunks in packs:
+            _commit.check_pack(pack, chunks)
         with self._write(f"commit snapshot {snapshot.id}") as conn:
             return _commit.commit(
-                conn, session_id, snapshot, entries, ids, manifest_size, list(tags)
+                conn, session_id, snapshot, entries, ids, manifest_size, list(tags), packs
             )
 
     def check_take(self, run: str, tags: Sequence[str] = ()) -> None:

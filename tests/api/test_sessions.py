@@ -1,9 +1,9 @@
 """Write sessions killed mid-take (issue 27, item 8): SIGTERM ends the lease as Ctrl-C does, and
 ``du`` and ``gc`` say which sessions still hold data, whose, and until when.
 
-The children block inside the commit (every pack written and pinned) and are then sent
-SIGTERM or SIGKILL: the first exits 143 with its lease ended, the second leaves a session
-that ``du`` and ``gc`` name.
+The children block inside the commit (every pack written; all but the last, which the commit's
+own transaction records, indexed and pinned) and are then sent SIGTERM or SIGKILL: the first
+exits 143 with its lease ended, the second leaves a session that ``du`` and ``gc`` name.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _interrupted_take(path: Path, sig: int) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def store_path(tmp_path: Path) -> Path:
     path = tmp_path / "s"
-    with ckstore.open(path, create=True) as store:
+    with ckstore.open(path, create=True, chunk_bytes=1024, pack_bytes=8192, inline_bytes=64) as store:
         store.take({"m": ckstore.StateDict(w=torch.zeros(4))}, run="r", step=1)
     return path
 
@@ -75,7 +75,8 @@ def test_sigterm_mid_take_releases_the_lease(store_path, capsys) -> None:
         assert store.repository.index.held_sessions() == []  # ended as aborted: nothing held
         assert [s.step for s in store.log()] == [1]
         report = store.gc(grace_seconds=0)
-        assert report.chunks_removed > 0 and report.sessions_held == []  # reclaimed at once
+        assert report.chunks_removed > 0 and report.orphans_removed == 2  # at once; orphans: the last pack, the manifest
+        assert report.sessions_held == []
     assert cli.main(["--store", str(store_path), "du"]) == 0
     assert "write sessions" not in capsys.readouterr().out
 

@@ -46,8 +46,7 @@ TAKE_POINTS = [
     ("backend.put", "packs/*", 1, "before"),
     ("os.link", None, 1, "before"),  # a pack's temp file written and fsynced, never linked
     ("backend.put", "packs/*", 1, "after"),  # a pack durable, not yet in the index
-    ("index.add_pack", None, 1, "after"),
-    ("backend.put", "packs/*", 2, "after"),
+    ("backend.put", "packs/*", 2, "after"),  # (a take records its packs in the commit's transaction)
     ("index.lookup_chunks", None, 1, "after"),  # chunks pinned, nothing written
     ("backend.put", "manifests/*", 1, "before"),
     ("backend.put", "manifests/*", 1, "after"),  # manifest durable, not committed

@@ -90,11 +90,11 @@ def test_sparse_packs_are_rewritten_and_still_read(store_path):
 def test_orphans_of_a_crashed_take_are_removed_only_when_no_writer_can_own_them(store, monkeypatch):
     _fill(store, 1)
 
-    def crash(*args, **kwargs):  # the take dies after its pack is durable, before indexing it
+    def crash(*args, **kwargs):  # the take dies after its packs are durable, before its commit indexes them
         raise ckstore.errors.IndexError_("simulated crash")
 
     with monkeypatch.context() as m:
-        m.setattr(store.repository.index, "add_pack", crash)
+        m.setattr(store.repository.index, "commit_snapshot", crash)
         with pytest.raises(ckstore.CkstoreError):
             store.take({"s": ckstore.StateDict(x=torch.randn(64, 64))}, run="crash")
     assert store.check().orphan_packs and store.check().ok  # garbage, not damage
