@@ -78,6 +78,11 @@ class Group:
             except Exception:  # noqa: BLE001 - the store is gone: nothing left to tell
                 return
 
+    @property
+    def generation(self) -> int:
+        """The group's generation (the same on every member of this group)."""
+        return self._gen
+
     def enter(self, step: str) -> None:
         """Post the phase this member is entering (named if it fails or stops in it)."""
         try:
@@ -216,16 +221,18 @@ class Group:
         at: dict[int, int] = {}
         dead: list[int] = []
         alive: set[int] = set()
+        phases: dict[int, str] = {}  # the phase each watched rank posted last
         lost_store = False
         while waiting and time.monotonic() < until:
             try:
-                raw = self.store.multi_get([f"{k}/{r}" for r in waiting for k in _KEYS])
+                raw = self.store.multi_get([f"{k}/{r}" for r in waiting for k in (*_KEYS, "phase")])
             except Exception:  # noqa: BLE001 - the store is gone (rank 0 hosts it)
                 lost_store = True
                 break
             now = time.monotonic()
             for i, r in enumerate(list(waiting)):
-                at[r], beat, left = (int(v) for v in raw[3 * i : 3 * i + 3])
+                at[r], beat, left = (int(v) for v in raw[4 * i : 4 * i + 3])
+                phases[r] = raw[4 * i + 3].decode()
                 if left:
                     waiting.remove(r)  # alive: it failed here too, or is done with the group
                 elif r not in last or beat != last[r][0]:
@@ -243,7 +250,6 @@ class Group:
             dead += [r for r in waiting if r in last and now - last[r][1] >= 2 * BEAT_SECONDS and at.get(r, 0) < self.seq]
             waiting = []
         absent = [r for r in waiting if at.get(r, 0) < self.seq]
-        phases = {} if lost_store else dict(enumerate(self.infos("phase")))
         return self._error(what, exc, [
             (sorted(dead), "stopped responding (dead or stopped)"),
             (absent, f"never reached {what} (alive, but in another call such as a barrier)"),

@@ -62,7 +62,7 @@ class Progress:
 @contextmanager
 def progress(group: Group | None, op: str) -> Iterator[Progress]:
     """Count this rank's bytes for ``op``; on rank 0, log every rank's progress meanwhile."""
-    ident = f"{id(group)}:{group.seq}" if group is not None else "local"
+    ident = f"{group.generation}:{group.seq}" if group is not None else "local"  # alike on every member
     p = Progress(op, ident)
     if group is None:
         yield p

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import DistributedError, InvalidInputError
+from ..errors import DistributedError, InvalidInputError, RankLostError
 from ..format.limits import check_number
 from ._group import Group, open_group
 
@@ -376,6 +376,8 @@ def phase(
         comm.enter(step)
     try:
         yield ph
+    except RankLostError:
+        raise  # a collective of the body failed: the group is closed, the error names the culprits
     except Exception as exc:  # noqa: BLE001 - reported to every rank, then raised
         ph.finish(exc)  # raises: this rank failed
         raise
