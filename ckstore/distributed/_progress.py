@@ -20,7 +20,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,6 +44,7 @@ class Progress:
     def __init__(self, op: str, ident: str) -> None:
         self.op, self.ident = op, ident
         self.counts: dict[str, int] = {}
+        self._watched: dict[str, Callable[[], int]] = {}
         self.total = 0  # bytes this rank expects to move in all (0: unknown)
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
@@ -52,10 +53,16 @@ class Progress:
         with self._lock:
             self.counts[what] = self.counts.get(what, 0) + int(nbytes)
 
+    def watch(self, what: str, count: Callable[[], int]) -> None:
+        """A counter read when progress is posted (bytes another component counts)."""
+        with self._lock:
+            self._watched[what] = count
+
     def report(self) -> str:
         """This rank's counters as posted in the store."""
         with self._lock:
-            doc = {"id": self.ident, "t": round(time.monotonic() - self._t0, 2), "c": dict(self.counts), "total": self.total}
+            counts = {**self.counts, **{k: int(f()) for k, f in self._watched.items()}}
+            doc = {"id": self.ident, "t": round(time.monotonic() - self._t0, 2), "c": counts, "total": self.total}
         return json.dumps(doc, separators=(",", ":"))
 
 
