@@ -90,16 +90,20 @@ class Comm:
             or 600).
         purpose: a label keeping apart groups used at the same time by different threads (a
             background take beside a restore in the main thread).
+        members: instead of ``pg``, the global ranks taking part, in their rank order (what a
+            caller knows when it is handed ranks but not the group, as DCP's storage layer is).
 
     Every collective returns or raises :class:`DistributedError` within the timeout (plus a
     few seconds to name the missing ranks); ``err.ranks`` lists them (group ranks).
     """
 
-    def __init__(self, pg: ProcessGroup | None = None, timeout: float | None = None, purpose: str = "sync") -> None:
+    def __init__(
+        self, pg: ProcessGroup | None = None, timeout: float | None = None, purpose: str = "sync", members: list[int] | None = None
+    ) -> None:
         import torch.distributed as dist
 
         self.timeout = dist_timeout(timeout)
-        self.members = members_of(pg)
+        self.members = [int(m) for m in members] if members is not None else members_of(pg)
         me = dist.get_rank()
         if me not in self.members:
             raise InvalidInputError(f"rank {me} is not in the process group passed as pg= ({self.members})")
