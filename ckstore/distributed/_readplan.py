@@ -1,7 +1,7 @@
 """Who reads which chunk in a distributed restore, and how the bytes travel: planned on rank 0.
 
 Every rank numbers the chunks of the manifest the same way (:func:`table_of`: first
-occurrence, manifest order), so what a rank needs is a short list of index runs (a shard of a
+occurrence, keys in sorted order), so what a rank needs is a short list of index runs (a shard of a
 tensor is a run of its chunks; "everything" is one run). Rank 0 gathers those runs, never
 the keys or boxes behind them, and :func:`plan_reads` decides:
 
@@ -27,8 +27,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import blake3
+
 from ..format.dtypes import itemsize
-from ..format.manifest import Manifest, PerRankEntry, TensorEntry
+from ..format.manifest import Manifest, PerRankEntry, TensorEntry, canonical_json
 from ._plan import Loads
 
 ROUND_BYTES = 64 << 20
@@ -49,14 +51,21 @@ class Table:
     keys: tuple[str, ...]  # a key holding the chunk (for messages)
     index: dict[str, int] = field(hash=False, compare=False)
 
+    def digest(self) -> str:
+        """A digest of the numbering (ids and sizes in order): equal on every rank, or a bug."""
+        return blake3.blake3(canonical_json([self.ids, self.sizes])).hexdigest()
+
 
 def table_of(manifest: Manifest) -> Table:
-    """Number every distinct chunk of ``manifest`` by first occurrence in entry order."""
+    """Number every distinct chunk of ``manifest`` by first occurrence, keys in sorted order
+    (a manifest read from the store and the one a take built hold their keys in different
+    orders)."""
     ids: list[str] = []
     sizes: list[int] = []
     keys: list[str] = []
     index: dict[str, int] = {}
-    for key, entry in manifest.entries.items():
+    for key in sorted(manifest.entries):
+        entry = manifest.entries[key]
         tensors = [entry] if isinstance(entry, TensorEntry) else list(entry.tensors()) if isinstance(entry, PerRankEntry) else []
         for t in tensors:
             size = itemsize(t.dtype)

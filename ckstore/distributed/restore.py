@@ -41,7 +41,7 @@ import torch
 from ..engine.config import restore_budget
 from ..engine.fetch import Job, Region
 from ..engine.restore import Prepared, Reader, apply, destination_bytes, prepare, validate
-from ..errors import InvalidInputError
+from ..errors import DistributedError, InvalidInputError
 from ..format.manifest import TensorEntry
 from ..format.tensors import empty_for
 from ._exchange import Exchange
@@ -167,11 +167,15 @@ def _plan(
         plans = validate(reader, app_state, strict)
         targets = _targets(reader, plans)
         table = table_of(reader.manifest)
-        ph.send({"needs": runs_of(table.index[j.cid] for j in targets.jobs), "cap": restore_budget(budget, targets.nbytes)})
+        ph.send({"needs": runs_of(table.index[j.cid] for j in targets.jobs), "cap": restore_budget(budget, targets.nbytes),
+                 "table": table.digest()})
     gathered = ph.received
     with phase(comm, "plan", what, root=0) as ph:
         parts: list[Any] | None = None
         if comm.rank == 0:
+            odd = [r for r, g in enumerate(gathered) if g["table"] != gathered[0]["table"]]
+            if odd:  # the plan numbers chunks alike on every rank: never send bytes on a mismatch
+                raise DistributedError(f"{what}: rank(s) {odd} read another manifest than rank 0", ranks=odd)
             plan = plan_reads([g["needs"] for g in gathered], [g["cap"] for g in gathered], table.sizes, atomic=atomic)
             parts = [p.to_json() for p in plan.parts]
             ph.send(plan.common())

@@ -67,10 +67,12 @@ def counted_restores(rank: int, world: int, path: str) -> dict[str, Any]:
 def resharded_restore(rank: int, world: int, path: str) -> dict[str, Any]:
     """Take DTensors on every rank, restore them into other placements: bytes read per rank."""
     store, counting = _counting(path)
-    store.take({"g": ckstore.StateDict(sc.dtensors(world, True, False))}, run="dt")
+    snap = store.take({"g": ckstore.StateDict(sc.dtensors(world, True, False))}, run="dt")
     dest = ckstore.StateDict(sc.dtensors(world, False, True))
     counting.reset()
-    store.get("dt").restore({"g": dest}, memory_budget=1 << 30)  # a held plan: read once
+    # the snapshot the take returned: rank 0's manifest is the one it built (keys in the state's
+    # order), the others' the one read back (sorted keys); chunks are numbered alike anyway
+    snap.restore({"g": dest}, memory_budget=1 << 30)  # a held plan: read once
     sc.check_global(dest)
     return {"read": _pack_bytes(counting)}
 
