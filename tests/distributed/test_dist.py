@@ -182,6 +182,7 @@ def test_sigkilled_rank_others_fail_within_timeout(tmp_path: Path) -> None:
     for r in (0, 1):
         v = res[r]["value"] if res[r] and res[r]["ok"] else pytest.fail(f"rank {r}: {res[r]}")
         assert v["error"] and v["ranks"] == [2] and "rank(s) [2] stopped responding" in v["error"], v
+        assert "last in phase 'write'" in v["error"], v  # killed while writing its chunks
         assert v["seconds"] < timeout + 5, v  # named within about 3 s of the kill
         print(f"rank {r} raised after {v['seconds']:.1f} s: {v['error'][:200]}")
     with ckstore.open(path) as store:
@@ -199,6 +200,7 @@ def test_stuck_rank_others_fail_at_the_timeout(tmp_path: Path) -> None:
     for r in (0, 1):
         v = values([res[r]])[0]
         assert v["error"] and "timeout 5 s" in v["error"] and v["ranks"] == [2], v  # the stuck rank, named
+        assert "last in phase 'write'" in v["error"], v
         assert timeout - 1 <= v["seconds"] < timeout + 5, v
         print(f"stuck peer: rank {r} raised after {v['seconds']:.1f} s")
     with ckstore.open(path) as store:
