@@ -80,7 +80,7 @@ def restore(
     reader = replace(reader, rank=comm.rank)
     what = f"distributed restore of {reader.where}"
     if comm.world == 1 or mode == "each":
-        with phase(comm, "read", what):
+        with phase(comm, "read", what, collect="none"):
             prepared = prepare(reader, app_state, strict, budget, atomic=atomic)
         apply(prepared, reader)
         return
