@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         path = str(Path(tmp, "store"))
-        with ckstore.open(path) as store:
+        with ckstore.open(path, create=True) as store:
             snap = store.take({"s": state(a.mib, a.tensors)}, run="rep")
             ids = snap.manifest.chunk_ids()
             stored = sum(c.length for c in store.repository.index.all_chunks() if c.chunk_id in ids)

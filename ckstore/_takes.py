@@ -70,6 +70,7 @@ def take(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: Pro
     (unless ``spec.no_dist``), else in this process."""
     from .engine.take import state_dicts
 
+    repo.index.check_take(spec.run, spec.tag_specs)  # a name clash is refused before anything is written
     if _ranks(spec.no_dist):
         from .distributed.comm import Comm
         from .distributed.take import ddp_apps
@@ -88,6 +89,7 @@ def take_async(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, p
     """Return once the state at this call is safe; hash, write and commit in the background."""
     from .engine.take import state_dicts
 
+    repo.index.check_take(spec.run, spec.tag_specs)
     if _ranks(spec.no_dist):
         from .distributed.take import take_async as dist_take_async
 

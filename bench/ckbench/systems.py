@@ -62,7 +62,7 @@ class Ckstore(System):
 
     def store(self, root: Path) -> Any:
         if root not in self.stores:
-            self.stores[root] = self.ck.open(root / "store")
+            self.stores[root] = self.ck.open(root / "store", create=True)
         return self.stores[root]
 
     def app(self, state: dict[str, Any]) -> dict[str, Any]:

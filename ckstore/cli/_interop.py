@@ -15,7 +15,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snap = store.import_checkpoint(
             args.path, run=args.run, step=args.step, tags=args.tags, name=args.name, format=args.format,
-            delta_base=args.delta_base,
+            delta_base=args.delta_base, move_tags=args.move_tags,
         )
         report = {
             "id": snap.id,

@@ -37,6 +37,9 @@ class TakeOptions:
     """Packs written (and fsynced) at once."""
     delta_depth: int = 0
     """Longest delta chain a take may build (0: every chunk is stored whole)."""
+    fast: bool = True
+    """Encode whole chunks with the fast codec (``exp-zstd`` for floats, raw otherwise), as a
+    take does; compaction encodes densely (``fast=False``)."""
 
 
 @dataclass
@@ -141,7 +144,7 @@ class PackPipeline:
         if chunk.base is not None:
             fut = self._pool.submit(_encode_delta, self._store, chunk, buf)
         else:
-            fut = self._pool.submit(objects.encode, chunk.view, chunk.itemsize, chunk.grouped, 1, buf)
+            fut = self._pool.submit(objects.encode, chunk.view, chunk.itemsize, chunk.grouped, 1, buf, self._opts.fast)
         self._encoding.append((chunk, buf, fut))
         while len(self._encoding) > self._window:
             self._add_next()
@@ -203,7 +206,7 @@ class PackPipeline:
         held, self._held = self._held, []
 
         def flush(writer: objects.PackWriter = self._writer) -> None:
-            _flush(writer, self._index, self._session, self._depths)
+            _flush(writer, self._index, self._session, self._depths, self._opts.fast)
             self._free.extend(held)  # the pack is durable: its payload buffers are free
 
         self._flushing.append(self._io.submit(flush))
@@ -218,7 +221,7 @@ def _leaf(key: str) -> str:
     return key.rsplit("/", 1)[-1]
 
 
-_IN_BUFFER = (objects.BYTEGROUP_ZSTD, objects.XOR_BYTEGROUP_ZSTD)
+_IN_BUFFER = (objects.BYTEGROUP_ZSTD, objects.XOR_BYTEGROUP_ZSTD, objects.EXP_ZSTD)
 """Codecs whose payload may be a view into the recycled encode buffer."""
 
 
@@ -264,13 +267,14 @@ def _scratch(kind: str, n: int) -> np.ndarray:
     return buf
 
 
-def _flush(writer: objects.PackWriter, index: WriteIndex, session: str, depths: dict[str, int] | None = None) -> None:
+def _flush(writer: objects.PackWriter, index: WriteIndex, session: str, depths: dict[str, int] | None = None,
+           loose: bool = False) -> None:
     done = writer.finish()
     if done is None:
         return
     pack_id, size, locs = done
     chunks = to_records(locs, depths)
-    index.add_pack(session, PackRecord(pack_id, size, len(chunks), time.time()), chunks)
+    index.add_pack(session, PackRecord(pack_id, size, len(chunks), time.time(), loose=loose), chunks)
 
 
 def batches(chunks: list[Chunk], max_bytes: int, max_count: int, first_bytes: int | None = None) -> Iterator[list[Chunk]]:

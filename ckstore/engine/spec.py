@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import InvalidInputError
 from ..format.limits import INT64_MAX, check_int, check_metadata, check_number
 from ..format.manifest import canonical_json, snapshot_header
-from ..index import validate_name
+from ..index import tag_specs, validate_name
 from .config import check_delta_base
 
 
@@ -39,6 +39,8 @@ class TakeSpec:
         staging_budget: bytes an asynchronous take may copy (None: the store's default).
         no_dist: take in this process alone, even under torch.distributed (what a hook called
             on one rank only needs, as DCP's ``no_dist``).
+        move_tags: move a tag that already exists to this snapshot (otherwise the take is
+            refused, as ``tag`` without ``force``).
     """
 
     run: str = "default"
@@ -51,6 +53,7 @@ class TakeSpec:
     dist_timeout: float | None = None
     staging_budget: int | None = None
     no_dist: bool = False
+    move_tags: bool = False
 
     @classmethod
     def of(
@@ -66,6 +69,7 @@ class TakeSpec:
         dist_timeout: float | None = None,
         staging_budget: int | None = None,
         no_dist: bool = False,
+        move_tags: bool = False,
     ) -> TakeSpec:
         """Check every argument and build the description.
 
@@ -91,11 +95,17 @@ class TakeSpec:
             staging_budget = check_int("staging_budget", staging_budget)
         meta = _json_metadata(metadata)
         return cls(run, step, tag_names, MappingProxyType(meta), name, check_delta_base(delta_base),
-                   globs, dist_timeout, staging_budget, bool(no_dist))
+                   globs, dist_timeout, staging_budget, bool(no_dist), bool(move_tags))
 
     def evolve(self, **changes: Any) -> TakeSpec:
         """This description with ``changes`` (arguments of :meth:`of`), checked again."""
         return TakeSpec.of(**{**self._fields(), **changes})
+
+    @property
+    def tag_specs(self) -> tuple[str, ...]:
+        """The tags as the commit takes them: ``"+name"`` may move an existing tag, ``"name"``
+        may only create one (``ckstore.index.tag_specs``)."""
+        return tag_specs(self.tags, self.move_tags)
 
     def without_deltas(self) -> TakeSpec:
         """The same take storing every chunk whole."""
@@ -114,7 +124,8 @@ class TakeSpec:
     def _fields(self) -> dict[str, Any]:
         return {"run": self.run, "step": self.step, "tags": self.tags, "metadata": dict(self.metadata),
                 "name": self.name, "delta_base": self.delta_base, "replicated": self.replicated,
-                "dist_timeout": self.dist_timeout, "staging_budget": self.staging_budget, "no_dist": self.no_dist}
+                "dist_timeout": self.dist_timeout, "staging_budget": self.staging_budget, "no_dist": self.no_dist,
+                "move_tags": self.move_tags}
 
 
 def _rebuild(fields: dict[str, Any]) -> TakeSpec:

@@ -66,6 +66,9 @@ class GCReport:
     """When the grace period of the youngest of them ends (Unix time; None: nothing kept).
     A gc after it prunes those chunks and deletes those packs; a pack that the pruning empties
     is retired then and deleted one grace period later (a reader may still be using it)."""
+    sessions_held: list[dict[str, Any]] = field(default_factory=list)
+    """Write sessions still active after this gc (``HeldSession.to_dict``): a take running,
+    or one killed before it could end its lease, whose bytes gc leaves until the lease ends."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,12 +112,14 @@ def gc(
     if dry_run:
         _estimate(store, report, cutoff, dropped)
         _grace_kept(store, report, cutoff, dropped)
+        report.sessions_held = [h.to_dict(now) for h in store.index.held_sessions()]
         return report
     report.sessions_expired = store.index.expire_sessions(now)
+    report.sessions_held = [h.to_dict(now) for h in store.index.held_sessions()]
     removed = store.index.prune_chunks(cutoff)
     report.chunks_removed = len(removed)
     report.chunk_bytes_removed = sum(c.length for c in removed)
-    _compact_packs(store, report, cutoff, repack_below)
+    _repack_sparse(store, report, cutoff, repack_below)
     _delete_retired(store, report, time.time() - grace_seconds)
     for mid in store.index.prune_manifests(cutoff):
         store.objects.delete_blob("manifests", mid)
@@ -155,7 +160,7 @@ def _grace_kept(store: Repository, report: GCReport, cutoff: float, dropped: lis
     report.grace_expires_at = max(ends) if ends else None
 
 
-def _compact_packs(store: Repository, report: GCReport, cutoff: float, repack_below: float) -> None:
+def _repack_sparse(store: Repository, report: GCReport, cutoff: float, repack_below: float) -> None:
     usage = [u for u in store.index.pack_usage() if u.retired_at is None]
     dead = [u.pack_id for u in usage if u.live_chunks == 0]
     report.packs_retired += len(store.index.retire_packs(dead))
@@ -164,7 +169,7 @@ def _compact_packs(store: Repository, report: GCReport, cutoff: float, repack_be
     sparse = [u for u in usage if 0 < u.live_chunks < u.chunk_count and u.created_at < cutoff
               and u.live_bytes < repack_below * _payload(u)]
     for u in sparse:
-        if _rewrite_pack(store, u.pack_id):
+        if _rewrite_pack(store, u.pack_id, u.loose):
             report.packs_rewritten += 1
             report.packs_retired += len(store.index.retire_packs([u.pack_id]))
 
@@ -173,11 +178,12 @@ def _payload(u: PackUsage) -> int:
     return max(1, u.size - objects.pack_overhead(u.chunk_count, deltas=True))  # v2 entries: never more than the payload
 
 
-def _rewrite_pack(store: Repository, pack_id: str) -> bool:
+def _rewrite_pack(store: Repository, pack_id: str, loose: bool) -> bool:
     """Copy a pack's live chunks (verified) into a new pack and switch the index to it.
 
     Payloads are copied as they are: a delta stays a delta against the same base (which the
-    index keeps while the delta lives), so its chain, and every chain through it, reads the same.
+    index keeps while the delta lives), so its chain, and every chain through it, reads the same;
+    a loose pack's chunks stay loose (compaction rewrites them once no newest snapshot uses them).
     """
     live = [c for c in store.index.all_chunks() if c.pack_id == pack_id]
     if not live:
@@ -198,7 +204,7 @@ def _rewrite_pack(store: Repository, pack_id: str) -> bool:
     assert done is not None
     new_id, size, locs = done
     moves = to_records(locs)
-    store.index.relocate_chunks(PackRecord(new_id, size, len(moves), time.time()), moves, pack_id)
+    store.index.relocate_chunks(PackRecord(new_id, size, len(moves), time.time(), loose=loose), moves, pack_id)
     return True
 
 

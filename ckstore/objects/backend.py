@@ -9,10 +9,17 @@ one from a URL.
 from __future__ import annotations
 
 import abc
+import errno
 from collections.abc import Iterator, Sequence
 from typing import Union
 
-from ckstore.errors import CorruptionError, InvalidInputError, ObjectNotFoundError
+from ckstore.errors import (
+    CorruptionError,
+    InvalidInputError,
+    NoSpaceError,
+    ObjectNotFoundError,
+    StorageError,
+)
 
 Buffer = Union[bytes, bytearray, memoryview]
 """A contiguous byte buffer accepted by :meth:`Backend.put`."""
@@ -96,6 +103,26 @@ def check_range(offset: int, length: int | None) -> None:
     """
     if offset < 0 or (length is not None and length < 0):
         raise InvalidInputError(f"bad byte range: offset={offset}, length={length}")
+
+
+_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+NO_SPACE_ADVICE = (
+    "the take, import or gc writing it stops, and nothing was committed (no snapshot is added, "
+    "no tag moves); what it wrote so far is unreferenced and `ckstore gc` reclaims it once the "
+    "writer has ended (at once with `ckstore gc --grace 0s` when no other take or restore is "
+    "running; gc needs a little free space for the index itself). Free some space (or delete "
+    "old snapshots and gc), then take again"
+)
+"""What a "disk full" error adds: nothing was committed, and how to get the space back."""
+
+
+def write_failed(name: str, url: str, exc: BaseException) -> StorageError:
+    """The error for a failed write of object ``name``: NoSpaceError when the disk or quota is
+    full (saying that nothing was committed and that gc reclaims what was written)."""
+    if isinstance(exc, OSError) and exc.errno in _FULL:
+        return NoSpaceError(f"no space left to write object {name!r} in store {url} ({exc.strerror}): {NO_SPACE_ADVICE}")
+    return StorageError(f"cannot write object {name!r} in store {url}: {exc}")
 
 
 def not_found(name: str, url: str) -> ObjectNotFoundError:

@@ -24,6 +24,7 @@ from ckstore.objects.backend import (
     truncated,
     validate_name,
     validate_prefix,
+    write_failed,
 )
 
 _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK}
@@ -95,7 +96,7 @@ class LocalBackend(Backend):
             self._write_durably(tmp, views)
             created = self._publish(tmp, path)
         except OSError as exc:
-            raise StorageError(f"cannot write object {name!r} in store {self.url}: {exc}") from exc
+            raise write_failed(name, self.url, exc) from exc
         finally:
             try:
                 os.unlink(tmp)

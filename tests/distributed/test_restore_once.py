@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 def replicated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("once")
     path = str(tmp / "store")
-    with ckstore.open(path, **rs.SMALL) as store:
+    with ckstore.open(path, **rs.SMALL, create=True) as store:
         snap = store.take({"s": rs.replicated_state()}, run="rep")
         ids = snap.manifest.chunk_ids()
         stored = sum(c.length for c in store.repository.index.all_chunks() if c.chunk_id in ids)
@@ -49,7 +49,7 @@ def test_each_chunk_read_once_spread_over_the_ranks(replicated: dict[str, Any]) 
 
 def test_resharded_restore_reads_each_chunk_once(tmp_path: Path) -> None:
     path = str(tmp_path / "store")
-    ckstore.open(path, **sc.TINY).close()
+    ckstore.open(path, **sc.TINY, create=True).close()
     res = values(run_ranks(rs.resharded_restore, 4, tmp_path, path))
     with ckstore.open(path) as store:
         ids = store.get("dt").manifest.chunk_ids()

@@ -80,13 +80,13 @@ def build(path: Path) -> dict[str, str]:
     model = TinyLM()
     ids: dict[str, str] = {}
     box: dict[str, Any] = {}
-    with ckstore.open(path, **TINY) as store, recording(box):
+    with ckstore.open(path, create=True, **TINY) as store, recording(box):
         for step in range(0, 5):
             if step:
                 nudge(model, 0.02)
             ids[f"base@{step}"] = store.take({"model": model}, run="base", step=step,
                                              metadata={"loss": 3.0 - 0.4 * step}).id
-        store.tag("base@4", "base")
+        store.tag("base@4", "base-model")
         base_state = {k: v.clone() for k, v in model.state_dict().items()}
         # sft: the backbone (embed, layers 0-1) frozen, so its chunks are the base's
         frozen = [f"model/{k}" for k in model.state_dict() if k.startswith(("embed", "layers.0", "layers.1"))]

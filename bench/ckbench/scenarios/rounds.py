@@ -126,7 +126,7 @@ def async_take(b: Bench, r: int) -> None:
     """ckstore's async_take into a fresh store: the time it blocks and the time until done."""
     ck = b.ckstore()
     root = b.fresh(f"round{r}", "ckstore_async")
-    store = ck.ck.open(root / "store")
+    store = ck.ck.open(root / "store", create=True)
     try:
         gc.collect()
         t0 = time.perf_counter()
