@@ -173,7 +173,7 @@ class Exchange:
             _lay_out(rview, at, sorted(inn.get(s, ())), sizes, s, rslots, rprints)
             got += [(i, s, rslots[(s, i)], int.from_bytes(rprints[(s, i)], "little")) for i in sorted(inn.get(s, ()))]
             at += recv_splits[s]
-        self.progress.add("received", len(recv) - WORD * world)
+        self.progress.add("received", sum(len(data) for _, _, data, _ in got))
         if self.error is None and not self.stopped:
             self._guard(lambda: self._take(got))
 
@@ -193,8 +193,8 @@ class Exchange:
             self.stopped = True  # the reader failed: every rank saw it
             return
         if me != src:
-            self.progress.add("received", len(buf))
             mine = [(i, src, slots[(0, i)], int.from_bytes(prints[(0, i)], "little")) for i in indices if i in self.need]
+            self.progress.add("received", sum(len(data) for _, _, data, _ in mine))
             if self.error is None:
                 self._guard(lambda: self._take(mine))
 

@@ -133,7 +133,8 @@ def _restore_once(
     try:
         x = Exchange(comm, fetcher, table, part, common, targets.jobs, prog, "read" if held or not atomic else "broadcast", held)
         own = x.own_jobs()
-        prog.total = sum(table.sizes[i] for i in x.sent() | {table.index[j.cid] for j in own})
+        reads = x.sent() | {table.index[j.cid] for j in own}
+        prog.total = sum(table.sizes[i] for i in reads) + sum(table.sizes[i] for i in x.received())
         with phase(comm, "read", what, collect="none"):
             if atomic:
                 arena = fetcher.verify(own, max(0, cap - x.held_bytes()) if held else cap)
