@@ -104,23 +104,25 @@ class StoredSnapshot(SnapshotFields):
         nothing is staged. Use it to load into a freshly built model at start-up, where a
         failed restore ends the process anyway.
 
-        With ``torch.distributed`` initialised, call it on every rank: each rank reads only
-        the part its destination needs (its DTensor shard, whatever the world size and
-        placement at take time; whole plain tensors; its own rank's per-rank values), and
-        either every rank loads or every rank raises DistributedError. ``pg`` (default: the
-        ``pg`` this handle was opened with, else every rank) limits the restore to a group's
-        members; ranks are then ranks within ``pg``.
+        With ``torch.distributed`` initialised, call it on every rank: each rank gets the part
+        its destination needs (its DTensor shard, whatever the world size and placement at take
+        time; whole plain tensors; its own rank's per-rank values), every distinct chunk is
+        read once in the whole job by one rank (balanced by bytes) and sent to the ranks that
+        need it, and either every rank loads or every rank raises DistributedError. Atomic
+        across ranks: nothing is written anywhere before every chunk has been verified by its
+        reader and every rank agreed; when what a rank receives fits ``memory_budget``, before
+        every rank also holds all its bytes. ``pg`` (default: the ``pg`` this handle was
+        opened with, else every rank) limits the restore to a group's members; ranks are then
+        ranks within ``pg``.
         With ``strict=False``, a rank that has no stored value for a per-rank entry (the take
         had fewer ranks, e.g. 2 -> 3) keeps its destination as it is and logs the skipped keys
         (logger ``"ckstore"``); an app with nothing left to load (an :class:`RNGState` on such
         a rank) is not loaded at all. ``RNGState`` entries are loaded after every other one.
         A snapshot written by ``dcp.save`` is restored by mapping each app's state dict onto
         DCP's keys (see :mod:`ckstore.engine.dcp_keys`).
-        ``replicated_read`` (default ``$CKSTORE_REPLICATED_READ`` or ``"each"``) picks how
-        entries that every rank needs whole as plain tensors (DDP-style replicas) are read:
-        ``"each"``, every rank reads them; ``"broadcast"``, rank 0 reads and verifies them and
-        broadcasts them to the other ranks, which read none of their chunks (the broadcast
-        tensors are staged, so they count against ``memory_budget``).
+        ``replicated_read`` (default ``$CKSTORE_REPLICATED_READ`` or ``"once"``): ``"once"``
+        reads each chunk once in the job as above (``"broadcast"`` means the same); ``"each"``
+        lets every rank read everything it needs itself (no exchange).
 
         Raises:
             UnsupportedValueError: an app_state value is not stateful (also a TypeError).

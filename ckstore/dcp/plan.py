@@ -79,8 +79,8 @@ def the_coordinator(gathered: list[dict[str, Any]]) -> int:
     ranks = [r for r, g in enumerate(gathered) if g.get("coordinator")]
     if len(ranks) != 1:
         raise DistributedError(
-            f"dcp.save into ckstore: {len(ranks)} ranks call themselves DCP's coordinator (only process "
-            "groups spanning every rank are supported)"
+            f"dcp.save into ckstore: {len(ranks)} ranks of the save call themselves DCP's coordinator "
+            "(exactly one must: the same coordinator_rank on every rank of the process group)"
         )
     return ranks[0]
 

@@ -49,7 +49,11 @@ class StorageWriter(_DcpStorageWriter):
             ``run``. Checked when the save starts and again just before it commits.
         index, storage_options: for a store given by URL (an open store's are reused).
 
-    ``dcp.save(..., checkpoint_id="run" or "run@step")`` overrides run/step.
+    ``dcp.save(..., checkpoint_id="run" or "run@step")`` overrides run/step. With
+    ``dcp.save(..., process_group=pg)`` only ``pg``'s ranks take part (the snapshot's ranks are
+    theirs; other ranks may do anything meanwhile): DCP hands the storage layer only a rank
+    within ``pg``, so each rank tags its local plan with its global rank and the coordinator
+    sends every rank the list (``prepare_local_plan`` / ``prepare_global_plan``).
     After a save, :attr:`snapshot` (coordinator) is the committed :class:`ckstore.Snapshot`.
     The writer pickles (for ``dcp.async_save`` with the process executor): it carries the
     store URL, index URL and options and reopens the store in the other process; there
@@ -142,37 +146,48 @@ class StorageWriter(_DcpStorageWriter):
         if not kwargs.get("use_collectives", True):
             raise InvalidInputError("ckstore's DCP StorageWriter needs dcp.save(use_collectives=True)")
         self.is_coordinator = bool(is_coordinator)
-        self.rank = int(kwargs.get("rank") or 0)
+        self.rank = int(kwargs.get("rank") or 0)  # within dcp.save's process_group
         self._figures = {}
         self.snapshot = None
         self._comm = None
         self._world = 1
         self._refuse_existing()  # every rank sees the same index: all refuse, before any collective
-        if is_distributed():
-            import torch.distributed as dist
-
-            if kwargs.get("rank") is not None and int(kwargs["rank"]) != dist.get_rank():
-                raise InvalidInputError(
-                    "ckstore's DCP StorageWriter needs dcp.save over every rank (no process_group "
-                    "sub-group); to checkpoint a sub-group use Snapshot.take(pg=...) or store.take(pg=...)"
-                )
-            if dist.get_world_size() > 1:
-                self._comm = Comm(None, self.spec.dist_timeout, purpose="dcp")  # every rank is here; a group of its own (async_save runs in a thread)
-                self._world = self._comm.world
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        return plan
+        """Tag the plan with this process's global rank: DCP hands the storage layer its rank
+        within ``dcp.save``'s process group, never the group itself."""
+        import dataclasses
+
+        rank = _global_rank()
+        return dataclasses.replace(plan, storage_data={_RANK: rank}) if rank is not None else plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        return plans
+        """The coordinator learns the save's ranks from the plans and tells every rank."""
+        import dataclasses
+
+        ranks = [p.storage_data.get(_RANK) if isinstance(p.storage_data, dict) else None for p in plans]
+        if any(r is None for r in ranks):
+            return plans  # not distributed (or plans cached by the planner: their tags stay)
+        return [dataclasses.replace(p, storage_data={_MEMBERS: ranks}) if p.usable else p for p in plans]
+
+    def _open_comm(self, plan: SavePlan) -> Comm | None:
+        """The save's ranks (from the plan) as a group of their own; None for one process."""
+        members = plan.storage_data.get(_MEMBERS) if isinstance(plan.storage_data, dict) else None
+        if not is_distributed() or members is None or len(members) <= 1:
+            return None
+        comm = Comm(None, self.spec.dist_timeout, purpose="dcp", members=members)  # a group of its own (async_save runs in a thread)
+        if comm.rank != self.rank:
+            raise InvalidInputError(f"dcp.save gave this rank the group rank {self.rank}, its plan says {comm.rank}")
+        return comm
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        comm = self._comm
+        comm = self._comm = self._open_comm(plan)
+        self._world = comm.world if comm is not None else 1
         t = LocalTake(self.store.repository, self.spec).open()
         keep = False
         try:
             # 1. cut on the global grid and hash (local); one writer per distinct chunk id
-            with phase(comm, "dcp.save (hashing)", "dcp.save into ckstore (hashing)") as ph:
+            with phase(comm, "hash", "dcp.save into ckstore (hash)") as ph:
                 results, chunks = cut_items(plan.items, planner, t.opts)
                 t.hash(chunks)
                 fill_ids(results, chunks)
@@ -180,7 +195,7 @@ class StorageWriter(_DcpStorageWriter):
             coordinator = the_coordinator(ph.received) if comm is not None else 0
             who = owners([dict(g["ids"]) for g in ph.received])
             # 2. write what the store lacks, in this rank's session; 3. hand the pins over
-            with phase(comm, "dcp.save (writing chunks)", "dcp.save into ckstore (writing)") as ph:
+            with phase(comm, "write", "dcp.save into ckstore (write)") as ph:
                 t.store([c for c in chunks if who[c.id] == (comm.rank if comm is not None else 0)], hashed=True)
                 ph.send(t.stats.figures())
             self._figures = {k: sum(f[k] for f in ph.received) for k in ("new_bytes", "new_chunks", "reused_chunks")}
@@ -197,7 +212,7 @@ class StorageWriter(_DcpStorageWriter):
     def _hand_over(self, comm: Comm, t: LocalTake, coordinator: int, every: list[str]) -> bool:
         """All ranks wrote: the coordinator pins every chunk of the save, then the others end
         their sessions. Returns True on the coordinator (it keeps its session for ``finish``)."""
-        with phase(comm, "dcp.save (hand-over)", "dcp.save into ckstore (hand-over)", root=coordinator):
+        with phase(comm, "commit", "dcp.save into ckstore (hand-over to the coordinator)", root=coordinator):
             if comm.rank == coordinator:
                 lost = set(every) - t.pin(every)
                 if lost:
@@ -228,6 +243,17 @@ class StorageWriter(_DcpStorageWriter):
     def close(self) -> None:
         """Abort a save that wrote but was never finished (idempotent)."""
         _abort_all(self._held)
+
+
+_RANK, _MEMBERS = "ckstore_rank", "ckstore_members"
+
+
+def _global_rank() -> int | None:
+    if not is_distributed():
+        return None
+    import torch.distributed as dist
+
+    return int(dist.get_rank())
 
 
 def _abort_all(held: list[LocalTake]) -> None:

@@ -36,6 +36,7 @@ class Leaf:
     desc: dict[str, Any]
     tensor: torch.Tensor | None = None  # CPU data: the local shard of a DTensor, or the whole tensor
     box: Box | None = None  # a DTensor shard's region
+    replicas: list[int] = field(default_factory=list)  # a DTensor: ranks of the take holding the same box
 
 
 @dataclass
@@ -51,8 +52,14 @@ def ddp_apps(app_state: Mapping[str, Any]) -> set[str]:
     return {name for name, obj in app_state.items() if isinstance(obj, DistributedDataParallel)}
 
 
-def classify(states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], opts: TakeOptions) -> Local:
-    """Flatten and describe every leaf of this rank's state."""
+def classify(
+    states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], opts: TakeOptions, members: list[int] | None = None
+) -> Local:
+    """Flatten and describe every leaf of this rank's state.
+
+    ``members``: the global ranks of the take, in its rank order (None: every rank); a
+    DTensor's ``replicas`` are given as ranks within the take.
+    """
     out = Local(apps={}, leaves={})
     for app, sd in states.items():
         flat = flatten(app, sd)
@@ -68,7 +75,7 @@ def classify(states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], o
                     "t": DTENSOR, "dtype": dtype_name(t.dtype, key), "shape": list(value.shape),
                     "box": [list(box[0]), list(box[1])], "container": "torch", "device": str(value.device),
                 }
-                out.leaves[key] = Leaf(DTENSOR, desc, t, box)
+                out.leaves[key] = Leaf(DTENSOR, desc, t, box, replica_ranks(value, key, members))
             elif is_array(value):
                 container = "torch" if isinstance(value, torch.Tensor) else "numpy"
                 device = str(value.device) if isinstance(value, torch.Tensor) else "cpu"
@@ -81,6 +88,27 @@ def classify(states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], o
             else:
                 out.leaves[key] = Leaf(VALUE, {"t": VALUE, "value": encode_value(value, key)})
     return out
+
+
+def replica_ranks(value: Any, key: str, members: list[int] | None) -> list[int]:
+    """The ranks of the take holding the same box of DTensor ``value`` as this one: those
+    whose mesh coordinates differ only along dimensions it is replicated over.
+
+    Raises:
+        UnsupportedValueError: the DTensor's mesh is not exactly the take's ranks.
+    """
+    mesh = value.device_mesh
+    ranks = [int(r) for r in mesh.mesh.flatten().tolist()]
+    if members is not None and sorted(ranks) != sorted(members):
+        raise UnsupportedValueError(
+            f"key {key!r}: a DTensor on a device mesh of ranks {sorted(ranks)[:8]} cannot be taken by "
+            f"ranks {sorted(members)[:8]} (the mesh must span exactly the ranks taking part)"
+        )
+    coord = mesh.get_coordinate()
+    index = tuple(slice(None) if type(p).__name__ == "Replicate" else c for p, c in zip(value.placements, coord))
+    same = [int(r) for r in mesh.mesh[index].flatten().tolist()]
+    where = members if members is not None else list(range(max(ranks) + 1))
+    return sorted(where.index(r) for r in same)
 
 
 def demote_mixed(descs: list[dict[str, Any]]) -> list[str]:

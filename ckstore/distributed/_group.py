@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ BEAT_SECONDS = 1.0  # heartbeat period of an open group's members
 STALL_CHECK_SECONDS = 3.0  # how long a heartbeat must stand still to count as stopped
 _POLL_MAX = 0.05  # longest sleep between polls of the store while opening a group
 _KEYS = ("at", "beat", "left")  # per-member keys: last collective reached, heartbeat, done
+_INFO = ("phase", "prog")  # per-member keys: the phase it is in, its progress (see ``_progress``)
 
 # (default group, members, timeout, purpose) -> the open group
 _GROUPS: dict[tuple[Any, ...], Group] = {}
@@ -47,6 +49,7 @@ class Group:
         self.store: Any = dist.PrefixStore(name + "/", store)
         self.seq = 0
         self.broken = False
+        self.report: Callable[[], str] | None = None  # this member's progress, posted with its beat
         try:
             self._arrive()
             try:
@@ -63,11 +66,36 @@ class Group:
 
     def _beat_loop(self) -> None:
         """Bump this member's heartbeat every second until the group closes."""
+        posted = ""
         while not self._stop.wait(BEAT_SECONDS):
             try:
                 self.store.add(f"beat/{self.rank}", 1)
+                report = self.report
+                now = report() if report is not None else ""
+                if now != posted:
+                    self.store.set(f"prog/{self.rank}", now)
+                    posted = now
             except Exception:  # noqa: BLE001 - the store is gone: nothing left to tell
                 return
+
+    @property
+    def generation(self) -> int:
+        """The group's generation (the same on every member of this group)."""
+        return self._gen
+
+    def enter(self, step: str) -> None:
+        """Post the phase this member is entering (named if it fails or stops in it)."""
+        try:
+            self.store.set(f"phase/{self.rank}", step)
+        except Exception:  # noqa: BLE001 - the store is gone: the next collective says so
+            pass
+
+    def infos(self, key: str) -> list[str]:
+        """Every member's ``phase`` or ``prog`` key, in member order ("" where unknown)."""
+        try:
+            return [v.decode() for v in self.store.multi_get([f"{key}/{r}" for r in range(len(self.members))])]
+        except Exception:  # noqa: BLE001 - the store is gone (rank 0 hosts it)
+            return [""] * len(self.members)
 
     def close(self) -> None:
         """Stop the heartbeat and post ``left/<rank>`` (alive, but done with the group)."""
@@ -98,7 +126,7 @@ class Group:
         """
         what = "opening the ckstore process group"
         try:
-            self.store.multi_set([f"{k}/{self.rank}" for k in _KEYS], ["0"] * len(_KEYS))
+            self.store.multi_set([f"{k}/{self.rank}" for k in _KEYS + _INFO], ["0"] * len(_KEYS) + [""] * len(_INFO))
             self.store.set(f"here/{self.rank}", "1")
             self.store.add("arrived", 1)
             deadline = time.monotonic() + self.timeout
@@ -114,7 +142,7 @@ class Group:
         except Exception as exc:  # noqa: BLE001 - the store itself is gone (rank 0 died)
             raise self._error(what, exc, []) from exc
 
-    # --- collectives -------------------------------------------------------------------------
+    # --- collectives (each returns gloo's Work; run them through :meth:`run`) ----------------
     def broadcast(self, tensor: torch.Tensor, src: int) -> Any:
         import torch.distributed as dist
 
@@ -122,6 +150,36 @@ class Group:
         opts.rootRank = src
         opts.rootTensor = 0
         return self.pg.broadcast([tensor], opts)
+
+    def allreduce_max(self, tensor: torch.Tensor) -> Any:
+        import torch.distributed as dist
+
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]  # the enum value is what gloo takes
+        return self.pg.allreduce([tensor], opts)
+
+    def gather(self, outs: list[torch.Tensor], tensor: torch.Tensor, root: int) -> Any:
+        """``outs`` (one per member, on ``root`` only; else empty) receive every ``tensor``."""
+        import torch.distributed as dist
+
+        opts = dist.GatherOptions()
+        opts.rootRank = root
+        return self.pg.gather([outs] if self.rank == root else [], [tensor], opts)
+
+    def scatter(self, out: torch.Tensor, ins: list[torch.Tensor], root: int) -> Any:
+        """``out`` receives ``ins[rank]`` of ``root`` (``ins``: one per member, on root only)."""
+        import torch.distributed as dist
+
+        opts = dist.ScatterOptions()
+        opts.rootRank = root
+        return self.pg.scatter([out], [ins] if self.rank == root else [], opts)
+
+    def alltoall(self, recv: torch.Tensor, send: torch.Tensor, recv_splits: list[int], send_splits: list[int]) -> Any:
+        """Member ``r`` gets ``send_splits[r]`` bytes of ``send`` (in member order); ``recv``
+        holds what each member sent here, ``recv_splits[r]`` bytes from member ``r``."""
+        import torch.distributed as dist
+
+        return self.pg.alltoall_base(recv, send, recv_splits, send_splits, dist.AllToAllOptions())
 
     def run(self, what: str, start: Any) -> None:
         """Run one collective (``start()`` returns its Work), naming the culprits if it fails."""
@@ -163,16 +221,18 @@ class Group:
         at: dict[int, int] = {}
         dead: list[int] = []
         alive: set[int] = set()
+        phases: dict[int, str] = {}  # the phase each watched rank posted last
         lost_store = False
         while waiting and time.monotonic() < until:
             try:
-                raw = self.store.multi_get([f"{k}/{r}" for r in waiting for k in _KEYS])
+                raw = self.store.multi_get([f"{k}/{r}" for r in waiting for k in (*_KEYS, "phase")])
             except Exception:  # noqa: BLE001 - the store is gone (rank 0 hosts it)
                 lost_store = True
                 break
             now = time.monotonic()
             for i, r in enumerate(list(waiting)):
-                at[r], beat, left = (int(v) for v in raw[3 * i : 3 * i + 3])
+                at[r], beat, left = (int(v) for v in raw[4 * i : 4 * i + 3])
+                phases[r] = raw[4 * i + 3].decode()
                 if left:
                     waiting.remove(r)  # alive: it failed here too, or is done with the group
                 elif r not in last or beat != last[r][0]:
@@ -190,16 +250,24 @@ class Group:
             dead += [r for r in waiting if r in last and now - last[r][1] >= 2 * BEAT_SECONDS and at.get(r, 0) < self.seq]
             waiting = []
         absent = [r for r in waiting if at.get(r, 0) < self.seq]
-        return self._error(what, exc, [(sorted(dead), "stopped responding (dead or stopped)"), (absent, f"never reached {what} (alive, but in another call such as a barrier)")])
+        return self._error(what, exc, [
+            (sorted(dead), "stopped responding (dead or stopped)"),
+            (absent, f"never reached {what} (alive, but in another call such as a barrier)"),
+        ], phases)
 
-    def _error(self, what: str, exc: BaseException | None, culprits: list[tuple[list[int], str]]) -> RankLostError:
-        """A RankLostError naming ``culprits`` (lists of ranks, each with how it failed)."""
+    def _error(
+        self, what: str, exc: BaseException | None, culprits: list[tuple[list[int], str]], phases: dict[int, str] | None = None
+    ) -> RankLostError:
+        """A RankLostError naming ``culprits`` (lists of ranks, each with how it failed), and the
+        phase each was last in (``phases``, from the members' ``phase`` keys) when known."""
         whole = self.members == list(range(len(self.members)))
         parts = []
         for ranks, how in culprits:
             if ranks:
                 glob = "" if whole else f" (global rank(s) {[self.members[r] for r in ranks]})"
-                parts.append(f"rank(s) {ranks}{glob} {how}")
+                where = sorted({phases.get(r, "") for r in ranks} - {""}) if phases else []
+                last = f", last in phase {', '.join(repr(p) for p in where)}" if where else ""
+                parts.append(f"rank(s) {ranks}{glob} {how}{last}")
         who = "; ".join(parts) if parts else "could not tell which rank failed"
         cause = ""
         if exc is not None:

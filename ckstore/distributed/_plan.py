@@ -1,27 +1,32 @@
-"""The planning step of a distributed take, and a cache of plans across takes of one layout.
+"""The planning step of a distributed take, flat in world size, and a cache of plans.
 
-A plan says, from every rank's gathered leaf descriptions, which keys the snapshot holds (rank
-0's order), which keys some ranks mark replicated and others not (kept per rank), and which
-pieces of the DTensor and replicated tensors each rank hashes and writes. It depends only on
-the *layout*: each rank's container tree, and per leaf its kind, dtype, shape, DTensor box and
-whether it is inlined; never on values or tensor bytes. A training loop takes the same layout
-again and again, so the plan is cached under a digest of every rank's layout digest (each rank
-computes its own with :func:`layout_digest` before the gather), the world size and the knobs
-that shape the grid. A hit skips the structure check and the assignment; it never changes the
-result (the plan is a pure function of what the key digests), and a changed layout on any
-rank is a different key.
+No rank sends its leaf descriptions anywhere. Each rank plans its own part from what it
+holds, and the ranks agree through two small all-reduces (``Comm.all_reduce_max``):
 
-Assignment is greedy by bytes: each piece goes to the least-loaded rank (ties: lowest rank)
-among those that hold it. A piece every rank holds (replicated tensors) takes the least-loaded
-rank from a heap with lazy deletion, in O(log world), not a scan of every rank.
+1. :func:`header`: a digest of what must be the same on every rank (the container tree, so the
+   keys and their order; each DTensor key's dtype and global shape). Equal everywhere iff the
+   maximum of it and of its negation agree. On a mismatch the ranks' descriptions are
+   gathered (the error path only) to say which rank differs and how.
+2. :func:`key_vector`: per key, whether this rank marks it replicated, whether it holds a plain
+   value there, and a digest of a replicated tensor's dtype and shape; :func:`agree` turns the
+   maxima into the keys replicated on every rank, those marked on some ranks only (kept per
+   rank, "demoted"), and mismatches (raised alike on every rank).
+
+Then :func:`assignment` gives this rank its pieces: the grid blocks of its DTensor shard cut
+to its box, spread over the ranks holding the same box (a mesh dimension that replicates),
+and its share of the replicated tensors, spread over every rank by bytes with a heap (the same
+computation on every rank, over the replicated tensors only: O(pieces x log world), nothing
+per rank). Both depend only on the layout, so the result is cached per process under
+:func:`cache_key` (this rank's layout digest, the agreement, the world, the grid knobs); a
+take of the same layout skips the assignment.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import zlib
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,19 +38,12 @@ from ..format.boxes import pieces
 from ..format.dtypes import itemsize
 from ..format.grid import Box, make_grid
 from ..format.manifest import canonical_json
-from ._classify import DTENSOR, LOCAL, REPLICATED, check_same_structure, demote_mixed
+from ._classify import DTENSOR, LOCAL, REPLICATED, VALUE, Local
 
 CACHE_SIZE = 8
-"""Plans kept per process (a few layouts: e.g. a model state and an optimizer-only state)."""
+"""Assignments kept per process (a few layouts: e.g. a model state and an optimizer-only state)."""
 
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything the take derives from the layout alone (the same on every rank)."""
-
-    keys: tuple[str, ...]
-    demoted: tuple[str, ...]
-    assignment: tuple[tuple[tuple[str, Box], ...], ...]  # per rank: (key, piece) to hash and write
+Assignment = tuple[tuple[str, Box], ...]  # this rank's (key, piece) to hash and write
 
 
 class Loads:
@@ -74,44 +72,108 @@ class Loads:
         heapq.heappush(self._heap, (self.load[rank], rank))
 
 
-def layout_digest(leaves: dict[str, dict[str, Any]]) -> str:
-    """A digest of one rank's leaf descriptions, values and inline bytes left out."""
-    parts = []
-    for key, x in leaves.items():
-        if x["t"] in (DTENSOR, REPLICATED, LOCAL):
-            parts.append([key, x["t"], x["dtype"], x["shape"], x.get("box"), "data" in x])
+def ints62(data: bytes) -> tuple[int, int]:
+    """Two 62-bit integers of the BLAKE3 of ``data`` (124 bits to compare across ranks)."""
+    d = blake3.blake3(data).digest()
+    return int.from_bytes(d[:8], "little") >> 2, int.from_bytes(d[8:16], "little") >> 2
+
+
+def same(maxed: list[int], at: int = 0) -> bool:
+    """Whether the pair at ``at`` of a max-reduced ``[x, -x]`` shows one value on every rank."""
+    return maxed[at] == -maxed[at + 1]
+
+
+# -- agreement ----------------------------------------------------------------------------------
+def header(local: Local, tree: str) -> list[int]:
+    """``[a, -a, b, -b]``: the digest of what every rank must share (see the module docstring)."""
+    dtensors = [[k, x.desc["dtype"], x.desc["shape"]] for k, x in local.leaves.items() if x.kind == DTENSOR]
+    a, b = ints62(canonical_json([tree, dtensors]))
+    return [a, -a, b, -b]
+
+
+def key_vector(local: Local) -> list[int]:
+    """Per key (in this rank's order, the same everywhere once :func:`header` agreed): whether
+    it is marked replicated, whether it is a plain value, and a replicated tensor's dtype and
+    shape digest; each as ``x, -x``."""
+    out: list[int] = []
+    for leaf in local.leaves.values():
+        m = int(leaf.kind == REPLICATED)
+        v = int(leaf.kind == VALUE)
+        s = ints62(canonical_json([leaf.desc["dtype"], leaf.desc["shape"], "data" in leaf.desc]))[0] if m else 0
+        out += [m, -m, v, -v, s, -s]
+    return out
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """What the ranks agreed on: the keys replicated on every rank, and those demoted."""
+
+    replicated: frozenset[str]
+    demoted: tuple[str, ...]
+
+
+def agree(keys: list[str], maxed: list[int]) -> Agreed:
+    """Read the max-reduced :func:`key_vector`; the same on every rank (so is any error).
+
+    A key counts as replicated only if every rank marks it so (its globs or DDP), as in
+    TorchSnapshot; one marked on some ranks only is kept per rank.
+    """
+    replicated, demoted = set(), []
+    for n, key in enumerate(keys):
+        m_max, m_min, v_max, s_same = maxed[6 * n], -maxed[6 * n + 1], maxed[6 * n + 2], same(maxed, 6 * n + 4)
+        if not m_max:
+            continue
+        if v_max:
+            raise DistributedError(f"distributed take: key {key!r} is a replicated tensor on some ranks and a plain value on others")
+        if m_min:
+            if not s_same:
+                raise DistributedError(f"distributed take: key {key!r} has different dtype/shape on different ranks")
+            replicated.add(key)
         else:
-            parts.append([key, x["t"]])
+            demoted.append(key)
+    return Agreed(frozenset(replicated), tuple(demoted))
+
+
+# -- assignment ---------------------------------------------------------------------------------
+def layout_digest(local: Local) -> str:
+    """A digest of this rank's layout: per leaf its kind, dtype, shape, DTensor box and
+    replicas, and whether it is inlined; values and tensor bytes left out."""
+    parts = []
+    for key, leaf in local.leaves.items():
+        x = leaf.desc
+        if leaf.kind in (DTENSOR, REPLICATED, LOCAL):
+            parts.append([key, leaf.kind, x["dtype"], x["shape"], x.get("box"), leaf.replicas, "data" in x])
+        else:
+            parts.append([key, leaf.kind])
     return blake3.blake3(canonical_json(parts)).hexdigest()
 
 
-def cache_key(descs: list[dict[str, Any]], opts: TakeOptions) -> str:
-    """The digest a plan is cached under: every rank's tree and layout digest, world, knobs."""
-    h = blake3.blake3(canonical_json([len(descs), opts.chunk_bytes, opts.inline_bytes]))
-    for d in descs:
-        h.update(f"{d['tree']}:{d['layout']};".encode())
-    return h.hexdigest()
+def cache_key(local: Local, agreed: Agreed, world: int, rank: int, opts: TakeOptions) -> str:
+    """The digest an assignment is cached under."""
+    return blake3.blake3(canonical_json([
+        layout_digest(local), sorted(agreed.replicated), list(agreed.demoted), world, rank, opts.chunk_bytes, opts.inline_bytes,
+    ])).hexdigest()
 
 
 class PlanCache:
-    """A small LRU of plans by :func:`cache_key`; ``hits`` and ``misses`` count lookups."""
+    """A small LRU of assignments by :func:`cache_key`; ``hits`` and ``misses`` count lookups."""
 
     def __init__(self, size: int = CACHE_SIZE) -> None:
         self.size = size
-        self._plans: OrderedDict[str, Plan] = OrderedDict()
+        self._plans: OrderedDict[str, Assignment] = OrderedDict()
         self.hits = self.misses = 0
 
-    def get(self, key: str) -> Plan | None:
-        plan = self._plans.get(key)
-        if plan is None:
+    def get(self, key: str) -> Assignment | None:
+        found = self._plans.get(key)
+        if found is None:
             self.misses += 1
             return None
         self.hits += 1
         self._plans.move_to_end(key)
-        return plan
+        return found
 
-    def put(self, key: str, plan: Plan) -> None:
-        self._plans[key] = plan
+    def put(self, key: str, value: Assignment) -> None:
+        self._plans[key] = value
         self._plans.move_to_end(key)
         while len(self._plans) > self.size:
             self._plans.popitem(last=False)
@@ -120,72 +182,71 @@ class PlanCache:
 CACHE = PlanCache()
 
 
-def plan(descs: list[dict[str, Any]], opts: TakeOptions, cache: PlanCache | None = CACHE) -> Plan:
-    """The plan for these gathered descriptions; marks demoted keys per rank in ``descs``.
+def assignment(local: Local, agreed: Agreed, world: int, rank: int, opts: TakeOptions,
+               cache: PlanCache | None = CACHE) -> Assignment:
+    """The pieces this rank hashes and writes (see the module docstring); cached.
 
-    With a cache, descriptions must carry ``layout`` (see :func:`layout_digest`). Raises
-    :class:`DistributedError` when the ranks' states do not fit together (checked on a miss; a
-    hit means these exact layouts passed the check before).
+    ``local``'s DTensor leaves carry ``replicas``: the ranks (within the take) holding the same
+    box, this one included.
     """
-    key = cache_key(descs, opts) if cache is not None else None
-    found = cache.get(key) if cache is not None and key is not None else None
+    key = cache_key(local, agreed, world, rank, opts) if cache is not None else ""
+    found = cache.get(key) if cache is not None else None
     if found is not None:
-        _mark_demoted(descs, found.demoted)
         return found
-    demoted = tuple(demote_mixed(descs))
-    keys = check_same_structure(descs)
-    result = Plan(tuple(keys), demoted, assign(descs, keys, opts, len(descs)))
-    if cache is not None and key is not None:
-        cache.put(key, result)
-    return result
+    mine = tuple(_dtensor_pieces(local, rank, opts)) + tuple(replicated_share(local, agreed, world, opts)[rank])
+    if cache is not None:
+        cache.put(key, mine)
+    return mine
 
 
-def _mark_demoted(descs: list[dict[str, Any]], demoted: Iterable[str]) -> None:
-    for k in demoted:
-        for d in descs:
-            x = d["leaves"].get(k)
-            if x is not None:
-                x["t"] = LOCAL
+def _dtensor_pieces(local: Local, rank: int, opts: TakeOptions) -> list[tuple[str, Box]]:
+    """The pieces of this rank's DTensor shards it writes: piece ``j`` of a box held by ``n``
+    ranks goes to the ``(j + crc32(key)) % n``-th of them (each computes the same)."""
+    out = []
+    for key, leaf in local.leaves.items():
+        if leaf.kind != DTENSOR:
+            continue
+        assert leaf.box is not None
+        x = leaf.desc
+        grid = make_grid(tuple(x["shape"]), itemsize(x["dtype"]), opts.chunk_bytes)
+        holders = sorted(leaf.replicas) or [rank]
+        spin = zlib.crc32(key.encode()) % len(holders)
+        for j, piece in enumerate(pieces(grid, leaf.box)):
+            if holders[(j + spin) % len(holders)] == rank:
+                out.append((key, piece))
+    return out
 
 
-def assign(descs: list[dict[str, Any]], keys: list[str], opts: TakeOptions, world: int) -> tuple[tuple[tuple[str, Box], ...], ...]:
-    """Which pieces each rank hashes and writes, for DTensor and replicated entries.
-
-    Deterministic: every rank computes the same answer from the same descriptions.
-    """
+def replicated_share(local: Local, agreed: Agreed, world: int, opts: TakeOptions) -> list[list[tuple[str, Box]]]:
+    """Every rank's share of the replicated tensors' pieces: each piece to the least-loaded
+    rank by bytes (a heap; the lowest rank on ties). The same on every rank."""
     loads = Loads(world)
     out: list[list[tuple[str, Box]]] = [[] for _ in range(world)]
-    for key in keys:
-        x0 = descs[0]["leaves"][key]
-        kind = x0["t"]
-        if kind not in (DTENSOR, REPLICATED):
+    for key, leaf in local.leaves.items():
+        if key not in agreed.replicated:
             continue
-        shape, size = tuple(x0["shape"]), itemsize(x0["dtype"])
-        grid = make_grid(shape, size, opts.chunk_bytes)
-        groups: list[tuple[list[int] | None, list[Box]]]
-        if kind == REPLICATED:
-            if grid.nbytes <= opts.inline_bytes:
-                continue  # inline, from rank 0's description
-            groups = [(None, list(grid.boxes()))]
-        else:
-            groups = [(ranks, list(pieces(grid, box))) for box, ranks in _holders(descs, key, shape).items()]
-        for ranks, boxes in groups:
-            for piece in boxes:
-                r = loads.least(ranks)
-                loads.add(r, math.prod(piece[1]) * size)
-                out[r].append((key, piece))
-    return tuple(tuple(x) for x in out)
+        x = leaf.desc
+        size = itemsize(x["dtype"])
+        grid = make_grid(tuple(x["shape"]), size, opts.chunk_bytes)
+        if grid.nbytes <= opts.inline_bytes:
+            continue  # inline, from rank 0's leaf
+        for piece in grid.boxes():
+            r = loads.least()
+            loads.add(r, math.prod(piece[1]) * size)
+            out[r].append((key, piece))
+    return out
 
 
-def _holders(descs: list[dict[str, Any]], key: str, shape: tuple[int, ...]) -> dict[Box, list[int]]:
-    holders: dict[Box, list[int]] = {}
-    for r, d in enumerate(descs):
-        b = d["leaves"][key]["box"]
-        holders.setdefault((tuple(b[0]), tuple(b[1])), []).append(r)
+def check_tiling(key: str, shape: list[int], holders: dict[Box, list[int]]) -> None:
+    """Refuse DTensor shards that do not cover the tensor (error path: gathered boxes)."""
     covered = sum(math.prod(b[1]) for b in holders)
     if covered != math.prod(shape):
         raise DistributedError(
             f"distributed take: the shards of DTensor {key!r} cover {covered} of "
             f"{math.prod(shape)} elements (only Shard(d) and Replicate placements are supported)"
         )
-    return holders
+
+
+def describe(local: Local) -> dict[str, Any]:
+    """This rank's layout as JSON, for the error path that names a rank whose state differs."""
+    return {"leaves": {k: {kk: vv for kk, vv in x.desc.items() if kk not in ("data", "value")} for k, x in local.leaves.items()}}

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import DistributedError, InvalidInputError
+from ..errors import DistributedError, InvalidInputError, RankLostError
 from ..format.limits import check_number
-from ._group import open_group
+from ._group import Group, open_group
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -90,16 +90,20 @@ class Comm:
             or 600).
         purpose: a label keeping apart groups used at the same time by different threads (a
             background take beside a restore in the main thread).
+        members: instead of ``pg``, the global ranks taking part, in their rank order (what a
+            caller knows when it is handed ranks but not the group, as DCP's storage layer is).
 
     Every collective returns or raises :class:`DistributedError` within the timeout (plus a
     few seconds to name the missing ranks); ``err.ranks`` lists them (group ranks).
     """
 
-    def __init__(self, pg: ProcessGroup | None = None, timeout: float | None = None, purpose: str = "sync") -> None:
+    def __init__(
+        self, pg: ProcessGroup | None = None, timeout: float | None = None, purpose: str = "sync", members: list[int] | None = None
+    ) -> None:
         import torch.distributed as dist
 
         self.timeout = dist_timeout(timeout)
-        self.members = members_of(pg)
+        self.members = [int(m) for m in members] if members is not None else members_of(pg)
         me = dist.get_rank()
         if me not in self.members:
             raise InvalidInputError(f"rank {me} is not in the process group passed as pg= ({self.members})")
@@ -107,9 +111,19 @@ class Comm:
         self.world = len(self.members)
         self._group = open_group(self.members, self.rank, self.timeout, purpose) if self.world > 1 else None
 
+    def enter(self, step: str) -> None:
+        """Post the phase this rank is entering: a rank that stops or dies in it is named with it."""
+        if self._group is not None:
+            self._group.enter(step)
+
+    @property
+    def group(self) -> Group | None:
+        """The gloo group under this communicator (None for one rank)."""
+        return self._group
+
     def all_gather_json(self, obj: Any, what: str) -> list[Any]:
         """Every rank's ``obj``, in rank order."""
-        raw = json.dumps(obj, separators=(",", ":")).encode()
+        raw = _encode(obj)
         if self._group is None:
             return [json.loads(raw)]
         g = self._group
@@ -117,16 +131,74 @@ class Comm:
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
         g.run(what, lambda: g.pg.allgather([sizes], [n]))
         longest = max(int(s) for s in sizes)
-        mine = torch.zeros(longest, dtype=torch.uint8)
-        if raw:
-            mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        mine = _padded(raw, longest)
         bufs = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.world)]
         g.run(what, lambda: g.pg.allgather([bufs], [mine]))
         return [json.loads(b[: int(s)].numpy().tobytes()) for b, s in zip(bufs, sizes)]
 
+    def all_reduce_max(self, values: list[int], what: str) -> list[int]:
+        """The element-wise maximum of every rank's ``values`` (int64; same length everywhere).
+
+        O(len(values)) bytes per rank whatever the world size: what a flat protocol uses to
+        agree (a failure flag; "is this the same on every rank": the maximum of ``x`` and of
+        ``-x``).
+        """
+        if self._group is None or not values:
+            return list(values)
+        g = self._group
+        t = torch.tensor(values, dtype=torch.int64)
+        g.run(what, lambda: g.allreduce_max(t))
+        return [int(x) for x in t.tolist()]
+
+    def gather_json(self, obj: Any, what: str, dst: int = 0) -> list[Any] | None:
+        """Every rank's ``obj`` on rank ``dst`` (in rank order); None on the other ranks.
+
+        The other ranks send their own message and receive nothing (one small all-reduce
+        first agrees on the padded size).
+        """
+        raw = _encode(obj)
+        if self._group is None:
+            return [json.loads(raw)]
+        g = self._group
+        (longest,) = self.all_reduce_max([len(raw)], what)
+        mine = _padded(_framed(raw), longest + 8)
+        outs = [torch.empty(longest + 8, dtype=torch.uint8) for _ in range(self.world)] if self.rank == dst else []
+        g.run(what, lambda: g.gather(outs, mine, dst))
+        return [_unframe(o) for o in outs] if self.rank == dst else None
+
+    def scatter_json(self, objs: list[Any] | None, what: str, src: int = 0) -> Any:
+        """``objs[r]`` of rank ``src`` on each rank ``r`` (``objs`` is read on ``src`` only).
+
+        Each rank receives only its own part (padded to the longest one).
+        """
+        if self._group is None:
+            assert objs is not None
+            return objs[0]
+        g = self._group
+        raws = [_framed(_encode(o)) for o in objs] if self.rank == src and objs is not None else []
+        if self.rank == src and len(raws) != self.world:
+            raise InvalidInputError(f"{what}: {len(raws)} parts for {self.world} ranks")
+        n = torch.tensor([max((len(r) for r in raws), default=0)], dtype=torch.int64)
+        g.run(what, lambda: g.broadcast(n, src))
+        out = torch.empty(int(n), dtype=torch.uint8)
+        ins = [_padded(r, int(n)) for r in raws]
+        g.run(what, lambda: g.scatter(out, ins, src))
+        return _unframe(out)
+
+    def all_to_all(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int], what: str) -> torch.Tensor:
+        """Raw bytes between every pair of ranks: rank ``r`` gets ``send_splits[r]`` bytes of
+        this rank's ``send`` (a uint8 tensor, segments in rank order); returns what every rank
+        sent here, ``recv_splits[r]`` bytes from rank ``r``, in rank order."""
+        if self._group is None:
+            return send[: send_splits[0]].clone()
+        g = self._group
+        recv = torch.empty(sum(recv_splits), dtype=torch.uint8)
+        g.run(what, lambda: g.alltoall(recv, send, recv_splits, send_splits))
+        return recv
+
     def broadcast_json(self, obj: Any, what: str, src: int = 0) -> Any:
         """Rank ``src``'s ``obj`` on every rank."""
-        raw = json.dumps(obj, separators=(",", ":")).encode() if self.rank == src else b""
+        raw = _encode(obj) if self.rank == src else b""
         if self._group is None:
             return json.loads(raw)
         g = self._group
@@ -180,6 +252,27 @@ class Comm:
         flush()
 
 
+def _encode(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _framed(raw: bytes) -> bytes:
+    """``raw`` after its length (8 bytes, little-endian): a message in a padded buffer."""
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def _unframe(buf: torch.Tensor) -> Any:
+    data = buf.numpy().tobytes()
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8 : 8 + n])
+
+
+def _padded(raw: bytes, size: int) -> torch.Tensor:
+    out = torch.zeros(size, dtype=torch.uint8)
+    if raw:
+        out[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    return out
+
 
 def failure(exc: BaseException) -> dict[str, Any]:
     """A JSON status for a rank that failed with ``exc``."""
@@ -198,18 +291,28 @@ class Phase:
     """One phase of a collective operation, as seen by one rank (made by :func:`phase`).
 
     ``send(message)`` gives what the other ranks need from this one (JSON-able); after the
-    ``with`` block, ``received`` holds every rank's message in rank order, or, for a phase
-    with a ``root``, the root's message alone.
+    ``with`` block, ``received`` holds every rank's message in rank order (``collect="all"``),
+    the list on rank 0 and None elsewhere (``collect="root"``), nothing (``"none"``), or, for a
+    phase with a ``root``, the root's message alone. ``send_max(values)`` (called on every
+    rank, same length) gives ``maxed``, their element-wise maximum over the ranks.
     """
 
-    def __init__(self, comm: Communicator | None, step: str, what: str, root: int | None) -> None:
-        self.comm, self.step, self.what, self.root = comm, step, what, root
+    def __init__(self, comm: Communicator | None, step: str, what: str, root: int | None, collect: str = "all") -> None:
+        if collect not in COLLECT:
+            raise InvalidInputError(f"phase collect must be one of {COLLECT}, got {collect!r}")
+        self.comm, self.step, self.what, self.root, self.collect = comm, step, what, root, collect
         self._message: Any = None
+        self._values: list[int] | None = None
         self.received: Any = None
+        self.maxed: list[int] = []
 
     def send(self, message: Any) -> None:
         """What this rank reports when its part of the phase succeeds."""
         self._message = message
+
+    def send_max(self, values: list[int]) -> None:
+        """Ints to reduce by maximum over the ranks once every rank succeeded (``maxed``)."""
+        self._values = list(values)
 
     def finish(self, exc: Exception | None) -> None:
         """Exchange outcomes; raise on every rank if any rank (or the root) failed."""
@@ -217,41 +320,68 @@ class Phase:
             if exc is not None:
                 raise exc
             self.received = [self._message]
+            self.maxed = list(self._values or [])
+            return
+        if self.root is not None:
+            self._finish_root(self.comm, exc)
             return
         status = failure(exc) if exc is not None else {"ok": True, "message": self._message}
-        if self.root is None:
+        if self.collect == "all":
             statuses = self.comm.all_gather_json(status, self.step)
             raise_failed(statuses, self.what, exc)
             self.received = [s["message"] for s in statuses]
-            return
-        reply = self.comm.broadcast_json(status if self.comm.rank == self.root else None, self.step, src=self.root)
-        raise_failed([{"ok": True}] * self.root + [reply], self.what, exc)
+        else:  # one small all-reduce says whether any rank failed; only then are causes gathered
+            (failed,) = self.comm.all_reduce_max([int(exc is not None)], self.step)
+            if failed:
+                raise_failed(self.comm.all_gather_json(status, self.step), self.what, exc)
+            if self.collect == "root":
+                self.received = self.comm.gather_json(self._message, self.step)
+        if self._values is not None:
+            self.maxed = self.comm.all_reduce_max(self._values, self.step)
+
+    def _finish_root(self, comm: Communicator, exc: Exception | None) -> None:
+        status = failure(exc) if exc is not None else {"ok": True, "message": self._message}
+        reply = comm.broadcast_json(status if comm.rank == self.root else None, self.step, src=self.root or 0)
+        raise_failed([{"ok": True}] * (self.root or 0) + [reply], self.what, exc)
         if exc is not None:  # a rank other than the root failed where only the root works
             raise exc
         self.received = reply["message"]
 
 
+COLLECT = ("all", "root", "none")
+
+
 @contextmanager
-def phase(comm: Communicator | None, step: str, what: str | None = None, *, root: int | None = None) -> Iterator[Phase]:
+def phase(
+    comm: Communicator | None, step: str, what: str | None = None, *, root: int | None = None, collect: str = "all"
+) -> Iterator[Phase]:
     """Run one rank's part of a collective phase, then tell every rank how every rank fared.
 
-    Every phase of a distributed take, restore or DCP save goes through this: the body runs
-    this rank's part and ``send``s its message; on leaving the block the ranks exchange their
-    outcomes (an all-gather, or with ``root`` a broadcast of the root's), and if any rank's
-    part raised an ``Exception``, every rank raises one :class:`DistributedError` naming the
-    failed ranks and their causes (chained to this rank's own error). So no rank goes on to
-    the next phase, or waits in it, after another gave up.
+    Every phase of a distributed take, restore or DCP save goes through this: the rank posts
+    the phase's name (``step``: a rank that stops or dies in it is named with it), the body
+    runs this rank's part and ``send``s its message; on leaving the block the ranks exchange
+    their outcomes, and if any rank's part raised an ``Exception``, every rank raises one
+    :class:`DistributedError` naming the failed ranks and their causes (chained to this rank's
+    own error). So no rank goes on to the next phase, or waits in it, after another gave up.
 
     Args:
         comm: the ranks' communicator; ``None`` for one process (the body's error propagates
             unchanged, ``received`` is ``[message]``).
-        step: the collective's label ("planning"): named when a rank never reaches it.
-        what: what failed, for the error ("distributed take (planning)"); default ``step``.
+        step: the phase's name ("plan", "read"): named when a rank never reaches it.
+        what: what failed, for the error ("distributed take (plan)"); default ``step``.
         root: only this rank does the work; its outcome is broadcast to the others.
+        collect: how messages travel when every rank succeeded: ``"all"`` (an all-gather of
+            every rank's outcome and message: O(world) bytes per rank), ``"root"`` (messages
+            gathered on rank 0 alone) or ``"none"``; with ``"root"`` and ``"none"`` the outcome
+            is one all-reduced flag (O(1) per rank) and causes are gathered only on failure.
     """
-    ph = Phase(comm, step, what or step, root)
+    ph = Phase(comm, step, what or step, root, collect)
+    if comm is not None:
+        comm.enter(step)
     try:
         yield ph
+    except RankLostError:
+        raise  # a collective of the body failed: the group is closed, the error names the culprits
     except Exception as exc:  # noqa: BLE001 - reported to every rank, then raised
         ph.finish(exc)  # raises: this rank failed
         raise

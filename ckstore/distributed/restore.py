@@ -1,45 +1,63 @@
-"""The distributed restore: each rank reads only the region its destination needs.
+"""The distributed restore: every chunk the job needs is read once, by one rank, and sent.
 
 A DTensor destination needs its shard's box of the global tensor (any placement, any world
 size: the stored pieces are cut to that box); a plain tensor needs the whole tensor; a
-per-rank entry gives each rank its own value. Every rank validates and reads first, then all
-ranks compare outcomes: either every rank loads its state or every rank raises
-:class:`DistributedError` with the destination untouched.
+per-rank entry gives each rank its own value. Phases (each closed by a bounded collective,
+named in errors and in the ranks' progress):
 
-Replicated entries (a plain destination needing the whole tensor on every rank, as in DDP)
-are read by every rank by default (``replicated_read="each"``). With ``"broadcast"`` rank 0
-alone reads and verifies them and sends the verified bytes to the others over the gloo group;
-the others read none of their chunks. Which is faster depends on the storage (a local or
-shared file system serving many readers at once, or an object store with per-request
-latency) against the interconnect; ``bench/replicated_read.py`` measures both.
+1. **plan**: every rank validates its destination (keys, dtypes, shapes; nothing read) and
+   lists the chunks it needs as runs of the manifest's chunk numbering (``_readplan``); rank
+   0 gathers the runs alone, gives every distinct chunk one reader (the ranks needing it,
+   balanced by bytes over all ranks), schedules the transfers, and sends each rank only its
+   part.
+2. **read**: each rank reads and verifies (re-hashes) its chunks. With ``atomic`` and a
+   *held* plan (every rank can keep what it receives within its staging budget), the whole
+   exchange happens here too: readers send verified bytes, receivers check size and
+   fingerprint and keep them. Otherwise this phase only verifies.
+3. **broadcast** (atomic, streamed plan): readers read their chunks again and send them;
+   receivers check them and put them in place as they arrive.
+4. apply (local): kept chunks are copied into place, ``load_state_dict`` runs.
+
+Atomic across ranks: nothing is written into any rank's destination before every chunk the
+job needs has been read and verified by its reader and every rank agreed on it (the end of
+phase 2); with a held plan, before every rank also holds all of its bytes (so a rank lost at
+any point leaves every destination untouched). With a streamed plan, a rank lost during phase
+3 makes every other rank raise naming it, their destinations then partly loaded. Pass a
+``memory_budget`` of at least the bytes a rank receives to always get a held plan.
+
+``replicated_read``: ``"once"`` (the default; ``"broadcast"`` means the same now) is the
+above; ``"each"`` lets every rank read everything it needs itself, as before (no exchange).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..engine.config import budget_cap
-from ..engine.restore import Reader, apply, prepare, validate, whole_plain_keys
-from ..errors import InvalidInputError
+from ..engine.config import restore_budget
+from ..engine.fetch import Job, Region
+from ..engine.restore import Prepared, Reader, apply, destination_bytes, prepare, validate
+from ..errors import DistributedError, InvalidInputError
 from ..format.manifest import TensorEntry
 from ..format.tensors import empty_for
+from ._exchange import Exchange
+from ._progress import Progress, progress
+from ._readplan import Part, Table, plan_reads, runs_of, table_of
 from .comm import Comm, phase
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-REPLICATED_READS = ("each", "broadcast")
+REPLICATED_READS = ("once", "broadcast", "each")
 
 
 def replicated_mode(value: str | None) -> str:
-    """The replicated-read mode: the argument, else ``CKSTORE_REPLICATED_READ``, else "each"."""
-    mode = value if value is not None else os.environ.get("CKSTORE_REPLICATED_READ", "each")
+    """The read mode: the argument, else ``CKSTORE_REPLICATED_READ``, else "once"."""
+    mode = value if value is not None else os.environ.get("CKSTORE_REPLICATED_READ", "once")
     if mode not in REPLICATED_READS:
         raise InvalidInputError(f"replicated_read must be one of {list(REPLICATED_READS)}, got {mode!r}")
     return mode
@@ -60,45 +78,108 @@ def restore(
     mode = replicated_mode(replicated_read)
     comm = Comm(pg, timeout)
     reader = replace(reader, rank=comm.rank)
-    if mode == "broadcast" and comm.world > 1:
-        _restore_broadcast(comm, reader, app_state, strict, budget, atomic)
-        return
-    with phase(comm, "restore", f"distributed restore of {reader.where}"):
-        prepared = prepare(reader, app_state, strict, budget, atomic=atomic)
-    apply(prepared, reader)
-
-
-def _restore_broadcast(
-    comm: Comm, reader: Reader, app_state: Mapping[str, Any], strict: bool, budget: int | None, atomic: bool
-) -> None:
-    """Rank 0 reads the entries every rank needs whole; the others receive them by broadcast."""
     what = f"distributed restore of {reader.where}"
-    with phase(comm, "restore (validate)", what) as ph:
-        plans = validate(reader, app_state, strict)
-        ph.send(whole_plain_keys(reader, plans))
-    # Entries needed whole everywhere, in one order on every rank (the manifest is the same).
-    shared = sorted(set.intersection(*(set(whole) for whole in ph.received)))
-    entries = {k: reader.manifest.entries[k] for k in shared}
-    nbytes = sum(_nbytes(e) for e in entries.values())
-    # Broadcast stages whole replicated tensors: by default up to the fixed cap, not the share
-    # of the restored bytes that bounds the staging of verified chunks.
-    budget = budget_cap() if budget is None else budget
-    if nbytes > budget:
-        shared, entries, nbytes = [], {}, 0  # broadcast stages whole tensors: over budget, each rank reads
+    if comm.world == 1 or mode == "each":
+        with phase(comm, "read", what, collect="none"):
+            prepared = prepare(reader, app_state, strict, budget, atomic=atomic)
+        apply(prepared, reader)
+        return
+    with progress(comm.group, what) as prog:
+        _restore_once(comm, reader, app_state, strict, budget, atomic, prog, what)
+
+
+@dataclass
+class _Targets:
+    """Where the bytes of one rank's restore go: the caller's tensors, or new ones."""
+
+    plans: list[Any]
+    direct: dict[str, tuple[torch.Tensor, Region | None]]
+    tensors: dict[str, torch.Tensor]
+    jobs: list[Job]
+
+    @property
+    def nbytes(self) -> int:
+        return destination_bytes(self.direct) + sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def _targets(reader: Reader, plans: list[Any]) -> _Targets:
+    direct: dict[str, tuple[torch.Tensor, Region | None]] = {}
+    rest: dict[str, tuple[torch.Tensor, Region | None]] = {}
     tensors: dict[str, torch.Tensor] = {}
-    with phase(comm, "restore", what):
-        prepared = prepare(reader, app_state, strict, budget - nbytes, plans=plans, skip=frozenset(shared), atomic=atomic)
+    for p in plans:
+        for k in p.keys:
+            if not reader.is_tensor(k):
+                continue
+            if k in p.target:
+                direct[k] = (p.target[k], p.region.get(k))
+                continue
+            entry = reader.entry(k)
+            assert isinstance(entry, TensorEntry)
+            tensors[k] = empty_for(entry.dtype, entry.shape)
+            rest[k] = (tensors[k], None)
+    reader.copy_inline(rest)  # new tensors, not the caller's: safe now
+    return _Targets(plans, direct, tensors, reader.jobs(direct) + reader.jobs(rest))
+
+
+def _restore_once(
+    comm: Comm, reader: Reader, app_state: Mapping[str, Any], strict: bool, budget: int | None,
+    atomic: bool, prog: Progress, what: str,
+) -> None:
+    table, targets, part, common = _plan(comm, reader, app_state, strict, budget, atomic, what)
+    cap = restore_budget(budget, targets.nbytes)
+    held = atomic and bool(common["held"])
+    fetcher = reader.fetcher()
+    arena: Any = None  # verified chunks of this rank's own reads, until they are put in place
+    try:
+        x = Exchange(comm, fetcher, table, part, common, targets.jobs, prog, "read" if held or not atomic else "broadcast", held)
+        own = x.own_jobs()
+        reads = x.sent() | {table.index[j.cid] for j in own}
+        prog.total = sum(table.sizes[i] for i in reads) + sum(table.sizes[i] for i in x.received())
+        with phase(comm, "read", what, collect="none"):
+            if atomic:
+                arena = fetcher.verify(own, max(0, cap - x.held_bytes()) if held else cap)
+            if atomic and not held:
+                fetcher.verify(x.sent_jobs(), 0)  # checked now; read again to be sent
+            if held or not atomic:
+                x.run()
+            if not atomic and not x.stopped:
+                fetcher.load(own)
+            prog.add("read", sum(table.sizes[table.index[c]] for c in {j.cid for j in own}))
+        if atomic and not held:
+            with phase(comm, "broadcast", what, collect="none"):
+                x.run()
+                if not x.stopped:
+                    fetcher.apply(own)
+        elif atomic:  # every rank has all its bytes, verified: put them in place
+            fetcher.load(x.jobs_of(x.received() | (x.sent() & x.need)), source=x.source())
+            fetcher.apply(own)
+    except BaseException:
+        fetcher.close()
+        raise
+    del arena
+    apply(Prepared(targets.plans, targets.tensors, targets.direct, [], verified=True, fetcher=fetcher), reader)
+
+
+def _plan(
+    comm: Comm, reader: Reader, app_state: Mapping[str, Any], strict: bool, budget: int | None, atomic: bool, what: str
+) -> tuple[Table, _Targets, Part, dict[str, Any]]:
+    """Phase 1: validate here, plan on rank 0, each rank gets its part."""
+    with phase(comm, "plan", what, collect="root") as ph:
+        plans = validate(reader, app_state, strict)
+        targets = _targets(reader, plans)
+        table = table_of(reader.manifest)
+        ph.send({"needs": runs_of(table.index[j.cid] for j in targets.jobs), "cap": restore_budget(budget, targets.nbytes),
+                 "table": table.digest()})
+    gathered = ph.received
+    with phase(comm, "plan", what, root=0) as ph:
+        parts: list[Any] | None = None
         if comm.rank == 0:
-            tensors = reader.read_tensors(shared)
-    if comm.rank != 0:
-        for k, e in entries.items():
-            assert isinstance(e, TensorEntry)
-            tensors[k] = empty_for(e.dtype, e.shape)
-    comm.broadcast_tensors([tensors[k] for k in shared], "restore (broadcast of replicated entries)")
-    prepared.tensors.update(tensors)
-    apply(prepared, reader)
-
-
-def _nbytes(entry: Any) -> int:
-    assert isinstance(entry, TensorEntry)
-    return math.prod(entry.shape) * empty_for(entry.dtype, (0,)).element_size()
+            odd = [r for r, g in enumerate(gathered) if g["table"] != gathered[0]["table"]]
+            if odd:  # the plan numbers chunks alike on every rank: never send bytes on a mismatch
+                raise DistributedError(f"{what}: rank(s) {odd} read another manifest than rank 0", ranks=odd)
+            plan = plan_reads([g["needs"] for g in gathered], [g["cap"] for g in gathered], table.sizes, atomic=atomic)
+            parts = [p.to_json() for p in plan.parts]
+            ph.send(plan.common())
+    common = ph.received
+    part = Part.from_json(comm.scatter_json(parts, "plan"))
+    return table, targets, part, common

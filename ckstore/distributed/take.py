@@ -1,18 +1,28 @@
 """The distributed take: every rank writes its share of the chunks; rank 0 commits once.
 
-Phases, each closed by one collective so that a failure anywhere stops every rank at the
-same point (no rank commits or waits on a rank that gave up):
+Phases, each closed by one bounded collective so that a failure anywhere stops every rank at
+the same point (no rank commits or waits on a rank that gave up). No phase sends any rank's
+metadata to every rank: what every rank must agree on travels as small all-reduced vectors,
+what only the commit needs goes to rank 0 alone.
 
-1. plan (local): flatten each rank's state; describe every leaf (DTensor shard box,
-   replicated tensor, per-rank tensor or plain value). -> all_gather descriptions.
-2. assign (same on every rank, from the descriptions): cut each tensor by the chunk grid of
-   its GLOBAL shape; a DTensor's blocks are cut again by each shard's box, each distinct box
-   written by one of the ranks holding it; replicated tensors' blocks are spread over all
-   ranks by bytes (``_plan.plan``, cached across takes of the same layout). Each rank hashes
-   what it was given (and all of its per-rank tensors).
-   -> all_gather chunk lists; each distinct chunk id gets exactly one writer.
-3. write (local, under this rank's own lease): look up (and pin) the chunks this rank
-   writes, write the missing ones (packs durable, then indexed). -> all_gather status.
+1. plan: flatten this rank's state and describe every leaf (DTensor shard box and the ranks
+   holding the same box, replicated tensor, per-rank tensor or plain value); agree on the
+   layout and on which keys are replicated everywhere (``_plan``: two all-reduces of O(keys)
+   ints); give this rank its pieces (its DTensor blocks cut by its box, spread over the
+   ranks holding that box; its share of the replicated tensors' blocks), cached across
+   takes of the same layout.
+2. hash: hash the assigned pieces and every per-rank tensor; agree, key by key, which
+   per-rank leaves are the same on every rank (an all-reduce of entry digests): those are
+   stored once, and each rank writes a share of their chunks by position. For the others,
+   rank 0 alone gathers their digests and tells each rank which ranks hold the same value
+   (say, equal within a data-parallel group): those ranks share its chunks' writes.
+3. write: look up (and pin) the chunks this rank writes, write the missing ones (packs
+   durable, then indexed). -> this rank's pieces, differing values and figures to rank 0.
+
+Every piece and every distinct per-rank value has one writer. Identical bytes that happen
+to appear in different places (a zero block in two ranks' shards) are not searched for
+across ranks: two ranks may both write such a chunk, the index keeps the first location,
+and ``gc``'s repack reclaims the other copy.
 4. commit (rank 0): build the one manifest, store it, commit it in one index transaction.
    -> broadcast the record or the error. Other ranks end their sessions only now, so their
    pins protect what they wrote or reused until the snapshot references it.
@@ -24,7 +34,6 @@ causes; nothing is committed unless every rank succeeded.
 from __future__ import annotations
 
 import base64
-import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +48,7 @@ from ..engine.repository import Repository
 from ..engine.spec import TakeSpec
 from ..engine.stage import stage
 from ..engine.take import state_dicts
+from ..errors import DistributedError
 from ..format.dtypes import GROUPED, itemsize
 from ..format.grid import Box, make_grid
 from ..format.manifest import (
@@ -50,26 +60,29 @@ from ..format.manifest import (
     ValueEntry,
     canonical_json,
     entry_digest,
+    entry_from_dict,
 )
 from ..format.tensors import byte_view
 from ..index import SnapshotRecord
 from ._classify import (
     DTENSOR,
     LOCAL,
-    REPLICATED,
     VALUE,
     Local,
+    check_same_structure,
     classify,
     coalesce_replicated,
     ddp_apps,
 )
-from ._plan import Loads, layout_digest, plan
+from ._plan import Agreed, agree, assignment, describe, header, ints62, key_vector, same
+from ._progress import progress
 from .comm import Comm, phase
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 Committed = tuple[SnapshotRecord, "Manifest | None"]
+WHAT = "distributed take"
 
 
 def take(
@@ -85,39 +98,35 @@ def take(
     ``states`` are this rank's already-called (or staged) state dicts; ``ddp`` names the
     app_state entries that were DistributedDataParallel modules (their tensors are replicated).
     """
-    with LocalTake(repo, spec) as t:
+    with LocalTake(repo, spec) as t, progress(comm.group, WHAT) as prog:
         # 1. plan
-        with phase(comm, "planning", "distributed take (planning)") as ph:
-            local = classify(states, ddp, spec.replicated, t.opts)
-            leaves = {k: leaf.desc for k, leaf in local.leaves.items()}
-            ph.send({"tree": blake3.blake3(canonical_json(local.apps)).hexdigest(), "leaves": leaves,
-                     "layout": layout_digest(leaves)})
-        descs = ph.received
-        layout = plan(descs, t.opts)
-        coalesce_replicated(layout.demoted, local, comm.rank)
+        local, agreed = _plan(comm, states, ddp, spec, t.opts)
+        mine = assignment(local, agreed, comm.world, comm.rank, t.opts)
 
-        # 2. assign and hash
-        with phase(comm, "hashing", "distributed take (hashing)") as ph:
-            _cut_chunks(local, layout.assignment[comm.rank], t.opts)
+        # 2. hash; which per-rank leaves are the same everywhere
+        with phase(comm, "hash", f"{WHAT} (hash)", collect="none") as ph:
+            _cut_chunks(local, mine, t.opts)
             t.hash([c for _, _, c in local.chunks])
-            lists: dict[str, list[Any]] = defaultdict(list)
-            for key, (o, s), c in local.chunks:
-                lists[key].append([list(o), list(s), c.id])
-            ph.send({"chunks": lists, "bytes": sum({c.id: len(c.view) for _, _, c in local.chunks}.values())})
-        results = ph.received
-        owners = _writers(results, descs, comm.world)
+            prog.add("hashed", sum(len(c.view) for _, _, c in local.chunks))
+            own = _own_entries(local, t.opts)
+            digests = {k: entry_digest(e) for k, e in own.items()}
+            ph.send_max([x for d in digests.values() for a in ints62(d.encode()) for x in (a, -a)])
+        equal = {k for n, k in enumerate(own) if same(ph.maxed, 4 * n) and same(ph.maxed, 4 * n + 2)}
+        groups = _groups(comm, [(k, d) for k, d in digests.items() if k not in equal])
 
-        # 3. write
-        with phase(comm, "writing chunks", "distributed take (writing)") as ph:
-            ph.send(_write_mine(t, local, owners, comm.rank))
-        statuses = ph.received
+        # 3. write this rank's chunks
+        with phase(comm, "write", f"{WHAT} (write)", collect="root") as ph:
+            prog.watch("written", lambda: t.stats.written_raw_bytes)
+            t.store(_writes(local, own, equal, groups, comm), hashed=True)
+            ph.send(_report(t, local, own, equal))
+        reports = ph.received
 
         # 4. commit (rank 0); the others end their sessions only once it is done, so their
         # pins protect what they wrote or reused until the snapshot references it
-        with phase(comm, "commit", "distributed take (commit)", root=0) as ph:
+        with phase(comm, "commit", f"{WHAT} (commit)", root=0) as ph:
             if comm.rank == 0:
-                manifest = _manifest(t, local, descs, list(layout.keys), results, statuses, comm.world)
-                figures = {k: sum(s[k] for s in statuses) for k in ("new_bytes", "new_chunks", "reused_chunks")}
+                manifest = _manifest(t, local, own, equal, reports, comm.world)
+                figures = {k: sum(r["figures"][k] for r in reports) for k in ("new_bytes", "new_chunks", "reused_chunks")}
                 record = t.commit(manifest, validate=True, figures=figures)  # every tensor's pieces must tile it
                 ph.send(asdict(record))
         if comm.rank != 0:
@@ -125,6 +134,88 @@ def take(
             return SnapshotRecord(**ph.received), None
         return record, manifest
 
+
+def _plan(comm: Comm, states: Mapping[str, Any], ddp: set[str], spec: TakeSpec, opts: TakeOptions) -> tuple[Local, Agreed]:
+    """Phase 1: describe this rank's leaves; agree on the layout and the replicated keys."""
+    with phase(comm, "plan", f"{WHAT} (plan)", collect="none") as ph:
+        local = classify(states, ddp, spec.replicated, opts, comm.members)
+        tree = blake3.blake3(canonical_json(local.apps)).hexdigest()
+        ph.send_max(header(local, tree) + [len(local.leaves), -len(local.leaves)])
+    if not (same(ph.maxed, 0) and same(ph.maxed, 2) and same(ph.maxed, 4)):
+        _refuse_mismatch(comm, local, tree)  # every rank saw the same maxima: all go here
+    agreed = agree(list(local.leaves), comm.all_reduce_max(key_vector(local), "plan"))
+    coalesce_replicated(agreed.demoted, local, comm.rank)
+    return local, agreed
+
+
+def _refuse_mismatch(comm: Comm, local: Local, tree: str) -> None:
+    """The ranks' layouts differ: gather them (this error path only) and say how."""
+    descs = comm.all_gather_json({"tree": tree, **describe(local)}, "plan")
+    check_same_structure(descs)
+    raise DistributedError(f"{WHAT}: the ranks' states differ in their DTensor layouts (dtype or global shape)")
+
+
+def _own_entries(local: Local, opts: TakeOptions) -> dict[str, Entry]:
+    """This rank's entry of every per-rank leaf (plain values and per-rank tensors)."""
+    chunks: dict[str, list[list[Any]]] = defaultdict(list)
+    for key, (o, s), c in local.chunks:
+        if local.leaves[key].kind == LOCAL:
+            chunks[key].append([list(o), list(s), c.id])
+    return {k: _own_entry(k, x.desc, chunks.get(k, []), opts) for k, x in local.leaves.items() if x.kind in (LOCAL, VALUE)}
+
+
+def _groups(comm: Comm, differing: list[tuple[str, str]]) -> dict[str, list[int]]:
+    """For per-rank leaves not equal everywhere, the ranks holding the same value as this one
+    (only where more than one does). Rank 0 alone gathers the digests; each rank gets its own
+    groups back. Skipped (no collective) when every per-rank leaf is equal everywhere, which
+    every rank knows alike."""
+    if not differing or comm.world == 1:
+        return {}
+    gathered = comm.gather_json([d for _, d in differing], "hash")
+    parts: list[dict[str, list[int]]] | None = None
+    if gathered is not None:
+        parts = [{} for _ in gathered]
+        for n in range(len(differing)):
+            by: dict[str, list[int]] = defaultdict(list)
+            for r, ds in enumerate(gathered):
+                by[ds[n]].append(r)
+            for members in by.values():
+                if len(members) > 1:
+                    for r in members:
+                        parts[r][str(n)] = members
+    mine = comm.scatter_json(parts, "hash")
+    return {differing[int(n)][0]: [int(r) for r in members] for n, members in mine.items()}
+
+
+def _writes(local: Local, own: dict[str, Entry], equal: set[str], groups: dict[str, list[int]], comm: Comm) -> list[Chunk]:
+    """The chunks this rank writes: its assigned pieces; its per-rank tensors, or its share of
+    those held alike by several ranks: chunk ``j`` of a value equal everywhere goes to rank
+    ``position % world``, of one equal within a group to ``group[j % len(group)]``."""
+    share: set[tuple[str, str]] = set()
+    at = 0
+    for k, e in own.items():
+        if not isinstance(e, TensorEntry) or (k not in equal and k not in groups):
+            continue
+        for j, c in enumerate(e.chunks):
+            if k in equal and at % comm.world == comm.rank or k in groups and groups[k][j % len(groups[k])] == comm.rank:
+                share.add((k, c.id))
+            at += k in equal
+    return [c for key, _, c in local.chunks
+            if local.leaves[key].kind != LOCAL or (key not in equal and key not in groups) or (key, c.id) in share]
+
+
+def _report(t: LocalTake, local: Local, own: dict[str, Entry], equal: set[str]) -> dict[str, Any]:
+    """What rank 0 needs from this rank to build the manifest."""
+    pieces: dict[str, list[Any]] = defaultdict(list)
+    for key, (o, s), c in local.chunks:
+        if local.leaves[key].kind != LOCAL:
+            pieces[key].append([list(o), list(s), c.id])
+    return {
+        "figures": {**t.stats.figures(), "written_raw_bytes": t.stats.written_raw_bytes,
+                    "hashed_bytes": sum(len(c.view) for _, _, c in local.chunks)},
+        "pieces": pieces,
+        "own": {k: e.to_dict() for k, e in own.items() if k not in equal},
+    }
 
 def take_async(
     repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None
@@ -178,92 +269,46 @@ def _cut_chunks(local: Local, mine: Sequence[tuple[str, Box]], opts: TakeOptions
             local.chunks.append((key, (offsets, sizes), Chunk(key, view[start:stop], lt.element_size(), leaf.desc["dtype"] in GROUPED)))
 
 
-def _writers(results: list[dict[str, Any]], descs: list[dict[str, Any]], world: int) -> dict[str, int]:
-    """One writer per distinct chunk id: its only holder, or the least-loaded of its holders.
-
-    Linear in the gathered chunk lists, and cheap per chunk: an id held by one rank (nearly
-    all of them) costs one dict lookup. Each rank's load starts as the bytes of the distinct
-    ids it hashed (``bytes`` in its message) less those held by other ranks too; those shared
-    ids then go, in id order, to the least-loaded of their holders.
-    """
-    first: dict[str, int] = {}
-    shared: dict[str, set[int]] = {}
-    nbytes: dict[str, int] = {}
-    for r, res in enumerate(results):
-        leaves = descs[r]["leaves"]
-        for key, lst in res["chunks"].items():
-            for _, extent, cid in lst:
-                holder = first.setdefault(cid, r)
-                if holder != r:
-                    shared.setdefault(cid, {holder}).add(r)
-                    nbytes[cid] = math.prod(extent) * itemsize(leaves[key]["dtype"])
-    if not shared:
-        return first
-    loads = Loads(world)
-    loads.load = [int(res["bytes"]) for res in results]
-    for cid, hs in shared.items():
-        for r in hs:
-            loads.load[r] -= nbytes[cid]
-    loads.reset()
-    owners = first
-    for cid in sorted(shared):
-        hs = shared[cid]
-        r = loads.least(None if len(hs) == world else sorted(hs))
-        owners[cid] = r
-        loads.add(r, nbytes[cid])
-    return owners
-
-
-def _write_mine(t: LocalTake, local: Local, owners: dict[str, int], rank: int) -> dict[str, int]:
-    """Pin what the store has of the chunks this rank writes, write the rest; the figures."""
-    t.store([c for _, _, c in local.chunks if owners.get(c.id) == rank], hashed=True)
-    return {
-        **t.stats.figures(),
-        "written_raw_bytes": t.stats.written_raw_bytes,
-        "hashed_bytes": sum(len(c.view) for _, _, c in local.chunks),
-    }
-
-
 def _manifest(
-    t: LocalTake,
-    local: Local,
-    descs: list[dict[str, Any]],
-    keys: list[str],
-    results: list[dict[str, Any]],
-    statuses: list[dict[str, Any]],
-    world: int,
+    t: LocalTake, local: Local, own: dict[str, Entry], equal: set[str], reports: list[dict[str, Any]], world: int
 ) -> Manifest:
-    """Rank 0: the one manifest, built from every rank's pieces."""
-    entries = {key: _entry(key, descs, results, t.opts) for key in keys}
-    return t.manifest(local.apps, entries, world_size=world, ranks=statuses)
+    """Rank 0: the one manifest, from its own leaves and every rank's report."""
+    entries: dict[str, Entry] = {}
+    for key, leaf in local.leaves.items():
+        if key in own:
+            entries[key] = own[key] if key in equal else PerRankEntry(tuple(
+                _per_rank(own[key] if r == 0 else entry_from_dict(rep["own"][key], key), key) for r, rep in enumerate(reports)
+            ))
+        else:
+            entries[key] = _shared_entry(key, leaf.desc, reports, t.opts)
+    return t.manifest(local.apps, entries, world_size=world, ranks=[r["figures"] for r in reports])
 
 
-def _entry(key: str, descs: list[dict[str, Any]], results: list[dict[str, Any]], opts: TakeOptions) -> Entry:
-    ds = [d["leaves"][key] for d in descs]
-    kind = ds[0]["t"]
-    if kind in (DTENSOR, REPLICATED):
-        x = ds[0]
-        shape = tuple(x["shape"])
-        if kind == REPLICATED and "data" in x:
-            return TensorEntry(x["dtype"], shape, data=base64.b64decode(x["data"]), container=x["container"], device=x["device"])
-        refs = sorted(
-            (ChunkRef(tuple(o), tuple(s), cid) for res in results for o, s, cid in res["chunks"].get(key, ())),
-            key=lambda c: c.offsets,
-        )
-        block = make_grid(shape, itemsize(x["dtype"]), opts.chunk_bytes).block
-        return TensorEntry(x["dtype"], shape, tuple(refs), block, container=x["container"], device=x["device"])
-    per = [_own_entry(key, x, res, opts) for x, res in zip(ds, results)]
-    if len({entry_digest(e) for e in per}) == 1:
-        return per[0]  # the same on every rank: one entry, not one per rank
-    return PerRankEntry(tuple(per))
+def _per_rank(entry: Entry, key: str) -> TensorEntry | ValueEntry:
+    if not isinstance(entry, (TensorEntry, ValueEntry)):
+        raise DistributedError(f"{WHAT}: rank report for key {key!r} is not a tensor or a value")
+    return entry
 
 
-def _own_entry(key: str, x: dict[str, Any], res: dict[str, Any], opts: TakeOptions) -> TensorEntry | ValueEntry:
+def _shared_entry(key: str, x: dict[str, Any], reports: list[dict[str, Any]], opts: TakeOptions) -> TensorEntry:
+    """A DTensor or replicated tensor: rank 0's description, every rank's pieces."""
+    shape = tuple(x["shape"])
+    if "data" in x:  # a small replicated tensor, inline from rank 0's leaf
+        return TensorEntry(x["dtype"], shape, data=base64.b64decode(x["data"]), container=x["container"], device=x["device"])
+    refs = sorted(
+        (ChunkRef(tuple(o), tuple(s), cid) for rep in reports for o, s, cid in rep["pieces"].get(key, ())),
+        key=lambda c: c.offsets,
+    )
+    block = make_grid(shape, itemsize(x["dtype"]), opts.chunk_bytes).block
+    return TensorEntry(x["dtype"], shape, tuple(refs), block, container=x["container"], device=x["device"])
+
+
+def _own_entry(key: str, x: dict[str, Any], chunks: Sequence[Sequence[Any]], opts: TakeOptions) -> TensorEntry | ValueEntry:
     if x["t"] == VALUE:
         return ValueEntry(x["value"])
     shape = tuple(x["shape"])
     if "data" in x:
         return TensorEntry(x["dtype"], shape, data=base64.b64decode(x["data"]), container=x["container"], device=x["device"])
-    refs = tuple(ChunkRef(tuple(o), tuple(s), cid) for o, s, cid in res["chunks"].get(key, ()))
+    refs = tuple(ChunkRef(tuple(o), tuple(s), cid) for o, s, cid in chunks)
     block = make_grid(shape, itemsize(x["dtype"]), opts.chunk_bytes).block
     return TensorEntry(x["dtype"], shape, refs, block, container=x["container"], device=x["device"])

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -102,6 +102,15 @@ def plan_jobs(key: str, entry: TensorEntry, t: torch.Tensor, offs: tuple[int, ..
     return jobs
 
 
+class ChunkSource(Protocol):
+    """Chunks whose decoded bytes are already in memory and verified, by id (what a
+    distributed restore received from the rank that read and verified them)."""
+
+    def get(self, cid: str) -> memoryview | None:
+        """The chunk's ``raw_length`` decoded bytes, or None when this source lacks it."""
+        ...
+
+
 class Arena:
     """Staging memory for verified chunks: slots handed out first come, up to ``capacity`` bytes.
 
@@ -152,8 +161,17 @@ class Fetcher:
         self.close()
 
     # -- the three passes --------------------------------------------------------------------
-    def load(self, jobs: list[Job]) -> None:
-        """Verify each chunk and decode it into its destination, in one pass."""
+    def load(self, jobs: list[Job], source: ChunkSource | None = None) -> None:
+        """Verify each chunk and decode it into its destination, in one pass.
+
+        Jobs whose chunk ``source`` holds are filled from it (bytes verified by whoever put
+        them there) instead of from storage."""
+        if source is not None:
+            found = [(j, source.get(j.cid)) for j in jobs]
+            jobs = [j for j, data in found if data is None]
+            for j, data in found:
+                j.staged = data
+            self.apply([j for j, data in found if data is not None])  # copies them into place
         self._locate(jobs)
         with _Pools(self.threads, jobs) as pools:
             self._run(jobs, lambda j: self._deliver(j, pools, lambda out: self.objs.verify_chunk(self._loc(j), out)))
@@ -374,6 +392,8 @@ def _moved_scratch(n: int) -> np.ndarray:
 
 
 def _raw(job: Job) -> int:
+    if job.staged is not None:
+        return len(job.staged)
     return job.loc.raw_length if job.loc is not None else math.prod(job.sizes) * dtype_from_name(job.dtype).itemsize
 
 

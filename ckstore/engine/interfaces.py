@@ -78,8 +78,20 @@ class Communicator(Protocol):
     rank: int
     world: int
 
+    def enter(self, step: str) -> None:
+        """Note the phase this rank enters (named if the rank stops or dies in it)."""
+        ...
+
     def all_gather_json(self, obj: Any, what: str) -> list[Any]:
         """Every rank's JSON-able ``obj``, in rank order."""
+        ...
+
+    def all_reduce_max(self, values: list[int], what: str) -> list[int]:
+        """The element-wise maximum of every rank's ints (the same number on every rank)."""
+        ...
+
+    def gather_json(self, obj: Any, what: str, dst: int = 0) -> list[Any] | None:
+        """Every rank's JSON-able ``obj`` on rank ``dst`` (rank order); None elsewhere."""
         ...
 
     def broadcast_json(self, obj: Any, what: str, src: int = 0) -> Any:

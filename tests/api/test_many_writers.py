@@ -1,6 +1,7 @@
 """Many hosts, one store: separate processes (each its own cwd and home) take, restore and gc
 against one S3 bucket and one PostgreSQL index at the same time, one of them a 4-rank
-torch.distributed job (gloo) taking sharded snapshots.
+torch.distributed job (gloo) taking sharded snapshots. On moto, and on SeaweedFS (a real S3
+server writing to disk) with fewer steps, to keep the run short.
 
 Afterwards every visible snapshot restores bit-exactly (the sharded ones into plain tensors in
 this one process), ``check(read_data=True)`` is clean, no committed snapshot is missing unless
@@ -18,19 +19,25 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import ckstore
 from tests.support.host_worker import state_for
 from tests.support.paths import REPO
 
-TAKERS = {  # host -> (run, steps): two hosts on runs of their own, two sharing one run
-    "host-a": ("a", range(1, 6)),
-    "host-b": ("b", range(1, 6)),
-    "host-c": ("shared", range(1, 11, 2)),
-    "host-d": ("shared", range(2, 11, 2)),
-}
-DIST_HOST, DIST_RUN, DIST_STEPS, DIST_WORLD = "host-dist", "dist", range(1, 5), 4  # one gloo job, 4 ranks
+DIST_HOST, DIST_RUN, DIST_WORLD = "host-dist", "dist", 4  # one gloo job, 4 ranks
+SERVERS = {"moto": ("s3_server", 5, 4), "seaweedfs": ("seaweed_server", 3, 3)}  # fixture, steps per host, dist steps
+
+
+def take_hosts(steps: int) -> dict[str, tuple[str, range]]:
+    """host -> (run, steps): two hosts on runs of their own, two sharing one run."""
+    return {
+        "host-a": ("a", range(1, steps + 1)),
+        "host-b": ("b", range(1, steps + 1)),
+        "host-c": ("shared", range(1, 2 * steps + 1, 2)),
+        "host-d": ("shared", range(2, 2 * steps + 1, 2)),
+    }
 
 
 def _spawn(tmp: Path, host: str, args: list[str]) -> subprocess.Popen[str]:
@@ -46,10 +53,14 @@ def _lines(out: str) -> list[dict[str, Any]]:
     return [json.loads(x) for x in out.splitlines() if x.startswith("{")]
 
 
-def test_many_hosts_one_bucket_one_index(tmp_path: Path, s3_server: Any, pg: Any) -> None:
+@pytest.mark.parametrize("server", sorted(SERVERS))
+def test_many_hosts_one_bucket_one_index(tmp_path: Path, pg: Any, server: str, request: pytest.FixtureRequest) -> None:
+    fixture, steps, dist_steps = SERVERS[server]
+    s3 = request.getfixturevalue(fixture)
+    TAKERS, DIST_STEPS = take_hosts(steps), range(1, dist_steps + 1)  # noqa: N806 - the constants of one run
     bucket = f"ck-{uuid.uuid4().hex[:12]}"
-    s3_server.create_bucket(bucket)
-    url, index, opts = f"s3://{bucket}/team", pg.new_database(), json.dumps(s3_server.storage_options())
+    s3.create_bucket(bucket)
+    url, index, opts = f"s3://{bucket}/team", pg.new_database(), json.dumps(s3.storage_options())
     ckstore.open(url, index=index, storage_options=json.loads(opts), chunk_bytes=1024, pack_bytes=8192, create=True).close()
     started = time.time()
     procs = {h: _spawn(tmp_path, h, ["take", url, index, opts, run, ",".join(map(str, steps))]) for h, (run, steps) in TAKERS.items()}
@@ -92,7 +103,7 @@ def test_many_hosts_one_bucket_one_index(tmp_path: Path, s3_server: Any, pg: Any
     dist_lost = lost & dist_ids
     dist_visible = dist_ids & set(visible)
     print(
-        f"\nmany writers: {len(TAKERS)} take hosts + a {DIST_WORLD}-rank job ({len(dist_ids)} sharded takes committed, "
+        f"\nmany writers on {server}: {len(TAKERS)} take hosts + a {DIST_WORLD}-rank job ({len(dist_ids)} sharded takes committed, "
         f"{len(dist_visible)} visible, {len(dist_lost)} lost) + 1 gc host, {len(committed)} takes committed, "
         f"{len(failed)} failed, {len(lost)} lost, {len(dropped)} dropped by retention ({gc_runs} gc runs), "
         f"{len(visible)} visible and restored bit-exactly, check(read_data=True): {len(report.problems)} problems "

@@ -215,3 +215,27 @@ def parity(rank: int, world: int, path: str) -> dict[str, Any]:
         executor._CHECKPOINT_PROCESS.__del__()
         executor._CHECKPOINT_PROCESS = None
     return out
+
+
+def subgroup_saves(rank: int, world: int, path: str) -> dict[str, Any]:
+    """Ranks {0, 2} dcp.save a Shard(0) state over their sub-group while ranks {1, 3} take
+    something else with store.take(pg=...) at the same time: two snapshots of 2 ranks each."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from ckstore.dcp import StorageWriter
+
+    groups = {0: dist.new_group([0, 2]), 1: dist.new_group([1, 3])}  # every rank creates both
+    mine = groups[rank % 2]
+    store = ckstore.open(path, **TINY)
+    if rank % 2 == 0:
+        mesh = DeviceMesh.from_group(mine, "cpu")
+        state = {"g": {k: distribute_tensor(t, mesh, [Shard(0)], src_data_rank=None) for k, t in global_state().items() if k != "plain"},
+                 "epoch": 5}
+        w = StorageWriter(store, run="sub02", step=1)
+        dcp.save(state, storage_writer=w, process_group=mine)
+        return {"id": w.snapshot.id if w.snapshot is not None else None, "world": w.snapshot.record.world_size if w.snapshot else None}
+    snap = store.take({"s": ckstore.StateDict(x=torch.full((50, 8), float(rank)), n=rank)}, run="sub13", pg=mine)
+    return {"id": snap.id, "world": snap.record.world_size}

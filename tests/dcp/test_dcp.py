@@ -270,3 +270,21 @@ def test_plain_process_loads_the_four_rank_save_after_gc(ranks: dict[str, Any], 
         monkeypatch.undo()
         ds.check(dest["g"])
         assert dest["epoch"] == 5
+
+
+def test_dcp_save_on_a_sub_group(tmp_path: Path) -> None:
+    """Only ranks {0, 2} of 4 dcp.save (process_group=); ranks {1, 3} take something else on
+    their own sub-group meanwhile. Each is one snapshot of 2 ranks, loaded back bit-exactly."""
+    path = str(tmp_path / "store")
+    ckstore.open(path, **ds.TINY, create=True).close()
+    res = values(run_ranks(ds.subgroup_saves, 4, tmp_path, path, timeout=180))
+    assert res[0]["world"] == 2 and res[0]["id"] and res[2]["id"] is None  # rank 0 coordinates
+    assert res[1]["id"] == res[3]["id"] and res[1]["world"] == 2
+    with ckstore.open(path) as store:
+        snap = store.get("sub02")
+        assert snap.id == res[0]["id"]
+        for k, t in ds.global_state().items():
+            if k != "plain":
+                assert bits(snap.read_object(f"dcp/g.{k}")) == bits(t), k
+        assert [int(t[0, 0]) for t in store.get("sub13").read_object("s/x")] == [1, 3]  # per rank
+        assert store.check(read_data=True).ok

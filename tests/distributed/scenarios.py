@@ -248,14 +248,15 @@ def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
     """Restore a DDP take with each replicated_read mode: bits, and pack reads per rank
     (and with atomic=False in each mode: bits).
 
-    Then a read failure on rank 0 in broadcast mode: every rank raises, nothing loaded.
+    Then a read failure on rank 0 in the default mode: every rank raises, nothing loaded.
     """
     from torch.nn.parallel import DistributedDataParallel
 
     from ckstore import objects
-    from ckstore.distributed import comm
+    from ckstore.distributed import _readplan, comm
 
     comm.BROADCAST_BATCH = 1000  # many batches, some packed, some slices of one tensor
+    _readplan.ROUND_BYTES = 4096  # many exchange rounds and broadcast batches
     want = DistributedDataParallel(model(5)).state_dict()
     store = ckstore.open(path, create=True)
     counting = objects.CountingBackend(store.repository.objects.backend)
@@ -263,14 +264,15 @@ def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
     snap = store.get("ddp")
     _ = snap.manifest
     out: dict[str, Any] = {}
-    for mode in ("each", "broadcast"):
+    for mode in ("each", "once", "broadcast"):
+        _readplan.FANOUT = 1 if mode == "broadcast" else 8  # "broadcast": the broadcast batches' path
         fresh = DistributedDataParallel(model(6))
         counting.reset()
         snap.restore({"ddp": fresh}, replicated_read=mode, memory_budget=1 << 30)  # all staged: one read
         out[mode] = sum(g.nbytes for g in counting.gets if g.name.startswith("packs/"))
         for (k, a), b in zip(want.items(), fresh.state_dict().values()):
             assert bits(a) == bits(b), (mode, k)
-    for mode in ("each", "broadcast"):  # atomic=False: one pass straight into place, same bits
+    for mode in ("each", "once"):  # atomic=False: one pass straight into place, same bits
         fresh = DistributedDataParallel(model(6))
         snap.restore({"ddp": fresh}, replicated_read=mode, atomic=False, memory_budget=0)
         for (k, a), b in zip(want.items(), fresh.state_dict().values()):
