@@ -147,12 +147,24 @@ class Fetcher:
     def __init__(self, objs: objects.ObjectStore, index: Any, where: str, threads: int) -> None:
         self.objs, self.index, self.where, self.threads = objs, index, where, max(1, threads)
         self._executor: ThreadPoolExecutor | None = None
+        self._stash: objects.StashingBackend | None = None
 
     def close(self) -> None:
-        """Stop the worker threads (their read buffers go with them)."""
+        """Stop the worker threads (their read buffers go with them) and drop the spill file."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._stash is not None:
+            self._stash.close()
+            self._stash = None
+
+    def _read_once(self) -> None:
+        """From now on, keep a copy of every payload read where reading it again would fetch it
+        from storage again (``Backend.cached_locally`` False: S3): :meth:`apply` reads what
+        :meth:`verify` read from the copy, so an atomic restore reads the store once."""
+        if self._stash is None and not self.objs.backend.cached_locally:
+            self._stash = objects.StashingBackend(self.objs.backend)
+            self.objs = objects.ObjectStore(self._stash)
 
     def __enter__(self) -> Fetcher:
         return self
@@ -186,6 +198,7 @@ class Fetcher:
         and its payload's fingerprint kept. Returns the arena (``apply`` empties it).
         """
         self._locate(jobs)
+        self._read_once()
         want = sum(-(-self._loc(j).raw_length // 64) * 64 for j in jobs)  # slots are 64-byte aligned
         room = want if budget is None else max(0, budget - _Pools.bytes_needed(self.threads, jobs))
         arena = Arena(room, want, _arena_copier(jobs))

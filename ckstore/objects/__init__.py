@@ -37,7 +37,12 @@ from ckstore.objects.packs import (
     read_pack_index,
 )
 from ckstore.objects.store import ObjectStore, blob_name
-from ckstore.objects.wrappers import CountingBackend, FaultyBackend, WrappingBackend
+from ckstore.objects.wrappers import (
+    CountingBackend,
+    FaultyBackend,
+    StashingBackend,
+    WrappingBackend,
+)
 
 if TYPE_CHECKING:
     from ckstore.objects.fsspec_backend import FsspecBackend, memory_backend
@@ -86,6 +91,7 @@ __all__ = [
     "PackScan",
     "PackWriter",
     "S3Backend",
+    "StashingBackend",
     "WrappingBackend",
     "blob_name",
     "chunk_id",

@@ -229,6 +229,11 @@ class Backend(abc.ABC):
     def list(self, prefix: str = "") -> Iterator[str]:
         """Yield every object name starting with ``prefix``, recursively, sorted."""
 
+    cached_locally = False
+    """Whether reading an object again is served from this host (a local disk's page cache,
+    process memory) rather than fetched from storage again: an atomic restore, which reads each
+    payload in two passes, keeps a copy of what it read (``StashingBackend``) where it is not."""
+
     def writer(self) -> ObjectWriter:
         """A new object written piece by piece and published under its name at the end
         (:class:`ObjectWriter`): a pack whose name, the hash of its trailer, is known only once

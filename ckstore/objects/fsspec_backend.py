@@ -62,6 +62,11 @@ class FsspecBackend(Backend):
         return f"{self._proto}://{self._root.lstrip('/')}"
 
     @property
+    def cached_locally(self) -> bool:  # type: ignore[override]
+        """Local and in-memory file systems re-read from this host; the others fetch again."""
+        return self._proto in ("file", "local", "memory")
+
+    @property
     def fs(self) -> fsspec.AbstractFileSystem:
         """The underlying filesystem."""
         return self._fs

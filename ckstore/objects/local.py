@@ -135,6 +135,8 @@ class LocalBackend(Backend):
         os.replace(tmp, path)
         return True
 
+    cached_locally = True
+
     def writer(self) -> ObjectWriter:
         """A writer staging its bytes in a temporary file of the store's root (same file system
         as every object: published with the same link as :meth:`put`)."""

@@ -6,6 +6,8 @@ A wrapper is itself a :class:`Backend` and forwards to ``inner``; wrappers stack
 from __future__ import annotations
 
 import fnmatch
+import os
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,6 +48,10 @@ class WrappingBackend(Backend):
 
     def list(self, prefix: str = "") -> Iterator[str]:
         return self.inner.list(prefix)
+
+    @property
+    def cached_locally(self) -> bool:  # type: ignore[override]
+        return self.inner.cached_locally
 
     def sweep_temporary(self, older_than: float) -> int:
         return self.inner.sweep_temporary(older_than)
@@ -168,3 +174,76 @@ class FaultyBackend(WrappingBackend):
             buf[min(self.flip_at, len(buf) - 1)] ^= 0xFF
             data = bytes(buf)
         return data
+
+
+class StashingBackend(WrappingBackend):
+    """Keeps a copy of every range read from ``inner`` in a spill file, so reading the same
+    range again costs no storage read: an atomic restore's second pass over payloads its first
+    pass checked, on a store where reading again means fetching again (S3).
+
+    The spill file is an unnamed temporary file in ``directory`` (default: the system's
+    temporary directory), gone when :meth:`close` is called or the process ends; while the
+    host's memory allows, it lives in the page cache. Where it cannot be written (a full
+    disk), ranges are simply read from ``inner`` again. :meth:`close` closes the spill file,
+    not ``inner``, which belongs to its store.
+    """
+
+    def __init__(self, inner: Backend, directory: str | None = None) -> None:
+        super().__init__(inner)
+        self._spill = tempfile.TemporaryFile(dir=directory)
+        self._at: dict[tuple[str, int, int], int] = {}  # (name, offset, length) -> spill offset
+        self._end = 0
+        self._full = False
+        self._lock = threading.Lock()
+        self.hits = 0
+        """Ranges served from the spill file."""
+
+    def get_into(self, name: str, offset: int, out: memoryview) -> None:
+        key = (name, offset, len(out))
+        with self._lock:
+            at = self._at.get(key)
+        if at is not None:
+            _pread_exactly(self._spill.fileno(), out, at)
+            with self._lock:
+                self.hits += 1
+            return
+        self.inner.get_into(name, offset, out)
+        self._keep(key, out)
+
+    def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        if length is not None:
+            buf = bytearray(length)
+            self.get_into(name, offset, memoryview(buf))
+            return bytes(buf)
+        return self.inner.get(name, offset, length)
+
+    def _keep(self, key: tuple[str, int, int], data: memoryview) -> None:
+        with self._lock:
+            if self._full or key in self._at:
+                return
+            at, self._end = self._end, self._end + len(data)
+        try:
+            view = memoryview(data).cast("B")
+            done = 0
+            while done < len(view):
+                done += os.pwrite(self._spill.fileno(), view[done:], at + done)
+        except OSError:  # the spill disk is full: read again instead
+            with self._lock:
+                self._full = True
+            return
+        with self._lock:
+            self._at[key] = at
+
+    def close(self) -> None:
+        """Drop the spill file (``inner`` stays open)."""
+        self._spill.close()
+
+
+def _pread_exactly(fd: int, out: memoryview, at: int) -> None:
+    view = memoryview(out).cast("B")
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], at + got)
+        if n == 0:
+            raise StorageError(f"the restore's spill file ended at {at + got}: it was truncated")
+        got += n

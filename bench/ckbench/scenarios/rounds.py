@@ -15,7 +15,7 @@ import torch
 
 from ..harness import Bench
 from ..states import READ_KEY, flat_tensors, mutate, scramble
-from ..util import dir_bytes
+from ..util import dir_bytes, evict, sequential_read, storage_reads
 
 Roots = dict[str, Path]
 Handles = dict[str, Any]
@@ -39,6 +39,8 @@ def one_round(b: Bench, r: int) -> None:
     incremental_take(b, order, roots, handles)
     restore_in_place(b, order, handles, verify_it=r == 0)
     restore_nonatomic(b, handles)
+    restore_cold(b, order, roots, handles)
+    restore_model_only(b, handles)
     read_one_tensor(b, order, handles, check=r == 0)
     if b.ok("ckstore"):
         async_take(b, r)
@@ -112,6 +114,55 @@ def restore_nonatomic(b: Bench, handles: Handles) -> None:
     ck = b.ckstore()
     scramble(b.dest)
     b.timed("restore_nonatomic", "ckstore", lambda: ck.restore(handles["ckstore"], b.dest, atomic=False))
+
+
+def restore_cold(b: Bench, order: list[str], roots: Roots, handles: Handles) -> None:
+    """Each system's restore in place with its files evicted from the page cache first (what a
+    resume after a failure reads), the bytes it read from the disk (``/proc/self/io``), and
+    the sequential read bandwidth of the disk measured on the same files, evicted again."""
+    for n in order:
+        if not b.ok(n):
+            continue
+        seq_bytes, seq_s = (evict(roots[n]), sequential_read(roots[n]))[1]
+        b.extra.setdefault("sequential_read", {}).setdefault(n, []).append(seq_bytes / seq_s if seq_s else 0.0)
+        scramble(b.dest)
+        evict(roots[n])
+        before = storage_reads()
+        b.timed("restore_cold", n, partial(b.systems[n].restore, handles[n], b.dest))
+        if before >= 0:
+            b.sizes.setdefault(f"cold_read_bytes/{n}", []).append(storage_reads() - before)
+    if b.ok("ckstore"):
+        ck = b.ckstore()
+        scramble(b.dest)
+        evict(roots["ckstore"])
+        before = storage_reads()
+        b.timed("restore_cold_nonatomic", "ckstore", lambda: ck.restore(handles["ckstore"], b.dest, atomic=False))
+        if before >= 0:
+            b.sizes.setdefault("cold_read_bytes_nonatomic/ckstore", []).append(storage_reads() - before)
+
+
+def restore_model_only(b: Bench, handles: Handles) -> None:
+    """The weights alone (``model/**``) restored in place from a snapshot of weights and Adam
+    state: ckstore's restore of the ``model`` entry, against reading the same tensors from the
+    safetensors file (``safe_open``, each ``model/`` tensor copied in)."""
+    model = b.dest["model"]
+    if b.ok("ckstore"):
+        ck = b.ckstore()
+        root, ref = handles["ckstore"]
+        scramble(b.dest)
+        b.timed("restore_model", "ckstore",
+                lambda: ck.store(root).get(ref).restore({"model": ck.ck.StateDict(model)}))
+    if b.ok("safetensors"):
+        st = b.systems["safetensors"]
+        path = handles["safetensors"]
+
+        def read_weights() -> None:
+            with st.safe_open(str(path), framework="pt") as f:  # type: ignore[attr-defined]
+                for k, t in model.items():
+                    t.copy_(f.get_tensor(f"model/{k}"))
+
+        scramble(b.dest)
+        b.timed("restore_model", "safetensors", read_weights)
 
 
 def read_one_tensor(b: Bench, order: list[str], handles: Handles, check: bool) -> None:

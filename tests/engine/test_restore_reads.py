@@ -1,0 +1,96 @@
+"""Bytes a restore reads from storage, counted at the backend boundary (``CountingBackend``).
+
+An atomic restore checks every chunk before it touches the destination, then puts them in
+place: two passes over the payloads. On a store where reading again means fetching again (S3),
+the first pass keeps a copy of each payload in a spill file (``StashingBackend``) and the
+second reads the copy: every restore, atomic included, reads the stored bytes once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ckstore
+from ckstore import objects
+from ckstore.objects import wrappers
+
+KNOBS = {"chunk_bytes": 16 << 10, "pack_bytes": 128 << 10, "inline_bytes": 64}
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return {"w": torch.randn(256, 512, generator=g), "b": torch.randn(4096, generator=g).to(torch.bfloat16),
+            "ids": torch.randint(0, 9, (128, 128), generator=g)}
+
+
+@pytest.fixture
+def s3_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ckstore.Store]:
+    server: Any = request.getfixturevalue("s3_server")
+    bucket = f"ck-{uuid.uuid4().hex[:12]}"
+    server.create_bucket(bucket)
+    store = ckstore.open(f"s3://{bucket}/ckpts", index=f"sqlite:///{tmp_path / 'index.sqlite'}",
+                         storage_options=server.storage_options(), create=True, **KNOBS)
+    yield store
+    store.close()
+
+
+def _counted(store: ckstore.Store) -> objects.CountingBackend:
+    counting = objects.CountingBackend(store.repository.objects.backend)
+    store.repository.objects = objects.ObjectStore(counting)
+    return counting
+
+
+def _pack_bytes(counting: objects.CountingBackend) -> int:
+    return sum(g.nbytes for g in counting.gets if g.name.startswith("packs/"))
+
+
+def _restore(store: ckstore.Store, ref: str, **kw: Any) -> dict[str, torch.Tensor]:
+    want = _state()
+    dest = {k: torch.zeros_like(v) for k, v in want.items()}
+    store.get(ref).restore({"m": ckstore.StateDict(dest)}, **kw)
+    assert all(torch.equal(dest[k], v) for k, v in want.items())
+    return dest
+
+
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "streamed"])
+def test_every_restore_reads_the_stored_bytes_once_from_s3(s3_store: ckstore.Store, atomic: bool) -> None:
+    snap = s3_store.take({"m": ckstore.StateDict(_state())}, run="r")
+    stored = sum(c.length for c in s3_store.repository.index.all_chunks() if c.chunk_id in snap.manifest.chunk_ids())
+    counting = _counted(s3_store)
+    assert not counting.cached_locally
+    _restore(s3_store, "r", atomic=atomic, memory_budget=0)  # nothing staged: every payload read twice by the passes
+    assert stored <= _pack_bytes(counting) <= 1.05 * stored, (_pack_bytes(counting), stored)
+
+
+def test_a_spill_disk_that_fills_up_only_costs_a_second_read(s3_store: ckstore.Store, monkeypatch) -> None:
+    snap = s3_store.take({"m": ckstore.StateDict(_state())}, run="r")
+    stored = sum(c.length for c in s3_store.repository.index.all_chunks() if c.chunk_id in snap.manifest.chunk_ids())
+    counting = _counted(s3_store)
+
+    def full(*args: Any) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(wrappers.os, "pwrite", full)
+    _restore(s3_store, "r", memory_budget=0)
+    assert 1.9 * stored <= _pack_bytes(counting) <= 2.05 * stored  # read again, right all the same
+
+
+def test_the_stash_serves_a_range_once_kept_and_leaves_the_store_open(tmp_path) -> None:
+    inner = objects.CountingBackend(objects.memory_backend())
+    inner.put("packs/ab/x.pack", bytes(range(256)) * 64)
+    stash = objects.StashingBackend(inner, str(tmp_path))
+    for _ in range(3):
+        out = memoryview(bytearray(100))
+        stash.get_into("packs/ab/x.pack", 1000, out)
+        assert bytes(out) == (bytes(range(256)) * 64)[1000:1100]
+    assert stash.get("packs/ab/x.pack", 1000, 100) == (bytes(range(256)) * 64)[1000:1100]
+    assert inner.get_calls == 1 and stash.hits == 3
+    stash.close()
+    assert inner.get("packs/ab/x.pack", 0, 4) == bytes(range(4))  # the store's backend is still open
+    assert list(tmp_path.iterdir()) == []  # the spill file had no name to begin with
