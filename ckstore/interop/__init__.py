@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import struct
-import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from ..errors import InvalidInputError, NotFoundError
 from . import _dcpdir, _hf, _outdir, _torchfile
 from ._apps import SOURCE_APP, app_state_of, select
 from ._hf import DEFAULT_SHARD_BYTES
+from ._safeload import is_zip
 from ._source import Source, load_source
 from ._spill import Spill
 
@@ -71,7 +71,7 @@ def detect_format(path: str) -> str:
     lower = path.lower()
     if lower.endswith(".safetensors"):
         return "safetensors"
-    if lower.endswith(TORCH_SUFFIXES) or zipfile.is_zipfile(path):
+    if lower.endswith(TORCH_SUFFIXES) or is_zip(path):
         return "torch"
     with open(path, "rb") as f:
         head = f.read(9)
