@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from ..engine.repository import SnapshotView
-from ..errors import CorruptionError, InvalidInputError
+from ..errors import InvalidInputError
 from ..format.manifest import TensorEntry
 from ._apps import FLAT_APP, SOURCE_APP, Held, flat_names, is_flat
+from ._outdir import inside
 from ._read import build_objects, entry_of, tensor_bytes
 from ._safeload import load_torch
 from ._safetensors import Planned, check_dtype, map_tensors, read_header, write_stream
@@ -208,7 +209,7 @@ def _write_torch_files(view: SnapshotView, out: str, keys: list[str], torch_apps
             continue
         with Spill(budget, out) as spill:
             obj = build_objects(view, mine, spill, view.reader())[app]
-            torch.save(obj, os.path.join(out, rel))
+            torch.save(obj, inside(out, rel, f"snapshot {view.ref}"))
         written.append(rel)
     return written
 
@@ -219,10 +220,7 @@ def _write_kept(view: SnapshotView, out: str) -> list[str]:
         return []
     reader = view.reader()
     for rel, key in kept.items():
-        parts = rel.split("/")
-        if any(p in ("", ".", "..") for p in parts) or os.path.isabs(rel):
-            raise CorruptionError(f"snapshot {view.ref}: kept file path {rel!r} is not a relative path")
-        dest = os.path.join(out, *parts)
+        dest = inside(out, rel, f"snapshot {view.ref}")
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         with open(dest, "wb") as f:
             f.write(reader.read_tensors([key])[key].numpy().tobytes())
