@@ -44,9 +44,12 @@ class StorageWriter(_DcpStorageWriter):
             ``CKSTORE_DIST_TIMEOUT`` or 600).
         overwrite: as in DCP's ``FileSystemWriter``. True (default): a save whose target
             exists adds a newer snapshot (``store.get("run@step")`` then finds the newest).
-            False: refuse, with ``ConflictError``, a save whose target exists: the snapshot
-            called ``name`` if given, else ``run@step``, else (no step) any snapshot of
-            ``run``. Checked when the save starts and again just before it commits.
+            False: refuse a save whose target exists: the snapshot called ``name`` if given,
+            else ``run@step``, else (no step) any snapshot of ``run``. Checked when the save
+            starts and again just before it commits. The writer raises ``ConflictError``;
+            ``dcp.save`` wraps it, as every storage error, in DCP's ``CheckpointException``
+            (a ``BaseException``), whose ``failures[rank][0]`` is the ``ConflictError``;
+            nothing is committed.
         index, storage_options: for a store given by URL (an open store's are reused).
 
     ``dcp.save(..., checkpoint_id="run" or "run@step")`` overrides run/step.
