@@ -54,6 +54,8 @@ class GCReport:
     packs_removed: int = 0
     manifests_removed: int = 0
     orphans_removed: int = 0
+    uploads_aborted: int = 0
+    """Unfinished multipart uploads (S3) of writers that died mid-put, aborted with the orphans."""
     bytes_reclaimed: int = 0
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     grace_kept_chunks: int = 0
@@ -213,7 +215,8 @@ def _delete_retired(store: Repository, report: GCReport, cutoff: float) -> None:
 
 
 def _delete_orphans(store: Repository, report: GCReport) -> None:
-    """Delete packs/manifests the index does not know, if no write session is alive.
+    """Delete packs/manifests the index does not know, and abort unfinished uploads, if no
+    write session is alive.
 
     Every object was written inside some write session. If, after listing, no session is
     alive, each writer of a listed object either committed (so its objects are in the index by
@@ -223,8 +226,12 @@ def _delete_orphans(store: Repository, report: GCReport) -> None:
     """
     packs = set(store.objects.list_packs())
     manifests = set(store.objects.list_blobs("manifests"))
+    uploads = store.objects.partial_uploads()
     if store.index.live_sessions():
         return
+    for name, upload_id in uploads:  # listed before the check: their writers are gone too
+        store.objects.discard_upload(name, upload_id)
+        report.uploads_aborted += 1
     for pack_id in packs - store.index.index_pack_ids():
         report.bytes_reclaimed += store.objects.pack_size(pack_id)
         store.objects.delete_pack(pack_id)

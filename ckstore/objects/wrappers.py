@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ckstore.errors import StorageError
@@ -41,6 +41,12 @@ class WrappingBackend(Backend):
 
     def list(self, prefix: str = "") -> Iterator[str]:
         return self.inner.list(prefix)
+
+    def partial_uploads(self) -> Sequence[tuple[str, str]]:
+        return self.inner.partial_uploads()
+
+    def discard_upload(self, name: str, upload_id: str) -> None:
+        self.inner.discard_upload(name, upload_id)
 
     def close(self) -> None:
         self.inner.close()
