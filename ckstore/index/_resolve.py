@@ -2,7 +2,9 @@
 
 Tried in order, first match wins:
 
-1. ``run@step``: the snapshot of that run at that step (the newest if several).
+1. ``run@step``: the snapshot of that run at that step (the newest if several);
+   ``run@healthy``: the run's newest snapshot whose take recorded no NaN or Inf (names never
+   hold ``@`` and steps are integers, so neither form can mean anything else).
 2. A tag name.
 3. A snapshot name.
 4. A run name: the run's latest snapshot.
@@ -54,8 +56,14 @@ def resolve(conn: Connection, ref: str) -> Row[Any]:
     return row
 
 
+HEALTHY = "healthy"
+"""``run@healthy``: the run's newest snapshot recorded free of NaN and Inf."""
+
+
 def _by_step(conn: Connection, ref: str) -> Row[Any]:
     run, _, step_text = ref.rpartition("@")
+    if step_text == HEALTHY:
+        return _healthy(conn, run, ref)
     try:
         step = int(step_text)
     except ValueError:
@@ -70,6 +78,17 @@ def _by_step(conn: Connection, ref: str) -> Row[Any]:
     row = _latest(conn, (s.c.run == run) & (s.c.step == step))
     if row is None:
         raise SnapshotNotFoundError(_not_found_message(conn, ref, f"run {run!r} at step {step}"))
+    return row
+
+
+def _healthy(conn: Connection, run: str, ref: str) -> Row[Any]:
+    s = _sql.snapshots
+    row = _latest(conn, (s.c.run == run) & (s.c.nonfinite == 0))
+    if row is None:
+        recorded = conn.scalar(select(s.c.id).where((s.c.run == run) & s.c.nonfinite.is_not(None)).limit(1))
+        why = ("every snapshot it recorded health for holds NaN or Inf" if recorded is not None
+               else "none of its snapshots recorded health (taken before ckstore did, or with health=False)")
+        raise SnapshotNotFoundError(_not_found_message(conn, ref, f"a healthy snapshot of run {run!r}: {why}"))
     return row
 
 

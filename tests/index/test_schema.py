@@ -33,7 +33,7 @@ def test_new_database_is_stamped_at_head(index_url: str) -> None:
     Index.open(index_url).close()
     engine = make_engine(index_url)
     try:
-        assert current_revision(engine) == head_revision() == "0003"
+        assert current_revision(engine) == head_revision() == "0004"
     finally:
         engine.dispose()
 
@@ -97,7 +97,7 @@ def test_frozen_revision_0001_database_upgrades_and_keeps_its_data(tmp_path: Pat
     url = f"sqlite:///{path}"
     with pytest.raises(SchemaError, match=f"ckstore migrate --index {url}"):
         Index.open(url, create=False)  # never upgraded behind the user's back
-    assert upgrade(url) == "0003"
+    assert upgrade(url) == "0004"
     with Index.open(url, create=False) as ix:
         # every chunk of revision 0001 is a full chunk, with no payload digest recorded
         assert {(c.base_id, c.depth, c.payload_digest) for c in ix.all_chunks()} == {(None, 0, None)}
@@ -124,20 +124,20 @@ def test_frozen_revision_0001_database_upgrades_and_keeps_its_data(tmp_path: Pat
         assert ix.resolve("sft").step == 300
 
 
-# Test-only revision 0004. To exercise the "older revision" path against the shipped head we
-# build a migration directory holding the shipped env.py and revisions plus this 0004, and run
+# Test-only revision 0005. To exercise the "older revision" path against the shipped head we
+# build a migration directory holding the shipped env.py and revisions plus this 0005, and run
 # the same check/upgrade code against it. A database the shipped code created (at the shipped
 # head) is then genuinely older than that directory's head.
 REVISION_TEST_ONLY = '''"""Test-only revision.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
@@ -157,28 +157,28 @@ def downgrade():
 def scripts_with_test_only(tmp_path: Path) -> Path:
     location = tmp_path / "migrations"
     shutil.copytree(MIGRATIONS_DIR, location, ignore=shutil.ignore_patterns("__pycache__"))
-    (location / "versions" / "0004_test_only.py").write_text(REVISION_TEST_ONLY)
+    (location / "versions" / "0005_test_only.py").write_text(REVISION_TEST_ONLY)
     return location
 
 
 def test_older_revision_is_refused_with_migrate_command(
     index_url: str, scripts_with_test_only: Path
 ) -> None:
-    with Index.open(index_url) as ix:  # the shipped code creates it at its head, 0003
+    with Index.open(index_url) as ix:  # the shipped code creates it at its head, 0004
         commit(ix, "r", 1)
     engine = make_engine(index_url)
     try:
         with pytest.raises(SchemaError) as err:
             ensure_schema(engine, script_location=scripts_with_test_only)
         message = str(err.value)
-        assert "0003" in message and "0004" in message
+        assert "0004" in message and "0005" in message
         assert f"ckstore migrate --index {index_url}" in message
-        assert upgrade(index_url, script_location=scripts_with_test_only) == "0004"
+        assert upgrade(index_url, script_location=scripts_with_test_only) == "0005"
         ensure_schema(engine, script_location=scripts_with_test_only)  # now current: opens
-        assert current_revision(engine) == "0004"
+        assert current_revision(engine) == "0005"
     finally:
         engine.dispose()
-    with pytest.raises(SchemaError, match="newer ckstore"):  # the shipped code: 0004 is new
+    with pytest.raises(SchemaError, match="newer ckstore"):  # the shipped code: 0005 is new
         Index.open(index_url)
 
 
@@ -206,7 +206,7 @@ def test_payload_digests_migrate_down_and_up_in_place(index_url: str) -> None:
         engine.dispose()
     with pytest.raises(SchemaError, match=re.escape(f"ckstore migrate --index {index_url}")):
         Index.open(index_url, create=False)
-    assert upgrade(index_url) == "0003"
+    assert upgrade(index_url) == "0004"
     with Index.open(index_url, create=False) as ix:
         got = ix.chunk_locations([rec.chunk_id])[rec.chunk_id]
         assert got == ChunkRecord(rec.chunk_id, "p1", 0, 5, 64, "zstd")  # the digest is unknown now
