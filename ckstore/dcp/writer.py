@@ -51,6 +51,9 @@ class StorageWriter(_DcpStorageWriter):
             (a ``BaseException``), whose ``failures[rank][0]`` is the ``ConflictError``;
             nothing is committed.
         index, storage_options: for a store given by URL (an open store's are reused).
+        on_nonfinite, on_stale, health, trainable: the take's guard, as for ``store.take``.
+            A DCP save has no live modules: optimizer moments are recognised by their keys,
+            parameters only by ``trainable`` globs (``"dcp/model.*"``).
 
     ``dcp.save(..., checkpoint_id="run" or "run@step")`` overrides run/step.
     After a save, :attr:`snapshot` (coordinator) is the committed :class:`ckstore.Snapshot`.
@@ -72,9 +75,14 @@ class StorageWriter(_DcpStorageWriter):
         overwrite: bool = True,
         index: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        on_nonfinite: str = "warn",
+        on_stale: str = "warn",
+        health: bool = True,
+        trainable: Any = (),
     ) -> None:
         super().__init__()
-        self.spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, dist_timeout=timeout)
+        self.spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, dist_timeout=timeout,
+                                on_nonfinite=on_nonfinite, on_stale=on_stale, health=health, trainable=trainable)
         self._ref = StoreRef(store, index, storage_options)
         self.overwrite = bool(overwrite)
         self.is_coordinator = True
@@ -175,10 +183,13 @@ class StorageWriter(_DcpStorageWriter):
             # 1. cut on the global grid and hash (local); one writer per distinct chunk id
             with phase(comm, "dcp.save (hashing)", "dcp.save into ckstore (hashing)") as ph:
                 results, chunks = cut_items(plan.items, planner, t.opts)
+                t.guard.watch({r.index.fqn: r.storage_data["dtype"] for r in results if "dtype" in r.storage_data})
                 t.hash(chunks)
                 fill_ids(results, chunks)
-                ph.send({"coordinator": self.is_coordinator, "ids": id_sizes(chunks)})
+                ph.send({"coordinator": self.is_coordinator, "ids": id_sizes(chunks), "health": t.guard.partials()})
             coordinator = the_coordinator(ph.received) if comm is not None else 0
+            for sent in ph.received:  # every rank's figures: the coordinator's manifest records them
+                t.guard.merge(sent["health"])
             who = owners([dict(g["ids"]) for g in ph.received])
             # 2. write what the store lacks, in this rank's session; 3. hand the pins over
             with phase(comm, "dcp.save (writing chunks)", "dcp.save into ckstore (writing)") as ph:

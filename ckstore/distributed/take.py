@@ -90,6 +90,7 @@ def take(
         with phase(comm, "planning", "distributed take (planning)") as ph:
             local = classify(states, ddp, spec.replicated, t.opts)
             leaves = {k: leaf.desc for k, leaf in local.leaves.items()}
+            t.guard.watch({k: d["dtype"] for k, d in leaves.items() if "dtype" in d})
             ph.send({"tree": blake3.blake3(canonical_json(local.apps)).hexdigest(), "leaves": leaves,
                      "layout": layout_digest(leaves)})
         descs = ph.received
@@ -103,7 +104,8 @@ def take(
             lists: dict[str, list[Any]] = defaultdict(list)
             for key, (o, s), c in local.chunks:
                 lists[key].append([list(o), list(s), c.id])
-            ph.send({"chunks": lists, "bytes": sum({c.id: len(c.view) for _, _, c in local.chunks}.values())})
+            ph.send({"chunks": lists, "bytes": sum({c.id: len(c.view) for _, _, c in local.chunks}.values()),
+                     "health": t.guard.partials()})
         results = ph.received
         owners = _writers(results, descs, comm.world)
 
@@ -233,7 +235,9 @@ def _manifest(
     statuses: list[dict[str, Any]],
     world: int,
 ) -> Manifest:
-    """Rank 0: the one manifest, built from every rank's pieces."""
+    """Rank 0: the one manifest, built from every rank's pieces (and health figures)."""
+    for res in results:
+        t.guard.merge(res.get("health", ()))
     entries = {key: _entry(key, descs, results, t.opts) for key in keys}
     return t.manifest(local.apps, entries, world_size=world, ranks=statuses)
 

@@ -84,11 +84,12 @@ def gc(
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     repack_below: float = DEFAULT_REPACK_BELOW,
     dry_run: bool = False,
+    keep_healthy: bool = True,
 ) -> GCReport:
     """Forget the snapshots the policy drops, then prune what nothing references.
 
     Args:
-        keep_last, keep_every_steps, keep_tagged, older_than, runs: the retention policy
+        keep_last, keep_every_steps, keep_tagged, older_than, runs, keep_healthy: the retention policy
             (see :class:`ckstore.history.policy.Policy`); with none of the first three set only prune.
         grace_seconds: unreferenced data younger than this, and retired packs retired more
             recently than this, are kept (readers that resolved a location just before may still
@@ -103,7 +104,7 @@ def gc(
     """
     grace_seconds = check_number("gc: grace_seconds", grace_seconds, 0.0, MAX_SECONDS)
     repack_below = check_number("gc: repack_below", repack_below, 0.0, 1.0)
-    policy = Policy(keep_last, keep_every_steps, keep_tagged, older_than, tuple(runs) if runs else None)
+    policy = Policy(keep_last, keep_every_steps, keep_tagged, older_than, tuple(runs) if runs else None, keep_healthy)
     report = GCReport(dry_run=dry_run, grace_seconds=grace_seconds)
     now = time.time()
     cutoff = now - grace_seconds
