@@ -213,6 +213,7 @@ class Store:
         on_stale: str = "warn",
         health: bool = True,
         trainable: Sequence[str] = (),
+        verify: bool = True,
     ) -> StoredSnapshot:
         """Take an existing checkpoint (file or folder) into ``run`` as one snapshot.
 
@@ -239,7 +240,13 @@ class Store:
         options as for :meth:`take` (an imported file has no live modules: optimizer moments
         are recognised by their keys, parameters by ``trainable`` globs).
 
+        ``verify`` (default True): a checkpoint that carries ckstore's digests (an export's
+        safetensors ``__metadata__`` or its ``ckstore-digests.json``) is checked against them
+        first, as ``ckstore verify`` does; a mismatch refuses the import.
+
         Raises:
+            CorruptionError: with ``verify``, a file or tensor does not match its recorded
+                digest (the message names it); nothing was imported.
             UnsafePickleError: a ``torch.save`` file (or DCP metadata) needs arbitrary
                 unpickling; nothing of it ran. Load it yourself if you trust it, then ``take``.
             InvalidInputError: the path is not a readable checkpoint of the format.
@@ -250,6 +257,10 @@ class Store:
         spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name,
                            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist=True), no_dist=True,
                            on_nonfinite=on_nonfinite, on_stale=on_stale, health=health, trainable=trainable)
+        if verify:
+            from .interop import verify_checkpoint
+
+            verify_checkpoint(path, refuse=True)
         with load_checkpoint(self._repo, path, format) as loaded:
             spec = spec.evolve(metadata={**loaded.metadata, **spec.metadata})
             return self._handle(*_takes.take(self._repo, loaded.apps, spec))

@@ -32,6 +32,7 @@ from ..engine.repository import Repository, SnapshotView
 from ..errors import InvalidInputError, NotFoundError
 from . import _dcpdir, _hf, _outdir, _torchfile
 from ._apps import SOURCE_APP, app_state_of, select
+from ._digests import verify_checkpoint, write_sidecar
 from ._hf import DEFAULT_SHARD_BYTES
 from ._safeload import is_zip
 from ._source import Source, load_source
@@ -52,6 +53,7 @@ __all__ = [
     "detect_format",
     "export_snapshot",
     "load_checkpoint",
+    "verify_checkpoint",
 ]
 
 
@@ -162,7 +164,8 @@ def export_snapshot(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     memory_budget: int | None = None,
 ) -> ExportReport:
-    """Write the snapshot (or the keys matching ``keys`` globs) to directory ``dest``."""
+    """Write the snapshot (or the keys matching ``keys`` globs) to directory ``dest``, with
+    the digests that prove it (safetensors metadata, ``ckstore-digests.json``)."""
     dest = os.path.abspath(os.fspath(dest))
     if format not in EXPORT_FORMATS:
         raise InvalidInputError(f"unknown export format {format!r}; use one of {', '.join(EXPORT_FORMATS)}")
@@ -184,4 +187,5 @@ def export_snapshot(
             done = _dcpdir.export(view, out, selected, src, budget)
         else:
             done = _hf.export(view, out, selected, src, shard_bytes, budget)
+        done["files"] = [*done["files"], write_sidecar(view, out, done.get("tensor_digests", {}))]
     return ExportReport(dest, format, done["files"], done["tensors"], done.get("skipped_values", []))
