@@ -15,7 +15,8 @@ from ._common import EXIT_OK, EXIT_PROBLEMS, emit_json, find_store, open_store, 
 # --- gc, check, reindex, du ---------------------------------------------------------------------
 def gc_policy(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``store.gc`` that the options given ask for."""
-    policy: dict[str, Any] = {"dry_run": args.dry_run, "keep_tagged": not args.no_keep_tagged}
+    policy: dict[str, Any] = {"dry_run": args.dry_run, "keep_tagged": not args.no_keep_tagged,
+                              "keep_healthy": not args.no_keep_healthy}
     for opt, key in (
         ("keep_last", "keep_last"),
         ("keep_every_steps", "keep_every_steps"),

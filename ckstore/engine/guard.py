@@ -137,18 +137,19 @@ class TakeGuard:
                 "(on_stale='raise'). Is the optimizer stepping, and is this the state it trains?", keys=stale)
         if bad and spec.on_nonfinite == "warn":
             for pattern, keys in fh.by_pattern(bad).items():
-                warnings.warn(NonFiniteWarning(f"ckstore: {where}: NaN/Inf in {pattern}"
-                                               f"{_count(keys, pattern)}; committed, recorded unhealthy "
+                warnings.warn(NonFiniteWarning(f"ckstore: {where}: NaN/Inf in {_name(keys, pattern)}; "
+                                               "committed, recorded unhealthy "
                                                f"(roll back with store.get('{spec.run}@healthy'))"), stacklevel=2)
         if stale and spec.on_stale == "warn":
             step = (found.stale_base or {}).get("step")
             for pattern, keys in fh.by_pattern(stale).items():
-                warnings.warn(StaleStateWarning(f"ckstore: {where}: {pattern}{_count(keys, pattern)} did not change "
+                warnings.warn(StaleStateWarning(f"ckstore: {where}: {_name(keys, pattern)} did not change "
                                                 f"since step {step} although it should train"), stacklevel=2)
 
 
-def _count(keys: list[str], pattern: str) -> str:
-    return "" if keys == [pattern] else f" ({len(keys)} tensors)"
+def _name(keys: list[str], pattern: str) -> str:
+    """A key pattern's keys: the key itself when alone, else the pattern and how many."""
+    return keys[0] if len(keys) == 1 else f"{pattern} ({len(keys)} tensors)"
 
 
 def _same(a: Entry, b: Entry) -> bool:

@@ -45,7 +45,8 @@ _CHUNK = 8 << 20
 MAX_HEADER_BYTES = 100_000_000
 
 TensorDigests = Callable[[str], Mapping[str, str]]
-"""Loads a torch file and gives key path -> digest of each tensor (needs torch)."""
+"""Loads a torch file and gives key path -> digest of each tensor (needs torch; ImportError
+without it, and the file is then named instead of its tensors)."""
 
 
 def digest(data: Any) -> str:
@@ -226,6 +227,8 @@ def _name_torch_tensors(full: str, rel: str, recorded: Mapping[str, str] | None,
         return False
     try:
         live = torch_tensors(full)
+    except ImportError:
+        return False  # no torch here: the file is named, not its tensors
     except Exception as exc:  # noqa: BLE001 - a damaged file may not load at all: named below
         report.problems.append(Finding(rel, f"does not match its digest and does not load ({type(exc).__name__})"))
         return True

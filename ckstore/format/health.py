@@ -139,7 +139,7 @@ def by_pattern(keys: Iterable[str]) -> dict[str, list[str]]:
 def describe(keys: Iterable[str], limit: int = 6) -> str:
     """A short text naming ``keys`` by pattern: ``model/layers.*.weight (12 tensors), ...``."""
     groups = by_pattern(keys)
-    parts = [p if len(ks) == 1 and ks[0] == p else f"{p} ({len(ks)} tensors)" for p, ks in groups.items()]
+    parts = [ks[0] if len(ks) == 1 else f"{p} ({len(ks)} tensors)" for p, ks in groups.items()]
     more = f" and {len(parts) - limit} more patterns" if len(parts) > limit else ""
     return ", ".join(parts[:limit]) + more
 

@@ -32,7 +32,7 @@ from ..engine.repository import Repository, SnapshotView
 from ..errors import InvalidInputError, NotFoundError
 from . import _dcpdir, _hf, _outdir, _torchfile
 from ._apps import SOURCE_APP, app_state_of, select
-from ._digests import verify_checkpoint, write_sidecar
+from ._digests import torch_file_digests, verify_checkpoint, write_sidecar
 from ._hf import DEFAULT_SHARD_BYTES
 from ._safeload import is_zip
 from ._source import Source, load_source
@@ -53,6 +53,7 @@ __all__ = [
     "detect_format",
     "export_snapshot",
     "load_checkpoint",
+    "torch_file_digests",
     "verify_checkpoint",
 ]
 
