@@ -183,7 +183,8 @@ class StorageWriter(_DcpStorageWriter):
             # 1. cut on the global grid and hash (local); one writer per distinct chunk id
             with phase(comm, "dcp.save (hashing)", "dcp.save into ckstore (hashing)") as ph:
                 results, chunks = cut_items(plan.items, planner, t.opts)
-                t.guard.watch({r.index.fqn: r.storage_data["dtype"] for r in results if "dtype" in r.storage_data})
+                t.guard.watch({r.index.fqn: r.storage_data["dtype"] for r in results if "dtype" in r.storage_data},
+                              lambda fqn: join(APP, fqn))
                 t.hash(chunks)
                 fill_ids(results, chunks)
                 ph.send({"coordinator": self.is_coordinator, "ids": id_sizes(chunks), "health": t.guard.partials()})

@@ -79,7 +79,7 @@ class LocalTake:
         self.started = time.time()
         self.stats = TakeStats()
         self._seen: set[str] = set()  # chunk ids handled by this take
-        self.guard = TakeGuard(spec)
+        self.guard = TakeGuard(spec, repo)
         """Health figures while hashing, staleness and the policies (``engine/guard.py``)."""
         self._lease: Lease | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -189,7 +189,7 @@ class LocalTake:
             NonFiniteError, StaleStateError: the guard refused the state (``on_nonfinite`` /
                 ``on_stale`` ``"raise"``); nothing is committed.
         """
-        health = self.guard.assess(self.repo, entries).to_dict()
+        health = self.guard.assess(entries).to_dict()
         return Manifest(apps, entries, self.spec.header(created_at=self.started, session=self.session,
                                                         **header, **({"health": health} if health else {})))
 

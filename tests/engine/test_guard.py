@@ -244,3 +244,50 @@ def test_imported_optimizer_moments_are_checked(tmp_path: Path) -> None:
     assert stale and all(k.startswith("optim/state/") for k in stale)  # moments, not the params
     assert any(issubclass(w.category, StaleStateWarning) for w in caught)
     store.close()
+
+
+def test_chunks_of_a_clean_parent_tensor_are_not_measured_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckstore.engine import guard as guard_module
+
+    measured: list[int] = []
+    real = guard_module.chunk_stats
+    monkeypatch.setattr(guard_module, "chunk_stats", lambda v, d: measured.append(len(v)) or real(v, d))
+    store = _store(tmp_path)
+    frozen, partly, dirty = torch.randn(2000), torch.randn(2000), torch.randn(2000)
+    dirty[5] = float("nan")
+    app = {"m": ckstore.StateDict(frozen=frozen, partly=partly, dirty=dirty)}
+    first, _ = _take(store, app, 1, on_nonfinite="ignore")
+    assert len(measured) == 3 * 8  # 8 chunks of 1 KiB each
+    measured.clear()
+    partly[-1] = float("inf")  # one chunk of it changes, with an Inf
+    second, _ = _take(store, app, 2, on_nonfinite="ignore")
+    assert len(measured) == 1 + 8  # the changed chunk, and the tensor whose parent held a NaN
+    h1, h2 = first.health.tensors, second.health.tensors  # type: ignore[union-attr]
+    assert h2["m/frozen"] == h1["m/frozen"]  # all its chunks: the parent's figures, norm included
+    assert (h2["m/partly"].nan, h2["m/partly"].inf, h2["m/partly"].norm) == (0, 1, None)  # exact counts, no norm
+    assert h2["m/dirty"] == h1["m/dirty"] and h2["m/dirty"].nan == 1
+    assert second.record.nonfinite == 2
+    store.close()
+
+
+def test_device_chunks_are_measured_once_their_copy_landed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device tensors reach the guard as host buffers filled by asynchronous copies; routed
+    through those paths (late copies), the figures equal a plain take's."""
+    from ckstore.engine import device_stage, devices
+    from tests.engine.test_devices import LateCopier
+
+    gen = torch.Generator().manual_seed(4)
+    state = {"w": torch.randn(64, 48, generator=gen), "h": torch.randn(400, generator=gen).bfloat16()}
+    state["w"][10, 3] = float("nan")
+    state["h"][-1] = float("inf")
+    store = _store(tmp_path)
+    plain, _ = _take(store, {"m": ckstore.StateDict(state)}, 1, run="plain", on_nonfinite="ignore")
+    copier = LateCopier(delay=0.01)
+    monkeypatch.setattr(devices, "DEVICE_TYPES", frozenset({"cpu"}))
+    monkeypatch.setattr(devices, "copier_for", lambda t: copier)
+    monkeypatch.setattr(device_stage, "DEVICE_STAGING_BYTES", 4 * store.config.chunk_bytes)
+    staged, _ = _take(store, {"m": ckstore.StateDict(state)}, 1, run="staged", on_nonfinite="ignore")
+    assert copier.max_in_flight > 1
+    assert staged.health.tensors == plain.health.tensors and staged.record.nonfinite == 2  # type: ignore[union-attr]
+    copier.finish()
+    store.close()
