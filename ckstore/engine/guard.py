@@ -23,7 +23,9 @@ One :class:`TakeGuard` per :class:`~ckstore.engine.local_take.LocalTake`, so eve
 
 from __future__ import annotations
 
+import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -107,10 +109,16 @@ class TakeGuard:
                 self._as_parent.add((str(d), str(cid)))
 
     def parent(self) -> tuple[SnapshotRecord, Manifest] | None:
-        """The run's latest snapshot when first asked (the take's start), and its manifest."""
+        """The run's latest snapshot when first asked (the take's start), and its manifest
+        (from :func:`remember` when this process committed it: a training loop's previous
+        take is never read back)."""
         if self._parent is False:
             latest = self.repo.index.list_snapshots(run=self.spec.run, limit=1)
-            self._parent = (latest[0], self.repo.load_manifest(latest[0])) if latest else None
+            if latest:
+                manifest = _RECENT.get(latest[0].manifest_id) or self.repo.load_manifest(latest[0])
+                self._parent = (latest[0], manifest)
+            else:
+                self._parent = None
         assert self._parent is not True
         return self._parent
 
@@ -207,6 +215,21 @@ class TakeGuard:
 def _name(keys: list[str], pattern: str) -> str:
     """A key pattern's keys: the key itself when alone, else the pattern and how many."""
     return keys[0] if len(keys) == 1 else f"{pattern} ({len(keys)} tensors)"
+
+
+_RECENT: OrderedDict[str, Manifest] = OrderedDict()
+"""Manifests this process committed last, by id (ids are content hashes: valid in any store)."""
+_RECENT_SIZE = 4
+_RECENT_LOCK = threading.Lock()
+
+
+def remember(manifest_id: str, manifest: Manifest) -> None:
+    """Keep a manifest this process just committed: the next take of its run compares with it."""
+    with _RECENT_LOCK:
+        _RECENT[manifest_id] = manifest
+        _RECENT.move_to_end(manifest_id)
+        while len(_RECENT) > _RECENT_SIZE:
+            _RECENT.popitem(last=False)
 
 
 _AS_PARENT = (0, 0, None)

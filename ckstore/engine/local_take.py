@@ -28,7 +28,7 @@ from ..index import SnapshotRecord
 from .commit import commit_manifest, put_manifest
 from .deltas import resolve_bases
 from .device_stage import DeviceStager
-from .guard import TakeGuard
+from .guard import TakeGuard, remember
 from .interfaces import WriteIndex
 from .lease import Lease
 from .packing import Chunk, PackPipeline, TakeOptions, WriteStats, batches
@@ -221,6 +221,7 @@ class LocalTake:
         record = commit_manifest(self.index, self.session, manifest, stored, self.spec.tags,
                                  **(figures or self.stats.figures()))
         self._live_lease().committed = True
+        remember(record.manifest_id, manifest)  # the run's next take compares with it
         return record
 
     def hand_over(self) -> None:
