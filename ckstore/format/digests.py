@@ -148,13 +148,19 @@ def verify_path(path: str, torch_tensors: TensorDigests | None = None) -> Verify
     only = None if os.path.isdir(path) else os.path.basename(path)
     listed = _check_sidecar(root, only, report, torch_tensors)
     candidates = _files(root) if only is None else [only]
+    sealed = []
     for rel in candidates:
         if rel == SIDECAR:
             continue
         full = os.path.join(root, rel)
         own = _is_safetensors(full) and _check_safetensors(full, rel, report)
-        if not own and rel not in listed:
+        if own:
+            sealed.append(rel)
+        elif rel not in listed:
             report.unverified.append(rel)
+    if only is None and sealed and not os.path.isfile(os.path.join(root, SIDECAR)):
+        report.problems.append(Finding(SIDECAR, f"missing: the folder holds ckstore exports ({sealed[0]}) but not "
+                                                "the digests of its other files"))
     if report.files == 0 and not report.problems:
         report.problems.append(Finding(only or ".", f"no ckstore digests to check against (no {SIDECAR}, "
                                        f"no {METADATA_KEY!r} in safetensors metadata)"))

@@ -66,6 +66,12 @@ def test_sidecar_every_byte_flip_is_found(tmp_path: Path) -> None:
     snap.export(out, format="torch")
     side = out / SIDECAR
     assert _flip_all(side, out, range(side.stat().st_size)) == []
+    st = tmp_path / "st"
+    snap.export(st, format="safetensors")
+    (st / SIDECAR).unlink()  # a folder export without its digests file: not passed
+    report = verify_path(str(st))
+    assert not report.ok and report.problems[0].file == SIDECAR and "missing" in report.problems[0].problem
+    assert verify_path(str(st / "model.safetensors")).ok  # the file alone still checks
 
 
 def test_torch_and_dcp_exports_every_sampled_byte_flip_is_found(tmp_path: Path) -> None:
