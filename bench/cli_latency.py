@@ -38,7 +38,7 @@ def main() -> int:
     import ckstore
 
     root = Path(tempfile.mkdtemp()) / "store"
-    with ckstore.open(root) as store:
+    with ckstore.open(root, create=True) as store:
         w = torch.arange(1 << 16, dtype=torch.float32)
         store.take({"m": ckstore.StateDict(w=w.clone())}, run="r", step=1)
         w[:10] += 1

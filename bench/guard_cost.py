@@ -84,7 +84,7 @@ def _app(state: dict[str, Any]) -> dict[str, Any]:
 def one_round(state: dict[str, Any], keys: list[str], health: bool, tmp: Path, clock: _Clock, seed: int) -> dict[str, float]:
     path = tmp / f"store-{health}-{seed}"
     out: dict[str, float] = {}
-    with ckstore.open(path) as store:
+    with ckstore.open(path, create=True) as store:
         for kind, step in (("first", 1), ("incremental", 2)):
             if kind == "incremental":
                 mutate(state, keys, seed)
@@ -107,7 +107,7 @@ def main() -> None:
     args = ap.parse_args()
     clock = _Clock()
     clock.wrap()
-    print(f"threads={ckstore.open(tempfile.mkdtemp()).threads} (a shared machine: medians of {args.rounds} rounds)")
+    print(f"threads={ckstore.open(tempfile.mkdtemp(), create=True).threads} (a shared machine: medians of {args.rounds} rounds)")
     for mb in args.size_mb:
         state = build_state(mb << 20, seed=0)
         keys = choose_trainable(state, args.trainable)

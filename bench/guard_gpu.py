@@ -29,7 +29,7 @@ def check(tmp: str) -> None:
     state["b16"][7, 7] = float("-inf")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        store = ckstore.open(f"{tmp}/check", chunk_bytes=1 << 20)
+        store = ckstore.open(f"{tmp}/check", create=True, chunk_bytes=1 << 20)
         cpu = store.take({"m": ckstore.StateDict(state)}, run="cpu", step=1, on_nonfinite="ignore")
         gpu = store.take({"m": ckstore.StateDict({k: v.cuda() for k, v in state.items()})}, run="gpu", step=1,
                          on_nonfinite="ignore")
@@ -57,7 +57,7 @@ def bench(tmp: str, size_mb: int, rounds: int) -> None:
     times: dict[bool, list[float]] = {True: [], False: []}
     for r in range(rounds):
         for health in ((True, False) if r % 2 == 0 else (False, True)):
-            store = ckstore.open(f"{tmp}/b-{r}-{health}")
+            store = ckstore.open(f"{tmp}/b-{r}-{health}", create=True)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             store.take({"m": ckstore.StateDict(state)}, run="r", step=1, health=health)

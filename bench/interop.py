@@ -51,7 +51,7 @@ def child(step: str, work: str, budget: int) -> dict[str, float]:
     threading.Thread(target=sample, daemon=True).start()
     start = time.perf_counter()
     src = os.path.join(work, "big.safetensors")
-    store = ckstore.open(os.path.join(work, "store"))
+    store = ckstore.open(os.path.join(work, "store"), create=True)
     store.memory_budget = budget
     if step == "import":
         store.import_checkpoint(src, run="big", step=0)

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         path = str(Path(tmp, "store"))
-        with ckstore.open(path) as store:
+        with ckstore.open(path, create=True) as store:
             store.take({"s": state(a.mib)}, run="rep")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

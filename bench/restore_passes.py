@@ -64,7 +64,7 @@ def main() -> None:
     state = build_state(args.size_mb << 20, args.seed)
     work = Path(tempfile.mkdtemp(prefix="ckbench-passes-"))
     try:
-        store = ckstore.open(work / "store")
+        store = ckstore.open(work / "store", create=True)
         store.take(_app(state), run="bench")
         plain = _without_digests(work / "store")
         peer = TorchSave()

@@ -48,7 +48,7 @@ def build(path: Path, snapshots: int, tensors: int, runs: int) -> None:
 
     torch.manual_seed(0)
     state = {f"layers.{i // 4}.{('q', 'k', 'v', 'o')[i % 4]}.weight": torch.randn(32, 32) for i in range(tensors)}
-    with ckstore.open(path) as store:
+    with ckstore.open(path, create=True) as store:
         a = store.take({"model": ckstore.StateDict(**state)}, run="real", step=0, tags=["a"])
         for i, key in enumerate(sorted(state)):
             if i % 2:

@@ -1,6 +1,6 @@
 """ckstore: a content-addressed, versioned, deduplicating checkpoint store for PyTorch.
 
-    store = ckstore.open("./ckpts")
+    store = ckstore.open("./ckpts", create=True)
     snap = store.take(app_state, run="sft", step=100)
     store.get("sft").restore(app_state)
 

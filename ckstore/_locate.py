@@ -1,20 +1,27 @@
 """From a TorchSnapshot-style path to a store and a snapshot name inside it.
 
 A local path inside an existing store (a parent directory holding ``ckstore.json``) names a
-snapshot of that store; any other path is a store of its own (created by a take). ``fs://``
-(TorchSnapshot's file-system prefix) and ``file://`` paths are local; other URLs (``s3://``,
-``memory://``) are stores.
+snapshot of that store. A take at any other path creates a store: for a step-like path (its
+last part ends in a number: ``step_100``, ``epoch-3``, ``500``) whose parent folder is missing,
+empty or holds only other ckstore stores, the store goes in the parent and the path names a
+snapshot in it, so unchanged TorchSnapshot code that takes ``.../step_N`` every N steps gets
+one store whose steps dedup against each other (:func:`shared_parent`;
+``CKSTORE_SHARED_PARENT=0`` turns it off); otherwise the path is a store of its own.
+``fs://`` (TorchSnapshot's file-system prefix) and ``file://`` paths are local; other URLs
+(``s3://``, ``memory://``) are stores.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from .distributed import is_distributed
 from .engine.config import CONFIG_NAME
 from .engine.repository import Repository, is_local, local_path, open_repository
 from .errors import SnapshotNotFoundError
+from .history.compact import attach as attach_compaction
 from .index import SnapshotRecord
 
 if TYPE_CHECKING:
@@ -24,7 +31,16 @@ if TYPE_CHECKING:
 def locate(
     path: str, storage_options: dict[str, Any] | None, index: str | None, create: bool
 ) -> tuple[Repository, str | None]:
-    """The store holding ``path`` and the snapshot name inside it (None: the store root)."""
+    """The store holding ``path`` and the snapshot name inside it (None: the store root),
+    with background compaction after takes (``ckstore.history.compact.attach``)."""
+    repo, name = _locate(path, storage_options, index, create)
+    attach_compaction(repo)
+    return repo, name
+
+
+def _locate(
+    path: str, storage_options: dict[str, Any] | None, index: str | None, create: bool
+) -> tuple[Repository, str | None]:
     if not is_local(path):
         return open_repository(path, index=index, storage_options=storage_options, create=create), None
     path = local_path(path)
@@ -39,7 +55,37 @@ def locate(
         d = parent
     if not create:
         raise SnapshotNotFoundError(f"no ckstore snapshot at {path!r} (no store in it or its parents)")
+    shared = shared_parent(path)
+    if shared is not None:
+        return open_repository(shared, index=index, create=True), os.path.basename(path)
     return open_repository(path, index=index, storage_options=storage_options, create=True), None
+
+
+SHARED_PARENT_ENV = "CKSTORE_SHARED_PARENT"
+"""Set to 0 to give every new TorchSnapshot-style path a store of its own."""
+_STEP_LIKE = re.compile(r".*[0-9]")
+
+
+def shared_parent(path: str) -> str | None:
+    """The folder above step-like ``path`` to create the shared store in, or None.
+
+    Only when ``path``'s last part ends in a digit, and its parent is missing, empty, or
+    holds nothing but ckstore stores (steps taken by an earlier ckstore, a store each): a
+    folder with anything else in it is never made into a store.
+    """
+    if os.environ.get(SHARED_PARENT_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    parent, name = os.path.split(path)
+    if not _STEP_LIKE.fullmatch(name) or not parent or os.path.dirname(parent) == parent:
+        return None
+    if not os.path.exists(parent):
+        return parent
+    if not os.path.isdir(parent):
+        return None
+    for entry in os.scandir(parent):
+        if not (entry.is_dir() and os.path.isfile(os.path.join(entry.path, CONFIG_NAME))):
+            return None
+    return parent
 
 
 def locate_all_ranks(

@@ -71,6 +71,7 @@ def take(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: Pro
     from .engine.take import state_dicts
 
     spec = with_live_trainable(spec, app_state)
+    repo.index.check_take(spec.run, spec.tag_specs)  # a name clash is refused before anything is written
     if _ranks(spec.no_dist):
         from .distributed.comm import Comm
         from .distributed.take import ddp_apps
@@ -90,6 +91,7 @@ def take_async(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, p
     from .engine.take import state_dicts
 
     spec = with_live_trainable(spec, app_state)
+    repo.index.check_take(spec.run, spec.tag_specs)
 
     if _ranks(spec.no_dist):
         from .distributed.take import take_async as dist_take_async

@@ -66,11 +66,17 @@ class ConflictError(CkstoreError):
 
 
 class DestinationExistsError(ConflictError, FileExistsError):
-    """An export's destination directory is not empty (pass ``force=True`` to replace it)."""
+    """A destination is not empty: an export's directory (pass ``force=True`` to replace it),
+    or the folder (or prefix) a new store was to be created in."""
 
 
 class LeaseExpiredError(ConflictError):
     """A write session's lease ran out before commit; GC may have reclaimed its pins."""
+
+
+class ReadOnlyStoreError(CkstoreError, PermissionError):
+    """A write (take, tag, delete, gc, reindex) on a store opened read-only: its folder is not
+    writable, its index URL is read-only, or it was opened with ``read_only=True``."""
 
 
 class SchemaError(CkstoreError):
@@ -79,6 +85,12 @@ class SchemaError(CkstoreError):
 
 class StorageError(CkstoreError, OSError):
     """The object backend failed (after retries) for a reason other than not-found."""
+
+
+class NoSpaceError(StorageError):
+    """A write found its disk (or quota) full. The operation that was writing commits
+    nothing (a take or import leaves no snapshot and moves no tag); what it had written is
+    garbage that ``gc`` reclaims. The message says so, and how."""
 
 
 class IndexError_(CkstoreError):

@@ -177,13 +177,14 @@ class StoredSnapshot(SnapshotFields):
         reader = view.reader()
         if is_dcp_manifest(reader.manifest):
             reader = replace(reader, manifest=dcp_overlay(reader.manifest, app_state, strict))
-        if is_distributed():
-            from .distributed.restore import restore as dist_restore
+        with view.store.activity():  # background compaction of this process waits meanwhile
+            if is_distributed():
+                from .distributed.restore import restore as dist_restore
 
-            dist_restore(reader, app_state, strict=strict, pg=pg if pg is not None else self.pg,
-                         timeout=dist_timeout, budget=budget, replicated_read=mode, atomic=atomic)
-        else:
-            restore(reader, app_state, strict=strict, budget=budget, atomic=atomic)
+                dist_restore(reader, app_state, strict=strict, pg=pg if pg is not None else self.pg,
+                             timeout=dist_timeout, budget=budget, replicated_read=mode, atomic=atomic)
+            else:
+                restore(reader, app_state, strict=strict, budget=budget, atomic=atomic)
         if verify:
             self._check_restored(app_state, strict)
 

@@ -15,6 +15,9 @@ from .errors import ConflictError, InvalidInputError, NotFoundError
 from .format.manifest import Manifest
 from .history.check import CheckReport
 from .history.check import check as history_check
+from .history.compact import DEFAULT_KEEP_LOOSE, CompactReport
+from .history.compact import attach as attach_compaction
+from .history.compact import compact as history_compact
 from .history.diff import DiffResult
 from .history.diff import diff as history_diff
 from .history.gc import DEFAULT_GRACE_SECONDS, DEFAULT_REPACK_BELOW, GCReport
@@ -50,8 +53,8 @@ class Store:
 
     Thread-safe for concurrent takes and reads from one process; many processes and hosts may
     share a store (the index serialises commits). The knobs ``threads``, ``io_threads``,
-    ``memory_budget``, ``staging_budget``, ``lease_seconds``, ``delta_base`` and
-    ``delta_depth`` (see :class:`~ckstore.engine.repository.Repository`) may be set on an
+    ``memory_budget``, ``staging_budget``, ``lease_seconds``, ``delta_base``, ``delta_depth``
+    and ``take_codec`` (see :class:`~ckstore.engine.repository.Repository`) may be set on an
     open store; they affect this process only.
     """
 
@@ -62,9 +65,12 @@ class Store:
     lease_seconds: _Knob[float] = _Knob()
     delta_base: _Knob[str | None] = _Knob()
     delta_depth: _Knob[int] = _Knob()
+    take_codec: _Knob[str] = _Knob()
+    auto_compact: _Knob[bool] = _Knob()
 
     def __init__(self, repository: Repository) -> None:
         self._repo = repository
+        self._compactor = attach_compaction(repository)
 
     @property
     def repository(self) -> Repository:
@@ -81,6 +87,11 @@ class Store:
     def config(self) -> StoreConfig:
         """The store's own config: format version, features, chunk and pack sizes."""
         return self._repo.config
+
+    @property
+    def read_only(self) -> bool:
+        """True when this store refuses writes (opened read-only, or not writable)."""
+        return self._repo.read_only
 
     @property
     def opened_with(self) -> dict[str, Any]:
@@ -105,6 +116,7 @@ class Store:
         dist_timeout: float | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
         no_dist: bool = False,
+        move_tags: bool = False,
         on_nonfinite: str = "warn",
         on_stale: str = "warn",
         health: bool = True,
@@ -137,6 +149,10 @@ class Store:
         collectives), for code that runs on one rank by design, such as a trainer's checkpoint
         hook called on rank 0 only.
 
+        ``tags`` are created; one that exists already is moved only with ``move_tags=True``
+        (the rule of :meth:`tag` and ``force``), and none may take the name of a run, nor
+        ``run`` the name of a tag (a ref names a tag first, so either would hide the other).
+
         The guard (docs/USAGE.md, "The guard"): while hashing, the take counts NaN and Inf
         and measures the L2 norm of every floating-point tensor (``health=False`` skips it);
         tensors that should train (parameters with ``requires_grad`` the app_state's
@@ -150,13 +166,15 @@ class Store:
         Raises:
             InvalidInputError / UnsupportedValueError: app_state holds something unstorable
                 (the message names the key).
+            ConflictError: a tag exists and ``move_tags`` is False, or a tag and a run would
+                share a name; checked before anything is written.
             LeaseExpiredError: the take stalled past its lease; nothing was committed.
             NonFiniteError, StaleStateError: the guard refused the state (``"raise"``).
         """
         spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, replicated=replicated,
                            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
-                           dist_timeout=dist_timeout, no_dist=no_dist, on_nonfinite=on_nonfinite,
-                           on_stale=on_stale, health=health, trainable=trainable)
+                           dist_timeout=dist_timeout, no_dist=no_dist, move_tags=move_tags,
+                           on_nonfinite=on_nonfinite, on_stale=on_stale, health=health, trainable=trainable)
         return self._handle(*_takes.take(self._repo, app_state, spec, pg))
 
     def async_take(
@@ -174,6 +192,7 @@ class Store:
         staging_budget: int | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
         no_dist: bool = False,
+        move_tags: bool = False,
         on_nonfinite: str = "warn",
         on_stale: str = "warn",
         health: bool = True,
@@ -188,13 +207,14 @@ class Store:
         ``wait()`` returns the Snapshot or raises.
         Distributed: call on every rank; the ranks' background takes commit together and
         every rank's ``wait()`` returns the same Snapshot or raises DistributedError.
-        ``delta_base``, ``no_dist`` and the guard's options as for :meth:`take` (a refusal
-        surfaces from ``wait()``).
+        ``delta_base``, ``no_dist``, ``tags``, ``move_tags`` and the guard's options as for
+        :meth:`take` (a refusal surfaces from ``wait()``).
         """
         spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, replicated=replicated,
                            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
                            dist_timeout=dist_timeout, staging_budget=staging_budget, no_dist=no_dist,
-                           on_nonfinite=on_nonfinite, on_stale=on_stale, health=health, trainable=trainable)
+                           move_tags=move_tags, on_nonfinite=on_nonfinite, on_stale=on_stale, health=health,
+                           trainable=trainable)
         job = _takes.take_async(self._repo, app_state, spec, pg)
         return PendingSnapshot.of(job.future, self._handle, job.staged_bytes, job.sync_bytes)
 
@@ -209,6 +229,7 @@ class Store:
         format: str | None = None,  # noqa: A002 - the option users type
         name: str | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
+        move_tags: bool = False,
         on_nonfinite: str = "warn",
         on_stale: str = "warn",
         health: bool = True,
@@ -236,9 +257,10 @@ class Store:
         from memory-mapped files (or, for DCP, temporary files past the memory budget), and
         nothing is visible until the commit. Runs in this process only (under
         torch.distributed, call it on one rank). ``delta_base`` as for :meth:`take`: the ref of
-        a stored base model makes a fine-tune of it store its changed bits only. The guard's
-        options as for :meth:`take` (an imported file has no live modules: optimizer moments
-        are recognised by their keys, parameters by ``trainable`` globs).
+        a stored base model makes a fine-tune of it store its changed bits only; ``tags`` and
+        ``move_tags`` as for :meth:`take`. The guard's options as for :meth:`take` (an imported
+        file has no live modules: optimizer moments are recognised by their keys, parameters by
+        ``trainable`` globs).
 
         ``verify`` (default True): a checkpoint that carries ckstore's digests (an export's
         safetensors ``__metadata__`` or its ``ckstore-digests.json``) is checked against them
@@ -256,7 +278,8 @@ class Store:
 
         spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name,
                            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist=True), no_dist=True,
-                           on_nonfinite=on_nonfinite, on_stale=on_stale, health=health, trainable=trainable)
+                           move_tags=move_tags, on_nonfinite=on_nonfinite, on_stale=on_stale, health=health,
+                           trainable=trainable)
         if verify:
             from .interop import verify_checkpoint
 
@@ -267,7 +290,8 @@ class Store:
 
     # --- reading -------------------------------------------------------------------------
     def get(self, ref: str) -> StoredSnapshot:
-        """Resolve "run" (latest), "run@step", a tag, a snapshot name or an id prefix."""
+        """Resolve "run" (latest), "run@step", a tag, a snapshot name or an id prefix; also
+        what ``snap.ref`` prints, ``"sft@100 (0123456789ab)"``."""
         return self._handle(self._repo.index.resolve(ref))
 
     def log(self, run: str | None = None, limit: int | None = None, *, healthy: bool = False) -> list[StoredSnapshot]:
@@ -398,6 +422,37 @@ class Store:
         """
         return history_check(self._repo, read_data=read_data, progress=progress)
 
+    def compact(self, *, keep_loose: int = DEFAULT_KEEP_LOOSE, dry_run: bool = False,
+                progress: Callable[[int], None] | None = None) -> CompactReport:
+        """Rewrite older snapshots' loose chunks densely, now (``git gc`` for loose objects).
+
+        A take writes new chunks loose (a fast codec, no deltas). This rewrites those that no
+        run's ``keep_loose`` newest snapshots use: byte-grouped zstd, or an XOR delta against
+        the chunk at the same place in the snapshot's parent when that is smaller (chains bounded
+        by ``delta_depth``). Safe beside takes, restores and gc in any process; crash-safe at
+        every step (docs/RELIABILITY.md). Takes also start it in the background by themselves
+        (``auto_compact``); this waits for a background run first. ``progress`` is called with
+        the raw bytes of each chunk rewritten.
+
+        Raises:
+            InvalidInputError: ``keep_loose`` is not an int >= 0.
+            LeaseExpiredError: the compaction stalled past its lease (what it switched stays).
+        """
+        from .format.limits import check_int
+
+        check_int("keep_loose", keep_loose)
+        self._compactor.wait_idle()
+        return history_compact(self._repo, keep_loose=keep_loose, dry_run=dry_run, progress=progress)
+
+    def wait_compacted(self, timeout: float | None = None) -> bool:
+        """Wait until no background compaction of this handle runs or is due; False on timeout."""
+        return self._compactor.wait_idle(timeout)
+
+    @property
+    def last_compaction(self) -> CompactReport | None:
+        """What this handle's last background compaction did (None before one ran)."""
+        return self._compactor.last
+
     def reindex(self) -> ReindexReport:
         """Rebuild this store's empty index from its packs and manifests (I5)."""
         return history_reindex(self._repo)
@@ -421,15 +476,18 @@ def open(  # noqa: A001 - the public verb is ckstore.open
     *,
     index: str | None = None,
     storage_options: dict[str, Any] | None = None,
-    create: bool = True,
+    create: bool = False,
     chunk_bytes: int | None = None,
     pack_bytes: int | None = None,
     inline_bytes: int | None = None,
     create_index: bool | None = None,
     delta_base: str | None = None,
     delta_depth: int | None = None,
+    take_codec: str | None = None,
+    auto_compact: bool | None = None,
+    read_only: bool | None = None,
 ) -> Store:
-    """Open (and by default create) a store.
+    """Open a store; with ``create=True``, create it first if there is none.
 
     Args:
         url: a local directory, ``file://``, ``memory://name``, ``s3://bucket/prefix`` or any
@@ -437,16 +495,31 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         index: SQLAlchemy URL of the index. Default: SQLite inside a local store. Required for
             remote stores (PostgreSQL when many hosts share one).
         storage_options: passed to fsspec (e.g. s3fs credentials, endpoint_url).
-        create: make the store if it does not exist; False raises NotFoundError instead.
+        create: make the store if there is none at ``url``: in a new or empty folder (or
+            prefix), never in a non-empty one that is not a store. False (the default, as
+            git outside ``git init``) raises NotFoundError, so a mistyped path is an error, not a
+            new empty store.
         chunk_bytes, pack_bytes, inline_bytes: knobs for a NEW store (ignored when it exists).
         create_index: give an empty index database the schema even when ``create`` is False
             (to ``reindex`` an existing store into a fresh index); None: the same as ``create``.
         delta_base, delta_depth: this handle's defaults for takes (see :meth:`Store.take`):
             ``delta_base="parent"`` stores every take of a run as deltas against the one before
             where that is smaller; ``delta_depth`` (default 1, or ``$CKSTORE_DELTA_DEPTH``) bounds the chains.
+        take_codec: how this handle's takes encode new chunks: ``"fast"`` (default, or
+            ``$CKSTORE_TAKE_CODEC``; compaction rewrites older snapshots densely) or ``"dense"``.
+        auto_compact: whether takes start a background compaction (default True, or
+            ``$CKSTORE_AUTO_COMPACT``); see :meth:`Store.compact`.
+        read_only: True opens without writing anything (reads, restores, exports, check and
+            du work; a take, tag, delete, gc or reindex raises ReadOnlyStoreError). None (the
+            default) does so when a local store's folder or index is not writable (a
+            read-only mount), or the index URL is SQLite ``mode=ro`` / ``immutable=1``.
 
     Raises:
-        NotFoundError: no store at ``url`` and ``create`` is False.
+        NotFoundError: no store at ``url`` and ``create`` is False (the message says how to
+            create one).
+        InvalidInputError: ``url`` is a file.
+        errors.DestinationExistsError: ``create`` is True and ``url`` is a non-empty folder
+            (or prefix) that is not a store.
         SchemaError: the store or index was written by another format version.
     """
     repo: Repository = open_repository(
@@ -458,11 +531,16 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         pack_bytes=pack_bytes,
         inline_bytes=inline_bytes,
         create_index=create_index,
+        read_only=read_only,
     )
     try:
         repo.delta_base = delta_base
         if delta_depth is not None:
             repo.delta_depth = delta_depth
+        if take_codec is not None:
+            repo.take_codec = take_codec
+        if auto_compact is not None:
+            repo.auto_compact = auto_compact
     except BaseException:
         repo.close()
         raise

@@ -19,6 +19,10 @@ from tests.support.seaweed import start_or_skip as start_seaweed_or_skip
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
+# Background compaction after takes would rewrite packs while tests inspect them: off unless a
+# test turns it on (tests/history/test_compact.py does). Child processes inherit it.
+os.environ.setdefault("CKSTORE_AUTO_COMPACT", "0")
+
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
@@ -74,7 +78,7 @@ def store_path(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(store_path: Path) -> Iterator[ckstore.Store]:
-    s = ckstore.open(store_path, **TINY)
+    s = ckstore.open(store_path, **TINY, create=True)
     yield s
     s.close()
 
@@ -83,9 +87,9 @@ def store(store_path: Path) -> Iterator[ckstore.Store]:
 def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ckstore.Store]:
     """The same store suite on every backend/index pairing users deploy."""
     if request.param == "local+sqlite":
-        s = ckstore.open(tmp_path / "store", **TINY)
+        s = ckstore.open(tmp_path / "store", **TINY, create=True)
     elif request.param == "memory+sqlite":
-        s = ckstore.open(f"memory://store-{uuid.uuid4().hex}", **TINY)
+        s = ckstore.open(f"memory://store-{uuid.uuid4().hex}", **TINY, create=True)
     else:
         server: S3Server = request.getfixturevalue("s3_server")
         pgs: PgServer = request.getfixturevalue("pg")
@@ -96,6 +100,7 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ckstor
             index=pgs.new_database(),
             storage_options=server.storage_options(),
             **TINY,
+            create=True,
         )
     yield s
     s.close()

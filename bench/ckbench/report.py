@@ -200,6 +200,17 @@ def notes(b: Bench, med: Medians) -> list[str]:
     if rn is not None:
         L.append(f"restore(atomic=False), one pass straight into place: {fmt_s(rn)}"
                  + (f" ({rn / tl:.2f}x torch.load(mmap)+copy_)." if tl else "."))
+    comp = b.extra.get("compactions") or []
+    if comp:
+        raw = sum(c["raw_bytes"] for c in comp)
+        secs = sum(c["seconds"] for c in comp)
+        loose, dense = sum(c["loose_bytes"] for c in comp), sum(c["dense_bytes"] for c in comp)
+        threads = max(c["threads"] for c in comp)
+        rate = raw / secs / 1e6 if secs else None
+        L.append(f"Background compaction after ckstore's takes (waited for untimed, so it runs in no timing): "
+                 f"{len(comp)} run(s), {fmt_b(raw)} raw rewritten in {fmt_s(secs)}"
+                 + (f" = {rate:.0f} MB/s on {threads} threads ({rate / threads:.0f} MB/s per thread)" if rate else "")
+                 + (f"; loose {fmt_b(loose)} -> dense {fmt_b(dense)}." if loose else "."))
     ml = b.extra.get("minilm", {})
     if "fp32" in ml:
         L.append(f"Real MiniLM-L6 weights ({ml['tensors']} tensors): ckstore stores fp32 at "

@@ -36,6 +36,10 @@ class System:
     def save(self, state: dict[str, Any], root: Path, i: int) -> Any:
         raise NotImplementedError
 
+    def settle(self, root: Path) -> None:
+        """Untimed, after each timed save: let work the save left in the background finish,
+        so it runs in nobody's timing (ckstore's compaction)."""
+
     def handle(self, root: Path, i: int) -> Any:
         raise NotImplementedError
 
@@ -59,10 +63,12 @@ class Ckstore(System):
         self.ck = ckstore
         self.stores: dict[Path, Any] = {}
         self.last_stats: dict[str, int] = {}
+        self.last_compaction: Any = None
+        self.compactions: list[dict[str, float]] = []
 
     def store(self, root: Path) -> Any:
         if root not in self.stores:
-            self.stores[root] = self.ck.open(root / "store")
+            self.stores[root] = self.ck.open(root / "store", create=True)
         return self.stores[root]
 
     def app(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -80,6 +86,22 @@ class Ckstore(System):
         snap = self.store(root).take(self.app(state), run="bench", step=i)
         self.last_stats = dict(snap.stats)
         return self.handle(root, i)
+
+    def settle(self, root: Path) -> None:
+        """Wait for the background compaction the take started; record how long the wait was
+        and what the compaction did (``compactions``: seconds, raw bytes, threads)."""
+        store = self.stores.get(root)
+        if store is None:
+            return
+        t0 = time.perf_counter()
+        store.wait_compacted()
+        waited = time.perf_counter() - t0
+        report = store.last_compaction
+        if report is not None and report is not self.last_compaction:
+            self.last_compaction = report
+            self.compactions.append({"seconds": report.seconds, "raw_bytes": report.raw_bytes,
+                                     "loose_bytes": report.loose_bytes, "dense_bytes": report.dense_bytes,
+                                     "chunks": report.chunks, "threads": store.threads, "waited": waited})
 
     def restore(self, h: Any, dest: dict[str, Any], atomic: bool = True) -> None:
         root, ref = h

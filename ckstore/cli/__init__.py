@@ -1,25 +1,31 @@
 """The ``ckstore`` command line (git-like subcommands).
 
-Every command finds its store from ``--store URL``, then ``$CKSTORE_STORE``, then the nearest
-directory upwards from the current one that holds ``ckstore.json``. Read commands print aligned
-tables for people and, with ``--json``, one JSON document for scripts.
+Every command finds its store from `--store URL`, then `$CKSTORE_STORE`, then the nearest
+directory upwards from the current one that holds `ckstore.json`. Read commands print aligned
+tables for people and, with `--json`, one JSON document for scripts. A store that is not
+writable (a read-only mount) opens read-only by itself: reads work, writes say why not.
 
-Exit codes: 0 success, 1 ``check`` found problems, 2 usage error (bad arguments or names),
+Exit codes: 0 success, 1 `check` found problems, 2 usage error (bad arguments or names),
 3 not found (ref, key, tag or store), 4 conflict (tag exists, store exists, lease lost),
-5 corruption (damaged or missing stored data), 6 any other ckstore error. Every ckstore error is
-printed as one line, ``ckstore: error: <message>``, on stderr.
+5 corruption (damaged or missing stored data), 6 any other error (incl. a read-only store).
+Every error is printed as one line, `ckstore: error: <message>`, on stderr; with --json,
+stdout also gets one JSON document, {"error": {"type", "message", "exit_code"}}.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
 
 from .. import __version__
+from ..engine.lease import Terminated
 from ..errors import CkstoreError
+from . import _complete
 from ._args import Parser, add_arguments, common_options
+from ._cat import cmd_cat
 from ._common import (
     CONFIG_NAME,
     EXIT_CONFLICT,
@@ -35,12 +41,22 @@ from ._common import (
     find_store,
     open_store,
     print_report,
+    report_error,
     storage_options,
     usage_error,
 )
+from ._complete import cmd_completion
 from ._history import cmd_diff, cmd_log, cmd_ls, cmd_rm, cmd_show, cmd_tag
 from ._interop import cmd_export, cmd_import
-from ._maintenance import cmd_check, cmd_du, cmd_gc, cmd_migrate, cmd_reindex, gc_policy
+from ._maintenance import (
+    cmd_check,
+    cmd_compact,
+    cmd_du,
+    cmd_gc,
+    cmd_migrate,
+    cmd_reindex,
+    gc_policy,
+)
 from ._setup import DEMO_STORE, cmd_demo, cmd_init
 from ._ui import cmd_ui
 from ._verify import cmd_verify
@@ -71,6 +87,7 @@ __all__ = [
 ]
 
 DESCRIPTIONS = {
+    "completion": _complete.DESCRIPTION,
     "demo": f"Train a small model, snapshot it, resume bit-exactly in a fresh process. The demo "
     f"makes its own store in {DEMO_STORE} (or --store FOLDER): it writes only into a new or "
     "empty folder, or replaces a store an earlier demo made; it never touches another store.",
@@ -93,6 +110,8 @@ STORE_HELPS = {
 }
 
 Handler = Callable[[argparse.Namespace], int]
+DEBUG_ENV = "CKSTORE_DEBUG"
+"""Set to 1 to let an unexpected error (a bug) end in its traceback instead of one line."""
 
 
 COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
@@ -110,6 +129,11 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
     ("ls", "list a snapshot's entries (kind, dtype, shape, bytes)", (
         "ckstore ls sft@100", "ckstore ls best model/ --json",
     ), cmd_ls),
+    ("cat", "print one stored value, or a tensor's dtype, shape and value statistics", (
+        "ckstore cat sft@100 progress/step",
+        "ckstore cat best model/lm_head.weight",
+        "ckstore cat sft optim/param_groups/0/lr --json",
+    ), cmd_cat),
     ("diff", "compare two snapshots key by key", (
         "ckstore diff sft@100 sft@200",
         "ckstore diff base best --numeric",
@@ -121,24 +145,29 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
         "ckstore tag --list",
         "ckstore tag --delete best",
     ), cmd_tag),
-    ("rm", "delete snapshots (gc reclaims their bytes)", (
+    ("rm", "delete snapshots or whole runs (gc reclaims their bytes)", (
         "ckstore rm sft@100", "ckstore rm sft@100 sft@200", "ckstore rm best --force",
+        "ckstore rm --run old-sweep", "ckstore rm --run old-sweep --force --yes",
     ), cmd_rm),
     ("gc", "apply a retention policy and reclaim unreferenced data", (
         "ckstore gc --dry-run",
         "ckstore gc --keep-last 3 --older-than 7d",
         "ckstore gc --run sft --keep-every-steps 1000 --json",
+        "ckstore gc --keep-last 0 --yes",
         "ckstore gc --keep-last 2 --no-keep-healthy",
     ), cmd_gc),
+    ("compact", "rewrite older snapshots' loose chunks densely (deltas, full compression)", (
+        "ckstore compact", "ckstore compact --dry-run --json", "ckstore compact --keep-loose 3",
+    ), cmd_compact),
     ("check", "verify the store's integrity (exit 1 on problems)", (
         "ckstore check", "ckstore check --read-data", "ckstore check --read-data 0.1 --json",
     ), cmd_check),
-    ("du", "disk usage per run: logical vs stored bytes", (
+    ("du", "disk usage per run: logical, stored, and what deleting the run frees", (
         "ckstore du", "ckstore du --json",
     ), cmd_du),
     ("import", "take a safetensors, Hugging Face, torch.save or DCP checkpoint into the store", (
         "ckstore import ./model.safetensors --run base --step 0",
-        "ckstore import ./hf-model-folder --run base --tag base",
+        "ckstore import ./hf-model-folder --run base --tag llama-1b",
         "ckstore import ./ckpt.pt --run sft --step 1000 --format torch",
         "ckstore import ./dcp-checkpoint-dir --run titan --step 500",
         "ckstore import ./finetuned-folder --run sft --delta-base base",
@@ -162,6 +191,10 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
         "ckstore ui", "ckstore --store ./ckpts ui --port 0 --no-open",
         "CKSTORE_UI_TOKEN=secret ckstore ui --port 9000",
     ), cmd_ui),
+    ("completion", "print a shell completion script (bash, zsh, fish)", (
+        'eval "$(ckstore completion bash)"', 'eval "$(ckstore completion zsh)"',
+        "ckstore completion fish | source",
+    ), cmd_completion),
     ("demo", "train a small model, snapshot it, resume bit-exactly in a fresh process", (
         "ckstore demo", "ckstore --store ./my-demo demo --steps 20 --every 2",
     ), lambda args: cmd_demo(args, main)),
@@ -200,15 +233,39 @@ def _store_help(name: str) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [_complete.COMPLETE]:  # the shell asking for candidates (hidden)
+        return _complete.main(argv[1:], build_parser())
+    Parser.json_errors = "--json" in argv
     args = build_parser().parse_args(argv)
+    as_json = bool(getattr(args, "json", False))
     try:
         return int(args.func(args))
     except CkstoreError as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"ckstore: error: {message}", file=sys.stderr)
-        return exit_code(exc)
+        return report_error(str(exc), exit_code(exc), type(exc).__name__, as_json)
     except BrokenPipeError:  # e.g. `ckstore log | head`
         sys.stderr.close()
         return EXIT_OK
     except KeyboardInterrupt:
-        return 130
+        return report_error(
+            "interrupted (Ctrl-C): a take in progress committed nothing and released its lease",
+            130, "KeyboardInterrupt", as_json,
+        )  # fmt: skip
+    except Terminated as exc:  # SIGTERM during a take (import): it unwound and ended its lease
+        report_error(
+            "terminated by SIGTERM: nothing was committed, and the take's lease was released "
+            "(`ckstore gc` reclaims what it had written)",
+            int(exc.code or 143), "Terminated", as_json,
+        )  # fmt: skip
+        return int(exc.code or 143)
+    except OSError as exc:  # the file system said no (a path that is a file, no permission)
+        where = f": {exc.filename}" if exc.filename else ""
+        return report_error(f"{exc.strerror or exc}{where}", EXIT_ERROR, type(exc).__name__, as_json)
+    except Exception as exc:  # a bug: one line, the traceback on request
+        if os.environ.get(DEBUG_ENV):
+            raise
+        message = (
+            f"internal error, please report it: {type(exc).__name__}: {exc} "
+            f"(set {DEBUG_ENV}=1 to see the traceback)"
+        )
+        return report_error(message, EXIT_ERROR, type(exc).__name__, as_json)

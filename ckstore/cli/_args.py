@@ -11,14 +11,19 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from . import _format as fmt
-from ._common import EXIT_USAGE, STORE_ENV
+from ._common import EXIT_USAGE, STORE_ENV, report_error
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as ONE line and exit code 2."""
+    """argparse that reports usage errors as ONE line and exit code 2 (and, when the command
+    line asks for ``--json``, as a JSON document on stdout too: see ``report_error``)."""
+
+    json_errors = False
+    """Set by ``main`` when the arguments hold ``--json`` (they are not parsed yet)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"ckstore: error: {message} (see `{self.prog} --help`)\n")
+        report_error(f"{message} (see `{self.prog} --help`)", EXIT_USAGE, "UsageError", self.json_errors)
+        self.exit(EXIT_USAGE)
 
 
 def _size_arg(text: str) -> int:
@@ -85,6 +90,12 @@ def _storage_option(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
+GC_GRACE_DEFAULT = "6h"
+"""``history.gc.DEFAULT_GRACE_SECONDS`` as ``gc --help`` shows it (a test keeps them equal;
+importing history here would load codecs for every command)."""
+GC_REPACK_DEFAULT = 0.5
+"""``history.gc.DEFAULT_REPACK_BELOW``, likewise."""
+
 STORE_HELP = f"store URL (default: ${STORE_ENV}, then the nearest store upwards)"
 
 
@@ -111,6 +122,12 @@ def common_options(suppress: bool, store_help: str = STORE_HELP) -> argparse.Arg
         **kw,
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON", **kw)
+    p.add_argument(
+        "--read-only",
+        action="store_true",
+        help="open the store without writing anything (automatic when it is not writable)",
+        **kw,
+    )
     return p
 
 
@@ -142,6 +159,9 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "ls":
         p.add_argument("ref", help="tag, run (its latest), run@step, snapshot name or id prefix")
         p.add_argument("prefix", nargs="?", help="only keys starting with this")
+    elif name == "cat":
+        p.add_argument("ref", help="tag, run (its latest), run@step, snapshot name or id prefix")
+        p.add_argument("key", help="one entry's key, as `ckstore ls REF` lists them")
     elif name == "diff":
         p.add_argument("a", help="the old snapshot (a ref)")
         p.add_argument("b", help="the new snapshot (a ref)")
@@ -161,43 +181,63 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         )
         g.add_argument("--delete", "-d", metavar="NAME", help="delete a tag")
     elif name == "rm":
-        p.add_argument("refs", nargs="+", metavar="REF", help="snapshots to delete")
+        p.add_argument("refs", nargs="*", metavar="REF", help="snapshots to delete")
+        p.add_argument(
+            "--run",
+            dest="runs",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="delete every snapshot of this run, and the run (repeatable; asks on a terminal)",
+        )
         p.add_argument(
             "--force",
             "-f",
             action="store_true",
             help="also delete tagged snapshots, with their tags (refused otherwise)",
         )
+        p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    elif name == "compact":
+        p.add_argument(
+            "--keep-loose",
+            type=_nonneg_int,
+            default=1,
+            metavar="N",
+            help="newest snapshots of each run whose chunks stay loose, in the fast form (default 1)",
+        )
+        p.add_argument("--dry-run", "-n", action="store_true", help="say what would be rewritten, write nothing")
     elif name == "gc":
         p.add_argument(
             "--keep-last",
             type=_nonneg_int,
             metavar="N",
-            help="keep the newest N snapshots of each run",
+            help="keep the newest N snapshots of each run (default: unset; gc drops snapshots only "
+            "when --keep-last, --keep-every-steps or --older-than is given, and asks on a terminal "
+            "before leaving a run with none, as --keep-last 0 does)",
         )
         p.add_argument(
             "--keep-every-steps",
             type=_nonneg_int,
             metavar="N",
-            help="keep snapshots whose step is a multiple of N",
+            help="keep snapshots whose step is a multiple of N (default: off)",
         )
         p.add_argument(
             "--older-than",
             type=_duration_arg,
             metavar="DURATION",
-            help="only delete snapshots older than this (e.g. 7d, 12h)",
+            help="only delete snapshots older than this (e.g. 7d, 12h; default: any age)",
         )
         p.add_argument(
             "--run",
             dest="runs",
             action="append",
             metavar="R",
-            help="apply the policy to this run only (repeatable)",
+            help="apply the policy to this run only (repeatable; default: every run)",
         )
         p.add_argument(
             "--no-keep-tagged",
             action="store_true",
-            help="tagged snapshots are not kept automatically",
+            help="tagged snapshots are not kept automatically (default: a tag keeps its snapshot)",
         )
         p.add_argument(
             "--no-keep-healthy",
@@ -208,16 +248,24 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             "--grace",
             type=_duration_arg,
             metavar="DURATION",
-            help="leave unreferenced data younger than this",
+            help=f"leave unreferenced data younger than this (default: {GC_GRACE_DEFAULT}; 0s "
+            "reclaims at once when no take or restore is running)",
         )
         p.add_argument(
             "--repack-below",
             type=_unit_fraction,
             metavar="FRACTION",
-            help="rewrite packs whose live bytes fell below this fraction (0 disables)",
+            help=f"rewrite packs whose live bytes fell below this fraction (default: "
+            f"{GC_REPACK_DEFAULT}; 0 disables)",
         )
         p.add_argument(
             "--dry-run", "-n", action="store_true", help="say what would be deleted, delete nothing"
+        )
+        p.add_argument(
+            "--yes",
+            "-y",
+            action="store_true",
+            help="do not ask before deleting every snapshot of a run (asked on a terminal only)",
         )
     elif name == "check":
         p.add_argument(
@@ -235,6 +283,11 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--run", default="default", help="run to add the snapshot to (default: default)")
         p.add_argument("--step", type=_nonneg_int, help="the snapshot's step")
         p.add_argument("--tag", dest="tags", action="append", default=[], metavar="T", help="tag it (repeatable)")
+        p.add_argument(
+            "--move-tags",
+            action="store_true",
+            help="move a --tag that exists already (refused otherwise, as `ckstore tag` without --force)",
+        )
         p.add_argument("--name", help="a unique snapshot name")
         p.add_argument(
             "--format",
@@ -291,6 +344,8 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             help="the token changes need (default: $CKSTORE_UI_TOKEN, else a random one, printed)",
         )
         p.add_argument("--no-open", action="store_true", help="do not open a browser")
+    elif name == "completion":
+        p.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to complete in")
     elif name == "demo":
         p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
         p.add_argument(

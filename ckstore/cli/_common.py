@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import (
@@ -112,6 +113,8 @@ def open_store(args: argparse.Namespace, **options: Any) -> Store:
     """
     import ckstore
 
+    if getattr(args, "read_only", False):
+        options.setdefault("read_only", True)
     return ckstore.open(
         find_store(args.store),
         index=args.index,
@@ -147,10 +150,10 @@ def _report_lines(d: dict[str, Any], indent: str) -> list[str]:
             lines.append(f"{indent}{key}: {len(value)}")
             lines += [f"{indent}  - {json.dumps(v, default=str)}" for v in value[:50]]
         elif isinstance(value, (list, tuple)):
-            more = ", ..." if len(value) > 10 else ""
+            more = f", ... {len(value) - 10} more" if len(value) > 10 else ""
             lines.append(
                 f"{indent}{key}: {len(value)}"
-                + (f" ({', '.join(str(v)[:12] for v in value[:10])}{more})" if value else "")
+                + (f" ({', '.join(str(v) for v in value[:10])}{more})" if value else "")
             )
         elif "bytes" in key and isinstance(value, int):
             lines.append(f"{indent}{key}: {fmt.size(value)}")
@@ -163,7 +166,41 @@ def _report_lines(d: dict[str, Any], indent: str) -> list[str]:
     return lines
 
 
+# --- confirmation -------------------------------------------------------------------------------
+def is_terminal() -> bool:
+    """True when a person can answer a question (stdin and stderr are terminals)."""
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def ask(question: str) -> bool:
+    """Ask ``question`` on the terminal; True only for an explicit yes."""
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    try:
+        answer = input()
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def confirmed(args: argparse.Namespace, question: str) -> bool:
+    """Whether a destructive step may go ahead: ``--yes``, no terminal to ask (a script, which
+    asked for it in its arguments), or a person answering yes on the terminal."""
+    if getattr(args, "yes", False) or not is_terminal():
+        return True
+    return ask(question)
+
+
 # --- errors -------------------------------------------------------------------------------------
+def report_error(message: str, code: int, kind: str, as_json: bool) -> int:
+    """Print an error as one line on stderr and, under ``--json``, also as one JSON document on
+    stdout: ``{"error": {"type": ..., "message": ..., "exit_code": ...}}``. Returns ``code``."""
+    message = " ".join(message.split()) or kind
+    if as_json:
+        emit_json({"error": {"type": kind, "message": message, "exit_code": code}})
+    print(f"ckstore: error: {message}", file=sys.stderr)
+    return code
+
+
 def usage_error(args: argparse.Namespace, message: str) -> NoReturn:
     parser: argparse.ArgumentParser = args.parser
     parser.error(message)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, KeyNotFoundError
+from ..errors import ConflictError, KeyNotFoundError, NotFoundError
 from ..format.health import Health, describe
 from . import _format as fmt
-from ._common import EXIT_OK, emit_json, open_store, usage_error
+from ._common import EXIT_OK, confirmed, emit_json, open_store, usage_error
 
 if TYPE_CHECKING:
     from ..snapshot import StoredSnapshot
@@ -68,6 +69,10 @@ def _health_cell(r: dict[str, Any]) -> str:
 def cmd_log(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snaps = store.log(run=args.run, limit=args.n, healthy=args.healthy)
+        if args.run is not None and not snaps and args.run not in store.runs():
+            runs = store.runs()
+            known = ", ".join(runs[:10]) + (", ..." if len(runs) > 10 else "") if runs else "(none)"
+            raise NotFoundError(f"no run {args.run!r} in store {store.url} (runs: {known})")
         tags = _tags_by_snapshot(store)
     rows = [_snap_dict(s, tags.get(s.id, [])) for s in snaps]
     if args.json:
@@ -314,6 +319,12 @@ def _tag_list(store: Store, args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    if not args.refs and not args.runs:
+        usage_error(args, "rm needs snapshots (REF ...) or --run NAME")
+    if args.runs:
+        if args.refs:
+            usage_error(args, "give snapshots (REF ...) or --run NAME, not both")
+        return _rm_runs(args)
     with open_store(args) as store:
         snaps = [store.get(ref) for ref in args.refs]  # resolve all before deleting any
         tags = _tags_by_snapshot(store)
@@ -331,10 +342,51 @@ def cmd_rm(args: argparse.Namespace) -> int:
                 raise ConflictError(str(exc).replace("pass force=True", "use --force")) from exc
     if args.json:
         emit_json({"deleted": [s.id for s in snaps], "tags_deleted": [n for _, t in tagged for n in t]})
-    else:
-        for s in snaps:
-            gone = tags.get(s.id)
-            also = f" and its tags {', '.join(sorted(gone))}" if gone else ""
-            print(f"deleted snapshot {_where(s)} ({s.id[:12]}){also}")
-        print("run `ckstore gc` to reclaim the bytes no snapshot uses any more")
+        return EXIT_OK
+    for s in snaps:
+        gone = tags.get(s.id)
+        also = f" and its tags {', '.join(sorted(gone))}" if gone else ""
+        print(f"deleted snapshot {_where(s)} ({s.id[:12]}){also}")
+    print("run `ckstore gc` to reclaim the bytes no snapshot uses any more")
+    return EXIT_OK
+
+
+def _rm_runs(args: argparse.Namespace) -> int:
+    """``rm --run NAME``: every snapshot of each run, one transaction per run."""
+    from ..history.du import exclusive_bytes
+
+    with open_store(args) as store:
+        snaps = {run: store.log(run=run) for run in args.runs}
+        for run, found in snaps.items():
+            if not found:
+                raise NotFoundError(f"no run {run!r} in store {store.url} (runs: {', '.join(store.runs()) or '(none)'})")
+        tags = _tags_by_snapshot(store)
+        tagged = {run: sorted(n for s in found for n in tags.get(s.id, [])) for run, found in snaps.items()}
+        if any(tagged.values()) and not args.force:
+            which = "; ".join(f"run {r} has tags {', '.join(t)}" for r, t in tagged.items() if t)
+            raise ConflictError(
+                f"{which}: use --force to delete tagged snapshots with their tags, or remove the "
+                "tags first (`ckstore tag --delete NAME`)"
+            )
+        frees = exclusive_bytes(store.repository)
+        what = ", ".join(
+            f"run {r} ({len(found)} snapshots, {fmt.size(frees.get(r, 0))} only it uses"
+            + (f"; tags {', '.join(tagged[r])}" if tagged[r] else "") + ")"
+            for r, found in snaps.items()
+        )
+        if not confirmed(args, f"delete {what}?"):
+            print("nothing deleted", file=sys.stderr)
+            return EXIT_OK
+        deleted = {run: store.repository.index.delete_run(run, refuse_tagged=not args.force) for run in args.runs}
+    if args.json:
+        emit_json({
+            "runs": {r: [s.id for s in d] for r, d in deleted.items()},
+            "tags_deleted": sorted(n for t in tagged.values() for n in t),
+            "exclusive_bytes": {r: frees.get(r, 0) for r in deleted},
+        })  # fmt: skip
+        return EXIT_OK
+    for run, gone in deleted.items():
+        also = f" and their tags {', '.join(tagged[run])}" if tagged[run] else ""
+        print(f"deleted run {run}: {len(gone)} snapshots{also}")
+    print(f"run `ckstore gc` to reclaim the {fmt.size(sum(frees.get(r, 0) for r in deleted))} no other run uses")
     return EXIT_OK

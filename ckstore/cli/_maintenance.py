@@ -1,4 +1,4 @@
-"""The maintenance commands: ``gc``, ``check``, ``du``, ``reindex`` and ``migrate``.
+"""The maintenance commands: ``gc``, ``compact``, ``check``, ``du``, ``reindex`` and ``migrate``.
 
 Each ``cmd_*`` takes the parsed arguments and returns an exit code.
 """
@@ -6,8 +6,11 @@ Each ``cmd_*`` takes the parsed arguments and returns an exit code.
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from typing import Any
 
+from . import _common
 from . import _format as fmt
 from ._common import EXIT_OK, EXIT_PROBLEMS, emit_json, find_store, open_store, print_report
 
@@ -33,12 +36,73 @@ def gc_policy(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     with open_store(args) as store:
-        report = store.gc(**gc_policy(args))
+        policy = gc_policy(args)
+        if not args.dry_run and not args.yes and _common.is_terminal():
+            emptied = runs_emptied(store, store.gc(**{**policy, "dry_run": True}).snapshots_dropped)
+            if emptied and not _common.ask(
+                f"gc would delete every snapshot of {', '.join(f'{r} ({n})' for r, n in emptied.items())}"
+                " (no run keeps a snapshot unless --keep-last N >= 1, a tag or its newest healthy one, "
+                "without --no-keep-healthy, keeps one). Go on?"
+            ):
+                print("nothing deleted", file=sys.stderr)
+                return EXIT_OK
+        report = store.gc(**policy)
     d = report.to_dict()
-    print_report(d, args.json)
-    if d.get("grace_kept_bytes") and not args.json:
+    if args.json:
+        print_report(d, True)
+        return EXIT_OK
+    held = d.pop("sessions_held")
+    print_report(d, False)
+    if d.get("grace_kept_bytes"):
         print(_grace_note(d))
+    if held:
+        print(sessions_note(held, "gc leaves"))
     return EXIT_OK
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        store.auto_compact = False
+        report = store.compact(keep_loose=args.keep_loose, dry_run=args.dry_run)
+    print_report(report.to_dict(), args.json)
+    if report.chunks and not args.dry_run and not args.json:
+        print("note: the loose packs emptied are retired; `ckstore gc` deletes them once their grace period has passed")
+    return EXIT_OK
+
+
+def runs_emptied(store: Any, dropped: list[str]) -> dict[str, int]:
+    """Run -> snapshots dropped, for the runs that ``dropped`` (gc's labels, ``run@step`` or
+    ``run id``) would leave without any snapshot."""
+    gone: dict[str, int] = {}
+    for label in dropped:
+        run = label.rpartition("@")[0] if "@" in label else label.split(" ")[0]
+        gone[run] = gone.get(run, 0) + 1
+    return {run: n for run, n in gone.items() if len(store.log(run=run)) <= n}
+
+
+def sessions_note(held: list[dict[str, Any]], who: str) -> str:
+    """Which write sessions hold data, whose, until when, and how to free it."""
+    now = time.time()
+    lines = [f"write sessions holding data ({len(held)}): a take in progress, or one killed before it ended its lease"]
+    for h in held:
+        if h["expired"]:
+            until = f"lease ran out {fmt.when(h['expires_at'])}: the next `ckstore gc` ends it"
+        else:
+            until = f"lease until {fmt.when(h['expires_at'])} (in {_left(h['expires_at'] - now)})"
+        lines.append(
+            f"  {h['owner']}  started {fmt.when(h['started_at'])}  {until}; "
+            f"{h['pinned_chunks']} chunks pinned, {fmt.size(h['held_bytes'])} in no snapshot"
+        )
+    lines.append(
+        f"{who} those bytes until the take commits or its lease ends (a take stopped by Ctrl-C "
+        "or SIGTERM ends its lease at once; one killed with SIGKILL holds it until it runs out)"
+    )
+    return "\n".join(lines)
+
+
+def _left(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def _grace_note(d: dict[str, Any]) -> str:
@@ -72,8 +136,9 @@ def cmd_du(args: argparse.Namespace) -> int:
 
     with open_store(args) as store:
         rows = du(store.repository, progress=lambda it: fmt.progress(it, "packs"))
+        held = [h.to_dict() for h in store.repository.index.held_sessions()]
     if args.json:
-        emit_json({"runs": [r.to_dict() for r in rows[:-1]], "total": rows[-1].to_dict()})
+        emit_json({"runs": [r.to_dict() for r in rows[:-1]], "total": rows[-1].to_dict(), "sessions": held})
         return EXIT_OK
     table = [
         (
@@ -81,6 +146,7 @@ def cmd_du(args: argparse.Namespace) -> int:
             r.snapshots,
             fmt.size(r.logical_bytes),
             fmt.size(r.stored_bytes),
+            fmt.size(r.exclusive_bytes) if r.run is not None else "",
             r.chunks,
             fmt.ratio(r.dedup_ratio),
         )
@@ -88,13 +154,15 @@ def cmd_du(args: argparse.Namespace) -> int:
     ]
     print(
         fmt.table(
-            ("run", "snapshots", "logical", "stored", "chunks", "ratio"),
+            ("run", "snapshots", "logical", "stored", "exclusive", "chunks", "ratio"),
             table,
-            right=(1, 2, 3, 4, 5),
+            right=(1, 2, 3, 4, 5, 6),
         )
     )
     total = rows[-1]
     print(f"packs on the backend: {total.packs}, {fmt.size(total.pack_bytes)}")
+    if len(rows) > 1:
+        print("exclusive: stored bytes no other run uses, what `ckstore rm --run RUN` then `ckstore gc` free")
     for r in rows:
         if r.delta_chunks:
             print(
@@ -102,6 +170,8 @@ def cmd_du(args: argparse.Namespace) -> int:
                 f"{fmt.size(r.delta_raw_bytes)} raw stored in {fmt.size(r.delta_bytes)} "
                 f"({fmt.size(r.delta_saved_bytes)} saved)"
             )
+    if held:
+        print(sessions_note(held, "gc keeps"))
     return EXIT_OK
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import CkstoreError, ConflictError, InvalidInputError
 from . import _format as fmt
-from ._common import CONFIG_NAME, EXIT_OK, emit_json, storage_options
+from ._common import CONFIG_NAME, EXIT_OK, emit_json, storage_options, usage_error
 
 DEMO_STORE = "./demo-store"
 """Where ``ckstore demo`` puts its store unless ``--store`` says otherwise."""
@@ -39,7 +39,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         "inline_bytes": args.inline_bytes,
     }
     try:
-        with ckstore.open(url, index=args.index, storage_options=opts, **knobs) as store:
+        with ckstore.open(url, index=args.index, storage_options=opts, create=True, **knobs) as store:
             cfg = store.config
             info = {
                 "url": store.url,
@@ -110,11 +110,28 @@ def _undo_init(url: str, opts: dict[str, Any]) -> Callable[[], None]:
 
 # --- demo ---------------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace, run_cli: Callable[[list[str]], int]) -> int:
-    """``ckstore demo``; ``run_cli`` runs the history phase's commands (the CLI's ``main``)."""
+    """``ckstore demo``; ``run_cli`` runs the history phase's commands (the CLI's ``main``).
+
+    With ``--json`` the transcript is left out and one JSON document says what happened.
+    """
+    if args.steps < 2 or not 1 <= args.every <= args.steps // 2:  # before any folder is touched
+        usage_error(
+            args,
+            f"--steps must be at least 2 and --every from 1 to --steps/2 (the demo snapshots "
+            f"during the first half and resumes from there), got --steps {args.steps} --every "
+            f"{args.every}",
+        )
     url = claim_demo_store(args.store or DEMO_STORE)
     from . import demo as demo_mod  # imports torch: only once the folder is known to be ours
 
-    return demo_mod.main(url, run_cli, steps=args.steps, every=args.every)
+    quiet: Callable[[str], None] = lambda _line: None  # noqa: E731
+    result = demo_mod.main(
+        url, run_cli, steps=args.steps, every=args.every, say=quiet if args.json else print,
+        as_json=args.json,
+    )  # fmt: skip
+    if args.json:
+        emit_json(result.to_dict())
+    return result.exit_code
 
 
 def claim_demo_store(url: str) -> str:
@@ -159,7 +176,7 @@ def claim_demo_store(url: str) -> str:
             f"{path} exists and is not empty; the demo writes only into a new or empty folder "
             f"(or a store an earlier demo made): {elsewhere}"
         )
-    ckstore.open(path).close()
+    ckstore.open(path, create=True).close()
     with open(os.path.join(path, DEMO_MARK), "w") as f:
         f.write("made by `ckstore demo`: the next `ckstore demo` here replaces this store\n")
     return path

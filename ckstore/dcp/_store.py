@@ -22,11 +22,15 @@ class StoreRef:
         store: an open store, or its URL (a local path, ``s3://...``, ...).
         index: SQLAlchemy URL of the index (default: the open store's, or ckstore's default).
         storage_options: fsspec options (default: the open store's).
+        create: a store given by URL is created on first use if there is none (a writer's,
+            as DCP's own FileSystemWriter makes its folder); a reader's must exist.
     """
 
     def __init__(
-        self, store: Store | str | os.PathLike[str], index: str | None = None, storage_options: dict[str, Any] | None = None
+        self, store: Store | str | os.PathLike[str], index: str | None = None,
+        storage_options: dict[str, Any] | None = None, create: bool = False,
     ) -> None:
+        self.create = create
         self._store: Store | None = None
         if isinstance(store, (str, os.PathLike)):
             self.url = os.fspath(store)
@@ -40,18 +44,25 @@ class StoreRef:
         self.storage_options = dict(storage_options) if storage_options else None
 
     def get(self) -> Store:
-        """The open store (opened, and created if missing, on first use in this process)."""
+        """The open store (opened, and with ``create`` created if missing, on first use in this
+        process)."""
         if self._store is None:
             from ..store import open as open_store
 
-            self._store = open_store(self.url, index=self.index, storage_options=self.storage_options)
+            self._store = open_store(
+                self.url, index=self.index, storage_options=self.storage_options, create=self.create
+            )
         return self._store
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "index": self.index, "storage_options": self.storage_options}
+        return {
+            "url": self.url, "index": self.index, "storage_options": self.storage_options,
+            "create": self.create,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.url = state["url"]
         self.index = state["index"]
         self.storage_options = state["storage_options"]
+        self.create = state.get("create", False)
         self._store = None

@@ -38,7 +38,7 @@ class StorageWriter(_DcpStorageWriter):
     Args:
         store: an open :class:`ckstore.Store` (each rank opens its own), or a store URL
             (opened on first use; create a new store once beforehand, not from every rank).
-        run, step, tags, metadata: as for ``store.take``.
+        run, step, tags, metadata, move_tags: as for ``store.take``.
         name: optional unique snapshot name.
         timeout: seconds ranks wait for each other in the hand-over (default
             ``CKSTORE_DIST_TIMEOUT`` or 600).
@@ -75,6 +75,7 @@ class StorageWriter(_DcpStorageWriter):
         overwrite: bool = True,
         index: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        move_tags: bool = False,
         on_nonfinite: str = "warn",
         on_stale: str = "warn",
         health: bool = True,
@@ -82,8 +83,9 @@ class StorageWriter(_DcpStorageWriter):
     ) -> None:
         super().__init__()
         self.spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, dist_timeout=timeout,
-                                on_nonfinite=on_nonfinite, on_stale=on_stale, health=health, trainable=trainable)
-        self._ref = StoreRef(store, index, storage_options)
+                                move_tags=move_tags, on_nonfinite=on_nonfinite, on_stale=on_stale, health=health,
+                                trainable=trainable)
+        self._ref = StoreRef(store, index, storage_options, create=True)
         self.overwrite = bool(overwrite)
         self.is_coordinator = True
         self.rank = 0

@@ -266,3 +266,39 @@ def default_delta_depth() -> int:
     """The delta chain limit of a new handle: ``$CKSTORE_DELTA_DEPTH`` or ``DEFAULT_DELTA_DEPTH``."""
     env = env_int("CKSTORE_DELTA_DEPTH", 0, MAX_DELTA_DEPTH)
     return DEFAULT_DELTA_DEPTH if env is None else env
+
+
+TAKE_CODECS = ("fast", "dense")
+"""How a take encodes new whole chunks: ``fast`` (``exp-zstd`` for floats, raw otherwise; what
+compaction later rewrites densely) or ``dense`` (``bytegroup-zstd`` / ``zstd``, as compaction
+writes: smaller at once, slower on the take's critical path)."""
+
+
+def check_take_codec(value: Any) -> str:
+    """``value`` as a ``take_codec`` option.
+
+    Raises:
+        InvalidInputError: not one of :data:`TAKE_CODECS`.
+    """
+    if value not in TAKE_CODECS:
+        raise InvalidInputError(f"take_codec must be one of {list(TAKE_CODECS)}, got {value!r}")
+    return str(value)
+
+
+def default_take_codec() -> str:
+    """The take codec of a new handle: ``$CKSTORE_TAKE_CODEC`` or ``"fast"``."""
+    env = os.environ.get("CKSTORE_TAKE_CODEC")
+    return "fast" if not env else check_take_codec(env)
+
+
+def default_auto_compact() -> bool:
+    """Whether a new handle compacts in the background after takes: ``$CKSTORE_AUTO_COMPACT``
+    (``0``/``false``/``no``/``off`` turn it off) or True."""
+    env = os.environ.get("CKSTORE_AUTO_COMPACT", "").strip().lower()
+    if not env:
+        return True
+    if env in ("0", "false", "no", "off"):
+        return False
+    if env in ("1", "true", "yes", "on"):
+        return True
+    raise InvalidInputError(f"$CKSTORE_AUTO_COMPACT must be 1 or 0 (true/false), got {env!r}")

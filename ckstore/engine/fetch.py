@@ -201,42 +201,57 @@ class Fetcher:
                     assert job.dst is not None
                     pools.copier(job.dst).copy(job.dst, _chunk_tensor(job, staged)[job.src])
                 elif job.checked:
-                    self._deliver(job, pools, lambda out: self.objs.verify_chunk(self._loc(job), out, check_digests=True))
+                    self._deliver(job, pools, lambda out: self.objs.verify_chunk(self._loc(job), out, check_digests=True),
+                                  moved=self._verified_copy)
                 else:
                     assert expected is not None
-                    self._deliver(job, pools, lambda out: self.objs.load_verified(self._loc(job), out, expected))
+                    self._deliver(job, pools, lambda out: self.objs.load_verified(self._loc(job), out, expected),
+                                  moved=self._verified_copy)
 
             self._run(jobs, one)
         for job in jobs:  # every copy out of the arena has completed (the pools waited)
             job.staged = None
 
     # -- helpers -----------------------------------------------------------------------------
-    def _deliver(self, job: Job, pools: _Pools, fill: Callable[[memoryview], Any]) -> None:
-        """Decode into ``job.out``, or into a pooled host buffer copied to ``job.dst``."""
+    def _deliver(self, job: Job, pools: _Pools, fill: Callable[[memoryview], Any],
+                 moved: Callable[[Job, memoryview], Any] | None = None) -> None:
+        """Decode into ``job.out``, or into a pooled host buffer copied to ``job.dst``.
+
+        ``moved`` replaces ``fill`` for a chunk found rewritten elsewhere since the first pass
+        (its payload differs: the first pass's checks do not cover it)."""
         if job.out is not None or job.dst is None:
-            self._guard(job, lambda: fill(job.out), writing=True)  # type: ignore[arg-type]
+            out = job.out
+            assert out is not None
+            self._guard(job, lambda: fill(out), writing=True,
+                        moved=None if moved is None else lambda: moved(job, out))
             return
         pool = pools.pool(job.dst)
         buf = pool.acquire()
         transfer = DONE
         try:
             n = self._loc(job).raw_length
-            self._guard(job, lambda: fill(memoryview(buf.numpy()).cast("B")[:n]), writing=True)  # type: ignore[arg-type]
+            view = memoryview(buf.numpy()).cast("B")[:n]  # type: ignore[arg-type]
+            self._guard(job, lambda: fill(view), writing=True,
+                        moved=None if moved is None else lambda: moved(job, view))
             transfer = pool.copier.copy(job.dst, _chunk_tensor(job, buf[:n])[job.src])
         finally:
             pool.release(buf, transfer)
 
-    def _guard(self, job: Job, fn: Callable[[], Any], *, writing: bool = False) -> Any:
+    def _guard(self, job: Job, fn: Callable[[], Any], *, writing: bool = False,
+               moved: Callable[[], Any] | None = None) -> Any:
         """Run ``fn`` (which reads ``job.loc`` when it runs) for ``job``: a pack gone since the
-        chunk was located is looked up again (:meth:`_moved`); damage raises naming the key
-        (and, unless ``fn`` was ``writing`` into a destination, saying nothing was restored)."""
+        chunk was located is looked up again (:meth:`_moved`) and ``fn`` runs again at the
+        chunk's new place, or ``moved`` runs instead when its payload is not the one read before
+        (compaction re-encoded it). Damage raises naming the key (and, unless ``fn`` was
+        ``writing`` into a destination, saying nothing was restored)."""
         try:
             try:
                 return fn()
             except ObjectNotFoundError:
-                if not self._moved(job):
+                how = self._moved(job)
+                if how is None:
                     raise
-                return fn()
+                return moved() if how == "re-encoded" and moved is not None else fn()
         except CorruptionError as exc:
             done = "" if writing else " nothing was restored."
             raise CorruptionError(
@@ -244,24 +259,36 @@ class Fetcher:
                 "`ckstore check --read-data` and restore an older snapshot"
             ) from exc
 
-    def _moved(self, job: Job) -> bool:
+    def _moved(self, job: Job) -> str | None:
         """Look ``job``'s chunk up again after a read found a pack of its chain gone: gc may have
-        moved the chunk to a new pack and deleted the old one once its grace period passed
-        (docs/RELIABILITY.md, I4). True if the chunk now lives elsewhere (``job.loc`` updated):
-        its payloads are the same bytes, so the checks made so far still hold."""
+        moved the chunk to a new pack, or compaction re-encoded it there, and deleted the old
+        pack once its grace period passed (docs/RELIABILITY.md, I4). Returns None if it did not
+        move, else ``job.loc`` is updated and the answer says whether the payloads are the same
+        bytes (``"moved"``: gc copied them, so the checks made so far still hold) or not
+        (``"re-encoded"``)."""
         locs = self.index.chunk_locations([job.cid])
         rec = locs.get(job.cid)
         if rec is None:
-            return False
+            return None
         new = to_location(rec, locs)
         old = self._loc(job)
         try:
-            moved = [(l.pack_id, l.offset) for l in new.chain()] != [(l.pack_id, l.offset) for l in old.chain()]
+            places = [(l.pack_id, l.offset) for l in new.chain()] != [(l.pack_id, l.offset) for l in old.chain()]
+            same = [_payload_key(l) for l in new.chain()] == [_payload_key(l) for l in old.chain()]
         except CorruptionError:
-            return False
-        if moved:
-            job.loc = new
-        return moved
+            return None
+        if not places:
+            return None
+        job.loc = new
+        return "moved" if same else "re-encoded"
+
+    def _verified_copy(self, job: Job, out: memoryview) -> None:
+        """Decode ``job``'s chunk into scratch memory, verify it against its id, and only then
+        copy it into ``out``: for a chunk re-encoded since the first pass checked it."""
+        n = self._loc(job).raw_length
+        scratch = _moved_scratch(n)[:n].data
+        self.objs.verify_chunk(self._loc(job), scratch)
+        _memcpy(out, scratch)
 
     def _locate(self, jobs: list[Job]) -> None:
         missing = {j.cid for j in jobs if j.loc is None}
@@ -328,6 +355,22 @@ class _Pools:
         for pool in self._pools.values():
             pool.drain()
             pool.copier.finish()
+
+
+def _payload_key(loc: objects.ChunkLocation) -> tuple[str, int, str | None]:
+    """What identifies a stored payload's bytes, wherever it lives."""
+    return (loc.codec, loc.length, loc.payload_digest)
+
+
+_moved_local = threading.local()
+
+
+def _moved_scratch(n: int) -> np.ndarray:
+    """This thread's scratch buffer for re-encoded chunks (rare: grown on demand)."""
+    buf: np.ndarray | None = getattr(_moved_local, "buf", None)
+    if buf is None or len(buf) < n:
+        buf = _moved_local.buf = np.empty(n, dtype=np.uint8)
+    return buf
 
 
 def _raw(job: Job) -> int:

@@ -2,13 +2,26 @@
 
 GC trusts a lease only while it is fresh (reliability contract I4): a take that stops beating
 (paused, partitioned) loses its pins and then fails at commit with LeaseExpiredError.
+
+A take ends its lease when it leaves, whatever the reason (an error, Ctrl-C's
+KeyboardInterrupt), so gc may reclaim what it wrote at once. SIGTERM (a scheduler preempting
+the job, ``docker stop``, ``kill``) used to end the process on the spot and leave the lease,
+and what the take had written, held until it ran out. So while a lease is held, ckstore
+handles SIGTERM in the main thread, if nothing else does: the handler raises
+:class:`Terminated` (a ``SystemExit`` with code 143, the shell's code for SIGTERM), the take
+unwinds and ends its lease as on Ctrl-C, and the process exits with that code. It is installed
+only when the main thread begins a lease and SIGTERM has its default action, put back when the
+last lease ends (or at the first SIGTERM, so a second one kills at once), and never replaces a
+handler of the program's own: that handler stays in charge.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
+from types import FrameType
 
 from ..errors import CkstoreError
 from ..index import Index
@@ -29,6 +42,7 @@ class Lease:
     def __enter__(self) -> Lease:
         owner = f"{socket.gethostname()}:{os.getpid()}"
         self.id = self._index.begin_session(owner, self._seconds).id
+        _arm(self)
         self._thread = threading.Thread(target=self._beat, name="ckstore-lease", daemon=True)
         self._thread.start()
         return self
@@ -45,8 +59,64 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if not self.committed:
-            try:
-                self._index.end_session(self.id, "aborted")
-            except CkstoreError:
-                pass  # the lease simply expires; GC treats it as gone
+        try:
+            if not self.committed:
+                try:
+                    self._index.end_session(self.id, "aborted")
+                except CkstoreError:
+                    pass  # the lease simply expires; GC treats it as gone
+        finally:
+            _disarm(self)
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived while a take held its lease: the take unwinds (nothing is committed, its
+    lease ends) and the process exits with code 143 (128 + SIGTERM), without a traceback."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+_held: set[Lease] = set()
+_guard = threading.Lock()
+_installed = False
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    global _installed
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    _installed = False
+    if not _held:  # left installed by a lease that ended in another thread: the default action
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise Terminated()
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _arm(lease: Lease) -> None:
+    """Hold ``lease``; from the main thread, install the SIGTERM handler if SIGTERM has its
+    default action (a handler of the program's own, or an ignored SIGTERM, is left alone)."""
+    global _installed
+    with _guard:
+        _held.add(lease)
+        if _installed or not _main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _installed = True
+
+
+def _disarm(lease: Lease) -> None:
+    """Let go of ``lease``; the last one out, in the main thread, puts SIGTERM's default back
+    (a lease ended in a background thread leaves that to the next main-thread lease; the
+    handler then only turns a SIGTERM into exit code 143 after an orderly unwind)."""
+    global _installed
+    with _guard:
+        _held.discard(lease)
+        if _held or not _installed or not _main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _installed = False

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,15 +84,18 @@ class LocalTake:
         """Health figures while hashing, staleness and the policies (``engine/guard.py``)."""
         self._lease: Lease | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._activity = ExitStack()
 
     # --- the session ------------------------------------------------------------------------
     def open(self) -> LocalTake:
         """Begin the write session (its lease beats until :meth:`close`) and the workers."""
+        self._activity.enter_context(self.repo.activity())  # background compaction waits meanwhile
         self._pool = ThreadPoolExecutor(max_workers=self.opts.threads, thread_name_prefix="ckstore")
         try:
             self._lease = Lease(self.repo.index, self.opts.lease_seconds).__enter__()
         except BaseException:
             self._pool.shutdown()
+            self._activity.close()
             raise
         return self
 
@@ -105,6 +109,7 @@ class LocalTake:
         finally:
             if pool is not None:
                 pool.shutdown()
+            self._activity.close()
 
     def __enter__(self) -> LocalTake:
         return self.open()
@@ -218,9 +223,10 @@ class LocalTake:
         """
         self.check_lease()
         stored = stored or self.put_manifest(manifest, validate)
-        record = commit_manifest(self.index, self.session, manifest, stored, self.spec.tags,
+        record = commit_manifest(self.index, self.session, manifest, stored, self.spec.tag_specs,
                                  **(figures or self.stats.figures()))
         self._live_lease().committed = True
+        self.repo.committed(record)
         remember(record.manifest_id, manifest)  # the run's next take compares with it
         return record
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import objects
 from ..errors import CorruptionError, ObjectNotFoundError
-from ..index import PackRecord
+from ..index import ChunkRecord, PackRecord
 from .interfaces import WriteIndex
 from .locations import to_records
 
@@ -37,6 +37,9 @@ class TakeOptions:
     """Packs written (and fsynced) at once."""
     delta_depth: int = 0
     """Longest delta chain a take may build (0: every chunk is stored whole)."""
+    fast: bool = True
+    """Encode whole chunks with the fast codec (``exp-zstd`` for floats, raw otherwise), as a
+    take does; compaction encodes densely (``fast=False``)."""
 
 
 @dataclass
@@ -90,10 +93,13 @@ class PackPipeline:
     """Encode chunks in parallel, fill packs in chunk order, write several packs at once.
 
     At most ``2 * opts.threads`` encodes are in flight and at most ``opts.io_threads`` packs
-    are being written (each made durable, then indexed, by ``_flush``), so memory stays
-    bounded by about ``(io_threads + 1) * pack_bytes`` whatever the state's size. Writing
-    packs concurrently keeps the device busy while each waits for its fsync: one pack at a
-    time left it idle between fsyncs and was the first take's bottleneck.
+    are being written, each made durable by ``_finish`` and then indexed (``add_pack``) or,
+    with ``deferred``, left in that list for the commit's own transaction to record. Where the
+    backend streams a pack to a staging file as it fills (local disks), each encode buffer is
+    free again as soon as its payload is added, so memory stays bounded by the encode window
+    (``2 * threads`` chunks); elsewhere by about ``(io_threads + 1) * pack_bytes``, whatever the
+    state's size. Writing packs concurrently keeps the device busy while each waits for its
+    fsync: one pack at a time left it idle between fsyncs and was the first take's bottleneck.
     Use as a context manager: leaving it (even on error) waits for every write in flight.
     """
 
@@ -104,8 +110,10 @@ class PackPipeline:
         session: str,
         opts: TakeOptions,
         pool: ThreadPoolExecutor,
+        deferred: list[tuple[PackRecord, list[ChunkRecord]]] | None = None,
     ) -> None:
         self._store, self._index, self._session, self._opts, self._pool = store, index, session, opts, pool
+        self._deferred = deferred
         self._window = max(2, 2 * opts.threads)
         self._io = ThreadPoolExecutor(max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack")
         self._encoding: deque[tuple[Chunk, np.ndarray | None, Future[tuple[str, Any]]]] = deque()
@@ -113,6 +121,7 @@ class PackPipeline:
         self._delta_tries: dict[str, list[int]] = {}  # leaf name -> [deltas kept, deltas not paying]
         self._flushing: deque[Future[None]] = deque()
         self._writer = store.new_pack_writer(opts.pack_bytes)
+        self._submitted = False  # whether self._writer is handed to the io threads
         self._held: list[np.ndarray] = []  # buffers the current pack's payloads live in
         self._free: deque[np.ndarray] = deque()  # buffers whose pack is written: reused
         self.stats = WriteStats()
@@ -132,6 +141,8 @@ class PackPipeline:
             for _, _, fut in self._encoding:
                 fut.cancel()
             self._io.shutdown(wait=True)
+            if not self._submitted:
+                self._writer.abort()  # a pack being filled when the take failed: nothing stays staged
 
     def push(self, chunk: Chunk) -> None:
         """Queue one chunk (its id known, absent from the store) for encoding and packing."""
@@ -141,7 +152,7 @@ class PackPipeline:
         if chunk.base is not None:
             fut = self._pool.submit(_encode_delta, self._store, chunk, buf)
         else:
-            fut = self._pool.submit(objects.encode, chunk.view, chunk.itemsize, chunk.grouped, 1, buf)
+            fut = self._pool.submit(objects.encode, chunk.view, chunk.itemsize, chunk.grouped, 1, buf, self._opts.fast)
         self._encoding.append((chunk, buf, fut))
         while len(self._encoding) > self._window:
             self._add_next()
@@ -175,7 +186,7 @@ class PackPipeline:
     def _add_next(self) -> None:
         chunk, buf, fut = self._encoding.popleft()
         codec, payload = fut.result()
-        if chunk.source is not None and codec == objects.NONE:
+        if chunk.source is not None and codec == objects.NONE and self._writer.holds_payloads:
             payload = bytes(payload)  # a raw payload would point into a recycled staging buffer
         delta = objects.is_delta(codec)
         base_id = chunk.base.chunk_id if delta and chunk.base is not None else None
@@ -184,8 +195,9 @@ class PackPipeline:
         self._writer.add(chunk.id, codec, payload, len(chunk.view), base_id)
         if self._opts.delta_depth > 0:  # the next delta take reads it as a base without re-hashing
             self._store.trust(chunk.id, payload)
-        if buf is not None:
-            (self._held if codec in _IN_BUFFER else self._free).append(buf)
+        if buf is not None:  # a payload in it stays referenced until its pack is written, unless written away
+            held = codec in _IN_BUFFER and self._writer.holds_payloads
+            (self._held if held else self._free).append(buf)
         self.stats.new_bytes += len(payload)
         self.stats.new_chunks += 1
         if delta:
@@ -195,7 +207,7 @@ class PackPipeline:
             self.stats.delta_bytes += len(payload)
         if self._writer.full:
             self._submit_flush()
-            self._writer = self._store.new_pack_writer(self._opts.pack_bytes)
+            self._writer, self._submitted = self._store.new_pack_writer(self._opts.pack_bytes), False
 
     def _submit_flush(self) -> None:
         while len(self._flushing) >= max(1, self._opts.io_threads):
@@ -203,10 +215,15 @@ class PackPipeline:
         held, self._held = self._held, []
 
         def flush(writer: objects.PackWriter = self._writer) -> None:
-            _flush(writer, self._index, self._session, self._depths)
+            done = _finish(writer, self._depths, self._opts.fast)
+            if done is not None and self._deferred is not None:
+                self._deferred.append(done)  # recorded by the commit's own transaction
+            elif done is not None:
+                self._index.add_pack(self._session, *done)
             self._free.extend(held)  # the pack is durable: its payload buffers are free
 
         self._flushing.append(self._io.submit(flush))
+        self._submitted = True
 
 
 HOPELESS_AFTER = 3
@@ -218,7 +235,7 @@ def _leaf(key: str) -> str:
     return key.rsplit("/", 1)[-1]
 
 
-_IN_BUFFER = (objects.BYTEGROUP_ZSTD, objects.XOR_BYTEGROUP_ZSTD)
+_IN_BUFFER = (objects.BYTEGROUP_ZSTD, objects.XOR_BYTEGROUP_ZSTD, objects.EXP_ZSTD)
 """Codecs whose payload may be a view into the recycled encode buffer."""
 
 
@@ -264,13 +281,15 @@ def _scratch(kind: str, n: int) -> np.ndarray:
     return buf
 
 
-def _flush(writer: objects.PackWriter, index: WriteIndex, session: str, depths: dict[str, int] | None = None) -> None:
+def _finish(writer: objects.PackWriter, depths: dict[str, int] | None = None,
+            loose: bool = False) -> tuple[PackRecord, list[ChunkRecord]] | None:
+    """Make the pack durable; its index rows (None if it holds nothing)."""
     done = writer.finish()
     if done is None:
-        return
+        return None
     pack_id, size, locs = done
     chunks = to_records(locs, depths)
-    index.add_pack(session, PackRecord(pack_id, size, len(chunks), time.time()), chunks)
+    return PackRecord(pack_id, size, len(chunks), time.time(), loose=loose), chunks
 
 
 def batches(chunks: list[Chunk], max_bytes: int, max_count: int, first_bytes: int | None = None) -> Iterator[list[Chunk]]:

@@ -19,7 +19,7 @@ from ..errors import InvalidInputError
 from ..format.health import POLICIES
 from ..format.limits import INT64_MAX, check_int, check_metadata, check_number
 from ..format.manifest import canonical_json, snapshot_header
-from ..index import validate_name
+from ..index import tag_specs, validate_name
 from .config import check_delta_base
 
 
@@ -40,6 +40,8 @@ class TakeSpec:
         staging_budget: bytes an asynchronous take may copy (None: the store's default).
         no_dist: take in this process alone, even under torch.distributed (what a hook called
             on one rank only needs, as DCP's ``no_dist``).
+        move_tags: move a tag that already exists to this snapshot (otherwise the take is
+            refused, as ``tag`` without ``force``).
         on_nonfinite: what a take does when a tensor holds NaN or Inf: ``"warn"`` (default:
             commit, recorded unhealthy, one warning per key pattern), ``"raise"``
             (NonFiniteError, nothing committed) or ``"ignore"`` (commit, recorded, silent).
@@ -63,6 +65,7 @@ class TakeSpec:
     dist_timeout: float | None = None
     staging_budget: int | None = None
     no_dist: bool = False
+    move_tags: bool = False
     on_nonfinite: str = "warn"
     on_stale: str = "warn"
     health: bool = True
@@ -83,6 +86,7 @@ class TakeSpec:
         dist_timeout: float | None = None,
         staging_budget: int | None = None,
         no_dist: bool = False,
+        move_tags: bool = False,
         on_nonfinite: str = "warn",
         on_stale: str = "warn",
         health: bool = True,
@@ -117,13 +121,20 @@ class TakeSpec:
         if not isinstance(health, bool):
             raise InvalidInputError(f"health must be True or False, got {health!r}")
         return cls(run, step, tag_names, MappingProxyType(meta), name, check_delta_base(delta_base),
-                   globs, dist_timeout, staging_budget, bool(no_dist), _policy("on_nonfinite", on_nonfinite),
-                   _policy("on_stale", on_stale), health, _names("trainable", "key globs", trainable or ()),
+                   globs, dist_timeout, staging_budget, bool(no_dist), bool(move_tags),
+                   _policy("on_nonfinite", on_nonfinite), _policy("on_stale", on_stale), health,
+                   _names("trainable", "key globs", trainable or ()),
                    frozenset(_names("trainable_keys", "keys", trainable_keys)))
 
     def evolve(self, **changes: Any) -> TakeSpec:
         """This description with ``changes`` (arguments of :meth:`of`), checked again."""
         return TakeSpec.of(**{**self._fields(), **changes})
+
+    @property
+    def tag_specs(self) -> tuple[str, ...]:
+        """The tags as the commit takes them: ``"+name"`` may move an existing tag, ``"name"``
+        may only create one (``ckstore.index.tag_specs``)."""
+        return tag_specs(self.tags, self.move_tags)
 
     def without_deltas(self) -> TakeSpec:
         """The same take storing every chunk whole."""
@@ -143,8 +154,8 @@ class TakeSpec:
         return {"run": self.run, "step": self.step, "tags": self.tags, "metadata": dict(self.metadata),
                 "name": self.name, "delta_base": self.delta_base, "replicated": self.replicated,
                 "dist_timeout": self.dist_timeout, "staging_budget": self.staging_budget, "no_dist": self.no_dist,
-                "on_nonfinite": self.on_nonfinite, "on_stale": self.on_stale, "health": self.health,
-                "trainable": self.trainable, "trainable_keys": sorted(self.trainable_keys)}
+                "move_tags": self.move_tags, "on_nonfinite": self.on_nonfinite, "on_stale": self.on_stale,
+                "health": self.health, "trainable": self.trainable, "trainable_keys": sorted(self.trainable_keys)}
 
 
 def _policy(what: str, value: Any) -> str:

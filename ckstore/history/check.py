@@ -11,6 +11,11 @@ verified), and every payload digest the index recorded must be the payload's. A 
 random, and at least one. The report counts the packs, chunks and bytes read.
 Orphans (objects the index does not know, e.g. from a crashed take) are listed but are not
 errors: ``gc`` removes them.
+
+Each problem with a damaged or missing chunk or pack also names what it breaks: the snapshots
+that use it and their keys (a chunk that deltas are stored against breaks theirs too), in
+``snapshots`` and ``keys`` and at the end of its message, so the damage can be judged (restore
+another snapshot? re-take?) without reading manifests by hand.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ from .. import objects
 from ..engine.locations import to_location
 from ..errors import CkstoreError
 from ..format.limits import check_fraction
-from ..format.manifest import Manifest
-from ..index import ChunkRecord
+from ..format.manifest import Manifest, PerRankEntry, TensorEntry
+from ..index import ChunkRecord, SnapshotRecord
 
 if TYPE_CHECKING:
     from ..engine.repository import Repository
@@ -35,11 +40,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong: what kind, which object, and a sentence for humans."""
+    """One thing wrong: what kind, which object, and a sentence for humans; for damaged data,
+    the snapshots (``run@step (id)``) and keys that use it."""
 
     kind: str
     object: str
     message: str
+    snapshots: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
 
 
 @dataclass
@@ -93,7 +101,119 @@ def check(
     if fraction > 0 and readable:
         chosen = choose_packs(readable, fraction, random.Random(seed))
         _read_data(store, chosen, report, progress or (lambda it: it), chunks)
+    _drop_moved(store, report, chunks)
+    _name_users(store, report, chunks)
     return report
+
+
+PACK_PROBLEMS = ("missing-pack", "unknown-pack", "pack")
+"""Problems about a whole pack, which a compaction or gc beside the check may cause by moving
+every live chunk out of the pack and deleting it while the check ran."""
+
+
+def _drop_moved(store: Repository, report: CheckReport, chunks: dict[str, ChunkRecord]) -> None:
+    """Drop the pack problems of packs whose chunks all moved elsewhere since the check read
+    the index (looked up again now): the pack was emptied and deleted meanwhile, no damage."""
+    suspects = {p.object for p in report.problems if p.kind in PACK_PROBLEMS}
+    if not suspects:
+        return
+    held = {c.chunk_id: c.pack_id for c in chunks.values() if c.pack_id in suspects}
+    now = store.index.chunk_locations(list(held))
+    still = {rec.pack_id for cid, rec in now.items() if rec.pack_id == held.get(cid)}
+    gone = suspects - still
+    if gone:
+        report.problems = [p for p in report.problems if not (p.kind in PACK_PROBLEMS and p.object in gone)]
+        for cid, pack_id in held.items():
+            rec = now.get(cid)
+            if pack_id in gone and rec is not None:  # the row as it is now (the users named below)
+                chunks[cid] = rec
+
+
+MAX_NAMED = 10
+"""Snapshots and keys named in a problem's message (its fields hold them all)."""
+
+
+def _name_users(store: Repository, report: CheckReport, chunks: dict[str, ChunkRecord]) -> None:
+    """Add to each problem about a chunk or a pack the snapshots and keys it breaks."""
+    in_pack: dict[str, set[str]] = defaultdict(set)
+    deltas: dict[str, set[str]] = defaultdict(set)
+    for c in chunks.values():
+        in_pack[c.pack_id].add(c.chunk_id)
+        if c.base_id is not None:
+            deltas[c.base_id].add(c.chunk_id)
+    broken: dict[int, set[str]] = {}
+    for i, p in enumerate(report.problems):
+        ids = {p.object} if p.object in chunks else set(in_pack.get(p.object, ()))
+        todo = list(ids)
+        while todo:  # what is stored as a delta against a broken chunk is broken too
+            for d in deltas.get(todo.pop(), ()):
+                if d not in ids:
+                    ids.add(d)
+                    todo.append(d)
+        if ids:
+            broken[i] = ids
+    if not broken:
+        return
+    users = store.index.snapshots_using(set().union(*broken.values()))
+    named = _Names(store)
+    for i, ids in broken.items():
+        snaps = sorted({s for c in ids for s in users.get(c, ())}, key=named.order)
+        if not snaps:
+            continue
+        labels = tuple(named.label(s) for s in snaps)
+        keys = tuple(sorted({k for s in snaps for k in named.keys(s, ids)}))
+        p = report.problems[i]
+        shown = ", ".join(labels[:MAX_NAMED]) + (f" and {len(labels) - MAX_NAMED} more" if len(labels) > MAX_NAMED else "")
+        keys_shown = ", ".join(keys[:MAX_NAMED]) + (f" and {len(keys) - MAX_NAMED} more" if len(keys) > MAX_NAMED else "")
+        message = f"{p.message}; used by snapshot(s) {shown}" + (f", key(s) {keys_shown}" if keys else "")
+        report.problems[i] = Problem(p.kind, p.object, message, labels, keys)
+
+
+class _Names:
+    """Snapshot labels and manifests, each read once."""
+
+    def __init__(self, store: Repository) -> None:
+        self._store = store
+        self._manifests: dict[str, Manifest | None] = {}
+        self._records: dict[str, SnapshotRecord] = {}
+
+    def record(self, snapshot_id: str) -> SnapshotRecord:
+        if snapshot_id not in self._records:
+            self._records[snapshot_id] = self._store.index.get_snapshot(snapshot_id)
+        return self._records[snapshot_id]
+
+    def order(self, snapshot_id: str) -> tuple[str, int, float]:
+        """Run, then step, then time: the order ``log`` readers expect."""
+        r = self.record(snapshot_id)
+        return (r.run, -1 if r.step is None else r.step, r.created_at)
+
+    def label(self, snapshot_id: str) -> str:
+        r = self.record(snapshot_id)
+        where = r.name or (f"{r.run}@{r.step}" if r.step is not None else r.run)
+        return f"{where} ({snapshot_id[:12]})"
+
+    def keys(self, snapshot_id: str, ids: set[str]) -> list[str]:
+        if snapshot_id not in self._manifests:
+            try:
+                self._manifests[snapshot_id] = self._store.load_manifest(self.record(snapshot_id))
+            except CkstoreError:  # reported as its own problem
+                self._manifests[snapshot_id] = None
+        manifest = self._manifests[snapshot_id]
+        if manifest is None:
+            return []
+        return [
+            key
+            for key, entry in manifest.entries.items()
+            if any(c.id in ids for t in _tensors(entry) for c in t.chunks)
+        ]
+
+
+def _tensors(entry: Any) -> list[Any]:
+    if isinstance(entry, TensorEntry):
+        return [entry]
+    if isinstance(entry, PerRankEntry):
+        return list(entry.tensors())
+    return []
 
 
 def choose_packs(pack_ids: list[str], fraction: float, rng: random.Random) -> list[str]:

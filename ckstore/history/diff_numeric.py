@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..engine.locations import to_location
-from ..errors import CorruptionError
+from ..errors import CorruptionError, ObjectNotFoundError
 from ..format.dtypes import dtype_from_name
 from ..format.manifest import ChunkRef, TensorEntry
 from ..format.tensors import empty_for, from_bytes, writable_view
@@ -131,9 +131,14 @@ class _BoxReader:
                     f"{self.where}: chunk {c.id[:16]}… is unknown to the index; "
                     "run `ckstore check`"
                 )
-            loc = to_location(rec, self.locs)
             t = empty_for(self.entry.dtype, c.sizes)
-            self.snap.store.objects.read_chunk(loc, out=writable_view(t))
+            try:
+                self.snap.store.objects.read_chunk(to_location(rec, self.locs), out=writable_view(t))
+            except ObjectNotFoundError:  # compaction or gc moved it meanwhile: look it up again
+                self.locs.update(self.snap.store.index.chunk_locations([c.id]))
+                if c.id not in self.locs:
+                    raise
+                self.snap.store.objects.read_chunk(to_location(self.locs[c.id], self.locs), out=writable_view(t))
             self.cache[i] = t
         return self.cache[i]
 

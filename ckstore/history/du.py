@@ -5,12 +5,16 @@ Stored bytes count each chunk once, at its stored (compressed) length: per run, 
 its snapshots reference; store-wide, the unique chunks of every snapshot. The ratio logical /
 stored is the saving from dedup and compression together. Pack bytes on the backend also hold
 chunks no snapshot references any more (reclaimed by ``gc``) and pack headers.
+
+A run's *exclusive* bytes are the stored bytes of the chunks only that run references (shared
+ones are counted by no run): what deleting the run (``ckstore rm --run``) and a ``gc`` free.
+A chunk that a delta of another run is stored against stays, so it is not exclusive.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
@@ -43,6 +47,8 @@ class UsageRow:
         delta_raw_bytes: ...their raw size...
         delta_bytes: ...and their stored length (included in ``stored_bytes``). The bases they
             need are counted where they are referenced (a base model's run, an older snapshot).
+        exclusive_bytes: Per run: stored bytes of the chunks no other run needs (what
+            deleting the run frees); None on the total row.
     """
 
     run: str | None
@@ -55,6 +61,7 @@ class UsageRow:
     delta_chunks: int = 0
     delta_raw_bytes: int = 0
     delta_bytes: int = 0
+    exclusive_bytes: int | None = None
 
     @property
     def delta_saved_bytes(self) -> int:
@@ -78,7 +85,9 @@ class UsageRow:
             "delta_raw_bytes": self.delta_raw_bytes,
             "delta_bytes": self.delta_bytes,
         }
-        if self.run is None:
+        if self.run is not None:
+            d["exclusive_bytes"] = self.exclusive_bytes
+        else:
             d.update(pack_bytes=self.pack_bytes, packs=self.packs)
         return d
 
@@ -95,6 +104,8 @@ def du(
     with store.index._read("disk usage") as conn:
         rows = _run_rows(conn)
         total = _total_row(conn)
+        only = _exclusive(conn)
+    rows = [replace(r, exclusive_bytes=only.get(r.run or "", 0)) for r in rows]
     pack_ids = store.objects.list_packs()
     sizes = (store.objects.pack_size(p) for p in (progress(pack_ids) if progress else pack_ids))
     pack_bytes = sum(sizes)
@@ -158,3 +169,39 @@ def _total_row(conn: Connection) -> tuple[int, ...]:
         select(*_delta_sums(c)).select_from(used.join(c, c.c.id == used.c.chunk_id)).where(c.c.base_id.is_not(None))
     ).one()
     return int(n), int(logical), int(stored), int(chunks), *(int(v) for v in deltas)
+
+
+def exclusive_bytes(store: Repository) -> dict[str, int]:
+    """Run -> stored bytes of the chunks only that run needs (see the module docstring)."""
+    with store.index._read("disk usage by run") as conn:
+        return _exclusive(conn)
+
+
+def _exclusive(conn: Connection) -> dict[str, int]:
+    s, sc, c = _snapshots, _snapshot_chunks, _chunks
+    pairs = select(s.c.run, sc.c.chunk_id).select_from(sc.join(s, s.c.id == sc.c.snapshot_id)).distinct().subquery()
+    owners = (
+        select(pairs.c.chunk_id, func.count().label("n"), func.min(pairs.c.run).label("run"))
+        .group_by(pairs.c.chunk_id)
+        .subquery()
+    )
+    rows = conn.execute(
+        select(owners.c.run, c.c.id, c.c.length)
+        .select_from(owners.join(c, c.c.id == owners.c.chunk_id))
+        .where(owners.c.n == 1)
+    ).all()
+    owner = {str(r[1]): str(r[0]) for r in rows}
+    edges = [(str(d), str(b)) for d, b in conn.execute(select(c.c.id, c.c.base_id).where(c.c.base_id.is_not(None)))]
+    changed = True
+    while changed:  # a base stays while a delta that stays needs it (another run's, or nobody's)
+        changed = False
+        for delta, base in edges:
+            run = owner.get(base)
+            if run is not None and owner.get(delta) != run:
+                del owner[base]
+                changed = True
+    out: dict[str, int] = {}
+    for run, chunk, length in rows:
+        if owner.get(str(chunk)) is not None:
+            out[str(run)] = out.get(str(run), 0) + int(length)
+    return out

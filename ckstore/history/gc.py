@@ -68,6 +68,9 @@ class GCReport:
     """When the grace period of the youngest of them ends (Unix time; None: nothing kept).
     A gc after it prunes those chunks and deletes those packs; a pack that the pruning empties
     is retired then and deleted one grace period later (a reader may still be using it)."""
+    sessions_held: list[dict[str, Any]] = field(default_factory=list)
+    """Write sessions still active after this gc (``HeldSession.to_dict``): a take running,
+    or one killed before it could end its lease, whose bytes gc leaves until the lease ends."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,17 +115,19 @@ def gc(
     if dry_run:
         _estimate(store, report, cutoff, dropped)
         _grace_kept(store, report, cutoff, dropped)
+        report.sessions_held = [h.to_dict(now) for h in store.index.held_sessions()]
         return report
     report.sessions_expired = store.index.expire_sessions(now)
+    report.sessions_held = [h.to_dict(now) for h in store.index.held_sessions()]
     removed = store.index.prune_chunks(cutoff)
     report.chunks_removed = len(removed)
     report.chunk_bytes_removed = sum(c.length for c in removed)
-    _compact_packs(store, report, cutoff, repack_below)
+    _repack_sparse(store, report, cutoff, repack_below)
     _delete_retired(store, report, time.time() - grace_seconds)
     for mid in store.index.prune_manifests(cutoff):
         store.objects.delete_blob("manifests", mid)
         report.manifests_removed += 1
-    _delete_orphans(store, report)
+    _delete_orphans(store, report, cutoff)
     _grace_kept(store, report, time.time() - grace_seconds, [])
     return report
 
@@ -158,7 +163,7 @@ def _grace_kept(store: Repository, report: GCReport, cutoff: float, dropped: lis
     report.grace_expires_at = max(ends) if ends else None
 
 
-def _compact_packs(store: Repository, report: GCReport, cutoff: float, repack_below: float) -> None:
+def _repack_sparse(store: Repository, report: GCReport, cutoff: float, repack_below: float) -> None:
     usage = [u for u in store.index.pack_usage() if u.retired_at is None]
     dead = [u.pack_id for u in usage if u.live_chunks == 0]
     report.packs_retired += len(store.index.retire_packs(dead))
@@ -167,7 +172,7 @@ def _compact_packs(store: Repository, report: GCReport, cutoff: float, repack_be
     sparse = [u for u in usage if 0 < u.live_chunks < u.chunk_count and u.created_at < cutoff
               and u.live_bytes < repack_below * _payload(u)]
     for u in sparse:
-        if _rewrite_pack(store, u.pack_id):
+        if _rewrite_pack(store, u.pack_id, u.loose):
             report.packs_rewritten += 1
             report.packs_retired += len(store.index.retire_packs([u.pack_id]))
 
@@ -176,11 +181,12 @@ def _payload(u: PackUsage) -> int:
     return max(1, u.size - objects.pack_overhead(u.chunk_count, deltas=True))  # v2 entries: never more than the payload
 
 
-def _rewrite_pack(store: Repository, pack_id: str) -> bool:
+def _rewrite_pack(store: Repository, pack_id: str, loose: bool) -> bool:
     """Copy a pack's live chunks (verified) into a new pack and switch the index to it.
 
     Payloads are copied as they are: a delta stays a delta against the same base (which the
-    index keeps while the delta lives), so its chain, and every chain through it, reads the same.
+    index keeps while the delta lives), so its chain, and every chain through it, reads the same;
+    a loose pack's chunks stay loose (compaction rewrites them once no newest snapshot uses them).
     """
     live = [c for c in store.index.all_chunks() if c.pack_id == pack_id]
     if not live:
@@ -188,20 +194,27 @@ def _rewrite_pack(store: Repository, pack_id: str) -> bool:
     known = store.index.chunk_locations(c.chunk_id for c in live if c.base_id is not None)
     writer = store.objects.new_pack_writer(store.config.pack_bytes * 4)
     name = objects.pack_name(pack_id)
-    for c in live:
-        payload = store.objects.backend.get(name, c.offset, c.length)
-        raw: bytes | bytearray | memoryview = objects.decode(c.codec, payload, c.raw_length)  # a delta's: its XOR bytes
-        if c.base_id is not None:  # the bytes copied (not a second read) XORed with the verified base
-            raw = bytearray(raw)
-            xor_into(raw, store.objects.read_chunk(to_location(c, known).chain()[1]))
-        if objects.chunk_id(raw) != c.chunk_id:
-            raise CorruptionError(f"gc: chunk {c.chunk_id} in pack {pack_id} is damaged; run `ckstore check --read-data`")
-        writer.add(c.chunk_id, c.codec, payload, c.raw_length, c.base_id)
+    try:
+        for c in live:
+            payload = store.objects.backend.get(name, c.offset, c.length)
+            raw: bytes | bytearray | memoryview = objects.decode(c.codec, payload, c.raw_length)  # a delta's: its XOR bytes
+            if c.base_id is not None:  # the bytes copied (not a second read) XORed with the verified base
+                raw = bytearray(raw)
+                xor_into(raw, store.objects.read_chunk(to_location(c, known).chain()[1]))
+            if objects.chunk_id(raw) != c.chunk_id:
+                raise CorruptionError(f"gc: chunk {c.chunk_id} in pack {pack_id} is damaged; run `ckstore check --read-data`")
+            writer.add(c.chunk_id, c.codec, payload, c.raw_length, c.base_id)
+    except ObjectNotFoundError:  # a compaction beside moved the pack's chunks, or a base's, meanwhile
+        writer.abort()
+        return False
+    except BaseException:
+        writer.abort()
+        raise
     done = writer.finish()
     assert done is not None
     new_id, size, locs = done
     moves = to_records(locs)
-    store.index.relocate_chunks(PackRecord(new_id, size, len(moves), time.time()), moves, pack_id)
+    store.index.relocate_chunks(PackRecord(new_id, size, len(moves), time.time(), loose=loose), moves, pack_id)
     return True
 
 
@@ -215,9 +228,11 @@ def _delete_retired(store: Repository, report: GCReport, cutoff: float) -> None:
         report.packs_removed += 1
 
 
-def _delete_orphans(store: Repository, report: GCReport) -> None:
-    """Delete packs/manifests the index does not know, and abort unfinished uploads, if no
-    write session is alive.
+def _delete_orphans(store: Repository, report: GCReport, cutoff: float) -> None:
+    """Delete packs/manifests the index does not know, what interrupted writes left (temporary
+    files last written before both the listing and ``cutoff``) and abort unfinished uploads
+    (S3 multipart uploads of writers killed mid-put, listed before the check), if no write
+    session is alive.
 
     Every object was written inside some write session. If, after listing, no session is
     alive, each writer of a listed object either committed (so its objects are in the index by
@@ -225,11 +240,13 @@ def _delete_orphans(store: Repository, report: GCReport) -> None:
     garbage. No clocks are compared, so skew between hosts cannot make this unsafe; the cost
     is that orphans wait for a moment when no take is running.
     """
+    listed = time.time()
     packs = set(store.objects.list_packs())
     manifests = set(store.objects.list_blobs("manifests"))
     uploads = store.objects.partial_uploads()
     if store.index.live_sessions():
         return
+    report.orphans_removed += store.objects.backend.sweep_temporary(min(listed, cutoff))
     for name, upload_id in uploads:  # listed before the check: their writers are gone too
         store.objects.discard_upload(name, upload_id)
         report.uploads_aborted += 1

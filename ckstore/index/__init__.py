@@ -3,6 +3,7 @@
 Works on SQLite and PostgreSQL. Never imports torch or the object layer.
 """
 
+from ckstore.index._refnames import tag_specs
 from ckstore.index.engine import make_engine
 from ckstore.index.index import Index
 from ckstore.index.names import validate_name
@@ -28,6 +29,7 @@ __all__ = [
     "ensure_schema",
     "head_revision",
     "make_engine",
+    "tag_specs",
     "upgrade",
     "validate_name",
 ]

@@ -14,7 +14,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Connection
 
 from ckstore.errors import ConflictError, InvalidInputError, NotFoundError
-from ckstore.index import _convert, _sql
+from ckstore.index import _convert, _refnames, _sql
 from ckstore.index._resolve import MAX_STEP
 from ckstore.index._sql import batches, check_lease, insert, insert_ignore
 from ckstore.index.names import validate_name
@@ -34,6 +34,7 @@ def commit(
     validate(snapshot, tags)
     now = check_lease(conn, session_id, lock=True)
     require_chunks(conn, chunk_ids)
+    _refnames.check_take(conn, snapshot.run, tags, snapshot.id)
     lock_run(conn, snapshot.run, now)
     parent_id, seq = run_head(conn, snapshot.run)
     require_free(conn, snapshot)
@@ -45,8 +46,8 @@ def commit(
             insert(conn, _sql.snapshot_chunks),
             [{"snapshot_id": snapshot.id, "chunk_id": cid} for cid in batch],
         )
-    for name in tags:
-        move_tag(conn, name, snapshot.id, now)
+    for spec in tags:
+        move_tag(conn, _refnames.parse_spec(spec)[0], snapshot.id, now)
     finish_session(conn, session_id, "committed", now)
     return stored
 
@@ -56,8 +57,8 @@ def validate(snapshot: SnapshotRecord, tags: Sequence[str]) -> None:
     validate_name(snapshot.run, "run")
     if snapshot.name is not None:
         validate_name(snapshot.name, "snapshot")
-    for name in tags:
-        validate_name(name, "tag")
+    for spec in tags:
+        validate_name(_refnames.parse_spec(spec)[0], "tag")
     if not snapshot.id or len(snapshot.id) > 128:
         raise InvalidInputError(f"snapshot id must be 1 to 128 characters, got {snapshot.id!r}")
     if snapshot.world_size < 1:

@@ -22,9 +22,14 @@ from ckstore.errors import (
     IndexCorruptionError,
     IndexError_,
     InvalidInputError,
+    NoSpaceError,
     NotFoundError,
+    ReadOnlyStoreError,
 )
 
+_SQLITE_READONLY = 8
+_SQLITE_FULL = 13
+_READ_ONLY_WORDS = ("readonly database", "read-only transaction")
 _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
 _CORRUPT_WORDS = ("malformed", "not a database", "could not decode to utf-8")
@@ -48,6 +53,7 @@ def translated(what: str, url: str) -> Iterator[None]:
             text that is not UTF-8, or a row does not decode); the message says how to rebuild.
         InvalidInputError: A number is outside the 64-bit integer range the index stores.
         ConflictError: For integrity violations (a concurrent writer took a name or id).
+        ReadOnlyStoreError: The database refused a write because it is read-only.
         NotFoundError: For a PostgreSQL database that does not exist (the message says how
             to create it).
         IndexError_: For every other database failure (unreachable, locked, broken).
@@ -62,6 +68,19 @@ def translated(what: str, url: str) -> Iterator[None]:
         orig = exc.orig if isinstance(exc, DBAPIError) else exc
         if _is_corruption(orig):
             raise IndexCorruptionError(damaged_message(what, url, _first_line(exc))) from exc
+        if _is_full(orig):
+            raise NoSpaceError(
+                f"cannot {what}: the disk holding the index {url} is full ({_first_line(exc)}); "
+                "the transaction was rolled back, so nothing was committed (no snapshot, no tag "
+                "change); once some space is free, `ckstore gc` reclaims what an interrupted take "
+                "wrote (with --grace 0s, at once when no other take or restore is running), then "
+                "try again"
+            ) from exc
+        if _is_read_only(orig):
+            raise ReadOnlyStoreError(
+                f"cannot {what}: the index database {url} is read-only ({_first_line(exc)}); "
+                "open the store read-only to read it, or a writable copy to change it"
+            ) from exc
         if isinstance(exc, OperationalError):
             missing = _NO_DATABASE.search(_first_line(exc))
             if missing:
@@ -114,6 +133,21 @@ def damaged_message(what: str, url: str, detail: str) -> str:
         f"{what}: the index database {url} is damaged ({detail}). The store's objects are "
         f"not affected: {how} (tags are not recovered; see docs/RELIABILITY.md, I5)"
     )
+
+
+def _is_full(orig: BaseException | None) -> bool:
+    code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == _SQLITE_FULL:
+        return True
+    text = str(orig).lower()
+    return "database or disk is full" in text or "no space left on device" in text
+
+
+def _is_read_only(orig: BaseException | None) -> bool:
+    code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == _SQLITE_READONLY:
+        return True
+    return any(word in str(orig).lower() for word in _READ_ONLY_WORDS)
 
 
 def _is_corruption(orig: BaseException | None) -> bool:

@@ -2,13 +2,19 @@
 
 Tried in order, first match wins:
 
-1. ``run@step``: the snapshot of that run at that step (the newest if several);
+1. ``run@step``: the snapshot of that run at that step (the newest if several). Both parts
+   are required: ``@5`` and ``run@`` are malformed (InvalidInputError, like a bad step).
    ``run@healthy``: the run's newest snapshot whose take recorded no NaN or Inf (names never
    hold ``@`` and steps are integers, so neither form can mean anything else).
-2. A tag name.
+2. A tag name. A tag never takes the name of a run (``_refnames``); should a store made
+   before that rule hold a tag and a run of one name pointing at different snapshots, the
+   name is ambiguous: an error naming both.
 3. A snapshot name.
 4. A run name: the run's latest snapshot.
 5. A snapshot id, or a hex id prefix of at least 4 characters (ambiguous: an error).
+
+A ref in the display form ``Snapshot.ref`` prints, ``"sft@100 (0123456789ab)"``, names the
+snapshot by the id prefix in parentheses, so ``store.get(snap.ref)`` finds ``snap``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ MAX_STEP = 2**63 - 1
 """Steps are stored as signed 64-bit integers."""
 _HEX_PREFIX = re.compile(rf"[0-9a-fA-F]{{{MIN_PREFIX},128}}")
 _TRIED = "run@step, tag, snapshot name, run name, snapshot id (prefix of >= 4 hex digits)"
+_DISPLAY = re.compile(rf"(?P<label>.+) \((?P<id>[0-9a-f]{{{MIN_PREFIX},128}})\)")
 
 
 def resolve(conn: Connection, ref: str) -> Row[Any]:
@@ -41,10 +48,17 @@ def resolve(conn: Connection, ref: str) -> Row[Any]:
     if not isinstance(ref, str) or not ref:
         raise InvalidInputError(f"a snapshot ref must be a non-empty string, got {ref!r}")
     s = _sql.snapshots
+    shown = _DISPLAY.fullmatch(ref)
+    if shown is not None:  # "sft@100 (0123456789ab)": what Snapshot.ref prints
+        row = _by_id(conn, shown["id"])
+        if row is None:
+            raise SnapshotNotFoundError(_not_found_message(conn, ref, f"snapshot id {shown['id']}"))
+        return row
     if "@" in ref:
         return _by_step(conn, ref)
     tagged = conn.scalar(select(_sql.tags.c.snapshot_id).where(_sql.tags.c.name == ref))
     if tagged is not None:
+        _refuse_tag_run_ambiguity(conn, ref, tagged)
         return _one(conn, s.c.id == tagged, ref)
     row = conn.execute(select(s).where(s.c.name == ref)).first()
     if row is None:
@@ -56,12 +70,27 @@ def resolve(conn: Connection, ref: str) -> Row[Any]:
     return row
 
 
+def _refuse_tag_run_ambiguity(conn: Connection, name: str, tagged: str) -> None:
+    latest = _latest(conn, _sql.snapshots.c.run == name)
+    if latest is not None and latest.id != tagged:
+        raise InvalidInputError(
+            f"ref {name!r} is ambiguous: tag {name!r} points at snapshot {tagged[:12]} and run "
+            f"{name!r} has newer ones (latest {name}@{latest.step}, {latest.id[:12]}); name the "
+            f"snapshot by run@step or id, and rename the tag (`ckstore tag {tagged[:12]} "
+            f"{name}-tag`, then `ckstore tag --delete {name}`): tags may no longer take a run's name"
+        )
+
+
 HEALTHY = "healthy"
 """``run@healthy``: the run's newest snapshot recorded free of NaN and Inf."""
 
 
 def _by_step(conn: Connection, ref: str) -> Row[Any]:
     run, _, step_text = ref.rpartition("@")
+    if not run:
+        raise InvalidInputError(
+            f"bad ref {ref!r}: a run name comes before '@', as in run{ref if step_text else '@100'}"
+        )
     if step_text == HEALTHY:
         return _healthy(conn, run, ref)
     try:
@@ -122,7 +151,8 @@ def _by_id(conn: Connection, ref: str) -> Row[Any] | None:
 
 
 def _not_found_message(conn: Connection, ref: str, tried: str) -> str:
-    runs = list(conn.scalars(select(_sql.runs.c.name).order_by(_sql.runs.c.name).limit(5)))
+    s = _sql.snapshots
+    runs = list(conn.scalars(select(s.c.run).distinct().order_by(s.c.run).limit(5)))
     tags = list(conn.scalars(select(_sql.tags.c.name).order_by(_sql.tags.c.name).limit(5)))
     return (
         f"no snapshot matches {ref!r} (tried: {tried}). "

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 
 from ckstore.errors import ConflictError, InvalidInputError, SnapshotNotFoundError
 from ckstore.index import _commit, _convert, _sql
+from ckstore.index._refnames import refuse_tag_named_like_a_run
 from ckstore.index._sql import insert_ignore
 from ckstore.index.names import validate_name
 from ckstore.index.records import TagRecord
@@ -29,6 +30,7 @@ def set_tag(
 ) -> TagRecord:
     """Creates or moves a tag; see :meth:`ckstore.index.Index.set_tag` for the contract."""
     validate_name(name, "tag")
+    refuse_tag_named_like_a_run(conn, name)
     s = _sql.snapshots
     if not conn.scalar(select(func.count()).where(s.c.id == snapshot_id)):
         raise SnapshotNotFoundError(f"cannot tag {name!r}: no snapshot with id {snapshot_id}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from typing import Any
+from urllib.parse import quote, unquote
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
@@ -52,13 +53,24 @@ def parse_url(url: str | URL) -> URL:
     return parsed
 
 
-def make_engine(url: str | URL, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S) -> Engine:
+def make_engine(
+    url: str | URL,
+    *,
+    busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+    read_only: bool = False,
+    immutable: bool = False,
+) -> Engine:
     """Creates an Engine for an index database.
 
     Args:
         url: SQLAlchemy URL (``sqlite:///path``, ``sqlite:///:memory:``,
             ``postgresql+psycopg://user@host:port/db``).
         busy_timeout_s: SQLite only: how long a writer waits for the write lock.
+        read_only: open without writing anything: a SQLite file through a ``mode=ro`` URI
+            (no WAL switch either), PostgreSQL with read-only transactions.
+        immutable: SQLite only, with ``read_only``: open with ``immutable=1`` instead (no
+            locks, no ``-shm`` file), which a WAL database on read-only media needs; only
+            safe while nothing writes the file.
 
     Returns:
         A configured Engine (see the module docstring for the transaction rules).
@@ -68,14 +80,45 @@ def make_engine(url: str | URL, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_
     """
     parsed = parse_url(url)
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(parsed, busy_timeout_s)
+        read_only = read_only or is_read_only_url(parsed)
+        immutable = immutable or str(parsed.query.get("immutable", "")) == "1"
+        if read_only and not is_memory_sqlite(parsed):
+            parsed = sqlite_read_only_url(parsed, immutable)
+        return _sqlite_engine(parsed, busy_timeout_s, read_only)
+    if read_only:
+        return create_engine(
+            parsed, pool_pre_ping=True,
+            connect_args={"options": "-c default_transaction_read_only=on"},
+        )  # fmt: skip
     return create_engine(parsed, pool_pre_ping=True)
+
+
+def is_read_only_url(url: str | URL) -> bool:
+    """True for a SQLite URL that opens read-only (``mode=ro`` or ``immutable=1``)."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return False
+    query = parsed.query
+    return str(query.get("mode", "")) == "ro" or str(query.get("immutable", "")) == "1"
+
+
+def sqlite_read_only_url(url: URL, immutable: bool = False) -> URL:
+    """The ``file:`` URI form of a SQLite URL that opens it read-only (or immutable)."""
+    database = url.database or ""
+    query = {k: v for k, v in url.query.items() if k not in ("mode", "immutable", "uri")}
+    if not (database.startswith("file:") and str(url.query.get("uri", "")) == "true"):
+        database = "file:" + quote(database, safe="/")
+    query.update({"uri": "true", **({"immutable": "1"} if immutable else {"mode": "ro"})})
+    return url.set(database=database, query=query)
 
 
 def display_url(url: URL) -> str:
     """Renders a URL for messages and commands: password hidden, SQLite paths readable."""
     if url.get_backend_name() == "sqlite":
-        return f"sqlite:///{url.database or ':memory:'}"
+        database = url.database or ":memory:"
+        if database.startswith("file:") and str(url.query.get("uri", "")) == "true":
+            database = unquote(database[len("file:") :])
+        return f"sqlite:///{database}"
     return url.render_as_string(hide_password=True)
 
 
@@ -101,7 +144,7 @@ def _set_wal(cursor: Any, timeout_s: float) -> None:
             delay = min(delay * 2, 0.5)
 
 
-def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
+def _sqlite_engine(url: URL, busy_timeout_s: float, read_only: bool = False) -> Engine:
     memory = is_memory_sqlite(url)
     kwargs: dict[str, Any] = {
         "connect_args": {"check_same_thread": False, "timeout": busy_timeout_s},
@@ -118,7 +161,7 @@ def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
-            if not memory:
+            if not memory and not read_only:  # switching to WAL writes the file
                 _set_wal(cursor, busy_timeout_s)
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
@@ -126,7 +169,7 @@ def _sqlite_engine(url: URL, busy_timeout_s: float) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
-        readonly = connection.get_execution_options().get(READONLY, False)
+        readonly = read_only or connection.get_execution_options().get(READONLY, False)
         connection.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
     return engine

@@ -30,15 +30,24 @@ from sqlalchemy.pool import StaticPool
 
 from ckstore.errors import (
     ConflictError,
+    IndexError_,
     InvalidInputError,
     LeaseExpiredError,
     NotFoundError,
+    ReadOnlyStoreError,
     SnapshotNotFoundError,
 )
-from ckstore.index import _commit, _convert, _resolve, _sql, _tags
+from ckstore.index import _commit, _convert, _refnames, _resolve, _sql, _tags
 from ckstore.index._errors import translated
 from ckstore.index._sql import batches, check_lease, insert, insert_ignore, unique
-from ckstore.index.engine import READONLY, display_url, make_engine
+from ckstore.index.compaction import CompactionMixin
+from ckstore.index.engine import (
+    READONLY,
+    display_url,
+    is_memory_sqlite,
+    is_read_only_url,
+    make_engine,
+)
 from ckstore.index.maintenance import MaintenanceMixin
 from ckstore.index.records import (
     ChunkRecord,
@@ -57,26 +66,36 @@ MAX_CHAIN_ROUNDS = 65
 are far shorter, and readers refuse one over 64 links)."""
 
 
-class Index(MaintenanceMixin, SharingMixin):
+class Index(MaintenanceMixin, SharingMixin, CompactionMixin):
     """SQL index of one store (SQLite or PostgreSQL). Create it with :meth:`Index.open`."""
 
-    def __init__(self, engine: Engine) -> None:
-        """Wraps an engine whose schema is already checked; use :meth:`open` instead."""
+    def __init__(self, engine: Engine, read_only: str | None = None) -> None:
+        """Wraps an engine whose schema is already checked; use :meth:`open` instead.
+
+        ``read_only``: why the index is read-only (every write then raises
+        ReadOnlyStoreError with this reason), or None for a writable one.
+        """
         self._engine = engine
         self._url = display_url(engine.url)
+        self._read_only = read_only
         # One shared connection (in-memory SQLite) must not run two transactions at once.
         shared = isinstance(engine.pool, StaticPool)
         self._lock: Any = threading.RLock() if shared else nullcontext()
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    def open(cls, url: str, *, create: bool = True) -> Index:
+    def open(cls, url: str, *, create: bool = True, read_only: str | bool | None = None) -> Index:
         """Opens (and, if ``create``, initializes) the index database at ``url``.
 
         Args:
             url: SQLAlchemy URL: ``sqlite:///path``, ``sqlite:///:memory:`` or
                 ``postgresql+psycopg://user@host:port/db``.
             create: Give an empty database the schema (else NotFoundError).
+            read_only: Open without writing anything, and refuse every write with
+                ReadOnlyStoreError; a string says why (it ends that error's message). A
+                SQLite URL with ``mode=ro`` or ``immutable=1`` is read-only by itself. A SQLite
+                file that cannot be opened ``mode=ro`` (a WAL database on read-only media,
+                where its ``-shm`` file cannot be made) is opened ``immutable=1``.
 
         Raises:
             SchemaError: If the database's schema is older or newer than this code, or it is
@@ -84,14 +103,40 @@ class Index(MaintenanceMixin, SharingMixin):
             NotFoundError: If the database is empty and ``create`` is False.
             IndexError_: If the database cannot be reached.
         """
-        engine = make_engine(url)
+        if not read_only and is_read_only_url(url):
+            read_only = "its URL opens it read-only (mode=ro or immutable=1)"
+        reason = None
+        if read_only:
+            reason = read_only if isinstance(read_only, str) else "it was opened read-only"
+            create = False
+        engine = make_engine(url, read_only=bool(reason))
         try:
-            with translated("open index", display_url(engine.url)):
-                ensure_schema(engine, create=create)
+            engine = cls._checked(engine, url, create, reason)
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine)
+        return cls(engine, reason)
+
+    @staticmethod
+    def _checked(engine: Engine, url: str, create: bool, reason: str | None) -> Engine:
+        """``engine`` with its schema checked (or, read-only, an immutable one that works)."""
+        try:
+            with translated("open index", display_url(engine.url)):
+                ensure_schema(engine, create=create)
+            return engine
+        except IndexError_:
+            if reason is None or engine.dialect.name != "sqlite" or is_memory_sqlite(engine.url):
+                raise
+        engine.dispose()  # mode=ro could not open it: read-only media, try immutable
+        engine = make_engine(url, read_only=True, immutable=True)
+        with translated("open index", display_url(engine.url)):
+            ensure_schema(engine, create=False)
+        return engine
+
+    @property
+    def read_only(self) -> str | None:
+        """Why this index refuses writes, or None when it is writable."""
+        return self._read_only
 
     def close(self) -> None:
         """Closes every pooled connection. The Index must not be used afterwards."""
@@ -115,6 +160,8 @@ class Index(MaintenanceMixin, SharingMixin):
 
     @contextmanager
     def _write(self, what: str) -> Iterator[Connection]:
+        if self._read_only is not None:
+            raise ReadOnlyStoreError(f"cannot {what}: {self._read_only}")
         with self._lock, translated(what, self._url), self._engine.begin() as conn:
             yield conn
 
@@ -256,6 +303,7 @@ class Index(MaintenanceMixin, SharingMixin):
                         "size": pack.size,
                         "chunk_count": pack.chunk_count,
                         "created_at": created,
+                        "loose": pack.loose,
                     }
                 ],
             )
@@ -296,11 +344,14 @@ class Index(MaintenanceMixin, SharingMixin):
         """Commits a snapshot in one transaction; the snapshot exists iff this returns.
 
         In order: the session must be active and unexpired; every chunk id must be in the
-        index; the run is created if missing; ``parent_id`` becomes the run's latest snapshot
-        at commit time (the caller's value is ignored); the manifest and its entries are
-        inserted unless the manifest id exists; the snapshot and its chunk references are
-        inserted; each tag is created or moved to it; the session becomes committed and its
-        pins are dropped.
+        index; the names must keep their meaning (:meth:`check_take`); the run is created if
+        missing; ``parent_id`` becomes the run's latest snapshot at commit time (the caller's
+        value is ignored); the manifest and its entries are inserted unless the manifest id
+        exists; the snapshot and its chunk references are inserted; each tag is created or
+        moved to it; the session becomes committed and its pins are dropped.
+
+        ``tags`` are specs (:func:`tag_specs`): ``"name"`` creates a tag and is refused if
+        the tag exists at another snapshot; ``"+name"`` creates or moves it.
 
         Returns:
             The stored record, with ``parent_id`` filled in.
@@ -308,7 +359,8 @@ class Index(MaintenanceMixin, SharingMixin):
         Raises:
             LeaseExpiredError: If the lease is no longer valid.
             NotFoundError: If a chunk id is not in the index (the message names one).
-            ConflictError: If the snapshot id or name is taken.
+            ConflictError: If the snapshot id or name is taken, a tag exists and may not move,
+                a tag has the name of a run, or a new run the name of a tag.
             InvalidInputError: If the run, name or a tag name is invalid.
         """
         ids = unique(chunk_ids)
@@ -316,6 +368,17 @@ class Index(MaintenanceMixin, SharingMixin):
             return _commit.commit(
                 conn, session_id, snapshot, entries, ids, manifest_size, list(tags)
             )
+
+    def check_take(self, run: str, tags: Sequence[str] = ()) -> None:
+        """Refuses, before anything is written, a take the commit would refuse for its names:
+        a tag (spec, see :meth:`commit_snapshot`) that exists and may not move, a tag named like
+        a run with snapshots, a new run named like a tag. The commit checks again.
+
+        Raises:
+            ConflictError: Naming the clash and what to do instead.
+        """
+        with self._read(f"check names for a take into run {run!r}") as conn:
+            _refnames.check_take(conn, run, tags)
 
     # --------------------------------------------------------------------- reads
     def get_snapshot(self, snapshot_id: str) -> SnapshotRecord:
@@ -375,9 +438,11 @@ class Index(MaintenanceMixin, SharingMixin):
             return [_convert.snapshot(r) for r in conn.execute(query)]
 
     def list_runs(self) -> list[str]:
-        """Lists run names in name order."""
+        """Lists the names of runs that have snapshots, in name order (a run whose snapshots
+        were all deleted is not listed)."""
+        s = _sql.snapshots
         with self._read("list runs") as conn:
-            return list(conn.scalars(select(_sql.runs.c.name).order_by(_sql.runs.c.name)))
+            return list(conn.scalars(select(s.c.run).distinct().order_by(s.c.run)))
 
     def entries(self, manifest_id: str) -> list[EntryRecord]:
         """Returns a manifest's entries in the order they were committed (empty if unknown)."""
@@ -498,3 +563,40 @@ class Index(MaintenanceMixin, SharingMixin):
             conn.execute(delete(t).where(t.c.snapshot_id == snapshot_id))
             conn.execute(delete(sc).where(sc.c.snapshot_id == snapshot_id))
             conn.execute(delete(s).where(s.c.id == snapshot_id))
+
+    def delete_run(self, run: str, *, refuse_tagged: bool = False) -> list[SnapshotRecord]:
+        """Deletes every snapshot of ``run``, their chunk references and tags, and the run, in
+        one transaction (all or nothing). Chunk, pack and manifest rows are left for GC.
+
+        Args:
+            run: The run to delete.
+            refuse_tagged: Delete nothing if a tag points at one of its snapshots.
+
+        Returns:
+            The deleted snapshots, newest first.
+
+        Raises:
+            NotFoundError: If the run has no snapshot.
+            ConflictError: If ``refuse_tagged`` and tags point at its snapshots (named).
+        """
+        s, sc, t = _sql.snapshots, _sql.snapshot_chunks, _sql.tags
+        with self._write(f"delete run {run!r}") as conn:
+            rows = conn.execute(
+                select(s).where(s.c.run == run).order_by(s.c.seq.desc()).with_for_update()
+            ).all()
+            if not rows:
+                raise NotFoundError(f"no run {run!r} (it has no snapshot)")
+            ids = [r.id for r in rows]
+            tagged = conn.execute(select(t.c.name, t.c.snapshot_id).where(t.c.snapshot_id.in_(ids))).all()
+            if refuse_tagged and tagged:
+                names = ", ".join(sorted(r.name for r in tagged))
+                raise ConflictError(
+                    f"run {run!r} has tagged snapshots ({names}); delete the tags first, or "
+                    "delete the run with its tags (force)"
+                )
+            for batch in batches(ids):
+                conn.execute(delete(t).where(t.c.snapshot_id.in_(batch)))
+                conn.execute(delete(sc).where(sc.c.snapshot_id.in_(batch)))
+                conn.execute(delete(s).where(s.c.id.in_(batch)))
+            conn.execute(delete(_sql.runs).where(_sql.runs.c.name == run))
+            return [_convert.snapshot(r) for r in rows]

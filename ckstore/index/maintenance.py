@@ -42,6 +42,37 @@ class PackUsage:
     retired_at: float | None
     live_chunks: int
     live_bytes: int
+    loose: bool = False
+
+
+@dataclass(frozen=True)
+class HeldSession:
+    """A write session still marked active, and what it keeps from gc.
+
+    Attributes:
+        session: The session (owner ``host:pid``, start, lease end).
+        pinned_chunks: Chunks pinned to it (what it wrote, and what it dedups against).
+        held_bytes: Stored bytes of those pinned chunks that no snapshot references: what
+            gc cannot reclaim until the session commits, ends or its lease runs out.
+    """
+
+    session: SessionRecord
+    pinned_chunks: int
+    held_bytes: int
+
+    def to_dict(self, now: float | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        s = self.session
+        return {
+            "id": s.id,
+            "owner": s.owner,
+            "started_at": s.started_at,
+            "heartbeat_at": s.heartbeat_at,
+            "expires_at": s.expires_at,
+            "expired": s.expires_at < now,
+            "pinned_chunks": self.pinned_chunks,
+            "held_bytes": self.held_bytes,
+        }
 
 
 def _unreferenced(ignoring: Sequence[str] = (), bases: bool = True) -> Any:
@@ -115,6 +146,37 @@ class MaintenanceMixin:
         with self._read("list live sessions") as conn:
             return [_convert.session(r) for r in conn.execute(query)]
 
+    def held_sessions(self) -> list[HeldSession]:
+        """Sessions still marked active (live, or past their lease but not yet expired by a
+        gc), oldest first, with the chunks they pin and the bytes only they keep."""
+        s, p, c, sc = _sql.sessions, _sql.pins, _sql.chunks, _sql.snapshot_chunks
+        unreferenced = ~exists(select(sc.c.chunk_id).where(sc.c.chunk_id == c.c.id))
+        out = []
+        with self._read("list held write sessions") as conn:
+            rows = conn.execute(select(s).where(s.c.state == _sql.ACTIVE).order_by(s.c.started_at)).all()
+            for row in rows:
+                mine = p.c.session_id == row.id
+                pinned = conn.scalar(select(func.count()).select_from(p).where(mine))
+                held = conn.scalar(
+                    select(func.coalesce(func.sum(c.c.length), 0))
+                    .select_from(p.join(c, c.c.id == p.c.chunk_id))
+                    .where(mine & unreferenced)
+                )
+                out.append(HeldSession(_convert.session(row), int(pinned or 0), int(held or 0)))
+        return out
+
+    def snapshots_using(self, chunk_ids: Iterable[str]) -> dict[str, set[str]]:
+        """Chunk id -> ids of the snapshots that reference it (chunks nothing references are
+        left out)."""
+        sc = _sql.snapshot_chunks
+        out: dict[str, set[str]] = {}
+        with self._read("find snapshots using chunks") as conn:
+            for batch in batches(sorted(set(chunk_ids))):
+                rows = conn.execute(select(sc.c.chunk_id, sc.c.snapshot_id).where(sc.c.chunk_id.in_(batch)))
+                for chunk_id, snapshot_id in rows:
+                    out.setdefault(str(chunk_id), set()).add(str(snapshot_id))
+        return out
+
     # ---------------------------------------------------------------------- chunks
     def unreferenced_chunks(self, cutoff: float, ignoring: Sequence[str] = ()) -> list[ChunkRecord]:
         """Chunks older than ``cutoff`` that nothing references or pins (read only).
@@ -187,14 +249,14 @@ class MaintenanceMixin:
         query = (
             select(
                 p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at,
-                func.count(c.c.id), func.coalesce(func.sum(c.c.length), 0),
+                func.count(c.c.id), func.coalesce(func.sum(c.c.length), 0), p.c.loose,
             )
             .select_from(p.outerjoin(c, c.c.pack_id == p.c.id))
-            .group_by(p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at)
+            .group_by(p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at, p.c.loose)
         )
         with self._read("measure packs") as conn:
             return [
-                PackUsage(r[0], int(r[1]), int(r[2]), float(r[3]), r[4], int(r[5]), int(r[6]))
+                PackUsage(r[0], int(r[1]), int(r[2]), float(r[3]), r[4], int(r[5]), int(r[6]), bool(r[7]))
                 for r in conn.execute(query)
             ]
 
@@ -211,14 +273,18 @@ class MaintenanceMixin:
                 done.extend(ids)
         return done
 
-    def delete_retired_packs(self, retired_before: float) -> list[str]:
-        """Delete rows of packs retired before the given time; return their ids."""
+    def delete_retired_packs(self, retired_before: float, only: Iterable[str] | None = None) -> list[str]:
+        """Delete rows of packs retired before the given time (of those in ``only``, if given);
+        return their ids."""
         p, c = _sql.packs, _sql.chunks
         cond = (p.c.retired_at.is_not(None)) & (p.c.retired_at <= retired_before) & ~exists(
             select(c.c.id).where(c.c.pack_id == p.c.id)
         )
         with self._write("delete retired packs") as conn:
-            ids = list(conn.scalars(select(p.c.id).where(cond)))
+            if only is None:
+                ids = list(conn.scalars(select(p.c.id).where(cond)))
+            else:
+                ids = [i for batch in batches(list(only)) for i in conn.scalars(select(p.c.id).where(cond & p.c.id.in_(batch)))]
             for batch in batches(ids):
                 conn.execute(delete(p).where(p.c.id.in_(batch) & cond))
         return ids
@@ -232,7 +298,8 @@ class MaintenanceMixin:
         p, c = _sql.packs, _sql.chunks
         switched = 0
         with self._write(f"relocate chunks of pack {old_pack_id}") as conn:
-            _sql.insert_ignore(conn, p, [{"id": pack.pack_id, "size": pack.size, "chunk_count": pack.chunk_count, "created_at": pack.created_at or time.time()}])
+            _sql.insert_ignore(conn, p, [{"id": pack.pack_id, "size": pack.size, "chunk_count": pack.chunk_count,
+                                          "created_at": pack.created_at or time.time(), "loose": pack.loose}])
             for m in moves:
                 switched += conn.execute(
                     update(c)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Double,
     ForeignKey,
@@ -19,6 +20,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
 )
 
 ID = String(128)
@@ -59,6 +61,8 @@ packs = Table(
     _required("created_at", Double),
     # set by GC when no chunk lives here any more; the object goes after the grace period
     Column("retired_at", Double, nullable=True),
+    # written by a take with the fast codec; compaction rewrites its older chunks densely
+    _required("loose", Boolean, server_default=false()),
 )
 """One pack object in the store."""
 
@@ -128,7 +132,7 @@ snapshots = Table(
     _required("reused_chunks", BigInteger),
     Column("name", NAME, nullable=True, unique=True),
     _required("world_size", Integer),
-    # what the take found (revision 0004); NULL: not recorded (older snapshots: unknown)
+    # what the take found (revision 0005); NULL: not recorded (older snapshots: unknown)
     Column("nonfinite", BigInteger, nullable=True),  # NaN + Inf elements; 0 = healthy
     Column("stale", Integer, nullable=True),  # tensors that should have changed and did not
     Index("ix_snapshots_run_seq", "run", "seq", unique=True),

@@ -48,12 +48,15 @@ class PackRecord:
         size: Size of the pack object, in bytes.
         chunk_count: Number of chunks stored in it.
         created_at: Unix time the pack was made durable (0.0: let the index use "now").
+        loose: written by a take with the fast codec (compaction rewrites its chunks densely
+            once no newest snapshot of a run uses them).
     """
 
     pack_id: str
     size: int
     chunk_count: int
     created_at: float = 0.0
+    loose: bool = False
 
 
 @dataclass(frozen=True)

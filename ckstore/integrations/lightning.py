@@ -4,7 +4,7 @@
 
     from ckstore.integrations.lightning import CkstoreCheckpointIO
 
-    io = CkstoreCheckpointIO(ckstore.open("./ckpts"), run="lit")
+    io = CkstoreCheckpointIO(ckstore.open("./ckpts", create=True), run="lit")
     trainer = Trainer(plugins=[io], callbacks=[ModelCheckpoint(save_top_k=2, monitor="val_loss")])
     trainer.fit(model)                                   # every checkpoint is a snapshot
     trainer.fit(model, ckpt_path=io.ref(path) or "lit@200")  # resume from a path or any ref
@@ -83,7 +83,7 @@ class CkstoreCheckpointIO(CheckpointIO):
         meta = {**self.metadata, "lightning": {"path": os.fspath(path), "epoch": checkpoint.get("epoch")}}
         apps = app_state_of(checkpoint, f"Lightning checkpoint {os.fspath(path)!r}")
         self.store.take(apps, run=self.run, step=step if isinstance(step, int) else None, tags=(tag,),
-                        metadata=meta, no_dist=True)
+                        metadata=meta, no_dist=True, move_tags=True)
         if previous is not None and previous not in self.store.tags().values():
             self._delete(previous)
 

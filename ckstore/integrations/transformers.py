@@ -4,7 +4,7 @@
 
     from ckstore.integrations.transformers import CkstoreCallback, checkout
 
-    store = ckstore.open("./ckpts")
+    store = ckstore.open("./ckpts", create=True)
     trainer = Trainer(model, args, train_dataset=ds, callbacks=[CkstoreCallback(store, run="sft")])
     trainer.train()                                   # each save is a snapshot sft@<global_step>
     trainer.train(resume_from_checkpoint=checkout(store, "sft@500", "./resume"))
@@ -67,7 +67,8 @@ class CkstoreCallback(TrainerCallback):
             return
         meta = {"hf": {"global_step": state.global_step, "epoch": state.epoch, "best_metric": state.best_metric}}
         snap = self.store.import_checkpoint(
-            folder, run=self.run, step=int(state.global_step), tags=self.tags, metadata=meta, format="hf"
+            folder, run=self.run, step=int(state.global_step), tags=self.tags, metadata=meta, format="hf",
+            move_tags=True
         )
         self.snapshots.append(snap)
         keep = self.keep_local if self.keep_local is not None else bool(getattr(args, "load_best_model_at_end", False))

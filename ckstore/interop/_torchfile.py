@@ -5,7 +5,8 @@ a file larger than memory streams into the take) and maps its object onto apps
 (:func:`~ckstore.interop._apps.app_state_of`). Export rebuilds the nested state dict, ``{app:
 state}``, or the flat mapping itself when the snapshot came from one, and ``torch.save``\\ s it;
 tensors past the memory budget are memory-mapped temporary files while it is written. The
-result loads with ``torch.load(..., weights_only=True)``.
+result loads with ``torch.load(path)`` and its default ``weights_only=True``: NumPy arrays
+(an ``RNGState``'s) are written as tensors.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..engine.repository import SnapshotView
@@ -40,11 +42,24 @@ def export_object(objs: dict[str, Any], src: Source | None) -> Any:
     return objs
 
 
+def weights_only_safe(obj: Any) -> Any:
+    """``obj`` with every NumPy array as a tensor (sharing its memory): ``torch.load``'s default
+    ``weights_only=True`` refuses NumPy arrays, which an ``RNGState`` holds (``rng/numpy/1``)."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj)
+    if isinstance(obj, dict):
+        return {k: weights_only_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [weights_only_safe(v) for v in obj]
+        return tuple(items) if isinstance(obj, tuple) else items
+    return obj
+
+
 def export(view: SnapshotView, out: str, keys: list[str], src: Source | None, budget: int) -> dict[str, Any]:
     name = src.name if src is not None and src.format == "torch" else DEFAULT_NAME
     with Spill(budget, out) as spill:
         objs = build_objects(view, keys, spill, view.reader())
-        saved = export_object(objs, src)
+        saved = weights_only_safe(export_object(objs, src))
         torch.save(saved, inside(out, name, f"snapshot {view.ref}"))
         digests = object_digests(saved)
     return {"files": [name], "tensors": sum(1 for k in keys if view.manifest.entries[k].kind == "tensor"),

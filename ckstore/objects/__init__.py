@@ -10,6 +10,8 @@ from ckstore.objects.backend import Backend, validate_name
 from ckstore.objects.codecs import (
     BYTEGROUP_ZSTD,
     CODECS,
+    EXP_ZSTD,
+    FAST_CODECS,
     NONE,
     XOR_BYTEGROUP_ZSTD,
     XOR_ZSTD,
@@ -65,6 +67,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "BYTEGROUP_ZSTD",
     "CODECS",
+    "EXP_ZSTD",
+    "FAST_CODECS",
     "HASH_NAME",
     "NONE",
     "XOR_BYTEGROUP_ZSTD",

@@ -9,10 +9,17 @@ one from a URL.
 from __future__ import annotations
 
 import abc
+import errno
 from collections.abc import Iterator, Sequence
 from typing import Union
 
-from ckstore.errors import CorruptionError, InvalidInputError, ObjectNotFoundError
+from ckstore.errors import (
+    CorruptionError,
+    InvalidInputError,
+    NoSpaceError,
+    ObjectNotFoundError,
+    StorageError,
+)
 
 Buffer = Union[bytes, bytearray, memoryview]
 """A contiguous byte buffer accepted by :meth:`Backend.put`."""
@@ -96,6 +103,26 @@ def check_range(offset: int, length: int | None) -> None:
     """
     if offset < 0 or (length is not None and length < 0):
         raise InvalidInputError(f"bad byte range: offset={offset}, length={length}")
+
+
+_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+NO_SPACE_ADVICE = (
+    "the take, import or gc writing it stops, and nothing was committed (no snapshot is added, "
+    "no tag moves); what it wrote so far is unreferenced and `ckstore gc` reclaims it once the "
+    "writer has ended (at once with `ckstore gc --grace 0s` when no other take or restore is "
+    "running; gc needs a little free space for the index itself). Free some space (or delete "
+    "old snapshots and gc), then take again"
+)
+"""What a "disk full" error adds: nothing was committed, and how to get the space back."""
+
+
+def write_failed(name: str, url: str, exc: BaseException) -> StorageError:
+    """The error for a failed write of object ``name``: NoSpaceError when the disk or quota is
+    full (saying that nothing was committed and that gc reclaims what was written)."""
+    if isinstance(exc, OSError) and exc.errno in _FULL:
+        return NoSpaceError(f"no space left to write object {name!r} in store {url} ({exc.strerror}): {NO_SPACE_ADVICE}")
+    return StorageError(f"cannot write object {name!r} in store {url}: {exc}")
 
 
 def not_found(name: str, url: str) -> ObjectNotFoundError:
@@ -202,6 +229,20 @@ class Backend(abc.ABC):
     def list(self, prefix: str = "") -> Iterator[str]:
         """Yield every object name starting with ``prefix``, recursively, sorted."""
 
+    def writer(self) -> ObjectWriter:
+        """A new object written piece by piece and published under its name at the end
+        (:class:`ObjectWriter`): a pack whose name, the hash of its trailer, is known only once
+        every payload went in. The default keeps the pieces in memory and publishes them with
+        one :meth:`put`; a backend that can stage bytes elsewhere (the local one: a temporary
+        file) overrides it, so the writer holds nothing in memory."""
+        return ObjectWriter(self)
+
+    def sweep_temporary(self, older_than: float) -> int:
+        """Delete what interrupted writes left behind (e.g. temporary files of a killed
+        process) that is older than ``older_than`` (Unix time); the number deleted. Called by gc
+        when no writer can be alive. The default has nothing to sweep."""
+        return 0
+
     def partial_uploads(self) -> Sequence[tuple[str, str]]:
         """Writes begun under this backend's root and never finished or discarded, as
         ``(name, upload id)`` pairs: an S3 multipart upload whose writer died before it
@@ -227,3 +268,55 @@ class Backend(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+class ObjectWriter:
+    """An object written piece by piece, then published under a name given at the end.
+
+    :meth:`write` appends, :meth:`patch` overwrites bytes already written (a header filled in
+    last), :meth:`commit` publishes the object with :meth:`Backend.put`'s guarantees (atomic,
+    durable, create-if-absent; True if this call created it), :meth:`abort` drops it. Nothing is
+    visible before ``commit``. Used by one thread at a time.
+
+    This default keeps the pieces (by reference, never copied) until ``commit``:
+    :attr:`holds_data` is True, so a caller must not reuse a buffer it wrote until then.
+    """
+
+    holds_data = True
+    """Whether written buffers stay referenced until :meth:`commit` (False: copied away)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._parts: list[memoryview] = []
+        self.size = 0
+
+    def write(self, data: Buffer) -> None:
+        """Append ``data``."""
+        (view,) = as_buffers(data)
+        self._parts.append(view)
+        self.size += len(view)
+
+    def patch(self, offset: int, data: Buffer) -> None:
+        """Overwrite the bytes at ``offset`` (already written) with ``data``.
+
+        Raises:
+            InvalidInputError: the range is not inside what was written (this default: it must
+                be exactly one earlier :meth:`write`).
+        """
+        (view,) = as_buffers(data)
+        at = 0
+        for i, part in enumerate(self._parts):
+            if at == offset and len(part) == len(view):
+                self._parts[i] = view
+                return
+            at += len(part)
+        raise InvalidInputError(f"patch of {len(view)} bytes at {offset}: not one earlier write")
+
+    def commit(self, name: str) -> bool:
+        """Publish under ``name`` (see :meth:`Backend.put`); the writer is spent."""
+        parts, self._parts = self._parts, []
+        return self._backend.put(name, parts)
+
+    def abort(self) -> None:
+        """Drop what was written (idempotent)."""
+        self._parts = []

@@ -26,6 +26,7 @@ from ckstore.objects.backend import (
     truncated,
     validate_name,
     validate_prefix,
+    write_failed,
 )
 
 _LOCKS: dict[tuple[str, str], threading.Lock] = {}
@@ -69,6 +70,8 @@ class FsspecBackend(Backend):
         return f"{self._root}/{validate_name(name)}"
 
     def _fail(self, verb: str, name: str, exc: BaseException) -> StorageError:
+        if verb == "write":
+            return write_failed(name, self.url, exc)
         return StorageError(f"cannot {verb} object {name!r} in store {self.url}: {exc}")
 
     def put(self, name: str, data: PutData) -> bool:

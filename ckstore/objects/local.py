@@ -17,6 +17,8 @@ from pathlib import Path
 from ckstore.errors import CkstoreError, StorageError
 from ckstore.objects.backend import (
     Backend,
+    Buffer,
+    ObjectWriter,
     PutData,
     as_buffers,
     check_range,
@@ -24,6 +26,7 @@ from ckstore.objects.backend import (
     truncated,
     validate_name,
     validate_prefix,
+    write_failed,
 )
 
 _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK}
@@ -95,7 +98,7 @@ class LocalBackend(Backend):
             self._write_durably(tmp, views)
             created = self._publish(tmp, path)
         except OSError as exc:
-            raise StorageError(f"cannot write object {name!r} in store {self.url}: {exc}") from exc
+            raise write_failed(name, self.url, exc) from exc
         finally:
             try:
                 os.unlink(tmp)
@@ -110,8 +113,7 @@ class LocalBackend(Backend):
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             for view in views:
-                while len(view):
-                    view = view[os.write(fd, view) :]
+                _write_all(fd, view)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -132,6 +134,29 @@ class LocalBackend(Backend):
             return False
         os.replace(tmp, path)
         return True
+
+    def writer(self) -> ObjectWriter:
+        """A writer staging its bytes in a temporary file of the store's root (same file system
+        as every object: published with the same link as :meth:`put`)."""
+        return _FileWriter(self)
+
+    def sweep_temporary(self, older_than: float) -> int:
+        """Delete temporary files (``.<...>.tmp-<hex>``, ``.writer-<hex>.tmp``) of writes a killed
+        process left, last modified before ``older_than``."""
+        swept = 0
+        for dirpath, dirnames, filenames in os.walk(self._root):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for fn in filenames:
+                if not (fn.startswith(".") and (".tmp-" in fn or fn.startswith(".writer-"))):
+                    continue
+                path = os.path.join(dirpath, fn)
+                try:
+                    if os.stat(path).st_mtime < older_than:
+                        os.unlink(path)
+                        swept += 1
+                except FileNotFoundError:
+                    continue
+        return swept
 
     def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
         check_range(offset, length)
@@ -230,3 +255,82 @@ class LocalBackend(Backend):
                 if full.startswith(prefix):
                     names.append(full)
         yield from sorted(names)
+
+
+class _FileWriter(ObjectWriter):
+    """Bytes go straight into a temporary file (``<root>/.writer-<hex>.tmp``, never listed);
+    :meth:`commit` fsyncs it and publishes it as :meth:`LocalBackend.put` does."""
+
+    holds_data = False
+
+    def __init__(self, backend: LocalBackend) -> None:
+        super().__init__(backend)
+        self._local = backend
+        self._tmp = os.path.join(backend.root, f".writer-{uuid.uuid4().hex}.tmp")
+        try:
+            self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise write_failed("a new object", backend.url, exc) from exc
+
+    def _open(self) -> int:
+        if self._fd is None:
+            raise StorageError(f"object writer of {self._local.url} used after commit or abort")
+        return self._fd
+
+    def write(self, data: Buffer) -> None:
+        fd = self._open()
+        (view,) = as_buffers(data)
+        try:
+            _write_all(fd, view)
+            self.size += len(view)
+        except OSError as exc:
+            self.abort()
+            raise write_failed("a new object", self._local.url, exc) from exc
+
+    def patch(self, offset: int, data: Buffer) -> None:
+        fd = self._open()
+        (view,) = as_buffers(data)
+        if offset < 0 or offset + len(view) > self.size:
+            raise StorageError(f"patch of {len(view)} bytes at {offset} is outside the {self.size} written")
+        try:
+            while len(view):
+                n = os.pwrite(fd, view, offset)
+                view, offset = view[n:], offset + n
+        except OSError as exc:
+            self.abort()
+            raise write_failed("a new object", self._local.url, exc) from exc
+
+    def commit(self, name: str) -> bool:
+        fd = self._open()
+        path = self._local._path(name)
+        directory = os.path.dirname(path)
+        try:
+            os.fsync(fd)
+            os.close(fd)
+            self._fd = None
+            if os.path.exists(path):
+                return False
+            self._local._makedirs(directory)
+            created = LocalBackend._publish(self._tmp, path)
+        except OSError as exc:
+            raise write_failed(name, self._local.url, exc) from exc
+        finally:
+            self.abort()
+        if created:
+            _fsync_dir(directory)
+        return created
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            os.unlink(self._tmp)
+        except FileNotFoundError:
+            pass
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    """Write all of ``view`` at ``fd``'s position (os.write may write less than asked)."""
+    while len(view):
+        view = view[os.write(fd, view) :]

@@ -8,7 +8,8 @@ Layout (all integers little-endian, fixed width)::
 
     offset 0   header, 32 bytes
                8s  magic            b"CKPACK\\x00\\x01"
-               u16 format version   1, or 2 when the pack holds a delta
+               u16 format version   1; 2 when the pack holds a delta; 3 when it holds an
+                                    exp-zstd chunk (version 2's entries)
                u16 hash id          1 = blake3 (chunk ids and trailer checksum)
                u32 reserved         0
                16s writer nonce     random bytes: two writers never produce the same pack id,
@@ -25,9 +26,10 @@ Layout (all integers little-endian, fixed width)::
                u64 length       of the payload in bytes
                u64 raw_length   of the decoded chunk in bytes
                u8  codec        0 = none, 1 = zstd, 2 = bytegroup-zstd, 3 = xor-zstd,
-                                4 = xor-bytegroup-zstd (3 and 4 only in version 2)
+                                4 = xor-bytegroup-zstd (3 and 4 only from version 2),
+                                5 = exp-zstd (only in version 3)
                7x  zero padding
-               32s base id      version 2 only: the chunk id of the base a delta (codec 3
+               32s base id      versions 2 and 3: the chunk id of the base a delta (codec 3
                                 or 4) is XORed against; 32 zero bytes for any other codec
     S - 56     footer, 56 bytes
                u64 trailer length (= entry size * count)
@@ -39,8 +41,9 @@ where ``S`` is the pack size and ``T = S - 56 - trailer length``. Rules a reader
 both magics, the version, ``trailer length == entry size * count``, the trailer checksum, every
 payload inside ``[32, T)``, known codec ids, for codec none ``length == raw_length``, and that a
 base id is present exactly for the delta codecs and differs from the chunk's own id. A writer
-MUST NOT store one chunk id twice in a pack, and writes version 1 unless the pack holds a delta
-(so packs without deltas read the same with older readers). Worked example: an empty pack is never written; a pack
+MUST NOT store one chunk id twice in a pack, and writes the lowest version that can hold its
+chunks (so packs without deltas or exp-zstd chunks read the same with older readers, and an
+older reader refuses a newer pack by its version, asking for an upgrade). Worked example: an empty pack is never written; a pack
 holding the single raw chunk ``b"abc"`` (codec none) is 32 + 3 + 64 + 56 = 155 bytes, the
 payload at offset 32.
 """
@@ -53,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckstore.errors import CorruptionError, InvalidInputError
-from ckstore.objects.backend import Backend
+from ckstore.objects.backend import Backend, ObjectWriter
 from ckstore.objects.codecs import CODECS, MAX_RAW_LENGTH, is_delta
 from ckstore.objects.delta import MAX_CHAIN
 from ckstore.objects.hashing import as_bytes_view, is_chunk_id, new_hasher, payload_digest
@@ -63,18 +66,22 @@ END_MAGIC = b"CKPEND\x00\x01"
 FORMAT_VERSION = 1
 DELTA_FORMAT_VERSION = 2
 """The version of packs holding deltas (96-byte entries with a base id)."""
+EXP_FORMAT_VERSION = 3
+"""The version of packs holding an exp-zstd chunk (version 2's entries)."""
+_FIRST_VERSION = {"exp-zstd": EXP_FORMAT_VERSION}
+"""Codecs newer than version 1 -> the first pack version that may hold them (deltas: 2)."""
 HASH_ID_BLAKE3 = 1
 PACK_PREFIX = "packs/"
 
 HEADER = struct.Struct("<8sHHI16s")
 ENTRY = struct.Struct("<32sQQQB7x")
 ENTRY_V2 = struct.Struct("<32sQQQB7x32s")
-_ENTRIES = {FORMAT_VERSION: ENTRY, DELTA_FORMAT_VERSION: ENTRY_V2}
+_ENTRIES = {FORMAT_VERSION: ENTRY, DELTA_FORMAT_VERSION: ENTRY_V2, EXP_FORMAT_VERSION: ENTRY_V2}
 _NO_BASE = bytes(32)
 FOOTER = struct.Struct("<QQ32s8s")
 CODEC_IDS = {name: i for i, name in enumerate(CODECS)}
 """Codec name -> id stored in the trailer (none 0, zstd 1, bytegroup-zstd 2, xor-zstd 3,
-xor-bytegroup-zstd 4)."""
+xor-bytegroup-zstd 4, exp-zstd 5)."""
 
 MAX_ENTRIES = 1 << 24
 """Hard limit on chunks per pack (a corrupt count must not make a reader allocate wildly)."""
@@ -184,8 +191,12 @@ def pack_id_from_name(name: str) -> str | None:
 class PackWriter:
     """Collects encoded chunks and writes them as one pack.
 
-    Payloads are kept by reference (never concatenated); :meth:`finish` hashes them in order and
-    hands them to ONE ``backend.put`` call, so the pack is durable when it returns.
+    Payloads go to a :meth:`Backend.writer` as they are added: straight into a temporary file on
+    a local disk (so the writer holds no payload, and the caller may reuse its buffer at once:
+    :attr:`holds_payloads` is False), or kept by reference until :meth:`finish` where the
+    backend can only put whole objects. :meth:`finish` writes the trailer and footer, fills in
+    the header (its version depends on the codecs added) and publishes the pack under its id, so
+    the pack is durable when it returns.
 
     Args:
         backend: where the pack goes.
@@ -195,13 +206,19 @@ class PackWriter:
     def __init__(self, backend: Backend, target_size: int = 64 << 20) -> None:
         self._backend = backend
         self._target = target_size
-        self._payloads: list[memoryview] = []
+        self._out: ObjectWriter | None = None
         self._entries: list[tuple[str, int, int, int, str, str | None]] = []
         self._digests: list[str] = []
         self._ids: set[str] = set()
         self._offset = HEADER.size
         self._spent = False
-        self._deltas = False
+        self._version = FORMAT_VERSION
+
+    @property
+    def holds_payloads(self) -> bool:
+        """Whether added payloads stay referenced until :meth:`finish` (their buffers must not
+        be reused before); False when they are written away as they are added."""
+        return self._sink().holds_data
 
     @property
     def nbytes(self) -> int:
@@ -210,7 +227,7 @@ class PackWriter:
 
     @property
     def _entry(self) -> struct.Struct:
-        return ENTRY_V2 if self._deltas else ENTRY
+        return _ENTRIES[self._version]
 
     @property
     def count(self) -> int:
@@ -222,6 +239,12 @@ class PackWriter:
         """Whether :attr:`nbytes` reached the target size."""
         return self.nbytes >= self._target
 
+    def _sink(self) -> ObjectWriter:
+        if self._out is None:
+            self._out = self._backend.writer()
+            self._out.write(bytes(HEADER.size))  # filled in by finish(), once the version is known
+        return self._out
+
     def add(self, chunk_id: str, codec: str, payload: Any, raw_length: int, base_id: str | None = None) -> None:
         """Add one encoded chunk; a chunk id already in this pack is ignored.
 
@@ -230,6 +253,7 @@ class PackWriter:
         Raises:
             InvalidInputError: bad id, unknown codec, negative length, a base id missing for a
                 delta, given for another codec or equal to the chunk's id, or the writer is spent.
+            StorageError: the payload could not be written (NoSpaceError: the disk is full).
         """
         if self._spent:
             raise InvalidInputError("PackWriter.add after finish(): the writer is spent")
@@ -248,11 +272,11 @@ class PackWriter:
             return
         if len(self._entries) >= MAX_ENTRIES:
             raise InvalidInputError(f"a pack holds at most {MAX_ENTRIES} chunks")
+        self._sink().write(view)
         self._ids.add(chunk_id)
-        self._deltas = self._deltas or base_id is not None
+        self._version = max(self._version, _version_for(codec))
         self._entries.append((chunk_id, self._offset, len(view), raw_length, codec, base_id))
         self._digests.append(payload_digest(view, chunk_id, codec, raw_length, base_id))
-        self._payloads.append(view)
         self._offset += len(view)
 
     def finish(self) -> tuple[str, int, list[ChunkLocation]] | None:
@@ -264,22 +288,35 @@ class PackWriter:
             raise InvalidInputError("PackWriter.finish called twice: the writer is spent")
         self._spent = True
         if not self._entries:
+            self.abort()
             return None
-        parts = self._parts()
-        size = sum(len(p) for p in parts)
-        pack_id = pack_id_of(parts[0], parts[-2], parts[-1])
-        self._backend.put(pack_name(pack_id), parts)
+        out = self._sink()
+        header, trailer, footer = self._frame()
+        try:
+            out.write(trailer)
+            out.write(footer)
+            out.patch(0, header)
+            pack_id = pack_id_of(header, trailer, footer)
+            out.commit(pack_name(pack_id))
+        except BaseException:
+            out.abort()
+            raise
         locations = [
             ChunkLocation(cid, pack_id, off, length, raw, codec, base, payload_digest=digest)
             for (cid, off, length, raw, codec, base), digest in zip(self._entries, self._digests)
         ]
-        self._payloads = []
-        return pack_id, size, locations
+        return pack_id, self.nbytes, locations
 
-    def _parts(self) -> list[Any]:
-        version = DELTA_FORMAT_VERSION if self._deltas else FORMAT_VERSION
-        header = HEADER.pack(MAGIC, version, HASH_ID_BLAKE3, 0, os.urandom(16))
-        if self._deltas:
+    def abort(self) -> None:
+        """Drop what was written (nothing becomes visible); the writer is spent."""
+        self._spent = True
+        if self._out is not None:
+            self._out.abort()
+
+    def _frame(self) -> tuple[bytes, bytes, bytes]:
+        """The header, trailer and footer of the pack as added so far."""
+        header = HEADER.pack(MAGIC, self._version, HASH_ID_BLAKE3, 0, os.urandom(16))
+        if self._entry is ENTRY_V2:
             trailer = b"".join(
                 ENTRY_V2.pack(bytes.fromhex(cid), off, length, raw, CODEC_IDS[codec],
                               _NO_BASE if base is None else bytes.fromhex(base))
@@ -292,7 +329,12 @@ class PackWriter:
             )
         checksum = new_hasher().update(trailer).digest()
         footer = FOOTER.pack(len(trailer), len(self._entries), checksum, END_MAGIC)
-        return [header, *self._payloads, trailer, footer]
+        return header, trailer, footer
+
+
+def _version_for(codec: str) -> int:
+    """The first pack version that may hold a chunk of ``codec``."""
+    return DELTA_FORMAT_VERSION if is_delta(codec) else _FIRST_VERSION.get(codec, FORMAT_VERSION)
 
 
 def pack_overhead(count: int, deltas: bool = False) -> int:
@@ -369,7 +411,7 @@ def load_pack_index(backend: Backend, pack_id: str) -> PackIndex:
     version = _check_header(header, where)
     if trailer_len != count * _ENTRIES[version].size:
         raise CorruptionError(f"{where}: a version {version} pack with {count} entries of {trailer_len} bytes")
-    locations = _parse_entries(trailer, count, pack_id, trailer_start, where, _ENTRIES[version])
+    locations = _parse_entries(trailer, count, pack_id, trailer_start, where, version)
     return PackIndex(pack_id, size, header, trailer, footer, locations)
 
 
@@ -386,15 +428,16 @@ def _check_header(data: bytes, where: str) -> int:
 
 
 def _parse_entries(
-    trailer: bytes, count: int, pack_id: str, limit: int, where: str, entry: struct.Struct = ENTRY
+    trailer: bytes, count: int, pack_id: str, limit: int, where: str, version: int = FORMAT_VERSION
 ) -> list[ChunkLocation]:
+    entry = _ENTRIES[version]
     locations = []
     for i in range(count):
         fields = entry.unpack_from(trailer, i * entry.size)
         raw_id, off, length, raw_len, codec_id = fields[:5]
         base_raw = fields[5] if len(fields) > 5 else _NO_BASE
-        if codec_id >= len(CODECS) or (entry is ENTRY and is_delta(CODECS[codec_id])):
-            raise CorruptionError(f"{where}: entry {i} has unknown codec id {codec_id}")
+        if codec_id >= len(CODECS) or _version_for(CODECS[codec_id]) > version:
+            raise CorruptionError(f"{where}: entry {i} has codec id {codec_id}, unknown in a version {version} pack")
         codec = CODECS[codec_id]
         base = None if base_raw == _NO_BASE else base_raw.hex()
         if is_delta(codec) != (base is not None) or base_raw == raw_id:

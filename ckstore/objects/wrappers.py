@@ -15,7 +15,12 @@ from ckstore.objects.backend import Backend, PutData, as_buffers
 
 
 class WrappingBackend(Backend):
-    """Forwards every call to ``inner``; subclasses override what they change."""
+    """Forwards every call to ``inner``; subclasses override what they change.
+
+    :meth:`writer` is not forwarded: a wrapper's writer keeps the pieces and publishes them
+    with the wrapper's own :meth:`put`, so every object written passes through the wrapper
+    (counted, or failed on purpose).
+    """
 
     def __init__(self, inner: Backend) -> None:
         self.inner = inner
@@ -41,6 +46,9 @@ class WrappingBackend(Backend):
 
     def list(self, prefix: str = "") -> Iterator[str]:
         return self.inner.list(prefix)
+
+    def sweep_temporary(self, older_than: float) -> int:
+        return self.inner.sweep_temporary(older_than)
 
     def partial_uploads(self) -> Sequence[tuple[str, str]]:
         return self.inner.partial_uploads()

@@ -165,6 +165,42 @@ class BackendConformance:
         assert sorted(results) == [False] * 7 + [True]
         assert backend.get(NAME) == b"same content" * 100
 
+    def test_writer_publishes_pieces_with_a_patched_header(self, backend: Backend) -> None:
+        out = backend.writer()
+        out.write(bytes(4))
+        out.write(b"payload-one")
+        out.write(memoryview(bytearray(b"payload-two")))
+        out.patch(0, b"HEAD")
+        assert out.size == 26
+        assert not backend.exists(NAME)  # nothing visible before commit
+        assert out.commit(NAME) is True
+        assert backend.get(NAME) == b"HEADpayload-onepayload-two"
+        assert list(backend.list()) == [NAME]  # the staging place is never listed
+
+    def test_writer_commit_is_create_if_absent(self, backend: Backend) -> None:
+        backend.put(NAME, b"first")
+        out = backend.writer()
+        out.write(b"second")
+        assert out.commit(NAME) is False
+        assert backend.get(NAME) == b"first"
+
+    def test_writer_buffers_may_be_reused_when_it_holds_none(self, backend: Backend) -> None:
+        out = backend.writer()
+        buf = bytearray(b"abc")
+        out.write(buf)
+        if not out.holds_data:
+            buf[:] = b"xyz"  # written away already: reusing the buffer changes nothing
+        out.commit(NAME)
+        assert backend.get(NAME) == b"abc"
+
+    def test_aborted_writer_leaves_nothing(self, backend: Backend) -> None:
+        out = backend.writer()
+        out.write(b"half a pack")
+        out.abort()
+        out.abort()  # idempotent
+        assert list(backend.list()) == []
+        assert backend.sweep_temporary(float("inf")) == 0  # nothing left to sweep either
+
     def test_url_and_repr(self, backend: Backend) -> None:
         assert "://" in backend.url
         assert backend.url in repr(backend)

@@ -18,7 +18,7 @@ def _app():
 
 
 def test_take_and_restore_by_path_makes_a_store_of_its_own(tmp_path):
-    path = tmp_path / "run1" / "step_100"
+    path = tmp_path / "run1" / "final"  # not step-like (see test_open_rules for step_N paths)
     app = _app()
     Snapshot.take(path=str(path), app_state=app)
     assert (path / "ckstore.json").exists()
@@ -35,7 +35,7 @@ def test_take_and_restore_by_path_makes_a_store_of_its_own(tmp_path):
 
 
 def test_paths_inside_an_existing_store_join_it_and_dedup(tmp_path):
-    ckstore.open(tmp_path / "ckpts", chunk_bytes=1024).close()
+    ckstore.open(tmp_path / "ckpts", chunk_bytes=1024, create=True).close()
     app = _app()
     first = Snapshot.take(path=str(tmp_path / "ckpts" / "run1" / "step_100"), app_state=app)
     app["progress"]["step"] = 6

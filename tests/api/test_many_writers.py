@@ -50,7 +50,7 @@ def test_many_hosts_one_bucket_one_index(tmp_path: Path, s3_server: Any, pg: Any
     bucket = f"ck-{uuid.uuid4().hex[:12]}"
     s3_server.create_bucket(bucket)
     url, index, opts = f"s3://{bucket}/team", pg.new_database(), json.dumps(s3_server.storage_options())
-    ckstore.open(url, index=index, storage_options=json.loads(opts), chunk_bytes=1024, pack_bytes=8192).close()
+    ckstore.open(url, index=index, storage_options=json.loads(opts), chunk_bytes=1024, pack_bytes=8192, create=True).close()
     started = time.time()
     procs = {h: _spawn(tmp_path, h, ["take", url, index, opts, run, ",".join(map(str, steps))]) for h, (run, steps) in TAKERS.items()}
     procs[DIST_HOST] = _spawn(tmp_path, DIST_HOST, ["dist", url, index, opts, DIST_RUN, ",".join(map(str, DIST_STEPS)), str(DIST_WORLD)])
@@ -72,7 +72,7 @@ def test_many_hosts_one_bucket_one_index(tmp_path: Path, s3_server: Any, pg: Any
     dropped = {s for x in outs["host-gc"] for s in x["dropped"]}
     gc_runs = len(outs["host-gc"])
 
-    store = ckstore.open(url, index=index, storage_options=json.loads(opts))
+    store = ckstore.open(url, index=index, storage_options=json.loads(opts), create=True)
     try:
         visible = {s.id: s for s in store.log()}
         lost = {s for s, (run, step) in committed.items() if s not in visible and f"{run}@{step}" not in dropped}

@@ -1,4 +1,4 @@
-"""Whole stores on S3 servers: take, restore, gc and check through ``ckstore.open("s3://...")``
+"""Whole stores on S3 servers: take, restore, gc and check through ``ckstore.open("s3://...", create=True)``
 on moto and on SeaweedFS (a real server writing to disk), with a SQLite index."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_take_restore_and_gc_round_trip(s3: Any, tmp_path: Path) -> None:
     first, second = _state(1), _state(1)
     second["w0"] = second["w0"] + 1  # only w0 changes: the second take dedups the rest
 
-    with ckstore.open(url, index=index, storage_options=options, **TINY) as store:
+    with ckstore.open(url, index=index, storage_options=options, **TINY, create=True) as store:
         store.take({"m": ckstore.StateDict(first)}, run="r", step=1)
         store.take({"m": ckstore.StateDict(second)}, run="r", step=2)
 

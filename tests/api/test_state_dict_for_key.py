@@ -24,7 +24,7 @@ def test_state_dict_for_key_of_a_dcp_save(tmp_path: Path) -> None:
 
     from ckstore.dcp import StorageWriter
 
-    store = ckstore.open(tmp_path / "s")
+    store = ckstore.open(tmp_path / "s", create=True)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
     state = {"model": model.state_dict(), "step": 7, "sched": {"lrs": [0.1, 0.2], "ws": [torch.ones(2), torch.zeros(1)]}}
     with warnings.catch_warnings():
@@ -44,7 +44,7 @@ def test_state_dict_for_key_of_a_dcp_save(tmp_path: Path) -> None:
 
 
 def test_unknown_key_is_a_key_error(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "s")
+    store = ckstore.open(tmp_path / "s", create=True)
     snap = store.take({"model": torch.nn.Linear(2, 2)}, run="r", step=1)
     with pytest.raises(KeyError, match="has no app_state key 'optim'"):
         ckstore.Snapshot.of(snap).get_state_dict_for_key("optim")

@@ -35,7 +35,7 @@ def test_rng_state_is_captured_first_and_restored_last(tmp_path):
     assert torch.equal(after_take[0], after_restore[0])
     assert after_take[1] == after_restore[1] and np.array_equal(after_take[2], after_restore[2])
     # the same through the store API, and with a fresh handle in "another process"
-    store = ckstore.open(tmp_path / "store")
+    store = ckstore.open(tmp_path / "store", create=True)
     store.take(app, run="r")
     expected = _draws()
     Snapshot(path=str(tmp_path / "s")).restore(app)
@@ -60,7 +60,7 @@ def test_logical_paths_are_rank_prefixed_on_path_snapshots(tmp_path):
     with pytest.raises(KeyNotFoundError, match="did you mean"):
         snap.read_object("0/state/fo")
     # the store API keeps plain keys for the same snapshot
-    plain = ckstore.open(tmp_path / "s").get(snap.id)
+    plain = ckstore.open(tmp_path / "s", create=True).get(snap.id)
     assert not plain.ranked_paths and "state/foo" in plain.get_manifest()
     assert plain.read_object("state/foo") == 42
     assert snap.with_ranked_paths(False).get_manifest().keys() == plain.get_manifest().keys()
@@ -71,7 +71,7 @@ def test_values_without_state_dict_raise_type_error(tmp_path):
         Snapshot.take(path=str(tmp_path / "s"), app_state={"optim": 1})
     assert not (tmp_path / "s").exists()  # refused before anything was created
     with pytest.raises(UnsupportedValueError):
-        ckstore.open(tmp_path / "store").take({"x": object()})
+        ckstore.open(tmp_path / "store", create=True).take({"x": object()})
     lazy = Snapshot(path=str(tmp_path / "s"))  # nothing there: the type is checked first
     with pytest.raises(TypeError):
         lazy.restore(app_state={"optim": 1})
@@ -96,7 +96,7 @@ def test_fs_paths_are_local_paths(tmp_path, monkeypatch):
     assert torch.equal(Snapshot(str(tmp_path / "abs")).read_object("0/s/w"), state["w"])
     monkeypatch.chdir(tmp_path)
     Snapshot.take(path="fs://rel/step_1", app_state={"s": state})
-    assert (tmp_path / "rel" / "step_1" / "ckstore.json").exists()
+    assert (tmp_path / "rel" / "ckstore.json").exists()  # a step-like path: the store is its parent
     dest = StateDict(w=torch.zeros(12))
     Snapshot(path="fs://rel/step_1").restore({"s": dest})
     assert torch.equal(dest["w"], state["w"])

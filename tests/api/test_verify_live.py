@@ -18,7 +18,7 @@ TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
 
 def test_names_every_key_that_differs(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "s", **TINY)
+    store = ckstore.open(tmp_path / "s", create=True, **TINY)
     t = Trainer.make()
     t.train()
     extra = ckstore.StateDict(step=7, arr=torch.arange(10).numpy(), big=torch.randn(3000))
@@ -40,7 +40,7 @@ def test_names_every_key_that_differs(tmp_path: Path) -> None:
 
 
 def test_reads_nothing_from_the_store(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "s", **TINY)
+    store = ckstore.open(tmp_path / "s", create=True, **TINY)
     app = {"m": ckstore.StateDict(w=torch.randn(5000))}
     snap = store.take(app, run="r")
     counting = CountingBackend(store.repository.objects.backend)
@@ -65,7 +65,7 @@ class _Lossy(torch.nn.Module):
 
 
 def test_restore_verify_catches_what_load_state_dict_changed(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "s", **TINY)
+    store = ckstore.open(tmp_path / "s", create=True, **TINY)
     snap = store.take({"m": _Lossy()}, run="r")
     fresh = _Lossy()
     snap.restore({"m": fresh})  # no check: silently rounded
@@ -83,7 +83,7 @@ def test_dcp_snapshot_verifies_through_its_keys(tmp_path: Path) -> None:
 
     from ckstore.dcp import StorageWriter
 
-    store = ckstore.open(tmp_path / "s", **TINY)
+    store = ckstore.open(tmp_path / "s", create=True, **TINY)
     model = torch.nn.Linear(40, 30)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

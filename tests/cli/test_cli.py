@@ -70,7 +70,7 @@ def one_error_line(p: subprocess.CompletedProcess, code: int, *words: str) -> st
 def _build(path: Path) -> None:
     torch.manual_seed(0)
     w = torch.randn(10, 256)
-    with ckstore.open(path, **TINY) as store:
+    with ckstore.open(path, **TINY, create=True) as store:
         store.take(
             {"m": ckstore.StateDict(w=w, b=torch.zeros(3), lr=0.1)},
             run="r",

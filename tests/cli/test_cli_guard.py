@@ -25,7 +25,7 @@ def diverged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     export of r@2 beside the store."""
     root = tmp_path_factory.mktemp("guardcli")
     t = Trainer.make()
-    with warnings.catch_warnings(), ckstore.open(root / "store", **TINY) as store:
+    with warnings.catch_warnings(), ckstore.open(root / "store", create=True, **TINY) as store:
         warnings.simplefilter("ignore")
         for step in (1, 2):
             t.train()

@@ -17,7 +17,7 @@ import ckstore
 
 
 def _store(path):
-    s = ckstore.open(path, chunk_bytes=1024, pack_bytes=4096)
+    s = ckstore.open(path, chunk_bytes=1024, pack_bytes=4096, create=True)
     s.take({"s": ckstore.StateDict(w=torch.randn(128, 64))}, run="r")
     s.close()
 

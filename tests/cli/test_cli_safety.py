@@ -62,7 +62,7 @@ def _state(seed: int) -> dict[str, ckstore.StateDict]:
 
 
 def _store(path: Path, steps: int = 3, tag_first: str | None = None) -> None:
-    with ckstore.open(path, **TINY) as store:
+    with ckstore.open(path, **TINY, create=True) as store:
         for step in range(1, steps + 1):
             tags = [tag_first] if tag_first and step == 1 else []
             store.take(_state(step), run="r", step=step, tags=tags)
@@ -141,7 +141,7 @@ def test_demo_runs_in_its_claimed_folder(tmp_path: Path) -> None:
 
 # --- rm -------------------------------------------------------------------------------------
 def test_store_delete_of_a_tagged_snapshot_needs_force(tmp_path: Path) -> None:
-    with ckstore.open(tmp_path / "s", **TINY) as store:
+    with ckstore.open(tmp_path / "s", **TINY, create=True) as store:
         a = store.take(_state(1), run="r", step=1, tags=["best", "v1"])
         with pytest.raises(ConflictError, match=r"tagged best, v1.*force=True"):
             store.delete("best")
@@ -214,7 +214,8 @@ def test_a_failed_init_leaves_nothing_behind(tmp_path: Path, capsys) -> None:
     there = tmp_path / "there"
     there.mkdir()
     (there / "keep.txt").write_text("mine")
-    error_line(run(capsys, "init", str(there), "--index", bad_sqlite), 6)
+    # a non-empty folder that is not a store is refused by name (issue 27, item 7)
+    error_line(run(capsys, "init", str(there), "--index", bad_sqlite), 4, "not empty", "keep.txt")
     assert [p.name for p in there.iterdir()] == ["keep.txt"]  # what was there stays
     code, out, _ = run(capsys, "init", str(new))  # and init then works, with no "exists"
     assert code == 0 and "initialized empty ckstore store" in out
@@ -301,7 +302,7 @@ def test_s3_store_from_the_command_line(s3_server, tmp_path: Path) -> None:
     code, out, err = ck("init", url, "--index", index, *opts, "--json")  # ...so this works
     assert code == 0 and json.loads(out)["url"] == url, err
     error_line(ck("init", url, "--index", index, *opts), 4, "already exists")
-    with ckstore.open(url, index=index, storage_options=s3_server.storage_options()) as store:
+    with ckstore.open(url, index=index, storage_options=s3_server.storage_options(), create=True) as store:
         store.take(_state(1), run="r", step=1, tags=["best"])
         store.take(_state(2), run="r", step=2)
     s = ("--store", url, "--index", index, *opts)

@@ -79,7 +79,7 @@ def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "rng": ckstore.RNGState(),
         "progress": ckstore.StateDict(step=1, lr=0.1, names=["a", "b"]),
     }
-    with ckstore.open(path, **TINY) as store:
+    with ckstore.open(path, **TINY, create=True) as store:
         store.take(state, run="r", step=1, tags=["best"])
         model(torch.randn(4, 16)).sum().backward()
         optim.step()

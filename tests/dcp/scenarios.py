@@ -68,7 +68,7 @@ def save_twice(rank: int, world: int, path: str, run: str) -> dict[str, Any]:
 
     from ckstore.dcp import StorageWriter
 
-    store = ckstore.open(path, **TINY)
+    store = ckstore.open(path, **TINY, create=True)
     out: dict[str, Any] = {}
     for step in (1, 2):
         state = {"g": sharded(world, "shard0", zeros=False), "epoch": 5, "cfg": {"lr": 0.1, "name": "x"}}
@@ -95,7 +95,7 @@ def _gc_before_commit(rank: int, world: int, path: str) -> dict[str, Any] | None
 
     from ckstore.dcp import StorageWriter
 
-    store = ckstore.open(path, **TINY)
+    store = ckstore.open(path, **TINY, create=True)
     seen: dict[str, Any] = {}
 
     class GcFirst(StorageWriter):
@@ -140,7 +140,7 @@ def load(rank: int, world: int, path: str, ref: str, placement: str) -> dict[str
 
     from ckstore.dcp import StorageReader
 
-    store = ckstore.open(path)
+    store = ckstore.open(path, create=True)
     state = {"g": sharded(world, placement, zeros=True), "epoch": -1, "cfg": {"lr": 0.0, "name": ""}}
 
     def refuse(*a: Any, **k: Any) -> Any:
@@ -185,7 +185,7 @@ def parity(rank: int, world: int, path: str) -> dict[str, Any]:
 
     from ckstore.dcp import StorageReader, StorageWriter
 
-    store = ckstore.open(path)
+    store = ckstore.open(path, create=True)
     weights = global_state()["plain"]
     state = {"w": weights.clone(), "train": TrainState(7, [0.5, 0.25])}
     dcp.save(state, storage_writer=StorageWriter(store, run="p", step=1, overwrite=False))

@@ -52,7 +52,7 @@ def _no_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_single_process_model_and_optimizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    store = ckstore.open(tmp_path / "store", **ds.TINY)
+    store = ckstore.open(tmp_path / "store", **ds.TINY, create=True)
     m, o = _trained()
     msd, osd = get_state_dict(m, o)
     state = {"model": msd, "optim": osd, "extra": {"epoch": 3, "name": "run-a", "loss": float("nan")}}
@@ -93,7 +93,7 @@ def test_single_process_model_and_optimizer(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_stored_metadata_is_json(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "store", **ds.TINY)
+    store = ckstore.open(tmp_path / "store", **ds.TINY, create=True)
     m, o = _trained()
     state = {"model": m.state_dict(), "step": 7}
     w = StorageWriter(store, run="js")
@@ -117,7 +117,7 @@ def test_stored_metadata_is_json(tmp_path: Path) -> None:
 def test_ckstore_restore_and_read_object_of_a_dcp_snapshot(tmp_path: Path) -> None:
     """A dcp.save read back with ckstore's own restore: each app's state dict is mapped onto
     DCP's keys (model.0.weight -> dcp/model.0.weight); BytesIO values come back as BytesIO."""
-    store = ckstore.open(tmp_path / "store", **ds.TINY)
+    store = ckstore.open(tmp_path / "store", **ds.TINY, create=True)
     m, o = _trained()
     state = {"model": m.state_dict(), "optim": o.state_dict(), "train": ds.TrainState(3, [1.5, 0.5])}
     dcp.save(state, storage_writer=StorageWriter(store, run="d", step=1))
@@ -143,7 +143,7 @@ def test_ckstore_restore_and_read_object_of_a_dcp_snapshot(tmp_path: Path) -> No
 
 
 def test_overwrite_false_refuses_an_existing_target(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "store", **ds.TINY)
+    store = ckstore.open(tmp_path / "store", **ds.TINY, create=True)
     state = {"t": torch.arange(600.0)}
     dcp.save(state, storage_writer=StorageWriter(store, run="o", step=1, overwrite=False))
     with pytest.raises(BaseException, match="already exists") as info:
@@ -161,7 +161,7 @@ def test_overwrite_false_refuses_an_existing_target(tmp_path: Path) -> None:
 
 
 def test_writer_and_reader_pickle_and_reopen_lazily(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "store", **ds.TINY)
+    store = ckstore.open(tmp_path / "store", **ds.TINY, create=True)
     writer = pickle.loads(pickle.dumps(StorageWriter(store, run="pk", step=1, overwrite=False)))
     assert writer.overwrite is False and writer._ref._store is None  # nothing open until used
     dcp.save({"t": torch.arange(600.0)}, storage_writer=writer)
@@ -183,7 +183,7 @@ def test_planner_data_that_is_not_json_is_refused() -> None:
 
 
 def test_checkpoint_id_names_run_and_step(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "store", **ds.TINY)
+    store = ckstore.open(tmp_path / "store", **ds.TINY, create=True)
     w = StorageWriter(store, run="ignored")
     dcp.save({"t": torch.arange(600.0)}, storage_writer=w, checkpoint_id="named@12")
     assert (w.snapshot.run, w.snapshot.step) == ("named", 12)
@@ -199,7 +199,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("dcp")
     path = str(tmp / "store")
     for p in (path, path + "-gc"):  # made here: ranks opening a fresh store at once race on its schema
-        ckstore.open(p, **ds.TINY).close()
+        ckstore.open(p, **ds.TINY, create=True).close()
     saved = values(run_ranks(ds.save_twice, 4, tmp, path, "d4"))
     loads = [["d4@1", "shard1"], ["d4@2", "replicate"]]
     loaded = values(run_ranks(ds.load_each, 2, tmp, path, loads))
@@ -210,7 +210,7 @@ def test_four_ranks_save_one_snapshot(ranks: dict[str, Any]) -> None:
     first = ranks["saved"][0]["1"]
     assert first["world"] == 4 and first["new_chunks"] > 0
     assert all("1" not in r for r in ranks["saved"][1:])  # only the coordinator commits
-    with ckstore.open(ranks["path"]) as store:
+    with ckstore.open(ranks["path"], create=True) as store:
         assert store.get("d4@1").id == first["id"]
         assert store.check(read_data=True).ok
         assert not store.repository.index.live_sessions()
@@ -219,7 +219,7 @@ def test_four_ranks_save_one_snapshot(ranks: dict[str, Any]) -> None:
 def test_second_save_of_unchanged_state_writes_no_chunk_bytes(ranks: dict[str, Any]) -> None:
     second = ranks["saved"][0]["2"]
     assert (second["new_bytes"], second["new_chunks"]) == (0, 0)
-    with ckstore.open(ranks["path"]) as store:
+    with ckstore.open(ranks["path"], create=True) as store:
         assert store.repository.index.snapshot_chunk_ids(second["id"]) == store.repository.index.snapshot_chunk_ids(ranks["saved"][0]["1"]["id"])
 
 
@@ -233,7 +233,7 @@ def test_failed_save_commits_nothing_and_leaves_no_session(ranks: dict[str, Any]
     for r in ranks["saved"]:
         assert "key 'bad'" in r["failed"] and "never pickles" in r["failed"]
         assert r["live_sessions"] == 0
-    with ckstore.open(ranks["path"]) as store:
+    with ckstore.open(ranks["path"], create=True) as store:
         assert [s.step for s in store.log("d4")] == [2, 1]
 
 
@@ -251,7 +251,7 @@ def test_two_ranks_overwrite_false_bytesio_and_both_async_executors(tmp_path: Pa
     dcp.async_save commits with the thread executor (writer given a URL) and with the process
     executor (the writer, holding an open store, is pickled into DCP's checkpoint process)."""
     path = str(tmp_path / "store")
-    ckstore.open(path, **ds.TINY).close()
+    ckstore.open(path, **ds.TINY, create=True).close()
     for r in values(run_ranks(ds.parity, 2, tmp_path, path, timeout=180)):
         assert "ConflictError" in r["refused"] and "overwrite=False" in r["refused"], r["refused"][:300]
         assert r["loaded"] == [7, [0.5, 0.25], True]
@@ -260,7 +260,7 @@ def test_two_ranks_overwrite_false_bytesio_and_both_async_executors(tmp_path: Pa
 
 
 def test_plain_process_loads_the_four_rank_save_after_gc(ranks: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    with ckstore.open(ranks["path"]) as store:
+    with ckstore.open(ranks["path"], create=True) as store:
         store.gc(grace_seconds=0)
         dest = {"g": {k: torch.zeros_like(v) for k, v in ds.global_state().items()}, "epoch": 0, "cfg": {"lr": 0.0, "name": ""}}
         _no_pickle(monkeypatch)

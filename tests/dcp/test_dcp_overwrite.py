@@ -35,7 +35,7 @@ def _conflict(info: pytest.ExceptionInfo[Any]) -> BaseException:
 
 
 def test_an_existing_target_raises_checkpoint_exception_carrying_conflict_error(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "s")
+    store = ckstore.open(tmp_path / "s", create=True)
     _save(store, StorageWriter(store, run="o", step=1, overwrite=False))
     with pytest.raises(CheckpointException) as info:
         _save(store, StorageWriter(store, run="o", step=1, overwrite=False))
@@ -45,7 +45,7 @@ def test_an_existing_target_raises_checkpoint_exception_carrying_conflict_error(
 
 
 def test_a_target_committed_during_the_save_is_refused_at_finish(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "s")
+    store = ckstore.open(tmp_path / "s", create=True)
 
     class Racing(StorageWriter):
         def write_data(self, plan: Any, planner: Any) -> Any:

@@ -29,7 +29,7 @@ def test_dcp_two_ranks_import_restore_three_export_load_one(tmp_path: Path) -> N
     assert values(run_ranks(scen.write_dcp, 2, tmp_path, str(src))) == [True, True]
 
     store_path = tmp_path / "store"
-    store = ckstore.open(store_path, **ds.TINY)
+    store = ckstore.open(store_path, **ds.TINY, create=True)
     snap = store.import_checkpoint(src, run="titan", step=5)
     assert snap.metadata["imported_from"]["format"] == "dcp"
     assert snap.read_object("progress") == {"step": 5, "lr": 0.25}
@@ -44,7 +44,7 @@ def test_dcp_two_ranks_import_restore_three_export_load_one(tmp_path: Path) -> N
     assert all(r["progress"] == {"step": 5, "lr": 0.25} for r in restored)
 
     out = tmp_path / "exported"
-    with ckstore.open(store_path) as store:
+    with ckstore.open(store_path, create=True) as store:
         store.get(snap.id).export(out, "dcp")
     md = load_dcp_metadata(str(out / ".metadata"))
     written = load_dcp_metadata(str(src / ".metadata"))

@@ -17,7 +17,7 @@ def sharded_guard(rank: int, world: int, path: str) -> dict[str, Any]:
 
     from ckstore.dcp import StorageWriter
 
-    store = ckstore.open(path, **TINY)
+    store = ckstore.open(path, **TINY, create=True)
     m, opt = _fsdp(7)  # trained one step
     out: dict[str, Any] = {}
     with warnings.catch_warnings(record=True) as caught:

@@ -97,14 +97,14 @@ def check_global(dest: dict[str, Any]) -> None:
 
 
 def take_dtensors(rank: int, world: int, path: str, run: str) -> str:
-    store = ckstore.open(path, **TINY)
+    store = ckstore.open(path, **TINY, create=True)
     snap = store.take({"g": ckstore.StateDict(dtensors(world, True, False)), "local": local_app(rank)}, run=run, step=world)
     return snap.id
 
 
 def restore_dtensors(rank: int, world: int, path: str, runs: dict[str, int]) -> None:
     """Restore each run (taken with ``runs[run]`` ranks) into other placements; check bits."""
-    store = ckstore.open(path, **TINY)
+    store = ckstore.open(path, **TINY, create=True)
     for run, took in runs.items():
         dest = ckstore.StateDict(dtensors(world, False, True))
         app = {"g": dest}
@@ -129,7 +129,7 @@ def matrix_take(rank: int, world: int, path: str, runs: dict[str, int]) -> dict[
 
 def _per_rank_too_few(rank: int, world: int, path: str, run: str) -> str:
     """Restoring per-rank entries onto more ranks than the take had, strict: every rank raises."""
-    store = ckstore.open(path, **TINY)
+    store = ckstore.open(path, **TINY, create=True)
     app = ckstore.StateDict({k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1) for k, v in local_app(rank).items()})
     try:
         store.get(run).restore({"local": app}, strict=True)
@@ -147,7 +147,7 @@ def model(seed: int) -> torch.nn.Module:
 def ddp_take(rank: int, world: int, path: str) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
-    store = ckstore.open(path, **TINY)
+    store = ckstore.open(path, **TINY, create=True)
     m = DistributedDataParallel(model(5))
     snap = store.take({"ddp": m}, run="ddp")
     fresh = DistributedDataParallel(model(6))
@@ -160,7 +160,7 @@ def ddp_take(rank: int, world: int, path: str) -> dict[str, Any]:
 def fsdp_take(rank: int, world: int, path: str, expect: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
-    store = ckstore.open(path, **TINY)
+    store = ckstore.open(path, **TINY, create=True)
     m, opt = _fsdp(7)
     store.take({"model": m, "optim": opt}, run="fsdp")
     full = {f"model/{k}": v.full_tensor() for k, v in m.state_dict().items()}
@@ -190,7 +190,7 @@ def _fsdp(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 def fsdp_restore(rank: int, world: int, path: str, expect: str) -> None:
     m, opt = _fsdp(99)  # other values, same structure; optimizer state exists after one step
-    ckstore.open(path, **TINY).get("fsdp").restore({"model": m, "optim": opt})
+    ckstore.open(path, **TINY, create=True).get("fsdp").restore({"model": m, "optim": opt})
     full = torch.load(expect, weights_only=True)
     for k, v in m.state_dict().items():
         assert bits(v.full_tensor()) == bits(full[f"model/{k}"]), k
@@ -202,7 +202,7 @@ def fsdp_restore(rank: int, world: int, path: str, expect: str) -> None:
 
 def failing_take(rank: int, world: int, path: str, bad: int, how: str, timeout: float) -> dict[str, Any]:
     """Rank ``bad`` raises (or is SIGKILLed) while writing its chunks."""
-    store = ckstore.open(path, **TINY)
+    store = ckstore.open(path, **TINY, create=True)
     if rank == bad:
         real = store.repository.objects.new_pack_writer
 
@@ -226,7 +226,7 @@ def failing_take(rank: int, world: int, path: str, bad: int, how: str, timeout: 
 
 def async_take(rank: int, world: int, path: str) -> dict[str, Any]:
     """async_take on every rank: staged now, committed together in the background."""
-    store = ckstore.open(path, **TINY)
+    store = ckstore.open(path, **TINY, create=True)
     g = dtensors(world, True, False)
     pending = store.async_take({"g": ckstore.StateDict(g), "local": local_app(rank)}, run="async")
     for d in g.values():
@@ -257,7 +257,7 @@ def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
 
     comm.BROADCAST_BATCH = 1000  # many batches, some packed, some slices of one tensor
     want = DistributedDataParallel(model(5)).state_dict()
-    store = ckstore.open(path)
+    store = ckstore.open(path, create=True)
     counting = objects.CountingBackend(store.repository.objects.backend)
     store.repository.objects = objects.ObjectStore(counting)
     snap = store.get("ddp")

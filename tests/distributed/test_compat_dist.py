@@ -54,7 +54,7 @@ def test_rank_that_never_arrives_is_named_within_the_timeout(tmp_path: Path) -> 
 def elastic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("elastic")
     for name in ("rep", "mixed"):  # small chunks, so a 16 KiB tensor spans several
-        ckstore.open(tmp / name, chunk_bytes=1024, inline_bytes=64).close()
+        ckstore.open(tmp / name, chunk_bytes=1024, inline_bytes=64, create=True).close()
     took = values(run_ranks(cs.rng_elastic_take, 2, tmp, str(tmp)))
     restored = values(run_ranks(cs.rng_elastic_restore, 3, tmp, str(tmp), [t["after_take"] for t in took]))
     return {"took": took, "restored": restored}

@@ -29,12 +29,12 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     expect = str(tmp / "fsdp-expect.pt")
     out: dict[str, Any] = {"path": path}
     # world 1: a plain process, plain global tensors
-    with ckstore.open(path, **sc.TINY) as store:
+    with ckstore.open(path, **sc.TINY, create=True) as store:
         store.take({"g": ckstore.StateDict(sc.global_state()), "local": sc.local_app(0)}, run="w1", step=1)
     # in a store of its own (so nothing dedups), the same state stored as deltas against one whose
     # every element differs in its last bit: ranks of another world size restore it through the chains
     delta_path = str(tmp / "delta-store")
-    with ckstore.open(delta_path, **sc.TINY) as store:
+    with ckstore.open(delta_path, **sc.TINY, create=True) as store:
         store.take({"g": ckstore.StateDict(_last_bit_flipped(sc.global_state()))}, run="w1d", step=0)
         store.take({"g": ckstore.StateDict(sc.global_state())}, run="w1d", step=1, delta_base="parent")
         out["w1d_deltas"] = sum(1 for c in store.repository.index.all_chunks() if c.base_id)
@@ -54,7 +54,7 @@ def _last_bit_flipped(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 def test_resharding_restore_reads_through_deltas(matrix: dict[str, Any]) -> None:
     assert matrix["w1d_deltas"] > 0  # ...and matrix["w2d"] restored them on 2 ranks, bit-exact
-    with ckstore.open(matrix["delta_path"]) as store:
+    with ckstore.open(matrix["delta_path"], create=True) as store:
         assert bits(store.get("w1d").read_object("g/s0")) == bits(sc.global_state()["s0"])  # NaNs included
 
 
@@ -68,14 +68,14 @@ def _take4(rank: int, world: int, path: str, expect: str) -> dict[str, Any]:
 def test_all_ranks_return_the_same_snapshot(matrix: dict[str, Any]) -> None:
     for w in ("w2", "w4"):
         assert len({r["id"] for r in matrix[w]}) == 1
-    with ckstore.open(matrix["path"]) as store:
+    with ckstore.open(matrix["path"], create=True) as store:
         assert store.get("w4").record.world_size == 4
         assert store.get("w4").id == matrix["w4"][0]["id"]
         assert store.check(read_data=True).ok
 
 
 def test_restore_with_one_process_any_take_world(matrix: dict[str, Any]) -> None:
-    with ckstore.open(matrix["path"]) as store:
+    with ckstore.open(matrix["path"], create=True) as store:
         for run in ("w1", "w2", "w4"):
             dest = ckstore.StateDict({k: torch.zeros_like(v) for k, v in sc.global_state().items()})
             local = ckstore.StateDict({k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1) for k, v in sc.local_app(0).items()})
@@ -85,7 +85,7 @@ def test_restore_with_one_process_any_take_world(matrix: dict[str, Any]) -> None
 
 
 def test_per_rank_values_kept_per_rank(matrix: dict[str, Any]) -> None:
-    with ckstore.open(matrix["path"]) as store:
+    with ckstore.open(matrix["path"], create=True) as store:
         snap = store.get("w4")
         kinds = {k: e.kind for k, e in snap.get_manifest().items()}
         assert kinds["local/mine"] == kinds["local/small"] == kinds["local/rank"] == "per_rank"
@@ -114,7 +114,7 @@ def test_ddp_writes_are_spread(matrix: dict[str, Any]) -> None:
 
 def test_dedup_across_world_sizes(matrix: dict[str, Any]) -> None:
     """Whole grid blocks keep their ids whatever the sharding: only cut pieces are new."""
-    with ckstore.open(matrix["path"]) as store:
+    with ckstore.open(matrix["path"], create=True) as store:
         before = store.get("w1").manifest.chunk_ids() | store.get("w2").manifest.chunk_ids()
         snap = store.get("w4")
         new_pieces = 0
@@ -142,7 +142,7 @@ def test_replicated_read_each_or_broadcast(matrix: dict[str, Any], tmp_path: Pat
 
 
 def test_replicated_read_rejects_unknown_mode(matrix: dict[str, Any]) -> None:
-    with ckstore.open(matrix["path"]) as store:
+    with ckstore.open(matrix["path"], create=True) as store:
         with pytest.raises(ckstore.errors.InvalidInputError, match="replicated_read"):
             store.get("w1").restore({}, strict=False, replicated_read="scatter")
 
@@ -156,7 +156,7 @@ def test_one_rank_raising_commits_nothing(matrix: dict[str, Any]) -> None:
     for f in fails:
         assert f["error"] and "rank(s) [1]" in f["error"] and "injected failure" in f["error"], f
         assert f["ranks"] == [1]
-    with ckstore.open(matrix["path"]) as store:
+    with ckstore.open(matrix["path"], create=True) as store:
         assert "fail" not in store.runs()
         assert store.check().ok
 
@@ -164,13 +164,13 @@ def test_one_rank_raising_commits_nothing(matrix: dict[str, Any]) -> None:
 def test_async_take_on_every_rank(matrix: dict[str, Any]) -> None:
     ids = {r["async"]["id"] for r in matrix["w2b"]}
     assert len(ids) == 1
-    with ckstore.open(matrix["path"]) as store:
+    with ckstore.open(matrix["path"], create=True) as store:
         assert store.get("async").id in ids and store.get("async").record.world_size == 2
 
 
 def test_sigkilled_rank_others_fail_within_timeout(tmp_path: Path) -> None:
     path = str(tmp_path / "store")
-    with ckstore.open(path, **sc.TINY) as store:
+    with ckstore.open(path, **sc.TINY, create=True) as store:
         store.take({"g": ckstore.StateDict(sc.global_state())}, run="base")
     timeout = 6.0
     res = run_ranks(sc.failing_take, 3, tmp_path, path, 2, "kill", timeout, timeout=90)
@@ -180,7 +180,7 @@ def test_sigkilled_rank_others_fail_within_timeout(tmp_path: Path) -> None:
         assert v["error"] and v["ranks"] == [2] and "rank(s) [2] stopped responding" in v["error"], v
         assert v["seconds"] < timeout + 5, v  # named within about 3 s of the kill
         print(f"rank {r} raised after {v['seconds']:.1f} s: {v['error'][:200]}")
-    with ckstore.open(path) as store:
+    with ckstore.open(path, create=True) as store:
         assert store.runs() == ["base"]
         report = store.check(read_data=True)
         assert report.ok, report.problems
@@ -188,7 +188,7 @@ def test_sigkilled_rank_others_fail_within_timeout(tmp_path: Path) -> None:
 
 def test_stuck_rank_others_fail_at_the_timeout(tmp_path: Path) -> None:
     path = str(tmp_path / "store")
-    ckstore.open(path, **sc.TINY).close()
+    ckstore.open(path, **sc.TINY, create=True).close()
     timeout = 5.0
     res = run_ranks(sc.failing_take, 3, tmp_path, path, 2, "stop", timeout, timeout=60, silent=1)
     assert res[2] is None  # stopped, then killed by the harness
@@ -197,7 +197,7 @@ def test_stuck_rank_others_fail_at_the_timeout(tmp_path: Path) -> None:
         assert v["error"] and "timeout 5 s" in v["error"] and v["ranks"] == [2], v  # the stuck rank, named
         assert timeout - 1 <= v["seconds"] < timeout + 5, v
         print(f"stuck peer: rank {r} raised after {v['seconds']:.1f} s")
-    with ckstore.open(path) as store:
+    with ckstore.open(path, create=True) as store:
         assert store.runs() == [] and store.check().ok
 
 
@@ -205,7 +205,7 @@ def test_reader_decodes_non_contiguous_pieces(tmp_path: Path) -> None:
     """Single process: a manifest whose chunks are column pieces restores exactly."""
     from ckstore.engine.restore import Reader
 
-    with ckstore.open(tmp_path / "s", **sc.TINY) as store:
+    with ckstore.open(tmp_path / "s", **sc.TINY, create=True) as store:
         t = torch.arange(20 * 33, dtype=torch.float32).reshape(20, 33)
         snap = store.take({"a": ckstore.StateDict(x=t)})
         r = Reader(store.repository.objects, store.repository.index, snap.manifest, "t")

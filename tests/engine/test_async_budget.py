@@ -54,4 +54,4 @@ def test_an_ample_budget_copies_everything(store):
 
 def test_budget_from_the_environment(store_path, monkeypatch):
     monkeypatch.setenv("CKSTORE_STAGING_BUDGET", "777")
-    assert ckstore.open(store_path).staging_budget == 777
+    assert ckstore.open(store_path, create=True).staging_budget == 777

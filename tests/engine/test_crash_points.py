@@ -1,4 +1,5 @@
-"""SIGKILL a take or a gc at every enumerated point; the store must stay whole (I1, I2, I4).
+"""SIGKILL a take, a gc or a compaction at every enumerated point; the store must stay whole
+(I1, I2, I4).
 
 Each case forks a child from this process (torch already imported: no start-up cost), which
 opens the store afresh, arms one kill point and runs a take or a gc; the armed call kills the
@@ -41,6 +42,7 @@ NEW_STEP = BASE_STEPS + 1
 
 # (what to wrap, name glob for backend calls, which matching call, before or after it)
 TAKE_POINTS = [
+    ("writer.write", None, 3, "after"),  # a pack half streamed into its staging file
     ("backend.put", "packs/*", 1, "before"),
     ("os.link", None, 1, "before"),  # a pack's temp file written and fsynced, never linked
     ("backend.put", "packs/*", 1, "after"),  # a pack durable, not yet in the index
@@ -64,6 +66,18 @@ GC_POINTS = [
     ("backend.delete", "manifests/*", 1, "after"),
     ("backend.delete", "packs/*", 3, "before"),  # orphans of an earlier crashed take
 ]
+COMPACT_POINTS = [
+    ("index.lookup_chunks", None, 1, "after"),  # delta bases pinned, nothing written
+    ("backend.put", "packs/*", 1, "before"),
+    ("os.link", None, 1, "before"),  # a dense pack's temp file written and fsynced, never linked
+    ("backend.put", "packs/*", 1, "after"),  # a dense pack durable, the index not switched
+    ("index.rewrite_chunks", None, 1, "before"),
+    ("index.rewrite_chunks", None, 1, "after"),  # switched, the loose packs not yet retired
+    ("index.retire_packs", None, 1, "after"),
+    ("index.delete_retired_packs", None, 1, "after"),  # the emptied loose packs' rows gone, objects not
+    ("backend.delete", "packs/*", 1, "after"),  # one emptied loose pack deleted, the others not
+    ("backend.put", "packs/*", 2, "after"),  # the second dense pack durable, not switched
+]
 
 
 class _KillAt(WrappingBackend):
@@ -78,6 +92,29 @@ class _KillAt(WrappingBackend):
 
     def delete(self, name):
         return self.arm("backend.delete", name, lambda: self.inner.delete(name))
+
+    def writer(self):
+        """The local backend's streaming writer (packs go to a staging file as they fill):
+        its writes are the point ``writer.write``, its commit is the pack's ``backend.put``."""
+        return _KillWriter(self.inner.writer(), self.arm)
+
+
+class _KillWriter:
+    def __init__(self, inner: Any, arm: Any) -> None:
+        self.inner, self.arm = inner, arm
+        self.holds_data = inner.holds_data
+
+    def write(self, data):
+        return self.arm("writer.write", None, lambda: self.inner.write(data))
+
+    def patch(self, offset, data):
+        return self.inner.patch(offset, data)
+
+    def commit(self, name):
+        return self.arm("backend.put", name, lambda: self.inner.commit(name))
+
+    def abort(self):
+        return self.inner.abort()
 
 
 def _armed(point: tuple[str, str | None, int, str]):
@@ -103,13 +140,15 @@ def _child(path: str, job: str, point) -> None:
     arm = _armed(point)
     store.repository.objects._backend = _KillAt(store.repository.objects.backend, arm)
     for name in ("add_pack", "commit_snapshot", "lookup_chunks", "delete_snapshot", "expire_sessions",
-                 "prune_chunks", "relocate_chunks", "retire_packs", "delete_retired_packs"):
+                 "prune_chunks", "relocate_chunks", "retire_packs", "delete_retired_packs", "rewrite_chunks"):
         real = getattr(store.repository.index, name)
         setattr(store.repository.index, name, lambda *a, _n=name, _r=real, **k: arm(f"index.{_n}", None, lambda: _r(*a, **k)))
     real_link = os.link
     os.link = lambda *a, **k: arm("os.link", None, lambda: real_link(*a, **k))  # type: ignore[assignment]
     if job == "take":
         store.take({"s": ckstore.StateDict(state_for(NEW_STEP))}, run="loop", step=NEW_STEP)
+    elif job == "compact":
+        store.compact()
     else:
         store.gc(keep_last=2, grace_seconds=0, repack_below=0.9)
     os._exit(0)  # the point was never reached
@@ -130,7 +169,7 @@ def _run_killed(path: Path, job: str, point) -> int | None:
 def template(tmp_path_factory):
     """Six committed snapshots; with_orphan: plus the packs of a take killed before indexing."""
     path = tmp_path_factory.mktemp("crash") / "store"
-    s = ckstore.open(path, **KNOBS)
+    s = ckstore.open(path, **KNOBS, create=True)
     for step in range(1, BASE_STEPS + 1):
         s.take({"s": ckstore.StateDict(state_for(step))}, run="loop", step=step)
     s.close()
@@ -156,6 +195,7 @@ def _assert_whole(path: Path, expect_new: bool | None) -> list[int]:
         store.gc(grace_seconds=0)
         after = store.check(read_data=True)
         assert after.ok and after.orphan_packs == [] and after.orphan_manifests == [], after
+        assert not [p for p in path.rglob(".*") if p.is_file()], "gc left a staging file behind"
         assert sorted(s.step for s in store.log()) == steps
         _restores_all(store)
         return steps
@@ -199,6 +239,23 @@ def test_gc_killed_at_every_point_leaves_the_store_whole(gc_template, tmp_path, 
     assert _run_killed(path, "gc", point) == -signal.SIGKILL, "the kill point was never reached"
     steps = _assert_whole(path, expect_new=False)
     assert {BASE_STEPS - 1, BASE_STEPS} <= set(steps)  # keep_last=2 never drops these
+
+
+@pytest.mark.parametrize("point", COMPACT_POINTS, ids=lambda p: f"{p[0]}:{p[1] or ''}:{p[2]}:{p[3]}")
+def test_compaction_killed_at_every_point_leaves_the_store_whole(template, tmp_path, point):
+    """Loose packs of five takes (deltas against parents), compaction killed anywhere: every
+    snapshot restores, check is clean, and the next compaction finishes the job."""
+    path = _copy(template, tmp_path)
+    assert _run_killed(path, "compact", point) == -signal.SIGKILL, "the kill point was never reached"
+    assert _assert_whole(path, expect_new=False) == list(range(1, BASE_STEPS + 1))
+    with ckstore.open(path, create=False) as store:
+        store.repository.index.expire_sessions(time.time() + 10 * store.lease_seconds)
+        store.compact()
+        newest = store.repository.index.snapshot_chunk_ids(store.get("loop").id)
+        loose = {c.chunk_id for c in store.repository.index.loose_chunks() if c.codec in ("none", "exp-zstd")}
+        assert loose <= newest, "chunks of older snapshots stayed loose"
+        assert store.check(read_data=True).ok
+        _restores_all(store)
 
 
 @pytest.mark.soak

@@ -54,19 +54,19 @@ def test_identical_chunks_inside_one_take_are_written_once(store):
 
 
 def test_sibling_stores_do_not_share_but_a_store_dedups_across_runs(tmp_path):
-    s = ckstore.open(tmp_path / "one", chunk_bytes=1024)
+    s = ckstore.open(tmp_path / "one", chunk_bytes=1024, create=True)
     state = ckstore.StateDict({"w": torch.randn(100, 100)})
     s.take({"s": state}, run="a")
     assert s.take({"s": state}, run="b").stats["new_chunks"] == 0
 
 
 def test_read_object_reads_only_that_tensors_chunks(store_path):
-    setup = ckstore.open(store_path, chunk_bytes=4096, pack_bytes=1 << 20, inline_bytes=64)
+    setup = ckstore.open(store_path, chunk_bytes=4096, pack_bytes=1 << 20, inline_bytes=64, create=True)
     state = ckstore.StateDict({f"w{i}": torch.randn(128, 64) for i in range(6)})
     setup.take({"s": state}, run="r")
     setup.close()
 
-    store = ckstore.open(store_path)
+    store = ckstore.open(store_path, create=True)
     counting = objects.CountingBackend(store.repository.objects.backend)
     store.repository.objects = objects.ObjectStore(counting)
     snap = store.get("r")

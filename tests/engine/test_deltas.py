@@ -82,7 +82,7 @@ def test_pack_is_version_2_only_when_it_holds_a_delta() -> None:
 # -- the store ---------------------------------------------------------------------------------
 def test_parent_deltas_restore_every_snapshot_and_stay_within_the_depth_limit(tmp_path: Path) -> None:
     states = train(7)
-    with ckstore.open(tmp_path / "delta", delta_depth=3, **KNOBS) as store:
+    with ckstore.open(tmp_path / "delta", delta_depth=3, **KNOBS, create=True) as store:
         ids = take_all(store, states, delta_base="parent")
         delta_bytes = sum(store.get(i).stats["new_bytes"] for i in ids)
         chain = depths(store)
@@ -93,7 +93,7 @@ def test_parent_deltas_restore_every_snapshot_and_stay_within_the_depth_limit(tm
         assert store.check(read_data=True).ok
         codecs = {c.codec for c in store.repository.index.all_chunks()}
         assert {objects.XOR_BYTEGROUP_ZSTD} <= codecs
-    with ckstore.open(tmp_path / "whole", **KNOBS) as store:
+    with ckstore.open(tmp_path / "whole", **KNOBS, create=True) as store:
         ids = take_all(store, states)
         whole_bytes = sum(store.get(i).stats["new_bytes"] for i in ids)
         assert max(depths(store)) == 0
@@ -102,7 +102,7 @@ def test_parent_deltas_restore_every_snapshot_and_stay_within_the_depth_limit(tm
 
 def test_store_default_and_explicit_none(tmp_path: Path) -> None:
     states = train(3)
-    with ckstore.open(tmp_path / "s", delta_base="parent", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", delta_base="parent", **KNOBS, create=True) as store:
         take_all(store, states[:2])
         assert max(depths(store)) == 1
         store.take({"m": App(dict(states[2]))}, run="r", step=2, delta_base=None)
@@ -120,7 +120,7 @@ def test_fine_tune_against_a_tagged_base_model(tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(5)
     tuned = {k: (v + 1e-3 * torch.randn(v.shape, generator=g)).to(v.dtype) if v.is_floating_point() else v
              for k, v in base.items()}
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take({"m": App(dict(base))}, run="base", tags=["base-model"])
         snap = store.take({"m": App(dict(tuned))}, run="ft", delta_base="base-model")
         assert snap.parent_id is None  # the base is a delta source, not the run's parent
@@ -130,7 +130,7 @@ def test_fine_tune_against_a_tagged_base_model(tmp_path: Path) -> None:
 
 def test_gc_never_leaves_a_chain_unreadable(tmp_path: Path) -> None:
     states = train(8)
-    with ckstore.open(tmp_path / "s", delta_depth=4, **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", delta_depth=4, **KNOBS, create=True) as store:
         ids = take_all(store, states, delta_base="parent")
         # forget all but the last two: their chains still need the older chunks
         report = store.gc(keep_last=2, grace_seconds=0, repack_below=1.0)
@@ -150,7 +150,7 @@ def test_gc_never_leaves_a_chain_unreadable(tmp_path: Path) -> None:
 
 def test_check_and_restore_see_a_damaged_base(tmp_path: Path) -> None:
     states = train(3)
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         ids = take_all(store, states, delta_base="parent")
         rows = list(store.repository.index.all_chunks())
         delta = next(c for c in rows if c.base_id)
@@ -173,13 +173,13 @@ def test_check_and_restore_see_a_damaged_base(tmp_path: Path) -> None:
 def test_reindex_rebuilds_delta_edges_and_depths(tmp_path: Path) -> None:
     states = train(5)
     path = tmp_path / "s"
-    with ckstore.open(path, delta_depth=2, **KNOBS) as store:
+    with ckstore.open(path, delta_depth=2, **KNOBS, create=True) as store:
         ids = take_all(store, states, delta_base="parent")
         before = {(c.chunk_id, c.base_id, c.depth) for c in store.repository.index.all_chunks()}
     for f in path.iterdir():
         if f.name.startswith("index.sqlite"):
             f.unlink()
-    with ckstore.open(path) as store:
+    with ckstore.open(path, create=True) as store:
         report = store.reindex()
         assert report.snapshots == 5 and report.skipped == []
         assert {(c.chunk_id, c.base_id, c.depth) for c in store.repository.index.all_chunks()} == before
@@ -192,7 +192,7 @@ def test_du_and_diff_report_delta_savings(tmp_path: Path) -> None:
     from ckstore.history.du import du
 
     states = train(2)
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         take_all(store, states[:1], run="whole")
         a, b = take_all(store, states, delta_base="parent")
         rows = {r.run: r for r in du(store.repository)}
@@ -224,7 +224,7 @@ def test_cli_import_of_a_fine_tune_against_its_base(tmp_path: Path, capsys: pyte
     save_file(tuned, str(tmp_path / "tuned.safetensors"))
     store = str(tmp_path / "s")
     assert cli.main(["--store", store, "init"]) == 0
-    assert cli.main(["--store", store, "import", str(tmp_path / "base.safetensors"), "--run", "base", "--tag", "base"]) == 0
+    assert cli.main(["--store", store, "import", str(tmp_path / "base.safetensors"), "--run", "base", "--tag", "base-model"]) == 0
     assert cli.main(["--store", store, "import", str(tmp_path / "tuned.safetensors"), "--run", "sft",
                      "--delta-base", "base", "--json"]) == 0
     capsys.readouterr()
@@ -232,7 +232,7 @@ def test_cli_import_of_a_fine_tune_against_its_base(tmp_path: Path, capsys: pyte
     assert "deltas in sft:" in capsys.readouterr().out
     assert cli.main(["--store", store, "diff", "base", "sft"]) == 0
     assert "are deltas" in capsys.readouterr().out
-    with ckstore.open(store) as s:
+    with ckstore.open(store, create=True) as s:
         got = s.get("sft").read_object("model/layer.weight")
         assert torch.equal(got, tuned["layer.weight"])
         assert any(c.base_id for c in s.repository.index.all_chunks())
@@ -266,16 +266,16 @@ def test_chains_on_every_deployment_survive_gc_and_repack(any_store: ckstore.Sto
 def test_a_new_handle_verifies_bases_and_a_damaged_base_never_blocks_a_take(tmp_path: Path) -> None:
     states = train(4)
     path = tmp_path / "s"
-    with ckstore.open(path, **KNOBS) as store:
+    with ckstore.open(path, **KNOBS, create=True) as store:
         first = store.take({"m": App(dict(states[0]))}, run="r", step=0).id
-    with ckstore.open(path, **KNOBS) as store:  # nothing trusted yet: bases are read and verified
+    with ckstore.open(path, **KNOBS, create=True) as store:  # nothing trusted yet: bases are read and verified
         second = store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent").id
         assert any(c.base_id for c in store.repository.index.all_chunks())
         third = store.take({"m": App(dict(states[2]))}, run="r", step=2, delta_base="parent").id  # trusted
         for i, s in zip((first, second, third), states):
             assert restores(store, i, s)
     # damage one keyframe's payload: a new take stores the chunks against it whole, and says so
-    with ckstore.open(path, **KNOBS) as store:
+    with ckstore.open(path, **KNOBS, create=True) as store:
         rows = {c.chunk_id: c for c in store.repository.index.all_chunks()}
         root = next(c for c in rows.values() if c.base_id is None and c.chunk_id in store.get(first).manifest.chunk_ids())
         pack = Path(store.url) / objects.pack_name(root.pack_id)
@@ -334,7 +334,7 @@ def test_a_trusted_base_whose_pack_is_gone_never_blocks_a_take(tmp_path: Path, c
     a base pack lost meanwhile (a gc beside with no grace, a damaged store) must make the
     take store those chunks whole, as for an untrusted base, not fail it."""
     states = train(3)
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take({"m": App(dict(states[0]))}, run="r", step=0)
         first_packs = {c.pack_id for c in store.repository.index.all_chunks()}
         store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent")  # trusts the bases
@@ -356,7 +356,7 @@ def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decode
     from ckstore.engine.restore import apply, prepare
 
     states = train(2)
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take({"m": App(dict(states[0]))}, run="r", step=0)
         snap = store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent")
         if not digests:

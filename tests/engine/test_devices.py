@@ -187,7 +187,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 @cuda
 @pytest.mark.parametrize("atomic", [True, False])
 def test_cuda_take_and_restore_round_trip(tmp_path, atomic: bool) -> None:
-    store = ckstore.open(tmp_path / "s", chunk_bytes=1 << 16)
+    store = ckstore.open(tmp_path / "s", chunk_bytes=1 << 16, create=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     src = {"m": ckstore.StateDict(w=torch.randn(1024, 256, device="cuda", generator=g),
                                   h=torch.randn(300, 7, device="cuda", generator=g).to(torch.bfloat16))}

@@ -26,7 +26,7 @@ ROUNDS = 150
 def _child(root: str, key: str, want: bytes, conn: object) -> None:
     torch.set_num_threads(1)  # the parent's intra-op pool does not exist after fork
     try:
-        with ckstore.open(root) as store:
+        with ckstore.open(root, create=True) as store:
             snap = store.get(key)
             for _ in range(ROUNDS):
                 got = snap.read_object("m/w")  # under the inline threshold: the main thread reads
@@ -44,7 +44,7 @@ def _child(root: str, key: str, want: bytes, conn: object) -> None:
 def test_forked_children_reading_at_once_never_see_each_others_bytes(tmp_path: Path) -> None:
     g = torch.Generator().manual_seed(0)
     states = {f"r{i}": torch.randn(64, 64, generator=g) for i in range(3)}
-    with ckstore.open(tmp_path / "s", chunk_bytes=4096) as store:
+    with ckstore.open(tmp_path / "s", chunk_bytes=4096, create=True) as store:
         for run, w in states.items():
             store.take({"m": ckstore.StateDict(w=w)}, run=run)
         assert torch.equal(store.get("r0").read_object("m/w"), states["r0"])  # the parent's buffers exist now

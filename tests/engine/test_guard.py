@@ -26,7 +26,7 @@ TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
 
 def _store(tmp_path: Path) -> ckstore.Store:
-    return ckstore.open(tmp_path / "s", **TINY)
+    return ckstore.open(tmp_path / "s", create=True, **TINY)
 
 
 def _take(store: ckstore.Store, app: dict[str, Any], step: int, **kw: Any) -> tuple[ckstore.StoredSnapshot, list[str]]:

@@ -22,7 +22,7 @@ BIG_REF = "r@" + "9" * 40
 
 @pytest.fixture
 def mem():
-    s = ckstore.open(f"memory://validation-{uuid.uuid4().hex}", chunk_bytes=1024, pack_bytes=8192, inline_bytes=64)
+    s = ckstore.open(f"memory://validation-{uuid.uuid4().hex}", chunk_bytes=1024, pack_bytes=8192, inline_bytes=64, create=True)
     s.take({"m": ckstore.StateDict(w=torch.arange(600.0))}, run="r", step=1)
     yield s
     s.close()
@@ -232,7 +232,7 @@ def test_store_knobs_are_range_checked(mem, knob, value):
 )
 def test_new_store_knobs_are_range_checked(kwargs):
     with pytest.raises(InvalidInputError):
-        ckstore.open(f"memory://knobs-{uuid.uuid4().hex}", **kwargs)
+        ckstore.open(f"memory://knobs-{uuid.uuid4().hex}", **kwargs, create=True)
 
 
 @pytest.mark.parametrize(
@@ -258,5 +258,5 @@ def test_call_options_are_range_checked(mem, call):
 def test_environment_knobs_are_typed_errors_naming_the_variable(monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     with pytest.raises(InvalidInputError, match=var):
-        s = ckstore.open(f"memory://env-{uuid.uuid4().hex}")
+        s = ckstore.open(f"memory://env-{uuid.uuid4().hex}", create=True)
         s.staging_budget  # noqa: B018 - read at use

@@ -116,7 +116,7 @@ def test_read_path_never_unpickles(store, monkeypatch):
         return real_import(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", guarded_import)
-    fresh = ckstore.open(store.url)
+    fresh = ckstore.open(store.url, create=True)
     dest = {"m": torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.Linear(40, 10)), "s": ckstore.StateDict()}
     fresh.get("r").restore(dest)
     fresh.get("r").read_object("m/0.weight")

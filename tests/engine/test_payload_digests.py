@@ -16,7 +16,8 @@ from ckstore.objects import store as object_store
 from ckstore.objects.hashing import is_payload_digest, payload_digest
 from tests.support.states import forget_payload_digests
 
-KNOBS: dict[str, Any] = {"chunk_bytes": 4096, "inline_bytes": 64}
+KNOBS: dict[str, Any] = {"chunk_bytes": 4096, "inline_bytes": 64, "take_codec": "dense"}
+"""Dense takes: these tests pick byte-grouped chunks (the fast codec's are checked alike)."""
 
 
 def _state(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -48,8 +49,9 @@ def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def test_every_chunk_a_take_writes_has_the_digest_of_its_stored_payload(tmp_path: Path) -> None:
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+@pytest.mark.parametrize("take_codec", ["fast", "dense"])
+def test_every_chunk_a_take_writes_has_the_digest_of_its_stored_payload(tmp_path: Path, take_codec: str) -> None:
+    with ckstore.open(tmp_path / "s", **{**KNOBS, "take_codec": take_codec}, create=True) as store:
         store.take(_app(_state()), run="r")
         rows = list(store.repository.index.all_chunks())
         assert len(rows) > 4
@@ -80,7 +82,7 @@ def test_atomic_restore_past_its_budget_decodes_each_chunk_once_with_digests(
     before revision 0003) it decodes every chunk to verify it, and the second pass decodes
     each again. Either way the result is exact."""
     src = _state()
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         snap = store.take(_app(src), run="r")
         if not digests:
             forget_payload_digests(store)
@@ -97,7 +99,7 @@ def test_atomic_restore_past_its_budget_decodes_each_chunk_once_with_digests(
 
 def test_a_damaged_payload_is_found_before_anything_is_touched(tmp_path: Path) -> None:
     src = _state()
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take(_app(src), run="r")
         rec = max(store.repository.index.all_chunks(), key=lambda r: r.offset)  # the last payload of its pack
         path = Path(store.url) / objects.pack_name(rec.pack_id)
@@ -121,7 +123,7 @@ def test_a_damaged_index_row_is_found_before_anything_is_touched(tmp_path: Path,
     """The digest binds the row's id, codec, raw length and base to the payload, so a row
     that would decode the right payload wrongly is refused in the first pass."""
     src = _state()
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take(_app(src), run="r")
         rec = next(r for r in store.repository.index.all_chunks() if r.codec == "bytegroup-zstd")
         with store.repository.index._engine.begin() as conn:  # type: ignore[attr-defined]
@@ -141,13 +143,13 @@ def test_a_payload_its_writer_encoded_wrong_is_still_caught_by_the_id(
     loaded. check --read-data finds it too."""
     real = objects.encode
 
-    def wrong(raw: Any, itemsize: int, grouped: bool, level: int = 1, buffer: Any = None) -> Any:
+    def wrong(raw: Any, itemsize: int, grouped: bool, level: int = 1, buffer: Any = None, fast: bool = False) -> Any:
         bad = bytearray(memoryview(raw).cast("B"))
         bad[0] ^= 0x01
-        return real(bytes(bad), itemsize, grouped, level)
+        return real(bytes(bad), itemsize, grouped, level, fast=fast)
 
     src = {"w": torch.randn(64, 64, generator=torch.Generator().manual_seed(1))}
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         with monkeypatch.context() as m:
             m.setattr(objects, "encode", wrong)
             store.take(_app(src), run="r")
@@ -161,7 +163,7 @@ def test_a_payload_its_writer_encoded_wrong_is_still_caught_by_the_id(
 
 def test_a_wrong_digest_in_the_index_is_reported_by_check_and_atomic_false_still_reads(tmp_path: Path) -> None:
     src = _state()
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take(_app(src), run="r")
         rec = next(iter(store.repository.index.all_chunks()))
         with store.repository.index._engine.begin() as conn:  # type: ignore[attr-defined]
@@ -182,7 +184,7 @@ def test_repack_and_delta_chains_keep_digests_that_restores_check(tmp_path: Path
     w = torch.randn(64, 64, generator=g)
     keep, drop = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
     states = []
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take(_app({"keep": keep, "drop": drop}), run="mix")  # one pack, half of it dropped below
         store.take(_app({"keep": keep}), run="solo")
         for step in range(3):

@@ -53,7 +53,7 @@ def test_a_damaged_chunk_is_found_before_the_destination_changes_even_past_the_b
 
 def test_budget_from_the_environment(store_path, monkeypatch):
     monkeypatch.setenv("CKSTORE_MEMORY_BUDGET", "12345")
-    assert ckstore.open(store_path).memory_budget == 12345
+    assert ckstore.open(store_path, create=True).memory_budget == 12345
 
 
 def test_non_atomic_restore_still_refuses_damaged_bytes_and_says_it_loaded_part(store):

@@ -111,7 +111,7 @@ _CHILD = textwrap.dedent(
     import sys, torch, ckstore
     sys.path.insert(0, {root!r})
     from tests.support.states import dtype_matrix, bits
-    store = ckstore.open({path!r})
+    store = ckstore.open({path!r}, create=True)
     if sys.argv[1] == "take":
         store.take({{"t": ckstore.StateDict(dtype_matrix(7))}}, run="x", step=1)
     else:
@@ -128,7 +128,7 @@ def test_round_trip_across_processes(tmp_path):
     code = _CHILD.format(root=str(ROOT), path=path)
     subprocess.run([sys.executable, "-c", code, "take"], check=True, timeout=120)
     # read in this process...
-    got = ckstore.open(path).get("x").read_object("t")
+    got = ckstore.open(path, create=True).get("x").read_object("t")
     want = dtype_matrix(7)
     assert all(bits(got[k]) == bits(want[k]) for k in want)
     # ...and in yet another one

@@ -97,7 +97,7 @@ def test_encode_into_a_recycled_buffer_matches_a_fresh_one() -> None:
 
 def test_io_threads_from_the_environment(store_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CKSTORE_IO_THREADS", "1")
-    with ckstore.open(store_path, chunk_bytes=1024, pack_bytes=8192, inline_bytes=64) as s:
+    with ckstore.open(store_path, chunk_bytes=1024, pack_bytes=8192, inline_bytes=64, create=True) as s:
         assert s.io_threads == 1
         state = _state(6)
         s.take({"s": ckstore.StateDict(state)}, run="r")  # one pack written at a time

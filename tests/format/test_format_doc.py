@@ -157,6 +157,20 @@ def test_bytegroup_decoding_vector() -> None:
     assert bytes(objects.decode("bytegroup-zstd", _hex(f["payload"]), len(raw))) == raw
 
 
+def test_exp_zstd_decoding_vector() -> None:
+    from ckstore.objects.hashing import new_hasher
+
+    f = _fields("exp-zstd")
+    raw, payload = _hex(f["raw"]), _hex(f["payload"])
+    assert raw == _arange4()
+    assert bytes(objects.decode("exp-zstd", payload, len(raw))) == raw
+    hasher = new_hasher()
+    objects.codecs.decode_hashed("exp-zstd", payload, len(raw), None, hasher)
+    assert hasher.hexdigest() == _fields("chunk-id")["id"]
+    codec, encoded = objects.encode(raw, 4, True, fast=True)  # ckstore's encoder: the same layout
+    assert codec == "none" or bytes(encoded)[:8 + 12] == payload[:8 + 12]
+
+
 def test_delta_decoding_vector() -> None:
     from ckstore.objects.delta import xor_into
 
@@ -246,7 +260,7 @@ def test_a_store_writes_the_example_manifest_id(tmp_path: Path) -> None:
     """The same state through the public take: same entries, so only the header differs."""
     import ckstore
 
-    store = ckstore.open(tmp_path / "s", chunk_bytes=16, inline_bytes=0)
+    store = ckstore.open(tmp_path / "s", chunk_bytes=16, inline_bytes=0, create=True)
     snap = store.take({"model": ckstore.StateDict(w=torch.arange(8.0), step=3)}, run="r", step=1)
     doc = json.loads(VECTORS["manifest-json"])
     stored = json.loads(store.repository.objects.get_blob("manifests", snap.id))
@@ -261,7 +275,7 @@ def test_health_vector(tmp_path: Path) -> None:
     import ckstore
     from ckstore.format.manifest import canonical_json
 
-    store = ckstore.open(tmp_path / "s", chunk_bytes=16, inline_bytes=0)
+    store = ckstore.open(tmp_path / "s", create=True, chunk_bytes=16, inline_bytes=0)
     state = {"m": ckstore.StateDict(w=torch.tensor([3.0, 4.0, float("nan"), float("inf")]), i=torch.arange(4))}
     snap = store.take(state, run="r", step=1, on_nonfinite="ignore")
     assert canonical_json(snap.manifest.snapshot["health"]).decode() == VECTORS["health"].strip()  # type: ignore[index]
@@ -320,4 +334,4 @@ def test_readme_snippets_run_as_pasted(tmp_path: Path) -> None:
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "ckpts" / "ckstore.json").is_file() and (tmp_path / "ts" / "step_100").is_dir()
+    assert (tmp_path / "ckpts" / "ckstore.json").is_file() and (tmp_path / "ts" / "ckstore.json").is_file()

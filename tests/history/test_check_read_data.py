@@ -24,7 +24,7 @@ from ckstore.objects import packs as packfmt
 @pytest.fixture(scope="module")
 def _template(tmp_path_factory):
     path = tmp_path_factory.mktemp("ten") / "s"
-    s = ckstore.open(path, chunk_bytes=1024, pack_bytes=64 << 10, inline_bytes=64)
+    s = ckstore.open(path, chunk_bytes=1024, pack_bytes=64 << 10, inline_bytes=64, create=True)
     for step in range(10):
         s.take({"m": ckstore.StateDict(w=torch.arange(1024.0) + 1024 * step)}, run="r", step=step)
     assert len(s.repository.objects.list_packs()) == 10
@@ -36,7 +36,7 @@ def _template(tmp_path_factory):
 def ten_packs(_template, tmp_path):
     """A local store whose 10 snapshots each wrote one pack of 4 chunks (a fresh copy)."""
     shutil.copytree(_template, tmp_path / "s")
-    s = ckstore.open(tmp_path / "s")
+    s = ckstore.open(tmp_path / "s", create=True)
     yield s
     s.close()
 

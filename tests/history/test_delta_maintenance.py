@@ -15,7 +15,7 @@ from tests.support.deltas import KNOBS, App, restores, train
 def test_gc_does_not_rewrite_delta_packs_whose_every_chunk_is_live(tmp_path: Path) -> None:
     """A version 2 pack's entries are 96 bytes, not 64: its payload must not be overestimated
     so that a pack with nothing dead looks sparse and is rewritten by every gc."""
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         for i, s in enumerate(train(3)):
             store.take({"m": App(dict(s))}, run="r", step=i, delta_base="parent")
         assert any(c.base_id for c in store.repository.index.all_chunks())
@@ -31,7 +31,7 @@ def test_check_reports_a_delta_against_a_base_of_another_length_and_scans_on(tmp
 
     from ckstore import objects
 
-    with ckstore.open(tmp_path / "s") as store:
+    with ckstore.open(tmp_path / "s", create=True) as store:
         base = bytes(range(16))
         w = store.repository.objects.new_pack_writer()
         w.add(objects.chunk_id(base), "none", base, len(base))
@@ -61,7 +61,7 @@ def test_reindex_leaves_out_chains_longer_than_readers_follow(tmp_path: Path) ->
     from ckstore.objects.delta import MAX_CHAIN
 
     z = zstandard.ZstdCompressor(write_content_size=True)
-    with ckstore.open(tmp_path / "s") as store:
+    with ckstore.open(tmp_path / "s", create=True) as store:
         prev = os.urandom(64)
         w = store.repository.objects.new_pack_writer(1 << 30)
         w.add(objects.chunk_id(prev), "none", prev, len(prev))
@@ -88,7 +88,7 @@ def test_check_read_data_is_clean_after_gc_leaves_dead_deltas_in_a_live_pack(tmp
     --read-data must not report them (it said 'a delta against chunk X, which cannot be read')."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(32, 32, generator=g)
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take({"m": App({"w": w})}, run="r", step=0)
         w = w + 1e-3 * torch.randn(w.shape, generator=g)
         kept = torch.randn(16, 16, generator=g)  # new here, unchanged after: its pack stays live
@@ -137,7 +137,7 @@ def test_gc_never_copies_a_delta_payload_it_did_not_verify(tmp_path: Path) -> No
     g = torch.Generator().manual_seed(3)
     w0 = torch.randn(64, 64, generator=g)
     w1 = w0 + 1e-3 * torch.randn(w0.shape, generator=g)
-    with ckstore.open(tmp_path / "s", **DIGEST_KNOBS) as store:
+    with ckstore.open(tmp_path / "s", **DIGEST_KNOBS, create=True) as store:
         store.take(_app({"w": w0}), run="r", step=0)
         store.take(_app({"w": w1, "drop": torch.randn(64, 64, generator=g)}), run="r", step=1, delta_base="parent")
         store.take(_app({"w": w1}), run="keep")  # the deltas stay live, "drop" does not

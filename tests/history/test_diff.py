@@ -17,7 +17,7 @@ ROW = 256  # float32 elements per 1 KiB row: one chunk per row with TINY knobs
 
 @pytest.fixture
 def store(tmp_path):
-    s = ckstore.open(tmp_path / "store", **TINY)
+    s = ckstore.open(tmp_path / "store", **TINY, create=True)
     yield s
     s.close()
 

@@ -36,7 +36,7 @@ def _sharded_takes(rank: int, world: int, path: str) -> bool:
 
     mesh = init_device_mesh("cpu", (world,))
     x, y = _pair()
-    store = ckstore.open(path, **TINY)
+    store = ckstore.open(path, **TINY, create=True)
     for step, (t, dim) in enumerate([(x, 1), (y, 1), (x, 0)], start=1):
         w = distribute_tensor(t, mesh, [Shard(dim)], src_data_rank=None)
         store.take({"m": ckstore.StateDict(w=w)}, run="s", step=step)
@@ -50,7 +50,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Any:
     path = str(tmp / "store")
     values(run_ranks(_sharded_takes, 2, tmp, path))
     x, y = _pair()
-    s = ckstore.open(path, **TINY)
+    s = ckstore.open(path, **TINY, create=True)
     s.take({"m": ckstore.StateDict(w=y)}, run="p", step=1)  # whole grid blocks
     s.take({"m": ckstore.StateDict(w=x)}, run="p", step=2)
     yield s

@@ -76,7 +76,7 @@ def test_grace_period_protects_recent_data(store):
 
 
 def test_sparse_packs_are_rewritten_and_still_read(store_path):
-    store = ckstore.open(store_path, chunk_bytes=1024, pack_bytes=64 * 1024)
+    store = ckstore.open(store_path, chunk_bytes=1024, pack_bytes=64 * 1024, create=True)
     keep = torch.randn(64, 16)  # four chunks that stay alive (not inline: > 2 KiB)
     store.take({"s": ckstore.StateDict(keep=keep, big=torch.randn(128, 64))}, run="a")
     store.take({"s": ckstore.StateDict(keep=keep)}, run="b")
@@ -116,7 +116,7 @@ def test_gc_beside_a_live_writer_never_breaks_a_committed_snapshot(tmp_path, dia
     two and repacks: no chain may ever lose a link."""
     url = str(tmp_path / "store")
     index = "" if dialect == "sqlite" else request.getfixturevalue("pg").new_database()
-    ckstore.open(url, index=index or None, chunk_bytes=1024, pack_bytes=4096).close()
+    ckstore.open(url, index=index or None, chunk_bytes=1024, pack_bytes=4096, create=True).close()
     seconds = "6" if deltas else "8"
     writer = _run("take-deltas" if deltas else "take", url, index, seconds)
     collector = _run("gc", url, index, seconds)
@@ -124,7 +124,7 @@ def test_gc_beside_a_live_writer_never_breaks_a_committed_snapshot(tmp_path, dia
     g_out, g_err = collector.communicate(timeout=120)
     assert writer.returncode == 0, w_err
     assert collector.returncode == 0, g_err
-    store = ckstore.open(url, index=index or None)
+    store = ckstore.open(url, index=index or None, create=True)
     report = store.check(read_data=True)
     assert report.ok, report.problems
     snaps = store.log()
@@ -149,7 +149,7 @@ def _stopped(pid: int) -> bool:
 
 def test_a_take_paused_past_its_lease_fails_and_commits_nothing(tmp_path):
     url = str(tmp_path / "store")
-    store = ckstore.open(url, chunk_bytes=1024, pack_bytes=4096)
+    store = ckstore.open(url, chunk_bytes=1024, pack_bytes=4096, create=True)
     store.take({"s": ckstore.StateDict(state_for(1))}, run="old", step=1)
     store.delete("old")  # its chunks are now unreferenced: the paused take will dedup against them
     env = dict(os.environ, CKSTORE_LEASE_SECONDS="1.0")
@@ -181,7 +181,7 @@ def test_a_restore_follows_chunks_that_gc_moved_while_it_ran(tmp_path: Path, ato
 
     g = torch.Generator().manual_seed(7)
     keep, drop = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
-    with ckstore.open(tmp_path / "s", chunk_bytes=4096) as store:
+    with ckstore.open(tmp_path / "s", chunk_bytes=4096, create=True) as store:
         store.take({"m": ckstore.StateDict(keep=keep, drop=drop)}, run="mix")  # one pack
         store.take({"m": ckstore.StateDict(keep=keep)}, run="solo")
         if not digests:
@@ -201,3 +201,19 @@ def test_a_restore_follows_chunks_that_gc_moved_while_it_ran(tmp_path: Path, ato
         assert torch.equal(dest["m"]["keep"], keep)
         got = store.get("solo").read_object("m/keep")
         assert torch.equal(got, keep)
+
+
+def test_gc_sweeps_staging_files_of_killed_writers(tmp_path) -> None:
+    """A take killed while streaming a pack leaves a hidden staging file in the store; gc
+    deletes it once no write session is alive (and the grace period allows)."""
+    store = ckstore.open(tmp_path / "s", create=True)
+    store.take({"m": ckstore.StateDict(w=torch.zeros(4))}, run="r", step=1)
+    out = store.repository.objects.backend.writer()
+    out.write(b"half a pack")
+    staged = [p for p in (tmp_path / "s").rglob(".writer-*")]
+    assert len(staged) == 1
+    assert store.gc(grace_seconds=3600).orphans_removed == 0  # too fresh: its writer may be alive
+    os.utime(staged[0], (1, 1))
+    assert store.gc(grace_seconds=3600).orphans_removed == 1
+    assert not staged[0].exists() and store.check(read_data=True).ok
+    store.close()

@@ -38,7 +38,7 @@ def _diverged_run(store: ckstore.Store) -> dict[str, bytes]:
 
 
 def test_rollback_after_divergence_under_keep_last_2(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "s", **TINY)
+    store = ckstore.open(tmp_path / "s", create=True, **TINY)
     healthy = _diverged_run(store)
     assert [s.step for s in store.log("r", healthy=True)] == [3, 2, 1]
     report = store.gc(keep_last=2, grace_seconds=0)
@@ -55,7 +55,7 @@ def test_rollback_after_divergence_under_keep_last_2(tmp_path: Path) -> None:
 
 
 def test_keep_healthy_false_lets_the_policy_drop_it(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "s", **TINY)
+    store = ckstore.open(tmp_path / "s", create=True, **TINY)
     _diverged_run(store)
     dry = store.gc(keep_last=2, keep_healthy=False, dry_run=True)
     assert sorted(dry.snapshots_dropped) == ["r@1", "r@2", "r@3", "r@4"]
@@ -65,7 +65,7 @@ def test_keep_healthy_false_lets_the_policy_drop_it(tmp_path: Path) -> None:
 
 
 def test_snapshots_without_health_are_unknown_not_unhealthy(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "s", **TINY)
+    store = ckstore.open(tmp_path / "s", create=True, **TINY)
     for step in (1, 2, 3):
         store.take({"m": ckstore.StateDict(w=torch.randn(300))}, run="old", step=step, health=False)
     assert store.log("old", healthy=True) == []

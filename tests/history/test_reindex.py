@@ -14,7 +14,7 @@ import ckstore
 
 
 def _history(store_path) -> list:
-    store = ckstore.open(store_path, chunk_bytes=1024, pack_bytes=4096)
+    store = ckstore.open(store_path, chunk_bytes=1024, pack_bytes=4096, create=True)
     st = ckstore.StateDict(w=torch.randn(64, 64), step=0)
     for i in range(4):
         st["w"][i] += 1
@@ -34,7 +34,7 @@ def _drop_index(store_path: Path) -> None:
 def test_reindex_rebuilds_history_from_packs_and_manifests(store_path):
     before = _history(store_path)
     _drop_index(store_path)
-    store = ckstore.open(store_path)
+    store = ckstore.open(store_path, create=True)
     report = store.reindex()
     assert report.snapshots == 4 and report.skipped == []
     after = [(s.id, s.run, s.step, s.parent_id, s.metadata, s.name) for s in store.log()]
@@ -47,7 +47,7 @@ def test_reindex_rebuilds_history_from_packs_and_manifests(store_path):
 
 def test_reindex_skips_a_snapshot_whose_chunks_are_gone_and_cli_reports_it(store_path):
     _history(store_path)
-    store = ckstore.open(store_path)
+    store = ckstore.open(store_path, create=True)
     victim = store.get("b@2")  # its take wrote only the chunk it alone needs
     other = set().union(*(s.manifest.chunk_ids() for s in store.log() if s.id != victim.id))
     lonely = victim.manifest.chunk_ids() - other
@@ -56,7 +56,7 @@ def test_reindex_skips_a_snapshot_whose_chunks_are_gone_and_cli_reports_it(store
     store.close()
     _drop_index(store_path)
     for p in packs:  # lose the packs only that snapshot needed
-        ckstore.open(store_path).repository.objects.delete_pack(p)
+        ckstore.open(store_path, create=True).repository.objects.delete_pack(p)
     out = subprocess.run(
         [sys.executable, "-m", "ckstore.cli", "--store", str(store_path), "reindex", "--json"],
         capture_output=True, text=True, timeout=120,
@@ -72,7 +72,7 @@ def _two_rank_take(rank: int, world: int, path: str) -> str:
 
     full = torch.arange(16 * 64, dtype=torch.float32).reshape(16, 64)
     w = distribute_tensor(full, init_device_mesh("cpu", (world,)), [Shard(1)], src_data_rank=None)
-    store = ckstore.open(path, chunk_bytes=1024, pack_bytes=4096)
+    store = ckstore.open(path, chunk_bytes=1024, pack_bytes=4096, create=True)
     snap = store.take({"s": ckstore.StateDict(w=w, rank=rank)}, run="d", step=5, metadata={"k": 1})
     store.close()
     return snap.id
@@ -83,12 +83,12 @@ def test_reindex_restores_world_size_and_the_figures_of_a_distributed_take(store
 
     ids = values(run_ranks(_two_rank_take, 2, tmp_path, str(store_path)))
     assert ids[0] == ids[1]
-    with ckstore.open(store_path) as store:
+    with ckstore.open(store_path, create=True) as store:
         store.take({"s": ckstore.StateDict(w=torch.ones(300))}, run="d", step=6)
         before = {s.id: s.record for s in store.log()}
     assert before[ids[0]].world_size == 2 and before[ids[0]].new_bytes > 0
     _drop_index(store_path)
-    with ckstore.open(store_path) as store:
+    with ckstore.open(store_path, create=True) as store:
         assert store.reindex().snapshots == 2
         after = {s.id: s.record for s in store.log()}
         assert after[ids[0]] == before[ids[0]]  # world_size and each rank's figures, from the header
@@ -101,13 +101,13 @@ def test_reindex_skips_a_manifest_whose_header_world_size_is_malformed(store_pat
     from ckstore.format.manifest import Manifest
 
     _history(store_path)
-    with ckstore.open(store_path) as store:
+    with ckstore.open(store_path, create=True) as store:
         good = store.get("n3").manifest
         for bad in ("two", 0, True):
             header = {**(good.snapshot or {}), "world_size": bad, "created_at": 1.0, "name": None}
             store.repository.objects.put_blob("manifests", Manifest(good.apps, good.entries, header).to_json())
     _drop_index(store_path)
-    with ckstore.open(store_path) as store:
+    with ckstore.open(store_path, create=True) as store:
         report = store.reindex()
     assert report.snapshots == 4 and len(report.skipped) == 3
     assert all("world_size" in s for s in report.skipped)

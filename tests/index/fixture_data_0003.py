@@ -1,6 +1,6 @@
 """Contents of the frozen revision-0003 index in ``data/`` and how it was made.
 
-Generated once with the code of revision 0003 (before 0004 added the snapshots' health
+Generated once with the code of revision 0003 (before 0004 and 0005 added loose packs and the snapshots' health
 summary) by running this file as a script; it writes ``data/index-0003.sqlite``. Never
 regenerate it: it stands for databases already out there (deltas and payload digests
 included). Add a new file for a new revision instead.

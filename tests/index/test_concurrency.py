@@ -48,7 +48,7 @@ def _commit_worker(url: str, rank: int, barrier: Any, out: Any) -> None:
         barrier.wait(30)
         for i in range(COMMITS_PER_WORKER):
             labels = [f"w{rank}-{i}", "shared", f"shared-{i}"]
-            record = commit(ix, "busy", rank * 1000 + i, labels, tags=["latest"])
+            record = commit(ix, "busy", rank * 1000 + i, labels, tags=["+latest"])
             out.put(("ok", record.id))
         ix.close()
     except BaseException:

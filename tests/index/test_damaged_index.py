@@ -21,7 +21,7 @@ from ckstore.errors import CorruptionError, IndexCorruptionError, IndexError_
 
 
 def _make(path: Path) -> Path:
-    s = ckstore.open(path, chunk_bytes=1024, pack_bytes=8192)
+    s = ckstore.open(path, chunk_bytes=1024, pack_bytes=8192, create=True)
     s.take({"m": ckstore.StateDict(w=torch.arange(900.0))}, run="runname", step=1, metadata={"a": 1})
     s.close()
     db = path / "index.sqlite"
@@ -57,7 +57,7 @@ def test_damaged_schema_page_is_a_typed_error_from_open(tmp_path):
     db = _make(tmp_path / "s")
     _patch_bytes(db, b"CREATE TABLE sessions", b"CREAT\x9f")  # used to be UnicodeDecodeError
     with pytest.raises(IndexCorruptionError) as info:
-        ckstore.open(tmp_path / "s")
+        ckstore.open(tmp_path / "s", create=True)
     _assert_names_file_and_fix(info.value, db)
 
 
@@ -67,14 +67,14 @@ def test_header_that_is_not_sqlite_is_a_typed_error(tmp_path):
     data[:16] = b"not a database!!"
     db.write_bytes(bytes(data))
     with pytest.raises(IndexCorruptionError) as info:
-        ckstore.open(tmp_path / "s")
+        ckstore.open(tmp_path / "s", create=True)
     _assert_names_file_and_fix(info.value, db)
 
 
 def test_text_that_is_not_utf8_in_a_row_is_a_typed_error(tmp_path):
     db = _make(tmp_path / "s")
     _patch_bytes(db, b"runname", b"\xff\xfe\xfd", start=4096)
-    store = ckstore.open(tmp_path / "s")
+    store = ckstore.open(tmp_path / "s", create=True)
     with pytest.raises(IndexCorruptionError) as info:
         store.log()
     _assert_names_file_and_fix(info.value, db)
@@ -94,7 +94,7 @@ def test_text_that_is_not_utf8_in_a_row_is_a_typed_error(tmp_path):
 def test_rows_that_do_not_decode_are_a_typed_error(tmp_path, statement, call):
     db = _make(tmp_path / "s")
     _sql(db, statement)
-    store = ckstore.open(tmp_path / "s")
+    store = ckstore.open(tmp_path / "s", create=True)
     with pytest.raises(IndexCorruptionError) as info:
         call(store)
     _assert_names_file_and_fix(info.value, db)
@@ -106,13 +106,13 @@ def test_following_the_advice_rebuilds_the_index(tmp_path, capsys):
     db = _make(path)
     _patch_bytes(db, b"CREATE TABLE sessions", b"CREAT\x9f")
     with pytest.raises(IndexCorruptionError):
-        ckstore.open(path)
+        ckstore.open(path, create=True)
     aside = tmp_path / "aside"
     aside.mkdir()
     for f in path.glob("index.sqlite*"):
         shutil.move(str(f), aside / f.name)
     assert cli.main(["--store", str(path), "reindex"]) == 0
-    store = ckstore.open(path)
+    store = ckstore.open(path, create=True)
     (snap,) = store.log()
     assert (snap.run, snap.step, snap.metadata) == ("runname", 1, {"a": 1})
     assert torch.equal(snap.read_object("m/w"), torch.arange(900.0))

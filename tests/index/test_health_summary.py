@@ -1,4 +1,4 @@
-"""Revision 0004: each snapshot's health summary (``nonfinite``, ``stale``) in the index.
+"""Revision 0005: each snapshot's health summary (``nonfinite``, ``stale``) in the index.
 
 ``log(healthy=True)`` and the ref ``run@healthy`` filter on it without reading a manifest;
 snapshots without a record (older ones) are unknown, never unhealthy.
@@ -60,7 +60,7 @@ def test_frozen_revision_0003_upgrades_with_unknown_health(tmp_path: Path) -> No
     url = f"sqlite:///{path}"
     with pytest.raises(SchemaError, match=f"ckstore migrate --index {url}"):
         Index.open(url, create=False)
-    assert upgrade(url) == "0004"
+    assert upgrade(url) == "0005"  # through 0004 (loose packs) and 0005 (health)
     with Index.open(url, create=False) as ix:
         snaps = ix.list_snapshots("sft")
         assert [(s.step, s.nonfinite, s.stale, s.healthy) for s in snaps] == [(200, None, None, None), (100, None, None, None)]
@@ -73,7 +73,7 @@ def test_frozen_revision_0003_upgrades_with_unknown_health(tmp_path: Path) -> No
         assert ix.resolve("sft@healthy").step == 300
 
 
-def test_0004_migrates_down_and_up_in_place(index_url: str) -> None:
+def test_0005_migrates_down_and_up_in_place(index_url: str) -> None:
     from alembic import command
 
     from ckstore.index.schema import alembic_config
@@ -83,13 +83,13 @@ def test_0004_migrates_down_and_up_in_place(index_url: str) -> None:
     engine = make_engine(index_url)
     try:
         with engine.begin() as conn:
-            command.downgrade(alembic_config(connection=conn), "0003")
+            command.downgrade(alembic_config(connection=conn), "0004")
         with engine.connect() as conn:
             row = conn.execute(text("SELECT * FROM snapshots")).mappings().one()
             assert "nonfinite" not in row and "stale" not in row and row["step"] == 1
     finally:
         engine.dispose()
-    assert upgrade(index_url) == "0004"
+    assert upgrade(index_url) == "0005"
     with Index.open(index_url, create=False) as ix:
         got = ix.resolve("r@1")
         assert (got.nonfinite, got.stale) == (None, None)  # the summary is gone: unknown again

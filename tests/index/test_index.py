@@ -205,8 +205,10 @@ def test_resolve_every_form(ix: Index) -> None:
 def test_resolve_precedence(ix: Index) -> None:
     target = commit(ix, "a", 1)
     commit(ix, "shadow", 1)
-    ix.set_tag("shadow", target.id)  # a tag wins over a run of the same name
-    assert ix.resolve("shadow").id == target.id
+    with pytest.raises(ConflictError, match="would hide run"):  # issue 27, item 6
+        ix.set_tag("shadow", target.id)  # a tag would shadow the run of the same name
+    ix.set_tag("tagged", target.id)
+    assert ix.resolve("tagged").id == target.id
     named = commit(ix, "b", 1, name="a")  # a snapshot name wins over a run name
     assert ix.resolve("a").id == named.id
 
@@ -274,7 +276,9 @@ def test_tags(ix: Index) -> None:
 
 def test_commit_moves_tags(ix: Index) -> None:
     a = commit(ix, "run", 1, tags=["latest"])
-    b = commit(ix, "run", 2, tags=["latest"])
+    with pytest.raises(ConflictError, match="move_tags"):  # a plain spec never moves a tag
+        commit(ix, "run", 2, tags=["latest"])
+    b = commit(ix, "run", 2, tags=["+latest"])  # "+name" moves it (issue 27, item 9)
     tag = ix.get_tag("latest")
     assert tag is not None and (tag.snapshot_id, tag.version) == (b.id, 2)
     assert ix.list_tags(a.id) == []

@@ -33,7 +33,7 @@ def test_new_database_is_stamped_at_head(index_url: str) -> None:
     Index.open(index_url).close()
     engine = make_engine(index_url)
     try:
-        assert current_revision(engine) == head_revision() == "0004"
+        assert current_revision(engine) == head_revision() == HEAD_REVISION
     finally:
         engine.dispose()
 
@@ -97,7 +97,7 @@ def test_frozen_revision_0001_database_upgrades_and_keeps_its_data(tmp_path: Pat
     url = f"sqlite:///{path}"
     with pytest.raises(SchemaError, match=f"ckstore migrate --index {url}"):
         Index.open(url, create=False)  # never upgraded behind the user's back
-    assert upgrade(url) == "0004"
+    assert upgrade(url) == HEAD_REVISION
     with Index.open(url, create=False) as ix:
         # every chunk of revision 0001 is a full chunk, with no payload digest recorded
         assert {(c.base_id, c.depth, c.payload_digest) for c in ix.all_chunks()} == {(None, 0, None)}
@@ -124,20 +124,20 @@ def test_frozen_revision_0001_database_upgrades_and_keeps_its_data(tmp_path: Pat
         assert ix.resolve("sft").step == 300
 
 
-# Test-only revision 0005. To exercise the "older revision" path against the shipped head we
-# build a migration directory holding the shipped env.py and revisions plus this 0005, and run
+# Test-only revision 0006 (one past the shipped head). To exercise the "older revision" path against the shipped head we
+# build a migration directory holding the shipped env.py and revisions plus this 0006, and run
 # the same check/upgrade code against it. A database the shipped code created (at the shipped
 # head) is then genuinely older than that directory's head.
 REVISION_TEST_ONLY = '''"""Test-only revision.
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005"
-down_revision = "0004"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
@@ -157,28 +157,28 @@ def downgrade():
 def scripts_with_test_only(tmp_path: Path) -> Path:
     location = tmp_path / "migrations"
     shutil.copytree(MIGRATIONS_DIR, location, ignore=shutil.ignore_patterns("__pycache__"))
-    (location / "versions" / "0005_test_only.py").write_text(REVISION_TEST_ONLY)
+    (location / "versions" / "0006_test_only.py").write_text(REVISION_TEST_ONLY)
     return location
 
 
 def test_older_revision_is_refused_with_migrate_command(
     index_url: str, scripts_with_test_only: Path
 ) -> None:
-    with Index.open(index_url) as ix:  # the shipped code creates it at its head, 0004
+    with Index.open(index_url) as ix:  # the shipped code creates it at its head, 0005
         commit(ix, "r", 1)
     engine = make_engine(index_url)
     try:
         with pytest.raises(SchemaError) as err:
             ensure_schema(engine, script_location=scripts_with_test_only)
         message = str(err.value)
-        assert "0004" in message and "0005" in message
+        assert "0005" in message and "0006" in message
         assert f"ckstore migrate --index {index_url}" in message
-        assert upgrade(index_url, script_location=scripts_with_test_only) == "0005"
+        assert upgrade(index_url, script_location=scripts_with_test_only) == "0006"
         ensure_schema(engine, script_location=scripts_with_test_only)  # now current: opens
-        assert current_revision(engine) == "0005"
+        assert current_revision(engine) == "0006"
     finally:
         engine.dispose()
-    with pytest.raises(SchemaError, match="newer ckstore"):  # the shipped code: 0005 is new
+    with pytest.raises(SchemaError, match="newer ckstore"):  # the shipped code: 0006 is new
         Index.open(index_url)
 
 
@@ -206,10 +206,38 @@ def test_payload_digests_migrate_down_and_up_in_place(index_url: str) -> None:
         engine.dispose()
     with pytest.raises(SchemaError, match=re.escape(f"ckstore migrate --index {index_url}")):
         Index.open(index_url, create=False)
-    assert upgrade(index_url) == "0004"
+    assert upgrade(index_url) == HEAD_REVISION
     with Index.open(index_url, create=False) as ix:
         got = ix.chunk_locations([rec.chunk_id])[rec.chunk_id]
         assert got == ChunkRecord(rec.chunk_id, "p1", 0, 5, 64, "zstd")  # the digest is unknown now
+
+
+def test_loose_packs_migrate_down_and_up_in_place(index_url: str) -> None:
+    """0004 adds ``packs.loose``; its downgrade drops it and keeps every pack and chunk; the
+    upgrade then counts every existing pack as dense (they were written before fast takes)."""
+    from alembic import command
+
+    from ckstore.index.schema import alembic_config
+
+    with Index.open(index_url) as ix:
+        session = ix.begin_session("test", 30)
+        rec = ChunkRecord("ab" * 32, "p1", 0, 5, 64, "exp-zstd")
+        ix.add_pack(session.id, PackRecord("p1", 10, 1, loose=True), [rec])
+        assert [c.chunk_id for c in ix.loose_chunks()] == [rec.chunk_id]
+    engine = make_engine(index_url)
+    try:
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(connection=conn), "0003")
+        with engine.connect() as conn:
+            assert current_revision(engine) == "0003"
+            row = conn.execute(text("SELECT * FROM packs")).mappings().one()
+            assert "loose" not in row and row["id"] == "p1"
+    finally:
+        engine.dispose()
+    assert upgrade(index_url) == HEAD_REVISION
+    with Index.open(index_url, create=False) as ix:
+        assert ix.chunk_locations([rec.chunk_id])[rec.chunk_id] == rec
+        assert ix.loose_chunks() == []  # an existing pack counts as dense
 
 
 def _set_revision(url: str, revision: str) -> None:

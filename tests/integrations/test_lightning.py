@@ -66,7 +66,7 @@ def _trainer(tmp: Path, io: CkstoreCheckpointIO, epochs: int) -> Any:
 
 
 def test_fit_checkpoints_into_store_and_resumes_with_identical_loss(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "store", chunk_bytes=1024, inline_bytes=64)
+    store = ckstore.open(tmp_path / "store", chunk_bytes=1024, inline_bytes=64, create=True)
     io = CkstoreCheckpointIO(store, run="lit")
     model = _Regressor(seed=0)
     trainer = _trainer(tmp_path, io, epochs=3)
@@ -102,7 +102,7 @@ def test_fit_checkpoints_into_store_and_resumes_with_identical_loss(tmp_path: Pa
 
 def test_remove_checkpoint_keeps_a_snapshot_you_tagged(tmp_path: Path) -> None:
     """Top-k removal deletes the path's snapshot, but a tag of yours (e.g. best) keeps it."""
-    store = ckstore.open(tmp_path / "store", chunk_bytes=1024, inline_bytes=64)
+    store = ckstore.open(tmp_path / "store", chunk_bytes=1024, inline_bytes=64, create=True)
     io = CkstoreCheckpointIO(store, run="lit")
     for step in (1, 2):
         io.save_checkpoint({"global_step": step, "w": torch.full((64,), float(step))}, f"s{step}.ckpt")

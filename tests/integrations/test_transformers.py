@@ -68,7 +68,7 @@ def _trainer(model: Any, out: Path, callbacks: list[Any]) -> _Recording:
 
 
 def test_trainer_saves_into_store_and_resumes_with_identical_loss(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64)
+    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64, create=True)
     callback = CkstoreCallback(store, run="hf")
     first = _trainer(_model(0), tmp_path / "out", [callback])
     first.train()

@@ -56,7 +56,7 @@ def test_a_damaged_zip_end_record_is_refused_by_detection_and_import(tmp_path: P
     path.write_bytes(raw)
     with pytest.raises(InvalidInputError, match="cannot tell its format"):
         detect_format(str(path))  # not a zip any more, and not safetensors: an error, typed
-    store = ckstore.open(tmp_path / "s")
+    store = ckstore.open(tmp_path / "s", create=True)
     with pytest.raises(InvalidInputError, match="not a readable torch.save file"):
         store.import_checkpoint(path, run="r", format="torch")
     store.close()

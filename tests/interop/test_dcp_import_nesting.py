@@ -44,7 +44,7 @@ def _dcp_dir(tmp_path: Path, planner_data: Any) -> Path:
 ])
 def test_an_inconsistent_nesting_map_keeps_the_flat_keys(tmp_path: Path, planner_data: Any) -> None:
     path = _dcp_dir(tmp_path, planner_data)
-    store = ckstore.open(tmp_path / "s")
+    store = ckstore.open(tmp_path / "s", create=True)
     started = time.monotonic()
     snap = store.import_checkpoint(path, run="r", format="dcp")
     assert time.monotonic() - started < 60
@@ -55,7 +55,7 @@ def test_an_inconsistent_nesting_map_keeps_the_flat_keys(tmp_path: Path, planner
 
 def test_a_consistent_nesting_map_still_nests(tmp_path: Path) -> None:
     path = _dcp_dir(tmp_path, {"model.w": ("model", "w"), "extra.b": ("extra", "b")})
-    store = ckstore.open(tmp_path / "s")
+    store = ckstore.open(tmp_path / "s", create=True)
     snap = store.import_checkpoint(path, run="r", format="dcp")
     assert torch.equal(snap.read_object("model/w"), torch.arange(12.0).reshape(3, 4))
     store.close()

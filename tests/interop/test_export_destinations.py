@@ -15,7 +15,7 @@ from ckstore.errors import CorruptionError
 
 
 def _store(tmp_path: Path) -> ckstore.Store:
-    return ckstore.open(tmp_path / "s", chunk_bytes=1024, inline_bytes=64)
+    return ckstore.open(tmp_path / "s", create=True, chunk_bytes=1024, inline_bytes=64)
 
 
 def test_export_into_a_symlink_to_a_directory_fills_that_directory(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
 
 def _snapshot(tmp_path: Path) -> ckstore.StoredSnapshot:
-    store = ckstore.open(tmp_path / "s", **TINY)
+    store = ckstore.open(tmp_path / "s", create=True, **TINY)
     gen = torch.Generator().manual_seed(0)
     state = {"a": torch.randn(40, 8, generator=gen), "b": torch.randn(24, generator=gen).bfloat16(),
              "c": torch.arange(16, dtype=torch.int32)}
@@ -116,7 +116,7 @@ def test_import_checks_digests_and_names_the_tensor(tmp_path: Path) -> None:
     snap = _snapshot(tmp_path)
     out = tmp_path / "st"
     snap.export(out, format="safetensors")
-    store = ckstore.open(tmp_path / "s2", **TINY)
+    store = ckstore.open(tmp_path / "s2", create=True, **TINY)
     good = store.import_checkpoint(out, run="ok")
     assert torch.equal(good.read_object("model/a"), snap.read_object("model/a"))
     assert SIDECAR not in json.dumps(good.get_manifest() and list(good.get_manifest()))  # not kept as a file
@@ -138,7 +138,7 @@ def test_a_checkpoint_without_digests_is_not_passed_as_verified(tmp_path: Path) 
     torch.save({"w": torch.ones(3)}, plain)
     report = verify_checkpoint(plain)
     assert not report.ok and report.files == 0 and "no ckstore digests" in str(report.problems[0])
-    store = ckstore.open(tmp_path / "s")
+    store = ckstore.open(tmp_path / "s", create=True)
     store.import_checkpoint(plain, run="r")  # nothing to check: imported as before
     store.close()
     os.remove(plain)

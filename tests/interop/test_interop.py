@@ -59,7 +59,7 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 # --- safetensors and Hugging Face folders (real MiniLM weights) ---------------------------------
 def test_minilm_safetensors_file_round_trip(tmp_path: Path) -> None:
     src = minilm_dir() / "model.safetensors"
-    store = ckstore.open(tmp_path / "store")
+    store = ckstore.open(tmp_path / "store", create=True)
     snap = store.import_checkpoint(src, run="minilm", step=0, tags=["base"])
     assert snap.metadata["imported_from"] == {"format": "safetensors", "name": "model.safetensors"}
     original = load_file(src)
@@ -84,7 +84,7 @@ def test_minilm_safetensors_file_round_trip(tmp_path: Path) -> None:
 
 def test_minilm_folder_round_trip_dedup_and_shards(tmp_path: Path) -> None:
     folder = minilm_dir()
-    store = ckstore.open(tmp_path / "store")
+    store = ckstore.open(tmp_path / "store", create=True)
     first = store.import_checkpoint(folder, run="minilm", step=0)
     chunks = chunk_count(store)
     again = store.import_checkpoint(folder, run="minilm", step=1)
@@ -129,7 +129,7 @@ def test_minilm_export_loads_with_transformers(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import transformers
     folder = minilm_dir()
-    store = ckstore.open(tmp_path / "store")
+    store = ckstore.open(tmp_path / "store", create=True)
     store.import_checkpoint(folder, run="minilm", step=0, tags=["best"])
     store.get("best").export(tmp_path / "hf")
     model = transformers.AutoModel.from_pretrained(str(tmp_path / "hf"))
@@ -142,7 +142,7 @@ def test_minilm_export_loads_with_transformers(tmp_path: Path, monkeypatch: pyte
 
 
 def test_safetensors_header_is_validated(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "store")
+    store = ckstore.open(tmp_path / "store", create=True)
     bad = tmp_path / "bad.safetensors"
     header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 64]}}).encode()
     bad.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 16)
@@ -193,7 +193,7 @@ def test_torch_save_round_trip(tmp_path: Path, zipped: bool) -> None:
     state = _training_state()
     src = tmp_path / "ckpt.pt"
     torch.save(state, src, _use_new_zipfile_serialization=zipped)
-    store = ckstore.open(tmp_path / "store", **TINY)
+    store = ckstore.open(tmp_path / "store", **TINY, create=True)
     snap = store.import_checkpoint(src, run="t", step=7)
     assert {"model", "optimizer", "epoch", "best_loss", "names", "half", "scheduler", "_source"} == {
         k.split("/", 1)[0] for k in snap.get_manifest()
@@ -215,7 +215,7 @@ def test_torch_save_round_trip(tmp_path: Path, zipped: bool) -> None:
 def test_flat_state_dict_round_trips_flat(tmp_path: Path) -> None:
     sd = torch.nn.Linear(300, 200).state_dict()
     torch.save(sd, tmp_path / "weights.pth")
-    store = ckstore.open(tmp_path / "store", **TINY)
+    store = ckstore.open(tmp_path / "store", **TINY, create=True)
     snap = store.import_checkpoint(tmp_path / "weights.pth")
     assert set(snap.get_manifest()) >= {"model/weight", "model/bias"}
     snap.export(tmp_path / "out", "torch", memory_budget=4096)  # streams: the budget is tiny
@@ -238,7 +238,7 @@ def test_malicious_torch_file_is_refused_and_never_runs(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     evil = tmp_path / "model.pt"
     torch.save({"weight": torch.ones(3), "payload": _Evil(marker)}, evil)
-    store = ckstore.open(tmp_path / "store")
+    store = ckstore.open(tmp_path / "store", create=True)
     with pytest.raises(UnsafePickleError) as info:
         store.import_checkpoint(evil, run="x")
     message = str(info.value)
@@ -266,7 +266,7 @@ def test_malicious_dcp_metadata_is_refused(tmp_path: Path) -> None:
         dcp.save({"w": torch.ones(4)}, checkpoint_id=str(d), no_dist=True)
     md = (d / ".metadata").read_bytes()
     (d / ".metadata").write_bytes(pickle.dumps(_Evil(marker)))
-    store = ckstore.open(tmp_path / "store")
+    store = ckstore.open(tmp_path / "store", create=True)
     with pytest.raises(UnsafePickleError, match="posix.system|system"):
         store.import_checkpoint(d)
     assert not marker.exists()
@@ -295,7 +295,7 @@ def test_dcp_single_process_round_trip(tmp_path: Path, monkeypatch: pytest.Monke
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(state, checkpoint_id=str(d), no_dist=True)
-    store = ckstore.open(tmp_path / "store", **TINY)
+    store = ckstore.open(tmp_path / "store", **TINY, create=True)
     store.memory_budget = 32 << 10  # the 84 KB tensor goes through a spill file
     spilled: list[int] = []
     from ckstore.interop import _spill
@@ -321,7 +321,7 @@ def test_dcp_single_process_round_trip(tmp_path: Path, monkeypatch: pytest.Monke
 
 # --- exports: keys, destinations, integrity ----------------------------------------------------
 def _small_store(tmp_path: Path) -> Any:
-    store = ckstore.open(tmp_path / "store", **TINY)
+    store = ckstore.open(tmp_path / "store", **TINY, create=True)
     torch.manual_seed(0)
     model = torch.nn.Linear(256, 256)
     optim = torch.optim.Adam(model.parameters())

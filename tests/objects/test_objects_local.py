@@ -143,3 +143,30 @@ def test_layer_imports_neither_torch_nor_index() -> None:
             for name in names:
                 assert name.split(".")[0] != "torch", f"{source.name} imports {name}"
                 assert not name.startswith("ckstore.index"), f"{source.name} imports {name}"
+
+
+def test_writer_streams_to_a_hidden_file_and_publishes_by_link(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path)
+    out = backend.writer()
+    assert out.holds_data is False
+    out.write(b"x" * 1000)
+    staged = [p for p in tmp_path.iterdir() if p.name.startswith(".writer-")]
+    assert len(staged) == 1 and staged[0].stat().st_size == 1000  # on disk, not in memory
+    assert list(backend.list()) == []
+    assert out.commit("packs/ab/x.pack") is True
+    assert _all_files(tmp_path) == ["packs/ab/x.pack"]
+    with pytest.raises(StorageError, match="after commit or abort"):
+        out.write(b"more")
+
+
+def test_sweep_deletes_only_old_temporaries(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path)
+    backend.put("packs/ab/x.pack", b"kept")
+    killed = backend.writer()
+    killed.write(b"half a pack")  # a process killed here leaves its staging file behind
+    (tmp_path / "packs" / "ab" / ".y.pack.tmp-0123").write_bytes(b"half a put")
+    (tmp_path / ".keep").write_bytes(b"not ours")
+    old = os.stat(tmp_path / "packs/ab/x.pack").st_mtime - 10
+    assert backend.sweep_temporary(old) == 0  # written after the cutoff: maybe alive
+    assert backend.sweep_temporary(float("inf")) == 2
+    assert _all_files(tmp_path) == [".keep", "packs/ab/x.pack"]

@@ -44,7 +44,7 @@ def test_partial_uploads_are_listed_and_discarded(s3_backend: Backend) -> None:
 def test_gc_aborts_unfinished_uploads_once_no_writer_is_alive(s3_server: Any, tmp_path: Path) -> None:
     bucket = f"up-{uuid.uuid4().hex[:12]}"
     s3_server.create_bucket(bucket)
-    with ckstore.open(f"s3://{bucket}/ckpts", index=f"sqlite:///{tmp_path / 'i.db'}",
+    with ckstore.open(f"s3://{bucket}/ckpts", create=True, index=f"sqlite:///{tmp_path / 'i.db'}",
                       storage_options=s3_server.storage_options()) as store:
         backend = store.repository.objects.backend
         assert isinstance(backend, S3Backend)

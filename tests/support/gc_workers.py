@@ -33,7 +33,7 @@ def drifting_state_for(step: int) -> dict[str, torch.Tensor]:
 
 
 def open_store(url: str, index: str) -> ckstore.Store:
-    return ckstore.open(url, index=index or None, chunk_bytes=1024, pack_bytes=4096)
+    return ckstore.open(url, index=index or None, chunk_bytes=1024, pack_bytes=4096, create=True)
 
 
 def take_loop(url: str, index: str, seconds: float, deltas: bool = False) -> int:

@@ -45,7 +45,7 @@ def state_for(run: str, step: int) -> dict[str, torch.Tensor]:
 
 
 def open_store(url: str, index: str, opts: str) -> ckstore.Store:
-    return ckstore.open(url, index=index, storage_options=json.loads(opts), chunk_bytes=1024, pack_bytes=8192)
+    return ckstore.open(url, index=index, storage_options=json.loads(opts), chunk_bytes=1024, pack_bytes=8192, create=True)
 
 
 def take(url: str, index: str, opts: str, run: str, steps: str) -> None:

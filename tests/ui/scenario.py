@@ -52,14 +52,14 @@ def build(path: Path) -> dict[str, str]:
     torch.manual_seed(0)
     model = TinyLM()
     ids: dict[str, str] = {}
-    with ckstore.open(path, **TINY) as store, warnings.catch_warnings():
+    with ckstore.open(path, create=True, **TINY) as store, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the guard's warnings about sft's backbone and NaNs
         for step in range(0, 5):
             if step:
                 nudge(model, 0.02)
             ids[f"base@{step}"] = store.take({"model": model}, run="base", step=step,
                                              metadata={"loss": 3.0 - 0.4 * step}, health=False).id
-        store.tag("base@4", "base")
+        store.tag("base@4", "base-model")
         base_state = {k: v.clone() for k, v in model.state_dict().items()}
         # sft: the backbone (embed, layers 0-1) frozen, so its chunks are the base's
         for n, step in enumerate((100, 200, 300, 400)):

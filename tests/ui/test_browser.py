@@ -77,7 +77,7 @@ def test_filter_by_run_and_by_tag(page: Any) -> None:
     page.click("#all-runs")
     page.select_option("#tag-filter", "best")  # its run, and runs forked from it: none
     assert canvas.get_attribute("data-lanes") == "1" and canvas.get_attribute("data-points") == "4"
-    page.select_option("#tag-filter", "base")  # the base run and both fine-tunes forked from it
+    page.select_option("#tag-filter", "base-model")  # the base run and both fine-tunes forked from it
     assert canvas.get_attribute("data-lanes") == "3"
 
 
@@ -90,7 +90,7 @@ def test_click_a_snapshot_for_its_details_and_sharing(
     page.wait_for_selector("#details-ref")
     assert page.inner_text("#details-ref") == "sft@100"
     shared = page.locator("table.shared tbody tr").all_inner_texts()
-    assert any("base@4" in row and "tag base" in row for row in shared)
+    assert any("base@4" in row and "tag base-model" in row for row in shared)
     shot(page, tmp_path, "lineage")
 
 

@@ -28,8 +28,8 @@ def test_overview_lists_every_snapshot_as_columns_oldest_first(store: Any) -> No
     assert [ov["runs"][r] for r in snaps["run"][:5]] == ["base"] * 5
     # parents are positions: each run is a chain, each run's first snapshot has none
     assert snaps["parent"][:5] == [-1, 0, 1, 2, 3] and snaps["parent"][5] == -1
-    assert set(ov["tags"]) == {"base", "best"}
-    assert snaps["id"][ov["tags"]["base"]] == store.get("base@4").id
+    assert set(ov["tags"]) == {"base-model", "best"}
+    assert snaps["id"][ov["tags"]["base-model"]] == store.get("base@4").id
 
 
 def test_forks_point_from_the_tagged_base_to_each_fine_tune(store: Any) -> None:
@@ -50,7 +50,7 @@ def test_run_totals_and_the_sharing_of_one_snapshot(store: Any) -> None:
     d = storage.snapshot_detail(store, h, "sft@100")
     assert d["ref"] == "sft@100" and d["parent_id"] is None
     shared = {s["ref"]: s for s in d["shared"]}
-    assert shared["base@4"]["relation"] == "tag base" and shared["base@4"]["chunks"] > 0
+    assert shared["base@4"]["relation"] == "tag base-model" and shared["base@4"]["chunks"] > 0
     assert d["exclusive_chunks"] <= d["new_chunks"] and d["stored_bytes"] > 0
     with pytest.raises(SnapshotNotFoundError):
         storage.snapshot_detail(store, h, "' OR 1=1 --")

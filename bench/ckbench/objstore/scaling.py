@@ -100,7 +100,7 @@ def first_save(obj: ObjectStore, system: str, world: int, size: int, seed: int,
 
             job["url"] = obj.url(f"{prefix}/store")
             job["index"] = f"sqlite:///{Path(tmp) / 'index.db'}"
-            ckstore.open(job["url"], index=job["index"], storage_options=job["opts"]).close()
+            ckstore.open(job["url"], index=job["index"], storage_options=job["opts"], create=True).close()
         else:
             job["url"] = obj.url(f"{prefix}/ckpt")
         ctx = mp.start_processes(_rank, args=(world, _free_port(), job), nprocs=world,

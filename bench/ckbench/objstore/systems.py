@@ -65,7 +65,7 @@ class Ckstore(S3System):
         if prefix not in self.stores:
             index = f"sqlite:///{Path(self.tmp.name) / (prefix.replace('/', '_') + '.db')}"
             self.stores[prefix] = self.ck.open(self.obj.url(f"{prefix}/store"), index=index,
-                                               storage_options=self.obj.storage_options())
+                                               storage_options=self.obj.storage_options(), create=True)
         return self.stores[prefix]
 
     def prepare(self, prefix: str) -> None:

@@ -57,5 +57,6 @@ def save_curve(b: Bench, n: str, root: Path, n_saves: int) -> list[int]:
         h = b.timed("bytes_phase_save", n, partial(b.systems[n].save, b.state, root, i))
         if h is None:
             break
+        b.systems[n].settle(root)  # what the disk holds once ckstore's compaction is done
         curve.append(dir_bytes(root))
     return curve

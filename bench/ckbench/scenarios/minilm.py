@@ -40,7 +40,7 @@ def take_variant(b: Bench, label: str, w: dict[str, torch.Tensor]) -> dict[str, 
     ck = b.ckstore()
     raw = sum(t.numel() * t.element_size() for t in w.values())
     root = b.fresh("minilm", label)
-    store = ck.ck.open(root / "store")
+    store = ck.ck.open(root / "store", create=True)
     try:
         t0 = time.perf_counter()
         snap = store.take({"model": ck.ck.StateDict(w)}, run="minilm", step=0)

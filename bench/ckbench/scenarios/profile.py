@@ -45,7 +45,7 @@ def profiled_take(b: Bench, root: Path) -> tuple[pstats.Stats, int, float]:
     """One take into a fresh store under a profiler in every thread: merged stats, the number
     of threads profiled, wall seconds."""
     ck = b.ckstore()
-    store = ck.ck.open(root / "store")
+    store = ck.ck.open(root / "store", create=True)
     profiles: list[cProfile.Profile] = []
     lock = threading.Lock()
 

@@ -24,6 +24,8 @@ Handles = dict[str, Any]
 def run_rounds(b: Bench) -> None:
     for r in range(b.args.rounds):
         one_round(b, r)
+    if "ckstore" in b.systems:
+        b.extra["compactions"] = b.ckstore().compactions
 
 
 def one_round(b: Bench, r: int) -> None:
@@ -62,6 +64,7 @@ def prepare(b: Bench, order: list[str], roots: Roots) -> None:
 def first_take(b: Bench, order: list[str], roots: Roots, handles: Handles) -> None:
     for n in order:
         h = b.timed("first_save", n, partial(b.systems[n].save, b.state, roots[n], 0))
+        b.systems[n].settle(roots[n])
         if h is not None:
             handles[n] = h
             b.sizes.setdefault(f"first_save_bytes/{n}", []).append(dir_bytes(roots[n]))
@@ -73,6 +76,7 @@ def incremental_take(b: Bench, order: list[str], roots: Roots, handles: Handles)
     """A take after one training step on the trainable head (about 10% of the bytes)."""
     for n in order:
         h = b.timed("incremental_save", n, partial(b.systems[n].save, b.state, roots[n], 1))
+        b.systems[n].settle(roots[n])
         if h is not None:
             handles[n] = h
             if n == "ckstore":
@@ -126,7 +130,7 @@ def async_take(b: Bench, r: int) -> None:
     """ckstore's async_take into a fresh store: the time it blocks and the time until done."""
     ck = b.ckstore()
     root = b.fresh(f"round{r}", "ckstore_async")
-    store = ck.ck.open(root / "store")
+    store = ck.ck.open(root / "store", create=True)
     try:
         gc.collect()
         t0 = time.perf_counter()

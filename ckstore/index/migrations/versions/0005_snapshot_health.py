@@ -1,7 +1,7 @@
 """Snapshot health: each snapshot's summary of what its take found, for filters and rollback.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-11-24
 
 Adds ``snapshots.nonfinite`` (NaN and Inf elements the take counted in its tensors; 0 is a
@@ -18,8 +18,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

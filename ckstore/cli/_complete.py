@@ -1,0 +1,243 @@
+"""Shell completion: ``ckstore completion bash|zsh|fish`` prints a script; the script asks
+``ckstore __complete WORDS...`` for candidates at every TAB.
+
+All the logic is here, in one place for the three shells: the scripts only pass the words
+typed so far (the last one is the word being completed, possibly empty) and show the lines
+printed back. Commands and options come from the parser itself; refs (tags, runs,
+``run@step``, snapshot names) and keys come from the store the command line names
+(``--store``, ``$CKSTORE_STORE``, or the nearest store upwards), read from the index only, so
+a TAB never imports torch. ``__files__`` asks the shell for its own file completion.
+Completion never fails loudly: any error yields no candidates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+COMPLETE = "__complete"
+"""The hidden command the scripts call."""
+FILES = "__files__"
+"""The answer that makes the shell complete file names itself."""
+
+# what each command's positional arguments are, in order ("*": the last one repeats)
+POSITIONALS: dict[str, tuple[str, ...]] = {
+    "init": ("file",),
+    "show": ("ref",),
+    "ls": ("ref", "key"),
+    "cat": ("ref", "key"),
+    "diff": ("ref", "ref"),
+    "tag": ("ref", "tag"),
+    "rm": ("ref*",),
+    "import": ("file",),
+    "export": ("ref", "file"),
+    "verify": ("file",),
+    "completion": ("shell",),
+}
+OPTION_VALUES = {
+    "--store": "file", "--run": "run", "--delete": "tag", "-d": "tag", "--delta-base": "ref",
+    "--tag": "tag",
+}  # fmt: skip
+SHELLS = ("bash", "zsh", "fish")
+
+BASH = """\
+# ckstore completion for bash. Load it in ~/.bashrc with:  eval "$(ckstore completion bash)"
+_ckstore_complete() {
+    local IFS=$'\\n' out
+    out=$(ckstore __complete "${COMP_WORDS[@]:1:COMP_CWORD}" 2>/dev/null)
+    if [ "$out" = "__files__" ]; then
+        COMPREPLY=($(compgen -f -- "${COMP_WORDS[COMP_CWORD]}"))
+    else
+        COMPREPLY=($out)
+    fi
+}
+complete -o default -F _ckstore_complete ckstore
+"""
+ZSH = """\
+#compdef ckstore
+# ckstore completion for zsh. Load it in ~/.zshrc (after compinit) with:
+#   eval "$(ckstore completion zsh)"
+_ckstore() {
+    local out
+    out=$(ckstore __complete "${(@)words[2,CURRENT]}" 2>/dev/null)
+    if [[ "$out" == "__files__" ]]; then
+        _files
+        return
+    fi
+    local -a candidates
+    candidates=("${(@f)out}")
+    compadd -Q -- "${candidates[@]}"
+}
+compdef _ckstore ckstore
+"""
+FISH = """\
+# ckstore completion for fish. Load it with:  ckstore completion fish | source
+# (or save it as ~/.config/fish/completions/ckstore.fish)
+function __ckstore_complete
+    set -l words (commandline -opc)
+    set -l current (commandline -ct)
+    set -l out (ckstore __complete $words[2..-1] "$current" 2>/dev/null)
+    if test "$out" = "__files__"
+        __fish_complete_path "$current"
+    else
+        printf '%s\\n' $out
+    end
+end
+complete -c ckstore -f -a '(__ckstore_complete)'
+"""
+SCRIPTS = {"bash": BASH, "zsh": ZSH, "fish": FISH}
+
+
+def script(shell: str) -> str:
+    """The completion script for ``shell`` (one of :data:`SHELLS`)."""
+    return SCRIPTS[shell]
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    print(script(args.shell), end="")
+    return 0
+
+
+def main(words: Sequence[str], parser: argparse.ArgumentParser) -> int:
+    """``ckstore __complete WORDS...``: print the candidates for the last word, one a line."""
+    try:
+        found = candidates(list(words) or [""], parser)
+    except Exception:  # noqa: BLE001 - a TAB must never print an error
+        found = []
+    try:
+        if found:
+            print("\n".join(found), flush=True)
+    except BrokenPipeError:  # the shell stopped reading
+        sys.stderr.close()
+    return 0
+
+
+def candidates(words: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """What may follow ``words[:-1]`` and starts with ``words[-1]``."""
+    *before, current = words
+    commands = _subcommands(parser)
+    command, positionals, store, pending = _scan(before, parser, commands)
+    if pending is not None:  # the value of an option
+        return _values(OPTION_VALUES.get(pending, ""), current, store, positionals)
+    if current.startswith("-"):
+        sub = commands.get(command) if command else None
+        return _match(_options(sub if sub is not None else parser), current)
+    if command is None:
+        return _match(sorted(c for c in commands if not c.startswith("_")), current)
+    kinds = POSITIONALS.get(command, ())
+    n = len(positionals)
+    kind = kinds[min(n, len(kinds) - 1)] if kinds else ""
+    if kind.endswith("*"):
+        kind = kind[:-1]
+    elif n >= len(kinds):
+        return []
+    return _values(kind, current, store, positionals)
+
+
+def _scan(
+    words: list[str], parser: argparse.ArgumentParser, commands: dict[str, argparse.ArgumentParser]
+) -> tuple[str | None, list[str], list[str], str | None]:
+    """The command, its positional words, the store options given, and an option still
+    waiting for its value (None if none)."""
+    command: str | None = None
+    positionals: list[str] = []
+    store: list[str] = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w.startswith("-") and "=" not in w and _takes_value(w, commands[command] if command else parser):
+            if i + 1 == len(words):
+                return command, positionals, store, w
+            if w in ("--store", "--index", "-o", "--storage-option"):
+                store += [w, words[i + 1]]
+            i += 2
+            continue
+        if w.startswith("--store=") or w.startswith("--index="):
+            store.append(w)
+        elif not w.startswith("-"):
+            if command is None and w in commands:
+                command = w
+            elif command is not None:
+                positionals.append(w)
+        i += 1
+    return command, positionals, store, None
+
+
+def _takes_value(option: str, parser: argparse.ArgumentParser) -> bool:
+    """Whether ``option`` must be followed by a value (an optional one, ``nargs="?"``, is not)."""
+    for action in parser._actions:
+        if option in action.option_strings:
+            return action.nargs not in (0, "?")
+    return False
+
+
+def _values(kind: str, current: str, store: list[str], positionals: list[str]) -> list[str]:
+    if kind == "file":
+        return [FILES]
+    if kind == "shell":
+        return _match(list(SHELLS), current)
+    if kind in ("ref", "run", "tag", "key"):
+        return _from_store(kind, current, store, positionals)
+    return []
+
+
+def _from_store(kind: str, current: str, store_args: list[str], positionals: list[str]) -> list[str]:
+    from ..engine.repository import Repository, open_repository
+    from ._common import find_store
+
+    explicit = _option(store_args, "--store")
+    repo: Repository = open_repository(find_store(explicit), index=_option(store_args, "--index"), read_only=True)
+    try:
+        index = repo.index
+        if kind == "run":
+            return _match(index.list_runs(), current)
+        if kind == "tag":
+            return _match([t.name for t in index.list_tags()], current)
+        if kind == "key":
+            if not positionals:
+                return []
+            record = index.resolve(positionals[0])
+            return _match([e.key for e in index.entries(record.manifest_id)], current)
+        if "@" in current:
+            run = current.rpartition("@")[0]
+            steps = [s.step for s in index.list_snapshots(run=run, limit=200) if s.step is not None]
+            return _match([f"{run}@{step}" for step in sorted(set(steps))], current)
+        names = [t.name for t in index.list_tags()] + index.list_runs()
+        names += [s.name for s in index.list_snapshots(limit=200) if s.name]
+        return _match(sorted(set(names)), current)
+    finally:
+        repo.close()
+
+
+def _option(args: list[str], name: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _options(p: argparse.ArgumentParser) -> list[str]:
+    return sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})
+
+
+def _match(items: list[str], prefix: str) -> list[str]:
+    return [i for i in items if i.startswith(prefix)]
+
+
+DESCRIPTION = (
+    "Print a completion script for bash, zsh or fish: subcommands, options, refs (tags, runs, "
+    "run@step) and keys completed from the store. bash: add `eval \"$(ckstore completion "
+    "bash)\"` to ~/.bashrc; zsh: `eval \"$(ckstore completion zsh)\"` after compinit in "
+    "~/.zshrc; fish: `ckstore completion fish | source`, or save it as "
+    "~/.config/fish/completions/ckstore.fish."
+)

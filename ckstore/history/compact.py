@@ -1,0 +1,440 @@
+"""Compaction: rewrite older snapshots' loose chunks densely, as ``git gc`` packs loose objects.
+
+A take writes its new chunks *loose* (``codecs.FAST_CODECS``: ``exp-zstd`` for floats, raw for
+the rest; no deltas) into packs the index marks loose, so a training job waits as little as
+possible. Compaction later rewrites the loose chunks that no *newest* snapshot of a run uses
+(the ``keep_loose`` newest of each run stay loose, so a resume reads the fast form):
+
+1. **Plan** (index and manifests only): the loose chunks outside every run's newest
+   snapshots, in the order of the oldest snapshot that uses them; for each, a delta base
+   candidate: the chunk at the same place (key, dtype, shape, grid box) in that snapshot's
+   parent, the run's snapshot before it, as a take with ``delta_base="parent"`` would use.
+2. **Bases**: a candidate at the repository's ``delta_depth`` or deeper is replaced by its
+   ancestor one link shallower (keyframes, as for takes); the bases chosen are pinned to this
+   compaction's write session, so no gc prunes one meanwhile. A chunk some delta already uses as
+   its base stays whole (its dependents' chains must not grow).
+3. **Rewrite**, on the repository's threads: each chunk (and its base) is read and verified
+   against its id, then encoded densely: an XOR delta against the base when that is smaller,
+   else ``bytegroup-zstd`` / ``zstd`` whole.
+4. **Switch**: each dense pack is made durable, then one index transaction points its chunks'
+   rows at it (compare-and-swap on the loose pack: a chunk gc pruned or moved meanwhile is left
+   alone); loose packs left without chunks are retired and deleted at once (rows first, then
+   objects). A reader that located a chunk in one of them finds the pack gone and looks the
+   chunk up again (docs/RELIABILITY.md, I4), so the disk holds each state once, not twice,
+   while the grace period of gc's own repacks runs.
+
+A crash at any point leaves every snapshot readable: before the switch the new pack is an
+orphan gc removes; after it the old pack is garbage. Chunk ids never change, so takes that
+dedup against a chunk being compacted, and snapshots that reference it, are unaffected.
+
+:class:`AutoCompactor` runs compaction in a background thread after takes (``git gc --auto``),
+pausing while this process takes or restores.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from .. import objects
+from ..engine.lease import Lease
+from ..engine.locations import to_location, to_records
+from ..errors import CorruptionError, ObjectNotFoundError
+from ..format.dtypes import GROUPED, itemsize
+from ..format.manifest import Manifest, TensorEntry
+from ..index import ChunkRecord, PackRecord, SnapshotRecord
+
+if TYPE_CHECKING:
+    from ..engine.repository import Repository
+
+DEFAULT_KEEP_LOOSE = 1
+"""Newest snapshots of each run whose chunks stay loose (a resume reads the fast form)."""
+
+log = logging.getLogger("ckstore")
+
+
+@dataclass
+class CompactReport:
+    """What a compaction did (or, with ``dry_run``, would do)."""
+
+    dry_run: bool
+    keep_loose: int = DEFAULT_KEEP_LOOSE
+    snapshots: int = 0
+    """Snapshots whose loose chunks were rewritten."""
+    chunks: int = 0
+    """Chunks rewritten densely."""
+    raw_bytes: int = 0
+    loose_bytes: int = 0
+    """What those chunks took loose..."""
+    dense_bytes: int = 0
+    """...and what they take now (with ``dry_run``: 0, nothing was encoded)."""
+    delta_chunks: int = 0
+    packs_written: int = 0
+    packs_retired: int = 0
+    """Loose packs left without chunks..."""
+    packs_deleted: int = 0
+    """...and deleted (at once: readers look a chunk up again when its pack is gone)."""
+    seconds: float = 0.0
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.loose_bytes - self.dense_bytes if not self.dry_run else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "saved_bytes": self.saved_bytes}
+
+
+@dataclass
+class _Job:
+    """One loose chunk to rewrite: its row, its element size, its delta base (if any)."""
+
+    rec: ChunkRecord
+    itemsize: int
+    grouped: bool
+    base_id: str = ""
+    base: ChunkRecord | None = None
+    base_known: dict[str, ChunkRecord] = field(default_factory=dict)
+
+
+def compact(
+    repo: Repository,
+    *,
+    keep_loose: int = DEFAULT_KEEP_LOOSE,
+    dry_run: bool = False,
+    progress: Callable[[int], None] | None = None,
+    pause: Callable[[], bool] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> CompactReport:
+    """Rewrite the loose chunks that no newest snapshot of a run uses densely (module docstring).
+
+    Args:
+        repo: the repository.
+        keep_loose: newest snapshots of each run whose chunks stay loose (at least 0).
+        dry_run: plan and report, write nothing.
+        progress: called with the raw bytes of each chunk rewritten.
+        pause: polled between chunks; while it returns True, compaction waits (another
+            operation of this process wants the CPU).
+        stop: polled between chunks; once it returns True, compaction ends after switching
+            what it has written (the rest stays loose for the next compaction).
+    """
+    t0 = time.perf_counter()
+    report = CompactReport(dry_run=dry_run, keep_loose=keep_loose)
+    jobs, snaps = _plan(repo, keep_loose)
+    report.snapshots = snaps
+    report.loose_bytes = sum(j.rec.length for j in jobs)
+    report.raw_bytes = sum(j.rec.raw_length for j in jobs)
+    if dry_run or not jobs:
+        report.chunks = len(jobs)
+        report.seconds = time.perf_counter() - t0
+        return report
+    with Lease(repo.index, repo.lease_seconds) as lease:
+        _resolve_bases(repo, lease.id, jobs)
+        _rewrite(repo, lease, jobs, report, progress, pause, stop)
+        lease.committed = True  # nothing to commit: ending the session drops its pins
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def loose_pending(repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> bool:
+    """Whether any loose chunk lies outside every run's newest ``keep_loose`` snapshots (what
+    an automatic compaction is started for). Reads the index only."""
+    loose = {c.chunk_id for c in repo.index.loose_chunks() if c.codec in objects.FAST_CODECS}
+    return bool(loose - _hot(repo, keep_loose))
+
+
+# --- 1. plan -------------------------------------------------------------------------------------
+def _hot(repo: Repository, keep_loose: int) -> set[str]:
+    """Chunk ids of every run's newest ``keep_loose`` snapshots."""
+    hot: set[str] = set()
+    if keep_loose <= 0:
+        return hot
+    for run in repo.index.list_runs():
+        for rec in repo.index.list_snapshots(run=run, limit=keep_loose):
+            hot |= repo.index.snapshot_chunk_ids(rec.id)
+    return hot
+
+
+def _plan(repo: Repository, keep_loose: int) -> tuple[list[_Job], int]:
+    """The loose chunks to rewrite, oldest snapshot first, with their base candidates."""
+    loose = {c.chunk_id: c for c in repo.index.loose_chunks() if c.codec in objects.FAST_CODECS}
+    for cid in _hot(repo, keep_loose):
+        loose.pop(cid, None)
+    if not loose:
+        return [], 0
+    records = sorted((repo.index.get_snapshot(s) for s in repo.index.referencing_snapshots(loose)),
+                     key=lambda r: (r.created_at, r.id))
+    jobs: list[_Job] = []
+    snaps = 0
+    for rec in records:
+        manifest = repo.load_manifest(rec)
+        parent = _parent_manifest(repo, rec)
+        found = False
+        for key, entry in manifest.entries.items():
+            for job in _jobs_of(key, entry, parent, loose):
+                jobs.append(job)
+                found = True
+        snaps += found
+    return jobs, snaps
+
+
+def _parent_manifest(repo: Repository, rec: SnapshotRecord) -> Manifest | None:
+    if rec.parent_id is None or repo.delta_depth == 0:
+        return None
+    try:
+        return repo.load_manifest(repo.index.get_snapshot(rec.parent_id))
+    except Exception:  # noqa: BLE001 - a parent gone or unreadable: no deltas for this snapshot
+        return None
+
+
+def _jobs_of(key: str, entry: Any, parent: Manifest | None, loose: dict[str, ChunkRecord]) -> Iterator[_Job]:
+    """Jobs for the loose chunks of one entry (each chunk once: ``loose`` loses them)."""
+    if not isinstance(entry, TensorEntry) or entry.inline:
+        return
+    size = itemsize(entry.dtype)
+    old = parent.entries.get(key) if parent is not None else None
+    at: dict[tuple[Any, Any], str] = {}
+    if isinstance(old, TensorEntry) and not old.inline and (old.dtype, old.shape) == (entry.dtype, entry.shape):
+        at = {(c.offsets, c.sizes): c.id for c in old.chunks}
+    for c in entry.chunks:
+        rec = loose.pop(c.id, None)
+        if rec is not None:
+            base = at.get((c.offsets, c.sizes), "")
+            yield _Job(rec, size, entry.dtype in GROUPED, base if base != c.id else "")
+
+
+# --- 2. bases ------------------------------------------------------------------------------------
+def _resolve_bases(repo: Repository, session: str, jobs: list[_Job]) -> None:
+    """Choose and pin each job's base (see the module docstring); the others get none.
+
+    Decided in job order (oldest snapshot first), so a base that is itself rewritten here is
+    decided before the chunks that would use it: its planned depth counts, and a base planned
+    at the depth limit is replaced by its own base (keyframes, as for takes). A chunk some
+    stored delta already uses as its base stays whole: its dependents' chains must not grow.
+    """
+    limit = repo.delta_depth
+    if limit <= 0 or not any(j.base_id for j in jobs):
+        for j in jobs:
+            j.base_id = ""
+        return
+    keep_whole = repo.index.dependents_of({j.rec.chunk_id for j in jobs})
+    known = repo.index.chunk_locations({j.base_id for j in jobs if j.base_id})
+    depth: dict[str, int] = {}  # planned depth of each job's chunk
+    parent: dict[str, str] = {}  # planned base of each job's chunk
+    wanted: dict[str, ChunkRecord] = {}
+    for j in jobs:
+        cid = j.rec.chunk_id
+        base = _usable_base(j.base_id, limit, depth, parent, known)
+        rec = known.get(base) if base else None
+        if cid in keep_whole or rec is None or base == cid or rec.raw_length != j.rec.raw_length:
+            j.base_id, depth[cid] = "", 0
+            continue
+        j.base_id = base
+        depth[cid], parent[cid] = depth.get(base, rec.depth) + 1, base
+        wanted[base] = rec
+    pinned = repo.index.lookup_chunks(session, list(wanted))  # gone meanwhile: no delta
+    for j in jobs:
+        if j.base_id and j.base_id in pinned:
+            j.base = replace(wanted[j.base_id], depth=depth.get(j.base_id, wanted[j.base_id].depth))
+            j.base_known = known
+        else:
+            j.base_id = ""
+
+
+def _usable_base(cid: str, limit: int, depth: dict[str, int], parent: dict[str, str],
+                 known: dict[str, ChunkRecord]) -> str:
+    """``cid``, or its nearest ancestor whose (planned) depth is below ``limit``; "" if none."""
+    for _ in range(limit + 1):
+        if not cid:
+            return ""
+        rec = known.get(cid)
+        d = depth.get(cid, rec.depth if rec is not None else None)
+        if d is None:
+            return ""
+        if d < limit:
+            return cid
+        cid = parent.get(cid) or (rec.base_id if rec is not None and rec.base_id else "")
+    return ""
+
+
+# --- 3. rewrite, 4. switch -----------------------------------------------------------------------
+def _rewrite(
+    repo: Repository,
+    lease: Lease,
+    jobs: list[_Job],
+    report: CompactReport,
+    progress: Callable[[int], None] | None,
+    pause: Callable[[], bool] | None,
+    stop: Callable[[], bool] | None,
+) -> None:
+    writer = repo.objects.new_pack_writer(repo.config.pack_bytes)
+    batch: list[tuple[_Job, int]] = []  # (job, depth) in the pack being filled
+    window: deque[tuple[_Job, Future[tuple[str, bytes]]]] = deque()
+    with ThreadPoolExecutor(max_workers=max(1, repo.threads), thread_name_prefix="ckstore-compact") as pool:
+        todo = iter(jobs)
+        try:
+            while True:
+                while len(window) < 2 * max(1, repo.threads):
+                    job = next(todo, None)
+                    if job is None or (stop is not None and stop()):
+                        break
+                    _wait(pause)
+                    window.append((job, pool.submit(_encode, repo, job)))
+                if not window:
+                    break
+                job, fut = window.popleft()
+                try:
+                    codec, payload = fut.result()
+                except (CorruptionError, ObjectNotFoundError) as exc:  # it stays loose; check names it
+                    log.warning("ckstore: compaction left chunk %s loose: %s", job.rec.chunk_id, exc)
+                    continue
+                delta = objects.is_delta(codec)
+                writer.add(job.rec.chunk_id, codec, payload, job.rec.raw_length, job.base_id if delta else None)
+                batch.append((job, job.base.depth + 1 if delta and job.base is not None else 0))
+                report.delta_chunks += delta
+                if progress is not None:
+                    progress(job.rec.raw_length)
+                if writer.full:
+                    _switch(repo, lease, writer, batch, report)
+                    writer, batch = repo.objects.new_pack_writer(repo.config.pack_bytes), []
+            _switch(repo, lease, writer, batch, report)
+        except BaseException:
+            writer.abort()  # the pack being filled leaves no staging file (those switched stay)
+            for _, fut in window:
+                fut.cancel()
+            raise
+
+
+def _encode(repo: Repository, job: _Job) -> tuple[str, bytes]:
+    """Read and verify the chunk (and its base), then encode it densely (a delta if smaller)."""
+    raw = _read(repo, job.rec, {})
+    if job.base is not None:
+        base = _read(repo, job.base, job.base_known)
+        codec, payload = objects.encode_delta(raw, base, job.itemsize, job.grouped, plain_estimate=job.rec.length)
+    else:
+        codec, payload = objects.encode(raw, job.itemsize, job.grouped)
+    return codec, bytes(payload)
+
+
+def _read(repo: Repository, rec: ChunkRecord, known: dict[str, ChunkRecord]) -> Any:
+    """The verified raw bytes of ``rec``'s chunk; looked up again if its pack is gone (this
+    compaction, or another, switched it and deleted the loose pack: a base rewritten earlier in
+    the same run, typically)."""
+    try:
+        return repo.objects.read_chunk(to_location(rec, known))
+    except ObjectNotFoundError:
+        now = repo.index.chunk_locations([rec.chunk_id])
+        if rec.chunk_id not in now or now[rec.chunk_id].pack_id == rec.pack_id:
+            raise
+        return repo.objects.read_chunk(to_location(now[rec.chunk_id], now))
+
+
+def _switch(repo: Repository, lease: Lease, writer: objects.PackWriter, batch: list[tuple[_Job, int]],
+            report: CompactReport) -> None:
+    """Make the pack durable, point its chunks' rows at it, retire the loose packs emptied."""
+    done = writer.finish()
+    if done is None:
+        return
+    if lease.error is not None:
+        raise lease.error
+    pack_id, size, locs = done
+    depths = {job.rec.chunk_id: depth for job, depth in batch}
+    old = {job.rec.chunk_id: job.rec.pack_id for job, _ in batch}
+    moves = [(rec, old[rec.chunk_id]) for rec in to_records(locs, depths)]
+    switched = set(repo.index.rewrite_chunks(lease.id, PackRecord(pack_id, size, len(moves), time.time()), moves))
+    report.packs_written += 1
+    report.chunks += len(switched)
+    report.dense_bytes += sum(rec.length for rec, _ in moves if rec.chunk_id in switched)
+    retired = repo.index.retire_packs(set(old.values()))
+    report.packs_retired += len(retired)
+    # Deleted at once, rows first: a reader that located a chunk in one of them finds the pack
+    # gone and looks the chunk up again (I4); the disk holds each state once, not twice.
+    for pack_id in repo.index.delete_retired_packs(time.time(), only=retired):
+        repo.objects.delete_pack(pack_id)
+        report.packs_deleted += 1
+
+
+def _wait(pause: Callable[[], bool] | None) -> None:
+    while pause is not None and pause():
+        time.sleep(0.05)
+
+
+class AutoCompactor:
+    """Compaction in a background thread, started by :meth:`kick` after takes (``git gc --auto``).
+
+    One thread per repository handle, started on first use; a kick while it runs makes it run
+    once more afterwards. It waits while the repository is busy (a take or restore of this
+    process runs: ``Repository.busy``), so it does not slow the training job's own calls.
+    Failures are logged (logger ``"ckstore"``), never raised: the loose chunks simply stay loose.
+    """
+
+    def __init__(self, repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> None:
+        self._repo = repo
+        self.keep_loose = keep_loose
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.last: CompactReport | None = None
+
+    def kick(self) -> None:
+        """Ask for a compaction soon (starts the thread on first use)."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self._idle.clear()
+            self._wake.set()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="ckstore-compact", daemon=True)
+                self._thread.start()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no compaction is running or asked for; False on timeout."""
+        return self._idle.wait(timeout)
+
+    def close(self) -> None:
+        """Stop after the pack being written is switched (idempotent)."""
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            if self._stop.is_set():
+                self._idle.set()
+                return
+            self._wake.clear()
+            try:
+                if loose_pending(self._repo, self.keep_loose):
+                    self.last = compact(self._repo, keep_loose=self.keep_loose, pause=self._repo.busy,
+                                        stop=self._stop.is_set)
+            except Exception as exc:  # noqa: BLE001 - the chunks stay loose; the next kick retries
+                log.warning("ckstore: background compaction of %s failed (%s: %s); its loose chunks stay "
+                            "loose until the next compaction (`ckstore compact`)", self._repo.url,
+                            type(exc).__name__, exc)
+            if not self._wake.is_set():
+                self._idle.set()
+
+
+def attach(repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> AutoCompactor:
+    """Give ``repo`` an :class:`AutoCompactor`: kicked after each snapshot a take of this process
+    commits while ``repo.auto_compact`` is on, stopped when the repository closes."""
+    compactor = AutoCompactor(repo, keep_loose)
+
+    def after(record: SnapshotRecord) -> None:
+        if repo.auto_compact:
+            compactor.kick()
+
+    repo.after_commit.append(after)
+    repo.before_close.append(compactor.close)
+    return compactor
