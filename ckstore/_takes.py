@@ -70,6 +70,7 @@ def take(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: Pro
     (unless ``spec.no_dist``), else in this process."""
     from .engine.take import state_dicts
 
+    spec = with_live_trainable(spec, app_state)
     repo.index.check_take(spec.run, spec.tag_specs)  # a name clash is refused before anything is written
     if _ranks(spec.no_dist):
         from .distributed.comm import Comm
@@ -89,7 +90,9 @@ def take_async(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, p
     """Return once the state at this call is safe; hash, write and commit in the background."""
     from .engine.take import state_dicts
 
+    spec = with_live_trainable(spec, app_state)
     repo.index.check_take(spec.run, spec.tag_specs)
+
     if _ranks(spec.no_dist):
         from .distributed.take import take_async as dist_take_async
 
@@ -111,6 +114,14 @@ def take_async(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, p
 
     job.future.add_done_callback(done)
     return Background(future, staged_bytes=job.staged_bytes, sync_bytes=job.sync_bytes)
+
+
+def with_live_trainable(spec: TakeSpec, app_state: Mapping[str, Any]) -> TakeSpec:
+    """``spec`` knowing which of the app_state's live parameters train (read before
+    ``state_dict()`` detaches them), so the take can tell a stale one."""
+    from .engine.trainable import trainable_keys
+
+    return spec.evolve(trainable_keys=trainable_keys(app_state))
 
 
 def _ranks(no_dist: bool) -> bool:

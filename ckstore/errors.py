@@ -104,6 +104,37 @@ class IndexCorruptionError(CorruptionError, IndexError_):
     """
 
 
+class GuardError(CkstoreError):
+    """A take's guard refused the state (``on_nonfinite="raise"`` or ``on_stale="raise"``);
+    nothing was committed. ``keys`` names the tensors found."""
+
+    def __init__(self, message: str, *, keys: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.keys: list[str] = sorted(keys)
+
+
+class NonFiniteError(GuardError, FloatingPointError):
+    """Tensors of the state hold NaN or Inf (raised with ``on_nonfinite="raise"``)."""
+
+
+class StaleStateError(GuardError):
+    """Tensors that should train did not change since the run's previous snapshot although the
+    step advanced (raised with ``on_stale="raise"``): the optimizer did not step, or the
+    state saved is not the one trained."""
+
+
+class GuardWarning(UserWarning):
+    """What a take's guard found, with ``on_nonfinite`` / ``on_stale`` at ``"warn"`` (the default)."""
+
+
+class NonFiniteWarning(GuardWarning):
+    """Tensors of the state hold NaN or Inf; the snapshot is committed and recorded unhealthy."""
+
+
+class StaleStateWarning(GuardWarning):
+    """Tensors that should train did not change since the run's previous snapshot."""
+
+
 class DistributedError(CkstoreError):
     """One or more ranks failed a collective take/restore; names the ranks and causes.
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from .distributed import is_distributed
 from .engine.repository import SnapshotFields, SnapshotView
-from .errors import InvalidInputError
+from .errors import CorruptionError, InvalidInputError
+from .format.health import Health, of_header
 from .format.limits import check_int, check_number
 from .format.manifest import Entry, Manifest
 from .index import SnapshotRecord
@@ -25,6 +26,7 @@ from .index import SnapshotRecord
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
+    from .engine.verify_live import LiveCheck
     from .interop import ExportReport
 
 
@@ -75,6 +77,33 @@ class StoredSnapshot(SnapshotFields):
         """Where the snapshot lives: its store's URL (TorchSnapshot's path for ``Snapshot``)."""
         return self._view().store.url
 
+    @property
+    def health(self) -> Health | None:
+        """What its take found (NaN/Inf counts and norms per tensor, stale tensors), from the
+        manifest header; None if it recorded nothing (taken before ckstore did). For the
+        summary without reading the manifest, see :attr:`healthy`."""
+        return of_header(self.manifest.snapshot)
+
+    def verify_live(self, app_state: Mapping[str, Any]) -> LiveCheck:
+        """Whether the live ``app_state`` holds exactly this snapshot's state.
+
+        Each live tensor is hashed on the snapshot's chunk grid and compared with the chunk
+        ids (nothing is read from the store); values are compared with the manifest. The
+        report names every key that differs, is missing or is extra (``.ok``, ``.differs``).
+        DTensors are skipped (named in ``.skipped``); per-rank values are compared with this
+        rank's (rank 0 outside torch.distributed).
+        """
+        from .engine.restore import check_app_state
+        from .engine.verify_live import verify_live
+
+        check_app_state(app_state, restoring=False)
+        rank = 0
+        if is_distributed():
+            import torch.distributed as dist
+
+            rank = dist.get_rank(self.pg) if self.pg is not None else dist.get_rank()
+        return verify_live(self.manifest, dict(app_state), rank=max(rank, 0), threads=self._view().store.threads)
+
     # --- reading ---------------------------------------------------------------------------
     def restore(
         self,
@@ -86,6 +115,7 @@ class StoredSnapshot(SnapshotFields):
         dist_timeout: float | None = None,
         replicated_read: str | None = None,
         atomic: bool = True,
+        verify: bool = False,
     ) -> None:
         """Load this snapshot into ``app_state`` in place.
 
@@ -123,6 +153,9 @@ class StoredSnapshot(SnapshotFields):
         ``replicated_read`` (default ``$CKSTORE_REPLICATED_READ`` or ``"once"``): ``"once"``
         reads each chunk once in the job as above (``"broadcast"`` means the same); ``"each"``
         lets every rank read everything it needs itself (no exchange).
+        ``verify=True`` then checks what landed (:meth:`verify_live`: one more hashing pass
+        over the restored tensors) and raises CorruptionError naming any key that differs:
+        a ``load_state_dict`` that transformed or dropped a value, a hook that changed one.
 
         Raises:
             UnsupportedValueError: an app_state value is not stateful (also a TypeError).
@@ -152,8 +185,20 @@ class StoredSnapshot(SnapshotFields):
 
                 dist_restore(reader, app_state, strict=strict, pg=pg if pg is not None else self.pg,
                              timeout=dist_timeout, budget=budget, replicated_read=mode, atomic=atomic)
-                return
-            restore(reader, app_state, strict=strict, budget=budget, atomic=atomic)
+            else:
+                restore(reader, app_state, strict=strict, budget=budget, atomic=atomic)
+        if verify:
+            self._check_restored(app_state, strict)
+
+    def _check_restored(self, app_state: Mapping[str, Any], strict: bool) -> None:
+        found = self.verify_live(app_state)
+        wrong = found.differs + (found.missing + found.extra if strict else [])
+        if wrong:
+            raise CorruptionError(
+                f"snapshot {self.ref}: after the restore, {len(wrong)} key(s) of app_state do not hold the "
+                f"snapshot's state: {', '.join(wrong[:8])}{' ...' if len(wrong) > 8 else ''} (load_state_dict "
+                "or a hook changed or left them out)"
+            )
 
     def read_object(self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None) -> Any:
         """Read one entry (or a subtree such as ``"optim"``) without reading anything else.

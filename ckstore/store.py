@@ -117,6 +117,10 @@ class Store:
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
         no_dist: bool = False,
         move_tags: bool = False,
+        on_nonfinite: str = "warn",
+        on_stale: str = "warn",
+        health: bool = True,
+        trainable: Sequence[str] = (),
     ) -> StoredSnapshot:
         """Snapshot ``app_state`` (names -> objects with ``state_dict()``) into ``run``.
 
@@ -149,16 +153,28 @@ class Store:
         (the rule of :meth:`tag` and ``force``), and none may take the name of a run, nor
         ``run`` the name of a tag (a ref names a tag first, so either would hide the other).
 
+        The guard (docs/USAGE.md, "The guard"): while hashing, the take counts NaN and Inf
+        and measures the L2 norm of every floating-point tensor (``health=False`` skips it);
+        tensors that should train (parameters with ``requires_grad`` the app_state's
+        optimizers update, optimizer moments, keys matching a ``trainable`` glob) whose
+        chunks equal those of the run's previous snapshot although ``step`` advanced are
+        stale. ``on_nonfinite`` / ``on_stale``: ``"warn"`` (default: commit, one warning per
+        key pattern), ``"raise"`` (NonFiniteError / StaleStateError, nothing committed) or
+        ``"ignore"``. Findings are recorded in the snapshot either way (``snap.health``,
+        ``ckstore show``, ``log --healthy``, the ref ``run@healthy``).
+
         Raises:
             InvalidInputError / UnsupportedValueError: app_state holds something unstorable
                 (the message names the key).
             ConflictError: a tag exists and ``move_tags`` is False, or a tag and a run would
                 share a name; checked before anything is written.
             LeaseExpiredError: the take stalled past its lease; nothing was committed.
+            NonFiniteError, StaleStateError: the guard refused the state (``"raise"``).
         """
         spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, replicated=replicated,
                            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
-                           dist_timeout=dist_timeout, no_dist=no_dist, move_tags=move_tags)
+                           dist_timeout=dist_timeout, no_dist=no_dist, move_tags=move_tags,
+                           on_nonfinite=on_nonfinite, on_stale=on_stale, health=health, trainable=trainable)
         return self._handle(*_takes.take(self._repo, app_state, spec, pg))
 
     def async_take(
@@ -177,6 +193,10 @@ class Store:
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
         no_dist: bool = False,
         move_tags: bool = False,
+        on_nonfinite: str = "warn",
+        on_stale: str = "warn",
+        health: bool = True,
+        trainable: Sequence[str] = (),
     ) -> PendingSnapshot:
         """Stage a copy of ``app_state`` now, then hash, write and commit in the background.
 
@@ -187,12 +207,14 @@ class Store:
         ``wait()`` returns the Snapshot or raises.
         Distributed: call on every rank; the ranks' background takes commit together and
         every rank's ``wait()`` returns the same Snapshot or raises DistributedError.
-        ``delta_base``, ``no_dist``, ``tags`` and ``move_tags`` as for :meth:`take`.
+        ``delta_base``, ``no_dist``, ``tags``, ``move_tags`` and the guard's options as for
+        :meth:`take` (a refusal surfaces from ``wait()``).
         """
         spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, replicated=replicated,
                            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
                            dist_timeout=dist_timeout, staging_budget=staging_budget, no_dist=no_dist,
-                           move_tags=move_tags)
+                           move_tags=move_tags, on_nonfinite=on_nonfinite, on_stale=on_stale, health=health,
+                           trainable=trainable)
         job = _takes.take_async(self._repo, app_state, spec, pg)
         return PendingSnapshot.of(job.future, self._handle, job.staged_bytes, job.sync_bytes)
 
@@ -208,6 +230,11 @@ class Store:
         name: str | None = None,
         delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
         move_tags: bool = False,
+        on_nonfinite: str = "warn",
+        on_stale: str = "warn",
+        health: bool = True,
+        trainable: Sequence[str] = (),
+        verify: bool = True,
     ) -> StoredSnapshot:
         """Take an existing checkpoint (file or folder) into ``run`` as one snapshot.
 
@@ -231,9 +258,17 @@ class Store:
         nothing is visible until the commit. Runs in this process only (under
         torch.distributed, call it on one rank). ``delta_base`` as for :meth:`take`: the ref of
         a stored base model makes a fine-tune of it store its changed bits only; ``tags`` and
-        ``move_tags`` as for :meth:`take`.
+        ``move_tags`` as for :meth:`take`. The guard's options as for :meth:`take` (an imported
+        file has no live modules: optimizer moments are recognised by their keys, parameters by
+        ``trainable`` globs).
+
+        ``verify`` (default True): a checkpoint that carries ckstore's digests (an export's
+        safetensors ``__metadata__`` or its ``ckstore-digests.json``) is checked against them
+        first, as ``ckstore verify`` does; a mismatch refuses the import.
 
         Raises:
+            CorruptionError: with ``verify``, a file or tensor does not match its recorded
+                digest (the message names it); nothing was imported.
             UnsafePickleError: a ``torch.save`` file (or DCP metadata) needs arbitrary
                 unpickling; nothing of it ran. Load it yourself if you trust it, then ``take``.
             InvalidInputError: the path is not a readable checkpoint of the format.
@@ -243,7 +278,12 @@ class Store:
 
         spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name,
                            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist=True), no_dist=True,
-                           move_tags=move_tags)
+                           move_tags=move_tags, on_nonfinite=on_nonfinite, on_stale=on_stale, health=health,
+                           trainable=trainable)
+        if verify:
+            from .interop import verify_checkpoint
+
+            verify_checkpoint(path, refuse=True)
         with load_checkpoint(self._repo, path, format) as loaded:
             spec = spec.evolve(metadata={**loaded.metadata, **spec.metadata})
             return self._handle(*_takes.take(self._repo, loaded.apps, spec))
@@ -254,9 +294,10 @@ class Store:
         what ``snap.ref`` prints, ``"sft@100 (0123456789ab)"``."""
         return self._handle(self._repo.index.resolve(ref))
 
-    def log(self, run: str | None = None, limit: int | None = None) -> list[StoredSnapshot]:
-        """Snapshots newest first, of one run or of all."""
-        return [self._handle(r) for r in self._repo.index.list_snapshots(run=run, limit=limit)]
+    def log(self, run: str | None = None, limit: int | None = None, *, healthy: bool = False) -> list[StoredSnapshot]:
+        """Snapshots newest first, of one run or of all; ``healthy``: only those whose take
+        recorded no NaN or Inf (from the index alone; snapshots without a record are left out)."""
+        return [self._handle(r) for r in self._repo.index.list_snapshots(run=run, limit=limit, healthy=healthy)]
 
     def runs(self) -> list[str]:
         """Every run name, sorted."""
@@ -323,6 +364,7 @@ class Store:
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         repack_below: float = DEFAULT_REPACK_BELOW,
         dry_run: bool = False,
+        keep_healthy: bool = True,
     ) -> GCReport:
         """Forget the snapshots a retention policy drops, then prune what nothing references.
 
@@ -330,6 +372,9 @@ class Store:
             keep_last: keep the N newest snapshots of each run.
             keep_every_steps: keep snapshots whose step is a multiple of N.
             keep_tagged: keep every tagged snapshot.
+            keep_healthy: keep each run's newest healthy snapshot (recorded free of NaN and
+                Inf), whatever the other rules say, so ``run@healthy`` survives a divergence;
+                False lets the other rules drop it.
             older_than: only snapshots older than this many seconds may be dropped.
             runs: only snapshots of these runs may be dropped (None: every run).
             grace_seconds: unreferenced data younger than this, and packs retired more
@@ -356,6 +401,7 @@ class Store:
             grace_seconds=grace_seconds,
             repack_below=repack_below,
             dry_run=dry_run,
+            keep_healthy=keep_healthy,
         )
 
     def check(

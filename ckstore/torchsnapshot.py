@@ -108,19 +108,24 @@ class Snapshot(StoredSnapshot):
         index: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         dist_timeout: float | None = None,
+        on_nonfinite: str = "warn",
+        on_stale: str = "warn",
     ) -> Snapshot:
         """Take a snapshot of ``app_state`` at ``path`` (see the module docstring).
 
         Distributed: call on every rank of ``pg`` (default: every rank); ranks outside it are
         free to do anything else meanwhile. ``replicated`` (key globs, e.g. ``["optim/**"]``)
         marks plain tensors that are the same on every rank: written once, the work spread
-        over the ranks; DDP modules are replicated without it. ``dist_timeout`` as in
-        :meth:`ckstore.Store.take`.
+        over the ranks; DDP modules are replicated without it. ``dist_timeout``,
+        ``on_nonfinite`` and ``on_stale`` as in :meth:`ckstore.Store.take` (a path's snapshot
+        has no step, so staleness is never checked here).
 
         Raises:
             UnsupportedValueError: an app_state value has no ``state_dict()`` (a TypeError).
+            NonFiniteError: ``on_nonfinite="raise"`` and a tensor holds NaN or Inf.
         """
         repo, spec = _prepare(path, app_state, pg, replicated, storage_options, index, metadata, dist_timeout)
+        spec = spec.evolve(on_nonfinite=on_nonfinite, on_stale=on_stale)
         record, manifest = _takes.take(repo, app_state, spec, pg)
         return cls(path, pg, storage_options, index=index)._bind(SnapshotView(repo, record, manifest))
 
@@ -136,9 +141,13 @@ class Snapshot(StoredSnapshot):
         index: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         dist_timeout: float | None = None,
+        on_nonfinite: str = "warn",
+        on_stale: str = "warn",
     ) -> PendingSnapshot:
-        """Like :meth:`take` (same ``pg`` and ``replicated``), returning once the state is staged."""
+        """Like :meth:`take` (same ``pg``, ``replicated`` and guard options), returning once
+        the state is staged."""
         repo, spec = _prepare(path, app_state, pg, replicated, storage_options, index, metadata, dist_timeout)
+        spec = spec.evolve(on_nonfinite=on_nonfinite, on_stale=on_stale)
         job = _takes.take_async(repo, app_state, spec, pg)
 
         def handle(record: SnapshotRecord, manifest: Manifest | None) -> Snapshot:

@@ -59,6 +59,7 @@ from ._maintenance import (
 )
 from ._setup import DEMO_STORE, cmd_demo, cmd_init
 from ._ui import cmd_ui
+from ._verify import cmd_verify
 
 __all__ = [
     "COMMANDS",
@@ -90,6 +91,12 @@ DESCRIPTIONS = {
     "demo": f"Train a small model, snapshot it, resume bit-exactly in a fresh process. The demo "
     f"makes its own store in {DEMO_STORE} (or --store FOLDER): it writes only into a new or "
     "empty folder, or replaces a store an earlier demo made; it never touches another store.",
+    "verify": (
+        "Check an exported file or folder against the BLAKE3 digests ckstore wrote with it (a "
+        "safetensors file's own metadata, ckstore-digests.json beside the files). Needs no store; "
+        "torch only to name the damaged tensor of a torch file. Exit 0 when everything matches, 5 "
+        "when something does not (named), 1 when there is nothing to check against."
+    ),
     "ui": (
         "Serve a local web page of the store: runs and lineage, storage per snapshot, changes "
         "between two snapshots as a heat map over layers, recorded health, and a gc preview. It "
@@ -113,11 +120,11 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
         "ckstore init ./ckpts --chunk-bytes 8MiB",
         "ckstore init s3://bucket/ckpts --index postgresql+psycopg://user@host/db",
     ), cmd_init),
-    ("log", "list snapshots, newest first", (
-        "ckstore log", "ckstore log --run sft -n 5", "ckstore log --json",
+    ("log", "list snapshots, newest first, with what their takes found (health)", (
+        "ckstore log", "ckstore log --run sft -n 5", "ckstore log --run sft --healthy", "ckstore log --json",
     ), cmd_log),
-    ("show", "show one snapshot: ids, metadata, stats", (
-        "ckstore show sft", "ckstore show sft@100 --json", "ckstore show best",
+    ("show", "show one snapshot: ids, metadata, stats, health", (
+        "ckstore show sft", "ckstore show sft@100 --json", "ckstore show best", "ckstore show sft@healthy",
     ), cmd_show),
     ("ls", "list a snapshot's entries (kind, dtype, shape, bytes)", (
         "ckstore ls sft@100", "ckstore ls best model/ --json",
@@ -147,6 +154,7 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
         "ckstore gc --keep-last 3 --older-than 7d",
         "ckstore gc --run sft --keep-every-steps 1000 --json",
         "ckstore gc --keep-last 0 --yes",
+        "ckstore gc --keep-last 2 --no-keep-healthy",
     ), cmd_gc),
     ("compact", "rewrite older snapshots' loose chunks densely (deltas, full compression)", (
         "ckstore compact", "ckstore compact --dry-run --json", "ckstore compact --keep-loose 3",
@@ -170,6 +178,9 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
         "ckstore export sft ./ckpt --format torch",
         "ckstore export sft ./dcp-out --format dcp --force",
     ), cmd_export),
+    ("verify", "check an exported file or folder against its digests (no store needed)", (
+        "ckstore verify ./hf-out", "ckstore verify ./hf-out/model.safetensors", "ckstore verify ./ckpt --json",
+    ), cmd_verify),
     ("reindex", "rebuild an empty index from the store's packs and manifests", (
         "ckstore reindex", "ckstore --store s3://bucket/ckpts --index postgresql+psycopg://u@h/new reindex",
     ), cmd_reindex),

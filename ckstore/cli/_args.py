@@ -149,6 +149,11 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "log":
         p.add_argument("--run", help="only this run")
         p.add_argument("-n", type=_nonneg_int, metavar="N", help="at most N snapshots")
+        p.add_argument(
+            "--healthy",
+            action="store_true",
+            help="only snapshots whose take found no NaN or Inf (those without a health record are left out)",
+        )
     elif name == "show":
         p.add_argument("ref", help="tag, run (its latest), run@step, snapshot name or id prefix")
     elif name == "ls":
@@ -235,6 +240,11 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             help="tagged snapshots are not kept automatically (default: a tag keeps its snapshot)",
         )
         p.add_argument(
+            "--no-keep-healthy",
+            action="store_true",
+            help="each run's newest healthy snapshot (no NaN/Inf recorded; RUN@healthy) is not kept automatically",
+        )
+        p.add_argument(
             "--grace",
             type=_duration_arg,
             metavar="DURATION",
@@ -290,6 +300,17 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             help="store changed tensors as deltas against this snapshot where smaller (e.g. the base "
             "model a fine-tune started from; 'parent': the run's latest snapshot)",
         )
+        p.add_argument(
+            "--no-verify",
+            action="store_true",
+            help="import even if the files do not match the ckstore digests they carry (checked by default)",
+        )
+        p.add_argument(
+            "--on-nonfinite",
+            choices=("warn", "raise", "ignore"),
+            default="warn",
+            help="a tensor holding NaN or Inf: warn and import (default), refuse, or say nothing",
+        )
     elif name == "export":
         p.add_argument("ref", help="tag, run (its latest), run@step, snapshot name or id prefix")
         p.add_argument("dir", help="directory to write (must be missing or empty, unless --force)")
@@ -309,6 +330,8 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             metavar="SIZE",
             help="largest safetensors shard (default 5e9 bytes, Hugging Face's 5GB; e.g. 2GiB)",
         )
+    elif name == "verify":
+        p.add_argument("path", help="an exported file or folder (safetensors, torch, DCP, Hugging Face)")
     elif name == "ui":
         p.add_argument("--port", type=_nonneg_int, default=8765, help="port (default 8765; 0: any free port)")
         p.add_argument(

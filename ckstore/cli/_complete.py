@@ -32,6 +32,7 @@ POSITIONALS: dict[str, tuple[str, ...]] = {
     "rm": ("ref*",),
     "import": ("file",),
     "export": ("ref", "file"),
+    "verify": ("file",),
     "completion": ("shell",),
 }
 OPTION_VALUES = {

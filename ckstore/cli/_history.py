@@ -12,6 +12,7 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConflictError, KeyNotFoundError, NotFoundError
+from ..format.health import Health, describe
 from . import _format as fmt
 from ._common import EXIT_OK, confirmed, emit_json, open_store, usage_error
 
@@ -47,12 +48,27 @@ def _snap_dict(snap: StoredSnapshot, tags: list[str]) -> dict[str, Any]:
         "tags": sorted(tags),
         "metadata": snap.metadata,
         **snap.stats,
+        "healthy": snap.healthy,
+        "nonfinite": snap.record.nonfinite,
+        "stale": snap.record.stale,
     }
+
+
+def _health_cell(r: dict[str, Any]) -> str:
+    """What a take found, in a few characters: ``ok``, ``NaN/Inf:3``, ``stale:2``, ``-`` (unknown)."""
+    parts = []
+    if r["nonfinite"]:
+        parts.append(f"NaN/Inf:{r['nonfinite']}")
+    if r["stale"]:
+        parts.append(f"stale:{r['stale']}")
+    if parts:
+        return " ".join(parts)
+    return "ok" if r["healthy"] else "-"
 
 
 def cmd_log(args: argparse.Namespace) -> int:
     with open_store(args) as store:
-        snaps = store.log(run=args.run, limit=args.n)
+        snaps = store.log(run=args.run, limit=args.n, healthy=args.healthy)
         if args.run is not None and not snaps and args.run not in store.runs():
             runs = store.runs()
             known = ", ".join(runs[:10]) + (", ..." if len(runs) > 10 else "") if runs else "(none)"
@@ -69,11 +85,12 @@ def cmd_log(args: argparse.Namespace) -> int:
             fmt.when(s.created_at),
             fmt.size(r["logical_bytes"]),
             fmt.size(r["new_bytes"]),
+            _health_cell(r),
             ", ".join(r["tags"]),
         )
         for s, r in zip(snaps, rows)
     ]
-    print(fmt.table(("id", "snapshot", "time", "logical", "new", "tags"), table, right=(3, 4)))
+    print(fmt.table(("id", "snapshot", "time", "logical", "new", "health", "tags"), table, right=(3, 4)))
     return EXIT_OK
 
 
@@ -83,6 +100,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         d = _snap_dict(snap, _tags_by_snapshot(store).get(snap.id, []))
         d["stored_bytes"] = store.repository.index.stored_bytes(snap.id)
         entries = _entries(store, snap)
+        health = snap.health
+    d["health"] = None if health is None else health.to_dict()
     d["entries"] = {
         "tensors": sum(e.kind == "tensor" for e in entries),
         "values": sum(e.kind != "tensor" for e in entries),
@@ -105,6 +124,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         ("stored", fmt.size(d["stored_bytes"])),
         ("new", f"{fmt.size(d['new_bytes'])} in {d['new_chunks']} new chunks"),
         ("reused", f"{d['reused_chunks']} chunks"),
+        *_health_lines(health),
     ]
     width = max(len(k) for k, _ in lines)
     print("\n".join(f"{k + ':':<{width + 1}} {fmt.cell(v)}" for k, v in lines))
@@ -112,6 +132,25 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("metadata:")
         print(textwrap.indent(json.dumps(d["metadata"], indent=2, sort_keys=True), "  "))
     return EXIT_OK
+
+
+def _health_lines(health: Health | None) -> list[tuple[str, Any]]:
+    """``show``'s lines on what the take found."""
+    if health is None:
+        return [("health", "not recorded (taken before ckstore recorded health)")]
+    out: list[tuple[str, Any]] = []
+    if health.tensors is None:
+        out.append(("health", "not measured (health=False)"))
+    elif health.nonfinite:
+        out.append(("health", f"UNHEALTHY: {health.nonfinite} NaN/Inf in {describe(health.bad_keys)}"))
+    else:
+        out.append(("health", f"ok: no NaN or Inf in {len(health.tensors)} floating-point tensors"))
+    if health.stale is not None:
+        since = (health.stale_base or {}).get("step")
+        text = f"{len(health.stale)} tensors unchanged since step {since}: {describe(health.stale)}" if health.stale \
+            else f"none (every tensor that should train changed since step {since})"
+        out.append(("stale", text))
+    return out
 
 
 def _entries(store: Store, snap: StoredSnapshot) -> list[Any]:

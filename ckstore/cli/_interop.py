@@ -15,7 +15,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snap = store.import_checkpoint(
             args.path, run=args.run, step=args.step, tags=args.tags, name=args.name, format=args.format,
-            delta_base=args.delta_base, move_tags=args.move_tags,
+            delta_base=args.delta_base, move_tags=args.move_tags, verify=not args.no_verify,
+            on_nonfinite=args.on_nonfinite,
         )
         report = {
             "id": snap.id,
@@ -24,6 +25,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             "step": snap.step,
             "tags": list(args.tags),
             "imported_from": snap.metadata.get("imported_from"),
+            "healthy": snap.healthy,
             **snap.stats,
         }
     print_report(report, args.json)

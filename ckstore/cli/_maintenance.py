@@ -18,7 +18,8 @@ from ._common import EXIT_OK, EXIT_PROBLEMS, emit_json, find_store, open_store, 
 # --- gc, check, reindex, du ---------------------------------------------------------------------
 def gc_policy(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``store.gc`` that the options given ask for."""
-    policy: dict[str, Any] = {"dry_run": args.dry_run, "keep_tagged": not args.no_keep_tagged}
+    policy: dict[str, Any] = {"dry_run": args.dry_run, "keep_tagged": not args.no_keep_tagged,
+                              "keep_healthy": not args.no_keep_healthy}
     for opt, key in (
         ("keep_last", "keep_last"),
         ("keep_every_steps", "keep_every_steps"),
@@ -40,7 +41,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
             emptied = runs_emptied(store, store.gc(**{**policy, "dry_run": True}).snapshots_dropped)
             if emptied and not _common.ask(
                 f"gc would delete every snapshot of {', '.join(f'{r} ({n})' for r, n in emptied.items())}"
-                " (no run keeps a snapshot unless --keep-last N >= 1 or a tag keeps one). Go on?"
+                " (no run keeps a snapshot unless --keep-last N >= 1, a tag or its newest healthy one, "
+                "without --no-keep-healthy, keeps one). Go on?"
             ):
                 print("nothing deleted", file=sys.stderr)
                 return EXIT_OK

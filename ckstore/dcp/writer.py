@@ -44,10 +44,16 @@ class StorageWriter(_DcpStorageWriter):
             ``CKSTORE_DIST_TIMEOUT`` or 600).
         overwrite: as in DCP's ``FileSystemWriter``. True (default): a save whose target
             exists adds a newer snapshot (``store.get("run@step")`` then finds the newest).
-            False: refuse, with ``ConflictError``, a save whose target exists: the snapshot
-            called ``name`` if given, else ``run@step``, else (no step) any snapshot of
-            ``run``. Checked when the save starts and again just before it commits.
+            False: refuse a save whose target exists: the snapshot called ``name`` if given,
+            else ``run@step``, else (no step) any snapshot of ``run``. Checked when the save
+            starts and again just before it commits. The writer raises ``ConflictError``;
+            ``dcp.save`` wraps it, as every storage error, in DCP's ``CheckpointException``
+            (a ``BaseException``), whose ``failures[rank][0]`` is the ``ConflictError``;
+            nothing is committed.
         index, storage_options: for a store given by URL (an open store's are reused).
+        on_nonfinite, on_stale, health, trainable: the take's guard, as for ``store.take``.
+            A DCP save has no live modules: optimizer moments are recognised by their keys,
+            parameters only by ``trainable`` globs (``"dcp/model.*"``).
 
     ``dcp.save(..., checkpoint_id="run" or "run@step")`` overrides run/step. With
     ``dcp.save(..., process_group=pg)`` only ``pg``'s ranks take part (the snapshot's ranks are
@@ -74,10 +80,15 @@ class StorageWriter(_DcpStorageWriter):
         index: str | None = None,
         storage_options: dict[str, Any] | None = None,
         move_tags: bool = False,
+        on_nonfinite: str = "warn",
+        on_stale: str = "warn",
+        health: bool = True,
+        trainable: Any = (),
     ) -> None:
         super().__init__()
         self.spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, dist_timeout=timeout,
-                                move_tags=move_tags)
+                                move_tags=move_tags, on_nonfinite=on_nonfinite, on_stale=on_stale, health=health,
+                                trainable=trainable)
         self._ref = StoreRef(store, index, storage_options, create=True)
         self.overwrite = bool(overwrite)
         self.is_coordinator = True
@@ -189,10 +200,14 @@ class StorageWriter(_DcpStorageWriter):
             # 1. cut on the global grid and hash (local); one writer per distinct chunk id
             with phase(comm, "hash", "dcp.save into ckstore (hash)") as ph:
                 results, chunks = cut_items(plan.items, planner, t.opts)
+                t.guard.watch({r.index.fqn: r.storage_data["dtype"] for r in results if "dtype" in r.storage_data},
+                              lambda fqn: join(APP, fqn))
                 t.hash(chunks)
                 fill_ids(results, chunks)
-                ph.send({"coordinator": self.is_coordinator, "ids": id_sizes(chunks)})
+                ph.send({"coordinator": self.is_coordinator, "ids": id_sizes(chunks), "health": t.guard.partials()})
             coordinator = the_coordinator(ph.received) if comm is not None else 0
+            for sent in ph.received:  # every rank's figures: the coordinator's manifest records them
+                t.guard.merge(sent["health"])
             who = owners([dict(g["ids"]) for g in ph.received])
             # 2. write what the store lacks, in this rank's session; 3. hand the pins over
             with phase(comm, "write", "dcp.save into ckstore (write)") as ph:

@@ -102,6 +102,7 @@ def take(
         # 1. plan
         local, agreed = _plan(comm, states, ddp, spec, t.opts)
         mine = assignment(local, agreed, comm.world, comm.rank, t.opts)
+        t.guard.watch({k: leaf.desc["dtype"] for k, leaf in local.leaves.items() if "dtype" in leaf.desc})
 
         # 2. hash; which per-rank leaves are the same everywhere
         with phase(comm, "hash", f"{WHAT} (hash)", collect="none") as ph:
@@ -215,6 +216,7 @@ def _report(t: LocalTake, local: Local, own: dict[str, Entry], equal: set[str]) 
                     "hashed_bytes": sum(len(c.view) for _, _, c in local.chunks)},
         "pieces": pieces,
         "own": {k: e.to_dict() for k, e in own.items() if k not in equal},
+        "health": t.guard.partials(),
     }
 
 def take_async(
@@ -272,7 +274,9 @@ def _cut_chunks(local: Local, mine: Sequence[tuple[str, Box]], opts: TakeOptions
 def _manifest(
     t: LocalTake, local: Local, own: dict[str, Entry], equal: set[str], reports: list[dict[str, Any]], world: int
 ) -> Manifest:
-    """Rank 0: the one manifest, from its own leaves and every rank's report."""
+    """Rank 0: the one manifest, from its own leaves and every rank's report (and health figures)."""
+    for rep in reports:
+        t.guard.merge(rep.get("health", ()))
     entries: dict[str, Entry] = {}
     for key, leaf in local.leaves.items():
         if key in own:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import objects
+from ..format.health import summary as health_summary
 from ..format.manifest import Manifest, entry_digest
 from ..index import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
 from .interfaces import WriteIndex
@@ -56,6 +57,7 @@ def commit_manifest(
     """
     header = manifest.snapshot or {}
     manifest_id, size = stored
+    nonfinite, stale = health_summary(header)
     record = SnapshotRecord(
         id=manifest_id,
         run=header["run"],
@@ -70,6 +72,8 @@ def commit_manifest(
         reused_chunks=reused_chunks,
         name=header.get("name"),
         world_size=int(header.get("world_size", 1)),
+        nonfinite=nonfinite,
+        stale=stale,
     )
     ids = sorted(manifest.chunk_ids())
     return index.commit_snapshot(session, record, entry_records(manifest), ids, size, tuple(tags), packs)

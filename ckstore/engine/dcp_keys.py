@@ -27,7 +27,7 @@ import torch
 from ..errors import MismatchError, UnsupportedValueError
 from ..format.manifest import Entry, Manifest
 from ..format.tree import join
-from ..format.values import encode_value, is_plain
+from ..format.values import decode_value, encode_value, is_plain
 
 DCP_APP = "dcp"
 
@@ -123,3 +123,65 @@ def _check_unexpected(manifest: Manifest, name: str, matched: set[str]) -> None:
             f"DCP snapshot does not match app_state[{name!r}]: stored keys {extra[:5]} are not in "
             "the module; pass strict=False to load what matches"
         )
+
+
+def recorded_paths(manifest: Manifest) -> dict[str, tuple[Any, ...]]:
+    """Each stored DCP key -> where it sat in the state given to ``dcp.save``.
+
+    ``dcp.save({"model": sd, "step": 3})`` records it as DCP's ``planner_data``
+    (``"model.0.weight" -> ("model", "0.weight")``). Keys without a stored entry, and paths
+    that are not str keys and int positions, are left out; empty when the save recorded no
+    paths (a planner without ``planner_data``).
+    """
+    header = manifest.snapshot or {}
+    doc = header.get("dcp")
+    try:
+        mapping = decode_value(doc.get("planner_data")) if isinstance(doc, dict) else None
+    except (TypeError, ValueError):
+        return {}
+    if not isinstance(mapping, dict):
+        return {}
+    return {
+        fqn: path for fqn, path in mapping.items()
+        if isinstance(fqn, str) and isinstance(path, tuple) and path and isinstance(path[0], str)
+        and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in path)
+        and join(DCP_APP, fqn) in manifest.entries
+    }
+
+
+def app_paths(manifest: Manifest, app: str) -> dict[str, tuple[Any, ...]]:
+    """The stored DCP keys of app_state name ``app`` -> their path below it (``()`` for the
+    value given as ``app`` itself); see :func:`recorded_paths`."""
+    return {fqn: path[1:] for fqn, path in recorded_paths(manifest).items() if path[0] == app}
+
+
+def nest(values: dict[tuple[Any, ...], Any]) -> Any:
+    """The object whose leaves at ``path`` are ``values[path]`` (str parts: dict keys; int
+    parts: list positions, gaps filled with None); ``values[()]``, if given, is the object."""
+    if () in values:
+        return values[()]
+    root: dict[Any, Any] = {}
+    for path, value in sorted(values.items(), key=lambda kv: [(isinstance(p, str), p) for p in kv[0]]):
+        node: Any = root
+        for here, nxt in zip(path, path[1:]):
+            fresh: Any = [] if isinstance(nxt, int) else {}
+            node = _child(node, here, fresh)
+        _set(node, path[-1], value)
+    return root
+
+
+def _child(node: Any, key: Any, fresh: Any) -> Any:
+    if isinstance(node, list):
+        while len(node) <= key:
+            node.append(None)
+        if node[key] is None:
+            node[key] = fresh
+        return node[key]
+    return node.setdefault(key, fresh)
+
+
+def _set(node: Any, key: Any, value: Any) -> None:
+    if isinstance(node, list):
+        while len(node) <= key:
+            node.append(None)
+    node[key] = value

@@ -23,13 +23,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from .. import objects
 from ..errors import InvalidInputError
 from ..format.manifest import Entry, Manifest
 from ..index import ChunkRecord, PackRecord, SnapshotRecord
 from .commit import commit_manifest, put_manifest
 from .deltas import resolve_bases
 from .device_stage import DeviceStager
+from .guard import TakeGuard, remember
 from .interfaces import WriteIndex
 from .lease import Lease
 from .packing import Chunk, PackPipeline, TakeOptions, WriteStats, batches
@@ -81,6 +81,8 @@ class LocalTake:
         self.stats = TakeStats()
         self._seen: set[str] = set()  # chunk ids handled by this take
         self._deferred: list[tuple[PackRecord, list[ChunkRecord]]] = []  # durable, recorded at commit
+        self.guard = TakeGuard(spec, repo)
+        """Health figures while hashing, staleness and the policies (``engine/guard.py``)."""
         self._lease: Lease | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._activity = ExitStack()
@@ -129,9 +131,11 @@ class LocalTake:
 
     # --- chunks -----------------------------------------------------------------------------
     def hash(self, chunks: list[Chunk]) -> None:
-        """Fill in every chunk's id (blake3 of its raw bytes), on the workers."""
-        for chunk, cid in zip(chunks, self._workers().map(lambda c: objects.chunk_id(c.ready()), chunks)):
+        """Fill in every chunk's id (blake3 of its raw bytes), on the workers; the guard
+        measures watched chunks in the same pass."""
+        for chunk, (cid, stats) in zip(chunks, self._workers().map(self.guard.hash_chunk, chunks)):
             chunk.id = cid
+            self.guard.record(chunk, stats)
 
     def pin(self, chunk_ids: Iterable[str]) -> set[str]:
         """Pin the chunks the store has among ``chunk_ids`` to this session; return those."""
@@ -191,8 +195,16 @@ class LocalTake:
     # --- the commit -------------------------------------------------------------------------
     def manifest(self, apps: dict[str, Any], entries: dict[str, Entry], **header: Any) -> Manifest:
         """The manifest of this take: ``apps`` and ``entries`` under the spec's labels
-        (``header`` adds distributed fields: ``world_size``, ``ranks``, ``dcp``)."""
-        return Manifest(apps, entries, self.spec.header(created_at=self.started, session=self.session, **header))
+        (``header`` adds distributed fields: ``world_size``, ``ranks``, ``dcp``), with the
+        guard's findings as its ``health``.
+
+        Raises:
+            NonFiniteError, StaleStateError: the guard refused the state (``on_nonfinite`` /
+                ``on_stale`` ``"raise"``); nothing is committed.
+        """
+        health = self.guard.assess(entries).to_dict()
+        return Manifest(apps, entries, self.spec.header(created_at=self.started, session=self.session,
+                                                        **header, **({"health": health} if health else {})))
 
     def put_manifest(self, manifest: Manifest, validate: bool = False) -> tuple[str, int]:
         """Store ``manifest`` (durable, visible to nobody yet); its id and size."""
@@ -223,6 +235,7 @@ class LocalTake:
                                  packs=self._deferred, **(figures or self.stats.figures()))
         self._live_lease().committed = True
         self.repo.committed(record)
+        remember(record.manifest_id, manifest)  # the run's next take compares with it
         return record
 
     def hand_over(self) -> None:

@@ -13,7 +13,8 @@ import torch
 
 from ..errors import KeyNotFoundError, MismatchError
 from ..format.manifest import Manifest, PerRankEntry
-from ..format.tree import ABSENT, prune, subtree, tree_refs, unflatten
+from ..format.tree import ABSENT, join, prune, subtree, tree_refs, unflatten
+from .dcp_keys import DCP_APP, app_paths, is_dcp_manifest, nest, recorded_paths
 from .restore import Reader, check_destination, is_dtensor_dest
 
 
@@ -63,17 +64,35 @@ def read_state(reader: Reader, app: str) -> Any:
     """The state dict of app_state name ``app`` as the take stored it for ``reader.rank``.
 
     Per-rank values that rank has none of (the take had fewer ranks) are left out, as
-    TorchSnapshot's ``get_state_dict_for_key`` does.
+    TorchSnapshot's ``get_state_dict_for_key`` does. For a snapshot written by ``dcp.save``
+    (whose only app is ``"dcp"``), ``app`` is a top-level key of the state given to
+    ``dcp.save``: the state under it is rebuilt from the paths DCP recorded, as ``dcp.load``
+    would fill it (``"dcp"`` itself still gives the flat FQN -> value dict).
 
     Raises:
-        KeyNotFoundError: the snapshot has no app_state name ``app``.
+        KeyNotFoundError: the snapshot has no app_state name ``app`` (the message lists those
+            it has).
     """
     m = reader.manifest
+    if app not in m.apps and is_dcp_manifest(m):
+        return _dcp_state(reader, app)
     if app not in m.apps:
         raise KeyNotFoundError(f"{reader.where} has no app_state key {app!r} (it has {sorted(m.apps)})")
     keys = {k for k in tree_refs(m.apps[app]) if reader.has_value(k)}
     tensors = reader.read_tensors([k for k in sorted(keys) if reader.is_tensor(k)])
     return prune(unflatten(m.apps[app], lambda k: reader.value_of(k, tensors) if k in keys else ABSENT))
+
+
+def _dcp_state(reader: Reader, app: str) -> Any:
+    """The state ``dcp.save`` was given under ``app``, rebuilt from the paths it recorded."""
+    m = reader.manifest
+    paths = app_paths(m, app)
+    if not paths:
+        apps = sorted({p[0] for p in recorded_paths(m).values()}) or sorted(m.apps)
+        raise KeyNotFoundError(f"{reader.where} (a dcp.save) has no app_state key {app!r} (it has {apps})")
+    keys = {fqn: join(DCP_APP, fqn) for fqn in paths}
+    tensors = reader.read_tensors([k for k in keys.values() if reader.is_tensor(k)])
+    return nest({paths[fqn]: reader.value_of(key, tensors) for fqn, key in keys.items()})
 
 
 def _per_rank_values(reader: Reader, key: str) -> list[Any]:

@@ -341,6 +341,12 @@ class SnapshotFields:
         return describe(self.record)
 
     @property
+    def healthy(self) -> bool | None:
+        """True if its take found no NaN or Inf, False if it found some, None if it recorded
+        no health (taken before ckstore did, or with ``health=False``)."""
+        return self.record.healthy
+
+    @property
     def stats(self) -> dict[str, int]:
         """Logical bytes, new bytes and chunks stored, chunks reused."""
         r = self.record

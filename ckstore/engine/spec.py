@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import InvalidInputError
+from ..format.health import POLICIES
 from ..format.limits import INT64_MAX, check_int, check_metadata, check_number
 from ..format.manifest import canonical_json, snapshot_header
 from ..index import tag_specs, validate_name
@@ -41,6 +42,17 @@ class TakeSpec:
             on one rank only needs, as DCP's ``no_dist``).
         move_tags: move a tag that already exists to this snapshot (otherwise the take is
             refused, as ``tag`` without ``force``).
+        on_nonfinite: what a take does when a tensor holds NaN or Inf: ``"warn"`` (default:
+            commit, recorded unhealthy, one warning per key pattern), ``"raise"``
+            (NonFiniteError, nothing committed) or ``"ignore"`` (commit, recorded, silent).
+        on_stale: the same for tensors that should train and did not change since the run's
+            previous snapshot although the step advanced (StaleStateError on ``"raise"``).
+        health: measure NaN, Inf and norms per tensor while hashing (False: skip it; the
+            snapshot's health is then unknown). Staleness is checked either way.
+        trainable: key globs of tensors that should change on every take, besides the live
+            parameters and optimizer moments recognised (``engine/trainable.py``).
+        trainable_keys: keys of the live parameters that train, found by the facade on the
+            app_state's modules (``trainable.trainable_keys``) before ``state_dict()``.
     """
 
     run: str = "default"
@@ -54,6 +66,11 @@ class TakeSpec:
     staging_budget: int | None = None
     no_dist: bool = False
     move_tags: bool = False
+    on_nonfinite: str = "warn"
+    on_stale: str = "warn"
+    health: bool = True
+    trainable: tuple[str, ...] = ()
+    trainable_keys: frozenset[str] = frozenset()
 
     @classmethod
     def of(
@@ -70,13 +87,20 @@ class TakeSpec:
         staging_budget: int | None = None,
         no_dist: bool = False,
         move_tags: bool = False,
+        on_nonfinite: str = "warn",
+        on_stale: str = "warn",
+        health: bool = True,
+        trainable: Iterable[str] | None = (),
+        trainable_keys: Iterable[str] = (),
     ) -> TakeSpec:
         """Check every argument and build the description.
 
         Raises:
             InvalidInputError: a bad run, step, name or tag (the message names it), metadata
                 that is not JSON-able, a string where a list of names or globs belongs, a
-                non-positive ``dist_timeout`` or a negative ``staging_budget``.
+                non-positive ``dist_timeout``, a negative ``staging_budget``, an
+                ``on_nonfinite`` / ``on_stale`` other than ``"warn"``, ``"raise"``,
+                ``"ignore"``, or a ``health`` that is not a bool.
         """
         if step is not None:
             step = check_int("step", step, 0, INT64_MAX)
@@ -94,8 +118,13 @@ class TakeSpec:
         if staging_budget is not None:
             staging_budget = check_int("staging_budget", staging_budget)
         meta = _json_metadata(metadata)
+        if not isinstance(health, bool):
+            raise InvalidInputError(f"health must be True or False, got {health!r}")
         return cls(run, step, tag_names, MappingProxyType(meta), name, check_delta_base(delta_base),
-                   globs, dist_timeout, staging_budget, bool(no_dist), bool(move_tags))
+                   globs, dist_timeout, staging_budget, bool(no_dist), bool(move_tags),
+                   _policy("on_nonfinite", on_nonfinite), _policy("on_stale", on_stale), health,
+                   _names("trainable", "key globs", trainable or ()),
+                   frozenset(_names("trainable_keys", "keys", trainable_keys)))
 
     def evolve(self, **changes: Any) -> TakeSpec:
         """This description with ``changes`` (arguments of :meth:`of`), checked again."""
@@ -125,7 +154,14 @@ class TakeSpec:
         return {"run": self.run, "step": self.step, "tags": self.tags, "metadata": dict(self.metadata),
                 "name": self.name, "delta_base": self.delta_base, "replicated": self.replicated,
                 "dist_timeout": self.dist_timeout, "staging_budget": self.staging_budget, "no_dist": self.no_dist,
-                "move_tags": self.move_tags}
+                "move_tags": self.move_tags, "on_nonfinite": self.on_nonfinite, "on_stale": self.on_stale,
+                "health": self.health, "trainable": self.trainable, "trainable_keys": sorted(self.trainable_keys)}
+
+
+def _policy(what: str, value: Any) -> str:
+    if value not in POLICIES:
+        raise InvalidInputError(f"{what} must be one of {', '.join(map(repr, POLICIES))}, got {value!r}")
+    return str(value)
 
 
 def _rebuild(fields: dict[str, Any]) -> TakeSpec:

@@ -110,6 +110,11 @@ def _plan_tensor(p: _Plan, key: str, value: Any, opts: TakeOptions) -> None:
     p.entries[key] = TensorEntry(name, shape, (), grid.block, container=container, device=device)
 
 
+def dtypes_of(p: _Plan) -> dict[str, str]:
+    """Chunked key -> dtype name (what the take's guard measures)."""
+    return {key: e.dtype for key, e in p.entries.items() if key in p.boxes and isinstance(e, TensorEntry)}
+
+
 def with_base(p: _Plan, base: Manifest | None, opts: TakeOptions) -> None:
     """Give the plan's chunks their candidate bases in ``base`` (when deltas are on)."""
     if base is not None and opts.delta_depth > 0:
@@ -136,6 +141,7 @@ def take(repo: Repository, states: Mapping[str, Any], spec: TakeSpec) -> TakeRes
     """
     t = LocalTake(repo, spec)
     p = plan(states, t.opts)
+    t.guard.watch(dtypes_of(p))
     with_base(p, repo.delta_manifest(spec.delta_base, spec.run), t.opts)
     with t:
         stored: list[tuple[Manifest, tuple[str, int]]] = []
@@ -195,6 +201,7 @@ def take_async(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, budg
     staged, live, used = stage_within(states, budget)
     t = LocalTake(repo, spec)
     p = plan(staged, t.opts)
+    t.guard.watch(dtypes_of(p))
     with_base(p, repo.delta_manifest(spec.delta_base, spec.run), t.opts)
     now = [c for c in p.chunks if c.key in live]
     t.open()

@@ -192,14 +192,17 @@ ABSENT = object()
 
 
 def prune(obj: Any) -> Any:
-    """``obj`` (from :func:`unflatten`) without :data:`ABSENT` leaves, in dicts, lists, tuples."""
+    """``obj`` (from :func:`unflatten`) without :data:`ABSENT` leaves, in dicts, lists, tuples.
+
+    Leaves are returned as they are: a ``torch.Size`` (a tuple subclass) stays a ``torch.Size``.
+    """
     if isinstance(obj, dict):
         out = type(obj)((k, prune(v)) for k, v in obj.items() if v is not ABSENT)
         meta = getattr(obj, "_metadata", None)
         if meta is not None:
             out._metadata = meta  # type: ignore[attr-defined]
         return out
-    if isinstance(obj, (list, tuple)):
+    if type(obj) in (list, tuple):  # not a subclass: a torch.Size leaf is a value, kept as it is
         items = [prune(v) for v in obj if v is not ABSENT]
         return items if isinstance(obj, list) else tuple(items)
     return obj

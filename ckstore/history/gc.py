@@ -54,6 +54,8 @@ class GCReport:
     packs_removed: int = 0
     manifests_removed: int = 0
     orphans_removed: int = 0
+    uploads_aborted: int = 0
+    """Unfinished multipart uploads (S3) of writers that died mid-put, aborted with the orphans."""
     bytes_reclaimed: int = 0
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     grace_kept_chunks: int = 0
@@ -85,11 +87,12 @@ def gc(
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     repack_below: float = DEFAULT_REPACK_BELOW,
     dry_run: bool = False,
+    keep_healthy: bool = True,
 ) -> GCReport:
     """Forget the snapshots the policy drops, then prune what nothing references.
 
     Args:
-        keep_last, keep_every_steps, keep_tagged, older_than, runs: the retention policy
+        keep_last, keep_every_steps, keep_tagged, older_than, runs, keep_healthy: the retention policy
             (see :class:`ckstore.history.policy.Policy`); with none of the first three set only prune.
         grace_seconds: unreferenced data younger than this, and retired packs retired more
             recently than this, are kept (readers that resolved a location just before may still
@@ -104,7 +107,7 @@ def gc(
     """
     grace_seconds = check_number("gc: grace_seconds", grace_seconds, 0.0, MAX_SECONDS)
     repack_below = check_number("gc: repack_below", repack_below, 0.0, 1.0)
-    policy = Policy(keep_last, keep_every_steps, keep_tagged, older_than, tuple(runs) if runs else None)
+    policy = Policy(keep_last, keep_every_steps, keep_tagged, older_than, tuple(runs) if runs else None, keep_healthy)
     report = GCReport(dry_run=dry_run, grace_seconds=grace_seconds)
     now = time.time()
     cutoff = now - grace_seconds
@@ -226,9 +229,10 @@ def _delete_retired(store: Repository, report: GCReport, cutoff: float) -> None:
 
 
 def _delete_orphans(store: Repository, report: GCReport, cutoff: float) -> None:
-    """Delete packs/manifests the index does not know, and what interrupted writes left
-    (temporary files last written before both the listing and ``cutoff``), if no write session
-    is alive.
+    """Delete packs/manifests the index does not know, what interrupted writes left (temporary
+    files last written before both the listing and ``cutoff``) and abort unfinished uploads
+    (S3 multipart uploads of writers killed mid-put, listed before the check), if no write
+    session is alive.
 
     Every object was written inside some write session. If, after listing, no session is
     alive, each writer of a listed object either committed (so its objects are in the index by
@@ -239,9 +243,13 @@ def _delete_orphans(store: Repository, report: GCReport, cutoff: float) -> None:
     listed = time.time()
     packs = set(store.objects.list_packs())
     manifests = set(store.objects.list_blobs("manifests"))
+    uploads = store.objects.partial_uploads()
     if store.index.live_sessions():
         return
     report.orphans_removed += store.objects.backend.sweep_temporary(min(listed, cutoff))
+    for name, upload_id in uploads:  # listed before the check: their writers are gone too
+        store.objects.discard_upload(name, upload_id)
+        report.uploads_aborted += 1
     for pack_id in packs - store.index.index_pack_ids():
         report.bytes_reclaimed += store.objects.pack_size(pack_id)
         store.objects.delete_pack(pack_id)

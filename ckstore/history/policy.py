@@ -25,6 +25,8 @@ class Policy:
         keep_tagged: keep every tagged snapshot.
         older_than: only snapshots older than this many seconds are eligible.
         runs: only snapshots of these runs are eligible (None: all runs).
+        keep_healthy: keep each run's newest healthy snapshot (its take recorded no NaN or
+            Inf), so a run that diverged can always be rolled back (``run@healthy``).
     """
 
     keep_last: int | None = None
@@ -32,6 +34,7 @@ class Policy:
     keep_tagged: bool = True
     older_than: float | None = None
     runs: tuple[str, ...] | None = None
+    keep_healthy: bool = True
 
     def __post_init__(self) -> None:
         if self.keep_last is not None:
@@ -54,6 +57,10 @@ class Policy:
             return []
         now = time.time() if now is None else now
         rank: dict[str, int] = defaultdict(int)
+        healthy: dict[str, str] = {}  # run -> its newest healthy snapshot
+        for s in snapshots:
+            if s.healthy:
+                healthy.setdefault(s.run, s.id)
         drop = []
         for s in snapshots:  # newest first, so rank counts from the newest of each run
             position = rank[s.run]
@@ -63,6 +70,8 @@ class Policy:
             if self.older_than is not None and now - s.created_at < self.older_than:
                 continue
             if self.keep_tagged and s.id in tagged:
+                continue
+            if self.keep_healthy and healthy.get(s.run) == s.id:
                 continue
             if self.keep_last is not None and position < self.keep_last:
                 continue

@@ -24,6 +24,7 @@ from ..engine.commit import entry_records
 from ..engine.lease import Lease
 from ..engine.locations import to_records
 from ..errors import CkstoreError, ConflictError, CorruptionError
+from ..format.health import summary as health_summary
 from ..format.manifest import Manifest, PerRankEntry
 from ..index import PackRecord, SnapshotRecord
 from ..objects.delta import MAX_CHAIN
@@ -150,6 +151,7 @@ def _commit(store: Repository, lease: Lease, manifest_id: str, manifest: Manifes
     except CorruptionError as exc:
         report.skipped.append(f"manifest {manifest_id}: {exc}")
         return
+    summary = health_summary(header)  # what the take found is in the header: the index keeps it again
     record = SnapshotRecord(
         id=manifest_id,
         run=str(header.get("run", "default")),
@@ -164,6 +166,8 @@ def _commit(store: Repository, lease: Lease, manifest_id: str, manifest: Manifes
         reused_chunks=counts["reused_chunks"],
         name=header.get("name"),
         world_size=world,
+        nonfinite=summary[0],
+        stale=summary[1],
     )
     raw = store.objects.get_blob("manifests", manifest_id)
     # commit_snapshot ends the session it commits under: give each snapshot its own session.

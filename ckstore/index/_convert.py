@@ -113,7 +113,17 @@ def snapshot(row: Row[Any]) -> SnapshotRecord:
         reused_chunks=row.reused_chunks,
         name=row.name,
         world_size=row.world_size,
+        nonfinite=_count(row.nonfinite, "nonfinite", row.id),
+        stale=_count(row.stale, "stale", row.id),
     )
+
+
+def _count(value: Any, what: str, snapshot_id: Any) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise RowError(f"the {what} count of snapshot {str(snapshot_id)[:64]!r} is {value!r:.80}")
+    return value
 
 
 def _metadata(row: Row[Any]) -> dict[str, Any]:
@@ -140,6 +150,8 @@ def snapshot_row(record: SnapshotRecord, seq: int) -> dict[str, Any]:
         "reused_chunks": record.reused_chunks,
         "name": record.name,
         "world_size": record.world_size,
+        "nonfinite": record.nonfinite,
+        "stale": record.stale,
     }
 
 

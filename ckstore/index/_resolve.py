@@ -4,6 +4,8 @@ Tried in order, first match wins:
 
 1. ``run@step``: the snapshot of that run at that step (the newest if several). Both parts
    are required: ``@5`` and ``run@`` are malformed (InvalidInputError, like a bad step).
+   ``run@healthy``: the run's newest snapshot whose take recorded no NaN or Inf (names never
+   hold ``@`` and steps are integers, so neither form can mean anything else).
 2. A tag name. A tag never takes the name of a run (``_refnames``); should a store made
    before that rule hold a tag and a run of one name pointing at different snapshots, the
    name is ambiguous: an error naming both.
@@ -79,12 +81,18 @@ def _refuse_tag_run_ambiguity(conn: Connection, name: str, tagged: str) -> None:
         )
 
 
+HEALTHY = "healthy"
+"""``run@healthy``: the run's newest snapshot recorded free of NaN and Inf."""
+
+
 def _by_step(conn: Connection, ref: str) -> Row[Any]:
     run, _, step_text = ref.rpartition("@")
     if not run:
         raise InvalidInputError(
             f"bad ref {ref!r}: a run name comes before '@', as in run{ref if step_text else '@100'}"
         )
+    if step_text == HEALTHY:
+        return _healthy(conn, run, ref)
     try:
         step = int(step_text)
     except ValueError:
@@ -99,6 +107,17 @@ def _by_step(conn: Connection, ref: str) -> Row[Any]:
     row = _latest(conn, (s.c.run == run) & (s.c.step == step))
     if row is None:
         raise SnapshotNotFoundError(_not_found_message(conn, ref, f"run {run!r} at step {step}"))
+    return row
+
+
+def _healthy(conn: Connection, run: str, ref: str) -> Row[Any]:
+    s = _sql.snapshots
+    row = _latest(conn, (s.c.run == run) & (s.c.nonfinite == 0))
+    if row is None:
+        recorded = conn.scalar(select(s.c.id).where((s.c.run == run) & s.c.nonfinite.is_not(None)).limit(1))
+        why = ("every snapshot it recorded health for holds NaN or Inf" if recorded is not None
+               else "none of its snapshots recorded health (taken before ckstore did, or with health=False)")
+        raise SnapshotNotFoundError(_not_found_message(conn, ref, f"a healthy snapshot of run {run!r}: {why}"))
     return row
 
 

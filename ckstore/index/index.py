@@ -396,9 +396,12 @@ class Index(MaintenanceMixin, SharingMixin, CompactionMixin):
             return _convert.snapshot(_resolve.resolve(conn, ref))
 
     def list_snapshots(
-        self, run: str | None = None, limit: int | None = None
+        self, run: str | None = None, limit: int | None = None, *, healthy: bool = False
     ) -> list[SnapshotRecord]:
         """Lists snapshots newest first: by commit order within a run, else by created_at.
+
+        ``healthy`` keeps only snapshots whose take recorded no NaN or Inf (``nonfinite = 0``;
+        those without a record are unknown and left out), from the index alone.
 
         Raises:
             InvalidInputError: If ``limit`` is not None or an int from 0 to 2**63-1.
@@ -409,6 +412,8 @@ class Index(MaintenanceMixin, SharingMixin, CompactionMixin):
             raise InvalidInputError(f"limit must be None or an int from 0 to 2**63-1, got {limit!r}")
         s = _sql.snapshots
         query = select(s)
+        if healthy:
+            query = query.where(s.c.nonfinite == 0)
         if run is not None:
             query = query.where(s.c.run == run).order_by(s.c.seq.desc())
         else:

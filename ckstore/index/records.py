@@ -99,6 +99,10 @@ class SnapshotRecord:
         reused_chunks: Chunks reused from earlier snapshots.
         name: Optional unique snapshot name (e.g. a TorchSnapshot path).
         world_size: Number of ranks that wrote it.
+        nonfinite: NaN and Inf elements the take counted in its tensors (0: healthy), or None
+            when it recorded no health (taken before ckstore did, or with ``health=False``).
+        stale: Tensors that should have changed since the run's previous snapshot and did
+            not, or None when not checked (a run's first snapshot, a step that did not advance).
     """
 
     id: str
@@ -114,6 +118,13 @@ class SnapshotRecord:
     reused_chunks: int
     name: str | None = None
     world_size: int = 1
+    nonfinite: int | None = None
+    stale: int | None = None
+
+    @property
+    def healthy(self) -> bool | None:
+        """True if the take found no NaN or Inf, False if it found some, None if unknown."""
+        return None if self.nonfinite is None else self.nonfinite == 0
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import struct
-import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,7 +32,9 @@ from ..engine.repository import Repository, SnapshotView
 from ..errors import InvalidInputError, NotFoundError
 from . import _dcpdir, _hf, _outdir, _torchfile
 from ._apps import SOURCE_APP, app_state_of, select
+from ._digests import torch_file_digests, verify_checkpoint, write_sidecar
 from ._hf import DEFAULT_SHARD_BYTES
+from ._safeload import is_zip
 from ._source import Source, load_source
 from ._spill import Spill
 
@@ -52,6 +53,8 @@ __all__ = [
     "detect_format",
     "export_snapshot",
     "load_checkpoint",
+    "torch_file_digests",
+    "verify_checkpoint",
 ]
 
 
@@ -71,7 +74,7 @@ def detect_format(path: str) -> str:
     lower = path.lower()
     if lower.endswith(".safetensors"):
         return "safetensors"
-    if lower.endswith(TORCH_SUFFIXES) or zipfile.is_zipfile(path):
+    if lower.endswith(TORCH_SUFFIXES) or is_zip(path):
         return "torch"
     with open(path, "rb") as f:
         head = f.read(9)
@@ -162,7 +165,8 @@ def export_snapshot(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     memory_budget: int | None = None,
 ) -> ExportReport:
-    """Write the snapshot (or the keys matching ``keys`` globs) to directory ``dest``."""
+    """Write the snapshot (or the keys matching ``keys`` globs) to directory ``dest``, with
+    the digests that prove it (safetensors metadata, ``ckstore-digests.json``)."""
     dest = os.path.abspath(os.fspath(dest))
     if format not in EXPORT_FORMATS:
         raise InvalidInputError(f"unknown export format {format!r}; use one of {', '.join(EXPORT_FORMATS)}")
@@ -184,4 +188,5 @@ def export_snapshot(
             done = _dcpdir.export(view, out, selected, src, budget)
         else:
             done = _hf.export(view, out, selected, src, shard_bytes, budget)
+        done["files"] = [*done["files"], write_sidecar(view, out, done.get("tensor_digests", {}))]
     return ExportReport(dest, format, done["files"], done["tensors"], done.get("skipped_values", []))

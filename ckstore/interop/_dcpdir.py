@@ -110,13 +110,16 @@ def _planner_class() -> Any:
 
 
 def _unflatten(flat: dict[str, Any], mapping: Any) -> dict[str, Any]:
-    """Rebuild DCP's nested state dict from its flat fqns (DCP's ``set_element`` rules)."""
-    if not isinstance(mapping, dict) or set(mapping) != set(flat):
+    """Rebuild DCP's nested state dict from its flat fqns (DCP's ``set_element`` rules).
+
+    ``mapping`` (DCP's ``planner_data``) comes from the checkpoint's ``.metadata``: unless it
+    is a consistent nesting (every path of str keys and list indexes, no index past the number
+    of leaves, no leaf that is also a container), the flat fqns are kept as they are.
+    """
+    if not _nesting_ok(flat, mapping):
         return flat
     root: dict[str, Any] = {}
     for fqn, path in mapping.items():
-        if not isinstance(path, tuple) or not path:
-            return flat
         node: Any = root
         for here, nxt in zip(path, path[1:]):
             fresh: Any = {} if isinstance(nxt, str) else []
@@ -136,6 +139,25 @@ def _unflatten(flat: dict[str, Any], mapping: Any) -> dict[str, Any]:
                 node.append(None)
             node[last] = flat[fqn]
     return root
+
+
+def _nesting_ok(flat: dict[str, Any], mapping: Any) -> bool:
+    """Whether ``mapping`` nests ``flat``'s fqns without conflicts and within bounds."""
+    if not isinstance(mapping, dict) or set(mapping) != set(flat):
+        return False
+    kinds: dict[tuple[Any, ...], str] = {}  # path prefix -> "dict", "list" or "leaf"
+    for path in mapping.values():
+        if not isinstance(path, tuple) or not path or not isinstance(path[0], str):
+            return False  # the root is a dict
+        for i, part in enumerate(path):
+            if isinstance(part, bool) or not isinstance(part, (str, int)):
+                return False
+            if isinstance(part, int) and not 0 <= part < len(mapping):  # a list holds a leaf per index at most
+                return False
+            kind = "leaf" if i == len(path) - 1 else ("dict" if isinstance(path[i + 1], str) else "list")
+            if kinds.setdefault(path[: i + 1], kind) != kind:
+                return False  # one place both a leaf and a container, or both a dict and a list
+    return True
 
 
 # --- export --------------------------------------------------------------------------------------

@@ -25,9 +25,12 @@ from typing import Any
 import torch
 
 from ..engine.repository import SnapshotView
-from ..errors import CorruptionError, InvalidInputError
+from ..errors import InvalidInputError
+from ..format.digests import SIDECAR
 from ..format.manifest import TensorEntry
 from ._apps import FLAT_APP, SOURCE_APP, Held, flat_names, is_flat
+from ._digests import object_digests
+from ._outdir import inside
 from ._read import build_objects, entry_of, tensor_bytes
 from ._safeload import load_torch
 from ._safetensors import Planned, check_dtype, map_tensors, read_header, write_stream
@@ -65,8 +68,8 @@ def import_folder(path: str) -> tuple[dict[str, Any], Source]:
     apps: dict[str, Any] = {FLAT_APP: Held(folder.weights)} if folder.weights else {}
     for rel in _files(path):
         full = os.path.join(path, rel)
-        if rel in folder.weight_files or rel in (INDEX_NAME, BIN_INDEX_NAME):
-            continue
+        if rel in folder.weight_files or rel in (INDEX_NAME, BIN_INDEX_NAME, SIDECAR):
+            continue  # (an export's digests are checked by the import, and written by the next export)
         if "/" not in rel and rel.endswith(TORCH_SUFFIXES):
             app = rel.rsplit(".", 1)[0]
             if app in apps or app == SOURCE_APP:
@@ -160,9 +163,10 @@ def export(view: SnapshotView, out: str, keys: list[str], src: Source | None, sh
         check_dtype(e.dtype, k)
         planned.append(Planned(names[k], k, e.dtype, e.shape))
     files = _write_shards(view, out, planned, src, shard_bytes, budget)
-    files += _write_torch_files(view, out, keys, torch_apps, budget)
+    digests: dict[str, dict[str, str]] = {}
+    files += _write_torch_files(view, out, keys, torch_apps, budget, digests)
     files += _write_kept(view, out)
-    return {"files": files, "tensors": len(planned), "skipped_values": skipped}
+    return {"files": files, "tensors": len(planned), "skipped_values": skipped, "tensor_digests": digests}
 
 
 def _shards(planned: list[Planned], shard_bytes: int) -> list[list[Planned]]:
@@ -200,7 +204,8 @@ def _write_shards(view: SnapshotView, out: str, planned: list[Planned], src: Sou
     return [*names, INDEX_NAME]
 
 
-def _write_torch_files(view: SnapshotView, out: str, keys: list[str], torch_apps: dict[str, str], budget: int) -> list[str]:
+def _write_torch_files(view: SnapshotView, out: str, keys: list[str], torch_apps: dict[str, str], budget: int,
+                       digests: dict[str, dict[str, str]]) -> list[str]:
     written = []
     for app, rel in torch_apps.items():
         mine = [k for k in keys if k.split("/", 1)[0] == app]
@@ -208,7 +213,8 @@ def _write_torch_files(view: SnapshotView, out: str, keys: list[str], torch_apps
             continue
         with Spill(budget, out) as spill:
             obj = build_objects(view, mine, spill, view.reader())[app]
-            torch.save(obj, os.path.join(out, rel))
+            torch.save(obj, inside(out, rel, f"snapshot {view.ref}"))
+            digests[rel] = object_digests(obj)
         written.append(rel)
     return written
 
@@ -219,10 +225,7 @@ def _write_kept(view: SnapshotView, out: str) -> list[str]:
         return []
     reader = view.reader()
     for rel, key in kept.items():
-        parts = rel.split("/")
-        if any(p in ("", ".", "..") for p in parts) or os.path.isabs(rel):
-            raise CorruptionError(f"snapshot {view.ref}: kept file path {rel!r} is not a relative path")
-        dest = os.path.join(out, *parts)
+        dest = inside(out, rel, f"snapshot {view.ref}")
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         with open(dest, "wb") as f:
             f.write(reader.read_tensors([key])[key].numpy().tobytes())

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..errors import DestinationExistsError
+from ..errors import CorruptionError, DestinationExistsError
 
 
 def check_destination(dest: str, force: bool) -> None:
@@ -30,8 +30,14 @@ def check_destination(dest: str, force: bool) -> None:
 
 @contextmanager
 def staged(dest: str, force: bool) -> Iterator[str]:
-    """Yield a temporary directory to fill; on success it becomes ``dest``."""
+    """Yield a temporary directory to fill; on success it becomes ``dest``.
+
+    A ``dest`` that is a symbolic link to a directory stands for that directory: the export
+    is published there (renaming onto the link itself would fail once everything is written).
+    """
     dest = os.path.abspath(dest)
+    if os.path.islink(dest) and os.path.isdir(dest):
+        dest = os.path.realpath(dest)  # the directory the link names is the one to fill
     check_destination(dest, force)
     parent = os.path.dirname(dest)
     os.makedirs(parent, exist_ok=True)
@@ -46,6 +52,19 @@ def staged(dest: str, force: bool) -> Iterator[str]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def inside(out: str, rel: str, where: str) -> str:
+    """The path of file ``rel`` (relative, '/'-separated, from a snapshot) under ``out``.
+
+    Raises:
+        CorruptionError: ``rel`` is absolute, empty, or has an empty, ``.`` or ``..`` part: a
+            name recorded in a snapshot must never reach outside the export's directory.
+    """
+    parts = rel.split("/")
+    if not rel or os.path.isabs(rel) or "\x00" in rel or any(p in ("", ".", "..") for p in parts):
+        raise CorruptionError(f"{where}: file name {rel!r} is not a relative path inside the export")
+    return os.path.join(out, *parts)
 
 
 def _publish(tmp: str, dest: str, force: bool) -> None:

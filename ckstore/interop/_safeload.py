@@ -48,23 +48,37 @@ def load_torch(path: str) -> Any:
         UnsafePickleError: the file needs arbitrary unpickling; nothing of it ran.
         InvalidInputError: the file is not a ``torch.save`` file.
     """
-    is_zip = zipfile.is_zipfile(path)
+    zipped = is_zip(path)
     try:
         with torch.serialization.safe_globals(_NUMPY_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=zipped)
     except pickle.UnpicklingError as exc:
-        needs = _unsafe_globals(path) if is_zip else []
+        needs = _unsafe_globals(path) if zipped else []
         what = f"it needs {', '.join(needs)}" if needs else f"the restricted unpickler refused it ({_first_line(exc)})"
         raise UnsafePickleError(
             f"{path}: refused to load: this torch.save file can only be loaded by unpickling "
             f"arbitrary objects, which can run code ({what}). ckstore loads checkpoint files "
             f"with weights_only=True only and ran nothing from it. {trust_hint(path)}"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
+    except Exception as exc:  # noqa: BLE001 - a damaged file makes the loader raise anything
+        # (IndexError, TypeError, AssertionError, BadZipFile...): at this trust boundary every
+        # one of them means the same, a file that is not a readable torch.save file
         raise InvalidInputError(
-            f"{path}: not a readable torch.save file ({_first_line(exc)}); pass --format if it is "
-            "another format"
+            f"{path}: not a readable torch.save file ({type(exc).__name__}: {_first_line(exc)}); "
+            "pass --format if it is another format"
         ) from exc
+
+
+def is_zip(path: str) -> bool:
+    """Whether ``path`` looks like a zip archive (the torch.save format since torch 1.6).
+
+    ``zipfile.is_zipfile`` raises ``BadZipFile`` on some damaged end records instead of
+    answering False; such a file is no readable zip either.
+    """
+    try:
+        return zipfile.is_zipfile(path)
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
 
 
 def _unsafe_globals(path: str) -> list[str]:
@@ -167,3 +181,6 @@ def load_dcp_value(data: io.BytesIO, fqn: str, where: str) -> Any:
             "run code; ckstore ran nothing from it. If you trust the checkpoint, dcp.load it "
             "yourself and store.take the state"
         ) from None
+    except Exception as exc:  # noqa: BLE001 - damaged bytes make the loader raise anything
+        raise InvalidInputError(f"{where}: value {fqn!r} is not a readable torch.save value "
+                                f"({type(exc).__name__}: {_first_line(exc)})") from exc

@@ -19,9 +19,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+import blake3
 import torch
 
 from ..errors import CorruptionError, InvalidInputError, UnsupportedValueError
+from ..format.digests import METADATA_KEY, ZERO, metadata_value, self_digest
 from ..format.dtypes import DTYPES
 
 MAX_HEADER_BYTES = 100_000_000
@@ -177,17 +179,33 @@ def check_dtype(dtype: str, key: str) -> None:
 
 
 def write_stream(f: BinaryIO, items: list[Planned], metadata: dict[str, str], chunks: Iterator[tuple[str, memoryview]]) -> None:
-    """Write a whole file: the header, then each item's bytes in order from ``chunks``.
+    """Write a whole file: the header, then each item's bytes in order from ``chunks``, and
+    the file's own digests (docs/FORMAT.md, section 11).
 
     ``chunks`` yields ``(key, bytes)`` pieces in item order; their lengths must add up to each
-    item's size (checked: a short or long tensor would corrupt every offset after it).
+    item's size (checked: a short or long tensor would corrupt every offset after it). Each
+    tensor's BLAKE3 is taken from the same pieces as they are written; the header goes out
+    first with zero digests of the same length and is written again over itself at the end
+    (``f`` must be seekable).
     """
-    f.write(header_bytes(items, metadata))
+    blank = metadata_value({it.name: ZERO for it in items})
+    first = header_bytes(items, {**metadata, METADATA_KEY: blank})
+    f.write(first)
     want = {it.key: it.nbytes for it in items}
     got: dict[str, int] = dict.fromkeys(want, 0)
+    hashers = {it.key: blake3.blake3() for it in items}
     for key, data in chunks:
         f.write(data)
+        hashers[key].update(data)
         got[key] += len(data)
     bad = [k for k in want if got[k] != want[k]]
     if bad:
         raise CorruptionError(f"safetensors export: tensors {bad[:3]} came out with the wrong byte count")
+    sealed = header_bytes(items, {**metadata, METADATA_KEY: metadata_value({it.name: hashers[it.key].hexdigest() for it in items})})
+    claimed = self_digest(sealed, ZERO)
+    sealed = sealed.replace(ZERO.encode(), claimed.encode(), 1)
+    if len(sealed) != len(first):  # pragma: no cover - hex digests have one length
+        raise CorruptionError("safetensors export: the sealed header changed length")
+    f.seek(0)
+    f.write(sealed)
+    f.seek(0, 2)

@@ -19,6 +19,8 @@ import torch
 
 from ..engine.repository import SnapshotView
 from ._apps import app_state_of, is_flat
+from ._digests import object_digests
+from ._outdir import inside
 from ._read import build_objects
 from ._safeload import load_torch
 from ._source import Source
@@ -57,5 +59,8 @@ def export(view: SnapshotView, out: str, keys: list[str], src: Source | None, bu
     name = src.name if src is not None and src.format == "torch" else DEFAULT_NAME
     with Spill(budget, out) as spill:
         objs = build_objects(view, keys, spill, view.reader())
-        torch.save(weights_only_safe(export_object(objs, src)), os.path.join(out, name))
-    return {"files": [name], "tensors": sum(1 for k in keys if view.manifest.entries[k].kind == "tensor")}
+        saved = weights_only_safe(export_object(objs, src))
+        torch.save(saved, inside(out, name, f"snapshot {view.ref}"))
+        digests = object_digests(saved)
+    return {"files": [name], "tensors": sum(1 for k in keys if view.manifest.entries[k].kind == "tensor"),
+            "tensor_digests": {name: digests}}

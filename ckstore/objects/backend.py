@@ -248,6 +248,20 @@ class Backend(abc.ABC):
         when no writer can be alive. The default has nothing to sweep."""
         return 0
 
+    def partial_uploads(self) -> Sequence[tuple[str, str]]:
+        """Writes begun under this backend's root and never finished or discarded, as
+        ``(name, upload id)`` pairs: an S3 multipart upload whose writer died before it
+        completed or aborted it (its parts are stored, and billed, until someone aborts it).
+
+        The default, for backends whose writes leave nothing behind when they fail (local
+        temporary files are removed, or named ``.``-first and never listed), is none.
+        """
+        return []
+
+    def discard_upload(self, name: str, upload_id: str) -> None:  # noqa: B027 - optional hook
+        """Discard one write that :meth:`partial_uploads` listed (idempotent). Only for writes
+        no live writer can still finish: gc calls it when no write session is alive."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. The default does nothing."""
 

@@ -25,7 +25,7 @@ atomic, so that object is complete.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ckstore.errors import CkstoreError, InvalidInputError, StorageError
@@ -211,6 +211,42 @@ class S3Backend(FsspecBackend):
             except Exception:  # noqa: S110 - the original error matters more
                 pass
             raise
+
+    def partial_uploads(self) -> Sequence[tuple[str, str]]:
+        """Multipart uploads under the root never completed or aborted (``ListMultipartUploads``).
+
+        :meth:`_multipart` aborts its upload when it fails, but a writer killed mid-upload
+        (SIGKILL, a lost node) leaves the parts on the server, billed and invisible to
+        :meth:`list`, until an abort. Keys that are no object name are left alone.
+        """
+        bucket, _, base = self._root.partition("/")
+        base = f"{base}/" if base else ""
+        args: dict[str, Any] = {"Bucket": bucket, "Prefix": base}
+        found: list[tuple[str, str]] = []
+        try:
+            while True:
+                page = self._fs.call_s3("list_multipart_uploads", **args)
+                for up in page.get("Uploads", []):
+                    key = str(up["Key"])
+                    if key.startswith(base) and _is_name(key[len(base):]):
+                        found.append((key[len(base):], str(up["UploadId"])))
+                if not page.get("IsTruncated"):
+                    break
+                args["KeyMarker"] = page.get("NextKeyMarker")
+                args["UploadIdMarker"] = page.get("NextUploadIdMarker")
+        except Exception as exc:
+            raise StorageError(f"cannot list the unfinished uploads of store {self.url}: {exc}") from exc
+        return sorted(found)
+
+    def discard_upload(self, name: str, upload_id: str) -> None:
+        """Abort one multipart upload (its parts are deleted); an upload gone already is fine."""
+        bucket, key = self._bucket_key(name)
+        try:
+            self._fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+        except Exception as exc:
+            status, code = _http_error(exc)
+            if status != 404 and code not in {"NoSuchUpload", "404"}:
+                raise self._fail("abort the upload of", name, exc) from exc
 
     def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
         check_range(offset, length)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mmap
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ckstore.errors import CorruptionError, InvalidInputError
@@ -439,6 +439,14 @@ class ObjectStore:
     def delete_pack(self, pack_id: str) -> None:
         """Delete a pack (idempotent)."""
         self._backend.delete(pack_name(pack_id))
+
+    def partial_uploads(self) -> Sequence[tuple[str, str]]:
+        """Unfinished writes the backend holds (see :meth:`Backend.partial_uploads`)."""
+        return self._backend.partial_uploads()
+
+    def discard_upload(self, name: str, upload_id: str) -> None:
+        """Discard one unfinished write (see :meth:`Backend.discard_upload`)."""
+        self._backend.discard_upload(name, upload_id)
 
     def close(self) -> None:
         """Close the backend."""

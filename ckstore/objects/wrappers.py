@@ -9,7 +9,7 @@ import fnmatch
 import os
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ckstore.errors import StorageError
@@ -55,6 +55,12 @@ class WrappingBackend(Backend):
 
     def sweep_temporary(self, older_than: float) -> int:
         return self.inner.sweep_temporary(older_than)
+
+    def partial_uploads(self) -> Sequence[tuple[str, str]]:
+        return self.inner.partial_uploads()
+
+    def discard_upload(self, name: str, upload_id: str) -> None:
+        self.inner.discard_upload(name, upload_id)
 
     def close(self) -> None:
         self.inner.close()

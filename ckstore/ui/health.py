@@ -1,17 +1,20 @@
-"""Health of snapshots (NaN/Inf counts, staleness, norms per layer), where a snapshot records it.
+"""Health of snapshots (NaN/Inf counts, staleness, norms per layer), as takes record it.
 
-All of it goes through ONE adapter, :func:`health_of`, so the page does not depend on where
-or how a take records health (being settled in issue 25). Today the adapter reads the
-manifest's snapshot header ``health`` field, of the shape::
+All of it goes through ONE adapter, :func:`health_of`, which reads the ``health`` field of the
+manifest's snapshot header as every take writes it (docs/FORMAT.md, section 7.6; parsed by
+:class:`ckstore.format.health.Health`)::
 
-    {"tensors": {key: {"nan": int, "inf": int, "norm": float}}, "stale": [key, ...]}
+    {"tensors": {key: {"nan": int, "inf": int, "norm": float | null}}, "nonfinite": int,
+     "stale": [key, ...], "stale_base": {"id": ..., "step": ...}}
 
-and returns None when it is absent or malformed (the page then says "no health recorded").
-Change the adapter, not the page, when the recorded shape is final.
+and returns None when the take measured nothing (a snapshot from before ckstore recorded
+health, or taken with ``health=False``) or the field is malformed: the page then says "no
+health recorded". The page depends on the adapter's output only.
 
 Health needs each snapshot's manifest, so a run's series reads at most ``limit`` manifests
 (evenly spread over the run, the newest always in), each parsed once per process
-(:class:`HealthCache`, keyed by the immutable manifest id).
+(:class:`HealthCache`, keyed by the immutable manifest id). Which snapshots are healthy at all
+is in the index (``record.nonfinite``) without any manifest.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from ..format.health import Health
 from ..format.manifest import Manifest
 from ..index import SnapshotRecord
 from ..store import Store
@@ -34,38 +38,27 @@ MAX_LAYERS = 12
 
 
 def health_of(record: SnapshotRecord, manifest: Manifest) -> dict[str, Any] | None:
-    """The health a snapshot recorded, normalised, or None when it recorded none.
+    """The health a snapshot recorded, normalised for the page, or None when it measured none.
 
     Args:
-        record: The snapshot's index record (unused today; where issue 25 may put a summary).
+        record: The snapshot's index record (its ``nonfinite`` summary agrees with the
+            manifest's figures; the page's list of runs uses the record alone).
         manifest: Its manifest; ``manifest.snapshot["health"]`` is read.
 
     Returns:
         ``{"tensors": {key: {"nan": int, "inf": int, "norm": float | None}},
         "stale": [key, ...], "nan": total, "inf": total}``, or None.
     """
-    raw = (manifest.snapshot or {}).get("health")
-    if not isinstance(raw, dict):
+    found = Health.from_dict((manifest.snapshot or {}).get("health"))
+    if found is None or found.tensors is None:
         return None
-    tensors_in = raw.get("tensors")
-    stale_in = raw.get("stale", [])
-    if not isinstance(tensors_in, dict) or not isinstance(stale_in, list):
-        return None
-    tensors: dict[str, dict[str, Any]] = {}
-    for key, t in tensors_in.items():
-        if isinstance(key, str) and isinstance(t, dict):
-            tensors[key] = {"nan": _count(t.get("nan")), "inf": _count(t.get("inf")), "norm": _number(t.get("norm"))}
-    stale = [k for k in stale_in if isinstance(k, str)]
+    tensors = {k: {"nan": t.nan, "inf": t.inf, "norm": _number(t.norm)} for k, t in found.tensors.items()}
     return {
         "tensors": tensors,
-        "stale": stale,
+        "stale": sorted(found.stale or ()),
         "nan": sum(t["nan"] for t in tensors.values()),
         "inf": sum(t["inf"] for t in tensors.values()),
     }
-
-
-def _count(v: Any) -> int:
-    return v if type(v) is int and v >= 0 else 0
 
 
 def _number(v: Any) -> float | None:

@@ -198,6 +198,7 @@ def test_read_commands_human(shared, capsys):
         "time",
         "logical",
         "new",
+        "health",
         "tags",
     ]
     assert "r@2" in log.stdout and "best" in log.stdout and "KiB" in log.stdout
@@ -382,8 +383,10 @@ def test_gc_arguments_map_to_store_gc():
         "grace_seconds": 12 * 3600.0,
         "repack_below": 0.3,
         "dry_run": True,
+        "keep_healthy": True,
     }
-    assert cli.gc_policy(_args("gc")) == {"dry_run": False, "keep_tagged": True}
+    assert cli.gc_policy(_args("gc")) == {"dry_run": False, "keep_tagged": True, "keep_healthy": True}
+    assert cli.gc_policy(_args("gc", "--no-keep-healthy"))["keep_healthy"] is False
     assert _args("check").read_data is False
     assert _args("check", "--read-data").read_data is True
     assert _args("check", "--read-data", "0.25").read_data == 0.25
@@ -424,6 +427,7 @@ def test_gc_and_check_call_the_store(shared, monkeypatch, capsys):
         "older_than": 5400.0,
         "dry_run": False,
         "keep_tagged": True,
+        "keep_healthy": True,
     }
     assert json.loads(capsys.readouterr().out)["ok"] is True
     assert cli.main(["--store", str(shared), "check", "--read-data", "0.5"]) == 1

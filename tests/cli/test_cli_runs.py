@@ -110,7 +110,7 @@ def test_gc_keep_last_zero_asks_on_a_terminal(two_runs, capsys, terminal) -> Non
     answers, asked = terminal
     s = ("--store", str(two_runs))
     answers.append("no")
-    code, _, err = run(capsys, *s, "gc", "--keep-last", "0")
+    code, _, err = run(capsys, *s, "gc", "--keep-last", "0", "--no-keep-healthy")  # (the newest healthy stays otherwise)
     assert code == 0 and "nothing deleted" in err
     assert "every snapshot of b (1)" in err and "[y/N]" in err  # a keeps its tagged snapshot
     with ckstore.open(two_runs) as store:
@@ -118,9 +118,9 @@ def test_gc_keep_last_zero_asks_on_a_terminal(two_runs, capsys, terminal) -> Non
     code, _, _ = run(capsys, *s, "gc", "--keep-last", "1")  # leaves every run a snapshot: no question
     assert code == 0 and len(asked) == 1
     answers.append("y")
-    code, out, _ = run(capsys, *s, "gc", "--keep-last", "0")
+    code, out, _ = run(capsys, *s, "gc", "--keep-last", "0", "--no-keep-healthy")
     assert code == 0 and "snapshots_dropped: 2 (b@1, a@2)" in out
-    code, out, _ = run(capsys, *s, "gc", "--keep-last", "0", "--no-keep-tagged", "--yes")
+    code, out, _ = run(capsys, *s, "gc", "--keep-last", "0", "--no-keep-tagged", "--no-keep-healthy", "--yes")
     assert code == 0 and "a@" in out and len(asked) == 2  # --yes: not asked
 
 

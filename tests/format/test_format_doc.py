@@ -62,7 +62,7 @@ def _arange4() -> bytes:
 
 def test_every_vector_is_present() -> None:
     want = {"empty-id", "chunk-id", "ckstore-json", "grid", "pieces", "bytegroup", "pack-hex", "pack-id",
-            "manifest-json", "manifest-id", "delta", "payload-digest"}
+            "manifest-json", "manifest-id", "delta", "payload-digest", "health", "export-digests"}
     assert want <= set(VECTORS), sorted(want - set(VECTORS))
 
 
@@ -269,6 +269,37 @@ def test_a_store_writes_the_example_manifest_id(tmp_path: Path) -> None:
     assert (tmp_path / "s" / objects.blob_name("manifests", snap.id)).is_file()
     assert (tmp_path / "s" / "index.sqlite").is_file() and (tmp_path / "s" / "ckstore.json").is_file()
     store.close()
+
+
+def test_health_vector(tmp_path: Path) -> None:
+    import ckstore
+    from ckstore.format.manifest import canonical_json
+
+    store = ckstore.open(tmp_path / "s", create=True, chunk_bytes=16, inline_bytes=0)
+    state = {"m": ckstore.StateDict(w=torch.tensor([3.0, 4.0, float("nan"), float("inf")]), i=torch.arange(4))}
+    snap = store.take(state, run="r", step=1, on_nonfinite="ignore")
+    assert canonical_json(snap.manifest.snapshot["health"]).decode() == VECTORS["health"].strip()  # type: ignore[index]
+    assert (snap.record.nonfinite, snap.record.stale) == (2, None)
+    store.close()
+
+
+def test_export_digests_vector() -> None:
+    import io
+
+    from ckstore.format.digests import METADATA_KEY, self_digest
+    from ckstore.format.tensors import byte_view
+    from ckstore.interop._safetensors import Planned, write_stream
+
+    f = _fields("export-digests")
+    out = io.BytesIO()
+    a = torch.arange(4, dtype=torch.float32)
+    write_stream(out, [Planned("a", "m/a", "float32", (4,))], {"format": "pt"}, iter([("m/a", byte_view(a))]))
+    raw = out.getvalue()
+    n = int.from_bytes(raw[:8], "little")
+    assert (n, len(raw)) == (int(f["header length"]), int(f["file size"]))
+    rec = json.loads(json.loads(raw[8:8 + n])["__metadata__"][METADATA_KEY])
+    assert rec["tensors"] == {"a": f["tensor digest"]} == {"a": _fields("chunk-id")["id"]}
+    assert rec["header"] == f["header digest"] == self_digest(raw[:8 + n], f["header digest"])
 
 
 # --- docs/USAGE.md ---------------------------------------------------------------------------

@@ -355,7 +355,7 @@ def test_export_refuses_non_empty_directory_unless_forced(tmp_path: Path) -> Non
         snap.export(dest)
     assert (dest / "mine.txt").read_text() == "keep me"
     snap.export(dest, force=True)
-    assert sorted(os.listdir(dest)) == ["model.safetensors", "model.safetensors.index.json"]
+    assert sorted(os.listdir(dest)) == ["ckstore-digests.json", "model.safetensors", "model.safetensors.index.json"]
     empty = tmp_path / "empty"
     empty.mkdir()
     snap.export(empty)  # an empty directory is fine

@@ -40,6 +40,8 @@ NO_TORCH = {"errors", "objects", "index"}
 def layer_of(module: str) -> str:
     if module in FACADE:
         return "facade"
+    if module == "ckstore.__main__":
+        return "cli"  # `python -m ckstore` runs the command line
     parts = module.split(".")
     assert parts[0] == "ckstore" and len(parts) > 1, module
     name = parts[1]

@@ -1,21 +1,20 @@
 """A small store with what the page shows: a base run, a fine-tune forked from its tag with a
-frozen backbone, a delta fine-tune, tags, and health recorded in some manifests.
+frozen backbone, a delta fine-tune, tags, and health recorded by the takes.
 
-Health is recorded the way issue 25 is expected to (``manifest.snapshot["health"]``) by wrapping
-the take's manifest header, since takes do not record it yet.
+The takes' guard records health for real: the base run is taken with ``health=False`` (as a
+store from before ckstore recorded health looks to the page), the fine-tune measures it; its
+backbone, left with ``requires_grad`` but never changed, is reported stale from its second
+snapshot on, and ``sft@300`` holds three NaNs in ``head.weight``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import warnings
 from pathlib import Path
-from typing import Any
 
 import torch
 
 import ckstore
-import ckstore.engine.spec as spec_module
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
@@ -48,54 +47,31 @@ def nudge(model: torch.nn.Module, scale: float, only: tuple[str, ...] = ()) -> N
             p.add_(torch.randn_like(p) * scale * depth)
 
 
-def health(model: torch.nn.Module, stale: list[str], nan_key: str | None = None) -> dict[str, Any]:
-    tensors = {
-        f"model/{k}": {"nan": 3 if f"model/{k}" == nan_key else 0, "inf": 0, "norm": float(v.float().norm())}
-        for k, v in model.state_dict().items()
-    }
-    return {"tensors": tensors, "stale": stale}
-
-
-@contextlib.contextmanager
-def recording(box: dict[str, Any]) -> Iterator[None]:
-    """Takes inside record ``box["health"]`` (when set) in their manifest header."""
-    original = spec_module.snapshot_header
-
-    def header(**kw: Any) -> dict[str, Any]:
-        out = original(**kw)
-        if box.get("health") is not None:
-            out["health"] = box["health"]
-        return out
-
-    spec_module.snapshot_header = header  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        spec_module.snapshot_header = original  # type: ignore[assignment]
-
-
 def build(path: Path) -> dict[str, str]:
     """Build the store at ``path``; returns some snapshot ids by name."""
     torch.manual_seed(0)
     model = TinyLM()
     ids: dict[str, str] = {}
-    box: dict[str, Any] = {}
-    with ckstore.open(path, create=True, **TINY) as store, recording(box):
+    with ckstore.open(path, create=True, **TINY) as store, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the guard's warnings about sft's backbone and NaNs
         for step in range(0, 5):
             if step:
                 nudge(model, 0.02)
             ids[f"base@{step}"] = store.take({"model": model}, run="base", step=step,
-                                             metadata={"loss": 3.0 - 0.4 * step}).id
+                                             metadata={"loss": 3.0 - 0.4 * step}, health=False).id
         store.tag("base@4", "base-model")
         base_state = {k: v.clone() for k, v in model.state_dict().items()}
         # sft: the backbone (embed, layers 0-1) frozen, so its chunks are the base's
-        frozen = [f"model/{k}" for k in model.state_dict() if k.startswith(("embed", "layers.0", "layers.1"))]
         for n, step in enumerate((100, 200, 300, 400)):
             nudge(model, 0.01, only=("layers.2", "layers.3", "head"))
-            box["health"] = health(model, frozen if n else [], "model/head.weight" if step == 300 else None)
+            saved = model.head.weight[0, :3].clone()
+            if step == 300:
+                with torch.no_grad():
+                    model.head.weight[0, :3] = float("nan")
             ids[f"sft@{step}"] = store.take({"model": model}, run="sft", step=step,
                                             metadata={"loss": 1.5 - 0.1 * n}).id
-        box["health"] = None
+            with torch.no_grad():
+                model.head.weight[0, :3] = saved
         store.tag("sft@400", "best")
         # lora-ish: from the base again, every tensor a little, stored as deltas against it
         model.load_state_dict(base_state)

@@ -93,9 +93,14 @@ def test_health_of_reads_the_header_and_refuses_malformed_shapes(store: Any) -> 
         m = Manifest({}, {}, {"health": bad})
         assert health.health_of(record, m) is None
     odd = Manifest({}, {}, {"health": {"tensors": {"k": {"nan": -1, "inf": True, "norm": "x"}}}})
-    assert health.health_of(record, odd) == {
-        "tensors": {"k": {"nan": 0, "inf": 0, "norm": None}}, "stale": [], "nan": 0, "inf": 0
+    assert health.health_of(record, odd) is None  # counts that are not counts: not a record to show
+    unmeasured = Manifest({}, {}, {"health": {"stale": ["k"], "stale_base": {"id": "x", "step": 1}}})
+    assert health.health_of(record, unmeasured) is None  # health=False: nothing measured
+    old_norm = Manifest({}, {}, {"health": {"tensors": {"k": {"nan": 0, "inf": 2, "norm": None}}, "nonfinite": 2}})
+    assert health.health_of(record, old_norm) == {
+        "tensors": {"k": {"nan": 0, "inf": 2, "norm": None}}, "stale": [], "nan": 0, "inf": 2
     }
+    assert store.get("sft@300").record.nonfinite == 3 and store.get("sft@400").healthy
 
 
 def test_run_health_series_and_runs_without_health(store: Any) -> None:

@@ -1,0 +1,51 @@
+"""The ``verify`` command: check an exported file or folder against the digests it carries.
+
+No store is opened. Safetensors files and everything ``ckstore-digests.json`` lists are checked
+with BLAKE3 alone; torch is imported only to name the tensor of a damaged torch file, and only
+if it is installed (else the file is named).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from ..errors import NotFoundError
+from ._common import EXIT_CORRUPT, EXIT_OK, EXIT_PROBLEMS, emit_json
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from ..format.digests import verify_path
+
+    if not os.path.exists(args.path):
+        raise NotFoundError(f"nothing at {args.path!r}")
+    report = verify_path(args.path, torch_tensors=_torch_tensors())
+    d = report.to_dict()
+    if args.json:
+        emit_json(d)
+    else:
+        _print(d)
+    if report.ok:
+        return EXIT_OK
+    return EXIT_CORRUPT if report.files else EXIT_PROBLEMS
+
+
+def _torch_tensors() -> Any:
+    def load(path: str) -> Any:
+        # torch, only for a damaged torch file; without it (ImportError) the file is named
+        from ..interop import torch_file_digests
+
+        return torch_file_digests(path)
+
+    return load
+
+
+def _print(d: dict[str, Any]) -> None:
+    for p in d["problems"]:
+        where = f"{p['file']}: tensor {p['tensor']!r}" if p["tensor"] else p["file"]
+        print(f"DAMAGED  {where}: {p['problem']}")
+    for name in d["unverified"]:
+        print(f"unverified  {name} (no digest covers it)")
+    verdict = "ok" if d["ok"] else "FAILED"
+    print(f"{verdict}: {d['files']} file(s), {d['tensors']} tensor(s) checked against their BLAKE3 digests")

@@ -1,0 +1,95 @@
+"""The guard on the command line: ``log --healthy`` and the health column, ``show``'s health
+lines, the ``run@healthy`` ref, ``gc --no-keep-healthy``, ``verify`` (without torch) and
+``import --no-verify``."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckstore
+from tests.cli.test_cli import ck, ok_json
+from tests.cli.test_cli_torch_free import no_torch
+from tests.support.training import Trainer
+
+TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
+
+
+@pytest.fixture(scope="module")
+def diverged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run r: steps 1-2 healthy, step 3 stale (no optimizer step), step 4 with a NaN; and an
+    export of r@2 beside the store."""
+    root = tmp_path_factory.mktemp("guardcli")
+    t = Trainer.make()
+    with warnings.catch_warnings(), ckstore.open(root / "store", create=True, **TINY) as store:
+        warnings.simplefilter("ignore")
+        for step in (1, 2):
+            t.train()
+            store.take(t.app_state(), run="r", step=step)
+        t.forward_backward_only()
+        store.take(t.app_state(), run="r", step=3)
+        with torch.no_grad():
+            t.model[0].weight[0, 0] = float("nan")
+        t.train()
+        store.take(t.app_state(), run="r", step=4)
+        store.get("r@2").export(root / "export")
+    return root
+
+
+def test_log_show_and_the_healthy_ref(diverged: Path) -> None:
+    store = str(diverged / "store")
+    rows = ok_json(ck("--store", store, "log", "--json"))
+    assert [(r["step"], r["healthy"], r["nonfinite"], r["stale"]) for r in rows] == [
+        (4, False, rows[0]["nonfinite"], 0), (3, True, 0, rows[1]["stale"]), (2, True, 0, 0), (1, True, 0, None)]
+    assert rows[0]["nonfinite"] >= 1 and rows[1]["stale"] >= 12  # 6 parameters and their 2 moments each
+    table = ck("--store", store, "log")
+    assert table.returncode == 0 and "NaN/Inf:" in table.stdout and "stale:" in table.stdout
+    healthy = ok_json(ck("--store", store, "log", "--healthy", "--json"))
+    assert [r["step"] for r in healthy] == [3, 2, 1]
+    shown = ck("--store", store, "show", "r@healthy")
+    assert shown.returncode == 0 and "step:       3" in shown.stdout
+    assert "stale:      18 tensors unchanged since step 2: model/*.bias (3 tensors)" in shown.stdout
+    bad = ok_json(ck("--store", store, "show", "r", "--json"))
+    assert bad["health"]["nonfinite"] == bad["nonfinite"] and "model/0.weight" in bad["health"]["tensors"]
+    assert "UNHEALTHY" in ck("--store", store, "show", "r").stdout
+
+
+def test_gc_keeps_the_newest_healthy_unless_told(diverged: Path) -> None:
+    store = str(diverged / "store")
+    kept = ok_json(ck("--store", store, "gc", "--keep-last", "1", "--dry-run", "--json"))
+    assert sorted(kept["snapshots_dropped"]) == ["r@1", "r@2"]  # r@3, the newest healthy, stays
+    told = ok_json(ck("--store", store, "gc", "--keep-last", "1", "--no-keep-healthy", "--dry-run", "--json"))
+    assert sorted(told["snapshots_dropped"]) == ["r@1", "r@2", "r@3"]
+
+
+def test_verify_without_torch_and_its_exit_codes(diverged: Path, tmp_path: Path) -> None:
+    out = diverged / "export"
+    good = no_torch("verify", str(out))
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.strip().endswith("tensor(s) checked against their BLAKE3 digests") and good.stdout.startswith("ok")
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in out.iterdir():
+        copy.joinpath(f.name).write_bytes(f.read_bytes())
+    f = copy / "model.safetensors"
+    raw = bytearray(f.read_bytes())
+    raw[-3] ^= 0x10
+    f.write_bytes(raw)
+    damaged = no_torch("verify", str(copy), "--json")
+    assert damaged.returncode == 5, damaged.stderr
+    report = json.loads(damaged.stdout)
+    assert not report["ok"] and {"file": "model.safetensors", "tensor": "optim.state.5.step", "problem": "bytes differ from the recorded digest"} in report["problems"]
+    plain = tmp_path / "plain.pt"
+    torch.save({"w": torch.ones(2)}, plain)
+    assert ck("verify", str(plain)).returncode == 1  # nothing to check against
+    assert ck("verify", str(tmp_path / "missing")).returncode == 3
+    store = ck("--store", str(tmp_path / "s"), "init")
+    assert store.returncode == 0
+    refused = ck("--store", str(tmp_path / "s"), "import", str(copy), "--run", "x")
+    assert refused.returncode == 5 and "tensor 'optim.state.5.step'" in refused.stderr
+    forced = ck("--store", str(tmp_path / "s"), "import", str(copy), "--run", "x", "--no-verify", "--json")
+    assert forced.returncode == 0, forced.stderr

@@ -1,0 +1,95 @@
+"""Revision 0005: each snapshot's health summary (``nonfinite``, ``stale``) in the index.
+
+``log(healthy=True)`` and the ref ``run@healthy`` filter on it without reading a manifest;
+snapshots without a record (older ones) are unknown, never unhealthy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from ckstore.errors import InvalidInputError, SchemaError, SnapshotNotFoundError
+from ckstore.index import Index, make_engine, upgrade
+
+from . import fixture_data_0003 as frozen
+from .helpers import add_chunks, snapshot
+
+
+def _commit(ix: Index, run: str, step: int, nonfinite: int | None, stale: int | None = None) -> str:
+    session = ix.begin_session("test", 60)
+    ids = add_chunks(ix, session.id, f"pack-{run}-{step}", [f"{run}{step}"])
+    rec = dataclasses.replace(snapshot(run, step), nonfinite=nonfinite, stale=stale)
+    return ix.commit_snapshot(session.id, rec, [], ids, 10, ()).id
+
+
+def test_summary_round_trips_and_filters(index_url: str) -> None:
+    with Index.open(index_url) as ix:
+        old = _commit(ix, "r", 1, None)  # recorded no health: unknown
+        good = _commit(ix, "r", 2, 0, stale=0)
+        _commit(ix, "r", 3, 17, stale=2)  # diverged
+        assert ix.get_snapshot(good).healthy is True and ix.get_snapshot(old).healthy is None
+        bad = ix.resolve("r@3")
+        assert (bad.nonfinite, bad.stale, bad.healthy) == (17, 2, False)
+        assert [s.step for s in ix.list_snapshots("r", healthy=True)] == [2]
+        assert [s.step for s in ix.list_snapshots(healthy=True)] == [2]
+        assert ix.resolve("r@healthy").id == good
+        _commit(ix, "r", 4, 0)
+        assert ix.resolve("r@healthy").step == 4
+
+
+def test_healthy_ref_names_why_nothing_matches(index_url: str) -> None:
+    with Index.open(index_url) as ix:
+        _commit(ix, "old", 1, None)
+        _commit(ix, "bad", 1, 3)
+        with pytest.raises(SnapshotNotFoundError, match="none of its snapshots recorded health"):
+            ix.resolve("old@healthy")
+        with pytest.raises(SnapshotNotFoundError, match="every snapshot it recorded health for holds NaN or Inf"):
+            ix.resolve("bad@healthy")
+        with pytest.raises(InvalidInputError, match="after '@' comes a step number"):
+            ix.resolve("old@healty")  # a typo is still a bad step, not a name
+
+
+def test_frozen_revision_0003_upgrades_with_unknown_health(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    shutil.copyfile(frozen.FILE, path)
+    url = f"sqlite:///{path}"
+    with pytest.raises(SchemaError, match=f"ckstore migrate --index {url}"):
+        Index.open(url, create=False)
+    assert upgrade(url) == "0005"  # through 0004 (loose packs) and 0005 (health)
+    with Index.open(url, create=False) as ix:
+        snaps = ix.list_snapshots("sft")
+        assert [(s.step, s.nonfinite, s.stale, s.healthy) for s in snaps] == [(200, None, None, None), (100, None, None, None)]
+        assert ix.list_snapshots("sft", healthy=True) == []
+        assert {c.chunk_id: (c.base_id, c.depth, c.payload_digest) for c in ix.all_chunks()} == {
+            cid: (row[5], row[6], row[7]) for cid, row in frozen.CHUNKS.items()
+        }
+        assert ix.resolve("best").step == 200
+        _commit(ix, "sft", 300, 0)  # new takes record health beside the old rows
+        assert ix.resolve("sft@healthy").step == 300
+
+
+def test_0005_migrates_down_and_up_in_place(index_url: str) -> None:
+    from alembic import command
+
+    from ckstore.index.schema import alembic_config
+
+    with Index.open(index_url) as ix:
+        _commit(ix, "r", 1, 5, stale=1)
+    engine = make_engine(index_url)
+    try:
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(connection=conn), "0004")
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT * FROM snapshots")).mappings().one()
+            assert "nonfinite" not in row and "stale" not in row and row["step"] == 1
+    finally:
+        engine.dispose()
+    assert upgrade(index_url) == "0005"
+    with Index.open(index_url, create=False) as ix:
+        got = ix.resolve("r@1")
+        assert (got.nonfinite, got.stale) == (None, None)  # the summary is gone: unknown again

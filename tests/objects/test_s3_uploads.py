@@ -1,0 +1,59 @@
+"""Multipart uploads a writer never finished: listed, aborted by gc once no writer is alive.
+
+:meth:`S3Backend.put` aborts its own upload when it fails, but a writer killed between
+``CreateMultipartUpload`` and ``CompleteMultipartUpload`` leaves its parts on the server,
+billed and invisible to ``list``. ``gc`` now aborts them with the orphan objects, under the
+same rule: only when no write session is alive.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ckstore
+from ckstore.objects import Backend, S3Backend
+
+pytestmark = pytest.mark.s3
+
+
+def _dead_writer(backend: S3Backend, name: str) -> str:
+    """Begin a multipart upload of ``name`` and upload one part, as a killed writer would."""
+    bucket, _, root = backend.url[len("s3://"):].partition("/")
+    key = f"{root}/{name}" if root else name
+    upload = backend.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
+    backend.fs.call_s3("upload_part", Bucket=bucket, Key=key, Body=b"x" * (5 << 20), PartNumber=1, UploadId=upload)
+    return str(upload)
+
+
+def test_partial_uploads_are_listed_and_discarded(s3_backend: Backend) -> None:
+    assert isinstance(s3_backend, S3Backend)
+    assert s3_backend.partial_uploads() == []
+    name = "packs/ab/" + "ab" * 32 + ".pack"
+    upload = _dead_writer(s3_backend, name)
+    assert s3_backend.partial_uploads() == [(name, upload)]
+    assert list(s3_backend.list()) == []  # invisible to a listing of objects
+    s3_backend.discard_upload(name, upload)
+    assert s3_backend.partial_uploads() == []
+    s3_backend.discard_upload(name, upload)  # idempotent
+
+
+def test_gc_aborts_unfinished_uploads_once_no_writer_is_alive(s3_server: Any, tmp_path: Path) -> None:
+    bucket = f"up-{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(bucket)
+    with ckstore.open(f"s3://{bucket}/ckpts", create=True, index=f"sqlite:///{tmp_path / 'i.db'}",
+                      storage_options=s3_server.storage_options()) as store:
+        backend = store.repository.objects.backend
+        assert isinstance(backend, S3Backend)
+        name = "packs/cd/" + "cd" * 32 + ".pack"
+        _dead_writer(backend, name)
+        live = store.repository.index.begin_session("a take still running", 600)
+        assert store.gc().uploads_aborted == 0  # it may be that take's upload: kept
+        assert len(backend.partial_uploads()) == 1
+        store.repository.index.end_session(live.id, "aborted")
+        assert store.gc(dry_run=True).uploads_aborted == 0  # a dry run changes nothing
+        assert store.gc().uploads_aborted == 1
+        assert backend.partial_uploads() == []
