@@ -40,6 +40,8 @@ class TakeOptions:
     fast: bool = True
     """Encode whole chunks with the fast codec (``exp-zstd`` for floats, raw otherwise), as a
     take does; compaction encodes densely (``fast=False``)."""
+    raw: bool = False
+    """Store whole chunks as they are (codec ``none``, no encoding work), in loose packs."""
 
 
 @dataclass
@@ -148,11 +150,15 @@ class PackPipeline:
 
     def push(self, chunk: Chunk) -> None:
         """Queue one chunk (its id known, absent from the store) for encoding and packing."""
-        buf = self._buffer(objects.grouped_size(len(chunk.view), chunk.itemsize)) if chunk.grouped else None
         if chunk.base is not None and self._hopeless(chunk.key):
             chunk.base = None  # deltas of its kind did not pay in this take: spare the double encode
+        encodes = chunk.grouped and (chunk.base is not None or not self._opts.raw)
+        buf = self._buffer(objects.grouped_size(len(chunk.view), chunk.itemsize)) if encodes else None
         if chunk.base is not None:
             fut = self._pool.submit(_encode_delta, self._store, chunk, buf)
+        elif self._opts.raw:
+            fut = Future()
+            fut.set_result((objects.NONE, chunk.ready()))
         else:
             fut = self._pool.submit(objects.encode, chunk.view, chunk.itemsize, chunk.grouped, 1, buf, self._opts.fast)
         self._encoding.append((chunk, buf, fut))

@@ -190,8 +190,8 @@ class Repository:
     @property
     def take_codec(self) -> str:
         """How takes encode new whole chunks: ``"fast"`` (the default: ``exp-zstd`` for
-        floats, raw otherwise; compaction rewrites them densely later) or ``"dense"``
-        (``bytegroup-zstd``/``zstd`` at once)."""
+        floats, raw otherwise; compaction rewrites them densely later), ``"raw"`` (every chunk
+        as it is, also compacted later) or ``"dense"`` (``bytegroup-zstd``/``zstd`` at once)."""
         return self._take_codec
 
     @take_codec.setter
@@ -210,7 +210,8 @@ class Repository:
             lease_seconds=self.lease_seconds,
             io_threads=self.io_threads,
             delta_depth=self.delta_depth if deltas else 0,
-            fast=self.take_codec == "fast",
+            fast=self.take_codec != "dense",
+            raw=self.take_codec == "raw",
         )
 
     def delta_manifest(self, delta_base: str | None, run: str) -> Manifest | None:
