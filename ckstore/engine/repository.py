@@ -53,6 +53,7 @@ from .config import (
 log = logging.getLogger("ckstore")
 
 if TYPE_CHECKING:
+    from .stage import StagingArena
     from .packing import TakeOptions
     from .restore import Reader
 
@@ -105,6 +106,8 @@ class Repository:
         self._io_threads = default_io_threads()
         self._memory_budget: int | None = default_memory_budget()
         self._staging_budget: int | None = None
+        self._staging: StagingArena | None = None  # the last async take's, free for the next
+        self._staging_lock = threading.Lock()
         self._lease_seconds = default_lease_seconds()
         self._delta_base: str | None = None
         self._delta_depth = default_delta_depth()
@@ -166,6 +169,26 @@ class Repository:
     @staging_budget.setter
     def staging_budget(self, value: int | None) -> None:
         self._staging_budget = None if value is None else check_int("staging_budget", value)
+
+    def staging_arena(self, nbytes: int) -> StagingArena:
+        """An arena of at least ``nbytes`` for an async take's copies: the one the last async
+        take gave back when it fits (its pages are touched already: copies run at memory speed),
+        else a new one. Give it back with :meth:`release_staging` once the take is done."""
+        from .stage import StagingArena
+
+        with self._staging_lock:
+            arena, self._staging = self._staging, None
+        if arena is not None and nbytes <= arena.size <= 2 * nbytes + (64 << 20):
+            arena.reset()
+            return arena
+        return StagingArena(nbytes)
+
+    def release_staging(self, arena: StagingArena) -> None:
+        """Keep ``arena`` (no tensor cut from it is used any more) for the next async take;
+        dropped when the repository closes."""
+        with self._staging_lock:
+            if self._staging is None or self._staging.size < arena.size:
+                self._staging = arena
 
     @property
     def delta_base(self) -> str | None:
@@ -282,6 +305,7 @@ class Repository:
         for hook in list(self.before_close):
             hook()
         self.before_close.clear()
+        self._staging = None
         self.index.close()
         self.objects.backend.close()
 
