@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -115,9 +115,11 @@ class PackPipeline:
         opts: TakeOptions,
         pool: ThreadPoolExecutor,
         deferred: list[tuple[PackRecord, list[ChunkRecord]]] | None = None,
+        on_added: Callable[[int], None] | None = None,
     ) -> None:
         self._store, self._index, self._session, self._opts, self._pool = store, index, session, opts, pool
         self._deferred = deferred
+        self._on_added = on_added  # told the raw bytes of each chunk once it is in a pack
         self._window = max(2, 2 * opts.threads)
         self._io = ThreadPoolExecutor(max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack")
         self._encoding: deque[tuple[Chunk, np.ndarray | None, Future[tuple[str, Any]]]] = deque()
@@ -208,6 +210,8 @@ class PackPipeline:
             (self._held if held else self._free).append(buf)
         self.stats.new_bytes += len(payload)
         self.stats.new_chunks += 1
+        if self._on_added is not None:
+            self._on_added(chunk.nbytes)
         if delta:
             self._depths[chunk.id] = chunk.depth
             self.stats.delta_chunks += 1

@@ -53,9 +53,10 @@ from .config import (
 log = logging.getLogger("ckstore")
 
 if TYPE_CHECKING:
-    from .stage import StagingArena
     from .packing import TakeOptions
+    from .progress import ProgressFn
     from .restore import Reader
+    from .stage import StagingArena
 
 def is_local(url: str) -> bool:
     """True for plain paths, ``file://`` URLs and TorchSnapshot's ``fs://`` paths."""
@@ -392,6 +393,8 @@ class SnapshotView(SnapshotFields):
         self.store = store
         self._record = record
         self._manifest = manifest
+        self.progress: ProgressFn | None = None
+        """Given to every :meth:`reader` (an export's progress)."""
 
     @property
     def record(self) -> SnapshotRecord:
@@ -413,6 +416,7 @@ class SnapshotView(SnapshotFields):
             self.manifest,
             f"snapshot {self.ref}",
             self.store.threads,
+            progress=self.progress,
         )
 
 

@@ -27,6 +27,7 @@ from .deltas import attach_bases
 from .device_stage import is_device_tensor
 from .local_take import LocalTake
 from .packing import Chunk, TakeOptions
+from .progress import ProgressFn
 from .repository import Repository
 from .spec import TakeSpec
 from .stage import StagingArena, arena_bytes
@@ -133,17 +134,18 @@ def finish_entries(p: _Plan) -> dict[str, Entry]:
     return p.entries
 
 
-def take(repo: Repository, states: Mapping[str, Any], spec: TakeSpec) -> TakeResult:
+def take(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, progress: ProgressFn | None = None) -> TakeResult:
     """Store ``states`` (already-called state dicts) as one committed snapshot.
 
     With a delta base in ``spec`` (and the repository's ``delta_depth`` > 0), each new chunk
     may be stored as a delta against the chunk at the same place in that snapshot
     (``engine.deltas``).
     """
-    t = LocalTake(repo, spec)
+    t = LocalTake(repo, spec, progress=progress)
     p = plan(states, t.opts)
     t.guard.watch(dtypes_of(p))
     with_base(p, repo.delta_manifest(spec.delta_base, spec.run), t.opts)
+    t.expect(p.chunks)
     with t:
         stored: list[tuple[Manifest, tuple[str, int]]] = []
 
@@ -199,7 +201,8 @@ class AsyncTake:
     sync_bytes: int
 
 
-def take_async(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, budget: int) -> AsyncTake:
+def take_async(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, budget: int,
+               progress: ProgressFn | None = None) -> AsyncTake:
     """Return once the state at this call is safe: copied within ``budget``, the rest stored.
 
     Tensors that fit the staging budget are copied; the others are hashed and written now,
@@ -207,10 +210,11 @@ def take_async(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, budg
     copies, the manifest and the commit run in a background thread in the same session.
     """
     staged, live, used, arena = stage_within(states, budget, repo.staging_arena)
-    t = LocalTake(repo, spec)
+    t = LocalTake(repo, spec, progress=progress)
     p = plan(staged, t.opts)
     t.guard.watch(dtypes_of(p))
     with_base(p, repo.delta_manifest(spec.delta_base, spec.run), t.opts)
+    t.expect(p.chunks)
     now = [c for c in p.chunks if c.key in live]
     t.open()
     try:
