@@ -145,7 +145,9 @@ class Store:
         snapshot, when that is smaller: ``"parent"`` is the run's latest snapshot (a run's
         first take stores everything whole), or any snapshot ref (a base model for fine-tunes).
         Chains are kept within ``delta_depth`` links; reads and restores are unchanged.
-        Single-process takes only.
+        Single-process takes only. While compaction runs after takes (``auto_compact``, loose
+        ``take_codec``), ``"parent"`` is left to it: it stores older snapshots as deltas
+        against their parents anyway, off the take's critical path.
 
         ``no_dist=True`` takes in this process alone even under torch.distributed (no
         collectives), for code that runs on one rank by design, such as a trainer's checkpoint

@@ -66,10 +66,31 @@ class Ckstore(System):
         self.last_compaction: Any = None
         self.compactions: list[dict[str, float]] = []
 
+    open_options: dict[str, Any] = {}  # noqa: RUF012 - read only
+
     def store(self, root: Path) -> Any:
         if root not in self.stores:
-            self.stores[root] = self.ck.open(root / "store", create=True)
+            self.stores[root] = self.ck.open(root / "store", create=True, **self.open_options)
         return self.stores[root]
+
+    def compacted_added(self, root: Path) -> list[int] | None:
+        """Untimed: compact every snapshot (``keep_loose=0``), then the stored bytes of the
+        chunks each snapshot of the run added (held by no earlier one), in step order; None
+        where this store does not compact."""
+        store = self.stores.get(root)
+        if store is None or not store.auto_compact:
+            return None
+        store.wait_compacted()
+        store.compact(keep_loose=0)
+        index = store.repository.index
+        seen: set[str] = set()
+        out = []
+        for snap in sorted(store.log(run="bench"), key=lambda s: s.step):
+            ids = index.snapshot_chunk_ids(snap.id) - seen
+            rows = index.chunk_locations(ids)  # with the bases of its deltas: counted once, where added
+            out.append(sum(rows[c].length for c in ids if c in rows))
+            seen |= ids
+        return out
 
     def app(self, state: dict[str, Any]) -> dict[str, Any]:
         return {k: self.ck.StateDict(v) for k, v in state.items()}
@@ -118,10 +139,14 @@ class Ckstore(System):
 
 
 class CkstoreDelta(Ckstore):
-    """ckstore taking every snapshot as a delta against the run's latest one
-    (``take(..., delta_base="parent")``); unavailable where ``Store.take`` has no ``delta_base``."""
+    """ckstore taking every snapshot as a delta against the run's latest one at the take
+    (``take(..., delta_base="parent")``) with dense takes and no compaction, as ckstore stored
+    before loose takes (with compaction on, compaction makes the same deltas later and the take
+    defers to it); the reference for what compaction must match. Unavailable where ``Store.take`` has no
+    ``delta_base``."""
 
     name = "ckstore+delta"
+    open_options = {"auto_compact": False, "take_codec": "dense"}  # noqa: RUF012 - as before loose takes
 
     def setup(self) -> None:
         super().setup()

@@ -212,6 +212,13 @@ class Repository:
         self._delta_depth = check_depth(value)
 
     @property
+    def compacts_later(self) -> bool:
+        """Whether takes write loose chunks that a background compaction packs densely, with
+        deltas against each snapshot's parent, after the next take (``auto_compact`` on and a
+        loose ``take_codec``)."""
+        return self._auto_compact and self._take_codec != "dense"
+
+    @property
     def take_codec(self) -> str:
         """How takes encode new whole chunks: ``"fast"`` (the default: ``exp-zstd`` for
         floats, raw otherwise; compaction rewrites them densely later), ``"raw"`` (every chunk
@@ -242,11 +249,18 @@ class Repository:
         """The manifest a take into ``run`` stores deltas against: that of ``delta_base``
         (``"parent"``: the run's latest snapshot, none for a new run), or None.
 
+        ``"parent"`` is deferred to compaction while it runs after takes (``auto_compact``, loose
+        takes): compaction stores each loose chunk as a delta against the same place in the
+        snapshot's parent anyway, against a dense keyframe, off the critical path; a take-time
+        delta would cost the take time and pin its base loose (bases stay whole).
+
         Raises:
             SnapshotNotFoundError: ``delta_base`` is a ref that names no snapshot.
         """
         delta_base = check_delta_base(delta_base)
         if delta_base is None or self.delta_depth == 0:
+            return None
+        if delta_base == "parent" and self.compacts_later:
             return None
         if delta_base == "parent":
             latest = self.index.list_snapshots(run=run, limit=1)

@@ -134,6 +134,32 @@ def test_a_base_of_a_take_time_delta_stays_whole(tmp_path: Path) -> None:
         assert store.check(read_data=True).ok
 
 
+def test_parent_deltas_wait_for_compaction_when_it_runs_after_takes(tmp_path: Path) -> None:
+    """With compaction after takes, delta_base="parent" costs the take nothing: the take writes
+    loose and whole, and compaction stores the older snapshot as deltas against its parent
+    (against a dense keyframe). Without it (auto_compact off, or dense takes) the take deltas."""
+    states = _run(3)
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=True, delta_base="parent", **KNOBS) as store:
+        assert store.repository.compacts_later
+        ids = [store.take({"m": App(dict(s))}, run="r", step=i).id for i, s in enumerate(states)]
+        assert store.wait_compacted(timeout=60)
+        rows = {c.chunk_id: c for c in store.repository.index.all_chunks()}
+        newest = store.repository.index.snapshot_chunk_ids(ids[-1])
+        assert all(rows[c].base_id is None and rows[c].codec in objects.FAST_CODECS for c in newest
+                   if c not in store.repository.index.snapshot_chunk_ids(ids[-2]))
+        middle = store.repository.index.snapshot_chunk_ids(ids[1]) - store.repository.index.snapshot_chunk_ids(ids[0])
+        assert any(rows[c].base_id for c in middle)  # compaction made the deltas
+        for i, s in zip(ids, states):
+            assert restores(store, i, s)
+    for knobs in ({"auto_compact": False}, {"auto_compact": True, "take_codec": "dense"}):
+        with ckstore.open(tmp_path / str(knobs), create=True, delta_base="parent", **knobs, **KNOBS) as store:
+            assert not store.repository.compacts_later
+            for i, s in enumerate(states[:2]):
+                snap = store.take({"m": App(dict(s))}, run="r", step=i)
+            rows = {c.chunk_id: c for c in store.repository.index.all_chunks()}
+            assert any(rows[c].base_id for c in store.repository.index.snapshot_chunk_ids(snap.id))
+
+
 def test_auto_compaction_after_takes_waits_while_busy(tmp_path: Path) -> None:
     states = _run(4)
     with ckstore.open(tmp_path / "s", create=True, auto_compact=True, **KNOBS) as store:

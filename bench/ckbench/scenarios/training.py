@@ -89,6 +89,13 @@ def run_training(b: Bench) -> None:
             freeze()
     for v in VARIANTS:
         restore_all(b, v, names, refs[v], rec, handles, n_saves)
+    for (v, n), root in roots.items():
+        sys_ = b.systems[n]
+        if isinstance(sys_, Ckstore):
+            try:
+                rec[(v, n)]["compacted_added"] = sys_.compacted_added(root)
+            except Exception as exc:  # noqa: BLE001
+                b.fail(n, "training compaction", exc)
     for (_v, n), root in roots.items():
         try:
             b.systems[n].close(root)
@@ -210,11 +217,14 @@ def summarize(b: Bench, cfg: TrainConfig, t: Trainer, names: list[str], rec: dic
             sb = r["stored_bytes"]
             fr = [s / x for s, x in zip(sb, raws)]
             rf, rl = median(r["restore_first_seconds"]), median(r["restore_last_seconds"])
+            dense = r.get("compacted_added")
+            dense_fr = [s / x for s, x in zip(dense, raws)] if dense and len(dense) == len(raws) else None
             per[n] = {
                 **r,
                 "stored_fraction": fr,
                 "first_stored_fraction": fr[0] if fr else None,
                 "later_stored_fraction": sum(fr[1:]) / len(fr[1:]) if len(fr) > 1 else None,
+                "later_compacted_fraction": sum(dense_fr[1:]) / len(dense_fr[1:]) if dense_fr and len(dense_fr) > 1 else None,
                 "take_first_seconds": r["take_seconds"][0] if r["take_seconds"] else None,
                 "take_later_seconds": median(r["take_seconds"][1:]),
                 "restore_first_median": rf,
