@@ -69,7 +69,14 @@ class Background:
 def take(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None = None,
          progress: ProgressFn | None = None) -> Committed:
     """Take ``app_state`` into ``repo`` now: on every rank of ``pg`` under torch.distributed
-    (unless ``spec.no_dist``), else in this process."""
+    (unless ``spec.no_dist``), else in this process. Background compaction of this process
+    waits from the first state_dict call to the commit."""
+    with repo.activity():
+        return _take(repo, app_state, spec, pg, progress)
+
+
+def _take(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None,
+          progress: ProgressFn | None) -> Committed:
     from .engine.take import state_dicts
 
     spec = with_live_trainable(spec, app_state)

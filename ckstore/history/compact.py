@@ -284,7 +284,7 @@ def _rewrite(
                     if job is None or (stop is not None and stop()):
                         break
                     _wait(pause)
-                    window.append((job, pool.submit(_encode, repo, job)))
+                    window.append((job, pool.submit(_encode, repo, job, pause)))
                 if not window:
                     break
                 job, fut = window.popleft()
@@ -300,6 +300,7 @@ def _rewrite(
                 if progress is not None:
                     progress(job.rec.raw_length)
                 if writer.full:
+                    _wait(pause)  # its fsync and index transaction wait for the take too
                     _switch(repo, lease, writer, batch, report)
                     writer, batch = repo.objects.new_pack_writer(repo.config.pack_bytes), []
             _switch(repo, lease, writer, batch, report)
@@ -310,8 +311,10 @@ def _rewrite(
             raise
 
 
-def _encode(repo: Repository, job: _Job) -> tuple[str, bytes]:
-    """Read and verify the chunk (and its base), then encode it densely (a delta if smaller)."""
+def _encode(repo: Repository, job: _Job, pause: Callable[[], bool] | None = None) -> tuple[str, bytes]:
+    """Read and verify the chunk (and its base), then encode it densely (a delta if smaller);
+    a job queued while the process is busy (``pause``) starts once it is not."""
+    _wait(pause)
     raw = _read(repo, job.rec, {})
     if job.base is not None:
         base = _read(repo, job.base, job.base_known)
