@@ -51,6 +51,13 @@ def target_row(name: str, value: float | None, limit: float, kind: str = "max") 
     return {"target": name, "value": value, "limit": limit, "kind": kind, "verdict": verdict}
 
 
+def _compaction_rate(b: Bench) -> float | None:
+    """Raw MB compaction rewrote per CPU-second it used (issue 21: at least 200 per core)."""
+    comp = getattr(b.systems.get("ckstore"), "compactions", None) or []
+    cpu = sum(c.get("cpu_seconds") or 0.0 for c in comp)
+    return sum(c["raw_bytes"] for c in comp) / cpu / 1e6 if cpu else None
+
+
 def targets(b: Bench, res: dict[str, Any]) -> list[dict[str, Any]]:
     med = res["medians"]
     S = b.state_bytes
@@ -79,6 +86,8 @@ def targets(b: Bench, res: dict[str, Any]) -> list[dict[str, Any]]:
         row("new bytes after 10% changed / state", ratio(new_incr, S), 0.12),
         row(f"bytes on disk after {b.args.saves} saves / one state",
             ratio(curves["ckstore"][-1], S) if "ckstore" in curves else None, 1.10),
+        row(f"bytes on disk after {b.args.saves} saves, all compacted / one state",
+            ratio(b.extra.get("bytes_compacted", {}).get("ckstore"), S), 1.10),
         row("restore in place (atomic) / torch.load(mmap)+copy_", ratio(m("restore", "ckstore"), m("restore", "torch.save")), 2.5),
         row("restore(atomic=False) / torch.load(mmap)+copy_", ratio(m("restore_nonatomic", "ckstore"), m("restore", "torch.save")), 2.0),
         row("restore in place (atomic) / DCP", ratio(m("restore", "ckstore"), m("restore", "dcp")), 0.8),
@@ -90,6 +99,7 @@ def targets(b: Bench, res: dict[str, Any]) -> list[dict[str, Any]]:
         row("take peak RSS above live / state", rss.get("save", {}).get("peak_above_live_fraction"), 0.10),
         row("restore peak RSS above live / state", rss.get("restore", {}).get("peak_above_live_fraction"), 0.10),
         row("read_object 64 MiB / full restore", ratio(m("read_one_tensor", "ckstore"), m("restore", "ckstore")), 0.10),
+        row("compaction: raw MB per CPU-second", _compaction_rate(b), 200, "min"),
         row("MiniLM fp32 stored / raw", ml.get("fp32", {}).get("stored_fraction"), 0.85),
         row("MiniLM bf16 stored / raw", ml.get("bf16", {}).get("stored_fraction"), 0.70),
         row("async_take blocking, staging reused / sync take", ratio(m("async_block_again", "ckstore"), m("first_save", "ckstore")), 0.10),
@@ -237,9 +247,11 @@ def notes(b: Bench, med: Medians) -> list[str]:
         loose, dense = sum(c["loose_bytes"] for c in comp), sum(c["dense_bytes"] for c in comp)
         threads = max(c["threads"] for c in comp)
         rate = raw / secs / 1e6 if secs else None
+        cpu = sum(c.get("cpu_seconds") or 0.0 for c in comp)
         L.append(f"Background compaction after ckstore's takes (waited for untimed, so it runs in no timing): "
                  f"{len(comp)} run(s), {fmt_b(raw)} raw rewritten in {fmt_s(secs)}"
                  + (f" = {rate:.0f} MB/s on {threads} threads ({rate / threads:.0f} MB/s per thread)" if rate else "")
+                 + (f", {raw / cpu / 1e6:.0f} MB per CPU-second ({fmt_s(cpu)} of CPU)" if cpu else "")
                  + (f"; loose {fmt_b(loose)} -> dense {fmt_b(dense)}." if loose else "."))
     ml = b.extra.get("minilm", {})
     if "fp32" in ml:

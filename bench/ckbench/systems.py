@@ -73,15 +73,23 @@ class Ckstore(System):
             self.stores[root] = self.ck.open(root / "store", create=True, **self.open_options)
         return self.stores[root]
 
+    def compact_all(self, root: Path) -> bool:
+        """Untimed: compact every snapshot, the newest too (``keep_loose=0``); False where this
+        store does not compact."""
+        store = self.stores.get(root)
+        if store is None or not store.auto_compact:
+            return False
+        store.wait_compacted()
+        store.compact(keep_loose=0)
+        return True
+
     def compacted_added(self, root: Path) -> list[int] | None:
         """Untimed: compact every snapshot (``keep_loose=0``), then the stored bytes of the
         chunks each snapshot of the run added (held by no earlier one), in step order; None
         where this store does not compact."""
-        store = self.stores.get(root)
-        if store is None or not store.auto_compact:
+        if not self.compact_all(root):
             return None
-        store.wait_compacted()
-        store.compact(keep_loose=0)
+        store = self.stores[root]
         index = store.repository.index
         seen: set[str] = set()
         out = []
@@ -120,7 +128,8 @@ class Ckstore(System):
         report = store.last_compaction
         if report is not None and report is not self.last_compaction:
             self.last_compaction = report
-            self.compactions.append({"seconds": report.seconds, "raw_bytes": report.raw_bytes,
+            self.compactions.append({"seconds": report.seconds, "cpu_seconds": getattr(report, "cpu_seconds", None),
+                                     "raw_bytes": report.raw_bytes,
                                      "loose_bytes": report.loose_bytes, "dense_bytes": report.dense_bytes,
                                      "chunks": report.chunks, "threads": store.threads, "waited": waited})
 

@@ -33,6 +33,9 @@ def bytes_over_saves(b: Bench) -> None:
         if len(curve) == n_saves:
             curves[n] = curve
             b.log(f"  {n}: {' -> '.join(fmt_b(x) for x in curve)}")
+            compact_all = getattr(b.systems[n], "compact_all", None)
+            if compact_all is not None and compact_all(root):  # the newest snapshot packed too
+                b.extra.setdefault("bytes_compacted", {})[n] = dir_bytes(root)
         try:
             b.systems[n].close(root)
         except Exception:  # noqa: BLE001
