@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .distributed import is_distributed
 from .engine.progress import ProgressFn
-from .engine.repository import SnapshotFields, SnapshotView
+from .engine.view import SnapshotFields, SnapshotView
 from .errors import CorruptionError, InvalidInputError
 from .format.health import Health, of_header
 from .format.limits import check_int, check_number

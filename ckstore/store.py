@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from . import _takes
 from .engine.config import StoreConfig
 from .engine.progress import ProgressFn
-from .engine.repository import Repository, SnapshotView, open_repository
+from .engine.repository import Repository, open_repository
 from .engine.spec import TakeSpec
+from .engine.view import SnapshotView
 from .errors import ConflictError, InvalidInputError, NotFoundError
 from .format.manifest import Manifest
 from .history.check import CheckReport

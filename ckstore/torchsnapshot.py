@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 from . import _takes
 from ._locate import locate, locate_all_ranks, resolve
 from .engine.logical import ranked_manifest, split_rank
-from .engine.repository import Repository, SnapshotView
+from .engine.repository import Repository
 from .engine.spec import TakeSpec
 from .engine.stateful import RNGState, StateDict, Stateful, check_app_state
+from .engine.view import SnapshotView
 from .format.manifest import Entry, Manifest
 from .index import SnapshotRecord
 from .snapshot import PendingSnapshot, StoredSnapshot

@@ -3,11 +3,10 @@
 This is the plumbing every layer above works on: the engine takes and restores through it,
 ``history`` runs gc, check, diff and reindex over it, ``distributed`` spreads takes and
 restores of it over ranks, and the public :class:`ckstore.Store` holds one and puts the
-user's verbs on top. :class:`SnapshotView` binds one committed snapshot record to its
-repository and (lazily) its manifest; the public snapshot handles hold one.
+user's verbs on top (``engine/view.py`` binds committed snapshots to it).
 
 Opening a repository and reading its history never imports torch (the command line's read
-commands rely on it); only reading tensors (:meth:`SnapshotView.reader`) does.
+commands rely on it); only reading tensors does.
 """
 
 from __future__ import annotations
@@ -54,8 +53,6 @@ log = logging.getLogger("ckstore")
 
 if TYPE_CHECKING:
     from .packing import TakeOptions
-    from .progress import ProgressFn
-    from .restore import Reader
     from .stage import StagingArena
 
 def is_local(url: str) -> bool:
@@ -338,100 +335,6 @@ def describe(record: SnapshotRecord) -> str:
     """A human ref: ``run@step`` (or the name) plus a short id."""
     base = record.name or (f"{record.run}@{record.step}" if record.step is not None else record.run)
     return f"{base} ({record.id[:12]})"
-
-
-class SnapshotFields:
-    """Read-only fields of a committed snapshot, from its index record (``self.record``)."""
-
-    @property
-    def record(self) -> SnapshotRecord:
-        raise NotImplementedError
-
-    @property
-    def id(self) -> str:
-        return self.record.id
-
-    @property
-    def run(self) -> str:
-        return self.record.run
-
-    @property
-    def step(self) -> int | None:
-        return self.record.step
-
-    @property
-    def parent_id(self) -> str | None:
-        return self.record.parent_id
-
-    @property
-    def created_at(self) -> float:
-        return self.record.created_at
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return dict(self.record.metadata)
-
-    @property
-    def name(self) -> str | None:
-        return self.record.name
-
-    @property
-    def ref(self) -> str:
-        """A human ref: ``run@step`` (or the name) plus a short id."""
-        return describe(self.record)
-
-    @property
-    def healthy(self) -> bool | None:
-        """True if its take found no NaN or Inf, False if it found some, None if it recorded
-        no health (taken before ckstore did, or with ``health=False``)."""
-        return self.record.healthy
-
-    @property
-    def stats(self) -> dict[str, int]:
-        """Logical bytes, new bytes and chunks stored, chunks reused."""
-        r = self.record
-        return {
-            "logical_bytes": r.logical_bytes,
-            "new_bytes": r.new_bytes,
-            "new_chunks": r.new_chunks,
-            "reused_chunks": r.reused_chunks,
-        }
-
-
-class SnapshotView(SnapshotFields):
-    """One committed snapshot of a repository: its record, its manifest (read on first use)."""
-
-    def __init__(
-        self, store: Repository, record: SnapshotRecord, manifest: Manifest | None = None
-    ) -> None:
-        self.store = store
-        self._record = record
-        self._manifest = manifest
-        self.progress: ProgressFn | None = None
-        """Given to every :meth:`reader` (an export's progress)."""
-
-    @property
-    def record(self) -> SnapshotRecord:
-        return self._record
-
-    @property
-    def manifest(self) -> Manifest:
-        if self._manifest is None:
-            self._manifest = self.store.load_manifest(self.record)
-        return self._manifest
-
-    def reader(self) -> Reader:
-        """A reader of this snapshot's chunks (every chunk re-hashed on read)."""
-        from .restore import Reader  # imports torch: opening a store and reading history do not
-
-        return Reader(
-            self.store.objects,
-            self.store.index,
-            self.manifest,
-            f"snapshot {self.ref}",
-            self.store.threads,
-            progress=self.progress,
-        )
 
 
 def open_repository(

@@ -19,7 +19,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..engine.repository import SnapshotView
+from ..engine.view import SnapshotView
 from ..errors import CorruptionError
 from ..format.dtypes import itemsize
 from ..format.manifest import TensorEntry, entry_digest

@@ -22,7 +22,7 @@ from ..format.tensors import empty_for, from_bytes, writable_view
 from .diff_result import NumericDiff
 
 if TYPE_CHECKING:
-    from ..engine.repository import SnapshotView
+    from ..engine.view import SnapshotView
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.config import budget_cap
-from ..engine.repository import Repository, SnapshotView
+from ..engine.repository import Repository
+from ..engine.view import SnapshotView
 from ..errors import InvalidInputError, NotFoundError
 from . import _dcpdir, _hf, _outdir, _torchfile
 from ._apps import SOURCE_APP, app_state_of, select

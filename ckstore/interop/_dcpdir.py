@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..engine.repository import SnapshotView
+from ..engine.view import SnapshotView
 from ..errors import InvalidInputError
 from ..format.dtypes import dtype_from_name, dtype_name
 from ..format.manifest import TensorEntry

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine.repository import SnapshotView
+from ..engine.view import SnapshotView
 from ..format.digests import SIDECAR, VerifyReport, digest, file_digest, sidecar_bytes, verify_path
 from ..format.tensors import byte_view
 from ..format.tree import join

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..engine.repository import SnapshotView
+from ..engine.view import SnapshotView
 from ..errors import InvalidInputError
 from ..format.digests import SIDECAR
 from ..format.manifest import TensorEntry

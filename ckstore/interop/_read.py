@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from ..engine.repository import SnapshotView
 from ..engine.restore import Reader
+from ..engine.view import SnapshotView
 from ..errors import UnsupportedValueError
 from ..format.dtypes import dtype_from_name
 from ..format.manifest import Entry, PerRankEntry, TensorEntry, ValueEntry

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..engine.repository import SnapshotView
+from ..engine.view import SnapshotView
 from ..errors import CorruptionError
 from ..format.manifest import ValueEntry
 from ._apps import SOURCE_APP, Held, unescape

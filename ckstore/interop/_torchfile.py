@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine.repository import SnapshotView
+from ..engine.view import SnapshotView
 from ._apps import app_state_of, is_flat
 from ._digests import object_digests
 from ._outdir import inside
