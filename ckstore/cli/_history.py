@@ -204,7 +204,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
         return EXIT_OK
     d = result.to_dict()
     print(f"a: {args.a} ({d['a']['id'][:12]})  b: {args.b} ({d['b']['id'][:12]})")
-    shown = [k for k in d["keys"] if args.all or k["status"] != "unchanged"]
+    for side in ("a", "b"):
+        print(f"health {side}: {_side_health(d[side]['health'])}")
+    shown = [k for k in d["keys"] if args.all or k["status"] != "unchanged" or _key_health(k)]
     if shown:
         print(
             fmt.table(
@@ -228,6 +230,29 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _side_health(h: dict[str, Any] | None) -> str:
+    if h is None:
+        return "not recorded"
+    if h["nonfinite"] is None:
+        out = "not measured"
+    else:
+        out = "ok" if h["nonfinite"] == 0 else f"UNHEALTHY: {h['nonfinite']} NaN/Inf"
+    if h["stale"]:
+        out += f"; stale: {describe(h['stale'])}"
+    return out
+
+
+def _key_health(k: dict[str, Any]) -> str:
+    """The note a tensor's recorded health adds: NaN/Inf on side B, its norm a -> b."""
+    a, b = k.get("health_a"), k.get("health_b")
+    notes = []
+    if b and (b["nan"] or b["inf"]):
+        notes.append(f"NaN {b['nan']} Inf {b['inf']}")
+    if k["status"] == "changed" and a and b and a["norm"] is not None and b["norm"] is not None:
+        notes.append(f"norm {a['norm']:.4g} -> {b['norm']:.4g}")
+    return ", ".join(notes)
+
+
 def _diff_headers(numeric: bool) -> tuple[str, ...]:
     base = ("", "key", "dtype/shape", "bytes", "chunks", "note")
     return base + ("max|b-a|", "l2(b-a)", "l2(a)", "l2(b)") if numeric else base
@@ -248,7 +273,7 @@ def _diff_row(k: dict[str, Any], numeric: bool) -> tuple[Any, ...]:
         what,
         fmt.size(k[f"bytes_{side}"]),
         chunks,
-        k.get("reason") or "",
+        "; ".join(x for x in (k.get("reason"), _key_health(k)) if x),
     )
     if numeric:
         n = k.get("numeric") or {}

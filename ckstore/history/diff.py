@@ -10,7 +10,9 @@ the global tensor, so pieces of grid blocks cut by shard boxes (distributed take
 sides cut into different boxes (takes with different world sizes), compare correctly.
 
 The result types live in ``_diff_result``, the numeric summary in ``_diff_numeric``; this module
-classifies the keys and says how many chunks of each changed tensor changed.
+classifies the keys and says how many chunks of each changed tensor changed. Each side also
+carries what its take recorded of the state's health (NaN/Inf counts and norms per tensor,
+stale tensors: the manifest header), so a diff shows where a run went bad.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..engine.view import SnapshotView
 from ..errors import CorruptionError
 from ..format.dtypes import itemsize
+from ..format.health import Health, of_header
 from ..format.manifest import TensorEntry, entry_digest
 from ..index import EntryRecord
 from .diff_result import (
@@ -79,7 +82,25 @@ def diff(store: Repository, a: str, b: str, numeric: bool = False) -> DiffResult
         else:
             keys.append(_changed(snap_a, snap_b, ra, rb, numeric))
     keys.extend(_one_sided(ra, REMOVED) for key, ra in recs_a.items() if key not in recs_b)
-    return DiffResult(_side(a, snap_a), _side(b, snap_b), tuple(keys), numeric, _savings(snap_a, snap_b))
+    health_a, health_b = _health(snap_a), _health(snap_b)
+    keys = [_with_health(k, health_a, health_b) for k in keys]
+    return DiffResult(_side(a, snap_a, health_a), _side(b, snap_b, health_b), tuple(keys), numeric,
+                      _savings(snap_a, snap_b))
+
+
+def _health(snap: SnapshotView) -> Health | None:
+    """The health the snapshot's take recorded (its manifest header), or None."""
+    return of_header(snap.manifest.snapshot)
+
+
+def _with_health(k: KeyDiff, a: Health | None, b: Health | None) -> KeyDiff:
+    """``k`` with each side's figures for its tensor, where recorded (unchanged keys too: a
+    NaN that was already there is worth seeing)."""
+    ha = a.tensors.get(k.key) if a is not None and a.tensors is not None and k.status != ADDED else None
+    hb = b.tensors.get(k.key) if b is not None and b.tensors is not None and k.status != REMOVED else None
+    if ha is None and hb is None:
+        return k
+    return replace(k, health_a=None if ha is None else ha.to_dict(), health_b=None if hb is None else hb.to_dict())
 
 
 def _savings(snap_a: SnapshotView, snap_b: SnapshotView) -> DeltaSavings:
@@ -105,8 +126,9 @@ def _entry_records(snap: SnapshotView) -> dict[str, EntryRecord]:
     return {r.key: r for r in records}
 
 
-def _side(ref: str, snap: SnapshotView) -> SnapshotSide:
-    return SnapshotSide(ref, snap.id, snap.run, snap.step)
+def _side(ref: str, snap: SnapshotView, health: Health | None) -> SnapshotSide:
+    summary = None if health is None else {"nonfinite": health.nonfinite, "stale": health.stale}
+    return SnapshotSide(ref, snap.id, snap.run, snap.step, summary)
 
 
 def _shape(r: EntryRecord) -> tuple[int, ...] | None:

@@ -61,6 +61,8 @@ class KeyDiff:
         changed_bytes: Logical bytes of side B covered by changed chunks (a changed key only).
         reason: Why the fraction is what it is, when not a plain chunk count.
         numeric: The numeric summary, when asked for and computable.
+        health_a, health_b: The take's figures for the tensor on each side (``nan``, ``inf``,
+            ``norm``), where recorded.
     """
 
     key: str
@@ -78,6 +80,8 @@ class KeyDiff:
     changed_bytes: int | None = None
     reason: str | None = None
     numeric: NumericDiff | None = None
+    health_a: dict[str, Any] | None = None
+    health_b: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -100,6 +104,8 @@ class KeyDiff:
                 reason=self.reason,
                 numeric=None if self.numeric is None else self.numeric.to_dict(),
             )
+        if self.health_a is not None or self.health_b is not None:
+            d.update(health_a=self.health_a, health_b=self.health_b)
         return d
 
 
@@ -111,9 +117,12 @@ class SnapshotSide:
     id: str
     run: str
     step: int | None
+    health: dict[str, Any] | None = None
+    """What its take found: ``nonfinite`` (NaN + Inf elements) and ``stale`` (keys), each None
+    when not recorded; None for a snapshot taken before ckstore recorded health."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ref": self.ref, "id": self.id, "run": self.run, "step": self.step}
+        return {"ref": self.ref, "id": self.id, "run": self.run, "step": self.step, "health": self.health}
 
 
 @dataclass(frozen=True)

@@ -62,17 +62,70 @@ def import_dir(path: str, spill: Spill) -> tuple[dict[str, Any], Source]:
     for fqn, m in md.state_dict_metadata.items():
         if isinstance(m, TensorStorageMetadata):
             dtype_name(m.properties.dtype, fqn)
+            boxes = [[list(c.offsets), list(c.sizes)] for c in m.chunks]
+            if not _tile_exactly(boxes, tuple(m.size)):  # before any allocation
+                raise InvalidInputError(
+                    f"{where}: the chunks of {fqn!r} do not tile its declared shape {list(m.size)} "
+                    f"exactly ({len(boxes)} chunk(s)); the checkpoint is damaged or was not written by DCP"
+                )
             flat[fqn] = spill.empty(m.properties.dtype, tuple(m.size))
             if len(m.chunks) > 1:
                 chunks[fqn] = [[list(c.offsets), list(c.sizes)] for c in m.chunks]
         else:
             flat[fqn] = None
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        _dcp().load(flat, storage_reader=_reader_class()(path), planner=_planner_class()(path), no_dist=True)
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            _dcp().load(flat, storage_reader=_reader_class()(path), planner=_planner_class()(path), no_dist=True)
+    except CheckpointException as exc:  # a BaseException: it would pass every `except Exception`
+        raise _read_failed(path, exc) from exc
     nested = _unflatten(flat, md.planner_data)
     src = Source("dcp", os.path.basename(os.path.abspath(path)), "model" if is_flat(nested) else None, dcp_chunks=chunks)
     return app_state_of(nested, path), src
+
+
+MAX_CELLS = 1 << 22
+"""Most cells of the grid the chunk boundaries of one imported tensor make (its tiling check
+marks each cell once); a checkpoint past it is refused."""
+
+
+def _tile_exactly(boxes: list[list[list[int]]], shape: tuple[int, ...]) -> bool:
+    """True if ``boxes`` lie inside ``shape``, do not overlap, and cover it whole: each box is
+    marked on the grid of every chunk boundary, and no cell is marked twice or left out."""
+    import bisect
+
+    import numpy as np
+
+    if not _tiles(boxes, shape):
+        return False
+    if math.prod(shape) == 0:
+        return True
+    cuts = [sorted({0, n} | {o for o, _ in dims} | {o + k for o, k in dims})
+            for n, dims in zip(shape, zip(*[list(zip(offs, sizes)) for offs, sizes in boxes]))]
+    if math.prod(len(c) - 1 for c in cuts) > MAX_CELLS:
+        return False
+    seen = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
+    for offs, sizes in boxes:
+        if 0 in sizes:
+            continue
+        box = tuple(slice(bisect.bisect_left(c, o), bisect.bisect_left(c, o + k)) for c, o, k in zip(cuts, offs, sizes))
+        if seen[box].any():
+            return False
+        seen[box] = True
+    return bool(seen.all())
+
+
+def _read_failed(path: str, exc: BaseException) -> InvalidInputError:
+    """DCP's ``CheckpointException`` (per-rank failures) as the import's typed error."""
+    failures = getattr(exc, "failures", None) or {}
+    first = next(iter(failures.values()), exc)
+    cause = getattr(first, "exc", first)  # DCP wraps each rank's error with its traceback
+    return InvalidInputError(
+        f"{path}: the DCP checkpoint's data could not be read ({type(cause).__name__}: {cause}); "
+        "a .distcp file is missing, truncated or does not match .metadata"
+    )
 
 
 def _reader_class() -> Any:

@@ -58,6 +58,30 @@ def test_log_show_and_the_healthy_ref(diverged: Path) -> None:
     assert "UNHEALTHY" in ck("--store", store, "show", "r").stdout
 
 
+def test_diff_shows_where_the_run_went_bad(diverged: Path) -> None:
+    """diff carries each side's recorded health (issue 25, item 2): the NaN that appeared
+    between r@2 and r@4 is named on its key, with the norms of the changed tensors."""
+    store = str(diverged / "store")
+    with ckstore.open(diverged / "store") as s:
+        d = s.diff("r@2", "r@4")
+    assert d.a.health is not None and d.a.health["nonfinite"] == 0
+    assert d.b.health is not None and d.b.health["nonfinite"] >= 1
+    w = d["model/0.weight"]
+    assert w.health_a is not None and w.health_a["nan"] == 0
+    assert w.health_b is not None and w.health_b["nan"] >= 1  # the step spread it over the tensor
+    assert all(k.health_a is not None and k.health_a["nan"] == 0 for k in d.keys if k.health_a)
+    js = ok_json(ck("--store", store, "diff", "r@2", "r@4", "--json"))
+    assert js["b"]["health"]["nonfinite"] >= 1
+    assert next(k for k in js["keys"] if k["key"] == "model/0.weight")["health_b"]["nan"] == w.health_b["nan"]
+    out = ck("--store", store, "diff", "r@2", "r@4")
+    assert out.returncode == 0, out.stderr
+    assert "health a: ok" in out.stdout and "health b: UNHEALTHY" in out.stdout
+    row = next(line for line in out.stdout.splitlines() if "model/0.weight" in line)
+    assert f"NaN {w.health_b['nan']} Inf 0" in row and "norm " in row
+    stale = ck("--store", store, "diff", "r@2", "r@3").stdout
+    assert "health b: ok; stale: model/*.bias (3 tensors)" in stale
+
+
 def test_gc_keeps_the_newest_healthy_unless_told(diverged: Path) -> None:
     store = str(diverged / "store")
     kept = ok_json(ck("--store", store, "gc", "--keep-last", "1", "--dry-run", "--json"))

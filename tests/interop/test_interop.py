@@ -283,6 +283,73 @@ def test_malicious_dcp_metadata_is_refused(tmp_path: Path) -> None:
     assert store.log() == []
 
 
+def _dcp_dir(tmp_path: Path, state: dict[str, Any]) -> Path:
+    import torch.distributed.checkpoint as dcp
+
+    d = tmp_path / "dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=str(d), no_dist=True)
+    return d
+
+
+def test_dcp_import_refuses_chunks_that_do_not_tile_the_tensor(tmp_path: Path) -> None:
+    """Metadata that declares more elements than its chunks hold would commit uninitialised
+    memory; a huge declaration would allocate it first. Refused before any allocation."""
+    import pickle
+
+    d = _dcp_dir(tmp_path, {"w": torch.ones(3, 4), "b": torch.zeros(4)})
+    good = (d / ".metadata").read_bytes()
+    store = ckstore.open(tmp_path / "store", create=True)
+
+    def damaged(edit: Any) -> None:
+        meta = pickle.loads(good)  # the test's own file: trusted
+        edit(meta.state_dict_metadata["w"])
+        (d / ".metadata").write_bytes(pickle.dumps(meta))
+
+    for size in ([1000, 4], [2**32, 4], [2, 4]):
+        damaged(lambda m, size=size: setattr(m, "size", torch.Size(size)))
+        with pytest.raises(InvalidInputError, match=r"chunks of 'w' do not tile its declared shape"):
+            store.import_checkpoint(d)
+    two = lambda m: m.chunks.append(m.chunks[0])  # noqa: E731 - the same chunk twice: overlap
+    damaged(two)
+    with pytest.raises(InvalidInputError, match="do not tile"):
+        store.import_checkpoint(d)
+    assert store.log() == []
+    (d / ".metadata").write_bytes(good)
+    snap = store.import_checkpoint(d)
+    assert torch.equal(snap.read_object("model/w"), torch.ones(3, 4))
+
+
+def test_dcp_import_of_damaged_data_files_is_a_typed_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """DCP raises CheckpointException (a BaseException) for a missing or short .distcp file or
+    an offset past its end: the import raises InvalidInputError naming the checkpoint, and the
+    command line prints one line (no traceback) and exits 2."""
+    import pickle
+
+    from ckstore.cli import main
+
+    d = _dcp_dir(tmp_path, {"w": torch.ones(64, 4)})
+    store = ckstore.open(tmp_path / "store", create=True)
+    (data,) = d.glob("*.distcp")
+    body = data.read_bytes()
+    good = (d / ".metadata").read_bytes()
+    meta = pickle.loads(good)  # the test's own file: trusted
+    for info in meta.storage_data.values():
+        info.offset += 1 << 20
+    cases = [lambda: data.write_bytes(body[: len(body) // 3]), data.unlink,
+             lambda: (data.write_bytes(body), (d / ".metadata").write_bytes(pickle.dumps(meta)))]
+    for damage in cases:
+        damage()
+        with pytest.raises(InvalidInputError, match="DCP checkpoint's data could not be read"):
+            store.import_checkpoint(d)
+        capsys.readouterr()
+        assert main(["--store", str(tmp_path / "store"), "import", str(d), "--run", "x"]) == 2
+        err = capsys.readouterr().err
+        assert "could not be read" in err and "Traceback" not in err
+    assert store.log() == []
+
+
 # --- DCP in one process --------------------------------------------------------------------------
 def test_dcp_single_process_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed.checkpoint as dcp
