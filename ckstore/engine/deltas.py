@@ -21,6 +21,7 @@ from typing import Any
 
 from ..format.manifest import Manifest, TensorEntry
 from ..index import ChunkRecord
+from .interfaces import WriteIndex
 from .locations import to_location
 from .packing import Chunk
 
@@ -49,7 +50,7 @@ def attach_bases(keys: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], Ch
     return count
 
 
-def resolve_bases(index: Any, session: str, chunks: Iterable[Chunk], depth_limit: int) -> None:
+def resolve_bases(index: WriteIndex, session: str, chunks: Iterable[Chunk], depth_limit: int) -> None:
     """Pin the base of each chunk in ``chunks`` that has a candidate and give it the base's
     location (with its chain); a chunk whose candidate the index lacks, or whose candidate is
     its own id, gets none.

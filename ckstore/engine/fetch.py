@@ -47,6 +47,7 @@ from ..format.manifest import TensorEntry
 from ..format.tensors import writable_view
 from . import devices
 from .devices import DONE, Copier, HostPool
+from .interfaces import LocationIndex
 from .locations import to_location
 from .progress import ProgressFn, meter
 
@@ -145,7 +146,7 @@ class Arena:
 class Fetcher:
     """Runs chunk jobs of one snapshot on ``threads`` threads (see the module docstring)."""
 
-    def __init__(self, objs: objects.ObjectStore, index: Any, where: str, threads: int,
+    def __init__(self, objs: objects.ObjectStore, index: LocationIndex, where: str, threads: int,
                  progress: ProgressFn | None = None) -> None:
         self.objs, self.index, self.where, self.threads = objs, index, where, max(1, threads)
         self.progress = progress

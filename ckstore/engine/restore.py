@@ -28,6 +28,7 @@ from ..format.tensors import empty_for, from_bytes
 from ..format.tree import ABSENT, flatten, prune, tree_refs, unflatten
 from .config import restore_budget
 from .fetch import Arena, Fetcher, Job, Region, plan_jobs, slices
+from .interfaces import LocationIndex
 from .progress import ProgressFn
 from .stateful import RNGState, check_app_state, rng_last
 
@@ -43,7 +44,7 @@ class Reader:
     """
 
     objs: objects.ObjectStore
-    index: Any
+    index: LocationIndex
     manifest: Manifest
     where: str
     threads: int = 2
