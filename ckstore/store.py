@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from . import _takes
+from . import _remotes, _takes
 from .engine.config import StoreConfig
 from .engine.repository import Repository, SnapshotView, open_repository
 from .engine.spec import TakeSpec
@@ -48,7 +48,7 @@ class _Knob(Generic[T]):
         setattr(store.repository, self.name, value)
 
 
-class Store:
+class Store(_remotes.RemoteVerbs):
     """A content-addressed checkpoint store. Build one with :func:`ckstore.open`.
 
     Thread-safe for concurrent takes and reads from one process; many processes and hosts may
@@ -486,6 +486,10 @@ def open(  # noqa: A001 - the public verb is ckstore.open
     take_codec: str | None = None,
     auto_compact: bool | None = None,
     read_only: bool | None = None,
+    push_to: str | None = None,
+    remote_index: str | None = None,
+    remote_options: dict[str, Any] | None = None,
+    local_budget: int | str | None = None,
 ) -> Store:
     """Open a store; with ``create=True``, create it first if there is none.
 
@@ -513,6 +517,18 @@ def open(  # noqa: A001 - the public verb is ckstore.open
             du work; a take, tag, delete, gc or reindex raises ReadOnlyStoreError). None (the
             default) does so when a local store's folder or index is not writable (a
             read-only mount), or the index URL is SQLite ``mode=ro`` / ``immutable=1``.
+        push_to: make this store the fast local tier of a two-tier store: a remote's name (see
+            :meth:`Store.add_remote`) or a store URL (``s3://bucket/prefix``; a folder as
+            ``./name`` or an absolute path), which becomes its persistent tier. Takes commit
+            here at local speed; a background thread pushes each one (:meth:`Store.push`),
+            ``log`` and ``show`` say ``local``, ``pushing`` or ``pushed``, retention and gc keep
+            whatever the tier does not hold yet, :meth:`Store.wait_pushed` waits, and a clean
+            :meth:`Store.close` pushes what is pending first.
+        remote_index, remote_options: the index URL and storage options of ``push_to`` given
+            as a URL (kept with the remote it becomes, named ``tier``).
+        local_budget: with ``push_to``: bytes (or a size such as ``"200GiB"``) the local packs
+            may hold; past it, pushed packs are evicted, least recently used first, and reads
+            of their chunks go to the remote (verified as always).
 
     Raises:
         NotFoundError: no store at ``url`` and ``create`` is False (the message says how to
@@ -541,7 +557,38 @@ def open(  # noqa: A001 - the public verb is ckstore.open
             repo.take_codec = take_codec
         if auto_compact is not None:
             repo.auto_compact = auto_compact
+        store = Store(repo)
+        _remotes.attach(store, repo, push_to, remote_index, remote_options, local_budget)
     except BaseException:
         repo.close()
         raise
-    return Store(repo)
+    return store
+
+
+def clone(
+    url: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    *,
+    index: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    dest_index: str | None = None,
+    dest_storage_options: dict[str, Any] | None = None,
+    name: str = "origin",
+    progress: Callable[[int, int], None] | None = None,
+) -> Store:
+    """Make a new store at ``dest`` holding every run, snapshot and tag of the store at ``url``
+    (chunks verified on the way), with its chunk, pack and inline sizes and ``url`` as its
+    remote ``name`` (default ``origin``); return it, open.
+
+    ``index`` and ``storage_options`` open the source; ``dest_index`` and
+    ``dest_storage_options`` the new store (default: SQLite inside a local ``dest``).
+    ``progress(bytes, total)`` is called as chunks are copied or found there.
+
+    Raises:
+        NotFoundError: no store at ``url``.
+        DestinationExistsError: ``dest`` holds a store, or is a non-empty folder (or prefix).
+        CorruptionError: a chunk of the source is damaged (named): the snapshot that needs it
+            is not cloned, those before it are.
+    """
+    return Store(_remotes.clone(url, dest, index=index, storage_options=storage_options, dest_index=dest_index,
+                                dest_storage_options=dest_storage_options, name=name, progress=progress))

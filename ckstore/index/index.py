@@ -57,6 +57,7 @@ from ckstore.index.records import (
     SnapshotRecord,
     TagRecord,
 )
+from ckstore.index.remotes import RemotesMixin
 from ckstore.index.schema import ensure_schema
 from ckstore.index.sharing import SharingMixin
 
@@ -66,7 +67,7 @@ MAX_CHAIN_ROUNDS = 65
 are far shorter, and readers refuse one over 64 links)."""
 
 
-class Index(MaintenanceMixin, SharingMixin, CompactionMixin):
+class Index(MaintenanceMixin, SharingMixin, CompactionMixin, RemotesMixin):
     """SQL index of one store (SQLite or PostgreSQL). Create it with :meth:`Index.open`."""
 
     def __init__(self, engine: Engine, read_only: str | None = None) -> None:
