@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .distributed import is_distributed
 from .engine.config import check_delta_base
+from .engine.progress import ProgressFn
 from .engine.repository import Repository
 from .engine.spec import TakeSpec
 from .errors import InvalidInputError
@@ -65,7 +66,8 @@ class Background:
     sync_bytes: int = 0
 
 
-def take(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None = None) -> Committed:
+def take(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None = None,
+         progress: ProgressFn | None = None) -> Committed:
     """Take ``app_state`` into ``repo`` now: on every rank of ``pg`` under torch.distributed
     (unless ``spec.no_dist``), else in this process."""
     from .engine.take import state_dicts
@@ -82,11 +84,12 @@ def take(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: Pro
         return dist_take(repo, state_dicts(app_state), spec, comm, ddp_apps(app_state))
     from .engine.take import take as engine_take
 
-    result = engine_take(repo, state_dicts(app_state), spec)
+    result = engine_take(repo, state_dicts(app_state), spec, progress)
     return result.record, result.manifest
 
 
-def take_async(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None = None) -> Background:
+def take_async(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None = None,
+               progress: ProgressFn | None = None) -> Background:
     """Return once the state at this call is safe; hash, write and commit in the background."""
     from .engine.take import state_dicts
 
@@ -101,7 +104,7 @@ def take_async(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, p
     from .engine.take import take_async as engine_take_async
 
     budget = repo.staging_budget if spec.staging_budget is None else spec.staging_budget
-    job = engine_take_async(repo, state_dicts(app_state), spec, budget)
+    job = engine_take_async(repo, state_dicts(app_state), spec, budget, progress)
     future: Future[Committed] = Future()
 
     def done(job_future: Future[Any]) -> None:

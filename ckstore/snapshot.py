@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .distributed import is_distributed
+from .engine.progress import ProgressFn
 from .engine.repository import SnapshotFields, SnapshotView
 from .errors import CorruptionError, InvalidInputError
 from .format.health import Health, of_header
@@ -116,6 +117,7 @@ class StoredSnapshot(SnapshotFields):
         replicated_read: str | None = None,
         atomic: bool = True,
         verify: bool = False,
+        progress: ProgressFn | None = None,
     ) -> None:
         """Load this snapshot into ``app_state`` in place.
 
@@ -156,6 +158,9 @@ class StoredSnapshot(SnapshotFields):
         ``verify=True`` then checks what landed (:meth:`verify_live`: one more hashing pass
         over the restored tensors) and raises CorruptionError naming any key that differs:
         a ``load_state_dict`` that transformed or dropped a value, a hook that changed one.
+        ``progress``: ``fn(what, done, total)`` told the raw bytes of each pass as it advances
+        (``"verify"`` then ``"restore"``; one ``"restore"`` pass with ``atomic=False``), from the
+        restore's threads, at most ten times a second and at the end of each pass.
 
         Raises:
             UnsupportedValueError: an app_state value is not stateful (also a TypeError).
@@ -176,7 +181,7 @@ class StoredSnapshot(SnapshotFields):
             check_number("dist_timeout", dist_timeout, lo_open=True)
         view = self._view()
         budget = view.store.memory_budget if memory_budget is None else memory_budget
-        reader = view.reader()
+        reader = replace(view.reader(), progress=progress)
         if is_dcp_manifest(reader.manifest):
             reader = replace(reader, manifest=dcp_overlay(reader.manifest, app_state, strict))
         with view.store.activity():  # background compaction of this process waits meanwhile
@@ -250,6 +255,7 @@ class StoredSnapshot(SnapshotFields):
         force: bool = False,
         shard_bytes: int | None = None,
         memory_budget: int | None = None,
+        progress: ProgressFn | None = None,
     ) -> ExportReport:
         """Write this snapshot to directory ``path`` in another checkpoint format.
 
@@ -273,7 +279,9 @@ class StoredSnapshot(SnapshotFields):
         path above it does, so ``"model"`` works too). Every chunk is verified as it is read,
         tensors are read in pieces of about ``memory_budget`` bytes (default: the store's
         restore budget), and the directory appears only once complete. A non-empty ``path``
-        is refused unless ``force=True`` (then it is replaced).
+        is refused unless ``force=True`` (then it is replaced). ``progress``:
+        ``fn(what, done, total)`` told the bytes read as each piece is read (``what``:
+        ``"restore"``), as for :meth:`restore`.
 
         Raises:
             DestinationExistsError: ``path`` is not empty and ``force`` is False.
@@ -284,8 +292,10 @@ class StoredSnapshot(SnapshotFields):
         from .interop import DEFAULT_SHARD_BYTES, export_snapshot
 
         globs = [keys] if isinstance(keys, str) else keys
+        view = self._view()
+        view.progress = progress
         return export_snapshot(
-            self._view(), path, format=format, keys=globs, force=force,
+            view, path, format=format, keys=globs, force=force,
             shard_bytes=DEFAULT_SHARD_BYTES if shard_bytes is None else shard_bytes,
             memory_budget=memory_budget,
         )  # fmt: skip

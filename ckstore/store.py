@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _remotes, _takes
 from .engine.config import StoreConfig
+from .engine.progress import ProgressFn
 from .engine.repository import Repository, SnapshotView, open_repository
 from .engine.spec import TakeSpec
 from .errors import ConflictError, InvalidInputError, NotFoundError
@@ -121,6 +122,7 @@ class Store(_remotes.RemoteVerbs):
         on_stale: str = "warn",
         health: bool = True,
         trainable: Sequence[str] = (),
+        progress: ProgressFn | None = None,
     ) -> StoredSnapshot:
         """Snapshot ``app_state`` (names -> objects with ``state_dict()``) into ``run``.
 
@@ -163,6 +165,10 @@ class Store(_remotes.RemoteVerbs):
         ``"ignore"``. Findings are recorded in the snapshot either way (``snap.health``,
         ``ckstore show``, ``log --healthy``, the ref ``run@healthy``).
 
+        ``progress``: ``fn(what, done, total)`` called as the take advances (``what`` is
+        ``"take"``; bytes of the state found in the store or written), from the take's threads,
+        at most ten times a second and once at the end (:mod:`ckstore.engine.progress`).
+
         Raises:
             InvalidInputError / UnsupportedValueError: app_state holds something unstorable
                 (the message names the key).
@@ -175,7 +181,7 @@ class Store(_remotes.RemoteVerbs):
                            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
                            dist_timeout=dist_timeout, no_dist=no_dist, move_tags=move_tags,
                            on_nonfinite=on_nonfinite, on_stale=on_stale, health=health, trainable=trainable)
-        return self._handle(*_takes.take(self._repo, app_state, spec, pg))
+        return self._handle(*_takes.take(self._repo, app_state, spec, pg, progress))
 
     def async_take(
         self,
@@ -197,6 +203,7 @@ class Store(_remotes.RemoteVerbs):
         on_stale: str = "warn",
         health: bool = True,
         trainable: Sequence[str] = (),
+        progress: ProgressFn | None = None,
     ) -> PendingSnapshot:
         """Stage a copy of ``app_state`` now, then hash, write and commit in the background.
 
@@ -207,15 +214,15 @@ class Store(_remotes.RemoteVerbs):
         ``wait()`` returns the Snapshot or raises.
         Distributed: call on every rank; the ranks' background takes commit together and
         every rank's ``wait()`` returns the same Snapshot or raises DistributedError.
-        ``delta_base``, ``no_dist``, ``tags``, ``move_tags`` and the guard's options as for
-        :meth:`take` (a refusal surfaces from ``wait()``).
+        ``delta_base``, ``no_dist``, ``tags``, ``move_tags``, ``progress`` and the guard's
+        options as for :meth:`take` (a refusal surfaces from ``wait()``).
         """
         spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, replicated=replicated,
                            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
                            dist_timeout=dist_timeout, staging_budget=staging_budget, no_dist=no_dist,
                            move_tags=move_tags, on_nonfinite=on_nonfinite, on_stale=on_stale, health=health,
                            trainable=trainable)
-        job = _takes.take_async(self._repo, app_state, spec, pg)
+        job = _takes.take_async(self._repo, app_state, spec, pg, progress)
         return PendingSnapshot.of(job.future, self._handle, job.staged_bytes, job.sync_bytes)
 
     def import_checkpoint(
@@ -235,6 +242,7 @@ class Store(_remotes.RemoteVerbs):
         health: bool = True,
         trainable: Sequence[str] = (),
         verify: bool = True,
+        progress: ProgressFn | None = None,
     ) -> StoredSnapshot:
         """Take an existing checkpoint (file or folder) into ``run`` as one snapshot.
 
@@ -264,7 +272,8 @@ class Store(_remotes.RemoteVerbs):
 
         ``verify`` (default True): a checkpoint that carries ckstore's digests (an export's
         safetensors ``__metadata__`` or its ``ckstore-digests.json``) is checked against them
-        first, as ``ckstore verify`` does; a mismatch refuses the import.
+        first, as ``ckstore verify`` does; a mismatch refuses the import. ``progress`` as for
+        :meth:`take` (``what`` is ``"take"``).
 
         Raises:
             CorruptionError: with ``verify``, a file or tensor does not match its recorded
@@ -286,7 +295,7 @@ class Store(_remotes.RemoteVerbs):
             verify_checkpoint(path, refuse=True)
         with load_checkpoint(self._repo, path, format) as loaded:
             spec = spec.evolve(metadata={**loaded.metadata, **spec.metadata})
-            return self._handle(*_takes.take(self._repo, loaded.apps, spec))
+            return self._handle(*_takes.take(self._repo, loaded.apps, spec, progress=progress))
 
     # --- reading -------------------------------------------------------------------------
     def get(self, ref: str) -> StoredSnapshot:
@@ -365,6 +374,7 @@ class Store(_remotes.RemoteVerbs):
         repack_below: float = DEFAULT_REPACK_BELOW,
         dry_run: bool = False,
         keep_healthy: bool = True,
+        progress: ProgressFn | None = None,
     ) -> GCReport:
         """Forget the snapshots a retention policy drops, then prune what nothing references.
 
@@ -381,6 +391,8 @@ class Store(_remotes.RemoteVerbs):
                 recently, are kept (a reader or writer may still be using them).
             repack_below: rewrite packs whose live bytes fell below this fraction (0: never).
             dry_run: report what would happen, change nothing.
+            progress: ``fn("gc", done, total)`` told the live bytes copied out of sparse packs
+                as they are rewritten (the long part of a gc), as for :meth:`take`.
 
         With none of ``keep_last``, ``keep_every_steps``, ``older_than`` set no snapshot is
         dropped and gc only prunes. Safe beside live takes (see docs/RELIABILITY.md, I4).
@@ -402,6 +414,7 @@ class Store(_remotes.RemoteVerbs):
             repack_below=repack_below,
             dry_run=dry_run,
             keep_healthy=keep_healthy,
+            progress=progress,
         )
 
     def check(
@@ -510,7 +523,9 @@ def open(  # noqa: A001 - the public verb is ckstore.open
             ``delta_base="parent"`` stores every take of a run as deltas against the one before
             where that is smaller; ``delta_depth`` (default 1, or ``$CKSTORE_DELTA_DEPTH``) bounds the chains.
         take_codec: how this handle's takes encode new chunks: ``"fast"`` (default, or
-            ``$CKSTORE_TAKE_CODEC``; compaction rewrites older snapshots densely) or ``"dense"``.
+            ``$CKSTORE_TAKE_CODEC``: ``exp-zstd`` for floats; compaction rewrites older
+            snapshots densely), ``"raw"`` (no encoding: fastest takes and restores, most bytes
+            until compaction) or ``"dense"`` (compact at once).
         auto_compact: whether takes start a background compaction (default True, or
             ``$CKSTORE_AUTO_COMPACT``); see :meth:`Store.compact`.
         read_only: True opens without writing anything (reads, restores, exports, check and

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -92,3 +93,30 @@ def progress(items: Iterable[T], desc: str) -> Iterable[T]:
     except ImportError:
         return items
     return tqdm(items, desc=desc, leave=False, file=sys.stderr)
+
+
+def bar() -> Callable[[str, int, int], None] | None:
+    """A progress callback (``fn(what, done, total)``, bytes) drawing one tqdm bar per ``what``
+    on stderr when it is a terminal and tqdm is installed; None otherwise (no progress kept)."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    bars: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def told(what: str, done: int, total: int) -> None:
+        with lock:
+            b = bars.get(what)
+            if b is None or b.total != total or done < b.n:  # a new pass of the same name
+                if b is not None:
+                    b.close()
+                b = bars[what] = tqdm(total=total, desc=what, unit="B", unit_scale=True, unit_divisor=1024,
+                                      leave=False, file=sys.stderr)
+            b.update(done - b.n)
+            if done >= total:
+                bars.pop(what).close()
+
+    return told

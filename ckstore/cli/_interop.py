@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import _format as fmt
 from ._common import EXIT_OK, open_store, print_report
 
 
@@ -16,7 +17,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         snap = store.import_checkpoint(
             args.path, run=args.run, step=args.step, tags=args.tags, name=args.name, format=args.format,
             delta_base=args.delta_base, move_tags=args.move_tags, verify=not args.no_verify,
-            on_nonfinite=args.on_nonfinite,
+            on_nonfinite=args.on_nonfinite, progress=fmt.bar(),
         )
         report = {
             "id": snap.id,
@@ -36,7 +37,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snap = store.get(args.ref)
         report = snap.export(
-            args.dir, args.format, keys=args.keys, force=args.force, shard_bytes=args.shard_size
+            args.dir, args.format, keys=args.keys, force=args.force, shard_bytes=args.shard_size,
+            progress=fmt.bar(),
         )
     out = {"snapshot": snap.ref, **report.to_dict()}
     print_report(out, args.json)

@@ -46,7 +46,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
             ):
                 print("nothing deleted", file=sys.stderr)
                 return EXIT_OK
-        report = store.gc(**policy)
+        report = store.gc(**policy, progress=fmt.bar())
     d = report.to_dict()
     if args.json:
         print_report(d, True)
@@ -63,10 +63,19 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def cmd_compact(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         store.auto_compact = False
-        report = store.compact(keep_loose=args.keep_loose, dry_run=args.dry_run)
+        bar = fmt.bar()
+        raw = store.compact(keep_loose=args.keep_loose, dry_run=True).raw_bytes if bar and not args.dry_run else 0
+        done = [0]
+
+        def rewritten(n: int) -> None:
+            done[0] += n
+            assert bar is not None
+            bar("compact", min(done[0], raw), raw)
+
+        report = store.compact(keep_loose=args.keep_loose, dry_run=args.dry_run, progress=rewritten if raw else None)
+        if bar is not None and raw:
+            bar("compact", raw, raw)
     print_report(report.to_dict(), args.json)
-    if report.chunks and not args.dry_run and not args.json:
-        print("note: the loose packs emptied are retired; `ckstore gc` deletes them once their grace period has passed")
     return EXIT_OK
 
 

@@ -268,10 +268,11 @@ def default_delta_depth() -> int:
     return DEFAULT_DELTA_DEPTH if env is None else env
 
 
-TAKE_CODECS = ("fast", "dense")
+TAKE_CODECS = ("fast", "raw", "dense")
 """How a take encodes new whole chunks: ``fast`` (``exp-zstd`` for floats, raw otherwise; what
-compaction later rewrites densely) or ``dense`` (``bytegroup-zstd`` / ``zstd``, as compaction
-writes: smaller at once, slower on the take's critical path)."""
+compaction later rewrites densely), ``raw`` (no encoding at all: the fastest takes and
+restores, the most bytes until compaction) or ``dense`` (``bytegroup-zstd`` / ``zstd``, as
+compaction writes: smaller at once, slower on the take's critical path)."""
 
 
 def check_take_codec(value: Any) -> str:

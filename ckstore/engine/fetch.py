@@ -48,6 +48,7 @@ from ..format.tensors import writable_view
 from . import devices
 from .devices import DONE, Copier, HostPool
 from .locations import to_location
+from .progress import ProgressFn, meter
 
 Region = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
 
@@ -144,8 +145,10 @@ class Arena:
 class Fetcher:
     """Runs chunk jobs of one snapshot on ``threads`` threads (see the module docstring)."""
 
-    def __init__(self, objs: objects.ObjectStore, index: Any, where: str, threads: int) -> None:
+    def __init__(self, objs: objects.ObjectStore, index: Any, where: str, threads: int,
+                 progress: ProgressFn | None = None) -> None:
         self.objs, self.index, self.where, self.threads = objs, index, where, max(1, threads)
+        self.progress = progress
         self._executor: ThreadPoolExecutor | None = None
         self._stash: objects.StashingBackend | None = None
 
@@ -186,7 +189,8 @@ class Fetcher:
             self.apply([j for j, data in found if data is not None])  # copies them into place
         self._locate(jobs)
         with _Pools(self.threads, jobs) as pools:
-            self._run(jobs, lambda j: self._deliver(j, pools, lambda out: self.objs.verify_chunk(self._loc(j), out)))
+            self._run(jobs, lambda j: self._deliver(j, pools, lambda out: self.objs.verify_chunk(self._loc(j), out)),
+                      "restore")
 
     def verify(self, jobs: list[Job], budget: int | None) -> Arena:
         """Check every chunk without touching any destination.
@@ -215,7 +219,7 @@ class Fetcher:
                 job, lambda: self.objs.verify_chunk(self._loc(job), job.staged, fingerprint_it=keep)
             )
 
-        self._run(jobs, one)
+        self._run(jobs, one, "verify")
         return arena
 
     def apply(self, jobs: list[Job]) -> None:
@@ -239,7 +243,7 @@ class Fetcher:
                     self._deliver(job, pools, lambda out: self.objs.load_verified(self._loc(job), out, expected),
                                   moved=self._verified_copy)
 
-            self._run(jobs, one)
+            self._run(jobs, one, "restore")
         for job in jobs:  # every copy out of the arena has completed (the pools waited)
             job.staged = None
 
@@ -339,10 +343,19 @@ class Fetcher:
         assert job.loc is not None
         return job.loc
 
-    def _run(self, jobs: list[Job], fn: Callable[[Job], None]) -> None:
+    def _run(self, jobs: list[Job], fn: Callable[[Job], None], what: str = "") -> None:
         """Run ``fn`` over ``jobs`` on this fetcher's threads (on the calling thread when they
         hold under :data:`INLINE_BYTES`). The same threads serve every pass, so each thread's
-        read buffers are allocated once per restore, not once per pass."""
+        read buffers are allocated once per restore, not once per pass. With a progress
+        callback, the pass counts as ``what`` (the raw bytes of each job done)."""
+        gauge = meter(self.progress, what, sum(_raw(j) for j in jobs)) if what and jobs else None
+        if gauge is not None:
+            inner = fn
+
+            def fn(job: Job) -> None:
+                inner(job)
+                gauge.add(_raw(job))
+
         if self.threads == 1 or len(jobs) <= 1 or sum(_raw(j) for j in jobs) < INLINE_BYTES:
             for j in jobs:
                 fn(j)

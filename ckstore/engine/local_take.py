@@ -33,6 +33,7 @@ from .guard import TakeGuard, remember
 from .interfaces import WriteIndex
 from .lease import Lease
 from .packing import Chunk, PackPipeline, TakeOptions, WriteStats, batches
+from .progress import Meter, ProgressFn, meter
 from .repository import Repository
 from .spec import TakeSpec
 
@@ -72,7 +73,8 @@ class LocalTake:
         opts: the knobs (default: the repository's, with deltas on when ``spec`` has a base).
     """
 
-    def __init__(self, repo: Repository, spec: TakeSpec, opts: TakeOptions | None = None) -> None:
+    def __init__(self, repo: Repository, spec: TakeSpec, opts: TakeOptions | None = None,
+                 progress: ProgressFn | None = None) -> None:
         self.repo = repo
         self.spec = spec
         self.opts = opts or repo.take_options(deltas=spec.delta_base is not None)
@@ -81,6 +83,8 @@ class LocalTake:
         self.stats = TakeStats()
         self._seen: set[str] = set()  # chunk ids handled by this take
         self._deferred: list[tuple[PackRecord, list[ChunkRecord]]] = []  # durable, recorded at commit
+        self._progress = progress
+        self._meter: Meter | None = None
         self.guard = TakeGuard(spec, repo)
         """Health figures while hashing, staleness and the policies (``engine/guard.py``)."""
         self._lease: Lease | None = None
@@ -129,6 +133,15 @@ class LocalTake:
         if error is not None:
             raise error
 
+    def expect(self, chunks: Iterable[Chunk]) -> None:
+        """Count progress (``"take"``, raw bytes) against these chunks: every chunk of the take,
+        told before the first :meth:`store` (without a progress callback: nothing)."""
+        self._meter = meter(self._progress, "take", sum(c.nbytes for c in chunks))
+
+    def _tick(self, n: int) -> None:
+        if self._meter is not None:
+            self._meter.add(n)
+
     # --- chunks -----------------------------------------------------------------------------
     def hash(self, chunks: list[Chunk]) -> None:
         """Fill in every chunk's id (blake3 of its raw bytes), on the workers; the guard
@@ -162,7 +175,7 @@ class LocalTake:
         max_count = min(HASH_BATCH_CHUNKS, stager.batch_chunks) if device else HASH_BATCH_CHUNKS
         try:
             with PackPipeline(self.repo.objects, self.index, self.session, self.opts, self._workers(),
-                              self._deferred if defer else None) as pipe:
+                              self._deferred if defer else None, on_added=self._tick) as pipe:
                 for batch in batches(chunks, max_bytes, max_count, FIRST_BATCH_BYTES):
                     stager.stage(batch)
                     if not hashed:
@@ -188,6 +201,7 @@ class LocalTake:
         self.stats.reused_chunks += len(found)
         missing = [c for cid, c in new.items() if cid not in found]
         self.stats.written_raw_bytes += sum(c.nbytes for c in missing)
+        self._tick(sum(c.nbytes for c in batch) - sum(c.nbytes for c in missing))  # found, or seen before
         resolve_bases(self.index, self.session, missing, self.opts.delta_depth)
         for c in missing:
             pipe.push(c)
@@ -234,6 +248,8 @@ class LocalTake:
         record = commit_manifest(self.index, self.session, manifest, stored, self.spec.tag_specs,
                                  packs=self._deferred, **(figures or self.stats.figures()))
         self._live_lease().committed = True
+        if self._meter is not None:
+            self._meter.finish()
         self.repo.committed(record)
         remember(record.manifest_id, manifest)  # the run's next take compares with it
         return record

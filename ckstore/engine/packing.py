@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +40,8 @@ class TakeOptions:
     fast: bool = True
     """Encode whole chunks with the fast codec (``exp-zstd`` for floats, raw otherwise), as a
     take does; compaction encodes densely (``fast=False``)."""
+    raw: bool = False
+    """Store whole chunks as they are (codec ``none``, no encoding work), in loose packs."""
 
 
 @dataclass
@@ -113,9 +115,11 @@ class PackPipeline:
         opts: TakeOptions,
         pool: ThreadPoolExecutor,
         deferred: list[tuple[PackRecord, list[ChunkRecord]]] | None = None,
+        on_added: Callable[[int], None] | None = None,
     ) -> None:
         self._store, self._index, self._session, self._opts, self._pool = store, index, session, opts, pool
         self._deferred = deferred
+        self._on_added = on_added  # told the raw bytes of each chunk once it is in a pack
         self._window = max(2, 2 * opts.threads)
         self._io = ThreadPoolExecutor(max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack")
         self._encoding: deque[tuple[Chunk, np.ndarray | None, Future[tuple[str, Any]]]] = deque()
@@ -148,11 +152,15 @@ class PackPipeline:
 
     def push(self, chunk: Chunk) -> None:
         """Queue one chunk (its id known, absent from the store) for encoding and packing."""
-        buf = self._buffer(objects.grouped_size(len(chunk.view), chunk.itemsize)) if chunk.grouped else None
         if chunk.base is not None and self._hopeless(chunk.key):
             chunk.base = None  # deltas of its kind did not pay in this take: spare the double encode
+        encodes = chunk.grouped and (chunk.base is not None or not self._opts.raw)
+        buf = self._buffer(objects.grouped_size(len(chunk.view), chunk.itemsize)) if encodes else None
         if chunk.base is not None:
             fut = self._pool.submit(_encode_delta, self._store, chunk, buf)
+        elif self._opts.raw:
+            fut = Future()
+            fut.set_result((objects.NONE, chunk.ready()))
         else:
             fut = self._pool.submit(objects.encode, chunk.view, chunk.itemsize, chunk.grouped, 1, buf, self._opts.fast)
         self._encoding.append((chunk, buf, fut))
@@ -202,6 +210,8 @@ class PackPipeline:
             (self._held if held else self._free).append(buf)
         self.stats.new_bytes += len(payload)
         self.stats.new_chunks += 1
+        if self._on_added is not None:
+            self._on_added(chunk.nbytes)
         if delta:
             self._depths[chunk.id] = chunk.depth
             self.stats.delta_chunks += 1

@@ -54,7 +54,9 @@ log = logging.getLogger("ckstore")
 
 if TYPE_CHECKING:
     from .packing import TakeOptions
+    from .progress import ProgressFn
     from .restore import Reader
+    from .stage import StagingArena
 
 def is_local(url: str) -> bool:
     """True for plain paths, ``file://`` URLs and TorchSnapshot's ``fs://`` paths."""
@@ -105,6 +107,8 @@ class Repository:
         self._io_threads = default_io_threads()
         self._memory_budget: int | None = default_memory_budget()
         self._staging_budget: int | None = None
+        self._staging: StagingArena | None = None  # the last async take's, free for the next
+        self._staging_lock = threading.Lock()
         self._lease_seconds = default_lease_seconds()
         self._delta_base: str | None = None
         self._delta_depth = default_delta_depth()
@@ -167,6 +171,26 @@ class Repository:
     def staging_budget(self, value: int | None) -> None:
         self._staging_budget = None if value is None else check_int("staging_budget", value)
 
+    def staging_arena(self, nbytes: int) -> StagingArena:
+        """An arena of at least ``nbytes`` for an async take's copies: the one the last async
+        take gave back when it fits (its pages are touched already: copies run at memory speed),
+        else a new one. Give it back with :meth:`release_staging` once the take is done."""
+        from .stage import StagingArena
+
+        with self._staging_lock:
+            arena, self._staging = self._staging, None
+        if arena is not None and nbytes <= arena.size <= 2 * nbytes + (64 << 20):
+            arena.reset()
+            return arena
+        return StagingArena(nbytes)
+
+    def release_staging(self, arena: StagingArena) -> None:
+        """Keep ``arena`` (no tensor cut from it is used any more) for the next async take;
+        dropped when the repository closes."""
+        with self._staging_lock:
+            if self._staging is None or self._staging.size < arena.size:
+                self._staging = arena
+
     @property
     def delta_base(self) -> str | None:
         """What takes store deltas against unless they say otherwise: None (no deltas, the
@@ -190,8 +214,8 @@ class Repository:
     @property
     def take_codec(self) -> str:
         """How takes encode new whole chunks: ``"fast"`` (the default: ``exp-zstd`` for
-        floats, raw otherwise; compaction rewrites them densely later) or ``"dense"``
-        (``bytegroup-zstd``/``zstd`` at once)."""
+        floats, raw otherwise; compaction rewrites them densely later), ``"raw"`` (every chunk
+        as it is, also compacted later) or ``"dense"`` (``bytegroup-zstd``/``zstd`` at once)."""
         return self._take_codec
 
     @take_codec.setter
@@ -210,7 +234,8 @@ class Repository:
             lease_seconds=self.lease_seconds,
             io_threads=self.io_threads,
             delta_depth=self.delta_depth if deltas else 0,
-            fast=self.take_codec == "fast",
+            fast=self.take_codec != "dense",
+            raw=self.take_codec == "raw",
         )
 
     def delta_manifest(self, delta_base: str | None, run: str) -> Manifest | None:
@@ -281,6 +306,7 @@ class Repository:
         for hook in list(self.before_close):
             hook()
         self.before_close.clear()
+        self._staging = None
         self.index.close()
         self.objects.backend.close()
 
@@ -367,6 +393,8 @@ class SnapshotView(SnapshotFields):
         self.store = store
         self._record = record
         self._manifest = manifest
+        self.progress: ProgressFn | None = None
+        """Given to every :meth:`reader` (an export's progress)."""
 
     @property
     def record(self) -> SnapshotRecord:
@@ -388,6 +416,7 @@ class SnapshotView(SnapshotFields):
             self.manifest,
             f"snapshot {self.ref}",
             self.store.threads,
+            progress=self.progress,
         )
 
 

@@ -28,6 +28,7 @@ from ..format.tensors import empty_for, from_bytes
 from ..format.tree import ABSENT, flatten, prune, tree_refs, unflatten
 from .config import restore_budget
 from .fetch import Arena, Fetcher, Job, Region, plan_jobs, slices
+from .progress import ProgressFn
 from .stateful import RNGState, check_app_state, rng_last
 
 log = logging.getLogger("ckstore")
@@ -47,6 +48,8 @@ class Reader:
     where: str
     threads: int = 2
     rank: int | None = None
+    progress: ProgressFn | None = None
+    """Told the bytes each pass over the chunks has done (``"verify"``, ``"restore"``, ``"read"``)."""
 
     def entry(self, key: str) -> Entry:
         """The entry of ``key`` for this reader's rank (per-rank entries resolved)."""
@@ -72,7 +75,7 @@ class Reader:
         return not isinstance(entry, PerRankEntry) or (self.rank or 0) < entry.world_size
 
     def fetcher(self) -> Fetcher:
-        return Fetcher(self.objs, self.index, self.where, self.threads)
+        return Fetcher(self.objs, self.index, self.where, self.threads, self.progress)
 
     def read_tensors(self, keys: list[str]) -> dict[str, torch.Tensor]:
         """Return a new CPU tensor per key, each chunk re-hashed against its id."""

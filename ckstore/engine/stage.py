@@ -1,4 +1,5 @@
-"""Staging for async takes: a private copy of every tensor, containers rebuilt alike."""
+"""Staging for async takes: a private copy of every tensor, containers rebuilt alike, and the
+arena single-process async takes cut their copies from."""
 
 from __future__ import annotations
 
@@ -13,6 +14,68 @@ from ..format.boxes import is_dtensor
 from ..format.limits import MAX_DEPTH
 from ..format.tensors import check_tensor
 from ..format.tree import join
+from ..objects.store import private_memory
+
+ALIGN = 64
+"""Staged copies start on 64-byte boundaries (cache lines; what vectorised code wants)."""
+
+
+def arena_bytes(value: Any) -> int:
+    """Bytes a copy of ``value`` (a tensor or an array) takes in a :class:`StagingArena` (0:
+    it is copied on its own, as a DTensor or a tensor of an unusual layout is)."""
+    if isinstance(value, torch.Tensor) and not _plain(value):
+        return 0
+    n = value.numel() * value.element_size() if isinstance(value, torch.Tensor) else int(value.nbytes)
+    return -(-n // ALIGN) * ALIGN
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """A dense, strided, non-quantized tensor that is not a DTensor."""
+    return t.layout == torch.strided and not t.is_quantized and not is_dtensor(t)
+
+
+class StagingArena:
+    """One block of anonymous memory that staged copies are cut from, reusable take after take.
+
+    An async take blocks for as long as copying the state takes, and copying into fresh memory
+    costs a page fault per page (the kernel zeroes each): about three times a copy into memory
+    already touched (65 ms against 22 ms for 270 MiB here). A repository keeps the arena of its
+    last async take (:meth:`reset` and reused by the next one: a training loop's takes copy at
+    memory speed from the second on). Private (a child forked meanwhile gets its own pages, see
+    ``private_memory``); it goes back to the system once dropped and the last tensor cut from it
+    is gone. Transparent huge pages are not asked for: where the kernel compacts memory for them
+    on the first touch (``defrag=madvise``), a copy stalled for up to 0.3 s.
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        self._mem = private_memory(max(nbytes, 1))
+        self.size = nbytes
+        self._at = 0
+
+    def reset(self) -> None:
+        """Make the whole arena free again (every tensor cut from it is no longer used)."""
+        self._at = 0
+
+    def copy(self, value: Any) -> Any:
+        """A copy of ``value`` (a tensor, on any device, or a numpy array) in the arena, on the
+        CPU, contiguous, with its dtype and shape.
+
+        Raises:
+            InvalidInputError: the arena has no room left (it was sized for other values).
+        """
+        n = arena_bytes(value)
+        if n == 0:
+            return value.copy() if isinstance(value, np.ndarray) else value.detach().to("cpu", copy=True)
+        if self._at + n > self.size:
+            raise InvalidInputError(f"staging arena of {self.size} bytes has no room for {n} more")
+        at, self._at = self._at, self._at + n
+        if isinstance(value, np.ndarray):
+            out = np.frombuffer(self._mem, dtype=value.dtype, count=value.size, offset=at).reshape(value.shape)
+            np.copyto(out, value)
+            return out
+        dst = torch.frombuffer(self._mem, dtype=value.dtype, count=value.numel(), offset=at).view(value.shape)
+        dst.copy_(value.detach())
+        return dst
 
 
 def stage(obj: Any, key: str = "") -> Any:

@@ -9,7 +9,7 @@ transaction). Nothing is visible until that commit (I1).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,8 +27,10 @@ from .deltas import attach_bases
 from .device_stage import is_device_tensor
 from .local_take import LocalTake
 from .packing import Chunk, TakeOptions
+from .progress import ProgressFn
 from .repository import Repository
 from .spec import TakeSpec
+from .stage import StagingArena, arena_bytes
 from .stateful import RNGState, check_app_state
 
 
@@ -132,17 +134,18 @@ def finish_entries(p: _Plan) -> dict[str, Entry]:
     return p.entries
 
 
-def take(repo: Repository, states: Mapping[str, Any], spec: TakeSpec) -> TakeResult:
+def take(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, progress: ProgressFn | None = None) -> TakeResult:
     """Store ``states`` (already-called state dicts) as one committed snapshot.
 
     With a delta base in ``spec`` (and the repository's ``delta_depth`` > 0), each new chunk
     may be stored as a delta against the chunk at the same place in that snapshot
     (``engine.deltas``).
     """
-    t = LocalTake(repo, spec)
+    t = LocalTake(repo, spec, progress=progress)
     p = plan(states, t.opts)
     t.guard.watch(dtypes_of(p))
     with_base(p, repo.delta_manifest(spec.delta_base, spec.run), t.opts)
+    t.expect(p.chunks)
     with t:
         stored: list[tuple[Manifest, tuple[str, int]]] = []
 
@@ -155,18 +158,22 @@ def take(repo: Repository, states: Mapping[str, Any], spec: TakeSpec) -> TakeRes
         return TakeResult(t.commit(manifest, stored=where), manifest)
 
 
-def stage_within(states: Mapping[str, Any], budget: int) -> tuple[dict[str, Any], set[str], int]:
+def stage_within(
+    states: Mapping[str, Any], budget: int, arena_for: Callable[[int], StagingArena] = StagingArena
+) -> tuple[dict[str, Any], set[str], int, StagingArena]:
     """Copy tensors (to CPU) while their total stays within ``budget`` bytes.
 
     Returns the states rebuilt around the copies, the keys of tensors left uncopied (the
-    caller's own, which must be stored before the caller may change them), and the bytes
-    copied. Plain values need no copy: planning encodes them at once.
+    caller's own, which must be stored before the caller may change them), the bytes copied
+    and the arena the copies were cut from (``arena_for(bytes)``: a repository's reused arena,
+    so a training loop's async takes copy into memory already touched). Plain values need no
+    copy: planning encodes them at once.
     """
-    out: dict[str, Any] = {}
+    flats = {name: flatten(name, sd) for name, sd in states.items()}
+    chosen: list[tuple[Any, str, Any]] = []
     live: set[str] = set()
     used = 0
-    for name, sd in states.items():
-        flat = flatten(name, sd)
+    for flat in flats.values():
         for key, value in flat.leaves.items():
             if not is_array(value):
                 continue
@@ -174,12 +181,15 @@ def stage_within(states: Mapping[str, Any], budget: int) -> tuple[dict[str, Any]
                 check_tensor(value, key)  # before any copy: a meta tensor must not allocate
             n = value.nbytes if not isinstance(value, torch.Tensor) else value.numel() * value.element_size()
             if used + n <= budget:
-                flat.leaves[key] = value.copy() if not isinstance(value, torch.Tensor) else value.detach().to("cpu", copy=True)
+                chosen.append((flat, key, value))
                 used += n
             else:
                 live.add(key)
-        out[name] = unflatten(flat.tree, flat.leaves.__getitem__)
-    return out, live, used
+    arena = arena_for(sum(arena_bytes(v) for _, _, v in chosen))
+    for flat, key, value in chosen:
+        flat.leaves[key] = arena.copy(value)
+    out = {name: unflatten(flat.tree, flat.leaves.__getitem__) for name, flat in flats.items()}
+    return out, live, used, arena
 
 
 @dataclass
@@ -191,36 +201,46 @@ class AsyncTake:
     sync_bytes: int
 
 
-def take_async(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, budget: int) -> AsyncTake:
+def take_async(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, budget: int,
+               progress: ProgressFn | None = None) -> AsyncTake:
     """Return once the state at this call is safe: copied within ``budget``, the rest stored.
 
     Tensors that fit the staging budget are copied; the others are hashed and written now,
     before returning (so the caller may change them afterwards). Hashing and writing of the
     copies, the manifest and the commit run in a background thread in the same session.
     """
-    staged, live, used = stage_within(states, budget)
-    t = LocalTake(repo, spec)
+    staged, live, used, arena = stage_within(states, budget, repo.staging_arena)
+    t = LocalTake(repo, spec, progress=progress)
     p = plan(staged, t.opts)
     t.guard.watch(dtypes_of(p))
     with_base(p, repo.delta_manifest(spec.delta_base, spec.run), t.opts)
+    t.expect(p.chunks)
     now = [c for c in p.chunks if c.key in live]
     t.open()
     try:
         t.store(now, defer=True)
     except BaseException:
         t.close()
+        repo.release_staging(arena)
         raise
     future: Future[TakeResult] = Future()
 
     def finish() -> None:
+        result: TakeResult | None = None
+        error: BaseException | None = None
         try:
             t.store([c for c in p.chunks if c.key not in live], defer=True)
             manifest = t.manifest(p.apps, finish_entries(p))
-            future.set_result(TakeResult(t.commit(manifest), manifest))
+            result = TakeResult(t.commit(manifest), manifest)
         except BaseException as exc:  # surfaced by PendingSnapshot.wait()
-            future.set_exception(exc)
+            error = exc
         finally:
             t.close()
+            repo.release_staging(arena)  # nothing reads the copies any more: the next take reuses them
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
 
     threading.Thread(target=finish, name="ckstore-async-take", daemon=False).start()
     return AsyncTake(future, used, sum(c.nbytes for c in now))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import objects
 from ..engine.locations import to_location, to_records
+from ..engine.progress import ProgressFn, meter
 from ..errors import CorruptionError, ObjectNotFoundError
 from ..format.limits import check_number
 from ..index import PackRecord
@@ -90,6 +91,7 @@ def gc(
     repack_below: float = DEFAULT_REPACK_BELOW,
     dry_run: bool = False,
     keep_healthy: bool = True,
+    progress: ProgressFn | None = None,
 ) -> GCReport:
     """Forget the snapshots the policy drops, then prune what nothing references.
 
@@ -100,6 +102,7 @@ def gc(
             recently than this, are kept (readers that resolved a location just before may still
             be reading it).
         repack_below: rewrite packs whose live bytes fell below this fraction (0 disables).
+        progress: told ``("gc", done, total)``, the live bytes of the sparse packs rewritten.
         dry_run: report without changing anything.
 
     Raises:
@@ -124,7 +127,7 @@ def gc(
     removed = store.index.prune_chunks(cutoff)
     report.chunks_removed = len(removed)
     report.chunk_bytes_removed = sum(c.length for c in removed)
-    _repack_sparse(store, report, cutoff, repack_below)
+    _repack_sparse(store, report, cutoff, repack_below, progress)
     _delete_retired(store, report, time.time() - grace_seconds)
     for mid in store.index.prune_manifests(cutoff):
         store.objects.delete_blob("manifests", mid)
@@ -168,7 +171,8 @@ def _grace_kept(store: Repository, report: GCReport, cutoff: float, dropped: lis
     report.grace_expires_at = max(ends) if ends else None
 
 
-def _repack_sparse(store: Repository, report: GCReport, cutoff: float, repack_below: float) -> None:
+def _repack_sparse(store: Repository, report: GCReport, cutoff: float, repack_below: float,
+                   progress: ProgressFn | None = None) -> None:
     usage = [u for u in store.index.pack_usage() if u.retired_at is None]
     dead = [u.pack_id for u in usage if u.live_chunks == 0]
     report.packs_retired += len(store.index.retire_packs(dead))
@@ -176,10 +180,15 @@ def _repack_sparse(store: Repository, report: GCReport, cutoff: float, repack_be
     # version 2 pack's payload, which made such packs look sparse to every gc)
     sparse = [u for u in usage if u.remote is None and 0 < u.live_chunks < u.chunk_count and u.created_at < cutoff
               and u.live_bytes < repack_below * _payload(u)]
+    gauge = meter(progress, "gc", sum(u.live_bytes for u in sparse))
     for u in sparse:
         if _rewrite_pack(store, u.pack_id, u.loose):
             report.packs_rewritten += 1
             report.packs_retired += len(store.index.retire_packs([u.pack_id]))
+        if gauge is not None:
+            gauge.add(u.live_bytes)
+    if gauge is not None:
+        gauge.finish()
 
 
 def _payload(u: PackUsage) -> int:

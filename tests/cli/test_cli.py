@@ -428,6 +428,7 @@ def test_gc_and_check_call_the_store(shared, monkeypatch, capsys):
         "dry_run": False,
         "keep_tagged": True,
         "keep_healthy": True,
+        "progress": None,  # --json draws no bar
     }
     assert json.loads(capsys.readouterr().out)["ok"] is True
     assert cli.main(["--store", str(shared), "check", "--read-data", "0.5"]) == 1

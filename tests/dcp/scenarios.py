@@ -236,6 +236,11 @@ def subgroup_saves(rank: int, world: int, path: str) -> dict[str, Any]:
                  "epoch": 5}
         w = StorageWriter(store, run="sub02", step=1)
         dcp.save(state, storage_writer=w, process_group=mine)
-        return {"id": w.snapshot.id if w.snapshot is not None else None, "world": w.snapshot.record.world_size if w.snapshot else None}
-    snap = store.take({"s": ckstore.StateDict(x=torch.full((50, 8), float(rank)), n=rank)}, run="sub13", pg=mine)
-    return {"id": snap.id, "world": snap.record.world_size}
+        out = {"id": w.snapshot.id if w.snapshot is not None else None, "world": w.snapshot.record.world_size if w.snapshot else None}
+    else:
+        snap = store.take({"s": ckstore.StateDict(x=torch.full((50, 8), float(rank)), n=rank)}, run="sub13", pg=mine)
+        out = {"id": snap.id, "world": snap.record.world_size}
+    # Rank 0 hosts the job's rendezvous store, which the other sub-group's ckstore group talks
+    # through: as in any torch job, no rank leaves before the others are done.
+    dist.barrier()
+    return out

@@ -55,3 +55,32 @@ def test_an_ample_budget_copies_everything(store):
 def test_budget_from_the_environment(store_path, monkeypatch):
     monkeypatch.setenv("CKSTORE_STAGING_BUDGET", "777")
     assert ckstore.open(store_path, create=True).staging_budget == 777
+
+
+def test_a_loop_of_async_takes_reuses_its_staging_memory_and_each_snapshot_stays_right(store):
+    """The second take copies into the first one's staging arena (memory already touched), only
+    once the first is done with it; a take still running keeps its own."""
+    state = _state()
+    repo = store.repository
+    wants, snaps, arenas = [], [], []
+    real = repo.staging_arena
+
+    def spy(nbytes: int):
+        arena = real(nbytes)
+        arenas.append(arena)
+        return arena
+
+    repo.staging_arena = spy  # type: ignore[method-assign]
+    for step in range(3):
+        wants.append({k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)})
+        snaps.append(store.async_take({"s": state}, run="r", step=step).wait(timeout=60))
+        _mutate(state)
+    assert arenas[0] is arenas[1] is arenas[2]  # reused, take after take
+    running = store.async_take({"s": state}, run="r", step=3)  # not waited for: its arena is in use...
+    other = store.async_take({"s": state}, run="r2", step=3)
+    assert arenas[3] is not arenas[4]  # ...so the next take gets another one
+    running.wait(timeout=60)
+    other.wait(timeout=60)
+    for snap, want in zip(snaps, wants):  # the copies were overwritten since: the snapshots were not
+        got = snap.read_object("s")
+        assert all(torch.equal(got[k], v) for k, v in want.items())
