@@ -7,10 +7,11 @@ The work is in :mod:`ckstore.remote`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import remote
+from .engine.progress import ProgressFn
 from .errors import InvalidInputError, NotFoundError, ReadOnlyStoreError
 from .index import RemoteRecord
 from .remote.status import PushStatus, statuses
@@ -20,8 +21,9 @@ if TYPE_CHECKING:
     from .remote.evict import EvictReport
     from .remote.uploader import Uploader
 
-Progress = Callable[[int, int], None]
-"""Called with the stored bytes of each chunk sent or found at the other side, and the total."""
+Progress = ProgressFn
+"""``fn(what, done, total)``: ``what`` is ``"push"`` or ``"pull"``, ``done`` and ``total`` the
+stored bytes of the chunks sent or found at the other side (:mod:`ckstore.engine.progress`)."""
 
 
 class RemoteVerbs:

@@ -589,7 +589,7 @@ def clone(
     dest_index: str | None = None,
     dest_storage_options: dict[str, Any] | None = None,
     name: str = "origin",
-    progress: Callable[[int, int], None] | None = None,
+    progress: ProgressFn | None = None,
 ) -> Store:
     """Make a new store at ``dest`` holding every run, snapshot and tag of the store at ``url``
     (chunks verified on the way), with its chunk, pack and inline sizes and ``url`` as its
@@ -597,7 +597,8 @@ def clone(
 
     ``index`` and ``storage_options`` open the source; ``dest_index`` and
     ``dest_storage_options`` the new store (default: SQLite inside a local ``dest``).
-    ``progress(bytes, total)`` is called as chunks are copied or found there.
+    ``progress(what, done, total)`` is told the stored bytes copied or found there (``what``:
+    ``"pull"``; :mod:`ckstore.engine.progress`).
 
     Raises:
         NotFoundError: no store at ``url``.

@@ -8,11 +8,9 @@ chunks and bytes sent, and what the other side had already (``--json``: one docu
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
+from ..engine.progress import ProgressFn
 from . import _format as fmt
 from ._common import EXIT_OK, emit_json, open_store, print_report, storage_options
 
@@ -68,15 +66,15 @@ def _remote_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    with open_store(args) as store, _bar(f"push {args.remote}") as progress:
-        report = store.push(args.remote, args.refs, force=args.force, progress=progress)
+    with open_store(args) as store:
+        report = store.push(args.remote, args.refs, force=args.force, progress=_bar(args))
     _print(report.to_dict(), args.json)
     return EXIT_OK
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    with open_store(args) as store, _bar(f"pull {args.remote}") as progress:
-        report = store.pull(args.remote, args.refs, force=args.force, progress=progress)
+    with open_store(args) as store:
+        report = store.pull(args.remote, args.refs, force=args.force, progress=_bar(args))
     _print(report.to_dict(), args.json)
     return EXIT_OK
 
@@ -84,9 +82,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_clone(args: argparse.Namespace) -> int:
     import ckstore
 
-    with _bar(f"clone {args.url}") as progress:
-        store = ckstore.clone(args.url, args.dest, index=args.index, storage_options=storage_options(args) or None,
-                              dest_index=args.dest_index, progress=progress)
+    store = ckstore.clone(args.url, args.dest, index=args.index, storage_options=storage_options(args) or None,
+                          dest_index=args.dest_index, progress=_bar(args))
     try:
         snaps = len(store.log())
         d = {"destination": store.url, "remote": "origin", "source": args.url, "snapshots": snaps,
@@ -103,25 +100,7 @@ def _print(d: dict[str, Any], as_json: bool) -> None:
     print_report(d, as_json)
 
 
-@contextmanager
-def _bar(desc: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A tqdm bar over the bytes looked at, on a terminal; None elsewhere."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    from tqdm import tqdm
-
-    state: dict[str, Any] = {}
-
-    def tick(n: int, total: int) -> None:
-        bar = state.get("bar")
-        if bar is None:
-            bar = state["bar"] = tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                                      leave=False, file=sys.stderr)
-        bar.update(n)
-
-    try:
-        yield tick
-    finally:
-        if "bar" in state:
-            state["bar"].close()
+def _bar(args: argparse.Namespace) -> ProgressFn | None:
+    """Bars over the stored bytes sent or found at the other side, on a terminal (none with
+    ``--json``, whose figures say it all)."""
+    return None if args.json else fmt.bar()

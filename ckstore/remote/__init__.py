@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from ..engine.progress import ProgressFn
 from ..errors import NotFoundError
 from . import config, twotier
 from .select import Selection, select
@@ -27,7 +28,7 @@ __all__ = ["Selection", "TransferReport", "config", "pull", "push", "select", "t
 
 def push(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool = False,
          pause: Callable[[], bool] | None = None,
-         progress: Callable[[int, int], None] | None = None) -> TransferReport:
+         progress: ProgressFn | None = None) -> TransferReport:
     """Send the snapshots ``refs`` name (none: every run and tag) to remote ``name``, creating the
     remote store if there is none yet (with this store's chunk, pack and inline sizes).
 
@@ -53,7 +54,7 @@ def push(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool 
 
 
 def pull(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool = False,
-         progress: Callable[[int, int], None] | None = None) -> TransferReport:
+         progress: ProgressFn | None = None) -> TransferReport:
     """Bring the snapshots ``refs`` name at remote ``name`` (none: every run and tag) here.
 
     Raises:

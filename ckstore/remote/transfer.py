@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.commit import commit_manifest
 from ..engine.lease import Lease
+from ..engine.progress import ProgressFn, meter
 from ..engine.repository import describe
 from ..errors import ConflictError, InvalidInputError, LeaseExpiredError, SnapshotNotFoundError
 from ..format.manifest import Manifest
@@ -84,15 +85,16 @@ def transfer(
     record: Callable[[list[str]], None],
     force: bool = False,
     pause: Callable[[], bool] | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: ProgressFn | None = None,
 ) -> TransferReport:
     """Send ``selection`` from ``src`` to ``dst`` (module docstring); ``record`` is called with
     the ids of the snapshots ``dst`` holds (sent now or found there) as each is done.
 
     ``force`` moves tags the destination holds at other snapshots (else they are reported in
     ``tags_rejected``); ``pause`` is polled between reads (a background push waits while the
-    process takes or restores); ``progress(bytes, total)`` is called with the stored bytes of
-    each chunk sent or found there, and the total of the snapshots to send.
+    process takes or restores); ``progress(what, done, total)`` (``what`` is ``direction``) is
+    told the stored bytes of the chunks sent or found there so far, out of those of the
+    snapshots to send (:mod:`ckstore.engine.progress`).
 
     Raises:
         InvalidInputError: ``src`` and ``dst`` are the same store.
@@ -111,12 +113,15 @@ def transfer(
         record(present)
         report.snapshots_present = len(present)
     total = sum(src.index.stored_bytes(s.id) for s in todo)
-    tick = None if progress is None else (lambda n: progress(n, total))
+    bar = meter(progress, direction, total)
+    tick = None if bar is None else bar.add
     with _source_pins(src) as pins:
         for snap in todo:
             _send(src, dst, snap, selection.tags_of(snap.id), report, force, pins, pause, tick)
             record([snap.id])
     _set_tags(dst, selection, report, force)
+    if bar is not None:
+        bar.finish()
     report.seconds = time.perf_counter() - t0
     return report
 

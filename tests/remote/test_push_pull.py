@@ -216,3 +216,15 @@ def test_an_interrupted_push_resumes_without_sending_again_what_arrived(source, 
     with ckstore.open(tmp_path / "remote") as remote:
         assert same_history(source, remote) and remote.check(read_data=True).ok
     assert history(source)
+
+
+def test_push_and_pull_tell_progress_in_stored_bytes(source, tmp_path) -> None:
+    source.add_remote("origin", tmp_path / "remote")
+    told: list[tuple[str, int, int]] = []
+    report = source.push("origin", progress=lambda what, done, total: told.append((what, done, total)))
+    assert {w for w, _, _ in told} == {"push"} and told[-1][1] == told[-1][2] > 0
+    assert told[-1][2] == report.stats.bytes_sent + report.stats.bytes_skipped
+    assert [d for _, d, _ in told] == sorted(d for _, d, _ in told)
+    told.clear()
+    with ckstore.clone(tmp_path / "remote", tmp_path / "mine", progress=lambda *a: told.append(a)):
+        assert told[0] == ("pull", 0, told[-1][2]) and told[-1][1] == told[-1][2] > 0
