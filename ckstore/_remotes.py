@@ -158,29 +158,42 @@ def clone(url: str | os.PathLike[str], dest: str | os.PathLike[str], *, index: s
             not cloned (the others are; pull again once it is repaired).
     """
     from .engine.repository import open_repository
+
+    # opened as a pull opens a remote (writable where it can be: its session pins what is read)
+    source = open_repository(url, index=index, storage_options=storage_options)
+    try:
+        repo = _new_store(source, dest, dest_index, dest_storage_options)
+        try:
+            remote.config.add(repo.index, name, url, remote_index=index, options=storage_options)
+            _refuse_tags(remote.pull(repo, name, progress=progress, source=source), name)
+        except BaseException:
+            repo.close()
+            raise
+    finally:
+        source.close()  # opened once: the pull reads through it
+    return repo
+
+
+def _new_store(source: Repository, dest: str | os.PathLike[str], index: str | None,
+               options: dict[str, Any] | None) -> Repository:
+    """A new store at ``dest`` with ``source``'s chunk, pack and inline sizes.
+
+    Raises:
+        DestinationExistsError: ``dest`` holds a store already.
+    """
+    from .engine.repository import open_repository
     from .errors import DestinationExistsError
 
-    source = open_repository(url, index=index, storage_options=storage_options, read_only=True)
     try:
-        try:
-            existing = open_repository(dest, index=dest_index, storage_options=dest_storage_options)
-        except NotFoundError:
-            existing = None
-        if existing is not None:
-            existing.close()
-            raise DestinationExistsError(f"{dest} holds a store already: clone into a new or empty folder")
-        repo = open_repository(dest, index=dest_index, storage_options=dest_storage_options, create=True,
-                               chunk_bytes=source.config.chunk_bytes, pack_bytes=source.config.pack_bytes,
-                               inline_bytes=source.config.inline_bytes)
-    finally:
-        source.close()
-    try:
-        remote.config.add(repo.index, name, url, remote_index=index, options=storage_options)
-        _refuse_tags(remote.pull(repo, name, progress=progress), name)
-    except BaseException:
-        repo.close()
-        raise
-    return repo
+        existing = open_repository(dest, index=index, storage_options=options)
+    except NotFoundError:
+        existing = None
+    if existing is not None:
+        existing.close()
+        raise DestinationExistsError(f"{dest} holds a store already: clone into a new or empty folder")
+    return open_repository(dest, index=index, storage_options=options, create=True,
+                           chunk_bytes=source.config.chunk_bytes, pack_bytes=source.config.pack_bytes,
+                           inline_bytes=source.config.inline_bytes)
 
 
 def attach(store: RemoteVerbs, repo: Repository, push_to: str | None, remote_index: str | None,

@@ -103,12 +103,15 @@ DESCRIPTIONS = {
         "run@step, a name or an id: that snapshot), or every run and tag. Only the chunks the remote lacks "
         "are sent; each snapshot becomes visible there in one commit once all its chunks are there, and an "
         "interrupted push resumes without sending again what arrived. The remote store is created if there "
-        "is none. A tag the remote holds at another snapshot is moved only with --force (exit 4 otherwise)."
+        "is none. A tag the remote holds at another snapshot is moved only with --force (exit 4 otherwise). "
+        "A progress bar (stored bytes) on a terminal; --json prints the figures: snapshots, chunks and bytes "
+        "sent and skipped."
     ),
     "pull": (
         "Bring snapshots of a remote here: those REFs name there, or every run and tag. Every payload is "
         "checked against its recorded digest (or decoded and hashed) before it is stored: a damaged chunk "
-        "of the remote is named (exit 5) and its snapshot is not committed here."
+        "of the remote is named (exit 5) and its snapshot is not committed here. Progress and --json as "
+        "for push."
     ),
     "clone": (
         "Make a new store at DEST holding every run, snapshot and tag of the store at URL (verified on the "

@@ -380,8 +380,8 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("remote", help="the remote's name (`ckstore remote list`)")
         p.add_argument(
             "refs", nargs="*", metavar="REF",
-            help="what to send: a tag (its snapshot and the tag), a run (all of it), run@step, a name or an id "
-            "(default: every run and tag)",
+            help=f"what to {'send' if name == 'push' else 'bring'}: a tag (its snapshot and the tag), a run (all "
+            f"of it), run@step, a name or an id{' there' if name == 'pull' else ''} (default: every run and tag)",
         )
         p.add_argument("--force", "-f", action="store_true", help=f"move tags {there} holds at other snapshots")
     elif name == "clone":

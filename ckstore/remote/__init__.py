@@ -54,8 +54,9 @@ def push(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool 
 
 
 def pull(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool = False,
-         progress: ProgressFn | None = None) -> TransferReport:
+         progress: ProgressFn | None = None, source: Repository | None = None) -> TransferReport:
     """Bring the snapshots ``refs`` name at remote ``name`` (none: every run and tag) here.
+    ``source``: the remote's repository, open already (a clone's; left open), else it is opened.
 
     Raises:
         NotFoundError: no remote ``name``, or no store at its URL; SnapshotNotFoundError: a ref
@@ -64,10 +65,11 @@ def pull(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool 
             being pulled is not committed here.
     """
     remote = config.get(local.index, name)
-    src = config.open_remote(remote)
+    src = source if source is not None else config.open_remote(remote)
     try:
         selection = select(src.index, refs)
         return transfer(src, local, selection, direction="pull", remote=name, force=force, progress=progress,
                         record=lambda ids: local.index.mark_pushed(name, ids))
     finally:
-        src.close()
+        if source is None:
+            src.close()

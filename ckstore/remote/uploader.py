@@ -167,6 +167,7 @@ class Uploader:
                     self._cond.notify_all()
 
     def _round(self) -> None:
+        self._while_busy()
         todo = self.pending()
         if todo:
             remote = self._remote.get()
@@ -179,6 +180,13 @@ class Uploader:
             remote = self._remote.get()
             self.last_eviction, packs = evict(self._local, remote, self.name, self.budget, self._tier.take_used())
             self._tier.evicted(packs)
+
+    def _while_busy(self) -> None:
+        """Wait while a take or restore of this process runs (the hook that kicked this round runs
+        inside the take, before it returns): opening the remote and asking its index would take
+        CPU from the take's last steps."""
+        while self._local.busy() and not self._closing:
+            time.sleep(0.01)
 
     def _failed(self, exc: BaseException) -> None:
         self._remote.reset()
