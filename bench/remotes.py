@@ -98,6 +98,7 @@ class Bench:
                         pushed.append(time.perf_counter() - t0)
                 (tiered if side == "tier" else local).append(took)
                 shutil.rmtree(folder)
+                time.sleep(0.5)  # training between takes: the server's own work after a push settles
         return {"local": statistics.median(local), "tier": statistics.median(tiered),
                 "pushed": statistics.median(pushed), "local_cpu": statistics.median(cpu["local"]),
                 "tier_cpu": statistics.median(cpu["tier"])}
