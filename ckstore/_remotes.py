@@ -19,6 +19,7 @@ from .remote.status import PushStatus, statuses
 if TYPE_CHECKING:
     from .engine.repository import Repository
     from .remote.evict import EvictReport
+    from .remote.hydrate import HydrateReport
     from .remote.uploader import Uploader
 
 Progress = ProgressFn
@@ -114,6 +115,18 @@ class RemoteVerbs:
         if self._uploader is None:
             raise InvalidInputError(f"store {self._repo.url} has no persistent tier: open it with push_to=REMOTE")
         return self._uploader.wait(timeout)
+
+    def hydrate(self, remote_name: str | None = None) -> HydrateReport:
+        """Bring the chunks the local budget evicted to ``remote_name`` (None: to any remote)
+        back into local packs, each verified (``remote.hydrate``): afterwards this store reads
+        nothing from there, and the remote can be removed. Open the store without
+        ``local_budget`` first, or the next eviction sends them away again.
+
+        Raises:
+            CorruptionError: a payload at the remote is damaged (named); its pack stays evicted.
+            StorageError: the remote cannot be read.
+        """
+        return remote.hydrate.hydrate(self._repo, remote_name)
 
     @property
     def last_push(self) -> remote.TransferReport | None:

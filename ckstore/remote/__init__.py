@@ -6,7 +6,7 @@ the snapshots and tags to send, :mod:`.copy` sends the chunks the other side lac
 :mod:`.transfer` commits each snapshot there in the destination's crash order. The two-tier
 store (``ckstore.open(..., push_to=...)``) adds :mod:`.uploader` (a background push after every
 commit), :mod:`.tier` (reads of chunks the local tier evicted go to the remote) and
-:mod:`.evict` (the local budget).
+:mod:`.evict` (the local budget) with :mod:`.hydrate` (its inverse).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 
 from ..engine.progress import ProgressFn
 from ..errors import NotFoundError
-from . import config, twotier
+from . import config, hydrate, twotier
 from .select import Selection, select
 from .transfer import TransferReport, transfer
 
 if TYPE_CHECKING:
     from ..engine.repository import Repository
 
-__all__ = ["Selection", "TransferReport", "config", "pull", "push", "select", "transfer", "twotier"]
+__all__ = ["Selection", "TransferReport", "config", "hydrate", "pull", "push", "select", "transfer", "twotier"]
 
 
 def push(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool = False,

@@ -189,3 +189,20 @@ def test_the_tier_on_s3_with_a_budget(tmp_path, s3_server) -> None:
     shutil.rmtree(tmp_path / "local")
     with ckstore.clone(url, tmp_path / "again", index=remote_index, storage_options=opts) as again:
         assert all(restores(again, f"r@{i}", i) for i in range(1, 6)) and again.check(read_data=True).ok
+
+
+def test_hydrate_brings_evicted_chunks_back_and_the_remote_can_go(tmp_path) -> None:
+    with ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"),
+                      local_budget=4 * KNOBS["pack_bytes"], auto_compact=False, **KNOBS) as store:
+        fill(store, "r", range(1, 7))
+        assert store.wait_pushed(timeout=60) and store.repository.index.remote_pack_ids()
+    with ckstore.open(tmp_path / "local") as store:  # without local_budget: nothing is evicted again
+        with pytest.raises(errors.ConflictError, match="live only at remote 'tier'"):
+            store.remove_remote("tier")
+        report = store.hydrate()
+        assert report.chunks > 0 and report.packs > 0 and store.repository.index.remote_pack_ids() == {}
+        store.remove_remote("tier")
+    shutil.rmtree(tmp_path / "remote")  # this store reads nothing from there any more
+    with ckstore.open(tmp_path / "local") as store:
+        assert all(restores(store, f"r@{i}", i) for i in range(1, 7)) and store.check(read_data=True).ok
+        assert store.remotes() == []
