@@ -7,6 +7,7 @@ what was evicted, verified; a lost local tier restores from the remote bit for b
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -206,3 +207,56 @@ def test_hydrate_brings_evicted_chunks_back_and_the_remote_can_go(tmp_path) -> N
     with ckstore.open(tmp_path / "local") as store:
         assert all(restores(store, f"r@{i}", i) for i in range(1, 7)) and store.check(read_data=True).ok
         assert store.remotes() == []
+
+
+def test_takes_with_background_compaction_and_the_uploader_beside_them(tmp_path) -> None:
+    """The defaults users get: auto_compact rewrites older snapshots densely while the uploader
+    pushes them; a chunk moved under the push is sent from its new place."""
+    with ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), auto_compact=True,
+                      **KNOBS) as store:
+        fill(store, "r", range(1, 13))
+        assert store.wait_pushed(timeout=120)
+        assert store.wait_compacted(timeout=120)
+        assert store.check(read_data=True).ok
+    with ckstore.open(tmp_path / "remote") as remote, ckstore.open(tmp_path / "local") as local:
+        assert same_history(local, remote) and remote.check(read_data=True).ok
+        assert all(restores(remote, f"r@{i}", i) for i in range(1, 13))
+
+
+def _tier_child(local: str, remote: str, kill_at: int) -> None:
+    from ckstore.remote import config
+    from tests.support.push_kills import DEST_INDEX_CALLS, Arm, instrument
+
+    arm = Arm(kill_at, "after")
+    real = config.open_remote
+
+    def open_remote(record: Any, **kw: Any) -> Any:
+        repo = real(record, **kw)
+        instrument(repo, arm, DEST_INDEX_CALLS)
+        return repo
+
+    config.open_remote = open_remote  # type: ignore[assignment]
+    store = ckstore.open(local, push_to=remote)
+    fill(store, "r", [4, 5, 6])
+    store.wait_pushed(timeout=60)
+    os._exit(3)  # the kill point was never reached
+
+
+def test_a_training_process_killed_while_its_uploader_pushes(tmp_path) -> None:
+    import multiprocessing
+
+    with ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **KNOBS) as store:
+        fill(store, "r", [1, 2, 3])
+    ctx = multiprocessing.get_context("fork")
+    proc = ctx.Process(target=_tier_child, args=(str(tmp_path / "local"), str(tmp_path / "remote"), 6))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == -9
+    with ckstore.open(tmp_path / "remote") as remote:
+        assert remote.check(read_data=True).ok
+        assert all(restores(remote, s.id, s.step) for s in remote.log())  # nothing partial there
+    with ckstore.open(tmp_path / "local", push_to="tier") as store:  # the next process pushes the rest
+        assert {s.step for s in store.log()} == set(range(1, 7))
+        assert store.wait_pushed(timeout=60)
+    with ckstore.open(tmp_path / "remote") as remote, ckstore.open(tmp_path / "local") as local:
+        assert same_history(local, remote) and remote.check(read_data=True).ok and local.check(read_data=True).ok
