@@ -4,7 +4,8 @@ at once, and gc on both sides while a push runs. After each: the destination sho
 snapshot (every snapshot there restores bit for bit), the source never records as pushed what
 the remote lacks, the next push completes, and ``check(read_data=True)`` is clean on both sides.
 
-``CKSTORE_PUSH_KILLS=N`` runs N kill points instead of the default (``CKSTORE_SEED`` picks them).
+``CKSTORE_PUSH_KILLS=N`` runs N kill points instead of the default 22 (150 with
+``CKSTORE_SOAK=1``, as the take's crash tests); ``CKSTORE_SEED`` picks them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import ckstore
 from tests.support.push_kills import push_in_child
 from tests.support.remotes import KNOBS, fill, restores, same_history
 
-POINTS = int(os.environ.get("CKSTORE_PUSH_KILLS", "22"))
+POINTS = int(os.environ.get("CKSTORE_PUSH_KILLS", "150" if os.environ.get("CKSTORE_SOAK") else "22"))
 SEED = int(os.environ.get("CKSTORE_SEED", "26"))
 STEPS = {"r": [1, 2, 3, 4, 5], "s": [10, 11]}
 
