@@ -109,7 +109,7 @@ class Bench:
                 time.sleep(0.5)  # training between takes: the server's own work after a push settles
         return {"local": statistics.median(local), "tier": statistics.median(tiered),
                 "pushed": statistics.median(pushed), "local_cpu": statistics.median(cpu["local"]),
-                "tier_cpu": statistics.median(cpu["tier"])}
+                "tier_cpu": statistics.median(cpu["tier"]), "rounds": (local, tiered)}
 
     # --- (b) ------------------------------------------------------------------------------------
     def push(self) -> dict[str, Any]:
@@ -203,7 +203,8 @@ def _report_take(take: dict[str, float]) -> None:
           f"-> {_ratio(take['tier'] / take['local'], TARGETS['take'], True)}; pushed in the background "
           f"{take['pushed']:.2f} s after the take began")
     print(f"    CPU time of the process during the take: local {take['local_cpu']:.3f} s, push_to S3 "
-          f"{take['tier_cpu']:.3f} s ({take['tier_cpu'] / take['local_cpu']:.2f}x)")
+          f"{take['tier_cpu']:.3f} s ({take['tier_cpu'] / take['local_cpu']:.2f}x); rounds (s): local "
+          f"{' '.join(f'{x:.3f}' for x in take['rounds'][0])}, push_to {' '.join(f'{x:.3f}' for x in take['rounds'][1])}")
 
 
 def _report_push(push: dict[str, Any], M: int) -> None:

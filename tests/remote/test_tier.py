@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,12 @@ def test_takes_return_while_the_uploader_pushes_and_states_follow(tmp_path, gate
 
 def test_a_clean_close_waits_for_the_push(tmp_path, monkeypatch) -> None:
     real = uploader_mod.transfer
-    monkeypatch.setattr(uploader_mod, "transfer", lambda *a, **k: (threading.Event().wait(0.3), real(*a, **k))[1])
+
+    def slow(*a: Any, **k: Any) -> Any:  # the push is still running when close() is called
+        time.sleep(0.3)
+        return real(*a, **k)
+
+    monkeypatch.setattr(uploader_mod, "transfer", slow)
     with ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **KNOBS) as store:
         fill(store, "r", [1, 2])
     with ckstore.open(tmp_path / "remote") as remote, ckstore.open(tmp_path / "local") as local:
@@ -83,7 +89,11 @@ def test_what_a_closed_process_left_unpushed_goes_with_the_next_push_to(tmp_path
     monkeypatch.setattr(uploader_mod, "CLOSE_ATTEMPTS", 1)
     monkeypatch.setattr(uploader_mod, "RETRY_SECONDS", (0.05,))
     real = uploader_mod.transfer
-    monkeypatch.setattr(uploader_mod, "transfer", lambda *a, **k: (_ for _ in ()).throw(OSError("remote down")))
+
+    def down(*a: Any, **k: Any) -> Any:
+        raise OSError("remote down")
+
+    monkeypatch.setattr(uploader_mod, "transfer", down)
     store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **KNOBS)
     fill(store, "r", [1, 2])
     with pytest.raises(errors.StorageError, match="remote 'tier'"):
