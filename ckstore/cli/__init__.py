@@ -116,7 +116,8 @@ DESCRIPTIONS = {
     "clone": (
         "Make a new store at DEST holding every run, snapshot and tag of the store at URL (verified on the "
         "way), with the same chunk, pack and inline sizes, and URL as its remote `origin`. --index and -o "
-        "describe the store at URL; --dest-index the new one (default: SQLite inside DEST)."
+        "describe the store at URL; --dest-index the new one (default: SQLite inside DEST). A progress bar "
+        "on a terminal, as for pull."
     ),
     "remote": (
         "Manage the store's remotes, kept in its index as git keeps them in its config: add NAME URL "
