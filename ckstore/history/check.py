@@ -107,7 +107,7 @@ def check(
     return report
 
 
-PACK_PROBLEMS = ("missing-pack", "unknown-pack", "pack")
+PACK_PROBLEMS = ("missing-pack", "unknown-pack", "pack", "remote-pack")
 """Problems about a whole pack, which a compaction or gc beside the check may cause by moving
 every live chunk out of the pack and deleting it while the check ran."""
 
@@ -255,8 +255,12 @@ def _check_packs(store: Repository, chunks: dict[str, ChunkRecord], report: Chec
     report.orphan_manifests = sorted(set(store.objects.list_blobs("manifests")) - store.index.index_manifest_ids())
     readable = []
     rows = store.index.pack_row_ids()
+    remote = store.index.remote_pack_ids()
     for pack_id, live in sorted(by_pack.items()):
         report.packs += 1
+        if pack_id in remote:
+            _check_remote_pack(store, pack_id, remote[pack_id], live, report)
+            continue
         if pack_id not in rows:
             report.add("unknown-pack", pack_id, f"{len(live)} chunk row(s) of the index name pack {pack_id}, which has no pack row (a damaged index: rebuild it with `ckstore reindex`)")
         if pack_id not in stored:
@@ -279,6 +283,18 @@ def _check_packs(store: Repository, chunks: dict[str, ChunkRecord], report: Chec
                 report.add("misplaced-chunk", c.chunk_id, f"chunk {c.chunk_id}: the index and pack {pack_id} disagree about it")
     _check_chains(chunks, report)
     return readable
+
+
+def _check_remote_pack(store: Repository, pack_id: str, remote: str, live: list[ChunkRecord], report: CheckReport) -> None:
+    """A pack of a remote that rows of chunks evicted from this (local) tier point at: it must
+    be there (its data is checked by a check of the remote)."""
+    try:
+        there = store.objects.backend.exists(objects.pack_name(pack_id))
+    except CkstoreError as exc:
+        report.add("remote-pack", pack_id, f"pack {pack_id} of remote {remote!r} ({len(live)} chunk(s) evicted there) could not be reached: {exc}")
+        return
+    if not there:
+        report.add("remote-pack", pack_id, f"pack {pack_id} of remote {remote!r} holds {len(live)} chunk(s) this store evicted there, but the remote has no such pack (check the remote: `ckstore check` there)")
 
 
 def _check_chains(chunks: dict[str, ChunkRecord], report: CheckReport) -> None:

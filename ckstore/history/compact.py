@@ -138,7 +138,8 @@ def compact(
     with Lease(repo.index, repo.lease_seconds) as lease:
         _resolve_bases(repo, lease.id, jobs)
         _rewrite(repo, lease, jobs, report, progress, pause, stop)
-        lease.committed = True  # nothing to commit: ending the session drops its pins
+        repo.index.end_session(lease.id, "committed")  # nothing to commit: ending it drops its pins
+        lease.committed = True
     report.seconds = time.perf_counter() - t0
     report.cpu_seconds += time.thread_time() - c0
     return report

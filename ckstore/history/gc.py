@@ -47,6 +47,8 @@ class GCReport:
     dry_run: bool
     snapshots_dropped: list[str] = field(default_factory=list)
     snapshots_kept: int = 0
+    snapshots_kept_unpushed: int = 0
+    """Snapshots the policy would drop that a persistent tier does not hold yet (kept until it does)."""
     sessions_expired: int = 0
     chunks_removed: int = 0
     chunk_bytes_removed: int = 0
@@ -138,7 +140,10 @@ def gc(
 def _forget(store: Repository, policy: Policy, report: GCReport, dry_run: bool) -> list[str]:
     snapshots = store.index.list_snapshots()
     tagged = {t.snapshot_id for t in store.index.list_tags()}
-    drop = policy.select(snapshots, tagged)
+    unpushed = store.index.unpushed_to_tiers()  # retention never drops what only this store has
+    selected = policy.select(snapshots, tagged)
+    drop = [s for s in selected if s.id not in unpushed]
+    report.snapshots_kept_unpushed = len(selected) - len(drop)
     for s in drop:
         if not dry_run:
             store.index.delete_snapshot(s.id)
@@ -173,7 +178,7 @@ def _repack_sparse(store: Repository, report: GCReport, cutoff: float, repack_be
     report.packs_retired += len(store.index.retire_packs(dead))
     # a pack whose every entry is live has nothing to reclaim (and _payload overestimates a
     # version 2 pack's payload, which made such packs look sparse to every gc)
-    sparse = [u for u in usage if 0 < u.live_chunks < u.chunk_count and u.created_at < cutoff
+    sparse = [u for u in usage if u.remote is None and 0 < u.live_chunks < u.chunk_count and u.created_at < cutoff
               and u.live_bytes < repack_below * _payload(u)]
     gauge = meter(progress, "gc", sum(u.live_bytes for u in sparse))
     for u in sparse:
@@ -228,7 +233,10 @@ def _rewrite_pack(store: Repository, pack_id: str, loose: bool) -> bool:
 
 
 def _delete_retired(store: Repository, report: GCReport, cutoff: float) -> None:
+    remote = store.index.remote_pack_ids()  # packs of a remote: their rows go, the packs are the remote's
     for pack_id in store.index.delete_retired_packs(cutoff):  # rows first...
+        if pack_id in remote:
+            continue
         try:
             report.bytes_reclaimed += store.objects.pack_size(pack_id)
         except ObjectNotFoundError:

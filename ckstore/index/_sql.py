@@ -23,6 +23,8 @@ snapshot_chunks = models.snapshot_chunks
 tags = models.tags
 sessions = models.sessions
 pins = models.pins
+remotes = models.remotes
+remote_snapshots = models.remote_snapshots
 
 BATCH_SIZE = 500
 """Most ids bound into one ``IN (...)`` query (well below SQLite's variable limit)."""

@@ -56,6 +56,7 @@ from ckstore.index.records import (
     SessionRecord,
     SnapshotRecord,
 )
+from ckstore.index.remotes import RemotesMixin
 from ckstore.index.schema import ensure_schema
 from ckstore.index.sharing import SharingMixin
 
@@ -65,7 +66,7 @@ MAX_CHAIN_ROUNDS = 65
 are far shorter, and readers refuse one over 64 links)."""
 
 
-class Index(MaintenanceMixin, SharingMixin, CompactionMixin, EditsMixin):
+class Index(MaintenanceMixin, SharingMixin, CompactionMixin, EditsMixin, RemotesMixin):
     """SQL index of one store (SQLite or PostgreSQL). Create it with :meth:`Index.open`."""
 
     def __init__(self, engine: Engine, read_only: str | None = None) -> None:

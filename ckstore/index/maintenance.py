@@ -43,6 +43,8 @@ class PackUsage:
     live_chunks: int
     live_bytes: int
     loose: bool = False
+    remote: str | None = None
+    """A pack of this remote (evicted chunks point at it), not of the store (revision 0006)."""
 
 
 @dataclass(frozen=True)
@@ -249,14 +251,14 @@ class MaintenanceMixin:
         query = (
             select(
                 p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at,
-                func.count(c.c.id), func.coalesce(func.sum(c.c.length), 0), p.c.loose,
+                func.count(c.c.id), func.coalesce(func.sum(c.c.length), 0), p.c.loose, p.c.remote,
             )
             .select_from(p.outerjoin(c, c.c.pack_id == p.c.id))
-            .group_by(p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at, p.c.loose)
+            .group_by(p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at, p.c.loose, p.c.remote)
         )
         with self._read("measure packs") as conn:
             return [
-                PackUsage(r[0], int(r[1]), int(r[2]), float(r[3]), r[4], int(r[5]), int(r[6]), bool(r[7]))
+                PackUsage(r[0], int(r[1]), int(r[2]), float(r[3]), r[4], int(r[5]), int(r[6]), bool(r[7]), r[8])
                 for r in conn.execute(query)
             ]
 

@@ -63,8 +63,12 @@ packs = Table(
     Column("retired_at", Double, nullable=True),
     # written by a take with the fast codec; compaction rewrites its older chunks densely
     _required("loose", Boolean, server_default=false()),
+    # revision 0006: a pack of this remote, not of the store (evicted chunks' rows point at it)
+    Column("remote", NAME, nullable=True),
+    # revision 0006: when a read last used this (local) pack; the least recently used go first
+    Column("used_at", Double, nullable=True),
 )
-"""One pack object in the store."""
+"""One pack object in the store, or (``remote`` set) in one of its remotes."""
 
 chunks = Table(
     "chunks",
@@ -182,3 +186,25 @@ pins = Table(
     Column("chunk_id", ID, ForeignKey("chunks.id"), primary_key=True, index=True),
 )
 """A chunk a write session relies on without having referenced it yet."""
+
+remotes = Table(
+    "remotes",
+    metadata,
+    Column("name", NAME, primary_key=True),
+    _required("url", Text),
+    Column("index_url", Text, nullable=True),
+    _required("options", Text),  # storage options, JSON
+    _required("tier", Boolean, server_default=false()),
+    _required("created_at", Double),
+)
+"""A remote (revision 0006): another store this one pushes to and pulls from; ``tier``: this
+store's persistent tier, which retention waits for."""
+
+remote_snapshots = Table(
+    "remote_snapshots",
+    metadata,
+    Column("remote", NAME, ForeignKey("remotes.name"), primary_key=True),
+    Column("snapshot_id", ID, primary_key=True, index=True),
+    _required("pushed_at", Double),
+)
+"""A snapshot of this store that a remote is known to hold (revision 0006)."""

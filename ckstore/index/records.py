@@ -163,3 +163,25 @@ class SessionRecord:
     heartbeat_at: float
     expires_at: float
     state: str
+
+
+@dataclass(frozen=True)
+class RemoteRecord:
+    """A remote of the store (index revision 0006): another store it pushes to and pulls from.
+
+    Attributes:
+        name: The remote's name (as git names remotes: ``origin``), see ``validate_name``.
+        url: The remote store's URL (a local directory, ``s3://bucket/prefix``, ...).
+        index: The remote's index URL, or None for its default (SQLite inside a local store).
+        options: The fsspec storage options it is opened with (JSON-able).
+        tier: Whether it is the store's persistent tier (``ckstore.open(..., push_to=...)``):
+            retention keeps every snapshot it does not hold yet.
+        created_at: Unix time it was added.
+    """
+
+    name: str
+    url: str
+    index: str | None = None
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
+    tier: bool = False
+    created_at: float = 0.0

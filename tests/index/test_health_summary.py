@@ -60,7 +60,7 @@ def test_frozen_revision_0003_upgrades_with_unknown_health(tmp_path: Path) -> No
     url = f"sqlite:///{path}"
     with pytest.raises(SchemaError, match=f"ckstore migrate --index {url}"):
         Index.open(url, create=False)
-    assert upgrade(url) == "0005"  # through 0004 (loose packs) and 0005 (health)
+    assert upgrade(url) == "0006"  # through 0004 (loose packs), 0005 (health) and 0006 (remotes)
     with Index.open(url, create=False) as ix:
         snaps = ix.list_snapshots("sft")
         assert [(s.step, s.nonfinite, s.stale, s.healthy) for s in snaps] == [(200, None, None, None), (100, None, None, None)]
@@ -89,7 +89,7 @@ def test_0005_migrates_down_and_up_in_place(index_url: str) -> None:
             assert "nonfinite" not in row and "stale" not in row and row["step"] == 1
     finally:
         engine.dispose()
-    assert upgrade(index_url) == "0005"
+    assert upgrade(index_url) == "0006"
     with Index.open(index_url, create=False) as ix:
         got = ix.resolve("r@1")
         assert (got.nonfinite, got.stale) == (None, None)  # the summary is gone: unknown again

@@ -1,0 +1,155 @@
+"""The store's history verbs: diff, gc, check, compaction and reindex.
+
+:class:`HistoryVerbs` is mixed into :class:`ckstore.Store` (as :class:`ckstore._remotes.RemoteVerbs`
+is); the work is in :mod:`ckstore.history`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .engine.progress import ProgressFn
+from .errors import InvalidInputError
+from .history.check import CheckReport
+from .history.check import check as history_check
+from .history.compact import DEFAULT_KEEP_LOOSE, CompactReport
+from .history.compact import compact as history_compact
+from .history.diff import DiffResult
+from .history.diff import diff as history_diff
+from .history.gc import DEFAULT_GRACE_SECONDS, DEFAULT_REPACK_BELOW, GCReport
+from .history.gc import gc as history_gc
+from .history.reindex import ReindexReport
+from .history.reindex import reindex as history_reindex
+
+if TYPE_CHECKING:
+    from .engine.repository import Repository
+    from .history.compact import AutoCompactor
+
+
+class HistoryVerbs:
+    """Compare, retain, verify, compact and rebuild a store (docs/USAGE.md)."""
+
+    _repo: Repository
+    _compactor: AutoCompactor
+
+    def diff(self, a: str, b: str, numeric: bool = False) -> DiffResult:
+        """Compare two snapshots key by key.
+
+        Which keys were added, removed, changed or kept, and for a changed tensor how many of
+        its chunks changed, come from the index alone. ``numeric=True`` also reads the changed
+        chunks of both sides (verified) and summarises how far apart the values are.
+
+        Raises:
+            SnapshotNotFoundError: ``a`` or ``b`` names nothing.
+            CorruptionError: a manifest or (with ``numeric``) a chunk read is damaged.
+        """
+        return history_diff(self._repo, a, b, numeric=numeric)
+
+    def gc(
+        self,
+        *,
+        keep_last: int | None = None,
+        keep_every_steps: int | None = None,
+        keep_tagged: bool = True,
+        older_than: float | None = None,
+        runs: Sequence[str] | None = None,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        repack_below: float = DEFAULT_REPACK_BELOW,
+        dry_run: bool = False,
+        keep_healthy: bool = True,
+        progress: ProgressFn | None = None,
+    ) -> GCReport:
+        """Forget the snapshots a retention policy drops, then prune what nothing references.
+
+        Args:
+            keep_last: keep the N newest snapshots of each run.
+            keep_every_steps: keep snapshots whose step is a multiple of N.
+            keep_tagged: keep every tagged snapshot.
+            keep_healthy: keep each run's newest healthy snapshot (recorded free of NaN and
+                Inf), whatever the other rules say, so ``run@healthy`` survives a divergence;
+                False lets the other rules drop it.
+            older_than: only snapshots older than this many seconds may be dropped.
+            runs: only snapshots of these runs may be dropped (None: every run).
+            grace_seconds: unreferenced data younger than this, and packs retired more
+                recently, are kept (a reader or writer may still be using them).
+            repack_below: rewrite packs whose live bytes fell below this fraction (0: never).
+            dry_run: report what would happen, change nothing.
+            progress: ``fn("gc", done, total)`` told the live bytes copied out of sparse packs
+                as they are rewritten (the long part of a gc), as for :meth:`take`.
+
+        With none of ``keep_last``, ``keep_every_steps``, ``older_than`` set no snapshot is
+        dropped and gc only prunes. Safe beside live takes (see docs/RELIABILITY.md, I4).
+
+        Raises:
+            InvalidInputError: an option is out of range (e.g. a negative grace period); nothing
+                changed.
+        """
+        if isinstance(runs, str):
+            raise InvalidInputError(f"gc: runs must be a list of run names, got the string {runs!r}")
+        return history_gc(
+            self._repo,
+            keep_last=keep_last,
+            keep_every_steps=keep_every_steps,
+            keep_tagged=keep_tagged,
+            older_than=older_than,
+            runs=tuple(runs) if runs is not None else None,
+            grace_seconds=grace_seconds,
+            repack_below=repack_below,
+            dry_run=dry_run,
+            keep_healthy=keep_healthy,
+            progress=progress,
+        )
+
+    def check(
+        self,
+        read_data: bool | float = False,
+        progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+    ) -> CheckReport:
+        """Verify the store's integrity: manifests, references, packs against the index.
+
+        ``read_data`` True also reads every pack whole: its bytes must hash to its name
+        (header, trailer and footer) and every chunk in it to its id. A number in [0, 1] reads
+        that share of the packs, at least one when above 0. The report says how much was read
+        (``packs_read``, ``chunks_read``, ``bytes_read``). ``progress`` wraps the per-pack loop
+        of the data pass.
+
+        Raises:
+            InvalidInputError: ``read_data`` is not a bool or a number in [0, 1].
+        """
+        return history_check(self._repo, read_data=read_data, progress=progress)
+
+    def compact(self, *, keep_loose: int = DEFAULT_KEEP_LOOSE, dry_run: bool = False,
+                progress: Callable[[int], None] | None = None) -> CompactReport:
+        """Rewrite older snapshots' loose chunks densely, now (``git gc`` for loose objects).
+
+        A take writes new chunks loose (a fast codec, no deltas). This rewrites those that no
+        run's ``keep_loose`` newest snapshots use: byte-grouped zstd, or an XOR delta against
+        the chunk at the same place in the snapshot's parent when that is smaller (chains bounded
+        by ``delta_depth``). Safe beside takes, restores and gc in any process; crash-safe at
+        every step (docs/RELIABILITY.md). Takes also start it in the background by themselves
+        (``auto_compact``); this waits for a background run first. ``progress`` is called with
+        the raw bytes of each chunk rewritten.
+
+        Raises:
+            InvalidInputError: ``keep_loose`` is not an int >= 0.
+            LeaseExpiredError: the compaction stalled past its lease (what it switched stays).
+        """
+        from .format.limits import check_int
+
+        check_int("keep_loose", keep_loose)
+        self._compactor.wait_idle()
+        return history_compact(self._repo, keep_loose=keep_loose, dry_run=dry_run, progress=progress)
+
+    def wait_compacted(self, timeout: float | None = None) -> bool:
+        """Wait until no background compaction of this handle runs or is due; False on timeout."""
+        return self._compactor.wait_idle(timeout)
+
+    @property
+    def last_compaction(self) -> CompactReport | None:
+        """What this handle's last background compaction did (None before one ran)."""
+        return self._compactor.last
+
+    def reindex(self) -> ReindexReport:
+        """Rebuild this store's empty index from its packs and manifests (I5)."""
+        return history_reindex(self._repo)

@@ -1,0 +1,75 @@
+"""Remotes: push and pull snapshots between stores, clone a store, and the two-tier store.
+
+The layer above the engine that moves snapshots between repositories (git's remote verbs for
+tensors): :mod:`.config` keeps a store's remotes in its index, :mod:`.select` turns refs into
+the snapshots and tags to send, :mod:`.copy` sends the chunks the other side lacks,
+:mod:`.transfer` commits each snapshot there in the destination's crash order. The two-tier
+store (``ckstore.open(..., push_to=...)``) adds :mod:`.uploader` (a background push after every
+commit), :mod:`.tier` (reads of chunks the local tier evicted go to the remote) and
+:mod:`.evict` (the local budget) with :mod:`.hydrate` (its inverse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ..engine.progress import ProgressFn
+from ..errors import NotFoundError
+from . import config, hydrate, twotier
+from .select import Selection, select
+from .transfer import TransferReport, transfer
+
+if TYPE_CHECKING:
+    from ..engine.repository import Repository
+
+__all__ = ["Selection", "TransferReport", "config", "hydrate", "pull", "push", "select", "transfer", "twotier"]
+
+
+def push(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool = False,
+         pause: Callable[[], bool] | None = None,
+         progress: ProgressFn | None = None) -> TransferReport:
+    """Send the snapshots ``refs`` name (none: every run and tag) to remote ``name``, creating the
+    remote store if there is none yet (with this store's chunk, pack and inline sizes).
+
+    Raises:
+        NotFoundError: no remote ``name``; SnapshotNotFoundError: a ref names nothing here.
+        CorruptionError, ConflictError, LeaseExpiredError: see :func:`.transfer.transfer`.
+    """
+    remote = config.get(local.index, name)
+    selection = select(local.index, refs)
+    created = False
+    try:
+        dst = config.open_remote(remote)
+    except NotFoundError:
+        dst = config.open_remote(remote, create=True, like=local)
+        created = True
+    try:
+        report = transfer(local, dst, selection, direction="push", remote=name, force=force, pause=pause,
+                          progress=progress, record=lambda ids: local.index.mark_pushed(name, ids))
+    finally:
+        dst.close()
+    report.created = created
+    return report
+
+
+def pull(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool = False,
+         progress: ProgressFn | None = None, source: Repository | None = None) -> TransferReport:
+    """Bring the snapshots ``refs`` name at remote ``name`` (none: every run and tag) here.
+    ``source``: the remote's repository, open already (a clone's; left open), else it is opened.
+
+    Raises:
+        NotFoundError: no remote ``name``, or no store at its URL; SnapshotNotFoundError: a ref
+            names nothing there.
+        CorruptionError: a chunk or manifest of the remote is damaged (named); the snapshot
+            being pulled is not committed here.
+    """
+    remote = config.get(local.index, name)
+    src = source if source is not None else config.open_remote(remote)
+    try:
+        selection = select(src.index, refs)
+        return transfer(src, local, selection, direction="pull", remote=name, force=force, progress=progress,
+                        record=lambda ids: local.index.mark_pushed(name, ids))
+    finally:
+        if source is None:
+            src.close()

@@ -1,0 +1,224 @@
+"""The local tier's reads of what it evicted: a backend that reads the remote's packs.
+
+A chunk the local tier evicted (``local_budget``, :mod:`.evict`) keeps its index row, pointed at
+the remote's own place for it: a pack of the remote (its pack row marked ``remote``). Reads go
+through :class:`TierBackend`: a pack found locally is read here; a pack of the remote is read
+there, with the same ranged reads, and every chunk is verified against its id as always (I3).
+
+The remote may move a chunk meanwhile (its own compaction or gc repacked it). A read that finds
+the remote's pack gone *refreshes* the rows that pointed at it (looks their chunks up in the
+remote's index and points them at their new places, in one transaction) and raises
+``ObjectNotFoundError``: every reader then looks the chunk up again and reads it at its new
+place (docs/RELIABILITY.md, I4), as after a local compaction.
+
+Writes, deletes and listings stay local: nothing here ever writes or deletes at the remote.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CkstoreError, ObjectNotFoundError
+from ..index import ChunkRecord, RemoteRecord
+from ..objects import Backend, WrappingBackend, pack_id_from_name
+from ..objects.backend import ObjectWriter, PutData
+from . import config
+
+if TYPE_CHECKING:
+    from ..engine.repository import Repository
+
+log = logging.getLogger("ckstore")
+
+
+class RemoteHandle:
+    """The remote's repository, opened on first use (created, with the local store's sizes, when
+    there is none yet) and shared by the uploader and the reads; reopened after :meth:`reset`."""
+
+    def __init__(self, local: Repository, remote: RemoteRecord) -> None:
+        self.local, self.record = local, remote
+        self._repo: Repository | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    def get(self) -> Repository:
+        """The open remote repository.
+
+        Raises:
+            NotFoundError, StorageError, IndexError_: it cannot be opened or created.
+        """
+        with self._lock:
+            if self._repo is None:
+                try:
+                    self._repo = config.open_remote(self.record)
+                except CkstoreError as exc:
+                    if not isinstance(exc, LookupError):
+                        raise
+                    self._repo = config.open_remote(self.record, create=True, like=self.local)
+            return self._repo
+
+    def reset(self) -> None:
+        """Close the connection (after a failure): the next :meth:`get` opens it again."""
+        with self._lock:
+            repo, self._repo = self._repo, None
+        if repo is not None:
+            try:
+                repo.close()
+            except Exception:  # noqa: BLE001 - it failed already; closing is best effort
+                pass
+
+    def close(self) -> None:
+        self.reset()
+
+
+class TierBackend(WrappingBackend):
+    """The local backend, reading the remote's packs for the chunks evicted there (module
+    docstring). Records when each local pack was last read (:meth:`take_used`)."""
+
+    def __init__(self, inner: Backend, local: Repository) -> None:
+        super().__init__(inner)
+        self._local = local
+        self._handles: dict[str, RemoteHandle] = {}
+        self._remote_packs: dict[str, str] = local.index.remote_pack_ids()
+        self._used: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    # --- reads: here, else at the remote --------------------------------------------------------
+    def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        try:
+            data = self.inner.get(name, offset, length)
+        except ObjectNotFoundError:
+            return self._there(name, lambda b: b.get(name, offset, length))
+        self._touch(name)
+        return data
+
+    def get_into(self, name: str, offset: int, out: memoryview) -> None:
+        try:
+            self.inner.get_into(name, offset, out)
+        except ObjectNotFoundError:
+            self._there(name, lambda b: b.get_into(name, offset, out))
+            return
+        self._touch(name)
+
+    def size(self, name: str) -> int:
+        try:
+            return self.inner.size(name)
+        except ObjectNotFoundError:
+            return self._there(name, lambda b: b.size(name))
+
+    def exists(self, name: str) -> bool:
+        if self.inner.exists(name):
+            return True
+        pack = pack_id_from_name(name)
+        remote = None if pack is None else self._remote_of(pack)
+        if pack is None or remote is None:
+            return False
+        if remote.get().objects.backend.exists(name):
+            return True
+        refresh(self._local, remote.get(), remote.name, pack)  # moved there: the rows follow
+        return False
+
+    def writer(self) -> ObjectWriter:
+        return self.inner.writer()  # the local backend's streaming writer (packs never go there)
+
+    def put(self, name: str, data: PutData) -> bool:
+        return self.inner.put(name, data)
+
+    def delete(self, name: str) -> None:
+        self.inner.delete(name)  # local only: the remote's packs are the remote's
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        return self.inner.list(prefix)
+
+    @property
+    def cached_locally(self) -> bool:  # type: ignore[override]
+        """False once chunks were evicted: reading those again fetches them again."""
+        return self.inner.cached_locally and not self._remote_packs
+
+    def close(self) -> None:
+        for handle in list(self._handles.values()):
+            handle.close()
+        self.inner.close()
+
+    # --- the remote -----------------------------------------------------------------------------
+    def use(self, handle: RemoteHandle) -> None:
+        """Read the packs of remote ``handle.name`` through ``handle`` (the uploader's)."""
+        with self._lock:
+            self._handles[handle.name] = handle
+
+    def _remote_of(self, pack_id: str) -> RemoteHandle | None:
+        """The remote whose pack ``pack_id`` is, if the index says it is one."""
+        name = self._remote_packs.get(pack_id)
+        if name is None:
+            fresh = self._local.index.remote_pack_ids()  # evicted since (by another process)
+            with self._lock:
+                self._remote_packs.update(fresh)
+            name = fresh.get(pack_id)
+            if name is None:
+                return None
+        with self._lock:
+            handle = self._handles.get(name)
+        if handle is None:
+            record = self._local.index.get_remote(name)
+            if record is None:
+                return None
+            handle = RemoteHandle(self._local, record)
+            with self._lock:
+                handle = self._handles.setdefault(name, handle)
+        return handle
+
+    def evicted(self, pack_ids: dict[str, str]) -> None:
+        """Note packs of remotes that rows now point at (the evictor switched them)."""
+        with self._lock:
+            self._remote_packs.update(pack_ids)
+
+    def _there(self, name: str, call: Any) -> Any:
+        pack = pack_id_from_name(name)
+        remote = None if pack is None else self._remote_of(pack)
+        if pack is None or remote is None:
+            raise ObjectNotFoundError(f"object {name!r} not found in store {self.url}")
+        try:
+            return call(remote.get().objects.backend)
+        except ObjectNotFoundError:
+            moved = refresh(self._local, remote.get(), remote.name, pack)
+            raise ObjectNotFoundError(
+                f"pack {pack} of remote {remote.name!r} ({remote.record.url}) is gone: "
+                f"{moved} chunk(s) read from it were found moved there and are looked up again"
+            ) from None
+
+    def _touch(self, name: str) -> None:
+        pack = pack_id_from_name(name)
+        if pack is not None:
+            with self._lock:
+                self._used[pack] = time.time()
+
+    def take_used(self) -> dict[str, float]:
+        """When each local pack was last read since the previous call (and forget them)."""
+        with self._lock:
+            used, self._used = self._used, {}
+        return used
+
+
+def refresh(local: Repository, remote: Repository, name: str, pack_id: str) -> int:
+    """Point the rows of chunks held in the remote's pack ``pack_id`` (gone there) at their new
+    places in the remote; the number switched."""
+    rows = local.index.chunks_in_packs([pack_id])
+    if not rows:
+        return 0
+    found = remote.index.chunk_locations([r.chunk_id for r in rows])
+    records = ordered(found)
+    switched = local.index.point_chunks_at_remote(name, records, {r.chunk_id: pack_id for r in rows if r.chunk_id in found})
+    if switched:
+        log.info("ckstore: %d chunk(s) evicted to remote %r moved there; their rows follow", len(switched), name)
+    return len(switched)
+
+
+def ordered(found: dict[str, ChunkRecord]) -> list[ChunkRecord]:
+    """The remote's rows, bases before the deltas stored against them."""
+    return sorted(found.values(), key=lambda r: (r.depth, r.chunk_id))
