@@ -14,17 +14,11 @@ import torch
 import ckstore
 from ckstore import cli
 from ckstore.errors import DestinationExistsError, InvalidInputError, NotFoundError
+from tests.support.cli import run
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line(result: tuple[int, str, str], code: int, *words: str) -> str:

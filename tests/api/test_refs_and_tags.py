@@ -16,8 +16,8 @@ import torch
 from sqlalchemy import insert
 
 import ckstore
-from ckstore import cli
 from ckstore.errors import ConflictError, InvalidInputError, SnapshotNotFoundError
+from tests.support.cli import run
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
@@ -27,13 +27,6 @@ def _state(seed: int) -> dict[str, ckstore.StateDict]:
     return {"m": ckstore.StateDict(w=torch.randn(8, 64), step=seed)}
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _packs(path: Path) -> int:

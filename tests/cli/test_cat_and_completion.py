@@ -16,18 +16,12 @@ import torch
 import ckstore
 from ckstore import cli, objects
 from ckstore.cli import _complete
+from tests.support.cli import run
 from tests.support.paths import REPO
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

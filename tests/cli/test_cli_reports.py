@@ -14,6 +14,7 @@ import torch
 import ckstore
 from ckstore import cli
 from ckstore.cli._common import _report_lines
+from tests.support.cli import run
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
@@ -23,14 +24,6 @@ def _no_store_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(cli.STORE_ENV, raising=False)
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run the CLI in this process: (exit code, stdout, stderr)."""
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as exc:  # argparse: --help, usage errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _store(path: Path, runs: tuple[str, ...] = ("py-reimport",), steps: int = 2) -> None:

@@ -15,20 +15,13 @@ import pytest
 import torch
 
 import ckstore
-from ckstore import cli
 from ckstore.cli import _args, _common
 from ckstore.history import gc as gc_mod
+from tests.support.cli import run
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

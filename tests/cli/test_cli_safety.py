@@ -26,6 +26,7 @@ import ckstore
 from ckstore import cli
 from ckstore.cli._setup import DEMO_MARK, DEMO_STORE, claim_demo_store
 from ckstore.errors import ConflictError, InvalidInputError
+from tests.support.cli import run
 from tests.support.paths import REPO
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
@@ -36,14 +37,6 @@ def _no_store_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(cli.STORE_ENV, raising=False)
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run the CLI in this process: (exit code, stdout, stderr)."""
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as exc:  # argparse: --help, --version, usage errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def error_line(result: tuple[int, str, str], code: int, *words: str) -> str:
