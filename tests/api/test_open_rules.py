@@ -19,8 +19,6 @@ from tests.support.cli import run
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
 
-
-
 def one_line(result: tuple[int, str, str], code: int, *words: str) -> str:
     got, out, err = result
     assert got == code, (got, out, err)

@@ -27,8 +27,6 @@ def _state(seed: int) -> dict[str, ckstore.StateDict]:
     return {"m": ckstore.StateDict(w=torch.randn(8, 64), step=seed)}
 
 
-
-
 def _packs(path: Path) -> int:
     return len(list((path / "packs").rglob("*.pack")))
 

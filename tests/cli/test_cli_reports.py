@@ -24,8 +24,6 @@ def _no_store_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(cli.STORE_ENV, raising=False)
 
 
-
-
 def _store(path: Path, runs: tuple[str, ...] = ("py-reimport",), steps: int = 2) -> None:
     with ckstore.open(path, create=True, **TINY) as store:
         for run_name in runs:

@@ -22,8 +22,6 @@ from tests.support.cli import run
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 
 
-
-
 @pytest.fixture
 def terminal(monkeypatch: pytest.MonkeyPatch):
     """A person at a terminal who answers with the strings in ``answers`` (then fails)."""

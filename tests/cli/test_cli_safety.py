@@ -37,8 +37,6 @@ def _no_store_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(cli.STORE_ENV, raising=False)
 
 
-
-
 def error_line(result: tuple[int, str, str], code: int, *words: str) -> str:
     got, out, err = result
     assert got == code, (got, out, err)
