@@ -168,18 +168,19 @@ class Repository:
     def staging_budget(self, value: int | None) -> None:
         self._staging_budget = None if value is None else check_int("staging_budget", value)
 
-    def staging_arena(self, nbytes: int) -> StagingArena:
-        """An arena of at least ``nbytes`` for an async take's copies: the one the last async
-        take gave back when it fits (its pages are touched already: copies run at memory speed),
-        else a new one. Give it back with :meth:`release_staging` once the take is done."""
+    def staging_arena(self, nbytes: int, pinned: bool = False) -> StagingArena:
+        """An arena of at least ``nbytes`` for an async take's copies (``pinned``: page-locked,
+        for a state on a GPU): the one the last async take gave back when it fits (its pages
+        are touched already: copies run at memory speed), else a new one. Give it back with
+        :meth:`release_staging` once the take is done."""
         from .stage import StagingArena
 
         with self._staging_lock:
             arena, self._staging = self._staging, None
-        if arena is not None and nbytes <= arena.size <= 2 * nbytes + (64 << 20):
+        if arena is not None and arena.pinned == pinned and nbytes <= arena.size <= 2 * nbytes + (64 << 20):
             arena.reset()
             return arena
-        return StagingArena(nbytes)
+        return StagingArena(nbytes, pinned)
 
     def release_staging(self, arena: StagingArena) -> None:
         """Keep ``arena`` (no tensor cut from it is used any more) for the next async take;

@@ -47,14 +47,32 @@ class StagingArena:
     on the first touch (``defrag=madvise``), a copy stalled for up to 0.3 s.
     """
 
-    def __init__(self, nbytes: int) -> None:
-        self._mem = private_memory(max(nbytes, 1))
+    def __init__(self, nbytes: int, pinned: bool = False) -> None:
+        """``pinned``: page-locked memory (CUDA's host allocator), for states on a GPU: copies
+        from the device run at the bus's speed and are issued all at once (:meth:`finish`
+        waits for them), where pageable memory is copied through a bounce buffer, one tensor
+        after another."""
+        self.pinned = pinned
+        self._pinned: torch.Tensor | None = None
+        self._mem: Any = None
+        if pinned:
+            self._pinned = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+        else:
+            self._mem = private_memory(max(nbytes, 1))
         self.size = nbytes
         self._at = 0
+        self._streams: list[Any] = []  # CUDA streams with copies into this arena in flight
 
     def reset(self) -> None:
         """Make the whole arena free again (every tensor cut from it is no longer used)."""
         self._at = 0
+
+    def finish(self) -> None:
+        """Wait for the copies from devices issued into this arena (a pinned arena's copies
+        are asynchronous); after it returns every copy holds the value it was made from."""
+        streams, self._streams = self._streams, []
+        for stream in streams:
+            stream.synchronize()
 
     def copy(self, value: Any) -> Any:
         """A copy of ``value`` (a tensor, on any device, or a numpy array) in the arena, on the
@@ -62,6 +80,8 @@ class StagingArena:
 
         Raises:
             InvalidInputError: the arena has no room left (it was sized for other values).
+
+        In a pinned arena a copy from a GPU may still be in flight: :meth:`finish` waits.
         """
         n = arena_bytes(value)
         if n == 0:
@@ -69,6 +89,23 @@ class StagingArena:
         if self._at + n > self.size:
             raise InvalidInputError(f"staging arena of {self.size} bytes has no room for {n} more")
         at, self._at = self._at, self._at + n
+        if self._pinned is not None:
+            size = value.nbytes if isinstance(value, np.ndarray) else value.numel() * value.element_size()
+            block = self._pinned[at:at + size]
+            if isinstance(value, np.ndarray):
+                out = block.numpy().view(value.dtype).reshape(value.shape)
+                np.copyto(out, value)
+                return out
+            dst = block.view(value.dtype).view(value.shape)
+            src = value.detach()
+            if src.is_cuda:
+                stream = torch.cuda.current_stream(src.device)
+                dst.copy_(src, non_blocking=True)  # ordered after the kernels that wrote it
+                if stream not in self._streams:
+                    self._streams.append(stream)
+            else:
+                dst.copy_(src)
+            return dst
         if isinstance(value, np.ndarray):
             out = np.frombuffer(self._mem, dtype=value.dtype, count=value.size, offset=at).reshape(value.shape)
             np.copyto(out, value)

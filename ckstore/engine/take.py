@@ -159,15 +159,15 @@ def take(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, progress: 
 
 
 def stage_within(
-    states: Mapping[str, Any], budget: int, arena_for: Callable[[int], StagingArena] = StagingArena
+    states: Mapping[str, Any], budget: int, arena_for: Callable[[int, bool], StagingArena] = StagingArena
 ) -> tuple[dict[str, Any], set[str], int, StagingArena]:
     """Copy tensors (to CPU) while their total stays within ``budget`` bytes.
 
     Returns the states rebuilt around the copies, the keys of tensors left uncopied (the
     caller's own, which must be stored before the caller may change them), the bytes copied
-    and the arena the copies were cut from (``arena_for(bytes)``: a repository's reused arena,
-    so a training loop's async takes copy into memory already touched). Plain values need no
-    copy: planning encodes them at once.
+    and the arena the copies were cut from (``arena_for(bytes, pinned)``: a repository's reused
+    arena, so a training loop's async takes copy into memory already touched; pinned when a
+    tensor to copy is on a GPU). Plain values need no copy: planning encodes them at once.
     """
     flats = {name: flatten(name, sd) for name, sd in states.items()}
     chosen: list[tuple[Any, str, Any]] = []
@@ -185,9 +185,13 @@ def stage_within(
                 used += n
             else:
                 live.add(key)
-    arena = arena_for(sum(arena_bytes(v) for _, _, v in chosen))
-    for flat, key, value in chosen:
-        flat.leaves[key] = arena.copy(value)
+    on_gpu = any(isinstance(v, torch.Tensor) and v.is_cuda and arena_bytes(v) for _, _, v in chosen)
+    arena = arena_for(sum(arena_bytes(v) for _, _, v in chosen), on_gpu)
+    try:
+        for flat, key, value in chosen:
+            flat.leaves[key] = arena.copy(value)
+    finally:
+        arena.finish()  # every copy from a device has landed
     out = {name: unflatten(flat.tree, flat.leaves.__getitem__) for name, flat in flats.items()}
     return out, live, used, arena
 

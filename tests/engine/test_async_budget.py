@@ -65,8 +65,8 @@ def test_a_loop_of_async_takes_reuses_its_staging_memory_and_each_snapshot_stays
     wants, snaps, arenas = [], [], []
     real = repo.staging_arena
 
-    def spy(nbytes: int):
-        arena = real(nbytes)
+    def spy(nbytes: int, pinned: bool = False):
+        arena = real(nbytes, pinned)
         arenas.append(arena)
         return arena
 

@@ -204,3 +204,30 @@ def test_cuda_take_and_restore_round_trip(tmp_path, atomic: bool) -> None:
 def test_cuda_copier_uses_pinned_buffers() -> None:
     copier = devices.copier_for(torch.zeros(1, device="cuda"))
     assert copier.pinned and copier.host_buffer(16).is_pinned()
+
+
+@cuda
+def test_async_take_of_a_gpu_state_copies_into_pinned_memory_and_holds_the_state_of_the_call(tmp_path) -> None:
+    """The copies from the GPU go into a pinned arena, issued at once and waited for before the
+    call returns: kernels launched right after it cannot reach the snapshot. The next async
+    take reuses the arena; a CPU state gets a pageable one."""
+    store = ckstore.open(tmp_path / "s", chunk_bytes=1 << 16, create=True, auto_compact=False)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    w = torch.randn(2048, 512, device="cuda", generator=g)
+    h = torch.randn(300, 7, device="cuda", generator=g).to(torch.bfloat16)
+    app = {"m": ckstore.StateDict(w=w, h=h, cpu=torch.arange(100.0))}
+    want = {k: v.clone() for k, v in app["m"].items()}
+    pending = store.async_take(app, run="r", step=1)
+    w.mul_(3.0)  # on the current stream, after the copies were issued
+    h.zero_()
+    snap = pending.wait(60)
+    arena = store.repository._staging
+    assert arena is not None and arena.pinned
+    for key, value in want.items():
+        assert torch.equal(snap.read_object(f"m/{key}").to(value.device), value), key
+    again = store.async_take(app, run="r", step=2).wait(60)
+    assert store.repository._staging is arena
+    assert torch.equal(again.read_object("m/w").cuda(), w)
+    cpu_only = store.async_take({"m": ckstore.StateDict(x=torch.ones(1000))}, run="c").wait(60)
+    assert cpu_only.read_object("m/x").sum() == 1000 and not store.repository._staging.pinned
+    store.close()
