@@ -39,6 +39,25 @@ def test_names_every_key_that_differs(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_restored_tensor_corrupted_in_place_before_the_check_is_named(tmp_path: Path) -> None:
+    """Issue 25, item 4: restore into a fresh model, damage one restored tensor in place (one
+    bit of one element, as a bad copy or a stray kernel would), then check: named, and only it."""
+    store = ckstore.open(tmp_path / "s", create=True, **TINY)
+    t = Trainer.make()
+    t.train()
+    snap = store.take(t.app_state(), run="r", step=1)
+    fresh = Trainer.make(seed=99)
+    app = fresh.app_state()
+    snap.restore(app)
+    assert snap.verify_live(app).ok
+    with torch.no_grad():
+        w = fresh.model[0].weight
+        w.view(torch.int32).view(-1)[w.numel() // 2] ^= 1  # the lowest mantissa bit
+    got = snap.verify_live(app)
+    assert not got.ok and got.differs == ["model/0.weight"] and not got.missing and not got.extra
+    store.close()
+
+
 def test_reads_nothing_from_the_store(tmp_path: Path) -> None:
     store = ckstore.open(tmp_path / "s", create=True, **TINY)
     app = {"m": ckstore.StateDict(w=torch.randn(5000))}
