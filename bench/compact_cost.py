@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ckbench.states import build_state, state_bytes  # noqa: E402
+from ckbench.states import build_state, iter_tensors, state_bytes  # noqa: E402
 
 import ckstore  # noqa: E402
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", type=float, default=0.1, help="seconds of 'training' before each take (default 0.1)")
     args = ap.parse_args(argv)
     state = build_state(args.size_mb << 20, seed=0)
-    tensors = [t for t in _tensors(state) if t.is_floating_point()]
+    tensors = [t for _, t in iter_tensors(state) if t.is_floating_point()]
     root = Path(tempfile.mkdtemp(prefix="ckstore-compact-cost-"))
     times: dict[str, list[tuple[float, float]]] = {"idle": [], "during": []}
     missed = 0
@@ -86,16 +86,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"take while compaction runs / take with it idle: {ratio:.3f}x wall "
               f"(target <= 1.05x: {'PASS' if ratio <= 1.05 else 'MISS'}), {med['during'][1] / med['idle'][1]:.3f}x CPU")
     return 0
-
-
-def _tensors(tree: object) -> list[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, dict):
-        return [t for v in tree.values() for t in _tensors(v)]
-    if isinstance(tree, (list, tuple)):
-        return [t for v in tree for t in _tensors(v)]
-    return []
 
 
 if __name__ == "__main__":
