@@ -42,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=int, default=270, help="state size in MiB (default 270)")
     ap.add_argument("--rounds", type=int, default=8, help="takes of each kind (default 8)")
-    ap.add_argument("--gap", type=float, default=0.1, help="seconds of 'training' before each take (default 0.1)")
+    ap.add_argument(
+        "--gap",
+        type=float,
+        default=0.1,
+        help="seconds of 'training' before each take (default 0.1)",
+    )
     args = ap.parse_args(argv)
     state = build_state(args.size_mb << 20, seed=0)
     tensors = [t for _, t in iter_tensors(state) if t.is_floating_point()]
@@ -72,19 +77,29 @@ def main(argv: list[str] | None = None) -> int:
             report = store.last_compaction
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"state {state_bytes(state) / 2**20:.0f} MiB, {args.rounds} rounds, gap {args.gap} s, "
-          f"torch threads {torch.get_num_threads()}")
-    med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in times.items() if v}
+    print(
+        f"state {state_bytes(state) / 2**20:.0f} MiB, {args.rounds} rounds, gap {args.gap} s, "
+        f"torch threads {torch.get_num_threads()}"
+    )
+    med = {
+        k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+        for k, v in times.items()
+        if v
+    }
     for k, (w, c) in med.items():
-        print(f"  take, compaction {k:6s}: {w * 1e3:7.1f} ms wall, {c * 1e3:7.1f} ms CPU (median of {len(times[k])})")
+        print(
+            f"  take, compaction {k:6s}: {w * 1e3:7.1f} ms wall, {c * 1e3:7.1f} ms CPU (median of {len(times[k])})"
+        )
     if missed:
         print(f"  {missed} take(s) found the compaction already done (not counted): lower --gap")
     if report is not None:
         print(f"  last compaction: {report.raw_bytes / 2**20:.0f} MiB in {report.seconds:.2f} s")
     if "idle" in med and "during" in med:
         ratio = med["during"][0] / med["idle"][0]
-        print(f"take while compaction runs / take with it idle: {ratio:.3f}x wall "
-              f"(target <= 1.05x: {'PASS' if ratio <= 1.05 else 'MISS'}), {med['during'][1] / med['idle'][1]:.3f}x CPU")
+        print(
+            f"take while compaction runs / take with it idle: {ratio:.3f}x wall "
+            f"(target <= 1.05x: {'PASS' if ratio <= 1.05 else 'MISS'}), {med['during'][1] / med['idle'][1]:.3f}x CPU"
+        )
     return 0
 
 

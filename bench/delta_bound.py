@@ -37,7 +37,13 @@ def _flat(prefix: str, x: Any, out: dict[str, bytes]) -> None:
 
 
 def _kind(key: str) -> str:
-    return "exp_avg_sq" if key.endswith("exp_avg_sq") else "exp_avg" if key.endswith("exp_avg") else "weights"
+    return (
+        "exp_avg_sq"
+        if key.endswith("exp_avg_sq")
+        else "exp_avg"
+        if key.endswith("exp_avg")
+        else "weights"
+    )
 
 
 def _stored(raw: bytes, base: bytes | None) -> int:
@@ -49,7 +55,9 @@ def _stored(raw: bytes, base: bytes | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--saves", type=int, default=6)
     ap.add_argument("--every", type=int, default=10)
     args = ap.parse_args(argv)
@@ -60,8 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         flat: dict[str, bytes] = {}
         _flat("", fp32_state(trainer), flat)
         saves.append(flat)
-    ways = {"whole": lambda i: None, "best of whole / XOR previous": lambda i: i - 1,
-            "best of whole / XOR first": lambda i: 0}
+    ways = {
+        "whole": lambda i: None,
+        "best of whole / XOR previous": lambda i: i - 1,
+        "best of whole / XOR first": lambda i: 0,
+    }
     print("| encoding | weights | exp_avg | exp_avg_sq | all |\n|---|---|---|---|---|")
     for name, base_of in ways.items():
         tot: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -70,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                 b = base_of(i)
                 tot[_kind(key)][0] += _stored(raw, None if b is None else saves[b][key])
                 tot[_kind(key)][1] += len(raw)
-        cells = [f"{100 * tot[k][0] / tot[k][1]:.1f}%" for k in ("weights", "exp_avg", "exp_avg_sq")]
+        cells = [
+            f"{100 * tot[k][0] / tot[k][1]:.1f}%" for k in ("weights", "exp_avg", "exp_avg_sq")
+        ]
         total = sum(v[0] for v in tot.values()) / sum(v[1] for v in tot.values())
         print(f"| {name} | {' | '.join(cells)} | {100 * total:.1f}% |")
     return 0

@@ -45,7 +45,11 @@ class _Clock:
         self.stale = 0.0
 
     def wrap(self) -> None:
-        stats, stale, parent = guard_module.chunk_stats, guard_module.TakeGuard._stale, guard_module.TakeGuard.parent
+        stats, stale, parent = (
+            guard_module.chunk_stats,
+            guard_module.TakeGuard._stale,
+            guard_module.TakeGuard.parent,
+        )
 
         def timed_stats(*a: Any) -> Any:
             t0 = time.thread_time()
@@ -81,7 +85,9 @@ def _app(state: dict[str, Any]) -> dict[str, Any]:
     return {k: ckstore.StateDict(v) for k, v in state.items()}
 
 
-def one_round(state: dict[str, Any], keys: list[str], health: bool, tmp: Path, clock: _Clock, seed: int) -> dict[str, float]:
+def one_round(
+    state: dict[str, Any], keys: list[str], health: bool, tmp: Path, clock: _Clock, seed: int
+) -> dict[str, float]:
     path = tmp / f"store-{health}-{seed}"
     out: dict[str, float] = {}
     with ckstore.open(path, create=True) as store:
@@ -103,30 +109,39 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=int, nargs="+", default=[270, 2048])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--trainable", type=float, default=0.1, help="fraction of the state a step changes")
+    ap.add_argument(
+        "--trainable", type=float, default=0.1, help="fraction of the state a step changes"
+    )
     args = ap.parse_args()
     clock = _Clock()
     clock.wrap()
-    print(f"threads={ckstore.open(tempfile.mkdtemp(), create=True).threads} (a shared machine: medians of {args.rounds} rounds)")
+    print(
+        f"threads={ckstore.open(tempfile.mkdtemp(), create=True).threads} (a shared machine: medians of {args.rounds} rounds)"
+    )
     for mb in args.size_mb:
         state = build_state(mb << 20, seed=0)
         keys = choose_trainable(state, args.trainable)
         rows: dict[bool, list[dict[str, float]]] = {True: [], False: []}
         with tempfile.TemporaryDirectory(prefix="ckstore-guard-bench-") as d:
             for r in range(args.rounds):
-                for health in ((True, False) if r % 2 == 0 else (False, True)):
+                for health in (True, False) if r % 2 == 0 else (False, True):
                     rows[health].append(one_round(state, keys, health, Path(d), clock, seed=r))
         size = state_bytes(state) / 2**20
         for kind in ("first", "incremental"):
-            med = {h: {f: statistics.median(x[f] for x in rows[h]) for f in (kind, f"{kind}_cpu")} for h in rows}
+            med = {
+                h: {f: statistics.median(x[f] for x in rows[h]) for f in (kind, f"{kind}_cpu")}
+                for h in rows
+            }
             on, off = med[True][kind], med[False][kind]
             con, coff = med[True][f"{kind}_cpu"], med[False][f"{kind}_cpu"]
             stats = statistics.median(x[f"{kind}_stats_cpu"] for x in rows[True])
             stale = statistics.median(x[f"{kind}_stale"] for x in rows[True])
-            print(f"{size:6.0f} MiB {kind:<11} wall: on {on:6.2f} s off {off:6.2f} s ({100 * (on - off) / off:+5.1f}%)  "
-                  f"CPU: on {con:6.2f} s off {coff:6.2f} s ({100 * (con - coff) / coff:+5.1f}%)  |  "
-                  f"chunk_stats {stats:5.3f} CPU s = {100 * stats / con:4.1f}% of the take's CPU  "
-                  f"stale check {1000 * stale:6.1f} ms = {100 * stale / on:4.2f}% of its wall time")
+            print(
+                f"{size:6.0f} MiB {kind:<11} wall: on {on:6.2f} s off {off:6.2f} s ({100 * (on - off) / off:+5.1f}%)  "
+                f"CPU: on {con:6.2f} s off {coff:6.2f} s ({100 * (con - coff) / coff:+5.1f}%)  |  "
+                f"chunk_stats {stats:5.3f} CPU s = {100 * stats / con:4.1f}% of the take's CPU  "
+                f"stale check {1000 * stale:6.1f} ms = {100 * stale / on:4.2f}% of its wall time"
+            )
 
 
 if __name__ == "__main__":

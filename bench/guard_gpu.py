@@ -31,11 +31,19 @@ def check(tmp: str) -> None:
         warnings.simplefilter("ignore")
         store = ckstore.open(f"{tmp}/check", create=True, chunk_bytes=1 << 20)
         cpu = store.take({"m": ckstore.StateDict(state)}, run="cpu", step=1, on_nonfinite="ignore")
-        gpu = store.take({"m": ckstore.StateDict({k: v.cuda() for k, v in state.items()})}, run="gpu", step=1,
-                         on_nonfinite="ignore")
+        gpu = store.take(
+            {"m": ckstore.StateDict({k: v.cuda() for k, v in state.items()})},
+            run="gpu",
+            step=1,
+            on_nonfinite="ignore",
+        )
     hc, hg = cpu.health.tensors, gpu.health.tensors  # type: ignore[union-attr]
     assert hc == hg, (hc, hg)
-    assert (hg["m/w1"].nan, hg["m/w2"].inf, hg["m/b16"].inf) == (1, 1, 1) and gpu.record.nonfinite == 3
+    assert (hg["m/w1"].nan, hg["m/w2"].inf, hg["m/b16"].inf) == (
+        1,
+        1,
+        1,
+    ) and gpu.record.nonfinite == 3
     model = torch.nn.Linear(512, 512).cuda()
     opt = torch.optim.Adam(model.parameters())
     model(torch.randn(8, 512, device="cuda")).sum().backward()
@@ -46,17 +54,21 @@ def check(tmp: str) -> None:
         stale = store.take({"model": model, "optim": opt}, run="train", step=2)  # no step between
     assert set(stale.health.stale or ()) >= {"model/weight", "model/bias"}, stale.health  # type: ignore[union-attr]
     assert any("did not change since step 1" in str(w.message) for w in caught)
-    print(f"CUDA: figures equal the CPU's for {len(hg)} tensors; NaN/Inf found: {gpu.record.nonfinite}; "
-          f"stale on CUDA parameters: {len(stale.health.stale or ())} keys")  # type: ignore[union-attr]
+    print(
+        f"CUDA: figures equal the CPU's for {len(hg)} tensors; NaN/Inf found: {gpu.record.nonfinite}; "
+        f"stale on CUDA parameters: {len(stale.health.stale or ())} keys"
+    )  # type: ignore[union-attr]
 
 
 def bench(tmp: str, size_mb: int, rounds: int) -> None:
     n = (size_mb << 20) // 4 // 4096
     gen = torch.Generator(device="cuda").manual_seed(1)
-    state = {f"layer{i}": torch.randn(n // 16, 4096, device="cuda", generator=gen) for i in range(16)}
+    state = {
+        f"layer{i}": torch.randn(n // 16, 4096, device="cuda", generator=gen) for i in range(16)
+    }
     times: dict[bool, list[float]] = {True: [], False: []}
     for r in range(rounds):
-        for health in ((True, False) if r % 2 == 0 else (False, True)):
+        for health in (True, False) if r % 2 == 0 else (False, True):
             store = ckstore.open(f"{tmp}/b-{r}-{health}", create=True)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -64,7 +76,9 @@ def bench(tmp: str, size_mb: int, rounds: int) -> None:
             times[health].append(time.perf_counter() - t0)
             store.close()
     on, off = statistics.median(times[True]), statistics.median(times[False])
-    print(f"CUDA state {size_mb} MiB, first take: health on {on:.2f} s, off {off:.2f} s ({100 * (on - off) / off:+.1f}%)")
+    print(
+        f"CUDA state {size_mb} MiB, first take: health on {on:.2f} s, off {off:.2f} s ({100 * (on - off) / off:+.1f}%)"
+    )
 
 
 def main() -> None:

@@ -72,7 +72,10 @@ def make_file(path: str, gib: float) -> int:
 
     n = max(1, int(gib * 16))  # 64 MiB tensors
     gen = torch.Generator().manual_seed(0)
-    tensors = {f"layers.{i}.weight": torch.randn(4096, 8192, generator=gen).to(torch.bfloat16) for i in range(n)}
+    tensors = {
+        f"layers.{i}.weight": torch.randn(4096, 8192, generator=gen).to(torch.bfloat16)
+        for i in range(n)
+    }
     save_file(tensors, path)
     return os.path.getsize(path)
 
@@ -94,7 +97,11 @@ def main() -> None:
         print(f"{'step':<24}{'seconds':>10}{'peak anon MiB':>16}{'/ file':>10}")
         for step in STEPS:
             cmd = [sys.executable, __file__, "--child", step, work, str(budget)]
-            out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+            out = json.loads(
+                subprocess.run(cmd, check=True, capture_output=True, text=True)
+                .stdout.strip()
+                .splitlines()[-1]
+            )
             peak = out["peak_anon_above_baseline"]
             print(f"{step:<24}{out['seconds']:>10.2f}{peak / 2**20:>16.0f}{peak / size:>10.2f}")
     finally:

@@ -43,7 +43,9 @@ from ckstore.engine.config import DEFAULT_CHUNK_BYTES, DEFAULT_INLINE_BYTES, DEF
 from ckstore.engine.packing import TakeOptions
 from ckstore.format.manifest import canonical_json
 
-OPTS = TakeOptions(DEFAULT_CHUNK_BYTES, DEFAULT_PACK_BYTES, DEFAULT_INLINE_BYTES, threads=1, lease_seconds=60)
+OPTS = TakeOptions(
+    DEFAULT_CHUNK_BYTES, DEFAULT_PACK_BYTES, DEFAULT_INLINE_BYTES, threads=1, lease_seconds=60
+)
 WORD = 8  # bytes per all-reduced int
 
 
@@ -71,19 +73,43 @@ def shard0(shape: list[int], rank: int, world: int) -> list[list[int]]:
     return [[lo] + [0] * (len(shape) - 1), [hi - lo] + shape[1:]]
 
 
-def leaves_of(rank: int, world: int, weights: dict[str, list[int]], replicated: int, d: int) -> Local:
+def leaves_of(
+    rank: int, world: int, weights: dict[str, list[int]], replicated: int, d: int
+) -> Local:
     """One rank's leaves, as ``_classify.classify`` describes them."""
     leaves: dict[str, Leaf] = {}
     for app in ("model", "optim"):
         for key, shape in weights.items():
             k = key if app == "model" else f"optim/state.{key}.exp_avg"
             box = shard0(shape, rank, world)
-            desc = {"t": DTENSOR, "dtype": "bfloat16", "shape": shape, "box": box, "container": "torch", "device": "cuda:0"}
+            desc = {
+                "t": DTENSOR,
+                "dtype": "bfloat16",
+                "shape": shape,
+                "box": box,
+                "container": "torch",
+                "device": "cuda:0",
+            }
             leaves[k] = Leaf(DTENSOR, desc, None, (tuple(box[0]), tuple(box[1])), [rank])
     for i in range(replicated):
-        leaves[f"adapter/lora.{i}.weight"] = Leaf(REPLICATED, {"t": REPLICATED, "dtype": "float32", "shape": [16, d], "container": "torch", "device": "cuda:0"})
-    leaves["extra/rng"] = Leaf(LOCAL, {"t": LOCAL, "dtype": "uint8", "shape": [5056], "container": "torch", "device": "cpu"})
-    leaves["extra/loss_scale"] = Leaf(LOCAL, {"t": LOCAL, "dtype": "float32", "shape": [1024], "container": "torch", "device": "cpu"})
+        leaves[f"adapter/lora.{i}.weight"] = Leaf(
+            REPLICATED,
+            {
+                "t": REPLICATED,
+                "dtype": "float32",
+                "shape": [16, d],
+                "container": "torch",
+                "device": "cuda:0",
+            },
+        )
+    leaves["extra/rng"] = Leaf(
+        LOCAL,
+        {"t": LOCAL, "dtype": "uint8", "shape": [5056], "container": "torch", "device": "cpu"},
+    )
+    leaves["extra/loss_scale"] = Leaf(
+        LOCAL,
+        {"t": LOCAL, "dtype": "float32", "shape": [1024], "container": "torch", "device": "cpu"},
+    )
     leaves["extra/step"] = Leaf(VALUE, {"t": VALUE, "value": 1000})
     return Local(apps={"apps": sorted({k.split("/")[0] for k in leaves})}, leaves=leaves)
 
@@ -106,7 +132,9 @@ def plan_one(local: Local, world: int, rank: int, cache: PlanCache) -> tuple[Any
     differing = [k for k in own if k == "extra/rng"]  # what the maxima say: the RNG state differs
     sent = {
         "plan": WORD * (len(head) + 1 + len(vector) + 1),  # + the phase flags
-        "hash": WORD * (len(equality) + 1) + len(json.dumps([digests[k] for k in differing])) + WORD,
+        "hash": WORD * (len(equality) + 1)
+        + len(json.dumps([digests[k] for k in differing]))
+        + WORD,
     }
     return mine, sent
 
@@ -116,9 +144,27 @@ def report(mine: Any, rank: int) -> bytes:
     pieces: dict[str, list[Any]] = {}
     for key, (o, s) in mine:
         pieces.setdefault(key, []).append([list(o), list(s), _fake_id(key, o)])
-    doc = {"figures": {"new_bytes": 1, "new_chunks": 1, "reused_chunks": 0, "written_raw_bytes": 1, "hashed_bytes": 1},
-           "pieces": pieces, "own": {"extra/rng": {"kind": "tensor", "dtype": "uint8", "shape": [5056], "container": "torch",
-                                                   "device": "cpu", "block": [5056], "chunks": [[[0], [5056], _fake_id("rng", rank)]]}}}
+    doc = {
+        "figures": {
+            "new_bytes": 1,
+            "new_chunks": 1,
+            "reused_chunks": 0,
+            "written_raw_bytes": 1,
+            "hashed_bytes": 1,
+        },
+        "pieces": pieces,
+        "own": {
+            "extra/rng": {
+                "kind": "tensor",
+                "dtype": "uint8",
+                "shape": [5056],
+                "container": "torch",
+                "device": "cpu",
+                "block": [5056],
+                "chunks": [[[0], [5056], _fake_id("rng", rank)]],
+            }
+        },
+    }
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -139,7 +185,9 @@ def measure(world: int, a: argparse.Namespace) -> dict[str, Any]:
     rank = 1 % world
 
     def one(cache: PlanCache) -> tuple[float, Any, dict[str, int]]:
-        local = leaves_of(rank, world, weights, a.replicated, a.d)  # every take describes its leaves anew
+        local = leaves_of(
+            rank, world, weights, a.replicated, a.d
+        )  # every take describes its leaves anew
         gc.collect()
         t = time.perf_counter()
         mine, sent = plan_one(local, world, rank, cache)
@@ -154,12 +202,33 @@ def measure(world: int, a: argparse.Namespace) -> dict[str, Any]:
         first.append(t1)
         cached.append(t2)
     out: dict[str, Any] = {
-        "ranks": world, "keys": len(leaves_of(rank, world, weights, a.replicated, a.d).leaves), "pieces": len(mine),
-        "plan_first_s": statistics.median(first), "plan_cached_s": statistics.median(cached),
-        "sent_per_rank": sum(sent.values()), "report_per_rank": len(report(mine, rank)), "rank0_groups_s": rank0_groups(world),
+        "ranks": world,
+        "keys": len(leaves_of(rank, world, weights, a.replicated, a.d).leaves),
+        "pieces": len(mine),
+        "plan_first_s": statistics.median(first),
+        "plan_cached_s": statistics.median(cached),
+        "sent_per_rank": sum(sent.values()),
+        "report_per_rank": len(report(mine, rank)),
+        "rank0_groups_s": rank0_groups(world),
     }
     if world <= a.commit_max:
-        reports = [report(assignment(leaves_of(r, world, weights, a.replicated, a.d), agree(list(leaves_of(r, world, weights, a.replicated, a.d).leaves), key_vector(leaves_of(r, world, weights, a.replicated, a.d))), world, r, OPTS, None), r) for r in range(world)]
+        reports = [
+            report(
+                assignment(
+                    leaves_of(r, world, weights, a.replicated, a.d),
+                    agree(
+                        list(leaves_of(r, world, weights, a.replicated, a.d).leaves),
+                        key_vector(leaves_of(r, world, weights, a.replicated, a.d)),
+                    ),
+                    world,
+                    r,
+                    OPTS,
+                    None,
+                ),
+                r,
+            )
+            for r in range(world)
+        ]
         gc.collect()
         t = time.perf_counter()
         decoded = [json.loads(x) for x in reports]
@@ -185,20 +254,34 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--replicated", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--commit-max", type=int, default=1024, help="measure rank 0's commit decode up to this world")
+    ap.add_argument(
+        "--commit-max",
+        type=int,
+        default=1024,
+        help="measure rank 0's commit decode up to this world",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object per world size")
     a = ap.parse_args()
     if not a.json:
-        print("| ranks | keys | pieces/rank | plan first | plan cached | sent/rank | report/rank | rank 0 groups | commit recv (rank 0) | commit decode (rank 0) |")
+        print(
+            "| ranks | keys | pieces/rank | plan first | plan cached | sent/rank | report/rank | rank 0 groups | commit recv (rank 0) | commit decode (rank 0) |"
+        )
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for world in a.ranks:
         m = measure(world, a)
         if a.json:
             print(json.dumps(m))
             continue
-        commit = (_size(m["commit_recv"]), f"{m['commit_decode_s']:.3f} s") if "commit_recv" in m else ("-", "-")
-        print(f"| {world} | {m['keys']} | {m['pieces']} | {m['plan_first_s']:.3f} s | {m['plan_cached_s']:.4f} s | "
-              f"{_size(m['sent_per_rank'])} | {_size(m['report_per_rank'])} | {m['rank0_groups_s']:.4f} s | {commit[0]} | {commit[1]} |", flush=True)
+        commit = (
+            (_size(m["commit_recv"]), f"{m['commit_decode_s']:.3f} s")
+            if "commit_recv" in m
+            else ("-", "-")
+        )
+        print(
+            f"| {world} | {m['keys']} | {m['pieces']} | {m['plan_first_s']:.3f} s | {m['plan_cached_s']:.4f} s | "
+            f"{_size(m['sent_per_rank'])} | {_size(m['report_per_rank'])} | {m['rank0_groups_s']:.4f} s | {commit[0]} | {commit[1]} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -61,13 +61,23 @@ def _changed(state: dict[str, Any], fraction: float, seed: int) -> dict[str, Any
     moments = dict(state["optim"]["state"])
     for k in choose_trainable(state, fraction):
         model[k] = model[k] + 1e-3 * torch.randn(model[k].shape, generator=g)
-        moments[k] = {**moments[k], "exp_avg": moments[k]["exp_avg"] + 1e-5 * torch.randn(model[k].shape, generator=g),
-                      "exp_avg_sq": moments[k]["exp_avg_sq"] * 1.01}
-    return {"model": model, "optim": {"state": moments, "param_groups": state["optim"]["param_groups"]}}
+        moments[k] = {
+            **moments[k],
+            "exp_avg": moments[k]["exp_avg"] + 1e-5 * torch.randn(model[k].shape, generator=g),
+            "exp_avg_sq": moments[k]["exp_avg_sq"] * 1.01,
+        }
+    return {
+        "model": model,
+        "optim": {"state": moments, "param_groups": state["optim"]["param_groups"]},
+    }
 
 
 def _files_bytes(root: Path, skip_index: bool = True) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not (skip_index and "index" in p.name))
+    return sum(
+        p.stat().st_size
+        for p in root.rglob("*")
+        if p.is_file() and not (skip_index and "index" in p.name)
+    )
 
 
 class Bench:
@@ -82,19 +92,29 @@ class Bench:
         """A new local folder, S3 URL and remote index URL."""
         self.n += 1
         tag = f"{what}{self.n}"
-        return self.work / tag, self.server.url(f"{tag}-{time.time_ns()}"), f"sqlite:///{self.work / (tag + '-remote.sqlite')}"
+        return (
+            self.work / tag,
+            self.server.url(f"{tag}-{time.time_ns()}"),
+            f"sqlite:///{self.work / (tag + '-remote.sqlite')}",
+        )
 
     # --- (a) ------------------------------------------------------------------------------------
     def take(self) -> dict[str, float]:
         local, tiered, pushed, cpu = [], [], [], {"local": [], "tier": []}
         warm, _, _ = self._fresh("warm")
-        with ckstore.open(warm, create=True) as store:  # the process's first take pays for warming up
+        with ckstore.open(
+            warm, create=True
+        ) as store:  # the process's first take pays for warming up
             store.take(_app(self.state), run="bench")
         shutil.rmtree(warm)
         for r in range(self.rounds):
-            for side in (("local", "tier") if r % 2 == 0 else ("tier", "local")):
+            for side in ("local", "tier") if r % 2 == 0 else ("tier", "local"):
                 folder, url, index = self._fresh("take")
-                kw: dict[str, Any] = {"push_to": url, "remote_index": index, "remote_options": self.opts} if side == "tier" else {}
+                kw: dict[str, Any] = (
+                    {"push_to": url, "remote_index": index, "remote_options": self.opts}
+                    if side == "tier"
+                    else {}
+                )
                 with ckstore.open(folder, create=True, **kw) as store:
                     os.sync()  # what the previous round left dirty (the server's writes too) goes to disk first
                     t0, c0 = time.perf_counter(), time.process_time()
@@ -106,24 +126,36 @@ class Bench:
                         pushed.append(time.perf_counter() - t0)
                 (tiered if side == "tier" else local).append(took)
                 shutil.rmtree(folder)
-                time.sleep(0.5)  # training between takes: the server's own work after a push settles
-        return {"local": statistics.median(local), "tier": statistics.median(tiered),
-                "pushed": statistics.median(pushed), "local_cpu": statistics.median(cpu["local"]),
-                "tier_cpu": statistics.median(cpu["tier"]), "rounds": (local, tiered)}
+                time.sleep(
+                    0.5
+                )  # training between takes: the server's own work after a push settles
+        return {
+            "local": statistics.median(local),
+            "tier": statistics.median(tiered),
+            "pushed": statistics.median(pushed),
+            "local_cpu": statistics.median(cpu["local"]),
+            "tier_cpu": statistics.median(cpu["tier"]),
+            "rounds": (local, tiered),
+        }
 
     # --- (b) ------------------------------------------------------------------------------------
     def push(self) -> dict[str, Any]:
         folder, url, index = self._fresh("push")
         proxy = counting_proxy(self.server.endpoint_url)
         try:
-            opts = {**self.opts, "client_kwargs": {**self.opts.get("client_kwargs", {}), "endpoint_url": proxy.url}}
+            opts = {
+                **self.opts,
+                "client_kwargs": {**self.opts.get("client_kwargs", {}), "endpoint_url": proxy.url},
+            }
             with ckstore.open(folder, create=True) as store:
                 store.add_remote("s3", url, index=index, storage_options=opts)
                 store.add_remote("disk", self.work / f"disk{self.n}")
                 first = store.take(_app(self.state), run="bench", step=1)
                 store.push("s3")
                 store.push("disk")
-                second = store.take(_app(_changed(self.state, 0.1, seed=self.n)), run="bench", step=2)
+                second = store.take(
+                    _app(_changed(self.state, 0.1, seed=self.n)), run="bench", step=2
+                )
                 idx = store.repository.index
                 new = idx.snapshot_chunk_ids(second.id) - idx.snapshot_chunk_ids(first.id)
                 changed = sum(c.length for c in idx.chunk_locations(new).values())
@@ -131,20 +163,35 @@ class Bench:
                 s3 = store.push("s3")
                 sent = proxy.sent()
                 disk_dir = self.work / f"disk{self.n}"
-                before, before_all = _files_bytes(disk_dir), _files_bytes(disk_dir, skip_index=False)
+                before, before_all = (
+                    _files_bytes(disk_dir),
+                    _files_bytes(disk_dir, skip_index=False),
+                )
                 disk = store.push("disk")
-                grew, grew_all = _files_bytes(disk_dir) - before, _files_bytes(disk_dir, skip_index=False) - before_all
+                grew, grew_all = (
+                    _files_bytes(disk_dir) - before,
+                    _files_bytes(disk_dir, skip_index=False) - before_all,
+                )
         finally:
             proxy.stop()
         put = sent.get("PUT", 0) + sent.get("POST", 0)
-        return {"changed": changed, "s3_sent": put, "s3_other": sum(sent.values()) - put, "s3_report": s3.stats.bytes_sent,
-                "disk_grew": grew, "disk_grew_with_index": grew_all, "disk_report": disk.stats.bytes_sent,
-                "manifest": s3.manifest_bytes}
+        return {
+            "changed": changed,
+            "s3_sent": put,
+            "s3_other": sum(sent.values()) - put,
+            "s3_report": s3.stats.bytes_sent,
+            "disk_grew": grew,
+            "disk_grew_with_index": grew_all,
+            "disk_report": disk.stats.bytes_sent,
+            "manifest": s3.manifest_bytes,
+        }
 
     # --- (c) ------------------------------------------------------------------------------------
     def pull(self) -> dict[str, float]:
         folder, url, index = self._fresh("pull")
-        with ckstore.open(folder, create=True, push_to=url, remote_index=index, remote_options=self.opts) as store:
+        with ckstore.open(
+            folder, create=True, push_to=url, remote_index=index, remote_options=self.opts
+        ) as store:
             store.take(_app(self.state), run="bench")
             store.wait_pushed()
         fs = _fs(self.opts)
@@ -153,7 +200,7 @@ class Bench:
         total = sum(fs.size(p) for p in objects)
         ours, theirs = [], []
         for r in range(self.rounds):
-            for side in (("ckstore", "fsspec") if r % 2 == 0 else ("fsspec", "ckstore")):
+            for side in ("ckstore", "fsspec") if r % 2 == 0 else ("fsspec", "ckstore"):
                 dest = self.work / f"pulled{self.n}-{r}-{side}"
                 t0 = time.perf_counter()
                 if side == "ckstore":
@@ -167,8 +214,13 @@ class Bench:
                     assert got == total, (got, total)
                 (ours if side == "ckstore" else theirs).append(time.perf_counter() - t0)
                 shutil.rmtree(dest)
-        return {"bytes": total, "ckstore": total / statistics.median(ours), "fsspec": total / statistics.median(theirs),
-                "ckstore_best": total / min(ours), "fsspec_best": total / min(theirs)}
+        return {
+            "bytes": total,
+            "ckstore": total / statistics.median(ours),
+            "fsspec": total / statistics.median(theirs),
+            "ckstore_best": total / min(ours),
+            "fsspec_best": total / min(theirs),
+        }
 
 
 def _fs(opts: dict[str, Any]) -> Any:
@@ -182,7 +234,12 @@ def _ratio(value: float, target: float, at_most: bool) -> str:
     return f"{value:5.2f}x (target {'<=' if at_most else '>='} {target:.2f}x: {'met' if ok else 'MISSED'})"
 
 
-def report(mb: float, take: dict[str, float] | None, push: dict[str, Any] | None, pull: dict[str, float] | None) -> None:
+def report(
+    mb: float,
+    take: dict[str, float] | None,
+    push: dict[str, Any] | None,
+    pull: dict[str, float] | None,
+) -> None:
     M = 2**20
     print(f"\n== {mb:.0f} MiB state ==")
     if take is not None:
@@ -190,30 +247,42 @@ def report(mb: float, take: dict[str, float] | None, push: dict[str, Any] | None
     if push is not None:
         _report_push(push, M)
     if pull is not None:
-        print(f"(c) pull into an empty store: ckstore clone {pull['ckstore'] / M:.0f} MiB/s, fsspec get "
-              f"{pull['fsspec'] / M:.0f} MiB/s of {pull['bytes'] / M:.0f} MiB -> "
-              f"{_ratio(pull['ckstore'] / pull['fsspec'], TARGETS['pull'], False)}")
-        print(f"    best rounds (a loaded machine's noise left out): ckstore {pull['ckstore_best'] / M:.0f} MiB/s, "
-              f"fsspec {pull['fsspec_best'] / M:.0f} MiB/s ({pull['ckstore_best'] / pull['fsspec_best']:.2f}x); "
-              "ckstore's packs are durable (fsync) and every payload checked, fsspec's files are neither")
+        print(
+            f"(c) pull into an empty store: ckstore clone {pull['ckstore'] / M:.0f} MiB/s, fsspec get "
+            f"{pull['fsspec'] / M:.0f} MiB/s of {pull['bytes'] / M:.0f} MiB -> "
+            f"{_ratio(pull['ckstore'] / pull['fsspec'], TARGETS['pull'], False)}"
+        )
+        print(
+            f"    best rounds (a loaded machine's noise left out): ckstore {pull['ckstore_best'] / M:.0f} MiB/s, "
+            f"fsspec {pull['fsspec_best'] / M:.0f} MiB/s ({pull['ckstore_best'] / pull['fsspec_best']:.2f}x); "
+            "ckstore's packs are durable (fsync) and every payload checked, fsspec's files are neither"
+        )
 
 
 def _report_take(take: dict[str, float]) -> None:
-    print(f"(a) take, blocking: local {take['local']:.3f} s, push_to S3 {take['tier']:.3f} s "
-          f"-> {_ratio(take['tier'] / take['local'], TARGETS['take'], True)}; pushed in the background "
-          f"{take['pushed']:.2f} s after the take began")
-    print(f"    CPU time of the process during the take: local {take['local_cpu']:.3f} s, push_to S3 "
-          f"{take['tier_cpu']:.3f} s ({take['tier_cpu'] / take['local_cpu']:.2f}x); rounds (s): local "
-          f"{' '.join(f'{x:.3f}' for x in take['rounds'][0])}, push_to {' '.join(f'{x:.3f}' for x in take['rounds'][1])}")
+    print(
+        f"(a) take, blocking: local {take['local']:.3f} s, push_to S3 {take['tier']:.3f} s "
+        f"-> {_ratio(take['tier'] / take['local'], TARGETS['take'], True)}; pushed in the background "
+        f"{take['pushed']:.2f} s after the take began"
+    )
+    print(
+        f"    CPU time of the process during the take: local {take['local_cpu']:.3f} s, push_to S3 "
+        f"{take['tier_cpu']:.3f} s ({take['tier_cpu'] / take['local_cpu']:.2f}x); rounds (s): local "
+        f"{' '.join(f'{x:.3f}' for x in take['rounds'][0])}, push_to {' '.join(f'{x:.3f}' for x in take['rounds'][1])}"
+    )
 
 
 def _report_push(push: dict[str, Any], M: int) -> None:
     c = push["changed"]
-    print(f"(b) push of 10% changed: changed chunks {c / M:.2f} MiB stored; S3 request bodies "
-          f"{push['s3_sent'] / M:.2f} MiB (+{push['s3_other']} B other) -> {_ratio(push['s3_sent'] / c, TARGETS['push'], True)}")
-    print(f"    local remote: its packs and manifests grew {push['disk_grew'] / M:.2f} MiB -> "
-          f"{_ratio(push['disk_grew'] / c, TARGETS['push'], True)}; with its index {push['disk_grew_with_index'] / M:.2f} MiB "
-          f"({push['disk_grew_with_index'] / c:.2f}x); manifest {push['manifest'] / 1024:.0f} KiB")
+    print(
+        f"(b) push of 10% changed: changed chunks {c / M:.2f} MiB stored; S3 request bodies "
+        f"{push['s3_sent'] / M:.2f} MiB (+{push['s3_other']} B other) -> {_ratio(push['s3_sent'] / c, TARGETS['push'], True)}"
+    )
+    print(
+        f"    local remote: its packs and manifests grew {push['disk_grew'] / M:.2f} MiB -> "
+        f"{_ratio(push['disk_grew'] / c, TARGETS['push'], True)}; with its index {push['disk_grew_with_index'] / M:.2f} MiB "
+        f"({push['disk_grew_with_index'] / c:.2f}x); manifest {push['manifest'] / 1024:.0f} KiB"
+    )
 
 
 def main() -> None:
@@ -224,14 +293,20 @@ def main() -> None:
     ap.add_argument("--parts", default="abc", help="which measurements: a, b, c (default all)")
     args = ap.parse_args()
     sizes = args.size_mb or ([270] if args.quick else [270, 2048])
-    warnings.simplefilter("ignore", ckstore.errors.StaleStateWarning)  # a frozen backbone is the point of (b)
+    warnings.simplefilter(
+        "ignore", ckstore.errors.StaleStateWarning
+    )  # a frozen backbone is the point of (b)
     with running() as server:
         for mb in sizes:
             state = build_state(mb << 20, seed=0)
             with tempfile.TemporaryDirectory(prefix="ckbench-remotes-") as d:
                 b = Bench(server, Path(d), state, args.rounds)
-                report(state_bytes(state) / 2**20, b.take() if "a" in args.parts else None,
-                       b.push() if "b" in args.parts else None, b.pull() if "c" in args.parts else None)
+                report(
+                    state_bytes(state) / 2**20,
+                    b.take() if "a" in args.parts else None,
+                    b.push() if "b" in args.parts else None,
+                    b.pull() if "c" in args.parts else None,
+                )
 
 
 if __name__ == "__main__":

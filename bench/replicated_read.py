@@ -49,7 +49,9 @@ MODES: dict[str, dict[str, Any]] = {
 def state(mib: int, tensors: int) -> ckstore.StateDict:
     gen = torch.Generator().manual_seed(0)
     n = (mib << 18) // tensors  # float32 elements per tensor
-    return ckstore.StateDict({f"w{i}": torch.randn(n, generator=gen).reshape(-1, 256) for i in range(tensors)})
+    return ckstore.StateDict(
+        {f"w{i}": torch.randn(n, generator=gen).reshape(-1, 256) for i in range(tensors)}
+    )
 
 
 def _rank(rank: int, world: int, port: int, path: str, a: argparse.Namespace, out: str) -> None:
@@ -100,10 +102,14 @@ def main(argv: list[str] | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        mp.start_processes(_rank, args=(a.ranks, port, path, a, tmp), nprocs=a.ranks, start_method="fork")
+        mp.start_processes(
+            _rank, args=(a.ranks, port, path, a, tmp), nprocs=a.ranks, start_method="fork"
+        )
         ranks = [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(a.ranks)]
-    print(f"restore of {a.mib} MiB ({a.tensors} tensors, {stored / 2**20:.1f} MiB stored) held by every rank, "
-          f"undeclared, on {a.ranks} ranks ({os.cpu_count()} CPUs), {a.rounds} rounds:")
+    print(
+        f"restore of {a.mib} MiB ({a.tensors} tensors, {stored / 2**20:.1f} MiB stored) held by every rank, "
+        f"undeclared, on {a.ranks} ranks ({os.cpu_count()} CPUs), {a.rounds} rounds:"
+    )
     print("| mode | read / stored | per-rank spread | median s | all s |")
     print("|---|---:|---:|---:|---|")
     for mode in MODES:
@@ -111,8 +117,10 @@ def main(argv: list[str] | None = None) -> None:
         mean = sum(per) / len(per)
         spread = max(abs(x - mean) for x in per) / mean if mean else 0.0
         worst = [max(r["times"][mode][i] for r in ranks) for i in range(a.rounds)]
-        print(f"| {mode} | {sum(per) / stored:.3f}x | {100 * spread:.1f}% | {statistics.median(worst):.3f} | "
-              f"{[round(t, 3) for t in worst]} |")
+        print(
+            f"| {mode} | {sum(per) / stored:.3f}x | {100 * spread:.1f}% | {statistics.median(worst):.3f} | "
+            f"{[round(t, 3) for t in worst]} |"
+        )
     sys.stdout.flush()
 
 

@@ -81,7 +81,7 @@ def main() -> None:
         cpu: dict[str, list[float]] = {k: [] for k in runs}
         names = list(runs)
         for r in range(args.rounds):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 scramble(dest)
                 c0, t0 = time.process_time(), time.perf_counter()
                 runs[name]()
@@ -89,14 +89,22 @@ def main() -> None:
                 cpu[name].append(time.process_time() - c0)
         w = {k: statistics.median(v) for k, v in wall.items()}
         c = {k: statistics.median(v) for k, v in cpu.items()}
-        print(f"restore of a {args.size_mb} MiB state, {args.rounds} rounds, medians "
-              f"({os.cpu_count()} CPUs, threads={store.threads})")
-        print(f"{'':26s} {'wall':>9s} {'cpu':>9s} {'wall / atomic=False':>20s} {'wall / peer':>12s}")
+        print(
+            f"restore of a {args.size_mb} MiB state, {args.rounds} rounds, medians "
+            f"({os.cpu_count()} CPUs, threads={store.threads})"
+        )
+        print(
+            f"{'':26s} {'wall':>9s} {'cpu':>9s} {'wall / atomic=False':>20s} {'wall / peer':>12s}"
+        )
         for k in runs:
-            print(f"{k:26s} {w[k] * 1e3:7.0f}ms {c[k] * 1e3:7.0f}ms {w[k] / w['atomic=False']:19.2f}x "
-                  f"{w[k] / w['torch.load(mmap)+copy_']:11.2f}x")
-        print(f"digests save an atomic restore {1 - w['atomic'] / w['atomic, no digests']:.0%} of its wall time "
-              f"and {1 - c['atomic'] / c['atomic, no digests']:.0%} of its CPU time")
+            print(
+                f"{k:26s} {w[k] * 1e3:7.0f}ms {c[k] * 1e3:7.0f}ms {w[k] / w['atomic=False']:19.2f}x "
+                f"{w[k] / w['torch.load(mmap)+copy_']:11.2f}x"
+            )
+        print(
+            f"digests save an atomic restore {1 - w['atomic'] / w['atomic, no digests']:.0%} of its wall time "
+            f"and {1 - c['atomic'] / c['atomic, no digests']:.0%} of its CPU time"
+        )
         store.close()
         plain.close()
     finally:

@@ -47,7 +47,10 @@ def build(path: Path, snapshots: int, tensors: int, runs: int) -> None:
     from ckstore.index import models
 
     torch.manual_seed(0)
-    state = {f"layers.{i // 4}.{('q', 'k', 'v', 'o')[i % 4]}.weight": torch.randn(32, 32) for i in range(tensors)}
+    state = {
+        f"layers.{i // 4}.{('q', 'k', 'v', 'o')[i % 4]}.weight": torch.randn(32, 32)
+        for i in range(tensors)
+    }
     with ckstore.open(path, create=True) as store:
         a = store.take({"model": ckstore.StateDict(**state)}, run="real", step=0, tags=["a"])
         for i, key in enumerate(sorted(state)):
@@ -74,9 +77,18 @@ def build(path: Path, snapshots: int, tensors: int, runs: int) -> None:
                     "reused_chunks": tensors - tensors // 10, "name": None, "world_size": 1,
                 })  # fmt: skip
                 if k % 100 == 99:
-                    tags.append({"name": f"{name}-best-{k}", "snapshot_id": sid, "version": 1, "updated_at": start})
+                    tags.append(
+                        {
+                            "name": f"{name}-best-{k}",
+                            "snapshot_id": sid,
+                            "version": 1,
+                            "updated_at": start,
+                        }
+                    )
                 parent = sid
-        with store.repository.index._engine.begin() as conn:  # straight into the tables: see the docstring
+        with (
+            store.repository.index._engine.begin() as conn
+        ):  # straight into the tables: see the docstring
             conn.execute(insert(models.runs), run_rows)
             conn.execute(insert(models.snapshots), rows)
             conn.execute(insert(models.tags), tags)
@@ -108,7 +120,9 @@ def first_paints(browser: Any, base: str, rounds: int) -> list[float]:
         page = browser.page()
         page.goto(base + "/?token=bench")
         page.wait_for_selector("html[data-ready='1']", timeout=60_000)
-        out.append(page.evaluate("performance.getEntriesByName('ckstore-first-paint')[0].startTime"))
+        out.append(
+            page.evaluate("performance.getEntriesByName('ckstore-first-paint')[0].startTime")
+        )
         points = page.locator("#lineage-canvas").get_attribute("data-points")
         page.close()
     print(f"  lineage drew {points} snapshots")
@@ -127,7 +141,10 @@ def compares(browser: Any, base: str, numeric: bool, rounds: int) -> list[float]
         start = page.evaluate("performance.now()")
         page.click("#compare-button")
         page.wait_for_selector("#view-changes[data-state='done']", timeout=120_000)
-        out.append(page.evaluate("performance.getEntriesByName('ckstore-compare-done').pop().startTime") - start)
+        out.append(
+            page.evaluate("performance.getEntriesByName('ckstore-compare-done').pop().startTime")
+            - start
+        )
         page.evaluate("document.getElementById('view-changes').dataset.state = ''")
     cells = page.locator("#heatmap").get_attribute("data-cells")
     page.close()
@@ -148,22 +165,32 @@ def main() -> None:
         path = Path(tmp) / "store"
         t = time.perf_counter()
         build(path, args.snapshots, args.tensors, args.runs)
-        print(f"built {args.snapshots} snapshot rows + 2 takes of {args.tensors} tensors in {time.perf_counter() - t:.1f} s")
+        print(
+            f"built {args.snapshots} snapshot rows + 2 takes of {args.tensors} tensors in {time.perf_counter() - t:.1f} s"
+        )
         proc, base = serve(path)
         browser = Browser()
         try:
             time.sleep(5)  # the server imports torch in the background (for the numeric diff)
             cold = api_time(base + "/api/overview")
             warm = min(api_time(base + "/api/overview") for _ in range(3))
-            print(f"GET /api/overview: {1000 * cold:.0f} ms listing the index, {1000 * warm:.0f} ms cached")
+            print(
+                f"GET /api/overview: {1000 * cold:.0f} ms listing the index, {1000 * warm:.0f} ms cached"
+            )
             fp = first_paints(browser, base, args.rounds)
-            print(f"first paint: median {statistics.median(fp):.0f} ms, best {min(fp):.0f} ms ({args.rounds} loads)")
+            print(
+                f"first paint: median {statistics.median(fp):.0f} ms, best {min(fp):.0f} ms ({args.rounds} loads)"
+            )
             for numeric in (False, True):
                 label = "numeric" if numeric else "index only"
-                api = [api_time(f"{base}/api/diff?a=a&b=b&numeric={int(numeric)}") for _ in range(3)]
+                api = [
+                    api_time(f"{base}/api/diff?a=a&b=b&numeric={int(numeric)}") for _ in range(3)
+                ]
                 print(f"GET /api/diff ({label}): best {1000 * min(api):.0f} ms of 3")
                 ms = compares(browser, base, numeric, args.rounds)
-                print(f"compare in the page ({label}): median {statistics.median(ms):.0f} ms, best {min(ms):.0f} ms")
+                print(
+                    f"compare in the page ({label}): median {statistics.median(ms):.0f} ms, best {min(ms):.0f} ms"
+                )
         finally:
             browser.close()
             proc.terminate()

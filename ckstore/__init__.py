@@ -59,7 +59,10 @@ _LAZY = {
     "open": "store",
     "clone": "store",
 }
-_LAZY_MODULES = ("dcp", "interop")  # public submodules reachable as attributes after ``import ckstore``
+_LAZY_MODULES = (
+    "dcp",
+    "interop",
+)  # public submodules reachable as attributes after ``import ckstore``
 
 
 def __getattr__(name: str) -> Any:

@@ -86,7 +86,9 @@ class HistoryVerbs:
                 changed.
         """
         if isinstance(runs, str):
-            raise InvalidInputError(f"gc: runs must be a list of run names, got the string {runs!r}")
+            raise InvalidInputError(
+                f"gc: runs must be a list of run names, got the string {runs!r}"
+            )
         return history_gc(
             self._repo,
             keep_last=keep_last,
@@ -119,8 +121,13 @@ class HistoryVerbs:
         """
         return history_check(self._repo, read_data=read_data, progress=progress)
 
-    def compact(self, *, keep_loose: int = DEFAULT_KEEP_LOOSE, dry_run: bool = False,
-                progress: Callable[[int], None] | None = None) -> CompactReport:
+    def compact(
+        self,
+        *,
+        keep_loose: int = DEFAULT_KEEP_LOOSE,
+        dry_run: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> CompactReport:
         """Rewrite older snapshots' loose chunks densely, now (``git gc`` for loose objects).
 
         A take writes new chunks loose (a fast codec, no deltas). This rewrites those that no
@@ -139,7 +146,9 @@ class HistoryVerbs:
 
         check_int("keep_loose", keep_loose)
         self._compactor.wait_idle()
-        return history_compact(self._repo, keep_loose=keep_loose, dry_run=dry_run, progress=progress)
+        return history_compact(
+            self._repo, keep_loose=keep_loose, dry_run=dry_run, progress=progress
+        )
 
     def wait_compacted(self, timeout: float | None = None) -> bool:
         """Wait until no background compaction of this handle runs or is due; False on timeout."""

@@ -42,7 +42,9 @@ def _locate(
     path: str, storage_options: dict[str, Any] | None, index: str | None, create: bool
 ) -> tuple[Repository, str | None]:
     if not is_local(path):
-        return open_repository(path, index=index, storage_options=storage_options, create=create), None
+        return open_repository(
+            path, index=index, storage_options=storage_options, create=create
+        ), None
     path = local_path(path)
     d = path
     while True:
@@ -54,7 +56,9 @@ def _locate(
             break
         d = parent
     if not create:
-        raise SnapshotNotFoundError(f"no ckstore snapshot at {path!r} (no store in it or its parents)")
+        raise SnapshotNotFoundError(
+            f"no ckstore snapshot at {path!r} (no store in it or its parents)"
+        )
     shared = shared_parent(path)
     if shared is not None:
         return open_repository(shared, index=index, create=True), os.path.basename(path)

@@ -34,8 +34,14 @@ class RemoteVerbs:
     _uploader: Uploader | None = None
 
     # --- remotes ----------------------------------------------------------------------------
-    def add_remote(self, name: str, url: str | os.PathLike[str], *, index: str | None = None,
-                   storage_options: Mapping[str, Any] | None = None) -> RemoteRecord:
+    def add_remote(
+        self,
+        name: str,
+        url: str | os.PathLike[str],
+        *,
+        index: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> RemoteRecord:
         """Add remote ``name``: the store at ``url`` (any URL :func:`ckstore.open` takes), with its
         ``index`` URL (None: its default) and ``storage_options``, kept in this store's index.
         Nothing is opened or created at ``url`` until a push or pull.
@@ -44,7 +50,9 @@ class RemoteVerbs:
             InvalidInputError: a bad name (the rules of run names) or URL.
             ConflictError: a remote of that name exists.
         """
-        return remote.config.add(self._repo.index, name, url, remote_index=index, options=storage_options)
+        return remote.config.add(
+            self._repo.index, name, url, remote_index=index, options=storage_options
+        )
 
     def remotes(self) -> list[RemoteRecord]:
         """This store's remotes, by name."""
@@ -60,8 +68,14 @@ class RemoteVerbs:
         self._repo.index.remove_remote(name)
 
     # --- push and pull ----------------------------------------------------------------------
-    def push(self, remote_name: str, refs: Sequence[str] = (), *, force: bool = False,
-             progress: Progress | None = None) -> remote.TransferReport:
+    def push(
+        self,
+        remote_name: str,
+        refs: Sequence[str] = (),
+        *,
+        force: bool = False,
+        progress: Progress | None = None,
+    ) -> remote.TransferReport:
         """Send snapshots to remote ``remote_name``: those ``refs`` name (a tag: its snapshot and
         the tag; a run: all of it; ``run@step``, a name or an id: that snapshot), or every run
         and tag. Only chunks the remote lacks are sent (its index is asked in batches); each
@@ -83,8 +97,14 @@ class RemoteVerbs:
         _refuse_tags(report, remote_name)
         return report
 
-    def pull(self, remote_name: str, refs: Sequence[str] = (), *, force: bool = False,
-             progress: Progress | None = None) -> remote.TransferReport:
+    def pull(
+        self,
+        remote_name: str,
+        refs: Sequence[str] = (),
+        *,
+        force: bool = False,
+        progress: Progress | None = None,
+    ) -> remote.TransferReport:
         """Bring snapshots of remote ``remote_name`` here: those ``refs`` name there, or every run
         and tag (as :meth:`push`, the other way). Every payload read from the remote is checked
         (against its recorded digest, or decoded and hashed against its id) before it is stored.
@@ -113,7 +133,9 @@ class RemoteVerbs:
                 background, and the message names the remote.
         """
         if self._uploader is None:
-            raise InvalidInputError(f"store {self._repo.url} has no persistent tier: open it with push_to=REMOTE")
+            raise InvalidInputError(
+                f"store {self._repo.url} has no persistent tier: open it with push_to=REMOTE"
+            )
         return self._uploader.wait(timeout)
 
     def hydrate(self, remote_name: str | None = None) -> HydrateReport:
@@ -151,10 +173,17 @@ def _refuse_tags(report: remote.TransferReport, name: str) -> None:
         )
 
 
-def clone(url: str | os.PathLike[str], dest: str | os.PathLike[str], *, index: str | None = None,
-          storage_options: dict[str, Any] | None = None, dest_index: str | None = None,
-          dest_storage_options: dict[str, Any] | None = None, name: str = "origin",
-          progress: Progress | None = None) -> Repository:
+def clone(
+    url: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    *,
+    index: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    dest_index: str | None = None,
+    dest_storage_options: dict[str, Any] | None = None,
+    name: str = "origin",
+    progress: Progress | None = None,
+) -> Repository:
     """Make a new store at ``dest`` holding everything of the store at ``url`` (every run,
     snapshot and tag, verified on the way), with ``url`` as its remote ``name``; returns its
     repository, open (``ckstore.clone`` returns it as a Store).
@@ -187,8 +216,12 @@ def clone(url: str | os.PathLike[str], dest: str | os.PathLike[str], *, index: s
     return repo
 
 
-def _new_store(source: Repository, dest: str | os.PathLike[str], index: str | None,
-               options: dict[str, Any] | None) -> Repository:
+def _new_store(
+    source: Repository,
+    dest: str | os.PathLike[str],
+    index: str | None,
+    options: dict[str, Any] | None,
+) -> Repository:
     """A new store at ``dest`` with ``source``'s chunk, pack and inline sizes.
 
     Raises:
@@ -203,24 +236,47 @@ def _new_store(source: Repository, dest: str | os.PathLike[str], index: str | No
         existing = None
     if existing is not None:
         existing.close()
-        raise DestinationExistsError(f"{dest} holds a store already: clone into a new or empty folder")
-    return open_repository(dest, index=index, storage_options=options, create=True,
-                           chunk_bytes=source.config.chunk_bytes, pack_bytes=source.config.pack_bytes,
-                           inline_bytes=source.config.inline_bytes)
+        raise DestinationExistsError(
+            f"{dest} holds a store already: clone into a new or empty folder"
+        )
+    return open_repository(
+        dest,
+        index=index,
+        storage_options=options,
+        create=True,
+        chunk_bytes=source.config.chunk_bytes,
+        pack_bytes=source.config.pack_bytes,
+        inline_bytes=source.config.inline_bytes,
+    )
 
 
-def attach(store: RemoteVerbs, repo: Repository, push_to: str | None, remote_index: str | None,
-           remote_options: dict[str, Any] | None, local_budget: int | str | None) -> None:
+def attach(
+    store: RemoteVerbs,
+    repo: Repository,
+    push_to: str | None,
+    remote_index: str | None,
+    remote_options: dict[str, Any] | None,
+    local_budget: int | str | None,
+) -> None:
     """What :func:`ckstore.open` does for remotes: reads of evicted chunks, and with
     ``push_to`` the persistent tier and its uploader."""
     if push_to is None:
         if local_budget is not None:
-            raise InvalidInputError("local_budget needs a persistent tier to evict to: pass push_to=REMOTE")
+            raise InvalidInputError(
+                "local_budget needs a persistent tier to evict to: pass push_to=REMOTE"
+            )
         if remote_index is not None or remote_options is not None:
-            raise InvalidInputError("remote_index and remote_options describe push_to's store: pass push_to too")
+            raise InvalidInputError(
+                "remote_index and remote_options describe push_to's store: pass push_to too"
+            )
         remote.twotier.attach_reads(repo)
         return
     if repo.read_only:
         raise ReadOnlyStoreError(f"cannot push from {repo.url}: {repo.index.read_only}")
-    store._uploader = remote.twotier.attach_tier(repo, push_to, remote_index=remote_index,
-                                                 remote_options=remote_options, local_budget=local_budget)
+    store._uploader = remote.twotier.attach_tier(
+        repo,
+        push_to,
+        remote_index=remote_index,
+        remote_options=remote_options,
+        local_budget=local_budget,
+    )

@@ -48,7 +48,9 @@ STORE_DEFAULT = _StoreDefault()
 """``delta_base`` left to the store's default (``Store.delta_base``)."""
 
 
-def delta_base_of(repo: Repository, given: str | None | _StoreDefault, no_dist: bool = False) -> str | None:
+def delta_base_of(
+    repo: Repository, given: str | None | _StoreDefault, no_dist: bool = False
+) -> str | None:
     """The delta base a take uses: ``given``, or the store's default for ``STORE_DEFAULT``
     (which a distributed take, storing every chunk whole, leaves aside; an explicit
     ``delta_base`` there is refused)."""
@@ -66,8 +68,13 @@ class Background:
     sync_bytes: int = 0
 
 
-def take(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None = None,
-         progress: ProgressFn | None = None) -> Committed:
+def take(
+    repo: Repository,
+    app_state: Mapping[str, Any],
+    spec: TakeSpec,
+    pg: ProcessGroup | None = None,
+    progress: ProgressFn | None = None,
+) -> Committed:
     """Take ``app_state`` into ``repo`` now: on every rank of ``pg`` under torch.distributed
     (unless ``spec.no_dist``), else in this process. Background compaction of this process
     waits from the first state_dict call to the commit."""
@@ -75,12 +82,19 @@ def take(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: Pro
         return _take(repo, app_state, spec, pg, progress)
 
 
-def _take(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None,
-          progress: ProgressFn | None) -> Committed:
+def _take(
+    repo: Repository,
+    app_state: Mapping[str, Any],
+    spec: TakeSpec,
+    pg: ProcessGroup | None,
+    progress: ProgressFn | None,
+) -> Committed:
     from .engine.take import state_dicts
 
     spec = with_live_trainable(spec, app_state)
-    repo.index.check_take(spec.run, spec.tag_specs)  # a name clash is refused before anything is written
+    repo.index.check_take(
+        spec.run, spec.tag_specs
+    )  # a name clash is refused before anything is written
     if _ranks(spec.no_dist):
         from .distributed.comm import Comm
         from .distributed.take import ddp_apps
@@ -95,8 +109,13 @@ def _take(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: Pr
     return result.record, result.manifest
 
 
-def take_async(repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None = None,
-               progress: ProgressFn | None = None) -> Background:
+def take_async(
+    repo: Repository,
+    app_state: Mapping[str, Any],
+    spec: TakeSpec,
+    pg: ProcessGroup | None = None,
+    progress: ProgressFn | None = None,
+) -> Background:
     """Return once the state at this call is safe; hash, write and commit in the background."""
     from .engine.take import state_dicts
 

@@ -144,7 +144,9 @@ class DistributedError(CkstoreError):
         causes: rank -> what went wrong there (an error's type and message, or how it was lost).
     """
 
-    def __init__(self, message: str, *, ranks: Iterable[int] = (), causes: Mapping[int, str] | None = None) -> None:
+    def __init__(
+        self, message: str, *, ranks: Iterable[int] = (), causes: Mapping[int, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.ranks: list[int] = sorted(set(ranks))
         self.causes: dict[int, str] = dict(causes or {})

@@ -103,7 +103,9 @@ class StoredSnapshot(SnapshotFields):
             import torch.distributed as dist
 
             rank = dist.get_rank(self.pg) if self.pg is not None else dist.get_rank()
-        return verify_live(self.manifest, dict(app_state), rank=max(rank, 0), threads=self._view().store.threads)
+        return verify_live(
+            self.manifest, dict(app_state), rank=max(rank, 0), threads=self._view().store.threads
+        )
 
     # --- reading ---------------------------------------------------------------------------
     def restore(
@@ -188,8 +190,16 @@ class StoredSnapshot(SnapshotFields):
             if is_distributed():
                 from .distributed.restore import restore as dist_restore
 
-                dist_restore(reader, app_state, strict=strict, pg=pg if pg is not None else self.pg,
-                             timeout=dist_timeout, budget=budget, replicated_read=mode, atomic=atomic)
+                dist_restore(
+                    reader,
+                    app_state,
+                    strict=strict,
+                    pg=pg if pg is not None else self.pg,
+                    timeout=dist_timeout,
+                    budget=budget,
+                    replicated_read=mode,
+                    atomic=atomic,
+                )
             else:
                 restore(reader, app_state, strict=strict, budget=budget, atomic=atomic)
         if verify:
@@ -205,7 +215,9 @@ class StoredSnapshot(SnapshotFields):
                 "or a hook changed or left them out)"
             )
 
-    def read_object(self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None) -> Any:
+    def read_object(
+        self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None
+    ) -> Any:
         """Read one entry (or a subtree such as ``"optim"``) without reading anything else.
 
         ``path`` is a plain key of :meth:`get_manifest` (``"model/weight"``); a per-rank entry
@@ -317,8 +329,13 @@ class PendingSnapshot:
         self.sync_bytes = sync_bytes
 
     @classmethod
-    def of(cls, job: Future[tuple[SnapshotRecord, Manifest | None]], handle: Callable[[SnapshotRecord, Manifest | None], Any],
-           staged_bytes: int = 0, sync_bytes: int = 0) -> PendingSnapshot:
+    def of(
+        cls,
+        job: Future[tuple[SnapshotRecord, Manifest | None]],
+        handle: Callable[[SnapshotRecord, Manifest | None], Any],
+        staged_bytes: int = 0,
+        sync_bytes: int = 0,
+    ) -> PendingSnapshot:
         """A background take whose committed ``(record, manifest)`` becomes ``handle(...)``."""
         future: Future[Any] = Future()
 

@@ -171,10 +171,22 @@ class Store(HistoryVerbs, _remotes.RemoteVerbs):
             LeaseExpiredError: the take stalled past its lease; nothing was committed.
             NonFiniteError, StaleStateError: the guard refused the state (``"raise"``).
         """
-        spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, replicated=replicated,
-                           delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
-                           dist_timeout=dist_timeout, no_dist=no_dist, move_tags=move_tags,
-                           on_nonfinite=on_nonfinite, on_stale=on_stale, health=health, trainable=trainable)
+        spec = TakeSpec.of(
+            run=run,
+            step=step,
+            tags=tags,
+            metadata=metadata,
+            name=name,
+            replicated=replicated,
+            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
+            dist_timeout=dist_timeout,
+            no_dist=no_dist,
+            move_tags=move_tags,
+            on_nonfinite=on_nonfinite,
+            on_stale=on_stale,
+            health=health,
+            trainable=trainable,
+        )
         return self._handle(*_takes.take(self._repo, app_state, spec, pg, progress))
 
     def async_take(
@@ -211,11 +223,23 @@ class Store(HistoryVerbs, _remotes.RemoteVerbs):
         ``delta_base``, ``no_dist``, ``tags``, ``move_tags``, ``progress`` and the guard's
         options as for :meth:`take` (a refusal surfaces from ``wait()``).
         """
-        spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, replicated=replicated,
-                           delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
-                           dist_timeout=dist_timeout, staging_budget=staging_budget, no_dist=no_dist,
-                           move_tags=move_tags, on_nonfinite=on_nonfinite, on_stale=on_stale, health=health,
-                           trainable=trainable)
+        spec = TakeSpec.of(
+            run=run,
+            step=step,
+            tags=tags,
+            metadata=metadata,
+            name=name,
+            replicated=replicated,
+            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
+            dist_timeout=dist_timeout,
+            staging_budget=staging_budget,
+            no_dist=no_dist,
+            move_tags=move_tags,
+            on_nonfinite=on_nonfinite,
+            on_stale=on_stale,
+            health=health,
+            trainable=trainable,
+        )
         job = _takes.take_async(self._repo, app_state, spec, pg, progress)
         return PendingSnapshot.of(job.future, self._handle, job.staged_bytes, job.sync_bytes)
 
@@ -279,10 +303,20 @@ class Store(HistoryVerbs, _remotes.RemoteVerbs):
         """
         from .interop import load_checkpoint
 
-        spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name,
-                           delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist=True), no_dist=True,
-                           move_tags=move_tags, on_nonfinite=on_nonfinite, on_stale=on_stale, health=health,
-                           trainable=trainable)
+        spec = TakeSpec.of(
+            run=run,
+            step=step,
+            tags=tags,
+            metadata=metadata,
+            name=name,
+            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist=True),
+            no_dist=True,
+            move_tags=move_tags,
+            on_nonfinite=on_nonfinite,
+            on_stale=on_stale,
+            health=health,
+            trainable=trainable,
+        )
         if verify:
             from .interop import verify_checkpoint
 
@@ -297,10 +331,15 @@ class Store(HistoryVerbs, _remotes.RemoteVerbs):
         what ``snap.ref`` prints, ``"sft@100 (0123456789ab)"``."""
         return self._handle(self._repo.index.resolve(ref))
 
-    def log(self, run: str | None = None, limit: int | None = None, *, healthy: bool = False) -> list[StoredSnapshot]:
+    def log(
+        self, run: str | None = None, limit: int | None = None, *, healthy: bool = False
+    ) -> list[StoredSnapshot]:
         """Snapshots newest first, of one run or of all; ``healthy``: only those whose take
         recorded no NaN or Inf (from the index alone; snapshots without a record are left out)."""
-        return [self._handle(r) for r in self._repo.index.list_snapshots(run=run, limit=limit, healthy=healthy)]
+        return [
+            self._handle(r)
+            for r in self._repo.index.list_snapshots(run=run, limit=limit, healthy=healthy)
+        ]
 
     def runs(self) -> list[str]:
         """Every run name, sorted."""
@@ -479,5 +518,15 @@ def clone(
         CorruptionError: a chunk of the source is damaged (named): the snapshot that needs it
             is not cloned, those before it are.
     """
-    return Store(_remotes.clone(url, dest, index=index, storage_options=storage_options, dest_index=dest_index,
-                                dest_storage_options=dest_storage_options, name=name, progress=progress))
+    return Store(
+        _remotes.clone(
+            url,
+            dest,
+            index=index,
+            storage_options=storage_options,
+            dest_index=dest_index,
+            dest_storage_options=dest_storage_options,
+            name=name,
+            progress=progress,
+        )
+    )

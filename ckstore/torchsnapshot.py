@@ -125,10 +125,14 @@ class Snapshot(StoredSnapshot):
             UnsupportedValueError: an app_state value has no ``state_dict()`` (a TypeError).
             NonFiniteError: ``on_nonfinite="raise"`` and a tensor holds NaN or Inf.
         """
-        repo, spec = _prepare(path, app_state, pg, replicated, storage_options, index, metadata, dist_timeout)
+        repo, spec = _prepare(
+            path, app_state, pg, replicated, storage_options, index, metadata, dist_timeout
+        )
         spec = spec.evolve(on_nonfinite=on_nonfinite, on_stale=on_stale)
         record, manifest = _takes.take(repo, app_state, spec, pg)
-        return cls(path, pg, storage_options, index=index)._bind(SnapshotView(repo, record, manifest))
+        return cls(path, pg, storage_options, index=index)._bind(
+            SnapshotView(repo, record, manifest)
+        )
 
     @classmethod
     def async_take(
@@ -147,17 +151,23 @@ class Snapshot(StoredSnapshot):
     ) -> PendingSnapshot:
         """Like :meth:`take` (same ``pg``, ``replicated`` and guard options), returning once
         the state is staged."""
-        repo, spec = _prepare(path, app_state, pg, replicated, storage_options, index, metadata, dist_timeout)
+        repo, spec = _prepare(
+            path, app_state, pg, replicated, storage_options, index, metadata, dist_timeout
+        )
         spec = spec.evolve(on_nonfinite=on_nonfinite, on_stale=on_stale)
         job = _takes.take_async(repo, app_state, spec, pg)
 
         def handle(record: SnapshotRecord, manifest: Manifest | None) -> Snapshot:
-            return cls(path, pg, storage_options, index=index)._bind(SnapshotView(repo, record, manifest))
+            return cls(path, pg, storage_options, index=index)._bind(
+                SnapshotView(repo, record, manifest)
+            )
 
         return PendingSnapshot.of(job.future, handle, job.staged_bytes, job.sync_bytes)
 
     # --- TorchSnapshot's logical paths ----------------------------------------------------
-    def read_object(self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None) -> Any:
+    def read_object(
+        self, path: str, obj_out: Any = None, memory_budget_bytes: int | None = None
+    ) -> Any:
         """Read one entry (or a subtree such as ``"0/optim"``) without reading anything else.
 
         ``path`` is a logical path of :meth:`get_manifest`, ``"<rank>/<key>"``: rank ``r``'s

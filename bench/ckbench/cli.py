@@ -44,22 +44,41 @@ PHASE_NAMES = [name for name, _ in PHASES]
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--size-mb", type=int, default=2048, help="state size in MiB (default 2048)")
     ap.add_argument("--quick", action="store_true", help="a 256 MiB state")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    ap.add_argument("--saves", type=int, default=5, help="saves in the bytes-on-disk scenario (default 5)")
-    ap.add_argument("--out", default=str(BENCH_DIR / "out"), help="output directory (default bench/out)")
-    ap.add_argument("--systems", default=",".join(ALL_SYSTEMS),
-                    help=f"comma-separated subset of {','.join(ALL_SYSTEMS)}")
-    ap.add_argument("--skip", default="", help=f"comma-separated phases to skip: {','.join(PHASE_NAMES)}")
+    ap.add_argument(
+        "--saves", type=int, default=5, help="saves in the bytes-on-disk scenario (default 5)"
+    )
+    ap.add_argument(
+        "--out", default=str(BENCH_DIR / "out"), help="output directory (default bench/out)"
+    )
+    ap.add_argument(
+        "--systems",
+        default=",".join(ALL_SYSTEMS),
+        help=f"comma-separated subset of {','.join(ALL_SYSTEMS)}",
+    )
+    ap.add_argument(
+        "--skip", default="", help=f"comma-separated phases to skip: {','.join(PHASE_NAMES)}"
+    )
     ap.add_argument("--only", default="", help="comma-separated phases to run, the others skipped")
-    ap.add_argument("--train-saves", type=int, default=6, help="saves in the training phase (default 6)")
-    ap.add_argument("--train-every", type=int, default=10, help="training steps between saves (default 10)")
-    ap.add_argument("--train-dim", type=int, default=384, help="the trained transformer's width (default 384)")
+    ap.add_argument(
+        "--train-saves", type=int, default=6, help="saves in the training phase (default 6)"
+    )
+    ap.add_argument(
+        "--train-every", type=int, default=10, help="training steps between saves (default 10)"
+    )
+    ap.add_argument(
+        "--train-dim", type=int, default=384, help="the trained transformer's width (default 384)"
+    )
     ap.add_argument("--train-layers", type=int, default=4, help="its layers (default 4)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-profile", action="store_true", help="skip the cProfile of one ckstore take")
+    ap.add_argument(
+        "--no-profile", action="store_true", help="skip the cProfile of one ckstore take"
+    )
     ap.add_argument("--child-timeout", type=int, default=600)
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing peers")
     # the child processes (scenarios.peak_rss and scenarios.resume spawn bench/run.py with these)
@@ -122,8 +141,11 @@ def run(b: Bench) -> int:
     shutil.rmtree(b.work, ignore_errors=True)
     print()
     print(md)
-    b.log(f"wrote {b.out / 'results.json'}, {b.out / 'results.md'}"
-          + (f", {png}" if png else "") + f" in {res['total_seconds']:.0f} s")
+    b.log(
+        f"wrote {b.out / 'results.json'}, {b.out / 'results.md'}"
+        + (f", {png}" if png else "")
+        + f" in {res['total_seconds']:.0f} s"
+    )
     return 0
 
 

@@ -22,13 +22,25 @@ def medians(b: Bench) -> Medians:
 
 def results(b: Bench) -> dict[str, Any]:
     med = medians(b)
-    first_bytes = {k.split("/", 1)[1]: median(v) for k, v in b.sizes.items() if k.startswith("first_save_bytes/")}
+    first_bytes = {
+        k.split("/", 1)[1]: median(v)
+        for k, v in b.sizes.items()
+        if k.startswith("first_save_bytes/")
+    }
     res = {
         "machine": machine_info(),
-        "config": {"size_mb": b.args.size_mb, "rounds": b.args.rounds, "seed": b.args.seed,
-                   "saves": b.args.saves, "systems": b.args.systems, "skip": b.args.skip,
-                   "train_saves": b.args.train_saves, "train_every": b.args.train_every,
-                   "train_dim": b.args.train_dim, "train_layers": b.args.train_layers},
+        "config": {
+            "size_mb": b.args.size_mb,
+            "rounds": b.args.rounds,
+            "seed": b.args.seed,
+            "saves": b.args.saves,
+            "systems": b.args.systems,
+            "skip": b.args.skip,
+            "train_saves": b.args.train_saves,
+            "train_every": b.args.train_every,
+            "train_dim": b.args.train_dim,
+            "train_layers": b.args.train_layers,
+        },
         "state": b.extra.get("state"),
         "systems": b.status,
         "times": b.times,
@@ -79,31 +91,92 @@ def targets(b: Bench, res: dict[str, Any]) -> list[dict[str, Any]]:
     cold_read = median(b.sizes.get("cold_read_bytes/ckstore", []))
     row = target_row
     return [
-        row("first take time / safetensors+fsync", ratio(m("first_save", "ckstore"), m("first_save", "safetensors")),
-            0.75 if S >= GiB else 1.0),
-        row("first take stored bytes / safetensors file", ratio(new_first, fsb.get("safetensors")), 0.90),
-        row("take after 10% changed / safetensors+fsync", ratio(m("incremental_save", "ckstore"), m("incremental_save", "safetensors")), 0.25),
+        row(
+            "first take time / safetensors+fsync",
+            ratio(m("first_save", "ckstore"), m("first_save", "safetensors")),
+            0.75 if S >= GiB else 1.0,
+        ),
+        row(
+            "first take stored bytes / safetensors file",
+            ratio(new_first, fsb.get("safetensors")),
+            0.90,
+        ),
+        row(
+            "take after 10% changed / safetensors+fsync",
+            ratio(m("incremental_save", "ckstore"), m("incremental_save", "safetensors")),
+            0.25,
+        ),
         row("new bytes after 10% changed / state", ratio(new_incr, S), 0.12),
-        row(f"bytes on disk after {b.args.saves} saves / one state",
-            ratio(curves["ckstore"][-1], S) if "ckstore" in curves else None, 1.10),
-        row(f"bytes on disk after {b.args.saves} saves, all compacted / one state",
-            ratio(b.extra.get("bytes_compacted", {}).get("ckstore"), S), 1.10),
-        row("restore in place (atomic) / torch.load(mmap)+copy_", ratio(m("restore", "ckstore"), m("restore", "torch.save")), 2.5),
-        row("restore(atomic=False) / torch.load(mmap)+copy_", ratio(m("restore_nonatomic", "ckstore"), m("restore", "torch.save")), 2.0),
-        row("restore in place (atomic) / DCP", ratio(m("restore", "ckstore"), m("restore", "dcp")), 0.8),
-        row("cold restore (atomic) / cold torch.load(mmap)+copy_", ratio(cold, m("restore_cold", "torch.save")), 1.0),
-        row("cold restore: stored bytes per second / sequential read", ratio(stored / cold if stored and cold else None, seq), 0.90, "min"),
+        row(
+            f"bytes on disk after {b.args.saves} saves / one state",
+            ratio(curves["ckstore"][-1], S) if "ckstore" in curves else None,
+            1.10,
+        ),
+        row(
+            f"bytes on disk after {b.args.saves} saves, all compacted / one state",
+            ratio(b.extra.get("bytes_compacted", {}).get("ckstore"), S),
+            1.10,
+        ),
+        row(
+            "restore in place (atomic) / torch.load(mmap)+copy_",
+            ratio(m("restore", "ckstore"), m("restore", "torch.save")),
+            2.5,
+        ),
+        row(
+            "restore(atomic=False) / torch.load(mmap)+copy_",
+            ratio(m("restore_nonatomic", "ckstore"), m("restore", "torch.save")),
+            2.0,
+        ),
+        row(
+            "restore in place (atomic) / DCP",
+            ratio(m("restore", "ckstore"), m("restore", "dcp")),
+            0.8,
+        ),
+        row(
+            "cold restore (atomic) / cold torch.load(mmap)+copy_",
+            ratio(cold, m("restore_cold", "torch.save")),
+            1.0,
+        ),
+        row(
+            "cold restore: stored bytes per second / sequential read",
+            ratio(stored / cold if stored and cold else None, seq),
+            0.90,
+            "min",
+        ),
         row("cold restore: bytes read from disk / stored", ratio(cold_read, stored), 1.05),
-        row("weights-only restore / the weights read from safetensors",
-            ratio(m("restore_model", "ckstore"), m("restore_model", "safetensors")), 1.2),
-        row("take peak RSS above live / state", rss.get("save", {}).get("peak_above_live_fraction"), 0.10),
-        row("restore peak RSS above live / state", rss.get("restore", {}).get("peak_above_live_fraction"), 0.10),
-        row("read_object 64 MiB / full restore", ratio(m("read_one_tensor", "ckstore"), m("restore", "ckstore")), 0.10),
+        row(
+            "weights-only restore / the weights read from safetensors",
+            ratio(m("restore_model", "ckstore"), m("restore_model", "safetensors")),
+            1.2,
+        ),
+        row(
+            "take peak RSS above live / state",
+            rss.get("save", {}).get("peak_above_live_fraction"),
+            0.10,
+        ),
+        row(
+            "restore peak RSS above live / state",
+            rss.get("restore", {}).get("peak_above_live_fraction"),
+            0.10,
+        ),
+        row(
+            "read_object 64 MiB / full restore",
+            ratio(m("read_one_tensor", "ckstore"), m("restore", "ckstore")),
+            0.10,
+        ),
         row("compaction: raw MB per CPU-second", _compaction_rate(b), 200, "min"),
         row("MiniLM fp32 stored / raw", ml.get("fp32", {}).get("stored_fraction"), 0.85),
         row("MiniLM bf16 stored / raw", ml.get("bf16", {}).get("stored_fraction"), 0.70),
-        row("async_take blocking, staging reused / sync take", ratio(m("async_block_again", "ckstore"), m("first_save", "ckstore")), 0.10),
-        row("first async_take of a process blocking / sync take", ratio(m("async_block", "ckstore"), m("first_save", "ckstore")), 0.30),
+        row(
+            "async_take blocking, staging reused / sync take",
+            ratio(m("async_block_again", "ckstore"), m("first_save", "ckstore")),
+            0.10,
+        ),
+        row(
+            "first async_take of a process blocking / sync take",
+            ratio(m("async_block", "ckstore"), m("first_save", "ckstore")),
+            0.30,
+        ),
     ]
 
 
@@ -169,13 +242,20 @@ def time_rows(b: Bench, med: Medians, peers: list[str]) -> list[str]:
             return "n/a"
         return fmt_s(v) + (f" ({c / v:.2f}x)" if c is not None and v else "")
 
-    return [f"| {label} | {fmt_s(med.get(s, {}).get('ckstore'))} | " + " | ".join(cell_t(s, n) for n in peers) + " |"
-            for s, label in (("first_save", "first save (durable)"), ("incremental_save", "save after 10% changed"),
-                             ("restore", "restore in place"),
-                             ("restore_cold", "restore in place, cold (files evicted from the page cache)"),
-                             ("restore_model", "restore the weights alone (model/**)"),
-                             ("read_one_tensor", "read one 64 MiB tensor"),
-                             ("resume", "resume: fresh process, restore, first step"))]
+    return [
+        f"| {label} | {fmt_s(med.get(s, {}).get('ckstore'))} | "
+        + " | ".join(cell_t(s, n) for n in peers)
+        + " |"
+        for s, label in (
+            ("first_save", "first save (durable)"),
+            ("incremental_save", "save after 10% changed"),
+            ("restore", "restore in place"),
+            ("restore_cold", "restore in place, cold (files evicted from the page cache)"),
+            ("restore_model", "restore the weights alone (model/**)"),
+            ("read_one_tensor", "read one 64 MiB tensor"),
+            ("resume", "resume: fresh process, restore, first step"),
+        )
+    ]
 
 
 def byte_rows(b: Bench, fsb: dict[str, float | None], peers: list[str]) -> list[str]:
@@ -190,9 +270,11 @@ def byte_rows(b: Bench, fsb: dict[str, float | None], peers: list[str]) -> list[
     ckc = curves.get("ckstore", [None])[-1]
     return [
         f"| bytes written by first save | {fmt_b(ck_first)} | "
-        + " | ".join(cell_b(fsb.get(n), ck_first, n) for n in peers) + " |",
+        + " | ".join(cell_b(fsb.get(n), ck_first, n) for n in peers)
+        + " |",
         f"| bytes on disk after {b.args.saves} saves | {fmt_b(ckc)} | "
-        + " | ".join(cell_b(curves.get(n, [None])[-1], ckc, n) for n in peers) + " |",
+        + " | ".join(cell_b(curves.get(n, [None])[-1], ckc, n) for n in peers)
+        + " |",
     ]
 
 
@@ -209,8 +291,13 @@ def rss_rows(b: Bench, peers: list[str]) -> list[str]:
             else:
                 show = ck is not None and v > 0.01 * b.state_bytes
                 cells.append(f"+{v / b.state_bytes:.0%}" + (f" ({ck / v:.2f}x)" if show else ""))
-        rows.append(f"| peak RSS above live state, {op} | "
-                    + (f"+{ck / b.state_bytes:.0%}" if ck is not None else "n/a") + " | " + " | ".join(cells) + " |")
+        rows.append(
+            f"| peak RSS above live state, {op} | "
+            + (f"+{ck / b.state_bytes:.0%}" if ck is not None else "n/a")
+            + " | "
+            + " | ".join(cells)
+            + " |"
+        )
     return rows
 
 
@@ -223,23 +310,35 @@ def notes(b: Bench, med: Medians) -> list[str]:
     if so is not None:
         L.append(f"Opening a new ckstore store (untimed above): {fmt_s(so)}.")
     again = med.get("async_block_again", {}).get("ckstore")
-    L.append(f"async_take: the first of a process blocks {fmt_s(ab)} (its staging memory is new), the next "
-             f"ones {fmt_s(again)} (they reuse it); the first is done after {fmt_s(at)}; synchronous take {fmt_s(sy)}.")
-    rn, tl = med.get("restore_nonatomic", {}).get("ckstore"), med.get("restore", {}).get("torch.save")
+    L.append(
+        f"async_take: the first of a process blocks {fmt_s(ab)} (its staging memory is new), the next "
+        f"ones {fmt_s(again)} (they reuse it); the first is done after {fmt_s(at)}; synchronous take {fmt_s(sy)}."
+    )
+    rn, tl = (
+        med.get("restore_nonatomic", {}).get("ckstore"),
+        med.get("restore", {}).get("torch.save"),
+    )
     if rn is not None:
-        L.append(f"restore(atomic=False), one pass straight into place: {fmt_s(rn)}"
-                 + (f" ({rn / tl:.2f}x torch.load(mmap)+copy_)." if tl else "."))
+        L.append(
+            f"restore(atomic=False), one pass straight into place: {fmt_s(rn)}"
+            + (f" ({rn / tl:.2f}x torch.load(mmap)+copy_)." if tl else ".")
+        )
     seq = {n: median(v) for n, v in b.extra.get("sequential_read", {}).items()}
     if seq:
         reads = {n: median(b.sizes.get(f"cold_read_bytes/{n}", [])) for n in seq}
-        L.append("Cold restores: sequential read of each system's files, evicted, "
-                 + ", ".join(f"{n} {v / 1e9:.2f} GB/s" for n, v in seq.items())
-                 + "; bytes each cold restore read from the disk: "
-                 + ", ".join(f"{n} {fmt_b(v)}" for n, v in reads.items() if v is not None and v >= 0) + ".")
+        L.append(
+            "Cold restores: sequential read of each system's files, evicted, "
+            + ", ".join(f"{n} {v / 1e9:.2f} GB/s" for n, v in seq.items())
+            + "; bytes each cold restore read from the disk: "
+            + ", ".join(f"{n} {fmt_b(v)}" for n, v in reads.items() if v is not None and v >= 0)
+            + "."
+        )
         cn = med.get("restore_cold_nonatomic", {}).get("ckstore")
         if cn is not None:
-            L.append(f"ckstore cold restore(atomic=False): {fmt_s(cn)}, "
-                     f"{fmt_b(median(b.sizes.get('cold_read_bytes_nonatomic/ckstore', [])))} read from the disk.")
+            L.append(
+                f"ckstore cold restore(atomic=False): {fmt_s(cn)}, "
+                f"{fmt_b(median(b.sizes.get('cold_read_bytes_nonatomic/ckstore', [])))} read from the disk."
+            )
     comp = b.extra.get("compactions") or []
     if comp:
         raw = sum(c["raw_bytes"] for c in comp)
@@ -248,16 +347,24 @@ def notes(b: Bench, med: Medians) -> list[str]:
         threads = max(c["threads"] for c in comp)
         rate = raw / secs / 1e6 if secs else None
         cpu = sum(c.get("cpu_seconds") or 0.0 for c in comp)
-        L.append(f"Background compaction after ckstore's takes (waited for untimed, so it runs in no timing): "
-                 f"{len(comp)} run(s), {fmt_b(raw)} raw rewritten in {fmt_s(secs)}"
-                 + (f" = {rate:.0f} MB/s on {threads} threads ({rate / threads:.0f} MB/s per thread)" if rate else "")
-                 + (f", {raw / cpu / 1e6:.0f} MB per CPU-second ({fmt_s(cpu)} of CPU)" if cpu else "")
-                 + (f"; loose {fmt_b(loose)} -> dense {fmt_b(dense)}." if loose else "."))
+        L.append(
+            f"Background compaction after ckstore's takes (waited for untimed, so it runs in no timing): "
+            f"{len(comp)} run(s), {fmt_b(raw)} raw rewritten in {fmt_s(secs)}"
+            + (
+                f" = {rate:.0f} MB/s on {threads} threads ({rate / threads:.0f} MB/s per thread)"
+                if rate
+                else ""
+            )
+            + (f", {raw / cpu / 1e6:.0f} MB per CPU-second ({fmt_s(cpu)} of CPU)" if cpu else "")
+            + (f"; loose {fmt_b(loose)} -> dense {fmt_b(dense)}." if loose else ".")
+        )
     ml = b.extra.get("minilm", {})
     if "fp32" in ml:
-        L.append(f"Real MiniLM-L6 weights ({ml['tensors']} tensors): ckstore stores fp32 at "
-                 f"{ml['fp32']['stored_fraction']:.1%} of raw (plain zstd-1 {ml['fp32']['plain_zstd1_fraction']:.1%}), "
-                 f"bf16 at {ml['bf16']['stored_fraction']:.1%} (plain zstd-1 {ml['bf16']['plain_zstd1_fraction']:.1%}).")
+        L.append(
+            f"Real MiniLM-L6 weights ({ml['tensors']} tensors): ckstore stores fp32 at "
+            f"{ml['fp32']['stored_fraction']:.1%} of raw (plain zstd-1 {ml['fp32']['plain_zstd1_fraction']:.1%}), "
+            f"bf16 at {ml['bf16']['stored_fraction']:.1%} (plain zstd-1 {ml['bf16']['plain_zstd1_fraction']:.1%})."
+        )
     elif ml:
         L.append(f"MiniLM: {ml.get('error')}")
     return L
@@ -266,7 +373,10 @@ def notes(b: Bench, med: Medians) -> list[str]:
 def problems(b: Bench, systems: dict[str, str]) -> list[str]:
     """Unavailable systems, and systems that restored wrong bytes or not in place."""
     L = [f"- {n}: {s}" for n, s in systems.items() if s != "ok"]
-    for key, label in (("restore_correct", "restored bytes equal"), ("restore_in_place", "restored in place")):
+    for key, label in (
+        ("restore_correct", "restored bytes equal"),
+        ("restore_in_place", "restored in place"),
+    ):
         d = b.extra.get(key, {})
         wrong = [n for n, v in d.items() if not v]
         if wrong:
@@ -302,8 +412,13 @@ def chart(b: Bench) -> str | None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for n, c in curves.items():
-        ax.plot(range(1, len(c) + 1), [x / GiB for x in c], marker="o", label=n,
-                linewidth=2.5 if n == "ckstore" else 1.5)
+        ax.plot(
+            range(1, len(c) + 1),
+            [x / GiB for x in c],
+            marker="o",
+            label=n,
+            linewidth=2.5 if n == "ckstore" else 1.5,
+        )
     ax.axhline(b.state_bytes / GiB, color="grey", linestyle=":", label="one state (raw)")
     ax.set_xlabel("save number (10% of the weights changed between saves)")
     ax.set_ylabel("bytes on disk (GiB)")

@@ -40,27 +40,63 @@ def targets(tr: dict[str, Any]) -> list[dict[str, Any]]:
     depth = _deepest(tr)
     rows = []
     for v in ("fp32", "bf16"):
-        rows.append(_row(f"{LABEL[v]}: stored per later save / raw", "%",
-                         _get(tr, v, DELTA, "later_stored_fraction"),
-                         _get(tr, v, "ckstore", "later_stored_fraction"), BYTES_LIMIT[v]))
+        rows.append(
+            _row(
+                f"{LABEL[v]}: stored per later save / raw",
+                "%",
+                _get(tr, v, DELTA, "later_stored_fraction"),
+                _get(tr, v, "ckstore", "later_stored_fraction"),
+                BYTES_LIMIT[v],
+            )
+        )
     for v in ("fp32", "bf16"):
-        rows.append(_row(f"{LABEL[v]}: take with deltas / take without", "x",
-                         _ratio(_get(tr, v, DELTA, "take_later_seconds"), _get(tr, v, "ckstore", "take_later_seconds")),
-                         None, TAKE_LIMIT))
+        rows.append(
+            _row(
+                f"{LABEL[v]}: take with deltas / take without",
+                "x",
+                _ratio(
+                    _get(tr, v, DELTA, "take_later_seconds"),
+                    _get(tr, v, "ckstore", "take_later_seconds"),
+                ),
+                None,
+                TAKE_LIMIT,
+            )
+        )
     for v in ("fp32", "bf16"):
-        rows.append(_row(f"{LABEL[v]}: ckstore once compacted, stored per later save / raw (ckstore+delta beside)", "%",
-                         _get(tr, v, "ckstore", "later_compacted_fraction"),
-                         _get(tr, v, DELTA, "later_stored_fraction"), COMPACTED_LIMIT[v]))
+        rows.append(
+            _row(
+                f"{LABEL[v]}: ckstore once compacted, stored per later save / raw (ckstore+delta beside)",
+                "%",
+                _get(tr, v, "ckstore", "later_compacted_fraction"),
+                _get(tr, v, DELTA, "later_stored_fraction"),
+                COMPACTED_LIMIT[v],
+            )
+        )
     for v in ("fp32", "bf16"):
-        rows.append(_row(f"{LABEL[v]}: restore of the last snapshot (chain depth {depth}) / of the full first one", "x",
-                         _get(tr, v, DELTA, "restore_last_over_first"),
-                         _get(tr, v, "ckstore", "restore_last_over_first"), RESTORE_LIMIT))
+        rows.append(
+            _row(
+                f"{LABEL[v]}: restore of the last snapshot (chain depth {depth}) / of the full first one",
+                "x",
+                _get(tr, v, DELTA, "restore_last_over_first"),
+                _get(tr, v, "ckstore", "restore_last_over_first"),
+                RESTORE_LIMIT,
+            )
+        )
     return rows
 
 
-def _row(name: str, unit: str, value: float | None, no_delta: float | None, limit: float) -> dict[str, Any]:
+def _row(
+    name: str, unit: str, value: float | None, no_delta: float | None, limit: float
+) -> dict[str, Any]:
     verdict = "n/a" if value is None else "PASS" if value <= limit else "MISS"
-    return {"target": name, "unit": unit, "value": value, "no_delta": no_delta, "limit": limit, "verdict": verdict}
+    return {
+        "target": name,
+        "unit": unit,
+        "value": value,
+        "no_delta": no_delta,
+        "limit": limit,
+        "verdict": verdict,
+    }
 
 
 def _pct(x: float | None) -> str:
@@ -70,7 +106,14 @@ def _pct(x: float | None) -> str:
 def _deepest(tr: dict[str, Any]) -> str:
     """The chain depth of ckstore+delta's last snapshot, and the store's limit."""
     depths = [_get(tr, v, DELTA, "max_depth") for v in ("fp32", "bf16")]
-    limit = next((_get(tr, v, DELTA, "depth_limit") for v in ("fp32", "bf16") if _get(tr, v, DELTA, "depth_limit") is not None), None)
+    limit = next(
+        (
+            _get(tr, v, DELTA, "depth_limit")
+            for v in ("fp32", "bf16")
+            if _get(tr, v, DELTA, "depth_limit") is not None
+        ),
+        None,
+    )
     last = {d[-1] for d in depths if d}
     return f"{'/'.join(map(str, sorted(last))) or '?'}, limit {limit if limit is not None else '?'}"
 
@@ -100,30 +143,46 @@ def markdown(tr: dict[str, Any]) -> list[str]:
     L += [f"{n}: {s}" for n, s in tr.get("unavailable", {}).items()]
     for v in ("fp32", "bf16"):
         d = tr[v]
-        L += ["", f"#### {tr['variants'][v]} (raw {fmt_b(d['raw_bytes'][0] if d['raw_bytes'] else None)} per save)", "",
-              "| system | stored, first save | stored, later saves | take, first | take, later | "
-              "restore first | restore last | last / first | restored bytes equal |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        L += [
+            "",
+            f"#### {tr['variants'][v]} (raw {fmt_b(d['raw_bytes'][0] if d['raw_bytes'] else None)} per save)",
+            "",
+            "| system | stored, first save | stored, later saves | take, first | take, later | "
+            "restore first | restore last | last / first | restored bytes equal |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for n, s in d["systems"].items():
             ok = {None: "n/a", True: "yes", False: "NO"}[s["restore_correct"]]
-            L.append(f"| {n} | {_pct(s['first_stored_fraction'])} | {_pct(s['later_stored_fraction'])} | "
-                     f"{fmt_s(s['take_first_seconds'])} | {fmt_s(s['take_later_seconds'])} | "
-                     f"{fmt_s(s['restore_first_median'])} | {fmt_s(s['restore_last_median'])} | "
-                     f"{_x(s['restore_last_over_first'])} | {ok} |")
-    L += ["", "ckstore compacts in the background after each take (the default); its stored bytes per "
-          "later save are counted twice: as each save lands (the newest stays loose, the one before "
-          "is packed), and once every snapshot is compacted (the payload bytes of the chunks each "
-          "save added). ckstore+delta takes with `delta_base=\"parent\"`, dense, compaction off: "
-          "what take-time deltas store.", ""]
+            L.append(
+                f"| {n} | {_pct(s['first_stored_fraction'])} | {_pct(s['later_stored_fraction'])} | "
+                f"{fmt_s(s['take_first_seconds'])} | {fmt_s(s['take_later_seconds'])} | "
+                f"{fmt_s(s['restore_first_median'])} | {fmt_s(s['restore_last_median'])} | "
+                f"{_x(s['restore_last_over_first'])} | {ok} |"
+            )
+    L += [
+        "",
+        "ckstore compacts in the background after each take (the default); its stored bytes per "
+        "later save are counted twice: as each save lands (the newest stays loose, the one before "
+        "is packed), and once every snapshot is compacted (the payload bytes of the chunks each "
+        'save added). ckstore+delta takes with `delta_base="parent"`, dense, compaction off: '
+        "what take-time deltas store.",
+        "",
+    ]
     L += ["| system | later saves, once compacted |", "|---|---|"]
     for n in tr["systems"]:
         vals = [_get(tr, v, n, "later_compacted_fraction") for v in ("fp32", "bf16")]
         if any(x is not None for x in vals):
             L.append(f"| {n} | fp32 {_pct(vals[0])}, bf16 {_pct(vals[1])} |")
-    L += ["", "| target | ckstore+delta (compaction rows: ckstore) | beside it | limit | verdict |", "|---|---|---|---|---|"]
+    L += [
+        "",
+        "| target | ckstore+delta (compaction rows: ckstore) | beside it | limit | verdict |",
+        "|---|---|---|---|---|",
+    ]
     for r in tr["targets"]:
         f = _pct if r["unit"] == "%" else _x
         lim = f"<= {r['limit']:.0%}" if r["unit"] == "%" else f"<= {r['limit']}x"
-        L.append(f"| {r['target']} | {f(r['value'])} | {f(r['no_delta']) if r['no_delta'] is not None else '-'} "
-                 f"| {lim} | {r['verdict']} |")
+        L.append(
+            f"| {r['target']} | {f(r['value'])} | {f(r['no_delta']) if r['no_delta'] is not None else '-'} "
+            f"| {lim} | {r['verdict']} |"
+        )
     return L

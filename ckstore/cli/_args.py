@@ -22,7 +22,9 @@ class Parser(argparse.ArgumentParser):
     """Set by ``main`` when the arguments hold ``--json`` (they are not parsed yet)."""
 
     def error(self, message: str) -> NoReturn:
-        report_error(f"{message} (see `{self.prog} --help`)", EXIT_USAGE, "UsageError", self.json_errors)
+        report_error(
+            f"{message} (see `{self.prog} --help`)", EXIT_USAGE, "UsageError", self.json_errors
+        )
         self.exit(EXIT_USAGE)
 
 
@@ -54,7 +56,9 @@ def _fraction(zero_ok: bool) -> Callable[[str], float]:
         except ValueError:
             value = -1.0
         if not (0 <= value <= 1 and (zero_ok or value > 0)):
-            raise argparse.ArgumentTypeError(f"fraction must be in {'[' if zero_ok else '('}0, 1], got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"fraction must be in {'[' if zero_ok else '('}0, 1], got {text!r}"
+            )
         return value
 
     return parse
@@ -143,18 +147,33 @@ def _remote_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="remote_command", metavar="ACTION", parser_class=type(p))
     for action, help_ in REMOTE_ACTIONS.items():
         sp = sub.add_parser(action, help=help_, description=help_[0].upper() + help_[1:] + ".")
-        for flag, kw in (("--store", {"metavar": "URL", "help": STORE_HELP}),
-                         ("--json", {"action": "store_true", "help": "print machine-readable JSON"}),
-                         ("--read-only", {"action": "store_true", "help": argparse.SUPPRESS})):
+        for flag, kw in (
+            ("--store", {"metavar": "URL", "help": STORE_HELP}),
+            ("--json", {"action": "store_true", "help": "print machine-readable JSON"}),
+            ("--read-only", {"action": "store_true", "help": argparse.SUPPRESS}),
+        ):
             sp.add_argument(flag, default=argparse.SUPPRESS, **kw)  # type: ignore[arg-type]
         if action in ("add", "rm"):
             sp.add_argument("name", help="the remote's name, e.g. origin")
         if action == "add":
-            sp.add_argument("url", help="the remote store's URL: a folder, s3://bucket/prefix, any fsspec URL")
-            sp.add_argument("--index", dest="remote_index", metavar="URL",
-                            help="the remote's index URL (needed for S3: postgresql+psycopg://...)")
-            sp.add_argument("--storage-option", "-o", dest="remote_option", action="append", type=_storage_option,
-                            metavar="KEY=VALUE", help="the remote's fsspec storage options (repeatable, as --storage-option)")
+            sp.add_argument(
+                "url", help="the remote store's URL: a folder, s3://bucket/prefix, any fsspec URL"
+            )
+            sp.add_argument(
+                "--index",
+                dest="remote_index",
+                metavar="URL",
+                help="the remote's index URL (needed for S3: postgresql+psycopg://...)",
+            )
+            sp.add_argument(
+                "--storage-option",
+                "-o",
+                dest="remote_option",
+                action="append",
+                type=_storage_option,
+                metavar="KEY=VALUE",
+                help="the remote's fsspec storage options (repeatable, as --storage-option)",
+            )
         sp.set_defaults(parser=sp)
 
 
@@ -232,7 +251,12 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             metavar="N",
             help="newest snapshots of each run whose chunks stay loose, in the fast form (default 1)",
         )
-        p.add_argument("--dry-run", "-n", action="store_true", help="say what would be rewritten, write nothing")
+        p.add_argument(
+            "--dry-run",
+            "-n",
+            action="store_true",
+            help="say what would be rewritten, write nothing",
+        )
     elif name == "gc":
         p.add_argument(
             "--keep-last",
@@ -306,10 +330,21 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             "id (all packs, or this random fraction of them, at least one)",
         )
     elif name == "import":
-        p.add_argument("path", help="a .safetensors or torch.save file, a Hugging Face or DCP folder")
-        p.add_argument("--run", default="default", help="run to add the snapshot to (default: default)")
+        p.add_argument(
+            "path", help="a .safetensors or torch.save file, a Hugging Face or DCP folder"
+        )
+        p.add_argument(
+            "--run", default="default", help="run to add the snapshot to (default: default)"
+        )
         p.add_argument("--step", type=_nonneg_int, help="the snapshot's step")
-        p.add_argument("--tag", dest="tags", action="append", default=[], metavar="T", help="tag it (repeatable)")
+        p.add_argument(
+            "--tag",
+            dest="tags",
+            action="append",
+            default=[],
+            metavar="T",
+            help="tag it (repeatable)",
+        )
         p.add_argument(
             "--move-tags",
             action="store_true",
@@ -348,7 +383,10 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             help="safetensors/hf: Hugging Face folder (default); torch: one torch.save file; dcp: a DCP directory",
         )
         p.add_argument(
-            "--keys", action="append", metavar="GLOB", help="only keys matching this glob, e.g. 'model/**' (repeatable)"
+            "--keys",
+            action="append",
+            metavar="GLOB",
+            help="only keys matching this glob, e.g. 'model/**' (repeatable)",
         )
         p.add_argument("--force", action="store_true", help="replace a non-empty directory")
         p.add_argument(
@@ -358,9 +396,13 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
             help="largest safetensors shard (default 5e9 bytes, Hugging Face's 5GB; e.g. 2GiB)",
         )
     elif name == "verify":
-        p.add_argument("path", help="an exported file or folder (safetensors, torch, DCP, Hugging Face)")
+        p.add_argument(
+            "path", help="an exported file or folder (safetensors, torch, DCP, Hugging Face)"
+        )
     elif name == "ui":
-        p.add_argument("--port", type=_nonneg_int, default=8765, help="port (default 8765; 0: any free port)")
+        p.add_argument(
+            "--port", type=_nonneg_int, default=8765, help="port (default 8765; 0: any free port)"
+        )
         p.add_argument(
             "--host",
             help="address to bind (default 127.0.0.1); any other than loopback prints a warning: "
@@ -379,15 +421,25 @@ def add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         there = "the remote" if name == "push" else "this store"
         p.add_argument("remote", help="the remote's name (`ckstore remote list`)")
         p.add_argument(
-            "refs", nargs="*", metavar="REF",
+            "refs",
+            nargs="*",
+            metavar="REF",
             help=f"what to {'send' if name == 'push' else 'bring'}: a tag (its snapshot and the tag), a run (all "
             f"of it), run@step, a name or an id{' there' if name == 'pull' else ''} (default: every run and tag)",
         )
-        p.add_argument("--force", "-f", action="store_true", help=f"move tags {there} holds at other snapshots")
+        p.add_argument(
+            "--force", "-f", action="store_true", help=f"move tags {there} holds at other snapshots"
+        )
     elif name == "clone":
-        p.add_argument("url", help="the store to copy (a folder, s3://bucket/prefix; its index with --index)")
+        p.add_argument(
+            "url", help="the store to copy (a folder, s3://bucket/prefix; its index with --index)"
+        )
         p.add_argument("dest", help="where to make the new store (a new or empty folder)")
-        p.add_argument("--dest-index", metavar="URL", help="the new store's index (default: SQLite inside DEST)")
+        p.add_argument(
+            "--dest-index",
+            metavar="URL",
+            help="the new store's index (default: SQLite inside DEST)",
+        )
     elif name == "demo":
         p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
         p.add_argument(

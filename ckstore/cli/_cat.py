@@ -56,7 +56,9 @@ def _not_an_entry(snap: Any, key: str) -> Exception:
             f"{key!r} is a group of {len(below)} entries in snapshot {snap.ref}, not one entry: "
             f"cat one of {shown} (`ckstore ls {snap.run if snap.step is None else f'{snap.run}@{snap.step}'} {key}` lists them)"
         )
-    return KeyNotFoundError(f"no key {key!r} in snapshot {snap.ref} (`ckstore ls REF` lists the keys)")
+    return KeyNotFoundError(
+        f"no key {key!r} in snapshot {snap.ref} (`ckstore ls REF` lists the keys)"
+    )
 
 
 def jsonable(value: Any) -> Any:
@@ -120,6 +122,8 @@ def _human(doc: dict[str, Any]) -> str:
                 lines.append((f"{prefix}{k}", fmt.cell(s[k])))
         if "head" in s:
             more = ", ..." if s["numel"] > HEAD else ""
-            lines.append((f"{prefix}head", "[" + ", ".join(fmt.cell(v) for v in s["head"]) + more + "]"))
+            lines.append(
+                (f"{prefix}head", "[" + ", ".join(fmt.cell(v) for v in s["head"]) + more + "]")
+            )
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in lines)

@@ -150,7 +150,11 @@ def _scan(
     i = 0
     while i < len(words):
         w = words[i]
-        if w.startswith("-") and "=" not in w and _takes_value(w, commands[command] if command else parser):
+        if (
+            w.startswith("-")
+            and "=" not in w
+            and _takes_value(w, commands[command] if command else parser)
+        ):
             if i + 1 == len(words):
                 return command, positionals, store, w
             if w in ("--store", "--index", "-o", "--storage-option"):
@@ -188,12 +192,16 @@ def _values(kind: str, current: str, store: list[str], positionals: list[str]) -
     return []
 
 
-def _from_store(kind: str, current: str, store_args: list[str], positionals: list[str]) -> list[str]:
+def _from_store(
+    kind: str, current: str, store_args: list[str], positionals: list[str]
+) -> list[str]:
     from ..engine.repository import Repository, open_repository
     from ._common import find_store
 
     explicit = _option(store_args, "--store")
-    repo: Repository = open_repository(find_store(explicit), index=_option(store_args, "--index"), read_only=True)
+    repo: Repository = open_repository(
+        find_store(explicit), index=_option(store_args, "--index"), read_only=True
+    )
     try:
         index = repo.index
         if kind == "run":
@@ -244,8 +252,8 @@ def _match(items: list[str], prefix: str) -> list[str]:
 
 DESCRIPTION = (
     "Print a completion script for bash, zsh or fish: subcommands, options, refs (tags, runs, "
-    "run@step) and keys completed from the store. bash: add `eval \"$(ckstore completion "
-    "bash)\"` to ~/.bashrc; zsh: `eval \"$(ckstore completion zsh)\"` after compinit in "
+    'run@step) and keys completed from the store. bash: add `eval "$(ckstore completion '
+    'bash)"` to ~/.bashrc; zsh: `eval "$(ckstore completion zsh)"` after compinit in '
     "~/.zshrc; fish: `ckstore completion fish | source`, or save it as "
     "~/.config/fish/completions/ckstore.fish."
 )

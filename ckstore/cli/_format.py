@@ -113,8 +113,15 @@ def bar() -> Callable[[str, int, int], None] | None:
             if b is None or b.total != total or done < b.n:  # a new pass of the same name
                 if b is not None:
                     b.close()
-                b = bars[what] = tqdm(total=total, desc=what, unit="B", unit_scale=True, unit_divisor=1024,
-                                      leave=False, file=sys.stderr)
+                b = bars[what] = tqdm(
+                    total=total,
+                    desc=what,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    leave=False,
+                    file=sys.stderr,
+                )
             b.update(done - b.n)
             if done >= total:
                 bars.pop(what).close()

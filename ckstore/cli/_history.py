@@ -97,7 +97,9 @@ def cmd_log(args: argparse.Namespace) -> int:
     headers: tuple[str, ...] = ("id", "snapshot", "time", "logical", "new", "health", "tags")
     if pushed is not None:
         headers = (*headers[:-1], "remote", headers[-1])
-        table = [(*t[:-1], (r["remote"] or {}).get("state", "-"), t[-1]) for t, r in zip(table, rows)]
+        table = [
+            (*t[:-1], (r["remote"] or {}).get("state", "-"), t[-1]) for t, r in zip(table, rows)
+        ]
     print(fmt.table(headers, table, right=(3, 4)))
     return EXIT_OK
 
@@ -162,13 +164,18 @@ def _health_lines(health: Health | None) -> list[tuple[str, Any]]:
     if health.tensors is None:
         out.append(("health", "not measured (health=False)"))
     elif health.nonfinite:
-        out.append(("health", f"UNHEALTHY: {health.nonfinite} NaN/Inf in {describe(health.bad_keys)}"))
+        out.append(
+            ("health", f"UNHEALTHY: {health.nonfinite} NaN/Inf in {describe(health.bad_keys)}")
+        )
     else:
         out.append(("health", f"ok: no NaN or Inf in {len(health.tensors)} floating-point tensors"))
     if health.stale is not None:
         since = (health.stale_base or {}).get("step")
-        text = f"{len(health.stale)} tensors unchanged since step {since}: {describe(health.stale)}" if health.stale \
+        text = (
+            f"{len(health.stale)} tensors unchanged since step {since}: {describe(health.stale)}"
+            if health.stale
             else f"none (every tensor that should train changed since step {since})"
+        )
         out.append(("stale", text))
     return out
 
@@ -375,7 +382,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
         tags = _tags_by_snapshot(store)
         tagged = [(s, sorted(tags[s.id])) for s in snaps if s.id in tags]
         if tagged and not args.force:  # refuse before deleting any
-            which = "; ".join(f"{_where(s)} ({s.id[:12]}) is tagged {', '.join(t)}" for s, t in tagged)
+            which = "; ".join(
+                f"{_where(s)} ({s.id[:12]}) is tagged {', '.join(t)}" for s, t in tagged
+            )
             raise ConflictError(
                 f"{which}: use --force to delete tagged snapshots with their tags, or remove "
                 "the tags first (`ckstore tag --delete NAME`)"
@@ -386,7 +395,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
             except ConflictError as exc:  # tagged since the check above
                 raise ConflictError(str(exc).replace("pass force=True", "use --force")) from exc
     if args.json:
-        emit_json({"deleted": [s.id for s in snaps], "tags_deleted": [n for _, t in tagged for n in t]})
+        emit_json(
+            {"deleted": [s.id for s in snaps], "tags_deleted": [n for _, t in tagged for n in t]}
+        )
         return EXIT_OK
     for s in snaps:
         gone = tags.get(s.id)
@@ -404,9 +415,14 @@ def _rm_runs(args: argparse.Namespace) -> int:
         snaps = {run: store.log(run=run) for run in args.runs}
         for run, found in snaps.items():
             if not found:
-                raise NotFoundError(f"no run {run!r} in store {store.url} (runs: {', '.join(store.runs()) or '(none)'})")
+                raise NotFoundError(
+                    f"no run {run!r} in store {store.url} (runs: {', '.join(store.runs()) or '(none)'})"
+                )
         tags = _tags_by_snapshot(store)
-        tagged = {run: sorted(n for s in found for n in tags.get(s.id, [])) for run, found in snaps.items()}
+        tagged = {
+            run: sorted(n for s in found for n in tags.get(s.id, []))
+            for run, found in snaps.items()
+        }
         if any(tagged.values()) and not args.force:
             which = "; ".join(f"run {r} has tags {', '.join(t)}" for r, t in tagged.items() if t)
             raise ConflictError(
@@ -416,13 +432,17 @@ def _rm_runs(args: argparse.Namespace) -> int:
         frees = exclusive_bytes(store.repository)
         what = ", ".join(
             f"run {r} ({len(found)} snapshots, {fmt.size(frees.get(r, 0))} only it uses"
-            + (f"; tags {', '.join(tagged[r])}" if tagged[r] else "") + ")"
+            + (f"; tags {', '.join(tagged[r])}" if tagged[r] else "")
+            + ")"
             for r, found in snaps.items()
         )
         if not confirmed(args, f"delete {what}?"):
             print("nothing deleted", file=sys.stderr)
             return EXIT_OK
-        deleted = {run: store.repository.index.delete_run(run, refuse_tagged=not args.force) for run in args.runs}
+        deleted = {
+            run: store.repository.index.delete_run(run, refuse_tagged=not args.force)
+            for run in args.runs
+        }
     if args.json:
         emit_json({
             "runs": {r: [s.id for s in d] for r, d in deleted.items()},
@@ -433,5 +453,7 @@ def _rm_runs(args: argparse.Namespace) -> int:
     for run, gone in deleted.items():
         also = f" and their tags {', '.join(tagged[run])}" if tagged[run] else ""
         print(f"deleted run {run}: {len(gone)} snapshots{also}")
-    print(f"run `ckstore gc` to reclaim the {fmt.size(sum(frees.get(r, 0) for r in deleted))} no other run uses")
+    print(
+        f"run `ckstore gc` to reclaim the {fmt.size(sum(frees.get(r, 0) for r in deleted))} no other run uses"
+    )
     return EXIT_OK

@@ -15,9 +15,17 @@ from ._common import EXIT_OK, open_store, print_report
 def cmd_import(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snap = store.import_checkpoint(
-            args.path, run=args.run, step=args.step, tags=args.tags, name=args.name, format=args.format,
-            delta_base=args.delta_base, move_tags=args.move_tags, verify=not args.no_verify,
-            on_nonfinite=args.on_nonfinite, progress=fmt.bar(),
+            args.path,
+            run=args.run,
+            step=args.step,
+            tags=args.tags,
+            name=args.name,
+            format=args.format,
+            delta_base=args.delta_base,
+            move_tags=args.move_tags,
+            verify=not args.no_verify,
+            on_nonfinite=args.on_nonfinite,
+            progress=fmt.bar(),
         )
         report = {
             "id": snap.id,
@@ -37,7 +45,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snap = store.get(args.ref)
         report = snap.export(
-            args.dir, args.format, keys=args.keys, force=args.force, shard_bytes=args.shard_size,
+            args.dir,
+            args.format,
+            keys=args.keys,
+            force=args.force,
+            shard_bytes=args.shard_size,
             progress=fmt.bar(),
         )
     out = {"snapshot": snap.ref, **report.to_dict()}

@@ -18,8 +18,11 @@ from ._common import EXIT_OK, EXIT_PROBLEMS, emit_json, find_store, open_store, 
 # --- gc, check, reindex, du ---------------------------------------------------------------------
 def gc_policy(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of ``store.gc`` that the options given ask for."""
-    policy: dict[str, Any] = {"dry_run": args.dry_run, "keep_tagged": not args.no_keep_tagged,
-                              "keep_healthy": not args.no_keep_healthy}
+    policy: dict[str, Any] = {
+        "dry_run": args.dry_run,
+        "keep_tagged": not args.no_keep_tagged,
+        "keep_healthy": not args.no_keep_healthy,
+    }
     for opt, key in (
         ("keep_last", "keep_last"),
         ("keep_every_steps", "keep_every_steps"),
@@ -64,7 +67,11 @@ def cmd_compact(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         store.auto_compact = False
         bar = fmt.bar()
-        raw = store.compact(keep_loose=args.keep_loose, dry_run=True).raw_bytes if bar and not args.dry_run else 0
+        raw = (
+            store.compact(keep_loose=args.keep_loose, dry_run=True).raw_bytes
+            if bar and not args.dry_run
+            else 0
+        )
         done = [0]
 
         def rewritten(n: int) -> None:
@@ -72,7 +79,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
             assert bar is not None
             bar("compact", min(done[0], raw), raw)
 
-        report = store.compact(keep_loose=args.keep_loose, dry_run=args.dry_run, progress=rewritten if raw else None)
+        report = store.compact(
+            keep_loose=args.keep_loose, dry_run=args.dry_run, progress=rewritten if raw else None
+        )
         if bar is not None and raw:
             bar("compact", raw, raw)
     print_report(report.to_dict(), args.json)
@@ -92,7 +101,9 @@ def runs_emptied(store: Any, dropped: list[str]) -> dict[str, int]:
 def sessions_note(held: list[dict[str, Any]], who: str) -> str:
     """Which write sessions hold data, whose, until when, and how to free it."""
     now = time.time()
-    lines = [f"write sessions holding data ({len(held)}): a take in progress, or one killed before it ended its lease"]
+    lines = [
+        f"write sessions holding data ({len(held)}): a take in progress, or one killed before it ended its lease"
+    ]
     for h in held:
         if h["expired"]:
             until = f"lease ran out {fmt.when(h['expires_at'])}: the next `ckstore gc` ends it"
@@ -127,7 +138,9 @@ def _grace_note(d: dict[str, Any]) -> str:
 
 def cmd_check(args: argparse.Namespace) -> int:
     with open_store(args) as store:
-        report = store.check(read_data=args.read_data, progress=lambda it: fmt.progress(it, "packs"))
+        report = store.check(
+            read_data=args.read_data, progress=lambda it: fmt.progress(it, "packs")
+        )
     print_report(report.to_dict(), args.json)
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
@@ -147,7 +160,13 @@ def cmd_du(args: argparse.Namespace) -> int:
         rows = du(store.repository, progress=lambda it: fmt.progress(it, "packs"))
         held = [h.to_dict() for h in store.repository.index.held_sessions()]
     if args.json:
-        emit_json({"runs": [r.to_dict() for r in rows[:-1]], "total": rows[-1].to_dict(), "sessions": held})
+        emit_json(
+            {
+                "runs": [r.to_dict() for r in rows[:-1]],
+                "total": rows[-1].to_dict(),
+                "sessions": held,
+            }
+        )
         return EXIT_OK
     table = [
         (
@@ -171,7 +190,9 @@ def cmd_du(args: argparse.Namespace) -> int:
     total = rows[-1]
     print(f"packs on the backend: {total.packs}, {fmt.size(total.pack_bytes)}")
     if len(rows) > 1:
-        print("exclusive: stored bytes no other run uses, what `ckstore rm --run RUN` then `ckstore gc` free")
+        print(
+            "exclusive: stored bytes no other run uses, what `ckstore rm --run RUN` then `ckstore gc` free"
+        )
     for r in rows:
         if r.delta_chunks:
             print(

@@ -20,12 +20,17 @@ def cmd_remote(args: argparse.Namespace) -> int:
     if action == "add":
         with open_store(args) as store:
             opts = _remote_options(args)
-            rec = store.add_remote(args.name, args.url, index=args.remote_index, storage_options=opts or None)
+            rec = store.add_remote(
+                args.name, args.url, index=args.remote_index, storage_options=opts or None
+            )
         out = _remote_dict(rec)
         if args.json:
             emit_json(out)
         else:
-            print(f"added remote {rec.name}: {rec.url}" + (f" (index {rec.index})" if rec.index else ""))
+            print(
+                f"added remote {rec.name}: {rec.url}"
+                + (f" (index {rec.index})" if rec.index else "")
+            )
         return EXIT_OK
     if action == "rm":
         with open_store(args) as store:
@@ -49,14 +54,22 @@ def cmd_remote(args: argparse.Namespace) -> int:
     if not rows:
         print("no remotes (add one with `ckstore remote add NAME URL`)")
         return EXIT_OK
-    table = [(r["name"], r["url"], r["index"] or "-", "tier" if r["tier"] else "", r["snapshots_held"]) for r in rows]
+    table = [
+        (r["name"], r["url"], r["index"] or "-", "tier" if r["tier"] else "", r["snapshots_held"])
+        for r in rows
+    ]
     print(fmt.table(("name", "url", "index", "role", "snapshots held"), table, right=(4,)))
     return EXIT_OK
 
 
 def _remote_dict(rec: Any) -> dict[str, Any]:
-    return {"name": rec.name, "url": rec.url, "index": rec.index, "tier": rec.tier,
-            "storage_options": sorted(rec.options)}  # the keys only: values may be credentials
+    return {
+        "name": rec.name,
+        "url": rec.url,
+        "index": rec.index,
+        "tier": rec.tier,
+        "storage_options": sorted(rec.options),
+    }  # the keys only: values may be credentials
 
 
 def _remote_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -82,12 +95,23 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_clone(args: argparse.Namespace) -> int:
     import ckstore
 
-    store = ckstore.clone(args.url, args.dest, index=args.index, storage_options=storage_options(args) or None,
-                          dest_index=args.dest_index, progress=_bar(args))
+    store = ckstore.clone(
+        args.url,
+        args.dest,
+        index=args.index,
+        storage_options=storage_options(args) or None,
+        dest_index=args.dest_index,
+        progress=_bar(args),
+    )
     try:
         snaps = len(store.log())
-        d = {"destination": store.url, "remote": "origin", "source": args.url, "snapshots": snaps,
-             "tags": len(store.tags())}
+        d = {
+            "destination": store.url,
+            "remote": "origin",
+            "source": args.url,
+            "snapshots": snaps,
+            "tags": len(store.tags()),
+        }
     finally:
         store.close()
     _print(d, args.json)

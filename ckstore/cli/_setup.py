@@ -39,7 +39,9 @@ def cmd_init(args: argparse.Namespace) -> int:
         "inline_bytes": args.inline_bytes,
     }
     try:
-        with ckstore.open(url, index=args.index, storage_options=opts, create=True, **knobs) as store:
+        with ckstore.open(
+            url, index=args.index, storage_options=opts, create=True, **knobs
+        ) as store:
             cfg = store.config
             info = {
                 "url": store.url,

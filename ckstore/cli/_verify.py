@@ -48,4 +48,6 @@ def _print(d: dict[str, Any]) -> None:
     for name in d["unverified"]:
         print(f"unverified  {name} (no digest covers it)")
     verdict = "ok" if d["ok"] else "FAILED"
-    print(f"{verdict}: {d['files']} file(s), {d['tensors']} tensor(s) checked against their BLAKE3 digests")
+    print(
+        f"{verdict}: {d['files']} file(s), {d['tensors']} tensor(s) checked against their BLAKE3 digests"
+    )

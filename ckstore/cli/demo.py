@@ -37,7 +37,9 @@ def build(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
     backbone = torch.nn.Sequential(
         torch.nn.Linear(256, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 1536), torch.nn.GELU()
     )
-    head = torch.nn.Sequential(torch.nn.Dropout(0.1), torch.nn.Linear(1536, 64), torch.nn.GELU(), torch.nn.Linear(64, 10))
+    head = torch.nn.Sequential(
+        torch.nn.Dropout(0.1), torch.nn.Linear(1536, 64), torch.nn.GELU(), torch.nn.Linear(64, 10)
+    )
     model = torch.nn.Sequential(backbone, head)
     for p in backbone.parameters():
         p.requires_grad_(False)
@@ -63,8 +65,16 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, s
     return loss.item()
 
 
-def app_state(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, progress: ckstore.StateDict) -> dict[str, Any]:
-    return {"model": model, "optim": opt, "sched": sched, "progress": progress, "rng": ckstore.RNGState()}
+def app_state(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, progress: ckstore.StateDict
+) -> dict[str, Any]:
+    return {
+        "model": model,
+        "optim": opt,
+        "sched": sched,
+        "progress": progress,
+        "rng": ckstore.RNGState(),
+    }
 
 
 @dataclass
@@ -108,7 +118,9 @@ def check_schedule(steps: int, every: int) -> None:
         InvalidInputError: the message says which values work.
     """
     if steps < 2:
-        raise InvalidInputError(f"--steps must be at least 2 (the demo resumes halfway), got {steps}")
+        raise InvalidInputError(
+            f"--steps must be at least 2 (the demo resumes halfway), got {steps}"
+        )
     if not 1 <= every <= steps // 2:
         raise InvalidInputError(
             f"--every must be from 1 to --steps/2 = {steps // 2} (the demo snapshots during the "
@@ -122,14 +134,21 @@ def phase1(result: DemoResult, say: Callable[[str], None]) -> list[float]:
     progress = ckstore.StateDict(step=0)
     store = ckstore.open(result.store)
     say(f"store {store.url}: taking a snapshot every {every} steps up to step {steps // 2}\n")
-    say(f"{'step':>5} {'loss':>9} {'logical':>11} {'new stored':>11} {'chunks new/reused':>18} {'take':>8}")
+    say(
+        f"{'step':>5} {'loss':>9} {'logical':>11} {'new stored':>11} {'chunks new/reused':>18} {'take':>8}"
+    )
     losses = []
     for step in range(1, steps + 1):
         losses.append(train_step(model, opt, sched, step))
         progress["step"] = step
         if step % every == 0 and step <= steps // 2:
             t0 = time.perf_counter()
-            snap = store.take(app_state(model, opt, sched, progress), run=RUN, step=step, metadata={"loss": losses[-1]})
+            snap = store.take(
+                app_state(model, opt, sched, progress),
+                run=RUN,
+                step=step,
+                metadata={"loss": losses[-1]},
+            )
             dt = time.perf_counter() - t0
             s = snap.stats
             result.snapshots.append({"step": step, "loss": losses[-1], "take_seconds": dt, **s})
@@ -164,7 +183,9 @@ def resume_elsewhere(store_url: str, steps: int) -> list[float]:
     done = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if done.returncode != 0:
         said = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:]) or "no output"
-        raise CkstoreError(f"the demo's resume process failed (exit code {done.returncode}): {said}")
+        raise CkstoreError(
+            f"the demo's resume process failed (exit code {done.returncode}): {said}"
+        )
     resumed: list[float] = json.loads(done.stdout.strip().splitlines()[-1])
     return resumed
 
@@ -192,10 +213,16 @@ def main(
     losses = phase1(result, say)
     say("\n== phase 2: a fresh process restores the latest snapshot and continues")
     resumed = resume_elsewhere(store_url, steps)
-    expected = losses[len(losses) - len(resumed):]
+    expected = losses[len(losses) - len(resumed) :]
     same = [a.hex() == b.hex() for a, b in zip(expected, resumed)]
-    result.resumed_at, result.resumed_steps, result.identical_steps = steps - len(resumed), len(resumed), sum(same)
-    say(f"resumed at step {result.resumed_at}, trained {len(resumed)} more steps in pid != {os.getpid()}")
+    result.resumed_at, result.resumed_steps, result.identical_steps = (
+        steps - len(resumed),
+        len(resumed),
+        sum(same),
+    )
+    say(
+        f"resumed at step {result.resumed_at}, trained {len(resumed)} more steps in pid != {os.getpid()}"
+    )
     say(f"{'step':>5} {'uninterrupted':>15} {'resumed':>15}")
     for i, (a, b) in enumerate(zip(expected, resumed)):
         if i < 3 or i >= len(resumed) - 2:
@@ -208,7 +235,10 @@ def main(
 
 
 def history(
-    result: DemoResult, run_cli: Callable[[list[str]], int], say: Callable[[str], None], as_json: bool
+    result: DemoResult,
+    run_cli: Callable[[list[str]], int],
+    say: Callable[[str], None],
+    as_json: bool,
 ) -> None:
     """Phase 3: browse and maintain the history with the ``ckstore`` command line."""
 

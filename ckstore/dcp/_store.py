@@ -27,8 +27,11 @@ class StoreRef:
     """
 
     def __init__(
-        self, store: Store | str | os.PathLike[str], index: str | None = None,
-        storage_options: dict[str, Any] | None = None, create: bool = False,
+        self,
+        store: Store | str | os.PathLike[str],
+        index: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        create: bool = False,
     ) -> None:
         self.create = create
         self._store: Store | None = None
@@ -39,7 +42,9 @@ class StoreRef:
             self._store = store
             opened = store.opened_with
             index = index if index is not None else opened.get("index")
-            storage_options = storage_options if storage_options is not None else opened.get("storage_options")
+            storage_options = (
+                storage_options if storage_options is not None else opened.get("storage_options")
+            )
         self.index = index
         self.storage_options = dict(storage_options) if storage_options else None
 
@@ -56,7 +61,9 @@ class StoreRef:
 
     def __getstate__(self) -> dict[str, Any]:
         return {
-            "url": self.url, "index": self.index, "storage_options": self.storage_options,
+            "url": self.url,
+            "index": self.index,
+            "storage_options": self.storage_options,
             "create": self.create,
         }
 

@@ -25,7 +25,15 @@ VERSION = 1
 
 _LAYOUTS: dict[str, torch.layout] = {
     n: getattr(torch, n)
-    for n in ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "_mkldnn")
+    for n in (
+        "strided",
+        "sparse_coo",
+        "sparse_csr",
+        "sparse_csc",
+        "sparse_bsr",
+        "sparse_bsc",
+        "_mkldnn",
+    )
     if isinstance(getattr(torch, n, None), torch.layout)
 }
 _MEMORY_FORMATS: dict[str, torch.memory_format] = {
@@ -60,12 +68,23 @@ def metadata_to_json(metadata: Metadata) -> dict[str, Any]:
                 "memory_format": _name_of(_MEMORY_FORMATS, p.memory_format, "memory_format", fqn),
                 "pin_memory": bool(p.pin_memory),
                 "size": [int(s) for s in md.size],
-                "chunks": [[[int(o) for o in c.offsets], [int(s) for s in c.sizes]] for c in md.chunks],
+                "chunks": [
+                    [[int(o) for o in c.offsets], [int(s) for s in c.sizes]] for c in md.chunks
+                ],
             }
         else:
-            raise UnsupportedValueError(f"key {fqn!r}: unknown DCP storage metadata {type(md).__name__}")
+            raise UnsupportedValueError(
+                f"key {fqn!r}: unknown DCP storage metadata {type(md).__name__}"
+            )
     storage = [
-        [{"fqn": i.fqn, "offset": None if i.offset is None else [int(o) for o in i.offset], "index": i.index}, d]
+        [
+            {
+                "fqn": i.fqn,
+                "offset": None if i.offset is None else [int(o) for o in i.offset],
+                "index": i.index,
+            },
+            d,
+        ]
         for i, d in (metadata.storage_data or {}).items()
     ]
     try:
@@ -77,22 +96,37 @@ def metadata_to_json(metadata: Metadata) -> dict[str, Any]:
             "pickles metadata. Use DefaultSavePlanner or a planner whose planner_data is plain data"
         ) from exc
     sm = metadata.storage_meta
-    meta = None if sm is None else {
-        "checkpoint_id": None if sm.checkpoint_id is None else str(sm.checkpoint_id),
-        "save_id": sm.save_id, "load_id": sm.load_id, "modules": list(sm.modules),
-    }
+    meta = (
+        None
+        if sm is None
+        else {
+            "checkpoint_id": None if sm.checkpoint_id is None else str(sm.checkpoint_id),
+            "save_id": sm.save_id,
+            "load_id": sm.load_id,
+            "modules": list(sm.modules),
+        }
+    )
     return {
-        "format": FORMAT, "version": VERSION, "dcp_version": metadata.version,
-        "state_dict_metadata": sdm, "storage_data": storage, "planner_data": planner, "storage_meta": meta,
+        "format": FORMAT,
+        "version": VERSION,
+        "dcp_version": metadata.version,
+        "state_dict_metadata": sdm,
+        "storage_data": storage,
+        "planner_data": planner,
+        "storage_meta": meta,
     }
 
 
 def metadata_from_json(doc: Any, where: str = "DCP metadata") -> Metadata:
     """Inverse of :func:`metadata_to_json`; anything malformed raises CorruptionError."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise CorruptionError(f"{where} is not ckstore DCP metadata (was the snapshot written by dcp.save?)")
+        raise CorruptionError(
+            f"{where} is not ckstore DCP metadata (was the snapshot written by dcp.save?)"
+        )
     if doc.get("version") != VERSION:
-        raise CorruptionError(f"{where} has version {doc.get('version')!r}; this ckstore reads {VERSION}")
+        raise CorruptionError(
+            f"{where} has version {doc.get('version')!r}; this ckstore reads {VERSION}"
+        )
     try:
         sdm: dict[str, Any] = {}
         for fqn, d in doc["state_dict_metadata"].items():
@@ -108,20 +142,32 @@ def metadata_from_json(doc: Any, where: str = "DCP metadata") -> Metadata:
                 memory_format=_MEMORY_FORMATS[d["memory_format"]],
                 pin_memory=bool(d["pin_memory"]),
             )
-            chunks = [ChunkStorageMetadata(torch.Size(ints(o)), torch.Size(ints(s))) for o, s in d["chunks"]]
+            chunks = [
+                ChunkStorageMetadata(torch.Size(ints(o)), torch.Size(ints(s)))
+                for o, s in d["chunks"]
+            ]
             sdm[fqn] = TensorStorageMetadata(props, torch.Size(ints(d["size"])), chunks)
         storage = {}
         for idx, data in doc["storage_data"]:
             offset = None if idx["offset"] is None else ints(idx["offset"])
             storage[MetadataIndex(str(idx["fqn"]), offset, idx.get("index"))] = data
         sm = doc.get("storage_meta")
-        meta = None if sm is None else StorageMeta(
-            checkpoint_id=sm.get("checkpoint_id"), save_id=sm.get("save_id"), load_id=sm.get("load_id"),
-            modules=[str(m) for m in sm.get("modules") or []],
+        meta = (
+            None
+            if sm is None
+            else StorageMeta(
+                checkpoint_id=sm.get("checkpoint_id"),
+                save_id=sm.get("save_id"),
+                load_id=sm.get("load_id"),
+                modules=[str(m) for m in sm.get("modules") or []],
+            )
         )
         return Metadata(
-            state_dict_metadata=sdm, planner_data=decode_value(doc.get("planner_data")),
-            storage_data=storage, storage_meta=meta, version=doc.get("dcp_version"),
+            state_dict_metadata=sdm,
+            planner_data=decode_value(doc.get("planner_data")),
+            storage_data=storage,
+            storage_meta=meta,
+            version=doc.get("dcp_version"),
         )
     except CorruptionError:
         raise

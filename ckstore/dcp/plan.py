@@ -23,7 +23,9 @@ from ..format.values import encode_value
 APP = "dcp"
 
 
-def cut_items(items: list[WriteItem], planner: SavePlanner, opts: TakeOptions) -> tuple[list[WriteResult], list[Chunk]]:
+def cut_items(
+    items: list[WriteItem], planner: SavePlanner, opts: TakeOptions
+) -> tuple[list[WriteResult], list[Chunk]]:
     """Per item: its pieces on the global grid (tensors) or its JSON value (everything else).
 
     Returns the WriteResults (piece ids filled in later by :func:`fill_ids`) and the chunks.
@@ -40,7 +42,9 @@ def cut_items(items: list[WriteItem], planner: SavePlanner, opts: TakeOptions) -
                     "lookup_object() (DefaultSavePlanner or a subclass); it never stores pickled bytes"
                 )
             encoded = encode_value(lookup(item.index), fqn)
-            results.append(WriteResult(item.index, len(canonical_json(encoded)), {"value": encoded}))
+            results.append(
+                WriteResult(item.index, len(canonical_json(encoded)), {"value": encoded})
+            )
             continue
         td = item.tensor_data
         if td is None:
@@ -49,17 +53,25 @@ def cut_items(items: list[WriteItem], planner: SavePlanner, opts: TakeOptions) -
         t = as_cpu_tensor(data, fqn)
         name = dtype_name(t.dtype, fqn)
         if t.dtype != td.properties.dtype:
-            raise InvalidInputError(f"key {fqn!r}: DCP planned {td.properties.dtype}, resolve_data gave {t.dtype}")
+            raise InvalidInputError(
+                f"key {fqn!r}: DCP planned {td.properties.dtype}, resolve_data gave {t.dtype}"
+            )
         box: Box = (tuple(int(o) for o in td.chunk.offsets), tuple(int(s) for s in td.chunk.sizes))
         if tuple(t.shape) != box[1]:
-            raise InvalidInputError(f"key {fqn!r}: DCP planned a {list(box[1])} shard, resolve_data gave {list(t.shape)}")
+            raise InvalidInputError(
+                f"key {fqn!r}: DCP planned a {list(box[1])} shard, resolve_data gave {list(t.shape)}"
+            )
         grid = make_grid(tuple(int(s) for s in td.size), t.element_size(), opts.chunk_bytes)
         mine: list[list[Any]] = []
         for po, ps in pieces(grid, box):
             sub = t[tuple(slice(o - b, o - b + s) for o, b, s in zip(po, box[0], ps))]
             chunks.append(Chunk(fqn, byte_view(sub), t.element_size(), name in GROUPED))
             mine.append([list(po), list(ps), ""])
-        results.append(WriteResult(item.index, math.prod(box[1]) * t.element_size(), {"dtype": name, "pieces": mine}))
+        results.append(
+            WriteResult(
+                item.index, math.prod(box[1]) * t.element_size(), {"dtype": name, "pieces": mine}
+            )
+        )
     return results, chunks
 
 
@@ -117,7 +129,9 @@ def manifest_entries(metadata: Metadata, chunk_bytes: int) -> dict[str, Entry]:
         datas = by_fqn.get(fqn, [])
         if isinstance(md, BytesStorageMetadata):
             if len(datas) != 1 or "value" not in datas[0]:
-                raise InvalidInputError(f"dcp.save into ckstore: value key {fqn!r} was written {len(datas)} times")
+                raise InvalidInputError(
+                    f"dcp.save into ckstore: value key {fqn!r} was written {len(datas)} times"
+                )
             entries[key] = ValueEntry(datas[0]["value"])
             continue
         name = dtype_name(md.properties.dtype, fqn)
@@ -126,5 +140,7 @@ def manifest_entries(metadata: Metadata, chunk_bytes: int) -> dict[str, Entry]:
             (ChunkRef(tuple(o), tuple(s), cid) for d in datas for o, s, cid in d["pieces"]),
             key=lambda c: c.offsets,
         )
-        entries[key] = TensorEntry(name, shape, tuple(refs), make_grid(shape, itemsize(name), chunk_bytes).block)
+        entries[key] = TensorEntry(
+            name, shape, tuple(refs), make_grid(shape, itemsize(name), chunk_bytes).block
+        )
     return entries

@@ -85,14 +85,18 @@ class StorageReader(_DcpStorageReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
-            raise CorruptionError("ckstore keeps one global DCP metadata per snapshot, no rank-local metadata")
+            raise CorruptionError(
+                "ckstore keeps one global DCP metadata per snapshot, no rank-local metadata"
+            )
         comm = None
         if is_distributed():
             import torch.distributed as dist
 
             if dist.get_world_size() > 1:
                 comm = Comm(None, self.timeout, purpose="dcp")
-        with phase(comm, "dcp.load (resolving the snapshot)", f"dcp.load of {self.ref!r} from ckstore") as ph:
+        with phase(
+            comm, "dcp.load (resolving the snapshot)", f"dcp.load of {self.ref!r} from ckstore"
+        ) as ph:
             snap = self.store.get(self.ref)
             ph.send(snap.id)
         if ph.received[0] != snap.id:  # every rank loads the snapshot rank 0 resolved
@@ -108,7 +112,9 @@ class StorageReader(_DcpStorageReader):
         self._metadata = md
         return md
 
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
         self._metadata = metadata
         self._storage = dict(metadata.storage_data or {})
 
@@ -120,7 +126,9 @@ class StorageReader(_DcpStorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         assert self._metadata is not None, "read_metadata/set_up_storage_reader first"
-        where = f"DCP snapshot {self.snapshot.id[:12]}" if self.snapshot is not None else "DCP snapshot"
+        where = (
+            f"DCP snapshot {self.snapshot.id[:12]}" if self.snapshot is not None else "DCP snapshot"
+        )
         entries: dict[str, Entry] = {}
         wanted: dict[str, Any] = {}
         values: list[tuple[Any, Any]] = []
@@ -146,19 +154,25 @@ class StorageReader(_DcpStorageReader):
             wanted[key] = (offs, tuple(int(n) for n in req.lengths))
             tensor_reqs.append((key, req))
         repo = self.store.repository
-        reader = Reader(repo.objects, repo.index, Manifest({}, entries), where, threads=repo.threads)
+        reader = Reader(
+            repo.objects, repo.index, Manifest({}, entries), where, threads=repo.threads
+        )
         for batch in _batches(tensor_reqs, wanted, entries):
             tensors = reader.read_regions({k: wanted[k] for k, _ in batch})
             for key, req in batch:
                 src = tensors.pop(key)
                 target = planner.resolve_tensor(req).detach()
                 if target.size() != src.size():
-                    raise CorruptionError(f"{where}: {req.storage_index} is {list(src.size())}, DCP wants {list(target.size())}")
+                    raise CorruptionError(
+                        f"{where}: {req.storage_index} is {list(src.size())}, DCP wants {list(target.size())}"
+                    )
                 target.copy_(src)
                 planner.commit_tensor(req, target)
         for req, encoded in values:
             buf = io.BytesIO()
-            torch.save(decode_value(encoded), buf)  # made here from JSON: nothing stored is unpickled
+            torch.save(
+                decode_value(encoded), buf
+            )  # made here from JSON: nothing stored is unpickled
             buf.seek(0)
             planner.load_bytes(req, buf)
         fut: Future[None] = Future()
@@ -169,7 +183,9 @@ class StorageReader(_DcpStorageReader):
 _BATCH_BYTES = 256 << 20
 
 
-def _batches(reqs: list[tuple[str, Any]], wanted: dict[str, Any], entries: dict[str, Entry]) -> list[list[tuple[str, Any]]]:
+def _batches(
+    reqs: list[tuple[str, Any]], wanted: dict[str, Any], entries: dict[str, Entry]
+) -> list[list[tuple[str, Any]]]:
     """Group read items so one batch holds about ``_BATCH_BYTES`` of tensors at a time."""
     out: list[list[tuple[str, Any]]] = [[]]
     size = 0

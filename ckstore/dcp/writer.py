@@ -86,9 +86,19 @@ class StorageWriter(_DcpStorageWriter):
         trainable: Any = (),
     ) -> None:
         super().__init__()
-        self.spec = TakeSpec.of(run=run, step=step, tags=tags, metadata=metadata, name=name, dist_timeout=timeout,
-                                move_tags=move_tags, on_nonfinite=on_nonfinite, on_stale=on_stale, health=health,
-                                trainable=trainable)
+        self.spec = TakeSpec.of(
+            run=run,
+            step=step,
+            tags=tags,
+            metadata=metadata,
+            name=name,
+            dist_timeout=timeout,
+            move_tags=move_tags,
+            on_nonfinite=on_nonfinite,
+            on_stale=on_stale,
+            health=health,
+            trainable=trainable,
+        )
         self._ref = StoreRef(store, index, storage_options, create=True)
         self.overwrite = bool(overwrite)
         self.is_coordinator = True
@@ -98,7 +108,9 @@ class StorageWriter(_DcpStorageWriter):
         self._comm: Comm | None = None
         self._figures: dict[str, int] = {}
         self._world = 1
-        self._held: list[LocalTake] = []  # the coordinator's session, kept from write_data to finish
+        self._held: list[
+            LocalTake
+        ] = []  # the coordinator's session, kept from write_data to finish
         self._finalizer = weakref.finalize(self, _abort_all, self._held)
 
     @property
@@ -125,7 +137,8 @@ class StorageWriter(_DcpStorageWriter):
             return
         spec = self.spec
         found = [
-            s for s in self.store.repository.index.list_snapshots(run=None if spec.name else spec.run)
+            s
+            for s in self.store.repository.index.list_snapshots(run=None if spec.name else spec.run)
             if (s.name == spec.name if spec.name else spec.step is None or s.step == spec.step)
         ]
         if found:
@@ -150,12 +163,16 @@ class StorageWriter(_DcpStorageWriter):
         return False  # needs a store: never picked automatically from a bare checkpoint_id
 
     def storage_meta(self) -> StorageMeta | None:
-        return StorageMeta(checkpoint_id=_checkpoint_id(self.spec.run, self.spec.step), save_id=self.save_id)
+        return StorageMeta(
+            checkpoint_id=_checkpoint_id(self.spec.run, self.spec.step), save_id=self.save_id
+        )
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         _abort_all(self._held)  # a previous save that never reached finish
         if not kwargs.get("use_collectives", True):
-            raise InvalidInputError("ckstore's DCP StorageWriter needs dcp.save(use_collectives=True)")
+            raise InvalidInputError(
+                "ckstore's DCP StorageWriter needs dcp.save(use_collectives=True)"
+            )
         self.is_coordinator = bool(is_coordinator)
         self.rank = int(kwargs.get("rank") or 0)  # within dcp.save's process_group
         self._figures = {}
@@ -176,19 +193,27 @@ class StorageWriter(_DcpStorageWriter):
         """The coordinator learns the save's ranks from the plans and tells every rank."""
         import dataclasses
 
-        ranks = [p.storage_data.get(_RANK) if isinstance(p.storage_data, dict) else None for p in plans]
+        ranks = [
+            p.storage_data.get(_RANK) if isinstance(p.storage_data, dict) else None for p in plans
+        ]
         if any(r is None for r in ranks):
             return plans  # not distributed (or plans cached by the planner: their tags stay)
-        return [dataclasses.replace(p, storage_data={_MEMBERS: ranks}) if p.usable else p for p in plans]
+        return [
+            dataclasses.replace(p, storage_data={_MEMBERS: ranks}) if p.usable else p for p in plans
+        ]
 
     def _open_comm(self, plan: SavePlan) -> Comm | None:
         """The save's ranks (from the plan) as a group of their own; None for one process."""
         members = plan.storage_data.get(_MEMBERS) if isinstance(plan.storage_data, dict) else None
         if not is_distributed() or members is None or len(members) <= 1:
             return None
-        comm = Comm(None, self.spec.dist_timeout, purpose="dcp", members=members)  # a group of its own (async_save runs in a thread)
+        comm = Comm(
+            None, self.spec.dist_timeout, purpose="dcp", members=members
+        )  # a group of its own (async_save runs in a thread)
         if comm.rank != self.rank:
-            raise InvalidInputError(f"dcp.save gave this rank the group rank {self.rank}, its plan says {comm.rank}")
+            raise InvalidInputError(
+                f"dcp.save gave this rank the group rank {self.rank}, its plan says {comm.rank}"
+            )
         return comm
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -200,20 +225,40 @@ class StorageWriter(_DcpStorageWriter):
             # 1. cut on the global grid and hash (local); one writer per distinct chunk id
             with phase(comm, "hash", "dcp.save into ckstore (hash)") as ph:
                 results, chunks = cut_items(plan.items, planner, t.opts)
-                t.guard.watch({r.index.fqn: r.storage_data["dtype"] for r in results if "dtype" in r.storage_data},
-                              lambda fqn: join(APP, fqn))
+                t.guard.watch(
+                    {
+                        r.index.fqn: r.storage_data["dtype"]
+                        for r in results
+                        if "dtype" in r.storage_data
+                    },
+                    lambda fqn: join(APP, fqn),
+                )
                 t.hash(chunks)
                 fill_ids(results, chunks)
-                ph.send({"coordinator": self.is_coordinator, "ids": id_sizes(chunks), "health": t.guard.partials()})
+                ph.send(
+                    {
+                        "coordinator": self.is_coordinator,
+                        "ids": id_sizes(chunks),
+                        "health": t.guard.partials(),
+                    }
+                )
             coordinator = the_coordinator(ph.received) if comm is not None else 0
-            for sent in ph.received:  # every rank's figures: the coordinator's manifest records them
+            for (
+                sent
+            ) in ph.received:  # every rank's figures: the coordinator's manifest records them
                 t.guard.merge(sent["health"])
             who = owners([dict(g["ids"]) for g in ph.received])
             # 2. write what the store lacks, in this rank's session; 3. hand the pins over
             with phase(comm, "write", "dcp.save into ckstore (write)") as ph:
-                t.store([c for c in chunks if who[c.id] == (comm.rank if comm is not None else 0)], hashed=True)
+                t.store(
+                    [c for c in chunks if who[c.id] == (comm.rank if comm is not None else 0)],
+                    hashed=True,
+                )
                 ph.send(t.stats.figures())
-            self._figures = {k: sum(f[k] for f in ph.received) for k in ("new_bytes", "new_chunks", "reused_chunks")}
+            self._figures = {
+                k: sum(f[k] for f in ph.received)
+                for k in ("new_bytes", "new_chunks", "reused_chunks")
+            }
             keep = comm is None or self._hand_over(comm, t, coordinator, sorted(who))
         finally:
             if keep:
@@ -227,11 +272,15 @@ class StorageWriter(_DcpStorageWriter):
     def _hand_over(self, comm: Comm, t: LocalTake, coordinator: int, every: list[str]) -> bool:
         """All ranks wrote: the coordinator pins every chunk of the save, then the others end
         their sessions. Returns True on the coordinator (it keeps its session for ``finish``)."""
-        with phase(comm, "commit", "dcp.save into ckstore (hand-over to the coordinator)", root=coordinator):
+        with phase(
+            comm, "commit", "dcp.save into ckstore (hand-over to the coordinator)", root=coordinator
+        ):
             if comm.rank == coordinator:
                 lost = set(every) - t.pin(every)
                 if lost:
-                    raise CorruptionError(f"{len(lost)} chunk(s) of this save are not in the index, e.g. {min(lost)}")
+                    raise CorruptionError(
+                        f"{len(lost)} chunk(s) of this save are not in the index, e.g. {min(lost)}"
+                    )
         if comm.rank == coordinator:
             return True
         t.hand_over()  # the coordinator holds the pins now
@@ -239,7 +288,9 @@ class StorageWriter(_DcpStorageWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         if not self._held:
-            raise DistributedError("dcp.save into ckstore: finish() without a successful write_data() on this rank")
+            raise DistributedError(
+                "dcp.save into ckstore: finish() without a successful write_data() on this rank"
+            )
         t = self._held[0]
         try:
             self._refuse_existing()  # again: another save may have committed meanwhile
@@ -248,9 +299,19 @@ class StorageWriter(_DcpStorageWriter):
             metadata.storage_meta = self.storage_meta()
             doc = metadata_to_json(metadata)
             entries = manifest_entries(metadata, self.store.repository.config.chunk_bytes)
-            apps = {APP: {"$dict": [[encode_value(fqn, fqn), {"$ref": join(APP, fqn)}] for fqn in metadata.state_dict_metadata], "$cls": "dict"}}
+            apps = {
+                APP: {
+                    "$dict": [
+                        [encode_value(fqn, fqn), {"$ref": join(APP, fqn)}]
+                        for fqn in metadata.state_dict_metadata
+                    ],
+                    "$cls": "dict",
+                }
+            }
             manifest = t.manifest(apps, entries, world_size=self._world, dcp=doc)
-            committed = t.commit(manifest, validate=True, figures=self._figures)  # every tensor's pieces must tile it
+            committed = t.commit(
+                manifest, validate=True, figures=self._figures
+            )  # every tensor's pieces must tile it
             self.snapshot = self.store.get(committed.id)
         finally:
             _abort_all(self._held)
@@ -285,4 +346,3 @@ def _parse_checkpoint_id(checkpoint_id: Any) -> tuple[str, int | None]:
 
 def _checkpoint_id(run: str, step: int | None) -> str:
     return run if step is None else f"{run}@{step}"
-

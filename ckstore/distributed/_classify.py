@@ -34,9 +34,13 @@ log = logging.getLogger("ckstore")
 class Leaf:
     kind: str
     desc: dict[str, Any]
-    tensor: torch.Tensor | None = None  # CPU data: the local shard of a DTensor, or the whole tensor
+    tensor: torch.Tensor | None = (
+        None  # CPU data: the local shard of a DTensor, or the whole tensor
+    )
     box: Box | None = None  # a DTensor shard's region
-    replicas: list[int] = field(default_factory=list)  # a DTensor: ranks of the take holding the same box
+    replicas: list[int] = field(
+        default_factory=list
+    )  # a DTensor: ranks of the take holding the same box
 
 
 @dataclass
@@ -53,7 +57,11 @@ def ddp_apps(app_state: Mapping[str, Any]) -> set[str]:
 
 
 def classify(
-    states: Mapping[str, Any], ddp: set[str], globs: tuple[str, ...], opts: TakeOptions, members: list[int] | None = None
+    states: Mapping[str, Any],
+    ddp: set[str],
+    globs: tuple[str, ...],
+    opts: TakeOptions,
+    members: list[int] | None = None,
 ) -> Local:
     """Flatten and describe every leaf of this rank's state.
 
@@ -72,16 +80,30 @@ def classify(
                     raise UnsupportedValueError(f"key {key!r}: {exc}") from exc
                 t = as_cpu_tensor(value.to_local(), key)
                 desc = {
-                    "t": DTENSOR, "dtype": dtype_name(t.dtype, key), "shape": list(value.shape),
-                    "box": [list(box[0]), list(box[1])], "container": "torch", "device": str(value.device),
+                    "t": DTENSOR,
+                    "dtype": dtype_name(t.dtype, key),
+                    "shape": list(value.shape),
+                    "box": [list(box[0]), list(box[1])],
+                    "container": "torch",
+                    "device": str(value.device),
                 }
                 out.leaves[key] = Leaf(DTENSOR, desc, t, box, replica_ranks(value, key, members))
             elif is_array(value):
                 container = "torch" if isinstance(value, torch.Tensor) else "numpy"
                 device = str(value.device) if isinstance(value, torch.Tensor) else "cpu"
                 t = as_cpu_tensor(value, key)
-                kind = REPLICATED if app in ddp or any(fnmatch.fnmatchcase(key, g) for g in globs) else LOCAL
-                desc = {"t": kind, "dtype": dtype_name(t.dtype, key), "shape": list(t.shape), "container": container, "device": device}
+                kind = (
+                    REPLICATED
+                    if app in ddp or any(fnmatch.fnmatchcase(key, g) for g in globs)
+                    else LOCAL
+                )
+                desc = {
+                    "t": kind,
+                    "dtype": dtype_name(t.dtype, key),
+                    "shape": list(t.shape),
+                    "container": container,
+                    "device": device,
+                }
                 if t.numel() * t.element_size() <= opts.inline_bytes:
                     desc["data"] = base64.b64encode(bytes(byte_view(t))).decode()
                 out.leaves[key] = Leaf(kind, desc, t)
@@ -105,7 +127,10 @@ def replica_ranks(value: Any, key: str, members: list[int] | None) -> list[int]:
             f"ranks {sorted(members)[:8]} (the mesh must span exactly the ranks taking part)"
         )
     coord = mesh.get_coordinate()
-    index = tuple(slice(None) if type(p).__name__ == "Replicate" else c for p, c in zip(value.placements, coord))
+    index = tuple(
+        slice(None) if type(p).__name__ == "Replicate" else c
+        for p, c in zip(value.placements, coord)
+    )
     same = [int(r) for r in mesh.mesh[index].flatten().tolist()]
     where = members if members is not None else list(range(max(ranks) + 1))
     return sorted(where.index(r) for r in same)
@@ -141,7 +166,9 @@ def coalesce_replicated(demoted: tuple[str, ...] | list[str], local: Local, rank
     if demoted and rank == 0:
         log.warning(
             "distributed take: %d key(s) are marked replicated on some ranks only (different "
-            "replicated= globs); stored per rank instead: %s", len(demoted), list(demoted)[:10],
+            "replicated= globs); stored per rank instead: %s",
+            len(demoted),
+            list(demoted)[:10],
         )
 
 
@@ -155,19 +182,28 @@ def check_same_structure(descs: list[dict[str, Any]]) -> list[str]:
         for r in bad:
             theirs = set(descs[r]["leaves"])
             extra, lacking = sorted(theirs - ref)[:3], sorted(ref - theirs)[:3]
-            detail.append(f"rank {r}: extra keys {extra}, lacking {lacking}" if extra or lacking else f"rank {r}: containers differ")
+            detail.append(
+                f"rank {r}: extra keys {extra}, lacking {lacking}"
+                if extra or lacking
+                else f"rank {r}: containers differ"
+            )
         raise DistributedError(
             f"distributed take: rank(s) {bad} hold a differently shaped state than rank 0 ({'; '.join(detail)}); "
             "every rank must pass app_state with the same keys",
-            ranks=bad, causes=dict(zip(bad, detail)),
+            ranks=bad,
+            causes=dict(zip(bad, detail)),
         )
     for key in keys:
         ds = [d["leaves"][key] for d in descs]
         kinds = {x["t"] for x in ds}
         if (DTENSOR in kinds or REPLICATED in kinds) and len(kinds) > 1:
-            raise DistributedError(f"distributed take: key {key!r} is {sorted(kinds)} on different ranks")
+            raise DistributedError(
+                f"distributed take: key {key!r} is {sorted(kinds)} on different ranks"
+            )
         if kinds & {DTENSOR, REPLICATED}:
             metas = {(x["dtype"], tuple(x["shape"])) for x in ds}
             if len(metas) > 1:
-                raise DistributedError(f"distributed take: key {key!r} has different dtype/shape on different ranks: {sorted(metas)}")
+                raise DistributedError(
+                    f"distributed take: key {key!r} has different dtype/shape on different ranks: {sorted(metas)}"
+                )
     return keys

@@ -45,7 +45,9 @@ class Held:
     def put(self, cid: str, data: memoryview) -> None:
         n = len(data)
         if self._at + n > len(self._buf):
-            raise CorruptionError(f"held exchange: chunk {cid[:16]}… does not fit the {len(self._buf)} bytes planned")
+            raise CorruptionError(
+                f"held exchange: chunk {cid[:16]}… does not fit the {len(self._buf)} bytes planned"
+            )
         slot = self._buf[self._at : self._at + n]
         np.frombuffer(slot, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
         self._slots[cid] = slot
@@ -69,13 +71,29 @@ class Exchange:
     """One rank's side of the exchange (see the module docstring)."""
 
     def __init__(
-        self, comm: Comm, fetcher: Fetcher, table: Table, part: Part, common: dict[str, Any],
-        jobs: list[Job], progress: Progress, step: str, held: bool,
+        self,
+        comm: Comm,
+        fetcher: Fetcher,
+        table: Table,
+        part: Part,
+        common: dict[str, Any],
+        jobs: list[Job],
+        progress: Progress,
+        step: str,
+        held: bool,
     ) -> None:
-        self.comm, self.fetcher, self.table, self.progress, self.step = comm, fetcher, table, progress, step
+        self.comm, self.fetcher, self.table, self.progress, self.step = (
+            comm,
+            fetcher,
+            table,
+            progress,
+            step,
+        )
         self.seed = int(common["seed"])
         self.rounds = int(common["rounds"])
-        self.bcast: list[tuple[int, list[int]]] = [(int(s), [int(i) for i in ix]) for s, ix in common["bcast"]]
+        self.bcast: list[tuple[int, list[int]]] = [
+            (int(s), [int(i) for i in ix]) for s, ix in common["bcast"]
+        ]
         self.sends: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
         for k, i, dests in part.send:
             self.sends[int(k)].append((int(i), [int(d) for d in dests]))
@@ -94,17 +112,23 @@ class Exchange:
     def sent(self) -> set[int]:
         """Table indices this rank reads for other ranks."""
         me = self.comm.rank
-        return {i for xs in self.sends.values() for i, _ in xs} | {i for s, ix in self.bcast if s == me for i in ix}
+        return {i for xs in self.sends.values() for i, _ in xs} | {
+            i for s, ix in self.bcast if s == me for i in ix
+        }
 
     def received(self) -> set[int]:
         """Table indices this rank needs and gets from another rank."""
         me = self.comm.rank
-        return {i for xs in self.recvs.values() for i, _ in xs} | {i for s, ix in self.bcast if s != me for i in ix if i in self.need}
+        return {i for xs in self.recvs.values() for i, _ in xs} | {
+            i for s, ix in self.bcast if s != me for i in ix if i in self.need
+        }
 
     def own_jobs(self) -> list[Job]:
         """Jobs of chunks this rank reads for itself alone (neither sent nor received)."""
         other = self.sent() | self.received()
-        return [j for cid, js in self.jobs.items() if self.table.index[cid] not in other for j in js]
+        return [
+            j for cid, js in self.jobs.items() if self.table.index[cid] not in other for j in js
+        ]
 
     def sent_jobs(self) -> list[Job]:
         """One job without a destination per chunk this rank reads for others (to verify it)."""
@@ -146,7 +170,9 @@ class Exchange:
             inn[src].append(i)
         send_splits = [_segment(sorted(out.get(d, ())), sizes) for d in range(world)]
         recv_splits = [_segment(sorted(inn.get(s, ())), sizes) for s in range(world)]
-        send = torch.empty(sum(send_splits), dtype=torch.uint8)  # every byte is written (or the status says failed)
+        send = torch.empty(
+            sum(send_splits), dtype=torch.uint8
+        )  # every byte is written (or the status says failed)
         view = memoryview(send.numpy()).cast("B")  # type: ignore[arg-type]
         slots: dict[tuple[int, int], memoryview] = {}
         prints: dict[tuple[int, int], memoryview] = {}
@@ -155,7 +181,9 @@ class Exchange:
             _lay_out(view, at, sorted(out.get(d, ())), sizes, d, slots, prints)
             at += send_splits[d]
         if self.error is None:
-            self._guard(lambda: self._fill([(i, ds) for i, ds in self.sends.get(k, ())], slots, prints))
+            self._guard(
+                lambda: self._fill([(i, ds) for i, ds in self.sends.get(k, ())], slots, prints)
+            )
         status = int(self.error is not None)
         at = 0
         for d in range(world):
@@ -171,7 +199,10 @@ class Exchange:
             rslots: dict[tuple[int, int], memoryview] = {}
             rprints: dict[tuple[int, int], memoryview] = {}
             _lay_out(rview, at, sorted(inn.get(s, ())), sizes, s, rslots, rprints)
-            got += [(i, s, rslots[(s, i)], int.from_bytes(rprints[(s, i)], "little")) for i in sorted(inn.get(s, ()))]
+            got += [
+                (i, s, rslots[(s, i)], int.from_bytes(rprints[(s, i)], "little"))
+                for i in sorted(inn.get(s, ()))
+            ]
             at += recv_splits[s]
         self.progress.add("received", sum(len(data) for _, _, data, _ in got))
         if self.error is None and not self.stopped:
@@ -193,7 +224,11 @@ class Exchange:
             self.stopped = True  # the reader failed: every rank saw it
             return
         if me != src:
-            mine = [(i, src, slots[(0, i)], int.from_bytes(prints[(0, i)], "little")) for i in indices if i in self.need]
+            mine = [
+                (i, src, slots[(0, i)], int.from_bytes(prints[(0, i)], "little"))
+                for i in indices
+                if i in self.need
+            ]
             self.progress.add("received", sum(len(data) for _, _, data, _ in mine))
             if self.error is None:
                 self._guard(lambda: self._take(mine))
@@ -204,13 +239,19 @@ class Exchange:
         except Exception as exc:  # noqa: BLE001 - kept, sent as this rank's status, raised at the end
             self.error = exc
 
-    def _fill(self, sends: list[tuple[int, list[int]]], slots: dict[tuple[int, int], memoryview],
-              prints: dict[tuple[int, int], memoryview]) -> None:
+    def _fill(
+        self,
+        sends: list[tuple[int, list[int]]],
+        slots: dict[tuple[int, int], memoryview],
+        prints: dict[tuple[int, int], memoryview],
+    ) -> None:
         """Read and verify each chunk into its first slot; copy it to the others; fingerprint it;
         keep or put in place this rank's own need of it."""
         if not sends:
             return
-        self.fetcher.load([Job(self.table.keys[i], self.table.ids[i], slots[(dests[0], i)]) for i, dests in sends])
+        self.fetcher.load(
+            [Job(self.table.keys[i], self.table.ids[i], slots[(dests[0], i)]) for i, dests in sends]
+        )
         self.progress.add("read", sum(self.table.sizes[i] for i, _ in sends))
         mine = _Source()
         for i, dests in sends:
@@ -218,7 +259,9 @@ class Exchange:
             fp = self._print(first).to_bytes(WORD, "little")
             for d in dests:
                 if d != dests[0]:
-                    np.frombuffer(slots[(d, i)], dtype=np.uint8)[:] = np.frombuffer(first, dtype=np.uint8)
+                    np.frombuffer(slots[(d, i)], dtype=np.uint8)[:] = np.frombuffer(
+                        first, dtype=np.uint8
+                    )
                 prints[(d, i)][:] = fp
             if i in self.need:
                 mine.chunks[self.table.ids[i]] = first
@@ -243,7 +286,9 @@ class Exchange:
             for cid, data in source.chunks.items():
                 self.held.put(cid, data)
             return
-        self.fetcher.load([j for cid in source.chunks for j in self.jobs.get(cid, ())], source=source)
+        self.fetcher.load(
+            [j for cid in source.chunks for j in self.jobs.get(cid, ())], source=source
+        )
 
     def _print(self, data: memoryview) -> int:
         return int(xxhash.xxh3_64_intdigest(data, seed=self.seed))
@@ -254,8 +299,15 @@ def _segment(indices: list[int], sizes: tuple[int, ...]) -> int:
     return WORD + sum(sizes[i] for i in indices) + WORD * len(indices)
 
 
-def _lay_out(view: memoryview, at: int, indices: list[int], sizes: tuple[int, ...], peer: int,
-             slots: dict[tuple[int, int], memoryview], prints: dict[tuple[int, int], memoryview]) -> None:
+def _lay_out(
+    view: memoryview,
+    at: int,
+    indices: list[int],
+    sizes: tuple[int, ...],
+    peer: int,
+    slots: dict[tuple[int, int], memoryview],
+    prints: dict[tuple[int, int], memoryview],
+) -> None:
     """Name the slots of a segment starting at ``at``: chunks in index order, then fingerprints."""
     pos = at + WORD
     for i in indices:

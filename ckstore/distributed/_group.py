@@ -33,7 +33,9 @@ _GROUPS: dict[tuple[Any, ...], Group] = {}
 class Group:
     """A gloo group over ``members`` with its store keys (arrival, progress, heartbeat)."""
 
-    def __init__(self, store: Any, members: list[int], rank: int, timeout: float, base: str) -> None:
+    def __init__(
+        self, store: Any, members: list[int], rank: int, timeout: float, base: str
+    ) -> None:
         import torch.distributed as dist
 
         self.members = members
@@ -54,7 +56,10 @@ class Group:
             self._arrive()
             try:
                 self.pg: Any = dist.ProcessGroupGloo(
-                    dist.PrefixStore(name + "/gloo/", store), rank, len(members), timedelta(seconds=timeout)
+                    dist.PrefixStore(name + "/gloo/", store),
+                    rank,
+                    len(members),
+                    timedelta(seconds=timeout),
                 )
             except Exception as exc:  # noqa: BLE001 - a peer vanished between arriving and connecting
                 raise self._error("opening the ckstore process group", exc, []) from exc
@@ -93,7 +98,10 @@ class Group:
     def infos(self, key: str) -> list[str]:
         """Every member's ``phase`` or ``prog`` key, in member order ("" where unknown)."""
         try:
-            return [v.decode() for v in self.store.multi_get([f"{key}/{r}" for r in range(len(self.members))])]
+            return [
+                v.decode()
+                for v in self.store.multi_get([f"{key}/{r}" for r in range(len(self.members))])
+            ]
         except Exception:  # noqa: BLE001 - the store is gone (rank 0 hosts it)
             return [""] * len(self.members)
 
@@ -126,15 +134,28 @@ class Group:
         """
         what = "opening the ckstore process group"
         try:
-            self.store.multi_set([f"{k}/{self.rank}" for k in _KEYS + _INFO], ["0"] * len(_KEYS) + [""] * len(_INFO))
+            self.store.multi_set(
+                [f"{k}/{self.rank}" for k in _KEYS + _INFO], ["0"] * len(_KEYS) + [""] * len(_INFO)
+            )
             self.store.set(f"here/{self.rank}", "1")
             self.store.add("arrived", 1)
             deadline = time.monotonic() + self.timeout
             pause = 0.001
             while self.store.add("arrived", 0) < len(self.members):
                 if time.monotonic() >= deadline:
-                    absent = [r for r in range(len(self.members)) if not self.store.check([f"here/{r}"])]
-                    raise self._error(what, None, [(absent, "never arrived (dead, stopped, or busy in another call such as a barrier)")])
+                    absent = [
+                        r for r in range(len(self.members)) if not self.store.check([f"here/{r}"])
+                    ]
+                    raise self._error(
+                        what,
+                        None,
+                        [
+                            (
+                                absent,
+                                "never arrived (dead, stopped, or busy in another call such as a barrier)",
+                            )
+                        ],
+                    )
                 time.sleep(pause)
                 pause = min(pause * 2, _POLL_MAX)
         except DistributedError:
@@ -174,7 +195,9 @@ class Group:
         opts.rootRank = root
         return self.pg.scatter([out], [ins] if self.rank == root else [], opts)
 
-    def alltoall(self, recv: torch.Tensor, send: torch.Tensor, recv_splits: list[int], send_splits: list[int]) -> Any:
+    def alltoall(
+        self, recv: torch.Tensor, send: torch.Tensor, recv_splits: list[int], send_splits: list[int]
+    ) -> Any:
         """Member ``r`` gets ``send_splits[r]`` bytes of ``send`` (in member order); ``recv``
         holds what each member sent here, ``recv_splits[r]`` bytes from member ``r``."""
         import torch.distributed as dist
@@ -247,16 +270,29 @@ class Group:
             time.sleep(0.25)
         if lost_store:  # judge by what was seen: beats standing still for two periods or more
             now = time.monotonic()
-            dead += [r for r in waiting if r in last and now - last[r][1] >= 2 * BEAT_SECONDS and at.get(r, 0) < self.seq]
+            dead += [
+                r
+                for r in waiting
+                if r in last and now - last[r][1] >= 2 * BEAT_SECONDS and at.get(r, 0) < self.seq
+            ]
             waiting = []
         absent = [r for r in waiting if at.get(r, 0) < self.seq]
-        return self._error(what, exc, [
-            (sorted(dead), "stopped responding (dead or stopped)"),
-            (absent, f"never reached {what} (alive, but in another call such as a barrier)"),
-        ], phases)
+        return self._error(
+            what,
+            exc,
+            [
+                (sorted(dead), "stopped responding (dead or stopped)"),
+                (absent, f"never reached {what} (alive, but in another call such as a barrier)"),
+            ],
+            phases,
+        )
 
     def _error(
-        self, what: str, exc: BaseException | None, culprits: list[tuple[list[int], str]], phases: dict[int, str] | None = None
+        self,
+        what: str,
+        exc: BaseException | None,
+        culprits: list[tuple[list[int], str]],
+        phases: dict[int, str] | None = None,
     ) -> RankLostError:
         """A RankLostError naming ``culprits`` (lists of ranks, each with how it failed), and the
         phase each was last in (``phases``, from the members' ``phase`` keys) when known."""
@@ -291,8 +327,12 @@ def open_group(members: list[int], rank: int, timeout: float, purpose: str) -> G
         return group
     for k in [k for k in _GROUPS if k[0] != id(default)]:
         _GROUPS.pop(k).close()  # groups of a destroyed default group
-    digest = hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False).hexdigest()[:16]
-    group = Group(_store(timeout), members, rank, timeout, f"ckstore/{purpose}/{digest}/{timeout:g}")
+    digest = hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False).hexdigest()[
+        :16
+    ]
+    group = Group(
+        _store(timeout), members, rank, timeout, f"ckstore/{purpose}/{digest}/{timeout:g}"
+    )
     _GROUPS[key] = group
     return group
 
@@ -314,4 +354,3 @@ def _store(timeout: float) -> Any:
         return mine
     except Exception:  # noqa: BLE001 - stores without clone (HashStore, FileStore): share it
         return store
-

@@ -86,7 +86,9 @@ def same(maxed: list[int], at: int = 0) -> bool:
 # -- agreement ----------------------------------------------------------------------------------
 def header(local: Local, tree: str) -> list[int]:
     """``[a, -a, b, -b]``: the digest of what every rank must share (see the module docstring)."""
-    dtensors = [[k, x.desc["dtype"], x.desc["shape"]] for k, x in local.leaves.items() if x.kind == DTENSOR]
+    dtensors = [
+        [k, x.desc["dtype"], x.desc["shape"]] for k, x in local.leaves.items() if x.kind == DTENSOR
+    ]
     a, b = ints62(canonical_json([tree, dtensors]))
     return [a, -a, b, -b]
 
@@ -99,7 +101,11 @@ def key_vector(local: Local) -> list[int]:
     for leaf in local.leaves.values():
         m = int(leaf.kind == REPLICATED)
         v = int(leaf.kind == VALUE)
-        s = ints62(canonical_json([leaf.desc["dtype"], leaf.desc["shape"], "data" in leaf.desc]))[0] if m else 0
+        s = (
+            ints62(canonical_json([leaf.desc["dtype"], leaf.desc["shape"], "data" in leaf.desc]))[0]
+            if m
+            else 0
+        )
         out += [m, -m, v, -v, s, -s]
     return out
 
@@ -120,14 +126,23 @@ def agree(keys: list[str], maxed: list[int]) -> Agreed:
     """
     replicated, demoted = set(), []
     for n, key in enumerate(keys):
-        m_max, m_min, v_max, s_same = maxed[6 * n], -maxed[6 * n + 1], maxed[6 * n + 2], same(maxed, 6 * n + 4)
+        m_max, m_min, v_max, s_same = (
+            maxed[6 * n],
+            -maxed[6 * n + 1],
+            maxed[6 * n + 2],
+            same(maxed, 6 * n + 4),
+        )
         if not m_max:
             continue
         if v_max:
-            raise DistributedError(f"distributed take: key {key!r} is a replicated tensor on some ranks and a plain value on others")
+            raise DistributedError(
+                f"distributed take: key {key!r} is a replicated tensor on some ranks and a plain value on others"
+            )
         if m_min:
             if not s_same:
-                raise DistributedError(f"distributed take: key {key!r} has different dtype/shape on different ranks")
+                raise DistributedError(
+                    f"distributed take: key {key!r} has different dtype/shape on different ranks"
+                )
             replicated.add(key)
         else:
             demoted.append(key)
@@ -142,7 +157,9 @@ def layout_digest(local: Local) -> str:
     for key, leaf in local.leaves.items():
         x = leaf.desc
         if leaf.kind in (DTENSOR, REPLICATED, LOCAL):
-            parts.append([key, leaf.kind, x["dtype"], x["shape"], x.get("box"), leaf.replicas, "data" in x])
+            parts.append(
+                [key, leaf.kind, x["dtype"], x["shape"], x.get("box"), leaf.replicas, "data" in x]
+            )
         else:
             parts.append([key, leaf.kind])
     return blake3.blake3(canonical_json(parts)).hexdigest()
@@ -150,9 +167,19 @@ def layout_digest(local: Local) -> str:
 
 def cache_key(local: Local, agreed: Agreed, world: int, rank: int, opts: TakeOptions) -> str:
     """The digest an assignment is cached under."""
-    return blake3.blake3(canonical_json([
-        layout_digest(local), sorted(agreed.replicated), list(agreed.demoted), world, rank, opts.chunk_bytes, opts.inline_bytes,
-    ])).hexdigest()
+    return blake3.blake3(
+        canonical_json(
+            [
+                layout_digest(local),
+                sorted(agreed.replicated),
+                list(agreed.demoted),
+                world,
+                rank,
+                opts.chunk_bytes,
+                opts.inline_bytes,
+            ]
+        )
+    ).hexdigest()
 
 
 class PlanCache:
@@ -182,8 +209,14 @@ class PlanCache:
 CACHE = PlanCache()
 
 
-def assignment(local: Local, agreed: Agreed, world: int, rank: int, opts: TakeOptions,
-               cache: PlanCache | None = CACHE) -> Assignment:
+def assignment(
+    local: Local,
+    agreed: Agreed,
+    world: int,
+    rank: int,
+    opts: TakeOptions,
+    cache: PlanCache | None = CACHE,
+) -> Assignment:
     """The pieces this rank hashes and writes (see the module docstring); cached.
 
     ``local``'s DTensor leaves carry ``replicas``: the ranks (within the take) holding the same
@@ -193,7 +226,9 @@ def assignment(local: Local, agreed: Agreed, world: int, rank: int, opts: TakeOp
     found = cache.get(key) if cache is not None else None
     if found is not None:
         return found
-    mine = tuple(_dtensor_pieces(local, rank, opts)) + tuple(replicated_share(local, agreed, world, opts)[rank])
+    mine = tuple(_dtensor_pieces(local, rank, opts)) + tuple(
+        replicated_share(local, agreed, world, opts)[rank]
+    )
     if cache is not None:
         cache.put(key, mine)
     return mine
@@ -217,7 +252,9 @@ def _dtensor_pieces(local: Local, rank: int, opts: TakeOptions) -> list[tuple[st
     return out
 
 
-def replicated_share(local: Local, agreed: Agreed, world: int, opts: TakeOptions) -> list[list[tuple[str, Box]]]:
+def replicated_share(
+    local: Local, agreed: Agreed, world: int, opts: TakeOptions
+) -> list[list[tuple[str, Box]]]:
     """Every rank's share of the replicated tensors' pieces: each piece to the least-loaded
     rank by bytes (a heap; the lowest rank on ties). The same on every rank."""
     loads = Loads(world)
@@ -249,4 +286,9 @@ def check_tiling(key: str, shape: list[int], holders: dict[Box, list[int]]) -> N
 
 def describe(local: Local) -> dict[str, Any]:
     """This rank's layout as JSON, for the error path that names a rank whose state differs."""
-    return {"leaves": {k: {kk: vv for kk, vv in x.desc.items() if kk not in ("data", "value")} for k, x in local.leaves.items()}}
+    return {
+        "leaves": {
+            k: {kk: vv for kk, vv in x.desc.items() if kk not in ("data", "value")}
+            for k, x in local.leaves.items()
+        }
+    }

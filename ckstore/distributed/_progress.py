@@ -62,14 +62,21 @@ class Progress:
         """This rank's counters as posted in the store."""
         with self._lock:
             counts = {**self.counts, **{k: int(f()) for k, f in self._watched.items()}}
-            doc = {"id": self.ident, "t": round(time.monotonic() - self._t0, 2), "c": counts, "total": self.total}
+            doc = {
+                "id": self.ident,
+                "t": round(time.monotonic() - self._t0, 2),
+                "c": counts,
+                "total": self.total,
+            }
         return json.dumps(doc, separators=(",", ":"))
 
 
 @contextmanager
 def progress(group: Group | None, op: str) -> Iterator[Progress]:
     """Count this rank's bytes for ``op``; on rank 0, log every rank's progress meanwhile."""
-    ident = f"{group.generation}:{group.seq}" if group is not None else "local"  # alike on every member
+    ident = (
+        f"{group.generation}:{group.seq}" if group is not None else "local"
+    )  # alike on every member
     p = Progress(op, ident)
     if group is None:
         yield p
@@ -78,7 +85,9 @@ def progress(group: Group | None, op: str) -> Iterator[Progress]:
     stop = threading.Event()
     every = interval()
     if group.rank == 0 and every > 0:
-        threading.Thread(target=_log_loop, args=(group, p, stop, every), name="ckstore-progress", daemon=True).start()
+        threading.Thread(
+            target=_log_loop, args=(group, p, stop, every), name="ckstore-progress", daemon=True
+        ).start()
     try:
         yield p
     finally:
@@ -107,7 +116,9 @@ def summary(mine: Progress, posted: list[str], phases: list[str]) -> str:
         if doc.get("id") != mine.ident:
             ranks.append((r, 0.0, 0, 0))  # not started (or still on an earlier operation)
             continue
-        ranks.append((r, float(doc["t"]), sum(int(v) for v in doc["c"].values()), int(doc.get("total", 0))))
+        ranks.append(
+            (r, float(doc["t"]), sum(int(v) for v in doc["c"].values()), int(doc.get("total", 0)))
+        )
     if not any(t for _, t, _, _ in ranks):
         return ""
     done = sum(d for _, _, d, _ in ranks)

@@ -66,7 +66,13 @@ def table_of(manifest: Manifest) -> Table:
     index: dict[str, int] = {}
     for key in sorted(manifest.entries):
         entry = manifest.entries[key]
-        tensors = [entry] if isinstance(entry, TensorEntry) else list(entry.tensors()) if isinstance(entry, PerRankEntry) else []
+        tensors = (
+            [entry]
+            if isinstance(entry, TensorEntry)
+            else list(entry.tensors())
+            if isinstance(entry, PerRankEntry)
+            else []
+        )
         for t in tensors:
             size = itemsize(t.dtype)
             for c in t.chunks:
@@ -126,8 +132,14 @@ class ReadPlan:
     total: int  # distinct bytes read in all
 
     def common(self) -> dict[str, Any]:
-        return {"rounds": self.rounds, "bcast": self.bcast, "held": self.held, "seed": self.seed,
-                "total": self.total, "read_bytes": _spread(self.read_bytes)}
+        return {
+            "rounds": self.rounds,
+            "bcast": self.bcast,
+            "held": self.held,
+            "seed": self.seed,
+            "total": self.total,
+            "read_bytes": _spread(self.read_bytes),
+        }
 
 
 def _spread(loads: list[int]) -> dict[str, float]:
@@ -161,7 +173,11 @@ def plan_reads(
     rounds = _Rounds(world, round_bytes)
     kept = [0] * world  # held: what each rank reads for others, and what it receives
     for i, reader in sorted(readers.items()):
-        dests = [d for d in needers[i] if d != reader] if needers[i] is not ALL else [d for d in range(world) if d != reader]
+        dests = (
+            [d for d in needers[i] if d != reader]
+            if needers[i] is not ALL
+            else [d for d in range(world) if d != reader]
+        )
         if not dests:
             continue
         n = sizes[i]
@@ -179,8 +195,15 @@ def plan_reads(
             kept[d] += n
     bcast = _batches(bcast_by, sizes, round_bytes)
     held = atomic and all(kept[r] <= caps[r] for r in range(world))
-    return ReadPlan(parts, rounds.count, bcast, held, seed if seed is not None else random.getrandbits(63),
-                    loads, sum(sizes[i] for i in readers))
+    return ReadPlan(
+        parts,
+        rounds.count,
+        bcast,
+        held,
+        seed if seed is not None else random.getrandbits(63),
+        loads,
+        sum(sizes[i] for i in readers),
+    )
 
 
 ALL: list[int] = []  # marker: needed by every rank (shared, never mutated)
@@ -202,7 +225,9 @@ def _needers(needs: Sequence[Runs], world: int) -> dict[int, list[int]]:
     return out
 
 
-def _readers(needers: dict[int, list[int]], sizes: Sequence[int], world: int) -> tuple[dict[int, int], list[int]]:
+def _readers(
+    needers: dict[int, list[int]], sizes: Sequence[int], world: int
+) -> tuple[dict[int, int], list[int]]:
     """One reader per index: its only needer, else the least-loaded needer (lowest rank on ties)."""
     loads = Loads(world)
     readers: dict[int, int] = {}

@@ -62,7 +62,9 @@ def dist_timeout(timeout: float | None) -> float:
     try:
         value = float(env)
     except ValueError:
-        raise InvalidInputError(f"$CKSTORE_DIST_TIMEOUT must be a number of seconds, got {env!r}") from None
+        raise InvalidInputError(
+            f"$CKSTORE_DIST_TIMEOUT must be a number of seconds, got {env!r}"
+        ) from None
     return check_number("$CKSTORE_DIST_TIMEOUT", value, 0.0, MAX_TIMEOUT, lo_open=True)
 
 
@@ -98,7 +100,11 @@ class Comm:
     """
 
     def __init__(
-        self, pg: ProcessGroup | None = None, timeout: float | None = None, purpose: str = "sync", members: list[int] | None = None
+        self,
+        pg: ProcessGroup | None = None,
+        timeout: float | None = None,
+        purpose: str = "sync",
+        members: list[int] | None = None,
     ) -> None:
         import torch.distributed as dist
 
@@ -106,10 +112,14 @@ class Comm:
         self.members = [int(m) for m in members] if members is not None else members_of(pg)
         me = dist.get_rank()
         if me not in self.members:
-            raise InvalidInputError(f"rank {me} is not in the process group passed as pg= ({self.members})")
+            raise InvalidInputError(
+                f"rank {me} is not in the process group passed as pg= ({self.members})"
+            )
         self.rank = self.members.index(me)
         self.world = len(self.members)
-        self._group = open_group(self.members, self.rank, self.timeout, purpose) if self.world > 1 else None
+        self._group = (
+            open_group(self.members, self.rank, self.timeout, purpose) if self.world > 1 else None
+        )
 
     def enter(self, step: str) -> None:
         """Post the phase this rank is entering: a rank that stops or dies in it is named with it."""
@@ -162,7 +172,11 @@ class Comm:
         g = self._group
         (longest,) = self.all_reduce_max([len(raw)], what)
         mine = _padded(_framed(raw), longest + 8)
-        outs = [torch.empty(longest + 8, dtype=torch.uint8) for _ in range(self.world)] if self.rank == dst else []
+        outs = (
+            [torch.empty(longest + 8, dtype=torch.uint8) for _ in range(self.world)]
+            if self.rank == dst
+            else []
+        )
         g.run(what, lambda: g.gather(outs, mine, dst))
         return [_unframe(o) for o in outs] if self.rank == dst else None
 
@@ -185,7 +199,9 @@ class Comm:
         g.run(what, lambda: g.scatter(out, ins, src))
         return _unframe(out)
 
-    def all_to_all(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int], what: str) -> torch.Tensor:
+    def all_to_all(
+        self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int], what: str
+    ) -> torch.Tensor:
         """Raw bytes between every pair of ranks: rank ``r`` gets ``send_splits[r]`` bytes of
         this rank's ``send`` (a uint8 tensor, segments in rank order); returns what every rank
         sent here, ``recv_splits[r]`` bytes from rank ``r``, in rank order."""
@@ -210,7 +226,9 @@ class Comm:
         g.run(what, lambda: g.broadcast(buf, src))
         return json.loads(buf.numpy().tobytes())
 
-    def broadcast_tensors(self, tensors: list[torch.Tensor], what: str, src: int = 0, batch_bytes: int | None = None) -> None:
+    def broadcast_tensors(
+        self, tensors: list[torch.Tensor], what: str, src: int = 0, batch_bytes: int | None = None
+    ) -> None:
         """Copy rank ``src``'s contiguous CPU ``tensors`` into the same-shaped ones elsewhere.
 
         Bytes travel in batches of at most ``batch_bytes``: small tensors are packed together
@@ -229,7 +247,11 @@ class Comm:
                 one = pending[0]
                 g.run(what, lambda: g.broadcast(one, src))
             elif pending:
-                buf = torch.cat(pending) if self.rank == src else torch.empty(filled, dtype=torch.uint8)
+                buf = (
+                    torch.cat(pending)
+                    if self.rank == src
+                    else torch.empty(filled, dtype=torch.uint8)
+                )
                 g.run(what, lambda: g.broadcast(buf, src))
                 if self.rank != src:
                     at = 0
@@ -279,12 +301,16 @@ def failure(exc: BaseException) -> dict[str, Any]:
     return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def raise_failed(statuses: list[dict[str, Any]], what: str, cause: BaseException | None = None) -> None:
+def raise_failed(
+    statuses: list[dict[str, Any]], what: str, cause: BaseException | None = None
+) -> None:
     """Raise one DistributedError naming every failed rank and its cause, if any failed."""
     failed = {r: str(s.get("error", "?")) for r, s in enumerate(statuses) if not s.get("ok")}
     if failed:
         causes = "; ".join(f"rank {r}: {e}" for r, e in failed.items())
-        raise DistributedError(f"{what} failed on rank(s) {sorted(failed)}: {causes}", ranks=failed, causes=failed) from cause
+        raise DistributedError(
+            f"{what} failed on rank(s) {sorted(failed)}: {causes}", ranks=failed, causes=failed
+        ) from cause
 
 
 class Phase:
@@ -297,7 +323,14 @@ class Phase:
     rank, same length) gives ``maxed``, their element-wise maximum over the ranks.
     """
 
-    def __init__(self, comm: Communicator | None, step: str, what: str, root: int | None, collect: str = "all") -> None:
+    def __init__(
+        self,
+        comm: Communicator | None,
+        step: str,
+        what: str,
+        root: int | None,
+        collect: str = "all",
+    ) -> None:
         if collect not in COLLECT:
             raise InvalidInputError(f"phase collect must be one of {COLLECT}, got {collect!r}")
         self.comm, self.step, self.what, self.root, self.collect = comm, step, what, root, collect
@@ -341,7 +374,9 @@ class Phase:
 
     def _finish_root(self, comm: Communicator, exc: Exception | None) -> None:
         status = failure(exc) if exc is not None else {"ok": True, "message": self._message}
-        reply = comm.broadcast_json(status if comm.rank == self.root else None, self.step, src=self.root or 0)
+        reply = comm.broadcast_json(
+            status if comm.rank == self.root else None, self.step, src=self.root or 0
+        )
         raise_failed([{"ok": True}] * (self.root or 0) + [reply], self.what, exc)
         if exc is not None:  # a rank other than the root failed where only the root works
             raise exc
@@ -353,7 +388,12 @@ COLLECT = ("all", "root", "none")
 
 @contextmanager
 def phase(
-    comm: Communicator | None, step: str, what: str | None = None, *, root: int | None = None, collect: str = "all"
+    comm: Communicator | None,
+    step: str,
+    what: str | None = None,
+    *,
+    root: int | None = None,
+    collect: str = "all",
 ) -> Iterator[Phase]:
     """Run one rank's part of a collective phase, then tell every rank how every rank fared.
 

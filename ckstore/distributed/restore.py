@@ -59,7 +59,9 @@ def replicated_mode(value: str | None) -> str:
     """The read mode: the argument, else ``CKSTORE_REPLICATED_READ``, else "once"."""
     mode = value if value is not None else os.environ.get("CKSTORE_REPLICATED_READ", "once")
     if mode not in REPLICATED_READS:
-        raise InvalidInputError(f"replicated_read must be one of {list(REPLICATED_READS)}, got {mode!r}")
+        raise InvalidInputError(
+            f"replicated_read must be one of {list(REPLICATED_READS)}, got {mode!r}"
+        )
     return mode
 
 
@@ -99,7 +101,9 @@ class _Targets:
 
     @property
     def nbytes(self) -> int:
-        return destination_bytes(self.direct) + sum(t.numel() * t.element_size() for t in self.tensors.values())
+        return destination_bytes(self.direct) + sum(
+            t.numel() * t.element_size() for t in self.tensors.values()
+        )
 
 
 def _targets(reader: Reader, plans: list[Any]) -> _Targets:
@@ -122,8 +126,14 @@ def _targets(reader: Reader, plans: list[Any]) -> _Targets:
 
 
 def _restore_once(
-    comm: Comm, reader: Reader, app_state: Mapping[str, Any], strict: bool, budget: int | None,
-    atomic: bool, prog: Progress, what: str,
+    comm: Comm,
+    reader: Reader,
+    app_state: Mapping[str, Any],
+    strict: bool,
+    budget: int | None,
+    atomic: bool,
+    prog: Progress,
+    what: str,
 ) -> None:
     table, targets, part, common = _plan(comm, reader, app_state, strict, budget, atomic, what)
     cap = restore_budget(budget, targets.nbytes)
@@ -131,7 +141,17 @@ def _restore_once(
     fetcher = reader.fetcher()
     arena: Any = None  # verified chunks of this rank's own reads, until they are put in place
     try:
-        x = Exchange(comm, fetcher, table, part, common, targets.jobs, prog, "read" if held or not atomic else "broadcast", held)
+        x = Exchange(
+            comm,
+            fetcher,
+            table,
+            part,
+            common,
+            targets.jobs,
+            prog,
+            "read" if held or not atomic else "broadcast",
+            held,
+        )
         own = x.own_jobs()
         reads = x.sent() | {table.index[j.cid] for j in own}
         prog.total = sum(table.sizes[i] for i in reads) + sum(table.sizes[i] for i in x.received())
@@ -157,27 +177,50 @@ def _restore_once(
         fetcher.close()
         raise
     del arena
-    apply(Prepared(targets.plans, targets.tensors, targets.direct, [], verified=True, fetcher=fetcher), reader)
+    apply(
+        Prepared(
+            targets.plans, targets.tensors, targets.direct, [], verified=True, fetcher=fetcher
+        ),
+        reader,
+    )
 
 
 def _plan(
-    comm: Comm, reader: Reader, app_state: Mapping[str, Any], strict: bool, budget: int | None, atomic: bool, what: str
+    comm: Comm,
+    reader: Reader,
+    app_state: Mapping[str, Any],
+    strict: bool,
+    budget: int | None,
+    atomic: bool,
+    what: str,
 ) -> tuple[Table, _Targets, Part, dict[str, Any]]:
     """Phase 1: validate here, plan on rank 0, each rank gets its part."""
     with phase(comm, "plan", what, collect="root") as ph:
         plans = validate(reader, app_state, strict)
         targets = _targets(reader, plans)
         table = table_of(reader.manifest)
-        ph.send({"needs": runs_of(table.index[j.cid] for j in targets.jobs), "cap": restore_budget(budget, targets.nbytes),
-                 "table": table.digest()})
+        ph.send(
+            {
+                "needs": runs_of(table.index[j.cid] for j in targets.jobs),
+                "cap": restore_budget(budget, targets.nbytes),
+                "table": table.digest(),
+            }
+        )
     gathered = ph.received
     with phase(comm, "plan", what, root=0) as ph:
         parts: list[Any] | None = None
         if comm.rank == 0:
             odd = [r for r, g in enumerate(gathered) if g["table"] != gathered[0]["table"]]
             if odd:  # the plan numbers chunks alike on every rank: never send bytes on a mismatch
-                raise DistributedError(f"{what}: rank(s) {odd} read another manifest than rank 0", ranks=odd)
-            plan = plan_reads([g["needs"] for g in gathered], [g["cap"] for g in gathered], table.sizes, atomic=atomic)
+                raise DistributedError(
+                    f"{what}: rank(s) {odd} read another manifest than rank 0", ranks=odd
+                )
+            plan = plan_reads(
+                [g["needs"] for g in gathered],
+                [g["cap"] for g in gathered],
+                table.sizes,
+                atomic=atomic,
+            )
             parts = [p.to_json() for p in plan.parts]
             ph.send(plan.common())
     common = ph.received

@@ -102,7 +102,9 @@ def take(
         # 1. plan
         local, agreed = _plan(comm, states, ddp, spec, t.opts)
         mine = assignment(local, agreed, comm.world, comm.rank, t.opts)
-        t.guard.watch({k: leaf.desc["dtype"] for k, leaf in local.leaves.items() if "dtype" in leaf.desc})
+        t.guard.watch(
+            {k: leaf.desc["dtype"] for k, leaf in local.leaves.items() if "dtype" in leaf.desc}
+        )
 
         # 2. hash; which per-rank leaves are the same everywhere
         with phase(comm, "hash", f"{WHAT} (hash)", collect="none") as ph:
@@ -112,7 +114,9 @@ def take(
             own = _own_entries(local, t.opts)
             digests = {k: entry_digest(e) for k, e in own.items()}
             ph.send_max([x for d in digests.values() for a in ints62(d.encode()) for x in (a, -a)])
-        equal = {k for n, k in enumerate(own) if same(ph.maxed, 4 * n) and same(ph.maxed, 4 * n + 2)}
+        equal = {
+            k for n, k in enumerate(own) if same(ph.maxed, 4 * n) and same(ph.maxed, 4 * n + 2)
+        }
         groups = _groups(comm, [(k, d) for k, d in digests.items() if k not in equal])
 
         # 3. write this rank's chunks
@@ -127,8 +131,13 @@ def take(
         with phase(comm, "commit", f"{WHAT} (commit)", root=0) as ph:
             if comm.rank == 0:
                 manifest = _manifest(t, local, own, equal, reports, comm.world)
-                figures = {k: sum(r["figures"][k] for r in reports) for k in ("new_bytes", "new_chunks", "reused_chunks")}
-                record = t.commit(manifest, validate=True, figures=figures)  # every tensor's pieces must tile it
+                figures = {
+                    k: sum(r["figures"][k] for r in reports)
+                    for k in ("new_bytes", "new_chunks", "reused_chunks")
+                }
+                record = t.commit(
+                    manifest, validate=True, figures=figures
+                )  # every tensor's pieces must tile it
                 ph.send(asdict(record))
         if comm.rank != 0:
             t.hand_over()
@@ -136,7 +145,9 @@ def take(
         return record, manifest
 
 
-def _plan(comm: Comm, states: Mapping[str, Any], ddp: set[str], spec: TakeSpec, opts: TakeOptions) -> tuple[Local, Agreed]:
+def _plan(
+    comm: Comm, states: Mapping[str, Any], ddp: set[str], spec: TakeSpec, opts: TakeOptions
+) -> tuple[Local, Agreed]:
     """Phase 1: describe this rank's leaves; agree on the layout and the replicated keys."""
     with phase(comm, "plan", f"{WHAT} (plan)", collect="none") as ph:
         local = classify(states, ddp, spec.replicated, opts, comm.members)
@@ -153,7 +164,9 @@ def _refuse_mismatch(comm: Comm, local: Local, tree: str) -> None:
     """The ranks' layouts differ: gather them (this error path only) and say how."""
     descs = comm.all_gather_json({"tree": tree, **describe(local)}, "plan")
     check_same_structure(descs)
-    raise DistributedError(f"{WHAT}: the ranks' states differ in their DTensor layouts (dtype or global shape)")
+    raise DistributedError(
+        f"{WHAT}: the ranks' states differ in their DTensor layouts (dtype or global shape)"
+    )
 
 
 def _own_entries(local: Local, opts: TakeOptions) -> dict[str, Entry]:
@@ -162,7 +175,11 @@ def _own_entries(local: Local, opts: TakeOptions) -> dict[str, Entry]:
     for key, (o, s), c in local.chunks:
         if local.leaves[key].kind == LOCAL:
             chunks[key].append([list(o), list(s), c.id])
-    return {k: _own_entry(k, x.desc, chunks.get(k, []), opts) for k, x in local.leaves.items() if x.kind in (LOCAL, VALUE)}
+    return {
+        k: _own_entry(k, x.desc, chunks.get(k, []), opts)
+        for k, x in local.leaves.items()
+        if x.kind in (LOCAL, VALUE)
+    }
 
 
 def _groups(comm: Comm, differing: list[tuple[str, str]]) -> dict[str, list[int]]:
@@ -188,7 +205,9 @@ def _groups(comm: Comm, differing: list[tuple[str, str]]) -> dict[str, list[int]
     return {differing[int(n)][0]: [int(r) for r in members] for n, members in mine.items()}
 
 
-def _writes(local: Local, own: dict[str, Entry], equal: set[str], groups: dict[str, list[int]], comm: Comm) -> list[Chunk]:
+def _writes(
+    local: Local, own: dict[str, Entry], equal: set[str], groups: dict[str, list[int]], comm: Comm
+) -> list[Chunk]:
     """The chunks this rank writes: its assigned pieces; its per-rank tensors, or its share of
     those held alike by several ranks: chunk ``j`` of a value equal everywhere goes to rank
     ``position % world``, of one equal within a group to ``group[j % len(group)]``."""
@@ -198,11 +217,21 @@ def _writes(local: Local, own: dict[str, Entry], equal: set[str], groups: dict[s
         if not isinstance(e, TensorEntry) or (k not in equal and k not in groups):
             continue
         for j, c in enumerate(e.chunks):
-            if k in equal and at % comm.world == comm.rank or k in groups and groups[k][j % len(groups[k])] == comm.rank:
+            if (
+                k in equal
+                and at % comm.world == comm.rank
+                or k in groups
+                and groups[k][j % len(groups[k])] == comm.rank
+            ):
                 share.add((k, c.id))
             at += k in equal
-    return [c for key, _, c in local.chunks
-            if local.leaves[key].kind != LOCAL or (key not in equal and key not in groups) or (key, c.id) in share]
+    return [
+        c
+        for key, _, c in local.chunks
+        if local.leaves[key].kind != LOCAL
+        or (key not in equal and key not in groups)
+        or (key, c.id) in share
+    ]
 
 
 def _report(t: LocalTake, local: Local, own: dict[str, Entry], equal: set[str]) -> dict[str, Any]:
@@ -212,12 +241,16 @@ def _report(t: LocalTake, local: Local, own: dict[str, Entry], equal: set[str]) 
         if local.leaves[key].kind != LOCAL:
             pieces[key].append([list(o), list(s), c.id])
     return {
-        "figures": {**t.stats.figures(), "written_raw_bytes": t.stats.written_raw_bytes,
-                    "hashed_bytes": sum(len(c.view) for _, _, c in local.chunks)},
+        "figures": {
+            **t.stats.figures(),
+            "written_raw_bytes": t.stats.written_raw_bytes,
+            "hashed_bytes": sum(len(c.view) for _, _, c in local.chunks),
+        },
         "pieces": pieces,
         "own": {k: e.to_dict() for k, e in own.items() if k not in equal},
         "health": t.guard.partials(),
     }
+
 
 def take_async(
     repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None
@@ -243,7 +276,9 @@ def background() -> ThreadPoolExecutor:
     One thread keeps the order of collectives the same on every rank.
     """
     if not _BACKGROUND:
-        _BACKGROUND.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckstore-dist-async"))
+        _BACKGROUND.append(
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckstore-dist-async")
+        )
     return _BACKGROUND[0]
 
 
@@ -258,7 +293,13 @@ def _cut_chunks(local: Local, mine: Sequence[tuple[str, Box]], opts: TakeOptions
             sub = t[tuple(slice(o - b, o - b + s) for o, b, s in zip(po, leaf.box[0], ps))]
         else:
             sub = t[tuple(slice(o, o + s) for o, s in zip(po, ps))]
-        local.chunks.append((key, (po, ps), Chunk(key, byte_view(sub), t.element_size(), leaf.desc["dtype"] in GROUPED)))
+        local.chunks.append(
+            (
+                key,
+                (po, ps),
+                Chunk(key, byte_view(sub), t.element_size(), leaf.desc["dtype"] in GROUPED),
+            )
+        )
     for key, leaf in local.leaves.items():
         if leaf.kind != LOCAL or "data" in leaf.desc:
             continue
@@ -268,11 +309,22 @@ def _cut_chunks(local: Local, mine: Sequence[tuple[str, Box]], opts: TakeOptions
         grid = make_grid(tuple(lt.shape), lt.element_size(), opts.chunk_bytes)
         for offsets, sizes in grid.boxes():
             start, stop = grid.byte_range(offsets, sizes)
-            local.chunks.append((key, (offsets, sizes), Chunk(key, view[start:stop], lt.element_size(), leaf.desc["dtype"] in GROUPED)))
+            local.chunks.append(
+                (
+                    key,
+                    (offsets, sizes),
+                    Chunk(key, view[start:stop], lt.element_size(), leaf.desc["dtype"] in GROUPED),
+                )
+            )
 
 
 def _manifest(
-    t: LocalTake, local: Local, own: dict[str, Entry], equal: set[str], reports: list[dict[str, Any]], world: int
+    t: LocalTake,
+    local: Local,
+    own: dict[str, Entry],
+    equal: set[str],
+    reports: list[dict[str, Any]],
+    world: int,
 ) -> Manifest:
     """Rank 0: the one manifest, from its own leaves and every rank's report (and health figures)."""
     for rep in reports:
@@ -280,9 +332,18 @@ def _manifest(
     entries: dict[str, Entry] = {}
     for key, leaf in local.leaves.items():
         if key in own:
-            entries[key] = own[key] if key in equal else PerRankEntry(tuple(
-                _per_rank(own[key] if r == 0 else entry_from_dict(rep["own"][key], key), key) for r, rep in enumerate(reports)
-            ))
+            entries[key] = (
+                own[key]
+                if key in equal
+                else PerRankEntry(
+                    tuple(
+                        _per_rank(
+                            own[key] if r == 0 else entry_from_dict(rep["own"][key], key), key
+                        )
+                        for r, rep in enumerate(reports)
+                    )
+                )
+            )
         else:
             entries[key] = _shared_entry(key, leaf.desc, reports, t.opts)
     return t.manifest(local.apps, entries, world_size=world, ranks=[r["figures"] for r in reports])
@@ -294,25 +355,47 @@ def _per_rank(entry: Entry, key: str) -> TensorEntry | ValueEntry:
     return entry
 
 
-def _shared_entry(key: str, x: dict[str, Any], reports: list[dict[str, Any]], opts: TakeOptions) -> TensorEntry:
+def _shared_entry(
+    key: str, x: dict[str, Any], reports: list[dict[str, Any]], opts: TakeOptions
+) -> TensorEntry:
     """A DTensor or replicated tensor: rank 0's description, every rank's pieces."""
     shape = tuple(x["shape"])
     if "data" in x:  # a small replicated tensor, inline from rank 0's leaf
-        return TensorEntry(x["dtype"], shape, data=base64.b64decode(x["data"]), container=x["container"], device=x["device"])
+        return TensorEntry(
+            x["dtype"],
+            shape,
+            data=base64.b64decode(x["data"]),
+            container=x["container"],
+            device=x["device"],
+        )
     refs = sorted(
-        (ChunkRef(tuple(o), tuple(s), cid) for rep in reports for o, s, cid in rep["pieces"].get(key, ())),
+        (
+            ChunkRef(tuple(o), tuple(s), cid)
+            for rep in reports
+            for o, s, cid in rep["pieces"].get(key, ())
+        ),
         key=lambda c: c.offsets,
     )
     block = make_grid(shape, itemsize(x["dtype"]), opts.chunk_bytes).block
-    return TensorEntry(x["dtype"], shape, tuple(refs), block, container=x["container"], device=x["device"])
+    return TensorEntry(
+        x["dtype"], shape, tuple(refs), block, container=x["container"], device=x["device"]
+    )
 
 
-def _own_entry(key: str, x: dict[str, Any], chunks: Sequence[Sequence[Any]], opts: TakeOptions) -> TensorEntry | ValueEntry:
+def _own_entry(
+    key: str, x: dict[str, Any], chunks: Sequence[Sequence[Any]], opts: TakeOptions
+) -> TensorEntry | ValueEntry:
     if x["t"] == VALUE:
         return ValueEntry(x["value"])
     shape = tuple(x["shape"])
     if "data" in x:
-        return TensorEntry(x["dtype"], shape, data=base64.b64decode(x["data"]), container=x["container"], device=x["device"])
+        return TensorEntry(
+            x["dtype"],
+            shape,
+            data=base64.b64decode(x["data"]),
+            container=x["container"],
+            device=x["device"],
+        )
     refs = tuple(ChunkRef(tuple(o), tuple(s), cid) for o, s, cid in chunks)
     block = make_grid(shape, itemsize(x["dtype"]), opts.chunk_bytes).block
     return TensorEntry(x["dtype"], shape, refs, block, container=x["container"], device=x["device"])

@@ -23,7 +23,9 @@ def entry_records(manifest: Manifest) -> list[EntryRecord]:
     ]
 
 
-def put_manifest(objs: objects.ObjectStore, manifest: Manifest, validate: bool = False) -> tuple[str, int]:
+def put_manifest(
+    objs: objects.ObjectStore, manifest: Manifest, validate: bool = False
+) -> tuple[str, int]:
     """Store ``manifest`` as a blob (durable); its id and size. Visible to nobody until a
     commit names it; if none does, GC removes it as an orphan.
 
@@ -76,4 +78,6 @@ def commit_manifest(
         stale=stale,
     )
     ids = sorted(manifest.chunk_ids())
-    return index.commit_snapshot(session, record, entry_records(manifest), ids, size, tuple(tags), packs)
+    return index.commit_snapshot(
+        session, record, entry_records(manifest), ids, size, tuple(tags), packs
+    )

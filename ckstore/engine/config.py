@@ -51,22 +51,32 @@ class StoreConfig:
     features: tuple[str, ...] = field(default=FEATURES)
 
     @classmethod
-    def new(cls, chunk_bytes: int | None, pack_bytes: int | None, inline_bytes: int | None) -> StoreConfig:
+    def new(
+        cls, chunk_bytes: int | None, pack_bytes: int | None, inline_bytes: int | None
+    ) -> StoreConfig:
         """The config of a new store; None takes a knob's default.
 
         Raises:
             InvalidInputError: a knob is not an int or is out of range (FORMAT.md section 10).
         """
-        chunk = DEFAULT_CHUNK_BYTES if chunk_bytes is None else check_int(
-            "chunk_bytes", chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES
+        chunk = (
+            DEFAULT_CHUNK_BYTES
+            if chunk_bytes is None
+            else check_int("chunk_bytes", chunk_bytes, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
         )
-        pack = DEFAULT_PACK_BYTES if pack_bytes is None else check_int(
-            "pack_bytes", pack_bytes, MIN_CHUNK_BYTES, MAX_PACK_BYTES
+        pack = (
+            DEFAULT_PACK_BYTES
+            if pack_bytes is None
+            else check_int("pack_bytes", pack_bytes, MIN_CHUNK_BYTES, MAX_PACK_BYTES)
         )
-        inline = DEFAULT_INLINE_BYTES if inline_bytes is None else check_int(
-            "inline_bytes", inline_bytes, 0, MAX_INLINE_BYTES
+        inline = (
+            DEFAULT_INLINE_BYTES
+            if inline_bytes is None
+            else check_int("inline_bytes", inline_bytes, 0, MAX_INLINE_BYTES)
         )
-        cfg = cls(store_id=uuid.uuid4().hex, chunk_bytes=chunk, pack_bytes=pack, inline_bytes=inline)
+        cfg = cls(
+            store_id=uuid.uuid4().hex, chunk_bytes=chunk, pack_bytes=pack, inline_bytes=inline
+        )
         if not cfg.knobs_valid():
             raise InvalidInputError(
                 f"store knobs out of range: chunk_bytes={cfg.chunk_bytes} (16 to 2**30), "
@@ -102,11 +112,15 @@ class StoreConfig:
             )
         unknown = set(d.get("features", ())) - set(FEATURES)
         if unknown:
-            raise SchemaError(f"store {where} uses features {sorted(unknown)} this ckstore lacks: upgrade ckstore")
+            raise SchemaError(
+                f"store {where} uses features {sorted(unknown)} this ckstore lacks: upgrade ckstore"
+            )
         try:
             knobs = [d[k] for k in ("chunk_bytes", "pack_bytes", "inline_bytes")]
             if not all(type(k) is int for k in knobs) or type(d["store_id"]) is not str:
-                raise TypeError(f"store_id, chunk_bytes, pack_bytes, inline_bytes of the wrong type: {d}")
+                raise TypeError(
+                    f"store_id, chunk_bytes, pack_bytes, inline_bytes of the wrong type: {d}"
+                )
             cfg = cls(
                 store_id=d["store_id"],
                 chunk_bytes=knobs[0],
@@ -208,7 +222,9 @@ def default_lease_seconds() -> float:
     try:
         value = float(env)
     except ValueError:
-        raise InvalidInputError(f"$CKSTORE_LEASE_SECONDS must be a number of seconds, got {env!r}") from None
+        raise InvalidInputError(
+            f"$CKSTORE_LEASE_SECONDS must be a number of seconds, got {env!r}"
+        ) from None
     return check_number("$CKSTORE_LEASE_SECONDS", value, 0.0, MAX_LEASE_SECONDS, lo_open=True)
 
 

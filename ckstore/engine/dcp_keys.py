@@ -34,7 +34,11 @@ DCP_APP = "dcp"
 
 def is_dcp_manifest(manifest: Manifest) -> bool:
     """True for a snapshot written by ``dcp.save`` into ckstore."""
-    return isinstance(manifest.snapshot, dict) and "dcp" in manifest.snapshot and DCP_APP in manifest.apps
+    return (
+        isinstance(manifest.snapshot, dict)
+        and "dcp" in manifest.snapshot
+        and DCP_APP in manifest.apps
+    )
 
 
 def dcp_overlay(manifest: Manifest, app_state: Mapping[str, Any], strict: bool) -> Manifest:
@@ -56,7 +60,9 @@ def dcp_overlay(manifest: Manifest, app_state: Mapping[str, Any], strict: bool) 
         found = {key: f for key, (f, _) in fqns.items() if join(DCP_APP, f) in manifest.entries}
         if not found and not strict:
             continue
-        missing = sorted(k for k, (_, v) in fqns.items() if k not in found and isinstance(v, torch.Tensor))
+        missing = sorted(
+            k for k, (_, v) in fqns.items() if k not in found and isinstance(v, torch.Tensor)
+        )
         if strict and (missing or not found):
             missing = missing or sorted(fqns)
             raise MismatchError(
@@ -79,7 +85,10 @@ def _walk(key: str, path: tuple[Any, ...], obj: Any, fqns: dict[str, tuple[str, 
             if not is_plain(k) or isinstance(k, (bytes, bytearray)):
                 continue
             items.append([encode_value(k, key), _walk(join(key, str(k)), (*path, str(k)), v, fqns)])
-        node: dict[str, Any] = {"$dict": items, "$cls": "OrderedDict" if isinstance(obj, OrderedDict) else "dict"}
+        node: dict[str, Any] = {
+            "$dict": items,
+            "$cls": "OrderedDict" if isinstance(obj, OrderedDict) else "dict",
+        }
         meta = getattr(obj, "_metadata", None)
         if isinstance(meta, dict):
             try:
@@ -99,7 +108,10 @@ def _terminal(value: Any) -> bool:
         return False
     if not isinstance(value, list):
         return True
-    return all(not isinstance(v, torch.Tensor) and (not isinstance(v, (Mapping, list)) or _terminal(v)) for v in value)
+    return all(
+        not isinstance(v, torch.Tensor) and (not isinstance(v, (Mapping, list)) or _terminal(v))
+        for v in value
+    )
 
 
 def _keep(tree: Any, keys: set[str]) -> Any:
@@ -117,7 +129,9 @@ def _keep(tree: Any, keys: set[str]) -> Any:
 def _check_unexpected(manifest: Manifest, name: str, matched: set[str]) -> None:
     prefix = join(DCP_APP, name) + "."
     known = {join(DCP_APP, f) for f in matched}
-    extra = sorted(k[len(DCP_APP) + 1 :] for k in manifest.entries if k.startswith(prefix) and k not in known)
+    extra = sorted(
+        k[len(DCP_APP) + 1 :] for k in manifest.entries if k.startswith(prefix) and k not in known
+    )
     if extra:
         raise MismatchError(
             f"DCP snapshot does not match app_state[{name!r}]: stored keys {extra[:5]} are not in "
@@ -142,8 +156,12 @@ def recorded_paths(manifest: Manifest) -> dict[str, tuple[Any, ...]]:
     if not isinstance(mapping, dict):
         return {}
     return {
-        fqn: path for fqn, path in mapping.items()
-        if isinstance(fqn, str) and isinstance(path, tuple) and path and isinstance(path[0], str)
+        fqn: path
+        for fqn, path in mapping.items()
+        if isinstance(fqn, str)
+        and isinstance(path, tuple)
+        and path
+        and isinstance(path[0], str)
         and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in path)
         and join(DCP_APP, fqn) in manifest.entries
     }
@@ -161,7 +179,9 @@ def nest(values: dict[tuple[Any, ...], Any]) -> Any:
     if () in values:
         return values[()]
     root: dict[Any, Any] = {}
-    for path, value in sorted(values.items(), key=lambda kv: [(isinstance(p, str), p) for p in kv[0]]):
+    for path, value in sorted(
+        values.items(), key=lambda kv: [(isinstance(p, str), p) for p in kv[0]]
+    ):
         node: Any = root
         for here, nxt in zip(path, path[1:]):
             fresh: Any = [] if isinstance(nxt, int) else {}

@@ -26,8 +26,11 @@ from .locations import to_location
 from .packing import Chunk
 
 
-def attach_bases(keys: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], Chunk]]],
-                 entries: dict[str, Any], base: Manifest) -> int:
+def attach_bases(
+    keys: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], Chunk]]],
+    entries: dict[str, Any],
+    base: Manifest,
+) -> int:
     """Give each chunk of ``keys`` (key -> [(offsets, sizes, chunk)]) the id of the chunk at the
     same place in ``base`` as its candidate base; returns how many got one.
 
@@ -50,7 +53,9 @@ def attach_bases(keys: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], Ch
     return count
 
 
-def resolve_bases(index: WriteIndex, session: str, chunks: Iterable[Chunk], depth_limit: int) -> None:
+def resolve_bases(
+    index: WriteIndex, session: str, chunks: Iterable[Chunk], depth_limit: int
+) -> None:
     """Pin the base of each chunk in ``chunks`` that has a candidate and give it the base's
     location (with its chain); a chunk whose candidate the index lacks, or whose candidate is
     its own id, gets none.
@@ -66,7 +71,12 @@ def resolve_bases(index: WriteIndex, session: str, chunks: Iterable[Chunk], dept
         rec = known.get(c.base_id)
         while rec is not None and rec.depth >= depth_limit:
             rec = known.get(rec.base_id) if rec.base_id is not None else None
-        if rec is not None and rec.depth < depth_limit and rec.chunk_id != c.id and rec.raw_length == c.nbytes:
+        if (
+            rec is not None
+            and rec.depth < depth_limit
+            and rec.chunk_id != c.id
+            and rec.raw_length == c.nbytes
+        ):
             wanted.append((c, rec.chunk_id))
     pinned = index.lookup_chunks(session, {b for _, b in wanted})  # gone meanwhile: no delta
     for c, base_id in wanted:

@@ -24,6 +24,7 @@ DEVICE_STAGING_BYTES = 128 << 20
 """Host (pinned) memory per device a take stages device chunks through; device chunks are
 hashed in batches of at most this many bytes."""
 
+
 def is_device_tensor(t: Any) -> bool:
     """Whether a take stages ``t`` through host pools (a plain strided CUDA tensor), rather
     than copying it to the host whole."""

@@ -80,14 +80,18 @@ class Job:
     checked: bool = field(default=False, repr=False)  # its payloads matched their digests
 
 
-def plan_jobs(key: str, entry: TensorEntry, t: torch.Tensor, offs: tuple[int, ...], sizes: tuple[int, ...]) -> list[Job]:
+def plan_jobs(
+    key: str, entry: TensorEntry, t: torch.Tensor, offs: tuple[int, ...], sizes: tuple[int, ...]
+) -> list[Job]:
     """Jobs filling ``t`` (the region ``offs``/``sizes`` of ``key``) from the chunks overlapping it.
 
     A chunk lying wholly inside the region and contiguous there, in a contiguous CPU tensor,
     is decoded straight into place; any other is decoded into a host buffer and its overlap
     copied in.
     """
-    direct = t.device.type == "cpu" and t.device.type not in devices.DEVICE_TYPES and t.is_contiguous()
+    direct = (
+        t.device.type == "cpu" and t.device.type not in devices.DEVICE_TYPES and t.is_contiguous()
+    )
     view = writable_view(t) if direct else None
     strides = _strides(sizes)
     jobs = []
@@ -100,7 +104,17 @@ def plan_jobs(key: str, entry: TensorEntry, t: torch.Tensor, offs: tuple[int, ..
             jobs.append(Job(key, c.id, view[start : start + math.prod(c.sizes) * t.element_size()]))
         else:
             io, isz = inter
-            jobs.append(Job(key, c.id, None, entry.dtype, c.sizes, slices(io, c.offsets, isz), t[slices(io, offs, isz)]))
+            jobs.append(
+                Job(
+                    key,
+                    c.id,
+                    None,
+                    entry.dtype,
+                    c.sizes,
+                    slices(io, c.offsets, isz),
+                    t[slices(io, offs, isz)],
+                )
+            )
     return jobs
 
 
@@ -146,8 +160,14 @@ class Arena:
 class Fetcher:
     """Runs chunk jobs of one snapshot on ``threads`` threads (see the module docstring)."""
 
-    def __init__(self, objs: objects.ObjectStore, index: LocationIndex, where: str, threads: int,
-                 progress: ProgressFn | None = None) -> None:
+    def __init__(
+        self,
+        objs: objects.ObjectStore,
+        index: LocationIndex,
+        where: str,
+        threads: int,
+        progress: ProgressFn | None = None,
+    ) -> None:
         self.objs, self.index, self.where, self.threads = objs, index, where, max(1, threads)
         self.progress = progress
         self._executor: ThreadPoolExecutor | None = None
@@ -190,8 +210,13 @@ class Fetcher:
             self.apply([j for j, data in found if data is not None])  # copies them into place
         self._locate(jobs)
         with _Pools(self.threads, jobs) as pools:
-            self._run(jobs, lambda j: self._deliver(j, pools, lambda out: self.objs.verify_chunk(self._loc(j), out)),
-                      "restore")
+            self._run(
+                jobs,
+                lambda j: self._deliver(
+                    j, pools, lambda out: self.objs.verify_chunk(self._loc(j), out)
+                ),
+                "restore",
+            )
 
     def verify(self, jobs: list[Job], budget: int | None) -> Arena:
         """Check every chunk without touching any destination.
@@ -204,7 +229,9 @@ class Fetcher:
         """
         self._locate(jobs)
         self._read_once()
-        want = sum(-(-self._loc(j).raw_length // 64) * 64 for j in jobs)  # slots are 64-byte aligned
+        want = sum(
+            -(-self._loc(j).raw_length // 64) * 64 for j in jobs
+        )  # slots are 64-byte aligned
         room = want if budget is None else max(0, budget - _Pools.bytes_needed(self.threads, jobs))
         arena = Arena(room, want, _arena_copier(jobs))
 
@@ -237,20 +264,33 @@ class Fetcher:
                     assert job.dst is not None
                     pools.copier(job.dst).copy(job.dst, _chunk_tensor(job, staged)[job.src])
                 elif job.checked:
-                    self._deliver(job, pools, lambda out: self.objs.verify_chunk(self._loc(job), out, check_digests=True),
-                                  moved=self._verified_copy)
+                    self._deliver(
+                        job,
+                        pools,
+                        lambda out: self.objs.verify_chunk(self._loc(job), out, check_digests=True),
+                        moved=self._verified_copy,
+                    )
                 else:
                     assert expected is not None
-                    self._deliver(job, pools, lambda out: self.objs.load_verified(self._loc(job), out, expected),
-                                  moved=self._verified_copy)
+                    self._deliver(
+                        job,
+                        pools,
+                        lambda out: self.objs.load_verified(self._loc(job), out, expected),
+                        moved=self._verified_copy,
+                    )
 
             self._run(jobs, one, "restore")
         for job in jobs:  # every copy out of the arena has completed (the pools waited)
             job.staged = None
 
     # -- helpers -----------------------------------------------------------------------------
-    def _deliver(self, job: Job, pools: _Pools, fill: Callable[[memoryview], Any],
-                 moved: Callable[[Job, memoryview], Any] | None = None) -> None:
+    def _deliver(
+        self,
+        job: Job,
+        pools: _Pools,
+        fill: Callable[[memoryview], Any],
+        moved: Callable[[Job, memoryview], Any] | None = None,
+    ) -> None:
         """Decode into ``job.out``, or into a pooled host buffer copied to ``job.dst``.
 
         ``moved`` replaces ``fill`` for a chunk found rewritten elsewhere since the first pass
@@ -258,8 +298,12 @@ class Fetcher:
         if job.out is not None or job.dst is None:
             out = job.out
             assert out is not None
-            self._guard(job, lambda: fill(out), writing=True,
-                        moved=None if moved is None else lambda: moved(job, out))
+            self._guard(
+                job,
+                lambda: fill(out),
+                writing=True,
+                moved=None if moved is None else lambda: moved(job, out),
+            )
             return
         pool = pools.pool(job.dst)
         buf = pool.acquire()
@@ -267,14 +311,24 @@ class Fetcher:
         try:
             n = self._loc(job).raw_length
             view = memoryview(buf.numpy()).cast("B")[:n]  # type: ignore[arg-type]
-            self._guard(job, lambda: fill(view), writing=True,
-                        moved=None if moved is None else lambda: moved(job, view))
+            self._guard(
+                job,
+                lambda: fill(view),
+                writing=True,
+                moved=None if moved is None else lambda: moved(job, view),
+            )
             transfer = pool.copier.copy(job.dst, _chunk_tensor(job, buf[:n])[job.src])
         finally:
             pool.release(buf, transfer)
 
-    def _guard(self, job: Job, fn: Callable[[], Any], *, writing: bool = False,
-               moved: Callable[[], Any] | None = None) -> Any:
+    def _guard(
+        self,
+        job: Job,
+        fn: Callable[[], Any],
+        *,
+        writing: bool = False,
+        moved: Callable[[], Any] | None = None,
+    ) -> Any:
         """Run ``fn`` (which reads ``job.loc`` when it runs) for ``job``: a pack gone since the
         chunk was located is looked up again (:meth:`_moved`) and ``fn`` runs again at the
         chunk's new place, or ``moved`` runs instead when its payload is not the one read before
@@ -309,7 +363,9 @@ class Fetcher:
         new = to_location(rec, locs)
         old = self._loc(job)
         try:
-            places = [(l.pack_id, l.offset) for l in new.chain()] != [(l.pack_id, l.offset) for l in old.chain()]
+            places = [(l.pack_id, l.offset) for l in new.chain()] != [
+                (l.pack_id, l.offset) for l in old.chain()
+            ]
             same = [_payload_key(l) for l in new.chain()] == [_payload_key(l) for l in old.chain()]
         except CorruptionError:
             return None
@@ -362,7 +418,9 @@ class Fetcher:
                 fn(j)
             return
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="ckstore-read")
+            self._executor = ThreadPoolExecutor(
+                max_workers=self.threads, thread_name_prefix="ckstore-read"
+            )
         for _ in self._executor.map(fn, jobs):
             pass
 
@@ -387,7 +445,9 @@ class _Pools:
         with self._lock:
             pool = self._pools.get(dst.device)
             if pool is None:
-                pool = self._pools[dst.device] = HostPool(devices.copier_for(dst), self._size, POOL_BUFFERS_PER_THREAD * self._threads)
+                pool = self._pools[dst.device] = HostPool(
+                    devices.copier_for(dst), self._size, POOL_BUFFERS_PER_THREAD * self._threads
+                )
             return pool
 
     def copier(self, dst: torch.Tensor) -> Copier:
@@ -421,7 +481,11 @@ def _moved_scratch(n: int) -> np.ndarray:
 def _raw(job: Job) -> int:
     if job.staged is not None:
         return len(job.staged)
-    return job.loc.raw_length if job.loc is not None else math.prod(job.sizes) * dtype_from_name(job.dtype).itemsize
+    return (
+        job.loc.raw_length
+        if job.loc is not None
+        else math.prod(job.sizes) * dtype_from_name(job.dtype).itemsize
+    )
 
 
 def _arena_copier(jobs: list[Job]) -> Copier:
@@ -450,7 +514,9 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def intersect(ao: tuple[int, ...], asz: tuple[int, ...], bo: tuple[int, ...], bsz: tuple[int, ...]) -> Region | None:
+def intersect(
+    ao: tuple[int, ...], asz: tuple[int, ...], bo: tuple[int, ...], bsz: tuple[int, ...]
+) -> Region | None:
     """The overlap of two boxes, or None when it is empty."""
     lo = tuple(max(a, b) for a, b in zip(ao, bo))
     hi = tuple(min(a + n, b + m) for a, n, b, m in zip(ao, asz, bo, bsz))
@@ -467,6 +533,8 @@ def _contiguous(sizes: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     return all(s == n for s, n in zip(sizes[d + 1 :], shape[d + 1 :]))
 
 
-def slices(offsets: tuple[int, ...], origin: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[slice, ...]:
+def slices(
+    offsets: tuple[int, ...], origin: tuple[int, ...], sizes: tuple[int, ...]
+) -> tuple[slice, ...]:
     """Index of the box (offsets, sizes) inside a tensor whose element 0 sits at ``origin``."""
     return tuple(slice(o - r, o - r + n) for o, r, n in zip(offsets, origin, sizes))

@@ -49,9 +49,15 @@ class TakeGuard:
         self.repo = repo
         self._dtypes: dict[str, str] = {}
         self._stats: dict[tuple[str, str], Stats] = {}
-        self._as_parent: set[tuple[str, str]] = set()  # chunks skipped: bytes of a clean parent tensor
-        self._known: dict[str, frozenset[str]] = {}  # chunk key -> chunk ids of its clean parent tensor
-        self._parent: tuple[SnapshotRecord, Manifest] | None | bool = False  # False: not looked up yet
+        self._as_parent: set[tuple[str, str]] = (
+            set()
+        )  # chunks skipped: bytes of a clean parent tensor
+        self._known: dict[
+            str, frozenset[str]
+        ] = {}  # chunk key -> chunk ids of its clean parent tensor
+        self._parent: tuple[SnapshotRecord, Manifest] | None | bool = (
+            False  # False: not looked up yet
+        )
 
     # --- while hashing ----------------------------------------------------------------------
     def watch(self, dtypes: Mapping[str, str], manifest_key: Callable[[str], str] = str) -> None:
@@ -72,8 +78,13 @@ class TakeGuard:
         for key, dtype in self._dtypes.items():
             mk = manifest_key(key)
             before, figures = parent[1].entries.get(mk), health.tensors.get(mk)
-            if (isinstance(before, TensorEntry) and before.dtype == dtype and before.data is None
-                    and figures is not None and figures.nan == figures.inf == 0):
+            if (
+                isinstance(before, TensorEntry)
+                and before.dtype == dtype
+                and before.data is None
+                and figures is not None
+                and figures.nan == figures.inf == 0
+            ):
                 self._known[key] = frozenset(ref.id for ref in before.chunks)
 
     def hash_chunk(self, chunk: Chunk) -> tuple[str, Stats | None | bool]:
@@ -97,7 +108,9 @@ class TakeGuard:
 
     def partials(self) -> list[list[Any]]:
         """This process's figures, JSON-able, for the process that commits."""
-        return [[d, cid, *s] for (d, cid), s in self._stats.items()] + [[d, cid] for d, cid in self._as_parent]
+        return [[d, cid, *s] for (d, cid), s in self._stats.items()] + [
+            [d, cid] for d, cid in self._as_parent
+        ]
 
     def merge(self, partials: Iterable[list[Any]]) -> None:
         """Add another process's :meth:`partials`."""
@@ -142,18 +155,31 @@ class TakeGuard:
         out = {}
         for key, entry in entries.items():
             parts = entry.entries if isinstance(entry, PerRankEntry) else (entry,)
-            sums = [self._entry_stats(e) for e in parts if isinstance(e, TensorEntry) and measured(e.dtype)]
+            sums = [
+                self._entry_stats(e)
+                for e in parts
+                if isinstance(e, TensorEntry) and measured(e.dtype)
+            ]
             if not sums or any(s is None for s in sums):
                 continue
-            if all(s == _AS_PARENT for s in sums) and parent is not None and _same(entry, parent[1].entries.get(key)):
+            if (
+                all(s == _AS_PARENT for s in sums)
+                and parent is not None
+                and _same(entry, parent[1].entries.get(key))
+            ):
                 kept = (before.tensors or {}).get(key) if before is not None else None
                 out[key] = kept if kept is not None else fh.TensorHealth(0, 0, None)
                 continue
             known = [s for s in sums if s is not None]
-            sumsq = None if any(s[2] is None for s in known) else sum(float(s[2] or 0.0) for s in known)
-            norm = None if sumsq is None else sumsq ** 0.5
-            out[key] = fh.TensorHealth(sum(s[0] for s in known), sum(s[1] for s in known),
-                                       norm if norm is not None and norm < float("inf") else None)
+            sumsq = (
+                None if any(s[2] is None for s in known) else sum(float(s[2] or 0.0) for s in known)
+            )
+            norm = None if sumsq is None else sumsq**0.5
+            out[key] = fh.TensorHealth(
+                sum(s[0] for s in known),
+                sum(s[1] for s in known),
+                norm if norm is not None and norm < float("inf") else None,
+            )
         return out
 
     def _entry_stats(self, e: TensorEntry) -> tuple[int, int, float | None] | None:
@@ -176,40 +202,68 @@ class TakeGuard:
                 return None  # a chunk this process never saw the figures of
         return _AS_PARENT if e.chunks and skipped == len(e.chunks) else (nan, inf, sumsq)
 
-    def _stale(self, entries: Mapping[str, Entry]) -> tuple[tuple[str, ...] | None, dict[str, Any] | None]:
+    def _stale(
+        self, entries: Mapping[str, Entry]
+    ) -> tuple[tuple[str, ...] | None, dict[str, Any] | None]:
         spec = self.spec
         parent = self.parent() if spec.step is not None else None
-        if parent is None or parent[0].step is None or spec.step is None or parent[0].step >= spec.step:
+        if (
+            parent is None
+            or parent[0].step is None
+            or spec.step is None
+            or parent[0].step >= spec.step
+        ):
             return None, None
         record, manifest = parent
         base = {"id": record.id, "step": record.step}
         watched = should_change(entries, spec.trainable_keys, spec.trainable)
         before = manifest.entries
-        return tuple(sorted(k for k in watched if k in before and _same(entries[k], before[k]))), base
+        return tuple(
+            sorted(k for k in watched if k in before and _same(entries[k], before[k]))
+        ), base
 
     def _apply(self, found: fh.Health) -> None:
         spec = self.spec
-        where = f"take of {spec.run}@{spec.step}" if spec.step is not None else f"take of run {spec.run!r}"
+        where = (
+            f"take of {spec.run}@{spec.step}"
+            if spec.step is not None
+            else f"take of run {spec.run!r}"
+        )
         bad = found.bad_keys
         if bad and spec.on_nonfinite == "raise":
-            raise NonFiniteError(f"{where}: NaN or Inf in {len(bad)} tensor(s): {fh.describe(bad)}; nothing was "
-                                 "committed (on_nonfinite='raise')", keys=bad)
+            raise NonFiniteError(
+                f"{where}: NaN or Inf in {len(bad)} tensor(s): {fh.describe(bad)}; nothing was "
+                "committed (on_nonfinite='raise')",
+                keys=bad,
+            )
         stale = list(found.stale or ())
         if stale and spec.on_stale == "raise":
             raise StaleStateError(
                 f"{where}: {len(stale)} tensor(s) that should train did not change since step "
                 f"{(found.stale_base or {}).get('step')}: {fh.describe(stale)}; nothing was committed "
-                "(on_stale='raise'). Is the optimizer stepping, and is this the state it trains?", keys=stale)
+                "(on_stale='raise'). Is the optimizer stepping, and is this the state it trains?",
+                keys=stale,
+            )
         if bad and spec.on_nonfinite == "warn":
             for pattern, keys in fh.by_pattern(bad).items():
-                warnings.warn(NonFiniteWarning(f"ckstore: {where}: NaN/Inf in {_name(keys, pattern)}; "
-                                               "committed, recorded unhealthy "
-                                               f"(roll back with store.get('{spec.run}@healthy'))"), stacklevel=2)
+                warnings.warn(
+                    NonFiniteWarning(
+                        f"ckstore: {where}: NaN/Inf in {_name(keys, pattern)}; "
+                        "committed, recorded unhealthy "
+                        f"(roll back with store.get('{spec.run}@healthy'))"
+                    ),
+                    stacklevel=2,
+                )
         if stale and spec.on_stale == "warn":
             step = (found.stale_base or {}).get("step")
             for pattern, keys in fh.by_pattern(stale).items():
-                warnings.warn(StaleStateWarning(f"ckstore: {where}: {_name(keys, pattern)} did not change "
-                                                f"since step {step} although it should train"), stacklevel=2)
+                warnings.warn(
+                    StaleStateWarning(
+                        f"ckstore: {where}: {_name(keys, pattern)} did not change "
+                        f"since step {step} although it should train"
+                    ),
+                    stacklevel=2,
+                )
 
 
 def _name(keys: list[str], pattern: str) -> str:
@@ -239,7 +293,9 @@ _AS_PARENT = (0, 0, None)
 def _same(a: Entry, b: Entry | None) -> bool:
     """Whether two entries hold the same tensor content (same chunk ids, or inline bytes)."""
     if isinstance(a, PerRankEntry) and isinstance(b, PerRankEntry):
-        return len(a.entries) == len(b.entries) and all(_same(x, y) for x, y in zip(a.entries, b.entries))
+        return len(a.entries) == len(b.entries) and all(
+            _same(x, y) for x, y in zip(a.entries, b.entries)
+        )
     if not isinstance(a, TensorEntry) or not isinstance(b, TensorEntry):
         return False
     if a.dtype != b.dtype or a.shape != b.shape or a.container != b.container:

@@ -67,7 +67,9 @@ class Lease:
 
     def _begin(self) -> None:
         try:
-            self._id = self._index.begin_session(f"{socket.gethostname()}:{os.getpid()}", self._seconds).id
+            self._id = self._index.begin_session(
+                f"{socket.gethostname()}:{os.getpid()}", self._seconds
+            ).id
         except BaseException as exc:  # noqa: BLE001 - raised to the caller by id (or __enter__)
             self._failed = exc
         finally:
@@ -132,7 +134,11 @@ def _arm(lease: Lease) -> None:
     global _installed
     with _guard:
         _held.add(lease)
-        if _installed or not _main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        if (
+            _installed
+            or not _main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        ):
             return
         signal.signal(signal.SIGTERM, _on_sigterm)
         _installed = True

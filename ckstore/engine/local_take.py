@@ -60,7 +60,11 @@ class TakeStats(WriteStats):
 
     def figures(self) -> dict[str, int]:
         """The figures a commit records (and a distributed take gathers from every rank)."""
-        return {"new_bytes": self.new_bytes, "new_chunks": self.new_chunks, "reused_chunks": self.reused_chunks}
+        return {
+            "new_bytes": self.new_bytes,
+            "new_chunks": self.new_chunks,
+            "reused_chunks": self.reused_chunks,
+        }
 
 
 class LocalTake:
@@ -73,8 +77,13 @@ class LocalTake:
         opts: the knobs (default: the repository's, with deltas on when ``spec`` has a base).
     """
 
-    def __init__(self, repo: Repository, spec: TakeSpec, opts: TakeOptions | None = None,
-                 progress: ProgressFn | None = None) -> None:
+    def __init__(
+        self,
+        repo: Repository,
+        spec: TakeSpec,
+        opts: TakeOptions | None = None,
+        progress: ProgressFn | None = None,
+    ) -> None:
         self.repo = repo
         self.spec = spec
         self.opts = opts or repo.take_options(deltas=spec.delta_base is not None)
@@ -82,7 +91,9 @@ class LocalTake:
         self.started = time.time()
         self.stats = TakeStats()
         self._seen: set[str] = set()  # chunk ids handled by this take
-        self._deferred: list[tuple[PackRecord, list[ChunkRecord]]] = []  # durable, recorded at commit
+        self._deferred: list[
+            tuple[PackRecord, list[ChunkRecord]]
+        ] = []  # durable, recorded at commit
         self._progress = progress
         self._meter: Meter | None = None
         self.guard = TakeGuard(spec, repo)
@@ -154,8 +165,14 @@ class LocalTake:
         """Pin the chunks the store has among ``chunk_ids`` to this session; return those."""
         return set(self.index.lookup_chunks(self.session, list(chunk_ids)))
 
-    def store(self, chunks: list[Chunk], *, hashed: bool = False, then: Callable[[], None] | None = None,
-              defer: bool = False) -> None:
+    def store(
+        self,
+        chunks: list[Chunk],
+        *,
+        hashed: bool = False,
+        then: Callable[[], None] | None = None,
+        defer: bool = False,
+    ) -> None:
         """Hash ``chunks`` (unless ``hashed``), pin those the store has, write those it lacks.
 
         Each chunk id is handled once per take, whatever the number of calls. Works in batches
@@ -174,8 +191,15 @@ class LocalTake:
         max_bytes = min(HASH_BATCH_BYTES, stager.batch_bytes) if device else HASH_BATCH_BYTES
         max_count = min(HASH_BATCH_CHUNKS, stager.batch_chunks) if device else HASH_BATCH_CHUNKS
         try:
-            with PackPipeline(self.repo.objects, self.index, self.session, self.opts, self._workers(),
-                              self._deferred if defer else None, on_added=self._tick) as pipe:
+            with PackPipeline(
+                self.repo.objects,
+                self.index,
+                self.session,
+                self.opts,
+                self._workers(),
+                self._deferred if defer else None,
+                on_added=self._tick,
+            ) as pipe:
                 for batch in batches(chunks, max_bytes, max_count, FIRST_BATCH_BYTES):
                     stager.stage(batch)
                     if not hashed:
@@ -201,7 +225,9 @@ class LocalTake:
         self.stats.reused_chunks += len(found)
         missing = [c for cid, c in new.items() if cid not in found]
         self.stats.written_raw_bytes += sum(c.nbytes for c in missing)
-        self._tick(sum(c.nbytes for c in batch) - sum(c.nbytes for c in missing))  # found, or seen before
+        self._tick(
+            sum(c.nbytes for c in batch) - sum(c.nbytes for c in missing)
+        )  # found, or seen before
         resolve_bases(self.index, self.session, missing, self.opts.delta_depth)
         for c in missing:
             pipe.push(c)
@@ -217,8 +243,16 @@ class LocalTake:
                 ``on_stale`` ``"raise"``); nothing is committed.
         """
         health = self.guard.assess(entries).to_dict()
-        return Manifest(apps, entries, self.spec.header(created_at=self.started, session=self.session,
-                                                        **header, **({"health": health} if health else {})))
+        return Manifest(
+            apps,
+            entries,
+            self.spec.header(
+                created_at=self.started,
+                session=self.session,
+                **header,
+                **({"health": health} if health else {}),
+            ),
+        )
 
     def put_manifest(self, manifest: Manifest, validate: bool = False) -> tuple[str, int]:
         """Store ``manifest`` (durable, visible to nobody yet); its id and size."""
@@ -245,8 +279,15 @@ class LocalTake:
         """
         self.check_lease()
         stored = stored or self.put_manifest(manifest, validate)
-        record = commit_manifest(self.index, self.session, manifest, stored, self.spec.tag_specs,
-                                 packs=self._deferred, **(figures or self.stats.figures()))
+        record = commit_manifest(
+            self.index,
+            self.session,
+            manifest,
+            stored,
+            self.spec.tag_specs,
+            packs=self._deferred,
+            **(figures or self.stats.figures()),
+        )
         self._live_lease().committed = True
         if self._meter is not None:
             self._meter.finish()
@@ -258,7 +299,10 @@ class LocalTake:
         """End the session as committed without committing here: the process that commits
         has pinned (or committed) everything this one stored."""
         lease = self._live_lease()
-        for pack, chunks in self._deferred:  # deferred packs must be indexed before anyone commits them
+        for (
+            pack,
+            chunks,
+        ) in self._deferred:  # deferred packs must be indexed before anyone commits them
             self.index.add_pack(lease.id, pack, chunks)
         self._deferred.clear()
         try:
@@ -270,10 +314,14 @@ class LocalTake:
     # --- internals --------------------------------------------------------------------------
     def _live_lease(self) -> Lease:
         if self._lease is None:
-            raise InvalidInputError("LocalTake used outside its session: call open() or use it in a with block")
+            raise InvalidInputError(
+                "LocalTake used outside its session: call open() or use it in a with block"
+            )
         return self._lease
 
     def _workers(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            raise InvalidInputError("LocalTake used outside its session: call open() or use it in a with block")
+            raise InvalidInputError(
+                "LocalTake used outside its session: call open() or use it in a with block"
+            )
         return self._pool

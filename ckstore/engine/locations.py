@@ -25,18 +25,38 @@ def to_location(rec: ChunkRecord, known: Mapping[str, ChunkRecord] | None = None
         link = known.get(rec.base_id)
         if link is not None and link.chunk_id != rec.chunk_id and rec.depth <= MAX_CHAIN:
             base = to_location(link, known) if link.depth < rec.depth else None
-    return ChunkLocation(rec.chunk_id, rec.pack_id, rec.offset, rec.length, rec.raw_length, rec.codec,
-                         rec.base_id, base, rec.payload_digest)
+    return ChunkLocation(
+        rec.chunk_id,
+        rec.pack_id,
+        rec.offset,
+        rec.length,
+        rec.raw_length,
+        rec.codec,
+        rec.base_id,
+        base,
+        rec.payload_digest,
+    )
 
 
-def to_records(locs: Iterable[ChunkLocation], depths: Mapping[str, int] | None = None) -> list[ChunkRecord]:
+def to_records(
+    locs: Iterable[ChunkLocation], depths: Mapping[str, int] | None = None
+) -> list[ChunkRecord]:
     """Index records for the chunks a pack writer or pack trailer reports.
 
     ``depths`` gives each delta's depth (its base's plus one); chunks not in it get 0.
     """
     depths = depths or {}
     return [
-        ChunkRecord(l.chunk_id, l.pack_id, l.offset, l.length, l.raw_length, l.codec, l.base_id,
-                    depths.get(l.chunk_id, 0), l.payload_digest)
+        ChunkRecord(
+            l.chunk_id,
+            l.pack_id,
+            l.offset,
+            l.length,
+            l.raw_length,
+            l.codec,
+            l.base_id,
+            depths.get(l.chunk_id, 0),
+            l.payload_digest,
+        )
         for l in locs
     ]

@@ -117,14 +117,24 @@ class PackPipeline:
         deferred: list[tuple[PackRecord, list[ChunkRecord]]] | None = None,
         on_added: Callable[[int], None] | None = None,
     ) -> None:
-        self._store, self._index, self._session, self._opts, self._pool = store, index, session, opts, pool
+        self._store, self._index, self._session, self._opts, self._pool = (
+            store,
+            index,
+            session,
+            opts,
+            pool,
+        )
         self._deferred = deferred
         self._on_added = on_added  # told the raw bytes of each chunk once it is in a pack
         self._window = max(2, 2 * opts.threads)
-        self._io = ThreadPoolExecutor(max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack")
+        self._io = ThreadPoolExecutor(
+            max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack"
+        )
         self._encoding: deque[tuple[Chunk, np.ndarray | None, Future[tuple[str, Any]]]] = deque()
         self._depths: dict[str, int] = {}  # chain depth of each delta written
-        self._delta_tries: dict[str, list[int]] = {}  # leaf name -> [deltas kept, deltas not paying]
+        self._delta_tries: dict[
+            str, list[int]
+        ] = {}  # leaf name -> [deltas kept, deltas not paying]
         self._flushing: deque[Future[None]] = deque()
         self._writer = store.new_pack_writer(opts.pack_bytes)
         self._submitted = False  # whether self._writer is handed to the io threads
@@ -153,16 +163,22 @@ class PackPipeline:
     def push(self, chunk: Chunk) -> None:
         """Queue one chunk (its id known, absent from the store) for encoding and packing."""
         if chunk.base is not None and self._hopeless(chunk.key):
-            chunk.base = None  # deltas of its kind did not pay in this take: spare the double encode
+            chunk.base = (
+                None  # deltas of its kind did not pay in this take: spare the double encode
+            )
         encodes = chunk.grouped and (chunk.base is not None or not self._opts.raw)
-        buf = self._buffer(objects.grouped_size(len(chunk.view), chunk.itemsize)) if encodes else None
+        buf = (
+            self._buffer(objects.grouped_size(len(chunk.view), chunk.itemsize)) if encodes else None
+        )
         if chunk.base is not None:
             fut = self._pool.submit(_encode_delta, self._store, chunk, buf)
         elif self._opts.raw:
             fut = Future()
             fut.set_result((objects.NONE, chunk.ready()))
         else:
-            fut = self._pool.submit(objects.encode, chunk.view, chunk.itemsize, chunk.grouped, 1, buf, self._opts.fast)
+            fut = self._pool.submit(
+                objects.encode, chunk.view, chunk.itemsize, chunk.grouped, 1, buf, self._opts.fast
+            )
         self._encoding.append((chunk, buf, fut))
         while len(self._encoding) > self._window:
             self._add_next()
@@ -205,7 +221,9 @@ class PackPipeline:
         self._writer.add(chunk.id, codec, payload, len(chunk.view), base_id)
         if self._opts.delta_depth > 0:  # the next delta take reads it as a base without re-hashing
             self._store.trust(chunk.id, payload)
-        if buf is not None:  # a payload in it stays referenced until its pack is written, unless written away
+        if (
+            buf is not None
+        ):  # a payload in it stays referenced until its pack is written, unless written away
             held = codec in _IN_BUFFER and self._writer.holds_payloads
             (self._held if held else self._free).append(buf)
         self.stats.new_bytes += len(payload)
@@ -219,7 +237,10 @@ class PackPipeline:
             self.stats.delta_bytes += len(payload)
         if self._writer.full:
             self._submit_flush()
-            self._writer, self._submitted = self._store.new_pack_writer(self._opts.pack_bytes), False
+            self._writer, self._submitted = (
+                self._store.new_pack_writer(self._opts.pack_bytes),
+                False,
+            )
 
     def _submit_flush(self, last: bool = False) -> None:
         while len(self._flushing) >= max(1, self._opts.io_threads):
@@ -253,7 +274,9 @@ _IN_BUFFER = (objects.BYTEGROUP_ZSTD, objects.XOR_BYTEGROUP_ZSTD, objects.EXP_ZS
 """Codecs whose payload may be a view into the recycled encode buffer."""
 
 
-def _encode_delta(store: objects.ObjectStore, chunk: Chunk, buf: np.ndarray | None) -> tuple[str, Any]:
+def _encode_delta(
+    store: objects.ObjectStore, chunk: Chunk, buf: np.ndarray | None
+) -> tuple[str, Any]:
     """Encode ``chunk`` against its base, or whole when the delta does not pay
     (``objects.encode_delta``).
 
@@ -272,14 +295,33 @@ def _encode_delta(store: objects.ObjectStore, chunk: Chunk, buf: np.ndarray | No
             base = memoryview(_scratch("base", n).data)[:n]
             store.read_chunk(chunk.base, out=base, trust=True)
     except (CorruptionError, ObjectNotFoundError) as exc:  # a damaged base never blocks a take
-        log.warning("key %r: its delta base %s is unreadable (%s); storing the chunk whole. "
-                    "Run `ckstore check --read-data`", chunk.key, chunk.base.chunk_id, exc)
+        log.warning(
+            "key %r: its delta base %s is unreadable (%s); storing the chunk whole. "
+            "Run `ckstore check --read-data`",
+            chunk.key,
+            chunk.base.chunk_id,
+            exc,
+        )
         return objects.encode(chunk.ready(), chunk.itemsize, chunk.grouped, 1, buf)
     if planes is not None:
-        return objects.encode_delta(chunk.ready(), None, chunk.itemsize, chunk.grouped, buffer=buf,
-                                    plain_estimate=root.length, base_planes=planes)
-    return objects.encode_delta(chunk.ready(), base, chunk.itemsize, chunk.grouped,
-                                scratch=_scratch("xor", n), buffer=buf, plain_estimate=root.length)
+        return objects.encode_delta(
+            chunk.ready(),
+            None,
+            chunk.itemsize,
+            chunk.grouped,
+            buffer=buf,
+            plain_estimate=root.length,
+            base_planes=planes,
+        )
+    return objects.encode_delta(
+        chunk.ready(),
+        base,
+        chunk.itemsize,
+        chunk.grouped,
+        scratch=_scratch("xor", n),
+        buffer=buf,
+        plain_estimate=root.length,
+    )
 
 
 _local = threading.local()
@@ -295,8 +337,9 @@ def _scratch(kind: str, n: int) -> np.ndarray:
     return buf
 
 
-def _finish(writer: objects.PackWriter, depths: dict[str, int] | None = None,
-            loose: bool = False) -> tuple[PackRecord, list[ChunkRecord]] | None:
+def _finish(
+    writer: objects.PackWriter, depths: dict[str, int] | None = None, loose: bool = False
+) -> tuple[PackRecord, list[ChunkRecord]] | None:
     """Make the pack durable; its index rows (None if it holds nothing)."""
     done = writer.finish()
     if done is None:
@@ -306,7 +349,9 @@ def _finish(writer: objects.PackWriter, depths: dict[str, int] | None = None,
     return PackRecord(pack_id, size, len(chunks), time.time(), loose=loose), chunks
 
 
-def batches(chunks: list[Chunk], max_bytes: int, max_count: int, first_bytes: int | None = None) -> Iterator[list[Chunk]]:
+def batches(
+    chunks: list[Chunk], max_bytes: int, max_count: int, first_bytes: int | None = None
+) -> Iterator[list[Chunk]]:
     """Consecutive runs of ``chunks`` of at most ``max_bytes`` (or ``max_count`` chunks).
 
     With ``first_bytes``, the first run holds at most that many bytes and each next one twice

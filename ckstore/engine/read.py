@@ -77,10 +77,14 @@ def read_state(reader: Reader, app: str) -> Any:
     if app not in m.apps and is_dcp_manifest(m):
         return _dcp_state(reader, app)
     if app not in m.apps:
-        raise KeyNotFoundError(f"{reader.where} has no app_state key {app!r} (it has {sorted(m.apps)})")
+        raise KeyNotFoundError(
+            f"{reader.where} has no app_state key {app!r} (it has {sorted(m.apps)})"
+        )
     keys = {k for k in tree_refs(m.apps[app]) if reader.has_value(k)}
     tensors = reader.read_tensors([k for k in sorted(keys) if reader.is_tensor(k)])
-    return prune(unflatten(m.apps[app], lambda k: reader.value_of(k, tensors) if k in keys else ABSENT))
+    return prune(
+        unflatten(m.apps[app], lambda k: reader.value_of(k, tensors) if k in keys else ABSENT)
+    )
 
 
 def _dcp_state(reader: Reader, app: str) -> Any:
@@ -89,7 +93,9 @@ def _dcp_state(reader: Reader, app: str) -> Any:
     paths = app_paths(m, app)
     if not paths:
         apps = sorted({p[0] for p in recorded_paths(m).values()}) or sorted(m.apps)
-        raise KeyNotFoundError(f"{reader.where} (a dcp.save) has no app_state key {app!r} (it has {apps})")
+        raise KeyNotFoundError(
+            f"{reader.where} (a dcp.save) has no app_state key {app!r} (it has {apps})"
+        )
     keys = {fqn: join(DCP_APP, fqn) for fqn in paths}
     tensors = reader.read_tensors([k for k in keys.values() if reader.is_tensor(k)])
     return nest({paths[fqn]: reader.value_of(key, tensors) for fqn, key in keys.items()})

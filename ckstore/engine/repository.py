@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from .packing import TakeOptions
     from .stage import StagingArena
 
+
 def is_local(url: str) -> bool:
     """True for plain paths, ``file://`` URLs and TorchSnapshot's ``fs://`` paths."""
     scheme = urlparse(url).scheme
@@ -156,7 +157,9 @@ class Repository:
 
     @lease_seconds.setter
     def lease_seconds(self, value: float) -> None:
-        self._lease_seconds = check_number("lease_seconds", value, 0.0, MAX_LEASE_SECONDS, lo_open=True)
+        self._lease_seconds = check_number(
+            "lease_seconds", value, 0.0, MAX_LEASE_SECONDS, lo_open=True
+        )
 
     @property
     def staging_budget(self) -> int:
@@ -177,7 +180,11 @@ class Repository:
 
         with self._staging_lock:
             arena, self._staging = self._staging, None
-        if arena is not None and arena.pinned == pinned and nbytes <= arena.size <= 2 * nbytes + (64 << 20):
+        if (
+            arena is not None
+            and arena.pinned == pinned
+            and nbytes <= arena.size <= 2 * nbytes + (64 << 20)
+        ):
             arena.reset()
             return arena
         return StagingArena(nbytes, pinned)
@@ -307,7 +314,12 @@ class Repository:
             try:
                 hook(record)
             except Exception as exc:  # noqa: BLE001 - the snapshot is committed whatever a hook does
-                log.warning("ckstore: a hook after committing %s failed: %s: %s", describe(record), type(exc).__name__, exc)
+                log.warning(
+                    "ckstore: a hook after committing %s failed: %s: %s",
+                    describe(record),
+                    type(exc).__name__,
+                    exc,
+                )
 
     @property
     def read_only(self) -> bool:
@@ -361,7 +373,9 @@ def open_repository(
     why = read_only_reason(url, index_url, read_only)
     objs = objects.ObjectStore(objects.open_backend(url, storage_options))
     config = _load_config(objs.backend, url, create, chunk_bytes, pack_bytes, inline_bytes)
-    idx = Index.open(index_url, create=create if create_index is None else create_index, read_only=why)
+    idx = Index.open(
+        index_url, create=create if create_index is None else create_index, read_only=why
+    )
     if idx.read_only is None:
         stored = idx.set_meta("store_id", config.store_id, only_if_absent=True)
     else:
@@ -373,7 +387,10 @@ def open_repository(
             f"{config.store_id}); point index= at this store's index"
         )
     repo = Repository(url, objs, idx, config)
-    repo.opened_with = {"index": index, "storage_options": dict(storage_options) if storage_options else None}
+    repo.opened_with = {
+        "index": index,
+        "storage_options": dict(storage_options) if storage_options else None,
+    }
     return repo
 
 
@@ -425,7 +442,9 @@ def prepare_local(path: str, create: bool) -> None:
     if os.path.isdir(path):
         foreign = sorted(n for n in os.listdir(path) if not _made_by_ckstore(path, n))
         if foreign:
-            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            shown = ", ".join(foreign[:5]) + (
+                f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+            )
             raise DestinationExistsError(
                 f"{path} is not empty and is not a ckstore store (it holds {shown}): create the "
                 "store in a new or empty folder"
@@ -433,7 +452,9 @@ def prepare_local(path: str, create: bool) -> None:
         return
     blocker = _file_above(path)
     if blocker is not None:
-        raise InvalidInputError(f"cannot create a store at {path}: {blocker} is a file, not a folder")
+        raise InvalidInputError(
+            f"cannot create a store at {path}: {blocker} is a file, not a folder"
+        )
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:

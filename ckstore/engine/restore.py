@@ -132,7 +132,11 @@ class Reader:
                 continue
             offs, sizes = region if region is not None else ((0,) * len(entry.shape), entry.shape)
             with torch.no_grad():
-                t.copy_(from_bytes(entry.data or b"", entry.dtype, entry.shape)[slices(offs, offs, sizes)])
+                t.copy_(
+                    from_bytes(entry.data or b"", entry.dtype, entry.shape)[
+                        slices(offs, offs, sizes)
+                    ]
+                )
 
     def value_of(self, key: str, tensors: Mapping[str, torch.Tensor]) -> Any:
         entry = self.entry(key)
@@ -142,7 +146,9 @@ class Reader:
         return t.numpy() if entry.container == "numpy" else t  # type: ignore[union-attr]
 
 
-def check_destination(dest: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], key: str, where: str) -> None:
+def check_destination(
+    dest: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], key: str, where: str
+) -> None:
     """Refuse a destination tensor of another dtype or shape than the stored ``key``."""
     if dest.dtype != dtype or tuple(dest.shape) != shape:
         raise MismatchError(
@@ -158,9 +164,13 @@ class _AppPlan:
     obj: Any
     keys: list[str]
     dest: dict[str, torch.Tensor] = field(default_factory=dict)
-    target: dict[str, torch.Tensor] = field(default_factory=dict)  # where the bytes go (a DTensor's local shard)
+    target: dict[str, torch.Tensor] = field(
+        default_factory=dict
+    )  # where the bytes go (a DTensor's local shard)
     region: dict[str, Region] = field(default_factory=dict)  # the part of the global tensor needed
-    keep: dict[str, Any] = field(default_factory=dict)  # per-rank keys with no value here: left as they are
+    keep: dict[str, Any] = field(
+        default_factory=dict
+    )  # per-rank keys with no value here: left as they are
 
 
 @dataclass
@@ -183,7 +193,11 @@ class Prepared:
 
 
 def restore(
-    reader: Reader, app_state: Mapping[str, Any], strict: bool = True, budget: int | None = None, atomic: bool = True
+    reader: Reader,
+    app_state: Mapping[str, Any],
+    strict: bool = True,
+    budget: int | None = None,
+    atomic: bool = True,
 ) -> None:
     """Load the snapshot into ``app_state`` in place (see module docstring for the phases)."""
     apply(prepare(reader, app_state, strict, budget, atomic=atomic), reader)
@@ -232,7 +246,11 @@ def prepare(
     jobs = reader.jobs(direct)
     fetcher = reader.fetcher()
     try:
-        arena = fetcher.verify(jobs, restore_budget(budget, destination_bytes(direct))) if atomic else None
+        arena = (
+            fetcher.verify(jobs, restore_budget(budget, destination_bytes(direct)))
+            if atomic
+            else None
+        )
         rest = {k: r for k, r in wanted.items() if k not in direct}
         tensors = reader.read_regions(rest)
     except BaseException:
@@ -276,7 +294,12 @@ def whole_plain_keys(reader: Reader, plans: list[_AppPlan]) -> list[str]:
     for p in plans:
         for k in p.target:
             entry = reader.manifest.entries[k]
-            if k not in p.region and isinstance(entry, TensorEntry) and not entry.inline and entry.chunks:
+            if (
+                k not in p.region
+                and isinstance(entry, TensorEntry)
+                and not entry.inline
+                and entry.chunks
+            ):
                 out.append(k)
     return out
 
@@ -291,7 +314,11 @@ def apply(prepared: Prepared, reader: Reader) -> None:
         else:
             fetcher.load(prepared.jobs)
     except CorruptionError as exc:  # atomic: the bytes changed since they were verified moments ago
-        why = "a chunk failed its check while being put in place" if prepared.verified else "restore(atomic=False) loads as it reads"
+        why = (
+            "a chunk failed its check while being put in place"
+            if prepared.verified
+            else "restore(atomic=False) loads as it reads"
+        )
         raise CorruptionError(f"{exc} (the destination may be partly loaded: {why})") from exc
     finally:
         fetcher.close()
@@ -354,20 +381,29 @@ def _skip_missing(reader: Reader, plan: _AppPlan, current: dict[str, Any], stric
     log.warning(
         "%s: rank %d has no stored value for %d per-rank key(s) of app_state[%r] (the take had "
         "fewer ranks): %s%s; %s (strict=False)",
-        reader.where, reader.rank or 0, len(missing), plan.name, missing[:10],
-        "..." if len(missing) > 10 else "", "the app was not loaded" if whole else "they keep their current values",
+        reader.where,
+        reader.rank or 0,
+        len(missing),
+        plan.name,
+        missing[:10],
+        "..." if len(missing) > 10 else "",
+        "the app was not loaded" if whole else "they keep their current values",
     )
     return not whole
 
 
 def is_dtensor_dest(t: torch.Tensor) -> bool:
     """Whether a destination is a DTensor (or another tensor subclass with local shards)."""
-    return type(t) not in (torch.Tensor, torch.nn.Parameter) and callable(getattr(t, "to_local", None))
+    return type(t) not in (torch.Tensor, torch.nn.Parameter) and callable(
+        getattr(t, "to_local", None)
+    )
 
 
 def _check_keys(reader: Reader, plan: _AppPlan, current: dict[str, Any], module: bool) -> None:
     stored = set(plan.keys)
-    missing = sorted(k for k, v in current.items() if isinstance(v, torch.Tensor) and k not in stored)
+    missing = sorted(
+        k for k, v in current.items() if isinstance(v, torch.Tensor) and k not in stored
+    )
     unexpected = sorted(stored - set(current)) if module else []
     if missing or unexpected:
         raise MismatchError(

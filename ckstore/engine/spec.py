@@ -120,11 +120,24 @@ class TakeSpec:
         meta = _json_metadata(metadata)
         if not isinstance(health, bool):
             raise InvalidInputError(f"health must be True or False, got {health!r}")
-        return cls(run, step, tag_names, MappingProxyType(meta), name, check_delta_base(delta_base),
-                   globs, dist_timeout, staging_budget, bool(no_dist), bool(move_tags),
-                   _policy("on_nonfinite", on_nonfinite), _policy("on_stale", on_stale), health,
-                   _names("trainable", "key globs", trainable or ()),
-                   frozenset(_names("trainable_keys", "keys", trainable_keys)))
+        return cls(
+            run,
+            step,
+            tag_names,
+            MappingProxyType(meta),
+            name,
+            check_delta_base(delta_base),
+            globs,
+            dist_timeout,
+            staging_budget,
+            bool(no_dist),
+            bool(move_tags),
+            _policy("on_nonfinite", on_nonfinite),
+            _policy("on_stale", on_stale),
+            health,
+            _names("trainable", "key globs", trainable or ()),
+            frozenset(_names("trainable_keys", "keys", trainable_keys)),
+        )
 
     def evolve(self, **changes: Any) -> TakeSpec:
         """This description with ``changes`` (arguments of :meth:`of`), checked again."""
@@ -143,24 +156,46 @@ class TakeSpec:
     def header(self, *, created_at: float, session: str, **extra: Any) -> dict[str, Any]:
         """The ``snapshot`` header of this take's manifest; ``extra`` adds the distributed
         fields (``world_size``, ``ranks``, ``dcp``)."""
-        return snapshot_header(run=self.run, step=self.step, created_at=created_at, metadata=dict(self.metadata),
-                               name=self.name, session=session, **extra)
+        return snapshot_header(
+            run=self.run,
+            step=self.step,
+            created_at=created_at,
+            metadata=dict(self.metadata),
+            name=self.name,
+            session=session,
+            **extra,
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle as the arguments of :meth:`of` (a DCP writer travels to another process)."""
         return (_rebuild, (self._fields(),))
 
     def _fields(self) -> dict[str, Any]:
-        return {"run": self.run, "step": self.step, "tags": self.tags, "metadata": dict(self.metadata),
-                "name": self.name, "delta_base": self.delta_base, "replicated": self.replicated,
-                "dist_timeout": self.dist_timeout, "staging_budget": self.staging_budget, "no_dist": self.no_dist,
-                "move_tags": self.move_tags, "on_nonfinite": self.on_nonfinite, "on_stale": self.on_stale,
-                "health": self.health, "trainable": self.trainable, "trainable_keys": sorted(self.trainable_keys)}
+        return {
+            "run": self.run,
+            "step": self.step,
+            "tags": self.tags,
+            "metadata": dict(self.metadata),
+            "name": self.name,
+            "delta_base": self.delta_base,
+            "replicated": self.replicated,
+            "dist_timeout": self.dist_timeout,
+            "staging_budget": self.staging_budget,
+            "no_dist": self.no_dist,
+            "move_tags": self.move_tags,
+            "on_nonfinite": self.on_nonfinite,
+            "on_stale": self.on_stale,
+            "health": self.health,
+            "trainable": self.trainable,
+            "trainable_keys": sorted(self.trainable_keys),
+        }
 
 
 def _policy(what: str, value: Any) -> str:
     if value not in POLICIES:
-        raise InvalidInputError(f"{what} must be one of {', '.join(map(repr, POLICIES))}, got {value!r}")
+        raise InvalidInputError(
+            f"{what} must be one of {', '.join(map(repr, POLICIES))}, got {value!r}"
+        )
     return str(value)
 
 
@@ -183,5 +218,7 @@ def _json_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     try:
         canonical_json(meta)
     except (TypeError, ValueError) as exc:  # pragma: no cover - check_metadata refuses first
-        raise InvalidInputError(f"metadata must be JSON-able (finite numbers, str, lists, dicts): {exc}") from exc
+        raise InvalidInputError(
+            f"metadata must be JSON-able (finite numbers, str, lists, dicts): {exc}"
+        ) from exc
     return meta

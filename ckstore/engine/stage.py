@@ -25,7 +25,11 @@ def arena_bytes(value: Any) -> int:
     it is copied on its own, as a DTensor or a tensor of an unusual layout is)."""
     if isinstance(value, torch.Tensor) and not _plain(value):
         return 0
-    n = value.numel() * value.element_size() if isinstance(value, torch.Tensor) else int(value.nbytes)
+    n = (
+        value.numel() * value.element_size()
+        if isinstance(value, torch.Tensor)
+        else int(value.nbytes)
+    )
     return -(-n // ALIGN) * ALIGN
 
 
@@ -85,13 +89,21 @@ class StagingArena:
         """
         n = arena_bytes(value)
         if n == 0:
-            return value.copy() if isinstance(value, np.ndarray) else value.detach().to("cpu", copy=True)
+            return (
+                value.copy()
+                if isinstance(value, np.ndarray)
+                else value.detach().to("cpu", copy=True)
+            )
         if self._at + n > self.size:
             raise InvalidInputError(f"staging arena of {self.size} bytes has no room for {n} more")
         at, self._at = self._at, self._at + n
         if self._pinned is not None:
-            size = value.nbytes if isinstance(value, np.ndarray) else value.numel() * value.element_size()
-            block = self._pinned[at:at + size]
+            size = (
+                value.nbytes
+                if isinstance(value, np.ndarray)
+                else value.numel() * value.element_size()
+            )
+            block = self._pinned[at : at + size]
             if isinstance(value, np.ndarray):
                 out = block.numpy().view(value.dtype).reshape(value.shape)
                 np.copyto(out, value)
@@ -107,10 +119,14 @@ class StagingArena:
                 dst.copy_(src)
             return dst
         if isinstance(value, np.ndarray):
-            out = np.frombuffer(self._mem, dtype=value.dtype, count=value.size, offset=at).reshape(value.shape)
+            out = np.frombuffer(self._mem, dtype=value.dtype, count=value.size, offset=at).reshape(
+                value.shape
+            )
             np.copyto(out, value)
             return out
-        dst = torch.frombuffer(self._mem, dtype=value.dtype, count=value.numel(), offset=at).view(value.shape)
+        dst = torch.frombuffer(self._mem, dtype=value.dtype, count=value.numel(), offset=at).view(
+            value.shape
+        )
         dst.copy_(value.detach())
         return dst
 
@@ -138,7 +154,9 @@ def _stage(obj: Any, key: str, depth: int) -> Any:
         return obj.copy()
     if isinstance(obj, (dict, list, tuple)) and not isinstance(obj, torch.Size):
         if depth > MAX_DEPTH:  # depth 0 is the app_state mapping around the state dicts
-            raise InvalidInputError(f"key {key!r}: containers nested deeper than {MAX_DEPTH} levels")
+            raise InvalidInputError(
+                f"key {key!r}: containers nested deeper than {MAX_DEPTH} levels"
+            )
     if isinstance(obj, dict):
         out: dict[Any, Any] = OrderedDict() if isinstance(obj, OrderedDict) else {}
         for k, v in obj.items():

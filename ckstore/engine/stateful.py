@@ -87,7 +87,11 @@ def check_app_state(app_state: Any, *, restoring: bool = False) -> None:
     for name, obj in app_state.items():
         if not isinstance(name, str) or not name or "/" in name:
             raise InvalidInputError(f"app_state key {name!r} must be a non-empty str without '/'")
-        lacks = [m for m in ("state_dict", "load_state_dict")[: 2 if restoring else 1] if not callable(getattr(obj, m, None))]
+        lacks = [
+            m
+            for m in ("state_dict", "load_state_dict")[: 2 if restoring else 1]
+            if not callable(getattr(obj, m, None))
+        ]
         if lacks:
             raise UnsupportedValueError(
                 f"app_state[{name!r}] is a {type(obj).__name__} without {' or '.join(f'{m}()' for m in lacks)}: "

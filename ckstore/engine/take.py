@@ -39,7 +39,9 @@ class _Plan:
     apps: dict[str, Any]
     entries: dict[str, Entry] = field(default_factory=dict)
     chunks: list[Chunk] = field(default_factory=list)
-    boxes: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], Chunk]]] = field(default_factory=dict)
+    boxes: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], Chunk]]] = field(
+        default_factory=dict
+    )
     keepalive: list[torch.Tensor] = field(default_factory=list)
     tensors: dict[str, tuple[torch.Tensor, str, str]] = field(default_factory=dict)
 
@@ -85,7 +87,9 @@ def plan(states: Mapping[str, Any], opts: TakeOptions) -> _Plan:
 def _plan_tensor(p: _Plan, key: str, value: Any, opts: TakeOptions) -> None:
     device = str(value.device) if isinstance(value, torch.Tensor) else "cpu"
     container = "torch" if isinstance(value, torch.Tensor) else "numpy"
-    nbytes = value.numel() * value.element_size() if isinstance(value, torch.Tensor) else value.nbytes
+    nbytes = (
+        value.numel() * value.element_size() if isinstance(value, torch.Tensor) else value.nbytes
+    )
     on_device = is_device_tensor(value) and nbytes > opts.inline_bytes
     # A device tensor stays where it is: its chunks are copied to host buffers batch by batch.
     t = value.detach().contiguous() if on_device else as_cpu_tensor(value, key)
@@ -95,7 +99,9 @@ def _plan_tensor(p: _Plan, key: str, value: Any, opts: TakeOptions) -> None:
     p.keepalive.append(t)
     shape = tuple(t.shape)
     if not on_device and len(view) <= opts.inline_bytes:
-        p.entries[key] = TensorEntry(name, shape, data=bytes(view), container=container, device=device)
+        p.entries[key] = TensorEntry(
+            name, shape, data=bytes(view), container=container, device=device
+        )
         return
     grid = make_grid(shape, t.element_size(), opts.chunk_bytes)
     boxes = []
@@ -114,7 +120,11 @@ def _plan_tensor(p: _Plan, key: str, value: Any, opts: TakeOptions) -> None:
 
 def dtypes_of(p: _Plan) -> dict[str, str]:
     """Chunked key -> dtype name (what the take's guard measures)."""
-    return {key: e.dtype for key, e in p.entries.items() if key in p.boxes and isinstance(e, TensorEntry)}
+    return {
+        key: e.dtype
+        for key, e in p.entries.items()
+        if key in p.boxes and isinstance(e, TensorEntry)
+    }
 
 
 def with_base(p: _Plan, base: Manifest | None, opts: TakeOptions) -> None:
@@ -130,11 +140,15 @@ def finish_entries(p: _Plan) -> dict[str, Entry]:
         e = p.entries[key]
         assert isinstance(e, TensorEntry)
         refs = tuple(ChunkRef(o, s, c.id) for o, s, c in boxes)
-        p.entries[key] = TensorEntry(e.dtype, e.shape, refs, e.block, container=e.container, device=e.device)
+        p.entries[key] = TensorEntry(
+            e.dtype, e.shape, refs, e.block, container=e.container, device=e.device
+        )
     return p.entries
 
 
-def take(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, progress: ProgressFn | None = None) -> TakeResult:
+def take(
+    repo: Repository, states: Mapping[str, Any], spec: TakeSpec, progress: ProgressFn | None = None
+) -> TakeResult:
     """Store ``states`` (already-called state dicts) as one committed snapshot.
 
     With a delta base in ``spec`` (and the repository's ``delta_depth`` > 0), each new chunk
@@ -159,7 +173,9 @@ def take(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, progress: 
 
 
 def stage_within(
-    states: Mapping[str, Any], budget: int, arena_for: Callable[[int, bool], StagingArena] = StagingArena
+    states: Mapping[str, Any],
+    budget: int,
+    arena_for: Callable[[int, bool], StagingArena] = StagingArena,
 ) -> tuple[dict[str, Any], set[str], int, StagingArena]:
     """Copy tensors (to CPU) while their total stays within ``budget`` bytes.
 
@@ -179,7 +195,11 @@ def stage_within(
                 continue
             if isinstance(value, torch.Tensor):
                 check_tensor(value, key)  # before any copy: a meta tensor must not allocate
-            n = value.nbytes if not isinstance(value, torch.Tensor) else value.numel() * value.element_size()
+            n = (
+                value.nbytes
+                if not isinstance(value, torch.Tensor)
+                else value.numel() * value.element_size()
+            )
             if used + n <= budget:
                 chosen.append((flat, key, value))
                 used += n
@@ -205,8 +225,13 @@ class AsyncTake:
     sync_bytes: int
 
 
-def take_async(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, budget: int,
-               progress: ProgressFn | None = None) -> AsyncTake:
+def take_async(
+    repo: Repository,
+    states: Mapping[str, Any],
+    spec: TakeSpec,
+    budget: int,
+    progress: ProgressFn | None = None,
+) -> AsyncTake:
     """Return once the state at this call is safe: copied within ``budget``, the rest stored.
 
     Tensors that fit the staging budget are copied; the others are hashed and written now,
@@ -240,7 +265,9 @@ def take_async(repo: Repository, states: Mapping[str, Any], spec: TakeSpec, budg
             error = exc
         finally:
             t.close()
-            repo.release_staging(arena)  # nothing reads the copies any more: the next take reuses them
+            repo.release_staging(
+                arena
+            )  # nothing reads the copies any more: the next take reuses them
         if error is not None:
             future.set_exception(error)
         else:

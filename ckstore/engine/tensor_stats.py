@@ -23,8 +23,12 @@ Stats = tuple[int, int, float]
 """(NaN elements, Inf elements, sum of squares of the finite elements)."""
 
 _UPCAST = {
-    "float8_e4m3fn": torch.float32, "float8_e4m3fnuz": torch.float32, "float8_e5m2": torch.float32,
-    "float8_e5m2fnuz": torch.float32, "float8_e8m0fnu": torch.float32, "complex32": torch.complex64,
+    "float8_e4m3fn": torch.float32,
+    "float8_e4m3fnuz": torch.float32,
+    "float8_e5m2": torch.float32,
+    "float8_e5m2fnuz": torch.float32,
+    "float8_e8m0fnu": torch.float32,
+    "complex32": torch.complex64,
 }
 """Dtypes ``vector_norm`` does not reduce: converted first (rare, small)."""
 

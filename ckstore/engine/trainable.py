@@ -23,7 +23,16 @@ from typing import Any
 
 from ..format.tree import join
 
-MOMENTS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "square_avg", "acc_delta", "sum", "exp_inf", "grad_avg")
+MOMENTS = (
+    "exp_avg",
+    "exp_avg_sq",
+    "momentum_buffer",
+    "square_avg",
+    "acc_delta",
+    "sum",
+    "exp_inf",
+    "grad_avg",
+)
 """Optimizer state that every step with a gradient rewrites (Adam/AdamW/NAdam/RAdam/Adamax,
 SGD with momentum, RMSprop, Adadelta, Adagrad)."""
 
@@ -37,8 +46,11 @@ def trainable_keys(app_state: Mapping[str, Any]) -> frozenset[str]:
     import torch
 
     optimized = {
-        id(p) for obj in app_state.values() if isinstance(obj, torch.optim.Optimizer)
-        for group in obj.param_groups for p in group.get("params", ())
+        id(p)
+        for obj in app_state.values()
+        if isinstance(obj, torch.optim.Optimizer)
+        for group in obj.param_groups
+        for p in group.get("params", ())
     }
     keys: set[str] = set()
     for name, obj in app_state.items():
@@ -68,7 +80,7 @@ def _param_group_prefixes(keys: list[str]) -> set[str]:
     for key in keys:
         i = key.find("param_groups")
         while i >= 0:
-            rest = key[i + len("param_groups"):]
+            rest = key[i + len("param_groups") :]
             if not rest or rest[0] in "/.":
                 out.add(key[:i])
             i = key.find("param_groups", i + 1)

@@ -52,11 +52,19 @@ class LiveCheck:
         return not (self.differs or self.missing or self.extra)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "checked": self.checked, "differs": self.differs, "missing": self.missing,
-                "extra": self.extra, "skipped": self.skipped}
+        return {
+            "ok": self.ok,
+            "checked": self.checked,
+            "differs": self.differs,
+            "missing": self.missing,
+            "extra": self.extra,
+            "skipped": self.skipped,
+        }
 
 
-def verify_live(manifest: Manifest, app_state: dict[str, Any], *, rank: int = 0, threads: int = 4) -> LiveCheck:
+def verify_live(
+    manifest: Manifest, app_state: dict[str, Any], *, rank: int = 0, threads: int = 4
+) -> LiveCheck:
     """Compare ``app_state`` (names -> statefuls) with ``manifest``; see the module docstring.
 
     ``rank`` picks the element of per-rank entries (a distributed take's per-rank values).
@@ -69,7 +77,9 @@ def verify_live(manifest: Manifest, app_state: dict[str, Any], *, rank: int = 0,
     wanted = {k for k in manifest.entries if k.split("/", 1)[0] in app_state}
     out = LiveCheck(missing=sorted(wanted - set(live)), extra=sorted(set(live) - wanted))
     keys = sorted(wanted & set(live))
-    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="ckstore-verify") as pool:
+    with ThreadPoolExecutor(
+        max_workers=max(1, threads), thread_name_prefix="ckstore-verify"
+    ) as pool:
         verdicts = list(pool.map(lambda k: _same(manifest.entries[k], live[k], rank), keys))
     for key, same in zip(keys, verdicts):
         if same is None:

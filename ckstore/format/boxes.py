@@ -18,7 +18,9 @@ def is_dtensor(value: Any) -> bool:
     """True for a torch.distributed DTensor (checked without importing it eagerly)."""
     import torch
 
-    if type(value) in (torch.Tensor, torch.nn.Parameter) or not callable(getattr(value, "to_local", None)):
+    if type(value) in (torch.Tensor, torch.nn.Parameter) or not callable(
+        getattr(value, "to_local", None)
+    ):
         return False
     from torch.distributed.tensor import DTensor
 
@@ -43,7 +45,9 @@ def local_box(t: Any) -> Box:
     sizes = tuple(int(s) for s in shape)
     local = tuple(t.to_local().shape)
     if local != sizes:
-        raise ValueError(f"DTensor local shard has shape {list(local)}, its placements say {list(sizes)}")
+        raise ValueError(
+            f"DTensor local shard has shape {list(local)}, its placements say {list(sizes)}"
+        )
     return tuple(int(o) for o in offsets), sizes
 
 
@@ -60,7 +64,12 @@ def pieces(grid: Grid, box: Box) -> Iterator[Box]:
 
 
 def _cut(
-    block: tuple[int, ...], offs: tuple[int, ...], sizes: tuple[int, ...], d: int, po: tuple[int, ...], ps: tuple[int, ...]
+    block: tuple[int, ...],
+    offs: tuple[int, ...],
+    sizes: tuple[int, ...],
+    d: int,
+    po: tuple[int, ...],
+    ps: tuple[int, ...],
 ) -> Iterator[Box]:
     if d == len(block):
         yield po, ps

@@ -67,22 +67,36 @@ def file_digest(path: str) -> tuple[int, str]:
 
 def self_digest(raw: bytes, claimed: str) -> str:
     """BLAKE3 of ``raw`` with every occurrence of the 64 hex characters ``claimed`` zeroed."""
-    return digest(raw.replace(claimed.encode(), ZERO.encode()) if _HEX64.fullmatch(claimed) else raw)
+    return digest(
+        raw.replace(claimed.encode(), ZERO.encode()) if _HEX64.fullmatch(claimed) else raw
+    )
 
 
 def metadata_value(tensors: Mapping[str, str], header: str = ZERO) -> str:
     """The ``ckstore.digests`` metadata string (fixed length for fixed names: hex digests)."""
-    return json.dumps({"algorithm": ALGORITHM, "header": header, "tensors": dict(tensors)},
-                      sort_keys=True, separators=(",", ":"))
+    return json.dumps(
+        {"algorithm": ALGORITHM, "header": header, "tensors": dict(tensors)},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
 
 
-def sidecar_bytes(files: Mapping[str, tuple[int, str]], tensors: Mapping[str, Mapping[str, str]],
-                  about: Mapping[str, Any]) -> bytes:
+def sidecar_bytes(
+    files: Mapping[str, tuple[int, str]],
+    tensors: Mapping[str, Mapping[str, str]],
+    about: Mapping[str, Any],
+) -> bytes:
     """The sidecar: ``files`` (name -> (size, digest)), per-file tensor digests, ``about``
     (snapshot, run, step), sealed by its own digest."""
-    doc = {"format": SIDECAR_FORMAT, "version": 1, "algorithm": ALGORITHM, "digest": ZERO, **about,
-           "files": {n: {"size": s, "blake3": d} for n, (s, d) in sorted(files.items())},
-           "tensors": {n: dict(sorted(t.items())) for n, t in sorted(tensors.items()) if t}}
+    doc = {
+        "format": SIDECAR_FORMAT,
+        "version": 1,
+        "algorithm": ALGORITHM,
+        "digest": ZERO,
+        **about,
+        "files": {n: {"size": s, "blake3": d} for n, (s, d) in sorted(files.items())},
+        "tensors": {n: dict(sorted(t.items())) for n, t in sorted(tensors.items()) if t},
+    }
     raw = json.dumps(doc, sort_keys=True, indent=1).encode() + b"\n"
     return raw.replace(ZERO.encode(), digest(raw).encode(), 1)
 
@@ -121,9 +135,16 @@ class VerifyReport:
         return not self.problems and self.files > 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "ok": self.ok, "files": self.files, "tensors": self.tensors,
-                "problems": [{"file": p.file, "tensor": p.tensor, "problem": p.problem} for p in self.problems],
-                "unverified": self.unverified}
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "files": self.files,
+            "tensors": self.tensors,
+            "problems": [
+                {"file": p.file, "tensor": p.tensor, "problem": p.problem} for p in self.problems
+            ],
+            "unverified": self.unverified,
+        }
 
     def raise_for_problems(self) -> None:
         """CorruptionError naming what does not match its digests (the first few), if anything:
@@ -159,11 +180,21 @@ def verify_path(path: str, torch_tensors: TensorDigests | None = None) -> Verify
         elif rel not in listed:
             report.unverified.append(rel)
     if only is None and sealed and not os.path.isfile(os.path.join(root, SIDECAR)):
-        report.problems.append(Finding(SIDECAR, f"missing: the folder holds ckstore exports ({sealed[0]}) but not "
-                                                "the digests of its other files"))
+        report.problems.append(
+            Finding(
+                SIDECAR,
+                f"missing: the folder holds ckstore exports ({sealed[0]}) but not "
+                "the digests of its other files",
+            )
+        )
     if report.files == 0 and not report.problems:
-        report.problems.append(Finding(only or ".", f"no ckstore digests to check against (no {SIDECAR}, "
-                                       f"no {METADATA_KEY!r} in safetensors metadata)"))
+        report.problems.append(
+            Finding(
+                only or ".",
+                f"no ckstore digests to check against (no {SIDECAR}, "
+                f"no {METADATA_KEY!r} in safetensors metadata)",
+            )
+        )
     return report
 
 
@@ -178,7 +209,9 @@ def _files(root: str) -> list[str]:
 
 
 # --- the sidecar ----------------------------------------------------------------------------
-def _check_sidecar(root: str, only: str | None, report: VerifyReport, torch_tensors: TensorDigests | None) -> set[str]:
+def _check_sidecar(
+    root: str, only: str | None, report: VerifyReport, torch_tensors: TensorDigests | None
+) -> set[str]:
     """Check the files the sidecar lists (all, or ``only``); returns the names it lists."""
     where = os.path.join(root, SIDECAR)
     if not os.path.isfile(where):
@@ -201,8 +234,13 @@ def _check_sidecar(root: str, only: str | None, report: VerifyReport, torch_tens
             continue
         named = _name_torch_tensors(full, rel, doc["tensors"].get(rel), torch_tensors, report)
         if not named:
-            report.problems.append(Finding(rel, f"{size} bytes, BLAKE3 {got[:16]}…; recorded {rec.get('size')} "
-                                                f"bytes, {str(rec.get('blake3'))[:16]}…"))
+            report.problems.append(
+                Finding(
+                    rel,
+                    f"{size} bytes, BLAKE3 {got[:16]}…; recorded {rec.get('size')} "
+                    f"bytes, {str(rec.get('blake3'))[:16]}…",
+                )
+            )
     return set(files)
 
 
@@ -211,8 +249,13 @@ def _read_sidecar(where: str, report: VerifyReport) -> dict[str, Any] | None:
         raw = f.read()
     try:
         doc = json.loads(raw)
-        ok = (isinstance(doc, dict) and doc.get("format") == SIDECAR_FORMAT and isinstance(doc.get("files"), dict)
-              and isinstance(doc.get("tensors", {}), dict) and isinstance(doc.get("digest"), str))
+        ok = (
+            isinstance(doc, dict)
+            and doc.get("format") == SIDECAR_FORMAT
+            and isinstance(doc.get("files"), dict)
+            and isinstance(doc.get("tensors", {}), dict)
+            and isinstance(doc.get("digest"), str)
+        )
     except ValueError as exc:
         report.problems.append(Finding(SIDECAR, f"not readable JSON ({exc})"))
         return None
@@ -220,14 +263,21 @@ def _read_sidecar(where: str, report: VerifyReport) -> dict[str, Any] | None:
         report.problems.append(Finding(SIDECAR, "not a ckstore digests file"))
         return None
     if self_digest(raw, doc["digest"]) != doc["digest"]:
-        report.problems.append(Finding(SIDECAR, "its own digest does not match: the digests file is damaged"))
+        report.problems.append(
+            Finding(SIDECAR, "its own digest does not match: the digests file is damaged")
+        )
         return None
     doc.setdefault("tensors", {})
     return doc
 
 
-def _name_torch_tensors(full: str, rel: str, recorded: Mapping[str, str] | None,
-                        torch_tensors: TensorDigests | None, report: VerifyReport) -> bool:
+def _name_torch_tensors(
+    full: str,
+    rel: str,
+    recorded: Mapping[str, str] | None,
+    torch_tensors: TensorDigests | None,
+    report: VerifyReport,
+) -> bool:
     """For a damaged torch file: name the tensors that differ (needs ``torch_tensors``)."""
     if not recorded or torch_tensors is None:
         return False
@@ -236,13 +286,20 @@ def _name_torch_tensors(full: str, rel: str, recorded: Mapping[str, str] | None,
     except ImportError:
         return False  # no torch here: the file is named, not its tensors
     except Exception as exc:  # noqa: BLE001 - a damaged file may not load at all: named below
-        report.problems.append(Finding(rel, f"does not match its digest and does not load ({type(exc).__name__})"))
+        report.problems.append(
+            Finding(rel, f"does not match its digest and does not load ({type(exc).__name__})")
+        )
         return True
     wrong = sorted(k for k, d in recorded.items() if live.get(k) != d)
     for key in wrong:
         report.problems.append(Finding(rel, "bytes differ from the recorded digest", key))
     if not wrong:
-        report.problems.append(Finding(rel, "does not match its digest (its tensors do: the damage is elsewhere in the file)"))
+        report.problems.append(
+            Finding(
+                rel,
+                "does not match its digest (its tensors do: the damage is elsewhere in the file)",
+            )
+        )
     return True
 
 
@@ -255,7 +312,11 @@ def _is_safetensors(path: str) -> bool:
             head = f.read(9)
     except OSError:
         return False
-    return len(head) == 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] < os.path.getsize(path)
+    return (
+        len(head) == 9
+        and head[8:9] == b"{"
+        and struct.unpack("<Q", head[:8])[0] < os.path.getsize(path)
+    )
 
 
 def _check_safetensors(path: str, rel: str, report: VerifyReport) -> bool:
@@ -266,21 +327,31 @@ def _check_safetensors(path: str, rel: str, report: VerifyReport) -> bool:
         n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
         raw = head + f.read(n) if 0 <= n <= min(MAX_HEADER_BYTES, size - 8) else b""
     if not raw:
-        return _unreadable(report, rel, f"not a safetensors file (header length {n} for {size} bytes)")
+        return _unreadable(
+            report, rel, f"not a safetensors file (header length {n} for {size} bytes)"
+        )
     try:
         header = json.loads(raw[8:])
         meta = header.get("__metadata__") or {}
         value = meta.get(METADATA_KEY)
     except (ValueError, AttributeError) as exc:
-        return _unreadable(report, rel, f"header is not readable JSON ({type(exc).__name__}: {exc})")
+        return _unreadable(
+            report, rel, f"header is not readable JSON ({type(exc).__name__}: {exc})"
+        )
     if value is None:
         if any(str(k).startswith("ckstore.") for k in meta):
-            return _damaged(report, rel, f"a ckstore export whose {METADATA_KEY!r} is missing (damaged metadata)")
+            return _damaged(
+                report,
+                rel,
+                f"a ckstore export whose {METADATA_KEY!r} is missing (damaged metadata)",
+            )
         return False
     try:
         rec = json.loads(value)
         claimed, tensors = rec["header"], rec["tensors"]
-        assert rec["algorithm"] == ALGORITHM and isinstance(tensors, dict) and isinstance(claimed, str)
+        assert (
+            rec["algorithm"] == ALGORITHM and isinstance(tensors, dict) and isinstance(claimed, str)
+        )
     except (ValueError, KeyError, TypeError, AssertionError):
         return _damaged(report, rel, f"its {METADATA_KEY!r} metadata is malformed")
     report.checked.add(rel)
@@ -304,11 +375,20 @@ def _damaged(report: VerifyReport, rel: str, problem: str) -> bool:
     return True
 
 
-def _check_tensors(path: str, rel: str, header: dict[str, Any], tensors: Mapping[str, str], start: int, size: int,
-                   report: VerifyReport) -> None:
+def _check_tensors(
+    path: str,
+    rel: str,
+    header: dict[str, Any],
+    tensors: Mapping[str, str],
+    start: int,
+    size: int,
+    report: VerifyReport,
+) -> None:
     names = [k for k in header if k != "__metadata__"]
     if set(names) != set(tensors):
-        report.problems.append(Finding(rel, f"header lists {len(names)} tensors, the digests {len(tensors)}"))
+        report.problems.append(
+            Finding(rel, f"header lists {len(names)} tensors, the digests {len(tensors)}")
+        )
         return
     spans = []
     for name in names:
@@ -322,7 +402,9 @@ def _check_tensors(path: str, rel: str, header: dict[str, Any], tensors: Mapping
     with open(path, "rb") as f:
         for begin, end, name in sorted(spans):
             if begin != covered or end < begin or start + end > size:
-                report.problems.append(Finding(rel, f"bytes [{begin}, {end}) do not follow the data before them", name))
+                report.problems.append(
+                    Finding(rel, f"bytes [{begin}, {end}) do not follow the data before them", name)
+                )
                 covered = max(covered, end)
                 continue
             f.seek(start + begin)

@@ -69,7 +69,11 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _boxes(
-    shape: tuple[int, ...], block: tuple[int, ...], d: int, offs: tuple[int, ...], sizes: tuple[int, ...]
+    shape: tuple[int, ...],
+    block: tuple[int, ...],
+    d: int,
+    offs: tuple[int, ...],
+    sizes: tuple[int, ...],
 ) -> Iterator[Box]:
     if d == len(shape):
         yield offs, sizes

@@ -100,11 +100,16 @@ class Health:
                 return None
             found[key] = TensorHealth(nan, inf, None if norm is None else float(norm))
         stale = raw.get("stale")
-        if stale is not None and (not isinstance(stale, list) or not all(isinstance(k, str) for k in stale)):
+        if stale is not None and (
+            not isinstance(stale, list) or not all(isinstance(k, str) for k in stale)
+        ):
             return None
         base = raw.get("stale_base")
-        return cls(found if "tensors" in raw else None, None if stale is None else tuple(stale),
-                   base if isinstance(base, dict) else None)
+        return cls(
+            found if "tensors" in raw else None,
+            None if stale is None else tuple(stale),
+            base if isinstance(base, dict) else None,
+        )
 
 
 def of_header(header: Mapping[str, Any] | None) -> Health | None:

@@ -37,7 +37,9 @@ def check_int(name: str, value: Any, lo: int = 0, hi: int = INT64_MAX) -> int:
         InvalidInputError: not an integer, or out of range; the message names ``name``.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidInputError(f"{name} must be an integer from {lo} to {_show(hi)}, got {value!r}")
+        raise InvalidInputError(
+            f"{name} must be an integer from {lo} to {_show(hi)}, got {value!r}"
+        )
     if not lo <= int(value) <= hi:
         raise InvalidInputError(f"{name} must be from {lo} to {_show(hi)}, got {int(value)}")
     return int(value)
@@ -84,7 +86,9 @@ def check_metadata(metadata: Any, where: str = "metadata") -> dict[str, Any]:
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
-        raise InvalidInputError(f"{where} must be a dict of JSON values, got {type(metadata).__name__}")
+        raise InvalidInputError(
+            f"{where} must be a dict of JSON values, got {type(metadata).__name__}"
+        )
     out = _json_copy(metadata, where, 0)
     assert isinstance(out, dict)
     return out

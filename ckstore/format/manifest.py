@@ -38,7 +38,9 @@ _BULK = 16  # chunk lists longer than this are type-checked in bulk
 
 def canonical_json(data: Any) -> bytes:
     """The one byte encoding of ``data``: sorted keys, no spaces, ASCII, no NaN."""
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    return json.dumps(
+        data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode()
 
 
 @dataclass(frozen=True)
@@ -214,11 +216,26 @@ def entry_digest(entry: Entry) -> str:
 
 
 def snapshot_header(
-    *, run: str, step: int | None, created_at: float, metadata: dict[str, Any], name: str | None, session: str, **extra: Any
+    *,
+    run: str,
+    step: int | None,
+    created_at: float,
+    metadata: dict[str, Any],
+    name: str | None,
+    session: str,
+    **extra: Any,
 ) -> dict[str, Any]:
     """The ``snapshot`` header of a take's manifest (see :attr:`Manifest.snapshot`); ``extra``
     adds the distributed fields (``world_size``, ``ranks``, ``dcp``)."""
-    return {"run": run, "step": step, "created_at": created_at, "metadata": dict(metadata), "name": name, "session": session, **extra}
+    return {
+        "run": run,
+        "step": step,
+        "created_at": created_at,
+        "metadata": dict(metadata),
+        "name": name,
+        "session": session,
+        **extra,
+    }
 
 
 @dataclass(frozen=True)
@@ -256,7 +273,9 @@ class Manifest:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise CorruptionError(f"{where} is not a ckstore manifest")
         if doc.get("version") != VERSION:
-            raise CorruptionError(f"{where} has manifest version {doc.get('version')!r}; this ckstore reads {VERSION}")
+            raise CorruptionError(
+                f"{where} has manifest version {doc.get('version')!r}; this ckstore reads {VERSION}"
+            )
         apps, entries = doc.get("apps"), doc.get("entries")
         if not isinstance(apps, dict) or not isinstance(entries, dict):
             raise CorruptionError(f"{where} lacks apps/entries")
@@ -362,7 +381,9 @@ def tiling_problem(shape: tuple[int, ...], chunks: Sequence[ChunkRef]) -> str | 
     for d, extent in enumerate(shape):
         e_d = list(map(operator.add, ocols[d], scols[d]))
         if n and (min(ocols[d]) < 0 or min(scols[d]) <= 0 or max(e_d) > extent):
-            c = next(c for c in chunks if not 0 <= c.offsets[d] < c.offsets[d] + c.sizes[d] <= extent)
+            c = next(
+                c for c in chunks if not 0 <= c.offsets[d] < c.offsets[d] + c.sizes[d] <= extent
+            )
             return f"chunk {_box(c)} lies outside shape {list(shape)}"
         ecols.append(e_d)
     volumes = [1] * n

@@ -69,7 +69,9 @@ def check_tensor(value: Any, key: str) -> None:
             "materialise it first (e.g. module.to_empty(device='cpu') and load or init weights)"
         )
     if value.is_sparse or value.layout != torch.strided:
-        raise UnsupportedValueError(f"key {key!r}: sparse tensors are not supported; call .to_dense()")
+        raise UnsupportedValueError(
+            f"key {key!r}: sparse tensors are not supported; call .to_dense()"
+        )
     if value.is_quantized:
         dtype_name(value.dtype, key)  # raises the typed error
     if type(value) not in (torch.Tensor, torch.nn.Parameter) and getattr(value, "fake_mode", None):

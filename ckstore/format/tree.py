@@ -45,8 +45,10 @@ def is_array(value: Any) -> bool:
 def _is_plain_seq(value: Any) -> bool:
     import torch
 
-    return isinstance(value, (list, tuple)) and not isinstance(value, torch.Size) and all(
-        is_plain(v) or (isinstance(v, torch.Size)) for v in value
+    return (
+        isinstance(value, (list, tuple))
+        and not isinstance(value, torch.Size)
+        and all(is_plain(v) or (isinstance(v, torch.Size)) for v in value)
     )
 
 
@@ -123,7 +125,10 @@ def _flatten_dict(
             )
         seen[path] = k
         items.append([encode_value(k, key), _flatten(path, v, leaves, lenient, depth + 1)])
-    node: dict[str, Any] = {"$dict": items, "$cls": "OrderedDict" if isinstance(obj, OrderedDict) else "dict"}
+    node: dict[str, Any] = {
+        "$dict": items,
+        "$cls": "OrderedDict" if isinstance(obj, OrderedDict) else "dict",
+    }
     meta = getattr(obj, "_metadata", None)
     if isinstance(meta, dict) and not lenient:
         node["$meta"] = encode_value(meta, key)
@@ -152,7 +157,9 @@ def unflatten(tree: Any, resolve: Callable[[str], Any], depth: int = 0) -> Any:
         out = cls()
         for pair in tree["$dict"]:
             if type(pair) is not list or len(pair) != 2:
-                raise CorruptionError(f"manifest tree holds a malformed dict item {str(pair)[:100]}")
+                raise CorruptionError(
+                    f"manifest tree holds a malformed dict item {str(pair)[:100]}"
+                )
             key = decode_value(pair[0])
             if not is_plain(key):
                 raise CorruptionError(f"manifest tree holds a dict key {str(pair[0])[:100]}")

@@ -127,7 +127,9 @@ def decode_value(data: Any, depth: int = 0) -> Any:
     if isinstance(data, list):
         return [decode_value(v, depth + 1) for v in data]
     if not isinstance(data, dict):
-        raise CorruptionError(f"manifest holds a value of unexpected JSON type {type(data).__name__}")
+        raise CorruptionError(
+            f"manifest holds a value of unexpected JSON type {type(data).__name__}"
+        )
     try:
         return _decode_tag(data, depth + 1)
     except CorruptionError:

@@ -94,7 +94,9 @@ def check(
     """
     fraction = check_fraction("check: read_data", read_data)
     report = CheckReport()
-    snapshots = store.index.list_snapshots()  # before the chunks: a take committing meanwhile adds both
+    snapshots = (
+        store.index.list_snapshots()
+    )  # before the chunks: a take committing meanwhile adds both
     chunks = {c.chunk_id: c for c in store.index.all_chunks()}
     report.chunks = len(chunks)
     _check_snapshots(store, snapshots, chunks, report)
@@ -123,7 +125,9 @@ def _drop_moved(store: Repository, report: CheckReport, chunks: dict[str, ChunkR
     still = {rec.pack_id for cid, rec in now.items() if rec.pack_id == held.get(cid)}
     gone = suspects - still
     if gone:
-        report.problems = [p for p in report.problems if not (p.kind in PACK_PROBLEMS and p.object in gone)]
+        report.problems = [
+            p for p in report.problems if not (p.kind in PACK_PROBLEMS and p.object in gone)
+        ]
         for cid, pack_id in held.items():
             rec = now.get(cid)
             if pack_id in gone and rec is not None:  # the row as it is now (the users named below)
@@ -164,9 +168,15 @@ def _name_users(store: Repository, report: CheckReport, chunks: dict[str, ChunkR
         labels = tuple(named.label(s) for s in snaps)
         keys = tuple(sorted({k for s in snaps for k in named.keys(s, ids)}))
         p = report.problems[i]
-        shown = ", ".join(labels[:MAX_NAMED]) + (f" and {len(labels) - MAX_NAMED} more" if len(labels) > MAX_NAMED else "")
-        keys_shown = ", ".join(keys[:MAX_NAMED]) + (f" and {len(keys) - MAX_NAMED} more" if len(keys) > MAX_NAMED else "")
-        message = f"{p.message}; used by snapshot(s) {shown}" + (f", key(s) {keys_shown}" if keys else "")
+        shown = ", ".join(labels[:MAX_NAMED]) + (
+            f" and {len(labels) - MAX_NAMED} more" if len(labels) > MAX_NAMED else ""
+        )
+        keys_shown = ", ".join(keys[:MAX_NAMED]) + (
+            f" and {len(keys) - MAX_NAMED} more" if len(keys) > MAX_NAMED else ""
+        )
+        message = f"{p.message}; used by snapshot(s) {shown}" + (
+            f", key(s) {keys_shown}" if keys else ""
+        )
         report.problems[i] = Problem(p.kind, p.object, message, labels, keys)
 
 
@@ -225,26 +235,42 @@ def choose_packs(pack_ids: list[str], fraction: float, rng: random.Random) -> li
     return sorted(rng.sample(sorted(pack_ids), count))
 
 
-def _check_snapshots(store: Repository, snapshots: list[SnapshotRecord], chunks: dict[str, ChunkRecord],
-                     report: CheckReport) -> None:
+def _check_snapshots(
+    store: Repository,
+    snapshots: list[SnapshotRecord],
+    chunks: dict[str, ChunkRecord],
+    report: CheckReport,
+) -> None:
     for snap in snapshots:
         report.snapshots += 1
         where = f"snapshot {snap.run}@{snap.step} ({snap.id[:12]})"
         try:
-            manifest = Manifest.from_json(store.objects.get_blob("manifests", snap.manifest_id), where)
+            manifest = Manifest.from_json(
+                store.objects.get_blob("manifests", snap.manifest_id), where
+            )
         except CkstoreError as exc:
             report.add("manifest", snap.manifest_id, f"{where}: manifest unreadable: {exc}")
             continue
         needed = manifest.chunk_ids()
         missing = needed - chunks.keys()
         if missing:
-            report.add("missing-chunk", snap.id, f"{where}: {len(missing)} chunk(s) unknown to the index, e.g. {min(missing)}")
+            report.add(
+                "missing-chunk",
+                snap.id,
+                f"{where}: {len(missing)} chunk(s) unknown to the index, e.g. {min(missing)}",
+            )
         refs = store.index.snapshot_chunk_ids(snap.id)
         if refs != needed:
-            report.add("references", snap.id, f"{where}: index references {len(refs)} chunks, manifest needs {len(needed)}")
+            report.add(
+                "references",
+                snap.id,
+                f"{where}: index references {len(refs)} chunks, manifest needs {len(needed)}",
+            )
 
 
-def _check_packs(store: Repository, chunks: dict[str, ChunkRecord], report: CheckReport) -> list[str]:
+def _check_packs(
+    store: Repository, chunks: dict[str, ChunkRecord], report: CheckReport
+) -> list[str]:
     """Check every pack holding live chunks; return those whose chunk table could be read."""
     by_pack: dict[str, list[ChunkRecord]] = defaultdict(list)
     for c in chunks.values():
@@ -252,7 +278,9 @@ def _check_packs(store: Repository, chunks: dict[str, ChunkRecord], report: Chec
     stored = set(store.objects.list_packs())
     known = store.index.index_pack_ids()
     report.orphan_packs = sorted(stored - known)
-    report.orphan_manifests = sorted(set(store.objects.list_blobs("manifests")) - store.index.index_manifest_ids())
+    report.orphan_manifests = sorted(
+        set(store.objects.list_blobs("manifests")) - store.index.index_manifest_ids()
+    )
     readable = []
     rows = store.index.pack_row_ids()
     remote = store.index.remote_pack_ids()
@@ -262,9 +290,17 @@ def _check_packs(store: Repository, chunks: dict[str, ChunkRecord], report: Chec
             _check_remote_pack(store, pack_id, remote[pack_id], live, report)
             continue
         if pack_id not in rows:
-            report.add("unknown-pack", pack_id, f"{len(live)} chunk row(s) of the index name pack {pack_id}, which has no pack row (a damaged index: rebuild it with `ckstore reindex`)")
+            report.add(
+                "unknown-pack",
+                pack_id,
+                f"{len(live)} chunk row(s) of the index name pack {pack_id}, which has no pack row (a damaged index: rebuild it with `ckstore reindex`)",
+            )
         if pack_id not in stored:
-            report.add("missing-pack", pack_id, f"pack {pack_id} holds {len(live)} live chunk(s) but is missing from the store")
+            report.add(
+                "missing-pack",
+                pack_id,
+                f"pack {pack_id} holds {len(live)} live chunk(s) but is missing from the store",
+            )
             continue
         try:
             idx = objects.load_pack_index(store.objects.backend, pack_id)
@@ -273,28 +309,50 @@ def _check_packs(store: Repository, chunks: dict[str, ChunkRecord], report: Chec
             continue
         readable.append(pack_id)
         if idx.computed_id != pack_id:
-            report.add("pack-id", pack_id, f"pack {pack_id} does not match its name: its header, trailer and footer hash to {idx.computed_id}")
+            report.add(
+                "pack-id",
+                pack_id,
+                f"pack {pack_id} does not match its name: its header, trailer and footer hash to {idx.computed_id}",
+            )
         trailer = {loc.chunk_id: loc for loc in idx.locations}
         for c in live:
             loc = trailer.get(c.chunk_id)
             if loc is None or (loc.offset, loc.length, loc.raw_length, loc.codec, loc.base_id) != (
-                c.offset, c.length, c.raw_length, c.codec, c.base_id
+                c.offset,
+                c.length,
+                c.raw_length,
+                c.codec,
+                c.base_id,
             ):
-                report.add("misplaced-chunk", c.chunk_id, f"chunk {c.chunk_id}: the index and pack {pack_id} disagree about it")
+                report.add(
+                    "misplaced-chunk",
+                    c.chunk_id,
+                    f"chunk {c.chunk_id}: the index and pack {pack_id} disagree about it",
+                )
     _check_chains(chunks, report)
     return readable
 
 
-def _check_remote_pack(store: Repository, pack_id: str, remote: str, live: list[ChunkRecord], report: CheckReport) -> None:
+def _check_remote_pack(
+    store: Repository, pack_id: str, remote: str, live: list[ChunkRecord], report: CheckReport
+) -> None:
     """A pack of a remote that rows of chunks evicted from this (local) tier point at: it must
     be there (its data is checked by a check of the remote)."""
     try:
         there = store.objects.backend.exists(objects.pack_name(pack_id))
     except CkstoreError as exc:
-        report.add("remote-pack", pack_id, f"pack {pack_id} of remote {remote!r} ({len(live)} chunk(s) evicted there) could not be reached: {exc}")
+        report.add(
+            "remote-pack",
+            pack_id,
+            f"pack {pack_id} of remote {remote!r} ({len(live)} chunk(s) evicted there) could not be reached: {exc}",
+        )
         return
     if not there:
-        report.add("remote-pack", pack_id, f"pack {pack_id} of remote {remote!r} holds {len(live)} chunk(s) this store evicted there, but the remote has no such pack (check the remote: `ckstore check` there)")
+        report.add(
+            "remote-pack",
+            pack_id,
+            f"pack {pack_id} of remote {remote!r} holds {len(live)} chunk(s) this store evicted there, but the remote has no such pack (check the remote: `ckstore check` there)",
+        )
 
 
 def _check_chains(chunks: dict[str, ChunkRecord], report: CheckReport) -> None:
@@ -302,13 +360,25 @@ def _check_chains(chunks: dict[str, ChunkRecord], report: CheckReport) -> None:
     for c in chunks.values():
         if c.base_id is None:
             if c.depth != 0:
-                report.add("delta-chain", c.chunk_id, f"chunk {c.chunk_id} is stored whole but the index gives it depth {c.depth}")
+                report.add(
+                    "delta-chain",
+                    c.chunk_id,
+                    f"chunk {c.chunk_id} is stored whole but the index gives it depth {c.depth}",
+                )
             continue
         base = chunks.get(c.base_id)
         if base is None:
-            report.add("missing-base", c.chunk_id, f"chunk {c.chunk_id} is a delta against chunk {c.base_id}, which the index does not know (rebuild it with `ckstore reindex`)")
+            report.add(
+                "missing-base",
+                c.chunk_id,
+                f"chunk {c.chunk_id} is a delta against chunk {c.base_id}, which the index does not know (rebuild it with `ckstore reindex`)",
+            )
         elif base.depth + 1 != c.depth or base.raw_length != c.raw_length:
-            report.add("delta-chain", c.chunk_id, f"chunk {c.chunk_id} (depth {c.depth}, {c.raw_length} bytes) is a delta against chunk {c.base_id} (depth {base.depth}, {base.raw_length} bytes)")
+            report.add(
+                "delta-chain",
+                c.chunk_id,
+                f"chunk {c.chunk_id} (depth {c.depth}, {c.raw_length} bytes) is a delta against chunk {c.base_id} (depth {base.depth}, {base.raw_length} bytes)",
+            )
 
 
 def _read_data(
@@ -342,14 +412,20 @@ def _read_data(
         report.chunks_read += scan.chunks_read
         report.bytes_read += scan.bytes_read
         for p in scan.problems:
-            dead = p.kind == "missing-base" and (p.object not in chunks or chunks[p.object].pack_id != pack_id)
+            dead = p.kind == "missing-base" and (
+                p.object not in chunks or chunks[p.object].pack_id != pack_id
+            )
             if p.kind != "pack-id" and not dead:  # the structure pass reported pack-id already
                 report.add(p.kind, p.object, p.message)
         damaged = {p.object for p in scan.problems}
-        _check_digests(pack_id, {c: d for c, d in scan.digests.items() if c not in damaged}, chunks, report)
+        _check_digests(
+            pack_id, {c: d for c, d in scan.digests.items() if c not in damaged}, chunks, report
+        )
 
 
-def _check_digests(pack_id: str, digests: dict[str, str], chunks: dict[str, ChunkRecord], report: CheckReport) -> None:
+def _check_digests(
+    pack_id: str, digests: dict[str, str], chunks: dict[str, ChunkRecord], report: CheckReport
+) -> None:
     """Report index rows whose payload digest the pack's payload does not have (chunks found
     damaged are reported as such already): an atomic restore refuses such a chunk even when
     its bytes are right."""
@@ -357,7 +433,8 @@ def _check_digests(pack_id: str, digests: dict[str, str], chunks: dict[str, Chun
         rec = chunks.get(cid)
         if rec is not None and rec.pack_id == pack_id and rec.payload_digest not in (None, found):
             report.add(
-                "payload-digest", cid,
+                "payload-digest",
+                cid,
                 f"the index records payload digest {rec.payload_digest} for chunk {cid} in pack "
                 f"{pack_id}, whose payload there has {found}: atomic restores refuse the chunk. If no "
                 "other problem names it, its bytes are right: restore(atomic=False) reads it, "

@@ -171,8 +171,10 @@ def _plan(repo: Repository, keep_loose: int) -> tuple[list[_Job], int]:
         loose.pop(cid, None)
     if not loose:
         return [], 0
-    records = sorted((repo.index.get_snapshot(s) for s in repo.index.referencing_snapshots(loose)),
-                     key=lambda r: (r.created_at, r.id))
+    records = sorted(
+        (repo.index.get_snapshot(s) for s in repo.index.referencing_snapshots(loose)),
+        key=lambda r: (r.created_at, r.id),
+    )
     jobs: list[_Job] = []
     snaps = 0
     for rec in records:
@@ -196,14 +198,20 @@ def _parent_manifest(repo: Repository, rec: SnapshotRecord) -> Manifest | None:
         return None
 
 
-def _jobs_of(key: str, entry: Any, parent: Manifest | None, loose: dict[str, ChunkRecord]) -> Iterator[_Job]:
+def _jobs_of(
+    key: str, entry: Any, parent: Manifest | None, loose: dict[str, ChunkRecord]
+) -> Iterator[_Job]:
     """Jobs for the loose chunks of one entry (each chunk once: ``loose`` loses them)."""
     if not isinstance(entry, TensorEntry) or entry.inline:
         return
     size = itemsize(entry.dtype)
     old = parent.entries.get(key) if parent is not None else None
     at: dict[tuple[Any, Any], str] = {}
-    if isinstance(old, TensorEntry) and not old.inline and (old.dtype, old.shape) == (entry.dtype, entry.shape):
+    if (
+        isinstance(old, TensorEntry)
+        and not old.inline
+        and (old.dtype, old.shape) == (entry.dtype, entry.shape)
+    ):
         at = {(c.offsets, c.sizes): c.id for c in old.chunks}
     for c in entry.chunks:
         rec = loose.pop(c.id, None)
@@ -250,8 +258,13 @@ def _resolve_bases(repo: Repository, session: str, jobs: list[_Job]) -> None:
             j.base_id = ""
 
 
-def _usable_base(cid: str, limit: int, depth: dict[str, int], parent: dict[str, str],
-                 known: dict[str, ChunkRecord]) -> str:
+def _usable_base(
+    cid: str,
+    limit: int,
+    depth: dict[str, int],
+    parent: dict[str, str],
+    known: dict[str, ChunkRecord],
+) -> str:
     """``cid``, or its nearest ancestor whose (planned) depth is below ``limit``; "" if none."""
     for _ in range(limit + 1):
         if not cid:
@@ -279,7 +292,9 @@ def _rewrite(
     writer = repo.objects.new_pack_writer(repo.config.pack_bytes)
     batch: list[tuple[_Job, int]] = []  # (job, depth) in the pack being filled
     window: deque[tuple[_Job, Future[tuple[str, bytes, float]]]] = deque()
-    with ThreadPoolExecutor(max_workers=max(1, repo.threads), thread_name_prefix="ckstore-compact") as pool:
+    with ThreadPoolExecutor(
+        max_workers=max(1, repo.threads), thread_name_prefix="ckstore-compact"
+    ) as pool:
         todo = iter(jobs)
         try:
             while True:
@@ -295,11 +310,22 @@ def _rewrite(
                 try:
                     codec, payload, cpu = fut.result()
                     report.cpu_seconds += cpu
-                except (CorruptionError, ObjectNotFoundError) as exc:  # it stays loose; check names it
-                    log.warning("ckstore: compaction left chunk %s loose: %s", job.rec.chunk_id, exc)
+                except (
+                    CorruptionError,
+                    ObjectNotFoundError,
+                ) as exc:  # it stays loose; check names it
+                    log.warning(
+                        "ckstore: compaction left chunk %s loose: %s", job.rec.chunk_id, exc
+                    )
                     continue
                 delta = objects.is_delta(codec)
-                writer.add(job.rec.chunk_id, codec, payload, job.rec.raw_length, job.base_id if delta else None)
+                writer.add(
+                    job.rec.chunk_id,
+                    codec,
+                    payload,
+                    job.rec.raw_length,
+                    job.base_id if delta else None,
+                )
                 batch.append((job, job.base.depth + 1 if delta and job.base is not None else 0))
                 report.delta_chunks += delta
                 if progress is not None:
@@ -316,7 +342,9 @@ def _rewrite(
             raise
 
 
-def _encode(repo: Repository, job: _Job, pause: Callable[[], bool] | None = None) -> tuple[str, bytes, float]:
+def _encode(
+    repo: Repository, job: _Job, pause: Callable[[], bool] | None = None
+) -> tuple[str, bytes, float]:
     """Read and verify the chunk (and its base), then encode it densely (a delta if smaller);
     a job queued while the process is busy (``pause``) starts once it is not. Also returns the
     CPU seconds this thread spent on it."""
@@ -325,7 +353,9 @@ def _encode(repo: Repository, job: _Job, pause: Callable[[], bool] | None = None
     raw = _read(repo, job.rec, {})
     if job.base is not None:
         base = _read(repo, job.base, job.base_known)
-        codec, payload = objects.encode_delta(raw, base, job.itemsize, job.grouped, plain_estimate=job.rec.length)
+        codec, payload = objects.encode_delta(
+            raw, base, job.itemsize, job.grouped, plain_estimate=job.rec.length
+        )
     else:
         codec, payload = objects.encode(raw, job.itemsize, job.grouped)
     return codec, bytes(payload), time.thread_time() - c0
@@ -344,8 +374,13 @@ def _read(repo: Repository, rec: ChunkRecord, known: dict[str, ChunkRecord]) -> 
         return repo.objects.read_chunk(to_location(now[rec.chunk_id], now))
 
 
-def _switch(repo: Repository, lease: Lease, writer: objects.PackWriter, batch: list[tuple[_Job, int]],
-            report: CompactReport) -> None:
+def _switch(
+    repo: Repository,
+    lease: Lease,
+    writer: objects.PackWriter,
+    batch: list[tuple[_Job, int]],
+    report: CompactReport,
+) -> None:
     """Make the pack durable, point its chunks' rows at it, retire the loose packs emptied."""
     done = writer.finish()
     if done is None:
@@ -356,7 +391,11 @@ def _switch(repo: Repository, lease: Lease, writer: objects.PackWriter, batch: l
     depths = {job.rec.chunk_id: depth for job, depth in batch}
     old = {job.rec.chunk_id: job.rec.pack_id for job, _ in batch}
     moves = [(rec, old[rec.chunk_id]) for rec in to_records(locs, depths)]
-    switched = set(repo.index.rewrite_chunks(lease.id, PackRecord(pack_id, size, len(moves), time.time()), moves))
+    switched = set(
+        repo.index.rewrite_chunks(
+            lease.id, PackRecord(pack_id, size, len(moves), time.time()), moves
+        )
+    )
     report.packs_written += 1
     report.chunks += len(switched)
     report.dense_bytes += sum(rec.length for rec, _ in moves if rec.chunk_id in switched)
@@ -402,7 +441,9 @@ class AutoCompactor:
             self._idle.clear()
             self._wake.set()
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="ckstore-compact", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._loop, name="ckstore-compact", daemon=True
+                )
                 self._thread.start()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
@@ -426,12 +467,20 @@ class AutoCompactor:
             self._wake.clear()
             try:
                 if loose_pending(self._repo, self.keep_loose):
-                    self.last = compact(self._repo, keep_loose=self.keep_loose, pause=self._repo.busy,
-                                        stop=self._stop.is_set)
+                    self.last = compact(
+                        self._repo,
+                        keep_loose=self.keep_loose,
+                        pause=self._repo.busy,
+                        stop=self._stop.is_set,
+                    )
             except Exception as exc:  # noqa: BLE001 - the chunks stay loose; the next kick retries
-                log.warning("ckstore: background compaction of %s failed (%s: %s); its loose chunks stay "
-                            "loose until the next compaction (`ckstore compact`)", self._repo.url,
-                            type(exc).__name__, exc)
+                log.warning(
+                    "ckstore: background compaction of %s failed (%s: %s); its loose chunks stay "
+                    "loose until the next compaction (`ckstore compact`)",
+                    self._repo.url,
+                    type(exc).__name__,
+                    exc,
+                )
             if not self._wake.is_set():
                 self._idle.set()
 

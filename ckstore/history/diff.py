@@ -84,8 +84,13 @@ def diff(store: Repository, a: str, b: str, numeric: bool = False) -> DiffResult
     keys.extend(_one_sided(ra, REMOVED) for key, ra in recs_a.items() if key not in recs_b)
     health_a, health_b = _health(snap_a), _health(snap_b)
     keys = [_with_health(k, health_a, health_b) for k in keys]
-    return DiffResult(_side(a, snap_a, health_a), _side(b, snap_b, health_b), tuple(keys), numeric,
-                      _savings(snap_a, snap_b))
+    return DiffResult(
+        _side(a, snap_a, health_a),
+        _side(b, snap_b, health_b),
+        tuple(keys),
+        numeric,
+        _savings(snap_a, snap_b),
+    )
 
 
 def _health(snap: SnapshotView) -> Health | None:
@@ -96,11 +101,23 @@ def _health(snap: SnapshotView) -> Health | None:
 def _with_health(k: KeyDiff, a: Health | None, b: Health | None) -> KeyDiff:
     """``k`` with each side's figures for its tensor, where recorded (unchanged keys too: a
     NaN that was already there is worth seeing)."""
-    ha = a.tensors.get(k.key) if a is not None and a.tensors is not None and k.status != ADDED else None
-    hb = b.tensors.get(k.key) if b is not None and b.tensors is not None and k.status != REMOVED else None
+    ha = (
+        a.tensors.get(k.key)
+        if a is not None and a.tensors is not None and k.status != ADDED
+        else None
+    )
+    hb = (
+        b.tensors.get(k.key)
+        if b is not None and b.tensors is not None and k.status != REMOVED
+        else None
+    )
     if ha is None and hb is None:
         return k
-    return replace(k, health_a=None if ha is None else ha.to_dict(), health_b=None if hb is None else hb.to_dict())
+    return replace(
+        k,
+        health_a=None if ha is None else ha.to_dict(),
+        health_b=None if hb is None else hb.to_dict(),
+    )
 
 
 def _savings(snap_a: SnapshotView, snap_b: SnapshotView) -> DeltaSavings:
@@ -110,8 +127,12 @@ def _savings(snap_a: SnapshotView, snap_b: SnapshotView) -> DeltaSavings:
     recs = [r for cid, r in index.chunk_locations(new).items() if cid in new]
     deltas = [r for r in recs if r.base_id is not None]
     return DeltaSavings(
-        len(recs), sum(r.raw_length for r in recs), sum(r.length for r in recs),
-        len(deltas), sum(r.raw_length for r in deltas), sum(r.length for r in deltas),
+        len(recs),
+        sum(r.raw_length for r in recs),
+        sum(r.length for r in recs),
+        len(deltas),
+        sum(r.raw_length for r in deltas),
+        sum(r.length for r in deltas),
     )
 
 

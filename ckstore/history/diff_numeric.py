@@ -128,17 +128,20 @@ class _BoxReader:
             rec = self.locs.get(c.id)
             if rec is None:
                 raise CorruptionError(
-                    f"{self.where}: chunk {c.id[:16]}… is unknown to the index; "
-                    "run `ckstore check`"
+                    f"{self.where}: chunk {c.id[:16]}… is unknown to the index; run `ckstore check`"
                 )
             t = empty_for(self.entry.dtype, c.sizes)
             try:
-                self.snap.store.objects.read_chunk(to_location(rec, self.locs), out=writable_view(t))
+                self.snap.store.objects.read_chunk(
+                    to_location(rec, self.locs), out=writable_view(t)
+                )
             except ObjectNotFoundError:  # compaction or gc moved it meanwhile: look it up again
                 self.locs.update(self.snap.store.index.chunk_locations([c.id]))
                 if c.id not in self.locs:
                     raise
-                self.snap.store.objects.read_chunk(to_location(self.locs[c.id], self.locs), out=writable_view(t))
+                self.snap.store.objects.read_chunk(
+                    to_location(self.locs[c.id], self.locs), out=writable_view(t)
+                )
             self.cache[i] = t
         return self.cache[i]
 

@@ -122,7 +122,13 @@ class SnapshotSide:
     when not recorded; None for a snapshot taken before ckstore recorded health."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ref": self.ref, "id": self.id, "run": self.run, "step": self.step, "health": self.health}
+        return {
+            "ref": self.ref,
+            "id": self.id,
+            "run": self.run,
+            "step": self.step,
+            "health": self.health,
+        }
 
 
 @dataclass(frozen=True)

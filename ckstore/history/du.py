@@ -144,14 +144,26 @@ def _run_rows(conn: Connection) -> list[UsageRow]:
         )
     }
     return [
-        UsageRow(run, int(n), int(logical), *stored.get(run, (0, 0)), None, None, *deltas.get(run, (0, 0, 0)))
+        UsageRow(
+            run,
+            int(n),
+            int(logical),
+            *stored.get(run, (0, 0)),
+            None,
+            None,
+            *deltas.get(run, (0, 0, 0)),
+        )
         for run, n, logical in sorted(counts, key=lambda r: r[0])
     ]
 
 
 def _delta_sums(c: Any) -> tuple[Any, ...]:
     """Count, raw bytes and stored bytes of the delta chunks among the selected rows."""
-    return (func.count(), func.coalesce(func.sum(c.c.raw_length), 0), func.coalesce(func.sum(c.c.length), 0))
+    return (
+        func.count(),
+        func.coalesce(func.sum(c.c.raw_length), 0),
+        func.coalesce(func.sum(c.c.length), 0),
+    )
 
 
 def _total_row(conn: Connection) -> tuple[int, ...]:
@@ -166,7 +178,9 @@ def _total_row(conn: Connection) -> tuple[int, ...]:
         )
     ).one()
     deltas = conn.execute(
-        select(*_delta_sums(c)).select_from(used.join(c, c.c.id == used.c.chunk_id)).where(c.c.base_id.is_not(None))
+        select(*_delta_sums(c))
+        .select_from(used.join(c, c.c.id == used.c.chunk_id))
+        .where(c.c.base_id.is_not(None))
     ).one()
     return int(n), int(logical), int(stored), int(chunks), *(int(v) for v in deltas)
 
@@ -179,7 +193,12 @@ def exclusive_bytes(store: Repository) -> dict[str, int]:
 
 def _exclusive(conn: Connection) -> dict[str, int]:
     s, sc, c = _snapshots, _snapshot_chunks, _chunks
-    pairs = select(s.c.run, sc.c.chunk_id).select_from(sc.join(s, s.c.id == sc.c.snapshot_id)).distinct().subquery()
+    pairs = (
+        select(s.c.run, sc.c.chunk_id)
+        .select_from(sc.join(s, s.c.id == sc.c.snapshot_id))
+        .distinct()
+        .subquery()
+    )
     owners = (
         select(pairs.c.chunk_id, func.count().label("n"), func.min(pairs.c.run).label("run"))
         .group_by(pairs.c.chunk_id)
@@ -191,7 +210,10 @@ def _exclusive(conn: Connection) -> dict[str, int]:
         .where(owners.c.n == 1)
     ).all()
     owner = {str(r[1]): str(r[0]) for r in rows}
-    edges = [(str(d), str(b)) for d, b in conn.execute(select(c.c.id, c.c.base_id).where(c.c.base_id.is_not(None)))]
+    edges = [
+        (str(d), str(b))
+        for d, b in conn.execute(select(c.c.id, c.c.base_id).where(c.c.base_id.is_not(None)))
+    ]
     changed = True
     while changed:  # a base stays while a delta that stays needs it (another run's, or nobody's)
         changed = False

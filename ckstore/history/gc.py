@@ -112,7 +112,14 @@ def gc(
     """
     grace_seconds = check_number("gc: grace_seconds", grace_seconds, 0.0, MAX_SECONDS)
     repack_below = check_number("gc: repack_below", repack_below, 0.0, 1.0)
-    policy = Policy(keep_last, keep_every_steps, keep_tagged, older_than, tuple(runs) if runs else None, keep_healthy)
+    policy = Policy(
+        keep_last,
+        keep_every_steps,
+        keep_tagged,
+        older_than,
+        tuple(runs) if runs else None,
+        keep_healthy,
+    )
     report = GCReport(dry_run=dry_run, grace_seconds=grace_seconds)
     now = time.time()
     cutoff = now - grace_seconds
@@ -147,7 +154,9 @@ def _forget(store: Repository, policy: Policy, report: GCReport, dry_run: bool) 
     for s in drop:
         if not dry_run:
             store.index.delete_snapshot(s.id)
-        report.snapshots_dropped.append(f"{s.run}@{s.step}" if s.step is not None else f"{s.run} {s.id[:12]}")
+        report.snapshots_dropped.append(
+            f"{s.run}@{s.step}" if s.step is not None else f"{s.run} {s.id[:12]}"
+        )
     report.snapshots_kept = len(snapshots) - len(drop)
     return [s.id for s in drop]
 
@@ -156,30 +165,49 @@ def _estimate(store: Repository, report: GCReport, cutoff: float, dropped: list[
     chunks = store.index.unreferenced_chunks(cutoff, ignoring=dropped)
     report.chunks_removed = len(chunks)
     report.chunk_bytes_removed = sum(c.length for c in chunks)
-    report.manifests_removed = len(store.index.prune_manifests(cutoff, dry_run=True, ignoring=dropped))
+    report.manifests_removed = len(
+        store.index.prune_manifests(cutoff, dry_run=True, ignoring=dropped)
+    )
     report.bytes_reclaimed = report.chunk_bytes_removed
 
 
 def _grace_kept(store: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
     """Fill in what the grace period keeps (unreferenced data not yet ``cutoff`` old)."""
     count, size, newest = store.index.young_unreferenced(cutoff, ignoring=dropped)
-    retired = [u for u in store.index.pack_usage() if u.retired_at is not None and u.retired_at > cutoff]
+    retired = [
+        u for u in store.index.pack_usage() if u.retired_at is not None and u.retired_at > cutoff
+    ]
     report.grace_kept_chunks = count
     report.grace_kept_packs = len(retired)
     report.grace_kept_bytes = size + sum(u.size for u in retired)
-    ends = [t + report.grace_seconds for t in [newest, *(u.retired_at for u in retired)] if t is not None]
+    ends = [
+        t + report.grace_seconds
+        for t in [newest, *(u.retired_at for u in retired)]
+        if t is not None
+    ]
     report.grace_expires_at = max(ends) if ends else None
 
 
-def _repack_sparse(store: Repository, report: GCReport, cutoff: float, repack_below: float,
-                   progress: ProgressFn | None = None) -> None:
+def _repack_sparse(
+    store: Repository,
+    report: GCReport,
+    cutoff: float,
+    repack_below: float,
+    progress: ProgressFn | None = None,
+) -> None:
     usage = [u for u in store.index.pack_usage() if u.retired_at is None]
     dead = [u.pack_id for u in usage if u.live_chunks == 0]
     report.packs_retired += len(store.index.retire_packs(dead))
     # a pack whose every entry is live has nothing to reclaim (and _payload overestimates a
     # version 2 pack's payload, which made such packs look sparse to every gc)
-    sparse = [u for u in usage if u.remote is None and 0 < u.live_chunks < u.chunk_count and u.created_at < cutoff
-              and u.live_bytes < repack_below * _payload(u)]
+    sparse = [
+        u
+        for u in usage
+        if u.remote is None
+        and 0 < u.live_chunks < u.chunk_count
+        and u.created_at < cutoff
+        and u.live_bytes < repack_below * _payload(u)
+    ]
     gauge = meter(progress, "gc", sum(u.live_bytes for u in sparse))
     for u in sparse:
         if _rewrite_pack(store, u.pack_id, u.loose):
@@ -192,7 +220,9 @@ def _repack_sparse(store: Repository, report: GCReport, cutoff: float, repack_be
 
 
 def _payload(u: PackUsage) -> int:
-    return max(1, u.size - objects.pack_overhead(u.chunk_count, deltas=True))  # v2 entries: never more than the payload
+    return max(
+        1, u.size - objects.pack_overhead(u.chunk_count, deltas=True)
+    )  # v2 entries: never more than the payload
 
 
 def _rewrite_pack(store: Repository, pack_id: str, loose: bool) -> bool:
@@ -211,14 +241,22 @@ def _rewrite_pack(store: Repository, pack_id: str, loose: bool) -> bool:
     try:
         for c in live:
             payload = store.objects.backend.get(name, c.offset, c.length)
-            raw: bytes | bytearray | memoryview = objects.decode(c.codec, payload, c.raw_length)  # a delta's: its XOR bytes
-            if c.base_id is not None:  # the bytes copied (not a second read) XORed with the verified base
+            raw: bytes | bytearray | memoryview = objects.decode(
+                c.codec, payload, c.raw_length
+            )  # a delta's: its XOR bytes
+            if (
+                c.base_id is not None
+            ):  # the bytes copied (not a second read) XORed with the verified base
                 raw = bytearray(raw)
                 xor_into(raw, store.objects.read_chunk(to_location(c, known).chain()[1]))
             if objects.chunk_id(raw) != c.chunk_id:
-                raise CorruptionError(f"gc: chunk {c.chunk_id} in pack {pack_id} is damaged; run `ckstore check --read-data`")
+                raise CorruptionError(
+                    f"gc: chunk {c.chunk_id} in pack {pack_id} is damaged; run `ckstore check --read-data`"
+                )
             writer.add(c.chunk_id, c.codec, payload, c.raw_length, c.base_id)
-    except ObjectNotFoundError:  # a compaction beside moved the pack's chunks, or a base's, meanwhile
+    except (
+        ObjectNotFoundError
+    ):  # a compaction beside moved the pack's chunks, or a base's, meanwhile
         writer.abort()
         return False
     except BaseException:
@@ -228,12 +266,16 @@ def _rewrite_pack(store: Repository, pack_id: str, loose: bool) -> bool:
     assert done is not None
     new_id, size, locs = done
     moves = to_records(locs)
-    store.index.relocate_chunks(PackRecord(new_id, size, len(moves), time.time(), loose=loose), moves, pack_id)
+    store.index.relocate_chunks(
+        PackRecord(new_id, size, len(moves), time.time(), loose=loose), moves, pack_id
+    )
     return True
 
 
 def _delete_retired(store: Repository, report: GCReport, cutoff: float) -> None:
-    remote = store.index.remote_pack_ids()  # packs of a remote: their rows go, the packs are the remote's
+    remote = (
+        store.index.remote_pack_ids()
+    )  # packs of a remote: their rows go, the packs are the remote's
     for pack_id in store.index.delete_retired_packs(cutoff):  # rows first...
         if pack_id in remote:
             continue

@@ -49,9 +49,15 @@ class Policy:
     @property
     def forgets_anything(self) -> bool:
         """With no keep_last/keep_every_steps/older_than, a gc only prunes."""
-        return self.keep_last is not None or self.keep_every_steps is not None or self.older_than is not None
+        return (
+            self.keep_last is not None
+            or self.keep_every_steps is not None
+            or self.older_than is not None
+        )
 
-    def select(self, snapshots: Sequence[SnapshotRecord], tagged: set[str], now: float | None = None) -> list[SnapshotRecord]:
+    def select(
+        self, snapshots: Sequence[SnapshotRecord], tagged: set[str], now: float | None = None
+    ) -> list[SnapshotRecord]:
         """Return the snapshots to drop, given all snapshots (newest first) and tagged ids."""
         if not self.forgets_anything:
             return []

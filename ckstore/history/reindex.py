@@ -95,7 +95,11 @@ def _add_packs(store: Repository, session: str, report: ReindexReport) -> set[st
         for pack_id, locs in by_pack.items():
             rows = to_records([l for l in locs if depths[l.chunk_id] == level], depths)
             if rows or level == 0:
-                store.index.add_pack(session, PackRecord(pack_id, store.objects.pack_size(pack_id), packs[pack_id]), rows)
+                store.index.add_pack(
+                    session,
+                    PackRecord(pack_id, store.objects.pack_size(pack_id), packs[pack_id]),
+                    rows,
+                )
     report.packs += len(packs)
     report.chunks += len(depths)
     return set(depths)
@@ -111,7 +115,9 @@ def _depths(chosen: dict[str, objects.ChunkLocation], report: ReindexReport) -> 
         while at is not None and at not in depths:
             loc = chosen.get(at)
             if loc is None or at in path or len(path) > MAX_CHAIN:
-                report.skipped.append(f"chunk {cid}: its delta chain does not reach a full chunk ({at} is missing or a loop)")
+                report.skipped.append(
+                    f"chunk {cid}: its delta chain does not reach a full chunk ({at} is missing or a loop)"
+                )
                 break
             path.append(at)
             at = loc.base_id
@@ -121,7 +127,9 @@ def _depths(chosen: dict[str, objects.ChunkLocation], report: ReindexReport) -> 
                 if base + 1 + i <= MAX_CHAIN:  # readers refuse a deeper chain
                     depths[link] = base + 1 + i
             if cid not in depths:
-                report.skipped.append(f"chunk {cid}: its delta chain is longer than {MAX_CHAIN} links")
+                report.skipped.append(
+                    f"chunk {cid}: its delta chain is longer than {MAX_CHAIN} links"
+                )
     return depths
 
 
@@ -129,7 +137,9 @@ def _manifests_by_time(store: Repository, report: ReindexReport) -> list[tuple[s
     found = []
     for manifest_id in store.objects.list_blobs("manifests"):
         try:
-            manifest = Manifest.from_json(store.objects.get_blob("manifests", manifest_id), f"manifest {manifest_id}")
+            manifest = Manifest.from_json(
+                store.objects.get_blob("manifests", manifest_id), f"manifest {manifest_id}"
+            )
         except CkstoreError as exc:
             report.skipped.append(f"manifest {manifest_id}: {exc}")
             continue
@@ -140,18 +150,29 @@ def _manifests_by_time(store: Repository, report: ReindexReport) -> list[tuple[s
     return sorted(found, key=lambda m: (float(m[1].snapshot.get("created_at", 0.0)), m[0]))  # type: ignore[union-attr]
 
 
-def _commit(store: Repository, lease: Lease, manifest_id: str, manifest: Manifest, known: set[str], report: ReindexReport) -> None:
+def _commit(
+    store: Repository,
+    lease: Lease,
+    manifest_id: str,
+    manifest: Manifest,
+    known: set[str],
+    report: ReindexReport,
+) -> None:
     header = manifest.snapshot or {}
     needed = manifest.chunk_ids()
     if not needed <= known:
-        report.skipped.append(f"manifest {manifest_id}: {len(needed - known)} chunk(s) missing from the packs")
+        report.skipped.append(
+            f"manifest {manifest_id}: {len(needed - known)} chunk(s) missing from the packs"
+        )
         return
     try:
         world, counts = _take_figures(manifest, len(needed))
     except CorruptionError as exc:
         report.skipped.append(f"manifest {manifest_id}: {exc}")
         return
-    summary = health_summary(header)  # what the take found is in the header: the index keeps it again
+    summary = health_summary(
+        header
+    )  # what the take found is in the header: the index keeps it again
     record = SnapshotRecord(
         id=manifest_id,
         run=str(header.get("run", "default")),

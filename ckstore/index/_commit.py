@@ -62,18 +62,30 @@ def check_pack(pack: PackRecord, chunks: Sequence[ChunkRecord]) -> None:
         raise InvalidInputError(f"chunk {strays[0]} is not in pack {pack.pack_id}")
 
 
-def add_pack(conn: Connection, pack: PackRecord, chunks: Sequence[ChunkRecord], now: float,
-             pin_for: str | None = None) -> None:
+def add_pack(
+    conn: Connection,
+    pack: PackRecord,
+    chunks: Sequence[ChunkRecord],
+    now: float,
+    pin_for: str | None = None,
+) -> None:
     """Inserts a durable pack and its chunks unless present (the first location recorded for a
     chunk stays its location), pinning them to session ``pin_for`` when given."""
     created = pack.created_at or now
-    row = {"id": pack.pack_id, "size": pack.size, "chunk_count": pack.chunk_count, "created_at": created,
-           "loose": pack.loose}
+    row = {
+        "id": pack.pack_id,
+        "size": pack.size,
+        "chunk_count": pack.chunk_count,
+        "created_at": created,
+        "loose": pack.loose,
+    }
     insert_ignore(conn, _sql.packs, [row])
     for batch in batches(chunks):
         insert_ignore(conn, _sql.chunks, [_convert.chunk_row(ch, created) for ch in batch])
         if pin_for is not None:
-            insert_ignore(conn, _sql.pins, [{"session_id": pin_for, "chunk_id": ch.chunk_id} for ch in batch])
+            insert_ignore(
+                conn, _sql.pins, [{"session_id": pin_for, "chunk_id": ch.chunk_id} for ch in batch]
+            )
 
 
 def validate(snapshot: SnapshotRecord, tags: Sequence[str]) -> None:

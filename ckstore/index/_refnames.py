@@ -87,7 +87,9 @@ def refuse_moving_tags(conn: Connection, specs: Sequence[str], snapshot_id: str 
             )
 
 
-def check_take(conn: Connection, run: str, specs: Sequence[str], snapshot_id: str | None = None) -> None:
+def check_take(
+    conn: Connection, run: str, specs: Sequence[str], snapshot_id: str | None = None
+) -> None:
     """Every name rule a take into ``run`` with tags ``specs`` must keep (see the module)."""
     refuse_new_run_named_like_a_tag(conn, run)
     refuse_moving_tags(conn, specs, snapshot_id)

@@ -114,10 +114,17 @@ def _healthy(conn: Connection, run: str, ref: str) -> Row[Any]:
     s = _sql.snapshots
     row = _latest(conn, (s.c.run == run) & (s.c.nonfinite == 0))
     if row is None:
-        recorded = conn.scalar(select(s.c.id).where((s.c.run == run) & s.c.nonfinite.is_not(None)).limit(1))
-        why = ("every snapshot it recorded health for holds NaN or Inf" if recorded is not None
-               else "none of its snapshots recorded health (taken before ckstore did, or with health=False)")
-        raise SnapshotNotFoundError(_not_found_message(conn, ref, f"a healthy snapshot of run {run!r}: {why}"))
+        recorded = conn.scalar(
+            select(s.c.id).where((s.c.run == run) & s.c.nonfinite.is_not(None)).limit(1)
+        )
+        why = (
+            "every snapshot it recorded health for holds NaN or Inf"
+            if recorded is not None
+            else "none of its snapshots recorded health (taken before ckstore did, or with health=False)"
+        )
+        raise SnapshotNotFoundError(
+            _not_found_message(conn, ref, f"a healthy snapshot of run {run!r}: {why}")
+        )
     return row
 
 

@@ -60,10 +60,16 @@ class CompactionMixin:
         found: set[str] = set()
         with self._read("find snapshots of chunks") as conn:
             for batch in batches(list(dict.fromkeys(chunk_ids))):
-                found.update(conn.scalars(select(sc.c.snapshot_id).where(sc.c.chunk_id.in_(batch)).distinct()))
+                found.update(
+                    conn.scalars(
+                        select(sc.c.snapshot_id).where(sc.c.chunk_id.in_(batch)).distinct()
+                    )
+                )
         return found
 
-    def rewrite_chunks(self, session_id: str, pack: PackRecord, moves: Sequence[tuple[ChunkRecord, str]]) -> list[str]:
+    def rewrite_chunks(
+        self, session_id: str, pack: PackRecord, moves: Sequence[tuple[ChunkRecord, str]]
+    ) -> list[str]:
         """Record a durable dense ``pack`` and switch each chunk of ``moves`` (its new row, and
         the pack it was read from) to it, in one transaction; return the ids switched.
 
@@ -80,15 +86,33 @@ class CompactionMixin:
         done: list[str] = []
         with self._write(f"rewrite chunks into pack {pack.pack_id}") as conn:
             now = check_lease(conn, session_id)
-            _sql.insert_ignore(conn, p, [{"id": pack.pack_id, "size": pack.size, "chunk_count": pack.chunk_count,
-                                          "created_at": pack.created_at or now, "loose": pack.loose}])
+            _sql.insert_ignore(
+                conn,
+                p,
+                [
+                    {
+                        "id": pack.pack_id,
+                        "size": pack.size,
+                        "chunk_count": pack.chunk_count,
+                        "created_at": pack.created_at or now,
+                        "loose": pack.loose,
+                    }
+                ],
+            )
             for new, old_pack in moves:
                 switched = conn.execute(
                     update(c)
                     .where((c.c.id == new.chunk_id) & (c.c.pack_id == old_pack))
-                    .values(pack_id=pack.pack_id, offset=new.offset, length=new.length, raw_length=new.raw_length,
-                            codec=new.codec, base_id=new.base_id, depth=new.depth,
-                            payload_digest=new.payload_digest)
+                    .values(
+                        pack_id=pack.pack_id,
+                        offset=new.offset,
+                        length=new.length,
+                        raw_length=new.raw_length,
+                        codec=new.codec,
+                        base_id=new.base_id,
+                        depth=new.depth,
+                        payload_digest=new.payload_digest,
+                    )
                 ).rowcount
                 if switched:
                     done.append(new.chunk_id)
@@ -100,5 +124,7 @@ class CompactionMixin:
         found: set[str] = set()
         with self._read("find delta bases") as conn:
             for batch in batches(list(dict.fromkeys(chunk_ids))):
-                found.update(conn.scalars(select(c.c.base_id).where(c.c.base_id.in_(batch)).distinct()))
+                found.update(
+                    conn.scalars(select(c.c.base_id).where(c.c.base_id.in_(batch)).distinct())
+                )
         return found

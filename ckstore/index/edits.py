@@ -143,7 +143,9 @@ class EditsMixin:
             if not rows:
                 raise NotFoundError(f"no run {run!r} (it has no snapshot)")
             ids = [r.id for r in rows]
-            tagged = conn.execute(select(t.c.name, t.c.snapshot_id).where(t.c.snapshot_id.in_(ids))).all()
+            tagged = conn.execute(
+                select(t.c.name, t.c.snapshot_id).where(t.c.snapshot_id.in_(ids))
+            ).all()
             if refuse_tagged and tagged:
                 names = ", ".join(sorted(r.name for r in tagged))
                 raise ConflictError(

@@ -306,8 +306,15 @@ class Index(MaintenanceMixin, SharingMixin, CompactionMixin, EditsMixin, Remotes
             todo = unique(chunk_ids)
             for _ in range(MAX_CHAIN_ROUNDS):
                 for batch in batches(todo):
-                    found.update((r.id, _convert.chunk(r)) for r in conn.execute(select(c).where(c.c.id.in_(batch))))
-                todo = unique(r.base_id for r in found.values() if r.base_id is not None and r.base_id not in found)
+                    found.update(
+                        (r.id, _convert.chunk(r))
+                        for r in conn.execute(select(c).where(c.c.id.in_(batch)))
+                    )
+                todo = unique(
+                    r.base_id
+                    for r in found.values()
+                    if r.base_id is not None and r.base_id not in found
+                )
                 if not todo:
                     break
         return found
@@ -407,9 +414,13 @@ class Index(MaintenanceMixin, SharingMixin, CompactionMixin, EditsMixin, Remotes
             InvalidInputError: If ``limit`` is not None or an int from 0 to 2**63-1.
         """
         if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= _resolve.MAX_STEP
+            not isinstance(limit, int)
+            or isinstance(limit, bool)
+            or not 0 <= limit <= _resolve.MAX_STEP
         ):
-            raise InvalidInputError(f"limit must be None or an int from 0 to 2**63-1, got {limit!r}")
+            raise InvalidInputError(
+                f"limit must be None or an int from 0 to 2**63-1, got {limit!r}"
+            )
         s = _sql.snapshots
         query = select(s)
         if healthy:

@@ -155,7 +155,9 @@ class MaintenanceMixin:
         unreferenced = ~exists(select(sc.c.chunk_id).where(sc.c.chunk_id == c.c.id))
         out = []
         with self._read("list held write sessions") as conn:
-            rows = conn.execute(select(s).where(s.c.state == _sql.ACTIVE).order_by(s.c.started_at)).all()
+            rows = conn.execute(
+                select(s).where(s.c.state == _sql.ACTIVE).order_by(s.c.started_at)
+            ).all()
             for row in rows:
                 mine = p.c.session_id == row.id
                 pinned = conn.scalar(select(func.count()).select_from(p).where(mine))
@@ -174,7 +176,9 @@ class MaintenanceMixin:
         out: dict[str, set[str]] = {}
         with self._read("find snapshots using chunks") as conn:
             for batch in batches(sorted(set(chunk_ids))):
-                rows = conn.execute(select(sc.c.chunk_id, sc.c.snapshot_id).where(sc.c.chunk_id.in_(batch)))
+                rows = conn.execute(
+                    select(sc.c.chunk_id, sc.c.snapshot_id).where(sc.c.chunk_id.in_(batch))
+                )
                 for chunk_id, snapshot_id in rows:
                     out.setdefault(str(chunk_id), set()).add(str(snapshot_id))
         return out
@@ -250,15 +254,40 @@ class MaintenanceMixin:
         p, c = _sql.packs, _sql.chunks
         query = (
             select(
-                p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at,
-                func.count(c.c.id), func.coalesce(func.sum(c.c.length), 0), p.c.loose, p.c.remote,
+                p.c.id,
+                p.c.size,
+                p.c.chunk_count,
+                p.c.created_at,
+                p.c.retired_at,
+                func.count(c.c.id),
+                func.coalesce(func.sum(c.c.length), 0),
+                p.c.loose,
+                p.c.remote,
             )
             .select_from(p.outerjoin(c, c.c.pack_id == p.c.id))
-            .group_by(p.c.id, p.c.size, p.c.chunk_count, p.c.created_at, p.c.retired_at, p.c.loose, p.c.remote)
+            .group_by(
+                p.c.id,
+                p.c.size,
+                p.c.chunk_count,
+                p.c.created_at,
+                p.c.retired_at,
+                p.c.loose,
+                p.c.remote,
+            )
         )
         with self._read("measure packs") as conn:
             return [
-                PackUsage(r[0], int(r[1]), int(r[2]), float(r[3]), r[4], int(r[5]), int(r[6]), bool(r[7]), r[8])
+                PackUsage(
+                    r[0],
+                    int(r[1]),
+                    int(r[2]),
+                    float(r[3]),
+                    r[4],
+                    int(r[5]),
+                    int(r[6]),
+                    bool(r[7]),
+                    r[8],
+                )
                 for r in conn.execute(query)
             ]
 
@@ -269,29 +298,43 @@ class MaintenanceMixin:
         done: list[str] = []
         with self._write("retire packs") as conn:
             for batch in batches(pack_ids):
-                cond = p.c.id.in_(batch) & p.c.retired_at.is_(None) & ~exists(select(c.c.id).where(c.c.pack_id == p.c.id))
+                cond = (
+                    p.c.id.in_(batch)
+                    & p.c.retired_at.is_(None)
+                    & ~exists(select(c.c.id).where(c.c.pack_id == p.c.id))
+                )
                 ids = list(conn.scalars(select(p.c.id).where(cond)))
                 conn.execute(update(p).where(p.c.id.in_(ids)).values(retired_at=now))
                 done.extend(ids)
         return done
 
-    def delete_retired_packs(self, retired_before: float, only: Iterable[str] | None = None) -> list[str]:
+    def delete_retired_packs(
+        self, retired_before: float, only: Iterable[str] | None = None
+    ) -> list[str]:
         """Delete rows of packs retired before the given time (of those in ``only``, if given);
         return their ids."""
         p, c = _sql.packs, _sql.chunks
-        cond = (p.c.retired_at.is_not(None)) & (p.c.retired_at <= retired_before) & ~exists(
-            select(c.c.id).where(c.c.pack_id == p.c.id)
+        cond = (
+            (p.c.retired_at.is_not(None))
+            & (p.c.retired_at <= retired_before)
+            & ~exists(select(c.c.id).where(c.c.pack_id == p.c.id))
         )
         with self._write("delete retired packs") as conn:
             if only is None:
                 ids = list(conn.scalars(select(p.c.id).where(cond)))
             else:
-                ids = [i for batch in batches(list(only)) for i in conn.scalars(select(p.c.id).where(cond & p.c.id.in_(batch)))]
+                ids = [
+                    i
+                    for batch in batches(list(only))
+                    for i in conn.scalars(select(p.c.id).where(cond & p.c.id.in_(batch)))
+                ]
             for batch in batches(ids):
                 conn.execute(delete(p).where(p.c.id.in_(batch) & cond))
         return ids
 
-    def relocate_chunks(self, pack: PackRecord, moves: Sequence[ChunkRecord], old_pack_id: str) -> int:
+    def relocate_chunks(
+        self, pack: PackRecord, moves: Sequence[ChunkRecord], old_pack_id: str
+    ) -> int:
         """Record a rewritten pack and point chunks from ``old_pack_id`` at it (CAS per row).
 
         A chunk no longer in the old pack (pruned or moved meanwhile) is left alone. Returns
@@ -300,15 +343,36 @@ class MaintenanceMixin:
         p, c = _sql.packs, _sql.chunks
         switched = 0
         with self._write(f"relocate chunks of pack {old_pack_id}") as conn:
-            _sql.insert_ignore(conn, p, [{"id": pack.pack_id, "size": pack.size, "chunk_count": pack.chunk_count,
-                                          "created_at": pack.created_at or time.time(), "loose": pack.loose}])
+            _sql.insert_ignore(
+                conn,
+                p,
+                [
+                    {
+                        "id": pack.pack_id,
+                        "size": pack.size,
+                        "chunk_count": pack.chunk_count,
+                        "created_at": pack.created_at or time.time(),
+                        "loose": pack.loose,
+                    }
+                ],
+            )
             for m in moves:
-                switched += conn.execute(
-                    update(c)
-                    .where((c.c.id == m.chunk_id) & (c.c.pack_id == old_pack_id))
-                    .values(pack_id=m.pack_id, offset=m.offset, length=m.length, raw_length=m.raw_length,
-                            codec=m.codec, base_id=m.base_id, payload_digest=m.payload_digest)
-                ).rowcount or 0
+                switched += (
+                    conn.execute(
+                        update(c)
+                        .where((c.c.id == m.chunk_id) & (c.c.pack_id == old_pack_id))
+                        .values(
+                            pack_id=m.pack_id,
+                            offset=m.offset,
+                            length=m.length,
+                            raw_length=m.raw_length,
+                            codec=m.codec,
+                            base_id=m.base_id,
+                            payload_digest=m.payload_digest,
+                        )
+                    ).rowcount
+                    or 0
+                )
         return switched
 
     def index_pack_ids(self) -> set[str]:
@@ -326,7 +390,9 @@ class MaintenanceMixin:
             return set(conn.scalars(select(_sql.packs.c.id)))
 
     # ------------------------------------------------------------------- manifests
-    def prune_manifests(self, cutoff: float, dry_run: bool = False, ignoring: Sequence[str] = ()) -> list[str]:
+    def prune_manifests(
+        self, cutoff: float, dry_run: bool = False, ignoring: Sequence[str] = ()
+    ) -> list[str]:
         """Delete (or list) manifest rows no snapshot uses, older than ``cutoff``."""
         m, e, s = _sql.manifests, _sql.manifest_entries, _sql.snapshots
         used = select(s.c.id).where(s.c.manifest_id == m.c.id)

@@ -37,8 +37,14 @@ MAX_DEPTH = 64
 
 def _remote(row: Any) -> RemoteRecord:
     options = json.loads(row.options) if row.options else {}
-    return RemoteRecord(row.name, row.url, row.index_url, options if isinstance(options, dict) else {},
-                        bool(row.tier), float(row.created_at))
+    return RemoteRecord(
+        row.name,
+        row.url,
+        row.index_url,
+        options if isinstance(options, dict) else {},
+        bool(row.tier),
+        float(row.created_at),
+    )
 
 
 class RemotesMixin:
@@ -59,17 +65,26 @@ class RemotesMixin:
             ConflictError: a remote of that name exists (the message names its URL).
         """
         validate_name(remote.name, "remote")
-        row = {"name": remote.name, "url": remote.url, "index_url": remote.index,
-               "options": json.dumps(remote.options, sort_keys=True), "tier": remote.tier,
-               "created_at": remote.created_at or time.time()}
+        row = {
+            "name": remote.name,
+            "url": remote.url,
+            "index_url": remote.index,
+            "options": json.dumps(remote.options, sort_keys=True),
+            "tier": remote.tier,
+            "created_at": remote.created_at or time.time(),
+        }
         with self._write(f"add remote {remote.name!r}") as conn:
             if insert_ignore(conn, _sql.remotes, [row]) != 1:
-                held = conn.execute(select(_sql.remotes).where(_sql.remotes.c.name == remote.name)).one()
+                held = conn.execute(
+                    select(_sql.remotes).where(_sql.remotes.c.name == remote.name)
+                ).one()
                 raise ConflictError(
                     f"a remote named {remote.name!r} exists already ({held.url}): remove it first "
                     f"(`ckstore remote rm {remote.name}`) or choose another name"
                 )
-            return _remote(conn.execute(select(_sql.remotes).where(_sql.remotes.c.name == remote.name)).one())
+            return _remote(
+                conn.execute(select(_sql.remotes).where(_sql.remotes.c.name == remote.name)).one()
+            )
 
     def get_remote(self, name: str) -> RemoteRecord | None:
         """The remote named ``name``, or None."""
@@ -80,7 +95,9 @@ class RemotesMixin:
     def list_remotes(self) -> list[RemoteRecord]:
         """Every remote, by name."""
         with self._read("list remotes") as conn:
-            return [_remote(r) for r in conn.execute(select(_sql.remotes).order_by(_sql.remotes.c.name))]
+            return [
+                _remote(r) for r in conn.execute(select(_sql.remotes).order_by(_sql.remotes.c.name))
+            ]
 
     def set_remote_tier(self, name: str, tier: bool) -> None:
         """Mark (or unmark) remote ``name`` as the store's persistent tier.
@@ -89,7 +106,9 @@ class RemotesMixin:
             NotFoundError: no such remote.
         """
         with self._write(f"mark remote {name!r}") as conn:
-            done = conn.execute(update(_sql.remotes).where(_sql.remotes.c.name == name).values(tier=tier)).rowcount
+            done = conn.execute(
+                update(_sql.remotes).where(_sql.remotes.c.name == name).values(tier=tier)
+            ).rowcount
             if done != 1:
                 raise NotFoundError(f"no remote named {name!r}")
 
@@ -106,7 +125,9 @@ class RemotesMixin:
             if conn.execute(select(r.c.name).where(r.c.name == name)).first() is None:
                 raise NotFoundError(f"no remote named {name!r}")
             held = conn.scalar(
-                select(func.count(c.c.id)).select_from(c.join(p, p.c.id == c.c.pack_id)).where(p.c.remote == name)
+                select(func.count(c.c.id))
+                .select_from(c.join(p, p.c.id == c.c.pack_id))
+                .where(p.c.remote == name)
             )
             if held:
                 raise ConflictError(
@@ -115,14 +136,20 @@ class RemotesMixin:
                     "local_budget), then remove the remote"
                 )
             conn.execute(delete(p).where(p.c.remote == name))
-            conn.execute(delete(_sql.remote_snapshots).where(_sql.remote_snapshots.c.remote == name))
+            conn.execute(
+                delete(_sql.remote_snapshots).where(_sql.remote_snapshots.c.remote == name)
+            )
             conn.execute(delete(r).where(r.c.name == name))
 
     # ------------------------------------------------------- what the remotes hold
-    def mark_pushed(self, remote: str, snapshot_ids: Iterable[str], now: float | None = None) -> None:
+    def mark_pushed(
+        self, remote: str, snapshot_ids: Iterable[str], now: float | None = None
+    ) -> None:
         """Record that remote ``remote`` holds these snapshots (idempotent)."""
         now = time.time() if now is None else now
-        rows = [{"remote": remote, "snapshot_id": s, "pushed_at": now} for s in unique(snapshot_ids)]
+        rows = [
+            {"remote": remote, "snapshot_id": s, "pushed_at": now} for s in unique(snapshot_ids)
+        ]
         with self._write(f"record snapshots held by remote {remote!r}") as conn:
             for batch in batches(rows):
                 insert_ignore(conn, _sql.remote_snapshots, batch)
@@ -140,7 +167,9 @@ class RemotesMixin:
     def unpushed(self, remote: str) -> list[SnapshotRecord]:
         """The snapshots remote ``remote`` is not known to hold, run by run in commit order."""
         s, rs = _sql.snapshots, _sql.remote_snapshots
-        held = exists(select(rs.c.snapshot_id).where((rs.c.remote == remote) & (rs.c.snapshot_id == s.c.id)))
+        held = exists(
+            select(rs.c.snapshot_id).where((rs.c.remote == remote) & (rs.c.snapshot_id == s.c.id))
+        )
         query = select(s).where(~held).order_by(s.c.run, s.c.seq)
         with self._read(f"list snapshots not at remote {remote!r}") as conn:
             return [_convert.snapshot(r) for r in conn.execute(query)]
@@ -151,7 +180,11 @@ class RemotesMixin:
         out: set[str] = set()
         with self._read("list snapshots not yet at the tier") as conn:
             for tier in conn.scalars(select(r.c.name).where(r.c.tier.is_(True))):
-                held = exists(select(rs.c.snapshot_id).where((rs.c.remote == tier) & (rs.c.snapshot_id == s.c.id)))
+                held = exists(
+                    select(rs.c.snapshot_id).where(
+                        (rs.c.remote == tier) & (rs.c.snapshot_id == s.c.id)
+                    )
+                )
                 out.update(str(i) for i in conn.scalars(select(s.c.id).where(~held)))
         return out
 
@@ -159,11 +192,20 @@ class RemotesMixin:
         """Those of ``chunk_ids`` that a snapshot remote ``remote`` holds references (so the
         remote keeps them as long as it keeps that snapshot)."""
         sc, rs = _sql.snapshot_chunks, _sql.remote_snapshots
-        held = exists(select(rs.c.snapshot_id).where((rs.c.remote == remote) & (rs.c.snapshot_id == sc.c.snapshot_id)))
+        held = exists(
+            select(rs.c.snapshot_id).where(
+                (rs.c.remote == remote) & (rs.c.snapshot_id == sc.c.snapshot_id)
+            )
+        )
         found: set[str] = set()
         with self._read(f"find chunks held by remote {remote!r}") as conn:
             for b in batches(unique(chunk_ids)):
-                found.update(str(i) for i in conn.scalars(select(sc.c.chunk_id).where(sc.c.chunk_id.in_(b) & held).distinct()))
+                found.update(
+                    str(i)
+                    for i in conn.scalars(
+                        select(sc.c.chunk_id).where(sc.c.chunk_id.in_(b) & held).distinct()
+                    )
+                )
         return found
 
     # ------------------------------------------------------------ packs and chunks
@@ -171,15 +213,21 @@ class RemotesMixin:
         """Pack id -> remote, for every pack row of a remote (what evicted chunks point at)."""
         p = _sql.packs
         with self._read("list remote packs") as conn:
-            return {str(i): str(r) for i, r in conn.execute(select(p.c.id, p.c.remote).where(p.c.remote.is_not(None)))}
+            return {
+                str(i): str(r)
+                for i, r in conn.execute(select(p.c.id, p.c.remote).where(p.c.remote.is_not(None)))
+            }
 
     def local_packs_by_use(self) -> list[tuple[str, int, float]]:
         """Local, live packs as ``(id, size, last used)``, least recently used first (``used_at``,
         else when the pack was written)."""
         p = _sql.packs
         used = func.coalesce(p.c.used_at, p.c.created_at)
-        query = (select(p.c.id, p.c.size, used).where(p.c.remote.is_(None) & p.c.retired_at.is_(None))
-                 .order_by(used, p.c.id))
+        query = (
+            select(p.c.id, p.c.size, used)
+            .where(p.c.remote.is_(None) & p.c.retired_at.is_(None))
+            .order_by(used, p.c.id)
+        )
         with self._read("list local packs") as conn:
             return [(str(i), int(n), float(t)) for i, n, t in conn.execute(query)]
 
@@ -188,17 +236,25 @@ class RemotesMixin:
         p = _sql.packs
         with self._write("record pack use") as conn:
             for pack_id, t in used.items():
-                conn.execute(update(p).where((p.c.id == pack_id) & ((p.c.used_at.is_(None)) | (p.c.used_at < t)))
-                             .values(used_at=t))
+                conn.execute(
+                    update(p)
+                    .where((p.c.id == pack_id) & ((p.c.used_at.is_(None)) | (p.c.used_at < t)))
+                    .values(used_at=t)
+                )
 
     def chunks_in_packs(self, pack_ids: Iterable[str]) -> list[ChunkRecord]:
         """The chunk rows that live in these packs."""
         c = _sql.chunks
         with self._read("list chunks of packs") as conn:
-            return [_convert.chunk(r) for b in batches(unique(pack_ids)) for r in conn.execute(select(c).where(c.c.pack_id.in_(b)))]
+            return [
+                _convert.chunk(r)
+                for b in batches(unique(pack_ids))
+                for r in conn.execute(select(c).where(c.c.pack_id.in_(b)))
+            ]
 
-    def point_chunks_at_remote(self, remote: str, records: Sequence[ChunkRecord],
-                               expected: Mapping[str, str]) -> list[str]:
+    def point_chunks_at_remote(
+        self, remote: str, records: Sequence[ChunkRecord], expected: Mapping[str, str]
+    ) -> list[str]:
         """Point chunk rows at the remote's places for them, in one transaction; return the ids
         switched.
 
@@ -218,13 +274,28 @@ class RemotesMixin:
             _sql.gc_barrier(conn)
             now = time.time()
             packs = unique(r.pack_id for r in records)
-            insert_ignore(conn, p, [{"id": pid, "size": 0, "chunk_count": 0, "created_at": now, "loose": False,
-                                     "remote": remote} for pid in packs])
+            insert_ignore(
+                conn,
+                p,
+                [
+                    {
+                        "id": pid,
+                        "size": 0,
+                        "chunk_count": 0,
+                        "created_at": now,
+                        "loose": False,
+                        "remote": remote,
+                    }
+                    for pid in packs
+                ],
+            )
             for rec in records:
                 depth = self._depth_of_base(conn, rec)
                 if depth is None:
                     continue
-                old = conn.execute(select(c).where(c.c.id == rec.chunk_id).with_for_update()).first()
+                old = conn.execute(
+                    select(c).where(c.c.id == rec.chunk_id).with_for_update()
+                ).first()
                 if old is None:
                     if rec.chunk_id in expected:
                         continue  # pruned meanwhile
@@ -253,25 +324,57 @@ class RemotesMixin:
         if depth != old_depth:  # every delta stored against it, at any distance, moves too
             todo = [rec.chunk_id]
             while todo:
-                found = [str(i) for b in batches(todo) for i in conn.scalars(
-                    select(c.c.id).where(c.c.base_id.in_(b)).with_for_update())]
+                found = [
+                    str(i)
+                    for b in batches(todo)
+                    for i in conn.scalars(
+                        select(c.c.id).where(c.c.base_id.in_(b)).with_for_update()
+                    )
+                ]
                 tree += found
                 todo = found
-            deepest = max((conn.scalar(select(func.max(c.c.depth)).where(c.c.id.in_(b))) or 0) for b in batches(tree))
+            deepest = max(
+                (conn.scalar(select(func.max(c.c.depth)).where(c.c.id.in_(b))) or 0)
+                for b in batches(tree)
+            )
             if int(deepest) + depth - old_depth > MAX_DEPTH:
                 return False
-        if any(conn.scalar(select(func.count()).select_from(pins).where(pins.c.chunk_id.in_(b))) for b in batches(tree)):
+        if any(
+            conn.scalar(select(func.count()).select_from(pins).where(pins.c.chunk_id.in_(b)))
+            for b in batches(tree)
+        ):
             return False  # a live writer relies on it (or on a delta against it): next time
-        conn.execute(update(c).where(c.c.id == rec.chunk_id).values(
-            pack_id=rec.pack_id, offset=rec.offset, length=rec.length, raw_length=rec.raw_length, codec=rec.codec,
-            base_id=rec.base_id, depth=depth, payload_digest=rec.payload_digest))
+        conn.execute(
+            update(c)
+            .where(c.c.id == rec.chunk_id)
+            .values(
+                pack_id=rec.pack_id,
+                offset=rec.offset,
+                length=rec.length,
+                raw_length=rec.raw_length,
+                codec=rec.codec,
+                base_id=rec.base_id,
+                depth=depth,
+                payload_digest=rec.payload_digest,
+            )
+        )
         if depth != old_depth:
             for b in batches(tree[1:]):
-                conn.execute(update(c).where(c.c.id.in_(b)).values(depth=c.c.depth + (depth - old_depth)))
+                conn.execute(
+                    update(c).where(c.c.id.in_(b)).values(depth=c.c.depth + (depth - old_depth))
+                )
         return True
 
 
 def _with(rec: ChunkRecord, depth: int) -> ChunkRecord:
-    return ChunkRecord(rec.chunk_id, rec.pack_id, rec.offset, rec.length, rec.raw_length, rec.codec,
-                       rec.base_id, depth, rec.payload_digest)
-
+    return ChunkRecord(
+        rec.chunk_id,
+        rec.pack_id,
+        rec.offset,
+        rec.length,
+        rec.raw_length,
+        rec.codec,
+        rec.base_id,
+        depth,
+        rec.payload_digest,
+    )

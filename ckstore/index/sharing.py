@@ -64,7 +64,9 @@ class SharingMixin:
         with self._read(f"share of {snapshot_id}") as conn:
             for batch in batches([o for o in unique(others) if o != snapshot_id]):
                 query = (
-                    select(theirs.c.snapshot_id, func.count(), func.coalesce(func.sum(c.c.length), 0))
+                    select(
+                        theirs.c.snapshot_id, func.count(), func.coalesce(func.sum(c.c.length), 0)
+                    )
                     .select_from(
                         mine.join(theirs, theirs.c.chunk_id == mine.c.chunk_id).join(
                             c, c.c.id == mine.c.chunk_id
@@ -98,7 +100,9 @@ class SharingMixin:
             n, size = conn.execute(query).one()
         return int(n), int(size)
 
-    def fork_sources(self, snapshot_ids: Sequence[str], sample: int = 32) -> dict[str, list[Shared]]:
+    def fork_sources(
+        self, snapshot_ids: Sequence[str], sample: int = 32
+    ) -> dict[str, list[Shared]]:
         """For each snapshot, earlier snapshots of other runs that hold its sampled chunks.
 
         The sample is the ``sample`` smallest chunk ids of the snapshot (ids are hashes, so
@@ -128,7 +132,10 @@ def _holders(conn: Connection, snapshot_id: str, sample: int) -> list[Shared]:
         return []
     ids = list(
         conn.scalars(
-            select(sc.c.chunk_id).where(sc.c.snapshot_id == snapshot_id).order_by(sc.c.chunk_id).limit(sample)
+            select(sc.c.chunk_id)
+            .where(sc.c.snapshot_id == snapshot_id)
+            .order_by(sc.c.chunk_id)
+            .limit(sample)
         )
     )
     if not ids:

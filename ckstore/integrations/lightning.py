@@ -56,7 +56,9 @@ class CkstoreCheckpointIO(CheckpointIO):
         metadata: extra snapshot metadata for every save (JSON-able).
     """
 
-    def __init__(self, store: Store, run: str = "lightning", metadata: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, store: Store, run: str = "lightning", metadata: dict[str, Any] | None = None
+    ) -> None:
         super().__init__()
         self.store = store
         self.run = run
@@ -75,19 +77,33 @@ class CkstoreCheckpointIO(CheckpointIO):
         """The ref of the snapshot saved at ``path`` (its tag)."""
         return self.tag_of(path)
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
         """Take ``checkpoint`` as one snapshot tagged with ``path``'s tag (moving it if it exists)."""
         tag = self.tag_of(path)
         previous = self.store.tags().get(tag)
         step = checkpoint.get("global_step")
-        meta = {**self.metadata, "lightning": {"path": os.fspath(path), "epoch": checkpoint.get("epoch")}}
+        meta = {
+            **self.metadata,
+            "lightning": {"path": os.fspath(path), "epoch": checkpoint.get("epoch")},
+        }
         apps = app_state_of(checkpoint, f"Lightning checkpoint {os.fspath(path)!r}")
-        self.store.take(apps, run=self.run, step=step if isinstance(step, int) else None, tags=(tag,),
-                        metadata=meta, no_dist=True, move_tags=True)
+        self.store.take(
+            apps,
+            run=self.run,
+            step=step if isinstance(step, int) else None,
+            tags=(tag,),
+            metadata=meta,
+            no_dist=True,
+            move_tags=True,
+        )
         if previous is not None and previous not in self.store.tags().values():
             self._delete(previous)
 
-    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         """The checkpoint dict saved at ``path`` (or of any ref), read and verified from the store."""
         snap = self._resolve(path)
         apps = [a for a in snap.manifest.apps if a != SOURCE_APP]

@@ -52,7 +52,13 @@ class CkstoreCallback(TrainerCallback):
     ``snapshots`` lists the snapshots taken, oldest first. Only the main process imports.
     """
 
-    def __init__(self, store: Store, run: str = "hf", keep_local: bool | None = None, tags: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        store: Store,
+        run: str = "hf",
+        keep_local: bool | None = None,
+        tags: tuple[str, ...] = (),
+    ) -> None:
         self.store = store
         self.run = run
         self.keep_local = keep_local
@@ -65,13 +71,28 @@ class CkstoreCallback(TrainerCallback):
         folder = os.path.join(args.output_dir, f"{PREFIX}-{state.global_step}")
         if not os.path.isdir(folder):
             return
-        meta = {"hf": {"global_step": state.global_step, "epoch": state.epoch, "best_metric": state.best_metric}}
+        meta = {
+            "hf": {
+                "global_step": state.global_step,
+                "epoch": state.epoch,
+                "best_metric": state.best_metric,
+            }
+        }
         snap = self.store.import_checkpoint(
-            folder, run=self.run, step=int(state.global_step), tags=self.tags, metadata=meta, format="hf",
-            move_tags=True
+            folder,
+            run=self.run,
+            step=int(state.global_step),
+            tags=self.tags,
+            metadata=meta,
+            format="hf",
+            move_tags=True,
         )
         self.snapshots.append(snap)
-        keep = self.keep_local if self.keep_local is not None else bool(getattr(args, "load_best_model_at_end", False))
+        keep = (
+            self.keep_local
+            if self.keep_local is not None
+            else bool(getattr(args, "load_best_model_at_end", False))
+        )
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -79,11 +79,17 @@ def detect_format(path: str) -> str:
         return "torch"
     with open(path, "rb") as f:
         head = f.read(9)
-    if len(head) == 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] < os.path.getsize(path):
+    if (
+        len(head) == 9
+        and head[8:9] == b"{"
+        and struct.unpack("<Q", head[:8])[0] < os.path.getsize(path)
+    ):
         return "safetensors"
     if head[:1] == b"\x80":
         return "torch"
-    raise InvalidInputError(f"{path}: cannot tell its format; pass format= (--format) one of {', '.join(IMPORT_FORMATS)}")
+    raise InvalidInputError(
+        f"{path}: cannot tell its format; pass format= (--format) one of {', '.join(IMPORT_FORMATS)}"
+    )
 
 
 def _load(path: str, fmt: str, spill: Spill) -> tuple[dict[str, Any], Source]:
@@ -93,7 +99,9 @@ def _load(path: str, fmt: str, spill: Spill) -> tuple[dict[str, Any], Source]:
         return _torchfile.import_file(path)
     if fmt in ("safetensors", "hf"):
         return _hf.import_folder(path) if os.path.isdir(path) else _hf.import_file(path)
-    raise InvalidInputError(f"unknown import format {fmt!r}; use one of {', '.join(IMPORT_FORMATS)}")
+    raise InvalidInputError(
+        f"unknown import format {fmt!r}; use one of {', '.join(IMPORT_FORMATS)}"
+    )
 
 
 @dataclass
@@ -108,7 +116,9 @@ class Loaded:
 
 
 @contextmanager
-def load_checkpoint(repo: Repository, path: str | os.PathLike[str], format: str | None = None) -> Iterator[Loaded]:  # noqa: A002
+def load_checkpoint(
+    repo: Repository, path: str | os.PathLike[str], format: str | None = None
+) -> Iterator[Loaded]:  # noqa: A002
     """Load the checkpoint at ``path`` (file or folder) for a take into ``repo``.
 
     Tensors are memory-mapped from the files, or (DCP) spilled to temporary files past the
@@ -170,7 +180,9 @@ def export_snapshot(
     the digests that prove it (safetensors metadata, ``ckstore-digests.json``)."""
     dest = os.path.abspath(os.fspath(dest))
     if format not in EXPORT_FORMATS:
-        raise InvalidInputError(f"unknown export format {format!r}; use one of {', '.join(EXPORT_FORMATS)}")
+        raise InvalidInputError(
+            f"unknown export format {format!r}; use one of {', '.join(EXPORT_FORMATS)}"
+        )
     if shard_bytes <= 0:
         raise InvalidInputError(f"shard_bytes must be positive, got {shard_bytes}")
     selected = select(view.manifest.entries, keys)
@@ -190,4 +202,6 @@ def export_snapshot(
         else:
             done = _hf.export(view, out, selected, src, shard_bytes, budget)
         done["files"] = [*done["files"], write_sidecar(view, out, done.get("tensor_digests", {}))]
-    return ExportReport(dest, format, done["files"], done["tensors"], done.get("skipped_values", []))
+    return ExportReport(
+        dest, format, done["files"], done["tensors"], done.get("skipped_values", [])
+    )

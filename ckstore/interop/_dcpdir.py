@@ -56,7 +56,9 @@ def import_dir(path: str, spill: Spill) -> tuple[dict[str, Any], Source]:
     for info in (md.storage_data or {}).values():
         rel = str(getattr(info, "relative_path", ""))
         if not rel or rel != os.path.basename(rel) or rel in (".", ".."):
-            raise InvalidInputError(f"{where}: data file {rel!r} is not a file name inside the checkpoint")
+            raise InvalidInputError(
+                f"{where}: data file {rel!r} is not a file name inside the checkpoint"
+            )
     flat: dict[str, Any] = {}
     chunks: dict[str, list[list[list[int]]]] = {}
     for fqn, m in md.state_dict_metadata.items():
@@ -78,11 +80,21 @@ def import_dir(path: str, spill: Spill) -> tuple[dict[str, Any], Source]:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            _dcp().load(flat, storage_reader=_reader_class()(path), planner=_planner_class()(path), no_dist=True)
+            _dcp().load(
+                flat,
+                storage_reader=_reader_class()(path),
+                planner=_planner_class()(path),
+                no_dist=True,
+            )
     except CheckpointException as exc:  # a BaseException: it would pass every `except Exception`
         raise _read_failed(path, exc) from exc
     nested = _unflatten(flat, md.planner_data)
-    src = Source("dcp", os.path.basename(os.path.abspath(path)), "model" if is_flat(nested) else None, dcp_chunks=chunks)
+    src = Source(
+        "dcp",
+        os.path.basename(os.path.abspath(path)),
+        "model" if is_flat(nested) else None,
+        dcp_chunks=chunks,
+    )
     return app_state_of(nested, path), src
 
 
@@ -102,15 +114,20 @@ def _tile_exactly(boxes: list[list[list[int]]], shape: tuple[int, ...]) -> bool:
         return False
     if math.prod(shape) == 0:
         return True
-    cuts = [sorted({0, n} | {o for o, _ in dims} | {o + k for o, k in dims})
-            for n, dims in zip(shape, zip(*[list(zip(offs, sizes)) for offs, sizes in boxes]))]
+    cuts = [
+        sorted({0, n} | {o for o, _ in dims} | {o + k for o, k in dims})
+        for n, dims in zip(shape, zip(*[list(zip(offs, sizes)) for offs, sizes in boxes]))
+    ]
     if math.prod(len(c) - 1 for c in cuts) > MAX_CELLS:
         return False
     seen = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
     for offs, sizes in boxes:
         if 0 in sizes:
             continue
-        box = tuple(slice(bisect.bisect_left(c, o), bisect.bisect_left(c, o + k)) for c, o, k in zip(cuts, offs, sizes))
+        box = tuple(
+            slice(bisect.bisect_left(c, o), bisect.bisect_left(c, o + k))
+            for c, o, k in zip(cuts, offs, sizes)
+        )
         if seen[box].any():
             return False
         seen[box] = True
@@ -205,16 +222,24 @@ def _nesting_ok(flat: dict[str, Any], mapping: Any) -> bool:
         for i, part in enumerate(path):
             if isinstance(part, bool) or not isinstance(part, (str, int)):
                 return False
-            if isinstance(part, int) and not 0 <= part < len(mapping):  # a list holds a leaf per index at most
+            if isinstance(part, int) and not 0 <= part < len(
+                mapping
+            ):  # a list holds a leaf per index at most
                 return False
-            kind = "leaf" if i == len(path) - 1 else ("dict" if isinstance(path[i + 1], str) else "list")
+            kind = (
+                "leaf"
+                if i == len(path) - 1
+                else ("dict" if isinstance(path[i + 1], str) else "list")
+            )
             if kinds.setdefault(path[: i + 1], kind) != kind:
                 return False  # one place both a leaf and a container, or both a dict and a list
     return True
 
 
 # --- export --------------------------------------------------------------------------------------
-def export(view: SnapshotView, out: str, keys: list[str], src: Source | None, budget: int) -> dict[str, Any]:
+def export(
+    view: SnapshotView, out: str, keys: list[str], src: Source | None, budget: int
+) -> dict[str, Any]:
     """``dcp.save`` the selected keys into ``out`` (one process; readable at any world size)."""
     key_of: dict[int, str] = {}
     placeholders: list[torch.Tensor] = []
@@ -239,7 +264,9 @@ def export(view: SnapshotView, out: str, keys: list[str], src: Source | None, bu
     # DCP's writer keeps every tensor of a file until the file is done: past the budget, one
     # file per write item keeps one item in memory at a time.
     total = sum(math.prod(t.shape) * t.element_size() for t in placeholders)
-    writer = _dcp().FileSystemWriter(out, thread_count=1, sync_files=True, single_file_per_rank=total <= budget)
+    writer = _dcp().FileSystemWriter(
+        out, thread_count=1, sync_files=True, single_file_per_rank=total <= budget
+    )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         _dcp().save(state, storage_writer=writer, planner=planner, no_dist=True)
@@ -254,7 +281,9 @@ def _save_planner_class() -> Any:
     class _Planner(DefaultSavePlanner):
         """Plans over meta placeholders; ``resolve_data`` reads each item's region from the snapshot."""
 
-        def __init__(self, view: SnapshotView, key_of: dict[int, str], layout: dict[str, Any], budget: int) -> None:
+        def __init__(
+            self, view: SnapshotView, key_of: dict[int, str], layout: dict[str, Any], budget: int
+        ) -> None:
             super().__init__(dedup_save_to_lowest_rank=False)
             self.view = view
             self.reader = view.reader()
@@ -287,12 +316,14 @@ def _save_planner_class() -> Any:
             out = []
             for offs, sizes in boxes:
                 chunk = ChunkStorageMetadata(offsets=torch.Size(offs), sizes=torch.Size(sizes))
-                out.append(dataclasses.replace(
-                    item,
-                    index=MetadataIndex(fqn, torch.Size(offs)),
-                    type=WriteItemType.SHARD,
-                    tensor_data=dataclasses.replace(item.tensor_data, chunk=chunk),
-                ))
+                out.append(
+                    dataclasses.replace(
+                        item,
+                        index=MetadataIndex(fqn, torch.Size(offs)),
+                        type=WriteItemType.SHARD,
+                        tensor_data=dataclasses.replace(item.tensor_data, chunk=chunk),
+                    )
+                )
             return out
 
         def resolve_data(self, write_item: Any) -> Any:

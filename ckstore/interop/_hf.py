@@ -43,7 +43,19 @@ BIN_INDEX_NAME = "pytorch_model.bin.index.json"
 BIN_NAME = "pytorch_model.bin"
 DEFAULT_SHARD_BYTES = 5 * 10**9
 """Hugging Face's default ``max_shard_size`` ("5GB")."""
-OTHER_WEIGHTS = (".safetensors", ".bin", ".ckpt", ".h5", ".msgpack", ".onnx", ".onnx_data", ".gguf", ".tflite", ".ot", ".pb")
+OTHER_WEIGHTS = (
+    ".safetensors",
+    ".bin",
+    ".ckpt",
+    ".h5",
+    ".msgpack",
+    ".onnx",
+    ".onnx_data",
+    ".gguf",
+    ".tflite",
+    ".ot",
+    ".pb",
+)
 TORCH_SUFFIXES = (".pt", ".pth")
 
 
@@ -82,7 +94,9 @@ def import_folder(path: str) -> tuple[dict[str, Any], Source]:
         else:
             src.files[rel] = keep_file(full)
     if not apps:
-        raise InvalidInputError(f"{path}: no weights found (no *.safetensors, {BIN_NAME}, *.pt or *.pth)")
+        raise InvalidInputError(
+            f"{path}: no weights found (no *.safetensors, {BIN_NAME}, *.pt or *.pth)"
+        )
     return apps, src
 
 
@@ -116,7 +130,11 @@ def _weights(path: str) -> _Folder:
     if shards:
         return folder
     index = os.path.join(path, BIN_INDEX_NAME)
-    bins = _index_shards(path, index) if os.path.isfile(index) else ([BIN_NAME] if os.path.isfile(os.path.join(path, BIN_NAME)) else [])
+    bins = (
+        _index_shards(path, index)
+        if os.path.isfile(index)
+        else ([BIN_NAME] if os.path.isfile(os.path.join(path, BIN_NAME)) else [])
+    )
     for shard in bins:
         full = os.path.join(path, shard)
         obj = load_torch(full)
@@ -142,13 +160,19 @@ def _index_shards(root: str, index: str) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InvalidInputError(f"{index}: not a valid weights index ({exc})") from None
     for name in files:
-        if os.path.isabs(name) or ".." in name.split("/") or not os.path.isfile(os.path.join(root, name)):
+        if (
+            os.path.isabs(name)
+            or ".." in name.split("/")
+            or not os.path.isfile(os.path.join(root, name))
+        ):
             raise InvalidInputError(f"{index}: lists shard {name!r}, which is not a file in {root}")
     return files
 
 
 # --- export ------------------------------------------------------------------------------------
-def export(view: SnapshotView, out: str, keys: list[str], src: Source | None, shard_bytes: int, budget: int) -> dict[str, Any]:
+def export(
+    view: SnapshotView, out: str, keys: list[str], src: Source | None, shard_bytes: int, budget: int
+) -> dict[str, Any]:
     """Write the Hugging Face layout into ``out``; returns what was written."""
     torch_apps = {app: rel for rel, app in (src.torch_files if src else {}).items()}
     entries = view.manifest.entries
@@ -166,7 +190,12 @@ def export(view: SnapshotView, out: str, keys: list[str], src: Source | None, sh
     digests: dict[str, dict[str, str]] = {}
     files += _write_torch_files(view, out, keys, torch_apps, budget, digests)
     files += _write_kept(view, out)
-    return {"files": files, "tensors": len(planned), "skipped_values": skipped, "tensor_digests": digests}
+    return {
+        "files": files,
+        "tensors": len(planned),
+        "skipped_values": skipped,
+        "tensor_digests": digests,
+    }
 
 
 def _shards(planned: list[Planned], shard_bytes: int) -> list[list[Planned]]:
@@ -181,15 +210,32 @@ def _shards(planned: list[Planned], shard_bytes: int) -> list[list[Planned]]:
     return shards
 
 
-def _write_shards(view: SnapshotView, out: str, planned: list[Planned], src: Source | None, shard_bytes: int, budget: int) -> list[str]:
+def _write_shards(
+    view: SnapshotView,
+    out: str,
+    planned: list[Planned],
+    src: Source | None,
+    shard_bytes: int,
+    budget: int,
+) -> list[str]:
     if not planned:
         return []
     shards = _shards(planned, shard_bytes)
     n = len(shards)
-    names = [WEIGHTS_NAME] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    names = (
+        [WEIGHTS_NAME]
+        if n == 1
+        else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    )
     meta = dict(src.safetensors_metadata if src else {})
     meta.setdefault("format", "pt")
-    meta.update({"ckstore.snapshot": view.id, "ckstore.run": view.run, "ckstore.step": "" if view.step is None else str(view.step)})
+    meta.update(
+        {
+            "ckstore.snapshot": view.id,
+            "ckstore.run": view.run,
+            "ckstore.step": "" if view.step is None else str(view.step),
+        }
+    )
     reader = view.reader()
     for name, items in zip(names, shards):
         with open(os.path.join(out, name), "wb") as f:
@@ -204,8 +250,14 @@ def _write_shards(view: SnapshotView, out: str, planned: list[Planned], src: Sou
     return [*names, INDEX_NAME]
 
 
-def _write_torch_files(view: SnapshotView, out: str, keys: list[str], torch_apps: dict[str, str], budget: int,
-                       digests: dict[str, dict[str, str]]) -> list[str]:
+def _write_torch_files(
+    view: SnapshotView,
+    out: str,
+    keys: list[str],
+    torch_apps: dict[str, str],
+    budget: int,
+    digests: dict[str, dict[str, str]],
+) -> list[str]:
     written = []
     for app, rel in torch_apps.items():
         mine = [k for k in keys if k.split("/", 1)[0] == app]

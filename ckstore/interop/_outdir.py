@@ -63,7 +63,9 @@ def inside(out: str, rel: str, where: str) -> str:
     """
     parts = rel.split("/")
     if not rel or os.path.isabs(rel) or "\x00" in rel or any(p in ("", ".", "..") for p in parts):
-        raise CorruptionError(f"{where}: file name {rel!r} is not a relative path inside the export")
+        raise CorruptionError(
+            f"{where}: file name {rel!r} is not a relative path inside the export"
+        )
     return os.path.join(out, *parts)
 
 

@@ -49,7 +49,9 @@ def slabs(entry: TensorEntry, budget: int) -> list[Region | None]:
     return [((r, *zeros), (min(step, rows - r), *rest)) for r in range(0, rows, step)]
 
 
-def tensor_bytes(reader: Reader, view: SnapshotView, keys: Sequence[str], budget: int) -> Iterator[tuple[str, memoryview]]:
+def tensor_bytes(
+    reader: Reader, view: SnapshotView, keys: Sequence[str], budget: int
+) -> Iterator[tuple[str, memoryview]]:
     """Each key's raw bytes in order, as pieces; about ``budget`` bytes are held at a time."""
     batch: list[str] = []
     held = 0
@@ -110,7 +112,9 @@ def app_trees(view: SnapshotView, keys: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def build_objects(view: SnapshotView, keys: Sequence[str], spill: Spill, reader: Reader) -> dict[str, Any]:
+def build_objects(
+    view: SnapshotView, keys: Sequence[str], spill: Spill, reader: Reader
+) -> dict[str, Any]:
     """App -> its state rebuilt (plain values and CPU tensors) from the selected keys.
 
     Tensors are allocated from ``spill`` (memory up to its budget, temporary files past it)

@@ -54,7 +54,11 @@ def load_torch(path: str) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=zipped)
     except pickle.UnpicklingError as exc:
         needs = _unsafe_globals(path) if zipped else []
-        what = f"it needs {', '.join(needs)}" if needs else f"the restricted unpickler refused it ({_first_line(exc)})"
+        what = (
+            f"it needs {', '.join(needs)}"
+            if needs
+            else f"the restricted unpickler refused it ({_first_line(exc)})"
+        )
         raise UnsafePickleError(
             f"{path}: refused to load: this torch.save file can only be loaded by unpickling "
             f"arbitrary objects, which can run code ({what}). ckstore loads checkpoint files "
@@ -84,7 +88,11 @@ def is_zip(path: str) -> bool:
 def _unsafe_globals(path: str) -> list[str]:
     try:
         allowed = {f"{g.__module__}.{g.__qualname__}" for g in _NUMPY_GLOBALS}
-        return [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path) if g not in allowed]
+        return [
+            g
+            for g in torch.serialization.get_unsafe_globals_in_checkpoint(path)
+            if g not in allowed
+        ]
     except Exception:  # noqa: BLE001 - the list only improves the message
         return []
 
@@ -182,5 +190,7 @@ def load_dcp_value(data: io.BytesIO, fqn: str, where: str) -> Any:
             "yourself and store.take the state"
         ) from None
     except Exception as exc:  # noqa: BLE001 - damaged bytes make the loader raise anything
-        raise InvalidInputError(f"{where}: value {fqn!r} is not a readable torch.save value "
-                                f"({type(exc).__name__}: {_first_line(exc)})") from exc
+        raise InvalidInputError(
+            f"{where}: value {fqn!r} is not a readable torch.save value "
+            f"({type(exc).__name__}: {_first_line(exc)})"
+        ) from exc

@@ -86,7 +86,9 @@ def read_header(path: str) -> Header:
             raise InvalidInputError(f"{path}: not a safetensors file (shorter than 8 bytes)")
         (n,) = struct.unpack("<Q", head)
         if n > MAX_HEADER_BYTES or 8 + n > size:
-            raise InvalidInputError(f"{path}: not a safetensors file (header length {n} for a {size}-byte file)")
+            raise InvalidInputError(
+                f"{path}: not a safetensors file (header length {n} for a {size}-byte file)"
+            )
         raw = f.read(n)
     try:
         doc = json.loads(raw)
@@ -105,15 +107,25 @@ def read_header(path: str) -> Header:
 def _item(path: str, name: str, d: Any) -> Item:
     try:
         code, shape, (begin, end) = d["dtype"], tuple(d["shape"]), d["data_offsets"]
-        if not all(type(s) is int and s >= 0 for s in shape) or type(begin) is not int or type(end) is not int:
+        if (
+            not all(type(s) is int and s >= 0 for s in shape)
+            or type(begin) is not int
+            or type(end) is not int
+        ):
             raise TypeError("shape and offsets must be non-negative ints")
     except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidInputError(f"{path}: safetensors entry {name!r} is malformed ({exc})") from None
+        raise InvalidInputError(
+            f"{path}: safetensors entry {name!r} is malformed ({exc})"
+        ) from None
     if code not in CODES:
-        raise UnsupportedValueError(f"{path}: tensor {name!r} has dtype {code!r}, which ckstore does not store")
+        raise UnsupportedValueError(
+            f"{path}: tensor {name!r} has dtype {code!r}, which ckstore does not store"
+        )
     dtype = CODES[code]
     if end - begin != math.prod(shape) * DTYPES[dtype].itemsize:
-        raise InvalidInputError(f"{path}: tensor {name!r}: {end - begin} bytes do not hold {code} {list(shape)}")
+        raise InvalidInputError(
+            f"{path}: tensor {name!r}: {end - begin} bytes do not hold {code} {list(shape)}"
+        )
     return Item(name, dtype, shape, begin, end)
 
 
@@ -121,7 +133,9 @@ def _check_layout(path: str, items: dict[str, Item], data_bytes: int) -> None:
     pos = 0
     for it in sorted(items.values(), key=lambda i: (i.begin, i.end)):
         if it.begin < pos or it.end > data_bytes:
-            raise InvalidInputError(f"{path}: tensor {it.name!r} overlaps another or lies past the end of the file")
+            raise InvalidInputError(
+                f"{path}: tensor {it.name!r} overlaps another or lies past the end of the file"
+            )
         pos = it.end
 
 
@@ -162,7 +176,11 @@ def header_bytes(items: list[Planned], metadata: dict[str, str]) -> bytes:
     doc: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     pos = 0
     for it in items:
-        doc[it.name] = {"dtype": NAMES[it.dtype], "shape": list(it.shape), "data_offsets": [pos, pos + it.nbytes]}
+        doc[it.name] = {
+            "dtype": NAMES[it.dtype],
+            "shape": list(it.shape),
+            "data_offsets": [pos, pos + it.nbytes],
+        }
         pos += it.nbytes
     raw = json.dumps(doc, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % _ALIGN)
@@ -178,7 +196,12 @@ def check_dtype(dtype: str, key: str) -> None:
         )
 
 
-def write_stream(f: BinaryIO, items: list[Planned], metadata: dict[str, str], chunks: Iterator[tuple[str, memoryview]]) -> None:
+def write_stream(
+    f: BinaryIO,
+    items: list[Planned],
+    metadata: dict[str, str],
+    chunks: Iterator[tuple[str, memoryview]],
+) -> None:
     """Write a whole file: the header, then each item's bytes in order from ``chunks``, and
     the file's own digests (docs/FORMAT.md, section 11).
 
@@ -200,8 +223,16 @@ def write_stream(f: BinaryIO, items: list[Planned], metadata: dict[str, str], ch
         got[key] += len(data)
     bad = [k for k in want if got[k] != want[k]]
     if bad:
-        raise CorruptionError(f"safetensors export: tensors {bad[:3]} came out with the wrong byte count")
-    sealed = header_bytes(items, {**metadata, METADATA_KEY: metadata_value({it.name: hashers[it.key].hexdigest() for it in items})})
+        raise CorruptionError(
+            f"safetensors export: tensors {bad[:3]} came out with the wrong byte count"
+        )
+    sealed = header_bytes(
+        items,
+        {
+            **metadata,
+            METADATA_KEY: metadata_value({it.name: hashers[it.key].hexdigest() for it in items}),
+        },
+    )
     claimed = self_digest(sealed, ZERO)
     sealed = sealed.replace(ZERO.encode(), claimed.encode(), 1)
     if len(sealed) != len(first):  # pragma: no cover - hex digests have one length

@@ -92,13 +92,17 @@ def load_source(view: SnapshotView) -> Source | None:
             format=str(info["format"]),
             name=str(info["name"]),
             flat_app=info.get("flat_app"),
-            safetensors_metadata={str(k): str(v) for k, v in (info.get("safetensors_metadata") or {}).items()},
+            safetensors_metadata={
+                str(k): str(v) for k, v in (info.get("safetensors_metadata") or {}).items()
+            },
             torch_files={str(k): str(v) for k, v in (info.get("torch_files") or {}).items()},
             dcp_chunks=dict(info.get("dcp_chunks") or {}),
             skipped=[str(s) for s in info.get("skipped") or []],
         )
     except (AssertionError, ValueError, TypeError, KeyError) as exc:
-        raise CorruptionError(f"{where}: its import record {INFO_KEY!r} is malformed ({exc})") from exc
+        raise CorruptionError(
+            f"{where}: its import record {INFO_KEY!r} is malformed ({exc})"
+        ) from exc
     return src
 
 

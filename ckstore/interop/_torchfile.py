@@ -55,12 +55,17 @@ def weights_only_safe(obj: Any) -> Any:
     return obj
 
 
-def export(view: SnapshotView, out: str, keys: list[str], src: Source | None, budget: int) -> dict[str, Any]:
+def export(
+    view: SnapshotView, out: str, keys: list[str], src: Source | None, budget: int
+) -> dict[str, Any]:
     name = src.name if src is not None and src.format == "torch" else DEFAULT_NAME
     with Spill(budget, out) as spill:
         objs = build_objects(view, keys, spill, view.reader())
         saved = weights_only_safe(export_object(objs, src))
         torch.save(saved, inside(out, name, f"snapshot {view.ref}"))
         digests = object_digests(saved)
-    return {"files": [name], "tensors": sum(1 for k in keys if view.manifest.entries[k].kind == "tensor"),
-            "tensor_digests": {name: digests}}
+    return {
+        "files": [name],
+        "tensors": sum(1 for k in keys if view.manifest.entries[k].kind == "tensor"),
+        "tensor_digests": {name: digests},
+    }

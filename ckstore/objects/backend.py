@@ -121,7 +121,9 @@ def write_failed(name: str, url: str, exc: BaseException) -> StorageError:
     """The error for a failed write of object ``name``: NoSpaceError when the disk or quota is
     full (saying that nothing was committed and that gc reclaims what was written)."""
     if isinstance(exc, OSError) and exc.errno in _FULL:
-        return NoSpaceError(f"no space left to write object {name!r} in store {url} ({exc.strerror}): {NO_SPACE_ADVICE}")
+        return NoSpaceError(
+            f"no space left to write object {name!r} in store {url} ({exc.strerror}): {NO_SPACE_ADVICE}"
+        )
     return StorageError(f"cannot write object {name!r} in store {url}: {exc}")
 
 

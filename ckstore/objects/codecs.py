@@ -71,6 +71,7 @@ def delta_inner(codec: str) -> str:
     """The codec a chunk's stored bytes decode with: that of the XOR bytes for a delta."""
     return DELTA_CODECS.get(codec, codec)
 
+
 MIN_SAVING = 0.03
 """Compression must save at least this fraction of the raw size, else the chunk stays raw."""
 
@@ -182,7 +183,9 @@ def grouped_size(raw_length: int, itemsize: int) -> int:
     return _BG_HEAD.size + itemsize * _BG_PLANE.size + raw_length
 
 
-def encode_grouped_xor(raw: Any, itemsize: int, base_planes: Any, level: int = 1, buffer: Any = None) -> memoryview:
+def encode_grouped_xor(
+    raw: Any, itemsize: int, base_planes: Any, level: int = 1, buffer: Any = None
+) -> memoryview:
     """The ``bytegroup-zstd`` payload of ``raw`` XOR a base whose byte planes are
     ``base_planes`` (``itemsize`` uint8 arrays of ``len(raw) / itemsize`` bytes, or one such 2-D
     array): XOR commutes with the grouping, so the base is never interleaved. The payload may
@@ -193,12 +196,18 @@ def encode_grouped_xor(raw: Any, itemsize: int, base_planes: Any, level: int = 1
     """
     view = as_bytes_view(raw)
     plane_len = len(view) // itemsize
-    if len(view) % itemsize or len(base_planes) != itemsize or any(len(p) != plane_len for p in base_planes):
+    if (
+        len(view) % itemsize
+        or len(base_planes) != itemsize
+        or any(len(p) != plane_len for p in base_planes)
+    ):
         raise InvalidInputError(f"base planes do not fit {len(view)} bytes of itemsize {itemsize}")
     return _encode_grouped(view, itemsize, level, buffer, base_planes)
 
 
-def _encode_grouped(view: memoryview, itemsize: int, level: int, buffer: Any, xor_planes: Any = None) -> memoryview:
+def _encode_grouped(
+    view: memoryview, itemsize: int, level: int, buffer: Any, xor_planes: Any = None
+) -> memoryview:
     import numpy as np  # here: reading an index or a plain chunk never loads numpy
 
     """Split ``view`` into planes written straight into the payload buffer, then compress
@@ -428,7 +437,9 @@ def _ungroup(pview: memoryview, raw_length: int, target: memoryview | None, hash
     _interleave(data, n, plane_len, target, hasher)
 
 
-def _interleave(data: list[Any], n: int, plane_len: int, target: memoryview | None, hasher: Any) -> None:
+def _interleave(
+    data: list[Any], n: int, plane_len: int, target: memoryview | None, hasher: Any
+) -> None:
     """Write the ``n`` planes ``data`` interleaved into ``target`` (None: a scratch block), in
     blocks of about ``BLOCK_BYTES``, feeding each block to ``hasher`` right after it is written."""
     import numpy as np
@@ -469,9 +480,13 @@ def decoded_planes(payload: Any, raw_length: int) -> list[Any]:
     plane_len = raw_length // n
     out = []
     for i, (flag, body) in enumerate(parts):
-        plane = np.frombuffer(_zstd_frame(body, plane_len) if flag == _ZSTD_FLAG else body, dtype=np.uint8)
+        plane = np.frombuffer(
+            _zstd_frame(body, plane_len) if flag == _ZSTD_FLAG else body, dtype=np.uint8
+        )
         if len(plane) != plane_len:
-            raise CorruptionError(f"byte-grouped plane {i} has {len(plane)} bytes, expected {plane_len}")
+            raise CorruptionError(
+                f"byte-grouped plane {i} has {len(plane)} bytes, expected {plane_len}"
+            )
         out.append(plane)
     return out
 

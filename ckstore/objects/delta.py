@@ -100,23 +100,33 @@ def encode_delta(
     if base_planes is not None:
         if n == 0 or not grouped:
             raise InvalidInputError("base planes are for byte-grouped chunks")
-        payload: bytes | memoryview = encode_grouped_xor(rview, itemsize, base_planes, level, buffer)
+        payload: bytes | memoryview = encode_grouped_xor(
+            rview, itemsize, base_planes, level, buffer
+        )
         inner = BYTEGROUP_ZSTD if len(payload) <= n * (1.0 - MIN_SAVING) else NONE
     else:
         bview = as_bytes_view(base)
         if len(bview) != n:
-            raise InvalidInputError(f"a delta needs a base of the same length ({len(bview)} != {n} bytes)")
+            raise InvalidInputError(
+                f"a delta needs a base of the same length ({len(bview)} != {n} bytes)"
+            )
         if n == 0:
             return encode(raw, itemsize, grouped, level)
         if scratch is not None and len(scratch) >= n:
             xor = np.frombuffer(scratch, dtype=np.uint8, count=n)
         else:
             xor = np.empty(n, dtype=np.uint8)
-        np.bitwise_xor(np.frombuffer(rview, dtype=np.uint8), np.frombuffer(bview, dtype=np.uint8), out=xor)
+        np.bitwise_xor(
+            np.frombuffer(rview, dtype=np.uint8), np.frombuffer(bview, dtype=np.uint8), out=xor
+        )
         inner, payload = encode(memoryview(xor.data), itemsize, grouped, level, buffer)
     if inner != NONE and len(payload) <= n * SURE_DELTA_RATIO:
         return _WRAP[inner], payload
-    if inner != NONE and plain_estimate is not None and len(payload) <= plain_estimate * (1.0 - MIN_DELTA_SAVING):
+    if (
+        inner != NONE
+        and plain_estimate is not None
+        and len(payload) <= plain_estimate * (1.0 - MIN_DELTA_SAVING)
+    ):
         return _WRAP[inner], payload
     codec, plain = encode(raw, itemsize, grouped, level)
     if inner != NONE and len(payload) <= len(plain) * (1.0 - MIN_DELTA_SAVING):

@@ -88,13 +88,15 @@ def encode(view: memoryview, itemsize: int, buffer: Any = None) -> memoryview:
     total = end + len(frame)
     if total > len(out):  # noise compressed to more than it was: keep the shape, caller refuses
         out = _scratch("encode-big", total)
-        out[HEAD.size:end] = low
+        out[HEAD.size : end] = low
     out[end:total] = np.frombuffer(frame, dtype=np.uint8)
     HEAD.pack_into(out, 0, VERSION, k, 0, len(frame))  # type: ignore[arg-type]
     return memoryview(out)[:total]  # type: ignore[arg-type]
 
 
-def decode_into(payload: memoryview, raw_length: int, target: memoryview | None, hasher: Any) -> None:
+def decode_into(
+    payload: memoryview, raw_length: int, target: memoryview | None, hasher: Any
+) -> None:
     """Decode an ``exp-zstd`` payload into ``target`` (exactly ``raw_length`` bytes; None: a
     scratch block, to verify only), feeding ``hasher.update`` (if given) every decoded byte in
     order, block by block.
@@ -109,16 +111,24 @@ def decode_into(payload: memoryview, raw_length: int, target: memoryview | None,
     version, k, reserved, flen = HEAD.unpack_from(payload, 0)
     n = raw_length // k if k in ITEMSIZES else 0
     if version != VERSION or reserved or n == 0 or n * k != raw_length:
-        raise CorruptionError(f"bad exp-zstd header (version {version}, itemsize {k}, reserved {reserved}) for {raw_length} bytes")
+        raise CorruptionError(
+            f"bad exp-zstd header (version {version}, itemsize {k}, reserved {reserved}) for {raw_length} bytes"
+        )
     end = HEAD.size + (k - 1) * n
     if len(p) != end + flen or n > (flen + 1) * ZSTD_MAX_RATIO:
-        raise CorruptionError(f"exp-zstd payload of {len(p)} bytes does not fit {raw_length} bytes and a {flen}-byte frame")
-    low = p[HEAD.size:end]
+        raise CorruptionError(
+            f"exp-zstd payload of {len(p)} bytes does not fit {raw_length} bytes and a {flen}-byte frame"
+        )
+    low = p[HEAD.size : end]
     top = _top_plane(payload[end:], n)
     dest = np.frombuffer(target, dtype=np.uint8) if target is not None else None
     for s in range(0, n, BLOCK_ELEMENTS):
         e = min(n, s + BLOCK_ELEMENTS)
-        block = dest[s * k : e * k] if dest is not None else _scratch("block", BLOCK_ELEMENTS * k)[: (e - s) * k]
+        block = (
+            dest[s * k : e * k]
+            if dest is not None
+            else _scratch("block", BLOCK_ELEMENTS * k)[: (e - s) * k]
+        )
         if k == 2:
             words = block.view("<u2")
             np.left_shift(top[s:e], 8, out=words, dtype=np.uint16)
@@ -141,7 +151,9 @@ def _top_plane(frame: memoryview, n: int) -> np.ndarray:
         reader = _decompressor().stream_reader(frame)
         got = reader.readinto(top)
         if got != n or reader.read(1):
-            raise CorruptionError(f"exp-zstd frame decodes to the wrong length ({got} bytes, expected {n})")
+            raise CorruptionError(
+                f"exp-zstd frame decodes to the wrong length ({got} bytes, expected {n})"
+            )
     except zstandard.ZstdError as exc:
         raise CorruptionError(f"malformed exp-zstd frame: {exc}") from exc
     return top
@@ -150,7 +162,9 @@ def _top_plane(frame: memoryview, n: int) -> np.ndarray:
 def _compressor() -> zstandard.ZstdCompressor:
     cctx: zstandard.ZstdCompressor | None = getattr(_local, "cctx", None)
     if cctx is None:
-        params = zstandard.ZstdCompressionParameters.from_level(1, hash_log=PLANE_HASH_LOG, write_content_size=True)
+        params = zstandard.ZstdCompressionParameters.from_level(
+            1, hash_log=PLANE_HASH_LOG, write_content_size=True
+        )
         cctx = _local.cctx = zstandard.ZstdCompressor(compression_params=params)
     return cctx
 

@@ -79,7 +79,9 @@ def fingerprint(data: Any) -> int:
     return int(xxhash.xxh3_64_intdigest(as_bytes_view(data), seed=_FINGERPRINT_SEED))
 
 
-def payload_digest(payload: Any, chunk_id: str, codec: str, raw_length: int, base_id: str | None = None) -> str:
+def payload_digest(
+    payload: Any, chunk_id: str, codec: str, raw_length: int, base_id: str | None = None
+) -> str:
     """The digest of a stored chunk: lowercase hex XXH3-128, unseeded (32 characters), of the
     payload followed by what decoding it depends on: the chunk id (32 bytes), the raw length
     (8 bytes, little-endian), the codec name (UTF-8) and, for a delta, the base's id (32 bytes).

@@ -293,7 +293,9 @@ class _FileWriter(ObjectWriter):
         fd = self._open()
         (view,) = as_buffers(data)
         if offset < 0 or offset + len(view) > self.size:
-            raise StorageError(f"patch of {len(view)} bytes at {offset} is outside the {self.size} written")
+            raise StorageError(
+                f"patch of {len(view)} bytes at {offset} is outside the {self.size} written"
+            )
         try:
             while len(view):
                 n = os.pwrite(fd, view, offset)

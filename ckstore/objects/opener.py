@@ -15,9 +15,7 @@ def _s3_backend(url: str, options: dict[str, Any]) -> Backend:
     try:
         import s3fs
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise InvalidInputError(
-            f"{url} needs the s3 extra: pip install 'ckstore[s3]'"
-        ) from exc
+        raise InvalidInputError(f"{url} needs the s3 extra: pip install 'ckstore[s3]'") from exc
     from ckstore.objects.s3 import S3Backend
 
     root = url[len("s3://") :].strip("/")

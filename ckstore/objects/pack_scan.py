@@ -78,11 +78,14 @@ def scan_pack(
     scan = PackScan(pack_id, bytes_read=len(idx.header) + len(idx.trailer) + len(idx.footer))
     where = f"pack {pack_id} in store {backend.url}"
     if idx.computed_id != pack_id:
-        scan.problems.append(PackProblem(
-            "pack-id", pack_id,
-            f"{where} does not match its name: its header, trailer and footer hash to "
-            f"{idx.computed_id} (a damaged header, e.g. its nonce, or a renamed pack)",
-        ))
+        scan.problems.append(
+            PackProblem(
+                "pack-id",
+                pack_id,
+                f"{where} does not match its name: its header, trailer and footer hash to "
+                f"{idx.computed_id} (a damaged header, e.g. its nonce, or a renamed pack)",
+            )
+        )
     _check_layout(idx, scan, where)
     name = pack_name(pack_id)
     for group in _windows(sorted(idx.locations, key=lambda l: l.offset), window):
@@ -91,7 +94,9 @@ def scan_pack(
         scan.bytes_read += len(data)
         for loc in group:
             payload = memoryview(data)[loc.offset - start : loc.offset - start + loc.length]
-            scan.digests[loc.chunk_id] = payload_digest(payload, loc.chunk_id, loc.codec, loc.raw_length, loc.base_id)
+            scan.digests[loc.chunk_id] = payload_digest(
+                payload, loc.chunk_id, loc.codec, loc.raw_length, loc.base_id
+            )
             _check_chunk(loc, payload, scan, where, bases)
     return scan
 
@@ -115,18 +120,24 @@ def _check_layout(idx: PackIndex, scan: PackScan, where: str) -> None:
     for loc in sorted(idx.locations, key=lambda l: l.offset):
         if loc.offset != expected:
             what = "a gap" if loc.offset > expected else "an overlap"
-            scan.problems.append(PackProblem(
-                "pack-layout", idx.pack_id,
-                f"{where}: {what} before chunk {loc.chunk_id} at offset {loc.offset} "
-                f"(the previous payload ends at {expected})",
-            ))
+            scan.problems.append(
+                PackProblem(
+                    "pack-layout",
+                    idx.pack_id,
+                    f"{where}: {what} before chunk {loc.chunk_id} at offset {loc.offset} "
+                    f"(the previous payload ends at {expected})",
+                )
+            )
             return
         expected = loc.offset + loc.length
     if expected != idx.trailer_start:
-        scan.problems.append(PackProblem(
-            "pack-layout", idx.pack_id,
-            f"{where}: the payloads end at {expected}, the trailer starts at {idx.trailer_start}",
-        ))
+        scan.problems.append(
+            PackProblem(
+                "pack-layout",
+                idx.pack_id,
+                f"{where}: the payloads end at {expected}, the trailer starts at {idx.trailer_start}",
+            )
+        )
 
 
 def _check_chunk(
@@ -140,29 +151,41 @@ def _check_chunk(
                 raise CorruptionError("no reader for bases was given")
             base = bases(loc)
         except Exception as exc:  # reported, and the scan goes on
-            scan.problems.append(PackProblem(
-                "missing-base", loc.chunk_id,
-                f"chunk {loc.chunk_id} in {where} is a delta against chunk {loc.base_id}, "
-                f"which cannot be read: {exc}",
-            ))
+            scan.problems.append(
+                PackProblem(
+                    "missing-base",
+                    loc.chunk_id,
+                    f"chunk {loc.chunk_id} in {where} is a delta against chunk {loc.base_id}, "
+                    f"which cannot be read: {exc}",
+                )
+            )
             return
     try:
         raw: Any = decode(loc.codec, payload, loc.raw_length)
         if base is not None:
             if len(base) != loc.raw_length:
-                raise CorruptionError(f"its base {loc.base_id} has {len(base)} bytes, not {loc.raw_length}")
+                raise CorruptionError(
+                    f"its base {loc.base_id} has {len(base)} bytes, not {loc.raw_length}"
+                )
             raw = bytearray(raw)
             xor_into(raw, base)
     except CorruptionError as exc:
-        scan.problems.append(PackProblem(
-            "corrupt-chunk", loc.chunk_id, f"chunk {loc.chunk_id} in {where} cannot be decoded: {exc}"
-        ))
+        scan.problems.append(
+            PackProblem(
+                "corrupt-chunk",
+                loc.chunk_id,
+                f"chunk {loc.chunk_id} in {where} cannot be decoded: {exc}",
+            )
+        )
         return
     if chunk_id(raw) != loc.chunk_id:
-        scan.problems.append(PackProblem(
-            "corrupt-chunk", loc.chunk_id,
-            f"chunk {loc.chunk_id} in {where} does not match its id: the stored bytes are corrupt",
-        ))
+        scan.problems.append(
+            PackProblem(
+                "corrupt-chunk",
+                loc.chunk_id,
+                f"chunk {loc.chunk_id} in {where} does not match its id: the stored bytes are corrupt",
+            )
+        )
 
 
 def _windows(locs: list[ChunkLocation], window: int) -> Iterator[list[ChunkLocation]]:

@@ -163,8 +163,13 @@ class ChunkLocation:
         """The inverse of :meth:`to_dict`."""
         base = d.get("base_id")
         return cls(
-            str(d["chunk_id"]), str(d["pack_id"]), int(d["offset"]), int(d["length"]),
-            int(d["raw_length"]), str(d["codec"]), None if base is None else str(base),
+            str(d["chunk_id"]),
+            str(d["pack_id"]),
+            int(d["offset"]),
+            int(d["length"]),
+            int(d["raw_length"]),
+            str(d["codec"]),
+            None if base is None else str(base),
         )
 
 
@@ -245,7 +250,9 @@ class PackWriter:
             self._out.write(bytes(HEADER.size))  # filled in by finish(), once the version is known
         return self._out
 
-    def add(self, chunk_id: str, codec: str, payload: Any, raw_length: int, base_id: str | None = None) -> None:
+    def add(
+        self, chunk_id: str, codec: str, payload: Any, raw_length: int, base_id: str | None = None
+    ) -> None:
         """Add one encoded chunk; a chunk id already in this pack is ignored.
 
         ``base_id`` names the base chunk of a delta (and only of a delta).
@@ -318,8 +325,14 @@ class PackWriter:
         header = HEADER.pack(MAGIC, self._version, HASH_ID_BLAKE3, 0, os.urandom(16))
         if self._entry is ENTRY_V2:
             trailer = b"".join(
-                ENTRY_V2.pack(bytes.fromhex(cid), off, length, raw, CODEC_IDS[codec],
-                              _NO_BASE if base is None else bytes.fromhex(base))
+                ENTRY_V2.pack(
+                    bytes.fromhex(cid),
+                    off,
+                    length,
+                    raw,
+                    CODEC_IDS[codec],
+                    _NO_BASE if base is None else bytes.fromhex(base),
+                )
                 for cid, off, length, raw, codec, base in self._entries
             )
         else:
@@ -410,7 +423,9 @@ def load_pack_index(backend: Backend, pack_id: str) -> PackIndex:
     header = bytes(tail[: HEADER.size]) if tail_start == 0 else backend.get(name, 0, HEADER.size)
     version = _check_header(header, where)
     if trailer_len != count * _ENTRIES[version].size:
-        raise CorruptionError(f"{where}: a version {version} pack with {count} entries of {trailer_len} bytes")
+        raise CorruptionError(
+            f"{where}: a version {version} pack with {count} entries of {trailer_len} bytes"
+        )
     locations = _parse_entries(trailer, count, pack_id, trailer_start, where, version)
     return PackIndex(pack_id, size, header, trailer, footer, locations)
 
@@ -437,7 +452,9 @@ def _parse_entries(
         raw_id, off, length, raw_len, codec_id = fields[:5]
         base_raw = fields[5] if len(fields) > 5 else _NO_BASE
         if codec_id >= len(CODECS) or _version_for(CODECS[codec_id]) > version:
-            raise CorruptionError(f"{where}: entry {i} has codec id {codec_id}, unknown in a version {version} pack")
+            raise CorruptionError(
+                f"{where}: entry {i} has codec id {codec_id}, unknown in a version {version} pack"
+            )
         codec = CODECS[codec_id]
         base = None if base_raw == _NO_BASE else base_raw.hex()
         if is_delta(codec) != (base is not None) or base_raw == raw_id:

@@ -228,14 +228,16 @@ class S3Backend(FsspecBackend):
                 page = self._fs.call_s3("list_multipart_uploads", **args)
                 for up in page.get("Uploads", []):
                     key = str(up["Key"])
-                    if key.startswith(base) and _is_name(key[len(base):]):
-                        found.append((key[len(base):], str(up["UploadId"])))
+                    if key.startswith(base) and _is_name(key[len(base) :]):
+                        found.append((key[len(base) :], str(up["UploadId"])))
                 if not page.get("IsTruncated"):
                     break
                 args["KeyMarker"] = page.get("NextKeyMarker")
                 args["UploadIdMarker"] = page.get("NextUploadIdMarker")
         except Exception as exc:
-            raise StorageError(f"cannot list the unfinished uploads of store {self.url}: {exc}") from exc
+            raise StorageError(
+                f"cannot list the unfinished uploads of store {self.url}: {exc}"
+            ) from exc
         return sorted(found)
 
     def discard_upload(self, name: str, upload_id: str) -> None:

@@ -124,7 +124,9 @@ class ObjectStore:
         planes = self._chain_planes(list(reversed(loc.chain())), n, trusted)
         return planes if planes is not None and len(planes) == itemsize else None
 
-    def _chain_planes(self, chain: list[ChunkLocation], n: int, seen: Callable[[ChunkLocation, memoryview], bool]) -> Any:
+    def _chain_planes(
+        self, chain: list[ChunkLocation], n: int, seen: Callable[[ChunkLocation, memoryview], bool]
+    ) -> Any:
         """The byte planes of the bytes ``chain`` (root first) decodes to, when every link is
         byte-grouped with one element size: the root's planes as they lie in its payload (a
         chain of one), else the links XORed plane by plane into this thread's scratch memory,
@@ -149,12 +151,16 @@ class ObjectStore:
             size = s
             parts = self._guarded(link, decoded_planes, payload, n)
             if len(parts) != size:
-                raise CorruptionError(f"chunk {link.chunk_id}: {len(parts)} byte planes for element size {size}")
+                raise CorruptionError(
+                    f"chunk {link.chunk_id}: {len(parts)} byte planes for element size {size}"
+                )
             if root is None and planes is None:
                 root = parts
                 continue
             if planes is None:
-                planes = np.frombuffer(_scratch("planes", n), dtype=np.uint8, count=n).reshape(size, n // size)
+                planes = np.frombuffer(_scratch("planes", n), dtype=np.uint8, count=n).reshape(
+                    size, n // size
+                )
             first = root if root is not None else planes
             for j, b in enumerate(parts):
                 np.bitwise_xor(first[j], b, out=planes[j])  # root XOR first delta: no copy first
@@ -170,7 +176,9 @@ class ObjectStore:
         """A writer for one new pack."""
         return PackWriter(self._backend, target_size)
 
-    def read_chunk(self, loc: ChunkLocation, out: memoryview | None = None, *, trust: bool = False) -> bytes | memoryview:
+    def read_chunk(
+        self, loc: ChunkLocation, out: memoryview | None = None, *, trust: bool = False
+    ) -> bytes | memoryview:
         """Read, decode and verify one chunk with ONE ranged get of ``(offset, length)``.
 
         Args:
@@ -218,8 +226,13 @@ class ObjectStore:
             )
 
     def verify_chunk(
-        self, loc: ChunkLocation, out: memoryview | None = None, *, fingerprint_it: bool = False,
-        trust: bool = False, check_digests: bool = False,
+        self,
+        loc: ChunkLocation,
+        out: memoryview | None = None,
+        *,
+        fingerprint_it: bool = False,
+        trust: bool = False,
+        check_digests: bool = False,
     ) -> int | None:
         """Read one chunk's payload, decode it and verify it against its id, in one pass.
 
@@ -245,7 +258,9 @@ class ObjectStore:
         hasher = new_hasher()
         links: list[tuple[str, int]] | None = [] if trust else None
         if loc.base_id is not None:
-            prints = self._decode_chain(loc, out, hasher, fingerprint_it, links, digests=check_digests)
+            prints = self._decode_chain(
+                loc, out, hasher, fingerprint_it, links, digests=check_digests
+            )
         else:
             payload = self._payload(loc)
             if check_digests:
@@ -259,7 +274,9 @@ class ObjectStore:
         if str(hasher.hexdigest()) != loc.chunk_id:
             why = (
                 "its stored payload is the one its writer recorded, so the writer stored a wrong "
-                "encoding" if check_digests else "the stored bytes are corrupt"
+                "encoding"
+                if check_digests
+                else "the stored bytes are corrupt"
                 + (" (or those of a base in its delta chain)" if loc.base_id else "")
             )
             raise CorruptionError(
@@ -299,7 +316,9 @@ class ObjectStore:
 
     def _check_sizes(self, loc: ChunkLocation) -> None:
         """Refuse impossible lengths before allocating anything for them."""
-        if not (0 <= loc.raw_length <= MAX_RAW_LENGTH and 0 <= loc.length <= MAX_RAW_LENGTH + (1 << 12)):
+        if not (
+            0 <= loc.raw_length <= MAX_RAW_LENGTH and 0 <= loc.length <= MAX_RAW_LENGTH + (1 << 12)
+        ):
             raise CorruptionError(
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) has "
                 f"impossible lengths (stored {loc.length}, raw {loc.raw_length}; at most {MAX_RAW_LENGTH})"
@@ -310,15 +329,23 @@ class ObjectStore:
         self._check_sizes(loc)
         buf: mmap.mmap | None = getattr(_local, slot, None)
         if buf is None or len(buf) < loc.length:
-            buf = private_memory(max(loc.length, 1 << 20))  # goes back to the system with the thread
+            buf = private_memory(
+                max(loc.length, 1 << 20)
+            )  # goes back to the system with the thread
             setattr(_local, slot, buf)
         view = memoryview(buf)[: loc.length]
         self._backend.get_into(pack_name(loc.pack_id), loc.offset, view)
         return view
 
     def _decode_chain(
-        self, loc: ChunkLocation, out: memoryview | None, hasher: Any, fingerprint_it: bool,
-        links: list[tuple[str, int]] | None = None, expected: int | None = None, digests: bool = False,
+        self,
+        loc: ChunkLocation,
+        out: memoryview | None,
+        hasher: Any,
+        fingerprint_it: bool,
+        links: list[tuple[str, int]] | None = None,
+        expected: int | None = None,
+        digests: bool = False,
     ) -> int | None:
         """Decode a delta: the full chunk at the root of its chain, then the XOR bytes of each
         delta from the root up; hash the result.
@@ -353,7 +380,9 @@ class ObjectStore:
         if planes is None:  # a link of another codec (rare): start again, byte by byte
             prints.clear()
             found.clear()
-            aside = expected is not None or digests or out is None  # decoded aside until every link is checked
+            aside = (
+                expected is not None or digests or out is None
+            )  # decoded aside until every link is checked
             target = memoryview(_scratch("chain", n))[:n] if aside else out
             for i, link in enumerate(chain):
                 payload = self._payload(link)
@@ -388,7 +417,9 @@ class ObjectStore:
                 f"cannot be decoded: {exc}"
             ) from exc
 
-    def _decode(self, loc: ChunkLocation, payload: memoryview, out: memoryview | None, hasher: Any) -> None:
+    def _decode(
+        self, loc: ChunkLocation, payload: memoryview, out: memoryview | None, hasher: Any
+    ) -> None:
         try:
             decode_hashed(loc.codec, payload, loc.raw_length, out, hasher)
         except CorruptionError as exc:

@@ -23,12 +23,28 @@ from .transfer import TransferReport, transfer
 if TYPE_CHECKING:
     from ..engine.repository import Repository
 
-__all__ = ["Selection", "TransferReport", "config", "hydrate", "pull", "push", "select", "transfer", "twotier"]
+__all__ = [
+    "Selection",
+    "TransferReport",
+    "config",
+    "hydrate",
+    "pull",
+    "push",
+    "select",
+    "transfer",
+    "twotier",
+]
 
 
-def push(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool = False,
-         pause: Callable[[], bool] | None = None,
-         progress: ProgressFn | None = None) -> TransferReport:
+def push(
+    local: Repository,
+    name: str,
+    refs: Sequence[str] = (),
+    *,
+    force: bool = False,
+    pause: Callable[[], bool] | None = None,
+    progress: ProgressFn | None = None,
+) -> TransferReport:
     """Send the snapshots ``refs`` name (none: every run and tag) to remote ``name``, creating the
     remote store if there is none yet (with this store's chunk, pack and inline sizes).
 
@@ -45,16 +61,32 @@ def push(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool 
         dst = config.open_remote(remote, create=True, like=local)
         created = True
     try:
-        report = transfer(local, dst, selection, direction="push", remote=name, force=force, pause=pause,
-                          progress=progress, record=lambda ids: local.index.mark_pushed(name, ids))
+        report = transfer(
+            local,
+            dst,
+            selection,
+            direction="push",
+            remote=name,
+            force=force,
+            pause=pause,
+            progress=progress,
+            record=lambda ids: local.index.mark_pushed(name, ids),
+        )
     finally:
         dst.close()
     report.created = created
     return report
 
 
-def pull(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool = False,
-         progress: ProgressFn | None = None, source: Repository | None = None) -> TransferReport:
+def pull(
+    local: Repository,
+    name: str,
+    refs: Sequence[str] = (),
+    *,
+    force: bool = False,
+    progress: ProgressFn | None = None,
+    source: Repository | None = None,
+) -> TransferReport:
     """Bring the snapshots ``refs`` name at remote ``name`` (none: every run and tag) here.
     ``source``: the remote's repository, open already (a clone's; left open), else it is opened.
 
@@ -68,8 +100,16 @@ def pull(local: Repository, name: str, refs: Sequence[str] = (), *, force: bool 
     src = source if source is not None else config.open_remote(remote)
     try:
         selection = select(src.index, refs)
-        return transfer(src, local, selection, direction="pull", remote=name, force=force, progress=progress,
-                        record=lambda ids: local.index.mark_pushed(name, ids))
+        return transfer(
+            src,
+            local,
+            selection,
+            direction="pull",
+            remote=name,
+            force=force,
+            progress=progress,
+            record=lambda ids: local.index.mark_pushed(name, ids),
+        )
     finally:
         if source is None:
             src.close()

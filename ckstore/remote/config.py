@@ -23,8 +23,14 @@ if TYPE_CHECKING:
     from ..index import Index
 
 
-def add(index: Index, name: str, url: str | os.PathLike[str], *, remote_index: str | None = None,
-        options: Mapping[str, Any] | None = None) -> RemoteRecord:
+def add(
+    index: Index,
+    name: str,
+    url: str | os.PathLike[str],
+    *,
+    remote_index: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> RemoteRecord:
     """Add remote ``name`` at ``url`` (with its index URL and storage options).
 
     Raises:
@@ -34,17 +40,26 @@ def add(index: Index, name: str, url: str | os.PathLike[str], *, remote_index: s
     return index.add_remote(record(name, url, remote_index, options))
 
 
-def record(name: str, url: str | os.PathLike[str], remote_index: str | None = None,
-           options: Mapping[str, Any] | None = None, tier: bool = False) -> RemoteRecord:
+def record(
+    name: str,
+    url: str | os.PathLike[str],
+    remote_index: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    tier: bool = False,
+) -> RemoteRecord:
     """A checked remote record (not stored)."""
     validate_name(name, "remote")
     text = os.fspath(url)
     if not isinstance(text, str) or not text.strip():
-        raise InvalidInputError(f"remote {name!r}: the URL must be a store URL or path, got {url!r}")
+        raise InvalidInputError(
+            f"remote {name!r}: the URL must be a store URL or path, got {url!r}"
+        )
     if is_local(text):
         text = local_path(text)
     if options is not None and not isinstance(options, Mapping):
-        raise InvalidInputError(f"remote {name!r}: storage options must be a mapping, got {type(options).__name__}")
+        raise InvalidInputError(
+            f"remote {name!r}: storage options must be a mapping, got {type(options).__name__}"
+        )
     return RemoteRecord(name, text, remote_index or None, dict(options or {}), tier)
 
 
@@ -58,8 +73,10 @@ def get(index: Index, name: str) -> RemoteRecord:
     if found is None:
         names = [r.name for r in index.list_remotes()]
         known = f"its remotes: {', '.join(names)}" if names else "it has no remote"
-        raise NotFoundError(f"no remote named {name!r} in this store ({known}); add one with "
-                            f"`ckstore remote add {name} URL`")
+        raise NotFoundError(
+            f"no remote named {name!r} in this store ({known}); add one with "
+            f"`ckstore remote add {name} URL`"
+        )
     return found
 
 
@@ -70,12 +87,22 @@ def by_url(index: Index, url: str | os.PathLike[str]) -> RemoteRecord | None:
     return next((r for r in index.list_remotes() if r.url == text), None)
 
 
-def open_remote(remote: RemoteRecord, *, create: bool = False, like: Repository | None = None) -> Repository:
+def open_remote(
+    remote: RemoteRecord, *, create: bool = False, like: Repository | None = None
+) -> Repository:
     """Open the store ``remote`` names; with ``create``, make it if there is none, with the
     chunk, pack and inline sizes of ``like`` (so the two stores cut tensors alike and dedup)."""
     knobs: dict[str, Any] = {}
     if create and like is not None:
-        knobs = {"chunk_bytes": like.config.chunk_bytes, "pack_bytes": like.config.pack_bytes,
-                 "inline_bytes": like.config.inline_bytes}
-    return open_repository(remote.url, index=remote.index, storage_options=remote.options or None,
-                           create=create, **knobs)
+        knobs = {
+            "chunk_bytes": like.config.chunk_bytes,
+            "pack_bytes": like.config.pack_bytes,
+            "inline_bytes": like.config.inline_bytes,
+        }
+    return open_repository(
+        remote.url,
+        index=remote.index,
+        storage_options=remote.options or None,
+        create=create,
+        **knobs,
+    )

@@ -76,8 +76,18 @@ class CopyStats:
                 setattr(self, name, getattr(self, name) + n)
 
     def to_dict(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in ("chunks_sent", "bytes_sent", "chunks_skipped", "bytes_skipped",
-                                              "chunks_whole", "packs_written", "bytes_read")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "chunks_sent",
+                "bytes_sent",
+                "chunks_skipped",
+                "bytes_skipped",
+                "chunks_whole",
+                "packs_written",
+                "bytes_read",
+            )
+        }
 
 
 @dataclass
@@ -92,7 +102,13 @@ def shapes_of(manifest: Manifest) -> dict[str, Shape]:
     """Chunk id -> the element size of the tensor it belongs to, for every chunk of ``manifest``."""
     out: dict[str, Shape] = {}
     for entry in manifest.entries.values():
-        tensors = [entry] if isinstance(entry, TensorEntry) else list(entry.tensors()) if isinstance(entry, PerRankEntry) else []
+        tensors = (
+            [entry]
+            if isinstance(entry, TensorEntry)
+            else list(entry.tensors())
+            if isinstance(entry, PerRankEntry)
+            else []
+        )
         for t in tensors:
             if t.inline:
                 continue
@@ -131,8 +147,16 @@ class ChunkCopier:
     ``progress`` is called with the stored bytes of each chunk sent or found there already.
     """
 
-    def __init__(self, src: Repository, dst: Repository, session: str, where: str, stats: CopyStats,
-                 pause: Callable[[], bool] | None = None, progress: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        src: Repository,
+        dst: Repository,
+        session: str,
+        where: str,
+        stats: CopyStats,
+        pause: Callable[[], bool] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
         self.src, self.dst, self.session, self.where = src, dst, session, where
         self.stats, self.pause, self.progress = stats, pause, progress
         self.threads = max(1, src.io_threads)
@@ -164,7 +188,11 @@ class ChunkCopier:
                 "snapshot was deleted there while it was being sent, or that index is damaged (`ckstore check`)"
             )
         bases = {known[c].base_id for c in missing if known[c].base_id is not None}
-        at_dst = self.dst.index.lookup_chunks(self.session, sorted(b for b in bases if b is not None)) if bases else {}
+        at_dst = (
+            self.dst.index.lookup_chunks(self.session, sorted(b for b in bases if b is not None))
+            if bases
+            else {}
+        )
         jobs = []
         for cid in missing:
             rec = known[cid]
@@ -181,10 +209,14 @@ class ChunkCopier:
         whole = [j for j in jobs if j.rec.base_id is not None and j.base_depth is None]
         sink = _Sink(self.dst, self.session, self.stats, self.threads)
         try:
-            with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="ckstore-push") as pool:
+            with ThreadPoolExecutor(
+                max_workers=self.threads, thread_name_prefix="ckstore-push"
+            ) as pool:
                 tasks: Iterator[Callable[[], list[tuple[_Job, str, Any]]]] = iter(
-                    [*(partial(self._read_segment, seg) for seg in segments),
-                     *(partial(self._whole_list, j) for j in whole)]
+                    [
+                        *(partial(self._read_segment, seg) for seg in segments),
+                        *(partial(self._whole_list, j) for j in whole),
+                    ]
                 )
                 window: deque[Future[list[tuple[_Job, str, Any]]]] = deque()
                 while True:
@@ -227,14 +259,22 @@ class ChunkCopier:
     def _check(self, job: _Job, payload: memoryview) -> None:
         rec = job.rec
         if rec.payload_digest is not None:
-            ok = payload_digest(payload, rec.chunk_id, rec.codec, rec.raw_length, rec.base_id) == rec.payload_digest
+            ok = (
+                payload_digest(payload, rec.chunk_id, rec.codec, rec.raw_length, rec.base_id)
+                == rec.payload_digest
+            )
         elif rec.base_id is None:
             try:
-                ok = objects.chunk_id(objects.decode(rec.codec, payload, rec.raw_length)) == rec.chunk_id
+                ok = (
+                    objects.chunk_id(objects.decode(rec.codec, payload, rec.raw_length))
+                    == rec.chunk_id
+                )
             except CorruptionError:
                 ok = False
         else:
-            self._read_verified(job.loc)  # decodes the chain and hashes the result (raises if damaged)
+            self._read_verified(
+                job.loc
+            )  # decodes the chain and hashes the result (raises if damaged)
             ok = True
         if not ok:
             raise self._damaged(rec)
@@ -250,8 +290,10 @@ class ChunkCopier:
         try:
             return self.src.objects.read_chunk(loc)
         except CorruptionError as exc:
-            raise CorruptionError(f"{self.where}: {exc}; nothing of the snapshot was committed at {self.dst.url}. "
-                                  f"Run `ckstore check --read-data` on {self.src.url}") from exc
+            raise CorruptionError(
+                f"{self.where}: {exc}; nothing of the snapshot was committed at {self.dst.url}. "
+                f"Run `ckstore check --read-data` on {self.src.url}"
+            ) from exc
 
     def _whole(self, job: _Job, moved: bool = False) -> tuple[_Job, str, Any]:
         """The chunk read through its chain (verified against its id) and densely encoded:
@@ -267,15 +309,24 @@ class ChunkCopier:
                 loc = self._relocate(job)
         codec, payload = objects.encode(raw, job.shape.itemsize, job.shape.grouped)
         job.base_depth = None
-        job.rec = ChunkRecord(job.rec.chunk_id, job.rec.pack_id, job.rec.offset, len(payload), job.rec.raw_length, codec)
+        job.rec = ChunkRecord(
+            job.rec.chunk_id,
+            job.rec.pack_id,
+            job.rec.offset,
+            len(payload),
+            job.rec.raw_length,
+            codec,
+        )
         self.stats.count(chunks_whole=1)
         return job, codec, bytes(payload)
 
     def _relocate(self, job: _Job) -> objects.ChunkLocation:
         known = self.src.index.chunk_locations([job.rec.chunk_id])
         if job.rec.chunk_id not in known:
-            raise NotFoundError(f"{self.where}: chunk {job.rec.chunk_id} left {self.src.url} while it was being "
-                                "sent (its snapshot was deleted there)")
+            raise NotFoundError(
+                f"{self.where}: chunk {job.rec.chunk_id} left {self.src.url} while it was being "
+                "sent (its snapshot was deleted there)"
+            )
         return to_location(known[job.rec.chunk_id], known)
 
 
@@ -286,8 +337,12 @@ def _segments(jobs: list[_Job]) -> list[_Segment]:
     for j in sorted(jobs, key=lambda j: (j.rec.pack_id, j.rec.offset)):
         end = j.rec.offset + j.rec.length
         last = out[-1] if out else None
-        if (last is not None and last.pack_id == j.rec.pack_id and j.rec.offset - last.end <= GAP_BYTES
-                and end - last.start <= SEGMENT_BYTES):
+        if (
+            last is not None
+            and last.pack_id == j.rec.pack_id
+            and j.rec.offset - last.end <= GAP_BYTES
+            and end - last.start <= SEGMENT_BYTES
+        ):
             last.end = max(last.end, end)
             last.jobs.append(j)
         else:
@@ -310,7 +365,9 @@ class _Sink:
 
     def add(self, job: _Job, codec: str, payload: Any) -> None:
         delta = job.base_depth is not None
-        self.writer.add(job.rec.chunk_id, codec, payload, job.rec.raw_length, job.rec.base_id if delta else None)
+        self.writer.add(
+            job.rec.chunk_id, codec, payload, job.rec.raw_length, job.rec.base_id if delta else None
+        )
         self.depths[job.rec.chunk_id] = job.base_depth + 1 if job.base_depth is not None else 0
         self.loose |= codec in objects.FAST_CODECS
         self.stats.count(chunks_sent=1, bytes_sent=memoryview(payload).nbytes)
@@ -319,7 +376,11 @@ class _Sink:
 
     def _flush(self) -> None:
         writer, depths, loose = self.writer, self.depths, self.loose
-        self.writer, self.depths, self.loose = self.dst.objects.new_pack_writer(self.dst.config.pack_bytes), {}, False
+        self.writer, self.depths, self.loose = (
+            self.dst.objects.new_pack_writer(self.dst.config.pack_bytes),
+            {},
+            False,
+        )
         while len(self.pending) >= self.threads:
             self.pending.popleft().result()
         self.pending.append(self.pool.submit(self._put, writer, depths, loose))
@@ -330,7 +391,9 @@ class _Sink:
             return
         pack_id, size, locs = done
         records = to_records(locs, depths)
-        self.dst.index.add_pack(self.session, PackRecord(pack_id, size, len(records), time.time(), loose=loose), records)
+        self.dst.index.add_pack(
+            self.session, PackRecord(pack_id, size, len(records), time.time(), loose=loose), records
+        )
         self.stats.count(packs_written=1)  # ...then recorded
 
     def close(self) -> None:

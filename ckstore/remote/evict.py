@@ -43,8 +43,13 @@ class EvictReport:
         return asdict(self)
 
 
-def evict(local: Repository, remote: Repository, name: str, budget: int,
-          used: dict[str, float] | None = None) -> tuple[EvictReport, dict[str, str]]:
+def evict(
+    local: Repository,
+    remote: Repository,
+    name: str,
+    budget: int,
+    used: dict[str, float] | None = None,
+) -> tuple[EvictReport, dict[str, str]]:
     """Evict least recently used local packs until they fit ``budget`` bytes (module docstring).
 
     ``used`` (pack id -> when a read last used it) is recorded first. Returns the report and the
@@ -70,8 +75,9 @@ def evict(local: Repository, remote: Repository, name: str, budget: int,
     return report, remote_packs
 
 
-def _evict_pack(local: Repository, remote: Repository, name: str, pack_id: str,
-                remote_packs: dict[str, str]) -> int | None:
+def _evict_pack(
+    local: Repository, remote: Repository, name: str, pack_id: str, remote_packs: dict[str, str]
+) -> int | None:
     """Evict one pack; the chunks switched, or None if it stays (wholly or in part)."""
     rows = local.index.chunks_in_packs([pack_id])
     ids = [r.chunk_id for r in rows]
@@ -90,8 +96,22 @@ def _evict_pack(local: Repository, remote: Repository, name: str, pack_id: str,
     return len(switched)
 
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 10**3,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 10**6,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 10**9,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 10**12,
+    "tib": 1 << 40,
+}
 
 
 def parse_size(value: int | str, what: str = "local_budget") -> int:
@@ -105,14 +125,18 @@ def parse_size(value: int | str, what: str = "local_budget") -> int:
     from ..errors import InvalidInputError
 
     if isinstance(value, bool):
-        raise InvalidInputError(f"{what} must be a size in bytes (an int, or a string such as '200GiB'), got {value!r}")
+        raise InvalidInputError(
+            f"{what} must be a size in bytes (an int, or a string such as '200GiB'), got {value!r}"
+        )
     if isinstance(value, int):
         n = value
     else:
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
         unit = m.group(2).lower() if m else ""
         if m is None or unit not in _UNITS:
-            raise InvalidInputError(f"{what} must be a size such as '200GiB' or '512MB' or a number of bytes, got {value!r}")
+            raise InvalidInputError(
+                f"{what} must be a size such as '200GiB' or '512MB' or a number of bytes, got {value!r}"
+            )
         n = int(float(m.group(1)) * _UNITS[unit])
     if n < 0:
         raise InvalidInputError(f"{what} must be >= 0 bytes, got {value!r}")

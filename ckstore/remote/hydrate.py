@@ -55,7 +55,9 @@ def hydrate(local: Repository, remote: str | None = None) -> HydrateReport:
         StorageError: the remote cannot be read.
     """
     report = HydrateReport()
-    packs = sorted(p for p, r in local.index.remote_pack_ids().items() if remote is None or r == remote)
+    packs = sorted(
+        p for p, r in local.index.remote_pack_ids().items() if remote is None or r == remote
+    )
     for pack_id in packs:
         rows = local.index.chunks_in_packs([pack_id])
         if rows:
@@ -63,15 +65,21 @@ def hydrate(local: Repository, remote: str | None = None) -> HydrateReport:
             report.bytes += sum(r.length for r in rows)
             report.packs += 1
     retired = local.index.retire_packs(packs)
-    local.index.delete_retired_packs(time.time(), only=retired)  # rows only: the packs are the remote's
+    local.index.delete_retired_packs(
+        time.time(), only=retired
+    )  # rows only: the packs are the remote's
     return report
 
 
 def _bring_back(local: Repository, pack_id: str, rows: list[ChunkRecord]) -> int:
     name = objects.pack_name(pack_id)
     start = min(r.offset for r in rows)
-    span = memoryview(local.objects.backend.get(name, start, max(r.offset + r.length for r in rows) - start))
-    bases = local.index.chunk_locations(r.chunk_id for r in rows if r.base_id is not None)  # with their chains
+    span = memoryview(
+        local.objects.backend.get(name, start, max(r.offset + r.length for r in rows) - start)
+    )
+    bases = local.index.chunk_locations(
+        r.chunk_id for r in rows if r.base_id is not None
+    )  # with their chains
     writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
     try:
         for r in rows:
@@ -85,12 +93,23 @@ def _bring_back(local: Repository, pack_id: str, rows: list[ChunkRecord]) -> int
     assert done is not None
     new_id, size, locs = done
     moves = to_records(locs)
-    return local.index.relocate_chunks(PackRecord(new_id, size, len(moves), time.time()), moves, pack_id)  # ...then rows
+    return local.index.relocate_chunks(
+        PackRecord(new_id, size, len(moves), time.time()), moves, pack_id
+    )  # ...then rows
 
 
-def _verify(local: Repository, r: ChunkRecord, payload: memoryview, bases: dict[str, ChunkRecord], pack_id: str) -> None:
+def _verify(
+    local: Repository,
+    r: ChunkRecord,
+    payload: memoryview,
+    bases: dict[str, ChunkRecord],
+    pack_id: str,
+) -> None:
     if r.payload_digest is not None:
-        ok = payload_digest(payload, r.chunk_id, r.codec, r.raw_length, r.base_id) == r.payload_digest
+        ok = (
+            payload_digest(payload, r.chunk_id, r.codec, r.raw_length, r.base_id)
+            == r.payload_digest
+        )
     else:
         raw: Any = objects.decode(r.codec, payload, r.raw_length)
         if r.base_id is not None:

@@ -213,9 +213,15 @@ def refresh(local: Repository, remote: Repository, name: str, pack_id: str) -> i
         return 0
     found = remote.index.chunk_locations([r.chunk_id for r in rows])
     records = ordered(found)
-    switched = local.index.point_chunks_at_remote(name, records, {r.chunk_id: pack_id for r in rows if r.chunk_id in found})
+    switched = local.index.point_chunks_at_remote(
+        name, records, {r.chunk_id: pack_id for r in rows if r.chunk_id in found}
+    )
     if switched:
-        log.info("ckstore: %d chunk(s) evicted to remote %r moved there; their rows follow", len(switched), name)
+        log.info(
+            "ckstore: %d chunk(s) evicted to remote %r moved there; their rows follow",
+            len(switched),
+            name,
+        )
     return len(switched)
 
 

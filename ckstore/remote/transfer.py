@@ -63,10 +63,15 @@ class TransferReport:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "direction": self.direction, "remote": self.remote, "source": self.source,
-            "destination": self.destination, "created": self.created,
-            "snapshots_sent": list(self.snapshots_sent), "snapshots_present": self.snapshots_present,
-            "tags_set": list(self.tags_set), "tags_rejected": list(self.tags_rejected),
+            "direction": self.direction,
+            "remote": self.remote,
+            "source": self.source,
+            "destination": self.destination,
+            "created": self.created,
+            "snapshots_sent": list(self.snapshots_sent),
+            "snapshots_present": self.snapshots_present,
+            "tags_set": list(self.tags_set),
+            "tags_rejected": list(self.tags_rejected),
         }
         d.update(self.stats.to_dict())
         d["manifest_bytes"] = self.manifest_bytes
@@ -104,7 +109,9 @@ def transfer(
             something else; LeaseExpiredError: the transfer stalled past its lease there.
     """
     if src.config.store_id == dst.config.store_id:
-        raise InvalidInputError(f"remote {remote!r} is this store itself ({dst.url}): nothing to {direction}")
+        raise InvalidInputError(
+            f"remote {remote!r} is this store itself ({dst.url}): nothing to {direction}"
+        )
     t0 = time.perf_counter()
     report = TransferReport(direction, remote, src.url, dst.url)
     todo = [s for s in selection.snapshots if not _present(dst, s)]
@@ -156,16 +163,26 @@ class _source_pins:  # noqa: N801 - a context manager used like a function
             self.lease.__exit__(*exc)
 
 
-def _send(src: Repository, dst: Repository, snap: SnapshotRecord, tags: list[str], report: TransferReport,
-          force: bool, pins: _source_pins, pause: Callable[[], bool] | None,
-          progress: Callable[[int], None] | None) -> None:
+def _send(
+    src: Repository,
+    dst: Repository,
+    snap: SnapshotRecord,
+    tags: list[str],
+    report: TransferReport,
+    force: bool,
+    pins: _source_pins,
+    pause: Callable[[], bool] | None,
+    progress: Callable[[int], None] | None,
+) -> None:
     where = f"{report.direction} of snapshot {describe(snap)} to {dst.url}"
     raw = src.objects.get_blob("manifests", snap.manifest_id)  # verified against its id
     manifest = Manifest.from_json(raw, where=f"manifest of snapshot {describe(snap)} in {src.url}")
     ids = manifest.chunk_ids()
     pins.pin(ids)
     with Lease(dst.index, dst.lease_seconds) as lease:
-        ChunkCopier(src, dst, lease.id, where, report.stats, pause, progress).copy(ids, shapes_of(manifest))
+        ChunkCopier(src, dst, lease.id, where, report.stats, pause, progress).copy(
+            ids, shapes_of(manifest)
+        )
         if lease.error is not None:
             raise lease.error
         stored = (dst.objects.put_blob("manifests", raw), len(raw))
@@ -178,13 +195,29 @@ def _send(src: Repository, dst: Repository, snap: SnapshotRecord, tags: list[str
         dst.committed(committed)
 
 
-def _commit(dst: Repository, session: str, manifest: Manifest, stored: tuple[str, int], specs: list[str],
-            snap: SnapshotRecord, report: TransferReport) -> SnapshotRecord | None:
+def _commit(
+    dst: Repository,
+    session: str,
+    manifest: Manifest,
+    stored: tuple[str, int],
+    specs: list[str],
+    snap: SnapshotRecord,
+    report: TransferReport,
+) -> SnapshotRecord | None:
     """Commit at the destination; a tag refused there is reported (the snapshot still goes), and a
     push beside this one that committed the same snapshot first leaves it to that one (None)."""
+
     def commit(tags: list[str]) -> SnapshotRecord:
-        return commit_manifest(dst.index, session, manifest, stored, tags, new_bytes=snap.new_bytes,
-                               new_chunks=snap.new_chunks, reused_chunks=snap.reused_chunks)
+        return commit_manifest(
+            dst.index,
+            session,
+            manifest,
+            stored,
+            tags,
+            new_bytes=snap.new_bytes,
+            new_chunks=snap.new_chunks,
+            reused_chunks=snap.reused_chunks,
+        )
 
     try:
         rec = commit(specs)
@@ -203,7 +236,9 @@ def _commit(dst: Repository, session: str, manifest: Manifest, stored: tuple[str
     return rec
 
 
-def _tag_specs(dst: Repository, names: list[str], snapshot_id: str, force: bool, report: TransferReport) -> list[str]:
+def _tag_specs(
+    dst: Repository, names: list[str], snapshot_id: str, force: bool, report: TransferReport
+) -> list[str]:
     specs = []
     for name in names:
         held = dst.index.get_tag(name)

@@ -20,8 +20,14 @@ TIER_NAME = "tier"
 """The name a remote given to ``push_to`` by URL gets, when no remote has that URL yet."""
 
 
-def attach_tier(repo: Repository, push_to: str, *, remote_index: str | None = None,
-                remote_options: dict[str, Any] | None = None, local_budget: int | str | None = None) -> Uploader:
+def attach_tier(
+    repo: Repository,
+    push_to: str,
+    *,
+    remote_index: str | None = None,
+    remote_options: dict[str, Any] | None = None,
+    local_budget: int | str | None = None,
+) -> Uploader:
     """Make ``push_to`` (a remote's name, or a store URL) ``repo``'s persistent tier and start
     pushing every commit to it in the background; with ``local_budget`` (bytes, or ``"200GiB"``)
     evict pushed packs past it.
@@ -48,8 +54,9 @@ def attach_tier(repo: Repository, push_to: str, *, remote_index: str | None = No
     return uploader
 
 
-def resolve(repo: Repository, push_to: str, remote_index: str | None,
-            remote_options: dict[str, Any] | None) -> RemoteRecord:
+def resolve(
+    repo: Repository, push_to: str, remote_index: str | None, remote_options: dict[str, Any] | None
+) -> RemoteRecord:
     """The remote ``push_to`` names: a remote's name, or a URL (a remote with that URL, else a
     new remote named :data:`TIER_NAME`)."""
     if not isinstance(push_to, str) or not push_to:
@@ -67,7 +74,9 @@ def resolve(repo: Repository, push_to: str, remote_index: str | None,
             f"no remote has the URL {push_to!r}, and the name {TIER_NAME!r} is taken: add it under a name "
             f"(`ckstore remote add NAME {push_to}`) and pass push_to=NAME"
         )
-    return config.add(repo.index, TIER_NAME, push_to, remote_index=remote_index, options=remote_options)
+    return config.add(
+        repo.index, TIER_NAME, push_to, remote_index=remote_index, options=remote_options
+    )
 
 
 def install_reads(repo: Repository) -> TierBackend:

@@ -55,8 +55,9 @@ CLOSE_ATTEMPTS = 3
 class Uploader:
     """Pushes what the tier remote lacks, in a background thread (module docstring)."""
 
-    def __init__(self, local: Repository, remote: RemoteHandle, tier: TierBackend,
-                 budget: int | None = None) -> None:
+    def __init__(
+        self, local: Repository, remote: RemoteHandle, tier: TierBackend, budget: int | None = None
+    ) -> None:
         self._local, self._remote, self._tier, self.budget = local, remote, tier, budget
         self._cond = threading.Condition()
         self._wanted = False
@@ -126,9 +127,15 @@ class Uploader:
                 except CkstoreError:
                     if self._failures >= CLOSE_ATTEMPTS:
                         left = self.pending()
-                        log.warning("ckstore: %d snapshot(s) of %s were not pushed to remote %r (%s); they stay "
-                                    "local (gc keeps them) and go with the next push: %s", len(left), self._local.url,
-                                    self.name, self.error, ", ".join(describe(s) for s in left[:5]))
+                        log.warning(
+                            "ckstore: %d snapshot(s) of %s were not pushed to remote %r (%s); they stay "
+                            "local (gc keeps them) and go with the next push: %s",
+                            len(left),
+                            self._local.url,
+                            self.name,
+                            self.error,
+                            ", ".join(describe(s) for s in left[:5]),
+                        )
                         break
                     self._retry_now()
         with self._cond:
@@ -173,12 +180,21 @@ class Uploader:
             remote = self._remote.get()
             tags = {t.name: t.snapshot_id for t in self._local.index.list_tags()}
             self.pushing = {s.id for s in todo}
-            self.last = transfer(self._local, remote, Selection(todo, tags), direction="push", remote=self.name,
-                                 force=True, pause=self._local.busy,
-                                 record=lambda ids: self._local.index.mark_pushed(self.name, ids))
+            self.last = transfer(
+                self._local,
+                remote,
+                Selection(todo, tags),
+                direction="push",
+                remote=self.name,
+                force=True,
+                pause=self._local.busy,
+                record=lambda ids: self._local.index.mark_pushed(self.name, ids),
+            )
         if self.budget is not None:
             remote = self._remote.get()
-            self.last_eviction, packs = evict(self._local, remote, self.name, self.budget, self._tier.take_used())
+            self.last_eviction, packs = evict(
+                self._local, remote, self.name, self.budget, self._tier.take_used()
+            )
             self._tier.evicted(packs)
 
     def _while_busy(self) -> None:
@@ -194,8 +210,14 @@ class Uploader:
             self.error = exc if isinstance(exc, CkstoreError) else _wrap(exc, self.name)
             self._failures += 1
             delay = RETRY_SECONDS[min(self._failures, len(RETRY_SECONDS)) - 1]
-        log.warning("ckstore: pushing %s to remote %r failed (%s: %s); retrying in %.1f s", self._local.url,
-                    self.name, type(exc).__name__, exc, delay)
+        log.warning(
+            "ckstore: pushing %s to remote %r failed (%s: %s); retrying in %.1f s",
+            self._local.url,
+            self.name,
+            type(exc).__name__,
+            exc,
+            delay,
+        )
         timer = threading.Timer(delay, self._retry_if_open)
         timer.daemon = True
         timer.start()

@@ -53,7 +53,12 @@ class BackendConformance:
         assert backend.get(NAME, len(data)) == b""
 
     def test_put_sequence_of_buffers(self, backend: Backend) -> None:
-        parts: list[bytes | bytearray | memoryview] = [b"abc", memoryview(b"defgh"), bytearray(b""), memoryview(b"xyz")[1:]]
+        parts: list[bytes | bytearray | memoryview] = [
+            b"abc",
+            memoryview(b"defgh"),
+            bytearray(b""),
+            memoryview(b"xyz")[1:],
+        ]
         assert backend.put(NAME, parts)
         assert backend.get(NAME) == b"abcdefghyz"
 
@@ -132,7 +137,8 @@ class BackendConformance:
         assert not backend.exists("packs/ab")
 
     @pytest.mark.parametrize(
-        "bad", ["", "/abs", "a//b", "a/", "../x", "a/../b", "a\\b", "a/.hidden", "sp ace", "é", "a\nb"]
+        "bad",
+        ["", "/abs", "a//b", "a/", "../x", "a/../b", "a\\b", "a/.hidden", "sp ace", "é", "a\nb"],
     )
     def test_bad_names_rejected(self, backend: Backend, bad: str) -> None:
         with pytest.raises(InvalidInputError):

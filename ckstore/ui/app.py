@@ -76,7 +76,9 @@ def make_app(
             if not guard.origin_ok(request.headers.get("origin")):
                 return plain_error(403, "cross-origin request refused")
             if not guard.token_ok(request.headers.get(TOKEN_HEADER)):
-                return plain_error(403, "this action needs the token: open the URL `ckstore ui` printed")
+                return plain_error(
+                    403, "this action needs the token: open the URL `ckstore ui` printed"
+                )
             if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
                 return plain_error(415, "send the action as application/json")
             raw = await request.body()
@@ -111,7 +113,10 @@ def make_app(
         Route("/api/forks", read(lambda r, s: {"edges": s.forks.edges(s.store(), s.history())})),
         Route("/api/runs", read(lambda r, s: {"runs": storage.run_totals(s.history())})),
         Route("/api/usage", read(lambda r, s: storage.exact_usage(s.store()))),
-        Route("/api/snapshot", read(lambda r, s: storage.snapshot_detail(s.store(), s.history(), param(r, "ref")))),
+        Route(
+            "/api/snapshot",
+            read(lambda r, s: storage.snapshot_detail(s.store(), s.history(), param(r, "ref"))),
+        ),
         Route("/api/diff", read(_diff)),
         Route("/api/health", read(_health)),
         Route("/api/gc/preview", read(_gc_preview)),
@@ -120,6 +125,7 @@ def make_app(
         Route("/api/delete", act(maintenance.do_delete), methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
     ]
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
@@ -153,9 +159,13 @@ def _health(request: Request, state: UiState) -> dict[str, Any]:
     text = param(request, "limit", required=False) or str(health.DEFAULT_LIMIT)
     if not text.isdigit():
         raise InvalidInputError(f"limit must be a positive integer, got {text[:40]!r}")
-    return health.run_health(state.store(), state.history(), state.health, param(request, "run"), int(text))
+    return health.run_health(
+        state.store(), state.history(), state.health, param(request, "run"), int(text)
+    )
 
 
 def _gc_preview(request: Request, state: UiState) -> dict[str, Any]:
     fields = {k: param(request, k, required=False) for k in request.query_params}
-    return maintenance.gc_preview(state.store(), state.history(), maintenance.GcRequest.parse(fields))
+    return maintenance.gc_preview(
+        state.store(), state.history(), maintenance.GcRequest.parse(fields)
+    )

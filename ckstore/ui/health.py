@@ -52,7 +52,9 @@ def health_of(record: SnapshotRecord, manifest: Manifest) -> dict[str, Any] | No
     found = Health.from_dict((manifest.snapshot or {}).get("health"))
     if found is None or found.tensors is None:
         return None
-    tensors = {k: {"nan": t.nan, "inf": t.inf, "norm": _number(t.norm)} for k, t in found.tensors.items()}
+    tensors = {
+        k: {"nan": t.nan, "inf": t.inf, "norm": _number(t.norm)} for k, t in found.tensors.items()
+    }
     return {
         "tensors": tensors,
         "stale": sorted(found.stale or ()),
@@ -62,7 +64,11 @@ def health_of(record: SnapshotRecord, manifest: Manifest) -> dict[str, Any] | No
 
 
 def _number(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+    return (
+        float(v)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        else None
+    )
 
 
 class HealthCache:
@@ -95,7 +101,9 @@ def pick(records: list[SnapshotRecord], limit: int) -> list[SnapshotRecord]:
     return [records[i] for i in chosen]
 
 
-def run_health(store: Store, history: History, cache: HealthCache, run: str, limit: int) -> dict[str, Any]:
+def run_health(
+    store: Store, history: History, cache: HealthCache, run: str, limit: int
+) -> dict[str, Any]:
     """The health series of one run: flags per snapshot and norms per layer over steps."""
     pos = history.position()
     records = pick([r for r in history.records if r.run == run], max(1, min(limit, MAX_LIMIT)))
@@ -113,7 +121,10 @@ def run_health(store: Store, history: History, cache: HealthCache, run: str, lim
             "stale": h["stale"] if h else [],
             "bad": sorted(k for k, t in h["tensors"].items() if t["nan"] or t["inf"]) if h else [],
         })  # fmt: skip
-    last = {layer: next((v for v in reversed(vals) if v is not None), 0.0) for layer, vals in norms.items()}
+    last = {
+        layer: next((v for v in reversed(vals) if v is not None), 0.0)
+        for layer, vals in norms.items()
+    }
     top = sorted(last, key=lambda layer: -(last[layer] or 0.0))[:MAX_LAYERS]
     return {
         "run": run,

@@ -51,7 +51,9 @@ class GcRequest:
         return req
 
     def policy(self) -> Policy:
-        return Policy(self.keep_last, self.keep_every_steps, self.keep_tagged, self.older_than, self.runs)
+        return Policy(
+            self.keep_last, self.keep_every_steps, self.keep_tagged, self.older_than, self.runs
+        )
 
     def command(self) -> str:
         """The ``ckstore gc`` command line that applies this policy."""
@@ -129,13 +131,17 @@ def text_field(body: dict[str, Any], name: str) -> str:
     """
     value = body.get(name)
     if not isinstance(value, str) or not value or len(value) > MAX_TEXT:
-        raise InvalidInputError(f"{name} must be a non-empty string of at most {MAX_TEXT} characters")
+        raise InvalidInputError(
+            f"{name} must be a non-empty string of at most {MAX_TEXT} characters"
+        )
     return value
 
 
 def do_tag(store: Store, body: dict[str, Any]) -> dict[str, Any]:
     """Point a tag at a snapshot (``force`` moves an existing one)."""
-    snap = store.tag(text_field(body, "ref"), text_field(body, "name"), force=body.get("force") is True)
+    snap = store.tag(
+        text_field(body, "ref"), text_field(body, "name"), force=body.get("force") is True
+    )
     return {"ok": True, "tag": body["name"], "id": snap.id}
 
 

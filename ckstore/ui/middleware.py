@@ -35,7 +35,9 @@ class HostGuard:
             return
         host = _header(scope, b"host")
         if not self.guard.host_ok(host):
-            response = refused(403, "refused: this server answers only requests addressed to its own host")
+            response = refused(
+                403, "refused: this server answers only requests addressed to its own host"
+            )
             await response(scope, receive, _with_headers(send))
             return
         await self.app(scope, receive, _with_headers(send))

@@ -102,5 +102,7 @@ def serve(
     warm_numeric_diff()
     if open_browser:
         webbrowser.open(url)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False, lifespan="on")
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, server_header=False, lifespan="on"
+    )
     uvicorn.Server(config).run(sockets=[sock])

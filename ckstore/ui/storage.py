@@ -25,7 +25,14 @@ def run_totals(history: History) -> list[dict[str, Any]]:
     totals: dict[str, dict[str, Any]] = {}
     for r in history.records:
         row = totals.setdefault(
-            r.run, {"run": r.run, "snapshots": 0, "logical_bytes": 0, "new_bytes": 0, "first": r.created_at}
+            r.run,
+            {
+                "run": r.run,
+                "snapshots": 0,
+                "logical_bytes": 0,
+                "new_bytes": 0,
+                "first": r.created_at,
+            },
         )
         row["snapshots"] += 1
         row["logical_bytes"] += r.logical_bytes
@@ -78,7 +85,9 @@ def snapshot_detail(store: Store, history: History, ref: str) -> dict[str, Any]:
         "shared": [
             {
                 "id": s.snapshot_id,
-                "ref": ref_of(by_id[s.snapshot_id]) if s.snapshot_id in by_id else s.snapshot_id[:12],
+                "ref": ref_of(by_id[s.snapshot_id])
+                if s.snapshot_id in by_id
+                else s.snapshot_id[:12],
                 "relation": why.get(s.snapshot_id, "other"),
                 "chunks": s.chunks,
                 "stored_bytes": s.stored_bytes,

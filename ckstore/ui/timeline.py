@@ -129,6 +129,11 @@ def fork_edges(
         top = [h for h in holders if h.chunks == best]
         pick = max(top, key=lambda h: (h.snapshot_id in tagged, pos[h.snapshot_id]))
         edges.append(
-            {"from": pos[pick.snapshot_id], "to": pos[root.id], "shared": best, "sampled": FORK_SAMPLE}
+            {
+                "from": pos[pick.snapshot_id],
+                "to": pos[root.id],
+                "shared": best,
+                "sampled": FORK_SAMPLE,
+            }
         )
     return edges

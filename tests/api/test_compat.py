@@ -25,9 +25,17 @@ def test_take_and_restore_by_path_makes_a_store_of_its_own(tmp_path):
     dest = {"model": torch.nn.Linear(30, 20), "progress": ckstore.StateDict()}
     Snapshot(path=str(path)).restore(app_state=dest)
     assert torch.equal(dest["model"].weight, app["model"].weight) and dest["progress"]["step"] == 5
-    manifest = Snapshot(path=str(path)).get_manifest()  # TorchSnapshot's logical paths: <rank>/<key>
-    assert manifest["0/model/weight"].kind == "tensor" and manifest["0/model/weight"].shape == (20, 30)
-    assert manifest["0/model/weight"].nbytes == 20 * 30 * 4 and manifest["0/progress/step"].kind == "value"
+    manifest = Snapshot(
+        path=str(path)
+    ).get_manifest()  # TorchSnapshot's logical paths: <rank>/<key>
+    assert manifest["0/model/weight"].kind == "tensor" and manifest["0/model/weight"].shape == (
+        20,
+        30,
+    )
+    assert (
+        manifest["0/model/weight"].nbytes == 20 * 30 * 4
+        and manifest["0/progress/step"].kind == "value"
+    )
     assert torch.equal(Snapshot(path=str(path)).read_object("0/model/weight"), app["model"].weight)
     out = torch.empty(20)
     assert Snapshot(path=str(path)).read_object("0/model/bias", obj_out=out) is out
@@ -69,7 +77,11 @@ def test_async_take_holds_the_state_at_call_time(store):
     snap = pending.wait(timeout=60)
     assert pending.done()
     got = snap.read_object("s")
-    assert torch.equal(got["w"], torch.zeros(256, 64)) and got["step"] == 1 and got["cfg"] == {"lr": 0.1}
+    assert (
+        torch.equal(got["w"], torch.zeros(256, 64))
+        and got["step"] == 1
+        and got["cfg"] == {"lr": 0.1}
+    )
 
 
 def test_async_take_surfaces_errors_from_wait(store):
@@ -86,7 +98,10 @@ def test_snapshot_async_take_by_path(tmp_path):
         app["model"].weight.zero_()
     snap = pending.wait()
     assert not torch.equal(snap.read_object("0/model/weight"), torch.zeros(20, 30))
-    assert snap.ranked_paths and torch.equal(snap.with_ranked_paths(False).read_object("model/weight"), snap.read_object("0/model/weight"))
+    assert snap.ranked_paths and torch.equal(
+        snap.with_ranked_paths(False).read_object("model/weight"),
+        snap.read_object("0/model/weight"),
+    )
 
 
 def test_concurrent_takes_from_threads(store):

@@ -18,7 +18,10 @@ def test_take_restore_dedup_read_check_gc(any_store):
     app = {"t": ckstore.StateDict(state), "model": model, "optim": opt}
     first = store.take(app, run="r", step=1, tags=["first"], metadata={"loss": 0.5})
     second = store.take(app, run="r", step=2)
-    assert second.stats["new_chunks"] == 0 and second.stats["reused_chunks"] == first.stats["new_chunks"]
+    assert (
+        second.stats["new_chunks"] == 0
+        and second.stats["reused_chunks"] == first.stats["new_chunks"]
+    )
     assert [s.step for s in store.log("r")] == [2, 1] and store.get("first").id == first.id
     assert store.get("r@1").metadata == {"loss": 0.5}
 
@@ -30,7 +33,10 @@ def test_take_restore_dedup_read_check_gc(any_store):
     dest["optim"] = torch.optim.Adam(dest["model"].parameters())
     store.get("r").restore(dest)
     assert all(bits(dest["t"][k]) == bits(v) for k, v in state.items())
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), dest["model"].state_dict().values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), dest["model"].state_dict().values())
+    )
     assert bits(store.get("r@1").read_object("model/0.weight")) == bits(model[0].weight)
 
     assert store.check(read_data=True).ok

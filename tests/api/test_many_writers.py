@@ -27,7 +27,10 @@ from tests.support.host_worker import state_for
 from tests.support.paths import REPO
 
 DIST_HOST, DIST_RUN, DIST_WORLD = "host-dist", "dist", 4  # one gloo job, 4 ranks
-SERVERS = {"moto": ("s3_server", 5, 4), "seaweedfs": ("seaweed_server", 3, 3)}  # fixture, steps per host, dist steps
+SERVERS = {
+    "moto": ("s3_server", 5, 4),
+    "seaweedfs": ("seaweed_server", 3, 3),
+}  # fixture, steps per host, dist steps
 
 
 def take_hosts(steps: int) -> dict[str, tuple[str, range]]:
@@ -43,9 +46,19 @@ def take_hosts(steps: int) -> dict[str, tuple[str, range]]:
 def _spawn(tmp: Path, host: str, args: list[str]) -> subprocess.Popen[str]:
     home = tmp / host
     home.mkdir()
-    env = {**os.environ, "HOME": str(home), "TMPDIR": str(home), "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "TMPDIR": str(home),
+        "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path]),
+    }
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.support.host_worker", *args], cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "tests.support.host_worker", *args],
+        cwd=home,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -54,17 +67,33 @@ def _lines(out: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("server", sorted(SERVERS))
-def test_many_hosts_one_bucket_one_index(tmp_path: Path, pg: Any, server: str, request: pytest.FixtureRequest) -> None:
+def test_many_hosts_one_bucket_one_index(
+    tmp_path: Path, pg: Any, server: str, request: pytest.FixtureRequest
+) -> None:
     fixture, steps, dist_steps = SERVERS[server]
     s3 = request.getfixturevalue(fixture)
     TAKERS, DIST_STEPS = take_hosts(steps), range(1, dist_steps + 1)  # noqa: N806 - the constants of one run
     bucket = f"ck-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(bucket)
     url, index, opts = f"s3://{bucket}/team", pg.new_database(), json.dumps(s3.storage_options())
-    ckstore.open(url, index=index, storage_options=json.loads(opts), chunk_bytes=1024, pack_bytes=8192, create=True).close()
+    ckstore.open(
+        url,
+        index=index,
+        storage_options=json.loads(opts),
+        chunk_bytes=1024,
+        pack_bytes=8192,
+        create=True,
+    ).close()
     started = time.time()
-    procs = {h: _spawn(tmp_path, h, ["take", url, index, opts, run, ",".join(map(str, steps))]) for h, (run, steps) in TAKERS.items()}
-    procs[DIST_HOST] = _spawn(tmp_path, DIST_HOST, ["dist", url, index, opts, DIST_RUN, ",".join(map(str, DIST_STEPS)), str(DIST_WORLD)])
+    procs = {
+        h: _spawn(tmp_path, h, ["take", url, index, opts, run, ",".join(map(str, steps))])
+        for h, (run, steps) in TAKERS.items()
+    }
+    procs[DIST_HOST] = _spawn(
+        tmp_path,
+        DIST_HOST,
+        ["dist", url, index, opts, DIST_RUN, ",".join(map(str, DIST_STEPS)), str(DIST_WORLD)],
+    )
     procs["host-gc"] = _spawn(tmp_path, "host-gc", ["gc", url, index, opts, "80"])
     outs = {}
     for host, p in procs.items():
@@ -76,7 +105,9 @@ def test_many_hosts_one_bucket_one_index(tmp_path: Path, pg: Any, server: str, r
     elapsed = time.time() - started
 
     takers = [*TAKERS, DIST_HOST]
-    committed = {x["committed"]: (x["run"], x["step"]) for h in takers for x in outs[h] if "committed" in x}
+    committed = {
+        x["committed"]: (x["run"], x["step"]) for h in takers for x in outs[h] if "committed" in x
+    }
     failed = [x for h in takers for x in outs[h] if "failed" in x]
     inexact = [x for h in takers for x in outs[h] if "committed" in x and not x["restored_exact"]]
     dist_ids = {x["committed"] for x in outs[DIST_HOST] if "committed" in x}
@@ -86,13 +117,19 @@ def test_many_hosts_one_bucket_one_index(tmp_path: Path, pg: Any, server: str, r
     store = ckstore.open(url, index=index, storage_options=json.loads(opts), create=True)
     try:
         visible = {s.id: s for s in store.log()}
-        lost = {s for s, (run, step) in committed.items() if s not in visible and f"{run}@{step}" not in dropped}
+        lost = {
+            s
+            for s, (run, step) in committed.items()
+            if s not in visible and f"{run}@{step}" not in dropped
+        }
         for sid, snap in visible.items():
             run, step = committed[sid]
             want = state_for(run, step)
             got = ckstore.StateDict({k: torch.zeros_like(v) for k, v in want.items()})
             snap.restore({"s": got})
-            assert all(torch.equal(got[k], v) for k, v in want.items()), f"{run}@{step} restored other bytes"
+            assert all(torch.equal(got[k], v) for k, v in want.items()), (
+                f"{run}@{step} restored other bytes"
+            )
         report = store.check(read_data=True)
         for run in ("a", "b", "shared", DIST_RUN):  # retention kept the newest of every run
             newest = max(step for r, step in committed.values() if r == run)

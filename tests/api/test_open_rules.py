@@ -98,13 +98,17 @@ def test_an_os_error_or_a_bug_is_one_line(tmp_path, capsys, monkeypatch) -> None
         raise PermissionError(13, "Permission denied", str(tmp_path / "s" / "index.sqlite"))
 
     monkeypatch.setattr(ckstore.Store, "log", broken)
-    one_line(run(capsys, "log", "--store", str(tmp_path / "s")), 6, "Permission denied", "index.sqlite")
+    one_line(
+        run(capsys, "log", "--store", str(tmp_path / "s")), 6, "Permission denied", "index.sqlite"
+    )
 
     def bug(*args, **kwargs):
         raise TypeError("an unexpected bug")
 
     monkeypatch.setattr(ckstore.Store, "log", bug)
-    one_line(run(capsys, "log", "--store", str(tmp_path / "s")), 6, "internal error", "CKSTORE_DEBUG")
+    one_line(
+        run(capsys, "log", "--store", str(tmp_path / "s")), 6, "internal error", "CKSTORE_DEBUG"
+    )
     monkeypatch.setenv("CKSTORE_DEBUG", "1")
     with pytest.raises(TypeError):
         cli.main(["log", "--store", str(tmp_path / "s")])
@@ -120,7 +124,9 @@ def test_step_paths_share_a_store_created_in_their_parent(tmp_path) -> None:
     from ckstore import Snapshot
 
     run1 = tmp_path / "ckpts" / "run1"
-    snaps = [Snapshot.take(path=str(run1 / f"step_{n}"), app_state=_app(n)) for n in (100, 200, 300)]
+    snaps = [
+        Snapshot.take(path=str(run1 / f"step_{n}"), app_state=_app(n)) for n in (100, 200, 300)
+    ]
     assert (run1 / "ckstore.json").is_file() and not (run1 / "step_100").exists()
     assert snaps[0].stats["new_chunks"] > 0
     assert [s.stats["new_chunks"] for s in snaps[1:]] == [0, 0]  # the weights dedup

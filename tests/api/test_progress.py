@@ -38,7 +38,10 @@ class Told:
         for what, seen in out.items():
             dones = [d for d, _ in seen]
             assert dones == sorted(dones), (what, dones)  # never backwards
-            assert seen[0][0] == 0 and seen[-1][0] == seen[-1][1], (what, seen)  # from 0 to the total
+            assert seen[0][0] == 0 and seen[-1][0] == seen[-1][1], (
+                what,
+                seen,
+            )  # from 0 to the total
         return out
 
 
@@ -94,7 +97,9 @@ def test_an_export_and_an_import_tell_their_bytes(store: Any, tmp_path: Path) ->
 
 
 def test_gc_tells_the_bytes_it_copies_out_of_sparse_packs(tmp_path: Path) -> None:
-    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, chunk_bytes=1024, pack_bytes=64 << 10) as s:
+    with ckstore.open(
+        tmp_path / "s", create=True, auto_compact=False, chunk_bytes=1024, pack_bytes=64 << 10
+    ) as s:
         keep = torch.randn(64, 16)
         s.take({"s": ckstore.StateDict(keep=keep, big=torch.randn(128, 64))}, run="a")
         s.take({"s": ckstore.StateDict(keep=keep)}, run="b")
@@ -102,7 +107,9 @@ def test_gc_tells_the_bytes_it_copies_out_of_sparse_packs(tmp_path: Path) -> Non
         told = Told()
         report = s.gc(grace_seconds=0, repack_below=0.5, progress=told)
         assert report.packs_rewritten == 1
-        assert told.passes()["gc"][-1][0] > 0  # the stored bytes of the chunks still live in the pack
+        assert (
+            told.passes()["gc"][-1][0] > 0
+        )  # the stored bytes of the chunks still live in the pack
 
 
 def test_a_callback_that_raises_cancels_the_take(store: Any) -> None:
@@ -115,11 +122,14 @@ def test_a_callback_that_raises_cancels_the_take(store: Any) -> None:
     assert store.log() == [] and store.repository.index.held_sessions() == []
 
 
-def test_bars_on_a_terminal_and_silence_elsewhere(store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_bars_on_a_terminal_and_silence_elsewhere(
+    store: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     snap = store.take({"m": ckstore.StateDict(_state())}, run="r")
     assert _format.bar() is None  # stderr is captured: not a terminal
-    assert cli.main(["--store", str(tmp_path / "s"), "export", snap.ref, str(tmp_path / "quiet")]) == 0
+    assert (
+        cli.main(["--store", str(tmp_path / "s"), "export", snap.ref, str(tmp_path / "quiet")]) == 0
+    )
     assert "restore" not in capsys.readouterr().err
 
     class Terminal(io.StringIO):
@@ -128,5 +138,7 @@ def test_bars_on_a_terminal_and_silence_elsewhere(store: Any, tmp_path: Path, mo
 
     screen = Terminal()
     monkeypatch.setattr(sys, "stderr", screen)
-    assert cli.main(["--store", str(tmp_path / "s"), "export", snap.ref, str(tmp_path / "loud")]) == 0
+    assert (
+        cli.main(["--store", str(tmp_path / "s"), "export", snap.ref, str(tmp_path / "loud")]) == 0
+    )
     assert "restore" in screen.getvalue() and "B/s" in screen.getvalue()

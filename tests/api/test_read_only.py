@@ -82,7 +82,9 @@ def _writes_are_refused(store: ckstore.Store) -> None:
         assert isinstance(exc.value, PermissionError)
 
 
-def test_read_only_true_serves_reads_and_refuses_writes_without_writing(published, tmp_path) -> None:
+def test_read_only_true_serves_reads_and_refuses_writes_without_writing(
+    published, tmp_path
+) -> None:
     before = _fingerprint(published)
     with ckstore.open(published, read_only=True) as store:
         _reads_work(store, tmp_path)

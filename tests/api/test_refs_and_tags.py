@@ -67,7 +67,9 @@ def test_a_store_made_before_the_rule_reports_the_ambiguity(store, capsys) -> No
     with store.repository.index._engine.begin() as conn:  # noqa: SLF001 - what an older ckstore allowed
         from ckstore.index import models
 
-        conn.execute(insert(models.tags).values(name="sft", snapshot_id=first.id, version=1, updated_at=0.0))
+        conn.execute(
+            insert(models.tags).values(name="sft", snapshot_id=first.id, version=1, updated_at=0.0)
+        )
     with pytest.raises(InvalidInputError, match="ambiguous") as exc:
         store.get("sft")
     assert "tag 'sft'" in str(exc.value) and "sft@2" in str(exc.value)
@@ -101,7 +103,9 @@ def test_a_take_moves_an_existing_tag_only_when_asked(store, tmp_path, capsys) -
     s = ("--store", store.url)
     code, _, err = run(capsys, *s, "import", str(ckpt), "--run", "imp", "--tag", "best")
     assert code == 4 and "--move-tags" in err
-    code, _, err = run(capsys, *s, "import", str(ckpt), "--run", "imp", "--tag", "best", "--move-tags")
+    code, _, err = run(
+        capsys, *s, "import", str(ckpt), "--run", "imp", "--tag", "best", "--move-tags"
+    )
     assert code == 0, err
     assert store.get("best").run == "imp"
 

@@ -62,7 +62,9 @@ def _interrupted_take(path: Path, sig: int) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def store_path(tmp_path: Path) -> Path:
     path = tmp_path / "s"
-    with ckstore.open(path, create=True, chunk_bytes=1024, pack_bytes=8192, inline_bytes=64) as store:
+    with ckstore.open(
+        path, create=True, chunk_bytes=1024, pack_bytes=8192, inline_bytes=64
+    ) as store:
         store.take({"m": ckstore.StateDict(w=torch.zeros(4))}, run="r", step=1)
     return path
 
@@ -75,7 +77,9 @@ def test_sigterm_mid_take_releases_the_lease(store_path, capsys) -> None:
         assert store.repository.index.held_sessions() == []  # ended as aborted: nothing held
         assert [s.step for s in store.log()] == [1]
         report = store.gc(grace_seconds=0)
-        assert report.chunks_removed > 0 and report.orphans_removed == 2  # at once; orphans: the last pack, the manifest
+        assert (
+            report.chunks_removed > 0 and report.orphans_removed == 2
+        )  # at once; orphans: the last pack, the manifest
         assert report.sessions_held == []
     assert cli.main(["--store", str(store_path), "du"]) == 0
     assert "write sessions" not in capsys.readouterr().out
@@ -105,7 +109,9 @@ def test_a_killed_take_is_named_by_du_and_gc(store_path, capsys) -> None:
     assert json.loads(capsys.readouterr().out)["sessions_held"][0]["owner"] == held.session.owner
 
 
-def test_the_handler_is_ckstores_only_during_a_take_and_never_replaces_the_programs(tmp_path) -> None:
+def test_the_handler_is_ckstores_only_during_a_take_and_never_replaces_the_programs(
+    tmp_path,
+) -> None:
     seen = []
     real = ckstore.index.Index.commit_snapshot
 
@@ -148,6 +154,13 @@ def test_a_sigterm_after_the_last_lease_ended_elsewhere_is_the_default_action(tm
         "time.sleep(5)\n"
         "print('SURVIVED')\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == -signal.SIGTERM, (done.returncode, done.stdout, done.stderr)
     assert "SURVIVED" not in done.stdout and "Traceback" not in done.stderr

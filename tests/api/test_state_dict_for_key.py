@@ -26,7 +26,11 @@ def test_state_dict_for_key_of_a_dcp_save(tmp_path: Path) -> None:
 
     store = ckstore.open(tmp_path / "s", create=True)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
-    state = {"model": model.state_dict(), "step": 7, "sched": {"lrs": [0.1, 0.2], "ws": [torch.ones(2), torch.zeros(1)]}}
+    state = {
+        "model": model.state_dict(),
+        "step": 7,
+        "sched": {"lrs": [0.1, 0.2], "ws": [torch.ones(2), torch.zeros(1)]},
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(state, storage_writer=StorageWriter(store, run="d", step=1), no_dist=True)
@@ -38,7 +42,10 @@ def test_state_dict_for_key_of_a_dcp_save(tmp_path: Path) -> None:
     sched = snap.get_state_dict_for_key("sched")
     assert sched["lrs"] == [0.1, 0.2] and [t.tolist() for t in sched["ws"]] == [[1.0, 1.0], [0.0]]
     assert "model.0.weight" in snap.get_state_dict_for_key("dcp")  # DCP's flat keys, as before
-    with pytest.raises(KeyNotFoundError, match=r"has no app_state key 'optim' \(it has \['model', 'sched', 'step'\]\)"):
+    with pytest.raises(
+        KeyNotFoundError,
+        match=r"has no app_state key 'optim' \(it has \['model', 'sched', 'step'\]\)",
+    ):
         snap.get_state_dict_for_key("optim")
     store.close()
 

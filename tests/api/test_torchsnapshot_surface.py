@@ -48,13 +48,20 @@ def test_logical_paths_are_rank_prefixed_on_path_snapshots(tmp_path):
     state = StateDict(foo=42, bar=torch.randn(20, 20), nested={"a": torch.arange(5.0), "b": "x"})
     snap = Snapshot.take(path=str(tmp_path / "s"), app_state={"state": state})
     assert snap.ranked_paths
-    assert set(snap.get_manifest()) == {"0/state/foo", "0/state/bar", "0/state/nested/a", "0/state/nested/b"}
+    assert set(snap.get_manifest()) == {
+        "0/state/foo",
+        "0/state/bar",
+        "0/state/nested/a",
+        "0/state/nested/b",
+    }
     assert snap.read_object("0/state/foo") == 42
     assert snap.read_object("0/state/foo", 777) == 42  # obj_out ignored for values
     baz = torch.randn(20, 20)
     assert snap.read_object("0/state/bar", baz) is baz and torch.equal(baz, state["bar"])
     assert snap.read_object("0/state/nested")["b"] == "x"  # a container path reads the subtree
-    assert snap.read_object("3/state/foo") == 42  # shared entries serve any rank, as replicated ones do
+    assert (
+        snap.read_object("3/state/foo") == 42
+    )  # shared entries serve any rank, as replicated ones do
     with pytest.raises(KeyNotFoundError, match="start with the rank"):
         snap.read_object("state/foo")
     with pytest.raises(KeyNotFoundError, match="did you mean"):
@@ -106,9 +113,18 @@ def test_fs_paths_are_local_paths(tmp_path, monkeypatch):
 def test_primitive_values_bytesio_and_other_structures(tmp_path):
     losses = io.BytesIO()
     torch.save([0.5, 0.25], losses)
-    state = StateDict(int_key=100, float_key=3.14, str_key="s", bool_key=True, bytes_key=b"\x00\x10", losses=losses)
+    state = StateDict(
+        int_key=100,
+        float_key=3.14,
+        str_key="s",
+        bool_key=True,
+        bytes_key=b"\x00\x10",
+        losses=losses,
+    )
     snap = Snapshot.take(path=str(tmp_path / "s"), app_state={"key": state})
-    dest = StateDict(int_key=None, float_key=None, str_key=None, bool_key=None, bytes_key=None, losses=None)
+    dest = StateDict(
+        int_key=None, float_key=None, str_key=None, bool_key=None, bytes_key=None, losses=None
+    )
     snap.restore({"key": dest})
     back = dest.pop("losses")
     assert isinstance(back, io.BytesIO) and back.tell() == 0

@@ -88,7 +88,9 @@ def test_restore_verify_catches_what_load_state_dict_changed(tmp_path: Path) -> 
     snap = store.take({"m": _Lossy()}, run="r")
     fresh = _Lossy()
     snap.restore({"m": fresh})  # no check: silently rounded
-    with pytest.raises(CorruptionError, match=r"1 key\(s\) of app_state do not hold the snapshot's state: m/w"):
+    with pytest.raises(
+        CorruptionError, match=r"1 key\(s\) of app_state do not hold the snapshot's state: m/w"
+    ):
         snap.restore({"m": _Lossy()}, verify=True)
     plain = torch.nn.Linear(20, 20)
     store.take({"m": plain}, run="p").restore({"m": torch.nn.Linear(20, 20)}, verify=True)  # fine
@@ -106,7 +108,11 @@ def test_dcp_snapshot_verifies_through_its_keys(tmp_path: Path) -> None:
     model = torch.nn.Linear(40, 30)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.save({"model": model.state_dict()}, storage_writer=StorageWriter(store, run="d", step=1), no_dist=True)
+        dcp.save(
+            {"model": model.state_dict()},
+            storage_writer=StorageWriter(store, run="d", step=1),
+            no_dist=True,
+        )
     snap = store.get("d")
     assert snap.verify_live({"model": model}).ok
     with torch.no_grad():

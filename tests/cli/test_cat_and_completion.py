@@ -59,10 +59,18 @@ def test_cat_summarises_a_tensor(store_path, capsys) -> None:
     finite = w[torch.isfinite(w)]
     code, out, _ = run(capsys, *s, "cat", "best", "m/w", "--json")
     d = json.loads(out)
-    assert code == 0 and (d["dtype"], d["shape"], d["nbytes"]) == ("float32", [64, 128], 64 * 128 * 4)
+    assert code == 0 and (d["dtype"], d["shape"], d["nbytes"]) == (
+        "float32",
+        [64, 128],
+        64 * 128 * 4,
+    )
     assert (d["nan"], d["inf"], d["zeros"]) == (1, 1, 1)
-    assert d["min"] == pytest.approx(float(finite.min())) and d["max"] == pytest.approx(float(finite.max()))
-    assert d["mean"] == pytest.approx(float(finite.mean())) and d["std"] == pytest.approx(float(finite.std(correction=0)))
+    assert d["min"] == pytest.approx(float(finite.min())) and d["max"] == pytest.approx(
+        float(finite.max())
+    )
+    assert d["mean"] == pytest.approx(float(finite.mean())) and d["std"] == pytest.approx(
+        float(finite.std(correction=0))
+    )
     assert d["norm"] == pytest.approx(float(finite.norm()))
     assert d["head"][:3] == ["nan", "inf", 0.0] and len(d["head"]) == 8
     code, out, _ = run(capsys, *s, "cat", "best", "m/half")
@@ -158,15 +166,27 @@ def test_bash_completion_end_to_end(store_path, tmp_path) -> None:
     exe = Path(sys.executable).parent / "ckstore"
     assert exe.exists()
     script = (
-        'source <(ckstore completion bash)\n'
+        "source <(ckstore completion bash)\n"
         'COMP_WORDS=(ckstore show b); COMP_CWORD=2; _ckstore_complete; echo "1:${COMPREPLY[*]}"\n'
         'COMP_WORDS=(ckstore cat best m/no); COMP_CWORD=3; _ckstore_complete; echo "2:${COMPREPLY[*]}"\n'
         'COMP_WORDS=(ckstore export best ""); COMP_CWORD=3; _ckstore_complete; echo "3:${COMPREPLY[*]}"\n'
     )
     (tmp_path / "afile").write_text("x")
-    env = {**os.environ, "PATH": f"{exe.parent}{os.pathsep}{os.environ['PATH']}", cli.STORE_ENV: str(store_path)}
+    env = {
+        **os.environ,
+        "PATH": f"{exe.parent}{os.pathsep}{os.environ['PATH']}",
+        cli.STORE_ENV: str(store_path),
+    }
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([bash, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60, check=False)
+    done = subprocess.run(
+        [bash, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "1:best" and lines[1] == "2:m/note" and lines[2] == "3:afile"
@@ -182,5 +202,7 @@ def test_every_script_parses(shell, capsys) -> None:
         if os.environ.get("CI"):
             pytest.fail(f"{shell} is not installed: CI must parse its completion script")
         pytest.skip(f"{shell} is not installed here (make test installs it, as root)")
-    done = subprocess.run([exe, "-n"], input=text, capture_output=True, text=True, timeout=30, check=False)
+    done = subprocess.run(
+        [exe, "-n"], input=text, capture_output=True, text=True, timeout=30, check=False
+    )
     assert done.returncode == 0, done.stderr

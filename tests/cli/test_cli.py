@@ -175,7 +175,9 @@ def _check_du_against_index(path: Path, runs: dict, total: dict) -> None:
     with ckstore.open(path, create=False) as store:
         chunks: dict[str, set[str]] = {}
         for snap in store.log():
-            chunks.setdefault(snap.run, set()).update(store.repository.index.snapshot_chunk_ids(snap.id))
+            chunks.setdefault(snap.run, set()).update(
+                store.repository.index.snapshot_chunk_ids(snap.id)
+            )
         everything = set().union(*chunks.values())
         locs = store.repository.index.chunk_locations(everything)
     for run, ids in chunks.items():
@@ -385,7 +387,11 @@ def test_gc_arguments_map_to_store_gc():
         "dry_run": True,
         "keep_healthy": True,
     }
-    assert cli.gc_policy(_args("gc")) == {"dry_run": False, "keep_tagged": True, "keep_healthy": True}
+    assert cli.gc_policy(_args("gc")) == {
+        "dry_run": False,
+        "keep_tagged": True,
+        "keep_healthy": True,
+    }
     assert cli.gc_policy(_args("gc", "--no-keep-healthy"))["keep_healthy"] is False
     assert _args("check").read_data is False
     assert _args("check", "--read-data").read_data is True

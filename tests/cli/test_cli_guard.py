@@ -44,8 +44,14 @@ def test_log_show_and_the_healthy_ref(diverged: Path) -> None:
     store = str(diverged / "store")
     rows = ok_json(ck("--store", store, "log", "--json"))
     assert [(r["step"], r["healthy"], r["nonfinite"], r["stale"]) for r in rows] == [
-        (4, False, rows[0]["nonfinite"], 0), (3, True, 0, rows[1]["stale"]), (2, True, 0, 0), (1, True, 0, None)]
-    assert rows[0]["nonfinite"] >= 1 and rows[1]["stale"] >= 12  # 6 parameters and their 2 moments each
+        (4, False, rows[0]["nonfinite"], 0),
+        (3, True, 0, rows[1]["stale"]),
+        (2, True, 0, 0),
+        (1, True, 0, None),
+    ]
+    assert (
+        rows[0]["nonfinite"] >= 1 and rows[1]["stale"] >= 12
+    )  # 6 parameters and their 2 moments each
     table = ck("--store", store, "log")
     assert table.returncode == 0 and "NaN/Inf:" in table.stdout and "stale:" in table.stdout
     healthy = ok_json(ck("--store", store, "log", "--healthy", "--json"))
@@ -54,7 +60,10 @@ def test_log_show_and_the_healthy_ref(diverged: Path) -> None:
     assert shown.returncode == 0 and "step:       3" in shown.stdout
     assert "stale:      18 tensors unchanged since step 2: model/*.bias (3 tensors)" in shown.stdout
     bad = ok_json(ck("--store", store, "show", "r", "--json"))
-    assert bad["health"]["nonfinite"] == bad["nonfinite"] and "model/0.weight" in bad["health"]["tensors"]
+    assert (
+        bad["health"]["nonfinite"] == bad["nonfinite"]
+        and "model/0.weight" in bad["health"]["tensors"]
+    )
     assert "UNHEALTHY" in ck("--store", store, "show", "r").stdout
 
 
@@ -72,7 +81,10 @@ def test_diff_shows_where_the_run_went_bad(diverged: Path) -> None:
     assert all(k.health_a is not None and k.health_a["nan"] == 0 for k in d.keys if k.health_a)
     js = ok_json(ck("--store", store, "diff", "r@2", "r@4", "--json"))
     assert js["b"]["health"]["nonfinite"] >= 1
-    assert next(k for k in js["keys"] if k["key"] == "model/0.weight")["health_b"]["nan"] == w.health_b["nan"]
+    assert (
+        next(k for k in js["keys"] if k["key"] == "model/0.weight")["health_b"]["nan"]
+        == w.health_b["nan"]
+    )
     out = ck("--store", store, "diff", "r@2", "r@4")
     assert out.returncode == 0, out.stderr
     assert "health a: ok" in out.stdout and "health b: UNHEALTHY" in out.stdout
@@ -86,7 +98,9 @@ def test_gc_keeps_the_newest_healthy_unless_told(diverged: Path) -> None:
     store = str(diverged / "store")
     kept = ok_json(ck("--store", store, "gc", "--keep-last", "1", "--dry-run", "--json"))
     assert sorted(kept["snapshots_dropped"]) == ["r@1", "r@2"]  # r@3, the newest healthy, stays
-    told = ok_json(ck("--store", store, "gc", "--keep-last", "1", "--no-keep-healthy", "--dry-run", "--json"))
+    told = ok_json(
+        ck("--store", store, "gc", "--keep-last", "1", "--no-keep-healthy", "--dry-run", "--json")
+    )
     assert sorted(told["snapshots_dropped"]) == ["r@1", "r@2", "r@3"]
 
 
@@ -94,7 +108,9 @@ def test_verify_without_torch_and_its_exit_codes(diverged: Path, tmp_path: Path)
     out = diverged / "export"
     good = no_torch("verify", str(out))
     assert good.returncode == 0, good.stderr
-    assert good.stdout.strip().endswith("tensor(s) checked against their BLAKE3 digests") and good.stdout.startswith("ok")
+    assert good.stdout.strip().endswith(
+        "tensor(s) checked against their BLAKE3 digests"
+    ) and good.stdout.startswith("ok")
     copy = tmp_path / "copy"
     copy.mkdir()
     for f in out.iterdir():
@@ -106,7 +122,15 @@ def test_verify_without_torch_and_its_exit_codes(diverged: Path, tmp_path: Path)
     damaged = no_torch("verify", str(copy), "--json")
     assert damaged.returncode == 5, damaged.stderr
     report = json.loads(damaged.stdout)
-    assert not report["ok"] and {"file": "model.safetensors", "tensor": "optim.state.5.step", "problem": "bytes differ from the recorded digest"} in report["problems"]
+    assert (
+        not report["ok"]
+        and {
+            "file": "model.safetensors",
+            "tensor": "optim.state.5.step",
+            "problem": "bytes differ from the recorded digest",
+        }
+        in report["problems"]
+    )
     plain = tmp_path / "plain.pt"
     torch.save({"w": torch.ones(2)}, plain)
     assert ck("verify", str(plain)).returncode == 1  # nothing to check against
@@ -115,5 +139,7 @@ def test_verify_without_torch_and_its_exit_codes(diverged: Path, tmp_path: Path)
     assert store.returncode == 0
     refused = ck("--store", str(tmp_path / "s"), "import", str(copy), "--run", "x")
     assert refused.returncode == 5 and "tensor 'optim.state.5.step'" in refused.stderr
-    forced = ck("--store", str(tmp_path / "s"), "import", str(copy), "--run", "x", "--no-verify", "--json")
+    forced = ck(
+        "--store", str(tmp_path / "s"), "import", str(copy), "--run", "x", "--no-verify", "--json"
+    )
     assert forced.returncode == 0, forced.stderr

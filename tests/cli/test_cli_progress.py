@@ -49,7 +49,15 @@ def _on_terminal(cmd: list[str]) -> tuple[int, str]:
 
 def test_check_read_data_shows_progress_on_a_terminal_only(tmp_path):
     _store(tmp_path / "s")
-    cmd = [sys.executable, "-m", "ckstore.cli", "--store", str(tmp_path / "s"), "check", "--read-data"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ckstore.cli",
+        "--store",
+        str(tmp_path / "s"),
+        "check",
+        "--read-data",
+    ]
     code, terminal = _on_terminal(cmd)
     assert code == 0, terminal
     assert "packs" in terminal and ("it/s" in terminal or "%|" in terminal), terminal
@@ -65,9 +73,13 @@ def test_push_shows_progress_on_a_terminal_and_figures_under_json(tmp_path):
     ck = [sys.executable, "-m", "ckstore.cli", "--store", str(tmp_path / "s")]
     code, terminal = _on_terminal([*ck, "push", "a"])
     assert code == 0 and "push" in terminal and "%|" in terminal, terminal
-    piped = subprocess.run([*ck, "push", "b", "--json"], capture_output=True, text=True, timeout=120)
+    piped = subprocess.run(
+        [*ck, "push", "b", "--json"], capture_output=True, text=True, timeout=120
+    )
     assert piped.returncode == 0 and piped.stderr == ""
     import json
 
     figures = json.loads(piped.stdout)
-    assert figures["chunks_sent"] > 0 and figures["bytes_sent"] > 0 and figures["chunks_skipped"] == 0
+    assert (
+        figures["chunks_sent"] > 0 and figures["bytes_sent"] > 0 and figures["chunks_skipped"] == 0
+    )

@@ -36,7 +36,9 @@ def _store(path: Path, runs: tuple[str, ...] = ("py-reimport",), steps: int = 2)
 def test_report_lists_are_not_cut_to_twelve_characters() -> None:
     lines = _report_lines({"files": ["model.safetensors", "model.safetensors.index.json"]}, "")
     assert lines == ["files: 2 (model.safetensors, model.safetensors.index.json)"]
-    many = _report_lines({"snapshots_dropped": [f"py-reimport@{i} (abcdef012345)" for i in range(12)]}, "")
+    many = _report_lines(
+        {"snapshots_dropped": [f"py-reimport@{i} (abcdef012345)" for i in range(12)]}, ""
+    )
     assert many[0].startswith("snapshots_dropped: 12 (py-reimport@0 (abcdef012345), ")
     assert many[0].endswith("py-reimport@9 (abcdef012345), ... 2 more)")
 
@@ -47,7 +49,9 @@ def test_gc_and_export_reports_name_things_whole(tmp_path: Path, capsys) -> None
     code, out, err = run(capsys, "--store", str(store), "gc", "--keep-last", "1")
     assert code == 0, err
     assert "snapshots_dropped: 1 (py-reimport@1)" in out
-    code, out, err = run(capsys, "--store", str(store), "export", "py-reimport", str(tmp_path / "hf"))
+    code, out, err = run(
+        capsys, "--store", str(store), "export", "py-reimport", str(tmp_path / "hf")
+    )
     assert code == 0, err
     assert "model.safetensors" in out and "model.safete," not in out and "model.safete)" not in out
 
@@ -61,7 +65,12 @@ def test_json_errors_are_one_document_on_stdout_with_the_same_exit_codes(tmp_pat
         (("show", "nope", "--json", *s), 3, "SnapshotNotFoundError", "nope"),
         (("log", "-n", "x", "--json", *s), 2, "UsageError", "non-negative"),
         (("--json", "tag", "r@1", "a b", *s), 2, "InvalidInputError", "'a b'"),
-        (("log", "--json", "--store", str(tmp_path / "missing")), 3, "NotFoundError", "ckstore init"),
+        (
+            ("log", "--json", "--store", str(tmp_path / "missing")),
+            3,
+            "NotFoundError",
+            "ckstore init",
+        ),
     ]
     for argv, code, kind, word in cases:
         got, out, err = run(capsys, *argv)

@@ -51,9 +51,15 @@ def two_runs(tmp_path: Path) -> Path:
 
 
 def _chunk_bytes(store: ckstore.Store, runs: tuple[str, ...]) -> dict[str, int]:
-    ids = {r: set().union(*(store.repository.index.snapshot_chunk_ids(s.id) for s in store.log(run=r))) for r in runs}
+    ids = {
+        r: set().union(*(store.repository.index.snapshot_chunk_ids(s.id) for s in store.log(run=r)))
+        for r in runs
+    }
     locs = store.repository.index.chunk_locations(set().union(*ids.values()))
-    return {r: sum(locs[c].length for c in ids[r] - set().union(*(ids[o] for o in runs if o != r))) for r in runs}
+    return {
+        r: sum(locs[c].length for c in ids[r] - set().union(*(ids[o] for o in runs if o != r)))
+        for r in runs
+    }
 
 
 def test_du_says_what_deleting_a_run_frees(two_runs, capsys) -> None:
@@ -63,7 +69,9 @@ def test_du_says_what_deleting_a_run_frees(two_runs, capsys) -> None:
     code, out, _ = run(capsys, "--store", str(two_runs), "du", "--json")
     rows = {r["run"]: r for r in json.loads(out)["runs"]}
     assert code == 0 and {r: rows[r]["exclusive_bytes"] for r in rows} == expected
-    assert rows["a"]["exclusive_bytes"] < rows["a"]["stored_bytes"]  # the shared tensor is not counted
+    assert (
+        rows["a"]["exclusive_bytes"] < rows["a"]["stored_bytes"]
+    )  # the shared tensor is not counted
     code, out, _ = run(capsys, "--store", str(two_runs), "du")
     assert "exclusive" in out.splitlines()[0] and "ckstore rm --run RUN" in out
 
@@ -101,17 +109,23 @@ def test_gc_keep_last_zero_asks_on_a_terminal(two_runs, capsys, terminal) -> Non
     answers, asked = terminal
     s = ("--store", str(two_runs))
     answers.append("no")
-    code, _, err = run(capsys, *s, "gc", "--keep-last", "0", "--no-keep-healthy")  # (the newest healthy stays otherwise)
+    code, _, err = run(
+        capsys, *s, "gc", "--keep-last", "0", "--no-keep-healthy"
+    )  # (the newest healthy stays otherwise)
     assert code == 0 and "nothing deleted" in err
     assert "every snapshot of b (1)" in err and "[y/N]" in err  # a keeps its tagged snapshot
     with ckstore.open(two_runs) as store:
         assert len(store.log()) == 3
-    code, _, _ = run(capsys, *s, "gc", "--keep-last", "1")  # leaves every run a snapshot: no question
+    code, _, _ = run(
+        capsys, *s, "gc", "--keep-last", "1"
+    )  # leaves every run a snapshot: no question
     assert code == 0 and len(asked) == 1
     answers.append("y")
     code, out, _ = run(capsys, *s, "gc", "--keep-last", "0", "--no-keep-healthy")
     assert code == 0 and "snapshots_dropped: 2 (b@1, a@2)" in out
-    code, out, _ = run(capsys, *s, "gc", "--keep-last", "0", "--no-keep-tagged", "--no-keep-healthy", "--yes")
+    code, out, _ = run(
+        capsys, *s, "gc", "--keep-last", "0", "--no-keep-tagged", "--no-keep-healthy", "--yes"
+    )
     assert code == 0 and "a@" in out and len(asked) == 2  # --yes: not asked
 
 

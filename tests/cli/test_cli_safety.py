@@ -293,7 +293,9 @@ def test_s3_store_from_the_command_line(s3_server, tmp_path: Path) -> None:
     code, out, err = ck("init", url, "--index", index, *opts, "--json")  # ...so this works
     assert code == 0 and json.loads(out)["url"] == url, err
     error_line(ck("init", url, "--index", index, *opts), 4, "already exists")
-    with ckstore.open(url, index=index, storage_options=s3_server.storage_options(), create=True) as store:
+    with ckstore.open(
+        url, index=index, storage_options=s3_server.storage_options(), create=True
+    ) as store:
         store.take(_state(1), run="r", step=1, tags=["best"])
         store.take(_state(2), run="r", step=2)
     s = ("--store", url, "--index", index, *opts)

@@ -28,7 +28,9 @@ def test_a_schedule_with_nothing_to_resume_from_is_a_usage_error(tmp_path, capsy
             cli.main(["--store", str(tmp_path / "d"), "demo", "--steps", steps, "--every", every])
         assert exc.value.code == 2
         err = capsys.readouterr().err
-        assert err.startswith("ckstore: error: --steps must be at least 2") and "Traceback" not in err
+        assert (
+            err.startswith("ckstore: error: --steps must be at least 2") and "Traceback" not in err
+        )
     assert not (tmp_path / "d").exists()  # refused before the folder was claimed
     with pytest.raises(InvalidInputError):
         demo.check_schedule(3, 5)
@@ -62,7 +64,15 @@ def test_demo_json_with_one_snapshot(tmp_path) -> None:
     d = json.loads(p.stdout)  # one JSON document, no transcript around it
     assert d["bit_identical"] is True and d["resumed_at"] == 5 and d["resumed_steps"] == 5
     assert [s["step"] for s in d["snapshots"]] == [5] and d["snapshots"][0]["new_chunks"] > 0
-    assert [c["command"][1] for c in d["commands"]] == ["log", "tag", "du", "gc", "log", "du", "check"]
+    assert [c["command"][1] for c in d["commands"]] == [
+        "log",
+        "tag",
+        "du",
+        "gc",
+        "log",
+        "du",
+        "check",
+    ]
     assert all(c["exit_code"] == 0 for c in d["commands"])
     assert d["commands"][-1]["output"]["ok"] is True
     assert d["commands"][0]["output"][0]["step"] == 5

@@ -27,7 +27,11 @@ def _transcript_keys(command: str) -> list[str]:
 
 def _printed_keys(capsys, *argv: str) -> list[str]:
     assert cli.main(list(argv)) in (0, 1)
-    return [line.split(":", 1)[0] for line in capsys.readouterr().out.splitlines() if not line.startswith(" ")]
+    return [
+        line.split(":", 1)[0]
+        for line in capsys.readouterr().out.splitlines()
+        if not line.startswith(" ")
+    ]
 
 
 @pytest.fixture
@@ -35,15 +39,21 @@ def store_path(tmp_path: Path) -> Path:
     path = tmp_path / "s"
     with ckstore.open(path, create=True, chunk_bytes=1024) as store:
         for step in (1, 2):
-            store.take({"m": ckstore.StateDict(w=torch.arange(1024.0) * step)}, run="demo", step=step)
+            store.take(
+                {"m": ckstore.StateDict(w=torch.arange(1024.0) * step)}, run="demo", step=step
+            )
     return path
 
 
 def test_readme_check_and_gc_transcripts_match_the_output(store_path, capsys) -> None:
     s = ("--store", str(store_path))
-    assert _transcript_keys("check --read-data") == _printed_keys(capsys, *s, "check", "--read-data")
+    assert _transcript_keys("check --read-data") == _printed_keys(
+        capsys, *s, "check", "--read-data"
+    )
     printed = _printed_keys(capsys, *s, "gc", "--keep-last", "1", "--grace", "0s")
-    assert _transcript_keys("gc --keep-last 1 --grace 0s") == [k for k in printed if not k.startswith("note")]
+    assert _transcript_keys("gc --keep-last 1 --grace 0s") == [
+        k for k in printed if not k.startswith("note")
+    ]
 
 
 def test_sizes_are_binary_units_in_the_demo_and_the_cli() -> None:

@@ -36,7 +36,9 @@ class Session:
         self.env["PYTHONPATH"] = str(REPO) + os.pathsep + self.env.get("PYTHONPATH", "")
         self.transcript: list[str] = []
 
-    def check(self, args: list[str], p: subprocess.CompletedProcess[str], code: int) -> subprocess.CompletedProcess[str]:
+    def check(
+        self, args: list[str], p: subprocess.CompletedProcess[str], code: int
+    ) -> subprocess.CompletedProcess[str]:
         self.transcript.append(f"$ {' '.join(args)}  -> {p.returncode}\n{p.stdout}{p.stderr}")
         where = "\n".join(self.transcript[-1:])
         assert "Traceback" not in p.stdout + p.stderr, where
@@ -47,11 +49,27 @@ class Session:
         return p
 
     def ck(self, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-        p = subprocess.run(CK + list(args), cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=300, check=False)
+        p = subprocess.run(
+            CK + list(args),
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         return self.check(["ckstore", *args], p, code)
 
     def py(self, code_text: str, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-        p = subprocess.run([sys.executable, "-c", code_text, *args], cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=300, check=False)
+        p = subprocess.run(
+            [sys.executable, "-c", code_text, *args],
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         return self.check(["python", "-c", "..."], p, code)
 
     def interrupted(self, sig: int, *args: str) -> subprocess.CompletedProcess[str]:
@@ -66,7 +84,14 @@ class Session:
             "Index.commit_snapshot = held\n"
             "sys.exit(cli.main(sys.argv[1:]))\n"
         )
-        child = subprocess.Popen([sys.executable, "-c", hold, *args], cwd=self.cwd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", hold, *args],
+            cwd=self.cwd,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert child.stdout is not None
         first = child.stdout.readline()
         assert first.strip() == "COMMITTING", first
@@ -95,10 +120,16 @@ def test_the_first_hour(tmp_path: Path) -> None:
     me.ck("du", *s)
     me.ck("check", "--read-data", *s)
     me.ck("export", "best", "out-torch", "--format", "torch", *s)
-    me.py("import torch; sd = torch.load('out-torch/checkpoint.pt'); assert 'model' in sd")  # weights_only
+    me.py(
+        "import torch; sd = torch.load('out-torch/checkpoint.pt'); assert 'model' in sd"
+    )  # weights_only
     me.ck("export", "best", "out-hf", "--keys", "model/**", *s)
-    me.py("from safetensors.torch import save_file; import torch; save_file({'w': torch.ones(64, 64)}, 'w.safetensors')")
-    me.ck("import", "w.safetensors", "--run", "base", "--tag", "base", *s, code=4)  # the README once did this
+    me.py(
+        "from safetensors.torch import save_file; import torch; save_file({'w': torch.ones(64, 64)}, 'w.safetensors')"
+    )
+    me.ck(
+        "import", "w.safetensors", "--run", "base", "--tag", "base", *s, code=4
+    )  # the README once did this
     me.ck("import", "w.safetensors", "--run", "base", "--tag", "llama-1b", *s)
     me.ck("tag", "sft@100", "best", *s, code=4)  # exists: the message says --force
     me.ck("tag", "sft@100", "best", "--force", *s)
@@ -118,7 +149,9 @@ def test_the_first_hour(tmp_path: Path) -> None:
     me.ck("log", "--run", "nope", *s, code=3)
     me.ck("cat", "best", "model/nope", *s, code=3)
     me.ck("tag", "sft@100", "sft", *s, code=4)  # a tag would hide the run
-    me.ck("import", "w.safetensors", "--run", "base", "--tag", "llama-1b", *s, code=4)  # tags move only when asked
+    me.ck(
+        "import", "w.safetensors", "--run", "base", "--tag", "llama-1b", *s, code=4
+    )  # tags move only when asked
     me.ck("export", "best", "out-hf", *s, code=4)  # not empty
     me.ck("gc", "--older-than", "soon", *s, code=2)
     me.ck("frobnicate", code=2)
@@ -144,7 +177,12 @@ def test_the_first_hour(tmp_path: Path) -> None:
     assert held == [] and "stopped" not in me.ck("log", *s).stdout
     # two writers at once into one run
     with ThreadPoolExecutor(2) as pool:
-        both = list(pool.map(lambda i: me.ck("import", "w.safetensors", "--run", "two", "--step", str(i), *s), (1, 2)))
+        both = list(
+            pool.map(
+                lambda i: me.ck("import", "w.safetensors", "--run", "two", "--step", str(i), *s),
+                (1, 2),
+            )
+        )
     assert all(p.returncode == 0 for p in both)
     assert len(json.loads(me.ck("log", "--run", "two", "--json", *s).stdout)) == 2
     # a flipped bit: check names what it breaks, reading it is a corruption error

@@ -24,7 +24,9 @@ SPECS = {
 def global_state() -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(77)
     out = {k: random_tensor(dtype, shape, gen) for k, (shape, dtype) in SPECS.items()}
-    out["plain"] = random_tensor(torch.float32, (30, 20), gen)  # a plain tensor, the same on every rank
+    out["plain"] = random_tensor(
+        torch.float32, (30, 20), gen
+    )  # a plain tensor, the same on every rank
     return out
 
 
@@ -47,7 +49,11 @@ def sharded(world: int, placement: str, zeros: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, t in global_state().items():
         src = torch.zeros_like(t) if zeros else t
-        out[k] = src.clone() if k == "plain" else distribute_tensor(src, _mesh(world), [pl], src_data_rank=None)
+        out[k] = (
+            src.clone()
+            if k == "plain"
+            else distribute_tensor(src, _mesh(world), [pl], src_data_rank=None)
+        )
     return out
 
 
@@ -71,12 +77,21 @@ def save_twice(rank: int, world: int, path: str, run: str) -> dict[str, Any]:
     store = ckstore.open(path, **TINY, create=True)
     out: dict[str, Any] = {}
     for step in (1, 2):
-        state = {"g": sharded(world, "shard0", zeros=False), "epoch": 5, "cfg": {"lr": 0.1, "name": "x"}}
+        state = {
+            "g": sharded(world, "shard0", zeros=False),
+            "epoch": 5,
+            "cfg": {"lr": 0.1, "name": "x"},
+        }
         w = StorageWriter(store, run=run, step=step)
         dcp.save(state, storage_writer=w)
         if w.snapshot is not None:
             r = w.snapshot.record
-            out[str(step)] = {"id": r.id, "new_bytes": r.new_bytes, "new_chunks": r.new_chunks, "world": r.world_size}
+            out[str(step)] = {
+                "id": r.id,
+                "new_bytes": r.new_bytes,
+                "new_chunks": r.new_chunks,
+                "world": r.world_size,
+            }
     out["failed"] = _save_refused(store, world, run)
     out["live_sessions"] = len(store.repository.index.live_sessions())
     out["gc"] = _gc_before_commit(rank, world, path + "-gc")
@@ -122,7 +137,10 @@ def _save_refused(store: Any, world: int, run: str) -> str:
 
     before = len(store.log(run))
     try:
-        dcp.save({"g": sharded(world, "shard0", zeros=False), "bad": {1, 2}}, storage_writer=StorageWriter(store, run=run, step=9))
+        dcp.save(
+            {"g": sharded(world, "shard0", zeros=False), "bad": {1, 2}},
+            storage_writer=StorageWriter(store, run=run, step=9),
+        )
     except BaseException as exc:  # noqa: BLE001 - DCP raises CheckpointException (a BaseException)
         assert len(store.log(run)) == before
         return f"{type(exc).__name__}: {exc}"
@@ -141,7 +159,11 @@ def load(rank: int, world: int, path: str, ref: str, placement: str) -> dict[str
     from ckstore.dcp import StorageReader
 
     store = ckstore.open(path, create=True)
-    state = {"g": sharded(world, placement, zeros=True), "epoch": -1, "cfg": {"lr": 0.0, "name": ""}}
+    state = {
+        "g": sharded(world, placement, zeros=True),
+        "epoch": -1,
+        "cfg": {"lr": 0.0, "name": ""},
+    }
 
     def refuse(*a: Any, **k: Any) -> Any:
         raise AssertionError("pickle used while loading")
@@ -200,7 +222,10 @@ def parity(rank: int, world: int, path: str) -> dict[str, Any]:
     out["loaded"] = [fresh["train"].step, fresh["train"].losses, bits(fresh["w"]) == bits(weights)]
     # thread executor with a writer given the store's URL; process executor with one holding the
     # open store: it is pickled into the checkpoint process and reopens the store there
-    for step, kind, where in ((2, AsyncCheckpointerType.THREAD, path), (3, AsyncCheckpointerType.PROCESS, store)):
+    for step, kind, where in (
+        (2, AsyncCheckpointerType.THREAD, path),
+        (3, AsyncCheckpointerType.PROCESS, store),
+    ):
         state["train"].losses.append(float(step))
         writer = StorageWriter(where, run="p", step=step)
         fut = dcp.async_save(state, storage_writer=writer, async_checkpointer_type=kind)
@@ -232,13 +257,26 @@ def subgroup_saves(rank: int, world: int, path: str) -> dict[str, Any]:
     store = ckstore.open(path, **TINY)
     if rank % 2 == 0:
         mesh = DeviceMesh.from_group(mine, "cpu")
-        state = {"g": {k: distribute_tensor(t, mesh, [Shard(0)], src_data_rank=None) for k, t in global_state().items() if k != "plain"},
-                 "epoch": 5}
+        state = {
+            "g": {
+                k: distribute_tensor(t, mesh, [Shard(0)], src_data_rank=None)
+                for k, t in global_state().items()
+                if k != "plain"
+            },
+            "epoch": 5,
+        }
         w = StorageWriter(store, run="sub02", step=1)
         dcp.save(state, storage_writer=w, process_group=mine)
-        out = {"id": w.snapshot.id if w.snapshot is not None else None, "world": w.snapshot.record.world_size if w.snapshot else None}
+        out = {
+            "id": w.snapshot.id if w.snapshot is not None else None,
+            "world": w.snapshot.record.world_size if w.snapshot else None,
+        }
     else:
-        snap = store.take({"s": ckstore.StateDict(x=torch.full((50, 8), float(rank)), n=rank)}, run="sub13", pg=mine)
+        snap = store.take(
+            {"s": ckstore.StateDict(x=torch.full((50, 8), float(rank)), n=rank)},
+            run="sub13",
+            pg=mine,
+        )
         out = {"id": snap.id, "world": snap.record.world_size}
     # Rank 0 hosts the job's rendezvous store, which the other sub-group's ckstore group talks
     # through: as in any torch job, no rank leaves before the others are done.

@@ -49,13 +49,19 @@ def _no_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pickle, "loads", refuse)
 
 
-def test_single_process_model_and_optimizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_single_process_model_and_optimizer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     store = ckstore.open(tmp_path / "store", **ds.TINY, create=True)
     m, o = _trained()
     msd, osd = get_state_dict(m, o)
-    state = {"model": msd, "optim": osd, "extra": {"epoch": 3, "name": "run-a", "loss": float("nan")}}
+    state = {
+        "model": msd,
+        "optim": osd,
+        "extra": {"epoch": 3, "name": "run-a", "loss": float("nan")},
+    }
     w1 = StorageWriter(store, run="sp", step=1, tags=("best",), metadata={"who": "test"})
     dcp.save(state, storage_writer=w1)
     first = w1.snapshot.record
@@ -68,7 +74,9 @@ def test_single_process_model_and_optimizer(tmp_path: Path, monkeypatch: pytest.
     assert (second.new_bytes, second.new_chunks) == (0, 0)
     assert second.reused_chunks == first.new_chunks + first.reused_chunks
     assert store.repository.objects.list_packs() == packs  # not one byte of chunk data written
-    assert store.repository.index.snapshot_chunk_ids(first.id) == store.repository.index.snapshot_chunk_ids(second.id)
+    assert store.repository.index.snapshot_chunk_ids(
+        first.id
+    ) == store.repository.index.snapshot_chunk_ids(second.id)
     assert not store.repository.index.live_sessions()
     assert store.tags()["best"] == first.id and store.get("sp@1").record.metadata == {"who": "test"}
     assert store.check(read_data=True).ok
@@ -119,7 +127,11 @@ def test_ckstore_restore_and_read_object_of_a_dcp_snapshot(tmp_path: Path) -> No
     DCP's keys (model.0.weight -> dcp/model.0.weight); BytesIO values come back as BytesIO."""
     store = ckstore.open(tmp_path / "store", **ds.TINY, create=True)
     m, o = _trained()
-    state = {"model": m.state_dict(), "optim": o.state_dict(), "train": ds.TrainState(3, [1.5, 0.5])}
+    state = {
+        "model": m.state_dict(),
+        "optim": o.state_dict(),
+        "train": ds.TrainState(3, [1.5, 0.5]),
+    }
     dcp.save(state, storage_writer=StorageWriter(store, run="d", step=1))
     m2, o2 = _model()
     m2(torch.randn(3, 40)).sum().backward()
@@ -132,7 +144,9 @@ def test_ckstore_restore_and_read_object_of_a_dcp_snapshot(tmp_path: Path) -> No
         for k, v in st.items():
             assert bits(v) == bits(o2.state_dict()["state"][pid][k]), (pid, k)
     assert (train.step, train.losses) == (3, [1.5, 0.5])
-    with pytest.raises(ckstore.MismatchError, match="no DCP key"):  # strict: a tensor DCP never saved
+    with pytest.raises(
+        ckstore.MismatchError, match="no DCP key"
+    ):  # strict: a tensor DCP never saved
         store.get("d@1").restore({"model": torch.nn.Linear(2, 2)})
     snap = store.get("d@1")
     assert bits(snap.read_object("dcp/model.0.weight")) == bits(m.state_dict()["0.weight"])
@@ -149,12 +163,18 @@ def test_overwrite_false_refuses_an_existing_target(tmp_path: Path) -> None:
     with pytest.raises(BaseException, match="already exists") as info:
         dcp.save(state, storage_writer=StorageWriter(store, run="o", step=1, overwrite=False))
     assert "ConflictError" in str(info.value)
-    dcp.save(state, storage_writer=StorageWriter(store, run="o", step=2, overwrite=False))  # another step: fine
-    dcp.save(state, storage_writer=StorageWriter(store, run="o", step=1))  # overwrite=True: a newer one
+    dcp.save(
+        state, storage_writer=StorageWriter(store, run="o", step=2, overwrite=False)
+    )  # another step: fine
+    dcp.save(
+        state, storage_writer=StorageWriter(store, run="o", step=1)
+    )  # overwrite=True: a newer one
     assert [s.step for s in store.log("o")] == [1, 2, 1]
     dcp.save(state, storage_writer=StorageWriter(store, run="n", name="ckpt-a", overwrite=False))
     with pytest.raises(BaseException, match="'ckpt-a' already exists"):
-        dcp.save(state, storage_writer=StorageWriter(store, run="other", name="ckpt-a", overwrite=False))
+        dcp.save(
+            state, storage_writer=StorageWriter(store, run="other", name="ckpt-a", overwrite=False)
+        )
     with pytest.raises(BaseException, match="already exists"):  # no step: any snapshot of the run
         dcp.save(state, storage_writer=StorageWriter(store, run="o", overwrite=False))
     store.close()
@@ -198,7 +218,10 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Save Shard(0) state with 4 ranks (twice), then load it with 2 ranks in other placements."""
     tmp = tmp_path_factory.mktemp("dcp")
     path = str(tmp / "store")
-    for p in (path, path + "-gc"):  # made here: ranks opening a fresh store at once race on its schema
+    for p in (
+        path,
+        path + "-gc",
+    ):  # made here: ranks opening a fresh store at once race on its schema
         ckstore.open(p, **ds.TINY, create=True).close()
     saved = values(run_ranks(ds.save_twice, 4, tmp, path, "d4"))
     loads = [["d4@1", "shard1"], ["d4@2", "replicate"]]
@@ -220,7 +243,9 @@ def test_second_save_of_unchanged_state_writes_no_chunk_bytes(ranks: dict[str, A
     second = ranks["saved"][0]["2"]
     assert (second["new_bytes"], second["new_chunks"]) == (0, 0)
     with ckstore.open(ranks["path"], create=True) as store:
-        assert store.repository.index.snapshot_chunk_ids(second["id"]) == store.repository.index.snapshot_chunk_ids(ranks["saved"][0]["1"]["id"])
+        assert store.repository.index.snapshot_chunk_ids(
+            second["id"]
+        ) == store.repository.index.snapshot_chunk_ids(ranks["saved"][0]["1"]["id"])
 
 
 def test_two_ranks_load_with_other_placements(ranks: dict[str, Any]) -> None:
@@ -253,16 +278,24 @@ def test_two_ranks_overwrite_false_bytesio_and_both_async_executors(tmp_path: Pa
     path = str(tmp_path / "store")
     ckstore.open(path, **ds.TINY, create=True).close()
     for r in values(run_ranks(ds.parity, 2, tmp_path, path, timeout=180)):
-        assert "ConflictError" in r["refused"] and "overwrite=False" in r["refused"], r["refused"][:300]
+        assert "ConflictError" in r["refused"] and "overwrite=False" in r["refused"], r["refused"][
+            :300
+        ]
         assert r["loaded"] == [7, [0.5, 0.25], True]
         assert r["async"] == [[0.5, 0.25, 2.0, 3.0], True]
         assert r["steps"] == [1, 2, 3]  # the refused save committed nothing
 
 
-def test_plain_process_loads_the_four_rank_save_after_gc(ranks: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plain_process_loads_the_four_rank_save_after_gc(
+    ranks: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     with ckstore.open(ranks["path"], create=True) as store:
         store.gc(grace_seconds=0)
-        dest = {"g": {k: torch.zeros_like(v) for k, v in ds.global_state().items()}, "epoch": 0, "cfg": {"lr": 0.0, "name": ""}}
+        dest = {
+            "g": {k: torch.zeros_like(v) for k, v in ds.global_state().items()},
+            "epoch": 0,
+            "cfg": {"lr": 0.0, "name": ""},
+        }
         _no_pickle(monkeypatch)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

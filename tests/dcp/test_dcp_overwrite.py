@@ -34,12 +34,16 @@ def _conflict(info: pytest.ExceptionInfo[Any]) -> BaseException:
     return failures[0][0]
 
 
-def test_an_existing_target_raises_checkpoint_exception_carrying_conflict_error(tmp_path: Path) -> None:
+def test_an_existing_target_raises_checkpoint_exception_carrying_conflict_error(
+    tmp_path: Path,
+) -> None:
     store = ckstore.open(tmp_path / "s", create=True)
     _save(store, StorageWriter(store, run="o", step=1, overwrite=False))
     with pytest.raises(CheckpointException) as info:
         _save(store, StorageWriter(store, run="o", step=1, overwrite=False))
-    assert isinstance(_conflict(info), ConflictError) and "'o@1' already exists" in str(_conflict(info))
+    assert isinstance(_conflict(info), ConflictError) and "'o@1' already exists" in str(
+        _conflict(info)
+    )
     assert [s.step for s in store.log("o")] == [1]
     store.close()
 

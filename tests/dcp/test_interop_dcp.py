@@ -53,7 +53,10 @@ def test_dcp_two_ranks_import_restore_three_export_load_one(tmp_path: Path) -> N
         assert len(md.state_dict_metadata[fqn].chunks) == 2
         assert md.state_dict_metadata[fqn].chunks == written.state_dict_metadata[fqn].chunks
 
-    target = {"model": {k: torch.zeros_like(t) for k, t in g.items()}, "progress": {"step": 0, "lr": 0.0}}
+    target = {
+        "model": {k: torch.zeros_like(t) for k, t in g.items()},
+        "progress": {"step": 0, "lr": 0.0},
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.load(target, storage_reader=dcp.FileSystemReader(str(out)))

@@ -49,7 +49,9 @@ def _model(seed: int) -> torch.nn.Module:
 
 
 def _local(rank: int, zeros: bool = False) -> StateDict:
-    return StateDict(mine=torch.zeros(40) if zeros else torch.full((40,), float(rank)), n=-1 if zeros else rank)
+    return StateDict(
+        mine=torch.zeros(40) if zeros else torch.full((40,), float(rank)), n=-1 if zeros else rank
+    )
 
 
 def subgroup(rank: int, world: int, path: str, timeout: float) -> dict[str, Any]:
@@ -65,8 +67,20 @@ def subgroup(rank: int, world: int, path: str, timeout: float) -> dict[str, Any]
     if rank < 2:
         ddp = DDP(src, process_group=sub)
         app = {"ddp": ddp, "optim": opt, "local": _local(rank)}
-        snap = Snapshot.take(path=f"{path}/sync", app_state=app, pg=sub, replicated=["optim/**"], dist_timeout=timeout)
-        pending = Snapshot.async_take(path=f"{path}/async", app_state=app, pg=sub, replicated=["optim/**"], dist_timeout=timeout)
+        snap = Snapshot.take(
+            path=f"{path}/sync",
+            app_state=app,
+            pg=sub,
+            replicated=["optim/**"],
+            dist_timeout=timeout,
+        )
+        pending = Snapshot.async_take(
+            path=f"{path}/async",
+            app_state=app,
+            pg=sub,
+            replicated=["optim/**"],
+            dist_timeout=timeout,
+        )
         out["async_id"] = pending.wait(60).id
         out["manifest"] = sorted(snap.get_manifest())
         out["read"] = [snap.read_object("1/local/n"), snap.read_object("0/local/n")]
@@ -77,11 +91,19 @@ def subgroup(rank: int, world: int, path: str, timeout: float) -> dict[str, Any]
     dst = DDP(_model(777 + rank))
     dst_opt = torch.optim.Adagrad(dst.parameters(), lr=0.5)
     local = _local(rank, zeros=True)
-    Snapshot(path=f"{path}/sync").restore({"ddp": dst, "optim": dst_opt, "local": local}, strict=False)
-    out["model_ok"] = all(bits(a) == bits(b) for a, b in zip(src.state_dict().values(), dst.module.state_dict().values()))
+    Snapshot(path=f"{path}/sync").restore(
+        {"ddp": dst, "optim": dst_opt, "local": local}, strict=False
+    )
+    out["model_ok"] = all(
+        bits(a) == bits(b)
+        for a, b in zip(src.state_dict().values(), dst.module.state_dict().values())
+    )
     out["optim_lr"] = dst_opt.param_groups[0]["lr"]
     out["local"] = [local["n"], float(local["mine"][0])]
-    out["sd"] = {k: (float(v[0]) if isinstance(v, torch.Tensor) else v) for k, v in Snapshot(f"{path}/sync").get_state_dict_for_key("local").items()}
+    out["sd"] = {
+        k: (float(v[0]) if isinstance(v, torch.Tensor) else v)
+        for k, v in Snapshot(f"{path}/sync").get_state_dict_for_key("local").items()
+    }
     # a restore on the sub-group alone, with rank 2 in a barrier again
     if rank < 2:
         again = _local(rank, zeros=True)
@@ -103,7 +125,9 @@ def absent(rank: int, world: int, path: str, timeout: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for phase in ("open", "collective"):
         if phase == "collective":
-            Snapshot.take(path=path, app_state=app, dist_timeout=timeout)  # all three: the group opens
+            Snapshot.take(
+                path=path, app_state=app, dist_timeout=timeout
+            )  # all three: the group opens
         if rank == 2:
             t0 = time.monotonic()
             dist.barrier()  # released once the others gave up on the take
@@ -114,7 +138,11 @@ def absent(rank: int, world: int, path: str, timeout: float) -> dict[str, Any]:
             Snapshot.take(path=path, app_state=app, dist_timeout=timeout)
             out[phase] = {"error": None}
         except RankLostError as exc:
-            out[phase] = {"error": str(exc), "ranks": exc.ranks, "timeout_error": isinstance(exc, TimeoutError)}  # type: ignore[attr-defined]
+            out[phase] = {
+                "error": str(exc),
+                "ranks": exc.ranks,
+                "timeout_error": isinstance(exc, TimeoutError),
+            }  # type: ignore[attr-defined]
         out[phase]["seconds"] = time.monotonic() - t0
         dist.barrier()
     return out
@@ -136,7 +164,9 @@ def rng_elastic_take(rank: int, world: int, path: str) -> dict[str, Any]:
     snap.restore(app)
     after_restore = _draws()
     out: dict[str, Any] = {"after_take": after_take, "same": after_take == after_restore}
-    out["manifest"] = sorted(k for k in snap.get_manifest() if not k.split("/", 1)[1].startswith("rng"))
+    out["manifest"] = sorted(
+        k for k in snap.get_manifest() if not k.split("/", 1)[1].startswith("rng")
+    )
     out["read"] = snap.read_object(f"{rank}/local/n")
     # replicated= on async_take: the same tensor on both ranks, hashed and written half each
     same = StateDict(w=torch.arange(64 * 64, dtype=torch.float32).reshape(64, 64))
@@ -144,8 +174,13 @@ def rng_elastic_take(rank: int, world: int, path: str) -> dict[str, Any]:
     rep = pending.wait(60)
     out["rep_hashed"] = [r["hashed_bytes"] for r in rep.manifest.snapshot["ranks"]]
     # globs that differ between ranks: kept per rank (one entry, being equal), no error
-    mixed = Snapshot.take(path=f"{path}/mixed", app_state={"s": same}, replicated=["s/**"] if rank == 0 else [])
-    out["mixed"] = [mixed.get_manifest()["0/s/w"].kind, [r["hashed_bytes"] for r in mixed.manifest.snapshot["ranks"]]]
+    mixed = Snapshot.take(
+        path=f"{path}/mixed", app_state={"s": same}, replicated=["s/**"] if rank == 0 else []
+    )
+    out["mixed"] = [
+        mixed.get_manifest()["0/s/w"].kind,
+        [r["hashed_bytes"] for r in mixed.manifest.snapshot["ranks"]],
+    ]
     return out
 
 
@@ -153,7 +188,9 @@ def _global_w() -> torch.Tensor:
     return torch.arange(10 * 16, dtype=torch.float32).reshape(10, 16)
 
 
-def rng_elastic_restore(rank: int, world: int, path: str, after_take: list[list[float]]) -> dict[str, Any]:
+def rng_elastic_restore(
+    rank: int, world: int, path: str, after_take: list[list[float]]
+) -> dict[str, Any]:
     """3 ranks restore the 2-rank take: strict=False skips what rank 2 has none of, strict raises."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -171,7 +208,9 @@ def rng_elastic_restore(rank: int, world: int, path: str, after_take: list[list[
         strict_error = None
     except DistributedError as exc:
         strict_error = str(exc)
-    untouched = local["n"] == -1 and float(local["mine"].abs().sum()) == 0 and CountingRNG.loads == 0
+    untouched = (
+        local["n"] == -1 and float(local["mine"].abs().sum()) == 0 and CountingRNG.loads == 0
+    )
     snap.restore(app, strict=False)
     draws = _draws()
     from ckstore.format.boxes import local_box
@@ -189,4 +228,3 @@ def rng_elastic_restore(rank: int, world: int, path: str, after_take: list[list[
         "sd": sorted(snap.get_state_dict_for_key("local")),
         "sd_rank0": snap.get_state_dict_for_key("local", replicate_from_rank0=True)["n"],
     }
-

@@ -22,16 +22,33 @@ def _cuda_take_and_restores(rank: int, world: int, path: str) -> dict[str, Any]:
     shared = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
     b16 = torch.randn(3000, 7, device="cuda", generator=g).bfloat16()
     store = ckstore.open(path)
-    snap = store.take({"m": ckstore.StateDict(mine=mine, shared=shared, b16=b16)}, run="r", step=1,
-                      replicated=["m/shared"])
+    snap = store.take(
+        {"m": ckstore.StateDict(mine=mine, shared=shared, b16=b16)},
+        run="r",
+        step=1,
+        replicated=["m/shared"],
+    )
     out: dict[str, Any] = {"world": snap.record.world_size}
-    for name, kw in (("atomic", {}), ("atomic_small_budget", {"memory_budget": 1 << 20}), ("once", {"atomic": False})):
-        dest = {"m": ckstore.StateDict(mine=torch.zeros_like(mine), shared=torch.zeros_like(shared),
-                                       b16=torch.zeros_like(b16))}
+    for name, kw in (
+        ("atomic", {}),
+        ("atomic_small_budget", {"memory_budget": 1 << 20}),
+        ("once", {"atomic": False}),
+    ):
+        dest = {
+            "m": ckstore.StateDict(
+                mine=torch.zeros_like(mine),
+                shared=torch.zeros_like(shared),
+                b16=torch.zeros_like(b16),
+            )
+        }
         store.get("r").restore(dest, **kw)
         d = dest["m"]
-        out[name] = bool(torch.equal(d["mine"], mine) and torch.equal(d["shared"], shared)
-                         and torch.equal(d["b16"], b16) and d["mine"].is_cuda)
+        out[name] = bool(
+            torch.equal(d["mine"], mine)
+            and torch.equal(d["shared"], shared)
+            and torch.equal(d["b16"], b16)
+            and d["mine"].is_cuda
+        )
     store.close()
     return out
 

@@ -43,5 +43,7 @@ def sharded_guard(rank: int, world: int, path: str) -> dict[str, Any]:
     out["bad_keys"] = bad.health.bad_keys if rank == 0 else None  # type: ignore[union-attr]
     out["dcp_nonfinite"] = store.get("dcp").record.nonfinite
     out["params"] = sorted(f"model/{k}" for k, _ in m.named_parameters())
-    out["warnings"] = sorted({str(w.message).split(":")[2].strip() for w in caught if "ckstore" in str(w.message)})
+    out["warnings"] = sorted(
+        {str(w.message).split(":")[2].strip() for w in caught if "ckstore" in str(w.message)}
+    )
     return out

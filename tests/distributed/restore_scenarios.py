@@ -24,7 +24,9 @@ SMALL = {"chunk_bytes": 4096, "pack_bytes": 1 << 16, "inline_bytes": 64}
 def replicated_state() -> ckstore.StateDict:
     """The same tensors on every rank (data parallel, not declared replicated)."""
     gen = torch.Generator().manual_seed(7)
-    return ckstore.StateDict({f"w{i}": torch.randn(ROWS, 64, generator=gen) for i in range(TENSORS)})
+    return ckstore.StateDict(
+        {f"w{i}": torch.randn(ROWS, 64, generator=gen) for i in range(TENSORS)}
+    )
 
 
 def zeros() -> ckstore.StateDict:
@@ -102,7 +104,9 @@ def logged_restore(rank: int, world: int, path: str) -> dict[str, Any]:
     return {"lines": [x for x in lines if "slowest rank" in x]}
 
 
-def stopped_restore(rank: int, world: int, path: str, how: str, where: str, timeout: float) -> dict[str, Any]:
+def stopped_restore(
+    rank: int, world: int, path: str, how: str, where: str, timeout: float
+) -> dict[str, Any]:
     """Rank 2 is stopped or killed in the phase ``where`` of a restore; the others report.
 
     ``"read"``: at its first chunk read (a held plan: the whole exchange is in that phase);
@@ -113,10 +117,12 @@ def stopped_restore(rank: int, world: int, path: str, how: str, where: str, time
     _readplan.ROUND_BYTES = 64 << 10  # several rounds
     store = ckstore.open(path)
     if rank == 2:
+
         def stop() -> None:
             os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
 
         if where == "read":
+
             def first_read(*a: Any, **k: Any) -> Any:
                 stop()
 
@@ -137,6 +143,10 @@ def stopped_restore(rank: int, world: int, path: str, how: str, where: str, time
     try:
         store.get("rep").restore({"s": dest}, memory_budget=budget, dist_timeout=timeout)
     except DistributedError as exc:
-        return {"error": str(exc), "seconds": time.monotonic() - t0, "ranks": getattr(exc, "ranks", None),
-                "untouched": all(float(t.abs().sum()) == 0.0 for t in dest.values())}
+        return {
+            "error": str(exc),
+            "seconds": time.monotonic() - t0,
+            "ranks": getattr(exc, "ranks", None),
+            "untouched": all(float(t.abs().sum()) == 0.0 for t in dest.values()),
+        }
     return {"error": None, "seconds": time.monotonic() - t0}

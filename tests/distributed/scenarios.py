@@ -38,11 +38,25 @@ def _pl(world: int, take: bool) -> dict[str, tuple[tuple[int, ...], list[Any]]]:
     one = (world,)
     if take:
         mesh = ((2, 2), [Shard(0), Shard(1)]) if world == 4 else (one, [Shard(1)])
-        return {"rep": (one, [Replicate()]), "s0": (one, [Shard(0)]), "s1": (one, [Shard(1)]), "mesh": mesh,
-                "uneven": (one, [Shard(0)]), "empty": (one, [Shard(0)]), "bf": (one, [Shard(1)])}
+        return {
+            "rep": (one, [Replicate()]),
+            "s0": (one, [Shard(0)]),
+            "s1": (one, [Shard(1)]),
+            "mesh": mesh,
+            "uneven": (one, [Shard(0)]),
+            "empty": (one, [Shard(0)]),
+            "bf": (one, [Shard(1)]),
+        }
     mesh = ((2, 2), [Replicate(), Shard(1)]) if world == 4 else (one, [Shard(0)])
-    return {"rep": (one, [Shard(0)]), "s0": (one, [Shard(1)]), "s1": (one, [Shard(0)]), "mesh": mesh,
-            "uneven": (one, [Shard(0)]), "empty": (one, [Shard(0)]), "bf": (one, [Shard(0)])}
+    return {
+        "rep": (one, [Shard(0)]),
+        "s0": (one, [Shard(1)]),
+        "s1": (one, [Shard(0)]),
+        "mesh": mesh,
+        "uneven": (one, [Shard(0)]),
+        "empty": (one, [Shard(0)]),
+        "bf": (one, [Shard(0)]),
+    }
 
 
 _MESHES: dict[tuple[int, ...], Any] = {}
@@ -98,7 +112,11 @@ def check_global(dest: dict[str, Any]) -> None:
 
 def take_dtensors(rank: int, world: int, path: str, run: str) -> str:
     store = ckstore.open(path, **TINY, create=True)
-    snap = store.take({"g": ckstore.StateDict(dtensors(world, True, False)), "local": local_app(rank)}, run=run, step=world)
+    snap = store.take(
+        {"g": ckstore.StateDict(dtensors(world, True, False)), "local": local_app(rank)},
+        run=run,
+        step=world,
+    )
     return snap.id
 
 
@@ -108,7 +126,12 @@ def restore_dtensors(rank: int, world: int, path: str, runs: dict[str, int]) -> 
     for run, took in runs.items():
         dest = ckstore.StateDict(dtensors(world, False, True))
         app = {"g": dest}
-        local = ckstore.StateDict({k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1) for k, v in local_app(rank).items()})
+        local = ckstore.StateDict(
+            {
+                k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1)
+                for k, v in local_app(rank).items()
+            }
+        )
         if world <= took:
             app["local"] = local
         store.get(run).restore(app, strict=False)
@@ -121,7 +144,9 @@ def matrix_take(rank: int, world: int, path: str, runs: dict[str, int]) -> dict[
     sid = take_dtensors(rank, world, path, f"w{world}")
     restore_dtensors(rank, world, path, {**runs, f"w{world}": world})
     out: dict[str, Any] = {"id": sid}
-    fewer = [run for run, took in runs.items() if 1 < took < world]  # a plain process keeps no per-rank values
+    fewer = [
+        run for run, took in runs.items() if 1 < took < world
+    ]  # a plain process keeps no per-rank values
     if fewer:
         out["per_rank_error"] = _per_rank_too_few(rank, world, path, fewer[0])
     return out
@@ -130,7 +155,12 @@ def matrix_take(rank: int, world: int, path: str, runs: dict[str, int]) -> dict[
 def _per_rank_too_few(rank: int, world: int, path: str, run: str) -> str:
     """Restoring per-rank entries onto more ranks than the take had, strict: every rank raises."""
     store = ckstore.open(path, **TINY, create=True)
-    app = ckstore.StateDict({k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1) for k, v in local_app(rank).items()})
+    app = ckstore.StateDict(
+        {
+            k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1)
+            for k, v in local_app(rank).items()
+        }
+    )
     try:
         store.get(run).restore({"local": app}, strict=True)
     except DistributedError as exc:
@@ -141,7 +171,9 @@ def _per_rank_too_few(rank: int, world: int, path: str, run: str) -> str:
 
 def model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(48, 64), torch.nn.ReLU(), torch.nn.Linear(64, 40), torch.nn.Linear(40, 8))
+    return torch.nn.Sequential(
+        torch.nn.Linear(48, 64), torch.nn.ReLU(), torch.nn.Linear(64, 40), torch.nn.Linear(40, 8)
+    )
 
 
 def ddp_take(rank: int, world: int, path: str) -> dict[str, Any]:
@@ -200,7 +232,9 @@ def fsdp_restore(rank: int, world: int, path: str, expect: str) -> None:
             assert bits(got) == bits(full[f"optim/{pid}/{k}"]), (pid, k)
 
 
-def failing_take(rank: int, world: int, path: str, bad: int, how: str, timeout: float) -> dict[str, Any]:
+def failing_take(
+    rank: int, world: int, path: str, bad: int, how: str, timeout: float
+) -> dict[str, Any]:
     """Rank ``bad`` raises (or is SIGKILLed) while writing its chunks."""
     store = ckstore.open(path, **TINY, create=True)
     if rank == bad:
@@ -220,7 +254,11 @@ def failing_take(rank: int, world: int, path: str, bad: int, how: str, timeout: 
     try:
         store.take(state, run="fail", dist_timeout=timeout)
     except DistributedError as exc:
-        return {"error": str(exc), "seconds": time.monotonic() - t0, "ranks": getattr(exc, "ranks", None)}
+        return {
+            "error": str(exc),
+            "seconds": time.monotonic() - t0,
+            "ranks": getattr(exc, "ranks", None),
+        }
     return {"error": None, "seconds": time.monotonic() - t0}
 
 
@@ -238,10 +276,15 @@ def async_take(rank: int, world: int, path: str) -> dict[str, Any]:
     return {"id": snap.id}
 
 
-def restore_after(rank: int, world: int, path: str, runs: dict[str, int], expect: str) -> dict[str, Any]:
+def restore_after(
+    rank: int, world: int, path: str, runs: dict[str, int], expect: str
+) -> dict[str, Any]:
     restore_dtensors(rank, world, path, runs)
     fsdp_restore(rank, world, path, expect)
-    return {"fail": failing_take(rank, world, path, 1, "raise", 600), "async": async_take(rank, world, path)}
+    return {
+        "fail": failing_take(rank, world, path, 1, "raise", 600),
+        "async": async_take(rank, world, path),
+    }
 
 
 def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
@@ -265,10 +308,14 @@ def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
     _ = snap.manifest
     out: dict[str, Any] = {}
     for mode in ("each", "once", "broadcast"):
-        _readplan.FANOUT = 1 if mode == "broadcast" else 8  # "broadcast": the broadcast batches' path
+        _readplan.FANOUT = (
+            1 if mode == "broadcast" else 8
+        )  # "broadcast": the broadcast batches' path
         fresh = DistributedDataParallel(model(6))
         counting.reset()
-        snap.restore({"ddp": fresh}, replicated_read=mode, memory_budget=1 << 30)  # all staged: one read
+        snap.restore(
+            {"ddp": fresh}, replicated_read=mode, memory_budget=1 << 30
+        )  # all staged: one read
         out[mode] = sum(g.nbytes for g in counting.gets if g.name.startswith("packs/"))
         for (k, a), b in zip(want.items(), fresh.state_dict().values()):
             assert bits(a) == bits(b), (mode, k)

@@ -32,7 +32,9 @@ def test_subgroup_take_beside_a_rank_in_a_barrier(tmp_path: Path) -> None:
     assert all(r["model_ok"] for r in res) and all(r["optim_lr"] == 0.01 for r in res)
     assert r0["local"] == [0, 0.0] and r1["local"] == [1, 1.0]
     assert r2["local"] == [-1, 0.0]  # not in the take: its per-rank values stay as they were
-    assert r0["sd"] == {"mine": 0.0, "n": 0} and r1["sd"] == {"mine": 1.0, "n": 1} and r2["sd"] == {}
+    assert (
+        r0["sd"] == {"mine": 0.0, "n": 0} and r1["sd"] == {"mine": 1.0, "n": 1} and r2["sd"] == {}
+    )
     assert r0["sub_restore"] == 0 and r1["sub_restore"] == 1
     assert r2["barrier_at"] < 60  # released by the takers, not by a timeout
 
@@ -44,10 +46,15 @@ def test_rank_that_never_arrives_is_named_within_the_timeout(tmp_path: Path) -> 
         first, later = r["open"], r["collective"]
         assert first["ranks"] == [2] and first["timeout_error"], first
         assert "rank(s) [2] never arrived" in first["error"], first["error"]
-        assert later["ranks"] == [2] and "rank(s) [2] never reached opening the store (alive" in later["error"], later
+        assert (
+            later["ranks"] == [2]
+            and "rank(s) [2] never reached opening the store (alive" in later["error"]
+        ), later
         for x in (first, later):  # named within the timeout plus a few seconds
             assert timeout - 0.5 <= x["seconds"] < timeout + 5, x
-    assert all(res[2][p]["waited"] < timeout + 15 for p in ("open", "collective"))  # the barrier let go
+    assert all(
+        res[2][p]["waited"] < timeout + 15 for p in ("open", "collective")
+    )  # the barrier let go
 
 
 @pytest.fixture(scope="module")
@@ -56,26 +63,41 @@ def elastic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name in ("rep", "mixed"):  # small chunks, so a 16 KiB tensor spans several
         ckstore.open(tmp / name, chunk_bytes=1024, inline_bytes=64, create=True).close()
     took = values(run_ranks(cs.rng_elastic_take, 2, tmp, str(tmp)))
-    restored = values(run_ranks(cs.rng_elastic_restore, 3, tmp, str(tmp), [t["after_take"] for t in took]))
+    restored = values(
+        run_ranks(cs.rng_elastic_restore, 3, tmp, str(tmp), [t["after_take"] for t in took])
+    )
     return {"took": took, "restored": restored}
 
 
 def test_rng_state_order_on_every_rank(elastic: dict[str, Any]) -> None:
     took = elastic["took"]
     assert all(t["same"] for t in took)  # draws after restore == draws after take, per rank
-    assert took[0]["after_take"] != took[1]["after_take"]  # the ranks' streams differ: per-rank entries
+    assert (
+        took[0]["after_take"] != took[1]["after_take"]
+    )  # the ranks' streams differ: per-rank entries
 
 
 def test_distributed_logical_paths(elastic: dict[str, Any]) -> None:
     took = elastic["took"]
-    assert took[0]["manifest"] == ["0/fx/n", "0/g/w", "0/local/mine", "0/local/n", "1/local/mine", "1/local/n"]
+    assert took[0]["manifest"] == [
+        "0/fx/n",
+        "0/g/w",
+        "0/local/mine",
+        "0/local/n",
+        "1/local/mine",
+        "1/local/n",
+    ]
     assert [t["read"] for t in took] == [0, 1]
 
 
 def test_elastic_restore_two_to_three_ranks(elastic: dict[str, Any]) -> None:
     res = elastic["restored"]
     for r in res:  # strict: every rank raises, naming rank 2, and nothing is loaded anywhere
-        assert r["strict_error"] and "rank(s) [2]" in r["strict_error"] and "per rank" in r["strict_error"]
+        assert (
+            r["strict_error"]
+            and "rank(s) [2]" in r["strict_error"]
+            and "per rank" in r["strict_error"]
+        )
         assert r["untouched_after_strict"]
         assert r["dtensor_ok"]  # the sharded tensor reshards onto 3 ranks either way
     assert [r["local"] for r in res] == [[0, 0.0], [1, 1.0], [-1, 0.0]]
@@ -93,4 +115,7 @@ def test_replicated_globs_on_async_take(elastic: dict[str, Any]) -> None:
     total = 64 * 64 * 4
     assert sum(rep) == total and all(h < total for h in rep)  # each rank hashed its share only
     kind, hashed = elastic["took"][0]["mixed"]
-    assert kind == "tensor" and hashed == [total, total]  # globs differing by rank: per rank, stored once
+    assert kind == "tensor" and hashed == [
+        total,
+        total,
+    ]  # globs differing by rank: per rank, stored once

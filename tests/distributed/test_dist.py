@@ -30,13 +30,19 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out: dict[str, Any] = {"path": path}
     # world 1: a plain process, plain global tensors
     with ckstore.open(path, **sc.TINY, create=True) as store:
-        store.take({"g": ckstore.StateDict(sc.global_state()), "local": sc.local_app(0)}, run="w1", step=1)
+        store.take(
+            {"g": ckstore.StateDict(sc.global_state()), "local": sc.local_app(0)}, run="w1", step=1
+        )
     # in a store of its own (so nothing dedups), the same state stored as deltas against one whose
     # every element differs in its last bit: ranks of another world size restore it through the chains
     delta_path = str(tmp / "delta-store")
     with ckstore.open(delta_path, **sc.TINY, create=True) as store:
-        store.take({"g": ckstore.StateDict(_last_bit_flipped(sc.global_state()))}, run="w1d", step=0)
-        store.take({"g": ckstore.StateDict(sc.global_state())}, run="w1d", step=1, delta_base="parent")
+        store.take(
+            {"g": ckstore.StateDict(_last_bit_flipped(sc.global_state()))}, run="w1d", step=0
+        )
+        store.take(
+            {"g": ckstore.StateDict(sc.global_state())}, run="w1d", step=1, delta_base="parent"
+        )
         out["w1d_deltas"] = sum(1 for c in store.repository.index.all_chunks() if c.base_id)
     out["delta_path"] = delta_path
     out["w2d"] = values(run_ranks(sc.restore_dtensors, 2, tmp, delta_path, {"w1d": 1}))
@@ -55,7 +61,9 @@ def _last_bit_flipped(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 def test_resharding_restore_reads_through_deltas(matrix: dict[str, Any]) -> None:
     assert matrix["w1d_deltas"] > 0  # ...and matrix["w2d"] restored them on 2 ranks, bit-exact
     with ckstore.open(matrix["delta_path"], create=True) as store:
-        assert bits(store.get("w1d").read_object("g/s0")) == bits(sc.global_state()["s0"])  # NaNs included
+        assert bits(store.get("w1d").read_object("g/s0")) == bits(
+            sc.global_state()["s0"]
+        )  # NaNs included
 
 
 def _take4(rank: int, world: int, path: str, expect: str) -> dict[str, Any]:
@@ -78,7 +86,12 @@ def test_restore_with_one_process_any_take_world(matrix: dict[str, Any]) -> None
     with ckstore.open(matrix["path"], create=True) as store:
         for run in ("w1", "w2", "w4"):
             dest = ckstore.StateDict({k: torch.zeros_like(v) for k, v in sc.global_state().items()})
-            local = ckstore.StateDict({k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1) for k, v in sc.local_app(0).items()})
+            local = ckstore.StateDict(
+                {
+                    k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1)
+                    for k, v in sc.local_app(0).items()
+                }
+            )
             store.get(run).restore({"g": dest, "local": local})
             sc.check_global(dest)
             sc.check_local(local, 0)  # rank 0's own per-rank values
@@ -89,7 +102,9 @@ def test_per_rank_values_kept_per_rank(matrix: dict[str, Any]) -> None:
         snap = store.get("w4")
         kinds = {k: e.kind for k, e in snap.get_manifest().items()}
         assert kinds["local/mine"] == kinds["local/small"] == kinds["local/rank"] == "per_rank"
-        assert kinds["local/same"] == "value" and kinds["local/same_t"] == "tensor"  # equal everywhere: one entry
+        assert (
+            kinds["local/same"] == "value" and kinds["local/same_t"] == "tensor"
+        )  # equal everywhere: one entry
         mine = snap.read_object("local/mine")
         assert [int(t[0, 0]) for t in mine] == [0, 1, 2, 3]
         assert snap.read_object("local/rank") == [0, 1, 2, 3]
@@ -122,18 +137,35 @@ def test_dedup_across_world_sizes(matrix: dict[str, Any]) -> None:
             if not key.startswith("g/"):
                 continue
             for c in e.chunks:
-                whole = all(o % b == 0 and (s == b or o + s == n) for o, s, b, n in zip(c.offsets, c.sizes, e.block, e.shape))
+                whole = all(
+                    o % b == 0 and (s == b or o + s == n)
+                    for o, s, b, n in zip(c.offsets, c.sizes, e.block, e.shape)
+                )
                 if c.id not in before:
                     assert not whole, f"{key}: whole block {c.offsets} stored again"
-                    new_pieces += math.prod(c.sizes) * torch.empty(0, dtype=ckstore.format.dtypes.dtype_from_name(e.dtype)).element_size()
-        print("w4 after w1+w2: new bytes", snap.stats["new_bytes"], "new piece bytes", new_pieces, "logical", snap.stats["logical_bytes"])
+                    new_pieces += (
+                        math.prod(c.sizes)
+                        * torch.empty(
+                            0, dtype=ckstore.format.dtypes.dtype_from_name(e.dtype)
+                        ).element_size()
+                    )
+        print(
+            "w4 after w1+w2: new bytes",
+            snap.stats["new_bytes"],
+            "new piece bytes",
+            new_pieces,
+            "logical",
+            snap.stats["logical_bytes"],
+        )
 
 
 def test_replicated_read_once_or_each(matrix: dict[str, Any], tmp_path: Path) -> None:
     """DDP replicas: "each" reads everything on every rank; "once" (the default, and
     "broadcast") reads each chunk on one rank, spread over the ranks, same bits."""
     res = values(run_ranks(sc.replicated_restore, 4, tmp_path, matrix["path"]))
-    print("pack bytes read per rank:", {m: [r[m] for r in res] for m in ("each", "once", "broadcast")})
+    print(
+        "pack bytes read per rank:", {m: [r[m] for r in res] for m in ("each", "once", "broadcast")}
+    )
     each = res[0]["each"]
     assert all(r["each"] == each > 0 for r in res)
     for mode in ("once", "broadcast"):
@@ -141,7 +173,9 @@ def test_replicated_read_once_or_each(matrix: dict[str, Any], tmp_path: Path) ->
         assert sum(got) == each, (mode, got)  # every chunk read once in all
         assert max(got) <= 1.1 * each / 4 and min(got) >= 0.9 * each / 4, (mode, got)
     for r in res:  # rank 0 failing to read: every rank raises, nothing loaded anywhere
-        assert r["error"] and "rank(s) [0]" in r["error"] and "injected damaged chunk" in r["error"], r
+        assert (
+            r["error"] and "rank(s) [0]" in r["error"] and "injected damaged chunk" in r["error"]
+        ), r
         assert r["untouched"]
 
 
@@ -181,7 +215,9 @@ def test_sigkilled_rank_others_fail_within_timeout(tmp_path: Path) -> None:
     assert res[2] is None  # killed
     for r in (0, 1):
         v = res[r]["value"] if res[r] and res[r]["ok"] else pytest.fail(f"rank {r}: {res[r]}")
-        assert v["error"] and v["ranks"] == [2] and "rank(s) [2] stopped responding" in v["error"], v
+        assert (
+            v["error"] and v["ranks"] == [2] and "rank(s) [2] stopped responding" in v["error"]
+        ), v
         assert "last in phase 'write'" in v["error"], v  # killed while writing its chunks
         assert v["seconds"] < timeout + 5, v  # named within about 3 s of the kill
         print(f"rank {r} raised after {v['seconds']:.1f} s: {v['error'][:200]}")
@@ -199,7 +235,9 @@ def test_stuck_rank_others_fail_at_the_timeout(tmp_path: Path) -> None:
     assert res[2] is None  # stopped, then killed by the harness
     for r in (0, 1):
         v = values([res[r]])[0]
-        assert v["error"] and "timeout 5 s" in v["error"] and v["ranks"] == [2], v  # the stuck rank, named
+        assert v["error"] and "timeout 5 s" in v["error"] and v["ranks"] == [2], (
+            v
+        )  # the stuck rank, named
         assert "last in phase 'write'" in v["error"], v
         assert timeout - 1 <= v["seconds"] < timeout + 5, v
         print(f"stuck peer: rank {r} raised after {v['seconds']:.1f} s")

@@ -21,11 +21,16 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def test_cuda_state_takes_and_restores_on_two_ranks(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "tests.distributed.cuda_job", str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=400, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.distributed.cuda_job", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     res = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(r and r["ok"] for r in res), res
     for r in res:
         assert r["value"] == {"world": 2, "atomic": True, "atomic_small_budget": True, "once": True}
-

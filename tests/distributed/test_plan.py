@@ -34,19 +34,49 @@ def _local(rank: int, world: int, rows: int = 37, mixed: bool = False, replicas:
     """Rank ``rank``'s leaves: DTensor Shard(0) over ``world // replicas`` shards (each held by
     ``replicas`` ranks: a replicating mesh dimension), replicated and per-rank tensors, a value."""
     shards = world // replicas
-    s, group = rank // replicas, list(range(rank // replicas * replicas, (rank // replicas + 1) * replicas))
+    s, group = (
+        rank // replicas,
+        list(range(rank // replicas * replicas, (rank // replicas + 1) * replicas)),
+    )
     per = -(-rows // shards)
     lo, hi = min(s * per, rows), min((s + 1) * per, rows)
     leaves: dict[str, Leaf] = {}
     for i in range(3):
-        desc = {"t": DTENSOR, "dtype": "float32", "shape": [rows, 5 + i], "box": [[lo, 0], [hi - lo, 5 + i]],
-                "container": "torch", "device": "cpu"}
+        desc = {
+            "t": DTENSOR,
+            "dtype": "float32",
+            "shape": [rows, 5 + i],
+            "box": [[lo, 0], [hi - lo, 5 + i]],
+            "container": "torch",
+            "device": "cpu",
+        }
         leaves[f"m/w{i}"] = Leaf(DTENSOR, desc, None, ((lo, 0), (hi - lo, 5 + i)), group)
     for i in range(4):
-        leaves[f"ddp/b{i}"] = Leaf(REPLICATED, {"t": REPLICATED, "dtype": "bfloat16", "shape": [50 + 7 * i, 3], "container": "torch", "device": "cpu"})
-    leaves["ddp/tiny"] = Leaf(REPLICATED, {"t": REPLICATED, "dtype": "float32", "shape": [2], "container": "torch", "device": "cpu", "data": "AAAAAAAAAAA="})
+        leaves[f"ddp/b{i}"] = Leaf(
+            REPLICATED,
+            {
+                "t": REPLICATED,
+                "dtype": "bfloat16",
+                "shape": [50 + 7 * i, 3],
+                "container": "torch",
+                "device": "cpu",
+            },
+        )
+    leaves["ddp/tiny"] = Leaf(
+        REPLICATED,
+        {
+            "t": REPLICATED,
+            "dtype": "float32",
+            "shape": [2],
+            "container": "torch",
+            "device": "cpu",
+            "data": "AAAAAAAAAAA=",
+        },
+    )
     kind = REPLICATED if (mixed and rank % 2) else LOCAL
-    leaves["x/mixed"] = Leaf(kind, {"t": kind, "dtype": "float32", "shape": [100], "container": "torch", "device": "cpu"})
+    leaves["x/mixed"] = Leaf(
+        kind, {"t": kind, "dtype": "float32", "shape": [100], "container": "torch", "device": "cpu"}
+    )
     leaves["x/step"] = Leaf(VALUE, {"t": VALUE, "value": 1})
     return Local(apps={"m": "tree"}, leaves=leaves)
 
@@ -75,7 +105,9 @@ def test_every_piece_has_exactly_one_writer(world: int, replicas: int) -> None:
         x = leaf.desc
         grid = make_grid(tuple(x["shape"]), itemsize(x["dtype"]), OPTS.chunk_bytes)
         mine = [p for k, p in got if k == key]
-        assert sum(math.prod(p[1]) for p in mine) == math.prod(x["shape"]), key  # they tile the tensor
+        assert sum(math.prod(p[1]) for p in mine) == math.prod(x["shape"]), (
+            key
+        )  # they tile the tensor
         if leaf.kind == REPLICATED:
             assert sorted(mine) == sorted(grid.boxes())
     if replicas > 1:  # a box held by several ranks: its pieces spread over them
@@ -105,7 +137,9 @@ def _naive_share(loc: Local, replicated: set[str], world: int) -> list[list[Any]
 def test_heap_share_equals_the_scan_of_every_rank(world: int) -> None:
     loc = _local(0, world)
     agreed = agree(list(loc.leaves), key_vector(loc))
-    assert replicated_share(loc, agreed, world, OPTS) == _naive_share(loc, set(agreed.replicated), world)
+    assert replicated_share(loc, agreed, world, OPTS) == _naive_share(
+        loc, set(agreed.replicated), world
+    )
 
 
 def test_agreement_replicated_demoted_and_refused() -> None:
@@ -137,12 +171,20 @@ def test_cached_assignment_equals_uncached_and_changes_miss() -> None:
     first = assignment(loc, agreed, 8, 1, OPTS, cache)
     again = _local(1, 8, mixed=True)
     again.leaves["x/step"].desc["value"] = 2  # a later take: same layout, other values
-    assert assignment(again, agreed, 8, 1, OPTS, cache) == first == assignment(loc, agreed, 8, 1, OPTS, cache=None)
+    assert (
+        assignment(again, agreed, 8, 1, OPTS, cache)
+        == first
+        == assignment(loc, agreed, 8, 1, OPTS, cache=None)
+    )
     assert (cache.hits, cache.misses) == (1, 1)
     assignment(_local(1, 8, rows=45), agreed, 8, 1, OPTS, cache)  # a shape
     assignment(_local(1, 6), agreed, 6, 1, OPTS, cache)  # the world
-    assignment(loc, agreed, 8, 1, TakeOptions(128, 4096, 32, threads=1, lease_seconds=60), cache)  # the grid
-    assignment(loc, agree(list(loc.leaves), key_vector(_local(0, 8))), 8, 1, OPTS, cache)  # the agreement
+    assignment(
+        loc, agreed, 8, 1, TakeOptions(128, 4096, 32, threads=1, lease_seconds=60), cache
+    )  # the grid
+    assignment(
+        loc, agree(list(loc.leaves), key_vector(_local(0, 8))), 8, 1, OPTS, cache
+    )  # the agreement
     assert (cache.hits, cache.misses) == (1, 5)
 
 
@@ -156,7 +198,12 @@ def test_values_held_alike_are_written_once() -> None:
             self.rank, self.world = rank, world
 
     def entry(tag: str) -> TensorEntry:
-        return TensorEntry("float32", (6, 2), tuple(ChunkRef((i, 0), (1, 2), f"{tag}{i}".ljust(64, "0")) for i in range(6)), (1, 2))
+        return TensorEntry(
+            "float32",
+            (6, 2),
+            tuple(ChunkRef((i, 0), (1, 2), f"{tag}{i}".ljust(64, "0")) for i in range(6)),
+            (1, 2),
+        )
 
     written: list[str] = []
     for r in range(world):
@@ -178,4 +225,8 @@ def test_values_held_alike_are_written_once() -> None:
 
 def test_pieces_of_a_box_are_cut_by_the_grid() -> None:  # the building block of every assignment
     grid = make_grid((10, 4), 4, 32)
-    assert list(pieces(grid, ((3, 0), (4, 4)))) == [((3, 0), (1, 4)), ((4, 0), (2, 4)), ((6, 0), (1, 4))]
+    assert list(pieces(grid, ((3, 0), (4, 4)))) == [
+        ((3, 0), (1, 4)),
+        ((4, 0), (2, 4)),
+        ((6, 0), (1, 4)),
+    ]

@@ -66,16 +66,32 @@ def test_progress_lines_name_the_slowest_rank(replicated: dict[str, Any]) -> Non
     assert all(not r["lines"] for r in res[1:])  # rank 0 alone logs
 
 
-@pytest.mark.parametrize(("how", "where"), [("stop", "read"), ("kill", "read"), ("kill", "broadcast")])
-def test_rank_lost_mid_restore_is_named_with_its_phase(replicated: dict[str, Any], how: str, where: str) -> None:
+@pytest.mark.parametrize(
+    ("how", "where"), [("stop", "read"), ("kill", "read"), ("kill", "broadcast")]
+)
+def test_rank_lost_mid_restore_is_named_with_its_phase(
+    replicated: dict[str, Any], how: str, where: str
+) -> None:
     timeout = 5.0
-    res = run_ranks(rs.stopped_restore, 4, replicated["tmp"], replicated["path"], how, where, timeout,
-                    timeout=90, silent=1)
+    res = run_ranks(
+        rs.stopped_restore,
+        4,
+        replicated["tmp"],
+        replicated["path"],
+        how,
+        where,
+        timeout,
+        timeout=90,
+        silent=1,
+    )
     assert res[2] is None  # stopped or killed
     for r in (0, 1, 3):
         v = values([res[r]])[0]
         assert v["error"] and v["ranks"] == [2], v
-        assert "rank(s) [2] stopped responding" in v["error"] and f"last in phase {where!r}" in v["error"], v["error"]
+        assert (
+            "rank(s) [2] stopped responding" in v["error"]
+            and f"last in phase {where!r}" in v["error"]
+        ), v["error"]
         assert v["seconds"] < timeout + 10, v
         if where == "read":  # before the end of the read phase nothing is applied anywhere
             assert v["untouched"], v

@@ -12,7 +12,9 @@ def _pack_bytes(store) -> int:
 
 
 def _state():
-    return ckstore.StateDict(a=torch.randn(128, 64), b=torch.randn(128, 64), c=torch.randn(64, 64), step=1)
+    return ckstore.StateDict(
+        a=torch.randn(128, 64), b=torch.randn(128, 64), c=torch.randn(64, 64), step=1
+    )
 
 
 def _mutate(state):
@@ -76,11 +78,15 @@ def test_a_loop_of_async_takes_reuses_its_staging_memory_and_each_snapshot_stays
         snaps.append(store.async_take({"s": state}, run="r", step=step).wait(timeout=60))
         _mutate(state)
     assert arenas[0] is arenas[1] is arenas[2]  # reused, take after take
-    running = store.async_take({"s": state}, run="r", step=3)  # not waited for: its arena is in use...
+    running = store.async_take(
+        {"s": state}, run="r", step=3
+    )  # not waited for: its arena is in use...
     other = store.async_take({"s": state}, run="r2", step=3)
     assert arenas[3] is not arenas[4]  # ...so the next take gets another one
     running.wait(timeout=60)
     other.wait(timeout=60)
-    for snap, want in zip(snaps, wants):  # the copies were overwritten since: the snapshots were not
+    for snap, want in zip(
+        snaps, wants
+    ):  # the copies were overwritten since: the snapshots were not
         got = snap.read_object("s")
         assert all(torch.equal(got[k], v) for k, v in want.items())

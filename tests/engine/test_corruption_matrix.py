@@ -33,7 +33,9 @@ from ckstore.objects import packs as packfmt
 EXPECTED = {
     "m/floats": torch.zeros(512),  # exp-zstd when fast, bytegroup-zstd (float planes) when dense
     "m/ints": torch.arange(512, dtype=torch.int64),  # raw when fast, zstd when dense
-    "m/noise": torch.randint(0, 256, (2048,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)),
+    "m/noise": torch.randint(
+        0, 256, (2048,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)
+    ),
     "m/bf": torch.randn(1024, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16),
 }
 
@@ -45,8 +47,19 @@ CODECS = {"fast": {"none", "exp-zstd"}, "dense": {"none", "zstd", "bytegroup-zst
 @pytest.fixture(scope="module", params=sorted(CODECS))
 def template(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("matrix") / "store"
-    s = ckstore.open(path, chunk_bytes=1024, pack_bytes=1 << 20, inline_bytes=16, take_codec=request.param, create=True)
-    s.take({"m": ckstore.StateDict({k.split("/")[1]: v.clone() for k, v in EXPECTED.items()}, step=3)}, run="r", step=1)
+    s = ckstore.open(
+        path,
+        chunk_bytes=1024,
+        pack_bytes=1 << 20,
+        inline_bytes=16,
+        take_codec=request.param,
+        create=True,
+    )
+    s.take(
+        {"m": ckstore.StateDict({k.split("/")[1]: v.clone() for k, v in EXPECTED.items()}, step=3)},
+        run="r",
+        step=1,
+    )
     s.close()
     return path
 
@@ -75,13 +88,21 @@ def _assert_seen_and_never_wrong(store: ckstore.Store, what: str) -> None:
             except CkstoreError:
                 continue
             assert torch.equal(got, want), f"{what}: {key} came back wrong"
-        dest = {"m": ckstore.StateDict({k.split("/")[1]: torch.zeros_like(v) for k, v in EXPECTED.items()}, step=0)}
+        dest = {
+            "m": ckstore.StateDict(
+                {k.split("/")[1]: torch.zeros_like(v) for k, v in EXPECTED.items()}, step=0
+            )
+        }
         try:
             snap.restore(dest)
         except CkstoreError:
-            assert all(not t.any() for k, t in dest["m"].items() if k != "step"), f"{what}: restore touched"
+            assert all(not t.any() for k, t in dest["m"].items() if k != "step"), (
+                f"{what}: restore touched"
+            )
         else:
-            assert all(torch.equal(dest["m"][k.split("/")[1]], v) for k, v in EXPECTED.items()), what
+            assert all(torch.equal(dest["m"][k.split("/")[1]], v) for k, v in EXPECTED.items()), (
+                what
+            )
     report = store.check(read_data=True)
     assert not report.ok, f"{what}: check saw nothing"
 
@@ -107,7 +128,9 @@ def _flip(at: int):
 
 def _pack(store) -> tuple[Path, packfmt.PackIndex]:
     (pack_id,) = store.repository.objects.list_packs()
-    return Path(store.url) / objects.pack_name(pack_id), packfmt.load_pack_index(store.repository.objects.backend, pack_id)
+    return Path(store.url) / objects.pack_name(pack_id), packfmt.load_pack_index(
+        store.repository.objects.backend, pack_id
+    )
 
 
 def _pack_offsets(idx: packfmt.PackIndex) -> Iterator[tuple[str, int]]:
@@ -115,7 +138,10 @@ def _pack_offsets(idx: packfmt.PackIndex) -> Iterator[tuple[str, int]]:
         yield f"header byte {i}", i
     for loc in idx.locations:
         yield f"payload of {loc.codec} chunk {loc.chunk_id[:8]} (first byte)", loc.offset
-        yield f"payload of {loc.codec} chunk {loc.chunk_id[:8]} (last byte)", loc.offset + loc.length - 1
+        yield (
+            f"payload of {loc.codec} chunk {loc.chunk_id[:8]} (last byte)",
+            loc.offset + loc.length - 1,
+        )
     e = packfmt.ENTRY.size
     fields = {"id": 0, "offset": 32, "length": 40, "raw_length": 48, "codec": 56, "padding": 60}
     for n in range(len(idx.locations)):
@@ -152,9 +178,14 @@ def test_every_part_of_the_manifest(store):
     (mid,) = store.repository.objects.list_blobs("manifests")
     path = Path(store.url) / objects.blob_name("manifests", mid)
     size = path.stat().st_size
-    changes = {f"manifest byte {at}": _flip(at) for at in (0, 1, size // 3, size // 2, size - 2, size - 1)}
-    changes |= {"manifest cut": lambda d: bytes(d[:-1]), "manifest extended": lambda d: bytes(d) + b" ",
-                "manifest empty": lambda d: b""}
+    changes = {
+        f"manifest byte {at}": _flip(at) for at in (0, 1, size // 3, size // 2, size - 2, size - 1)
+    }
+    changes |= {
+        "manifest cut": lambda d: bytes(d[:-1]),
+        "manifest extended": lambda d: bytes(d) + b" ",
+        "manifest empty": lambda d: b"",
+    }
     for what, change in changes.items():
         with _damaged_file(path, change):
             _assert_seen_and_never_wrong(store, what)
@@ -190,18 +221,28 @@ def _index_cases(store) -> dict[str, list[str]]:
         cases |= {
             f"{codec} chunk: offset + 1": [f'UPDATE chunks SET "offset" = "offset" + 1 {where}'],
             f"{codec} chunk: offset - 1": [f'UPDATE chunks SET "offset" = "offset" - 1 {where}'],
-            f"{codec} chunk: offset past the end": [f'UPDATE chunks SET "offset" = {idx.size + 10} {where}'],
+            f"{codec} chunk: offset past the end": [
+                f'UPDATE chunks SET "offset" = {idx.size + 10} {where}'
+            ],
             f"{codec} chunk: length + 1": [f"UPDATE chunks SET length = length + 1 {where}"],
             f"{codec} chunk: length - 1": [f"UPDATE chunks SET length = length - 1 {where}"],
-            f"{codec} chunk: raw length + 1": [f"UPDATE chunks SET raw_length = raw_length + 1 {where}"],
-            f"{codec} chunk: raw length - 1": [f"UPDATE chunks SET raw_length = raw_length - 1 {where}"],
+            f"{codec} chunk: raw length + 1": [
+                f"UPDATE chunks SET raw_length = raw_length + 1 {where}"
+            ],
+            f"{codec} chunk: raw length - 1": [
+                f"UPDATE chunks SET raw_length = raw_length - 1 {where}"
+            ],
             f"{codec} chunk: another pack": [f"UPDATE chunks SET pack_id = '{'e' * 64}' {where}"],
             f"{codec} chunk: row missing": [f"DELETE FROM chunks {where}"],
-            f"{codec} chunk: reference missing": [f"DELETE FROM snapshot_chunks WHERE chunk_id = '{cid}'"],
+            f"{codec} chunk: reference missing": [
+                f"DELETE FROM snapshot_chunks WHERE chunk_id = '{cid}'"
+            ],
         }
         for other in ("none", "zstd", "bytegroup-zstd", "exp-zstd", "nonsense"):
             if other != codec:
-                cases[f"{codec} chunk: codec {other}"] = [f"UPDATE chunks SET codec = '{other}' {where}"]
+                cases[f"{codec} chunk: codec {other}"] = [
+                    f"UPDATE chunks SET codec = '{other}' {where}"
+                ]
     cases["pack row missing"] = ["DELETE FROM packs"]
     other = next(c for c in sorted(by_codec) if c != "none")
     cases["chunk ids swapped"] = [
@@ -228,6 +269,8 @@ def test_gc_never_deletes_a_pack_whose_row_was_lost(store):
     with _index_changed(store, "DELETE FROM packs"):
         reopened = ckstore.open(store.url, create=False)
         reopened.gc(grace_seconds=0)
-        assert reopened.repository.objects.list_packs(), "gc took a pack that chunk rows still name for an orphan"
+        assert reopened.repository.objects.list_packs(), (
+            "gc took a pack that chunk rows still name for an orphan"
+        )
         assert torch.equal(reopened.get("r").read_object("m/ints"), EXPECTED["m/ints"])
         reopened.close()

@@ -46,7 +46,12 @@ TAKE_POINTS = [
     ("backend.put", "packs/*", 1, "before"),
     ("os.link", None, 1, "before"),  # a pack's temp file written and fsynced, never linked
     ("backend.put", "packs/*", 1, "after"),  # a pack durable, not yet in the index
-    ("backend.put", "packs/*", 2, "after"),  # (a take records its packs in the commit's transaction)
+    (
+        "backend.put",
+        "packs/*",
+        2,
+        "after",
+    ),  # (a take records its packs in the commit's transaction)
     ("index.lookup_chunks", None, 1, "after"),  # chunks pinned, nothing written
     ("backend.put", "manifests/*", 1, "before"),
     ("backend.put", "manifests/*", 1, "after"),  # manifest durable, not committed
@@ -73,7 +78,12 @@ COMPACT_POINTS = [
     ("index.rewrite_chunks", None, 1, "before"),
     ("index.rewrite_chunks", None, 1, "after"),  # switched, the loose packs not yet retired
     ("index.retire_packs", None, 1, "after"),
-    ("index.delete_retired_packs", None, 1, "after"),  # the emptied loose packs' rows gone, objects not
+    (
+        "index.delete_retired_packs",
+        None,
+        1,
+        "after",
+    ),  # the emptied loose packs' rows gone, objects not
     ("backend.delete", "packs/*", 1, "after"),  # one emptied loose pack deleted, the others not
     ("backend.put", "packs/*", 2, "after"),  # the second dense pack durable, not switched
 ]
@@ -138,10 +148,24 @@ def _child(path: str, job: str, point) -> None:
     store = ckstore.open(path, create=False)
     arm = _armed(point)
     store.repository.objects._backend = _KillAt(store.repository.objects.backend, arm)
-    for name in ("add_pack", "commit_snapshot", "lookup_chunks", "delete_snapshot", "expire_sessions",
-                 "prune_chunks", "relocate_chunks", "retire_packs", "delete_retired_packs", "rewrite_chunks"):
+    for name in (
+        "add_pack",
+        "commit_snapshot",
+        "lookup_chunks",
+        "delete_snapshot",
+        "expire_sessions",
+        "prune_chunks",
+        "relocate_chunks",
+        "retire_packs",
+        "delete_retired_packs",
+        "rewrite_chunks",
+    ):
         real = getattr(store.repository.index, name)
-        setattr(store.repository.index, name, lambda *a, _n=name, _r=real, **k: arm(f"index.{_n}", None, lambda: _r(*a, **k)))
+        setattr(
+            store.repository.index,
+            name,
+            lambda *a, _n=name, _r=real, **k: arm(f"index.{_n}", None, lambda: _r(*a, **k)),
+        )
     real_link = os.link
     os.link = lambda *a, **k: arm("os.link", None, lambda: real_link(*a, **k))  # type: ignore[assignment]
     if job == "take":
@@ -190,7 +214,9 @@ def _assert_whole(path: Path, expect_new: bool | None) -> list[int]:
         _restores_all(store)
         report = store.check(read_data=True)
         assert report.ok, report.problems
-        store.repository.index.expire_sessions(time.time() + 10 * store.lease_seconds)  # the dead take's lease
+        store.repository.index.expire_sessions(
+            time.time() + 10 * store.lease_seconds
+        )  # the dead take's lease
         store.gc(grace_seconds=0)
         after = store.check(read_data=True)
         assert after.ok and after.orphan_packs == [] and after.orphan_manifests == [], after
@@ -215,7 +241,9 @@ def test_take_killed_at_every_point_leaves_the_store_whole(template, tmp_path, p
     path = _copy(template, tmp_path)
     assert _run_killed(path, "take", point) == -signal.SIGKILL, "the kill point was never reached"
     committed = point[0] == "index.commit_snapshot" and point[3] == "after"
-    assert _assert_whole(path, expect_new=committed) == list(range(1, BASE_STEPS + 1)) + ([NEW_STEP] if committed else [])
+    assert _assert_whole(path, expect_new=committed) == list(range(1, BASE_STEPS + 1)) + (
+        [NEW_STEP] if committed else []
+    )
 
 
 @pytest.fixture(scope="module")
@@ -240,18 +268,26 @@ def test_gc_killed_at_every_point_leaves_the_store_whole(gc_template, tmp_path, 
     assert {BASE_STEPS - 1, BASE_STEPS} <= set(steps)  # keep_last=2 never drops these
 
 
-@pytest.mark.parametrize("point", COMPACT_POINTS, ids=lambda p: f"{p[0]}:{p[1] or ''}:{p[2]}:{p[3]}")
+@pytest.mark.parametrize(
+    "point", COMPACT_POINTS, ids=lambda p: f"{p[0]}:{p[1] or ''}:{p[2]}:{p[3]}"
+)
 def test_compaction_killed_at_every_point_leaves_the_store_whole(template, tmp_path, point):
     """Loose packs of five takes (deltas against parents), compaction killed anywhere: every
     snapshot restores, check is clean, and the next compaction finishes the job."""
     path = _copy(template, tmp_path)
-    assert _run_killed(path, "compact", point) == -signal.SIGKILL, "the kill point was never reached"
+    assert _run_killed(path, "compact", point) == -signal.SIGKILL, (
+        "the kill point was never reached"
+    )
     assert _assert_whole(path, expect_new=False) == list(range(1, BASE_STEPS + 1))
     with ckstore.open(path, create=False) as store:
         store.repository.index.expire_sessions(time.time() + 10 * store.lease_seconds)
         store.compact()
         newest = store.repository.index.snapshot_chunk_ids(store.get("loop").id)
-        loose = {c.chunk_id for c in store.repository.index.loose_chunks() if c.codec in ("none", "exp-zstd")}
+        loose = {
+            c.chunk_id
+            for c in store.repository.index.loose_chunks()
+            if c.codec in ("none", "exp-zstd")
+        }
         assert loose <= newest, "chunks of older snapshots stayed loose"
         assert store.check(read_data=True).ok
         _restores_all(store)

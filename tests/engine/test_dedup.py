@@ -41,7 +41,12 @@ def test_two_models_sharing_a_backbone_share_its_chunks(store):
     head_a, head_b = torch.nn.Linear(64, 4), torch.nn.Linear(64, 4)
     a = store.take({"backbone": backbone, "head": head_a}, run="a")
     b = store.take({"backbone": backbone, "head": head_b}, run="b")
-    backbone_chunks = {c.id for k, e in a.manifest.entries.items() if k.startswith("backbone/") and e.kind == "tensor" for c in e.chunks}
+    backbone_chunks = {
+        c.id
+        for k, e in a.manifest.entries.items()
+        if k.startswith("backbone/") and e.kind == "tensor"
+        for c in e.chunks
+    }
     assert backbone_chunks and backbone_chunks <= b.manifest.chunk_ids()
     assert b.stats["reused_chunks"] >= len(backbone_chunks)
     assert b.stats["new_bytes"] < a.stats["new_bytes"] / 4
@@ -61,7 +66,9 @@ def test_sibling_stores_do_not_share_but_a_store_dedups_across_runs(tmp_path):
 
 
 def test_read_object_reads_only_that_tensors_chunks(store_path):
-    setup = ckstore.open(store_path, chunk_bytes=4096, pack_bytes=1 << 20, inline_bytes=64, create=True)
+    setup = ckstore.open(
+        store_path, chunk_bytes=4096, pack_bytes=1 << 20, inline_bytes=64, create=True
+    )
     state = ckstore.StateDict({f"w{i}": torch.randn(128, 64) for i in range(6)})
     setup.take({"s": state}, run="r")
     setup.close()

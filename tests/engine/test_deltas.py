@@ -50,7 +50,9 @@ def test_pack_is_version_2_only_when_it_holds_a_delta() -> None:
     w.add(base_id, "none", raw, len(raw))
     plain = w.finish()
     assert plain is not None
-    assert HEADER.unpack(backend.get(objects.pack_name(plain[0]), 0, HEADER.size))[1] == FORMAT_VERSION
+    assert (
+        HEADER.unpack(backend.get(objects.pack_name(plain[0]), 0, HEADER.size))[1] == FORMAT_VERSION
+    )
 
     new = bytearray(raw)
     new[5] ^= 0xFF
@@ -61,13 +63,17 @@ def test_pack_is_version_2_only_when_it_holds_a_delta() -> None:
     done = w.finish()
     assert done is not None
     pack_id, _, locs = done
-    assert HEADER.unpack(backend.get(objects.pack_name(pack_id), 0, HEADER.size))[1] == DELTA_FORMAT_VERSION
+    assert (
+        HEADER.unpack(backend.get(objects.pack_name(pack_id), 0, HEADER.size))[1]
+        == DELTA_FORMAT_VERSION
+    )
     (loc,) = load_pack_index(backend, pack_id).locations
     assert loc.base_id == base_id and loc.codec == codec
     # a reader holding the chain decodes it; without the base it refuses, naming the base
     full = plain[2][0]
-    chained = objects.ChunkLocation(loc.chunk_id, loc.pack_id, loc.offset, loc.length, loc.raw_length,
-                                    loc.codec, base_id, full)
+    chained = objects.ChunkLocation(
+        loc.chunk_id, loc.pack_id, loc.offset, loc.length, loc.raw_length, loc.codec, base_id, full
+    )
     assert bytes(store.read_chunk(chained)) == bytes(new)
     with pytest.raises(ckstore.CorruptionError, match=base_id):
         store.read_chunk(loc)
@@ -80,7 +86,9 @@ def test_pack_is_version_2_only_when_it_holds_a_delta() -> None:
 
 
 # -- the store ---------------------------------------------------------------------------------
-def test_parent_deltas_restore_every_snapshot_and_stay_within_the_depth_limit(tmp_path: Path) -> None:
+def test_parent_deltas_restore_every_snapshot_and_stay_within_the_depth_limit(
+    tmp_path: Path,
+) -> None:
     states = train(7)
     with ckstore.open(tmp_path / "delta", delta_depth=3, **KNOBS, create=True) as store:
         ids = take_all(store, states, delta_base="parent")
@@ -118,8 +126,12 @@ def test_store_default_and_explicit_none(tmp_path: Path) -> None:
 def test_fine_tune_against_a_tagged_base_model(tmp_path: Path) -> None:
     base, tuned = train(1, seed=1)[0], {}
     g = torch.Generator().manual_seed(5)
-    tuned = {k: (v + 1e-3 * torch.randn(v.shape, generator=g)).to(v.dtype) if v.is_floating_point() else v
-             for k, v in base.items()}
+    tuned = {
+        k: (v + 1e-3 * torch.randn(v.shape, generator=g)).to(v.dtype)
+        if v.is_floating_point()
+        else v
+        for k, v in base.items()
+    }
     with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take({"m": App(dict(base))}, run="base", tags=["base-model"])
         snap = store.take({"m": App(dict(tuned))}, run="ft", delta_base="base-model")
@@ -164,10 +176,14 @@ def test_check_and_restore_see_a_damaged_base(tmp_path: Path) -> None:
         path.write_bytes(bytes(data))
         report = store.check(read_data=True)
         assert not report.ok
-        assert any(delta.chunk_id in p.message or root.chunk_id in p.message for p in report.problems)
+        assert any(
+            delta.chunk_id in p.message or root.chunk_id in p.message for p in report.problems
+        )
         victim = next(i for i in ids if delta.chunk_id in store.get(i).manifest.chunk_ids())
         with pytest.raises(ckstore.CorruptionError, match="delta chain|damaged"):
-            store.get(victim).restore({"m": App({k: torch.zeros_like(v) for k, v in states[0].items()})})
+            store.get(victim).restore(
+                {"m": App({k: torch.zeros_like(v) for k, v in states[0].items()})}
+            )
 
 
 def test_reindex_rebuilds_delta_edges_and_depths(tmp_path: Path) -> None:
@@ -182,7 +198,9 @@ def test_reindex_rebuilds_delta_edges_and_depths(tmp_path: Path) -> None:
     with ckstore.open(path, create=True) as store:
         report = store.reindex()
         assert report.snapshots == 5 and report.skipped == []
-        assert {(c.chunk_id, c.base_id, c.depth) for c in store.repository.index.all_chunks()} == before
+        assert {
+            (c.chunk_id, c.base_id, c.depth) for c in store.repository.index.all_chunks()
+        } == before
         for i, s in zip(ids, states):
             assert restores(store, i, s)
         assert store.check(read_data=True).ok
@@ -212,21 +230,54 @@ def test_distributed_take_refuses_deltas_clearly(tmp_path: Path) -> None:
         _takes._no_dist_deltas(TakeSpec.of(run="r", delta_base="parent"))
 
 
-def test_cli_import_of_a_fine_tune_against_its_base(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_import_of_a_fine_tune_against_its_base(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from safetensors.torch import save_file
 
     from ckstore import cli
 
     g = torch.Generator().manual_seed(3)
-    base = {"layer.weight": torch.randn(128, 256, generator=g), "layer.bias": torch.randn(256, generator=g)}
+    base = {
+        "layer.weight": torch.randn(128, 256, generator=g),
+        "layer.bias": torch.randn(256, generator=g),
+    }
     tuned = {k: v + 1e-4 * torch.randn(v.shape, generator=g) for k, v in base.items()}
     save_file(base, str(tmp_path / "base.safetensors"))
     save_file(tuned, str(tmp_path / "tuned.safetensors"))
     store = str(tmp_path / "s")
     assert cli.main(["--store", store, "init"]) == 0
-    assert cli.main(["--store", store, "import", str(tmp_path / "base.safetensors"), "--run", "base", "--tag", "base-model"]) == 0
-    assert cli.main(["--store", store, "import", str(tmp_path / "tuned.safetensors"), "--run", "sft",
-                     "--delta-base", "base", "--json"]) == 0
+    assert (
+        cli.main(
+            [
+                "--store",
+                store,
+                "import",
+                str(tmp_path / "base.safetensors"),
+                "--run",
+                "base",
+                "--tag",
+                "base-model",
+            ]
+        )
+        == 0
+    )
+    assert (
+        cli.main(
+            [
+                "--store",
+                store,
+                "import",
+                str(tmp_path / "tuned.safetensors"),
+                "--run",
+                "sft",
+                "--delta-base",
+                "base",
+                "--json",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert cli.main(["--store", store, "du"]) == 0
     assert "deltas in sft:" in capsys.readouterr().out
@@ -268,16 +319,24 @@ def test_a_new_handle_verifies_bases_and_a_damaged_base_never_blocks_a_take(tmp_
     path = tmp_path / "s"
     with ckstore.open(path, **KNOBS, create=True) as store:
         first = store.take({"m": App(dict(states[0]))}, run="r", step=0).id
-    with ckstore.open(path, **KNOBS, create=True) as store:  # nothing trusted yet: bases are read and verified
+    with ckstore.open(
+        path, **KNOBS, create=True
+    ) as store:  # nothing trusted yet: bases are read and verified
         second = store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent").id
         assert any(c.base_id for c in store.repository.index.all_chunks())
-        third = store.take({"m": App(dict(states[2]))}, run="r", step=2, delta_base="parent").id  # trusted
+        third = store.take(
+            {"m": App(dict(states[2]))}, run="r", step=2, delta_base="parent"
+        ).id  # trusted
         for i, s in zip((first, second, third), states):
             assert restores(store, i, s)
     # damage one keyframe's payload: a new take stores the chunks against it whole, and says so
     with ckstore.open(path, **KNOBS, create=True) as store:
         rows = {c.chunk_id: c for c in store.repository.index.all_chunks()}
-        root = next(c for c in rows.values() if c.base_id is None and c.chunk_id in store.get(first).manifest.chunk_ids())
+        root = next(
+            c
+            for c in rows.values()
+            if c.base_id is None and c.chunk_id in store.get(first).manifest.chunk_ids()
+        )
         pack = Path(store.url) / objects.pack_name(root.pack_id)
         data = bytearray(pack.read_bytes())
         data[root.offset + root.length // 3] ^= 0x10
@@ -287,8 +346,14 @@ def test_a_new_handle_verifies_bases_and_a_damaged_base_never_blocks_a_take(tmp_
         assert restores(store, snap.id, states[3])
 
 
-@pytest.mark.parametrize("codecs", [("bytegroup", "xor-zstd", "xor-bytegroup-zstd"), ("none", "xor-bytegroup-zstd", "xor-zstd"),
-                                    ("bytegroup", "xor-bytegroup-zstd", "xor-bytegroup-zstd")])
+@pytest.mark.parametrize(
+    "codecs",
+    [
+        ("bytegroup", "xor-zstd", "xor-bytegroup-zstd"),
+        ("none", "xor-bytegroup-zstd", "xor-zstd"),
+        ("bytegroup", "xor-bytegroup-zstd", "xor-bytegroup-zstd"),
+    ],
+)
 def test_chains_of_mixed_codecs_decode_and_verify(codecs: tuple[str, str, str]) -> None:
     """Whatever mix of codecs a (crafted or future) writer chains, readers get the right bytes."""
     from ckstore.objects.codecs import BYTEGROUP_ZSTD, ZSTD, _encode_grouped
@@ -313,7 +378,9 @@ def test_chains_of_mixed_codecs_decode_and_verify(codecs: tuple[str, str, str]) 
     root_codec = "bytegroup-zstd" if codecs[0] == "bytegroup" else "none"
     w.add(ids[0], root_codec, payload(root_codec, raws[0]), len(raws[0]))
     for k in (1, 2):
-        xor = np.bitwise_xor(np.frombuffer(raws[k], np.uint8), np.frombuffer(raws[k - 1], np.uint8)).tobytes()
+        xor = np.bitwise_xor(
+            np.frombuffer(raws[k], np.uint8), np.frombuffer(raws[k - 1], np.uint8)
+        ).tobytes()
         w.add(ids[k], codecs[k], payload(codecs[k], xor), len(xor), ids[k - 1])
     done = w.finish()
     assert done is not None
@@ -329,7 +396,9 @@ def test_chains_of_mixed_codecs_decode_and_verify(codecs: tuple[str, str, str]) 
     assert bytes(out) == raws[2]
 
 
-def test_a_trusted_base_whose_pack_is_gone_never_blocks_a_take(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_trusted_base_whose_pack_is_gone_never_blocks_a_take(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The bases of a training loop's next take are trusted (read or written by this handle):
     a base pack lost meanwhile (a gc beside with no grace, a damaged store) must make the
     take store those chunks whole, as for an untrusted base, not fail it."""
@@ -337,7 +406,9 @@ def test_a_trusted_base_whose_pack_is_gone_never_blocks_a_take(tmp_path: Path, c
     with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take({"m": App(dict(states[0]))}, run="r", step=0)
         first_packs = {c.pack_id for c in store.repository.index.all_chunks()}
-        store.take({"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent")  # trusts the bases
+        store.take(
+            {"m": App(dict(states[1]))}, run="r", step=1, delta_base="parent"
+        )  # trusts the bases
         for pack_id in first_packs:
             store.repository.objects.delete_pack(pack_id)
         snap = store.take({"m": App(dict(states[2]))}, run="r", step=2, delta_base="parent")
@@ -362,8 +433,10 @@ def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decode
         if not digests:
             forget_payload_digests(store)
         rows = {c.chunk_id: c for c in store.repository.index.all_chunks()}
-        delta = min((rows[c.id] for c in snap.manifest.entries["m/w"].chunks if rows[c.id].base_id),
-                    key=lambda r: r.chunk_id)
+        delta = min(
+            (rows[c.id] for c in snap.manifest.entries["m/w"].chunks if rows[c.id].base_id),
+            key=lambda r: r.chunk_id,
+        )
         dest = {k: torch.zeros_like(v) for k, v in states[1].items()}
         reader = snap.view.reader()
         prepared = prepare(reader, {"m": App(dest)}, budget=0)  # nothing staged: all read again
@@ -376,7 +449,11 @@ def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decode
         data[payload + 2 + 4 * 9 + length // 2] ^= 0x01
         pack.chmod(0o644)
         pack.write_bytes(bytes(data))
-        why = "differs from the one its writer recorded" if digests else "changed after it was verified"
+        why = (
+            "differs from the one its writer recorded"
+            if digests
+            else "changed after it was verified"
+        )
         with pytest.raises(ckstore.CorruptionError, match=why):
             apply(prepared, reader)
         for key, want in states[1].items():

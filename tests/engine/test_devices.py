@@ -100,15 +100,30 @@ def test_pool_is_bounded_and_reuses_a_buffer_only_after_its_transfer() -> None:
 
 def _state(seed: int = 0) -> dict[str, ckstore.StateDict]:
     g = torch.Generator().manual_seed(seed)
-    return {"m": ckstore.StateDict(w=torch.randn(64, 48, generator=g), b=torch.randn(300, generator=g),
-                                   h=torch.randn(40, 40, generator=g).to(torch.bfloat16), step=7)}
+    return {
+        "m": ckstore.StateDict(
+            w=torch.randn(64, 48, generator=g),
+            b=torch.randn(300, generator=g),
+            h=torch.randn(40, 40, generator=g).to(torch.bfloat16),
+            step=7,
+        )
+    }
 
 
 def _zeros_like(state: dict[str, ckstore.StateDict]) -> dict[str, ckstore.StateDict]:
-    return {"m": ckstore.StateDict({k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in state["m"].items()})}
+    return {
+        "m": ckstore.StateDict(
+            {
+                k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0
+                for k, v in state["m"].items()
+            }
+        )
+    }
 
 
-def test_take_stages_device_chunks_through_a_bounded_pool(store: ckstore.Store, late: LateCopier, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_take_stages_device_chunks_through_a_bounded_pool(
+    store: ckstore.Store, late: LateCopier, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ckstore.engine import device_stage
 
     monkeypatch.setattr(device_stage, "DEVICE_STAGING_BYTES", 4 * store.config.chunk_bytes)
@@ -124,8 +139,12 @@ def test_take_stages_device_chunks_through_a_bounded_pool(store: ckstore.Store, 
     assert store.check(read_data=True).ok
 
 
-@pytest.mark.parametrize(("budget", "atomic"), [(None, True), (0, True), (1 << 30, True), (None, False)])
-def test_restore_into_device_destinations_goes_through_host_buffers(store: ckstore.Store, late: LateCopier, budget: int | None, atomic: bool) -> None:
+@pytest.mark.parametrize(
+    ("budget", "atomic"), [(None, True), (0, True), (1 << 30, True), (None, False)]
+)
+def test_restore_into_device_destinations_goes_through_host_buffers(
+    store: ckstore.Store, late: LateCopier, budget: int | None, atomic: bool
+) -> None:
     src = _state(1)
     store.take(src, run="r")  # a take through the device path too
     dest = _zeros_like(src)
@@ -140,7 +159,9 @@ def test_restore_into_device_destinations_goes_through_host_buffers(store: cksto
 
 
 @pytest.mark.parametrize("digests", [True, False], ids=["digests", "no-digests"])
-def test_a_payload_that_changes_between_the_passes_is_refused(store: ckstore.Store, digests: bool) -> None:
+def test_a_payload_that_changes_between_the_passes_is_refused(
+    store: ckstore.Store, digests: bool
+) -> None:
     from ckstore.engine.restore import apply, prepare
 
     src = _state(2)
@@ -153,8 +174,12 @@ def test_a_payload_that_changes_between_the_passes_is_refused(store: ckstore.Sto
     if digests:  # checked against the recorded digests, nothing decoded
         assert all(j.staged is None and j.checked and j.fingerprint is None for j in prepared.jobs)
     else:
-        assert all(j.staged is None and not j.checked and j.fingerprint is not None for j in prepared.jobs)
-    assert all(torch.count_nonzero(v) == 0 for v in dest["m"].values() if isinstance(v, torch.Tensor))
+        assert all(
+            j.staged is None and not j.checked and j.fingerprint is not None for j in prepared.jobs
+        )
+    assert all(
+        torch.count_nonzero(v) == 0 for v in dest["m"].values() if isinstance(v, torch.Tensor)
+    )
     pack = next(iter(store.repository.objects.list_packs()))
     path = store.repository.objects.backend._path(ckstore.objects.pack_name(pack))  # type: ignore[attr-defined]
     data = bytearray(open(path, "rb").read())
@@ -166,7 +191,9 @@ def test_a_payload_that_changes_between_the_passes_is_refused(store: ckstore.Sto
         apply(prepared, reader)
 
 
-def test_the_arena_keeps_what_fits_the_budget_and_only_the_rest_is_read_again(store: ckstore.Store) -> None:
+def test_the_arena_keeps_what_fits_the_budget_and_only_the_rest_is_read_again(
+    store: ckstore.Store,
+) -> None:
     from ckstore import objects
 
     src = {"m": ckstore.StateDict(w=torch.randn(64, 64))}  # 16 chunks of 1 KiB
@@ -189,11 +216,19 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def test_cuda_take_and_restore_round_trip(tmp_path, atomic: bool) -> None:
     store = ckstore.open(tmp_path / "s", chunk_bytes=1 << 16, create=True)
     g = torch.Generator(device="cuda").manual_seed(0)
-    src = {"m": ckstore.StateDict(w=torch.randn(1024, 256, device="cuda", generator=g),
-                                  h=torch.randn(300, 7, device="cuda", generator=g).to(torch.bfloat16))}
+    src = {
+        "m": ckstore.StateDict(
+            w=torch.randn(1024, 256, device="cuda", generator=g),
+            h=torch.randn(300, 7, device="cuda", generator=g).to(torch.bfloat16),
+        )
+    }
     snap = store.take(src, run="r")
-    dest = {"m": ckstore.StateDict(w=torch.zeros(1024, 256, device="cuda"),
-                                   h=torch.zeros(300, 7, device="cuda", dtype=torch.bfloat16))}
+    dest = {
+        "m": ckstore.StateDict(
+            w=torch.zeros(1024, 256, device="cuda"),
+            h=torch.zeros(300, 7, device="cuda", dtype=torch.bfloat16),
+        )
+    }
     snap.restore(dest, atomic=atomic)
     assert torch.equal(dest["m"]["w"], src["m"]["w"]) and torch.equal(dest["m"]["h"], src["m"]["h"])
     assert dest["m"]["w"].is_cuda
@@ -207,7 +242,9 @@ def test_cuda_copier_uses_pinned_buffers() -> None:
 
 
 @cuda
-def test_async_take_of_a_gpu_state_copies_into_pinned_memory_and_holds_the_state_of_the_call(tmp_path) -> None:
+def test_async_take_of_a_gpu_state_copies_into_pinned_memory_and_holds_the_state_of_the_call(
+    tmp_path,
+) -> None:
     """The copies from the GPU go into a pinned arena, issued at once and waited for before the
     call returns: kernels launched right after it cannot reach the snapshot. The next async
     take reuses the arena; a CPU state gets a pageable one."""

@@ -47,12 +47,16 @@ def test_forked_children_reading_at_once_never_see_each_others_bytes(tmp_path: P
     with ckstore.open(tmp_path / "s", chunk_bytes=4096, create=True) as store:
         for run, w in states.items():
             store.take({"m": ckstore.StateDict(w=w)}, run=run)
-        assert torch.equal(store.get("r0").read_object("m/w"), states["r0"])  # the parent's buffers exist now
+        assert torch.equal(
+            store.get("r0").read_object("m/w"), states["r0"]
+        )  # the parent's buffers exist now
         ctx = multiprocessing.get_context("fork")
         pipes, procs = [], []
         for run, w in states.items():
             recv, send = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, args=(str(tmp_path / "s"), run, w.numpy().tobytes(), send))
+            p = ctx.Process(
+                target=_child, args=(str(tmp_path / "s"), run, w.numpy().tobytes(), send)
+            )
             p.start()
             pipes.append(recv)
             procs.append(p)

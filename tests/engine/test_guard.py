@@ -29,11 +29,17 @@ def _store(tmp_path: Path) -> ckstore.Store:
     return ckstore.open(tmp_path / "s", create=True, **TINY)
 
 
-def _take(store: ckstore.Store, app: dict[str, Any], step: int, **kw: Any) -> tuple[ckstore.StoredSnapshot, list[str]]:
+def _take(
+    store: ckstore.Store, app: dict[str, Any], step: int, **kw: Any
+) -> tuple[ckstore.StoredSnapshot, list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         snap = store.take(app, run=kw.pop("run", "r"), step=step, **kw)
-    return snap, [str(w.message) for w in caught if issubclass(w.category, (StaleStateWarning, NonFiniteWarning))]
+    return snap, [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, (StaleStateWarning, NonFiniteWarning))
+    ]
 
 
 # --- health: NaN, Inf, norms ---------------------------------------------------------------------
@@ -47,7 +53,9 @@ def test_every_injected_nan_and_inf_is_counted(tmp_path: Path, dtype: torch.dtyp
             t = torch.randn(size, generator=torch.Generator().manual_seed(size + where)).to(dtype)
             t[where] = bad
             t2 = torch.randn(300).to(dtype)
-            snap, _ = _take(store, {"m": ckstore.StateDict(t=t, ok=t2)}, cases, on_nonfinite="ignore")
+            snap, _ = _take(
+                store, {"m": ckstore.StateDict(t=t, ok=t2)}, cases, on_nonfinite="ignore"
+            )
             h = snap.health
             assert h is not None and h.tensors is not None
             want = (1, 0) if math.isnan(bad) else (0, 1)
@@ -63,10 +71,16 @@ def test_norms_match_torch_and_integers_have_no_record(tmp_path: Path) -> None:
     store = _store(tmp_path)
     gen = torch.Generator().manual_seed(3)
     state = {
-        "f32": torch.randn(37, 29, generator=gen), "bf16": torch.randn(1000, generator=gen).bfloat16(),
-        "f16": (torch.randn(500, generator=gen) * 300).half(),  # a norm past float16's range: still right
-        "c64": torch.randn(200, dtype=torch.complex64, generator=gen), "small": torch.ones(3),
-        "i64": torch.arange(1000), "mask": torch.ones(100, dtype=torch.bool), "empty": torch.empty(0, 4),
+        "f32": torch.randn(37, 29, generator=gen),
+        "bf16": torch.randn(1000, generator=gen).bfloat16(),
+        "f16": (
+            torch.randn(500, generator=gen) * 300
+        ).half(),  # a norm past float16's range: still right
+        "c64": torch.randn(200, dtype=torch.complex64, generator=gen),
+        "small": torch.ones(3),
+        "i64": torch.arange(1000),
+        "mask": torch.ones(100, dtype=torch.bool),
+        "empty": torch.empty(0, 4),
     }
     snap, found = _take(store, {"m": ckstore.StateDict(state)}, 1)
     assert found == []
@@ -74,17 +88,29 @@ def test_norms_match_torch_and_integers_have_no_record(tmp_path: Path) -> None:
     assert h is not None and h.tensors is not None
     assert set(h.tensors) == {"m/f32", "m/bf16", "m/f16", "m/c64", "m/small", "m/empty"}
     for name in ("f32", "bf16", "f16", "c64", "small"):
-        want = float(torch.linalg.vector_norm(state[name].to(torch.complex128 if name == "c64" else torch.float64)))
+        want = float(
+            torch.linalg.vector_norm(
+                state[name].to(torch.complex128 if name == "c64" else torch.float64)
+            )
+        )
         got = h.tensors[f"m/{name}"].norm
-        assert got is not None and math.isclose(got, want, rel_tol=1e-2 if name in ("bf16", "f16") else 1e-5), name
+        assert got is not None and math.isclose(
+            got, want, rel_tol=1e-2 if name in ("bf16", "f16") else 1e-5
+        ), name
     assert h.tensors["m/empty"].norm == 0.0
-    assert snap.record.nonfinite == 0 and snap.healthy is True and snap.record.stale is None  # first of its run
+    assert (
+        snap.record.nonfinite == 0 and snap.healthy is True and snap.record.stale is None
+    )  # first of its run
     store.close()
 
 
 def test_nonfinite_policies(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    bad = {"m": ckstore.StateDict(w=torch.tensor([1.0] * 500 + [float("nan")]), b=torch.full((600,), float("inf")))}
+    bad = {
+        "m": ckstore.StateDict(
+            w=torch.tensor([1.0] * 500 + [float("nan")]), b=torch.full((600,), float("inf"))
+        )
+    }
     with pytest.raises(NonFiniteError, match=r"NaN or Inf in 2 tensor\(s\): m/b, m/w") as err:
         store.take(bad, run="r", step=1, on_nonfinite="raise")
     assert err.value.keys == ["m/b", "m/w"] and store.log("r") == []  # nothing committed
@@ -107,8 +133,10 @@ def test_one_warning_per_key_pattern(tmp_path: Path) -> None:
     store = _store(tmp_path)
     layers = {f"layers.{i}.weight": torch.full((300,), float("nan")) for i in range(12)}
     _, found = _take(store, {"m": ckstore.StateDict(layers)}, 1)
-    assert found == ["ckstore: take of r@1: NaN/Inf in m/layers.*.weight (12 tensors); committed, recorded "
-                     "unhealthy (roll back with store.get('r@healthy'))"]
+    assert found == [
+        "ckstore: take of r@1: NaN/Inf in m/layers.*.weight (12 tensors); committed, recorded "
+        "unhealthy (roll back with store.get('r@healthy'))"
+    ]
     store.close()
 
 
@@ -165,7 +193,11 @@ def test_every_injected_stale_save_is_flagged(tmp_path: Path) -> None:
     injected += 1
     stale = set(snap.health.stale or ())  # type: ignore[union-attr]
     trainable = {f"model/{n}" for n, _ in t.model.named_parameters()}
-    moments = {k for k in snap.get_manifest() if k.startswith("optim/state/") and k.endswith(("exp_avg", "exp_avg_sq"))}
+    moments = {
+        k
+        for k in snap.get_manifest()
+        if k.startswith("optim/state/") and k.endswith(("exp_avg", "exp_avg_sq"))
+    }
     assert stale == trainable | moments and len(moments) == 2 * len(trainable)
     assert any("model/" in f and "did not change since step 1" in f for f in found)
     flagged += bool(stale)
@@ -185,7 +217,11 @@ def test_every_injected_stale_save_is_flagged(tmp_path: Path) -> None:
     Trainer(t.model, idle, t.gen, t.dim)  # never steps
     t.train()
     for p in idle.param_groups[0]["params"]:
-        idle.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.randn(p.shape), "exp_avg_sq": torch.rand(p.shape)}
+        idle.state[p] = {
+            "step": torch.tensor(1.0),
+            "exp_avg": torch.randn(p.shape),
+            "exp_avg_sq": torch.rand(p.shape),
+        }
     _take(store, {"model": t.model, "optim": idle}, 1, run="idle")
     t.train()
     snap, _ = _take(store, {"model": t.model, "optim": idle}, 2, run="idle")
@@ -219,7 +255,9 @@ def test_stale_policies_and_trainable_globs(tmp_path: Path) -> None:
     _take(store, state, 1)
     snap, found = _take(store, state, 2)
     assert [k for k in snap.health.stale or ()] == ["model/bias", "model/weight"]  # type: ignore[union-attr]
-    snap, found = _take(store, state, 3, trainable=["ema/*"])  # a tensor the caller says should change
+    snap, found = _take(
+        store, state, 3, trainable=["ema/*"]
+    )  # a tensor the caller says should change
     assert "ema/w" in (snap.health.stale or ())  # type: ignore[union-attr]
     with pytest.raises(StaleStateError, match="should train did not change since step 3") as err:
         store.take(state, run="r", step=4, on_stale="raise")
@@ -246,12 +284,16 @@ def test_imported_optimizer_moments_are_checked(tmp_path: Path) -> None:
     store.close()
 
 
-def test_chunks_of_a_clean_parent_tensor_are_not_measured_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chunks_of_a_clean_parent_tensor_are_not_measured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ckstore.engine import guard as guard_module
 
     measured: list[int] = []
     real = guard_module.chunk_stats
-    monkeypatch.setattr(guard_module, "chunk_stats", lambda v, d: measured.append(len(v)) or real(v, d))
+    monkeypatch.setattr(
+        guard_module, "chunk_stats", lambda v, d: measured.append(len(v)) or real(v, d)
+    )
     store = _store(tmp_path)
     frozen, partly, dirty = torch.randn(2000), torch.randn(2000), torch.randn(2000)
     dirty[5] = float("nan")
@@ -264,20 +306,29 @@ def test_chunks_of_a_clean_parent_tensor_are_not_measured_again(tmp_path: Path, 
     assert len(measured) == 1 + 8  # the changed chunk, and the tensor whose parent held a NaN
     h1, h2 = first.health.tensors, second.health.tensors  # type: ignore[union-attr]
     assert h2["m/frozen"] == h1["m/frozen"]  # all its chunks: the parent's figures, norm included
-    assert (h2["m/partly"].nan, h2["m/partly"].inf, h2["m/partly"].norm) == (0, 1, None)  # exact counts, no norm
+    assert (h2["m/partly"].nan, h2["m/partly"].inf, h2["m/partly"].norm) == (
+        0,
+        1,
+        None,
+    )  # exact counts, no norm
     assert h2["m/dirty"] == h1["m/dirty"] and h2["m/dirty"].nan == 1
     assert second.record.nonfinite == 2
     store.close()
 
 
-def test_device_chunks_are_measured_once_their_copy_landed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_device_chunks_are_measured_once_their_copy_landed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Device tensors reach the guard as host buffers filled by asynchronous copies; routed
     through those paths (late copies), the figures equal a plain take's."""
     from ckstore.engine import device_stage, devices
     from tests.engine.test_devices import LateCopier
 
     gen = torch.Generator().manual_seed(4)
-    state = {"w": torch.randn(64, 48, generator=gen), "h": torch.randn(400, generator=gen).bfloat16()}
+    state = {
+        "w": torch.randn(64, 48, generator=gen),
+        "h": torch.randn(400, generator=gen).bfloat16(),
+    }
     state["w"][10, 3] = float("nan")
     state["h"][-1] = float("inf")
     store = _store(tmp_path)
@@ -286,7 +337,9 @@ def test_device_chunks_are_measured_once_their_copy_landed(tmp_path: Path, monke
     monkeypatch.setattr(devices, "DEVICE_TYPES", frozenset({"cpu"}))
     monkeypatch.setattr(devices, "copier_for", lambda t: copier)
     monkeypatch.setattr(device_stage, "DEVICE_STAGING_BYTES", 4 * store.config.chunk_bytes)
-    staged, _ = _take(store, {"m": ckstore.StateDict(state)}, 1, run="staged", on_nonfinite="ignore")
+    staged, _ = _take(
+        store, {"m": ckstore.StateDict(state)}, 1, run="staged", on_nonfinite="ignore"
+    )
     assert copier.max_in_flight > 1
     assert staged.health.tensors == plain.health.tensors and staged.record.nonfinite == 2  # type: ignore[union-attr]
     copier.finish()

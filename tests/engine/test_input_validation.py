@@ -22,7 +22,13 @@ BIG_REF = "r@" + "9" * 40
 
 @pytest.fixture
 def mem():
-    s = ckstore.open(f"memory://validation-{uuid.uuid4().hex}", chunk_bytes=1024, pack_bytes=8192, inline_bytes=64, create=True)
+    s = ckstore.open(
+        f"memory://validation-{uuid.uuid4().hex}",
+        chunk_bytes=1024,
+        pack_bytes=8192,
+        inline_bytes=64,
+        create=True,
+    )
     s.take({"m": ckstore.StateDict(w=torch.arange(600.0))}, run="r", step=1)
     yield s
     s.close()
@@ -44,7 +50,9 @@ def test_meta_tensor_is_refused_with_its_key_before_anything_is_allocated(mem):
     with pytest.raises(UnsupportedValueError, match=r"'m/w'.*meta tensor"):
         mem.async_take(_state(w=huge), run="r", step=2)
     with pytest.raises(UnsupportedValueError, match=r"'m/small'.*meta tensor"):  # within budget
-        mem.async_take(_state(small=torch.empty(4, device="meta")), run="r", step=2, staging_budget=1 << 20)
+        mem.async_take(
+            _state(small=torch.empty(4, device="meta")), run="r", step=2, staging_budget=1 << 20
+        )
     _nothing_new(mem)
 
 
@@ -56,7 +64,9 @@ def test_conjugate_and_negative_views_are_stored_resolved(mem):
     assert torch.equal(snap.read_object("m/conj"), z.conj().resolve_conj())
     assert torch.equal(snap.read_object("m/neg"), -(z.imag))
     assert torch.equal(snap.read_object("m/small"), z[:3].conj().resolve_conj())
-    out = _state(conj=torch.zeros_like(z), neg=torch.zeros(300), small=torch.zeros(3, dtype=z.dtype))
+    out = _state(
+        conj=torch.zeros_like(z), neg=torch.zeros(300), small=torch.zeros(3, dtype=z.dtype)
+    )
     snap.restore(out)
     assert torch.equal(out["m"]["conj"], z.conj().resolve_conj())
     assert mem.async_take(state, run="r", step=3).wait().read_object("m/neg").equal(-(z.imag))
@@ -227,8 +237,15 @@ def test_store_knobs_are_range_checked(mem, knob, value):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"chunk_bytes": 8}, {"chunk_bytes": 1.5}, {"chunk_bytes": 0}, {"pack_bytes": 2**40},
-     {"inline_bytes": -1}, {"inline_bytes": 1 << 30}, {"chunk_bytes": "4M"}],
+    [
+        {"chunk_bytes": 8},
+        {"chunk_bytes": 1.5},
+        {"chunk_bytes": 0},
+        {"pack_bytes": 2**40},
+        {"inline_bytes": -1},
+        {"inline_bytes": 1 << 30},
+        {"chunk_bytes": "4M"},
+    ],
 )
 def test_new_store_knobs_are_range_checked(kwargs):
     with pytest.raises(InvalidInputError):
@@ -252,8 +269,13 @@ def test_call_options_are_range_checked(mem, call):
 
 @pytest.mark.parametrize(
     "var, value",
-    [("CKSTORE_THREADS", "many"), ("CKSTORE_IO_THREADS", "0"), ("CKSTORE_MEMORY_BUDGET", "-1"),
-     ("CKSTORE_LEASE_SECONDS", "soon"), ("CKSTORE_STAGING_BUDGET", "1e9")],
+    [
+        ("CKSTORE_THREADS", "many"),
+        ("CKSTORE_IO_THREADS", "0"),
+        ("CKSTORE_MEMORY_BUDGET", "-1"),
+        ("CKSTORE_LEASE_SECONDS", "soon"),
+        ("CKSTORE_STAGING_BUDGET", "1e9"),
+    ],
 )
 def test_environment_knobs_are_typed_errors_naming_the_variable(monkeypatch, var, value):
     monkeypatch.setenv(var, value)

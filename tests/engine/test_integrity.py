@@ -52,10 +52,21 @@ def test_corrupt_manifest_is_detected(store):
 @pytest.mark.parametrize(
     "dest,match",
     [
-        (lambda: torch.nn.Sequential(torch.nn.Linear(40, 41), torch.nn.Linear(41, 10)), "'m/0.weight'.*shape|torch.float32 \\[40, 40\\]"),
-        (lambda: torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.Linear(40, 10)).double(), "float64"),
+        (
+            lambda: torch.nn.Sequential(torch.nn.Linear(40, 41), torch.nn.Linear(41, 10)),
+            "'m/0.weight'.*shape|torch.float32 \\[40, 40\\]",
+        ),
+        (
+            lambda: torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.Linear(40, 10)).double(),
+            "float64",
+        ),
         (lambda: torch.nn.Sequential(torch.nn.Linear(40, 40)), "not in the destination"),
-        (lambda: torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.Linear(40, 10), torch.nn.Linear(10, 2)), "missing from the snapshot"),
+        (
+            lambda: torch.nn.Sequential(
+                torch.nn.Linear(40, 40), torch.nn.Linear(40, 10), torch.nn.Linear(10, 2)
+            ),
+            "missing from the snapshot",
+        ),
     ],
 )
 def test_mismatched_destination_raises_before_mutating(store, dest, match):
@@ -117,7 +128,10 @@ def test_read_path_never_unpickles(store, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", guarded_import)
     fresh = ckstore.open(store.url, create=True)
-    dest = {"m": torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.Linear(40, 10)), "s": ckstore.StateDict()}
+    dest = {
+        "m": torch.nn.Sequential(torch.nn.Linear(40, 40), torch.nn.Linear(40, 10)),
+        "s": ckstore.StateDict(),
+    }
     fresh.get("r").restore(dest)
     fresh.get("r").read_object("m/0.weight")
     fresh.get("r").get_manifest()

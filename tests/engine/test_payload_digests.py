@@ -22,7 +22,10 @@ KNOBS: dict[str, Any] = {"chunk_bytes": 4096, "inline_bytes": 64, "take_codec": 
 
 def _state(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {"w": torch.randn(64, 64, generator=g), "b": torch.randn(300, generator=g).to(torch.bfloat16)}
+    return {
+        "w": torch.randn(64, 64, generator=g),
+        "b": torch.randn(300, generator=g).to(torch.bfloat16),
+    }
 
 
 def _app(state: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -34,7 +37,9 @@ def _zeros(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _payload(store: ckstore.Store, rec: Any) -> bytes:
-    return bytes(store.repository.objects.backend.get(objects.pack_name(rec.pack_id), rec.offset, rec.length))
+    return bytes(
+        store.repository.objects.backend.get(objects.pack_name(rec.pack_id), rec.offset, rec.length)
+    )
 
 
 def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -50,14 +55,18 @@ def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.mark.parametrize("take_codec", ["fast", "dense"])
-def test_every_chunk_a_take_writes_has_the_digest_of_its_stored_payload(tmp_path: Path, take_codec: str) -> None:
+def test_every_chunk_a_take_writes_has_the_digest_of_its_stored_payload(
+    tmp_path: Path, take_codec: str
+) -> None:
     with ckstore.open(tmp_path / "s", **{**KNOBS, "take_codec": take_codec}, create=True) as store:
         store.take(_app(_state()), run="r")
         rows = list(store.repository.index.all_chunks())
         assert len(rows) > 4
         for rec in rows:
             assert is_payload_digest(rec.payload_digest)
-            assert rec.payload_digest == payload_digest(_payload(store, rec), rec.chunk_id, rec.codec, rec.raw_length, rec.base_id)
+            assert rec.payload_digest == payload_digest(
+                _payload(store, rec), rec.chunk_id, rec.codec, rec.raw_length, rec.base_id
+            )
 
 
 def test_the_digest_binds_what_decoding_depends_on() -> None:
@@ -93,7 +102,9 @@ def test_atomic_restore_past_its_budget_decodes_each_chunk_once_with_digests(
         assert all(torch.equal(dest[k], src[k]) for k in src)
         assert calls[0] == (n if digests else 2 * n)
         calls[0] = 0
-        store.get("r").restore(_app(_zeros(src)))  # the default budget stages some: still once each at most
+        store.get("r").restore(
+            _app(_zeros(src))
+        )  # the default budget stages some: still once each at most
         assert calls[0] <= (n if digests else 2 * n)
 
 
@@ -101,14 +112,18 @@ def test_a_damaged_payload_is_found_before_anything_is_touched(tmp_path: Path) -
     src = _state()
     with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take(_app(src), run="r")
-        rec = max(store.repository.index.all_chunks(), key=lambda r: r.offset)  # the last payload of its pack
+        rec = max(
+            store.repository.index.all_chunks(), key=lambda r: r.offset
+        )  # the last payload of its pack
         path = Path(store.url) / objects.pack_name(rec.pack_id)
         data = bytearray(path.read_bytes())
         data[rec.offset + rec.length - 1] ^= 0x40
         path.chmod(0o644)
         path.write_bytes(bytes(data))
         dest = _zeros(src)
-        with pytest.raises(ckstore.CorruptionError, match="differs from the one its writer recorded") as err:
+        with pytest.raises(
+            ckstore.CorruptionError, match="differs from the one its writer recorded"
+        ) as err:
             store.get("r").restore(_app(dest), memory_budget=0)
         assert "nothing was restored" in str(err.value)
         assert all(not t.any() for t in dest.values())
@@ -117,9 +132,12 @@ def test_a_damaged_payload_is_found_before_anything_is_touched(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(
-    ("column", "value"), [("codec", "'zstd'"), ("raw_length", "raw_length + 4"), ("base_id", "id")],
+    ("column", "value"),
+    [("codec", "'zstd'"), ("raw_length", "raw_length + 4"), ("base_id", "id")],
 )
-def test_a_damaged_index_row_is_found_before_anything_is_touched(tmp_path: Path, column: str, value: str) -> None:
+def test_a_damaged_index_row_is_found_before_anything_is_touched(
+    tmp_path: Path, column: str, value: str
+) -> None:
     """The digest binds the row's id, codec, raw length and base to the payload, so a row
     that would decode the right payload wrongly is refused in the first pass."""
     src = _state()
@@ -127,7 +145,9 @@ def test_a_damaged_index_row_is_found_before_anything_is_touched(tmp_path: Path,
         store.take(_app(src), run="r")
         rec = next(r for r in store.repository.index.all_chunks() if r.codec == "bytegroup-zstd")
         with store.repository.index._engine.begin() as conn:  # type: ignore[attr-defined]
-            conn.execute(text(f"UPDATE chunks SET {column} = {value} WHERE id = :id"), {"id": rec.chunk_id})
+            conn.execute(
+                text(f"UPDATE chunks SET {column} = {value} WHERE id = :id"), {"id": rec.chunk_id}
+            )
         dest = _zeros(src)
         with pytest.raises(ckstore.CorruptionError):
             store.get("r").restore(_app(dest), memory_budget=0)
@@ -143,7 +163,14 @@ def test_a_payload_its_writer_encoded_wrong_is_still_caught_by_the_id(
     loaded. check --read-data finds it too."""
     real = objects.encode
 
-    def wrong(raw: Any, itemsize: int, grouped: bool, level: int = 1, buffer: Any = None, fast: bool = False) -> Any:
+    def wrong(
+        raw: Any,
+        itemsize: int,
+        grouped: bool,
+        level: int = 1,
+        buffer: Any = None,
+        fast: bool = False,
+    ) -> Any:
         bad = bytearray(memoryview(raw).cast("B"))
         bad[0] ^= 0x01
         return real(bytes(bad), itemsize, grouped, level, fast=fast)
@@ -154,20 +181,27 @@ def test_a_payload_its_writer_encoded_wrong_is_still_caught_by_the_id(
             m.setattr(objects, "encode", wrong)
             store.take(_app(src), run="r")
         dest = _zeros(src)
-        with pytest.raises(ckstore.CorruptionError, match="writer stored a wrong encoding.*partly loaded"):
+        with pytest.raises(
+            ckstore.CorruptionError, match="writer stored a wrong encoding.*partly loaded"
+        ):
             store.get("r").restore(_app(dest), memory_budget=0)
         with pytest.raises(ckstore.CorruptionError, match="does not match its id"):
             store.get("r").read_object("m/w")
         assert "corrupt-chunk" in {p.kind for p in store.check(read_data=True).problems}
 
 
-def test_a_wrong_digest_in_the_index_is_reported_by_check_and_atomic_false_still_reads(tmp_path: Path) -> None:
+def test_a_wrong_digest_in_the_index_is_reported_by_check_and_atomic_false_still_reads(
+    tmp_path: Path,
+) -> None:
     src = _state()
     with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take(_app(src), run="r")
         rec = next(iter(store.repository.index.all_chunks()))
         with store.repository.index._engine.begin() as conn:  # type: ignore[attr-defined]
-            conn.execute(text("UPDATE chunks SET payload_digest = :d WHERE id = :id"), {"d": "0" * 32, "id": rec.chunk_id})
+            conn.execute(
+                text("UPDATE chunks SET payload_digest = :d WHERE id = :id"),
+                {"d": "0" * 32, "id": rec.chunk_id},
+            )
         problems = store.check(read_data=True).problems
         assert [(p.kind, p.object) for p in problems] == [("payload-digest", rec.chunk_id)]
         with pytest.raises(ckstore.CorruptionError):
@@ -177,7 +211,9 @@ def test_a_wrong_digest_in_the_index_is_reported_by_check_and_atomic_false_still
         assert all(torch.equal(dest[k], src[k]) for k in src)
 
 
-def test_repack_and_delta_chains_keep_digests_that_restores_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_repack_and_delta_chains_keep_digests_that_restores_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Chunks a repack moves get the digest of their new place; a delta's chain is checked
     link by link; no restore past the budget decodes a chunk twice."""
     g = torch.Generator().manual_seed(2)
@@ -185,7 +221,9 @@ def test_repack_and_delta_chains_keep_digests_that_restores_check(tmp_path: Path
     keep, drop = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
     states = []
     with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
-        store.take(_app({"keep": keep, "drop": drop}), run="mix")  # one pack, half of it dropped below
+        store.take(
+            _app({"keep": keep, "drop": drop}), run="mix"
+        )  # one pack, half of it dropped below
         store.take(_app({"keep": keep}), run="solo")
         for step in range(3):
             w = w + 1e-3 * torch.randn(w.shape, generator=g)
@@ -197,7 +235,9 @@ def test_repack_and_delta_chains_keep_digests_that_restores_check(tmp_path: Path
         rows = list(store.repository.index.all_chunks())
         assert any(r.base_id for r in rows)
         for rec in rows:
-            assert rec.payload_digest == payload_digest(_payload(store, rec), rec.chunk_id, rec.codec, rec.raw_length, rec.base_id)
+            assert rec.payload_digest == payload_digest(
+                _payload(store, rec), rec.chunk_id, rec.codec, rec.raw_length, rec.base_id
+            )
         calls = _count_decodes(monkeypatch)
         dest = {"keep": torch.zeros_like(keep)}
         store.get("solo").restore(_app(dest), memory_budget=0)

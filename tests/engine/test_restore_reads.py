@@ -25,8 +25,11 @@ KNOBS = {"chunk_bytes": 16 << 10, "pack_bytes": 128 << 10, "inline_bytes": 64}
 
 def _state() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(3)
-    return {"w": torch.randn(256, 512, generator=g), "b": torch.randn(4096, generator=g).to(torch.bfloat16),
-            "ids": torch.randint(0, 9, (128, 128), generator=g)}
+    return {
+        "w": torch.randn(256, 512, generator=g),
+        "b": torch.randn(4096, generator=g).to(torch.bfloat16),
+        "ids": torch.randint(0, 9, (128, 128), generator=g),
+    }
 
 
 @pytest.fixture
@@ -34,8 +37,13 @@ def s3_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ckstore
     server: Any = request.getfixturevalue("s3_server")
     bucket = f"ck-{uuid.uuid4().hex[:12]}"
     server.create_bucket(bucket)
-    store = ckstore.open(f"s3://{bucket}/ckpts", index=f"sqlite:///{tmp_path / 'index.sqlite'}",
-                         storage_options=server.storage_options(), create=True, **KNOBS)
+    store = ckstore.open(
+        f"s3://{bucket}/ckpts",
+        index=f"sqlite:///{tmp_path / 'index.sqlite'}",
+        storage_options=server.storage_options(),
+        create=True,
+        **KNOBS,
+    )
     yield store
     store.close()
 
@@ -59,18 +67,32 @@ def _restore(store: ckstore.Store, ref: str, **kw: Any) -> dict[str, torch.Tenso
 
 
 @pytest.mark.parametrize("atomic", [True, False], ids=["atomic", "streamed"])
-def test_every_restore_reads_the_stored_bytes_once_from_s3(s3_store: ckstore.Store, atomic: bool) -> None:
+def test_every_restore_reads_the_stored_bytes_once_from_s3(
+    s3_store: ckstore.Store, atomic: bool
+) -> None:
     snap = s3_store.take({"m": ckstore.StateDict(_state())}, run="r")
-    stored = sum(c.length for c in s3_store.repository.index.all_chunks() if c.chunk_id in snap.manifest.chunk_ids())
+    stored = sum(
+        c.length
+        for c in s3_store.repository.index.all_chunks()
+        if c.chunk_id in snap.manifest.chunk_ids()
+    )
     counting = _counted(s3_store)
     assert not counting.cached_locally
-    _restore(s3_store, "r", atomic=atomic, memory_budget=0)  # nothing staged: every payload read twice by the passes
+    _restore(
+        s3_store, "r", atomic=atomic, memory_budget=0
+    )  # nothing staged: every payload read twice by the passes
     assert stored <= _pack_bytes(counting) <= 1.05 * stored, (_pack_bytes(counting), stored)
 
 
-def test_a_spill_disk_that_fills_up_only_costs_a_second_read(s3_store: ckstore.Store, monkeypatch) -> None:
+def test_a_spill_disk_that_fills_up_only_costs_a_second_read(
+    s3_store: ckstore.Store, monkeypatch
+) -> None:
     snap = s3_store.take({"m": ckstore.StateDict(_state())}, run="r")
-    stored = sum(c.length for c in s3_store.repository.index.all_chunks() if c.chunk_id in snap.manifest.chunk_ids())
+    stored = sum(
+        c.length
+        for c in s3_store.repository.index.all_chunks()
+        if c.chunk_id in snap.manifest.chunk_ids()
+    )
     counting = _counted(s3_store)
 
     def full(*args: Any) -> int:
@@ -92,5 +114,7 @@ def test_the_stash_serves_a_range_once_kept_and_leaves_the_store_open(tmp_path) 
     assert stash.get("packs/ab/x.pack", 1000, 100) == (bytes(range(256)) * 64)[1000:1100]
     assert inner.get_calls == 1 and stash.hits == 3
     stash.close()
-    assert inner.get("packs/ab/x.pack", 0, 4) == bytes(range(4))  # the store's backend is still open
+    assert inner.get("packs/ab/x.pack", 0, 4) == bytes(
+        range(4)
+    )  # the store's backend is still open
     assert list(tmp_path.iterdir()) == []  # the spill file had no name to begin with

@@ -132,5 +132,11 @@ def test_round_trip_across_processes(tmp_path):
     want = dtype_matrix(7)
     assert all(bits(got[k]) == bits(want[k]) for k in want)
     # ...and in yet another one
-    out = subprocess.run([sys.executable, "-c", code, "read"], check=True, timeout=120, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, "read"],
+        check=True,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
     assert out.stdout.startswith("OK")

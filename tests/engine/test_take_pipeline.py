@@ -57,7 +57,9 @@ def test_batches_start_small_and_double() -> None:
     assert sizes == [4, 8, 16, 24, 12]
 
 
-def test_hashing_in_batches_finds_duplicates_across_batches(store: ckstore.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hashing_in_batches_finds_duplicates_across_batches(
+    store: ckstore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(local_take, "HASH_BATCH_CHUNKS", 3)
     state = _state(4)
     snap = store.take({"s": ckstore.StateDict(state)}, run="r", step=0)
@@ -67,7 +69,9 @@ def test_hashing_in_batches_finds_duplicates_across_batches(store: ckstore.Store
 
 
 @pytest.mark.parametrize("fail_at", [2, 7])
-def test_a_failing_pack_write_fails_the_take_with_nothing_visible(store: ckstore.Store, fail_at: int) -> None:
+def test_a_failing_pack_write_fails_the_take_with_nothing_visible(
+    store: ckstore.Store, fail_at: int
+) -> None:
     faulty = objects.FaultyBackend(store.repository.objects.backend, fail_put_at=fail_at)
     store.repository.objects = objects.ObjectStore(faulty)
     with pytest.raises(StorageError):
@@ -92,12 +96,16 @@ def test_encode_into_a_recycled_buffer_matches_a_fresh_one() -> None:
     assert bytes(reused[1]) == bytes(fresh[1])
     assert bytes(objects.decode(reused[0], reused[1], len(raw))) == raw
     small = bytearray(10)  # too small: ignored, never written past its end
-    assert bytes(objects.encode(raw, 4, True, 1, small)[1]) == bytes(fresh[1]) and small == bytearray(10)
+    assert bytes(objects.encode(raw, 4, True, 1, small)[1]) == bytes(
+        fresh[1]
+    ) and small == bytearray(10)
 
 
 def test_io_threads_from_the_environment(store_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CKSTORE_IO_THREADS", "1")
-    with ckstore.open(store_path, chunk_bytes=1024, pack_bytes=8192, inline_bytes=64, create=True) as s:
+    with ckstore.open(
+        store_path, chunk_bytes=1024, pack_bytes=8192, inline_bytes=64, create=True
+    ) as s:
         assert s.io_threads == 1
         state = _state(6)
         s.take({"s": ckstore.StateDict(state)}, run="r")  # one pack written at a time

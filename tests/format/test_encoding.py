@@ -68,7 +68,11 @@ def test_colliding_keys_are_refused():
 def test_flatten_unflatten_keeps_structure_and_order():
     sd = OrderedDict([("w", torch.ones(2)), ("b/x", torch.zeros(1))])
     sd._metadata = {"": {"version": 1}}
-    state = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(4)}}, "groups": [{"lr": 0.1, "params": [0, 1]}], "model": sd}
+    state = {
+        "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(4)}},
+        "groups": [{"lr": 0.1, "params": [0, 1]}],
+        "model": sd,
+    }
     flat = flatten("optim", state)
     assert "optim/model/b%2Fx" in flat.leaves
     assert "optim/groups/0/params" in flat.leaves  # a list of plain values stays one leaf
@@ -82,7 +86,13 @@ def test_flatten_unflatten_keeps_structure_and_order():
 
 @pytest.mark.parametrize(
     "shape,chunk,block",
-    [((10, 4), 16, (1, 4)), ((10, 4), 1000, (10, 4)), ((3, 1000), 100, (1, 25)), ((), 8, ()), ((2, 3, 4), 8, (1, 1, 2))],
+    [
+        ((10, 4), 16, (1, 4)),
+        ((10, 4), 1000, (10, 4)),
+        ((3, 1000), 100, (1, 25)),
+        ((), 8, ()),
+        ((2, 3, 4), 8, (1, 1, 2)),
+    ],
 )
 def test_grid_blocks_tile_the_tensor_contiguously(shape, chunk, block):
     g = make_grid(shape, 4, chunk)
@@ -99,13 +109,26 @@ def test_grid_is_independent_of_everything_but_shape_dtype_and_chunk_size():
 
 
 def _entry(**kw):
-    base = {"kind": "tensor", "dtype": "float32", "shape": [4], "block": [2], "chunks": [[[0], [2], "a" * 64], [[2], [2], "b" * 64]]}
+    base = {
+        "kind": "tensor",
+        "dtype": "float32",
+        "shape": [4],
+        "block": [2],
+        "chunks": [[[0], [2], "a" * 64], [[2], [2], "b" * 64]],
+    }
     base.update(kw)
     return base
 
 
 def _manifest(entry):
-    return canonical_json({"format": "ckstore/manifest", "version": 1, "apps": {"m": {"$ref": "m/w"}}, "entries": {"m/w": entry}})
+    return canonical_json(
+        {
+            "format": "ckstore/manifest",
+            "version": 1,
+            "apps": {"m": {"$ref": "m/w"}},
+            "entries": {"m/w": entry},
+        }
+    )
 
 
 def test_manifest_parses_valid_entries():

@@ -61,8 +61,22 @@ def _arange4() -> bytes:
 
 
 def test_every_vector_is_present() -> None:
-    want = {"empty-id", "chunk-id", "ckstore-json", "grid", "pieces", "bytegroup", "pack-hex", "pack-id",
-            "manifest-json", "manifest-id", "delta", "payload-digest", "health", "export-digests"}
+    want = {
+        "empty-id",
+        "chunk-id",
+        "ckstore-json",
+        "grid",
+        "pieces",
+        "bytegroup",
+        "pack-hex",
+        "pack-id",
+        "manifest-json",
+        "manifest-id",
+        "delta",
+        "payload-digest",
+        "health",
+        "export-digests",
+    }
     assert want <= set(VECTORS), sorted(want - set(VECTORS))
 
 
@@ -83,13 +97,17 @@ def test_payload_digest_vector() -> None:
 
     f = _fields("payload-digest")
     assert _hex(f["payload"]) == _arange4() and f["id"] == _fields("chunk-id")["id"]
-    assert payload_digest(_hex(f["payload"]), f["id"], f["codec"], int(f["raw length"])) == f["digest"]
+    assert (
+        payload_digest(_hex(f["payload"]), f["id"], f["codec"], int(f["raw length"])) == f["digest"]
+    )
 
 
 def test_the_id_never_depends_on_the_codec() -> None:
     raw = torch.linspace(0, 1, 4096, dtype=torch.float32).numpy().tobytes()
     for codec, payload in (
-        objects.encode(raw, 4, True), objects.encode(raw, 4, False), ("none", raw)
+        objects.encode(raw, 4, True),
+        objects.encode(raw, 4, False),
+        ("none", raw),
     ):
         assert objects.chunk_id(objects.decode(codec, payload, len(raw))) == objects.chunk_id(raw)
     assert objects.encode(raw, 4, True)[0] == "bytegroup-zstd"
@@ -116,7 +134,11 @@ def test_grid_examples() -> None:
         m = re.match(r"^(\[[^\]]*\])\s+(\d+)\s+(\d+)\s+(\[[^\]]*\])\s+(.*)$", row)
         assert m, row
         shape, itemsize, chunk_bytes, block = (
-            _ints(m.group(1)), int(m.group(2)), int(m.group(3)), _ints(m.group(4)))
+            _ints(m.group(1)),
+            int(m.group(2)),
+            int(m.group(3)),
+            _ints(m.group(4)),
+        )
         grid = make_grid(shape, itemsize, chunk_bytes)
         assert grid.block == block, row
         boxes = list(grid.boxes())
@@ -168,7 +190,7 @@ def test_exp_zstd_decoding_vector() -> None:
     objects.codecs.decode_hashed("exp-zstd", payload, len(raw), None, hasher)
     assert hasher.hexdigest() == _fields("chunk-id")["id"]
     codec, encoded = objects.encode(raw, 4, True, fast=True)  # ckstore's encoder: the same layout
-    assert codec == "none" or bytes(encoded)[:8 + 12] == payload[:8 + 12]
+    assert codec == "none" or bytes(encoded)[: 8 + 12] == payload[: 8 + 12]
 
 
 def test_delta_decoding_vector() -> None:
@@ -176,7 +198,9 @@ def test_delta_decoding_vector() -> None:
 
     f = _fields("delta")
     base, raw = _hex(f["base"]), _hex(f["raw"])
-    assert base == _arange4() and objects.chunk_id(base) == f["base id"] == _fields("chunk-id")["id"]
+    assert (
+        base == _arange4() and objects.chunk_id(base) == f["base id"] == _fields("chunk-id")["id"]
+    )
     assert objects.chunk_id(raw) == f["id"]
     out = bytearray(objects.decode(objects.XOR_BYTEGROUP_ZSTD, _hex(f["payload"]), len(raw)))
     xor_into(out, base)
@@ -221,24 +245,38 @@ def test_pack_hex_dump_and_id(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _hex_dump(VECTORS["pack-hex"]) == data
     f = _fields("pack-id")
     assert int(f["size"]) == size == len(data) == 168
-    assert f["pack id"] == pack_id == objects.chunk_id(data[:32] + data[-120:])  # header+trailer+footer
+    assert (
+        f["pack id"] == pack_id == objects.chunk_id(data[:32] + data[-120:])
+    )  # header+trailer+footer
     assert f["name"] == objects.pack_name(pack_id)
     backend = objects.memory_backend()
     backend.put(f["name"], data)  # the trailer alone rebuilds the chunk table
     (loc,) = objects.read_pack_index(backend, pack_id)
     assert (loc.chunk_id, loc.offset, loc.length, loc.raw_length, loc.codec) == (
-        _fields("chunk-id")["id"], 32, 16, 16, "none")
+        _fields("chunk-id")["id"],
+        32,
+        16,
+        16,
+        "none",
+    )
 
 
 def _example_manifest() -> Manifest:
-    opts = TakeOptions(chunk_bytes=16, pack_bytes=1 << 20, inline_bytes=0, threads=1,
-                       lease_seconds=60.0)
+    opts = TakeOptions(
+        chunk_bytes=16, pack_bytes=1 << 20, inline_bytes=0, threads=1, lease_seconds=60.0
+    )
     p = plan({"model": {"w": torch.arange(8.0), "step": 3}}, opts)
     for chunk in p.chunks:
         chunk.id = objects.chunk_id(chunk.view)
     finish_entries(p)
-    header = {"run": "r", "step": 1, "created_at": 0.0, "metadata": {}, "name": None,
-              "session": "s"}
+    header = {
+        "run": "r",
+        "step": 1,
+        "created_at": 0.0,
+        "metadata": {},
+        "name": None,
+        "session": "s",
+    }
     return Manifest(p.apps, p.entries, header)
 
 
@@ -267,7 +305,9 @@ def test_a_store_writes_the_example_manifest_id(tmp_path: Path) -> None:
     assert stored["entries"] == doc["entries"] and stored["apps"] == doc["apps"]
     assert snap.id == snap.record.manifest_id
     assert (tmp_path / "s" / objects.blob_name("manifests", snap.id)).is_file()
-    assert (tmp_path / "s" / "index.sqlite").is_file() and (tmp_path / "s" / "ckstore.json").is_file()
+    assert (tmp_path / "s" / "index.sqlite").is_file() and (
+        tmp_path / "s" / "ckstore.json"
+    ).is_file()
     store.close()
 
 
@@ -276,7 +316,11 @@ def test_health_vector(tmp_path: Path) -> None:
     from ckstore.format.manifest import canonical_json
 
     store = ckstore.open(tmp_path / "s", create=True, chunk_bytes=16, inline_bytes=0)
-    state = {"m": ckstore.StateDict(w=torch.tensor([3.0, 4.0, float("nan"), float("inf")]), i=torch.arange(4))}
+    state = {
+        "m": ckstore.StateDict(
+            w=torch.tensor([3.0, 4.0, float("nan"), float("inf")]), i=torch.arange(4)
+        )
+    }
     snap = store.take(state, run="r", step=1, on_nonfinite="ignore")
     assert canonical_json(snap.manifest.snapshot["health"]).decode() == VECTORS["health"].strip()  # type: ignore[index]
     assert (snap.record.nonfinite, snap.record.stale) == (2, None)
@@ -293,13 +337,15 @@ def test_export_digests_vector() -> None:
     f = _fields("export-digests")
     out = io.BytesIO()
     a = torch.arange(4, dtype=torch.float32)
-    write_stream(out, [Planned("a", "m/a", "float32", (4,))], {"format": "pt"}, iter([("m/a", byte_view(a))]))
+    write_stream(
+        out, [Planned("a", "m/a", "float32", (4,))], {"format": "pt"}, iter([("m/a", byte_view(a))])
+    )
     raw = out.getvalue()
     n = int.from_bytes(raw[:8], "little")
     assert (n, len(raw)) == (int(f["header length"]), int(f["file size"]))
-    rec = json.loads(json.loads(raw[8:8 + n])["__metadata__"][METADATA_KEY])
+    rec = json.loads(json.loads(raw[8 : 8 + n])["__metadata__"][METADATA_KEY])
     assert rec["tensors"] == {"a": f["tensor digest"]} == {"a": _fields("chunk-id")["id"]}
-    assert rec["header"] == f["header digest"] == self_digest(raw[:8 + n], f["header digest"])
+    assert rec["header"] == f["header digest"] == self_digest(raw[: 8 + n], f["header digest"])
 
 
 # --- docs/USAGE.md ---------------------------------------------------------------------------
@@ -331,7 +377,14 @@ def test_readme_snippets_run_as_pasted(tmp_path: Path) -> None:
     script.write_text("\n".join(blocks))
     env = {**os.environ, "PYTHONPATH": str(DOCS.parent)}
     done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "ckpts" / "ckstore.json").is_file() and (tmp_path / "ts" / "ckstore.json").is_file()
+    assert (tmp_path / "ckpts" / "ckstore.json").is_file() and (
+        tmp_path / "ts" / "ckstore.json"
+    ).is_file()

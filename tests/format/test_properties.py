@@ -43,11 +43,18 @@ from ckstore.objects import packs as packfmt
 
 SOAK = bool(os.environ.get("CKSTORE_SOAK"))
 settings.register_profile(
-    "bounded", max_examples=80, derandomize=True, deadline=None, database=None,
+    "bounded",
+    max_examples=80,
+    derandomize=True,
+    deadline=None,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile(
-    "soak", max_examples=5000, deadline=None, database=None,
+    "soak",
+    max_examples=5000,
+    deadline=None,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("soak" if SOAK else "bounded")
@@ -64,7 +71,9 @@ _scalars = st.one_of(
     st.floats(allow_nan=False),
     st.text(max_size=20),
     st.binary(max_size=20),
-    st.sampled_from([torch.float32, torch.bfloat16, torch.int8, torch.device("cpu"), torch.Size([2, 0])]),
+    st.sampled_from(
+        [torch.float32, torch.bfloat16, torch.int8, torch.device("cpu"), torch.Size([2, 0])]
+    ),
     st.builds(np.float32, st.floats(width=32, allow_nan=False)),
     st.builds(np.int64, st.integers(INT64_MIN, 2**63 - 1)),
 )
@@ -104,10 +113,28 @@ _json = st.recursive(
     lambda inner: st.one_of(
         st.lists(inner, max_size=4),
         st.dictionaries(
-            st.one_of(st.sampled_from(["$tuple", "$dict", "$cls", "$float", "$bytes", "$dtype",
-                                       "$device", "$size", "$np", "b64", "$ref", "$meta"]),
-                      st.text(max_size=5)),
-            inner, max_size=3),
+            st.one_of(
+                st.sampled_from(
+                    [
+                        "$tuple",
+                        "$dict",
+                        "$cls",
+                        "$float",
+                        "$bytes",
+                        "$dtype",
+                        "$device",
+                        "$size",
+                        "$np",
+                        "b64",
+                        "$ref",
+                        "$meta",
+                    ]
+                ),
+                st.text(max_size=5),
+            ),
+            inner,
+            max_size=3,
+        ),
     ),
     max_leaves=20,
 )
@@ -131,9 +158,15 @@ def _valid_manifest() -> bytes:
     }
     from ckstore.format.manifest import ChunkRef
 
-    entries["m/w"] = TensorEntry("float32", (8,), (ChunkRef((0,), (4,), cid), ChunkRef((4,), (4,), cid)), (4,))
-    apps = {"m": {"$cls": "dict", "$dict": [["w", {"$ref": "m/w"}], ["s", {"$ref": "m/s"}],
-                                            ["i", [{"$ref": "m/i"}]]]}}
+    entries["m/w"] = TensorEntry(
+        "float32", (8,), (ChunkRef((0,), (4,), cid), ChunkRef((4,), (4,), cid)), (4,)
+    )
+    apps = {
+        "m": {
+            "$cls": "dict",
+            "$dict": [["w", {"$ref": "m/w"}], ["s", {"$ref": "m/s"}], ["i", [{"$ref": "m/i"}]]],
+        }
+    }
     return Manifest(apps, entries, {"run": "r", "step": 1}).to_json()
 
 
@@ -175,7 +208,9 @@ _entry = st.fixed_dictionaries(
         "dtype": st.sampled_from(["float32", "int8", "bogus", 3]),
         "shape": st.lists(st.integers(-2, 5), max_size=3) | _json,
         "block": st.lists(st.integers(0, 5), max_size=3) | _json,
-        "chunks": st.lists(st.lists(_json | st.lists(st.integers(-1, 5), max_size=3), max_size=3), max_size=3),
+        "chunks": st.lists(
+            st.lists(_json | st.lists(st.integers(-1, 5), max_size=3), max_size=3), max_size=3
+        ),
         "data": st.sampled_from(["", "AAAA", "!!", "AAECAw=="]) | _json,
         "value": _json,
         "ranks": st.lists(_json, max_size=2) | _json,
@@ -184,7 +219,10 @@ _entry = st.fixed_dictionaries(
 )
 
 
-@given(st.dictionaries(st.text(max_size=4), _entry, max_size=3), st.dictionaries(st.text(max_size=3), _json, max_size=2))
+@given(
+    st.dictionaries(st.text(max_size=4), _entry, max_size=3),
+    st.dictionaries(st.text(max_size=3), _json, max_size=2),
+)
 def test_manifest_parser_on_arbitrary_documents_shaped_like_manifests(entries, apps):
     doc = {"format": "ckstore/manifest", "version": 1, "apps": apps, "entries": entries}
     _parses_or_corrupt(json.dumps(doc).encode())
@@ -196,7 +234,11 @@ def _pack_with(chunks: list[tuple[bytes, str]]) -> tuple[Any, str, bytes]:
     writer = packfmt.PackWriter(backend)
     for raw, codec in chunks:
         itemsize = 4 if len(raw) % 4 == 0 else 1
-        used, payload = codecs.encode(raw, itemsize, codec == "bytegroup-zstd") if codec != "none" else ("none", raw)
+        used, payload = (
+            codecs.encode(raw, itemsize, codec == "bytegroup-zstd")
+            if codec != "none"
+            else ("none", raw)
+        )
         writer.add(objects.chunk_id(raw), used, payload, len(raw))
     done = writer.finish()
     assert done is not None
@@ -205,8 +247,13 @@ def _pack_with(chunks: list[tuple[bytes, str]]) -> tuple[Any, str, bytes]:
 
 
 _chunks = st.lists(
-    st.tuples(st.binary(min_size=1, max_size=200).map(lambda b: b * 3), st.sampled_from(["none", "zstd", "bytegroup-zstd"])),
-    min_size=1, max_size=4, unique_by=lambda c: c[0],
+    st.tuples(
+        st.binary(min_size=1, max_size=200).map(lambda b: b * 3),
+        st.sampled_from(["none", "zstd", "bytegroup-zstd"]),
+    ),
+    min_size=1,
+    max_size=4,
+    unique_by=lambda c: c[0],
 )
 
 
@@ -231,7 +278,9 @@ def test_any_changed_byte_of_a_pack_is_always_seen(chunks, data):
     damaged = bytearray(raw)
     at = data.draw(st.integers(0, len(raw) - 1))
     damaged[at] ^= data.draw(st.integers(1, 255))
-    assert not _scan_replaced(backend, pack_id, bytes(damaged)), f"byte {at} of a {len(raw)}-byte pack changed unseen"
+    assert not _scan_replaced(backend, pack_id, bytes(damaged)), (
+        f"byte {at} of a {len(raw)}-byte pack changed unseen"
+    )
 
 
 @given(_chunks, st.integers(1, 80), st.binary(max_size=8))
@@ -254,7 +303,9 @@ def _scan_replaced(backend, pack_id, data: bytes) -> bool:
 
 
 # --- codecs -------------------------------------------------------------------------------------
-@given(st.sampled_from(codecs.CODECS + ("bogus",)), st.binary(max_size=300), st.integers(0, 1 << 20))
+@given(
+    st.sampled_from(codecs.CODECS + ("bogus",)), st.binary(max_size=300), st.integers(0, 1 << 20)
+)
 def test_decoding_arbitrary_payloads_gives_the_raw_length_or_corruption(codec, payload, raw_length):
     try:
         out = codecs.decode(codec, payload, raw_length)

@@ -17,7 +17,9 @@ def test_prune_keeps_a_torch_size_leaf() -> None:
 
 def test_read_object_of_a_torch_size_is_a_torch_size(tmp_path: Path) -> None:
     store = ckstore.open(tmp_path / "s", create=True)
-    state = ckstore.StateDict(size=torch.Size([2, 3]), nested={"shape": torch.Size([4])}, w=torch.ones(3))
+    state = ckstore.StateDict(
+        size=torch.Size([2, 3]), nested={"shape": torch.Size([4])}, w=torch.ones(3)
+    )
     snap = store.take({"app": state}, run="r", step=1)
     assert type(snap.read_object("app/size")) is torch.Size
     whole = snap.read_object("app")

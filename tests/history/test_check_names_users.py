@@ -74,7 +74,11 @@ def test_a_damaged_delta_base_names_the_snapshots_of_its_deltas(tmp_path) -> Non
     tuned = w.clone()
     tuned[:, :4] += 1e-3
     fine = store.take({"m": ckstore.StateDict(w=tuned)}, run="ft", step=1, delta_base="base")
-    deltas = [c for c in store.repository.index.chunk_locations(fine.manifest.chunk_ids()).values() if c.base_id]
+    deltas = [
+        c
+        for c in store.repository.index.chunk_locations(fine.manifest.chunk_ids()).values()
+        if c.base_id
+    ]
     assert deltas, "the fine-tune stored deltas"
     _flip_chunk(store, deltas[0].base_id)
     report = store.check(read_data=True)

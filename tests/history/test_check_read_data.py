@@ -66,13 +66,17 @@ def test_a_flipped_byte_in_the_header_nonce_is_reported(ten_packs):
 
 def test_read_data_reads_every_pack_whole(ten_packs):
     report = ten_packs.check(read_data=True)
-    sizes = [ten_packs.repository.objects.pack_size(p) for p in ten_packs.repository.objects.list_packs()]
+    sizes = [
+        ten_packs.repository.objects.pack_size(p) for p in ten_packs.repository.objects.list_packs()
+    ]
     assert report.ok and report.packs_read == report.packs == 10
     assert report.bytes_read == sum(sizes)
     assert report.chunks_read == report.chunks == 40
 
 
-@pytest.mark.parametrize("fraction, packs", [(0.1, 1), (0.01, 1), (0.25, 3), (0.5, 5), (1.0, 10), (0, 0)])
+@pytest.mark.parametrize(
+    "fraction, packs", [(0.1, 1), (0.01, 1), (0.25, 3), (0.5, 5), (1.0, 10), (0, 0)]
+)
 def test_a_fraction_reads_that_share_of_the_packs_and_at_least_one(ten_packs, fraction, packs):
     report = ten_packs.check(read_data=fraction)
     assert report.packs_read == packs == (math.ceil(fraction * 10) if fraction else 0)
@@ -81,7 +85,9 @@ def test_a_fraction_reads_that_share_of_the_packs_and_at_least_one(ten_packs, fr
 
 
 def test_a_fraction_finds_damage_in_the_packs_it_reads(ten_packs):
-    for pack_id in ten_packs.repository.objects.list_packs():  # damage one payload byte of every pack
+    for (
+        pack_id
+    ) in ten_packs.repository.objects.list_packs():  # damage one payload byte of every pack
         _flip(_pack_file(ten_packs, pack_id), packfmt.HEADER.size + 3)
     report = ten_packs.check(read_data=0.1)
     assert report.packs_read == 1 and not report.ok
@@ -101,7 +107,9 @@ def _raw_pack(parts: list[bytes], gap: bytes = b"") -> tuple[str, bytes]:
     for i, raw in enumerate(parts):
         if i == 1:
             body, off = body + gap, off + len(gap)
-        entries += packfmt.ENTRY.pack(bytes.fromhex(objects.chunk_id(raw)), off, len(raw), len(raw), 0)
+        entries += packfmt.ENTRY.pack(
+            bytes.fromhex(objects.chunk_id(raw)), off, len(raw), len(raw), 0
+        )
         body, off = body + raw, off + len(raw)
     checksum = objects.hashing.new_hasher().update(entries).digest()
     footer = packfmt.FOOTER.pack(len(entries), len(parts), checksum, packfmt.END_MAGIC)

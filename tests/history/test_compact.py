@@ -33,16 +33,28 @@ def _run(steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     for i in range(steps):
         w = w + 1e-3 * torch.randn(w.shape, generator=g)
         m = 0.9 * m + 0.1 * torch.randn(m.shape, generator=g).square() * 1e-3
-        out.append({"w": w.clone(), "m": m.clone(), "wb": w.to(torch.bfloat16), "ids": ids, "step": torch.tensor(i)})
+        out.append(
+            {
+                "w": w.clone(),
+                "m": m.clone(),
+                "wb": w.to(torch.bfloat16),
+                "ids": ids,
+                "step": torch.tensor(i),
+            }
+        )
     return out
 
 
-def _take_all(store: ckstore.Store, states: list[dict[str, torch.Tensor]], run: str = "r") -> list[str]:
+def _take_all(
+    store: ckstore.Store, states: list[dict[str, torch.Tensor]], run: str = "r"
+) -> list[str]:
     return [store.take({"m": App(dict(s))}, run=run, step=i).id for i, s in enumerate(states)]
 
 
 def _loose(store: ckstore.Store) -> set[str]:
-    return {c.chunk_id for c in store.repository.index.loose_chunks() if c.codec in objects.FAST_CODECS}
+    return {
+        c.chunk_id for c in store.repository.index.loose_chunks() if c.codec in objects.FAST_CODECS
+    }
 
 
 def _pack_bytes(root: Path) -> int:
@@ -58,20 +70,32 @@ def test_takes_write_loose_and_compaction_rewrites_all_but_the_newest(tmp_path: 
     states = _run(5)
     with ckstore.open(tmp_path / "s", create=True, auto_compact=False, **KNOBS) as store:
         ids = _take_all(store, states)
-        assert _codecs(store, ids[0]) <= objects.FAST_CODECS and "exp-zstd" in _codecs(store, ids[0])
+        assert _codecs(store, ids[0]) <= objects.FAST_CODECS and "exp-zstd" in _codecs(
+            store, ids[0]
+        )
         before = sum(store.get(i).stats["new_bytes"] for i in ids)
         dry = store.compact(dry_run=True)
-        assert dry.dry_run and dry.chunks > 0 and dry.snapshots == 4 and _loose(store)  # nothing changed
+        assert (
+            dry.dry_run and dry.chunks > 0 and dry.snapshots == 4 and _loose(store)
+        )  # nothing changed
         on_disk = _pack_bytes(tmp_path / "s")
         report = store.compact()
         assert (report.chunks, report.snapshots) == (dry.chunks, 4) and report.delta_chunks > 0
         assert 0 < report.dense_bytes < report.loose_bytes and report.packs_written > 0
         # the loose packs it emptied are gone at once: the disk holds each state once, not twice
         assert report.packs_deleted == report.packs_retired > 0
-        assert _pack_bytes(tmp_path / "s") < on_disk - (report.loose_bytes - report.dense_bytes) // 2
-        assert _loose(store) <= store.repository.index.snapshot_chunk_ids(ids[-1])  # the newest stays loose
-        assert "exp-zstd" in _codecs(store, ids[-1]) and "xor-bytegroup-zstd" in _codecs(store, ids[1])
-        assert not loose_pending(store.repository) and store.compact().chunks == 0  # nothing left to do
+        assert (
+            _pack_bytes(tmp_path / "s") < on_disk - (report.loose_bytes - report.dense_bytes) // 2
+        )
+        assert _loose(store) <= store.repository.index.snapshot_chunk_ids(
+            ids[-1]
+        )  # the newest stays loose
+        assert "exp-zstd" in _codecs(store, ids[-1]) and "xor-bytegroup-zstd" in _codecs(
+            store, ids[1]
+        )
+        assert (
+            not loose_pending(store.repository) and store.compact().chunks == 0
+        )  # nothing left to do
         for i, s in zip(ids, states):
             assert restores(store, i, s)
         assert store.check(read_data=True).ok
@@ -87,7 +111,9 @@ def test_takes_write_loose_and_compaction_rewrites_all_but_the_newest(tmp_path: 
 def test_compacting_after_every_take_keeps_chains_within_the_depth_limit(tmp_path: Path) -> None:
     """What auto-compaction does in a training loop: each take makes its parent cold."""
     states = _run(7)
-    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, delta_depth=1, **KNOBS) as store:
+    with ckstore.open(
+        tmp_path / "s", create=True, auto_compact=False, delta_depth=1, **KNOBS
+    ) as store:
         ids = []
         for i, s in enumerate(states):
             ids.append(store.take({"m": App(dict(s))}, run="r", step=i).id)
@@ -96,7 +122,9 @@ def test_compacting_after_every_take_keeps_chains_within_the_depth_limit(tmp_pat
         assert max(depths) == 1 and depths.count(1) > 0
         for i, s in zip(ids, states):
             assert restores(store, i, s)
-        store.gc(keep_last=2, grace_seconds=0)  # a base's snapshot gone: the base stays while needed
+        store.gc(
+            keep_last=2, grace_seconds=0
+        )  # a base's snapshot gone: the base stays while needed
         for i, s in list(zip(ids, states))[-2:]:
             assert restores(store, i, s)
         assert store.check(read_data=True).ok
@@ -107,7 +135,9 @@ def test_keep_loose_and_several_runs(tmp_path: Path) -> None:
         a = _take_all(store, _run(3, seed=1), run="a")
         b = _take_all(store, _run(3, seed=2), run="b")
         store.compact(keep_loose=2)
-        assert _loose(store) == set().union(*(store.repository.index.snapshot_chunk_ids(i) for i in a[1:] + b[1:]))
+        assert _loose(store) == set().union(
+            *(store.repository.index.snapshot_chunk_ids(i) for i in a[1:] + b[1:])
+        )
         store.compact(keep_loose=0)
         assert not _loose(store)
         for ids, seed in ((a, 1), (b, 2)):
@@ -139,20 +169,29 @@ def test_parent_deltas_wait_for_compaction_when_it_runs_after_takes(tmp_path: Pa
     loose and whole, and compaction stores the older snapshot as deltas against its parent
     (against a dense keyframe). Without it (auto_compact off, or dense takes) the take deltas."""
     states = _run(3)
-    with ckstore.open(tmp_path / "s", create=True, auto_compact=True, delta_base="parent", **KNOBS) as store:
+    with ckstore.open(
+        tmp_path / "s", create=True, auto_compact=True, delta_base="parent", **KNOBS
+    ) as store:
         assert store.repository.compacts_later
         ids = [store.take({"m": App(dict(s))}, run="r", step=i).id for i, s in enumerate(states)]
         assert store.wait_compacted(timeout=60)
         rows = {c.chunk_id: c for c in store.repository.index.all_chunks()}
         newest = store.repository.index.snapshot_chunk_ids(ids[-1])
-        assert all(rows[c].base_id is None and rows[c].codec in objects.FAST_CODECS for c in newest
-                   if c not in store.repository.index.snapshot_chunk_ids(ids[-2]))
-        middle = store.repository.index.snapshot_chunk_ids(ids[1]) - store.repository.index.snapshot_chunk_ids(ids[0])
+        assert all(
+            rows[c].base_id is None and rows[c].codec in objects.FAST_CODECS
+            for c in newest
+            if c not in store.repository.index.snapshot_chunk_ids(ids[-2])
+        )
+        middle = store.repository.index.snapshot_chunk_ids(
+            ids[1]
+        ) - store.repository.index.snapshot_chunk_ids(ids[0])
         assert any(rows[c].base_id for c in middle)  # compaction made the deltas
         for i, s in zip(ids, states):
             assert restores(store, i, s)
     for knobs in ({"auto_compact": False}, {"auto_compact": True, "take_codec": "dense"}):
-        with ckstore.open(tmp_path / str(knobs), create=True, delta_base="parent", **knobs, **KNOBS) as store:
+        with ckstore.open(
+            tmp_path / str(knobs), create=True, delta_base="parent", **knobs, **KNOBS
+        ) as store:
             assert not store.repository.compacts_later
             for i, s in enumerate(states[:2]):
                 snap = store.take({"m": App(dict(s))}, run="r", step=i)
@@ -214,6 +253,7 @@ def test_compaction_beside_takes_restores_and_gc(tmp_path: Path) -> None:
             while not done.is_set():
                 fn(store)
                 time.sleep(0.01)
+
         return run
 
     def checker(store: ckstore.Store) -> None:  # a pack emptied and deleted meanwhile is no damage
@@ -227,8 +267,17 @@ def test_compaction_beside_takes_restores_and_gc(tmp_path: Path) -> None:
                 (a, _), (b, _) = committed[0], committed[-1]
                 assert store.diff(a, b, numeric=True).changed
 
-    threads = [threading.Thread(target=worker, args=(f,)) for f in
-               (taker, restorer, checker, differ, loop(lambda s: s.compact()), loop(lambda s: s.gc(grace_seconds=0)))]
+    threads = [
+        threading.Thread(target=worker, args=(f,))
+        for f in (
+            taker,
+            restorer,
+            checker,
+            differ,
+            loop(lambda s: s.compact()),
+            loop(lambda s: s.gc(grace_seconds=0)),
+        )
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -273,7 +322,9 @@ def test_compaction_on_every_deployment(any_store: ckstore.Store) -> None:
 
 
 def test_dense_takes_write_no_loose_packs(tmp_path: Path) -> None:
-    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, take_codec="dense", **KNOBS) as store:
+    with ckstore.open(
+        tmp_path / "s", create=True, auto_compact=False, take_codec="dense", **KNOBS
+    ) as store:
         ids = _take_all(store, _run(2))
         assert not store.repository.index.loose_chunks() and store.compact().chunks == 0
         assert "bytegroup-zstd" in _codecs(store, ids[0])
@@ -283,13 +334,17 @@ def test_dense_takes_write_no_loose_packs(tmp_path: Path) -> None:
 
 def test_raw_takes_store_chunks_as_they_are_and_compaction_packs_them(tmp_path: Path) -> None:
     states = _run(3)
-    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, take_codec="raw", **KNOBS) as store:
+    with ckstore.open(
+        tmp_path / "s", create=True, auto_compact=False, take_codec="raw", **KNOBS
+    ) as store:
         ids = _take_all(store, states)
         assert _codecs(store, ids[0]) == {"none"}  # no encoding work on the critical path
         loose = sum(store.get(i).stats["new_bytes"] for i in ids)
         report = store.compact()
         assert report.chunks > 0 and report.dense_bytes < 0.8 * report.loose_bytes
-        assert _codecs(store, ids[-1]) == {"none"} and "xor-bytegroup-zstd" in _codecs(store, ids[1])
+        assert _codecs(store, ids[-1]) == {"none"} and "xor-bytegroup-zstd" in _codecs(
+            store, ids[1]
+        )
         assert sum(c.length for c in store.repository.index.all_chunks()) < loose
         for i, s in zip(ids, states):
             assert restores(store, i, s)
@@ -316,7 +371,9 @@ def test_cli_compact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
             assert restores(store, i, s)
 
 
-def test_check_and_numeric_diff_across_a_compaction_that_deletes_their_packs(tmp_path: Path, monkeypatch) -> None:
+def test_check_and_numeric_diff_across_a_compaction_that_deletes_their_packs(
+    tmp_path: Path, monkeypatch
+) -> None:
     """Compaction switches chunks and deletes the loose packs between a check's (or a numeric
     diff's) reading of the index and its reading of the packs: neither reports damage, while a
     pack that really went missing is still reported."""
@@ -335,7 +392,9 @@ def test_check_and_numeric_diff_across_a_compaction_that_deletes_their_packs(tmp
         monkeypatch.setattr(type(index), "all_chunks", then_compact)
         report = store.check(read_data=True)
         assert report.ok, report.problems
-        diff = store.diff(ids[0], ids[1], numeric=True)  # located loose, compacted above: follows the move
+        diff = store.diff(
+            ids[0], ids[1], numeric=True
+        )  # located loose, compacted above: follows the move
         assert diff.changed
         victim = next(iter({c.pack_id for c in index.all_chunks()}))
         (tmp_path / "s" / objects.pack_name(victim)).unlink()

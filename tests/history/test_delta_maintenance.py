@@ -23,7 +23,9 @@ def test_gc_does_not_rewrite_delta_packs_whose_every_chunk_is_live(tmp_path: Pat
         assert rewritten == [0, 0]
 
 
-def test_check_reports_a_delta_against_a_base_of_another_length_and_scans_on(tmp_path: Path) -> None:
+def test_check_reports_a_delta_against_a_base_of_another_length_and_scans_on(
+    tmp_path: Path,
+) -> None:
     """A (damaged or crafted) delta whose base has another length is a corrupt chunk: check
     names it and goes on with the rest of its pack, instead of giving up on the pack with an
     internal 'xor of 8 bytes with 16 bytes'."""
@@ -37,7 +39,9 @@ def test_check_reports_a_delta_against_a_base_of_another_length_and_scans_on(tmp
         w.add(objects.chunk_id(base), "none", base, len(base))
         w.finish()
         new, bad = bytes(range(8, 16)), b"\x01" * 32
-        xor = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(a ^ b for a, b in zip(new, base)))
+        xor = zstandard.ZstdCompressor(write_content_size=True).compress(
+            bytes(a ^ b for a, b in zip(new, base))
+        )
         w = store.repository.objects.new_pack_writer()
         w.add(objects.chunk_id(new), objects.XOR_ZSTD, xor, len(new), objects.chunk_id(base))
         w.add(objects.chunk_id(b"\x00" * 32), "none", bad, len(bad))  # a corrupt chunk beside it
@@ -68,8 +72,13 @@ def test_reindex_leaves_out_chains_longer_than_readers_follow(tmp_path: Path) ->
         ids = [objects.chunk_id(prev)]
         for _ in range(MAX_CHAIN + 3):
             new = os.urandom(64)
-            w.add(objects.chunk_id(new), objects.XOR_ZSTD, z.compress(bytes(a ^ b for a, b in zip(new, prev))),
-                  len(new), ids[-1])
+            w.add(
+                objects.chunk_id(new),
+                objects.XOR_ZSTD,
+                z.compress(bytes(a ^ b for a, b in zip(new, prev))),
+                len(new),
+                ids[-1],
+            )
             prev = new
             ids.append(objects.chunk_id(new))
         w.finish()
@@ -78,11 +87,17 @@ def test_reindex_leaves_out_chains_longer_than_readers_follow(tmp_path: Path) ->
         rows = {c.chunk_id: c for c in store.repository.index.all_chunks()}
         assert set(rows) == set(ids[: MAX_CHAIN + 1])
         deepest = store.repository.index.chunk_locations([ids[MAX_CHAIN]])
-        assert objects.chunk_id(store.repository.objects.read_chunk(to_location(deepest[ids[MAX_CHAIN]], deepest))) == ids[MAX_CHAIN]
+        assert (
+            objects.chunk_id(
+                store.repository.objects.read_chunk(to_location(deepest[ids[MAX_CHAIN]], deepest))
+            )
+            == ids[MAX_CHAIN]
+        )
 
 
-
-def test_check_read_data_is_clean_after_gc_leaves_dead_deltas_in_a_live_pack(tmp_path: Path) -> None:
+def test_check_read_data_is_clean_after_gc_leaves_dead_deltas_in_a_live_pack(
+    tmp_path: Path,
+) -> None:
     """gc leaves a pack alone while enough of it is live: the deltas in it that nothing needs
     any more stay there, their bases already gone. They are garbage, not damage: check
     --read-data must not report them (it said 'a delta against chunk X, which cannot be read')."""
@@ -98,7 +113,9 @@ def test_check_read_data_is_clean_after_gc_leaves_dead_deltas_in_a_live_pack(tmp
         w = w + 1e-3 * torch.randn(w.shape, generator=g)
         last = store.take({"m": App({"w": w, "k": kept})}, run="r", step=2, delta_base=None)
         store.gc(keep_last=1, grace_seconds=0, repack_below=0.0)
-        assert delta_packs <= set(store.repository.objects.list_packs())  # the dead deltas are still stored
+        assert delta_packs <= set(
+            store.repository.objects.list_packs()
+        )  # the dead deltas are still stored
         assert not any(c.base_id for c in store.repository.index.all_chunks())
         report = store.check(read_data=True)
         assert report.ok, [p.message for p in report.problems]
@@ -139,12 +156,19 @@ def test_gc_never_copies_a_delta_payload_it_did_not_verify(tmp_path: Path) -> No
     w1 = w0 + 1e-3 * torch.randn(w0.shape, generator=g)
     with ckstore.open(tmp_path / "s", **DIGEST_KNOBS, create=True) as store:
         store.take(_app({"w": w0}), run="r", step=0)
-        store.take(_app({"w": w1, "drop": torch.randn(64, 64, generator=g)}), run="r", step=1, delta_base="parent")
+        store.take(
+            _app({"w": w1, "drop": torch.randn(64, 64, generator=g)}),
+            run="r",
+            step=1,
+            delta_base="parent",
+        )
         store.take(_app({"w": w1}), run="keep")  # the deltas stay live, "drop" does not
         store.delete("r@1")
         delta = next(c for c in store.repository.index.all_chunks() if c.base_id is not None)
         inner = store.repository.objects.backend
-        store.repository.objects = objects.ObjectStore(_FlipOnce(inner, objects.pack_name(delta.pack_id), delta.offset, delta.length))
+        store.repository.objects = objects.ObjectStore(
+            _FlipOnce(inner, objects.pack_name(delta.pack_id), delta.offset, delta.length)
+        )
         try:
             store.gc(grace_seconds=0, repack_below=1.0)
         except ckstore.CorruptionError:

@@ -22,18 +22,29 @@ ROOT = str(REPO)
 
 
 def _rec(run: str, step: int, age: float, now: float = 1e6) -> SnapshotRecord:
-    return SnapshotRecord(f"{run}{step:04d}".ljust(64, "0"), run, step, None, "m", now - age, {}, 0, 0, 0, 0)
+    return SnapshotRecord(
+        f"{run}{step:04d}".ljust(64, "0"), run, step, None, "m", now - age, {}, 0, 0, 0, 0
+    )
 
 
 def test_policy_rules():
     now = 1e6
-    snaps = [_rec("a", s, age=100 - s, now=now) for s in range(10, 0, -1)] + [_rec("b", 1, 500, now)]
+    snaps = [_rec("a", s, age=100 - s, now=now) for s in range(10, 0, -1)] + [
+        _rec("b", 1, 500, now)
+    ]
     tagged = {snaps[-2].id}  # a@1
-    dropped = lambda **kw: sorted(f"{s.run}@{s.step}" for s in Policy(**kw).select(snaps, tagged, now))  # noqa: E731
+
+    def dropped(**kw):
+        return sorted(f"{s.run}@{s.step}" for s in Policy(**kw).select(snaps, tagged, now))
+
     assert dropped() == []  # no rule: prune only
-    assert dropped(keep_last=3) == sorted(f"a@{s}" for s in range(2, 8))  # b keeps its only one, a@1 tagged
+    assert dropped(keep_last=3) == sorted(
+        f"a@{s}" for s in range(2, 8)
+    )  # b keeps its only one, a@1 tagged
     assert dropped(keep_last=3, keep_tagged=False) == sorted([f"a@{s}" for s in range(1, 8)])
-    assert dropped(keep_last=0, keep_every_steps=5, runs=("a",)) == sorted(f"a@{s}" for s in (2, 3, 4, 6, 7, 8, 9))
+    assert dropped(keep_last=0, keep_every_steps=5, runs=("a",)) == sorted(
+        f"a@{s}" for s in (2, 3, 4, 6, 7, 8, 9)
+    )
     assert dropped(keep_last=1, older_than=95) == sorted(f"a@{s}" for s in (2, 3, 4, 5))
     with pytest.raises(ckstore.InvalidInputError):
         Policy(keep_last=-1)
@@ -50,7 +61,9 @@ def _fill(store, n=6):
 def test_gc_keeps_last_and_tagged_and_reclaims_the_rest(store):
     _fill(store)
     store.tag("r@2", "best")
-    before = sum(store.repository.objects.pack_size(p) for p in store.repository.objects.list_packs())
+    before = sum(
+        store.repository.objects.pack_size(p) for p in store.repository.objects.list_packs()
+    )
     dry = store.gc(keep_last=2, dry_run=True, grace_seconds=0)
     assert dry.dry_run and sorted(dry.snapshots_dropped) == ["r@1", "r@3", "r@4"]
     assert len(store.log()) == 6  # a dry run changes nothing
@@ -58,7 +71,9 @@ def test_gc_keeps_last_and_tagged_and_reclaims_the_rest(store):
     assert sorted(report.snapshots_dropped) == sorted(dry.snapshots_dropped)
     assert report.chunks_removed == dry.chunks_removed > 0 and report.bytes_reclaimed > 0
     assert [s.step for s in store.log()] == [6, 5, 2]
-    after = sum(store.repository.objects.pack_size(p) for p in store.repository.objects.list_packs())
+    after = sum(
+        store.repository.objects.pack_size(p) for p in store.repository.objects.list_packs()
+    )
     assert after < before
     for snap in store.log():
         assert float(snap.read_object("s/w")[0, 0]) == snap.step
@@ -90,7 +105,9 @@ def test_sparse_packs_are_rewritten_and_still_read(store_path):
 def test_orphans_of_a_crashed_take_are_removed_only_when_no_writer_can_own_them(store, monkeypatch):
     _fill(store, 1)
 
-    def crash(*args, **kwargs):  # the take dies after its packs are durable, before its commit indexes them
+    def crash(
+        *args, **kwargs
+    ):  # the take dies after its packs are durable, before its commit indexes them
         raise ckstore.errors.IndexError_("simulated crash")
 
     with monkeypatch.context() as m:
@@ -98,7 +115,9 @@ def test_orphans_of_a_crashed_take_are_removed_only_when_no_writer_can_own_them(
         with pytest.raises(ckstore.CkstoreError):
             store.take({"s": ckstore.StateDict(x=torch.randn(64, 64))}, run="crash")
     assert store.check().orphan_packs and store.check().ok  # garbage, not damage
-    live = store.repository.index.begin_session("someone-else", 60)  # a writer that began before GC listed
+    live = store.repository.index.begin_session(
+        "someone-else", 60
+    )  # a writer that began before GC listed
     assert store.gc(grace_seconds=0).orphans_removed == 0
     store.repository.index.end_session(live.id, "aborted")
     assert store.gc(grace_seconds=0).orphans_removed > 0
@@ -106,12 +125,23 @@ def test_orphans_of_a_crashed_take_are_removed_only_when_no_writer_can_own_them(
 
 
 def _run(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "tests.support.gc_workers", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.gc_workers", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("dialect", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize(
+    "dialect", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
 @pytest.mark.parametrize("deltas", [False, True], ids=["whole", "deltas"])
-def test_gc_beside_a_live_writer_never_breaks_a_committed_snapshot(tmp_path, dialect, deltas, request):
+def test_gc_beside_a_live_writer_never_breaks_a_committed_snapshot(
+    tmp_path, dialect, deltas, request
+):
     """With ``deltas`` every take chains onto the one before while gc forgets all but the last
     two and repacks: no chain may ever lose a link."""
     url = str(tmp_path / "store")
@@ -134,7 +164,9 @@ def test_gc_beside_a_live_writer_never_breaks_a_committed_snapshot(tmp_path, dia
         want = (drifting_state_for if deltas else state_for)(snap.step)
         assert all(torch.equal(got[k], want[k]) for k in want), snap.step
     if deltas:
-        assert any(c.base_id for c in store.repository.index.all_chunks()), "the takes stored no delta"
+        assert any(c.base_id for c in store.repository.index.all_chunks()), (
+            "the takes stored no delta"
+        )
     took = int(w_out.split()[1])
     failures = int(w_out.split()[3])
     assert took > 5 and failures == 0, (w_out, w_err)  # GC never makes a take fail
@@ -172,7 +204,9 @@ def test_a_take_paused_past_its_lease_fails_and_commits_nothing(tmp_path):
 
 @pytest.mark.parametrize("atomic", [True, False])
 @pytest.mark.parametrize("digests", [True, False], ids=["digests", "no-digests"])
-def test_a_restore_follows_chunks_that_gc_moved_while_it_ran(tmp_path: Path, atomic: bool, digests: bool) -> None:
+def test_a_restore_follows_chunks_that_gc_moved_while_it_ran(
+    tmp_path: Path, atomic: bool, digests: bool
+) -> None:
     """A reader that located its chunks before gc repacked them and deleted the old pack (its
     grace period over) looks them up again and reads them at their new place, instead of
     failing with ObjectNotFoundError (docs/RELIABILITY.md, I4)."""
@@ -189,7 +223,9 @@ def test_a_restore_follows_chunks_that_gc_moved_while_it_ran(tmp_path: Path, ato
         old_packs = set(store.repository.objects.list_packs())
         dest = {"m": ckstore.StateDict(keep=torch.zeros(64, 64))}
         reader = store.get("solo").view.reader()
-        prepared = prepare(reader, dest, budget=0, atomic=atomic)  # located (and, atomic, checked) now
+        prepared = prepare(
+            reader, dest, budget=0, atomic=atomic
+        )  # located (and, atomic, checked) now
         if not atomic:  # its one pass locates as it starts: locate now, as a slow reader would have
             assert prepared.fetcher is not None
             prepared.fetcher._locate(prepared.jobs)  # noqa: SLF001

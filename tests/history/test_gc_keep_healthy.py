@@ -69,5 +69,8 @@ def test_snapshots_without_health_are_unknown_not_unhealthy(tmp_path: Path) -> N
     for step in (1, 2, 3):
         store.take({"m": ckstore.StateDict(w=torch.randn(300))}, run="old", step=step, health=False)
     assert store.log("old", healthy=True) == []
-    assert sorted(store.gc(keep_last=1, dry_run=True).snapshots_dropped) == ["old@1", "old@2"]  # nothing to keep
+    assert sorted(store.gc(keep_last=1, dry_run=True).snapshots_dropped) == [
+        "old@1",
+        "old@2",
+    ]  # nothing to keep
     store.close()

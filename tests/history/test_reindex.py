@@ -19,7 +19,13 @@ def _history(store_path) -> list:
     for i in range(4):
         st["w"][i] += 1
         st["step"] = i
-        store.take({"s": st}, run="a" if i % 2 else "b", step=i, metadata={"i": i}, name=f"n{i}" if i == 3 else None)
+        store.take(
+            {"s": st},
+            run="a" if i % 2 else "b",
+            step=i,
+            metadata={"i": i},
+            name=f"n{i}" if i == 3 else None,
+        )
     hist = [(s.id, s.run, s.step, s.parent_id, s.metadata, s.name) for s in store.log()]
     store.close()
     return hist
@@ -40,7 +46,9 @@ def test_reindex_rebuilds_history_from_packs_and_manifests(store_path):
     after = [(s.id, s.run, s.step, s.parent_id, s.metadata, s.name) for s in store.log()]
     assert after == before
     assert store.check(read_data=True).ok
-    assert torch.equal(store.get("n3").read_object("s/w")[3], store.get("a@1").read_object("s/w")[3] + 1)
+    assert torch.equal(
+        store.get("n3").read_object("s/w")[3], store.get("a@1").read_object("s/w")[3] + 1
+    )
     with pytest.raises(ckstore.ConflictError, match="EMPTY"):
         store.reindex()
 
@@ -59,11 +67,17 @@ def test_reindex_skips_a_snapshot_whose_chunks_are_gone_and_cli_reports_it(store
         ckstore.open(store_path, create=True).repository.objects.delete_pack(p)
     out = subprocess.run(
         [sys.executable, "-m", "ckstore.cli", "--store", str(store_path), "reindex", "--json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 1, out.stderr
     report = json.loads(out.stdout)
-    assert report["snapshots"] == 3 and len(report["skipped"]) == 1 and victim.id in report["skipped"][0]
+    assert (
+        report["snapshots"] == 3
+        and len(report["skipped"]) == 1
+        and victim.id in report["skipped"][0]
+    )
 
 
 def _two_rank_take(rank: int, world: int, path: str) -> str:
@@ -91,9 +105,13 @@ def test_reindex_restores_world_size_and_the_figures_of_a_distributed_take(store
     with ckstore.open(store_path, create=True) as store:
         assert store.reindex().snapshots == 2
         after = {s.id: s.record for s in store.log()}
-        assert after[ids[0]] == before[ids[0]]  # world_size and each rank's figures, from the header
+        assert (
+            after[ids[0]] == before[ids[0]]
+        )  # world_size and each rank's figures, from the header
         plain = next(i for i in after if i != ids[0])
-        assert after[plain].world_size == 1 and after[plain].new_bytes == after[plain].new_chunks == 0
+        assert (
+            after[plain].world_size == 1 and after[plain].new_bytes == after[plain].new_chunks == 0
+        )
         assert store.get("d@5").read_object("s/rank") == [0, 1]
 
 
@@ -105,7 +123,9 @@ def test_reindex_skips_a_manifest_whose_header_world_size_is_malformed(store_pat
         good = store.get("n3").manifest
         for bad in ("two", 0, True):
             header = {**(good.snapshot or {}), "world_size": bad, "created_at": 1.0, "name": None}
-            store.repository.objects.put_blob("manifests", Manifest(good.apps, good.entries, header).to_json())
+            store.repository.objects.put_blob(
+                "manifests", Manifest(good.apps, good.entries, header).to_json()
+            )
     _drop_index(store_path)
     with ckstore.open(store_path, create=True) as store:
         report = store.reindex()

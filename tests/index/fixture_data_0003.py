@@ -41,11 +41,26 @@ def generate(path: Path = FILE) -> None:
         session = ix.begin_session("fixture", 3600)
         known = {c.chunk_id for c in ix.all_chunks()}
         for pack in sorted({CHUNKS[c][0] for c in ids if c not in known}):
-            recs = [ChunkRecord(c, *CHUNKS[c]) for c in ids if CHUNKS[c][0] == pack and c not in known]
+            recs = [
+                ChunkRecord(c, *CHUNKS[c]) for c in ids if CHUNKS[c][0] == pack and c not in known
+            ]
             ix.add_pack(session.id, PackRecord(pack, 1000, len(recs), 500.0), recs)
         ix.lookup_chunks(session.id, [c for c in ids if c in known])
-        record = SnapshotRecord(snap_id, run, step, None, f"m-{snap_id[:8]}", created, {"step": step},
-                                256, 100, 1, 1, name, 1)
+        record = SnapshotRecord(
+            snap_id,
+            run,
+            step,
+            None,
+            f"m-{snap_id[:8]}",
+            created,
+            {"step": step},
+            256,
+            100,
+            1,
+            1,
+            name,
+            1,
+        )
         entry = EntryRecord("model/w", "tensor", "float32", (8, 4), 128, "e" * 64)
         ix.commit_snapshot(session.id, record, [entry], list(ids), 999, tags)
     ix.close()

@@ -22,7 +22,9 @@ from ckstore.errors import CorruptionError, IndexCorruptionError, IndexError_
 
 def _make(path: Path) -> Path:
     s = ckstore.open(path, chunk_bytes=1024, pack_bytes=8192, create=True)
-    s.take({"m": ckstore.StateDict(w=torch.arange(900.0))}, run="runname", step=1, metadata={"a": 1})
+    s.take(
+        {"m": ckstore.StateDict(w=torch.arange(900.0))}, run="runname", step=1, metadata={"a": 1}
+    )
     s.close()
     db = path / "index.sqlite"
     with sqlite3.connect(db) as conn:

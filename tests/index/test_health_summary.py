@@ -48,7 +48,9 @@ def test_healthy_ref_names_why_nothing_matches(index_url: str) -> None:
         _commit(ix, "bad", 1, 3)
         with pytest.raises(SnapshotNotFoundError, match="none of its snapshots recorded health"):
             ix.resolve("old@healthy")
-        with pytest.raises(SnapshotNotFoundError, match="every snapshot it recorded health for holds NaN or Inf"):
+        with pytest.raises(
+            SnapshotNotFoundError, match="every snapshot it recorded health for holds NaN or Inf"
+        ):
             ix.resolve("bad@healthy")
         with pytest.raises(InvalidInputError, match="after '@' comes a step number"):
             ix.resolve("old@healty")  # a typo is still a bad step, not a name
@@ -63,7 +65,10 @@ def test_frozen_revision_0003_upgrades_with_unknown_health(tmp_path: Path) -> No
     assert upgrade(url) == "0006"  # through 0004 (loose packs), 0005 (health) and 0006 (remotes)
     with Index.open(url, create=False) as ix:
         snaps = ix.list_snapshots("sft")
-        assert [(s.step, s.nonfinite, s.stale, s.healthy) for s in snaps] == [(200, None, None, None), (100, None, None, None)]
+        assert [(s.step, s.nonfinite, s.stale, s.healthy) for s in snaps] == [
+            (200, None, None, None),
+            (100, None, None, None),
+        ]
         assert ix.list_snapshots("sft", healthy=True) == []
         assert {c.chunk_id: (c.base_id, c.depth, c.payload_digest) for c in ix.all_chunks()} == {
             cid: (row[5], row[6], row[7]) for cid, row in frozen.CHUNKS.items()

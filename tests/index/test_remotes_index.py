@@ -28,7 +28,9 @@ def test_remotes_are_named_kept_and_removed(index_url: str) -> None:
         ix.add_remote(RemoteRecord("origin", "/srv/ckpts", options={"anon": True}))
         ix.add_remote(RemoteRecord("tier", "s3://b/p", index="postgresql://u@h/db"))
         assert [(r.name, r.url, r.index, r.options, r.tier) for r in ix.list_remotes()] == [
-            ("origin", "/srv/ckpts", None, {"anon": True}, False), ("tier", "s3://b/p", "postgresql://u@h/db", {}, False)]
+            ("origin", "/srv/ckpts", None, {"anon": True}, False),
+            ("tier", "s3://b/p", "postgresql://u@h/db", {}, False),
+        ]
         with pytest.raises(ConflictError, match="/srv/ckpts"):
             ix.add_remote(RemoteRecord("origin", "/elsewhere"))
         with pytest.raises(InvalidInputError, match="remote name"):
@@ -59,29 +61,61 @@ def test_rows_point_at_a_remote_with_exact_depths_and_never_under_a_writer(index
         ix.add_remote(RemoteRecord("tier", "/t"))
         s = ix.begin_session("w", 60).id
         base, delta, other = cid("base"), cid("delta"), cid("other")
-        ix.add_pack(s, PackRecord("aa" * 32, 100, 2), [ChunkRecord(base, "aa" * 32, 32, 10, 64, "zstd"),
-                                                        ChunkRecord(other, "aa" * 32, 42, 10, 64, "zstd")])
-        ix.add_pack(s, PackRecord("bb" * 32, 100, 1), [ChunkRecord(delta, "bb" * 32, 32, 5, 64, "xor-zstd", base, 1)])
+        ix.add_pack(
+            s,
+            PackRecord("aa" * 32, 100, 2),
+            [
+                ChunkRecord(base, "aa" * 32, 32, 10, 64, "zstd"),
+                ChunkRecord(other, "aa" * 32, 42, 10, 64, "zstd"),
+            ],
+        )
+        ix.add_pack(
+            s,
+            PackRecord("bb" * 32, 100, 1),
+            [ChunkRecord(delta, "bb" * 32, 32, 5, 64, "xor-zstd", base, 1)],
+        )
         ix.end_session(s, "committed")
         # the remote holds `base` as a delta against a chunk this store never had: both rows come
         root = cid("root")
-        there = [ChunkRecord(root, "cc" * 32, 32, 9, 64, "zstd"),
-                 ChunkRecord(base, "cc" * 32, 41, 4, 64, "xor-zstd", root, 1)]
+        there = [
+            ChunkRecord(root, "cc" * 32, 32, 9, 64, "zstd"),
+            ChunkRecord(base, "cc" * 32, 41, 4, 64, "xor-zstd", root, 1),
+        ]
         assert ix.point_chunks_at_remote("tier", there, {base: "aa" * 32}) == [base]
         rows = ix.chunk_locations([delta])
-        assert (rows[base].pack_id, rows[base].depth, rows[delta].depth, rows[root].depth) == ("cc" * 32, 1, 2, 0)
+        assert (rows[base].pack_id, rows[base].depth, rows[delta].depth, rows[root].depth) == (
+            "cc" * 32,
+            1,
+            2,
+            0,
+        )
         assert ix.remote_pack_ids() == {"cc" * 32: "tier"}
         # a compare-and-swap: a row no longer where the caller saw it stays
-        assert ix.point_chunks_at_remote("tier", [ChunkRecord(other, "dd" * 32, 0, 10, 64, "zstd")], {other: "bb" * 32}) == []
+        assert (
+            ix.point_chunks_at_remote(
+                "tier", [ChunkRecord(other, "dd" * 32, 0, 10, 64, "zstd")], {other: "bb" * 32}
+            )
+            == []
+        )
         # a chunk a live writer pinned keeps its row (the writer may be storing a delta against it)
         w = ix.begin_session("writer", 60).id
         ix.lookup_chunks(w, [other])
-        assert ix.point_chunks_at_remote("tier", [ChunkRecord(other, "dd" * 32, 0, 10, 64, "zstd")], {other: "aa" * 32}) == []
+        assert (
+            ix.point_chunks_at_remote(
+                "tier", [ChunkRecord(other, "dd" * 32, 0, 10, 64, "zstd")], {other: "aa" * 32}
+            )
+            == []
+        )
         ix.end_session(w, "aborted")
-        assert ix.point_chunks_at_remote("tier", [ChunkRecord(other, "dd" * 32, 0, 10, 64, "zstd")], {other: "aa" * 32}) == [other]
+        assert ix.point_chunks_at_remote(
+            "tier", [ChunkRecord(other, "dd" * 32, 0, 10, 64, "zstd")], {other: "aa" * 32}
+        ) == [other]
         assert [p for p, _, _ in ix.local_packs_by_use()] == ["aa" * 32, "bb" * 32]
         ix.touch_packs({"aa" * 32: 9e12})
-        assert [p for p, _, _ in ix.local_packs_by_use()] == ["bb" * 32, "aa" * 32]  # least recently used first
+        assert [p for p, _, _ in ix.local_packs_by_use()] == [
+            "bb" * 32,
+            "aa" * 32,
+        ]  # least recently used first
         with pytest.raises(ConflictError, match="live only at remote 'tier'"):
             ix.remove_remote("tier")
 
@@ -95,9 +129,13 @@ def test_frozen_revision_0003_upgrades_through_0006(tmp_path: Path) -> None:
     assert upgrade(url) == "0006"
     with Index.open(url, create=False) as ix:
         assert {c.chunk_id: (c.pack_id, c.base_id, c.depth) for c in ix.all_chunks()} == {
-            k: (v[0], v[5], v[6]) for k, v in frozen.CHUNKS.items()}
+            k: (v[0], v[5], v[6]) for k, v in frozen.CHUNKS.items()
+        }
         assert ix.list_remotes() == [] and ix.remote_pack_ids() == {}
-        assert [s.id for s in ix.list_snapshots("sft")] == [frozen.SNAPSHOTS[1][0], frozen.SNAPSHOTS[0][0]]
+        assert [s.id for s in ix.list_snapshots("sft")] == [
+            frozen.SNAPSHOTS[1][0],
+            frozen.SNAPSHOTS[0][0],
+        ]
         ix.add_remote(RemoteRecord("origin", "/x", tier=True))
         assert ix.unpushed_to_tiers() == {s[0] for s in frozen.SNAPSHOTS}
 

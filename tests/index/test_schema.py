@@ -53,7 +53,9 @@ def test_opening_an_index_at_head_imports_no_alembic(tmp_path: Path) -> None:
         "import sys; from ckstore.index import Index; Index.open(sys.argv[1]).close(); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))"
     )
-    out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, url], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -100,7 +102,9 @@ def test_frozen_revision_0001_database_upgrades_and_keeps_its_data(tmp_path: Pat
     assert upgrade(url) == HEAD_REVISION
     with Index.open(url, create=False) as ix:
         # every chunk of revision 0001 is a full chunk, with no payload digest recorded
-        assert {(c.base_id, c.depth, c.payload_digest) for c in ix.all_chunks()} == {(None, 0, None)}
+        assert {(c.base_id, c.depth, c.payload_digest) for c in ix.all_chunks()} == {
+            (None, 0, None)
+        }
         assert {k: ix.get_meta(k) for k in frozen.META} == frozen.META
         assert ix.list_runs() == sorted({s[1] for s in frozen.SNAPSHOTS})
         for snap_id, run, step, created, name, chunk_idx, tags in frozen.SNAPSHOTS:
@@ -201,7 +205,9 @@ def test_payload_digests_migrate_down_and_up_in_place(index_url: str) -> None:
         with engine.connect() as conn:
             assert current_revision(engine) == "0002"
             row = conn.execute(text("SELECT * FROM chunks")).mappings().one()
-            assert "payload_digest" not in row and row["id"] == rec.chunk_id and row["codec"] == "zstd"
+            assert (
+                "payload_digest" not in row and row["id"] == rec.chunk_id and row["codec"] == "zstd"
+            )
     finally:
         engine.dispose()
     with pytest.raises(SchemaError, match=re.escape(f"ckstore migrate --index {index_url}")):

@@ -23,7 +23,9 @@ def ix(index_url: str) -> Iterator[Index]:
 def _commit_with_delta(ix: Index, run: str, step: int, base_label: str, label: str) -> str:
     """A snapshot whose one chunk is a delta against the chunk ``base_label``."""
     session = ix.begin_session("test", 30)
-    rec = ChunkRecord(cid(label), f"pack-{label}", 0, 5, 64, "zstd", base_id=cid(base_label), depth=1)
+    rec = ChunkRecord(
+        cid(label), f"pack-{label}", 0, 5, 64, "zstd", base_id=cid(base_label), depth=1
+    )
     ix.add_pack(session.id, PackRecord(f"pack-{label}", 100, 1), [rec])
     ix.lookup_chunks(session.id, [cid(base_label)])
     return ix.commit_snapshot(session.id, snapshot(run, step), ENTRIES, [rec.chunk_id], 1).id

@@ -25,7 +25,9 @@ class _Regressor(pl.LightningModule):  # type: ignore[misc]
     def __init__(self, seed: int) -> None:
         super().__init__()
         torch.manual_seed(seed)
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
+        )
         self.losses: list[tuple[int, float]] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -37,19 +39,28 @@ class _Regressor(pl.LightningModule):  # type: ignore[misc]
 
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.parameters(), lr=0.01)
-        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)}
+        return {
+            "optimizer": opt,
+            "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7),
+        }
 
 
 def _data() -> torch.utils.data.DataLoader[Any]:
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(64, 8, generator=gen)
     y = x.sum(dim=1, keepdim=True).sin()
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=False)
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=False
+    )
 
 
 def _trainer(tmp: Path, io: CkstoreCheckpointIO, epochs: int) -> Any:
     ckpt = pl.callbacks.ModelCheckpoint(
-        dirpath=tmp / "ckpts", filename="{epoch}-{step}", monitor="train_loss", mode="min", save_top_k=2
+        dirpath=tmp / "ckpts",
+        filename="{epoch}-{step}",
+        monitor="train_loss",
+        mode="min",
+        save_top_k=2,
     )
     return pl.Trainer(
         max_epochs=epochs,
@@ -88,7 +99,9 @@ def test_fit_checkpoints_into_store_and_resumes_with_identical_loss(tmp_path: Pa
     best_path = str(tmp_path / "ckpts" / "epoch=1-step=8.ckpt")
     resumed = _Regressor(seed=123)  # different weights: everything must come from the store
     trainer2 = _trainer(tmp_path / "again", CkstoreCheckpointIO(store, run="lit2"), epochs=3)
-    trainer2.fit(resumed, _data(), ckpt_path=str(CkstoreCheckpointIO(store, run="lit").ref(best_path)))
+    trainer2.fit(
+        resumed, _data(), ckpt_path=str(CkstoreCheckpointIO(store, run="lit").ref(best_path))
+    )
     third = [loss for epoch, loss in model.losses if epoch == 2]
     assert len(third) == 4
     assert [loss for _, loss in resumed.losses] == third  # bit-identical floats
@@ -105,7 +118,9 @@ def test_remove_checkpoint_keeps_a_snapshot_you_tagged(tmp_path: Path) -> None:
     store = ckstore.open(tmp_path / "store", chunk_bytes=1024, inline_bytes=64, create=True)
     io = CkstoreCheckpointIO(store, run="lit")
     for step in (1, 2):
-        io.save_checkpoint({"global_step": step, "w": torch.full((64,), float(step))}, f"s{step}.ckpt")
+        io.save_checkpoint(
+            {"global_step": step, "w": torch.full((64,), float(step))}, f"s{step}.ckpt"
+        )
     store.tag(io.ref("s1.ckpt"), "best")
     io.remove_checkpoint("s1.ckpt")
     io.remove_checkpoint("s2.ckpt")

@@ -22,7 +22,9 @@ import transformers  # noqa: E402 - in the test extra: a missing one fails, neve
 import ckstore
 from ckstore.integrations.transformers import CkstoreCallback, checkout
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning"
+)
 
 
 class _Data(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
@@ -35,7 +37,11 @@ class _Data(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return 16
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "attention_mask": torch.ones(12, dtype=torch.long), "labels": self.labels[i]}
+        return {
+            "input_ids": self.ids[i],
+            "attention_mask": torch.ones(12, dtype=torch.long),
+            "labels": self.labels[i],
+        }
 
 
 def _model(seed: int) -> Any:

@@ -35,13 +35,19 @@ def _dcp_dir(tmp_path: Path, planner_data: Any) -> Path:
     return path
 
 
-@pytest.mark.parametrize("planner_data", [
-    {"model.w": ("model", 10**7), "extra.b": ("extra", "b")},  # a list index far past the leaves
-    {"model.w": ("model",), "extra.b": ("model", "b")},  # "model": a leaf and a dict at once
-    {"model.w": ("model", "w"), "extra.b": ("model", 0)},  # "model": a dict and a list at once
-    {"model.w": (0, "w"), "extra.b": ("extra", "b")},  # the root indexed as a list
-    {"model.w": ("model", True), "extra.b": ("extra", "b")},  # a bool is no index
-])
+@pytest.mark.parametrize(
+    "planner_data",
+    [
+        {
+            "model.w": ("model", 10**7),
+            "extra.b": ("extra", "b"),
+        },  # a list index far past the leaves
+        {"model.w": ("model",), "extra.b": ("model", "b")},  # "model": a leaf and a dict at once
+        {"model.w": ("model", "w"), "extra.b": ("model", 0)},  # "model": a dict and a list at once
+        {"model.w": (0, "w"), "extra.b": ("extra", "b")},  # the root indexed as a list
+        {"model.w": ("model", True), "extra.b": ("extra", "b")},  # a bool is no index
+    ],
+)
 def test_an_inconsistent_nesting_map_keeps_the_flat_keys(tmp_path: Path, planner_data: Any) -> None:
     path = _dcp_dir(tmp_path, planner_data)
     store = ckstore.open(tmp_path / "s", create=True)

@@ -25,7 +25,10 @@ def test_export_into_a_symlink_to_a_directory_fills_that_directory(tmp_path: Pat
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
     report = snap.export(tmp_path / "link", format="torch")
-    assert (tmp_path / "link").is_symlink() and sorted(os.listdir(real)) == ["checkpoint.pt", "ckstore-digests.json"]
+    assert (tmp_path / "link").is_symlink() and sorted(os.listdir(real)) == [
+        "checkpoint.pt",
+        "ckstore-digests.json",
+    ]
     assert report.path == str(tmp_path / "link")  # as given
     got = torch.load(real / "checkpoint.pt", weights_only=True)
     assert torch.equal(got["model"]["weight"], snap.read_object("model/weight"))
@@ -34,18 +37,31 @@ def test_export_into_a_symlink_to_a_directory_fills_that_directory(tmp_path: Pat
 
 def _crafted(store: ckstore.Store, info: dict[str, object]) -> ckstore.StoredSnapshot:
     """A snapshot whose import record (app ``_source``) names files as ``info`` says."""
-    full = {"format": "torch", "name": "checkpoint.pt", "flat_app": None, "safetensors_metadata": {},
-            "torch_files": {}, "dcp_chunks": {}, "skipped": [], **info}
-    state = {"model": ckstore.StateDict(w=torch.arange(64.0)),
-             "_source": ckstore.StateDict(info=json.dumps(full), files={})}
+    full = {
+        "format": "torch",
+        "name": "checkpoint.pt",
+        "flat_app": None,
+        "safetensors_metadata": {},
+        "torch_files": {},
+        "dcp_chunks": {},
+        "skipped": [],
+        **info,
+    }
+    state = {
+        "model": ckstore.StateDict(w=torch.arange(64.0)),
+        "_source": ckstore.StateDict(info=json.dumps(full), files={}),
+    }
     return store.take(state, run="crafted", step=1)
 
 
-@pytest.mark.parametrize(("fmt", "info"), [
-    ("torch", {"name": "../escaped.pt"}),
-    ("torch", {"name": "/tmp/escaped-abs.pt"}),
-    ("hf", {"format": "hf", "name": "x", "torch_files": {"../escaped.pt": "model"}}),
-])
+@pytest.mark.parametrize(
+    ("fmt", "info"),
+    [
+        ("torch", {"name": "../escaped.pt"}),
+        ("torch", {"name": "/tmp/escaped-abs.pt"}),
+        ("hf", {"format": "hf", "name": "x", "torch_files": {"../escaped.pt": "model"}}),
+    ],
+)
 def test_an_import_record_cannot_make_an_export_write_outside_its_directory(
     tmp_path: Path, fmt: str, info: dict[str, object]
 ) -> None:
@@ -53,6 +69,8 @@ def test_an_import_record_cannot_make_an_export_write_outside_its_directory(
     snap = _crafted(store, info)
     with pytest.raises(CorruptionError, match="not a relative path inside the export"):
         snap.export(tmp_path / "out" / "dest", format=fmt)
-    assert not (tmp_path / "out" / "escaped.pt").exists() and not Path("/tmp/escaped-abs.pt").exists()
+    assert (
+        not (tmp_path / "out" / "escaped.pt").exists() and not Path("/tmp/escaped-abs.pt").exists()
+    )
     assert not (tmp_path / "out" / "dest").exists()  # nothing published
     store.close()

@@ -24,8 +24,11 @@ TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 def _snapshot(tmp_path: Path) -> ckstore.StoredSnapshot:
     store = ckstore.open(tmp_path / "s", create=True, **TINY)
     gen = torch.Generator().manual_seed(0)
-    state = {"a": torch.randn(40, 8, generator=gen), "b": torch.randn(24, generator=gen).bfloat16(),
-             "c": torch.arange(16, dtype=torch.int32)}
+    state = {
+        "a": torch.randn(40, 8, generator=gen),
+        "b": torch.randn(24, generator=gen).bfloat16(),
+        "c": torch.arange(16, dtype=torch.int32),
+    }
     return store.take({"model": ckstore.StateDict(state)}, run="r", step=3)
 
 
@@ -50,14 +53,16 @@ def test_safetensors_export_every_byte_flip_is_found(tmp_path: Path) -> None:
     snap.export(out, format="safetensors")
     f = out / "model.safetensors"
     assert verify_path(str(f)).ok and verify_path(str(out)).ok
-    header = json.loads(f.read_bytes()[8:8 + int.from_bytes(f.read_bytes()[:8], "little")])
+    header = json.loads(f.read_bytes()[8 : 8 + int.from_bytes(f.read_bytes()[:8], "little")])
     assert set(json.loads(header["__metadata__"][METADATA_KEY])["tensors"]) == {"a", "b", "c"}
     size = f.stat().st_size
     lone = tmp_path / "lone" / "model.safetensors"  # the file alone: its own digests only
     lone.parent.mkdir()
     shutil.copyfile(f, lone)
     assert _flip_all(lone, lone, range(size)) == []  # every header and data byte, alone
-    assert _flip_all(f, out, range(0, size, 3)) == []  # in its folder (sidecar too), every third byte
+    assert (
+        _flip_all(f, out, range(0, size, 3)) == []
+    )  # in its folder (sidecar too), every third byte
 
 
 def test_sidecar_every_byte_flip_is_found(tmp_path: Path) -> None:
@@ -70,7 +75,11 @@ def test_sidecar_every_byte_flip_is_found(tmp_path: Path) -> None:
     snap.export(st, format="safetensors")
     (st / SIDECAR).unlink()  # a folder export without its digests file: not passed
     report = verify_path(str(st))
-    assert not report.ok and report.problems[0].file == SIDECAR and "missing" in report.problems[0].problem
+    assert (
+        not report.ok
+        and report.problems[0].file == SIDECAR
+        and "missing" in report.problems[0].problem
+    )
     assert verify_path(str(st / "model.safetensors")).ok  # the file alone still checks
 
 
@@ -97,7 +106,10 @@ def test_a_damaged_tensor_is_named(tmp_path: Path) -> None:
     raw[-1] ^= 0x40  # last byte: tensor c's data (written in key order a, b, c)
     f.write_bytes(raw)
     report = verify_path(str(out))
-    assert {(p.file, p.tensor) for p in report.problems} == {("model.safetensors", "c"), ("model.safetensors", None)}
+    assert {(p.file, p.tensor) for p in report.problems} == {
+        ("model.safetensors", "c"),
+        ("model.safetensors", None),
+    }
     torch_out = tmp_path / "pt"
     snap.export(torch_out, format="torch")
     pt = torch_out / "checkpoint.pt"
@@ -119,7 +131,9 @@ def test_import_checks_digests_and_names_the_tensor(tmp_path: Path) -> None:
     store = ckstore.open(tmp_path / "s2", create=True, **TINY)
     good = store.import_checkpoint(out, run="ok")
     assert torch.equal(good.read_object("model/a"), snap.read_object("model/a"))
-    assert SIDECAR not in json.dumps(good.get_manifest() and list(good.get_manifest()))  # not kept as a file
+    assert SIDECAR not in json.dumps(
+        good.get_manifest() and list(good.get_manifest())
+    )  # not kept as a file
     f = out / "model.safetensors"
     raw = bytearray(f.read_bytes())
     raw[-1] ^= 0x40

@@ -60,10 +60,17 @@ class _WeightsOnlyPlanner(DefaultLoadPlanner):
 def _dcp_load(path: Path) -> dict[str, object]:
     meta = FileSystemReader(str(path)).read_metadata()
     state: dict[str, object] = {
-        k: torch.empty(m.size, dtype=m.properties.dtype) if isinstance(m, TensorStorageMetadata) else None
+        k: torch.empty(m.size, dtype=m.properties.dtype)
+        if isinstance(m, TensorStorageMetadata)
+        else None
         for k, m in meta.state_dict_metadata.items()
     }
-    dcp.load(state, checkpoint_id=str(path), planner=_WeightsOnlyPlanner(flatten_state_dict=False), no_dist=True)
+    dcp.load(
+        state,
+        checkpoint_id=str(path),
+        planner=_WeightsOnlyPlanner(flatten_state_dict=False),
+        no_dist=True,
+    )
     return state
 
 
@@ -78,7 +85,9 @@ def test_each_export_loads_with_the_formats_safe_loader(store, tmp_path, fmt, ki
         if kind in ("rng", "all"):
             numpy_state = loaded["rng"]["numpy"]
             assert isinstance(numpy_state[1], torch.Tensor) and numpy_state[1].dtype == torch.uint32
-            assert np.array_equal(numpy_state[1].numpy(), store.get(kind).read_object("rng/numpy/1"))
+            assert np.array_equal(
+                numpy_state[1].numpy(), store.get(kind).read_object("rng/numpy/1")
+            )
     elif fmt == "safetensors":
         files = [f for f in os.listdir(out) if f.endswith(".safetensors")]
         assert files or kind == "scheduler"  # a scheduler holds no tensor: nothing to write

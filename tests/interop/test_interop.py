@@ -95,8 +95,14 @@ def test_minilm_folder_round_trip_dedup_and_shards(tmp_path: Path) -> None:
     out = tmp_path / "hf"
     report = again.export(out)
     assert_same(load_file(out / "model.safetensors"), load_file(folder / "model.safetensors"))
-    kept = [p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".") and p.suffix != ".safetensors"]
-    assert {"config.json", "tokenizer.json", "vocab.txt", "1_Pooling/config.json"} <= set(report.files)
+    kept = [
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not p.name.startswith(".") and p.suffix != ".safetensors"
+    ]
+    assert {"config.json", "tokenizer.json", "vocab.txt", "1_Pooling/config.json"} <= set(
+        report.files
+    )
     for p in kept:
         assert (out / p.relative_to(folder)).read_bytes() == p.read_bytes(), p
 
@@ -122,12 +128,17 @@ def test_minilm_folder_round_trip_dedup_and_shards(tmp_path: Path) -> None:
             merged["encoder.layer.5.output.dense.weight"]
         )
     assert chunk_count(store) == chunks
-    assert ckstore.interop.app_state_of({"w": torch.ones(2)})["model"].state_dict()["w"].shape == (2,)
+    assert ckstore.interop.app_state_of({"w": torch.ones(2)})["model"].state_dict()["w"].shape == (
+        2,
+    )
 
 
-def test_minilm_export_loads_with_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_minilm_export_loads_with_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import transformers
+
     folder = minilm_dir()
     store = ckstore.open(tmp_path / "store", create=True)
     store.import_checkpoint(folder, run="minilm", step=0, tags=["best"])
@@ -168,12 +179,21 @@ def _training_state() -> dict[str, Any]:
         "best_loss": 0.25,
         "names": ["a", "b"],
         "half": torch.randn(33, 17).to(torch.bfloat16),
-        "scheduler": {"lr_lambdas": [{}], "empty": {}, "nones": [None], "t": ()},  # empty containers stay
+        "scheduler": {
+            "lr_lambdas": [{}],
+            "empty": {},
+            "nones": [None],
+            "t": (),
+        },  # empty containers stay
     }
 
 
 def _assert_equal_objects(a: Any, b: Any, path: str = "") -> None:
-    assert type(a) is type(b) or (isinstance(a, dict) and isinstance(b, dict)), (path, type(a), type(b))
+    assert type(a) is type(b) or (isinstance(a, dict) and isinstance(b, dict)), (
+        path,
+        type(a),
+        type(b),
+    )
     if isinstance(a, torch.Tensor):
         assert a.dtype == b.dtype and a.shape == b.shape and bits(a) == bits(b), path
     elif isinstance(a, dict):
@@ -195,9 +215,16 @@ def test_torch_save_round_trip(tmp_path: Path, zipped: bool) -> None:
     torch.save(state, src, _use_new_zipfile_serialization=zipped)
     store = ckstore.open(tmp_path / "store", **TINY, create=True)
     snap = store.import_checkpoint(src, run="t", step=7)
-    assert {"model", "optimizer", "epoch", "best_loss", "names", "half", "scheduler", "_source"} == {
-        k.split("/", 1)[0] for k in snap.get_manifest()
-    }
+    assert {
+        "model",
+        "optimizer",
+        "epoch",
+        "best_loss",
+        "names",
+        "half",
+        "scheduler",
+        "_source",
+    } == {k.split("/", 1)[0] for k in snap.get_manifest()}
     # restore into live objects, like any snapshot
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
@@ -309,7 +336,9 @@ def test_dcp_import_refuses_chunks_that_do_not_tile_the_tensor(tmp_path: Path) -
 
     for size in ([1000, 4], [2**32, 4], [2, 4]):
         damaged(lambda m, size=size: setattr(m, "size", torch.Size(size)))
-        with pytest.raises(InvalidInputError, match=r"chunks of 'w' do not tile its declared shape"):
+        with pytest.raises(
+            InvalidInputError, match=r"chunks of 'w' do not tile its declared shape"
+        ):
             store.import_checkpoint(d)
     two = lambda m: m.chunks.append(m.chunks[0])  # noqa: E731 - the same chunk twice: overlap
     damaged(two)
@@ -321,7 +350,9 @@ def test_dcp_import_refuses_chunks_that_do_not_tile_the_tensor(tmp_path: Path) -
     assert torch.equal(snap.read_object("model/w"), torch.ones(3, 4))
 
 
-def test_dcp_import_of_damaged_data_files_is_a_typed_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dcp_import_of_damaged_data_files_is_a_typed_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """DCP raises CheckpointException (a BaseException) for a missing or short .distcp file or
     an offset past its end: the import raises InvalidInputError naming the checkpoint, and the
     command line prints one line (no traceback) and exits 2."""
@@ -337,8 +368,11 @@ def test_dcp_import_of_damaged_data_files_is_a_typed_error(tmp_path: Path, capsy
     meta = pickle.loads(good)  # the test's own file: trusted
     for info in meta.storage_data.values():
         info.offset += 1 << 20
-    cases = [lambda: data.write_bytes(body[: len(body) // 3]), data.unlink,
-             lambda: (data.write_bytes(body), (d / ".metadata").write_bytes(pickle.dumps(meta)))]
+    cases = [
+        lambda: data.write_bytes(body[: len(body) // 3]),
+        data.unlink,
+        lambda: (data.write_bytes(body), (d / ".metadata").write_bytes(pickle.dumps(meta))),
+    ]
     for damage in cases:
         damage()
         with pytest.raises(InvalidInputError, match="DCP checkpoint's data could not be read"):
@@ -380,8 +414,10 @@ def test_dcp_single_process_round_trip(tmp_path: Path, monkeypatch: pytest.Monke
     assert bits(snap.read_object("model/w")) == bits(state["model"]["w"])
 
     snap.export(tmp_path / "out", "dcp")  # the 84 KB tensor is written in row blocks
-    target = {"model": {"w": torch.zeros(300, 70), "b": torch.zeros(70, dtype=torch.bfloat16)},
-              "extra": {"step": 0, "lr": 0.0, "tag": ""}}
+    target = {
+        "model": {"w": torch.zeros(300, 70), "b": torch.zeros(70, dtype=torch.bfloat16)},
+        "extra": {"step": 0, "lr": 0.0, "tag": ""},
+    }
     dcp.load(target, checkpoint_id=str(tmp_path / "out"), no_dist=True)
     _assert_equal_objects(target, state)
 
@@ -394,7 +430,9 @@ def _small_store(tmp_path: Path) -> Any:
     optim = torch.optim.Adam(model.parameters())
     model(torch.randn(2, 256)).sum().backward()
     optim.step()
-    return store, store.take({"model": model, "optim": optim, "progress": ckstore.StateDict(step=5)}, run="sft", step=5)
+    return store, store.take(
+        {"model": model, "optim": optim, "progress": ckstore.StateDict(step=5)}, run="sft", step=5
+    )
 
 
 def test_keys_subset_and_names(tmp_path: Path) -> None:
@@ -422,7 +460,11 @@ def test_export_refuses_non_empty_directory_unless_forced(tmp_path: Path) -> Non
         snap.export(dest)
     assert (dest / "mine.txt").read_text() == "keep me"
     snap.export(dest, force=True)
-    assert sorted(os.listdir(dest)) == ["ckstore-digests.json", "model.safetensors", "model.safetensors.index.json"]
+    assert sorted(os.listdir(dest)) == [
+        "ckstore-digests.json",
+        "model.safetensors",
+        "model.safetensors.index.json",
+    ]
     empty = tmp_path / "empty"
     empty.mkdir()
     snap.export(empty)  # an empty directory is fine
@@ -454,14 +496,51 @@ def test_cli_import_and_export(tmp_path: Path, capsys: pytest.CaptureFixture[str
     store = str(tmp_path / "store")
     assert main(["init", store]) == 0
     capsys.readouterr()
-    assert main(["--store", store, "import", str(tmp_path / "w.safetensors"), "--run", "r", "--step", "3", "--tag", "base", "--json"]) == 0
+    assert (
+        main(
+            [
+                "--store",
+                store,
+                "import",
+                str(tmp_path / "w.safetensors"),
+                "--run",
+                "r",
+                "--step",
+                "3",
+                "--tag",
+                "base",
+                "--json",
+            ]
+        )
+        == 0
+    )
     shown = json.loads(capsys.readouterr().out)
     assert shown["run"] == "r" and shown["step"] == 3 and shown["new_chunks"] >= 0
-    assert main(["--store", store, "export", "base", str(tmp_path / "o"), "--format", "safetensors", "--keys", "model/**"]) == 0
+    assert (
+        main(
+            [
+                "--store",
+                store,
+                "export",
+                "base",
+                str(tmp_path / "o"),
+                "--format",
+                "safetensors",
+                "--keys",
+                "model/**",
+            ]
+        )
+        == 0
+    )
     assert_same(load_file(tmp_path / "o" / "model.safetensors"), sd)
     assert main(["--store", store, "export", "base", str(tmp_path / "o"), "--format", "torch"]) == 4
     assert "not empty" in capsys.readouterr().err
-    assert main(["--store", store, "export", "r@3", str(tmp_path / "o"), "--format", "torch", "--force"]) == 0
+    assert (
+        main(
+            ["--store", store, "export", "r@3", str(tmp_path / "o"), "--format", "torch", "--force"]
+        )
+        == 0
+    )
     back = torch.load(tmp_path / "o" / "checkpoint.pt", weights_only=True)
     assert_same(back, sd)
     (tmp_path / "evil.pt").write_bytes(b"\x80\x04cposix\nsystem\n(S'true'\ntR.")

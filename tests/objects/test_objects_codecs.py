@@ -32,11 +32,27 @@ CASES = {
     "float64": (RNG.normal(0, 1, 10_000).tobytes(), 8, True),
     # fp32 upcast from bf16: the two low planes are all zeros, so planes 0 and 1 are
     # compressed and the raw plane 2 moves left behind them.
-    "fp32-from-bf16": ((_weights().view(np.uint32) & 0xFFFF0000).astype(np.uint32).tobytes(), 4, True),
+    "fp32-from-bf16": (
+        (_weights().view(np.uint32) & 0xFFFF0000).astype(np.uint32).tobytes(),
+        4,
+        True,
+    ),
     # only a middle plane compresses: plane 0 random, plane 1 constant, plane 2 random, 3 exp
     "middle-plane": (
-        np.stack([RNG.integers(0, 256, 1 << 16), np.full(1 << 16, 7), RNG.integers(0, 256, 1 << 16),
-                  RNG.integers(60, 62, 1 << 16)], axis=1).astype(np.uint8).tobytes(), 4, True),
+        np.stack(
+            [
+                RNG.integers(0, 256, 1 << 16),
+                np.full(1 << 16, 7),
+                RNG.integers(0, 256, 1 << 16),
+                RNG.integers(60, 62, 1 << 16),
+            ],
+            axis=1,
+        )
+        .astype(np.uint8)
+        .tobytes(),
+        4,
+        True,
+    ),
 }
 
 

@@ -116,7 +116,7 @@ def test_read_chunk_is_one_exact_ranged_get() -> None:
     store = ObjectStore(counting)
     chunks = _chunks(6)
     packs = _write(store, chunks, target=1 << 30)
-    (pack_id, locs), = packs.items()
+    ((pack_id, locs),) = packs.items()
     counting.reset()
     loc = locs[3]
     store.read_chunk(loc)
@@ -143,7 +143,7 @@ def _flip(backend: Backend, name: str, pos: int) -> None:
 def test_flipped_payload_byte_is_caught(index: int) -> None:
     backend = memory_backend()
     store = ObjectStore(backend)
-    (pack_id, locs), = _write(store, _chunks(3), target=1 << 30).items()
+    ((pack_id, locs),) = _write(store, _chunks(3), target=1 << 30).items()
     loc = locs[index]
     _flip(backend, pack_name(pack_id), loc.offset + loc.length // 2)
     with pytest.raises(CorruptionError, match=loc.chunk_id) as info:
@@ -156,7 +156,7 @@ def test_flipped_payload_byte_is_caught(index: int) -> None:
 def test_flipped_trailer_byte_is_caught() -> None:
     backend = memory_backend()
     store = ObjectStore(backend)
-    (pack_id, locs), = _write(store, _chunks(3), target=1 << 30).items()
+    ((pack_id, locs),) = _write(store, _chunks(3), target=1 << 30).items()
     size = store.pack_size(pack_id)
     trailer_start = size - FOOTER.size - ENTRY.size * len(locs)
     _flip(backend, pack_name(pack_id), trailer_start + ENTRY.size + 33)
@@ -167,7 +167,7 @@ def test_flipped_trailer_byte_is_caught() -> None:
 @pytest.mark.parametrize("pos", [-1, -20, -50])
 def test_flipped_footer_byte_is_caught(pos: int) -> None:
     backend = memory_backend()
-    (pack_id, _), = _write(ObjectStore(backend), _chunks(2), target=1 << 30).items()
+    ((pack_id, _),) = _write(ObjectStore(backend), _chunks(2), target=1 << 30).items()
     _flip(backend, pack_name(pack_id), backend.size(pack_name(pack_id)) + pos)
     with pytest.raises(CorruptionError):
         read_pack_index(backend, pack_id)
@@ -187,7 +187,7 @@ def test_large_trailer_needs_second_read() -> None:
 
 def test_faulty_backend_flip_and_truncate() -> None:
     inner = memory_backend()
-    (pack_id, locs), = _write(ObjectStore(inner), _chunks(3), target=1 << 30).items()
+    ((pack_id, locs),) = _write(ObjectStore(inner), _chunks(3), target=1 << 30).items()
     flipping = ObjectStore(FaultyBackend(inner, flip_byte_in="packs/*", flip_at=5))
     with pytest.raises(CorruptionError):
         flipping.read_chunk(locs[0])

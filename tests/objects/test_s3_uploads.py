@@ -22,10 +22,12 @@ pytestmark = pytest.mark.s3
 
 def _dead_writer(backend: S3Backend, name: str) -> str:
     """Begin a multipart upload of ``name`` and upload one part, as a killed writer would."""
-    bucket, _, root = backend.url[len("s3://"):].partition("/")
+    bucket, _, root = backend.url[len("s3://") :].partition("/")
     key = f"{root}/{name}" if root else name
     upload = backend.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"]
-    backend.fs.call_s3("upload_part", Bucket=bucket, Key=key, Body=b"x" * (5 << 20), PartNumber=1, UploadId=upload)
+    backend.fs.call_s3(
+        "upload_part", Bucket=bucket, Key=key, Body=b"x" * (5 << 20), PartNumber=1, UploadId=upload
+    )
     return str(upload)
 
 
@@ -41,11 +43,17 @@ def test_partial_uploads_are_listed_and_discarded(s3_backend: Backend) -> None:
     s3_backend.discard_upload(name, upload)  # idempotent
 
 
-def test_gc_aborts_unfinished_uploads_once_no_writer_is_alive(s3_server: Any, tmp_path: Path) -> None:
+def test_gc_aborts_unfinished_uploads_once_no_writer_is_alive(
+    s3_server: Any, tmp_path: Path
+) -> None:
     bucket = f"up-{uuid.uuid4().hex[:12]}"
     s3_server.create_bucket(bucket)
-    with ckstore.open(f"s3://{bucket}/ckpts", create=True, index=f"sqlite:///{tmp_path / 'i.db'}",
-                      storage_options=s3_server.storage_options()) as store:
+    with ckstore.open(
+        f"s3://{bucket}/ckpts",
+        create=True,
+        index=f"sqlite:///{tmp_path / 'i.db'}",
+        storage_options=s3_server.storage_options(),
+    ) as store:
         backend = store.repository.objects.backend
         assert isinstance(backend, S3Backend)
         name = "packs/cd/" + "cd" * 32 + ".pack"

@@ -29,14 +29,45 @@ ALLOWED: dict[str, set[str]] = {
     # remotes move snapshots between repositories (push, pull, the two-tier store): they work on
     # the engine's Repository like history does, and the facade puts them on Store
     "remote": {"errors", "objects", "index", "format", "engine"},
-    "facade": {"errors", "objects", "index", "format", "engine", "history", "distributed", "interop", "remote"},
+    "facade": {
+        "errors",
+        "objects",
+        "index",
+        "format",
+        "engine",
+        "history",
+        "distributed",
+        "interop",
+        "remote",
+    },
     "dcp": {"errors", "objects", "index", "format", "engine", "distributed", "facade"},
     "integrations": {"errors", "objects", "index", "format", "engine", "interop", "facade"},
     "ui": {"errors", "objects", "index", "format", "engine", "history", "facade"},
-    "cli": {"errors", "objects", "index", "format", "engine", "history", "distributed", "interop", "remote", "facade", "ui"},
+    "cli": {
+        "errors",
+        "objects",
+        "index",
+        "format",
+        "engine",
+        "history",
+        "distributed",
+        "interop",
+        "remote",
+        "facade",
+        "ui",
+    },
     "testing": {"errors", "objects"},
 }
-FACADE = {"ckstore", "ckstore._history_verbs", "ckstore._locate", "ckstore._remotes", "ckstore._takes", "ckstore.snapshot", "ckstore.store", "ckstore.torchsnapshot"}
+FACADE = {
+    "ckstore",
+    "ckstore._history_verbs",
+    "ckstore._locate",
+    "ckstore._remotes",
+    "ckstore._takes",
+    "ckstore.snapshot",
+    "ckstore.store",
+    "ckstore.torchsnapshot",
+}
 NO_TORCH = {"errors", "objects", "index", "remote"}
 
 
@@ -48,7 +79,9 @@ def layer_of(module: str) -> str:
     parts = module.split(".")
     assert parts[0] == "ckstore" and len(parts) > 1, module
     name = parts[1]
-    assert name in ALLOWED, f"{module}: a module outside every layer (add it to ALLOWED and ARCHITECTURE.md)"
+    assert name in ALLOWED, (
+        f"{module}: a module outside every layer (add it to ALLOWED and ARCHITECTURE.md)"
+    )
     return name
 
 
@@ -179,7 +212,9 @@ def _private_imports(module: str, path: Path) -> list[str]:
             modules += [a.name for a in node.names if a.name.split(".")[0] == "ckstore"]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                target = ".".join(here[: len(here) - (node.level - 1)] + ([node.module] if node.module else []))
+                target = ".".join(
+                    here[: len(here) - (node.level - 1)] + ([node.module] if node.module else [])
+                )
             elif (node.module or "").split(".")[0] == "ckstore":
                 target = str(node.module)
             else:
@@ -214,4 +249,6 @@ MAX_LINES = 500
 def test_no_module_over_500_lines(module: str) -> None:
     """Small modules with one job: a module past 500 lines is split (docs/ARCHITECTURE.md)."""
     lines = MODULES[module].read_text().count("\n")
-    assert lines <= MAX_LINES, f"{MODULES[module]} has {lines} lines (at most {MAX_LINES}): split it by job"
+    assert lines <= MAX_LINES, (
+        f"{MODULES[module]} has {lines} lines (at most {MAX_LINES}): split it by job"
+    )

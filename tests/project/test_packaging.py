@@ -56,7 +56,12 @@ def test_dir_lists_the_lazy_public_names_without_importing_them() -> None:
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, timeout=60
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=60,
     ).stdout
     assert out.strip() == "[] False False"
     assert {"Store", "open", "Snapshot", "StateDict", "dcp", "__version__"} <= set(dir(ckstore))
@@ -81,7 +86,11 @@ def test_the_ui_assets_are_in_the_wheel(tmp_path: Path) -> None:
     wheel = tmp_path / "out" / done.stdout.strip().splitlines()[-1]
     names = set(zipfile.ZipFile(wheel).namelist())
     static = ROOT / "ckstore" / "ui" / "static"
-    wanted = {f"ckstore/ui/static/{p.relative_to(static).as_posix()}" for p in static.rglob("*") if p.is_file()}
+    wanted = {
+        f"ckstore/ui/static/{p.relative_to(static).as_posix()}"
+        for p in static.rglob("*")
+        if p.is_file()
+    }
     assert {
         "ckstore/ui/static/index.html",
         "ckstore/ui/static/js/main.js",

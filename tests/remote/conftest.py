@@ -23,8 +23,13 @@ def source(tmp_path: Path) -> Iterator[ckstore.Store]:
     store.close()
 
 
-@pytest.fixture(params=["local+sqlite", pytest.param("s3+postgresql", marks=[pytest.mark.s3, pytest.mark.postgres]),
-                        pytest.param("seaweedfs+sqlite", marks=pytest.mark.s3)])
+@pytest.fixture(
+    params=[
+        "local+sqlite",
+        pytest.param("s3+postgresql", marks=[pytest.mark.s3, pytest.mark.postgres]),
+        pytest.param("seaweedfs+sqlite", marks=pytest.mark.s3),
+    ]
+)
 def remote_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     """Where a remote lives: a folder, moto S3 with a PostgreSQL index, or SeaweedFS with an
     SQLite index file: ``{"url", "index", "storage_options"}`` for ``add_remote``."""
@@ -34,14 +39,20 @@ def remote_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any
         server = request.getfixturevalue("s3_server")
         bucket = f"ck-{uuid.uuid4().hex[:12]}"
         server.create_bucket(bucket)
-        return {"url": f"s3://{bucket}/remote", "index": request.getfixturevalue("pg").new_database(),
-                "storage_options": server.storage_options()}
+        return {
+            "url": f"s3://{bucket}/remote",
+            "index": request.getfixturevalue("pg").new_database(),
+            "storage_options": server.storage_options(),
+        }
     server = request.getfixturevalue("seaweed_server")
     bucket = "ckremote"
     if bucket not in server.buckets():
         server.create_bucket(bucket)
-    return {"url": f"s3://{bucket}/{uuid.uuid4().hex[:12]}", "index": f"sqlite:///{tmp_path / 'remote.sqlite'}",
-            "storage_options": server.storage_options()}
+    return {
+        "url": f"s3://{bucket}/{uuid.uuid4().hex[:12]}",
+        "index": f"sqlite:///{tmp_path / 'remote.sqlite'}",
+        "storage_options": server.storage_options(),
+    }
 
 
 @pytest.fixture
@@ -50,7 +61,11 @@ def open_remote(remote_spec: dict[str, Any]) -> Iterator[Callable[[], ckstore.St
     opened: list[ckstore.Store] = []
 
     def opener() -> ckstore.Store:
-        s = ckstore.open(remote_spec["url"], index=remote_spec["index"], storage_options=remote_spec["storage_options"])
+        s = ckstore.open(
+            remote_spec["url"],
+            index=remote_spec["index"],
+            storage_options=remote_spec["storage_options"],
+        )
         opened.append(s)
         return s
 

@@ -25,7 +25,9 @@ import ckstore
 from tests.support.push_kills import push_in_child
 from tests.support.remotes import KNOBS, fill, restores, same_history
 
-POINTS = int(os.environ.get("CKSTORE_PUSH_KILLS", "150" if os.environ.get("CKSTORE_SOAK") else "22"))
+POINTS = int(
+    os.environ.get("CKSTORE_PUSH_KILLS", "150" if os.environ.get("CKSTORE_SOAK") else "22")
+)
 SEED = int(os.environ.get("CKSTORE_SEED", "26"))
 STEPS = {"r": [1, 2, 3, 4, 5], "s": [10, 11]}
 
@@ -47,22 +49,32 @@ def _dest(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[str
         server = request.getfixturevalue("s3_server")
         bucket = f"ck-{uuid.uuid4().hex[:12]}"
         server.create_bucket(bucket)
-        return {"url": f"s3://{bucket}/remote", "index": request.getfixturevalue("pg").new_database(),
-                "storage_options": server.storage_options()}
+        return {
+            "url": f"s3://{bucket}/remote",
+            "index": request.getfixturevalue("pg").new_database(),
+            "storage_options": server.storage_options(),
+        }
     server = request.getfixturevalue("seaweed_server")
     if "ckfaults" not in server.buckets():
         server.create_bucket("ckfaults")
-    return {"url": f"s3://ckfaults/{uuid.uuid4().hex[:12]}", "index": request.getfixturevalue("pg").new_database(),
-            "storage_options": server.storage_options()}
+    return {
+        "url": f"s3://ckfaults/{uuid.uuid4().hex[:12]}",
+        "index": request.getfixturevalue("pg").new_database(),
+        "storage_options": server.storage_options(),
+    }
 
 
 def _source(template: Path, where: Path, dest: dict[str, Any], seed_best: bool = True) -> Path:
     """A copy of the template with remote ``origin`` at ``dest`` (holding r@1 and ``best`` already)."""
     shutil.copytree(template, where)
     with ckstore.open(where) as store:
-        store.add_remote("origin", dest["url"], index=dest["index"], storage_options=dest["storage_options"])
+        store.add_remote(
+            "origin", dest["url"], index=dest["index"], storage_options=dest["storage_options"]
+        )
         if seed_best:
-            store.push("origin", ["r@1", "best"])  # the remote exists and holds some chunks: negotiation skips them
+            store.push(
+                "origin", ["r@1", "best"]
+            )  # the remote exists and holds some chunks: negotiation skips them
     return where
 
 
@@ -78,7 +90,9 @@ def _assert_no_partial(src_path: Path, dest: dict[str, Any]) -> None:
         for snap in there.values():
             assert restores(remote, snap.id, snap.step), snap.ref
         recorded = {sid for sid, st in src.push_status().items() if "origin" in st.remotes}
-        assert recorded <= set(there), "the source records as pushed a snapshot the remote does not hold"
+        assert recorded <= set(there), (
+            "the source records as pushed a snapshot the remote does not hold"
+        )
         report = remote.check(read_data=True)
         assert report.ok, report.problems
 
@@ -89,7 +103,11 @@ def _assert_completes(src_path: Path, dest: dict[str, Any]) -> None:
         src.push("origin")
         assert same_history(src, remote)
         assert {s.state for s in src.push_status().values()} == {"pushed"}
-        assert all(restores(remote, f"{run}@{step}", step) for run, steps in STEPS.items() for step in steps)
+        assert all(
+            restores(remote, f"{run}@{step}", step)
+            for run, steps in STEPS.items()
+            for step in steps
+        )
         assert remote.check(read_data=True).ok and src.check(read_data=True).ok
         remote.repository.index.expire_sessions(time.time() + 10 * remote.repository.lease_seconds)
         remote.gc(grace_seconds=0)
@@ -108,16 +126,25 @@ def _points(events: list[str], count: int, rng: random.Random) -> list[tuple[int
     return sorted(chosen)
 
 
-@pytest.mark.parametrize("kind", ["local", pytest.param("moto+postgresql", marks=[pytest.mark.s3, pytest.mark.postgres])])
+@pytest.mark.parametrize(
+    "kind", ["local", pytest.param("moto+postgresql", marks=[pytest.mark.s3, pytest.mark.postgres])]
+)
 def test_a_push_killed_anywhere_leaves_no_partial_snapshot_and_the_next_completes(
-        kind, template, tmp_path, request) -> None:
+    kind, template, tmp_path, request
+) -> None:
     import json
 
     count = POINTS if kind == "local" else max(6, POINTS // 4)
     traced = _source(template, tmp_path / "traced", _dest(kind, tmp_path / "t", request))
     assert push_in_child(traced, trace=tmp_path / "trace.json") == 0
     events = json.loads((tmp_path / "trace.json").read_text())
-    assert {"put packs", "put manifests", "index.add_pack", "index.commit_snapshot", "src.mark_pushed"} <= set(events)
+    assert {
+        "put packs",
+        "put manifests",
+        "index.add_pack",
+        "index.commit_snapshot",
+        "src.mark_pushed",
+    } <= set(events)
     rng = random.Random(f"{SEED}-{kind}")
     points = _points(events, count, rng)
     assert len(points) >= min(count, 20 if kind == "local" else 6)
@@ -148,8 +175,10 @@ def _push_when(go: Any, src: str) -> None:
     os._exit(0)
 
 
-@pytest.mark.parametrize("kind", ["local", pytest.param("seaweedfs+postgresql",
-                                                         marks=[pytest.mark.s3, pytest.mark.postgres])])
+@pytest.mark.parametrize(
+    "kind",
+    ["local", pytest.param("seaweedfs+postgresql", marks=[pytest.mark.s3, pytest.mark.postgres])],
+)
 def test_two_pushes_into_one_remote_at_once(kind, template, tmp_path, request) -> None:
     dest = _dest(kind, tmp_path, request)
     a = _source(template, tmp_path / "a", dest, seed_best=False)
@@ -167,7 +196,11 @@ def test_two_pushes_into_one_remote_at_once(kind, template, tmp_path, request) -
     assert [p.exitcode for p in procs] == [0, 0]
     with _open(dest) as remote, ckstore.open(b) as sb, ckstore.open(a) as sa:
         assert same_history(sb, remote)
-        assert all(restores(remote, f"{run}@{step}", step) for run, steps in STEPS.items() for step in steps)
+        assert all(
+            restores(remote, f"{run}@{step}", step)
+            for run, steps in STEPS.items()
+            for step in steps
+        )
         assert restores(remote, "t@21", 21) and remote.check(read_data=True).ok
         assert sa.push("origin").stats.bytes_sent == 0 and sb.push("origin").stats.bytes_sent == 0
 
@@ -177,7 +210,9 @@ def test_gc_on_both_sides_during_a_push_loses_nothing(template, tmp_path, monkey
     src = _source(template, tmp_path / "src", dest)
     with ckstore.open(src) as store:
         fill(store, "r", [6, 7, 8])
-        store.gc(keep_last=3, runs=["r"], grace_seconds=0)  # retention: this store's garbage to sweep below
+        store.gc(
+            keep_last=3, runs=["r"], grace_seconds=0
+        )  # retention: this store's garbage to sweep below
     from ckstore.remote import copy
 
     real_put = copy._Sink._put  # slow the push down: gc runs between its packs
@@ -202,9 +237,14 @@ def test_gc_on_both_sides_during_a_push_loses_nothing(template, tmp_path, monkey
     proc.join(60)
     assert proc.exitcode == 0 and rounds >= 2
     with ckstore.open(src) as local, _open(dest) as remote:
-        assert {s.id for s in local.log()} <= {s.id for s in remote.log()}  # r@1 went before the source dropped it
-        assert remote.tags() == local.tags() and remote.check(read_data=True).ok and local.check(read_data=True).ok
+        assert {s.id for s in local.log()} <= {
+            s.id for s in remote.log()
+        }  # r@1 went before the source dropped it
+        assert (
+            remote.tags() == local.tags()
+            and remote.check(read_data=True).ok
+            and local.check(read_data=True).ok
+        )
         for snap in remote.log():
             assert restores(remote, snap.id, snap.step), snap.ref
         assert {s.step for s in remote.log(run="r")} >= {6, 7, 8}
-

@@ -41,8 +41,12 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
 
 
 def _cli(store: Path, *argv: str) -> Any:
-    out = subprocess.run([sys.executable, "-m", "ckstore.cli", "--store", str(store), *argv, "--json"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "ckstore.cli", "--store", str(store), *argv, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -51,15 +55,22 @@ def test_takes_return_while_the_uploader_pushes_and_states_follow(tmp_path, gate
     remote_dir = tmp_path / "remote"
     store = ckstore.open(tmp_path / "local", create=True, push_to=str(remote_dir), **KNOBS)
     try:
-        snaps = fill(store, "r", [1, 2, 3], tags={3: ["best"]})  # returns with the push held: local speed
+        snaps = fill(
+            store, "r", [1, 2, 3], tags={3: ["best"]}
+        )  # returns with the push held: local speed
         assert {s.state for s in store.push_status().values()} == {"pushing"}
         assert store.wait_pushed(timeout=0.2) is False
         assert [r["remote"]["state"] for r in _cli(tmp_path / "local", "log")] == ["pushing"] * 3
-        assert _cli(tmp_path / "local", "show", "r@2")["remote"] == {"state": "pushing", "remotes": []}
+        assert _cli(tmp_path / "local", "show", "r@2")["remote"] == {
+            "state": "pushing",
+            "remotes": [],
+        }
         gate.set()
         assert store.wait_pushed(timeout=60) is True
         status = store.push_status()
-        assert {s.state for s in status.values()} == {"pushed"} and status[snaps[0].id].remotes == ("tier",)
+        assert {s.state for s in status.values()} == {"pushed"} and status[snaps[0].id].remotes == (
+            "tier",
+        )
         assert store.last_push is not None and store.last_push.stats.chunks_sent > 0
         shown = _cli(tmp_path / "local", "show", "r@2")["remote"]
         assert shown == {"state": "pushed", "remotes": ["tier"]}
@@ -78,14 +89,20 @@ def test_a_clean_close_waits_for_the_push(tmp_path, monkeypatch) -> None:
         return real(*a, **k)
 
     monkeypatch.setattr(uploader_mod, "transfer", slow)
-    with ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **KNOBS) as store:
+    with ckstore.open(
+        tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **KNOBS
+    ) as store:
         fill(store, "r", [1, 2])
     with ckstore.open(tmp_path / "remote") as remote, ckstore.open(tmp_path / "local") as local:
         assert same_history(local, remote) and restores(remote, "r", 2)
-        assert {s.state for s in local.push_status().values()} == {"pushed"}  # the tier is remembered
+        assert {s.state for s in local.push_status().values()} == {
+            "pushed"
+        }  # the tier is remembered
 
 
-def test_what_a_closed_process_left_unpushed_goes_with_the_next_push_to(tmp_path, monkeypatch) -> None:
+def test_what_a_closed_process_left_unpushed_goes_with_the_next_push_to(
+    tmp_path, monkeypatch
+) -> None:
     monkeypatch.setattr(uploader_mod, "CLOSE_ATTEMPTS", 1)
     monkeypatch.setattr(uploader_mod, "RETRY_SECONDS", (0.05,))
     real = uploader_mod.transfer
@@ -116,14 +133,19 @@ def test_retention_and_gc_keep_what_the_remote_lacks(tmp_path, gate) -> None:
         fill(store, "r", [1, 2, 3, 4])
         report = store.gc(keep_last=1, grace_seconds=0)
         assert report.snapshots_dropped == [] and report.snapshots_kept_unpushed == 3
-        assert store.check(read_data=True).ok and all(restores(store, f"r@{i}", i) for i in (1, 2, 3, 4))
+        assert store.check(read_data=True).ok and all(
+            restores(store, f"r@{i}", i) for i in (1, 2, 3, 4)
+        )
         gate.set()
         assert store.wait_pushed(timeout=60)
         report = store.gc(keep_last=1, grace_seconds=0)
         assert len(report.snapshots_dropped) == 3 and report.chunks_removed > 0
         assert store.check(read_data=True).ok and restores(store, "r", 4)
         with ckstore.open(tmp_path / "remote") as remote:
-            assert all(restores(remote, f"r@{i}", i) for i in (1, 2, 3, 4)) and remote.check(read_data=True).ok
+            assert (
+                all(restores(remote, f"r@{i}", i) for i in (1, 2, 3, 4))
+                and remote.check(read_data=True).ok
+            )
     finally:
         store.close()
 
@@ -135,24 +157,41 @@ def _local_pack_bytes(store: ckstore.Store) -> int:
 def test_a_local_budget_evicts_pushed_packs_and_restores_fetch_them_verified(tmp_path) -> None:
     remote_dir = tmp_path / "remote"
     budget = 5 * KNOBS["pack_bytes"]
-    store = ckstore.open(tmp_path / "local", create=True, push_to=str(remote_dir), local_budget=budget,
-                         auto_compact=False, **KNOBS)
+    store = ckstore.open(
+        tmp_path / "local",
+        create=True,
+        push_to=str(remote_dir),
+        local_budget=budget,
+        auto_compact=False,
+        **KNOBS,
+    )
     try:
         fill(store, "r", range(1, 9))
         assert store.wait_pushed(timeout=60)
         ev = store.last_eviction  # the last pass (wait_pushed may run one more, with nothing to do)
-        assert ev is not None and ev.local_bytes_after <= budget and _local_pack_bytes(store) <= budget, ev
+        assert (
+            ev is not None and ev.local_bytes_after <= budget and _local_pack_bytes(store) <= budget
+        ), ev
         evicted = store.repository.index.remote_pack_ids()
-        assert evicted and set(evicted.values()) == {"tier"}  # rows of evicted chunks point at the remote
-        assert all(restores(store, f"r@{i}", i) for i in range(1, 9))  # what was evicted comes from the remote
+        assert evicted and set(evicted.values()) == {
+            "tier"
+        }  # rows of evicted chunks point at the remote
+        assert all(
+            restores(store, f"r@{i}", i) for i in range(1, 9)
+        )  # what was evicted comes from the remote
         assert store.check(read_data=True).ok
         newest = store.repository.index.snapshot_chunk_ids(store.get("r@8").id)
-        held_here = {c.chunk_id for c in store.repository.index.all_chunks() if c.pack_id in
-                     {p for p, _, _ in store.repository.index.local_packs_by_use()}}
+        held_here = {
+            c.chunk_id
+            for c in store.repository.index.all_chunks()
+            if c.pack_id in {p for p, _, _ in store.repository.index.local_packs_by_use()}
+        }
         assert newest & held_here  # the newest state's packs were used last: they stay
     finally:
         store.close()
-    with ckstore.open(tmp_path / "local") as plain:  # opened without push_to: reads still reach the remote
+    with ckstore.open(
+        tmp_path / "local"
+    ) as plain:  # opened without push_to: reads still reach the remote
         assert restores(plain, "r@1", 1)
     # a damaged chunk at the remote is found when a restore fetches it, and named
     with ckstore.open(tmp_path / "local") as plain:
@@ -171,7 +210,9 @@ def test_a_local_budget_evicts_pushed_packs_and_restores_fetch_them_verified(tmp
 
 
 def test_a_lost_local_tier_restores_bit_for_bit_from_the_remote(tmp_path) -> None:
-    with ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **KNOBS) as store:
+    with ckstore.open(
+        tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **KNOBS
+    ) as store:
         fill(store, "r", [1, 2, 3], tags={2: ["best"]})
         assert store.wait_pushed(timeout=60)
         want = sorted((s.id, s.run, s.step) for s in store.log())
@@ -191,39 +232,73 @@ def test_the_tier_on_s3_with_a_budget(tmp_path, s3_server) -> None:
     url = f"s3://{bucket}/tier"
     opts = s3_server.storage_options()
     remote_index = f"sqlite:///{tmp_path / 'remote.sqlite'}"
-    with ckstore.open(tmp_path / "local", create=True, push_to=url, remote_index=remote_index, remote_options=opts,
-                      local_budget=4 * KNOBS["pack_bytes"], auto_compact=False, **KNOBS) as store:
+    with ckstore.open(
+        tmp_path / "local",
+        create=True,
+        push_to=url,
+        remote_index=remote_index,
+        remote_options=opts,
+        local_budget=4 * KNOBS["pack_bytes"],
+        auto_compact=False,
+        **KNOBS,
+    ) as store:
         fill(store, "r", range(1, 6))
         assert store.wait_pushed(timeout=120)
-        assert store.repository.index.remote_pack_ids() and _local_pack_bytes(store) <= 4 * KNOBS["pack_bytes"]
+        assert (
+            store.repository.index.remote_pack_ids()
+            and _local_pack_bytes(store) <= 4 * KNOBS["pack_bytes"]
+        )
         assert all(restores(store, f"r@{i}", i) for i in range(1, 6))
     shutil.rmtree(tmp_path / "local")
     with ckstore.clone(url, tmp_path / "again", index=remote_index, storage_options=opts) as again:
-        assert all(restores(again, f"r@{i}", i) for i in range(1, 6)) and again.check(read_data=True).ok
+        assert (
+            all(restores(again, f"r@{i}", i) for i in range(1, 6))
+            and again.check(read_data=True).ok
+        )
 
 
 def test_hydrate_brings_evicted_chunks_back_and_the_remote_can_go(tmp_path) -> None:
-    with ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"),
-                      local_budget=4 * KNOBS["pack_bytes"], auto_compact=False, **KNOBS) as store:
+    with ckstore.open(
+        tmp_path / "local",
+        create=True,
+        push_to=str(tmp_path / "remote"),
+        local_budget=4 * KNOBS["pack_bytes"],
+        auto_compact=False,
+        **KNOBS,
+    ) as store:
         fill(store, "r", range(1, 7))
         assert store.wait_pushed(timeout=60) and store.repository.index.remote_pack_ids()
-    with ckstore.open(tmp_path / "local") as store:  # without local_budget: nothing is evicted again
+    with ckstore.open(
+        tmp_path / "local"
+    ) as store:  # without local_budget: nothing is evicted again
         with pytest.raises(errors.ConflictError, match="live only at remote 'tier'"):
             store.remove_remote("tier")
         report = store.hydrate()
-        assert report.chunks > 0 and report.packs > 0 and store.repository.index.remote_pack_ids() == {}
+        assert (
+            report.chunks > 0
+            and report.packs > 0
+            and store.repository.index.remote_pack_ids() == {}
+        )
         store.remove_remote("tier")
     shutil.rmtree(tmp_path / "remote")  # this store reads nothing from there any more
     with ckstore.open(tmp_path / "local") as store:
-        assert all(restores(store, f"r@{i}", i) for i in range(1, 7)) and store.check(read_data=True).ok
+        assert (
+            all(restores(store, f"r@{i}", i) for i in range(1, 7))
+            and store.check(read_data=True).ok
+        )
         assert store.remotes() == []
 
 
 def test_takes_with_background_compaction_and_the_uploader_beside_them(tmp_path) -> None:
     """The defaults users get: auto_compact rewrites older snapshots densely while the uploader
     pushes them; a chunk moved under the push is sent from its new place."""
-    with ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), auto_compact=True,
-                      **KNOBS) as store:
+    with ckstore.open(
+        tmp_path / "local",
+        create=True,
+        push_to=str(tmp_path / "remote"),
+        auto_compact=True,
+        **KNOBS,
+    ) as store:
         fill(store, "r", range(1, 13))
         assert store.wait_pushed(timeout=120)
         assert store.wait_compacted(timeout=120)
@@ -255,18 +330,28 @@ def _tier_child(local: str, remote: str, kill_at: int) -> None:
 def test_a_training_process_killed_while_its_uploader_pushes(tmp_path) -> None:
     import multiprocessing
 
-    with ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **KNOBS) as store:
+    with ckstore.open(
+        tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **KNOBS
+    ) as store:
         fill(store, "r", [1, 2, 3])
     ctx = multiprocessing.get_context("fork")
-    proc = ctx.Process(target=_tier_child, args=(str(tmp_path / "local"), str(tmp_path / "remote"), 6))
+    proc = ctx.Process(
+        target=_tier_child, args=(str(tmp_path / "local"), str(tmp_path / "remote"), 6)
+    )
     proc.start()
     proc.join(120)
     assert proc.exitcode == -9
     with ckstore.open(tmp_path / "remote") as remote:
         assert remote.check(read_data=True).ok
         assert all(restores(remote, s.id, s.step) for s in remote.log())  # nothing partial there
-    with ckstore.open(tmp_path / "local", push_to="tier") as store:  # the next process pushes the rest
+    with ckstore.open(
+        tmp_path / "local", push_to="tier"
+    ) as store:  # the next process pushes the rest
         assert {s.step for s in store.log()} == set(range(1, 7))
         assert store.wait_pushed(timeout=60)
     with ckstore.open(tmp_path / "remote") as remote, ckstore.open(tmp_path / "local") as local:
-        assert same_history(local, remote) and remote.check(read_data=True).ok and local.check(read_data=True).ok
+        assert (
+            same_history(local, remote)
+            and remote.check(read_data=True).ok
+            and local.check(read_data=True).ok
+        )

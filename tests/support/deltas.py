@@ -29,11 +29,15 @@ def train(steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     states = []
     for _ in range(steps):
         w = w + 1e-3 * torch.randn(w.shape, generator=g)
-        states.append({"w": w.clone(), "wb": w.to(torch.bfloat16), "step": torch.tensor(len(states))})
+        states.append(
+            {"w": w.clone(), "wb": w.to(torch.bfloat16), "step": torch.tensor(len(states))}
+        )
     return states
 
 
-def take_all(store: ckstore.Store, states: list[dict[str, torch.Tensor]], run: str = "r", **kw: Any) -> list[str]:
+def take_all(
+    store: ckstore.Store, states: list[dict[str, torch.Tensor]], run: str = "r", **kw: Any
+) -> list[str]:
     return [store.take({"m": App(dict(s))}, run=run, step=i, **kw).id for i, s in enumerate(states)]
 
 

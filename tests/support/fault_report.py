@@ -318,7 +318,9 @@ def run_store(bench: FaultBench, index_dir: Path, seed: int = 5) -> FaultRow:
     tiny = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
     options = bench.options(RECOVER_MAX_ATTEMPTS)
     with bench.faults(Schedule(seed=seed, faults=FAULTS, rate=0.15, max_in_a_row=2), row):
-        store = row.count(lambda: ckstore.open(url, index=index, storage_options=options, **tiny, create=True))
+        store = row.count(
+            lambda: ckstore.open(url, index=index, storage_options=options, **tiny, create=True)
+        )
         if store is not None:
             row.count(store.take, {"m": ckstore.StateDict(state)}, "r", 1)
             dest = ckstore.StateDict({k: torch.zeros_like(v) for k, v in state.items()})

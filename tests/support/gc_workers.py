@@ -21,7 +21,10 @@ import ckstore
 def state_for(step: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(step)
     stable = torch.Generator().manual_seed(step // 4)  # changes every 4 steps: dedup + GC work
-    return {"fresh": torch.randn(48, 32, generator=g), "slow": torch.randn(64, 32, generator=stable)}
+    return {
+        "fresh": torch.randn(48, 32, generator=g),
+        "slow": torch.randn(64, 32, generator=stable),
+    }
 
 
 def drifting_state_for(step: int) -> dict[str, torch.Tensor]:
@@ -44,8 +47,12 @@ def take_loop(url: str, index: str, seconds: float, deltas: bool = False) -> int
         step += 1
         try:
             if deltas:  # a chain per chunk, its older links forgotten by the gc beside
-                store.take({"s": ckstore.StateDict(drifting_state_for(step))}, run="loop", step=step,
-                           delta_base="parent")
+                store.take(
+                    {"s": ckstore.StateDict(drifting_state_for(step))},
+                    run="loop",
+                    step=step,
+                    delta_base="parent",
+                )
             else:
                 store.take({"s": ckstore.StateDict(state_for(step))}, run="loop", step=step)
         except ckstore.CkstoreError as exc:  # a take may lose a race with GC; never silently

@@ -40,12 +40,21 @@ def state_for(run: str, step: int) -> dict[str, torch.Tensor]:
     return {
         "base": torch.randn(96, 32, generator=torch.Generator().manual_seed(7)),
         "slow": torch.randn(64, 32, generator=torch.Generator().manual_seed(seed + step // 3)),
-        "fresh": torch.randn(48, 32, generator=torch.Generator().manual_seed(seed * 1000 + step)).to(torch.bfloat16),
+        "fresh": torch.randn(
+            48, 32, generator=torch.Generator().manual_seed(seed * 1000 + step)
+        ).to(torch.bfloat16),
     }
 
 
 def open_store(url: str, index: str, opts: str) -> ckstore.Store:
-    return ckstore.open(url, index=index, storage_options=json.loads(opts), chunk_bytes=1024, pack_bytes=8192, create=True)
+    return ckstore.open(
+        url,
+        index=index,
+        storage_options=json.loads(opts),
+        chunk_bytes=1024,
+        pack_bytes=8192,
+        create=True,
+    )
 
 
 def take(url: str, index: str, opts: str, run: str, steps: str) -> None:
@@ -57,9 +66,17 @@ def take(url: str, index: str, opts: str, run: str, steps: str) -> None:
             target = ckstore.StateDict(zero)
             snap.restore({"s": target})
             exact = all(torch.equal(target[k], v) for k, v in state_for(run, step).items())
-            print(json.dumps({"committed": snap.id, "run": run, "step": step, "restored_exact": exact}), flush=True)
+            print(
+                json.dumps(
+                    {"committed": snap.id, "run": run, "step": step, "restored_exact": exact}
+                ),
+                flush=True,
+            )
         except ckstore.CkstoreError as exc:  # reported, never silent; the test counts them
-            print(json.dumps({"failed": step, "run": run, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+            print(
+                json.dumps({"failed": step, "run": run, "error": f"{type(exc).__name__}: {exc}"}),
+                flush=True,
+            )
     store.close()
 
 
@@ -68,7 +85,12 @@ def gc(url: str, index: str, opts: str, seconds: str) -> None:
     deadline = time.time() + float(seconds)
     while time.time() < deadline and not os.path.exists("stop"):
         report = store.gc(keep_last=3, grace_seconds=1.0)
-        print(json.dumps({"dropped": report.snapshots_dropped, "packs_removed": report.packs_removed}), flush=True)
+        print(
+            json.dumps(
+                {"dropped": report.snapshots_dropped, "packs_removed": report.packs_removed}
+            ),
+            flush=True,
+        )
         time.sleep(0.3)
     store.close()
 
@@ -79,7 +101,9 @@ def _sharded(state: dict[str, torch.Tensor], mesh: Any) -> dict[str, Any]:
     return {k: distribute_tensor(v, mesh, [Shard(0)], src_data_rank=None) for k, v in state.items()}
 
 
-def _rank(rank: int, world: int, port: int, url: str, index: str, opts: str, run: str, steps: str) -> None:
+def _rank(
+    rank: int, world: int, port: int, url: str, index: str, opts: str, run: str, steps: str
+) -> None:
     try:
         _rank_steps(rank, world, port, url, index, opts, run, steps)
     except BaseException:  # the traceback goes to this host's stderr, which the test shows
@@ -90,27 +114,63 @@ def _rank(rank: int, world: int, port: int, url: str, index: str, opts: str, run
     os._exit(0)  # no teardown collectives: they could wait on a rank that failed
 
 
-def _rank_steps(rank: int, world: int, port: int, url: str, index: str, opts: str, run: str, steps: str) -> None:
+def _rank_steps(
+    rank: int, world: int, port: int, url: str, index: str, opts: str, run: str, steps: str
+) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)  # forked: never enter the parent's intra-op pool
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CKSTORE_DIST_TIMEOUT=str(COLLECTIVE_TIMEOUT_S))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        CKSTORE_DIST_TIMEOUT=str(COLLECTIVE_TIMEOUT_S),
+    )
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    )
     mesh = init_device_mesh("cpu", (world,))
     store = open_store(url, index, opts)
     for step in (int(s) for s in steps.split(",")):
         try:
-            snap = store.take({"s": ckstore.StateDict(_sharded(state_for(run, step), mesh))}, run=run, step=step)
-            zero = ckstore.StateDict(_sharded({k: torch.zeros_like(v) for k, v in state_for(run, step).items()}, mesh))
+            snap = store.take(
+                {"s": ckstore.StateDict(_sharded(state_for(run, step), mesh))}, run=run, step=step
+            )
+            zero = ckstore.StateDict(
+                _sharded({k: torch.zeros_like(v) for k, v in state_for(run, step).items()}, mesh)
+            )
             snap.restore({"s": zero})
-            mine = all(torch.equal(zero[k].to_local(), v.to_local()) for k, v in _sharded(state_for(run, step), mesh).items())
+            mine = all(
+                torch.equal(zero[k].to_local(), v.to_local())
+                for k, v in _sharded(state_for(run, step), mesh).items()
+            )
             flag = torch.tensor([int(mine)])
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             if rank == 0:
-                print(json.dumps({"committed": snap.id, "run": run, "step": step, "restored_exact": bool(flag.item()), "world": world}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "committed": snap.id,
+                            "run": run,
+                            "step": step,
+                            "restored_exact": bool(flag.item()),
+                            "world": world,
+                        }
+                    ),
+                    flush=True,
+                )
         except ckstore.CkstoreError as exc:  # reported, never silent; the test counts them
-            print(json.dumps({"failed": step, "run": run, "rank": rank, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "failed": step,
+                        "run": run,
+                        "rank": rank,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                ),
+                flush=True,
+            )
     store.close()
 
 
@@ -121,8 +181,17 @@ def _preimport() -> None:
     spending about 3 s of CPU each importing them. Nothing is opened before the fork."""
     import importlib
 
-    for name in ("torch.distributed.tensor", "torch.distributed.device_mesh", "torch._dynamo", "s3fs", "sqlalchemy",
-                 "sqlalchemy.dialects.postgresql.psycopg", "psycopg", "ckstore.distributed.take", "ckstore.distributed.restore"):
+    for name in (
+        "torch.distributed.tensor",
+        "torch.distributed.device_mesh",
+        "torch._dynamo",
+        "s3fs",
+        "sqlalchemy",
+        "sqlalchemy.dialects.postgresql.psycopg",
+        "psycopg",
+        "ckstore.distributed.take",
+        "ckstore.distributed.restore",
+    ):
         importlib.import_module(name)
 
 
@@ -135,7 +204,13 @@ def dist_job(url: str, index: str, opts: str, run: str, steps: str, world: str) 
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     n = int(world)
-    ctx = mp.start_processes(_rank, args=(n, port, url, index, opts, run, steps), nprocs=n, start_method="fork", join=False)
+    ctx = mp.start_processes(
+        _rank,
+        args=(n, port, url, index, opts, run, steps),
+        nprocs=n,
+        start_method="fork",
+        join=False,
+    )
     deadline = time.monotonic() + DIST_TIMEOUT_S
     for p in ctx.processes:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -146,7 +221,9 @@ def dist_job(url: str, index: str, opts: str, run: str, steps: str, world: str) 
             p.join()
     codes = [p.exitcode for p in ctx.processes]
     if hung:
-        sys.exit(f"dist job: ranks {hung} still running after {DIST_TIMEOUT_S} s, killed; exit codes {codes}")
+        sys.exit(
+            f"dist job: ranks {hung} still running after {DIST_TIMEOUT_S} s, killed; exit codes {codes}"
+        )
     if any(c != 0 for c in codes):
         sys.exit(f"dist job: rank exit codes {codes}")
 

@@ -21,7 +21,14 @@ from typing import Any
 
 from ckstore.objects.wrappers import WrappingBackend
 
-DEST_INDEX_CALLS = ("begin_session", "lookup_chunks", "add_pack", "commit_snapshot", "end_session", "set_tag")
+DEST_INDEX_CALLS = (
+    "begin_session",
+    "lookup_chunks",
+    "add_pack",
+    "commit_snapshot",
+    "end_session",
+    "set_tag",
+)
 SOURCE_INDEX_CALLS = ("mark_pushed",)
 
 
@@ -80,7 +87,11 @@ def instrument(repo: Any, arm: Arm, calls: tuple[str, ...]) -> None:
     repo.objects._backend = _Backend(repo.objects.backend, arm)
     for name in calls:
         real = getattr(repo.index, name)
-        setattr(repo.index, name, lambda *a, _n=name, _r=real, **k: arm(f"index.{_n}", lambda: _r(*a, **k)))
+        setattr(
+            repo.index,
+            name,
+            lambda *a, _n=name, _r=real, **k: arm(f"index.{_n}", lambda: _r(*a, **k)),
+        )
 
 
 def _child(src: str, kill_at: int | None, when: str, trace: str | None, refs: list[str]) -> None:
@@ -99,19 +110,33 @@ def _child(src: str, kill_at: int | None, when: str, trace: str | None, refs: li
     config.open_remote = open_remote  # type: ignore[assignment]
     for name in SOURCE_INDEX_CALLS:
         real = getattr(store.repository.index, name)
-        setattr(store.repository.index, name, lambda *a, _n=name, _r=real, **k: arm(f"src.{_n}", lambda: _r(*a, **k)))
+        setattr(
+            store.repository.index,
+            name,
+            lambda *a, _n=name, _r=real, **k: arm(f"src.{_n}", lambda: _r(*a, **k)),
+        )
     store.push("origin", refs)
     if trace is not None:
         Path(trace).write_text(json.dumps(arm.events))
     os._exit(0 if kill_at is None else 3)  # 3: the armed point was never reached
 
 
-def push_in_child(src: Path, *, kill_at: int | None = None, when: str = "after", trace: Path | None = None,
-                  refs: tuple[str, ...] = (), timeout: float = 120) -> int | None:
+def push_in_child(
+    src: Path,
+    *,
+    kill_at: int | None = None,
+    when: str = "after",
+    trace: Path | None = None,
+    refs: tuple[str, ...] = (),
+    timeout: float = 120,
+) -> int | None:
     """Push ``src`` to its remote ``origin`` in a forked child (module docstring); its exit code
     (``-SIGKILL`` when killed)."""
     ctx = multiprocessing.get_context("fork")
-    proc = ctx.Process(target=_child, args=(str(src), kill_at, when, None if trace is None else str(trace), list(refs)))
+    proc = ctx.Process(
+        target=_child,
+        args=(str(src), kill_at, when, None if trace is None else str(trace), list(refs)),
+    )
     proc.start()
     proc.join(timeout)
     if proc.is_alive():

@@ -20,7 +20,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple[Any, ...]) -> None:
+def _entry(
+    rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple[Any, ...]
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -34,12 +36,18 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, a
         dist.init_process_group("gloo", rank=rank, world_size=world)
         result = {"ok": True, "value": fn(rank, world, *args)}
     except BaseException as exc:  # noqa: BLE001 - reported to the test
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "tb": traceback.format_exc()}
+        result = {
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "tb": traceback.format_exc(),
+        }
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     os._exit(0)  # no teardown collectives: a peer may be dead on purpose
 
 
-def run_ranks(fn: Callable[..., Any], world: int, tmp: Path, *args: Any, timeout: float = 120, silent: int = 0) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any], world: int, tmp: Path, *args: Any, timeout: float = 120, silent: int = 0
+) -> list[Any]:
     """Run ``fn(rank, world, *args)`` on ``world`` forked ranks; rank results (None: no report).
 
     ``silent``: ranks expected never to report (stopped on purpose); stop waiting once the
@@ -47,7 +55,13 @@ def run_ranks(fn: Callable[..., Any], world: int, tmp: Path, *args: Any, timeout
     """
     out = tmp / f"ranks-{fn.__name__}-{world}-{free_port()}"
     out.mkdir(parents=True)
-    ctx = mp.start_processes(_entry, args=(fn, world, free_port(), str(out), args), nprocs=world, start_method="fork", join=False)
+    ctx = mp.start_processes(
+        _entry,
+        args=(fn, world, free_port(), str(out), args),
+        nprocs=world,
+        start_method="fork",
+        join=False,
+    )
     deadline = time.monotonic() + timeout
     if silent:
         while time.monotonic() < deadline and len(list(out.glob("rank*.json"))) < world - silent:
@@ -70,5 +84,7 @@ def values(results: list[Any]) -> list[Any]:
     """Each rank's value; fails with every rank's traceback if any rank failed."""
     bad = [(r, x) for r, x in enumerate(results) if not x or not x["ok"]]
     if bad:
-        raise AssertionError("\n".join(f"rank {r}: {x['tb'] if x else 'no report (died)'}" for r, x in bad))
+        raise AssertionError(
+            "\n".join(f"rank {r}: {x['tb'] if x else 'no report (died)'}" for r, x in bad)
+        )
     return [x["value"] for x in results]

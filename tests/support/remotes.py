@@ -21,7 +21,8 @@ def state_for(step: int, changed: float = 1.0) -> dict[str, torch.Tensor]:
     return {
         "fresh": torch.randn(24, 32, generator=g),
         "slow": torch.randn(40, 32, generator=torch.Generator().manual_seed(step // 4)),
-        "drift": base + 1e-3 * torch.randn(32, 64, generator=torch.Generator().manual_seed(1000 + step)),
+        "drift": base
+        + 1e-3 * torch.randn(32, 64, generator=torch.Generator().manual_seed(1000 + step)),
         "ints": torch.arange(300, dtype=torch.int64) * step,
     }
 
@@ -30,10 +31,18 @@ def app(step: int) -> dict[str, Any]:
     return {"m": ckstore.StateDict(state_for(step))}
 
 
-def fill(store: ckstore.Store, run: str, steps: Iterable[int], tags: Mapping[int, Sequence[str]] | None = None,
-         **kw: Any) -> list[ckstore.StoredSnapshot]:
+def fill(
+    store: ckstore.Store,
+    run: str,
+    steps: Iterable[int],
+    tags: Mapping[int, Sequence[str]] | None = None,
+    **kw: Any,
+) -> list[ckstore.StoredSnapshot]:
     """Take ``state_for(step)`` for each step into ``run``."""
-    return [store.take(app(step), run=run, step=step, tags=list((tags or {}).get(step, ())), **kw) for step in steps]
+    return [
+        store.take(app(step), run=run, step=step, tags=list((tags or {}).get(step, ())), **kw)
+        for step in steps
+    ]
 
 
 def restores(store: ckstore.Store, ref: str, step: int) -> bool:
@@ -46,8 +55,18 @@ def restores(store: ckstore.Store, ref: str, step: int) -> bool:
 
 def history(store: ckstore.Store) -> list[tuple[Any, ...]]:
     """Every snapshot's id, run, step, parent, metadata and health figures, oldest first."""
-    return sorted((s.id, s.run, s.step, s.parent_id, tuple(sorted(s.metadata.items())), s.record.nonfinite,
-                   s.created_at) for s in store.log())
+    return sorted(
+        (
+            s.id,
+            s.run,
+            s.step,
+            s.parent_id,
+            tuple(sorted(s.metadata.items())),
+            s.record.nonfinite,
+            s.created_at,
+        )
+        for s in store.log()
+    )
 
 
 def same_history(a: ckstore.Store, b: ckstore.Store) -> bool:

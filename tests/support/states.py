@@ -32,7 +32,9 @@ def dtype_matrix(seed: int = 0) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, dtype in DTYPES.items():
         for shape in SHAPES:
-            out[f"{name}_{'x'.join(map(str, shape)) or 'scalar'}"] = random_tensor(dtype, shape, gen)
+            out[f"{name}_{'x'.join(map(str, shape)) or 'scalar'}"] = random_tensor(
+                dtype, shape, gen
+            )
     base = random_tensor(torch.float32, (40, 30), gen)
     out["transposed"] = base.t()
     out["strided"] = base[::3, 1::2]

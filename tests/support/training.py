@@ -18,10 +18,15 @@ class Trainer:
     dim: int
 
     @classmethod
-    def make(cls, dim: int = 64, seed: int = 0, optim: str = "adam", frozen_first: bool = False) -> Trainer:
+    def make(
+        cls, dim: int = 64, seed: int = 0, optim: str = "adam", frozen_first: bool = False
+    ) -> Trainer:
         torch.manual_seed(seed)
         model = torch.nn.Sequential(
-            torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.LayerNorm(4 * dim), torch.nn.Linear(4 * dim, dim)
+            torch.nn.Linear(dim, 4 * dim),
+            torch.nn.GELU(),
+            torch.nn.LayerNorm(4 * dim),
+            torch.nn.Linear(4 * dim, dim),
         )
         if frozen_first:  # a frozen backbone layer: must never be called stale
             for p in model[0].parameters():

@@ -82,7 +82,10 @@ class Browser:
         self._pw = sync_playwright().start()
         try:
             self.context = self._pw.chromium.launch_persistent_context(
-                self._profile, executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS,
+                self._profile,
+                executable_path=chromium_path(),
+                headless=True,
+                args=CHROMIUM_ARGS,
                 viewport={"width": 1400, "height": 900},
             )
         except BaseException:

@@ -23,7 +23,9 @@ class Block(torch.nn.Module):
     def __init__(self, d: int) -> None:
         super().__init__()
         self.attn = torch.nn.ModuleDict({n: torch.nn.Linear(d, d) for n in ("q", "k", "v", "o")})
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d)
+        )
         self.norm = torch.nn.LayerNorm(d)
 
 
@@ -57,8 +59,13 @@ def build(path: Path) -> dict[str, str]:
         for step in range(0, 5):
             if step:
                 nudge(model, 0.02)
-            ids[f"base@{step}"] = store.take({"model": model}, run="base", step=step,
-                                             metadata={"loss": 3.0 - 0.4 * step}, health=False).id
+            ids[f"base@{step}"] = store.take(
+                {"model": model},
+                run="base",
+                step=step,
+                metadata={"loss": 3.0 - 0.4 * step},
+                health=False,
+            ).id
         store.tag("base@4", "base-model")
         base_state = {k: v.clone() for k, v in model.state_dict().items()}
         # sft: the backbone (embed, layers 0-1) frozen, so its chunks are the base's
@@ -68,8 +75,9 @@ def build(path: Path) -> dict[str, str]:
             if step == 300:
                 with torch.no_grad():
                     model.head.weight[0, :3] = float("nan")
-            ids[f"sft@{step}"] = store.take({"model": model}, run="sft", step=step,
-                                            metadata={"loss": 1.5 - 0.1 * n}).id
+            ids[f"sft@{step}"] = store.take(
+                {"model": model}, run="sft", step=step, metadata={"loss": 1.5 - 0.1 * n}
+            ).id
             with torch.no_grad():
                 model.head.weight[0, :3] = saved
         store.tag("sft@400", "best")
@@ -77,5 +85,7 @@ def build(path: Path) -> dict[str, str]:
         model.load_state_dict(base_state)
         for step in (10, 20, 30):
             nudge(model, 1e-4)
-            ids[f"delta@{step}"] = store.take({"model": model}, run="delta", step=step, delta_base="base").id
+            ids[f"delta@{step}"] = store.take(
+                {"model": model}, run="delta", step=step, delta_base="base"
+            ).id
     return ids

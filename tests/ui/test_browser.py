@@ -62,7 +62,11 @@ def test_open_draws_runs_forks_and_tags(page: Any, tmp_path: Path) -> None:
     assert canvas.get_attribute("data-forks") == "2"
     assert "token" not in page.url  # taken out of the address bar, kept for the session
     assert page.inner_text("#mode") == "changes allowed (token)"
-    assert page.locator("#lineage-legend li").all_inner_texts() == ["base (5)", "sft (4)", "delta (3)"]
+    assert page.locator("#lineage-legend li").all_inner_texts() == [
+        "base (5)",
+        "sft (4)",
+        "delta (3)",
+    ]
     assert "12 snapshots, 3 runs, 2 tags" in page.inner_text("#store-count")
     for run, rgb in RUN_COLORS.items():
         assert page.evaluate(COLOR_COUNT, list(rgb)) > 50, run  # each lane is drawn in its colour
@@ -77,7 +81,9 @@ def test_filter_by_run_and_by_tag(page: Any) -> None:
     page.click("#all-runs")
     page.select_option("#tag-filter", "best")  # its run, and runs forked from it: none
     assert canvas.get_attribute("data-lanes") == "1" and canvas.get_attribute("data-points") == "4"
-    page.select_option("#tag-filter", "base-model")  # the base run and both fine-tunes forked from it
+    page.select_option(
+        "#tag-filter", "base-model"
+    )  # the base run and both fine-tunes forked from it
     assert canvas.get_attribute("data-lanes") == "3"
 
 
@@ -94,7 +100,9 @@ def test_click_a_snapshot_for_its_details_and_sharing(
     shot(page, tmp_path, "lineage")
 
 
-def test_compare_two_snapshots_picked_on_the_graph(page: Any, scenario: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+def test_compare_two_snapshots_picked_on_the_graph(
+    page: Any, scenario: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
     ids = scenario[1]
     a = page.evaluate("(id) => window.ckstoreUI.where(id)", ids["base@4"])
     page.keyboard.down("Alt")
@@ -112,8 +120,11 @@ def test_compare_two_snapshots_picked_on_the_graph(page: Any, scenario: tuple[Pa
     assert page.locator("#heatmap").get_attribute("data-cells") == "59"
     assert page.locator(".hm-cell.st-unchanged").count() == 29  # the frozen backbone, greyed
     changed = page.locator(".hm-cell.st-changed").first
-    assert changed.evaluate("e => e.style.background") .startswith("rgb(")
-    assert page.locator(".hm-row[data-layer='model/layers.0.attn.q'][data-status='unchanged']").count() == 1
+    assert changed.evaluate("e => e.style.background").startswith("rgb(")
+    assert (
+        page.locator(".hm-row[data-layer='model/layers.0.attn.q'][data-status='unchanged']").count()
+        == 1
+    )
     rows = page.locator("table.changes tbody tr")
     assert rows.count() == 30 and "float32" in rows.first.inner_text()
     shot(page, tmp_path, "changes")
@@ -171,10 +182,17 @@ def test_gc_preview_marks_the_drops_and_deletes_nothing(page: Any, tmp_path: Pat
     page.click("#gc-show")
     page.wait_for_selector("html[data-view='lineage']")
     assert page.locator("#lineage-canvas").get_attribute("data-drops") == "9"
-    assert page.evaluate("() => fetch('/api/overview').then(r => r.json()).then(d => d.snaps.id.length)") == 12
+    assert (
+        page.evaluate(
+            "() => fetch('/api/overview').then(r => r.json()).then(d => d.snaps.id.length)"
+        )
+        == 12
+    )
 
 
-def test_actions_need_the_token_and_a_confirmation(browser: Browser, store_copy: Path, tmp_path: Path) -> None:
+def test_actions_need_the_token_and_a_confirmation(
+    browser: Browser, store_copy: Path, tmp_path: Path
+) -> None:
     s = serve(str(store_copy), token="secret")
     try:
         ro = browser.page()  # a tab without the token: read-only
@@ -185,7 +203,9 @@ def test_actions_need_the_token_and_a_confirmation(browser: Browser, store_copy:
         at = ro.evaluate("() => window.ckstoreUI.where(window.ckstoreUI.state.ov.snaps.id[0])")
         ro.mouse.click(at["x"], at["y"])
         ro.wait_for_selector("#read-only-note")
-        assert ro.locator("#tag-button").is_disabled() and ro.locator("#delete-button").is_disabled()
+        assert (
+            ro.locator("#tag-button").is_disabled() and ro.locator("#delete-button").is_disabled()
+        )
         ro.close()
 
         p = browser.page()
@@ -206,7 +226,9 @@ def test_actions_need_the_token_and_a_confirmation(browser: Browser, store_copy:
         p.click("#delete-button")
         assert "and its tags first" in p.inner_text("#confirm-text")
         p.click("#confirm-ok")
-        p.wait_for_function("() => document.getElementById('lineage-canvas').dataset.points === '11'")
+        p.wait_for_function(
+            "() => document.getElementById('lineage-canvas').dataset.points === '11'"
+        )
         assert p.evaluate("() => window.ckstoreUI.state.ov.snaps.id.length") == 11
         assert p.errors == []
         p.close()

@@ -46,7 +46,9 @@ def test_run_totals_and_the_sharing_of_one_snapshot(store: Any) -> None:
     h = timeline.load_history(store)
     totals = {r["run"]: r for r in storage.run_totals(h)}
     assert totals["sft"]["snapshots"] == 4
-    assert totals["sft"]["new_bytes"] < totals["sft"]["logical_bytes"]  # the frozen backbone is not stored again
+    assert (
+        totals["sft"]["new_bytes"] < totals["sft"]["logical_bytes"]
+    )  # the frozen backbone is not stored again
     d = storage.snapshot_detail(store, h, "sft@100")
     assert d["ref"] == "sft@100" and d["parent_id"] is None
     shared = {s["ref"]: s for s in d["shared"]}
@@ -63,10 +65,15 @@ def test_compare_greys_the_frozen_backbone_and_measures_the_rest(store: Any) -> 
     assert rows["model/layers.0.attn.q.weight"][col["status"]] == "unchanged"
     assert rows["model/layers.0.attn.q.weight"][col["rel"]] is None
     head = rows["model/head.weight"]
-    assert head[col["status"]] == "changed" and 0 < head[col["rel"]] < 10 and head[col["max_abs"]] > 0
+    assert (
+        head[col["status"]] == "changed" and 0 < head[col["rel"]] < 10 and head[col["max_abs"]] > 0
+    )
     layers = {entry["layer"]: entry for entry in d["layers"]}
     assert layers["model/layers.0.attn.q"]["status"] == "unchanged"
-    assert layers["model/layers.3.mlp.2"]["status"] == "changed" and layers["model/layers.3.mlp.2"]["rel"] > 0
+    assert (
+        layers["model/layers.3.mlp.2"]["status"] == "changed"
+        and layers["model/layers.3.mlp.2"]["rel"] > 0
+    )
     quick = changes.compare(store, "base", "best", numeric=False)
     assert quick["counts"] == d["counts"] and all(r[col["rel"]] is None for r in quick["keys"])
 
@@ -88,17 +95,29 @@ def test_health_of_reads_the_header_and_refuses_malformed_shapes(store: Any) -> 
     h = health.health_of(record, store.repository.load_manifest(record))
     assert h is not None and h["nan"] == 3 and h["tensors"]["model/head.weight"]["nan"] == 3
     assert "model/embed.weight" in h["stale"]
-    assert health.health_of(store.get("base@0").record, store.repository.load_manifest(store.get("base@0").record)) is None
+    assert (
+        health.health_of(
+            store.get("base@0").record, store.repository.load_manifest(store.get("base@0").record)
+        )
+        is None
+    )
     for bad in ({"tensors": []}, {"tensors": {}, "stale": "x"}, "oops"):
         m = Manifest({}, {}, {"health": bad})
         assert health.health_of(record, m) is None
     odd = Manifest({}, {}, {"health": {"tensors": {"k": {"nan": -1, "inf": True, "norm": "x"}}}})
     assert health.health_of(record, odd) is None  # counts that are not counts: not a record to show
-    unmeasured = Manifest({}, {}, {"health": {"stale": ["k"], "stale_base": {"id": "x", "step": 1}}})
+    unmeasured = Manifest(
+        {}, {}, {"health": {"stale": ["k"], "stale_base": {"id": "x", "step": 1}}}
+    )
     assert health.health_of(record, unmeasured) is None  # health=False: nothing measured
-    old_norm = Manifest({}, {}, {"health": {"tensors": {"k": {"nan": 0, "inf": 2, "norm": None}}, "nonfinite": 2}})
+    old_norm = Manifest(
+        {}, {}, {"health": {"tensors": {"k": {"nan": 0, "inf": 2, "norm": None}}, "nonfinite": 2}}
+    )
     assert health.health_of(record, old_norm) == {
-        "tensors": {"k": {"nan": 0, "inf": 2, "norm": None}}, "stale": [], "nan": 0, "inf": 2
+        "tensors": {"k": {"nan": 0, "inf": 2, "norm": None}},
+        "stale": [],
+        "nan": 0,
+        "inf": 2,
     }
     assert store.get("sft@300").record.nonfinite == 3 and store.get("sft@400").healthy
 
@@ -126,7 +145,8 @@ def test_gc_preview_names_what_gc_would_drop_and_deletes_nothing(store: Any) -> 
 
 
 @pytest.mark.parametrize(
-    "query", [{"keep_last": "x"}, {"keep_last": "-1"}, {"older_than": "-5"}, {"grace_seconds": "nan"}]
+    "query",
+    [{"keep_last": "x"}, {"keep_last": "-1"}, {"older_than": "-5"}, {"grace_seconds": "nan"}],
 )
 def test_gc_preview_refuses_bad_fields(query: dict[str, str]) -> None:
     with pytest.raises(InvalidInputError):

@@ -48,18 +48,26 @@ def test_the_page_and_its_assets_are_served_with_security_headers(served: Served
     assert status == 200 and b'<script type="module" src="/static/js/main.js">' in body
     assert "script-src 'self'" in headers["content-security-policy"]
     assert headers["x-frame-options"] == "DENY" and headers["referrer-policy"] == "no-referrer"
-    for asset in ("/static/js/main.js", "/static/vendor/uplot/uPlot.iife.min.js", "/static/style.css"):
+    for asset in (
+        "/static/js/main.js",
+        "/static/vendor/uplot/uPlot.iife.min.js",
+        "/static/style.css",
+    ):
         assert request(served, "GET", asset)[0] == 200, asset
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:80", "127.0.0.1.evil.example", "", "10.0.0.1"])
+@pytest.mark.parametrize(
+    "host", ["evil.example", "evil.example:80", "127.0.0.1.evil.example", "", "10.0.0.1"]
+)
 def test_requests_for_other_host_names_are_refused(served: Served, host: str) -> None:
     """DNS rebinding: a page on another name that resolves to 127.0.0.1 is refused."""
     status, _, body = request(served, "GET", "/api/overview", headers={"Host": host})
     assert status == 403 and b"refused" in body
 
 
-@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "127.0.0.2:1", "[::1]:8765", "LOCALHOST:1"])
+@pytest.mark.parametrize(
+    "host", ["localhost", "127.0.0.1", "127.0.0.2:1", "[::1]:8765", "LOCALHOST:1"]
+)
 def test_loopback_host_names_are_served(served: Served, host: str) -> None:
     assert request(served, "GET", "/api/runs", headers={"Host": host})[0] == 200
 
@@ -68,7 +76,10 @@ def test_actions_need_the_token(writable: Served) -> None:
     body = {"ref": "base@0", "name": "mine"}
     assert request(writable, "POST", "/api/tag", body)[0] == 403
     assert request(writable, "POST", "/api/tag", body, {"X-Ckstore-Token": "wrong"})[0] == 403
-    assert request(writable, "POST", "/api/tag", body, {"Cookie": "x-ckstore-token=right-token"})[0] == 403
+    assert (
+        request(writable, "POST", "/api/tag", body, {"Cookie": "x-ckstore-token=right-token"})[0]
+        == 403
+    )
     status, _, out = request(writable, "POST", "/api/tag", body, {"X-Ckstore-Token": "right-token"})
     assert status == 200 and json.loads(out)["tag"] == "mine"
     assert request(writable, "GET", "/api/tag?ref=base@0&name=x")[0] == 405  # POST only
@@ -77,7 +88,10 @@ def test_actions_need_the_token(writable: Served) -> None:
 def test_actions_refuse_cross_origin_and_non_json_requests(writable: Served) -> None:
     token = {"X-Ckstore-Token": "right-token"}
     body = {"ref": "base@0", "name": "x"}
-    assert request(writable, "POST", "/api/tag", body, {**token, "Origin": "http://evil.example"})[0] == 403
+    assert (
+        request(writable, "POST", "/api/tag", body, {**token, "Origin": "http://evil.example"})[0]
+        == 403
+    )
     assert request(writable, "POST", "/api/tag", body, {**token, "Origin": "null"})[0] == 403
     own = {**token, "Origin": f"http://127.0.0.1:{writable.port}"}
     assert request(writable, "POST", "/api/tag", body, own)[0] == 200
@@ -108,14 +122,21 @@ def test_refs_are_resolved_by_the_store_never_interpolated(served: Served, ref: 
     status, headers, out = request(served, "GET", "/api/snapshot?ref=" + quote(ref))
     body = json.loads(out)
     assert status in (400, 404) and headers["content-type"] == "application/json"
-    assert "Traceback" not in body["error"] and body["type"] in ("SnapshotNotFoundError", "InvalidInputError")
+    assert "Traceback" not in body["error"] and body["type"] in (
+        "SnapshotNotFoundError",
+        "InvalidInputError",
+    )
     assert json.loads(request(served, "GET", "/api/runs")[2])["runs"]  # the index is intact
 
 
 def test_diff_refs_and_paths_cannot_reach_files(served: Served) -> None:
     status, _, out = request(served, "GET", "/api/diff?a=" + quote("../index.sqlite") + "&b=base")
     assert status == 404 and json.loads(out)["type"] == "SnapshotNotFoundError"
-    for path in ("/static/../../ckstore.json", "/static/%2e%2e/%2e%2e/store.py", "/static//etc/passwd"):
+    for path in (
+        "/static/../../ckstore.json",
+        "/static/%2e%2e/%2e%2e/store.py",
+        "/static//etc/passwd",
+    ):
         status, _, out = request(served, "GET", path)
         assert status == 404 and b"store_id" not in out, path
     assert request(served, "GET", "/api/health?run=sft&limit=-3")[0] == 400
@@ -144,7 +165,9 @@ def test_a_malformed_store_gives_an_error_page(store_copy: Path) -> None:
         status, headers, out = request(s, "GET", "/")
         page = out.decode()
         assert status == 500 and headers["content-type"].startswith("text/html")
-        assert 'id="error-message"' in page and "Traceback" not in page and "ckstore reindex" in page
+        assert (
+            'id="error-message"' in page and "Traceback" not in page and "ckstore reindex" in page
+        )
         status, _, out = request(s, "GET", "/api/overview")
         assert status == 500 and "Traceback" not in json.loads(out)["error"]
     finally:
@@ -165,7 +188,9 @@ def test_the_server_binds_loopback_unless_a_host_is_given() -> None:
         sock.close()
 
 
-def test_the_token_comes_from_the_option_the_environment_or_chance(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_token_comes_from_the_option_the_environment_or_chance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv(security.TOKEN_ENV, raising=False)
     assert security.new_token("given") == "given"
     a, b = security.new_token(), security.new_token()
@@ -173,10 +198,17 @@ def test_the_token_comes_from_the_option_the_environment_or_chance(monkeypatch: 
     monkeypatch.setenv(security.TOKEN_ENV, "from-env")
     assert security.new_token() == "from-env"
     g = security.Guard("tok")
-    assert g.token_ok("tok") and not g.token_ok("tok2") and not g.token_ok(None) and not g.token_ok("ü")
+    assert (
+        g.token_ok("tok")
+        and not g.token_ok("tok2")
+        and not g.token_ok(None)
+        and not g.token_ok("ü")
+    )
 
 
-def test_the_cli_serves_and_prints_the_url_with_the_token(scenario: tuple[Path, dict[str, str]]) -> None:
+def test_the_cli_serves_and_prints_the_url_with_the_token(
+    scenario: tuple[Path, dict[str, str]],
+) -> None:
     env = {**os.environ, "CKSTORE_UI_TOKEN": "cli-token"}
     env.pop("CKSTORE_STORE", None)
     proc = subprocess.Popen(

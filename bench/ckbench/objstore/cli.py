@@ -25,20 +25,43 @@ from ..util import BENCH_DIR, MiB, fmt_b, machine_info, median
 from . import scaling, server
 from .systems import SYSTEMS, TS_NOTE, make
 
-PHASES = (("first_save", "first save"), ("incremental_save", "save after 10% changed"),
-          ("restore", "restore in place"))
+PHASES = (
+    ("first_save", "first save"),
+    ("incremental_save", "save after 10% changed"),
+    ("restore", "restore in place"),
+)
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=int, default=256,
-                    help="state size in MiB (default 256: a 270 MiB state; about 200 MiB at least)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--size-mb",
+        type=int,
+        default=256,
+        help="state size in MiB (default 256: a 270 MiB state; about 200 MiB at least)",
+    )
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
-    ap.add_argument("--writers", default="1,2,4", help="writer processes in the scaling part (default 1,2,4; '' skips it)")
-    ap.add_argument("--dcp-threads", type=int, default=4,
-                    help="DCP FsspecWriter thread_count (default 4, as ckstore's 4 pack uploads in flight)")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds before a scaling job is killed")
+    ap.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated subset of {','.join(SYSTEMS)}",
+    )
+    ap.add_argument(
+        "--writers",
+        default="1,2,4",
+        help="writer processes in the scaling part (default 1,2,4; '' skips it)",
+    )
+    ap.add_argument(
+        "--dcp-threads",
+        type=int,
+        default=4,
+        help="DCP FsspecWriter thread_count (default 4, as ckstore's 4 pack uploads in flight)",
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=300, help="seconds before a scaling job is killed"
+    )
     ap.add_argument("--out", default=str(BENCH_DIR / "out" / "objstore"), help="output directory")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing systems")
@@ -101,7 +124,9 @@ def setup_systems(b: Bench, obj: server.ObjectStore, notes: list[str]) -> None:
         b.status[n] = "ok"
         b.systems[n] = s  # type: ignore[assignment]
     if "dcp" in b.systems:
-        notes.append(f"DCP: FsspecWriter(thread_count={b.args.dcp_threads}) on s3fs, endpoint in client_kwargs")
+        notes.append(
+            f"DCP: FsspecWriter(thread_count={b.args.dcp_threads}) on s3fs, endpoint in client_kwargs"
+        )
     if "torchsnapshot" in b.systems:
         notes.append(TS_NOTE)
         b.log(f"  note: {TS_NOTE}")
@@ -130,7 +155,9 @@ def one_round(b: Bench, obj: server.ObjectStore, r: int) -> None:
             continue
         b.sizes.setdefault(n, []).append(obj.stored_bytes(prefixes[n]))
         scramble(b.dest)
-        if b.timed("restore", n, partial(b.systems[n].restore, handles[n], b.dest)) is None and not b.ok(n):
+        if b.timed(
+            "restore", n, partial(b.systems[n].restore, handles[n], b.dest)
+        ) is None and not b.ok(n):
             continue
         b.log(f"  {n:<14} {'restore':<17} {b.times['restore'][n][-1]:6.2f} s")
         if r == 0:
@@ -141,7 +168,9 @@ def verify(b: Bench, n: str) -> None:
     want, got = flat_tensors(b.state), flat_tensors(b.dest)
     bad = [k for k, t in want.items() if not torch.equal(t, got[k])]
     if bad:
-        b.fail(n, "verify", AssertionError(f"{len(bad)} tensors differ after restore, e.g. {bad[0]}"))
+        b.fail(
+            n, "verify", AssertionError(f"{len(bad)} tensors differ after restore, e.g. {bad[0]}")
+        )
 
 
 def run_scaling(b: Bench, obj: server.ObjectStore, writers: list[int]) -> dict[str, Any]:
@@ -152,8 +181,16 @@ def run_scaling(b: Bench, obj: server.ObjectStore, writers: list[int]) -> dict[s
     for i, w in enumerate(writers):
         for n in names if i % 2 == 0 else names[::-1]:
             b.log(f"scaling: {n} first save from {w} writer process(es)")
-            res = scaling.first_save(obj, n, w, b.size, b.args.seed, b.args.dcp_threads,
-                                     b.args.timeout, prefix=f"scale/{n}/{w}")
+            res = scaling.first_save(
+                obj,
+                n,
+                w,
+                b.size,
+                b.args.seed,
+                b.args.dcp_threads,
+                b.args.timeout,
+                prefix=f"scale/{n}/{w}",
+            )
             out.setdefault(n, {})[str(w)] = res
             b.log(f"  {res}")
     return out
@@ -188,22 +225,34 @@ def markdown(b: Bench, res: dict[str, Any]) -> str:
     for ph, title in PHASES:
         m = med.get(ph, {})
         cells = [_cell(m.get(n), S) for n in names]
-        lines.append(f"| {title} | " + " | ".join(cells) + f" | {_ratio(m.get('ckstore'), m.get('dcp'))} |")
+        lines.append(
+            f"| {title} | " + " | ".join(cells) + f" | {_ratio(m.get('ckstore'), m.get('dcp'))} |"
+        )
     stored = {n: median(v) for n, v in res["stored_bytes"].items()}
-    lines.append("| bytes in the bucket after both saves | " + " | ".join(fmt_b(stored.get(n)) for n in names)
-                 + f" | {_ratio(stored.get('ckstore'), stored.get('dcp'))} |")
+    lines.append(
+        "| bytes in the bucket after both saves | "
+        + " | ".join(fmt_b(stored.get(n)) for n in names)
+        + f" | {_ratio(stored.get('ckstore'), stored.get('dcp'))} |"
+    )
     scale = res["scaling"]
     if scale:
         sysn = [n for n in ("ckstore", "dcp") if n in scale]
         writers = sorted({int(w) for n in sysn for w in scale[n]})
-        lines += ["", f"#### first save of the {fmt_b(S)} state from N writer processes "
-                  "(a gloo job; each rank holds 1/N of every tensor)", "",
-                  "| writers | " + " | ".join(label[n] for n in sysn) + " | ckstore / DCP |",
-                  "|---:|" + "---:|" * (len(sysn) + 1)]
+        lines += [
+            "",
+            f"#### first save of the {fmt_b(S)} state from N writer processes "
+            "(a gloo job; each rank holds 1/N of every tensor)",
+            "",
+            "| writers | " + " | ".join(label[n] for n in sysn) + " | ckstore / DCP |",
+            "|---:|" + "---:|" * (len(sysn) + 1),
+        ]
         for w in writers:
             sec = {n: scale[n].get(str(w), {}).get("seconds") for n in sysn}
-            lines.append(f"| {w} | " + " | ".join(_cell(sec[n], S) for n in sysn)
-                         + f" | {_ratio(sec.get('ckstore'), sec.get('dcp'))} |")
+            lines.append(
+                f"| {w} | "
+                + " | ".join(_cell(sec[n], S) for n in sysn)
+                + f" | {_ratio(sec.get('ckstore'), sec.get('dcp'))} |"
+            )
     lines.append("")
     for n in names:
         if b.status.get(n) != "ok":
@@ -214,9 +263,13 @@ def markdown(b: Bench, res: dict[str, Any]) -> str:
                 lines.append(f"- {n} with {w} writers: {r['error']}")
     lines += [f"- {note}" for note in res["notes"]]
     mach = res["machine"]
-    lines.append(f"- {mach['cpu_count']} CPUs ({mach['cpu_model']}), torch {mach['torch']}, "
-                 f"MiB/s = state bytes / seconds; ratios are ckstore's time (or bytes) / DCP's; "
-                 "ckstore's SQLite index is local and not in the bucket's bytes")
-    lines.append("- load average (1 min) at the start and the end: "
-                 f"{res['loadavg_1_5_15min']['start'][0]:.1f}, {res['loadavg_1_5_15min']['end'][0]:.1f}")
+    lines.append(
+        f"- {mach['cpu_count']} CPUs ({mach['cpu_model']}), torch {mach['torch']}, "
+        f"MiB/s = state bytes / seconds; ratios are ckstore's time (or bytes) / DCP's; "
+        "ckstore's SQLite index is local and not in the bucket's bytes"
+    )
+    lines.append(
+        "- load average (1 min) at the start and the end: "
+        f"{res['loadavg_1_5_15min']['start'][0]:.1f}, {res['loadavg_1_5_15min']['end'][0]:.1f}"
+    )
     return "\n".join(lines) + "\n"

@@ -57,8 +57,9 @@ def _rank(rank: int, world: int, port: int, job: dict[str, Any]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     result: dict[str, Any]
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=job["timeout"]))
+        dist.init_process_group(
+            "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=job["timeout"])
+        )
         state = sharded_state(job["size"], job["seed"], world)
         save = _saver(job, state)
         dist.barrier()
@@ -83,28 +84,49 @@ def _saver(job: dict[str, Any], state: dict[str, Any]) -> Any:
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
     def save() -> None:
-        dcp.save(state, storage_writer=FsspecWriter(job["url"], thread_count=job["threads"], **job["opts"]))
+        dcp.save(
+            state,
+            storage_writer=FsspecWriter(job["url"], thread_count=job["threads"], **job["opts"]),
+        )
 
     return save
 
 
-def first_save(obj: ObjectStore, system: str, world: int, size: int, seed: int,
-               threads: int, timeout: float, prefix: str) -> dict[str, Any]:
+def first_save(
+    obj: ObjectStore,
+    system: str,
+    world: int,
+    size: int,
+    seed: int,
+    threads: int,
+    timeout: float,
+    prefix: str,
+) -> dict[str, Any]:
     """One N-rank first save of ``system`` below ``prefix``: ``{"seconds": ...}`` or
     ``{"error": ...}``, plus the bytes stored."""
     with tempfile.TemporaryDirectory(prefix="ckbench-scale-") as tmp:
-        job: dict[str, Any] = {"system": system, "size": size, "seed": seed, "threads": threads,
-                               "timeout": timeout, "out": tmp, "opts": obj.storage_options()}
+        job: dict[str, Any] = {
+            "system": system,
+            "size": size,
+            "seed": seed,
+            "threads": threads,
+            "timeout": timeout,
+            "out": tmp,
+            "opts": obj.storage_options(),
+        }
         if system == "ckstore":
             import ckstore
 
             job["url"] = obj.url(f"{prefix}/store")
             job["index"] = f"sqlite:///{Path(tmp) / 'index.db'}"
-            ckstore.open(job["url"], index=job["index"], storage_options=job["opts"], create=True).close()
+            ckstore.open(
+                job["url"], index=job["index"], storage_options=job["opts"], create=True
+            ).close()
         else:
             job["url"] = obj.url(f"{prefix}/ckpt")
-        ctx = mp.start_processes(_rank, args=(world, _free_port(), job), nprocs=world,
-                                 start_method="spawn", join=False)
+        ctx = mp.start_processes(
+            _rank, args=(world, _free_port(), job), nprocs=world, start_method="spawn", join=False
+        )
         deadline = time.monotonic() + timeout
         for p in ctx.processes:
             p.join(max(0.0, deadline - time.monotonic()))
@@ -118,5 +140,7 @@ def first_save(obj: ObjectStore, system: str, world: int, size: int, seed: int,
     bad = [(r, x) for r, x in enumerate(results) if not x or not x["ok"]]
     if killed or bad:
         why = "; ".join(f"rank {r}: {x['error'] if x else 'no report'}" for r, x in bad)
-        return {"error": (f"killed after {timeout:.0f} s (ranks {killed}); " if killed else "") + why}
+        return {
+            "error": (f"killed after {timeout:.0f} s (ranks {killed}); " if killed else "") + why
+        }
     return {"seconds": results[0]["seconds"], "stored_bytes": obj.stored_bytes(prefix)}

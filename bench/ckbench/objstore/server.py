@@ -59,10 +59,12 @@ class ObjectStore:
         endpoint argument (TorchSnapshot's S3 plugin): ``AWS_ENDPOINT_URL_S3`` and the dummy
         credentials, restored afterwards."""
         creds = _seaweed().DUMMY_CREDENTIALS
-        want = {"AWS_ENDPOINT_URL_S3": self.endpoint_url,
-                "AWS_ACCESS_KEY_ID": creds["AWS_ACCESS_KEY_ID"],
-                "AWS_SECRET_ACCESS_KEY": creds["AWS_SECRET_ACCESS_KEY"],
-                "AWS_DEFAULT_REGION": "us-east-1"}
+        want = {
+            "AWS_ENDPOINT_URL_S3": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": creds["AWS_ACCESS_KEY_ID"],
+            "AWS_SECRET_ACCESS_KEY": creds["AWS_SECRET_ACCESS_KEY"],
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
         old = {k: os.environ.get(k) for k in [*want, "AWS_SESSION_TOKEN"]}
         os.environ.update(want)
         os.environ.pop("AWS_SESSION_TOKEN", None)

@@ -24,8 +24,10 @@ from ..systems import TorchSnapshotApp
 from .server import ObjectStore
 
 SYSTEMS = ("ckstore", "dcp", "torchsnapshot")
-TS_NOTE = ("TorchSnapshot's S3 plugin takes no endpoint (it ignores storage_options); it reaches "
-           "the server only through botocore's AWS_ENDPOINT_URL_S3 environment variable")
+TS_NOTE = (
+    "TorchSnapshot's S3 plugin takes no endpoint (it ignores storage_options); it reaches "
+    "the server only through botocore's AWS_ENDPOINT_URL_S3 environment variable"
+)
 
 
 class S3System:
@@ -64,8 +66,12 @@ class Ckstore(S3System):
     def open(self, prefix: str) -> Any:
         if prefix not in self.stores:
             index = f"sqlite:///{Path(self.tmp.name) / (prefix.replace('/', '_') + '.db')}"
-            self.stores[prefix] = self.ck.open(self.obj.url(f"{prefix}/store"), index=index,
-                                               storage_options=self.obj.storage_options(), create=True)
+            self.stores[prefix] = self.ck.open(
+                self.obj.url(f"{prefix}/store"),
+                index=index,
+                storage_options=self.obj.storage_options(),
+                create=True,
+            )
         return self.stores[prefix]
 
     def prepare(self, prefix: str) -> None:

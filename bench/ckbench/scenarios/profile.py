@@ -31,7 +31,11 @@ def profile(b: Bench) -> None:
     stats.stream = buf  # type: ignore[attr-defined]
     stats.sort_stats("tottime").print_stats(30)
     stats.sort_stats("cumulative").print_stats(30)
-    b.extra["profile"] = {"wall_seconds": wall, "threads_profiled": threads_seen, "top_tottime": top_tottime(stats)}
+    b.extra["profile"] = {
+        "wall_seconds": wall,
+        "threads_profiled": threads_seen,
+        "top_tottime": top_tottime(stats),
+    }
     b.extra["stage_rates"] = stage_rates(b)
     (b.out / "profile_take.txt").write_text(
         f"one ckstore take of {fmt_b(b.state_bytes)}: {wall:.2f} s wall, {threads_seen} threads profiled\n"
@@ -79,9 +83,16 @@ def profiled_take(b: Bench, root: Path) -> tuple[pstats.Stats, int, float]:
 def top_tottime(stats: pstats.Stats) -> list[dict[str, Any]]:
     top = []
     for (file, line, fn), (_cc, nc, tt, ct, _callers) in sorted(
-            stats.stats.items(), key=lambda kv: -kv[1][2])[:15]:  # type: ignore[attr-defined]
-        top.append({"function": f"{Path(file).name}:{line}({fn})", "calls": nc,
-                    "tottime": tt, "cumtime": ct})
+        stats.stats.items(), key=lambda kv: -kv[1][2]
+    )[:15]:  # type: ignore[attr-defined]
+        top.append(
+            {
+                "function": f"{Path(file).name}:{line}({fn})",
+                "calls": nc,
+                "tottime": tt,
+                "cumtime": ct,
+            }
+        )
     return top
 
 
@@ -93,7 +104,7 @@ def sample_views(state: Any, budget: int = 256 * MiB) -> list[memoryview]:
             continue
         raw = t.contiguous().view(-1).view(torch.uint8).numpy()
         for off in range(0, len(raw), 4 * MiB):
-            views.append(raw.data[off:off + 4 * MiB])
+            views.append(raw.data[off : off + 4 * MiB])
             budget -= len(views[-1])
             if budget <= 0:
                 break

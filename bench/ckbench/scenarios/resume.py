@@ -58,8 +58,18 @@ def resume(b: Bench) -> None:
 
 
 def run_child(b: Bench, n: str, root: str) -> tuple[float, dict[str, float]]:
-    cmd = [sys.executable, str(ENTRY), "--child-op", "resume", "--child-system", n,
-           "--child-dir", root, "--size-mb", str(b.args.size_mb)]
+    cmd = [
+        sys.executable,
+        str(ENTRY),
+        "--child-op",
+        "resume",
+        "--child-system",
+        n,
+        "--child-dir",
+        root,
+        "--size-mb",
+        str(b.args.size_mb),
+    ]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=b.args.child_timeout)
     wall = time.perf_counter() - t0
@@ -67,7 +77,7 @@ def run_child(b: Bench, n: str, root: str) -> tuple[float, dict[str, float]]:
     if p.returncode != 0 or not line:
         err = (p.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"child exited {p.returncode}: {err}")
-    return wall, json.loads(line[-1][len(RESULT_PREFIX):])
+    return wall, json.loads(line[-1][len(RESULT_PREFIX) :])
 
 
 def first_step(state: dict[str, Any]) -> None:

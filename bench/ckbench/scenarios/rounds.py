@@ -113,7 +113,9 @@ def restore_nonatomic(b: Bench, handles: Handles) -> None:
         return
     ck = b.ckstore()
     scramble(b.dest)
-    b.timed("restore_nonatomic", "ckstore", lambda: ck.restore(handles["ckstore"], b.dest, atomic=False))
+    b.timed(
+        "restore_nonatomic", "ckstore", lambda: ck.restore(handles["ckstore"], b.dest, atomic=False)
+    )
 
 
 def restore_cold(b: Bench, order: list[str], roots: Roots, handles: Handles) -> None:
@@ -124,7 +126,9 @@ def restore_cold(b: Bench, order: list[str], roots: Roots, handles: Handles) -> 
         if not b.ok(n):
             continue
         seq_bytes, seq_s = (evict(roots[n]), sequential_read(roots[n]))[1]
-        b.extra.setdefault("sequential_read", {}).setdefault(n, []).append(seq_bytes / seq_s if seq_s else 0.0)
+        b.extra.setdefault("sequential_read", {}).setdefault(n, []).append(
+            seq_bytes / seq_s if seq_s else 0.0
+        )
         scramble(b.dest)
         evict(roots[n])
         before = storage_reads()
@@ -136,9 +140,15 @@ def restore_cold(b: Bench, order: list[str], roots: Roots, handles: Handles) -> 
         scramble(b.dest)
         evict(roots["ckstore"])
         before = storage_reads()
-        b.timed("restore_cold_nonatomic", "ckstore", lambda: ck.restore(handles["ckstore"], b.dest, atomic=False))
+        b.timed(
+            "restore_cold_nonatomic",
+            "ckstore",
+            lambda: ck.restore(handles["ckstore"], b.dest, atomic=False),
+        )
         if before >= 0:
-            b.sizes.setdefault("cold_read_bytes_nonatomic/ckstore", []).append(storage_reads() - before)
+            b.sizes.setdefault("cold_read_bytes_nonatomic/ckstore", []).append(
+                storage_reads() - before
+            )
 
 
 def restore_model_only(b: Bench, handles: Handles) -> None:
@@ -150,8 +160,11 @@ def restore_model_only(b: Bench, handles: Handles) -> None:
         ck = b.ckstore()
         root, ref = handles["ckstore"]
         scramble(b.dest)
-        b.timed("restore_model", "ckstore",
-                lambda: ck.store(root).get(ref).restore({"model": ck.ck.StateDict(model)}))
+        b.timed(
+            "restore_model",
+            "ckstore",
+            lambda: ck.store(root).get(ref).restore({"model": ck.ck.StateDict(model)}),
+        )
     if b.ok("safetensors"):
         st = b.systems["safetensors"]
         path = handles["safetensors"]

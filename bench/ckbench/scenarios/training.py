@@ -52,22 +52,34 @@ def training(b: Bench) -> None:
 
 def run_training(b: Bench) -> None:
     a = b.args
-    cfg = TrainConfig(dim=a.train_dim, layers=a.train_layers, heads=max(1, a.train_dim // 64), seed=a.seed)
+    cfg = TrainConfig(
+        dim=a.train_dim, layers=a.train_layers, heads=max(1, a.train_dim // 64), seed=a.seed
+    )
     n_saves, every = a.train_saves, a.train_every
     names = training_systems(b)
     t = Trainer(cfg)
-    b.log(f"full training: {sum(p.numel() for p in t.model.parameters()) / 1e6:.1f}M params "
-          f"({fmt_b(t.param_bytes())} fp32), AdamW, a save every {every} steps, {n_saves} saves; "
-          f"systems {', '.join(names)}")
+    b.log(
+        f"full training: {sum(p.numel() for p in t.model.parameters()) / 1e6:.1f}M params "
+        f"({fmt_b(t.param_bytes())} fp32), AdamW, a save every {every} steps, {n_saves} saves; "
+        f"systems {', '.join(names)}"
+    )
     roots = {(v, n): b.fresh("training", v, n.replace("+", "_")) for v in VARIANTS for n in names}
     for (_v, n), root in roots.items():
         try:
             b.systems[n].prepare(root)
         except Exception as exc:  # noqa: BLE001
             b.fail(n, "training prepare", exc)
-    rec: dict[Key, dict[str, Any]] = {k: {"take_seconds": [], "stored_bytes": [], "ckstore_new_bytes": [],
-                                         "restore_first_seconds": [], "restore_last_seconds": [],
-                                         "restore_correct": None} for k in roots}
+    rec: dict[Key, dict[str, Any]] = {
+        k: {
+            "take_seconds": [],
+            "stored_bytes": [],
+            "ckstore_new_bytes": [],
+            "restore_first_seconds": [],
+            "restore_last_seconds": [],
+            "restore_correct": None,
+        }
+        for k in roots
+    }
     handles: dict[Key, dict[int, Any]] = {k: {} for k in roots}
     raw: dict[str, list[int]] = {v: [] for v in VARIANTS}
     refs: dict[str, dict[int, Any]] = {v: {} for v in VARIANTS}
@@ -77,7 +89,7 @@ def run_training(b: Bench) -> None:
         losses.append(t.steps(every))
         train_s += time.perf_counter() - t0
         states = {"fp32": fp32_state(t), "bf16": bf16_weights(t)}
-        order = names[i % len(names):] + names[:i % len(names)]
+        order = names[i % len(names) :] + names[: i % len(names)]
         for v, st in states.items():
             raw[v].append(state_bytes(st))
             if i in (0, n_saves - 1):
@@ -135,8 +147,16 @@ def clone(state: Any) -> Any:
     return out
 
 
-def save_one(b: Bench, v: str, n: str, state: dict[str, Any], root: Path, i: int,
-             r: dict[str, Any], hs: dict[int, Any]) -> None:
+def save_one(
+    b: Bench,
+    v: str,
+    n: str,
+    state: dict[str, Any],
+    root: Path,
+    i: int,
+    r: dict[str, Any],
+    hs: dict[int, Any],
+) -> None:
     before = dir_bytes(root)
     scen = f"training_{v}_take"
     h = b.timed(scen, n, partial(b.systems[n].save, state, root, i))
@@ -154,15 +174,22 @@ def save_one(b: Bench, v: str, n: str, state: dict[str, Any], root: Path, i: int
             r["depth_limit"] = sys_.last_stats["depth_limit"]
 
 
-def restore_all(b: Bench, v: str, names: list[str], refs: dict[int, Any],
-                rec: dict[Key, dict[str, Any]], handles: dict[Key, dict[int, Any]], n_saves: int) -> None:
+def restore_all(
+    b: Bench,
+    v: str,
+    names: list[str],
+    refs: dict[int, Any],
+    rec: dict[Key, dict[str, Any]],
+    handles: dict[Key, dict[int, Any]],
+    n_saves: int,
+) -> None:
     """Restore the first and the last snapshot of every system ``RESTORE_REPS`` times into one
     live destination (scrambled before each), systems rotating; the first of each is checked."""
     if not refs:
         return
     dest = empty_like_state(refs[0])
     for rep in range(RESTORE_REPS):
-        for j, n in enumerate(names[rep % len(names):] + names[:rep % len(names)]):
+        for j, n in enumerate(names[rep % len(names) :] + names[: rep % len(names)]):
             pair = [(0, "first"), (n_saves - 1, "last")]
             if (rep + j) % 2:
                 pair.reverse()
@@ -180,7 +207,9 @@ def restore_all(b: Bench, v: str, names: list[str], refs: dict[int, Any],
                 r[f"restore_{label}_seconds"].append(b.times[scen][n][-1])
                 if rep == 0:
                     same = equal(dest, refs[i])
-                    r["restore_correct"] = same if r["restore_correct"] is None else r["restore_correct"] and same
+                    r["restore_correct"] = (
+                        same if r["restore_correct"] is None else r["restore_correct"] and same
+                    )
                     if not same:
                         b.log(f"  !! {n} restored wrong bytes for the {label} {v} snapshot")
 
@@ -189,22 +218,46 @@ def equal(a: Any, ref: Any) -> bool:
     got = dict(iter_tensors(a))
     want = dict(iter_tensors(ref))
     return got.keys() == want.keys() and all(
-        got[k].dtype == t.dtype and torch.equal(got[k], t) for k, t in want.items())
+        got[k].dtype == t.dtype and torch.equal(got[k], t) for k, t in want.items()
+    )
 
 
-def summarize(b: Bench, cfg: TrainConfig, t: Trainer, names: list[str], rec: dict[Key, dict[str, Any]],
-              raw: dict[str, list[int]], losses: list[float], train_s: float) -> dict[str, Any]:
+def summarize(
+    b: Bench,
+    cfg: TrainConfig,
+    t: Trainer,
+    names: list[str],
+    rec: dict[Key, dict[str, Any]],
+    raw: dict[str, list[int]],
+    losses: list[float],
+    train_s: float,
+) -> dict[str, Any]:
     n_params = sum(p.numel() for p in t.model.parameters())
     out: dict[str, Any] = {
-        "model": {"kind": "TinyGPT (pre-norm nn.TransformerEncoder, causal, untied head)",
-                  "dim": cfg.dim, "layers": cfg.layers, "heads": cfg.heads, "vocab": cfg.vocab,
-                  "params": n_params, "param_bytes_fp32": n_params * 4},
-        "train": {"optimizer": f"AdamW(lr={cfg.lr}, weight_decay={cfg.weight_decay})",
-                  "batch": cfg.batch, "seq": cfg.seq, "every": b.args.train_every,
-                  "saves": b.args.train_saves, "restore_reps": RESTORE_REPS, "steps": t.step, "loss_at_saves": losses,
-                  "train_seconds": train_s},
-        "variants": {"fp32": "fp32 weights + fp32 AdamW state (step, exp_avg, exp_avg_sq)",
-                     "bf16": "bfloat16 copy of the weights of the same fp32 run, weights only"},
+        "model": {
+            "kind": "TinyGPT (pre-norm nn.TransformerEncoder, causal, untied head)",
+            "dim": cfg.dim,
+            "layers": cfg.layers,
+            "heads": cfg.heads,
+            "vocab": cfg.vocab,
+            "params": n_params,
+            "param_bytes_fp32": n_params * 4,
+        },
+        "train": {
+            "optimizer": f"AdamW(lr={cfg.lr}, weight_decay={cfg.weight_decay})",
+            "batch": cfg.batch,
+            "seq": cfg.seq,
+            "every": b.args.train_every,
+            "saves": b.args.train_saves,
+            "restore_reps": RESTORE_REPS,
+            "steps": t.step,
+            "loss_at_saves": losses,
+            "train_seconds": train_s,
+        },
+        "variants": {
+            "fp32": "fp32 weights + fp32 AdamW state (step, exp_avg, exp_avg_sq)",
+            "bf16": "bfloat16 copy of the weights of the same fp32 run, weights only",
+        },
         "systems": names,
         "delta_status": b.status.get(DELTA, "not selected (needs ckstore in --systems)"),
         "unavailable": {n: s for n, s in b.status.items() if n != DELTA and s != "ok"},
@@ -218,13 +271,17 @@ def summarize(b: Bench, cfg: TrainConfig, t: Trainer, names: list[str], rec: dic
             fr = [s / x for s, x in zip(sb, raws)]
             rf, rl = median(r["restore_first_seconds"]), median(r["restore_last_seconds"])
             dense = r.get("compacted_added")
-            dense_fr = [s / x for s, x in zip(dense, raws)] if dense and len(dense) == len(raws) else None
+            dense_fr = (
+                [s / x for s, x in zip(dense, raws)] if dense and len(dense) == len(raws) else None
+            )
             per[n] = {
                 **r,
                 "stored_fraction": fr,
                 "first_stored_fraction": fr[0] if fr else None,
                 "later_stored_fraction": sum(fr[1:]) / len(fr[1:]) if len(fr) > 1 else None,
-                "later_compacted_fraction": sum(dense_fr[1:]) / len(dense_fr[1:]) if dense_fr and len(dense_fr) > 1 else None,
+                "later_compacted_fraction": sum(dense_fr[1:]) / len(dense_fr[1:])
+                if dense_fr and len(dense_fr) > 1
+                else None,
                 "take_first_seconds": r["take_seconds"][0] if r["take_seconds"] else None,
                 "take_later_seconds": median(r["take_seconds"][1:]),
                 "restore_first_median": rf,

@@ -25,7 +25,9 @@ depends_on = None
 
 def upgrade() -> None:
     """Adds the column with its default, in place on both databases (no copy of ``packs``)."""
-    op.add_column("packs", sa.Column("loose", sa.Boolean(), nullable=False, server_default=sa.false()))
+    op.add_column(
+        "packs", sa.Column("loose", sa.Boolean(), nullable=False, server_default=sa.false())
+    )
 
 
 def downgrade() -> None:

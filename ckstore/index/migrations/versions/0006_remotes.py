@@ -47,7 +47,9 @@ def upgrade() -> None:
         sa.Column("remote", sa.String(128), nullable=False),
         sa.Column("snapshot_id", sa.String(128), nullable=False),
         sa.Column("pushed_at", sa.Double(), nullable=False),
-        sa.ForeignKeyConstraint(["remote"], ["remotes.name"], name="fk_remote_snapshots_remote_remotes"),
+        sa.ForeignKeyConstraint(
+            ["remote"], ["remotes.name"], name="fk_remote_snapshots_remote_remotes"
+        ),
         sa.PrimaryKeyConstraint("remote", "snapshot_id", name="pk_remote_snapshots"),
     )
     op.create_index("ix_remote_snapshots_snapshot_id", "remote_snapshots", ["snapshot_id"])
