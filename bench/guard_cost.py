@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ckbench.states import build_state, choose_trainable, mutate, state_bytes  # noqa: E402
 
 import ckstore  # noqa: E402
-from ckstore.engine import guard as guard_module  # noqa: E402
+from ckstore.engine.take import guard as guard_module  # noqa: E402
 
 
 class _Clock:

@@ -40,7 +40,7 @@ import blake3
 from ckstore.distributed._classify import DTENSOR, LOCAL, REPLICATED, VALUE, Leaf, Local
 from ckstore.distributed._plan import PlanCache, agree, assignment, header, ints62, key_vector, same
 from ckstore.engine.config import DEFAULT_CHUNK_BYTES, DEFAULT_INLINE_BYTES, DEFAULT_PACK_BYTES
-from ckstore.engine.packing import TakeOptions
+from ckstore.engine.take.packing import TakeOptions
 from ckstore.format.manifest import canonical_json
 
 OPTS = TakeOptions(

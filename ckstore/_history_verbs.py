@@ -1,6 +1,6 @@
 """The store's history verbs: diff, gc, check, compaction and reindex.
 
-:class:`HistoryVerbs` is mixed into :class:`ckstore.Store` (as :class:`ckstore._remotes.RemoteVerbs`
+:class:`HistoryVerbs` is mixed into :class:`ckstore.Store` (as :class:`ckstore._remote_verbs.RemoteVerbs`
 is); the work is in :mod:`ckstore.history`.
 """
 

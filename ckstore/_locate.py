@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from .distributed import is_distributed
 from .engine.config import CONFIG_NAME
-from .engine.repository import Repository, is_local, local_path, open_repository
+from .engine.opening import is_local, local_path, open_repository
+from .engine.repository import Repository
 from .errors import SnapshotNotFoundError
 from .history.compact import attach as attach_compaction
 from .index import SnapshotRecord

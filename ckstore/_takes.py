@@ -4,10 +4,10 @@ in the background.
 Every take of the public API comes through here: ``Store.take``, ``Store.async_take``,
 ``Store.import_checkpoint``, TorchSnapshot's ``Snapshot.take`` / ``async_take`` and the trainer
 integrations (through ``Store.take(no_dist=True)``). Each of those builds its
-:class:`~ckstore.engine.spec.TakeSpec` where the caller's arguments come in; here it goes to the
-single-process engine (:mod:`ckstore.engine.take`) or the distributed one
+:class:`~ckstore.engine.take.spec.TakeSpec` where the caller's arguments come in; here it goes to the
+single-process engine (:mod:`ckstore.engine.take.single`) or the distributed one
 (:mod:`ckstore.distributed.take`), both of which write through one
-:class:`~ckstore.engine.local_take.LocalTake` per process. A DCP save builds the same spec and
+:class:`~ckstore.engine.take.local.LocalTake` per process. A DCP save builds the same spec and
 uses the same LocalTake from inside DCP's own protocol (:mod:`ckstore.dcp.writer`).
 
 Results are committed ``(record, manifest)`` pairs (the manifest is None on ranks other than
@@ -26,7 +26,7 @@ from .distributed import is_distributed
 from .engine.config import check_delta_base
 from .engine.progress import ProgressFn
 from .engine.repository import Repository
-from .engine.spec import TakeSpec
+from .engine.take.spec import TakeSpec
 from .errors import InvalidInputError
 from .format.manifest import Manifest
 from .index import SnapshotRecord
@@ -37,24 +37,24 @@ if TYPE_CHECKING:
 Committed = tuple[SnapshotRecord, "Manifest | None"]
 
 
-class _StoreDefault:
+class StoreDefault:
     """The type of :data:`STORE_DEFAULT`."""
 
     def __repr__(self) -> str:
         return "STORE_DEFAULT"
 
 
-STORE_DEFAULT = _StoreDefault()
+STORE_DEFAULT = StoreDefault()
 """``delta_base`` left to the store's default (``Store.delta_base``)."""
 
 
 def delta_base_of(
-    repo: Repository, given: str | None | _StoreDefault, no_dist: bool = False
+    repo: Repository, given: str | None | StoreDefault, no_dist: bool = False
 ) -> str | None:
     """The delta base a take uses: ``given``, or the store's default for ``STORE_DEFAULT``
     (which a distributed take, storing every chunk whole, leaves aside; an explicit
     ``delta_base`` there is refused)."""
-    if isinstance(given, _StoreDefault):
+    if isinstance(given, StoreDefault):
         return None if _ranks(no_dist) else repo.delta_base
     return check_delta_base(given)
 
@@ -89,7 +89,7 @@ def _take(
     pg: ProcessGroup | None,
     progress: ProgressFn | None,
 ) -> Committed:
-    from .engine.take import state_dicts
+    from .engine.take.plan import state_dicts
 
     spec = with_live_trainable(spec, app_state)
     repo.index.check_take(
@@ -103,7 +103,7 @@ def _take(
         _no_dist_deltas(spec)
         comm = Comm(pg, spec.dist_timeout)
         return dist_take(repo, state_dicts(app_state), spec, comm, ddp_apps(app_state))
-    from .engine.take import take as engine_take
+    from .engine.take.single import take as engine_take
 
     result = engine_take(repo, state_dicts(app_state), spec, progress)
     return result.record, result.manifest
@@ -117,7 +117,7 @@ def take_async(
     progress: ProgressFn | None = None,
 ) -> Background:
     """Return once the state at this call is safe; hash, write and commit in the background."""
-    from .engine.take import state_dicts
+    from .engine.take.plan import state_dicts
 
     spec = with_live_trainable(spec, app_state)
     repo.index.check_take(spec.run, spec.tag_specs)
@@ -127,7 +127,7 @@ def take_async(
 
         _no_dist_deltas(spec)
         return Background(dist_take_async(repo, app_state, spec, pg))
-    from .engine.take import take_async as engine_take_async
+    from .engine.take.single import take_async as engine_take_async
 
     budget = repo.staging_budget if spec.staging_budget is None else spec.staging_budget
     job = engine_take_async(repo, state_dicts(app_state), spec, budget, progress)
@@ -148,7 +148,7 @@ def take_async(
 def with_live_trainable(spec: TakeSpec, app_state: Mapping[str, Any]) -> TakeSpec:
     """``spec`` knowing which of the app_state's live parameters train (read before
     ``state_dict()`` detaches them), so the take can tell a stale one."""
-    from .engine.trainable import trainable_keys
+    from .engine.take.trainable import trainable_keys
 
     return spec.evolve(trainable_keys=trainable_keys(app_state))
 

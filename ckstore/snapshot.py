@@ -27,7 +27,7 @@ from .index import SnapshotRecord
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from .engine.verify_live import LiveCheck
+    from .engine.restore.verify_live import LiveCheck
     from .interop import ExportReport
 
 
@@ -76,7 +76,7 @@ class StoredSnapshot(SnapshotFields):
     @property
     def path(self) -> str:
         """Where the snapshot lives: its store's URL (TorchSnapshot's path for ``Snapshot``)."""
-        return self._view().store.url
+        return self._view().repo.url
 
     @property
     def health(self) -> Health | None:
@@ -94,8 +94,8 @@ class StoredSnapshot(SnapshotFields):
         DTensors are skipped (named in ``.skipped``); per-rank values are compared with this
         rank's (rank 0 outside torch.distributed).
         """
-        from .engine.restore import check_app_state
-        from .engine.verify_live import verify_live
+        from .engine.restore.verify_live import verify_live
+        from .engine.stateful import check_app_state
 
         check_app_state(app_state, restoring=False)
         rank = 0
@@ -104,7 +104,7 @@ class StoredSnapshot(SnapshotFields):
 
             rank = dist.get_rank(self.pg) if self.pg is not None else dist.get_rank()
         return verify_live(
-            self.manifest, dict(app_state), rank=max(rank, 0), threads=self._view().store.threads
+            self.manifest, dict(app_state), rank=max(rank, 0), threads=self._view().repo.threads
         )
 
     # --- reading ---------------------------------------------------------------------------
@@ -153,7 +153,7 @@ class StoredSnapshot(SnapshotFields):
         (logger ``"ckstore"``); an app with nothing left to load (an :class:`RNGState` on such
         a rank) is not loaded at all. ``RNGState`` entries are loaded after every other one.
         A snapshot written by ``dcp.save`` is restored by mapping each app's state dict onto
-        DCP's keys (see :mod:`ckstore.engine.dcp_keys`).
+        DCP's keys (see :mod:`ckstore.engine.restore.dcp_keys`).
         ``replicated_read`` (default ``$CKSTORE_REPLICATED_READ`` or ``"once"``): ``"once"``
         reads each chunk once in the job as above (``"broadcast"`` means the same); ``"each"``
         lets every rank read everything it needs itself (no exchange).
@@ -172,8 +172,10 @@ class StoredSnapshot(SnapshotFields):
                 RankLostError when a rank never answered within ``dist_timeout``.
         """
         from .distributed.restore import replicated_mode
-        from .engine.dcp_keys import dcp_overlay, is_dcp_manifest
-        from .engine.restore import check_app_state, restore
+        from .engine.restore.dcp_keys import dcp_overlay, is_dcp_manifest
+        from .engine.restore.phases import restore
+        from .engine.restore.reader import Reader
+        from .engine.stateful import check_app_state
 
         check_app_state(app_state, restoring=True)
         mode = replicated_mode(replicated_read)
@@ -182,11 +184,11 @@ class StoredSnapshot(SnapshotFields):
         if dist_timeout is not None:
             check_number("dist_timeout", dist_timeout, lo_open=True)
         view = self._view()
-        budget = view.store.memory_budget if memory_budget is None else memory_budget
-        reader = replace(view.reader(), progress=progress)
+        budget = view.repo.memory_budget if memory_budget is None else memory_budget
+        reader = Reader.of(view, progress=progress)
         if is_dcp_manifest(reader.manifest):
             reader = replace(reader, manifest=dcp_overlay(reader.manifest, app_state, strict))
-        with view.store.activity():  # background compaction of this process waits meanwhile
+        with view.repo.activity():  # background compaction of this process waits meanwhile
             if is_distributed():
                 from .distributed.restore import restore as dist_restore
 
@@ -227,9 +229,10 @@ class StoredSnapshot(SnapshotFields):
         Raises:
             KeyNotFoundError: no such path (the message suggests near matches).
         """
-        from .engine.read import read_object
+        from .engine.restore.read import read_object
+        from .engine.restore.reader import Reader
 
-        return read_object(self._view().reader(), path, obj_out)
+        return read_object(Reader.of(self._view()), path, obj_out)
 
     def get_manifest(self) -> dict[str, Entry]:
         """Every leaf's key -> its entry (``kind``, ``dtype``, ``shape``, ``nbytes``); a per-rank
@@ -254,9 +257,10 @@ class StoredSnapshot(SnapshotFields):
             rank = dist.get_rank(self.pg) if self.pg is not None else dist.get_rank()
             if rank < 0:
                 raise InvalidInputError("this rank is not a member of the snapshot handle's pg")
-        from .engine.read import read_state
+        from .engine.restore.read import read_state
+        from .engine.restore.reader import Reader
 
-        return read_state(replace(self._view().reader(), rank=rank), key)
+        return read_state(Reader.of(self._view(), rank=rank), key)
 
     def export(
         self,
@@ -313,7 +317,7 @@ class StoredSnapshot(SnapshotFields):
         )  # fmt: skip
 
     def __repr__(self) -> str:
-        return f"Snapshot({self.ref}, store={self._view().store.url!r})"
+        return f"Snapshot({self.ref}, store={self._view().repo.url!r})"
 
 
 class PendingSnapshot:

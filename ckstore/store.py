@@ -7,12 +7,13 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from . import _remotes, _takes
+from . import _remote_verbs, _takes
 from ._history_verbs import HistoryVerbs
 from .engine.config import StoreConfig
+from .engine.opening import open_repository
 from .engine.progress import ProgressFn
-from .engine.repository import Repository, open_repository
-from .engine.spec import TakeSpec
+from .engine.repository import Repository
+from .engine.take.spec import TakeSpec
 from .engine.view import SnapshotView
 from .errors import ConflictError, NotFoundError
 from .format.manifest import Manifest
@@ -41,7 +42,7 @@ class _Knob(Generic[T]):
         setattr(store.repository, self.name, value)
 
 
-class Store(HistoryVerbs, _remotes.RemoteVerbs):
+class Store(HistoryVerbs, _remote_verbs.RemoteVerbs):
     """A content-addressed checkpoint store. Build one with :func:`ckstore.open`.
 
     Thread-safe for concurrent takes and reads from one process; many processes and hosts may
@@ -107,7 +108,7 @@ class Store(HistoryVerbs, _remotes.RemoteVerbs):
         replicated: Sequence[str] = (),
         pg: ProcessGroup | None = None,
         dist_timeout: float | None = None,
-        delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
+        delta_base: str | None | _takes.StoreDefault = _takes.STORE_DEFAULT,
         no_dist: bool = False,
         move_tags: bool = False,
         on_nonfinite: str = "warn",
@@ -202,7 +203,7 @@ class Store(HistoryVerbs, _remotes.RemoteVerbs):
         pg: ProcessGroup | None = None,
         dist_timeout: float | None = None,
         staging_budget: int | None = None,
-        delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
+        delta_base: str | None | _takes.StoreDefault = _takes.STORE_DEFAULT,
         no_dist: bool = False,
         move_tags: bool = False,
         on_nonfinite: str = "warn",
@@ -253,7 +254,7 @@ class Store(HistoryVerbs, _remotes.RemoteVerbs):
         *,
         format: str | None = None,  # noqa: A002 - the option users type
         name: str | None = None,
-        delta_base: str | None | _takes._StoreDefault = _takes.STORE_DEFAULT,
+        delta_base: str | None | _takes.StoreDefault = _takes.STORE_DEFAULT,
         move_tags: bool = False,
         on_nonfinite: str = "warn",
         on_stale: str = "warn",
@@ -485,7 +486,7 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         if auto_compact is not None:
             repo.auto_compact = auto_compact
         store = Store(repo)
-        _remotes.attach(store, repo, push_to, remote_index, remote_options, local_budget)
+        _remote_verbs.attach(store, repo, push_to, remote_index, remote_options, local_budget)
     except BaseException:
         repo.close()
         raise
@@ -519,7 +520,7 @@ def clone(
             is not cloned, those before it are.
     """
     return Store(
-        _remotes.clone(
+        _remote_verbs.clone(
             url,
             dest,
             index=index,

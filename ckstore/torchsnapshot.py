@@ -9,7 +9,7 @@ A thin adapter: everything but three things is the plain :class:`~ckstore.snapsh
   nothing is opened until the snapshot is first used (then a missing one raises
   SnapshotNotFoundError), so a handle made before the take at ``path`` works once it is taken.
 * **Logical paths are ``<rank>/<key>``** (``0/model/weight``) in :meth:`Snapshot.read_object`
-  and :meth:`Snapshot.get_manifest` (see :mod:`ckstore.engine.logical`).
+  and :meth:`Snapshot.get_manifest` (see :mod:`ckstore.engine.restore.logical`).
 * **``pg``** is the process group the handle restores with by default.
 
 This module also gathers what TorchSnapshot users import, so ``from ckstore.torchsnapshot
@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import _takes
 from ._locate import locate, locate_all_ranks, resolve
-from .engine.logical import ranked_manifest, split_rank
 from .engine.repository import Repository
-from .engine.spec import TakeSpec
+from .engine.restore.logical import ranked_manifest, split_rank
 from .engine.stateful import RNGState, StateDict, Stateful, check_app_state
+from .engine.take.spec import TakeSpec
 from .engine.view import SnapshotView
 from .format.manifest import Entry, Manifest
 from .index import SnapshotRecord
@@ -69,7 +68,7 @@ class Snapshot(StoredSnapshot):
     def of(cls, snap: StoredSnapshot | SnapshotView, pg: ProcessGroup | None = None) -> Snapshot:
         """The same snapshot with TorchSnapshot's ``<rank>/<key>`` paths (its path: the store's URL)."""
         view = snap if isinstance(snap, SnapshotView) else snap._view()
-        return cls(view.store.url, pg)._bind(view)
+        return cls(view.repo.url, pg)._bind(view)
 
     def _bind(self, view: SnapshotView) -> Snapshot:
         """Resolve this handle to ``view`` (what a take at its path just committed)."""
@@ -177,10 +176,11 @@ class Snapshot(StoredSnapshot):
         Raises:
             KeyNotFoundError: no such path (the message suggests near matches).
         """
-        from .engine.read import read_object
+        from .engine.restore.read import read_object
+        from .engine.restore.reader import Reader
 
         rank, key = split_rank(path, f"snapshot {self.ref}")
-        return read_object(replace(self._view().reader(), rank=rank), key, obj_out)
+        return read_object(Reader.of(self._view(), rank=rank), key, obj_out)
 
     def get_manifest(self) -> dict[str, Entry]:
         """Every leaf's logical path ``<rank>/<key>`` -> its entry (``kind``, ``dtype``,

@@ -195,7 +195,8 @@ def _values(kind: str, current: str, store: list[str], positionals: list[str]) -
 def _from_store(
     kind: str, current: str, store_args: list[str], positionals: list[str]
 ) -> list[str]:
-    from ..engine.repository import Repository, open_repository
+    from ..engine.opening import open_repository
+    from ..engine.repository import Repository
     from ._common import find_store
 
     explicit = _option(store_args, "--store")

@@ -207,7 +207,7 @@ def cmd_du(args: argparse.Namespace) -> int:
 
 # --- migrate ------------------------------------------------------------------------------------
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from ..engine.repository import default_index_url
+    from ..engine.opening import default_index_url
     from ..index import upgrade
 
     url = args.index or default_index_url(find_store(args.store))

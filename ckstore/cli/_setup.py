@@ -71,7 +71,7 @@ def _undo_init(url: str, opts: dict[str, Any]) -> Callable[[], None]:
     import shutil  # here: it loads bz2 and lzma, which the read commands do without
 
     from .. import objects
-    from ..engine.repository import is_local, local_path
+    from ..engine.opening import is_local, local_path
 
     if not is_local(url):
         backend = objects.open_backend(url, opts)
@@ -151,7 +151,7 @@ def claim_demo_store(url: str) -> str:
 
     import ckstore
 
-    from ..engine.repository import is_local, local_path
+    from ..engine.opening import is_local, local_path
 
     if not is_local(url):
         raise InvalidInputError(

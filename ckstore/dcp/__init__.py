@@ -17,7 +17,7 @@ What is stored
   the same chunk ids for every block wholly inside it, whatever the world size, and an
   unchanged tensor yields identical ids next time: a second ``dcp.save`` of unchanged state
   writes no chunk bytes. Chunks are hashed, looked up in the index (pinning what it has), and
-  the missing ones encoded into packs exactly as a take does (``ckstore.engine.take`` functions).
+  the missing ones encoded into packs exactly as a take does (``ckstore.engine.take.single`` functions).
 * **Non-tensor values** (DCP's ``BYTE_IO`` items: step counters, learning rates, ...) are NOT
   stored as DCP's ``torch.save`` bytes. The writer takes the object itself from the planner
   (``planner.lookup_object``, which ``DefaultSavePlanner`` and its subclasses have) and stores
@@ -70,7 +70,7 @@ store URL, index URL and storage options (not the open store) and reopen the sto
 use, so ``dcp.async_save`` works with the thread and the process executor. ``io.BytesIO``
 values are stored as their bytes and come back as ``io.BytesIO``. A DCP save can also be read
 with ckstore's own API: entries ``dcp/<fqn>`` for ``read_object``, and ``snap.restore`` maps an
-app_state onto the FQNs (:mod:`ckstore.engine.dcp_keys`).
+app_state onto the FQNs (:mod:`ckstore.engine.restore.dcp_keys`).
 
 Limits: only process groups spanning all ranks (``dcp.save``'s default group) and
 ``use_collectives=True`` are supported. A rank that fails before reaching ``write_data``

@@ -10,7 +10,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from ..engine.packing import Chunk, TakeOptions
+from ..engine.take.packing import Chunk, TakeOptions
 from ..errors import DistributedError, InvalidInputError, UnsupportedValueError
 from ..format.boxes import pieces
 from ..format.dtypes import GROUPED, dtype_name, itemsize

@@ -21,7 +21,7 @@ from torch.futures import Future
 
 from ..distributed import is_distributed
 from ..distributed.comm import Comm, phase
-from ..engine.restore import Reader
+from ..engine.restore.reader import Reader
 from ..errors import CorruptionError
 from ..format.dtypes import dtype_name, itemsize
 from ..format.manifest import ChunkRef, Entry, Manifest, TensorEntry

@@ -16,8 +16,8 @@ from torch.futures import Future
 
 from ..distributed import is_distributed
 from ..distributed.comm import Comm, phase
-from ..engine.local_take import LocalTake
-from ..engine.spec import TakeSpec
+from ..engine.take.local import LocalTake
+from ..engine.take.spec import TakeSpec
 from ..errors import ConflictError, CorruptionError, DistributedError, InvalidInputError
 from ..format.tree import join
 from ..format.values import encode_value

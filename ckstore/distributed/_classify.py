@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..engine.packing import Chunk, TakeOptions
+from ..engine.take.packing import Chunk, TakeOptions
 from ..errors import DistributedError, UnsupportedValueError
 from ..format.boxes import is_dtensor, local_box
 from ..format.dtypes import dtype_name

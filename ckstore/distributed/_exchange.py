@@ -2,7 +2,7 @@
 
 Runs one rank's :class:`~ckstore.distributed._readplan.Part` of the plan: the all-to-all
 rounds, then the broadcast batches (see ``_readplan``). In each, the reader reads and verifies
-its chunks (the engine's :class:`~ckstore.engine.fetch.Fetcher` re-hashes every one against
+its chunks (the engine's :class:`~ckstore.engine.restore.fetch.Fetcher` re-hashes every one against
 its id) straight into the send buffer, and appends per chunk an XXH3-64 fingerprint of the
 decoded bytes (seeded per restore by rank 0). A receiver checks the size (implied by the
 layout) and the fingerprint of every chunk before using it, then either keeps it
@@ -25,7 +25,8 @@ import numpy as np
 import torch
 import xxhash
 
-from ..engine.fetch import Fetcher, Job
+from ..engine.restore.fetch import Fetcher
+from ..engine.restore.jobs import Job
 from ..errors import CorruptionError
 from ._progress import Progress
 from ._readplan import Part, Table

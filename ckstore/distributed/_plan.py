@@ -32,7 +32,7 @@ from typing import Any
 
 import blake3
 
-from ..engine.packing import TakeOptions
+from ..engine.take.packing import TakeOptions
 from ..errors import DistributedError
 from ..format.boxes import pieces
 from ..format.dtypes import itemsize

@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..engine.config import restore_budget
-from ..engine.fetch import Job, Region
-from ..engine.restore import Prepared, Reader, apply, destination_bytes, prepare, validate
+from ..engine.restore.jobs import Job, Region
+from ..engine.restore.phases import Prepared, apply, destination_bytes, prepare, validate
+from ..engine.restore.reader import Reader
 from ..errors import DistributedError, InvalidInputError
 from ..format.manifest import TensorEntry
 from ..format.tensors import empty_for

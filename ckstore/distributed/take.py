@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any
 
 import blake3
 
-from ..engine.local_take import LocalTake
-from ..engine.packing import Chunk, TakeOptions
 from ..engine.repository import Repository
-from ..engine.spec import TakeSpec
-from ..engine.stage import stage
-from ..engine.take import state_dicts
+from ..engine.take.local import LocalTake
+from ..engine.take.packing import Chunk, TakeOptions
+from ..engine.take.plan import state_dicts
+from ..engine.take.spec import TakeSpec
+from ..engine.take.staging import stage
 from ..errors import DistributedError
 from ..format.dtypes import GROUPED, itemsize
 from ..format.grid import Box, make_grid

@@ -13,7 +13,6 @@ from .repository import describe
 if TYPE_CHECKING:
     from .progress import ProgressFn
     from .repository import Repository
-    from .restore import Reader
 
 
 class SnapshotFields:
@@ -78,13 +77,13 @@ class SnapshotView(SnapshotFields):
     """One committed snapshot of a repository: its record, its manifest (read on first use)."""
 
     def __init__(
-        self, store: Repository, record: SnapshotRecord, manifest: Manifest | None = None
+        self, repo: Repository, record: SnapshotRecord, manifest: Manifest | None = None
     ) -> None:
-        self.store = store
+        self.repo = repo
         self._record = record
         self._manifest = manifest
         self.progress: ProgressFn | None = None
-        """Given to every :meth:`reader` (an export's progress)."""
+        """Given to every reader of it (``Reader.of``: an export's progress)."""
 
     @property
     def record(self) -> SnapshotRecord:
@@ -93,18 +92,5 @@ class SnapshotView(SnapshotFields):
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
-            self._manifest = self.store.load_manifest(self.record)
+            self._manifest = self.repo.load_manifest(self.record)
         return self._manifest
-
-    def reader(self) -> Reader:
-        """A reader of this snapshot's chunks (every chunk re-hashed on read)."""
-        from .restore import Reader  # imports torch: opening a store and reading history do not
-
-        return Reader(
-            self.store.objects,
-            self.store.index,
-            self.manifest,
-            f"snapshot {self.ref}",
-            self.store.threads,
-            progress=self.progress,
-        )

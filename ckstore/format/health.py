@@ -19,7 +19,7 @@ that should have changed since ``stale_base``, the run's previous snapshot at a 
 and did not (same chunk ids); it is absent when there was nothing to compare with.
 
 This module is torch-free: reading history (``ckstore show``, ``log``, ``ckstore ui``) parses
-it without importing torch. The take side is :mod:`ckstore.engine.guard`.
+it without importing torch. The take side is :mod:`ckstore.engine.take.guard`.
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def _with_health(k: KeyDiff, a: Health | None, b: Health | None) -> KeyDiff:
 
 def _savings(snap_a: SnapshotView, snap_b: SnapshotView) -> DeltaSavings:
     """What B stores beyond A, and how much of it as deltas (from the index alone)."""
-    index = snap_b.store.index
+    index = snap_b.repo.index
     new = index.snapshot_chunk_ids(snap_b.id) - index.snapshot_chunk_ids(snap_a.id)
     recs = [r for cid, r in index.chunk_locations(new).items() if cid in new]
     deltas = [r for r in recs if r.base_id is not None]
@@ -138,7 +138,7 @@ def _savings(snap_a: SnapshotView, snap_b: SnapshotView) -> DeltaSavings:
 
 # --- classification --------------------------------------------------------------------------
 def _entry_records(snap: SnapshotView) -> dict[str, EntryRecord]:
-    records = snap.store.index.entries(snap.record.manifest_id)
+    records = snap.repo.index.entries(snap.record.manifest_id)
     if not records and snap.manifest.entries:  # an index without entry rows: use the manifest
         records = [
             EntryRecord(k, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))

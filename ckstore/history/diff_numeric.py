@@ -124,7 +124,7 @@ class _BoxReader:
         if i not in self.cache:
             c = self.chunks[i]
             if self.locs is None:
-                self.locs = self.snap.store.index.chunk_locations({c.id for c in self.chunks})
+                self.locs = self.snap.repo.index.chunk_locations({c.id for c in self.chunks})
             rec = self.locs.get(c.id)
             if rec is None:
                 raise CorruptionError(
@@ -132,14 +132,12 @@ class _BoxReader:
                 )
             t = empty_for(self.entry.dtype, c.sizes)
             try:
-                self.snap.store.objects.read_chunk(
-                    to_location(rec, self.locs), out=writable_view(t)
-                )
+                self.snap.repo.objects.read_chunk(to_location(rec, self.locs), out=writable_view(t))
             except ObjectNotFoundError:  # compaction or gc moved it meanwhile: look it up again
-                self.locs.update(self.snap.store.index.chunk_locations([c.id]))
+                self.locs.update(self.snap.repo.index.chunk_locations([c.id]))
                 if c.id not in self.locs:
                     raise
-                self.snap.store.objects.read_chunk(
+                self.snap.repo.objects.read_chunk(
                     to_location(self.locs[c.id], self.locs), out=writable_view(t)
                 )
             self.cache[i] = t

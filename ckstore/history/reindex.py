@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
-from ..engine.commit import entry_records
 from ..engine.lease import Lease
 from ..engine.locations import to_records
+from ..engine.take.commit import entry_records
 from ..errors import CkstoreError, ConflictError, CorruptionError
 from ..format.health import summary as health_summary
 from ..format.manifest import Manifest, PerRankEntry

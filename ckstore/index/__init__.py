@@ -4,7 +4,7 @@ Works on SQLite and PostgreSQL. Never imports torch or the object layer.
 """
 
 from ckstore.index._refnames import tag_specs
-from ckstore.index.engine import make_engine
+from ckstore.index.db import make_engine
 from ckstore.index.index import Index
 from ckstore.index.names import validate_name
 from ckstore.index.records import (

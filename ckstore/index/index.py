@@ -40,14 +40,8 @@ from ckstore.index import _commit, _convert, _refnames, _resolve, _sql
 from ckstore.index._errors import translated
 from ckstore.index._sql import batches, check_lease, insert, insert_ignore, unique
 from ckstore.index.compaction import CompactionMixin
+from ckstore.index.db import READONLY, display_url, is_memory_sqlite, is_read_only_url, make_engine
 from ckstore.index.edits import EditsMixin
-from ckstore.index.engine import (
-    READONLY,
-    display_url,
-    is_memory_sqlite,
-    is_read_only_url,
-    make_engine,
-)
 from ckstore.index.maintenance import MaintenanceMixin
 from ckstore.index.records import (
     ChunkRecord,
@@ -56,7 +50,7 @@ from ckstore.index.records import (
     SessionRecord,
     SnapshotRecord,
 )
-from ckstore.index.remotes import RemotesMixin
+from ckstore.index.remote import RemotesMixin
 from ckstore.index.schema import ensure_schema
 from ckstore.index.sharing import SharingMixin
 

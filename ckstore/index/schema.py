@@ -25,7 +25,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, Engine
 
 from ckstore.errors import NotFoundError, SchemaError
-from ckstore.index.engine import READONLY, display_url, make_engine
+from ckstore.index.db import READONLY, display_url, make_engine
 from ckstore.index.models import metadata
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def ensure_schema(
     """Checks the schema of an index database, creating it when the database is empty.
 
     Args:
-        engine: Engine from :func:`ckstore.index.engine.make_engine`.
+        engine: Engine from :func:`ckstore.index.db.make_engine`.
         create: Whether an empty database gets the schema (else NotFoundError).
         script_location: Migration scripts directory (tests only).
 

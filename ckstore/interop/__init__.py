@@ -190,7 +190,7 @@ def export_snapshot(
         raise NotFoundError(
             f"snapshot {view.ref}: no key matches {list(keys or [])!r}; list them with `ckstore ls {view.id[:12]}`"
         )
-    budget = view.store.memory_budget if memory_budget is None else memory_budget
+    budget = view.repo.memory_budget if memory_budget is None else memory_budget
     if budget is None:  # the store's default: the most a restore stages by default
         budget = budget_cap()
     src = load_source(view)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..engine.restore.reader import Reader
 from ..engine.view import SnapshotView
 from ..errors import InvalidInputError
 from ..format.dtypes import dtype_from_name, dtype_name
@@ -286,7 +287,7 @@ def _save_planner_class() -> Any:
         ) -> None:
             super().__init__(dedup_save_to_lowest_rank=False)
             self.view = view
-            self.reader = view.reader()
+            self.reader = Reader.of(view)
             self.key_of = key_of
             self.layout = layout
             self.budget = budget

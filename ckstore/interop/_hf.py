@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..engine.restore.reader import Reader
 from ..engine.view import SnapshotView
 from ..errors import InvalidInputError
 from ..format.digests import SIDECAR
@@ -236,7 +237,7 @@ def _write_shards(
             "ckstore.step": "" if view.step is None else str(view.step),
         }
     )
-    reader = view.reader()
+    reader = Reader.of(view)
     for name, items in zip(names, shards):
         with open(os.path.join(out, name), "wb") as f:
             write_stream(f, items, meta, tensor_bytes(reader, view, [p.key for p in items], budget))
@@ -264,7 +265,7 @@ def _write_torch_files(
         if not mine:
             continue
         with Spill(budget, out) as spill:
-            obj = build_objects(view, mine, spill, view.reader())[app]
+            obj = build_objects(view, mine, spill, Reader.of(view))[app]
             torch.save(obj, inside(out, rel, f"snapshot {view.ref}"))
             digests[rel] = object_digests(obj)
         written.append(rel)
@@ -275,7 +276,7 @@ def _write_kept(view: SnapshotView, out: str) -> list[str]:
     kept = kept_files(view)
     if not kept:
         return []
-    reader = view.reader()
+    reader = Reader.of(view)
     for rel, key in kept.items():
         dest = inside(out, rel, f"snapshot {view.ref}")
         os.makedirs(os.path.dirname(dest), exist_ok=True)

@@ -1,6 +1,6 @@
 """Reading a snapshot for export: tensors in budget-sized pieces, or whole objects rebuilt.
 
-Every read goes through the snapshot's :class:`~ckstore.engine.restore.Reader`, which fetches
+Every read goes through the snapshot's :class:`~ckstore.engine.restore.reader.Reader`, which fetches
 each chunk once and re-hashes it against its id (I3): an export never writes bytes that do not
 match what was stored.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..engine.restore import Reader
+from ..engine.restore.reader import Reader
 from ..engine.view import SnapshotView
 from ..errors import UnsupportedValueError
 from ..format.dtypes import dtype_from_name

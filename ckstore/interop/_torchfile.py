@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..engine.restore.reader import Reader
 from ..engine.view import SnapshotView
 from ._apps import app_state_of, is_flat
 from ._digests import object_digests
@@ -60,7 +61,7 @@ def export(
 ) -> dict[str, Any]:
     name = src.name if src is not None and src.format == "torch" else DEFAULT_NAME
     with Spill(budget, out) as spill:
-        objs = build_objects(view, keys, spill, view.reader())
+        objs = build_objects(view, keys, spill, Reader.of(view))
         saved = weights_only_safe(export_object(objs, src))
         torch.save(saved, inside(out, name, f"snapshot {view.ref}"))
         digests = object_digests(saved)

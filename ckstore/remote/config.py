@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..engine.repository import is_local, local_path, open_repository
+from ..engine.opening import is_local, local_path, open_repository
 from ..errors import InvalidInputError, NotFoundError
 from ..index import RemoteRecord, validate_name
 

@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..engine.commit import commit_manifest
 from ..engine.lease import Lease
 from ..engine.progress import ProgressFn, meter
 from ..engine.repository import describe
+from ..engine.take.commit import commit_manifest
 from ..errors import ConflictError, InvalidInputError, LeaseExpiredError, SnapshotNotFoundError
 from ..format.manifest import Manifest
 from ..index import SnapshotRecord

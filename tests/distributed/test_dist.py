@@ -247,7 +247,7 @@ def test_stuck_rank_others_fail_at_the_timeout(tmp_path: Path) -> None:
 
 def test_reader_decodes_non_contiguous_pieces(tmp_path: Path) -> None:
     """Single process: a manifest whose chunks are column pieces restores exactly."""
-    from ckstore.engine.restore import Reader
+    from ckstore.engine.restore.reader import Reader
 
     with ckstore.open(tmp_path / "s", **sc.TINY, create=True) as store:
         t = torch.arange(20 * 33, dtype=torch.float32).reshape(20, 33)

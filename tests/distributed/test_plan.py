@@ -20,7 +20,7 @@ from ckstore.distributed._plan import (
     same,
 )
 from ckstore.distributed.take import _writes
-from ckstore.engine.packing import Chunk, TakeOptions
+from ckstore.engine.take.packing import Chunk, TakeOptions
 from ckstore.errors import DistributedError
 from ckstore.format.boxes import pieces
 from ckstore.format.dtypes import itemsize

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import ckstore
+from ckstore.engine.take import single
 
 
 def _pack_bytes(store) -> int:
@@ -59,20 +60,21 @@ def test_budget_from_the_environment(store_path, monkeypatch):
     assert ckstore.open(store_path, create=True).staging_budget == 777
 
 
-def test_a_loop_of_async_takes_reuses_its_staging_memory_and_each_snapshot_stays_right(store):
+def test_a_loop_of_async_takes_reuses_its_staging_memory_and_each_snapshot_stays_right(
+    store, monkeypatch
+):
     """The second take copies into the first one's staging arena (memory already touched), only
     once the first is done with it; a take still running keeps its own."""
     state = _state()
-    repo = store.repository
     wants, snaps, arenas = [], [], []
-    real = repo.staging_arena
+    real = single.arena_for
 
-    def spy(nbytes: int, pinned: bool = False):
-        arena = real(nbytes, pinned)
+    def spy(repo, nbytes: int, pinned: bool = False):
+        arena = real(repo, nbytes, pinned)
         arenas.append(arena)
         return arena
 
-    repo.staging_arena = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(single, "arena_for", spy)
     for step in range(3):
         wants.append({k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)})
         snaps.append(store.async_take({"s": state}, run="r", step=step).wait(timeout=60))

@@ -15,6 +15,7 @@ import torch
 
 import ckstore
 from ckstore import objects
+from ckstore.engine.restore.reader import Reader
 from ckstore.objects.delta import encode_delta, xor_into
 from ckstore.objects.packs import DELTA_FORMAT_VERSION, FORMAT_VERSION, HEADER, load_pack_index
 from tests.support.deltas import KNOBS, App, depths, restores, take_all, train
@@ -224,7 +225,7 @@ def test_du_and_diff_report_delta_savings(tmp_path: Path) -> None:
 
 def test_distributed_take_refuses_deltas_clearly(tmp_path: Path) -> None:
     from ckstore import _takes
-    from ckstore.engine.spec import TakeSpec
+    from ckstore.engine.take.spec import TakeSpec
 
     with pytest.raises(ckstore.InvalidInputError, match="distributed take"):
         _takes._no_dist_deltas(TakeSpec.of(run="r", delta_base="parent"))
@@ -424,7 +425,7 @@ def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decode
     or without them against fingerprints taken in the first pass) *before* decoding into the
     caller's tensor (docs/RELIABILITY.md, I3): a delta's chain too, so a payload changed
     between the passes leaves that chunk's elements untouched, never wrong."""
-    from ckstore.engine.restore import apply, prepare
+    from ckstore.engine.restore.phases import apply, prepare
 
     states = train(2)
     with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
@@ -438,7 +439,7 @@ def test_a_delta_payload_that_changes_between_the_restore_passes_is_never_decode
             key=lambda r: r.chunk_id,
         )
         dest = {k: torch.zeros_like(v) for k, v in states[1].items()}
-        reader = snap.view.reader()
+        reader = Reader.of(snap.view)
         prepared = prepare(reader, {"m": App(dest)}, budget=0)  # nothing staged: all read again
         pack = Path(store.url) / ckstore.objects.pack_name(delta.pack_id)
         data = bytearray(pack.read_bytes())

@@ -13,6 +13,7 @@ import torch
 import ckstore
 from ckstore.engine import devices
 from ckstore.engine.devices import Copier, HostPool
+from ckstore.engine.restore.reader import Reader
 from tests.support.states import forget_payload_digests
 
 
@@ -124,7 +125,7 @@ def _zeros_like(state: dict[str, ckstore.StateDict]) -> dict[str, ckstore.StateD
 def test_take_stages_device_chunks_through_a_bounded_pool(
     store: ckstore.Store, late: LateCopier, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ckstore.engine import device_stage
+    from ckstore.engine.take import device_staging as device_stage
 
     monkeypatch.setattr(device_stage, "DEVICE_STAGING_BYTES", 4 * store.config.chunk_bytes)
     src = _state()
@@ -162,14 +163,14 @@ def test_restore_into_device_destinations_goes_through_host_buffers(
 def test_a_payload_that_changes_between_the_passes_is_refused(
     store: ckstore.Store, digests: bool
 ) -> None:
-    from ckstore.engine.restore import apply, prepare
+    from ckstore.engine.restore.phases import apply, prepare
 
     src = _state(2)
     snap = store.take(src, run="r")
     if not digests:
         forget_payload_digests(store)
     dest = _zeros_like(src)
-    reader = snap.view.reader()
+    reader = Reader.of(snap.view)
     prepared = prepare(reader, dest, budget=0)  # nothing staged: every chunk is read again
     if digests:  # checked against the recorded digests, nothing decoded
         assert all(j.staged is None and j.checked and j.fingerprint is None for j in prepared.jobs)

@@ -287,7 +287,7 @@ def test_imported_optimizer_moments_are_checked(tmp_path: Path) -> None:
 def test_chunks_of_a_clean_parent_tensor_are_not_measured_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ckstore.engine import guard as guard_module
+    from ckstore.engine.take import guard as guard_module
 
     measured: list[int] = []
     real = guard_module.chunk_stats
@@ -321,7 +321,8 @@ def test_device_chunks_are_measured_once_their_copy_landed(
 ) -> None:
     """Device tensors reach the guard as host buffers filled by asynchronous copies; routed
     through those paths (late copies), the figures equal a plain take's."""
-    from ckstore.engine import device_stage, devices
+    from ckstore.engine import devices
+    from ckstore.engine.take import device_staging as device_stage
     from tests.engine.test_devices import LateCopier
 
     gen = torch.Generator().manual_seed(4)

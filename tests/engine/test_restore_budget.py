@@ -96,7 +96,7 @@ def test_a_small_restore_runs_on_the_calling_thread_and_a_large_one_on_workers(
 ) -> None:
     """Below ``fetch.INLINE_BYTES`` starting worker threads costs more than it saves: no pool
     is made. Above it the chunks are spread over the store's threads. Both restore exactly."""
-    from ckstore.engine import fetch
+    from ckstore.engine.restore import fetch
 
     made: list[int] = []
     real = fetch.ThreadPoolExecutor

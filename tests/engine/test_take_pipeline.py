@@ -15,7 +15,8 @@ import torch
 
 import ckstore
 from ckstore import objects
-from ckstore.engine import local_take, packing
+from ckstore.engine.take import local as local_take
+from ckstore.engine.take import packing
 from ckstore.errors import StorageError
 
 

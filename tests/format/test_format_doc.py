@@ -16,7 +16,8 @@ import torch
 
 from ckstore import objects
 from ckstore.engine.config import FEATURES, FORMAT_VERSION, StoreConfig
-from ckstore.engine.take import TakeOptions, finish_entries, plan
+from ckstore.engine.take.packing import TakeOptions
+from ckstore.engine.take.plan import finish_entries, plan
 from ckstore.format.grid import make_grid
 from ckstore.format.manifest import Manifest
 from ckstore.objects import packs as packs_mod

@@ -17,6 +17,7 @@ import torch
 
 import ckstore
 from ckstore import objects
+from ckstore.engine.restore.reader import Reader
 from ckstore.history.compact import loose_pending
 from tests.support.deltas import App, restores
 
@@ -294,14 +295,14 @@ def test_a_restore_follows_a_chunk_compaction_rewrote_between_its_passes(tmp_pat
     """An atomic restore checked a loose payload in its first pass; compaction then rewrote the
     chunk densely and gc deleted the loose pack: the second pass finds the chunk's new, different
     payload and verifies it before it touches the destination."""
-    from ckstore.engine.restore import apply, prepare
+    from ckstore.engine.restore.phases import apply, prepare
 
     states = _run(2)
     with ckstore.open(tmp_path / "s", create=True, auto_compact=False, **KNOBS) as store:
         old = store.take({"m": App(dict(states[0]))}, run="r", step=0)
         store.take({"m": App(dict(states[1]))}, run="r", step=1)
         dest = {k: torch.zeros_like(v) for k, v in states[0].items()}
-        reader = old.view.reader()
+        reader = Reader.of(old.view)
         prepared = prepare(reader, {"m": App(dest)}, budget=0)  # nothing staged: all read again
         assert store.compact().chunks > 0
         assert store.gc(grace_seconds=0).packs_removed > 0

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import ckstore
+from ckstore.engine.restore.reader import Reader
 from ckstore.history.policy import Policy
 from ckstore.index import SnapshotRecord
 from tests.support.gc_workers import drifting_state_for, state_for
@@ -210,7 +211,7 @@ def test_a_restore_follows_chunks_that_gc_moved_while_it_ran(
     """A reader that located its chunks before gc repacked them and deleted the old pack (its
     grace period over) looks them up again and reads them at their new place, instead of
     failing with ObjectNotFoundError (docs/RELIABILITY.md, I4)."""
-    from ckstore.engine.restore import apply, prepare
+    from ckstore.engine.restore.phases import apply, prepare
     from tests.support.states import forget_payload_digests
 
     g = torch.Generator().manual_seed(7)
@@ -222,7 +223,7 @@ def test_a_restore_follows_chunks_that_gc_moved_while_it_ran(
             forget_payload_digests(store)
         old_packs = set(store.repository.objects.list_packs())
         dest = {"m": ckstore.StateDict(keep=torch.zeros(64, 64))}
-        reader = store.get("solo").view.reader()
+        reader = Reader.of(store.get("solo").view)
         prepared = prepare(
             reader, dest, budget=0, atomic=atomic
         )  # located (and, atomic, checked) now

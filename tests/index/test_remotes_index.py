@@ -11,7 +11,7 @@ from sqlalchemy import text
 
 from ckstore.errors import ConflictError, InvalidInputError, NotFoundError, SchemaError
 from ckstore.index import ChunkRecord, Index, PackRecord, RemoteRecord, upgrade
-from ckstore.index.engine import make_engine
+from ckstore.index.db import make_engine
 
 from . import fixture_data_0003 as frozen
 from .helpers import ENTRIES, add_chunks, cid, snapshot

@@ -62,7 +62,7 @@ FACADE = {
     "ckstore",
     "ckstore._history_verbs",
     "ckstore._locate",
-    "ckstore._remotes",
+    "ckstore._remote_verbs",
     "ckstore._takes",
     "ckstore.snapshot",
     "ckstore.store",
@@ -188,6 +188,40 @@ def test_no_import_cycles() -> None:
     assert not cycles, f"import cycles: {cycles}"
 
 
+# Inside the engine: two flows over a ground. The ground (repository, opening, config, view,
+# interfaces, locations, lease, progress, stateful, devices) imports neither flow; a restore may
+# use the take's grid and hashing (verify_live), a take never imports the restore.
+ENGINE_FLOWS: dict[str, set[str]] = {"ground": set(), "take": set(), "restore": {"take"}}
+
+
+def engine_part(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] != "engine":
+        return None
+    return parts[2] if len(parts) > 2 and parts[2] in ENGINE_FLOWS else "ground"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if engine_part(m)))
+def test_engine_flows_stand_on_the_ground(module: str) -> None:
+    mine = engine_part(module)
+    assert mine is not None
+    for target in sorted(GRAPH[module]):
+        theirs = engine_part(target)
+        if theirs is None or theirs == mine:
+            continue
+        assert theirs == "ground" or theirs in ENGINE_FLOWS[mine], (
+            f"{module} (engine {mine}) imports {target} (engine {theirs}): the ground imports "
+            "neither flow, and a take never imports the restore"
+        )
+
+
+def test_engine_packages_are_empty() -> None:
+    """Importing a flow's package runs nothing (torch-free reads stay torch-free)."""
+    for pkg in ("engine", "engine/take", "engine/restore"):
+        text = (ROOT / pkg / "__init__.py").read_text()
+        assert not [n for n in ast.parse(text).body if not isinstance(n, ast.Expr)], pkg
+
+
 def test_the_checker_sees_lazy_and_relative_imports() -> None:
     """The graph is built right: a lazy import inside a function and ``from . import x`` count."""
     assert "ckstore.snapshot" in GRAPH["ckstore.store"]
@@ -240,6 +274,55 @@ def _private_imports(module: str, path: Path) -> list[str]:
 def test_no_import_reaches_past_privacy(module: str) -> None:
     """One privacy rule: ``_name`` is its module's own, ``_module`` its package's own."""
     assert not _private_imports(module, MODULES[module]), _private_imports(module, MODULES[module])
+
+
+def _module_aliases(module: str, path: Path) -> dict[str, str]:
+    """Local names bound to ckstore modules by ``module``'s imports (name -> dotted module)."""
+    is_pkg = path.name == "__init__.py"
+    here = module.split(".") if is_pkg else module.split(".")[:-1]
+    out: dict[str, str] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "ckstore" and a.asname:
+                    out[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                target = ".".join(
+                    here[: len(here) - (node.level - 1)] + ([node.module] if node.module else [])
+                )
+            elif (node.module or "").split(".")[0] == "ckstore":
+                target = str(node.module)
+            else:
+                continue
+            for a in node.names:
+                if f"{target}.{a.name}" in MODULES:
+                    out[a.asname or a.name] = f"{target}.{a.name}"
+    return out
+
+
+def _private_attributes(module: str, path: Path) -> list[str]:
+    """``mod._name`` where ``mod`` is another ckstore module imported here."""
+    aliases = _module_aliases(module, path)
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and _private(node.attr)
+            and aliases[node.value.id] != module
+        ):
+            bad.append(f"{aliases[node.value.id]}.{node.attr} (line {node.lineno})")
+    return bad
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_attribute_reaches_past_privacy(module: str) -> None:
+    """``mod._name`` of another module is as private as ``from mod import _name``."""
+    assert not _private_attributes(module, MODULES[module]), _private_attributes(
+        module, MODULES[module]
+    )
 
 
 MAX_LINES = 500

@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from ckstore.index.engine import make_engine
+from ckstore.index.db import make_engine
 from ckstore.index.models import metadata
 
 config = context.config

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from ..errors import MismatchError, UnsupportedValueError
-from ..format.manifest import Entry, Manifest
-from ..format.tree import join
-from ..format.values import decode_value, encode_value, is_plain
+from ...errors import MismatchError, UnsupportedValueError
+from ...format.manifest import Entry, Manifest
+from ...format.tree import join
+from ...format.values import decode_value, encode_value, is_plain
 
 DCP_APP = "dcp"
 

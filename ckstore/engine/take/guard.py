@@ -1,13 +1,13 @@
 """A take's guard: health figures while hashing, staleness against the run's previous snapshot,
 and what the take does about them (``on_nonfinite``, ``on_stale``).
 
-One :class:`TakeGuard` per :class:`~ckstore.engine.local_take.LocalTake`, so every take path
+One :class:`TakeGuard` per :class:`~ckstore.engine.take.local.LocalTake`, so every take path
 (single-process, async, import, distributed, DCP) has it:
 
 1. ``watch(dtypes)``: the take path names its tensors' dtypes (chunk key -> dtype name) once
    planned; floating-point ones get figures.
 2. ``hash_chunk`` runs on the take's workers in place of a bare hash: the chunk id, and for a
-   watched chunk its :func:`~ckstore.engine.tensor_stats.chunk_stats`, from the same bytes.
+   watched chunk its :func:`~ckstore.engine.take.statistics.chunk_stats`, from the same bytes.
    Figures are kept per (dtype, chunk id): identical bytes give identical figures, and a
    tensor's figures are the sums over its chunk refs, however its chunks were deduplicated or
    spread over ranks (``partials`` / ``merge`` carry them to the rank that commits). Chunks
@@ -15,7 +15,7 @@ One :class:`TakeGuard` per :class:`~ckstore.engine.local_take.LocalTake`, so eve
    again: a tensor all of whose chunks are its parent's keeps the parent's figures; one only
    partly so has exact NaN/Inf counts and no norm (``null``).
 3. ``assess(entries)``, when the manifest is built: the figures per key (inline
-   tensors measured there), and the keys that should have changed (``engine/trainable.py``)
+   tensors measured there), and the keys that should have changed (``engine/take/trainable.py``)
    whose content (chunk ids, or inline bytes) equals that in the run's latest snapshot while
    the step advanced. Then the policy: warn once per key pattern, raise (nothing is
    committed), or stay silent; the findings go into the manifest header either way.
@@ -29,15 +29,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .. import objects
-from ..errors import NonFiniteError, NonFiniteWarning, StaleStateError, StaleStateWarning
-from ..format import health as fh
-from ..format.manifest import Entry, Manifest, PerRankEntry, TensorEntry
-from ..index import SnapshotRecord
+from ... import objects
+from ...errors import NonFiniteError, NonFiniteWarning, StaleStateError, StaleStateWarning
+from ...format import health as fh
+from ...format.manifest import Entry, Manifest, PerRankEntry, TensorEntry
+from ...index import SnapshotRecord
+from ..repository import Repository
 from .packing import Chunk
-from .repository import Repository
 from .spec import TakeSpec
-from .tensor_stats import Stats, chunk_stats, measured
+from .statistics import Stats, chunk_stats, measured
 from .trainable import should_change
 
 

@@ -3,7 +3,7 @@
 A take's workers hash each chunk (``LocalTake.hash``); for a floating-point chunk they also
 call :func:`chunk_stats` on the same bytes, still in cache: NaN and Inf element counts and
 the sum of squares of the finite elements. The figures of a tensor are the sums over its
-chunks (``engine/guard.py``).
+chunks (``engine/take/guard.py``).
 
 The common case costs one reduction in the tensor's own dtype (``torch.linalg.vector_norm``,
 which accumulates 16-bit floats in float32): a finite norm proves there is no NaN or Inf.
@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from ..format.dtypes import DTYPES
+from ...format.dtypes import DTYPES
 
 Stats = tuple[int, int, float]
 """(NaN elements, Inf elements, sum of squares of the finite elements)."""

@@ -1,6 +1,6 @@
 """Packing: encode missing chunks in parallel and write them into packs, several at once.
 
-The write half of a take (:class:`~ckstore.engine.local_take.LocalTake` decides what is
+The write half of a take (:class:`~ckstore.engine.take.local.LocalTake` decides what is
 missing and feeds the pipeline). Packs are made durable before they are indexed (I1).
 """
 
@@ -13,15 +13,18 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import objects
-from ..errors import CorruptionError, ObjectNotFoundError
-from ..index import ChunkRecord, PackRecord
-from .interfaces import WriteIndex
-from .locations import to_records
+from ... import objects
+from ...errors import CorruptionError, ObjectNotFoundError
+from ...index import ChunkRecord, PackRecord
+from ..interfaces import WriteIndex
+from ..locations import to_records
+
+if TYPE_CHECKING:
+    from ..repository import Repository
 
 
 @dataclass(frozen=True)
@@ -43,13 +46,28 @@ class TakeOptions:
     raw: bool = False
     """Store whole chunks as they are (codec ``none``, no encoding work), in loose packs."""
 
+    @classmethod
+    def of(cls, repo: Repository, deltas: bool = False) -> TakeOptions:
+        """The options a take into ``repo`` runs with (``deltas``: it has a base)."""
+        return cls(
+            chunk_bytes=repo.config.chunk_bytes,
+            pack_bytes=repo.config.pack_bytes,
+            inline_bytes=repo.config.inline_bytes,
+            threads=repo.threads,
+            lease_seconds=repo.lease_seconds,
+            io_threads=repo.io_threads,
+            delta_depth=repo.delta_depth if deltas else 0,
+            fast=repo.take_codec != "dense",
+            raw=repo.take_codec == "raw",
+        )
+
 
 @dataclass
 class Chunk:
     """One grid chunk of a tensor: a zero-copy view of its raw bytes, and its id once hashed.
 
     A chunk of a device tensor (``source``: its flat uint8 bytes on the device) has no host
-    bytes until a take stages it (``engine/device_stage.py``): ``view`` is then a host buffer
+    bytes until a take stages it (``engine/take/device_staging.py``): ``view`` is then a host buffer
     of a bounded pool, valid once ``transfer`` completed.
     """
 

@@ -19,13 +19,20 @@ from typing import Any
 
 import torch
 
-from .. import objects
-from ..format.manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueEntry, canonical_json
-from ..format.tensors import byte_view
-from ..format.tree import flatten, is_array
-from ..format.values import encode_value
+from ... import objects
+from ...format.manifest import (
+    Entry,
+    Manifest,
+    PerRankEntry,
+    TensorEntry,
+    ValueEntry,
+    canonical_json,
+)
+from ...format.tensors import byte_view
+from ...format.tree import flatten, is_array
+from ...format.values import encode_value
+from ..take.plan import state_dicts
 from .dcp_keys import dcp_overlay, is_dcp_manifest
-from .take import state_dicts
 
 
 @dataclass
@@ -112,7 +119,7 @@ def _same(entry: Entry, value: Any, rank: int) -> bool | None:
 
 
 def _same_tensor(entry: TensorEntry, t: torch.Tensor) -> bool:
-    from ..format.dtypes import dtype_name
+    from ...format.dtypes import dtype_name
 
     if tuple(t.shape) != tuple(entry.shape) or dtype_name(t.dtype, "live") != entry.dtype:
         return False

@@ -19,11 +19,40 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..format.manifest import Manifest, TensorEntry
-from ..index import ChunkRecord
-from .interfaces import WriteIndex
-from .locations import to_location
+from ...format.manifest import Manifest, TensorEntry
+from ...index import ChunkRecord
+from ..config import check_delta_base
+from ..interfaces import WriteIndex
+from ..locations import to_location
+from ..repository import Repository
 from .packing import Chunk
+
+
+def base_manifest(repo: Repository, delta_base: str | None, run: str) -> Manifest | None:
+    """The manifest a take into ``run`` stores deltas against: that of ``delta_base``
+    (``"parent"``: the run's latest snapshot, none for a new run), or None.
+
+    ``"parent"`` is deferred to compaction while it runs after takes (``auto_compact``, loose
+    takes): compaction stores each loose chunk as a delta against the same place in the
+    snapshot's parent anyway, against a dense keyframe, off the critical path; a take-time
+    delta would cost the take time and pin its base loose (bases stay whole).
+
+    Raises:
+        SnapshotNotFoundError: ``delta_base`` is a ref that names no snapshot.
+    """
+    delta_base = check_delta_base(delta_base)
+    if delta_base is None or repo.delta_depth == 0:
+        return None
+    if delta_base == "parent" and repo.compacts_later:
+        return None
+    if delta_base == "parent":
+        latest = repo.index.list_snapshots(run=run, limit=1)
+        if not latest:
+            return None
+        record = latest[0]
+    else:
+        record = repo.index.resolve(delta_base)
+    return repo.load_manifest(record)
 
 
 def attach_bases(

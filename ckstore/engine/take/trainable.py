@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..format.tree import join
+from ...format.tree import join
 
 MOMENTS = (
     "exp_avg",

@@ -1,6 +1,6 @@
 """Staging chunks of device tensors (GPU) into host memory for a take, through bounded pools.
 
-A take hashes, looks up and encodes chunks batch by batch (``engine/take.py``). For a chunk of a
+A take hashes, looks up and encodes chunks batch by batch (``engine/take/single.py``). For a chunk of a
 device tensor, :func:`stage` takes a buffer from its device's :class:`~.devices.HostPool`
 (pinned for CUDA) and starts the device-to-host copy on the copier's side stream; hashing waits
 for each chunk's own copy (``Chunk.ready``), so copies overlap the hashing of the chunks before
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from . import devices
-from .devices import Copier, HostPool
+from .. import devices
+from ..devices import Copier, HostPool
 from .packing import Chunk
 
 DEVICE_STAGING_BYTES = 128 << 20

@@ -17,8 +17,8 @@ serves replicated entries to new ranks).
 
 from __future__ import annotations
 
-from ..errors import KeyNotFoundError
-from ..format.manifest import Entry, Manifest, PerRankEntry
+from ...errors import KeyNotFoundError
+from ...format.manifest import Entry, Manifest, PerRankEntry
 
 
 def ranked_manifest(manifest: Manifest) -> dict[str, Entry]:

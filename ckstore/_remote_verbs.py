@@ -199,7 +199,7 @@ def clone(
         CorruptionError: a chunk of the source is damaged (named): the snapshot that needs it is
             not cloned (the others are; pull again once it is repaired).
     """
-    from .engine.repository import open_repository
+    from .engine.opening import open_repository
 
     # opened as a pull opens a remote (writable where it can be: its session pins what is read)
     source = open_repository(url, index=index, storage_options=storage_options)
@@ -227,7 +227,7 @@ def _new_store(
     Raises:
         DestinationExistsError: ``dest`` holds a store already.
     """
-    from .engine.repository import open_repository
+    from .engine.opening import open_repository
     from .errors import DestinationExistsError
 
     try:

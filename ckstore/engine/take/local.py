@@ -23,18 +23,18 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidInputError
-from ..format.manifest import Entry, Manifest
-from ..index import ChunkRecord, PackRecord, SnapshotRecord
+from ...errors import InvalidInputError
+from ...format.manifest import Entry, Manifest
+from ...index import ChunkRecord, PackRecord, SnapshotRecord
+from ..interfaces import WriteIndex
+from ..lease import Lease
+from ..progress import Meter, ProgressFn, meter
+from ..repository import Repository
 from .commit import commit_manifest, put_manifest
 from .deltas import resolve_bases
-from .device_stage import DeviceStager
+from .device_staging import DeviceStager
 from .guard import TakeGuard, remember
-from .interfaces import WriteIndex
-from .lease import Lease
 from .packing import Chunk, PackPipeline, TakeOptions, WriteStats, batches
-from .progress import Meter, ProgressFn, meter
-from .repository import Repository
 from .spec import TakeSpec
 
 HASH_BATCH_BYTES = 128 << 20
@@ -86,7 +86,7 @@ class LocalTake:
     ) -> None:
         self.repo = repo
         self.spec = spec
-        self.opts = opts or repo.take_options(deltas=spec.delta_base is not None)
+        self.opts = opts or TakeOptions.of(repo, deltas=spec.delta_base is not None)
         self.index: WriteIndex = repo.index
         self.started = time.time()
         self.stats = TakeStats()
@@ -97,7 +97,7 @@ class LocalTake:
         self._progress = progress
         self._meter: Meter | None = None
         self.guard = TakeGuard(spec, repo)
-        """Health figures while hashing, staleness and the policies (``engine/guard.py``)."""
+        """Health figures while hashing, staleness and the policies (``engine/take/guard.py``)."""
         self._lease: Lease | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._activity = ExitStack()

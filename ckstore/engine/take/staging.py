@@ -9,12 +9,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InvalidInputError
-from ..format.boxes import is_dtensor
-from ..format.limits import MAX_DEPTH
-from ..format.tensors import check_tensor
-from ..format.tree import join
-from ..objects.store import private_memory
+from ...errors import InvalidInputError
+from ...format.boxes import is_dtensor
+from ...format.limits import MAX_DEPTH
+from ...format.tensors import check_tensor
+from ...format.tree import join
+from ...objects.store import private_memory
+from ..repository import Repository
 
 ALIGN = 64
 """Staged copies start on 64-byte boundaries (cache lines; what vectorised code wants)."""
@@ -170,3 +171,25 @@ def _stage(obj: Any, key: str, depth: int) -> Any:
     if isinstance(obj, tuple) and not isinstance(obj, torch.Size):
         return tuple(_stage(v, join(key, str(i)), depth + 1) for i, v in enumerate(obj))
     return obj
+
+
+def arena_for(repo: Repository, nbytes: int, pinned: bool = False) -> StagingArena:
+    """An arena of at least ``nbytes`` for an async take's copies (``pinned``: page-locked,
+    for a state on a GPU): the one the repository's last async take gave back when it fits (its
+    pages are touched already: copies run at memory speed), else a new one. Give it back with
+    :func:`give_back` once the take is done."""
+    arena = repo.spare_staging.take()
+    if (
+        arena is not None
+        and arena.pinned == pinned
+        and nbytes <= arena.size <= 2 * nbytes + (64 << 20)
+    ):
+        arena.reset()
+        return arena
+    return StagingArena(nbytes, pinned)
+
+
+def give_back(repo: Repository, arena: StagingArena) -> None:
+    """Keep ``arena`` (no tensor cut from it is used any more) for the repository's next async
+    take; dropped when the repository closes."""
+    repo.spare_staging.offer(arena, lambda kept: kept.size < arena.size)

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from ..errors import InvalidInputError
-from ..format.health import POLICIES
-from ..format.limits import INT64_MAX, check_int, check_metadata, check_number
-from ..format.manifest import canonical_json, snapshot_header
-from ..index import tag_specs, validate_name
-from .config import check_delta_base
+from ...errors import InvalidInputError
+from ...format.health import POLICIES
+from ...format.limits import INT64_MAX, check_int, check_metadata, check_number
+from ...format.manifest import canonical_json, snapshot_header
+from ...index import tag_specs, validate_name
+from ..config import check_delta_base
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class TakeSpec:
         health: measure NaN, Inf and norms per tensor while hashing (False: skip it; the
             snapshot's health is then unknown). Staleness is checked either way.
         trainable: key globs of tensors that should change on every take, besides the live
-            parameters and optimizer moments recognised (``engine/trainable.py``).
+            parameters and optimizer moments recognised (``engine/take/trainable.py``).
         trainable_keys: keys of the live parameters that train, found by the facade on the
             app_state's modules (``trainable.trainable_keys``) before ``state_dict()``.
     """

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .. import objects
-from ..format.health import summary as health_summary
-from ..format.manifest import Manifest, entry_digest
-from ..index import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
-from .interfaces import WriteIndex
+from ... import objects
+from ...format.health import summary as health_summary
+from ...format.manifest import Manifest, entry_digest
+from ...index import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
+from ..interfaces import WriteIndex
 
 
 def entry_records(manifest: Manifest) -> list[EntryRecord]:

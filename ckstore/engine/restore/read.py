@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from ..errors import KeyNotFoundError, MismatchError
-from ..format.manifest import Manifest, PerRankEntry
-from ..format.tree import ABSENT, join, prune, subtree, tree_refs, unflatten
+from ...errors import KeyNotFoundError, MismatchError
+from ...format.manifest import Manifest, PerRankEntry
+from ...format.tree import ABSENT, join, prune, subtree, tree_refs, unflatten
 from .dcp_keys import DCP_APP, app_paths, is_dcp_manifest, nest, recorded_paths
-from .restore import Reader, check_destination, is_dtensor_dest
+from .reader import Reader, check_destination, is_dtensor_dest
 
 
 def read_object(reader: Reader, key: str, obj_out: Any = None) -> Any:
