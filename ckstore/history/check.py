@@ -78,7 +78,7 @@ class CheckReport:
 
 
 def check(
-    store: Repository,
+    repo: Repository,
     read_data: bool | float = False,
     seed: int | None = None,
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
@@ -95,17 +95,17 @@ def check(
     fraction = check_fraction("check: read_data", read_data)
     report = CheckReport()
     snapshots = (
-        store.index.list_snapshots()
+        repo.index.list_snapshots()
     )  # before the chunks: a take committing meanwhile adds both
-    chunks = {c.chunk_id: c for c in store.index.all_chunks()}
+    chunks = {c.chunk_id: c for c in repo.index.all_chunks()}
     report.chunks = len(chunks)
-    _check_snapshots(store, snapshots, chunks, report)
-    readable = _check_packs(store, chunks, report)
+    _check_snapshots(repo, snapshots, chunks, report)
+    readable = _check_packs(repo, chunks, report)
     if fraction > 0 and readable:
         chosen = choose_packs(readable, fraction, random.Random(seed))
-        _read_data(store, chosen, report, progress or (lambda it: it), chunks)
-    _drop_moved(store, report, chunks)
-    _name_users(store, report, chunks)
+        _read_data(repo, chosen, report, progress or (lambda it: it), chunks)
+    _drop_moved(repo, report, chunks)
+    _name_users(repo, report, chunks)
     return report
 
 
@@ -114,14 +114,14 @@ PACK_PROBLEMS = ("missing-pack", "unknown-pack", "pack", "remote-pack")
 every live chunk out of the pack and deleting it while the check ran."""
 
 
-def _drop_moved(store: Repository, report: CheckReport, chunks: dict[str, ChunkRecord]) -> None:
+def _drop_moved(repo: Repository, report: CheckReport, chunks: dict[str, ChunkRecord]) -> None:
     """Drop the pack problems of packs whose chunks all moved elsewhere since the check read
     the index (looked up again now): the pack was emptied and deleted meanwhile, no damage."""
     suspects = {p.object for p in report.problems if p.kind in PACK_PROBLEMS}
     if not suspects:
         return
     held = {c.chunk_id: c.pack_id for c in chunks.values() if c.pack_id in suspects}
-    now = store.index.chunk_locations(list(held))
+    now = repo.index.chunk_locations(list(held))
     still = {rec.pack_id for cid, rec in now.items() if rec.pack_id == held.get(cid)}
     gone = suspects - still
     if gone:
@@ -138,7 +138,7 @@ MAX_NAMED = 10
 """Snapshots and keys named in a problem's message (its fields hold them all)."""
 
 
-def _name_users(store: Repository, report: CheckReport, chunks: dict[str, ChunkRecord]) -> None:
+def _name_users(repo: Repository, report: CheckReport, chunks: dict[str, ChunkRecord]) -> None:
     """Add to each problem about a chunk or a pack the snapshots and keys it breaks."""
     in_pack: dict[str, set[str]] = defaultdict(set)
     deltas: dict[str, set[str]] = defaultdict(set)
@@ -159,8 +159,8 @@ def _name_users(store: Repository, report: CheckReport, chunks: dict[str, ChunkR
             broken[i] = ids
     if not broken:
         return
-    users = store.index.snapshots_using(set().union(*broken.values()))
-    named = _Names(store)
+    users = repo.index.snapshots_using(set().union(*broken.values()))
+    named = _Names(repo)
     for i, ids in broken.items():
         snaps = sorted({s for c in ids for s in users.get(c, ())}, key=named.order)
         if not snaps:
@@ -183,8 +183,8 @@ def _name_users(store: Repository, report: CheckReport, chunks: dict[str, ChunkR
 class _Names:
     """Snapshot labels and manifests, each read once."""
 
-    def __init__(self, store: Repository) -> None:
-        self._store = store
+    def __init__(self, repo: Repository) -> None:
+        self._store = repo
         self._manifests: dict[str, Manifest | None] = {}
         self._records: dict[str, SnapshotRecord] = {}
 
@@ -236,7 +236,7 @@ def choose_packs(pack_ids: list[str], fraction: float, rng: random.Random) -> li
 
 
 def _check_snapshots(
-    store: Repository,
+    repo: Repository,
     snapshots: list[SnapshotRecord],
     chunks: dict[str, ChunkRecord],
     report: CheckReport,
@@ -246,7 +246,7 @@ def _check_snapshots(
         where = f"snapshot {snap.run}@{snap.step} ({snap.id[:12]})"
         try:
             manifest = Manifest.from_json(
-                store.objects.get_blob("manifests", snap.manifest_id), where
+                repo.objects.get_blob("manifests", snap.manifest_id), where
             )
         except CkstoreError as exc:
             report.add("manifest", snap.manifest_id, f"{where}: manifest unreadable: {exc}")
@@ -259,7 +259,7 @@ def _check_snapshots(
                 snap.id,
                 f"{where}: {len(missing)} chunk(s) unknown to the index, e.g. {min(missing)}",
             )
-        refs = store.index.snapshot_chunk_ids(snap.id)
+        refs = repo.index.snapshot_chunk_ids(snap.id)
         if refs != needed:
             report.add(
                 "references",
@@ -269,25 +269,25 @@ def _check_snapshots(
 
 
 def _check_packs(
-    store: Repository, chunks: dict[str, ChunkRecord], report: CheckReport
+    repo: Repository, chunks: dict[str, ChunkRecord], report: CheckReport
 ) -> list[str]:
     """Check every pack holding live chunks; return those whose chunk table could be read."""
     by_pack: dict[str, list[ChunkRecord]] = defaultdict(list)
     for c in chunks.values():
         by_pack[c.pack_id].append(c)
-    stored = set(store.objects.list_packs())
-    known = store.index.index_pack_ids()
+    stored = set(repo.objects.list_packs())
+    known = repo.index.index_pack_ids()
     report.orphan_packs = sorted(stored - known)
     report.orphan_manifests = sorted(
-        set(store.objects.list_blobs("manifests")) - store.index.index_manifest_ids()
+        set(repo.objects.list_blobs("manifests")) - repo.index.index_manifest_ids()
     )
     readable = []
-    rows = store.index.pack_row_ids()
-    remote = store.index.remote_pack_ids()
+    rows = repo.index.pack_row_ids()
+    remote = repo.index.remote_pack_ids()
     for pack_id, live in sorted(by_pack.items()):
         report.packs += 1
         if pack_id in remote:
-            _check_remote_pack(store, pack_id, remote[pack_id], live, report)
+            _check_remote_pack(repo, pack_id, remote[pack_id], live, report)
             continue
         if pack_id not in rows:
             report.add(
@@ -303,7 +303,7 @@ def _check_packs(
             )
             continue
         try:
-            idx = objects.load_pack_index(store.objects.backend, pack_id)
+            idx = objects.load_pack_index(repo.objects.backend, pack_id)
         except CkstoreError as exc:
             report.add("pack", pack_id, f"pack {pack_id} is unreadable: {exc}")
             continue
@@ -334,12 +334,12 @@ def _check_packs(
 
 
 def _check_remote_pack(
-    store: Repository, pack_id: str, remote: str, live: list[ChunkRecord], report: CheckReport
+    repo: Repository, pack_id: str, remote: str, live: list[ChunkRecord], report: CheckReport
 ) -> None:
     """A pack of a remote that rows of chunks evicted from this (local) tier point at: it must
     be there (its data is checked by a check of the remote)."""
     try:
-        there = store.objects.backend.exists(objects.pack_name(pack_id))
+        there = repo.objects.backend.exists(objects.pack_name(pack_id))
     except CkstoreError as exc:
         report.add(
             "remote-pack",
@@ -382,7 +382,7 @@ def _check_chains(chunks: dict[str, ChunkRecord], report: CheckReport) -> None:
 
 
 def _read_data(
-    store: Repository,
+    repo: Repository,
     pack_ids: list[str],
     report: CheckReport,
     progress: Callable[[Iterable[Any]], Iterable[Any]],
@@ -396,15 +396,15 @@ def _read_data(
         """The verified raw bytes of a delta's base, read through its own chain."""
         assert loc.base_id is not None
         if loc.base_id not in known:
-            known.update(store.index.chunk_locations([loc.base_id]))
+            known.update(repo.index.chunk_locations([loc.base_id]))
         rec = known.get(loc.base_id)
         if rec is None:
             raise CkstoreError("the index does not know it")
-        return store.objects.read_chunk(to_location(rec, known))
+        return repo.objects.read_chunk(to_location(rec, known))
 
     for pack_id in progress(pack_ids):
         try:
-            scan = objects.scan_pack(store.objects.backend, pack_id, bases=base_of)
+            scan = objects.scan_pack(repo.objects.backend, pack_id, bases=base_of)
         except CkstoreError as exc:
             report.add("pack", pack_id, f"pack {pack_id} could not be read whole: {exc}")
             continue

@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 
-def diff(store: Repository, a: str, b: str, numeric: bool = False) -> DiffResult:
+def diff(repo: Repository, a: str, b: str, numeric: bool = False) -> DiffResult:
     """Compare the snapshots that refs ``a`` and ``b`` name (see the module docstring).
 
     Args:
@@ -69,8 +69,8 @@ def diff(store: Repository, a: str, b: str, numeric: bool = False) -> DiffResult
         SnapshotNotFoundError: A ref names nothing.
         CorruptionError: A manifest or (with ``numeric``) a chunk read is damaged.
     """
-    snap_a = SnapshotView(store, store.index.resolve(a))
-    snap_b = SnapshotView(store, store.index.resolve(b))
+    snap_a = SnapshotView(repo, repo.index.resolve(a))
+    snap_b = SnapshotView(repo, repo.index.resolve(b))
     recs_a, recs_b = _entry_records(snap_a), _entry_records(snap_b)
     keys: list[KeyDiff] = []
     for key, rb in recs_b.items():

@@ -93,7 +93,7 @@ class UsageRow:
 
 
 def du(
-    store: Repository, progress: Callable[[Iterable[str]], Iterable[str]] | None = None
+    repo: Repository, progress: Callable[[Iterable[str]], Iterable[str]] | None = None
 ) -> list[UsageRow]:
     """Per-run usage rows in run order, then one store-wide total row (``run=None``).
 
@@ -101,13 +101,13 @@ def du(
         store: The store.
         progress: Optional wrapper around the pack iteration (e.g. a progress bar).
     """
-    with store.index._read("disk usage") as conn:
+    with repo.index._read("disk usage") as conn:
         rows = _run_rows(conn)
         total = _total_row(conn)
         only = _exclusive(conn)
     rows = [replace(r, exclusive_bytes=only.get(r.run or "", 0)) for r in rows]
-    pack_ids = store.objects.list_packs()
-    sizes = (store.objects.pack_size(p) for p in (progress(pack_ids) if progress else pack_ids))
+    pack_ids = repo.objects.list_packs()
+    sizes = (repo.objects.pack_size(p) for p in (progress(pack_ids) if progress else pack_ids))
     pack_bytes = sum(sizes)
     n, logical, stored, chunks, *deltas = total
     return [*rows, UsageRow(None, n, logical, stored, chunks, pack_bytes, len(pack_ids), *deltas)]
@@ -185,9 +185,9 @@ def _total_row(conn: Connection) -> tuple[int, ...]:
     return int(n), int(logical), int(stored), int(chunks), *(int(v) for v in deltas)
 
 
-def exclusive_bytes(store: Repository) -> dict[str, int]:
+def exclusive_bytes(repo: Repository) -> dict[str, int]:
     """Run -> stored bytes of the chunks only that run needs (see the module docstring)."""
-    with store.index._read("disk usage by run") as conn:
+    with repo.index._read("disk usage by run") as conn:
         return _exclusive(conn)
 
 

@@ -80,7 +80,7 @@ class GCReport:
 
 
 def gc(
-    store: Repository,
+    repo: Repository,
     *,
     keep_last: int | None = None,
     keep_every_steps: int | None = None,
@@ -123,37 +123,37 @@ def gc(
     report = GCReport(dry_run=dry_run, grace_seconds=grace_seconds)
     now = time.time()
     cutoff = now - grace_seconds
-    dropped = _forget(store, policy, report, dry_run)
+    dropped = _forget(repo, policy, report, dry_run)
     if dry_run:
-        _estimate(store, report, cutoff, dropped)
-        _grace_kept(store, report, cutoff, dropped)
-        report.sessions_held = [h.to_dict(now) for h in store.index.held_sessions()]
+        _estimate(repo, report, cutoff, dropped)
+        _grace_kept(repo, report, cutoff, dropped)
+        report.sessions_held = [h.to_dict(now) for h in repo.index.held_sessions()]
         return report
-    report.sessions_expired = store.index.expire_sessions(now)
-    report.sessions_held = [h.to_dict(now) for h in store.index.held_sessions()]
-    removed = store.index.prune_chunks(cutoff)
+    report.sessions_expired = repo.index.expire_sessions(now)
+    report.sessions_held = [h.to_dict(now) for h in repo.index.held_sessions()]
+    removed = repo.index.prune_chunks(cutoff)
     report.chunks_removed = len(removed)
     report.chunk_bytes_removed = sum(c.length for c in removed)
-    _repack_sparse(store, report, cutoff, repack_below, progress)
-    _delete_retired(store, report, time.time() - grace_seconds)
-    for mid in store.index.prune_manifests(cutoff):
-        store.objects.delete_blob("manifests", mid)
+    _repack_sparse(repo, report, cutoff, repack_below, progress)
+    _delete_retired(repo, report, time.time() - grace_seconds)
+    for mid in repo.index.prune_manifests(cutoff):
+        repo.objects.delete_blob("manifests", mid)
         report.manifests_removed += 1
-    _delete_orphans(store, report, cutoff)
-    _grace_kept(store, report, time.time() - grace_seconds, [])
+    _delete_orphans(repo, report, cutoff)
+    _grace_kept(repo, report, time.time() - grace_seconds, [])
     return report
 
 
-def _forget(store: Repository, policy: Policy, report: GCReport, dry_run: bool) -> list[str]:
-    snapshots = store.index.list_snapshots()
-    tagged = {t.snapshot_id for t in store.index.list_tags()}
-    unpushed = store.index.unpushed_to_tiers()  # retention never drops what only this store has
+def _forget(repo: Repository, policy: Policy, report: GCReport, dry_run: bool) -> list[str]:
+    snapshots = repo.index.list_snapshots()
+    tagged = {t.snapshot_id for t in repo.index.list_tags()}
+    unpushed = repo.index.unpushed_to_tiers()  # retention never drops what only this store has
     selected = policy.select(snapshots, tagged)
     drop = [s for s in selected if s.id not in unpushed]
     report.snapshots_kept_unpushed = len(selected) - len(drop)
     for s in drop:
         if not dry_run:
-            store.index.delete_snapshot(s.id)
+            repo.index.delete_snapshot(s.id)
         report.snapshots_dropped.append(
             f"{s.run}@{s.step}" if s.step is not None else f"{s.run} {s.id[:12]}"
         )
@@ -161,21 +161,21 @@ def _forget(store: Repository, policy: Policy, report: GCReport, dry_run: bool) 
     return [s.id for s in drop]
 
 
-def _estimate(store: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
-    chunks = store.index.unreferenced_chunks(cutoff, ignoring=dropped)
+def _estimate(repo: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
+    chunks = repo.index.unreferenced_chunks(cutoff, ignoring=dropped)
     report.chunks_removed = len(chunks)
     report.chunk_bytes_removed = sum(c.length for c in chunks)
     report.manifests_removed = len(
-        store.index.prune_manifests(cutoff, dry_run=True, ignoring=dropped)
+        repo.index.prune_manifests(cutoff, dry_run=True, ignoring=dropped)
     )
     report.bytes_reclaimed = report.chunk_bytes_removed
 
 
-def _grace_kept(store: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
+def _grace_kept(repo: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
     """Fill in what the grace period keeps (unreferenced data not yet ``cutoff`` old)."""
-    count, size, newest = store.index.young_unreferenced(cutoff, ignoring=dropped)
+    count, size, newest = repo.index.young_unreferenced(cutoff, ignoring=dropped)
     retired = [
-        u for u in store.index.pack_usage() if u.retired_at is not None and u.retired_at > cutoff
+        u for u in repo.index.pack_usage() if u.retired_at is not None and u.retired_at > cutoff
     ]
     report.grace_kept_chunks = count
     report.grace_kept_packs = len(retired)
@@ -189,15 +189,15 @@ def _grace_kept(store: Repository, report: GCReport, cutoff: float, dropped: lis
 
 
 def _repack_sparse(
-    store: Repository,
+    repo: Repository,
     report: GCReport,
     cutoff: float,
     repack_below: float,
     progress: ProgressFn | None = None,
 ) -> None:
-    usage = [u for u in store.index.pack_usage() if u.retired_at is None]
+    usage = [u for u in repo.index.pack_usage() if u.retired_at is None]
     dead = [u.pack_id for u in usage if u.live_chunks == 0]
-    report.packs_retired += len(store.index.retire_packs(dead))
+    report.packs_retired += len(repo.index.retire_packs(dead))
     # a pack whose every entry is live has nothing to reclaim (and _payload overestimates a
     # version 2 pack's payload, which made such packs look sparse to every gc)
     sparse = [
@@ -210,9 +210,9 @@ def _repack_sparse(
     ]
     gauge = meter(progress, "gc", sum(u.live_bytes for u in sparse))
     for u in sparse:
-        if _rewrite_pack(store, u.pack_id, u.loose):
+        if _rewrite_pack(repo, u.pack_id, u.loose):
             report.packs_rewritten += 1
-            report.packs_retired += len(store.index.retire_packs([u.pack_id]))
+            report.packs_retired += len(repo.index.retire_packs([u.pack_id]))
         if gauge is not None:
             gauge.add(u.live_bytes)
     if gauge is not None:
@@ -225,22 +225,22 @@ def _payload(u: PackUsage) -> int:
     )  # v2 entries: never more than the payload
 
 
-def _rewrite_pack(store: Repository, pack_id: str, loose: bool) -> bool:
+def _rewrite_pack(repo: Repository, pack_id: str, loose: bool) -> bool:
     """Copy a pack's live chunks (verified) into a new pack and switch the index to it.
 
     Payloads are copied as they are: a delta stays a delta against the same base (which the
     index keeps while the delta lives), so its chain, and every chain through it, reads the same;
     a loose pack's chunks stay loose (compaction rewrites them once no newest snapshot uses them).
     """
-    live = [c for c in store.index.all_chunks() if c.pack_id == pack_id]
+    live = [c for c in repo.index.all_chunks() if c.pack_id == pack_id]
     if not live:
         return False
-    known = store.index.chunk_locations(c.chunk_id for c in live if c.base_id is not None)
-    writer = store.objects.new_pack_writer(store.config.pack_bytes * 4)
+    known = repo.index.chunk_locations(c.chunk_id for c in live if c.base_id is not None)
+    writer = repo.objects.new_pack_writer(repo.config.pack_bytes * 4)
     name = objects.pack_name(pack_id)
     try:
         for c in live:
-            payload = store.objects.backend.get(name, c.offset, c.length)
+            payload = repo.objects.backend.get(name, c.offset, c.length)
             raw: bytes | bytearray | memoryview = objects.decode(
                 c.codec, payload, c.raw_length
             )  # a delta's: its XOR bytes
@@ -248,7 +248,7 @@ def _rewrite_pack(store: Repository, pack_id: str, loose: bool) -> bool:
                 c.base_id is not None
             ):  # the bytes copied (not a second read) XORed with the verified base
                 raw = bytearray(raw)
-                xor_into(raw, store.objects.read_chunk(to_location(c, known).chain()[1]))
+                xor_into(raw, repo.objects.read_chunk(to_location(c, known).chain()[1]))
             if objects.chunk_id(raw) != c.chunk_id:
                 raise CorruptionError(
                     f"gc: chunk {c.chunk_id} in pack {pack_id} is damaged; run `ckstore check --read-data`"
@@ -266,28 +266,28 @@ def _rewrite_pack(store: Repository, pack_id: str, loose: bool) -> bool:
     assert done is not None
     new_id, size, locs = done
     moves = to_records(locs)
-    store.index.relocate_chunks(
+    repo.index.relocate_chunks(
         PackRecord(new_id, size, len(moves), time.time(), loose=loose), moves, pack_id
     )
     return True
 
 
-def _delete_retired(store: Repository, report: GCReport, cutoff: float) -> None:
+def _delete_retired(repo: Repository, report: GCReport, cutoff: float) -> None:
     remote = (
-        store.index.remote_pack_ids()
+        repo.index.remote_pack_ids()
     )  # packs of a remote: their rows go, the packs are the remote's
-    for pack_id in store.index.delete_retired_packs(cutoff):  # rows first...
+    for pack_id in repo.index.delete_retired_packs(cutoff):  # rows first...
         if pack_id in remote:
             continue
         try:
-            report.bytes_reclaimed += store.objects.pack_size(pack_id)
+            report.bytes_reclaimed += repo.objects.pack_size(pack_id)
         except ObjectNotFoundError:
             pass  # deleted by an earlier, interrupted gc
-        store.objects.delete_pack(pack_id)  # ...then the object
+        repo.objects.delete_pack(pack_id)  # ...then the object
         report.packs_removed += 1
 
 
-def _delete_orphans(store: Repository, report: GCReport, cutoff: float) -> None:
+def _delete_orphans(repo: Repository, report: GCReport, cutoff: float) -> None:
     """Delete packs/manifests the index does not know, what interrupted writes left (temporary
     files last written before both the listing and ``cutoff``) and abort unfinished uploads
     (S3 multipart uploads of writers killed mid-put, listed before the check), if no write
@@ -300,19 +300,19 @@ def _delete_orphans(store: Repository, report: GCReport, cutoff: float) -> None:
     is that orphans wait for a moment when no take is running.
     """
     listed = time.time()
-    packs = set(store.objects.list_packs())
-    manifests = set(store.objects.list_blobs("manifests"))
-    uploads = store.objects.partial_uploads()
-    if store.index.live_sessions():
+    packs = set(repo.objects.list_packs())
+    manifests = set(repo.objects.list_blobs("manifests"))
+    uploads = repo.objects.partial_uploads()
+    if repo.index.live_sessions():
         return
-    report.orphans_removed += store.objects.backend.sweep_temporary(min(listed, cutoff))
+    report.orphans_removed += repo.objects.backend.sweep_temporary(min(listed, cutoff))
     for name, upload_id in uploads:  # listed before the check: their writers are gone too
-        store.objects.discard_upload(name, upload_id)
+        repo.objects.discard_upload(name, upload_id)
         report.uploads_aborted += 1
-    for pack_id in packs - store.index.index_pack_ids():
-        report.bytes_reclaimed += store.objects.pack_size(pack_id)
-        store.objects.delete_pack(pack_id)
+    for pack_id in packs - repo.index.index_pack_ids():
+        report.bytes_reclaimed += repo.objects.pack_size(pack_id)
+        repo.objects.delete_pack(pack_id)
         report.orphans_removed += 1
-    for mid in manifests - store.index.index_manifest_ids():
-        store.objects.delete_blob("manifests", mid)
+    for mid in manifests - repo.index.index_manifest_ids():
+        repo.objects.delete_blob("manifests", mid)
         report.orphans_removed += 1

@@ -46,26 +46,26 @@ class ReindexReport:
         return asdict(self)
 
 
-def reindex(store: Repository) -> ReindexReport:
+def reindex(repo: Repository) -> ReindexReport:
     """Refill ``store``'s (empty) index from its packs and manifests.
 
     Raises:
         ConflictError: the index already records snapshots (reindex into a fresh index).
     """
-    if store.index.list_snapshots(limit=1):
+    if repo.index.list_snapshots(limit=1):
         raise ConflictError(
-            f"index {store.index.url} already holds snapshots; reindex rebuilds an EMPTY index "
+            f"index {repo.index.url} already holds snapshots; reindex rebuilds an EMPTY index "
             "(move the old index file away, or pass another --index URL)"
         )
     report = ReindexReport()
-    with Lease(store.index, store.lease_seconds) as lease:
-        known = _add_packs(store, lease.id, report)
-        for manifest_id, manifest in _manifests_by_time(store, report):
-            _commit(store, lease, manifest_id, manifest, known, report)
+    with Lease(repo.index, repo.lease_seconds) as lease:
+        known = _add_packs(repo, lease.id, report)
+        for manifest_id, manifest in _manifests_by_time(repo, report):
+            _commit(repo, lease, manifest_id, manifest, known, report)
     return report
 
 
-def _add_packs(store: Repository, session: str, report: ReindexReport) -> set[str]:
+def _add_packs(repo: Repository, session: str, report: ReindexReport) -> set[str]:
     """Index every readable pack's chunks; return the ids of the chunks indexed.
 
     A chunk stored in several packs is indexed at one place, a full copy when there is one.
@@ -75,9 +75,9 @@ def _add_packs(store: Repository, session: str, report: ReindexReport) -> set[st
     """
     packs: dict[str, int] = {}
     chosen: dict[str, objects.ChunkLocation] = {}
-    for pack_id in store.objects.list_packs():
+    for pack_id in repo.objects.list_packs():
         try:
-            locs = objects.read_pack_index(store.objects.backend, pack_id)
+            locs = objects.read_pack_index(repo.objects.backend, pack_id)
         except CkstoreError as exc:
             report.skipped.append(f"pack {pack_id}: {exc}")
             continue
@@ -95,9 +95,9 @@ def _add_packs(store: Repository, session: str, report: ReindexReport) -> set[st
         for pack_id, locs in by_pack.items():
             rows = to_records([l for l in locs if depths[l.chunk_id] == level], depths)
             if rows or level == 0:
-                store.index.add_pack(
+                repo.index.add_pack(
                     session,
-                    PackRecord(pack_id, store.objects.pack_size(pack_id), packs[pack_id]),
+                    PackRecord(pack_id, repo.objects.pack_size(pack_id), packs[pack_id]),
                     rows,
                 )
     report.packs += len(packs)
@@ -133,12 +133,12 @@ def _depths(chosen: dict[str, objects.ChunkLocation], report: ReindexReport) -> 
     return depths
 
 
-def _manifests_by_time(store: Repository, report: ReindexReport) -> list[tuple[str, Manifest]]:
+def _manifests_by_time(repo: Repository, report: ReindexReport) -> list[tuple[str, Manifest]]:
     found = []
-    for manifest_id in store.objects.list_blobs("manifests"):
+    for manifest_id in repo.objects.list_blobs("manifests"):
         try:
             manifest = Manifest.from_json(
-                store.objects.get_blob("manifests", manifest_id), f"manifest {manifest_id}"
+                repo.objects.get_blob("manifests", manifest_id), f"manifest {manifest_id}"
             )
         except CkstoreError as exc:
             report.skipped.append(f"manifest {manifest_id}: {exc}")
@@ -151,7 +151,7 @@ def _manifests_by_time(store: Repository, report: ReindexReport) -> list[tuple[s
 
 
 def _commit(
-    store: Repository,
+    repo: Repository,
     lease: Lease,
     manifest_id: str,
     manifest: Manifest,
@@ -190,11 +190,11 @@ def _commit(
         nonfinite=summary[0],
         stale=summary[1],
     )
-    raw = store.objects.get_blob("manifests", manifest_id)
+    raw = repo.objects.get_blob("manifests", manifest_id)
     # commit_snapshot ends the session it commits under: give each snapshot its own session.
-    with Lease(store.index, store.lease_seconds) as one:
-        store.index.lookup_chunks(one.id, needed)
-        store.index.commit_snapshot(one.id, record, entry_records(manifest), needed, len(raw), ())
+    with Lease(repo.index, repo.lease_seconds) as one:
+        repo.index.lookup_chunks(one.id, needed)
+        repo.index.commit_snapshot(one.id, record, entry_records(manifest), needed, len(raw), ())
         one.committed = True
     report.snapshots += 1
 
