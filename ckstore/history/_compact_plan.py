@@ -18,6 +18,7 @@ from ..format.manifest import Manifest, TensorEntry
 from ..index import ChunkRecord, SnapshotRecord
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import CompactIndex
     from ..engine.repository import Repository
 
 
@@ -33,27 +34,28 @@ class Job:
     base_known: dict[str, ChunkRecord] = field(default_factory=dict)
 
 
-def hot(repo: Repository, keep_loose: int) -> set[str]:
+def hot(index: CompactIndex, keep_loose: int) -> set[str]:
     """Chunk ids of every run's newest ``keep_loose`` snapshots."""
     out: set[str] = set()
     if keep_loose <= 0:
         return out
-    for run in repo.index.list_runs():
-        for rec in repo.index.list_snapshots(run=run, limit=keep_loose):
-            out |= repo.index.snapshot_chunk_ids(rec.id)
+    for run in index.list_runs():
+        for rec in index.list_snapshots(run=run, limit=keep_loose):
+            out |= index.snapshot_chunk_ids(rec.id)
     return out
 
 
 def plan(repo: Repository, keep_loose: int) -> tuple[list[Job], int]:
     """The loose chunks to rewrite, oldest snapshot first, with their base candidates, and the
     number of snapshots they come from."""
-    loose = {c.chunk_id: c for c in repo.index.loose_chunks() if c.codec in objects.FAST_CODECS}
-    for cid in hot(repo, keep_loose):
+    index: CompactIndex = repo.index
+    loose = {c.chunk_id: c for c in index.loose_chunks() if c.codec in objects.FAST_CODECS}
+    for cid in hot(index, keep_loose):
         loose.pop(cid, None)
     if not loose:
         return [], 0
     records = sorted(
-        (repo.index.get_snapshot(s) for s in repo.index.referencing_snapshots(loose)),
+        (index.get_snapshot(s) for s in index.referencing_snapshots(loose)),
         key=lambda r: (r.created_at, r.id),
     )
     jobs: list[Job] = []
@@ -71,10 +73,11 @@ def plan(repo: Repository, keep_loose: int) -> tuple[list[Job], int]:
 
 
 def _parent_manifest(repo: Repository, rec: SnapshotRecord) -> Manifest | None:
+    index: CompactIndex = repo.index
     if rec.parent_id is None or repo.delta_depth == 0:
         return None
     try:
-        return repo.load_manifest(repo.index.get_snapshot(rec.parent_id))
+        return repo.load_manifest(index.get_snapshot(rec.parent_id))
     except Exception:  # noqa: BLE001 - a parent gone or unreadable: no deltas for this snapshot
         return None
 

@@ -50,6 +50,7 @@ from ..index import ChunkRecord, PackRecord, SnapshotRecord
 from ._compact_plan import Job, hot, plan
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import CompactIndex
     from ..engine.repository import Repository
 
 DEFAULT_KEEP_LOOSE = 1
@@ -112,6 +113,7 @@ def compact(
         stop: polled between chunks; once it returns True, compaction ends after switching
             what it has written (the rest stays loose for the next compaction).
     """
+    index: CompactIndex = repo.index
     t0, c0 = time.perf_counter(), time.thread_time()
     report = CompactReport(dry_run=dry_run, keep_loose=keep_loose)
     jobs, snaps = plan(repo, keep_loose)
@@ -122,10 +124,10 @@ def compact(
         report.chunks = len(jobs)
         report.seconds = time.perf_counter() - t0
         return report
-    with Lease(repo.index, repo.lease_seconds) as lease:
+    with Lease(index, repo.lease_seconds) as lease:
         _resolve_bases(repo, lease.id, jobs)
         _rewrite(repo, lease, jobs, report, progress, pause, stop)
-        repo.index.end_session(lease.id, "committed")  # nothing to commit: ending it drops its pins
+        index.end_session(lease.id, "committed")  # nothing to commit: ending it drops its pins
         lease.committed = True
     report.seconds = time.perf_counter() - t0
     report.cpu_seconds += time.thread_time() - c0
@@ -135,8 +137,9 @@ def compact(
 def loose_pending(repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> bool:
     """Whether any loose chunk lies outside every run's newest ``keep_loose`` snapshots (what
     an automatic compaction is started for). Reads the index only."""
-    loose = {c.chunk_id for c in repo.index.loose_chunks() if c.codec in objects.FAST_CODECS}
-    return bool(loose - hot(repo, keep_loose))
+    index: CompactIndex = repo.index
+    loose = {c.chunk_id for c in index.loose_chunks() if c.codec in objects.FAST_CODECS}
+    return bool(loose - hot(index, keep_loose))
 
 
 # --- 2. bases ------------------------------------------------------------------------------------
@@ -148,13 +151,14 @@ def _resolve_bases(repo: Repository, session: str, jobs: list[Job]) -> None:
     at the depth limit is replaced by its own base (keyframes, as for takes). A chunk some
     stored delta already uses as its base stays whole: its dependents' chains must not grow.
     """
+    index: CompactIndex = repo.index
     limit = repo.delta_depth
     if limit <= 0 or not any(j.base_id for j in jobs):
         for j in jobs:
             j.base_id = ""
         return
-    keep_whole = repo.index.dependents_of({j.rec.chunk_id for j in jobs})
-    known = repo.index.chunk_locations({j.base_id for j in jobs if j.base_id})
+    keep_whole = index.dependents_of({j.rec.chunk_id for j in jobs})
+    known = index.chunk_locations({j.base_id for j in jobs if j.base_id})
     depth: dict[str, int] = {}  # planned depth of each job's chunk
     parent: dict[str, str] = {}  # planned base of each job's chunk
     wanted: dict[str, ChunkRecord] = {}
@@ -168,7 +172,7 @@ def _resolve_bases(repo: Repository, session: str, jobs: list[Job]) -> None:
         j.base_id = base
         depth[cid], parent[cid] = depth.get(base, rec.depth) + 1, base
         wanted[base] = rec
-    pinned = repo.index.lookup_chunks(session, list(wanted))  # gone meanwhile: no delta
+    pinned = index.lookup_chunks(session, list(wanted))  # gone meanwhile: no delta
     for j in jobs:
         if j.base_id and j.base_id in pinned:
             j.base = replace(wanted[j.base_id], depth=depth.get(j.base_id, wanted[j.base_id].depth))
@@ -284,10 +288,11 @@ def _read(repo: Repository, rec: ChunkRecord, known: dict[str, ChunkRecord]) -> 
     """The verified raw bytes of ``rec``'s chunk; looked up again if its pack is gone (this
     compaction, or another, switched it and deleted the loose pack: a base rewritten earlier in
     the same run, typically)."""
+    index: CompactIndex = repo.index
     try:
         return repo.objects.read_chunk(to_location(rec, known))
     except ObjectNotFoundError:
-        now = repo.index.chunk_locations([rec.chunk_id])
+        now = index.chunk_locations([rec.chunk_id])
         if rec.chunk_id not in now or now[rec.chunk_id].pack_id == rec.pack_id:
             raise
         return repo.objects.read_chunk(to_location(now[rec.chunk_id], now))
@@ -301,6 +306,7 @@ def _switch(
     report: CompactReport,
 ) -> None:
     """Make the pack durable, point its chunks' rows at it, retire the loose packs emptied."""
+    index: CompactIndex = repo.index
     done = writer.finish()
     if done is None:
         return
@@ -311,18 +317,16 @@ def _switch(
     old = {job.rec.chunk_id: job.rec.pack_id for job, _ in batch}
     moves = [(rec, old[rec.chunk_id]) for rec in to_records(locs, depths)]
     switched = set(
-        repo.index.rewrite_chunks(
-            lease.id, PackRecord(pack_id, size, len(moves), time.time()), moves
-        )
+        index.rewrite_chunks(lease.id, PackRecord(pack_id, size, len(moves), time.time()), moves)
     )
     report.packs_written += 1
     report.chunks += len(switched)
     report.dense_bytes += sum(rec.length for rec, _ in moves if rec.chunk_id in switched)
-    retired = repo.index.retire_packs(set(old.values()))
+    retired = index.retire_packs(set(old.values()))
     report.packs_retired += len(retired)
     # Deleted at once, rows first: a reader that located a chunk in one of them finds the pack
     # gone and looks the chunk up again (I4); the disk holds each state once, not twice.
-    for pack_id in repo.index.delete_retired_packs(time.time(), only=retired):
+    for pack_id in index.delete_retired_packs(time.time(), only=retired):
         repo.objects.delete_pack(pack_id)
         report.packs_deleted += 1
 
