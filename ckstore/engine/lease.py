@@ -24,7 +24,7 @@ import threading
 from types import FrameType
 
 from ..errors import CkstoreError
-from ..index import Index
+from .interfaces import LeaseIndex
 
 
 class Lease:
@@ -35,7 +35,7 @@ class Lease:
     it raised. A small take saves its first index transaction's time that way.
     """
 
-    def __init__(self, index: Index, seconds: float, eager: bool = True) -> None:
+    def __init__(self, index: LeaseIndex, seconds: float, eager: bool = True) -> None:
         self._index = index
         self._seconds = seconds
         self._eager = eager

@@ -35,6 +35,7 @@ from ..format.manifest import Manifest, PerRankEntry, TensorEntry
 from ..index import ChunkRecord, SnapshotRecord
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import CheckIndex
     from ..engine.repository import Repository
 
 
@@ -92,12 +93,11 @@ def check(
     Raises:
         InvalidInputError: ``read_data`` is not a bool or a number in [0, 1].
     """
+    index: CheckIndex = repo.index
     fraction = check_fraction("check: read_data", read_data)
     report = CheckReport()
-    snapshots = (
-        repo.index.list_snapshots()
-    )  # before the chunks: a take committing meanwhile adds both
-    chunks = {c.chunk_id: c for c in repo.index.all_chunks()}
+    snapshots = index.list_snapshots()  # before the chunks: a take committing meanwhile adds both
+    chunks = {c.chunk_id: c for c in index.all_chunks()}
     report.chunks = len(chunks)
     _check_snapshots(repo, snapshots, chunks, report)
     readable = _check_packs(repo, chunks, report)
@@ -117,11 +117,12 @@ every live chunk out of the pack and deleting it while the check ran."""
 def _drop_moved(repo: Repository, report: CheckReport, chunks: dict[str, ChunkRecord]) -> None:
     """Drop the pack problems of packs whose chunks all moved elsewhere since the check read
     the index (looked up again now): the pack was emptied and deleted meanwhile, no damage."""
+    index: CheckIndex = repo.index
     suspects = {p.object for p in report.problems if p.kind in PACK_PROBLEMS}
     if not suspects:
         return
     held = {c.chunk_id: c.pack_id for c in chunks.values() if c.pack_id in suspects}
-    now = repo.index.chunk_locations(list(held))
+    now = index.chunk_locations(list(held))
     still = {rec.pack_id for cid, rec in now.items() if rec.pack_id == held.get(cid)}
     gone = suspects - still
     if gone:
@@ -140,6 +141,7 @@ MAX_NAMED = 10
 
 def _name_users(repo: Repository, report: CheckReport, chunks: dict[str, ChunkRecord]) -> None:
     """Add to each problem about a chunk or a pack the snapshots and keys it breaks."""
+    index: CheckIndex = repo.index
     in_pack: dict[str, set[str]] = defaultdict(set)
     deltas: dict[str, set[str]] = defaultdict(set)
     for c in chunks.values():
@@ -159,7 +161,7 @@ def _name_users(repo: Repository, report: CheckReport, chunks: dict[str, ChunkRe
             broken[i] = ids
     if not broken:
         return
-    users = repo.index.snapshots_using(set().union(*broken.values()))
+    users = index.snapshots_using(set().union(*broken.values()))
     named = _Names(repo)
     for i, ids in broken.items():
         snaps = sorted({s for c in ids for s in users.get(c, ())}, key=named.order)
@@ -185,12 +187,13 @@ class _Names:
 
     def __init__(self, repo: Repository) -> None:
         self._store = repo
+        self._index: CheckIndex = repo.index
         self._manifests: dict[str, Manifest | None] = {}
         self._records: dict[str, SnapshotRecord] = {}
 
     def record(self, snapshot_id: str) -> SnapshotRecord:
         if snapshot_id not in self._records:
-            self._records[snapshot_id] = self._store.index.get_snapshot(snapshot_id)
+            self._records[snapshot_id] = self._index.get_snapshot(snapshot_id)
         return self._records[snapshot_id]
 
     def order(self, snapshot_id: str) -> tuple[str, int, float]:
@@ -241,6 +244,7 @@ def _check_snapshots(
     chunks: dict[str, ChunkRecord],
     report: CheckReport,
 ) -> None:
+    index: CheckIndex = repo.index
     for snap in snapshots:
         report.snapshots += 1
         where = f"snapshot {snap.run}@{snap.step} ({snap.id[:12]})"
@@ -259,7 +263,7 @@ def _check_snapshots(
                 snap.id,
                 f"{where}: {len(missing)} chunk(s) unknown to the index, e.g. {min(missing)}",
             )
-        refs = repo.index.snapshot_chunk_ids(snap.id)
+        refs = index.snapshot_chunk_ids(snap.id)
         if refs != needed:
             report.add(
                 "references",
@@ -272,18 +276,19 @@ def _check_packs(
     repo: Repository, chunks: dict[str, ChunkRecord], report: CheckReport
 ) -> list[str]:
     """Check every pack holding live chunks; return those whose chunk table could be read."""
+    index: CheckIndex = repo.index
     by_pack: dict[str, list[ChunkRecord]] = defaultdict(list)
     for c in chunks.values():
         by_pack[c.pack_id].append(c)
     stored = set(repo.objects.list_packs())
-    known = repo.index.index_pack_ids()
+    known = index.index_pack_ids()
     report.orphan_packs = sorted(stored - known)
     report.orphan_manifests = sorted(
-        set(repo.objects.list_blobs("manifests")) - repo.index.index_manifest_ids()
+        set(repo.objects.list_blobs("manifests")) - index.index_manifest_ids()
     )
     readable = []
-    rows = repo.index.pack_row_ids()
-    remote = repo.index.remote_pack_ids()
+    rows = index.pack_row_ids()
+    remote = index.remote_pack_ids()
     for pack_id, live in sorted(by_pack.items()):
         report.packs += 1
         if pack_id in remote:
@@ -391,12 +396,13 @@ def _read_data(
     """Scan ``pack_ids`` whole. A delta the index no longer places in its pack is garbage gc
     left there (the pack is live enough to keep): its base may be gone, which is no damage."""
     known: dict[str, ChunkRecord] = {}
+    index: CheckIndex = repo.index
 
     def base_of(loc: objects.ChunkLocation) -> Any:
         """The verified raw bytes of a delta's base, read through its own chain."""
         assert loc.base_id is not None
         if loc.base_id not in known:
-            known.update(repo.index.chunk_locations([loc.base_id]))
+            known.update(index.chunk_locations([loc.base_id]))
         rec = known.get(loc.base_id)
         if rec is None:
             raise CkstoreError("the index does not know it")

@@ -5,8 +5,8 @@ the rest; no deltas) into packs the index marks loose, so a training job waits a
 possible. Compaction later rewrites the loose chunks that no *newest* snapshot of a run uses
 (the ``keep_loose`` newest of each run stay loose, so a resume reads the fast form):
 
-1. **Plan** (index and manifests only): the loose chunks outside every run's newest
-   snapshots, in the order of the oldest snapshot that uses them; for each, a delta base
+1. **Plan** (index and manifests only, ``_compact_plan``): the loose chunks outside every run's
+   newest snapshots, in the order of the oldest snapshot that uses them; for each, a delta base
    candidate: the chunk at the same place (key, dtype, shape, grid box) in that snapshot's
    parent, the run's snapshot before it, as a take with ``delta_base="parent"`` would use.
 2. **Bases**: a candidate at the repository's ``delta_depth`` or deeper is replaced by its
@@ -37,20 +37,20 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
 from ..engine.lease import Lease
 from ..engine.locations import to_location, to_records
 from ..errors import CorruptionError, ObjectNotFoundError
-from ..format.dtypes import GROUPED, itemsize
-from ..format.manifest import Manifest, TensorEntry
 from ..index import ChunkRecord, PackRecord, SnapshotRecord
+from ._compact_plan import Job, hot, plan
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import CompactIndex
     from ..engine.repository import Repository
 
 DEFAULT_KEEP_LOOSE = 1
@@ -92,18 +92,6 @@ class CompactReport:
         return {**asdict(self), "saved_bytes": self.saved_bytes}
 
 
-@dataclass
-class _Job:
-    """One loose chunk to rewrite: its row, its element size, its delta base (if any)."""
-
-    rec: ChunkRecord
-    itemsize: int
-    grouped: bool
-    base_id: str = ""
-    base: ChunkRecord | None = None
-    base_known: dict[str, ChunkRecord] = field(default_factory=dict)
-
-
 def compact(
     repo: Repository,
     *,
@@ -125,9 +113,10 @@ def compact(
         stop: polled between chunks; once it returns True, compaction ends after switching
             what it has written (the rest stays loose for the next compaction).
     """
+    index: CompactIndex = repo.index
     t0, c0 = time.perf_counter(), time.thread_time()
     report = CompactReport(dry_run=dry_run, keep_loose=keep_loose)
-    jobs, snaps = _plan(repo, keep_loose)
+    jobs, snaps = plan(repo, keep_loose)
     report.snapshots = snaps
     report.loose_bytes = sum(j.rec.length for j in jobs)
     report.raw_bytes = sum(j.rec.raw_length for j in jobs)
@@ -135,10 +124,10 @@ def compact(
         report.chunks = len(jobs)
         report.seconds = time.perf_counter() - t0
         return report
-    with Lease(repo.index, repo.lease_seconds) as lease:
+    with Lease(index, repo.lease_seconds) as lease:
         _resolve_bases(repo, lease.id, jobs)
         _rewrite(repo, lease, jobs, report, progress, pause, stop)
-        repo.index.end_session(lease.id, "committed")  # nothing to commit: ending it drops its pins
+        index.end_session(lease.id, "committed")  # nothing to commit: ending it drops its pins
         lease.committed = True
     report.seconds = time.perf_counter() - t0
     report.cpu_seconds += time.thread_time() - c0
@@ -148,80 +137,13 @@ def compact(
 def loose_pending(repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> bool:
     """Whether any loose chunk lies outside every run's newest ``keep_loose`` snapshots (what
     an automatic compaction is started for). Reads the index only."""
-    loose = {c.chunk_id for c in repo.index.loose_chunks() if c.codec in objects.FAST_CODECS}
-    return bool(loose - _hot(repo, keep_loose))
-
-
-# --- 1. plan -------------------------------------------------------------------------------------
-def _hot(repo: Repository, keep_loose: int) -> set[str]:
-    """Chunk ids of every run's newest ``keep_loose`` snapshots."""
-    hot: set[str] = set()
-    if keep_loose <= 0:
-        return hot
-    for run in repo.index.list_runs():
-        for rec in repo.index.list_snapshots(run=run, limit=keep_loose):
-            hot |= repo.index.snapshot_chunk_ids(rec.id)
-    return hot
-
-
-def _plan(repo: Repository, keep_loose: int) -> tuple[list[_Job], int]:
-    """The loose chunks to rewrite, oldest snapshot first, with their base candidates."""
-    loose = {c.chunk_id: c for c in repo.index.loose_chunks() if c.codec in objects.FAST_CODECS}
-    for cid in _hot(repo, keep_loose):
-        loose.pop(cid, None)
-    if not loose:
-        return [], 0
-    records = sorted(
-        (repo.index.get_snapshot(s) for s in repo.index.referencing_snapshots(loose)),
-        key=lambda r: (r.created_at, r.id),
-    )
-    jobs: list[_Job] = []
-    snaps = 0
-    for rec in records:
-        manifest = repo.load_manifest(rec)
-        parent = _parent_manifest(repo, rec)
-        found = False
-        for key, entry in manifest.entries.items():
-            for job in _jobs_of(key, entry, parent, loose):
-                jobs.append(job)
-                found = True
-        snaps += found
-    return jobs, snaps
-
-
-def _parent_manifest(repo: Repository, rec: SnapshotRecord) -> Manifest | None:
-    if rec.parent_id is None or repo.delta_depth == 0:
-        return None
-    try:
-        return repo.load_manifest(repo.index.get_snapshot(rec.parent_id))
-    except Exception:  # noqa: BLE001 - a parent gone or unreadable: no deltas for this snapshot
-        return None
-
-
-def _jobs_of(
-    key: str, entry: Any, parent: Manifest | None, loose: dict[str, ChunkRecord]
-) -> Iterator[_Job]:
-    """Jobs for the loose chunks of one entry (each chunk once: ``loose`` loses them)."""
-    if not isinstance(entry, TensorEntry) or entry.inline:
-        return
-    size = itemsize(entry.dtype)
-    old = parent.entries.get(key) if parent is not None else None
-    at: dict[tuple[Any, Any], str] = {}
-    if (
-        isinstance(old, TensorEntry)
-        and not old.inline
-        and (old.dtype, old.shape) == (entry.dtype, entry.shape)
-    ):
-        at = {(c.offsets, c.sizes): c.id for c in old.chunks}
-    for c in entry.chunks:
-        rec = loose.pop(c.id, None)
-        if rec is not None:
-            base = at.get((c.offsets, c.sizes), "")
-            yield _Job(rec, size, entry.dtype in GROUPED, base if base != c.id else "")
+    index: CompactIndex = repo.index
+    loose = {c.chunk_id for c in index.loose_chunks() if c.codec in objects.FAST_CODECS}
+    return bool(loose - hot(index, keep_loose))
 
 
 # --- 2. bases ------------------------------------------------------------------------------------
-def _resolve_bases(repo: Repository, session: str, jobs: list[_Job]) -> None:
+def _resolve_bases(repo: Repository, session: str, jobs: list[Job]) -> None:
     """Choose and pin each job's base (see the module docstring); the others get none.
 
     Decided in job order (oldest snapshot first), so a base that is itself rewritten here is
@@ -229,13 +151,14 @@ def _resolve_bases(repo: Repository, session: str, jobs: list[_Job]) -> None:
     at the depth limit is replaced by its own base (keyframes, as for takes). A chunk some
     stored delta already uses as its base stays whole: its dependents' chains must not grow.
     """
+    index: CompactIndex = repo.index
     limit = repo.delta_depth
     if limit <= 0 or not any(j.base_id for j in jobs):
         for j in jobs:
             j.base_id = ""
         return
-    keep_whole = repo.index.dependents_of({j.rec.chunk_id for j in jobs})
-    known = repo.index.chunk_locations({j.base_id for j in jobs if j.base_id})
+    keep_whole = index.dependents_of({j.rec.chunk_id for j in jobs})
+    known = index.chunk_locations({j.base_id for j in jobs if j.base_id})
     depth: dict[str, int] = {}  # planned depth of each job's chunk
     parent: dict[str, str] = {}  # planned base of each job's chunk
     wanted: dict[str, ChunkRecord] = {}
@@ -249,7 +172,7 @@ def _resolve_bases(repo: Repository, session: str, jobs: list[_Job]) -> None:
         j.base_id = base
         depth[cid], parent[cid] = depth.get(base, rec.depth) + 1, base
         wanted[base] = rec
-    pinned = repo.index.lookup_chunks(session, list(wanted))  # gone meanwhile: no delta
+    pinned = index.lookup_chunks(session, list(wanted))  # gone meanwhile: no delta
     for j in jobs:
         if j.base_id and j.base_id in pinned:
             j.base = replace(wanted[j.base_id], depth=depth.get(j.base_id, wanted[j.base_id].depth))
@@ -283,15 +206,15 @@ def _usable_base(
 def _rewrite(
     repo: Repository,
     lease: Lease,
-    jobs: list[_Job],
+    jobs: list[Job],
     report: CompactReport,
     progress: Callable[[int], None] | None,
     pause: Callable[[], bool] | None,
     stop: Callable[[], bool] | None,
 ) -> None:
     writer = repo.objects.new_pack_writer(repo.config.pack_bytes)
-    batch: list[tuple[_Job, int]] = []  # (job, depth) in the pack being filled
-    window: deque[tuple[_Job, Future[tuple[str, bytes, float]]]] = deque()
+    batch: list[tuple[Job, int]] = []  # (job, depth) in the pack being filled
+    window: deque[tuple[Job, Future[tuple[str, bytes, float]]]] = deque()
     with ThreadPoolExecutor(
         max_workers=max(1, repo.threads), thread_name_prefix="ckstore-compact"
     ) as pool:
@@ -343,7 +266,7 @@ def _rewrite(
 
 
 def _encode(
-    repo: Repository, job: _Job, pause: Callable[[], bool] | None = None
+    repo: Repository, job: Job, pause: Callable[[], bool] | None = None
 ) -> tuple[str, bytes, float]:
     """Read and verify the chunk (and its base), then encode it densely (a delta if smaller);
     a job queued while the process is busy (``pause``) starts once it is not. Also returns the
@@ -365,10 +288,11 @@ def _read(repo: Repository, rec: ChunkRecord, known: dict[str, ChunkRecord]) -> 
     """The verified raw bytes of ``rec``'s chunk; looked up again if its pack is gone (this
     compaction, or another, switched it and deleted the loose pack: a base rewritten earlier in
     the same run, typically)."""
+    index: CompactIndex = repo.index
     try:
         return repo.objects.read_chunk(to_location(rec, known))
     except ObjectNotFoundError:
-        now = repo.index.chunk_locations([rec.chunk_id])
+        now = index.chunk_locations([rec.chunk_id])
         if rec.chunk_id not in now or now[rec.chunk_id].pack_id == rec.pack_id:
             raise
         return repo.objects.read_chunk(to_location(now[rec.chunk_id], now))
@@ -378,10 +302,11 @@ def _switch(
     repo: Repository,
     lease: Lease,
     writer: objects.PackWriter,
-    batch: list[tuple[_Job, int]],
+    batch: list[tuple[Job, int]],
     report: CompactReport,
 ) -> None:
     """Make the pack durable, point its chunks' rows at it, retire the loose packs emptied."""
+    index: CompactIndex = repo.index
     done = writer.finish()
     if done is None:
         return
@@ -392,18 +317,16 @@ def _switch(
     old = {job.rec.chunk_id: job.rec.pack_id for job, _ in batch}
     moves = [(rec, old[rec.chunk_id]) for rec in to_records(locs, depths)]
     switched = set(
-        repo.index.rewrite_chunks(
-            lease.id, PackRecord(pack_id, size, len(moves), time.time()), moves
-        )
+        index.rewrite_chunks(lease.id, PackRecord(pack_id, size, len(moves), time.time()), moves)
     )
     report.packs_written += 1
     report.chunks += len(switched)
     report.dense_bytes += sum(rec.length for rec, _ in moves if rec.chunk_id in switched)
-    retired = repo.index.retire_packs(set(old.values()))
+    retired = index.retire_packs(set(old.values()))
     report.packs_retired += len(retired)
     # Deleted at once, rows first: a reader that located a chunk in one of them finds the pack
     # gone and looks the chunk up again (I4); the disk holds each state once, not twice.
-    for pack_id in repo.index.delete_retired_packs(time.time(), only=retired):
+    for pack_id in index.delete_retired_packs(time.time(), only=retired):
         repo.objects.delete_pack(pack_id)
         report.packs_deleted += 1
 

@@ -41,6 +41,7 @@ from .diff_result import (
 )
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import ReadIndex
     from ..engine.repository import Repository
 
 __all__ = [
@@ -69,8 +70,9 @@ def diff(repo: Repository, a: str, b: str, numeric: bool = False) -> DiffResult:
         SnapshotNotFoundError: A ref names nothing.
         CorruptionError: A manifest or (with ``numeric``) a chunk read is damaged.
     """
-    snap_a = SnapshotView(repo, repo.index.resolve(a))
-    snap_b = SnapshotView(repo, repo.index.resolve(b))
+    index: ReadIndex = repo.index
+    snap_a = SnapshotView(repo, index.resolve(a))
+    snap_b = SnapshotView(repo, index.resolve(b))
     recs_a, recs_b = _entry_records(snap_a), _entry_records(snap_b)
     keys: list[KeyDiff] = []
     for key, rb in recs_b.items():
@@ -122,7 +124,7 @@ def _with_health(k: KeyDiff, a: Health | None, b: Health | None) -> KeyDiff:
 
 def _savings(snap_a: SnapshotView, snap_b: SnapshotView) -> DeltaSavings:
     """What B stores beyond A, and how much of it as deltas (from the index alone)."""
-    index = snap_b.repo.index
+    index: ReadIndex = snap_b.repo.index
     new = index.snapshot_chunk_ids(snap_b.id) - index.snapshot_chunk_ids(snap_a.id)
     recs = [r for cid, r in index.chunk_locations(new).items() if cid in new]
     deltas = [r for r in recs if r.base_id is not None]
@@ -138,7 +140,8 @@ def _savings(snap_a: SnapshotView, snap_b: SnapshotView) -> DeltaSavings:
 
 # --- classification --------------------------------------------------------------------------
 def _entry_records(snap: SnapshotView) -> dict[str, EntryRecord]:
-    records = snap.repo.index.entries(snap.record.manifest_id)
+    index: ReadIndex = snap.repo.index
+    records = index.entries(snap.record.manifest_id)
     if not records and snap.manifest.entries:  # an index without entry rows: use the manifest
         records = [
             EntryRecord(k, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))

@@ -22,6 +22,7 @@ from ..format.tensors import empty_for, from_bytes, writable_view
 from .diff_result import NumericDiff
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import LocationIndex
     from ..engine.view import SnapshotView
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in global coordinates
@@ -123,8 +124,9 @@ class _BoxReader:
     def _chunk(self, i: int) -> torch.Tensor:
         if i not in self.cache:
             c = self.chunks[i]
+            index: LocationIndex = self.snap.repo.index
             if self.locs is None:
-                self.locs = self.snap.repo.index.chunk_locations({c.id for c in self.chunks})
+                self.locs = index.chunk_locations({c.id for c in self.chunks})
             rec = self.locs.get(c.id)
             if rec is None:
                 raise CorruptionError(
@@ -134,7 +136,7 @@ class _BoxReader:
             try:
                 self.snap.repo.objects.read_chunk(to_location(rec, self.locs), out=writable_view(t))
             except ObjectNotFoundError:  # compaction or gc moved it meanwhile: look it up again
-                self.locs.update(self.snap.repo.index.chunk_locations([c.id]))
+                self.locs.update(index.chunk_locations([c.id]))
                 if c.id not in self.locs:
                     raise
                 self.snap.repo.objects.read_chunk(

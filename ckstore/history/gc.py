@@ -34,6 +34,7 @@ from ..objects.delta import xor_into
 from .policy import MAX_SECONDS, Policy
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import GcIndex
     from ..engine.repository import Repository
 
 DEFAULT_GRACE_SECONDS = 6 * 3600.0
@@ -110,6 +111,7 @@ def gc(
             ``repack_below`` outside [0, 1], a negative ``keep_last``...), before anything
             changes.
     """
+    index: GcIndex = repo.index
     grace_seconds = check_number("gc: grace_seconds", grace_seconds, 0.0, MAX_SECONDS)
     repack_below = check_number("gc: repack_below", repack_below, 0.0, 1.0)
     policy = Policy(
@@ -127,16 +129,16 @@ def gc(
     if dry_run:
         _estimate(repo, report, cutoff, dropped)
         _grace_kept(repo, report, cutoff, dropped)
-        report.sessions_held = [h.to_dict(now) for h in repo.index.held_sessions()]
+        report.sessions_held = [h.to_dict(now) for h in index.held_sessions()]
         return report
-    report.sessions_expired = repo.index.expire_sessions(now)
-    report.sessions_held = [h.to_dict(now) for h in repo.index.held_sessions()]
-    removed = repo.index.prune_chunks(cutoff)
+    report.sessions_expired = index.expire_sessions(now)
+    report.sessions_held = [h.to_dict(now) for h in index.held_sessions()]
+    removed = index.prune_chunks(cutoff)
     report.chunks_removed = len(removed)
     report.chunk_bytes_removed = sum(c.length for c in removed)
     _repack_sparse(repo, report, cutoff, repack_below, progress)
     _delete_retired(repo, report, time.time() - grace_seconds)
-    for mid in repo.index.prune_manifests(cutoff):
+    for mid in index.prune_manifests(cutoff):
         repo.objects.delete_blob("manifests", mid)
         report.manifests_removed += 1
     _delete_orphans(repo, report, cutoff)
@@ -145,15 +147,16 @@ def gc(
 
 
 def _forget(repo: Repository, policy: Policy, report: GCReport, dry_run: bool) -> list[str]:
-    snapshots = repo.index.list_snapshots()
-    tagged = {t.snapshot_id for t in repo.index.list_tags()}
-    unpushed = repo.index.unpushed_to_tiers()  # retention never drops what only this store has
+    index: GcIndex = repo.index
+    snapshots = index.list_snapshots()
+    tagged = {t.snapshot_id for t in index.list_tags()}
+    unpushed = index.unpushed_to_tiers()  # retention never drops what only this store has
     selected = policy.select(snapshots, tagged)
     drop = [s for s in selected if s.id not in unpushed]
     report.snapshots_kept_unpushed = len(selected) - len(drop)
     for s in drop:
         if not dry_run:
-            repo.index.delete_snapshot(s.id)
+            index.delete_snapshot(s.id)
         report.snapshots_dropped.append(
             f"{s.run}@{s.step}" if s.step is not None else f"{s.run} {s.id[:12]}"
         )
@@ -162,21 +165,19 @@ def _forget(repo: Repository, policy: Policy, report: GCReport, dry_run: bool) -
 
 
 def _estimate(repo: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
-    chunks = repo.index.unreferenced_chunks(cutoff, ignoring=dropped)
+    index: GcIndex = repo.index
+    chunks = index.unreferenced_chunks(cutoff, ignoring=dropped)
     report.chunks_removed = len(chunks)
     report.chunk_bytes_removed = sum(c.length for c in chunks)
-    report.manifests_removed = len(
-        repo.index.prune_manifests(cutoff, dry_run=True, ignoring=dropped)
-    )
+    report.manifests_removed = len(index.prune_manifests(cutoff, dry_run=True, ignoring=dropped))
     report.bytes_reclaimed = report.chunk_bytes_removed
 
 
 def _grace_kept(repo: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
     """Fill in what the grace period keeps (unreferenced data not yet ``cutoff`` old)."""
-    count, size, newest = repo.index.young_unreferenced(cutoff, ignoring=dropped)
-    retired = [
-        u for u in repo.index.pack_usage() if u.retired_at is not None and u.retired_at > cutoff
-    ]
+    index: GcIndex = repo.index
+    count, size, newest = index.young_unreferenced(cutoff, ignoring=dropped)
+    retired = [u for u in index.pack_usage() if u.retired_at is not None and u.retired_at > cutoff]
     report.grace_kept_chunks = count
     report.grace_kept_packs = len(retired)
     report.grace_kept_bytes = size + sum(u.size for u in retired)
@@ -195,9 +196,10 @@ def _repack_sparse(
     repack_below: float,
     progress: ProgressFn | None = None,
 ) -> None:
-    usage = [u for u in repo.index.pack_usage() if u.retired_at is None]
+    index: GcIndex = repo.index
+    usage = [u for u in index.pack_usage() if u.retired_at is None]
     dead = [u.pack_id for u in usage if u.live_chunks == 0]
-    report.packs_retired += len(repo.index.retire_packs(dead))
+    report.packs_retired += len(index.retire_packs(dead))
     # a pack whose every entry is live has nothing to reclaim (and _payload overestimates a
     # version 2 pack's payload, which made such packs look sparse to every gc)
     sparse = [
@@ -212,7 +214,7 @@ def _repack_sparse(
     for u in sparse:
         if _rewrite_pack(repo, u.pack_id, u.loose):
             report.packs_rewritten += 1
-            report.packs_retired += len(repo.index.retire_packs([u.pack_id]))
+            report.packs_retired += len(index.retire_packs([u.pack_id]))
         if gauge is not None:
             gauge.add(u.live_bytes)
     if gauge is not None:
@@ -232,10 +234,11 @@ def _rewrite_pack(repo: Repository, pack_id: str, loose: bool) -> bool:
     index keeps while the delta lives), so its chain, and every chain through it, reads the same;
     a loose pack's chunks stay loose (compaction rewrites them once no newest snapshot uses them).
     """
-    live = [c for c in repo.index.all_chunks() if c.pack_id == pack_id]
+    index: GcIndex = repo.index
+    live = [c for c in index.all_chunks() if c.pack_id == pack_id]
     if not live:
         return False
-    known = repo.index.chunk_locations(c.chunk_id for c in live if c.base_id is not None)
+    known = index.chunk_locations(c.chunk_id for c in live if c.base_id is not None)
     writer = repo.objects.new_pack_writer(repo.config.pack_bytes * 4)
     name = objects.pack_name(pack_id)
     try:
@@ -266,17 +269,16 @@ def _rewrite_pack(repo: Repository, pack_id: str, loose: bool) -> bool:
     assert done is not None
     new_id, size, locs = done
     moves = to_records(locs)
-    repo.index.relocate_chunks(
+    index.relocate_chunks(
         PackRecord(new_id, size, len(moves), time.time(), loose=loose), moves, pack_id
     )
     return True
 
 
 def _delete_retired(repo: Repository, report: GCReport, cutoff: float) -> None:
-    remote = (
-        repo.index.remote_pack_ids()
-    )  # packs of a remote: their rows go, the packs are the remote's
-    for pack_id in repo.index.delete_retired_packs(cutoff):  # rows first...
+    index: GcIndex = repo.index
+    remote = index.remote_pack_ids()  # packs of a remote: their rows go, the packs are the remote's
+    for pack_id in index.delete_retired_packs(cutoff):  # rows first...
         if pack_id in remote:
             continue
         try:
@@ -299,20 +301,21 @@ def _delete_orphans(repo: Repository, report: GCReport, cutoff: float) -> None:
     garbage. No clocks are compared, so skew between hosts cannot make this unsafe; the cost
     is that orphans wait for a moment when no take is running.
     """
+    index: GcIndex = repo.index
     listed = time.time()
     packs = set(repo.objects.list_packs())
     manifests = set(repo.objects.list_blobs("manifests"))
     uploads = repo.objects.partial_uploads()
-    if repo.index.live_sessions():
+    if index.live_sessions():
         return
     report.orphans_removed += repo.objects.backend.sweep_temporary(min(listed, cutoff))
     for name, upload_id in uploads:  # listed before the check: their writers are gone too
         repo.objects.discard_upload(name, upload_id)
         report.uploads_aborted += 1
-    for pack_id in packs - repo.index.index_pack_ids():
+    for pack_id in packs - index.index_pack_ids():
         report.bytes_reclaimed += repo.objects.pack_size(pack_id)
         repo.objects.delete_pack(pack_id)
         report.orphans_removed += 1
-    for mid in manifests - repo.index.index_manifest_ids():
+    for mid in manifests - index.index_manifest_ids():
         repo.objects.delete_blob("manifests", mid)
         report.orphans_removed += 1

@@ -30,6 +30,7 @@ from ..index import PackRecord, SnapshotRecord
 from ..objects.delta import MAX_CHAIN
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import ReindexIndex
     from ..engine.repository import Repository
 
 
@@ -52,13 +53,14 @@ def reindex(repo: Repository) -> ReindexReport:
     Raises:
         ConflictError: the index already records snapshots (reindex into a fresh index).
     """
-    if repo.index.list_snapshots(limit=1):
+    index: ReindexIndex = repo.index
+    if index.list_snapshots(limit=1):
         raise ConflictError(
-            f"index {repo.index.url} already holds snapshots; reindex rebuilds an EMPTY index "
+            f"index {index.url} already holds snapshots; reindex rebuilds an EMPTY index "
             "(move the old index file away, or pass another --index URL)"
         )
     report = ReindexReport()
-    with Lease(repo.index, repo.lease_seconds) as lease:
+    with Lease(index, repo.lease_seconds) as lease:
         known = _add_packs(repo, lease.id, report)
         for manifest_id, manifest in _manifests_by_time(repo, report):
             _commit(repo, lease, manifest_id, manifest, known, report)
@@ -73,6 +75,7 @@ def _add_packs(repo: Repository, session: str, report: ReindexReport) -> set[str
     refuses a delta whose base it lacks); a delta whose chain does not reach a full chunk in
     some pack is left out and reported.
     """
+    index: ReindexIndex = repo.index
     packs: dict[str, int] = {}
     chosen: dict[str, objects.ChunkLocation] = {}
     for pack_id in repo.objects.list_packs():
@@ -95,7 +98,7 @@ def _add_packs(repo: Repository, session: str, report: ReindexReport) -> set[str
         for pack_id, locs in by_pack.items():
             rows = to_records([l for l in locs if depths[l.chunk_id] == level], depths)
             if rows or level == 0:
-                repo.index.add_pack(
+                index.add_pack(
                     session,
                     PackRecord(pack_id, repo.objects.pack_size(pack_id), packs[pack_id]),
                     rows,
@@ -158,6 +161,7 @@ def _commit(
     known: set[str],
     report: ReindexReport,
 ) -> None:
+    index: ReindexIndex = repo.index
     header = manifest.snapshot or {}
     needed = manifest.chunk_ids()
     if not needed <= known:
@@ -192,9 +196,9 @@ def _commit(
     )
     raw = repo.objects.get_blob("manifests", manifest_id)
     # commit_snapshot ends the session it commits under: give each snapshot its own session.
-    with Lease(repo.index, repo.lease_seconds) as one:
-        repo.index.lookup_chunks(one.id, needed)
-        repo.index.commit_snapshot(one.id, record, entry_records(manifest), needed, len(raw), ())
+    with Lease(index, repo.lease_seconds) as one:
+        index.lookup_chunks(one.id, needed)
+        index.commit_snapshot(one.id, record, entry_records(manifest), needed, len(raw), ())
         one.committed = True
     report.snapshots += 1
 

@@ -1,9 +1,9 @@
-"""Index queries for compaction (mixed into :class:`Index`): which chunks are loose, and the
-one-transaction switch of rewritten chunks to their dense pack.
+"""Index queries for compaction: which chunks are loose, and the one-transaction switch of
+rewritten chunks to their dense pack.
 
 A take writes its new chunks into *loose* packs (``packs.loose``): the fast codec, no deltas.
 Compaction reads the loose chunks that no newest snapshot of a run uses, writes them densely
-into new packs, and switches their rows to the new packs with :meth:`CompactionMixin.rewrite_chunks`
+into new packs, and switches their rows to the new packs with :meth:`Compaction.rewrite_chunks`
 (compare-and-swap on the old pack, so a chunk gc pruned or moved meanwhile is left alone). The
 old packs are then retired like any pack gc emptied.
 """
@@ -11,24 +11,17 @@ old packs are then retired like any pack gc emptied.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager
 
 from sqlalchemy import select, update
-from sqlalchemy.engine import Connection
 
 from ckstore.index import _convert, _sql
 from ckstore.index._sql import batches, check_lease
+from ckstore.index.base import IndexBase
 from ckstore.index.records import ChunkRecord, PackRecord
 
 
-class CompactionMixin:
-    """Compaction queries; relies on ``Index._write`` / ``Index._read``."""
-
-    def _write(self, what: str) -> AbstractContextManager[Connection]:  # provided by Index
-        raise NotImplementedError
-
-    def _read(self, what: str) -> AbstractContextManager[Connection]:  # provided by Index
-        raise NotImplementedError
+class Compaction(IndexBase):
+    """Compaction: the loose chunks, and their switch to dense packs."""
 
     def loose_chunks(self) -> list[ChunkRecord]:
         """Every chunk row that lives in a loose pack (one a take wrote with its fast codec,

@@ -1,4 +1,5 @@
-"""Index queries for garbage collection and integrity checks (mixed into :class:`Index`).
+"""What gc and check ask of the index: unreferenced rows and their pruning, the lifecycle of
+packs (retired, deleted, rewritten), and inventories of every row to compare with the objects.
 
 Safety rules these queries implement (reliability contract I4):
 
@@ -10,7 +11,8 @@ Safety rules these queries implement (reliability contract I4):
   ``pins`` and ``snapshot_chunks`` to ``chunks`` are the backstop: the database refuses to
   delete a chunk something still points at.
 - Sessions whose lease ran out are marked ``expired`` (never active again) and lose their
-  pins before anything is pruned; an expired take then fails at commit.
+  pins before anything is pruned (``sessions``: gc calls ``expire_sessions`` first); an
+  expired take then fails at commit.
 - Pack rows go before pack objects: a pack with no live chunk is first *retired*
   (``retired_at``), and its row is deleted only once the grace period has passed.
 """
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,8 @@ from sqlalchemy.engine import Connection
 
 from ckstore.index import _convert, _sql
 from ckstore.index._sql import batches
-from ckstore.index.records import ChunkRecord, PackRecord, SessionRecord
+from ckstore.index.base import IndexBase
+from ckstore.index.records import ChunkRecord, PackRecord
 
 
 @dataclass(frozen=True)
@@ -47,36 +49,6 @@ class PackUsage:
     """A pack of this remote (evicted chunks point at it), not of the store (revision 0006)."""
 
 
-@dataclass(frozen=True)
-class HeldSession:
-    """A write session still marked active, and what it keeps from gc.
-
-    Attributes:
-        session: The session (owner ``host:pid``, start, lease end).
-        pinned_chunks: Chunks pinned to it (what it wrote, and what it dedups against).
-        held_bytes: Stored bytes of those pinned chunks that no snapshot references: what
-            gc cannot reclaim until the session commits, ends or its lease runs out.
-    """
-
-    session: SessionRecord
-    pinned_chunks: int
-    held_bytes: int
-
-    def to_dict(self, now: float | None = None) -> dict[str, Any]:
-        now = time.time() if now is None else now
-        s = self.session
-        return {
-            "id": s.id,
-            "owner": s.owner,
-            "started_at": s.started_at,
-            "heartbeat_at": s.heartbeat_at,
-            "expires_at": s.expires_at,
-            "expired": s.expires_at < now,
-            "pinned_chunks": self.pinned_chunks,
-            "held_bytes": self.held_bytes,
-        }
-
-
 def _unreferenced(ignoring: Sequence[str] = (), bases: bool = True) -> Any:
     """SQL condition: no snapshot (other than ``ignoring``) references, no session pins, and
     (with ``bases``) no delta is stored against it."""
@@ -89,6 +61,16 @@ def _unreferenced(ignoring: Sequence[str] = (), bases: bool = True) -> Any:
         d = c.alias("dependent")
         cond = and_(cond, ~exists(select(d.c.id).where(d.c.base_id == c.c.id)))
     return cond
+
+
+def _edges(conn: Connection, base_ids: Sequence[str]) -> list[tuple[str, str]]:
+    """``(delta, base)`` for every delta stored against one of ``base_ids``."""
+    c = _sql.chunks
+    return [
+        (str(r[0]), str(r[1]))
+        for batch in batches(base_ids)
+        for r in conn.execute(select(c.c.id, c.c.base_id).where(c.c.base_id.in_(batch)))
+    ]
 
 
 def _removable(rows: list[ChunkRecord], edges: Iterable[tuple[str, str]]) -> list[ChunkRecord]:
@@ -107,67 +89,8 @@ def _removable(rows: list[ChunkRecord], edges: Iterable[tuple[str, str]]) -> lis
     return [r for r in rows if r.chunk_id in gone]
 
 
-class MaintenanceMixin:
-    """GC and check queries; relies on ``Index._write`` / ``Index._read``."""
-
-    def _write(self, what: str) -> AbstractContextManager[Connection]:  # provided by Index
-        raise NotImplementedError
-
-    def _read(self, what: str) -> AbstractContextManager[Connection]:  # provided by Index
-        raise NotImplementedError
-
-    # -------------------------------------------------------------------- sessions
-    def expire_sessions(self, now: float | None = None, purge_after: float = 86400.0) -> int:
-        """Mark active sessions past their lease ``expired``, drop pins of ended sessions.
-
-        Also forgets ended sessions older than ``purge_after`` seconds. Returns how many
-        sessions were expired now.
-        """
-        now = time.time() if now is None else now
-        s, p = _sql.sessions, _sql.pins
-        with self._write("expire write sessions") as conn:
-            expired = conn.execute(
-                update(s)
-                .where((s.c.state == _sql.ACTIVE) & (s.c.expires_at < now))
-                .values(state=_sql.EXPIRED)
-            ).rowcount
-            ended = select(s.c.id).where(s.c.state != _sql.ACTIVE)
-            conn.execute(delete(p).where(p.c.session_id.in_(ended)))
-            conn.execute(
-                delete(s).where((s.c.state != _sql.ACTIVE) & (s.c.heartbeat_at < now - purge_after))
-            )
-        return int(expired or 0)
-
-    def live_sessions(self, started_before: float | None = None) -> list[SessionRecord]:
-        """Active sessions whose lease has not run out (optionally begun before a time)."""
-        s = _sql.sessions
-        now = time.time()
-        query = select(s).where((s.c.state == _sql.ACTIVE) & (s.c.expires_at >= now))
-        if started_before is not None:
-            query = query.where(s.c.started_at <= started_before)
-        with self._read("list live sessions") as conn:
-            return [_convert.session(r) for r in conn.execute(query)]
-
-    def held_sessions(self) -> list[HeldSession]:
-        """Sessions still marked active (live, or past their lease but not yet expired by a
-        gc), oldest first, with the chunks they pin and the bytes only they keep."""
-        s, p, c, sc = _sql.sessions, _sql.pins, _sql.chunks, _sql.snapshot_chunks
-        unreferenced = ~exists(select(sc.c.chunk_id).where(sc.c.chunk_id == c.c.id))
-        out = []
-        with self._read("list held write sessions") as conn:
-            rows = conn.execute(
-                select(s).where(s.c.state == _sql.ACTIVE).order_by(s.c.started_at)
-            ).all()
-            for row in rows:
-                mine = p.c.session_id == row.id
-                pinned = conn.scalar(select(func.count()).select_from(p).where(mine))
-                held = conn.scalar(
-                    select(func.coalesce(func.sum(c.c.length), 0))
-                    .select_from(p.join(c, c.c.id == p.c.chunk_id))
-                    .where(mine & unreferenced)
-                )
-                out.append(HeldSession(_convert.session(row), int(pinned or 0), int(held or 0)))
-        return out
+class Maintenance(IndexBase):
+    """What gc and check ask: unreferenced rows, pruning them, packs' lifecycle, inventories."""
 
     def snapshots_using(self, chunk_ids: Iterable[str]) -> dict[str, set[str]]:
         """Chunk id -> ids of the snapshots that reference it (chunks nothing references are
@@ -193,17 +116,7 @@ class MaintenanceMixin:
         query = select(c).where((c.c.created_at < cutoff) & _unreferenced(ignoring, bases=False))
         with self._read("find unreferenced chunks") as conn:
             rows = [_convert.chunk(r) for r in conn.execute(query)]
-            return _removable(rows, self._edges(conn, [r.chunk_id for r in rows]))
-
-    @staticmethod
-    def _edges(conn: Connection, base_ids: Sequence[str]) -> list[tuple[str, str]]:
-        """``(delta, base)`` for every delta stored against one of ``base_ids``."""
-        c = _sql.chunks
-        return [
-            (str(r[0]), str(r[1]))
-            for batch in batches(base_ids)
-            for r in conn.execute(select(c.c.id, c.c.base_id).where(c.c.base_id.in_(batch)))
-        ]
+            return _removable(rows, _edges(conn, [r.chunk_id for r in rows]))
 
     def young_unreferenced(
         self, cutoff: float, ignoring: Sequence[str] = ()

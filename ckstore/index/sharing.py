@@ -1,14 +1,14 @@
-"""Index queries about what snapshots share (mixed into :class:`Index`), for views of a store.
+"""Index queries about what snapshots share, for views of a store.
 
 Every query here is read-only and bounded by what the caller names, never by the size of the
 store: a store of 10,000 snapshots that all reference one frozen backbone must not make a
 "what does this snapshot share" question scan 10,000 x 1,000 references.
 
-- :meth:`SharingMixin.shared_with`: chunks (and their stored bytes) one snapshot has in common
+- :meth:`Sharing.shared_with`: chunks (and their stored bytes) one snapshot has in common
   with each of a list of others, by primary-key lookups of those pairs.
-- :meth:`SharingMixin.exclusive_usage`: chunks no other snapshot references (what deleting it
+- :meth:`Sharing.exclusive_usage`: chunks no other snapshot references (what deleting it
   alone would let ``gc`` reclaim, delta bases aside).
-- :meth:`SharingMixin.fork_sources`: for the first snapshots of runs, the earlier snapshots of
+- :meth:`Sharing.fork_sources`: for the first snapshots of runs, the earlier snapshots of
   other runs holding a sample of their chunks or of their chunks' delta bases (a fine-tune
   forked from a base model shares its unchanged tensors, or stores deltas against them).
 """
@@ -16,7 +16,6 @@ store: a store of 10,000 snapshots that all reference one frozen backbone must n
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from sqlalchemy import and_, exists, func, select
@@ -25,9 +24,10 @@ from sqlalchemy.engine import Connection
 from ckstore.errors import InvalidInputError
 from ckstore.index import _sql
 from ckstore.index._sql import batches, unique
+from ckstore.index.base import IndexBase
 
 MAX_SAMPLE = 1024
-"""Most chunks :meth:`SharingMixin.fork_sources` samples per snapshot."""
+"""Most chunks :meth:`Sharing.fork_sources` samples per snapshot."""
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,8 @@ class Shared:
     stored_bytes: int
 
 
-class SharingMixin:
-    """Sharing queries; relies on ``Index._read``."""
-
-    def _read(self, what: str) -> AbstractContextManager[Connection]:  # provided by Index
-        raise NotImplementedError
+class Sharing(IndexBase):
+    """What snapshots share, for views of a store."""
 
     def shared_with(self, snapshot_id: str, others: Sequence[str]) -> list[Shared]:
         """Chunks ``snapshot_id`` has in common with each of ``others`` (unknown ids: none).

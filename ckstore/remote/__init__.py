@@ -21,6 +21,7 @@ from .select import Selection, select
 from .transfer import TransferReport, transfer
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import RemoteIndex
     from ..engine.repository import Repository
 
 __all__ = [
@@ -52,8 +53,9 @@ def push(
         NotFoundError: no remote ``name``; SnapshotNotFoundError: a ref names nothing here.
         CorruptionError, ConflictError, LeaseExpiredError: see :func:`.transfer.transfer`.
     """
-    remote = config.get(local.index, name)
-    selection = select(local.index, refs)
+    index: RemoteIndex = local.index
+    remote = config.get(index, name)
+    selection = select(index, refs)
     created = False
     try:
         dst = config.open_remote(remote)
@@ -70,7 +72,7 @@ def push(
             force=force,
             pause=pause,
             progress=progress,
-            record=lambda ids: local.index.mark_pushed(name, ids),
+            record=lambda ids: index.mark_pushed(name, ids),
         )
     finally:
         dst.close()
@@ -96,7 +98,8 @@ def pull(
         CorruptionError: a chunk or manifest of the remote is damaged (named); the snapshot
             being pulled is not committed here.
     """
-    remote = config.get(local.index, name)
+    index: RemoteIndex = local.index
+    remote = config.get(index, name)
     src = source if source is not None else config.open_remote(remote)
     try:
         selection = select(src.index, refs)
@@ -108,7 +111,7 @@ def pull(
             remote=name,
             force=force,
             progress=progress,
-            record=lambda ids: local.index.mark_pushed(name, ids),
+            record=lambda ids: index.mark_pushed(name, ids),
         )
     finally:
         if source is None:

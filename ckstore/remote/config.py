@@ -19,12 +19,12 @@ from ..errors import InvalidInputError, NotFoundError
 from ..index import RemoteRecord, validate_name
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import RemoteIndex
     from ..engine.repository import Repository
-    from ..index import Index
 
 
 def add(
-    index: Index,
+    index: RemoteIndex,
     name: str,
     url: str | os.PathLike[str],
     *,
@@ -63,7 +63,7 @@ def record(
     return RemoteRecord(name, text, remote_index or None, dict(options or {}), tier)
 
 
-def get(index: Index, name: str) -> RemoteRecord:
+def get(index: RemoteIndex, name: str) -> RemoteRecord:
     """The remote named ``name``.
 
     Raises:
@@ -80,7 +80,7 @@ def get(index: Index, name: str) -> RemoteRecord:
     return found
 
 
-def by_url(index: Index, url: str | os.PathLike[str]) -> RemoteRecord | None:
+def by_url(index: RemoteIndex, url: str | os.PathLike[str]) -> RemoteRecord | None:
     """The remote whose URL is ``url`` (compared as stored: absolute for a local path), if any."""
     text = os.fspath(url)
     text = local_path(text) if is_local(text) else text

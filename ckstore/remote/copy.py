@@ -44,6 +44,7 @@ from ..index import ChunkRecord, PackRecord
 from ..objects.hashing import payload_digest
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import LocationIndex, WriteIndex
     from ..engine.repository import Repository
 
 SEGMENT_BYTES = 16 << 20
@@ -158,6 +159,8 @@ class ChunkCopier:
         progress: Callable[[int], None] | None = None,
     ) -> None:
         self.src, self.dst, self.session, self.where = src, dst, session, where
+        self.src_index: LocationIndex = src.index
+        self.dst_index: WriteIndex = dst.index
         self.stats, self.pause, self.progress = stats, pause, progress
         self.threads = max(1, src.io_threads)
 
@@ -165,7 +168,7 @@ class ChunkCopier:
     def copy(self, chunk_ids: set[str], shapes: dict[str, Shape]) -> None:
         """Send every chunk of ``chunk_ids`` the destination lacks; return once all are
         durable there and recorded (pinned to the session)."""
-        have = self.dst.index.lookup_chunks(self.session, sorted(chunk_ids))
+        have = self.dst_index.lookup_chunks(self.session, sorted(chunk_ids))
         missing = sorted(chunk_ids - have.keys())
         if have:
             self._skipped(chunk_ids & have.keys())
@@ -173,14 +176,14 @@ class ChunkCopier:
             self._send(self._jobs(missing, shapes))
 
     def _skipped(self, ids: set[str]) -> None:
-        rows = self.src.index.chunk_locations(ids)
+        rows = self.src_index.chunk_locations(ids)
         size = sum(rows[c].length for c in ids if c in rows)
         self.stats.count(chunks_skipped=len(ids), bytes_skipped=size)
         if self.progress is not None:
             self.progress(size)
 
     def _jobs(self, missing: list[str], shapes: dict[str, Shape]) -> list[_Job]:
-        known = self.src.index.chunk_locations(missing)
+        known = self.src_index.chunk_locations(missing)
         lost = [c for c in missing if c not in known]
         if lost:
             raise NotFoundError(
@@ -189,7 +192,7 @@ class ChunkCopier:
             )
         bases = {known[c].base_id for c in missing if known[c].base_id is not None}
         at_dst = (
-            self.dst.index.lookup_chunks(self.session, sorted(b for b in bases if b is not None))
+            self.dst_index.lookup_chunks(self.session, sorted(b for b in bases if b is not None))
             if bases
             else {}
         )
@@ -321,7 +324,7 @@ class ChunkCopier:
         return job, codec, bytes(payload)
 
     def _relocate(self, job: _Job) -> objects.ChunkLocation:
-        known = self.src.index.chunk_locations([job.rec.chunk_id])
+        known = self.src_index.chunk_locations([job.rec.chunk_id])
         if job.rec.chunk_id not in known:
             raise NotFoundError(
                 f"{self.where}: chunk {job.rec.chunk_id} left {self.src.url} while it was being "
@@ -356,6 +359,7 @@ class _Sink:
 
     def __init__(self, dst: Repository, session: str, stats: CopyStats, threads: int) -> None:
         self.dst, self.session, self.stats = dst, session, stats
+        self._index: WriteIndex = dst.index
         self.writer = dst.objects.new_pack_writer(dst.config.pack_bytes)
         self.depths: dict[str, int] = {}
         self.loose = False
@@ -391,7 +395,7 @@ class _Sink:
             return
         pack_id, size, locs = done
         records = to_records(locs, depths)
-        self.dst.index.add_pack(
+        self._index.add_pack(
             self.session, PackRecord(pack_id, size, len(records), time.time(), loose=loose), records
         )
         self.stats.count(packs_written=1)  # ...then recorded

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .tier import ordered
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import LocationIndex, TierIndex
     from ..engine.repository import Repository
 
 
@@ -55,9 +56,10 @@ def evict(
     ``used`` (pack id -> when a read last used it) is recorded first. Returns the report and the
     remote's packs the switched rows now point at (pack id -> ``name``).
     """
+    index: TierIndex = local.index
     if used:
-        local.index.touch_packs(used)
-    packs = local.index.local_packs_by_use()
+        index.touch_packs(used)
+    packs = index.local_packs_by_use()
     report = EvictReport(budget, local_bytes_before=sum(size for _, size, _ in packs))
     total = report.local_bytes_before
     remote_packs: dict[str, str] = {}
@@ -79,19 +81,21 @@ def _evict_pack(
     local: Repository, remote: Repository, name: str, pack_id: str, remote_packs: dict[str, str]
 ) -> int | None:
     """Evict one pack; the chunks switched, or None if it stays (wholly or in part)."""
-    rows = local.index.chunks_in_packs([pack_id])
+    index: TierIndex = local.index
+    rows = index.chunks_in_packs([pack_id])
     ids = [r.chunk_id for r in rows]
-    if not ids or local.index.pushed_chunk_ids(name, ids) != set(ids):
+    if not ids or index.pushed_chunk_ids(name, ids) != set(ids):
         return None
-    found = remote.index.chunk_locations(ids)
+    theirs: LocationIndex = remote.index
+    found = theirs.chunk_locations(ids)
     if any(i not in found for i in ids):
         return None
-    switched = local.index.point_chunks_at_remote(name, ordered(found), {i: pack_id for i in ids})
+    switched = index.point_chunks_at_remote(name, ordered(found), {i: pack_id for i in ids})
     remote_packs.update((r.pack_id, name) for r in found.values())
     if len(switched) != len(ids):
         return None
-    retired = local.index.retire_packs([pack_id])
-    for gone in local.index.delete_retired_packs(time.time(), only=retired):  # rows first...
+    retired = index.retire_packs([pack_id])
+    for gone in index.delete_retired_packs(time.time(), only=retired):  # rows first...
         local.objects.delete_pack(gone)  # ...then the object
     return len(switched)
 

@@ -29,6 +29,7 @@ from ..objects.delta import xor_into
 from ..objects.hashing import payload_digest
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import TierIndex
     from ..engine.repository import Repository
 
 
@@ -54,30 +55,28 @@ def hydrate(local: Repository, remote: str | None = None) -> HydrateReport:
             chunks of that pack stay evicted, those brought back before stay local.
         StorageError: the remote cannot be read.
     """
+    index: TierIndex = local.index
     report = HydrateReport()
-    packs = sorted(
-        p for p, r in local.index.remote_pack_ids().items() if remote is None or r == remote
-    )
+    packs = sorted(p for p, r in index.remote_pack_ids().items() if remote is None or r == remote)
     for pack_id in packs:
-        rows = local.index.chunks_in_packs([pack_id])
+        rows = index.chunks_in_packs([pack_id])
         if rows:
             report.chunks += _bring_back(local, pack_id, rows)
             report.bytes += sum(r.length for r in rows)
             report.packs += 1
-    retired = local.index.retire_packs(packs)
-    local.index.delete_retired_packs(
-        time.time(), only=retired
-    )  # rows only: the packs are the remote's
+    retired = index.retire_packs(packs)
+    index.delete_retired_packs(time.time(), only=retired)  # rows only: the packs are the remote's
     return report
 
 
 def _bring_back(local: Repository, pack_id: str, rows: list[ChunkRecord]) -> int:
+    index: TierIndex = local.index
     name = objects.pack_name(pack_id)
     start = min(r.offset for r in rows)
     span = memoryview(
         local.objects.backend.get(name, start, max(r.offset + r.length for r in rows) - start)
     )
-    bases = local.index.chunk_locations(
+    bases = index.chunk_locations(
         r.chunk_id for r in rows if r.base_id is not None
     )  # with their chains
     writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
@@ -93,7 +92,7 @@ def _bring_back(local: Repository, pack_id: str, rows: list[ChunkRecord]) -> int
     assert done is not None
     new_id, size, locs = done
     moves = to_records(locs)
-    return local.index.relocate_chunks(
+    return index.relocate_chunks(
         PackRecord(new_id, size, len(moves), time.time()), moves, pack_id
     )  # ...then rows
 

@@ -3,7 +3,7 @@
 - No ref: every run (every snapshot of each) and every tag.
 - A tag: the snapshot it names, and the tag.
 - A run (a name that is no tag and no snapshot's name): every snapshot of the run.
-- Anything else ``Index.resolve`` understands (``run@step``, a snapshot name, an id prefix):
+- Anything else the index resolves as a ref (``run@step``, a snapshot name, an id prefix):
   that snapshot alone.
 
 Snapshots come out run by run (runs by name), each run's in commit order, so the destination
@@ -15,8 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..index import Index, SnapshotRecord
+from ..index import SnapshotRecord
+
+if TYPE_CHECKING:
+    from ..engine.interfaces import HistoryIndex
 
 
 @dataclass
@@ -31,7 +35,7 @@ class Selection:
         return sorted(n for n, s in self.tags.items() if s == snapshot_id)
 
 
-def select(index: Index, refs: Sequence[str]) -> Selection:
+def select(index: HistoryIndex, refs: Sequence[str]) -> Selection:
     """The snapshots and tags ``refs`` name in ``index`` (module docstring).
 
     Raises:

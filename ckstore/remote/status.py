@@ -9,9 +9,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..index import Index
+if TYPE_CHECKING:
+    from ..engine.interfaces import RemoteIndex
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class PushStatus:
         return {"state": self.state, "remotes": list(self.remotes)}
 
 
-def statuses(index: Index) -> dict[str, PushStatus]:
+def statuses(index: RemoteIndex) -> dict[str, PushStatus]:
     """Snapshot id -> :class:`PushStatus`, for every snapshot (from the index alone)."""
     tiers = {r.name for r in index.list_remotes() if r.tier}
     held = index.remote_holdings()

@@ -29,6 +29,7 @@ from ..objects.backend import ObjectWriter, PutData
 from . import config
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import LocationIndex, TierIndex
     from ..engine.repository import Repository
 
 log = logging.getLogger("ckstore")
@@ -84,8 +85,9 @@ class TierBackend(WrappingBackend):
     def __init__(self, inner: Backend, local: Repository) -> None:
         super().__init__(inner)
         self._local = local
+        self._index: TierIndex = local.index
         self._handles: dict[str, RemoteHandle] = {}
-        self._remote_packs: dict[str, str] = local.index.remote_pack_ids()
+        self._remote_packs: dict[str, str] = self._index.remote_pack_ids()
         self._used: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -156,7 +158,7 @@ class TierBackend(WrappingBackend):
         """The remote whose pack ``pack_id`` is, if the index says it is one."""
         name = self._remote_packs.get(pack_id)
         if name is None:
-            fresh = self._local.index.remote_pack_ids()  # evicted since (by another process)
+            fresh = self._index.remote_pack_ids()  # evicted since (by another process)
             with self._lock:
                 self._remote_packs.update(fresh)
             name = fresh.get(pack_id)
@@ -165,7 +167,7 @@ class TierBackend(WrappingBackend):
         with self._lock:
             handle = self._handles.get(name)
         if handle is None:
-            record = self._local.index.get_remote(name)
+            record = self._index.get_remote(name)
             if record is None:
                 return None
             handle = RemoteHandle(self._local, record)
@@ -208,12 +210,14 @@ class TierBackend(WrappingBackend):
 def refresh(local: Repository, remote: Repository, name: str, pack_id: str) -> int:
     """Point the rows of chunks held in the remote's pack ``pack_id`` (gone there) at their new
     places in the remote; the number switched."""
-    rows = local.index.chunks_in_packs([pack_id])
+    index: TierIndex = local.index
+    theirs: LocationIndex = remote.index
+    rows = index.chunks_in_packs([pack_id])
     if not rows:
         return 0
-    found = remote.index.chunk_locations([r.chunk_id for r in rows])
+    found = theirs.chunk_locations([r.chunk_id for r in rows])
     records = ordered(found)
-    switched = local.index.point_chunks_at_remote(
+    switched = index.point_chunks_at_remote(
         name, records, {r.chunk_id: pack_id for r in rows if r.chunk_id in found}
     )
     if switched:

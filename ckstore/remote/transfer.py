@@ -38,6 +38,7 @@ from .copy import ChunkCopier, CopyStats, shapes_of
 from .select import Selection
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import TransferIndex
     from ..engine.repository import Repository
 
 
@@ -119,7 +120,8 @@ def transfer(
     if present:
         record(present)
         report.snapshots_present = len(present)
-    total = sum(src.index.stored_bytes(s.id) for s in todo)
+    source: TransferIndex = src.index
+    total = sum(source.stored_bytes(s.id) for s in todo)
     bar = meter(progress, direction, total)
     tick = None if bar is None else bar.add
     with _source_pins(src) as pins:
@@ -134,8 +136,9 @@ def transfer(
 
 
 def _present(dst: Repository, snap: SnapshotRecord) -> bool:
+    index: TransferIndex = dst.index
     try:
-        dst.index.get_snapshot(snap.id)
+        index.get_snapshot(snap.id)
         return True
     except SnapshotNotFoundError:
         return False
@@ -146,8 +149,8 @@ class _source_pins:  # noqa: N801 - a context manager used like a function
     if the snapshot is deleted); none when the source is read-only."""
 
     def __init__(self, src: Repository) -> None:
-        self.lease = None if src.read_only else Lease(src.index, src.lease_seconds)
-        self.src = src
+        self._index: TransferIndex = src.index
+        self.lease = None if src.read_only else Lease(self._index, src.lease_seconds)
 
     def __enter__(self) -> _source_pins:
         if self.lease is not None:
@@ -156,7 +159,7 @@ class _source_pins:  # noqa: N801 - a context manager used like a function
 
     def pin(self, chunk_ids: set[str]) -> None:
         if self.lease is not None:
-            self.src.index.lookup_chunks(self.lease.id, sorted(chunk_ids))
+            self._index.lookup_chunks(self.lease.id, sorted(chunk_ids))
 
     def __exit__(self, *exc: object) -> None:
         if self.lease is not None:
@@ -206,10 +209,11 @@ def _commit(
 ) -> SnapshotRecord | None:
     """Commit at the destination; a tag refused there is reported (the snapshot still goes), and a
     push beside this one that committed the same snapshot first leaves it to that one (None)."""
+    index: TransferIndex = dst.index
 
     def commit(tags: list[str]) -> SnapshotRecord:
         return commit_manifest(
-            dst.index,
+            index,
             session,
             manifest,
             stored,
@@ -227,7 +231,7 @@ def _commit(
         raise
     except ConflictError:
         if _present(dst, snap):  # another push committed it first
-            dst.index.end_session(session, "aborted")
+            index.end_session(session, "aborted")
             return None
         if not specs:
             raise
@@ -239,9 +243,10 @@ def _commit(
 def _tag_specs(
     dst: Repository, names: list[str], snapshot_id: str, force: bool, report: TransferReport
 ) -> list[str]:
+    index: TransferIndex = dst.index
     specs = []
     for name in names:
-        held = dst.index.get_tag(name)
+        held = index.get_tag(name)
         if held is None:
             specs.append(name)
         elif held.snapshot_id != snapshot_id:
@@ -254,18 +259,19 @@ def _tag_specs(
 
 def _set_tags(dst: Repository, selection: Selection, report: TransferReport, force: bool) -> None:
     """Tags of snapshots the destination held already (the others went with their commits)."""
+    index: TransferIndex = dst.index
     done = set(report.tags_set) | set(report.tags_rejected)
     for name, sid in sorted(selection.tags.items()):
         if name in done:
             continue
-        held = dst.index.get_tag(name)
+        held = index.get_tag(name)
         if held is not None and held.snapshot_id == sid:
             continue
         if held is not None and not force:
             report.tags_rejected.append(name)
             continue
         try:
-            dst.index.set_tag(name, sid, force=force)
+            index.set_tag(name, sid, force=force)
             report.tags_set.append(name)
         except (ConflictError, SnapshotNotFoundError):
             report.tags_rejected.append(name)

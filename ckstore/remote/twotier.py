@@ -14,6 +14,7 @@ from .tier import RemoteHandle, TierBackend
 from .uploader import Uploader
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import TierIndex
     from ..engine.repository import Repository
 
 TIER_NAME = "tier"
@@ -38,11 +39,12 @@ def attach_tier(
         ReadOnlyStoreError: the store is open read-only.
         InvalidInputError: a bad budget, or the URL is this store.
     """
+    index: TierIndex = repo.index
     if repo.read_only:
-        raise ReadOnlyStoreError(f"cannot push from {repo.url}: {repo.index.read_only}")
+        raise ReadOnlyStoreError(f"cannot push from {repo.url}: {index.read_only}")
     budget = None if local_budget is None else parse_size(local_budget)
     remote = resolve(repo, push_to, remote_index, remote_options)
-    repo.index.set_remote_tier(remote.name, True)
+    index.set_remote_tier(remote.name, True)
     tier = install_reads(repo)
     handle = RemoteHandle(repo, remote)
     tier.use(handle)
@@ -59,24 +61,23 @@ def resolve(
 ) -> RemoteRecord:
     """The remote ``push_to`` names: a remote's name, or a URL (a remote with that URL, else a
     new remote named :data:`TIER_NAME`)."""
+    index: TierIndex = repo.index
     if not isinstance(push_to, str) or not push_to:
         raise InvalidInputError(f"push_to must be a remote's name or a store URL, got {push_to!r}")
-    found = repo.index.get_remote(push_to)
+    found = index.get_remote(push_to)
     if found is not None:
         return found
     if "/" not in push_to and "://" not in push_to:
-        config.get(repo.index, push_to)  # raises NotFoundError listing the remotes there are
-    known = config.by_url(repo.index, push_to)
+        config.get(index, push_to)  # raises NotFoundError listing the remotes there are
+    known = config.by_url(index, push_to)
     if known is not None:
         return known
-    if repo.index.get_remote(TIER_NAME) is not None:
+    if index.get_remote(TIER_NAME) is not None:
         raise NotFoundError(
             f"no remote has the URL {push_to!r}, and the name {TIER_NAME!r} is taken: add it under a name "
             f"(`ckstore remote add NAME {push_to}`) and pass push_to=NAME"
         )
-    return config.add(
-        repo.index, TIER_NAME, push_to, remote_index=remote_index, options=remote_options
-    )
+    return config.add(index, TIER_NAME, push_to, remote_index=remote_index, options=remote_options)
 
 
 def install_reads(repo: Repository) -> TierBackend:
@@ -92,5 +93,6 @@ def install_reads(repo: Repository) -> TierBackend:
 def attach_reads(repo: Repository) -> None:
     """Install :class:`TierBackend` if chunks of ``repo`` were evicted to a remote (any store
     opened without ``push_to`` still reads them)."""
-    if repo.index.remote_pack_ids():
+    index: TierIndex = repo.index
+    if index.remote_pack_ids():
         install_reads(repo)

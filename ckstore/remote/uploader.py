@@ -42,6 +42,7 @@ from .tier import RemoteHandle, TierBackend
 from .transfer import TransferReport, transfer
 
 if TYPE_CHECKING:
+    from ..engine.interfaces import RemoteIndex
     from ..engine.repository import Repository
 
 log = logging.getLogger("ckstore")
@@ -59,6 +60,7 @@ class Uploader:
         self, local: Repository, remote: RemoteHandle, tier: TierBackend, budget: int | None = None
     ) -> None:
         self._local, self._remote, self._tier, self.budget = local, remote, tier, budget
+        self._index: RemoteIndex = local.index
         self._cond = threading.Condition()
         self._wanted = False
         self._running = False
@@ -89,7 +91,7 @@ class Uploader:
 
     def pending(self) -> list[SnapshotRecord]:
         """Snapshots the remote does not hold yet (in the order they will go)."""
-        return self._local.index.unpushed(self.name)
+        return self._index.unpushed(self.name)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every snapshot committed here is pushed; False on timeout.
@@ -178,7 +180,7 @@ class Uploader:
         todo = self.pending()
         if todo:
             remote = self._remote.get()
-            tags = {t.name: t.snapshot_id for t in self._local.index.list_tags()}
+            tags = {t.name: t.snapshot_id for t in self._index.list_tags()}
             self.pushing = {s.id for s in todo}
             self.last = transfer(
                 self._local,
@@ -188,7 +190,7 @@ class Uploader:
                 remote=self.name,
                 force=True,
                 pause=self._local.busy,
-                record=lambda ids: self._local.index.mark_pushed(self.name, ids),
+                record=lambda ids: self._index.mark_pushed(self.name, ids),
             )
         if self.budget is not None:
             remote = self._remote.get()

@@ -1,88 +1,24 @@
-"""Index edits of history (mixed into :class:`~ckstore.index.index.Index`): tags set, moved
-and deleted, and snapshots or whole runs deleted. Each is one transaction, atomic as every
-index method; chunk, pack and manifest rows are left for GC."""
+"""Deleting history: one snapshot, or a whole run, with the tags that point at them.
+
+Each deletion is one transaction, all or nothing. Only the snapshot rows, their chunk
+references and their tags go: chunk, pack and manifest rows are left for gc, which reclaims
+what no snapshot references any more (``maintenance``).
+"""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-
 from sqlalchemy import delete, select, update
-from sqlalchemy.engine import Connection
 
 from ckstore.errors import ConflictError, NotFoundError, SnapshotNotFoundError
-from ckstore.index import _convert, _sql, _tags
+from ckstore.index import _convert, _sql
 from ckstore.index._sql import batches
-from ckstore.index.records import SnapshotRecord, TagRecord
+from ckstore.index.base import IndexBase
+from ckstore.index.records import SnapshotRecord
 
 
-class EditsMixin:
-    """Tags and deletions; relies on ``Index._write`` / ``Index._read``."""
+class Deletions(IndexBase):
+    """Delete a snapshot or a run."""
 
-    def _write(self, what: str) -> AbstractContextManager[Connection]:  # provided by Index
-        raise NotImplementedError
-
-    def _read(self, what: str) -> AbstractContextManager[Connection]:  # provided by Index
-        raise NotImplementedError
-
-    # ---------------------------------------------------------------------- tags
-    def set_tag(
-        self,
-        name: str,
-        ref_snapshot_id: str,
-        *,
-        force: bool = False,
-        expected_version: int | None = None,
-    ) -> TagRecord:
-        """Creates or moves a tag.
-
-        Args:
-            name: Tag name (see ``validate_name``).
-            ref_snapshot_id: Id of the snapshot to point at.
-            force: Move the tag if it exists.
-            expected_version: Compare-and-swap: move only if the tag is at this version
-                (0: create only if absent). Of several concurrent movers that read the same
-                version exactly one wins.
-
-        Returns:
-            The tag as stored (version 1 when created, +1 per move).
-
-        Raises:
-            ConflictError: If the tag exists (no force, no expected_version) or moved since
-                ``expected_version``.
-            SnapshotNotFoundError: If the snapshot does not exist.
-            InvalidInputError: If the name is invalid.
-        """
-        with self._write(f"tag {name!r}") as conn:
-            return _tags.set_tag(
-                conn, name, ref_snapshot_id, force=force, expected_version=expected_version
-            )
-
-    def delete_tag(self, name: str) -> None:
-        """Deletes a tag.
-
-        Raises:
-            NotFoundError: If there is no such tag.
-        """
-        with self._write(f"delete tag {name!r}") as conn:
-            result = conn.execute(delete(_sql.tags).where(_sql.tags.c.name == name))
-            if result.rowcount != 1:
-                raise NotFoundError(f"no tag {name!r}")
-
-    def get_tag(self, name: str) -> TagRecord | None:
-        """Returns the tag, or None."""
-        with self._read(f"read tag {name!r}") as conn:
-            return _tags.get_tag(conn, name)
-
-    def list_tags(self, snapshot_id: str | None = None) -> list[TagRecord]:
-        """Lists tags by name, optionally only those pointing at ``snapshot_id``."""
-        t = _sql.tags
-        query = select(t).order_by(t.c.name)
-        if snapshot_id is not None:
-            query = query.where(t.c.snapshot_id == snapshot_id)
-        with self._read("list tags") as conn:
-            return [_convert.tag(r) for r in conn.execute(query)]
-
-    # -------------------------------------------------------------------- delete
     def delete_snapshot(self, snapshot_id: str, *, refuse_tagged: bool = False) -> None:
         """Deletes a snapshot, its chunk references and the tags pointing at it.
 
