@@ -24,10 +24,10 @@ from ckstore.objects.codecs import (
 from ckstore.objects.delta import encode_delta
 from ckstore.objects.hashing import HASH_NAME, chunk_id, is_chunk_id
 from ckstore.objects.local import LocalBackend
+from ckstore.objects.location import ChunkLocation
 from ckstore.objects.opener import open_backend
 from ckstore.objects.pack_scan import PackProblem, PackScan, scan_pack, verify_pack
 from ckstore.objects.packs import (
-    ChunkLocation,
     PackIndex,
     PackWriter,
     load_pack_index,

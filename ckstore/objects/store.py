@@ -25,13 +25,8 @@ from ckstore.objects.codecs import (
 )
 from ckstore.objects.delta import xor_into
 from ckstore.objects.hashing import chunk_id, fingerprint, is_chunk_id, new_hasher, payload_digest
-from ckstore.objects.packs import (
-    PACK_PREFIX,
-    ChunkLocation,
-    PackWriter,
-    pack_id_from_name,
-    pack_name,
-)
+from ckstore.objects.location import ChunkLocation
+from ckstore.objects.packs import PACK_PREFIX, PackWriter, pack_id_from_name, pack_name
 
 _local = threading.local()
 
