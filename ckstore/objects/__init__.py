@@ -7,6 +7,7 @@ Never imports torch or the index layer. The fsspec-based backends (``FsspecBacke
 from typing import TYPE_CHECKING, Any
 
 from ckstore.objects.backend import Backend, validate_name
+from ckstore.objects.chunk_reader import ChunkReader
 from ckstore.objects.codecs import (
     BYTEGROUP_ZSTD,
     CODECS,
@@ -81,6 +82,7 @@ __all__ = [
     "ZSTD",
     "Backend",
     "ChunkLocation",
+    "ChunkReader",
     "CountingBackend",
     "FaultyBackend",
     "FsspecBackend",
