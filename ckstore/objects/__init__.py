@@ -7,6 +7,7 @@ Never imports torch or the index layer. The fsspec-based backends (``FsspecBacke
 from typing import TYPE_CHECKING, Any
 
 from ckstore.objects.backend import Backend, validate_name
+from ckstore.objects.chunk_reader import ChunkReader
 from ckstore.objects.codecs import (
     BYTEGROUP_ZSTD,
     CODECS,
@@ -24,10 +25,10 @@ from ckstore.objects.codecs import (
 from ckstore.objects.delta import encode_delta
 from ckstore.objects.hashing import HASH_NAME, chunk_id, is_chunk_id
 from ckstore.objects.local import LocalBackend
+from ckstore.objects.location import ChunkLocation
 from ckstore.objects.opener import open_backend
 from ckstore.objects.pack_scan import PackProblem, PackScan, scan_pack, verify_pack
 from ckstore.objects.packs import (
-    ChunkLocation,
     PackIndex,
     PackWriter,
     load_pack_index,
@@ -81,6 +82,7 @@ __all__ = [
     "ZSTD",
     "Backend",
     "ChunkLocation",
+    "ChunkReader",
     "CountingBackend",
     "FaultyBackend",
     "FsspecBackend",

@@ -21,11 +21,9 @@ from typing import Any
 from ckstore.errors import InvalidInputError
 from ckstore.objects.codecs import (
     BYTEGROUP_ZSTD,
+    DELTA_OF,
     MIN_SAVING,
     NONE,
-    XOR_BYTEGROUP_ZSTD,
-    XOR_ZSTD,
-    ZSTD,
     encode,
     encode_grouped_xor,
 )
@@ -43,8 +41,6 @@ compare: plain byte-grouped floats of weights and optimizer state stay above it 
 MAX_CHAIN = 64
 """Hard limit on a chain's length a reader follows (the writer's depth limit is far lower):
 a longer or cyclic chain is corruption, not data."""
-
-_WRAP = {ZSTD: XOR_ZSTD, BYTEGROUP_ZSTD: XOR_BYTEGROUP_ZSTD}
 
 
 def xor_into(target: Any, other: Any) -> None:
@@ -121,14 +117,14 @@ def encode_delta(
         )
         inner, payload = encode(memoryview(xor.data), itemsize, grouped, level, buffer)
     if inner != NONE and len(payload) <= n * SURE_DELTA_RATIO:
-        return _WRAP[inner], payload
+        return DELTA_OF[inner], payload
     if (
         inner != NONE
         and plain_estimate is not None
         and len(payload) <= plain_estimate * (1.0 - MIN_DELTA_SAVING)
     ):
-        return _WRAP[inner], payload
+        return DELTA_OF[inner], payload
     codec, plain = encode(raw, itemsize, grouped, level)
     if inner != NONE and len(payload) <= len(plain) * (1.0 - MIN_DELTA_SAVING):
-        return _WRAP[inner], payload
+        return DELTA_OF[inner], payload
     return codec, plain

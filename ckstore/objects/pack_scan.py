@@ -22,7 +22,8 @@ from ckstore.objects.backend import Backend
 from ckstore.objects.codecs import decode
 from ckstore.objects.delta import xor_into
 from ckstore.objects.hashing import chunk_id, payload_digest
-from ckstore.objects.packs import HEADER, ChunkLocation, PackIndex, load_pack_index, pack_name
+from ckstore.objects.location import ChunkLocation
+from ckstore.objects.packs import HEADER, PackIndex, load_pack_index, pack_name
 
 WINDOW_BYTES = 64 << 20
 

@@ -20,14 +20,15 @@ Layout (all integers little-endian, fixed width)::
                no padding; every chunk is encoded on its own, so one ranged read of
                (offset, length) returns it
     T          trailer: one entry per chunk, in payload order, 64 bytes (version 1) or 96
-               bytes (version 2):
+               bytes (versions 2 and 3):
                32s chunk id (raw 32 bytes of the BLAKE3 of the chunk's raw bytes)
                u64 offset       of the payload from the start of the pack
                u64 length       of the payload in bytes
                u64 raw_length   of the decoded chunk in bytes
                u8  codec        0 = none, 1 = zstd, 2 = bytegroup-zstd, 3 = xor-zstd,
                                 4 = xor-bytegroup-zstd (3 and 4 only from version 2),
-                                5 = exp-zstd (only in version 3)
+                                5 = exp-zstd (only from version 3): each codec's
+                                ``pack_id`` and ``pack_version`` (``codecs/``)
                7x  zero padding
                32s base id      versions 2 and 3: the chunk id of the base a delta (codec 3
                                 or 4) is XORed against; 32 zero bytes for any other codec
@@ -52,125 +53,46 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ckstore.errors import CorruptionError, InvalidInputError
 from ckstore.objects.backend import Backend, ObjectWriter
-from ckstore.objects.codecs import CODECS, MAX_RAW_LENGTH, is_delta
-from ckstore.objects.delta import MAX_CHAIN
+from ckstore.objects.codecs import MAX_RAW_LENGTH, is_delta
+from ckstore.objects.codecs.registry import REGISTERED
 from ckstore.objects.hashing import as_bytes_view, is_chunk_id, new_hasher, payload_digest
+from ckstore.objects.location import ChunkLocation
 
 MAGIC = b"CKPACK\x00\x01"
 END_MAGIC = b"CKPEND\x00\x01"
 FORMAT_VERSION = 1
 DELTA_FORMAT_VERSION = 2
-"""The version of packs holding deltas (96-byte entries with a base id)."""
-EXP_FORMAT_VERSION = 3
-"""The version of packs holding an exp-zstd chunk (version 2's entries)."""
-_FIRST_VERSION = {"exp-zstd": EXP_FORMAT_VERSION}
-"""Codecs newer than version 1 -> the first pack version that may hold them (deltas: 2)."""
+"""The version of packs holding deltas (96-byte entries with a base id); every later version
+has the same entries and only adds codecs (each codec names the first version that may hold
+it, ``Codec.pack_version``: 3 for exp-zstd)."""
+LATEST_FORMAT_VERSION = max(c.pack_version for c in REGISTERED)
+"""The newest pack version this ckstore reads and writes."""
 HASH_ID_BLAKE3 = 1
 PACK_PREFIX = "packs/"
 
 HEADER = struct.Struct("<8sHHI16s")
 ENTRY = struct.Struct("<32sQQQB7x")
 ENTRY_V2 = struct.Struct("<32sQQQB7x32s")
-_ENTRIES = {FORMAT_VERSION: ENTRY, DELTA_FORMAT_VERSION: ENTRY_V2, EXP_FORMAT_VERSION: ENTRY_V2}
+_ENTRIES = {FORMAT_VERSION: ENTRY} | {
+    v: ENTRY_V2 for v in range(DELTA_FORMAT_VERSION, LATEST_FORMAT_VERSION + 1)
+}
 _NO_BASE = bytes(32)
 FOOTER = struct.Struct("<QQ32s8s")
-CODEC_IDS = {name: i for i, name in enumerate(CODECS)}
+CODEC_IDS = {c.name: c.pack_id for c in REGISTERED}
 """Codec name -> id stored in the trailer (none 0, zstd 1, bytegroup-zstd 2, xor-zstd 3,
 xor-bytegroup-zstd 4, exp-zstd 5)."""
+_CODEC_NAMES = {i: name for name, i in CODEC_IDS.items()}
+_FIRST_VERSION = {c.name: c.pack_version for c in REGISTERED}
 
 MAX_ENTRIES = 1 << 24
 """Hard limit on chunks per pack (a corrupt count must not make a reader allocate wildly)."""
 
 _TAIL_READ = 64 << 10
-
-
-@dataclass(frozen=True)
-class ChunkLocation:
-    """Where one chunk lives: its pack and the byte range of its encoded payload.
-
-    A delta (``codecs.is_delta(codec)``) names its base chunk in ``base_id``; ``base`` is the
-    base's location once someone resolved it (the index knows it, a pack does not), so a
-    reader holding a location holds the whole chain. ``payload_digest``
-    (``hashing.payload_digest`` of the stored payload) comes from the writer or the index; a
-    pack's trailer does not hold it.
-    """
-
-    chunk_id: str
-    pack_id: str
-    offset: int
-    length: int
-    raw_length: int
-    codec: str
-    base_id: str | None = None
-    base: ChunkLocation | None = field(default=None, compare=False, repr=False)
-    payload_digest: str | None = field(default=None, compare=False, repr=False)
-
-    def digests_known(self) -> bool:
-        """Whether every payload along this chunk's chain has its digest (``payload_digest``):
-        a reader can then check the stored bytes without decoding them."""
-        loc: ChunkLocation | None = self
-        while loc is not None:
-            if loc.payload_digest is None:
-                return False
-            loc = loc.base if loc.base_id is not None else None
-        return True
-
-    def chain(self) -> list[ChunkLocation]:
-        """This location and its bases, down to the full chunk at the root.
-
-        Raises:
-            CorruptionError: a base is not resolved, has another length, or the chain is
-                longer than ``delta.MAX_CHAIN`` (a cycle).
-        """
-        out: list[ChunkLocation] = [self]
-        while out[-1].base_id is not None:
-            loc = out[-1]
-            if loc.base is None or loc.base.chunk_id != loc.base_id:
-                raise CorruptionError(
-                    f"chunk {loc.chunk_id} is a delta against chunk {loc.base_id}, which the "
-                    "index does not know (or records at an inconsistent chain depth): run "
-                    "`ckstore check` (the index may need `ckstore reindex`)"
-                )
-            if loc.base.raw_length != loc.raw_length or len(out) > MAX_CHAIN:
-                raise CorruptionError(
-                    f"chunk {self.chunk_id} has a broken delta chain at {loc.chunk_id} "
-                    f"(base of {loc.base.raw_length} bytes for {loc.raw_length}, or over {MAX_CHAIN} links)"
-                )
-            out.append(loc.base)
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of the fields (the base by id only)."""
-        d: dict[str, Any] = {
-            "chunk_id": self.chunk_id,
-            "pack_id": self.pack_id,
-            "offset": self.offset,
-            "length": self.length,
-            "raw_length": self.raw_length,
-            "codec": self.codec,
-        }
-        if self.base_id is not None:
-            d["base_id"] = self.base_id
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ChunkLocation:
-        """The inverse of :meth:`to_dict`."""
-        base = d.get("base_id")
-        return cls(
-            str(d["chunk_id"]),
-            str(d["pack_id"]),
-            int(d["offset"]),
-            int(d["length"]),
-            int(d["raw_length"]),
-            str(d["codec"]),
-            None if base is None else str(base),
-        )
 
 
 def pack_name(pack_id: str) -> str:
@@ -345,9 +267,9 @@ class PackWriter:
         return header, trailer, footer
 
 
-def _version_for(codec: str) -> int:
-    """The first pack version that may hold a chunk of ``codec``."""
-    return DELTA_FORMAT_VERSION if is_delta(codec) else _FIRST_VERSION.get(codec, FORMAT_VERSION)
+def _version_for(name: str) -> int:
+    """The first pack version that may hold a chunk of codec ``name``."""
+    return _FIRST_VERSION[name]
 
 
 def pack_overhead(count: int, deltas: bool = False) -> int:
@@ -451,19 +373,19 @@ def _parse_entries(
         fields = entry.unpack_from(trailer, i * entry.size)
         raw_id, off, length, raw_len, codec_id = fields[:5]
         base_raw = fields[5] if len(fields) > 5 else _NO_BASE
-        if codec_id >= len(CODECS) or _version_for(CODECS[codec_id]) > version:
+        name = _CODEC_NAMES.get(codec_id)
+        if name is None or _version_for(name) > version:
             raise CorruptionError(
                 f"{where}: entry {i} has codec id {codec_id}, unknown in a version {version} pack"
             )
-        codec = CODECS[codec_id]
         base = None if base_raw == _NO_BASE else base_raw.hex()
-        if is_delta(codec) != (base is not None) or base_raw == raw_id:
-            raise CorruptionError(f"{where}: entry {i} has codec {codec} with base {base}")
-        if off < HEADER.size or off + length > limit or (codec == "none" and length != raw_len):
+        if is_delta(name) != (base is not None) or base_raw == raw_id:
+            raise CorruptionError(f"{where}: entry {i} has codec {name} with base {base}")
+        if off < HEADER.size or off + length > limit or (name == "none" and length != raw_len):
             raise CorruptionError(f"{where}: entry {i} has a bad range ({off}, {length})")
         if raw_len > MAX_RAW_LENGTH:
             raise CorruptionError(f"{where}: entry {i} has a raw length of {raw_len} bytes")
-        locations.append(ChunkLocation(raw_id.hex(), pack_id, off, length, raw_len, codec, base))
+        locations.append(ChunkLocation(raw_id.hex(), pack_id, off, length, raw_len, name, base))
     return locations
 
 

@@ -1,4 +1,5 @@
-"""The object store facade: packs of chunks plus content-named blobs, every read verified.
+"""The object store facade: packs of chunks plus content-named blobs, every read verified
+(chunks through :mod:`ckstore.objects.chunk_reader`).
 
 Layout of a store's namespace::
 
@@ -8,32 +9,16 @@ Layout of a store's namespace::
 
 from __future__ import annotations
 
-import mmap
 import re
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ckstore.errors import CorruptionError, InvalidInputError
 from ckstore.objects.backend import Backend
-from ckstore.objects.codecs import (
-    MAX_RAW_LENGTH,
-    decode_hashed,
-    decoded_planes,
-    grouped_itemsize,
-    interleave_planes,
-)
-from ckstore.objects.delta import xor_into
-from ckstore.objects.hashing import chunk_id, fingerprint, is_chunk_id, new_hasher, payload_digest
-from ckstore.objects.packs import (
-    PACK_PREFIX,
-    ChunkLocation,
-    PackWriter,
-    pack_id_from_name,
-    pack_name,
-)
-
-_local = threading.local()
+from ckstore.objects.chunk_reader import ChunkReader
+from ckstore.objects.hashing import chunk_id, is_chunk_id
+from ckstore.objects.location import ChunkLocation
+from ckstore.objects.packs import PACK_PREFIX, PackWriter, pack_id_from_name, pack_name
 
 _KIND_RE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 
@@ -53,35 +38,12 @@ def blob_name(kind: str, blob_id: str) -> str:
     return f"{_check_kind(kind)}/{blob_id[:2]}/{blob_id}"
 
 
-def private_memory(n: int) -> mmap.mmap:
-    """``n`` bytes of anonymous memory private to this process.
-
-    An anonymous mapping, not the heap: its memory goes back to the system when it is dropped
-    (a freed heap block of this size stays in the process). Private, not ``mmap(-1, n)``'s
-    default shared mapping: a child forked while the buffer exists (a DataLoader worker, a
-    launcher forking ranks) must get its own copy of the pages, or siblings reading at once
-    would overwrite each other's payloads between a read and its checks.
-    """
-    private = getattr(mmap, "MAP_PRIVATE", None)
-    if private is None:  # no fork where there is no MAP_PRIVATE (Windows)
-        return mmap.mmap(-1, n)
-    return mmap.mmap(-1, n, flags=private | mmap.MAP_ANONYMOUS)
-
-
-def _scratch(kind: str, n: int) -> mmap.mmap:
-    """This thread's recycled scratch buffer ``kind`` of at least ``n`` bytes."""
-    bufs = _local.__dict__.setdefault("scratch", {})
-    buf: mmap.mmap | None = bufs.get(kind)
-    if buf is None or len(buf) < n:
-        buf = bufs[kind] = private_memory(max(n, 1 << 20))
-    return buf
-
-
 class ObjectStore:
     """What the upper layers use to write and read chunks and blobs.
 
     Every read is re-hashed against its id; a mismatch raises :class:`CorruptionError` and
-    wrong bytes are never returned.
+    wrong bytes are never returned. Chunks are read by a :class:`ChunkReader`, whose verbs
+    this store offers as its own.
 
     Args:
         backend: the storage backend.
@@ -89,83 +51,7 @@ class ObjectStore:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
-        self._trusted: dict[str, int] = {}
-
-    # -- payloads this process knows to be right (what a delta take's bases are read with) -----
-    MAX_TRUSTED = 1 << 18
-    """Payload fingerprints remembered (about 40 MiB at most; forgotten all at once when full)."""
-
-    def trust(self, chunk_id: str, payload: Any) -> None:
-        """Remember that ``payload`` is a right encoding of chunk ``chunk_id``: this process
-        encoded it from bytes it hashed to that id, or decoded it to bytes verified against it.
-        Only a fingerprint is kept (``hashing.fingerprint``, seeded per process)."""
-        if len(self._trusted) >= self.MAX_TRUSTED:
-            self._trusted.clear()
-        self._trusted[chunk_id] = fingerprint(payload)
-
-    def trusted_planes(self, loc: ChunkLocation, itemsize: int) -> Any:
-        """The byte planes (``itemsize`` uint8 arrays of ``raw_length / itemsize`` bytes, in
-        this thread's read buffers: valid until its next read) of a chunk whose every payload
-        along its chain this process trusts (:meth:`trust`) and is byte-grouped with
-        ``itemsize``; None otherwise.
-
-        The planes are not hashed: each payload is the one this process encoded from, or
-        decoded to, verified bytes (its fingerprint says so), and decoding is deterministic.
-        What a delta take needs from its base, at the cost of decompression only.
-        """
-        n = loc.raw_length
-        if n % itemsize:
-            return None
-
-        def trusted(link: ChunkLocation, payload: memoryview) -> bool:
-            expected = self._trusted.get(link.chunk_id)
-            return expected is not None and fingerprint(payload) == expected
-
-        planes = self._chain_planes(list(reversed(loc.chain())), n, trusted)
-        return planes if planes is not None and len(planes) == itemsize else None
-
-    def _chain_planes(
-        self, chain: list[ChunkLocation], n: int, seen: Callable[[ChunkLocation, memoryview], bool]
-    ) -> Any:
-        """The byte planes of the bytes ``chain`` (root first) decodes to, when every link is
-        byte-grouped with one element size: the root's planes as they lie in its payload (a
-        chain of one), else the links XORed plane by plane into this thread's scratch memory,
-        never interleaved. None as soon as a link is not byte-grouped alike, or ``seen`` (shown
-        each payload as it is read) refuses it.
-
-        Raises:
-            CorruptionError: a malformed payload.
-        """
-        import numpy as np
-
-        size: int | None = None
-        planes: Any = None
-        root: list[Any] | None = None  # the root's planes, in its payload until XORed
-        for i, link in enumerate(chain):
-            payload = self._payload(link, "root" if i == 0 else "payload")
-            if not seen(link, payload):
-                return None
-            s = grouped_itemsize(link.codec, payload)
-            if s is None or n % s or (size is not None and s != size):
-                return None
-            size = s
-            parts = self._guarded(link, decoded_planes, payload, n)
-            if len(parts) != size:
-                raise CorruptionError(
-                    f"chunk {link.chunk_id}: {len(parts)} byte planes for element size {size}"
-                )
-            if root is None and planes is None:
-                root = parts
-                continue
-            if planes is None:
-                planes = np.frombuffer(_scratch("planes", n), dtype=np.uint8, count=n).reshape(
-                    size, n // size
-                )
-            first = root if root is not None else planes
-            for j, b in enumerate(parts):
-                np.bitwise_xor(first[j], b, out=planes[j])  # root XOR first delta: no copy first
-            root = None
-        return root if planes is None else planes
+        self._reader = ChunkReader(backend)
 
     @property
     def backend(self) -> Backend:
@@ -179,51 +65,8 @@ class ObjectStore:
     def read_chunk(
         self, loc: ChunkLocation, out: memoryview | None = None, *, trust: bool = False
     ) -> bytes | memoryview:
-        """Read, decode and verify one chunk with ONE ranged get of ``(offset, length)``.
-
-        Args:
-            loc: where the chunk is.
-            out: optional writable buffer of exactly ``loc.raw_length`` bytes to decode into.
-
-        Returns:
-            The chunk's raw bytes (``out`` itself when given).
-
-        Raises:
-            ObjectNotFoundError: the pack is missing.
-            CorruptionError: the payload is malformed or does not hash to ``loc.chunk_id``.
-        """
-        self._check_sizes(loc)
-        target = out if out is not None else memoryview(bytearray(loc.raw_length))
-        self.verify_chunk(loc, target, trust=trust)
-        return target
-
-    def check_payloads(self, loc: ChunkLocation) -> None:
-        """Show that the stored payloads of a chunk (and of every base along its chain) are
-        the ones their writer stored, without decoding them: each is read and its
-        ``hashing.payload_digest`` compared with the one the index recorded
-        (``ChunkLocation.payload_digest``; see :meth:`ChunkLocation.digests_known`).
-
-        Raises:
-            InvalidInputError: a payload along the chain has no recorded digest.
-            ObjectNotFoundError: the pack is missing.
-            CorruptionError: a payload differs from what was written.
-        """
-        for link in loc.chain():
-            self._check_digest(link, self._payload(link))
-
-    def _check_digest(self, loc: ChunkLocation, payload: memoryview) -> None:
-        if loc.payload_digest is None:
-            raise InvalidInputError(f"chunk {loc.chunk_id} has no recorded payload digest to check")
-        try:
-            digest = payload_digest(payload, loc.chunk_id, loc.codec, loc.raw_length, loc.base_id)
-        except ValueError:  # an id that is not hex: a damaged index row
-            digest = None
-        if digest != loc.payload_digest:
-            raise CorruptionError(
-                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}): the "
-                "stored payload differs from the one its writer recorded (or the index's row for "
-                "it was damaged): the stored bytes are corrupt"
-            )
+        """Read, decode and verify one chunk (:meth:`ChunkReader.read_chunk`)."""
+        return self._reader.read_chunk(loc, out, trust=trust)
 
     def verify_chunk(
         self,
@@ -234,199 +77,31 @@ class ObjectStore:
         trust: bool = False,
         check_digests: bool = False,
     ) -> int | None:
-        """Read one chunk's payload, decode it and verify it against its id, in one pass.
-
-        The payload is read into this thread's recycled buffer (``Backend.get_into``), decoded
-        into ``out`` (or, when None, kept nowhere: a verify-only pass) and hashed block by
-        block as it is decoded (``codecs.decode_hashed``).
-
-        With ``trust``, the payloads of the chunk (and its chain) are remembered as right once
-        verified (:meth:`trust`). With ``check_digests`` (after :meth:`check_payloads`: the
-        atomic restore's second pass), each payload along the chain is first compared with its
-        recorded digest, and nothing is decoded into ``out`` unless every one matches; a
-        chunk whose intact payload does not decode to its id is still found by the hash, once
-        its bytes are in ``out``.
-
-        Returns:
-            With ``fingerprint_it``, the payload's fingerprint (``hashing.fingerprint``) for
-            :meth:`load_verified`; else None.
-
-        Raises:
-            ObjectNotFoundError: the pack is missing.
-            CorruptionError: the payload is malformed or does not hash to ``loc.chunk_id``.
-        """
-        hasher = new_hasher()
-        links: list[tuple[str, int]] | None = [] if trust else None
-        if loc.base_id is not None:
-            prints = self._decode_chain(
-                loc, out, hasher, fingerprint_it, links, digests=check_digests
-            )
-        else:
-            payload = self._payload(loc)
-            if check_digests:
-                self._check_digest(loc, payload)
-            self._decode(loc, payload, out, hasher)
-            prints = fingerprint(payload) if fingerprint_it or links is not None else None
-            if links is not None:
-                assert prints is not None
-                links.append((loc.chunk_id, prints))
-            prints = prints if fingerprint_it else None
-        if str(hasher.hexdigest()) != loc.chunk_id:
-            why = (
-                "its stored payload is the one its writer recorded, so the writer stored a wrong "
-                "encoding"
-                if check_digests
-                else "the stored bytes are corrupt"
-                + (" (or those of a base in its delta chain)" if loc.base_id else "")
-            )
-            raise CorruptionError(
-                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
-                f"does not match its id: {why}"
-            )
-        if links:
-            if len(self._trusted) + len(links) > self.MAX_TRUSTED:
-                self._trusted.clear()
-            self._trusted.update(links)
-        return prints
+        """Read one chunk's payload, decode it and verify it against its id, in one pass
+        (:meth:`ChunkReader.verify_chunk`)."""
+        return self._reader.verify_chunk(
+            loc, out, fingerprint_it=fingerprint_it, trust=trust, check_digests=check_digests
+        )
 
     def load_verified(self, loc: ChunkLocation, out: memoryview, expected: int) -> None:
-        """Read a chunk that :meth:`verify_chunk` verified moments ago and decode it into ``out``.
+        """Decode a chunk verified moments ago into ``out``, its payload checked against the
+        fingerprint the verification returned (:meth:`ChunkReader.load_verified`)."""
+        self._reader.load_verified(loc, out, expected)
 
-        Instead of hashing the decoded bytes again, the payload is checked against the
-        fingerprint ``verify_chunk`` returned: stored objects are immutable, so the payload
-        that decoded to verified bytes then decodes to the same bytes now, and the check
-        catches the one case left, the object having changed in between anyway.
+    def check_payloads(self, loc: ChunkLocation) -> None:
+        """Compare the stored payloads of a chunk and its chain with their recorded digests,
+        undecoded (:meth:`ChunkReader.check_payloads`)."""
+        self._reader.check_payloads(loc)
 
-        Raises:
-            ObjectNotFoundError: the pack is missing.
-            CorruptionError: the payload differs from the one verified, or is malformed.
-        """
-        if loc.base_id is not None:
-            prints = self._decode_chain(loc, out, None, True, expected=expected)
-        else:
-            payload = self._payload(loc)
-            prints = fingerprint(payload)
-            if prints == expected:
-                self._decode(loc, payload, out, None)
-        if prints != expected:
-            raise CorruptionError(
-                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
-                "changed after it was verified: stored objects must never change"
-            )
+    def trust(self, chunk_id: str, payload: Any) -> None:
+        """Remember that ``payload`` is a right encoding of chunk ``chunk_id``
+        (:meth:`ChunkReader.trust`)."""
+        self._reader.trust(chunk_id, payload)
 
-    def _check_sizes(self, loc: ChunkLocation) -> None:
-        """Refuse impossible lengths before allocating anything for them."""
-        if not (
-            0 <= loc.raw_length <= MAX_RAW_LENGTH and 0 <= loc.length <= MAX_RAW_LENGTH + (1 << 12)
-        ):
-            raise CorruptionError(
-                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) has "
-                f"impossible lengths (stored {loc.length}, raw {loc.raw_length}; at most {MAX_RAW_LENGTH})"
-            )
-
-    def _payload(self, loc: ChunkLocation, slot: str = "payload") -> memoryview:
-        """The chunk's stored payload, read into this thread's recycled buffer ``slot``."""
-        self._check_sizes(loc)
-        buf: mmap.mmap | None = getattr(_local, slot, None)
-        if buf is None or len(buf) < loc.length:
-            buf = private_memory(
-                max(loc.length, 1 << 20)
-            )  # goes back to the system with the thread
-            setattr(_local, slot, buf)
-        view = memoryview(buf)[: loc.length]
-        self._backend.get_into(pack_name(loc.pack_id), loc.offset, view)
-        return view
-
-    def _decode_chain(
-        self,
-        loc: ChunkLocation,
-        out: memoryview | None,
-        hasher: Any,
-        fingerprint_it: bool,
-        links: list[tuple[str, int]] | None = None,
-        expected: int | None = None,
-        digests: bool = False,
-    ) -> int | None:
-        """Decode a delta: the full chunk at the root of its chain, then the XOR bytes of each
-        delta from the root up; hash the result.
-
-        With ``expected`` (:meth:`load_verified`), nothing is written into ``out`` unless the
-        chain's combined fingerprint equals it; with ``digests``, unless every payload matches
-        its recorded digest (:meth:`check_payloads`).
-
-        When every link is byte-grouped with one element size (the common case: a float
-        tensor), the links are XORed plane by plane and the planes interleaved once, so each
-        extra link costs a decompression and an XOR, not a re-interleave. Only the result is
-        hashed: it matches the id only if every link decoded right. Returns the combined
-        fingerprint of every payload of the chain when asked.
-        """
-        import numpy as np
-
-        chain = list(reversed(loc.chain()))
-        n = loc.raw_length
-        prints: list[int] = []
-        found: list[tuple[str, int]] = []
-
-        def seen(link: ChunkLocation, payload: memoryview) -> bool:
-            if digests:
-                self._check_digest(link, payload)
-            if fingerprint_it or links is not None:
-                prints.append(fingerprint(payload))
-                found.append((link.chunk_id, prints[-1]))
-            return True
-
-        planes = self._chain_planes(chain, n, seen)
-        target: memoryview | None = None
-        if planes is None:  # a link of another codec (rare): start again, byte by byte
-            prints.clear()
-            found.clear()
-            aside = (
-                expected is not None or digests or out is None
-            )  # decoded aside until every link is checked
-            target = memoryview(_scratch("chain", n))[:n] if aside else out
-            for i, link in enumerate(chain):
-                payload = self._payload(link)
-                seen(link, payload)
-                if i == 0:
-                    self._decode(link, payload, target, None)
-                else:
-                    xor = memoryview(_scratch("xor", n))[:n]
-                    self._decode(link, payload, xor, None)
-                    xor_into(target, xor)
-        if links is not None:
-            links.extend(found)
-        combined = hash(tuple(prints)) if fingerprint_it else None
-        if expected is not None and combined != expected:
-            return combined  # the caller raises: nothing was written into out
-        if planes is not None:
-            interleave_planes(planes, out, hasher)
-            return combined
-        assert target is not None
-        if out is not None and target is not out:
-            np.frombuffer(out, dtype=np.uint8)[:] = np.frombuffer(target, dtype=np.uint8)
-        if hasher is not None:
-            hasher.update(np.frombuffer(target, dtype=np.uint8))
-        return combined
-
-    def _guarded(self, loc: ChunkLocation, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except CorruptionError as exc:
-            raise CorruptionError(
-                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
-                f"cannot be decoded: {exc}"
-            ) from exc
-
-    def _decode(
-        self, loc: ChunkLocation, payload: memoryview, out: memoryview | None, hasher: Any
-    ) -> None:
-        try:
-            decode_hashed(loc.codec, payload, loc.raw_length, out, hasher)
-        except CorruptionError as exc:
-            raise CorruptionError(
-                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
-                f"cannot be decoded: {exc}"
-            ) from exc
+    def trusted_planes(self, loc: ChunkLocation, itemsize: int) -> Any:
+        """The byte planes of a chunk whose every payload this process trusts, else None
+        (:meth:`ChunkReader.trusted_planes`)."""
+        return self._reader.trusted_planes(loc, itemsize)
 
     def put_blob(self, kind: str, data: Any) -> str:
         """Store ``data`` as a content-named blob of ``kind``; return its id."""

@@ -357,7 +357,8 @@ def test_a_new_handle_verifies_bases_and_a_damaged_base_never_blocks_a_take(tmp_
 )
 def test_chains_of_mixed_codecs_decode_and_verify(codecs: tuple[str, str, str]) -> None:
     """Whatever mix of codecs a (crafted or future) writer chains, readers get the right bytes."""
-    from ckstore.objects.codecs import BYTEGROUP_ZSTD, ZSTD, _encode_grouped
+    from ckstore.objects.codecs import BYTEGROUP_ZSTD, ZSTD
+    from ckstore.objects.codecs.bytegroup import encode_grouped
 
     rng = np.random.default_rng(7)
     v0 = (rng.standard_normal(2048) * 0.02).astype(np.float32)
@@ -368,7 +369,7 @@ def test_chains_of_mixed_codecs_decode_and_verify(codecs: tuple[str, str, str]) 
     def payload(codec: str, data: bytes) -> bytes:
         inner = objects.codecs.delta_inner(codec)
         if inner in (BYTEGROUP_ZSTD, "bytegroup"):
-            return bytes(_encode_grouped(memoryview(data), 4, 1, None))
+            return bytes(encode_grouped(memoryview(data), 4, 1, None))
         if inner == ZSTD:
             return objects.encode(data, 4, False)[1]  # type: ignore[return-value]
         return data

@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 import ckstore
 from ckstore import objects
-from ckstore.objects import store as object_store
+from ckstore.objects import chunk_reader
 from ckstore.objects.hashing import is_payload_digest, payload_digest
 from tests.support.states import forget_payload_digests
 
@@ -44,13 +44,13 @@ def _payload(store: ckstore.Store, rec: Any) -> bytes:
 
 def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls = [0]
-    real = object_store.decode_hashed
+    real = chunk_reader.decode_hashed
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(object_store, "decode_hashed", counting)
+    monkeypatch.setattr(chunk_reader, "decode_hashed", counting)
     return calls
 
 

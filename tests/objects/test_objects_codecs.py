@@ -7,7 +7,8 @@ import pytest
 import zstandard
 
 from ckstore.errors import CorruptionError, InvalidInputError
-from ckstore.objects import BYTEGROUP_ZSTD, NONE, ZSTD, decode, encode
+from ckstore.objects import BYTEGROUP_ZSTD, NONE, ZSTD, codecs, decode, encode
+from ckstore.objects.codecs.registry import REGISTERED
 
 RNG = np.random.default_rng(1234)
 
@@ -158,3 +159,70 @@ def test_bad_out_buffer() -> None:
         decode(codec, payload, 100, memoryview(bytearray(99)))
     with pytest.raises(InvalidInputError):
         decode(codec, payload, 100, memoryview(bytes(100)))
+
+
+# --- the registry: every codec by name and pack id, each held to the Codec contract -----------
+
+
+def test_registry_gives_each_codec_one_name_and_the_next_pack_id() -> None:
+    from ckstore.objects import packs
+
+    assert [c.pack_id for c in REGISTERED] == list(range(len(REGISTERED)))
+    assert list(codecs.CODECS) == [c.name for c in REGISTERED]
+    assert len(set(codecs.CODECS)) == len(REGISTERED)
+    assert packs.CODEC_IDS == {c.name: c.pack_id for c in REGISTERED}
+    for c in REGISTERED:
+        assert codecs.codec(c.name) is c and c.pack_version <= packs.LATEST_FORMAT_VERSION
+        if c.inner is not None:  # a delta names its base: the entries of version 2 and later
+            assert codecs.is_delta(c.name) and codecs.delta_inner(c.name) == c.inner.name
+            assert c.inner in REGISTERED and c.inner.inner is None
+            assert c.pack_version >= packs.DELTA_FORMAT_VERSION
+            assert codecs.DELTA_OF[c.inner.name] == c.name
+
+
+def test_format_md_lists_every_codec_with_its_pack_id() -> None:
+    """FORMAT.md section 5's table is the registry, row by row."""
+    import re
+
+    from tests.support.paths import REPO
+
+    text = (REPO / "docs" / "FORMAT.md").read_text()
+    section = text[text.index("## 5. Codecs") : text.index("## 6. Packs")]
+    rows = re.findall(r"^\| (\d+) \| `([a-z0-9-]+)` \|", section, flags=re.M)
+    assert [(int(i), name) for i, name in rows] == [(c.pack_id, c.name) for c in REGISTERED]
+
+
+def _fitting(codec_name: str) -> list[tuple[bytes, int]]:
+    """Chunks the codec's encoder takes: weights as float32 and as bf16, and plain bytes."""
+    c = codecs.codec(codec_name)
+    chunks = [
+        (_weights(1 << 14).tobytes(), 4),
+        (_bf16_like(1 << 14).tobytes(), 2),
+        (bytes(range(256)) * 64, 1),
+    ]
+    fit = [(raw, k) for raw, k in chunks if c.fits(len(raw), k)]
+    assert fit, codec_name
+    return fit
+
+
+@pytest.mark.parametrize("name", [c.name for c in REGISTERED])
+def test_every_codec_keeps_the_codec_contract(name: str) -> None:
+    """What ``codecs.base.Codec`` promises, for each registered codec: its payloads decode to
+    the raw bytes by ``decode`` and ``decode_hashed``, into ``out`` or not, hashed in order; a
+    payload cut short or with a byte after it is refused."""
+    from ckstore.objects.hashing import chunk_id, new_hasher
+
+    c = codecs.codec(name)
+    for raw, itemsize in _fitting(name):
+        payload = bytes(c.encode(memoryview(raw), itemsize, 1, None))
+        assert bytes(decode(name, payload, len(raw))) == raw
+        out = memoryview(bytearray(len(raw)))
+        assert decode(name, payload, len(raw), out) is out and bytes(out) == raw
+        for target in (None, memoryview(bytearray(len(raw)))):
+            hasher = new_hasher()
+            codecs.decode_hashed(name, payload, len(raw), target, hasher)
+            assert hasher.hexdigest() == chunk_id(raw)
+            assert target is None or bytes(target) == raw
+        for bad in (payload[:-1], payload + b"\x00"):
+            with pytest.raises(CorruptionError):
+                codecs.decode_hashed(name, bad, len(raw), None, new_hasher())

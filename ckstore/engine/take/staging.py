@@ -14,7 +14,7 @@ from ...format.boxes import is_dtensor
 from ...format.limits import MAX_DEPTH
 from ...format.tensors import check_tensor
 from ...format.tree import join
-from ...objects.store import private_memory
+from ...objects.memory import private_memory
 from ..repository import Repository
 
 ALIGN = 64
