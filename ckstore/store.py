@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from . import _remote_verbs, _takes
 from ._history_verbs import HistoryVerbs
 from .engine.config import StoreConfig
+from .engine.knobs import Knobs
 from .engine.opening import open_repository
 from .engine.progress import ProgressFn
 from .engine.repository import Repository
@@ -24,45 +25,19 @@ from .snapshot import PendingSnapshot, StoredSnapshot
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-T = TypeVar("T")
 
-
-class _Knob(Generic[T]):
-    """A knob of this process's repository, read and set through the store."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, store: Store | None, owner: type) -> T:
-        assert store is not None, "a knob of an open store"
-        value: T = getattr(store.repository, self.name)
-        return value
-
-    def __set__(self, store: Store, value: T) -> None:
-        setattr(store.repository, self.name, value)
-
-
-class Store(HistoryVerbs, _remote_verbs.RemoteVerbs):
+class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
     """A content-addressed checkpoint store. Build one with :func:`ckstore.open`.
 
     Thread-safe for concurrent takes and reads from one process; many processes and hosts may
     share a store (the index serialises commits). The knobs ``threads``, ``io_threads``,
-    ``memory_budget``, ``staging_budget``, ``lease_seconds``, ``delta_base``, ``delta_depth``
-    and ``take_codec`` (see :class:`~ckstore.engine.repository.Repository`) may be set on an
-    open store; they affect this process only.
+    ``memory_budget``, ``staging_budget``, ``lease_seconds``, ``delta_base``, ``delta_depth``,
+    ``take_codec`` and ``auto_compact`` (see :class:`~ckstore.engine.knobs.Knobs`) may be set
+    on an open store; they affect this process only.
     """
 
-    threads: _Knob[int] = _Knob()
-    io_threads: _Knob[int] = _Knob()
-    memory_budget: _Knob[int | None] = _Knob()
-    staging_budget: _Knob[int] = _Knob()
-    lease_seconds: _Knob[float] = _Knob()
-    delta_base: _Knob[str | None] = _Knob()
-    delta_depth: _Knob[int] = _Knob()
-    take_codec: _Knob[str] = _Knob()
-    auto_compact: _Knob[bool] = _Knob()
-
     def __init__(self, repository: Repository) -> None:
+        Knobs.__init__(self, share=repository)
         self._repo = repository
         self._compactor = attach_compaction(repository)
 
