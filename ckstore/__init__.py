@@ -37,6 +37,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .engine.knobs import STORE_DEFAULT, StoreDefault
     from .engine.stateful import RNGState, StateDict, Stateful
     from .format.manifest import TensorEntry, ValueEntry
     from .snapshot import PendingSnapshot, StoredSnapshot
@@ -56,6 +57,8 @@ _LAZY = {
     "Stateful": "engine.stateful",
     "StateDict": "engine.stateful",
     "Store": "store",
+    "STORE_DEFAULT": "engine.knobs",
+    "StoreDefault": "engine.knobs",
     "open": "store",
     "clone": "store",
 }
@@ -81,6 +84,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "STORE_DEFAULT",
     "CkstoreError",
     "ConflictError",
     "CorruptionError",
@@ -105,6 +109,7 @@ __all__ = [
     "StateDict",
     "Stateful",
     "Store",
+    "StoreDefault",
     "StoredSnapshot",
     "TensorEntry",
     "UnsupportedValueError",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from . import _remote_verbs, _takes
 from ._history_verbs import HistoryVerbs
@@ -14,7 +14,7 @@ from .engine.knobs import Knobs
 from .engine.opening import open_repository
 from .engine.progress import ProgressFn
 from .engine.repository import Repository
-from .engine.take.spec import TakeSpec
+from .engine.take.spec import AsyncTakeOptions, LiveTakeOptions, TakeOptions
 from .engine.view import SnapshotView
 from .errors import ConflictError, NotFoundError
 from .format.manifest import Manifest
@@ -71,6 +71,7 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
         return StoredSnapshot(SnapshotView(self._repo, record, manifest))
 
     # --- writing -------------------------------------------------------------------------
+    @_takes.shows(LiveTakeOptions)
     def take(
         self,
         app_state: Mapping[str, Any],
@@ -79,18 +80,9 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
         tags: Sequence[str] = (),
         metadata: Mapping[str, Any] | None = None,
         *,
-        name: str | None = None,
-        replicated: Sequence[str] = (),
         pg: ProcessGroup | None = None,
-        dist_timeout: float | None = None,
-        delta_base: str | None | _takes.StoreDefault = _takes.STORE_DEFAULT,
-        no_dist: bool = False,
-        move_tags: bool = False,
-        on_nonfinite: str = "warn",
-        on_stale: str = "warn",
-        health: bool = True,
-        trainable: Sequence[str] = (),
         progress: ProgressFn | None = None,
+        **options: Unpack[LiveTakeOptions],
     ) -> StoredSnapshot:
         """Snapshot ``app_state`` (names -> objects with ``state_dict()``) into ``run``.
 
@@ -108,10 +100,11 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
         that never comes, dies or stops is named in a RankLostError. Any rank's failure raises
         DistributedError on every rank and commits nothing.
 
-        ``delta_base`` (default: the store's ``delta_base``, None unless set) stores each new
-        chunk as the XOR of its bits with the chunk at the same place of the same key in that
-        snapshot, when that is smaller: ``"parent"`` is the run's latest snapshot (a run's
-        first take stores everything whole), or any snapshot ref (a base model for fine-tunes).
+        ``delta_base`` (default ``ckstore.STORE_DEFAULT``: the store's ``delta_base``, None
+        unless set) stores each new chunk as the XOR of its bits with the chunk at the same
+        place of the same key in that snapshot, when that is smaller: ``"parent"`` is the
+        run's latest snapshot (a run's first take stores everything whole), or any snapshot
+        ref (a base model for fine-tunes).
         Chains are kept within ``delta_depth`` links; reads and restores are unchanged.
         Single-process takes only. While compaction runs after takes (``auto_compact``, loose
         ``take_codec``), ``"parent"`` is left to it: it stores older snapshots as deltas
@@ -147,24 +140,12 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
             LeaseExpiredError: the take stalled past its lease; nothing was committed.
             NonFiniteError, StaleStateError: the guard refused the state (``"raise"``).
         """
-        spec = TakeSpec.of(
-            run=run,
-            step=step,
-            tags=tags,
-            metadata=metadata,
-            name=name,
-            replicated=replicated,
-            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
-            dist_timeout=dist_timeout,
-            no_dist=no_dist,
-            move_tags=move_tags,
-            on_nonfinite=on_nonfinite,
-            on_stale=on_stale,
-            health=health,
-            trainable=trainable,
+        spec = _takes.spec_of(
+            self._repo, LiveTakeOptions, options, run=run, step=step, tags=tags, metadata=metadata
         )
         return self._handle(*_takes.take(self._repo, app_state, spec, pg, progress))
 
+    @_takes.shows(AsyncTakeOptions)
     def async_take(
         self,
         app_state: Mapping[str, Any],
@@ -173,19 +154,9 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
         tags: Sequence[str] = (),
         metadata: Mapping[str, Any] | None = None,
         *,
-        name: str | None = None,
-        replicated: Sequence[str] = (),
         pg: ProcessGroup | None = None,
-        dist_timeout: float | None = None,
-        staging_budget: int | None = None,
-        delta_base: str | None | _takes.StoreDefault = _takes.STORE_DEFAULT,
-        no_dist: bool = False,
-        move_tags: bool = False,
-        on_nonfinite: str = "warn",
-        on_stale: str = "warn",
-        health: bool = True,
-        trainable: Sequence[str] = (),
         progress: ProgressFn | None = None,
+        **options: Unpack[AsyncTakeOptions],
     ) -> PendingSnapshot:
         """Stage a copy of ``app_state`` now, then hash, write and commit in the background.
 
@@ -199,26 +170,13 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
         ``delta_base``, ``no_dist``, ``tags``, ``move_tags``, ``progress`` and the guard's
         options as for :meth:`take` (a refusal surfaces from ``wait()``).
         """
-        spec = TakeSpec.of(
-            run=run,
-            step=step,
-            tags=tags,
-            metadata=metadata,
-            name=name,
-            replicated=replicated,
-            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
-            dist_timeout=dist_timeout,
-            staging_budget=staging_budget,
-            no_dist=no_dist,
-            move_tags=move_tags,
-            on_nonfinite=on_nonfinite,
-            on_stale=on_stale,
-            health=health,
-            trainable=trainable,
+        spec = _takes.spec_of(
+            self._repo, AsyncTakeOptions, options, run=run, step=step, tags=tags, metadata=metadata
         )
         job = _takes.take_async(self._repo, app_state, spec, pg, progress)
         return PendingSnapshot.of(job.future, self._handle, job.staged_bytes, job.sync_bytes)
 
+    @_takes.shows(TakeOptions)
     def import_checkpoint(
         self,
         path: str | os.PathLike[str],
@@ -228,15 +186,9 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
         metadata: Mapping[str, Any] | None = None,
         *,
         format: str | None = None,  # noqa: A002 - the option users type
-        name: str | None = None,
-        delta_base: str | None | _takes.StoreDefault = _takes.STORE_DEFAULT,
-        move_tags: bool = False,
-        on_nonfinite: str = "warn",
-        on_stale: str = "warn",
-        health: bool = True,
-        trainable: Sequence[str] = (),
         verify: bool = True,
         progress: ProgressFn | None = None,
+        **options: Unpack[TakeOptions],
     ) -> StoredSnapshot:
         """Take an existing checkpoint (file or folder) into ``run`` as one snapshot.
 
@@ -279,19 +231,15 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
         """
         from .interop import load_checkpoint
 
-        spec = TakeSpec.of(
+        spec = _takes.spec_of(
+            self._repo,
+            TakeOptions,
+            options,
             run=run,
             step=step,
             tags=tags,
             metadata=metadata,
-            name=name,
-            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist=True),
             no_dist=True,
-            move_tags=move_tags,
-            on_nonfinite=on_nonfinite,
-            on_stale=on_stale,
-            health=health,
-            trainable=trainable,
         )
         if verify:
             from .interop import verify_checkpoint
