@@ -5,7 +5,8 @@
     store.get("sft").restore(app_state)
 
 The public names are imported lazily, so ``ckstore.objects`` and ``ckstore.index`` (which
-never use torch) stay light when imported on their own.
+never use torch) stay light when imported on their own. ``__all__`` is the public API, and
+what ``dir(ckstore)`` lists.
 """
 
 from __future__ import annotations
@@ -18,25 +19,34 @@ from .errors import (
     CkstoreError,
     ConflictError,
     CorruptionError,
+    DestinationExistsError,
     DistributedError,
     GuardError,
     GuardWarning,
+    IndexCorruptionError,
+    IndexDatabaseError,
     InvalidInputError,
     KeyNotFoundError,
     LeaseExpiredError,
     MismatchError,
     NonFiniteError,
     NonFiniteWarning,
+    NoSpaceError,
     NotFoundError,
+    ObjectNotFoundError,
     RankLostError,
+    ReadOnlyStoreError,
     SchemaError,
     SnapshotNotFoundError,
     StaleStateError,
     StaleStateWarning,
+    StorageError,
+    UnsafePickleError,
     UnsupportedValueError,
 )
 
 if TYPE_CHECKING:
+    from .engine.knobs import STORE_DEFAULT, StoreDefault
     from .engine.stateful import RNGState, StateDict, Stateful
     from .format.manifest import TensorEntry, ValueEntry
     from .snapshot import PendingSnapshot, StoredSnapshot
@@ -56,6 +66,8 @@ _LAZY = {
     "Stateful": "engine.stateful",
     "StateDict": "engine.stateful",
     "Store": "store",
+    "STORE_DEFAULT": "engine.knobs",
+    "StoreDefault": "engine.knobs",
     "open": "store",
     "clone": "store",
 }
@@ -77,26 +89,33 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_MODULES))
+    return sorted([*__all__, "__version__"])
 
 
 __all__ = [
+    "STORE_DEFAULT",
     "CkstoreError",
     "ConflictError",
     "CorruptionError",
+    "DestinationExistsError",
     "DistributedError",
     "GuardError",
     "GuardWarning",
+    "IndexCorruptionError",
+    "IndexDatabaseError",
     "InvalidInputError",
     "KeyNotFoundError",
     "LeaseExpiredError",
     "MismatchError",
+    "NoSpaceError",
     "NonFiniteError",
     "NonFiniteWarning",
     "NotFoundError",
+    "ObjectNotFoundError",
     "PendingSnapshot",
     "RNGState",
     "RankLostError",
+    "ReadOnlyStoreError",
     "SchemaError",
     "Snapshot",
     "SnapshotNotFoundError",
@@ -104,9 +123,12 @@ __all__ = [
     "StaleStateWarning",
     "StateDict",
     "Stateful",
+    "StorageError",
     "Store",
+    "StoreDefault",
     "StoredSnapshot",
     "TensorEntry",
+    "UnsafePickleError",
     "UnsupportedValueError",
     "ValueEntry",
     "clone",

@@ -4,7 +4,8 @@ in the background.
 Every take of the public API comes through here: ``Store.take``, ``Store.async_take``,
 ``Store.import_checkpoint``, TorchSnapshot's ``Snapshot.take`` / ``async_take`` and the trainer
 integrations (through ``Store.take(no_dist=True)``). Each of those builds its
-:class:`~ckstore.engine.take.spec.TakeSpec` where the caller's arguments come in; here it goes to the
+:class:`~ckstore.engine.take.spec.TakeSpec` where the caller's arguments come in, through
+:func:`spec_of` (and shows its options with :func:`shows`); here it goes to the
 single-process engine (:mod:`ckstore.engine.take.single`) or the distributed one
 (:mod:`ckstore.distributed.take`), both of which write through one
 :class:`~ckstore.engine.take.local.LocalTake` per process. A DCP save builds the same spec and
@@ -17,13 +18,15 @@ are imported when a take runs, so opening a store does not pay for them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .distributed import is_distributed
 from .engine.config import check_delta_base
+from .engine.knobs import STORE_DEFAULT
 from .engine.progress import ProgressFn
 from .engine.repository import Repository
 from .engine.take.spec import TakeSpec
@@ -37,26 +40,65 @@ if TYPE_CHECKING:
 Committed = tuple[SnapshotRecord, "Manifest | None"]
 
 
-class StoreDefault:
-    """The type of :data:`STORE_DEFAULT`."""
-
-    def __repr__(self) -> str:
-        return "STORE_DEFAULT"
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-STORE_DEFAULT = StoreDefault()
-"""``delta_base`` left to the store's default (``Store.delta_base``)."""
+def spec_of(
+    repo: Repository | None, accepts: type, options: Mapping[str, Any], **fields: Any
+) -> TakeSpec:
+    """The :class:`TakeSpec` of a public take: its own arguments ``fields`` (``run``, ``step``,
+    ...) and its ``**options``, which must be keys of ``accepts``, the bundle its signature
+    unpacks. ``delta_base`` left at :data:`STORE_DEFAULT` is ``repo``'s knob (None without a
+    repository, and under torch.distributed, where every chunk is stored whole; an explicit
+    ``delta_base`` there is refused when the take starts).
+
+    Raises:
+        TypeError: an option the take does not accept (as Python says of any other argument).
+        InvalidInputError: an option's value is refused (:meth:`TakeSpec.of`).
+    """
+    unknown = sorted(set(options) - set(accepts.__annotations__))
+    if unknown:
+        raise TypeError(
+            f"unexpected keyword argument {unknown[0]!r}: this take's options are "
+            f"{', '.join(sorted(accepts.__annotations__))}"
+        )
+    given = {**fields, **options}
+    base = given.get("delta_base", STORE_DEFAULT)
+    if base is STORE_DEFAULT:
+        given["delta_base"] = (
+            None if repo is None or _ranks(given.get("no_dist", False)) else repo.delta_base
+        )
+    else:
+        given["delta_base"] = check_delta_base(base)
+    return TakeSpec.of(**given)
 
 
-def delta_base_of(
-    repo: Repository, given: str | None | StoreDefault, no_dist: bool = False
-) -> str | None:
-    """The delta base a take uses: ``given``, or the store's default for ``STORE_DEFAULT``
-    (which a distributed take, storing every chunk whole, leaves aside; an explicit
-    ``delta_base`` there is refused)."""
-    if isinstance(given, StoreDefault):
-        return None if _ranks(no_dist) else repo.delta_base
-    return check_delta_base(given)
+def shows(accepts: type) -> Callable[[F], F]:
+    """Show a take's ``**options: Unpack[accepts]`` as the keyword arguments they are, with
+    :meth:`TakeSpec.of`'s defaults and order (``delta_base``: :data:`STORE_DEFAULT`), to ``help()``,
+    ``inspect.signature`` and documentation tools; type checkers read the bundle itself."""
+    defaults = {name: p.default for name, p in inspect.signature(TakeSpec.of).parameters.items()}
+    defaults["delta_base"] = STORE_DEFAULT
+    hints = accepts.__annotations__
+
+    def show(fn: F) -> F:
+        sig = inspect.signature(fn)
+        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        cut = next((i for i, p in enumerate(own) if p.kind is p.KEYWORD_ONLY), len(own))
+        options = [
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=defaults[name],
+                annotation=getattr(hints[name], "__forward_arg__", hints[name]),
+            )
+            for name in defaults
+            if name in hints
+        ]
+        fn.__signature__ = sig.replace(parameters=[*own[:cut], *options, *own[cut:]])  # type: ignore[attr-defined]
+        return fn
+
+    return show
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """One exception tree for ckstore.
 
 Every error derives from :class:`CkstoreError` and also from the builtin that fits, so callers
-that already catch ``KeyError``/``FileNotFoundError``/``ValueError`` keep working. Messages name
+that already catch ``KeyError``/``FileNotFoundError``/``ValueError`` keep working; where no
+builtin means the same (a conflict, a schema version, a guard's refusal, a rank's failure) it
+derives from ``Exception`` alone. Every class here is exported from ``ckstore``. Messages name
 the key, ref or object involved and say what to do. Lower layers translate foreign errors
 (fsspec, SQLAlchemy) at their boundary with ``raise ... from``.
 """
@@ -93,11 +95,17 @@ class NoSpaceError(StorageError):
     garbage that ``gc`` reclaims. The message says so, and how."""
 
 
-class IndexError_(CkstoreError):
-    """The SQL index failed for a reason other than a conflict."""
+class IndexDatabaseError(CkstoreError, OSError):
+    """The SQL index database failed for a reason other than a conflict (unreachable,
+    locked, out of space, broken): an I/O failure, as :class:`StorageError` is for objects."""
 
 
-class IndexCorruptionError(CorruptionError, IndexError_):
+IndexError_ = IndexDatabaseError
+"""The former name of :class:`IndexDatabaseError` (the builtin ``IndexError`` is a
+sequence's; this is the index database's)."""
+
+
+class IndexCorruptionError(CorruptionError, IndexDatabaseError):
     """The SQL index database itself is damaged (unreadable pages, rows that do not decode).
 
     The store's objects are not affected: the message says how to rebuild the index from them.

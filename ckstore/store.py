@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Unpack
 
 from . import _remote_verbs, _takes
 from ._history_verbs import HistoryVerbs
 from .engine.config import StoreConfig
+from .engine.knobs import Knobs
 from .engine.opening import open_repository
 from .engine.progress import ProgressFn
 from .engine.repository import Repository
-from .engine.take.spec import TakeSpec
+from .engine.take.spec import AsyncTakeOptions, LiveTakeOptions, TakeOptions
 from .engine.view import SnapshotView
 from .errors import ConflictError, NotFoundError
 from .format.manifest import Manifest
@@ -24,45 +25,19 @@ from .snapshot import PendingSnapshot, StoredSnapshot
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-T = TypeVar("T")
 
-
-class _Knob(Generic[T]):
-    """A knob of this process's repository, read and set through the store."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, store: Store | None, owner: type) -> T:
-        assert store is not None, "a knob of an open store"
-        value: T = getattr(store.repository, self.name)
-        return value
-
-    def __set__(self, store: Store, value: T) -> None:
-        setattr(store.repository, self.name, value)
-
-
-class Store(HistoryVerbs, _remote_verbs.RemoteVerbs):
+class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
     """A content-addressed checkpoint store. Build one with :func:`ckstore.open`.
 
     Thread-safe for concurrent takes and reads from one process; many processes and hosts may
     share a store (the index serialises commits). The knobs ``threads``, ``io_threads``,
-    ``memory_budget``, ``staging_budget``, ``lease_seconds``, ``delta_base``, ``delta_depth``
-    and ``take_codec`` (see :class:`~ckstore.engine.repository.Repository`) may be set on an
-    open store; they affect this process only.
+    ``memory_budget``, ``staging_budget``, ``lease_seconds``, ``delta_base``, ``delta_depth``,
+    ``take_codec`` and ``auto_compact`` (see :class:`~ckstore.engine.knobs.Knobs`) may be set
+    on an open store; they affect this process only.
     """
 
-    threads: _Knob[int] = _Knob()
-    io_threads: _Knob[int] = _Knob()
-    memory_budget: _Knob[int | None] = _Knob()
-    staging_budget: _Knob[int] = _Knob()
-    lease_seconds: _Knob[float] = _Knob()
-    delta_base: _Knob[str | None] = _Knob()
-    delta_depth: _Knob[int] = _Knob()
-    take_codec: _Knob[str] = _Knob()
-    auto_compact: _Knob[bool] = _Knob()
-
     def __init__(self, repository: Repository) -> None:
+        Knobs.__init__(self, share=repository)
         self._repo = repository
         self._compactor = attach_compaction(repository)
 
@@ -96,6 +71,7 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs):
         return StoredSnapshot(SnapshotView(self._repo, record, manifest))
 
     # --- writing -------------------------------------------------------------------------
+    @_takes.shows(LiveTakeOptions)
     def take(
         self,
         app_state: Mapping[str, Any],
@@ -104,18 +80,9 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs):
         tags: Sequence[str] = (),
         metadata: Mapping[str, Any] | None = None,
         *,
-        name: str | None = None,
-        replicated: Sequence[str] = (),
         pg: ProcessGroup | None = None,
-        dist_timeout: float | None = None,
-        delta_base: str | None | _takes.StoreDefault = _takes.STORE_DEFAULT,
-        no_dist: bool = False,
-        move_tags: bool = False,
-        on_nonfinite: str = "warn",
-        on_stale: str = "warn",
-        health: bool = True,
-        trainable: Sequence[str] = (),
         progress: ProgressFn | None = None,
+        **options: Unpack[LiveTakeOptions],
     ) -> StoredSnapshot:
         """Snapshot ``app_state`` (names -> objects with ``state_dict()``) into ``run``.
 
@@ -133,10 +100,11 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs):
         that never comes, dies or stops is named in a RankLostError. Any rank's failure raises
         DistributedError on every rank and commits nothing.
 
-        ``delta_base`` (default: the store's ``delta_base``, None unless set) stores each new
-        chunk as the XOR of its bits with the chunk at the same place of the same key in that
-        snapshot, when that is smaller: ``"parent"`` is the run's latest snapshot (a run's
-        first take stores everything whole), or any snapshot ref (a base model for fine-tunes).
+        ``delta_base`` (default ``ckstore.STORE_DEFAULT``: the store's ``delta_base``, None
+        unless set) stores each new chunk as the XOR of its bits with the chunk at the same
+        place of the same key in that snapshot, when that is smaller: ``"parent"`` is the
+        run's latest snapshot (a run's first take stores everything whole), or any snapshot
+        ref (a base model for fine-tunes).
         Chains are kept within ``delta_depth`` links; reads and restores are unchanged.
         Single-process takes only. While compaction runs after takes (``auto_compact``, loose
         ``take_codec``), ``"parent"`` is left to it: it stores older snapshots as deltas
@@ -172,24 +140,12 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs):
             LeaseExpiredError: the take stalled past its lease; nothing was committed.
             NonFiniteError, StaleStateError: the guard refused the state (``"raise"``).
         """
-        spec = TakeSpec.of(
-            run=run,
-            step=step,
-            tags=tags,
-            metadata=metadata,
-            name=name,
-            replicated=replicated,
-            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
-            dist_timeout=dist_timeout,
-            no_dist=no_dist,
-            move_tags=move_tags,
-            on_nonfinite=on_nonfinite,
-            on_stale=on_stale,
-            health=health,
-            trainable=trainable,
+        spec = _takes.spec_of(
+            self._repo, LiveTakeOptions, options, run=run, step=step, tags=tags, metadata=metadata
         )
         return self._handle(*_takes.take(self._repo, app_state, spec, pg, progress))
 
+    @_takes.shows(AsyncTakeOptions)
     def async_take(
         self,
         app_state: Mapping[str, Any],
@@ -198,19 +154,9 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs):
         tags: Sequence[str] = (),
         metadata: Mapping[str, Any] | None = None,
         *,
-        name: str | None = None,
-        replicated: Sequence[str] = (),
         pg: ProcessGroup | None = None,
-        dist_timeout: float | None = None,
-        staging_budget: int | None = None,
-        delta_base: str | None | _takes.StoreDefault = _takes.STORE_DEFAULT,
-        no_dist: bool = False,
-        move_tags: bool = False,
-        on_nonfinite: str = "warn",
-        on_stale: str = "warn",
-        health: bool = True,
-        trainable: Sequence[str] = (),
         progress: ProgressFn | None = None,
+        **options: Unpack[AsyncTakeOptions],
     ) -> PendingSnapshot:
         """Stage a copy of ``app_state`` now, then hash, write and commit in the background.
 
@@ -224,26 +170,13 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs):
         ``delta_base``, ``no_dist``, ``tags``, ``move_tags``, ``progress`` and the guard's
         options as for :meth:`take` (a refusal surfaces from ``wait()``).
         """
-        spec = TakeSpec.of(
-            run=run,
-            step=step,
-            tags=tags,
-            metadata=metadata,
-            name=name,
-            replicated=replicated,
-            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist),
-            dist_timeout=dist_timeout,
-            staging_budget=staging_budget,
-            no_dist=no_dist,
-            move_tags=move_tags,
-            on_nonfinite=on_nonfinite,
-            on_stale=on_stale,
-            health=health,
-            trainable=trainable,
+        spec = _takes.spec_of(
+            self._repo, AsyncTakeOptions, options, run=run, step=step, tags=tags, metadata=metadata
         )
         job = _takes.take_async(self._repo, app_state, spec, pg, progress)
         return PendingSnapshot.of(job.future, self._handle, job.staged_bytes, job.sync_bytes)
 
+    @_takes.shows(TakeOptions)
     def import_checkpoint(
         self,
         path: str | os.PathLike[str],
@@ -253,15 +186,9 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs):
         metadata: Mapping[str, Any] | None = None,
         *,
         format: str | None = None,  # noqa: A002 - the option users type
-        name: str | None = None,
-        delta_base: str | None | _takes.StoreDefault = _takes.STORE_DEFAULT,
-        move_tags: bool = False,
-        on_nonfinite: str = "warn",
-        on_stale: str = "warn",
-        health: bool = True,
-        trainable: Sequence[str] = (),
         verify: bool = True,
         progress: ProgressFn | None = None,
+        **options: Unpack[TakeOptions],
     ) -> StoredSnapshot:
         """Take an existing checkpoint (file or folder) into ``run`` as one snapshot.
 
@@ -304,19 +231,15 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs):
         """
         from .interop import load_checkpoint
 
-        spec = TakeSpec.of(
+        spec = _takes.spec_of(
+            self._repo,
+            TakeOptions,
+            options,
             run=run,
             step=step,
             tags=tags,
             metadata=metadata,
-            name=name,
-            delta_base=_takes.delta_base_of(self._repo, delta_base, no_dist=True),
             no_dist=True,
-            move_tags=move_tags,
-            on_nonfinite=on_nonfinite,
-            on_stale=on_stale,
-            health=health,
-            trainable=trainable,
         )
         if verify:
             from .interop import verify_checkpoint

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from . import _takes
 from ._locate import locate, locate_all_ranks, resolve
 from .engine.repository import Repository
 from .engine.restore.logical import ranked_manifest, split_rank
 from .engine.stateful import RNGState, StateDict, Stateful, check_app_state
-from .engine.take.spec import TakeSpec
+from .engine.take.spec import PathTakeOptions, TakeSpec
 from .engine.view import SnapshotView
 from .format.manifest import Entry, Manifest
 from .index import SnapshotRecord
@@ -97,6 +97,7 @@ class Snapshot(StoredSnapshot):
 
     # --- TorchSnapshot's constructors -----------------------------------------------------
     @classmethod
+    @_takes.shows(PathTakeOptions)
     def take(
         cls,
         path: str | os.PathLike[str],
@@ -106,34 +107,29 @@ class Snapshot(StoredSnapshot):
         storage_options: dict[str, Any] | None = None,
         *,
         index: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        dist_timeout: float | None = None,
-        on_nonfinite: str = "warn",
-        on_stale: str = "warn",
+        **options: Unpack[PathTakeOptions],
     ) -> Snapshot:
         """Take a snapshot of ``app_state`` at ``path`` (see the module docstring).
 
         Distributed: call on every rank of ``pg`` (default: every rank); ranks outside it are
         free to do anything else meanwhile. ``replicated`` (key globs, e.g. ``["optim/**"]``)
         marks plain tensors that are the same on every rank: written once, the work spread
-        over the ranks; DDP modules are replicated without it. ``dist_timeout``,
-        ``on_nonfinite`` and ``on_stale`` as in :meth:`ckstore.Store.take` (a path's snapshot
-        has no step, so staleness is never checked here).
+        over the ranks; DDP modules are replicated without it. ``metadata``,
+        ``dist_timeout``, ``on_nonfinite`` and ``on_stale`` as in :meth:`ckstore.Store.take`
+        (a path's snapshot has no step, so staleness is never checked here).
 
         Raises:
             UnsupportedValueError: an app_state value has no ``state_dict()`` (a TypeError).
             NonFiniteError: ``on_nonfinite="raise"`` and a tensor holds NaN or Inf.
         """
-        repo, spec = _prepare(
-            path, app_state, pg, replicated, storage_options, index, metadata, dist_timeout
-        )
-        spec = spec.evolve(on_nonfinite=on_nonfinite, on_stale=on_stale)
+        repo, spec = _prepare(path, app_state, pg, replicated, storage_options, index, options)
         record, manifest = _takes.take(repo, app_state, spec, pg)
         return cls(path, pg, storage_options, index=index)._bind(
             SnapshotView(repo, record, manifest)
         )
 
     @classmethod
+    @_takes.shows(PathTakeOptions)
     def async_take(
         cls,
         path: str | os.PathLike[str],
@@ -143,17 +139,11 @@ class Snapshot(StoredSnapshot):
         storage_options: dict[str, Any] | None = None,
         *,
         index: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        dist_timeout: float | None = None,
-        on_nonfinite: str = "warn",
-        on_stale: str = "warn",
+        **options: Unpack[PathTakeOptions],
     ) -> PendingSnapshot:
-        """Like :meth:`take` (same ``pg``, ``replicated`` and guard options), returning once
-        the state is staged."""
-        repo, spec = _prepare(
-            path, app_state, pg, replicated, storage_options, index, metadata, dist_timeout
-        )
-        spec = spec.evolve(on_nonfinite=on_nonfinite, on_stale=on_stale)
+        """Like :meth:`take` (same ``pg``, ``replicated`` and options), returning once the
+        state is staged."""
+        repo, spec = _prepare(path, app_state, pg, replicated, storage_options, index, options)
         job = _takes.take_async(repo, app_state, spec, pg)
 
         def handle(record: SnapshotRecord, manifest: Manifest | None) -> Snapshot:
@@ -200,11 +190,11 @@ def _prepare(
     replicated: Any,
     storage_options: dict[str, Any] | None,
     index: str | None,
-    metadata: Mapping[str, Any] | None,
-    dist_timeout: float | None,
+    options: PathTakeOptions,
 ) -> tuple[Repository, TakeSpec]:
-    """Check the app_state, then find (or make) the store at ``path`` and describe the take."""
+    """Check the app_state and the options, then find (or make) the store at ``path`` and
+    describe the take."""
     check_app_state(app_state)
-    spec = TakeSpec.of(metadata=metadata, replicated=replicated, dist_timeout=dist_timeout)
-    repo, name = locate_all_ranks(os.fspath(path), storage_options, index, pg, dist_timeout)
+    spec = _takes.spec_of(None, PathTakeOptions, options, replicated=replicated)
+    repo, name = locate_all_ranks(os.fspath(path), storage_options, index, pg, spec.dist_timeout)
     return repo, spec.evolve(name=name) if name else spec

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import CorruptionError, InvalidInputError, SchemaError
-from ..format.limits import INT64_MAX, check_int, check_number
+from ..format.limits import check_int
 
 CONFIG_NAME = "ckstore.json"
 FORMAT_NAME = "ckstore"
@@ -143,12 +143,6 @@ RESTORE_BUDGET_CAP = 512 << 20
 """...and never more than this many bytes (nor 5% of physical memory)."""
 
 
-def default_memory_budget() -> int | None:
-    """``$CKSTORE_MEMORY_BUDGET`` (bytes) if set, else None: :func:`restore_budget` decides
-    per restore from the size of what it restores."""
-    return env_int("CKSTORE_MEMORY_BUDGET", 0)
-
-
 def restore_budget(budget: int | None, restored_bytes: int) -> int:
     """Staging memory a restore of ``restored_bytes`` may use: ``budget`` when given, else
     ``RESTORE_BUDGET_FRACTION`` of ``restored_bytes``, at most ``RESTORE_BUDGET_CAP`` and 5% of
@@ -168,82 +162,6 @@ def budget_cap() -> int:
     return min(RESTORE_BUDGET_CAP, physical // 20)
 
 
-def default_staging_budget() -> int:
-    """Copy memory an async take may use: ``$CKSTORE_STAGING_BUDGET`` (bytes) or half of the
-    RAM available now (``MemAvailable``, which counts page cache the kernel can drop: free
-    memory alone shrinks to almost nothing once checkpoints have filled the cache)."""
-    env = env_int("CKSTORE_STAGING_BUDGET", 0)
-    if env is not None:
-        return env
-    available = _mem_available()
-    if available is None:
-        try:
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            available = 8 << 30
-    return available // 2
-
-
-def _mem_available() -> int | None:
-    """Linux's estimate of memory available without swapping, or None elsewhere."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def default_threads() -> int:
-    """Worker threads for hashing/compression/IO: ``$CKSTORE_THREADS`` or the CPU count."""
-    env = env_int("CKSTORE_THREADS", 1, MAX_THREADS)
-    if env is not None:
-        return env
-    return max(2, os.cpu_count() or 2)
-
-
-def default_io_threads() -> int:
-    """Packs a take writes at once: ``$CKSTORE_IO_THREADS`` or 4. Several writes in flight keep
-    a disk busy through each pack's fsync (and S3 through each upload's latency); each holds
-    up to one pack of encoded bytes in memory."""
-    env = env_int("CKSTORE_IO_THREADS", 1, MAX_THREADS)
-    if env is not None:
-        return env
-    return 4
-
-
-def default_lease_seconds() -> float:
-    """How long a take's lease lasts between heartbeats: ``$CKSTORE_LEASE_SECONDS`` or 600."""
-    env = os.environ.get("CKSTORE_LEASE_SECONDS")
-    if not env:
-        return DEFAULT_LEASE_SECONDS
-    try:
-        value = float(env)
-    except ValueError:
-        raise InvalidInputError(
-            f"$CKSTORE_LEASE_SECONDS must be a number of seconds, got {env!r}"
-        ) from None
-    return check_number("$CKSTORE_LEASE_SECONDS", value, 0.0, MAX_LEASE_SECONDS, lo_open=True)
-
-
-def env_int(name: str, lo: int, hi: int = INT64_MAX) -> int | None:
-    """The integer in environment variable ``name`` (None when unset or empty).
-
-    Raises:
-        InvalidInputError: it is not an integer in ``[lo, hi]``; the message names the variable.
-    """
-    env = os.environ.get(name)
-    if not env:
-        return None
-    try:
-        value = int(env)
-    except ValueError:
-        raise InvalidInputError(f"${name} must be an integer, got {env!r}") from None
-    return check_int(f"${name}", value, lo, hi)
-
-
 DEFAULT_DELTA_DEPTH = 1
 """Longest chain a take builds by default: every delta is taken against a full chunk (a
 keyframe), so reading a chunk decodes at most 2 payloads and a take reads one base. Measured
@@ -252,15 +170,6 @@ on the benchmark's training run (a save every 10 steps): depth 2 stores 0.5 (fp3
 depth 1 (each link costs about a full chunk's decompression); see docs/USAGE.md, "Deltas"."""
 MAX_DELTA_DEPTH = 32
 """The largest depth limit accepted (readers follow chains of up to 64 links)."""
-
-
-def check_depth(value: int) -> int:
-    """``value`` as a delta depth limit (0 turns deltas off).
-
-    Raises:
-        InvalidInputError: not an int in [0, MAX_DELTA_DEPTH].
-    """
-    return check_int("delta_depth", value, 0, MAX_DELTA_DEPTH)
 
 
 def check_delta_base(value: Any) -> str | None:
@@ -278,44 +187,8 @@ def check_delta_base(value: Any) -> str | None:
     return value
 
 
-def default_delta_depth() -> int:
-    """The delta chain limit of a new handle: ``$CKSTORE_DELTA_DEPTH`` or ``DEFAULT_DELTA_DEPTH``."""
-    env = env_int("CKSTORE_DELTA_DEPTH", 0, MAX_DELTA_DEPTH)
-    return DEFAULT_DELTA_DEPTH if env is None else env
-
-
 TAKE_CODECS = ("fast", "raw", "dense")
 """How a take encodes new whole chunks: ``fast`` (``exp-zstd`` for floats, raw otherwise; what
 compaction later rewrites densely), ``raw`` (no encoding at all: the fastest takes and
 restores, the most bytes until compaction) or ``dense`` (``bytegroup-zstd`` / ``zstd``, as
 compaction writes: smaller at once, slower on the take's critical path)."""
-
-
-def check_take_codec(value: Any) -> str:
-    """``value`` as a ``take_codec`` option.
-
-    Raises:
-        InvalidInputError: not one of :data:`TAKE_CODECS`.
-    """
-    if value not in TAKE_CODECS:
-        raise InvalidInputError(f"take_codec must be one of {list(TAKE_CODECS)}, got {value!r}")
-    return str(value)
-
-
-def default_take_codec() -> str:
-    """The take codec of a new handle: ``$CKSTORE_TAKE_CODEC`` or ``"fast"``."""
-    env = os.environ.get("CKSTORE_TAKE_CODEC")
-    return "fast" if not env else check_take_codec(env)
-
-
-def default_auto_compact() -> bool:
-    """Whether a new handle compacts in the background after takes: ``$CKSTORE_AUTO_COMPACT``
-    (``0``/``false``/``no``/``off`` turn it off) or True."""
-    env = os.environ.get("CKSTORE_AUTO_COMPACT", "").strip().lower()
-    if not env:
-        return True
-    if env in ("0", "false", "no", "off"):
-        return False
-    if env in ("1", "true", "yes", "on"):
-        return True
-    raise InvalidInputError(f"$CKSTORE_AUTO_COMPACT must be 1 or 0 (true/false), got {env!r}")

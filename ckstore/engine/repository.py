@@ -18,28 +18,10 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 from .. import objects
-from ..errors import (
-    InvalidInputError,
-)
-from ..format.limits import check_int, check_number
 from ..format.manifest import Manifest
 from ..index import Index, SnapshotRecord
-from .config import (
-    MAX_LEASE_SECONDS,
-    MAX_THREADS,
-    StoreConfig,
-    check_delta_base,
-    check_depth,
-    check_take_codec,
-    default_auto_compact,
-    default_delta_depth,
-    default_io_threads,
-    default_lease_seconds,
-    default_memory_budget,
-    default_staging_budget,
-    default_take_codec,
-    default_threads,
-)
+from .config import StoreConfig
+from .knobs import Knobs
 
 log = logging.getLogger("ckstore")
 
@@ -71,13 +53,11 @@ class Spare(Generic[T]):
             self._item = None
 
 
-class Repository:
-    """One store's objects, index and config, plus the knobs of this process.
-
-    ``threads`` (hash/encode/decode workers), ``io_threads`` (packs written at once),
-    ``memory_budget`` (restore staging in bytes; None: a share of what each restore restores,
-    see ``config.restore_budget``) and ``lease_seconds`` may be changed on an open
-    repository; they affect this process only.
+class Repository(Knobs):
+    """One store's objects, index and config, plus the knobs of this process (the rows of
+    :class:`~ckstore.engine.knobs.Knobs`: ``threads``, ``memory_budget``, ``delta_base``, ...,
+    read from the environment when it opens), which may be changed on an open repository and
+    affect this process only.
     """
 
     def __init__(
@@ -87,19 +67,11 @@ class Repository:
         self.objects = objs
         self.index = index
         self.config = config
-        self._threads = default_threads()
-        self._io_threads = default_io_threads()
-        self._memory_budget: int | None = default_memory_budget()
-        self._staging_budget: int | None = None
+        super().__init__()
         self.spare_staging: Spare[Any] = Spare()
         """The last async take's staging arena, free for the next (``take/staging.py``)."""
-        self._lease_seconds = default_lease_seconds()
-        self._delta_base: str | None = None
-        self._delta_depth = default_delta_depth()
-        self._take_codec = default_take_codec()
         # how it was opened (index URL as given, storage options), so another process can reopen it
         self.opened_with: dict[str, Any] = {"index": None, "storage_options": None}
-        self._auto_compact = default_auto_compact()
         self._busy = 0
         self._busy_lock = threading.Lock()
         self.after_commit: list[Callable[[SnapshotRecord], None]] = []
@@ -109,108 +81,16 @@ class Repository:
         """Called (in order) when the repository closes, before its index and backend."""
 
     @property
-    def threads(self) -> int:
-        """Hash, encode and decode workers (1 to 1024)."""
-        return self._threads
-
-    @threads.setter
-    def threads(self, value: int) -> None:
-        self._threads = check_int("threads", value, 1, MAX_THREADS)
-
-    @property
-    def io_threads(self) -> int:
-        """Packs a take writes at once (1 to 1024)."""
-        return self._io_threads
-
-    @io_threads.setter
-    def io_threads(self, value: int) -> None:
-        self._io_threads = check_int("io_threads", value, 1, MAX_THREADS)
-
-    @property
-    def memory_budget(self) -> int | None:
-        """Bytes a restore may stage (>= 0); None: a share of what each restore restores
-        (``config.restore_budget``)."""
-        return self._memory_budget
-
-    @memory_budget.setter
-    def memory_budget(self, value: int | None) -> None:
-        self._memory_budget = None if value is None else check_int("memory_budget", value)
-
-    @property
-    def lease_seconds(self) -> float:
-        """How long a take's lease lasts between heartbeats (> 0, at most 7 days)."""
-        return self._lease_seconds
-
-    @lease_seconds.setter
-    def lease_seconds(self, value: float) -> None:
-        self._lease_seconds = check_number(
-            "lease_seconds", value, 0.0, MAX_LEASE_SECONDS, lo_open=True
-        )
-
-    @property
-    def staging_budget(self) -> int:
-        """Bytes an ``async_take`` may copy: set explicitly, else ``default_staging_budget()``
-        measured at each call (available memory changes while training runs)."""
-        return default_staging_budget() if self._staging_budget is None else self._staging_budget
-
-    @staging_budget.setter
-    def staging_budget(self, value: int | None) -> None:
-        self._staging_budget = None if value is None else check_int("staging_budget", value)
-
-    @property
-    def delta_base(self) -> str | None:
-        """What takes store deltas against unless they say otherwise: None (no deltas, the
-        default), ``"parent"`` (the run's latest snapshot) or a snapshot ref."""
-        return self._delta_base
-
-    @delta_base.setter
-    def delta_base(self, value: str | None) -> None:
-        self._delta_base = check_delta_base(value)
-
-    @property
-    def delta_depth(self) -> int:
-        """Longest delta chain a take builds (0 to 32; 0 stores every chunk whole). Reading a
-        chunk decodes at most ``delta_depth + 1`` payloads."""
-        return self._delta_depth
-
-    @delta_depth.setter
-    def delta_depth(self, value: int) -> None:
-        self._delta_depth = check_depth(value)
-
-    @property
     def compacts_later(self) -> bool:
         """Whether takes write loose chunks that a background compaction packs densely, with
         deltas against each snapshot's parent, after the next take (``auto_compact`` on and a
         loose ``take_codec``)."""
-        return self._auto_compact and self._take_codec != "dense"
-
-    @property
-    def take_codec(self) -> str:
-        """How takes encode new whole chunks: ``"fast"`` (the default: ``exp-zstd`` for
-        floats, raw otherwise; compaction rewrites them densely later), ``"raw"`` (every chunk
-        as it is, also compacted later) or ``"dense"`` (``bytegroup-zstd``/``zstd`` at once)."""
-        return self._take_codec
-
-    @take_codec.setter
-    def take_codec(self, value: str) -> None:
-        self._take_codec = check_take_codec(value)
+        return self.auto_compact and self.take_codec != "dense"
 
     def load_manifest(self, record: SnapshotRecord) -> Manifest:
         """The manifest of a committed snapshot, parsed and validated."""
         raw = self.objects.get_blob("manifests", record.manifest_id)
         return Manifest.from_json(raw, where=f"manifest of {describe(record)}")
-
-    @property
-    def auto_compact(self) -> bool:
-        """Whether takes of this process start a background compaction once older snapshots
-        hold loose chunks (default True, or ``$CKSTORE_AUTO_COMPACT``)."""
-        return self._auto_compact
-
-    @auto_compact.setter
-    def auto_compact(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise InvalidInputError(f"auto_compact must be True or False, got {value!r}")
-        self._auto_compact = value
 
     @contextmanager
     def activity(self) -> Iterator[None]:

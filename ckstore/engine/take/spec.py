@@ -5,15 +5,21 @@ Every way of taking a snapshot (``Store.take`` and ``async_take``, TorchSnapshot
 save) builds one :class:`TakeSpec` with :meth:`TakeSpec.of` where the caller's arguments come
 in, and nothing downstream re-reads or re-validates them: the labels a snapshot is committed
 with are exactly the spec's.
+
+The options are written here once. The public takes accept them as ``**options`` typed by
+the bundles below (:class:`TakeOptions` and those built on it, PEP 692), and show them in
+their signatures as the keyword arguments they are (``help(Store.take)``). A new option is a
+field of :class:`TakeSpec`, a parameter of :meth:`TakeSpec.of` with its check, and a key of
+the bundle of the takes that accept it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict
 
 from ...errors import InvalidInputError
 from ...format.health import POLICIES
@@ -21,6 +27,54 @@ from ...format.limits import INT64_MAX, check_int, check_metadata, check_number
 from ...format.manifest import canonical_json, snapshot_header
 from ...index import tag_specs, validate_name
 from ..config import check_delta_base
+from ..knobs import StoreDefault
+
+
+class GuardPolicies(TypedDict, total=False):
+    """What a take does about what its guard finds (:class:`TakeSpec` documents each)."""
+
+    on_nonfinite: str
+    on_stale: str
+
+
+class RankOptions(TypedDict, total=False):
+    """How the ranks of a distributed take wait for each other."""
+
+    dist_timeout: float | None
+
+
+class TakeOptions(GuardPolicies, total=False):
+    """The keyword options of every take into a store (``Store.take``, ``async_take``,
+    ``import_checkpoint``); :class:`TakeSpec` documents each. ``delta_base`` may also be
+    ``STORE_DEFAULT``: the store's knob of that name."""
+
+    name: str | None
+    delta_base: str | None | StoreDefault
+    move_tags: bool
+    health: bool
+    trainable: Iterable[str] | None
+
+
+class LiveTakeOptions(TakeOptions, RankOptions, total=False):
+    """:class:`TakeOptions`, and those of a take of live state, which may run on every rank
+    (``Store.take``)."""
+
+    replicated: Iterable[str] | None
+    no_dist: bool
+
+
+class AsyncTakeOptions(LiveTakeOptions, total=False):
+    """:class:`LiveTakeOptions`, and how much an asynchronous take may copy
+    (``Store.async_take``)."""
+
+    staging_budget: int | None
+
+
+class PathTakeOptions(GuardPolicies, RankOptions, total=False):
+    """The keyword options of TorchSnapshot's ``Snapshot.take`` and ``async_take``, besides
+    TorchSnapshot's own (a path's snapshot has no run, step or tags)."""
+
+    metadata: Mapping[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -171,24 +225,11 @@ class TakeSpec:
         return (_rebuild, (self._fields(),))
 
     def _fields(self) -> dict[str, Any]:
-        return {
-            "run": self.run,
-            "step": self.step,
-            "tags": self.tags,
-            "metadata": dict(self.metadata),
-            "name": self.name,
-            "delta_base": self.delta_base,
-            "replicated": self.replicated,
-            "dist_timeout": self.dist_timeout,
-            "staging_budget": self.staging_budget,
-            "no_dist": self.no_dist,
-            "move_tags": self.move_tags,
-            "on_nonfinite": self.on_nonfinite,
-            "on_stale": self.on_stale,
-            "health": self.health,
-            "trainable": self.trainable,
-            "trainable_keys": sorted(self.trainable_keys),
-        }
+        """The arguments of :meth:`of` that build this description again."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["metadata"] = dict(self.metadata)
+        out["trainable_keys"] = sorted(self.trainable_keys)
+        return out
 
 
 def _policy(what: str, value: Any) -> str:
