@@ -195,36 +195,30 @@ def _values(kind: str, current: str, store: list[str], positionals: list[str]) -
 def _from_store(
     kind: str, current: str, store_args: list[str], positionals: list[str]
 ) -> list[str]:
-    from ..engine.opening import open_repository
-    from ..engine.repository import Repository
+    from ..store import open as open_store
     from ._common import find_store
 
     explicit = _option(store_args, "--store")
-    repo: Repository = open_repository(
+    with open_store(
         find_store(explicit), index=_option(store_args, "--index"), read_only=True
-    )
-    try:
-        index = repo.index
+    ) as store:
         if kind == "run":
-            return _match(index.list_runs(), current)
+            return _match(store.runs(), current)
         if kind == "tag":
-            return _match([t.name for t in index.list_tags()], current)
+            return _match(list(store.tags()), current)
         if kind == "remote":
-            return _match([r.name for r in index.list_remotes()], current)
+            return _match([r.name for r in store.remotes()], current)
         if kind == "key":
             if not positionals:
                 return []
-            record = index.resolve(positionals[0])
-            return _match([e.key for e in index.entries(record.manifest_id)], current)
+            return _match([e.key for e in store.get(positionals[0]).entries()], current)
         if "@" in current:
             run = current.rpartition("@")[0]
-            steps = [s.step for s in index.list_snapshots(run=run, limit=200) if s.step is not None]
+            steps = [s.step for s in store.log(run=run, limit=200) if s.step is not None]
             return _match([f"{run}@{step}" for step in sorted(set(steps))], current)
-        names = [t.name for t in index.list_tags()] + index.list_runs()
-        names += [s.name for s in index.list_snapshots(limit=200) if s.name]
+        names = list(store.tags()) + store.runs()
+        names += [s.name for s in store.log(limit=200) if s.name]
         return _match(sorted(set(names)), current)
-    finally:
-        repo.close()
 
 
 def _option(args: list[str], name: str) -> str | None:

@@ -108,8 +108,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snap = store.get(args.ref)
         d = _snap_dict(snap, _tags_by_snapshot(store).get(snap.id, []))
-        d["stored_bytes"] = store.repository.index.stored_bytes(snap.id)
-        entries = _entries(store, snap)
+        d["stored_bytes"] = snap.stored_bytes()
+        entries = snap.entries()
         health = snap.health
         if store.remotes():
             status = store.push_status().get(snap.id)
@@ -180,27 +180,13 @@ def _health_lines(health: Health | None) -> list[tuple[str, Any]]:
     return out
 
 
-def _entries(store: Store, snap: StoredSnapshot) -> list[Any]:
-    """The snapshot's entry records from the index (the manifest only if the index lacks them)."""
-    records = store.repository.index.entries(snap.record.manifest_id)
-    if records:
-        return list(records)
-    from ..format.manifest import entry_digest
-    from ..index import EntryRecord
-
-    return [
-        EntryRecord(k, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))
-        for k, e in snap.get_manifest().items()
-    ]
-
-
 def cmd_ls(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snap = store.get(args.ref)
-        entries = [e for e in _entries(store, snap) if e.key.startswith(args.prefix or "")]
+        entries = [e for e in snap.entries() if e.key.startswith(args.prefix or "")]
     if args.prefix and not entries:
         raise KeyNotFoundError(f"no key starts with {args.prefix!r} in snapshot {snap.ref}")
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "key": e.key,
             "kind": e.kind,
@@ -342,7 +328,7 @@ def _tag_delete(store: Store, args: argparse.Namespace) -> int:
 
 def _tag_list(store: Store, args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
-    for t in store.repository.index.list_tags():
+    for t in store.tag_records():
         snap = store.get(t.snapshot_id)
         rows.append(
             {
@@ -409,8 +395,6 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 def _rm_runs(args: argparse.Namespace) -> int:
     """``rm --run NAME``: every snapshot of each run, one transaction per run."""
-    from ..history.du import exclusive_bytes
-
     with open_store(args) as store:
         snaps = {run: store.log(run=run) for run in args.runs}
         for run, found in snaps.items():
@@ -429,7 +413,7 @@ def _rm_runs(args: argparse.Namespace) -> int:
                 f"{which}: use --force to delete tagged snapshots with their tags, or remove the "
                 "tags first (`ckstore tag --delete NAME`)"
             )
-        frees = exclusive_bytes(store.repository)
+        frees = store.exclusive_bytes()
         what = ", ".join(
             f"run {r} ({len(found)} snapshots, {fmt.size(frees.get(r, 0))} only it uses"
             + (f"; tags {', '.join(tagged[r])}" if tagged[r] else "")
@@ -439,10 +423,7 @@ def _rm_runs(args: argparse.Namespace) -> int:
         if not confirmed(args, f"delete {what}?"):
             print("nothing deleted", file=sys.stderr)
             return EXIT_OK
-        deleted = {
-            run: store.repository.index.delete_run(run, refuse_tagged=not args.force)
-            for run in args.runs
-        }
+        deleted = {run: store.delete_run(run, force=args.force) for run in args.runs}
     if args.json:
         emit_json({
             "runs": {r: [s.id for s in d] for r, d in deleted.items()},

@@ -154,11 +154,9 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 
 
 def cmd_du(args: argparse.Namespace) -> int:
-    from ..history.du import du
-
     with open_store(args) as store:
-        rows = du(store.repository, progress=lambda it: fmt.progress(it, "packs"))
-        held = [h.to_dict() for h in store.repository.index.held_sessions()]
+        rows = store.du(progress=lambda it: fmt.progress(it, "packs"))
+        held = [h.to_dict() for h in store.sessions()]
     if args.json:
         emit_json(
             {

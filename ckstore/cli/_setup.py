@@ -45,7 +45,7 @@ def cmd_init(args: argparse.Namespace) -> int:
             cfg = store.config
             info = {
                 "url": store.url,
-                "index": store.repository.index.url,
+                "index": store.index_url,
                 "store_id": cfg.store_id,
                 "chunk_bytes": cfg.chunk_bytes,
                 "pack_bytes": cfg.pack_bytes,

@@ -53,6 +53,7 @@ from ckstore.index.records import (
 from ckstore.index.remote import RemotesMixin
 from ckstore.index.schema import ensure_schema
 from ckstore.index.sharing import SharingMixin
+from ckstore.index.usage import UsageMixin
 
 FINAL_STATES = ("committed", "aborted")
 MAX_CHAIN_ROUNDS = 65
@@ -60,7 +61,7 @@ MAX_CHAIN_ROUNDS = 65
 are far shorter, and readers refuse one over 64 links)."""
 
 
-class Index(MaintenanceMixin, SharingMixin, CompactionMixin, EditsMixin, RemotesMixin):
+class Index(MaintenanceMixin, SharingMixin, UsageMixin, CompactionMixin, EditsMixin, RemotesMixin):
     """SQL index of one store (SQLite or PostgreSQL). Create it with :meth:`Index.open`."""
 
     def __init__(self, engine: Engine, read_only: str | None = None) -> None:
