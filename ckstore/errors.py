@@ -5,12 +5,15 @@ that already catch ``KeyError``/``FileNotFoundError``/``ValueError`` keep workin
 builtin means the same (a conflict, a schema version, a guard's refusal, a rank's failure) it
 derives from ``Exception`` alone. Every class here is exported from ``ckstore``. Messages name
 the key, ref or object involved and say what to do. Lower layers translate foreign errors
-(fsspec, SQLAlchemy) at their boundary with ``raise ... from``.
+(fsspec, SQLAlchemy) at their boundary with ``raise ... from``. :data:`ERROR_KINDS` is the one
+table of how each kind of error surfaces: the command line's exit code and the web view's HTTP
+status.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 
 class CkstoreError(Exception):
@@ -165,3 +168,40 @@ class RankLostError(DistributedError, TimeoutError):
 
     ``ranks`` names them (ranks within the process group), when they could be told apart.
     """
+
+
+# --- how each kind of error surfaces ------------------------------------------------------------
+@dataclass(frozen=True)
+class ErrorKind:
+    """One kind of error as the faces report it: the command line's exit code and the web view's
+    HTTP status, for every error that is an instance of one of ``errors``.
+
+    Attributes:
+        name: What the kind is called in docs and messages.
+        errors: The classes of the kind (an error of a subclass is of the kind too).
+        exit_code: ``ckstore``'s exit status for it.
+        http_status: ``ckstore ui``'s HTTP status for it.
+    """
+
+    name: str
+    errors: tuple[type[Exception], ...]
+    exit_code: int
+    http_status: int
+
+
+CORRUPTION = ErrorKind("corruption", (CorruptionError, ObjectNotFoundError), 5, 500)
+"""Something stored is missing or damaged: the store's side, not the caller's ref."""
+NOT_FOUND = ErrorKind("not found", (NotFoundError,), 3, 404)
+CONFLICT = ErrorKind("conflict", (ConflictError,), 4, 409)
+USAGE = ErrorKind("usage", (InvalidInputError,), 2, 400)
+ERROR_KINDS: tuple[ErrorKind, ...] = (CORRUPTION, NOT_FOUND, CONFLICT, USAGE)
+"""The kinds, first match wins (an ObjectNotFoundError is corruption before it is not found)."""
+OTHER_ERROR = ErrorKind("other", (), 6, 500)
+"""Every error of no kind above: a read-only store, a schema from another version, a failed
+backend or rank, and any exception that is not a ckstore error."""
+
+
+def kind_of(exc: BaseException) -> ErrorKind:
+    """The kind of ``exc``: the first of :data:`ERROR_KINDS` it is an instance of, else
+    :data:`OTHER_ERROR`."""
+    return next((k for k in ERROR_KINDS if isinstance(exc, k.errors)), OTHER_ERROR)

@@ -21,12 +21,15 @@ from .engine.view import SnapshotFields, SnapshotView
 from .errors import CorruptionError, InvalidInputError
 from .format.health import Health, of_header
 from .format.limits import check_int, check_number
-from .format.manifest import Entry, Manifest
-from .index import SnapshotRecord
+from .format.manifest import Entry, Manifest, TensorEntry, entry_digest
+from .index import EntryRecord, SnapshotRecord
+from .index.sharing import Shared
 
 if TYPE_CHECKING:
+    import torch
     from torch.distributed import ProcessGroup
 
+    from .engine.restore.jobs import Region
     from .engine.restore.verify_live import LiveCheck
     from .interop import ExportReport
 
@@ -84,6 +87,37 @@ class StoredSnapshot(SnapshotFields):
         manifest header; None if it recorded nothing (taken before ckstore did). For the
         summary without reading the manifest, see :attr:`healthy`."""
         return of_header(self.manifest.snapshot)
+
+    # --- what it stores and shares (from the index) --------------------------------------------
+    def entries(self) -> list[EntryRecord]:
+        """Every entry's key, kind, dtype, shape and size (and digest), in the order of the
+        take, from the index: no manifest is read (only for a snapshot whose index has no
+        entry rows, e.g. one rebuilt by an older ckstore)."""
+        view = self._view()
+        records = view.repo.index.entries(view.record.manifest_id)
+        if records:
+            return records
+        return [
+            EntryRecord(k, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))
+            for k, e in self.manifest.entries.items()
+        ]
+
+    def stored_bytes(self) -> int:
+        """The stored (compressed) length of the chunks it references, each counted once,
+        whoever else references them."""
+        return self._view().repo.index.stored_bytes(self.id)
+
+    def exclusive_usage(self) -> tuple[int, int]:
+        """``(chunks, stored bytes)`` of the chunks no other snapshot references: what
+        forgetting it alone would let ``gc`` reclaim (chunks that deltas are stored against
+        aside)."""
+        return self._view().repo.index.exclusive_usage(self.id)
+
+    def shared_with(self, others: Sequence[str]) -> list[Shared]:
+        """The chunks it has in common with each of the snapshots ``others`` (ids; unknown ones
+        share nothing): one :class:`~ckstore.index.sharing.Shared` per snapshot sharing any,
+        most chunks first. Cost: its chunks times ``len(others)`` index lookups."""
+        return self._view().repo.index.shared_with(self.id, others)
 
     def verify_live(self, app_state: Mapping[str, Any]) -> LiveCheck:
         """Whether the live ``app_state`` holds exactly this snapshot's state.
@@ -261,6 +295,37 @@ class StoredSnapshot(SnapshotFields):
         from .engine.restore.reader import Reader
 
         return read_state(Reader.of(self._view(), rank=rank), key)
+
+    def read_regions(
+        self,
+        tensors: Mapping[str, TensorEntry],
+        regions: Mapping[str, Region],
+        *,
+        where: str | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Read regions of tensors laid out by ``tensors``, entries whose chunks this snapshot
+        references but which its manifest may not name as such (a DCP save's pieces, rebuilt
+        from the DCP metadata it stores).
+
+        Returns, per key of ``regions``, a new CPU tensor of the region ``(offsets, sizes)``
+        (in the entry's global coordinates). Only the chunks overlapping a region are read,
+        each verified against its id. ``where`` names what is read in error messages
+        (default: this snapshot).
+
+        Raises:
+            CorruptionError: a chunk read is damaged (the key is named).
+        """
+        from .engine.restore.reader import Reader
+
+        repo = self._view().repo
+        reader = Reader(
+            repo.objects,
+            repo.index,
+            Manifest({}, dict(tensors)),
+            where or f"snapshot {self.ref}",
+            threads=repo.threads,
+        )
+        return reader.read_regions(regions)
 
     def export(
         self,

@@ -9,14 +9,15 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from . import _remote_verbs, _takes
 from ._history_verbs import HistoryVerbs
+from ._ref_verbs import RefVerbs
+from ._usage_verbs import UsageVerbs
 from .engine.config import StoreConfig
 from .engine.knobs import Knobs
 from .engine.opening import open_repository
 from .engine.progress import ProgressFn
 from .engine.repository import Repository
-from .engine.take.spec import AsyncTakeOptions, LiveTakeOptions, TakeOptions
+from .engine.take.spec import AsyncTakeOptions, LiveTakeOptions, TakeOptions, TakeSpec
 from .engine.view import SnapshotView
-from .errors import ConflictError, NotFoundError
 from .format.manifest import Manifest
 from .history.compact import attach as attach_compaction
 from .index import SnapshotRecord
@@ -25,8 +26,10 @@ from .snapshot import PendingSnapshot, StoredSnapshot
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
+    from .engine.take.local import LocalTake
 
-class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
+
+class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs):
     """A content-addressed checkpoint store. Build one with :func:`ckstore.open`.
 
     Thread-safe for concurrent takes and reads from one process; many processes and hosts may
@@ -51,6 +54,11 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
     def url(self) -> str:
         """The store's URL (an absolute path for a local store)."""
         return self._repo.url
+
+    @property
+    def index_url(self) -> str:
+        """The URL of the store's index (its password hidden)."""
+        return self._repo.index.url
 
     @property
     def config(self) -> StoreConfig:
@@ -269,41 +277,20 @@ class Store(HistoryVerbs, _remote_verbs.RemoteVerbs, Knobs):
         """Every run name, sorted."""
         return self._repo.index.list_runs()
 
-    # --- refs ----------------------------------------------------------------------------
-    def tag(self, ref: str, name: str, force: bool = False) -> StoredSnapshot:
-        """Point tag ``name`` at ``ref``; moving an existing tag needs ``force=True``."""
-        snap = self.get(ref)
-        self._repo.index.set_tag(name, snap.id, force=force)
-        return snap
+    # --- adapters ----------------------------------------------------------------------
+    def local_take(self, spec: TakeSpec) -> LocalTake:
+        """This process's part of the take ``spec`` describes, its write session open.
 
-    def untag(self, name: str) -> None:
-        """Remove tag ``name`` (the snapshot stays)."""
-        if self._repo.index.get_tag(name) is None:
-            raise NotFoundError(f"no tag {name!r} in store {self.url}")
-        self._repo.index.delete_tag(name)
-
-    def tags(self) -> dict[str, str]:
-        """Tag name -> snapshot id."""
-        return {t.name: t.snapshot_id for t in self._repo.index.list_tags()}
-
-    def delete(self, ref: str, *, force: bool = False) -> None:
-        """Forget one snapshot; its bytes are reclaimed by ``gc``.
-
-        A tagged snapshot is kept unless ``force=True``, which deletes its tags with it.
-
-        Raises:
-            SnapshotNotFoundError: ``ref`` names nothing.
-            ConflictError: the snapshot is tagged and ``force`` is False (the tags are named).
+        For an adapter that drives a take from inside another checkpoint protocol (the DCP
+        ``StorageWriter``), where :meth:`take` cannot run: the caller hashes and stores the
+        chunks, builds the manifest and commits through it (docs/ARCHITECTURE.md, "A take, in
+        order"), and closes it; one closed before its commit aborts and commits nothing. Its
+        write session begins beside the caller's first steps; on a read-only store its first
+        use of the session raises ReadOnlyStoreError.
         """
-        snap = self.get(ref)
-        try:
-            self._repo.index.delete_snapshot(snap.id, refuse_tagged=not force)
-        except ConflictError as exc:
-            tags = sorted(t.name for t in self._repo.index.list_tags(snap.id))
-            raise ConflictError(
-                f"snapshot {snap.ref} is tagged {', '.join(tags) or '(tags moved meanwhile)'}: "
-                "untag it first (store.untag(name)), or pass force=True to delete it and its tags"
-            ) from exc
+        from .engine.take.local import LocalTake
+
+        return LocalTake(self._repo, spec).open()
 
     # --- history and maintenance ---------------------------------------------------------
     def close(self) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 from ..errors import InvalidInputError, KeyNotFoundError
 from ..format.manifest import ValueEntry
 from . import _format as fmt
+from ._args import REF_HELP
+from ._command import Command
 from ._common import EXIT_OK, emit_json, open_store
 
 HEAD = 8
@@ -46,6 +48,25 @@ def cmd_cat(args: argparse.Namespace) -> int:
     else:
         print(_human(doc))
     return EXIT_OK
+
+
+def _cat_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ref", help=REF_HELP)
+    p.add_argument("key", help="one entry's key, as `ckstore ls REF` lists them")
+
+
+CAT = Command(
+    "cat",
+    "print one stored value, or a tensor's dtype, shape and value statistics",
+    (
+        "ckstore cat sft@100 progress/step",
+        "ckstore cat best model/lm_head.weight",
+        "ckstore cat sft optim/param_groups/0/lr --json",
+    ),
+    cmd_cat,
+    _cat_arguments,
+    completes=("ref", "key"),
+)
 
 
 def _not_an_entry(snap: Any, key: str) -> Exception:

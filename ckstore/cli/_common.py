@@ -13,21 +13,30 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import (
+    CONFLICT,
+    CORRUPTION,
+    NOT_FOUND,
+    OTHER_ERROR,
+    USAGE,
     CkstoreError,
-    ConflictError,
-    CorruptionError,
     InvalidInputError,
     NotFoundError,
-    ObjectNotFoundError,
+    kind_of,
 )
 from . import _format as fmt
 
 if TYPE_CHECKING:
     from ..store import Store
 
-EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_CORRUPT, EXIT_ERROR = range(
-    7
-)
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+"""``check`` (or ``verify``, ``reindex``) ran and found problems."""
+# the error kinds' codes, from the one table (``ckstore.errors.ERROR_KINDS``)
+EXIT_USAGE = USAGE.exit_code
+EXIT_NOT_FOUND = NOT_FOUND.exit_code
+EXIT_CONFLICT = CONFLICT.exit_code
+EXIT_CORRUPT = CORRUPTION.exit_code
+EXIT_ERROR = OTHER_ERROR.exit_code
 STORE_ENV = "CKSTORE_STORE"
 CONFIG_NAME = "ckstore.json"
 
@@ -207,13 +216,5 @@ def usage_error(args: argparse.Namespace, message: str) -> NoReturn:
 
 
 def exit_code(exc: CkstoreError) -> int:
-    """The process exit code for a ckstore error."""
-    if isinstance(exc, (CorruptionError, ObjectNotFoundError)):
-        return EXIT_CORRUPT
-    if isinstance(exc, NotFoundError):
-        return EXIT_NOT_FOUND
-    if isinstance(exc, ConflictError):
-        return EXIT_CONFLICT
-    if isinstance(exc, InvalidInputError):
-        return EXIT_USAGE
-    return EXIT_ERROR
+    """The process exit code for a ckstore error: its kind's (``ckstore.errors.ERROR_KINDS``)."""
+    return kind_of(exc).exit_code

@@ -3,7 +3,8 @@
 
 All the logic is here, in one place for the three shells: the scripts only pass the words
 typed so far (the last one is the word being completed, possibly empty) and show the lines
-printed back. Commands and options come from the parser itself; refs (tags, runs,
+printed back. Commands, options and what each command's positional arguments are (its
+record's ``completes``, ``cli/_command.py``) come from the parser itself; refs (tags, runs,
 ``run@step``, snapshot names) and keys come from the store the command line names
 (``--store``, ``$CKSTORE_STORE``, or the nearest store upwards), read from the index only, so
 a TAB never imports torch. ``__files__`` asks the shell for its own file completion.
@@ -16,29 +17,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ._command import Command
+
 COMPLETE = "__complete"
 """The hidden command the scripts call."""
 FILES = "__files__"
 """The answer that makes the shell complete file names itself."""
 
-# what each command's positional arguments are, in order ("*": the last one repeats)
-POSITIONALS: dict[str, tuple[str, ...]] = {
-    "init": ("file",),
-    "show": ("ref",),
-    "ls": ("ref", "key"),
-    "cat": ("ref", "key"),
-    "diff": ("ref", "ref"),
-    "tag": ("ref", "tag"),
-    "rm": ("ref*",),
-    "import": ("file",),
-    "export": ("ref", "file"),
-    "verify": ("file",),
-    "completion": ("shell",),
-    "remote": ("remote-action", "remote"),
-    "push": ("remote", "ref*"),
-    "pull": ("remote", "ref*"),
-    "clone": ("file", "file"),
-}
 OPTION_VALUES = {
     "--store": "file", "--run": "run", "--delete": "tag", "-d": "tag", "--delta-base": "ref",
     "--tag": "tag",
@@ -103,6 +88,31 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return 0
 
 
+def _completion_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shell", choices=SHELLS, help="the shell to complete in")
+
+
+COMPLETION = Command(
+    "completion",
+    "print a shell completion script (bash, zsh, fish)",
+    (
+        'eval "$(ckstore completion bash)"',
+        'eval "$(ckstore completion zsh)"',
+        "ckstore completion fish | source",
+    ),
+    cmd_completion,
+    _completion_arguments,
+    description=(
+        "Print a completion script for bash, zsh or fish: subcommands, options, refs (tags, runs, "
+        'run@step) and keys completed from the store. bash: add `eval "$(ckstore completion '
+        'bash)"` to ~/.bashrc; zsh: `eval "$(ckstore completion zsh)"` after compinit in '
+        "~/.zshrc; fish: `ckstore completion fish | source`, or save it as "
+        "~/.config/fish/completions/ckstore.fish."
+    ),
+    completes=("shell",),
+)
+
+
 def main(words: Sequence[str], parser: argparse.ArgumentParser) -> int:
     """``ckstore __complete WORDS...``: print the candidates for the last word, one a line."""
     try:
@@ -129,7 +139,7 @@ def candidates(words: list[str], parser: argparse.ArgumentParser) -> list[str]:
         return _match(_options(sub if sub is not None else parser), current)
     if command is None:
         return _match(sorted(c for c in commands if not c.startswith("_")), current)
-    kinds = POSITIONALS.get(command, ())
+    kinds: tuple[str, ...] = commands[command].get_default("completes") or ()
     n = len(positionals)
     kind = kinds[min(n, len(kinds) - 1)] if kinds else ""
     if kind.endswith("*"):
@@ -195,36 +205,30 @@ def _values(kind: str, current: str, store: list[str], positionals: list[str]) -
 def _from_store(
     kind: str, current: str, store_args: list[str], positionals: list[str]
 ) -> list[str]:
-    from ..engine.opening import open_repository
-    from ..engine.repository import Repository
+    from ..store import open as open_store
     from ._common import find_store
 
     explicit = _option(store_args, "--store")
-    repo: Repository = open_repository(
+    with open_store(
         find_store(explicit), index=_option(store_args, "--index"), read_only=True
-    )
-    try:
-        index = repo.index
+    ) as store:
         if kind == "run":
-            return _match(index.list_runs(), current)
+            return _match(store.runs(), current)
         if kind == "tag":
-            return _match([t.name for t in index.list_tags()], current)
+            return _match(list(store.tags()), current)
         if kind == "remote":
-            return _match([r.name for r in index.list_remotes()], current)
+            return _match([r.name for r in store.remotes()], current)
         if kind == "key":
             if not positionals:
                 return []
-            record = index.resolve(positionals[0])
-            return _match([e.key for e in index.entries(record.manifest_id)], current)
+            return _match([e.key for e in store.get(positionals[0]).entries()], current)
         if "@" in current:
             run = current.rpartition("@")[0]
-            steps = [s.step for s in index.list_snapshots(run=run, limit=200) if s.step is not None]
+            steps = [s.step for s in store.log(run=run, limit=200) if s.step is not None]
             return _match([f"{run}@{step}" for step in sorted(set(steps))], current)
-        names = [t.name for t in index.list_tags()] + index.list_runs()
-        names += [s.name for s in index.list_snapshots(limit=200) if s.name]
+        names = list(store.tags()) + store.runs()
+        names += [s.name for s in store.log(limit=200) if s.name]
         return _match(sorted(set(names)), current)
-    finally:
-        repo.close()
 
 
 def _option(args: list[str], name: str) -> str | None:
@@ -249,12 +253,3 @@ def _options(p: argparse.ArgumentParser) -> list[str]:
 
 def _match(items: list[str], prefix: str) -> list[str]:
     return [i for i in items if i.startswith(prefix)]
-
-
-DESCRIPTION = (
-    "Print a completion script for bash, zsh or fish: subcommands, options, refs (tags, runs, "
-    'run@step) and keys completed from the store. bash: add `eval "$(ckstore completion '
-    'bash)"` to ~/.bashrc; zsh: `eval "$(ckstore completion zsh)"` after compinit in '
-    "~/.zshrc; fish: `ckstore completion fish | source`, or save it as "
-    "~/.config/fish/completions/ckstore.fish."
-)

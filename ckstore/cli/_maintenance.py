@@ -1,6 +1,6 @@
 """The maintenance commands: ``gc``, ``compact``, ``check``, ``du``, ``reindex`` and ``migrate``.
 
-Each ``cmd_*`` takes the parsed arguments and returns an exit code.
+Each command is one record (``cli/_command.py``) beside its handler.
 """
 
 from __future__ import annotations
@@ -12,7 +12,15 @@ from typing import Any
 
 from . import _common
 from . import _format as fmt
+from ._args import duration_arg, fraction_arg, nonneg_int, unit_fraction
+from ._command import Command
 from ._common import EXIT_OK, EXIT_PROBLEMS, emit_json, find_store, open_store, print_report
+
+GC_GRACE_DEFAULT = "6h"
+"""``history.gc.DEFAULT_GRACE_SECONDS`` as ``gc --help`` shows it (a test keeps them equal;
+importing history here would load codecs for every command)."""
+GC_REPACK_DEFAULT = 0.5
+"""``history.gc.DEFAULT_REPACK_BELOW``, likewise."""
 
 
 # --- gc, check, reindex, du ---------------------------------------------------------------------
@@ -63,6 +71,84 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _gc_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--keep-last",
+        type=nonneg_int,
+        metavar="N",
+        help="keep the newest N snapshots of each run (default: unset; gc drops snapshots only "
+        "when --keep-last, --keep-every-steps or --older-than is given, and asks on a terminal "
+        "before leaving a run with none, as --keep-last 0 does)",
+    )
+    p.add_argument(
+        "--keep-every-steps",
+        type=nonneg_int,
+        metavar="N",
+        help="keep snapshots whose step is a multiple of N (default: off)",
+    )
+    p.add_argument(
+        "--older-than",
+        type=duration_arg,
+        metavar="DURATION",
+        help="only delete snapshots older than this (e.g. 7d, 12h; default: any age)",
+    )
+    p.add_argument(
+        "--run",
+        dest="runs",
+        action="append",
+        metavar="R",
+        help="apply the policy to this run only (repeatable; default: every run)",
+    )
+    p.add_argument(
+        "--no-keep-tagged",
+        action="store_true",
+        help="tagged snapshots are not kept automatically (default: a tag keeps its snapshot)",
+    )
+    p.add_argument(
+        "--no-keep-healthy",
+        action="store_true",
+        help="each run's newest healthy snapshot (no NaN/Inf recorded; RUN@healthy) is not kept automatically",
+    )
+    p.add_argument(
+        "--grace",
+        type=duration_arg,
+        metavar="DURATION",
+        help=f"leave unreferenced data younger than this (default: {GC_GRACE_DEFAULT}; 0s "
+        "reclaims at once when no take or restore is running)",
+    )
+    p.add_argument(
+        "--repack-below",
+        type=unit_fraction,
+        metavar="FRACTION",
+        help=f"rewrite packs whose live bytes fell below this fraction (default: "
+        f"{GC_REPACK_DEFAULT}; 0 disables)",
+    )
+    p.add_argument(
+        "--dry-run", "-n", action="store_true", help="say what would be deleted, delete nothing"
+    )
+    p.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="do not ask before deleting every snapshot of a run (asked on a terminal only)",
+    )
+
+
+GC = Command(
+    "gc",
+    "apply a retention policy and reclaim unreferenced data",
+    (
+        "ckstore gc --dry-run",
+        "ckstore gc --keep-last 3 --older-than 7d",
+        "ckstore gc --run sft --keep-every-steps 1000 --json",
+        "ckstore gc --keep-last 0 --yes",
+        "ckstore gc --keep-last 2 --no-keep-healthy",
+    ),
+    cmd_gc,
+    _gc_arguments,
+)
+
+
 def cmd_compact(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         store.auto_compact = False
@@ -86,6 +172,31 @@ def cmd_compact(args: argparse.Namespace) -> int:
             bar("compact", raw, raw)
     print_report(report.to_dict(), args.json)
     return EXIT_OK
+
+
+def _compact_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--keep-loose",
+        type=nonneg_int,
+        default=1,
+        metavar="N",
+        help="newest snapshots of each run whose chunks stay loose, in the fast form (default 1)",
+    )
+    p.add_argument(
+        "--dry-run",
+        "-n",
+        action="store_true",
+        help="say what would be rewritten, write nothing",
+    )
+
+
+COMPACT = Command(
+    "compact",
+    "rewrite older snapshots' loose chunks densely (deltas, full compression)",
+    ("ckstore compact", "ckstore compact --dry-run --json", "ckstore compact --keep-loose 3"),
+    cmd_compact,
+    _compact_arguments,
+)
 
 
 def runs_emptied(store: Any, dropped: list[str]) -> dict[str, int]:
@@ -145,6 +256,28 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
+def _check_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--read-data",
+        nargs="?",
+        const=True,
+        default=False,
+        type=fraction_arg,
+        metavar="FRACTION",
+        help="also read packs whole: each must hash to its name and each chunk in it to its "
+        "id (all packs, or this random fraction of them, at least one)",
+    )
+
+
+CHECK = Command(
+    "check",
+    "verify the store's integrity (exit 1 on problems)",
+    ("ckstore check", "ckstore check --read-data", "ckstore check --read-data 0.1 --json"),
+    cmd_check,
+    _check_arguments,
+)
+
+
 def cmd_reindex(args: argparse.Namespace) -> int:
     # the store must exist, its index need not: reindex rebuilds a fresh (or moved-aside) one
     with open_store(args, create_index=True) as store:
@@ -153,12 +286,21 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     return EXIT_OK if not report.skipped else EXIT_PROBLEMS
 
 
-def cmd_du(args: argparse.Namespace) -> int:
-    from ..history.du import du
+REINDEX = Command(
+    "reindex",
+    "rebuild an empty index from the store's packs and manifests",
+    (
+        "ckstore reindex",
+        "ckstore --store s3://bucket/ckpts --index postgresql+psycopg://u@h/new reindex",
+    ),
+    cmd_reindex,
+)
 
+
+def cmd_du(args: argparse.Namespace) -> int:
     with open_store(args) as store:
-        rows = du(store.repository, progress=lambda it: fmt.progress(it, "packs"))
-        held = [h.to_dict() for h in store.repository.index.held_sessions()]
+        rows = store.du(progress=lambda it: fmt.progress(it, "packs"))
+        held = [h.to_dict() for h in store.sessions()]
     if args.json:
         emit_json(
             {
@@ -205,6 +347,14 @@ def cmd_du(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+DU = Command(
+    "du",
+    "disk usage per run: logical, stored, and what deleting the run frees",
+    ("ckstore du", "ckstore du --json"),
+    cmd_du,
+)
+
+
 # --- migrate ------------------------------------------------------------------------------------
 def cmd_migrate(args: argparse.Namespace) -> int:
     from ..engine.opening import default_index_url
@@ -217,3 +367,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     else:
         print(f"index {url} is at schema revision {revision}")
     return EXIT_OK
+
+
+MIGRATE = Command(
+    "migrate",
+    "upgrade the index schema to this ckstore's version",
+    ("ckstore migrate", "ckstore migrate --index postgresql+psycopg://user@host/db"),
+    cmd_migrate,
+)

@@ -1,6 +1,6 @@
 """The setup commands: ``init`` creates a store, ``demo`` walks through one end to end.
 
-Each ``cmd_*`` takes the parsed arguments and returns an exit code. Neither leaves a surprise
+Each command is one record (``cli/_command.py``) beside its handler. Neither leaves a surprise
 behind: a failed ``init`` removes what it made, and the demo writes only into a new or empty
 folder, or a store an earlier demo made (marked by :data:`DEMO_MARK`), never into anything else.
 """
@@ -14,7 +14,9 @@ from typing import Any
 
 from ..errors import CkstoreError, ConflictError, InvalidInputError
 from . import _format as fmt
-from ._common import CONFIG_NAME, EXIT_OK, emit_json, storage_options, usage_error
+from ._args import size_arg
+from ._command import Command
+from ._common import CONFIG_NAME, EXIT_OK, STORE_ENV, emit_json, storage_options, usage_error
 
 DEMO_STORE = "./demo-store"
 """Where ``ckstore demo`` puts its store unless ``--store`` says otherwise."""
@@ -45,7 +47,7 @@ def cmd_init(args: argparse.Namespace) -> int:
             cfg = store.config
             info = {
                 "url": store.url,
-                "index": store.repository.index.url,
+                "index": store.index_url,
                 "store_id": cfg.store_id,
                 "chunk_bytes": cfg.chunk_bytes,
                 "pack_bytes": cfg.pack_bytes,
@@ -64,6 +66,35 @@ def cmd_init(args: argparse.Namespace) -> int:
         sizes += f", inline up to {fmt.size(cfg.inline_bytes)}"
         print(f"initialized empty ckstore store at {info['url']} ({sizes})")
     return EXIT_OK
+
+
+def _init_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "url",
+        nargs="?",
+        help="where to create it (default: --store, else the current directory)",
+    )
+    p.add_argument("--chunk-bytes", type=size_arg, help="target chunk size (default 4MiB)")
+    p.add_argument("--pack-bytes", type=size_arg, help="target pack size (default 64MiB)")
+    p.add_argument(
+        "--inline-bytes",
+        type=size_arg,
+        help="tensors up to this size live in the manifest (default 2KiB)",
+    )
+
+
+INIT = Command(
+    "init",
+    "create a store",
+    (
+        "ckstore init ./ckpts",
+        "ckstore init ./ckpts --chunk-bytes 8MiB",
+        "ckstore init s3://bucket/ckpts --index postgresql+psycopg://user@host/db",
+    ),
+    cmd_init,
+    _init_arguments,
+    completes=("file",),
+)
 
 
 def _undo_init(url: str, opts: dict[str, Any]) -> Callable[[], None]:
@@ -111,8 +142,9 @@ def _undo_init(url: str, opts: dict[str, Any]) -> Callable[[], None]:
 
 
 # --- demo ---------------------------------------------------------------------------------------
-def cmd_demo(args: argparse.Namespace, run_cli: Callable[[list[str]], int]) -> int:
-    """``ckstore demo``; ``run_cli`` runs the history phase's commands (the CLI's ``main``).
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``ckstore demo``; ``args.cli`` (the command line's ``main``) runs the history phase's
+    commands.
 
     With ``--json`` the transcript is left out and one JSON document says what happened.
     """
@@ -128,12 +160,37 @@ def cmd_demo(args: argparse.Namespace, run_cli: Callable[[list[str]], int]) -> i
 
     quiet: Callable[[str], None] = lambda _line: None  # noqa: E731
     result = demo_mod.main(
-        url, run_cli, steps=args.steps, every=args.every, say=quiet if args.json else print,
+        url, args.cli, steps=args.steps, every=args.every, say=quiet if args.json else print,
         as_json=args.json,
     )  # fmt: skip
     if args.json:
         emit_json(result.to_dict())
     return result.exit_code
+
+
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+    p.add_argument(
+        "--every",
+        type=int,
+        default=5,
+        metavar="N",
+        help="snapshot every N steps of the first half (default 5)",
+    )
+
+
+DEMO = Command(
+    "demo",
+    "train a small model, snapshot it, resume bit-exactly in a fresh process",
+    ("ckstore demo", "ckstore --store ./my-demo demo --steps 20 --every 2"),
+    cmd_demo,
+    _demo_arguments,
+    description=f"Train a small model, snapshot it, resume bit-exactly in a fresh process. The demo "
+    f"makes its own store in {DEMO_STORE} (or --store FOLDER): it writes only into a new or "
+    "empty folder, or replaces a store an earlier demo made; it never touches another store.",
+    store_help=f"folder for the demo's own store (default: {DEMO_STORE}; ${STORE_ENV} is not "
+    "used); an existing store the demo did not make, or any other non-empty folder, is refused",
+)
 
 
 def claim_demo_store(url: str) -> str:

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from ..errors import NotFoundError
+from ._command import Command
 from ._common import EXIT_CORRUPT, EXIT_OK, EXIT_PROBLEMS, emit_json
 
 
@@ -29,6 +30,32 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if report.ok:
         return EXIT_OK
     return EXIT_CORRUPT if report.files else EXIT_PROBLEMS
+
+
+def _verify_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "path", help="an exported file or folder (safetensors, torch, DCP, Hugging Face)"
+    )
+
+
+VERIFY = Command(
+    "verify",
+    "check an exported file or folder against its digests (no store needed)",
+    (
+        "ckstore verify ./hf-out",
+        "ckstore verify ./hf-out/model.safetensors",
+        "ckstore verify ./ckpt --json",
+    ),
+    cmd_verify,
+    _verify_arguments,
+    description=(
+        "Check an exported file or folder against the BLAKE3 digests ckstore wrote with it (a "
+        "safetensors file's own metadata, ckstore-digests.json beside the files). Needs no store; "
+        "torch only to name the damaged tensor of a torch file. Exit 0 when everything matches, 5 "
+        "when something does not (named), 1 when there is nothing to check against."
+    ),
+    completes=("file",),
+)
 
 
 def _torch_tensors() -> Any:

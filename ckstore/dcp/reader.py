@@ -21,10 +21,9 @@ from torch.futures import Future
 
 from ..distributed import is_distributed
 from ..distributed.comm import Comm, phase
-from ..engine.restore.reader import Reader
 from ..errors import CorruptionError
 from ..format.dtypes import dtype_name, itemsize
-from ..format.manifest import ChunkRef, Entry, Manifest, TensorEntry
+from ..format.manifest import ChunkRef, TensorEntry
 from ..format.values import decode_value
 from ._store import StoreRef
 from .meta import ints, metadata_from_json
@@ -129,7 +128,7 @@ class StorageReader(_DcpStorageReader):
         where = (
             f"DCP snapshot {self.snapshot.id[:12]}" if self.snapshot is not None else "DCP snapshot"
         )
-        entries: dict[str, Entry] = {}
+        entries: dict[str, TensorEntry] = {}
         wanted: dict[str, Any] = {}
         values: list[tuple[Any, Any]] = []
         tensor_reqs: list[tuple[str, Any]] = []
@@ -153,12 +152,11 @@ class StorageReader(_DcpStorageReader):
             offs = tuple(int(b) + int(o) for b, o in zip(base, req.storage_offsets))
             wanted[key] = (offs, tuple(int(n) for n in req.lengths))
             tensor_reqs.append((key, req))
-        repo = self.store.repository
-        reader = Reader(
-            repo.objects, repo.index, Manifest({}, entries), where, threads=repo.threads
-        )
+        snap = self.snapshot if self.snapshot is not None else self.store.get(self.ref)
         for batch in _batches(tensor_reqs, wanted, entries):
-            tensors = reader.read_regions({k: wanted[k] for k, _ in batch})
+            tensors = snap.read_regions(
+                {k: entries[k] for k, _ in batch}, {k: wanted[k] for k, _ in batch}, where=where
+            )
             for key, req in batch:
                 src = tensors.pop(key)
                 target = planner.resolve_tensor(req).detach()
@@ -184,15 +182,13 @@ _BATCH_BYTES = 256 << 20
 
 
 def _batches(
-    reqs: list[tuple[str, Any]], wanted: dict[str, Any], entries: dict[str, Entry]
+    reqs: list[tuple[str, Any]], wanted: dict[str, Any], entries: dict[str, TensorEntry]
 ) -> list[list[tuple[str, Any]]]:
     """Group read items so one batch holds about ``_BATCH_BYTES`` of tensors at a time."""
     out: list[list[tuple[str, Any]]] = [[]]
     size = 0
     for key, req in reqs:
-        e = entries[key]
-        assert isinstance(e, TensorEntry)
-        n = math.prod(wanted[key][1]) * itemsize(e.dtype)
+        n = math.prod(wanted[key][1]) * itemsize(entries[key].dtype)
         if out[-1] and size + n > _BATCH_BYTES:
             out.append([])
             size = 0

@@ -138,7 +138,7 @@ class StorageWriter(_DcpStorageWriter):
         spec = self.spec
         found = [
             s
-            for s in self.store.repository.index.list_snapshots(run=None if spec.name else spec.run)
+            for s in self.store.log(run=None if spec.name else spec.run)
             if (s.name == spec.name if spec.name else spec.step is None or s.step == spec.step)
         ]
         if found:
@@ -219,7 +219,7 @@ class StorageWriter(_DcpStorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         comm = self._comm = self._open_comm(plan)
         self._world = comm.world if comm is not None else 1
-        t = LocalTake(self.store.repository, self.spec).open()
+        t = self.store.local_take(self.spec)
         keep = False
         try:
             # 1. cut on the global grid and hash (local); one writer per distinct chunk id
@@ -298,7 +298,7 @@ class StorageWriter(_DcpStorageWriter):
             metadata.storage_data = {wr.index: wr.storage_data for rs in results for wr in rs}
             metadata.storage_meta = self.storage_meta()
             doc = metadata_to_json(metadata)
-            entries = manifest_entries(metadata, self.store.repository.config.chunk_bytes)
+            entries = manifest_entries(metadata, self.store.config.chunk_bytes)
             apps = {
                 APP: {
                     "$dict": [

@@ -23,6 +23,7 @@ CheckIndex         ``history/check``
 GcIndex            ``history/gc``
 CompactIndex       ``history/compact`` and its plan
 ReindexIndex       ``history/reindex``
+UsageIndex         ``history/du``
 RemoteIndex        a store's remotes: ``remote/config``, ``status``, ``uploader``, push and pull
 TransferIndex      both ends of a push or pull (``remote/transfer``)
 TierIndex          the two-tier store (``remote/twotier``, ``tier``, ``evict``, ``hydrate``)
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..index import Index
+    from ..index.usage import StoreUsage
 
 
 class LocationIndex(Protocol):
@@ -361,13 +363,27 @@ class TierIndex(RemoteIndex, InventoryIndex, RepackIndex, Protocol):
         ...
 
 
+class UsageIndex(Protocol):
+    """Disk usage from the references alone (``ckstore du``)."""
+
+    def usage(self) -> StoreUsage:
+        """Usage per run, store-wide, and each run's exclusive bytes, in one transaction."""
+        ...
+
+    def exclusive_by_run(self) -> dict[str, int]:
+        """Run -> stored bytes of the chunks only that run needs."""
+        ...
+
+
 if TYPE_CHECKING:
 
     def _plays_every_role(
         index: Index,
-    ) -> tuple[CheckIndex, GcIndex, CompactIndex, ReindexIndex, TransferIndex, TierIndex]:
+    ) -> tuple[
+        CheckIndex, GcIndex, CompactIndex, ReindexIndex, TransferIndex, TierIndex, UsageIndex
+    ]:
         """mypy's proof that the index plays every role (the others are parts of these)."""
-        return index, index, index, index, index, index
+        return index, index, index, index, index, index, index
 
 
 class Communicator(Protocol):

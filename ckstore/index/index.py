@@ -30,6 +30,7 @@ from ckstore.index.settings import Settings
 from ckstore.index.sharing import Sharing
 from ckstore.index.tags import Tags
 from ckstore.index.tiering import Tiering
+from ckstore.index.usage import DiskUsage
 from ckstore.index.writes import TakeWrites
 
 
@@ -43,6 +44,7 @@ class Index(
     Maintenance,
     Compaction,
     Sharing,
+    DiskUsage,
     Remotes,
     Tiering,
 ):
@@ -60,6 +62,7 @@ class Index(
     * :class:`~.maintenance.Maintenance`: gc's and check's queries.
     * :class:`~.compaction.Compaction`: loose chunks and their switch to dense packs.
     * :class:`~.sharing.Sharing`: what snapshots share, for views.
+    * :class:`~.usage.DiskUsage`: disk usage per run and store-wide (``du``).
     * :class:`~.remote.Remotes`: the remotes and what each holds.
     * :class:`~.tiering.Tiering`: the local tier's pack use and evicted chunk rows.
     """

@@ -102,7 +102,7 @@ def make_app(
 
     def page(request: Request) -> Response:
         try:
-            state.store().repository.index.list_runs()  # the store opens and its index answers
+            state.store().runs()  # the store opens and its index answers
         except Exception as exc:  # noqa: BLE001 - an error page, never a traceback
             return html_error(exc, state.label)
         return FileResponse(str(STATIC / "index.html"), media_type="text/html")

@@ -12,29 +12,15 @@ import logging
 
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from ..errors import (
-    CkstoreError,
-    ConflictError,
-    CorruptionError,
-    InvalidInputError,
-    NotFoundError,
-    ObjectNotFoundError,
-)
+from ..errors import CkstoreError, kind_of
 
 log = logging.getLogger("ckstore.ui")
 
 
 def status_of(exc: BaseException) -> int:
-    """The HTTP status of an error: 404 not found, 400 bad input, 409 conflict, else 500."""
-    if isinstance(exc, (CorruptionError, ObjectNotFoundError)):
-        return 500  # something stored is missing or damaged: the server's side, not the ref
-    if isinstance(exc, NotFoundError):
-        return 404
-    if isinstance(exc, InvalidInputError):
-        return 400
-    if isinstance(exc, ConflictError):
-        return 409
-    return 500
+    """The HTTP status of an error, its kind's (``ckstore.errors.ERROR_KINDS``): 404 not found,
+    400 bad input, 409 conflict, 500 for damaged or missing stored data and anything else."""
+    return kind_of(exc).http_status
 
 
 def describe(exc: BaseException) -> str:

@@ -84,7 +84,7 @@ class HealthCache:
             if record.manifest_id in self._items:
                 self._items.move_to_end(record.manifest_id)
                 return self._items[record.manifest_id]
-        value = health_of(record, store.repository.load_manifest(record))
+        value = health_of(record, store.get(record.id).manifest)
         with self._lock:
             self._items[record.manifest_id] = value
             while len(self._items) > self._size:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..history.du import du
 from ..index import SnapshotRecord
 from ..store import Store
 from .timeline import History, ref_of
@@ -45,7 +44,7 @@ def run_totals(history: History) -> list[dict[str, Any]]:
 
 def exact_usage(store: Store) -> dict[str, Any]:
     """``ckstore du``: unique stored bytes per run and in total (scans the references)."""
-    rows = du(store.repository)
+    rows = store.du()
     return {"runs": [r.to_dict() for r in rows[:-1]], "total": rows[-1].to_dict()}
 
 
@@ -56,12 +55,13 @@ def snapshot_detail(store: Store, history: History, ref: str) -> dict[str, Any]:
         SnapshotNotFoundError: ``ref`` names nothing.
         InvalidInputError: ``ref`` is malformed or an ambiguous id prefix.
     """
-    record = store.get(ref).record
+    snap = store.get(ref)
+    record = snap.record
     tags = sorted(name for name, sid in history.tags.items() if sid == record.id)
-    exclusive_chunks, exclusive_bytes = store.repository.index.exclusive_usage(record.id)
+    exclusive_chunks, exclusive_bytes = snap.exclusive_usage()
     by_id = {r.id: r for r in history.records}
     candidates = sharing_candidates(history, record)
-    shared = store.repository.index.shared_with(record.id, [c for c, _ in candidates])
+    shared = snap.shared_with([c for c, _ in candidates])
     why = dict(candidates)
     return {
         "id": record.id,
@@ -79,7 +79,7 @@ def snapshot_detail(store: Store, history: History, ref: str) -> dict[str, Any]:
         "new_bytes": record.new_bytes,
         "new_chunks": record.new_chunks,
         "reused_chunks": record.reused_chunks,
-        "stored_bytes": store.repository.index.stored_bytes(record.id),
+        "stored_bytes": snap.stored_bytes(),
         "exclusive_chunks": exclusive_chunks,
         "exclusive_bytes": exclusive_bytes,
         "shared": [

@@ -2,7 +2,7 @@
 
 Everything here comes from the SQL index; no manifest is read. One query lists the snapshots
 (a store of 10,000 costs one round trip, not 10,000), one lists the tags, and the fork edges
-cost one bounded query per run (:meth:`ckstore.index.Index.fork_sources`).
+cost one bounded query per run (:meth:`ckstore.Store.fork_sources`).
 
 What the lineage graph shows:
 
@@ -53,7 +53,7 @@ class History:
 
 def load_history(store: Store) -> History:
     """All snapshots (oldest first) and tags, in two index queries."""
-    records = store.repository.index.list_snapshots()
+    records = [s.record for s in store.log()]
     records.reverse()
     return History(tuple(records), store.tags())
 
@@ -76,7 +76,7 @@ def overview(store: Store, history: History) -> dict[str, Any]:
     run_pos = {name: i for i, name in enumerate(runs)}
     recs = history.records
     return {
-        "store": {"url": store.url, "index": store.repository.index.url, "snapshots": len(recs)},
+        "store": {"url": store.url, "index": store.index_url, "snapshots": len(recs)},
         "runs": runs,
         "snaps": {
             "id": [r.id for r in recs],
@@ -119,7 +119,7 @@ def fork_edges(
     """Where each run's first snapshot forked from (see the module docstring)."""
     pos = history.position()
     tagged = set(history.tags.values())
-    found = store.repository.index.fork_sources([r.id for r in roots], sample=FORK_SAMPLE)
+    found = store.fork_sources([r.id for r in roots], sample=FORK_SAMPLE)
     edges = []
     for root in roots:
         holders = [h for h in found.get(root.id, []) if h.snapshot_id in pos]

@@ -444,7 +444,7 @@ def test_gc_and_check_call_the_store(shared, monkeypatch, capsys):
 
 
 def test_help_everywhere(capsys):
-    for argv in [["--help"]] + [[name, "--help"] for name, *_ in cli.COMMANDS]:
+    for argv in [["--help"]] + [[c.name, "--help"] for c in cli.COMMANDS]:
         with pytest.raises(SystemExit) as exc:
             cli.main(argv)
         assert exc.value.code == 0

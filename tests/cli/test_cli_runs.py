@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ckstore
-from ckstore.cli import _args, _common
+from ckstore.cli import _common, _maintenance
 from ckstore.history import gc as gc_mod
 from tests.support.cli import run
 
@@ -130,8 +130,8 @@ def test_gc_keep_last_zero_asks_on_a_terminal(two_runs, capsys, terminal) -> Non
 
 
 def test_gc_help_shows_its_defaults(capsys) -> None:
-    assert gc_mod.DEFAULT_GRACE_SECONDS == 6 * 3600 and _args.GC_GRACE_DEFAULT == "6h"
-    assert gc_mod.DEFAULT_REPACK_BELOW == _args.GC_REPACK_DEFAULT
+    assert gc_mod.DEFAULT_GRACE_SECONDS == 6 * 3600 and _maintenance.GC_GRACE_DEFAULT == "6h"
+    assert gc_mod.DEFAULT_REPACK_BELOW == _maintenance.GC_REPACK_DEFAULT
     code, out, _ = run(capsys, "gc", "--help")
     text = " ".join(out.split())
     assert code == 0 and "(default: 6h;" in text and "(default: 0.5;" in text

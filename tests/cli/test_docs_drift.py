@@ -70,7 +70,7 @@ def test_usage_table_of_contents_lists_every_section() -> None:
 
 
 def test_help_has_no_rst_markup(capsys) -> None:
-    for argv in [["--help"]] + [[name, "--help"] for name, *_ in cli.COMMANDS]:
+    for argv in [["--help"]] + [[c.name, "--help"] for c in cli.COMMANDS]:
         with pytest.raises(SystemExit):
             cli.main(argv)
         out = capsys.readouterr().out

@@ -62,11 +62,13 @@ FACADE = {
     "ckstore",
     "ckstore._history_verbs",
     "ckstore._locate",
+    "ckstore._ref_verbs",
     "ckstore._remote_verbs",
     "ckstore._takes",
     "ckstore.snapshot",
     "ckstore.store",
     "ckstore.torchsnapshot",
+    "ckstore._usage_verbs",
 }
 NO_TORCH = {"errors", "objects", "index", "remote"}
 
@@ -323,6 +325,62 @@ def test_no_attribute_reaches_past_privacy(module: str) -> None:
     assert not _private_attributes(module, MODULES[module]), _private_attributes(
         module, MODULES[module]
     )
+
+
+# The faces (the command line, the web view, the DCP adapter) call the store's verbs, never the
+# layers under it: ``store.repository`` is the plumbing, for tests and maintenance tools only.
+FACES = ("cli", "ui", "dcp")
+
+
+def _repository_reaches(source: str) -> list[int]:
+    """Lines of ``source`` that use ``x.repository`` (read, call or assignment)."""
+    return sorted(
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr == "repository"
+    )
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_faces_use_the_verbs_not_the_repository(face: str) -> None:
+    reaches = [
+        f"{path.relative_to(ROOT.parent)}:{line}"
+        for path in sorted((ROOT / face).rglob("*.py"))
+        for line in _repository_reaches(path.read_text())
+    ]
+    assert not reaches, (
+        f"ckstore/{face} reaches under the store through .repository at {reaches}: give Store "
+        "or StoredSnapshot the verb it needs (docs/ARCHITECTURE.md, role interfaces)"
+    )
+
+
+def test_the_repository_check_sees_every_reach() -> None:
+    probe = "def f(store, snap):\n    x = store.repository.index.url\n    return snap.repository\n"
+    assert _repository_reaches(probe) == [2, 3]
+    assert _repository_reaches("from ckstore.engine.repository import Repository\n") == []
+
+
+def _imports_sqlalchemy(source: str) -> bool:
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(
+            a.name.split(".")[0] == "sqlalchemy" for a in node.names
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            if (node.module or "").split(".")[0] == "sqlalchemy":
+                return True
+    return False
+
+
+def test_sql_lives_in_the_index() -> None:
+    """Only ``ckstore/index/`` speaks SQL: no other module imports SQLAlchemy."""
+    outside = sorted(
+        module
+        for module, path in MODULES.items()
+        if layer_of(module) != "index" and _imports_sqlalchemy(path.read_text())
+    )
+    assert not outside, f"SQL outside ckstore/index/ (move it into an index query): {outside}"
+    assert _imports_sqlalchemy("def f():\n    from sqlalchemy import select\n")
 
 
 MAX_LINES = 500

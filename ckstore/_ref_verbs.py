@@ -1,0 +1,88 @@
+"""The store's ref verbs (git's ``tag`` and ``branch -D``): tags set, moved, listed and
+deleted, and snapshots or whole runs forgotten.
+
+:class:`RefVerbs` is mixed into :class:`ckstore.Store`; the work is in the index, one
+transaction per verb. Forgetting a snapshot deletes its index rows only: its bytes stay until
+``gc`` finds nothing else uses them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .errors import ConflictError, NotFoundError
+from .index import SnapshotRecord, TagRecord
+
+if TYPE_CHECKING:
+    from .engine.repository import Repository
+    from .snapshot import StoredSnapshot
+
+
+class RefVerbs:
+    """Tags and deletions of a store (docs/USAGE.md, "Refs and tags")."""
+
+    _repo: Repository
+
+    if TYPE_CHECKING:
+
+        def get(self, ref: str) -> StoredSnapshot: ...  # Store's
+
+    # --- tags -------------------------------------------------------------------------------
+    def tag(self, ref: str, name: str, force: bool = False) -> StoredSnapshot:
+        """Point tag ``name`` at ``ref``; moving an existing tag needs ``force=True``."""
+        snap = self.get(ref)
+        self._repo.index.set_tag(name, snap.id, force=force)
+        return snap
+
+    def untag(self, name: str) -> None:
+        """Remove tag ``name`` (the snapshot stays)."""
+        if self._repo.index.get_tag(name) is None:
+            raise NotFoundError(f"no tag {name!r} in store {self._repo.url}")
+        self._repo.index.delete_tag(name)
+
+    def tags(self) -> dict[str, str]:
+        """Tag name -> snapshot id."""
+        return {t.name: t.snapshot_id for t in self.tag_records()}
+
+    def tag_records(self) -> list[TagRecord]:
+        """Every tag by name, with its snapshot's id, how often it moved (``version``) and
+        when it last moved (``updated_at``)."""
+        return self._repo.index.list_tags()
+
+    # --- deletions ---------------------------------------------------------------------------
+    def delete(self, ref: str, *, force: bool = False) -> None:
+        """Forget one snapshot; its bytes are reclaimed by ``gc``.
+
+        A tagged snapshot is kept unless ``force=True``, which deletes its tags with it.
+
+        Raises:
+            SnapshotNotFoundError: ``ref`` names nothing.
+            ConflictError: the snapshot is tagged and ``force`` is False (the tags are named).
+        """
+        snap = self.get(ref)
+        try:
+            self._repo.index.delete_snapshot(snap.id, refuse_tagged=not force)
+        except ConflictError as exc:
+            tags = sorted(t.name for t in self._repo.index.list_tags(snap.id))
+            raise ConflictError(
+                f"snapshot {snap.ref} is tagged {', '.join(tags) or '(tags moved meanwhile)'}: "
+                "untag it first (store.untag(name)), or pass force=True to delete it and its tags"
+            ) from exc
+
+    def delete_run(self, run: str, *, force: bool = False) -> list[SnapshotRecord]:
+        """Forget every snapshot of ``run``, and the run, in one transaction (all or nothing);
+        their bytes are reclaimed by ``gc`` (:meth:`exclusive_bytes` says how much only this
+        run uses).
+
+        A run with a tagged snapshot is kept whole unless ``force=True``, which deletes the
+        tags with the snapshots.
+
+        Returns:
+            The records of the snapshots forgotten, newest first.
+
+        Raises:
+            NotFoundError: ``run`` has no snapshot.
+            ConflictError: a snapshot of the run is tagged and ``force`` is False (the tags are
+                named); nothing was deleted.
+        """
+        return self._repo.index.delete_run(run, refuse_tagged=not force)
