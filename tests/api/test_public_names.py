@@ -50,7 +50,7 @@ def _error_classes() -> list[type]:
     return [
         cls
         for _, cls in inspect.getmembers(errors, inspect.isclass)
-        if cls.__module__ == errors.__name__
+        if cls.__module__ == errors.__name__ and issubclass(cls, BaseException)
     ]
 
 

@@ -1,4 +1,4 @@
-"""Restore and random access: rebuild tensors from verified chunks.
+"""The restore's phases: rebuild tensors in place from verified chunks.
 
 ``restore`` runs in three phases so a bad snapshot never leaves the caller half-loaded:
 validate (keys, dtypes, shapes against the destination), check (every chunk's stored payload
@@ -8,7 +8,29 @@ and re-hashed; a mismatch raises CorruptionError naming the key), apply (staged 
 into the destination's own tensors, the others read again, checked again and decoded into
 them, re-hashed against their id when checked by digest; then ``load_state_dict``). Nothing
 of the caller's is touched before the check phase succeeded. The chunk passes themselves are
-in ``fetch.py``.
+in ``fetch.py``, the jobs they run in ``jobs.py``.
+
+One process (``StoredSnapshot.restore``): ``validate`` -> ``prepare`` (the check pass:
+``Fetcher.verify`` into an ``Arena``, inline and new tensors read) -> ``apply``
+(``Fetcher.apply``, then ``load_state_dict``). ``atomic=False``: ``prepare`` skips the check
+and ``apply`` runs ``Fetcher.load``, one pass into place.
+
+Under torch.distributed, the calls each rank makes, in order (``distributed/restore.py``,
+each step inside a bounded ``distributed.comm.phase``):
+
+1. ``plan``: ``validate`` here (nothing read); ``Reader.jobs`` for the destination and for new
+   tensors; the chunks needed sent to rank 0 as runs of the manifest's numbering; rank 0 picks
+   one reader per distinct chunk and scatters each rank its ``Part`` (what it reads, sends,
+   receives; ``held`` when every rank can keep what it receives within its budget).
+2. ``read``: ``Fetcher.verify`` of the chunks this rank reads for itself (into its ``Arena``);
+   with a held plan, ``Exchange.run`` (readers send verified bytes, receivers check size and
+   fingerprint and keep them); streamed, ``Fetcher.verify(sent, 0)`` of what it will send.
+   ``atomic=False``: ``Exchange.run`` then ``Fetcher.load`` of its own chunks, straight in.
+3. ``broadcast`` (streamed plan only): ``Exchange.run`` again, each received chunk put in
+   place as it arrives, then ``Fetcher.apply`` of its own.
+4. apply (local): a held plan ``Fetcher.load(..., source=exchange)`` of the received chunks
+   and ``Fetcher.apply`` of its own; then :func:`apply` here (inline values,
+   ``load_state_dict``).
 """
 
 from __future__ import annotations

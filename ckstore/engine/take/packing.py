@@ -81,7 +81,7 @@ class Chunk:
     base_id: str = ""
     """The chunk at the same place in the take's delta base snapshot (a candidate)."""
     base: objects.ChunkLocation | None = None
-    """The base chosen and pinned (``engine.deltas``), with its chain; None: store it whole."""
+    """The base chosen and pinned (``engine/take/deltas.py``), with its chain; None: store it whole."""
     depth: int = 0
     """The chain depth it gets when stored as a delta against ``base``."""
 

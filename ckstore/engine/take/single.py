@@ -45,7 +45,7 @@ def take(
 
     With a delta base in ``spec`` (and the repository's ``delta_depth`` > 0), each new chunk
     may be stored as a delta against the chunk at the same place in that snapshot
-    (``engine.deltas``).
+    (``engine/take/deltas.py``).
     """
     t = LocalTake(repo, spec, progress=progress)
     p = plan(states, t.opts)
