@@ -20,7 +20,9 @@ class Policy:
     """Keep rules; a snapshot is dropped only if it is eligible and no rule keeps it.
 
     Attributes:
-        keep_last: keep the N newest snapshots of each run.
+        keep_last: keep the N newest snapshots of each run: the N highest steps where every
+            snapshot of the run has a step (several hosts may commit one run's steps out of
+            order, and a pull brings older steps in later), else the N last committed.
         keep_every_steps: keep snapshots whose step is a multiple of N.
         keep_tagged: keep every tagged snapshot.
         older_than: only snapshots older than this many seconds are eligible.
@@ -62,15 +64,14 @@ class Policy:
         if not self.forgets_anything:
             return []
         now = time.time() if now is None else now
-        rank: dict[str, int] = defaultdict(int)
-        healthy: dict[str, str] = {}  # run -> its newest healthy snapshot
+        rank = _ranks(snapshots)
+        healthy: dict[str, str] = {}  # run -> its newest healthy snapshot (as run@healthy finds)
         for s in snapshots:
             if s.healthy:
                 healthy.setdefault(s.run, s.id)
         drop = []
-        for s in snapshots:  # newest first, so rank counts from the newest of each run
-            position = rank[s.run]
-            rank[s.run] += 1
+        for s in snapshots:
+            position = rank[s.id]
             if self.runs is not None and s.run not in self.runs:
                 continue
             if self.older_than is not None and now - s.created_at < self.older_than:
@@ -85,3 +86,19 @@ class Policy:
                 continue
             drop.append(s)
         return drop
+
+
+def _ranks(snapshots: Sequence[SnapshotRecord]) -> dict[str, int]:
+    """Snapshot id -> its place among its run's snapshots, the newest 0: by step (ties by
+    commit order) where every snapshot of the run has one, else by commit order (``snapshots``
+    come newest first)."""
+    by_run: dict[str, list[tuple[int, SnapshotRecord]]] = defaultdict(list)
+    for i, s in enumerate(snapshots):
+        by_run[s.run].append((i, s))
+    out: dict[str, int] = {}
+    for items in by_run.values():
+        if all(s.step is not None for _, s in items):
+            items = sorted(items, key=lambda p: (-(p[1].step or 0), p[0]))
+        for place, (_, s) in enumerate(items):
+            out[s.id] = place
+    return out

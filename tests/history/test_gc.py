@@ -28,6 +28,22 @@ def _rec(run: str, step: int, age: float, now: float = 1e6) -> SnapshotRecord:
     )
 
 
+def test_keep_last_keeps_the_highest_steps_when_a_run_commits_out_of_order():
+    """Two hosts share a run and one raced ahead: its step 6 committed before the other's 1,
+    3 and 5. Keeping the last 3 keeps steps 4, 5 and 6, not the last three commits (which would
+    drop the run's newest training state); a run without steps keeps its last commits."""
+    now = 1e6
+    commits = [6, 1, 2, 3, 4, 5]  # commit order, oldest first
+    snaps = [_rec("shared", step, age=100 - i, now=now) for i, step in enumerate(commits)][::-1]
+    dropped = Policy(keep_last=3).select(snaps, set(), now)
+    assert sorted(s.step for s in dropped) == [1, 2, 3]
+    no_steps = [
+        SnapshotRecord(f"n{i}".ljust(64, "0"), "n", None, None, "m", now - 100 + i, {}, 0, 0, 0, 0)
+        for i in range(4)
+    ][::-1]
+    assert [s.id[:2] for s in Policy(keep_last=3).select(no_steps, set(), now)] == ["n0"]
+
+
 def test_policy_rules():
     now = 1e6
     snaps = [_rec("a", s, age=100 - s, now=now) for s in range(10, 0, -1)] + [
