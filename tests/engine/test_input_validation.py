@@ -16,6 +16,7 @@ import torch
 import ckstore
 from ckstore.errors import InvalidInputError, UnsupportedValueError
 from ckstore.format.limits import MAX_DEPTH
+from ckstore.torchsnapshot import Snapshot
 
 BIG_REF = "r@" + "9" * 40
 
@@ -168,6 +169,26 @@ def _nested_leaf(v):
 def test_restore_refuses_an_app_state_that_is_not_a_mapping_of_names(mem, app_state):
     with pytest.raises(InvalidInputError, match="app_state"):
         mem.get("r").restore(app_state)
+
+
+@pytest.mark.parametrize("app_state", [None, [1, 2], "model", {1: ckstore.StateDict()}])
+def test_take_refuses_an_app_state_that_is_not_a_mapping_of_names(mem, app_state, tmp_path):
+    # before: take(None) and take([1, 2]) ended in a raw AttributeError from deep in the take
+    with pytest.raises(InvalidInputError, match="app_state"):
+        mem.take(app_state, run="r", step=2)
+    with pytest.raises(InvalidInputError, match="app_state"):
+        mem.async_take(app_state, run="r", step=2).wait()
+    with pytest.raises(InvalidInputError, match="app_state"):
+        Snapshot.take(str(tmp_path / "ts"), app_state)
+    with pytest.raises(InvalidInputError, match="app_state"):
+        Snapshot.async_take(str(tmp_path / "ts"), app_state).wait()
+    _nothing_new(mem)
+
+
+def test_take_refuses_a_value_that_is_not_stateful_naming_its_key(mem):
+    with pytest.raises(UnsupportedValueError, match=r"app_state\['m'\].*StateDict"):
+        mem.take({"m": [1, 2]}, run="r", step=2)
+    _nothing_new(mem)
 
 
 @pytest.mark.parametrize(
