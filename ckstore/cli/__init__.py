@@ -95,8 +95,10 @@ DESCRIPTIONS = {
     "verify": (
         "Check an exported file or folder against the BLAKE3 digests ckstore wrote with it (a "
         "safetensors file's own metadata, ckstore-digests.json beside the files). Needs no store; "
-        "torch only to name the damaged tensor of a torch file. Exit 0 when everything matches, 5 "
-        "when something does not (named), 1 when there is nothing to check against."
+        "torch only to name the damaged tensor of a torch file. Beside ckstore-digests.json, a file "
+        "it does not list is damage too, and only regular files inside the folder are read. Exit 0 "
+        "when everything matches, 5 when something does not (named), 1 when there is nothing to "
+        "check against."
     ),
     "push": (
         "Send snapshots to a remote: those REFs name (a tag: its snapshot and the tag; a run: all of it; "

@@ -16,7 +16,7 @@ from ._common import EXIT_CORRUPT, EXIT_OK, EXIT_PROBLEMS, emit_json
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ..format.digests import verify_path
+    from ..format.verify import verify_path
 
     if not os.path.exists(args.path):
         raise NotFoundError(f"nothing at {args.path!r}")
@@ -28,7 +28,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         _print(d)
     if report.ok:
         return EXIT_OK
-    return EXIT_CORRUPT if report.files else EXIT_PROBLEMS
+    return EXIT_PROBLEMS if report.nothing_to_check else EXIT_CORRUPT
 
 
 def _torch_tensors() -> Any:
