@@ -85,7 +85,9 @@ class RemoteVerbs:
 
         ``force`` moves tags the remote holds at another snapshot (else the push raises
         ConflictError naming them, once everything else is sent). The report counts snapshots,
-        chunks and bytes sent and skipped.
+        chunks and bytes sent and skipped. A read-only store (published checkpoints on
+        read-only media) pushes too: everything is sent, and nothing is recorded here, so
+        :meth:`push_status` does not change.
 
         Raises:
             NotFoundError: no remote of that name; SnapshotNotFoundError: a ref names nothing.
@@ -145,6 +147,7 @@ class RemoteVerbs:
         ``local_budget`` first, or the next eviction sends them away again.
 
         Raises:
+            ReadOnlyStoreError: the store is read-only (refused before anything is written).
             CorruptionError: a payload at the remote is damaged (named); its pack stays evicted.
             StorageError: the remote cannot be read.
         """

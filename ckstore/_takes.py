@@ -189,9 +189,16 @@ def take_async(
 
 def with_live_trainable(spec: TakeSpec, app_state: Mapping[str, Any]) -> TakeSpec:
     """``spec`` knowing which of the app_state's live parameters train (read before
-    ``state_dict()`` detaches them), so the take can tell a stale one."""
+    ``state_dict()`` detaches them), so the take can tell a stale one.
+
+    The first look at the app_state, so it is checked here: a value that is not a mapping of
+    names to statefuls is refused (``InvalidInputError`` / ``UnsupportedValueError`` naming
+    what was expected) before anything reads it.
+    """
+    from .engine.stateful import check_app_state
     from .engine.take.trainable import trainable_keys
 
+    check_app_state(app_state)
     return spec.evolve(trainable_keys=trainable_keys(app_state))
 
 

@@ -146,6 +146,12 @@ class StaleStateWarning(GuardWarning):
     """Tensors that should train did not change since the run's previous snapshot."""
 
 
+class MetadataWarning(UserWarning):
+    """A take's ``metadata`` held a value JSON cannot carry as given: a NaN or infinite float
+    (a NaN loss, say), recorded as null. The message names each path; the snapshot is
+    committed."""
+
+
 class DistributedError(CkstoreError):
     """One or more ranks failed a collective take/restore; names the ranks and causes.
 

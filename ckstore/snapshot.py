@@ -172,6 +172,14 @@ class StoredSnapshot(SnapshotFields):
         nothing is staged. Use it to load into a freshly built model at start-up, where a
         failed restore ends the process anyway.
 
+        Destination tensors on the meta device (a model built under ``torch.device("meta")``)
+        have no storage: they are read as new CPU tensors and handed over with ``assign``
+        semantics (``load_state_dict(assign=True)`` for a module: its meta parameters are
+        replaced, the others loaded in place); move the model with ``.to(device)`` after. An
+        optimizer over meta parameters is refused before anything loads (restore the model,
+        then build and restore the optimizer), and a stateful whose tensors are still on meta
+        after its ``load_state_dict()`` raises MismatchError naming them.
+
         With ``torch.distributed`` initialised, call it on every rank: each rank gets the part
         its destination needs (its DTensor shard, whatever the world size and placement at take
         time; whole plain tensors; its own rank's per-rank values), every distinct chunk is
@@ -200,7 +208,8 @@ class StoredSnapshot(SnapshotFields):
 
         Raises:
             UnsupportedValueError: an app_state value is not stateful (also a TypeError).
-            MismatchError: keys, dtypes or shapes differ (named in the message).
+            MismatchError: keys, dtypes or shapes differ (named in the message), or meta
+                tensors were not materialised (see above).
             CorruptionError: stored bytes are damaged (the key is named).
             DistributedError: a rank failed (distributed restore; names ranks and causes);
                 RankLostError when a rank never answered within ``dist_timeout``.

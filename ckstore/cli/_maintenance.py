@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+from ..errors import ReadOnlyStoreError
 from . import _common
 from . import _format as fmt
 from ._args import duration_arg, fraction_arg, nonneg_int, unit_fraction
@@ -357,10 +358,23 @@ DU = Command(
 
 # --- migrate ------------------------------------------------------------------------------------
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from ..engine.opening import default_index_url
+    from ..engine.opening import default_index_url, read_only_reason
     from ..index import upgrade
+    from ..index.db import is_read_only_url
 
+    store = None if args.index else find_store(args.store)
     url = args.index or default_index_url(find_store(args.store))
+    if getattr(args, "read_only", False):
+        why: str | None = "--read-only was given"
+    elif is_read_only_url(url):
+        why = "its URL opens it read-only (mode=ro or immutable=1)"
+    else:
+        why = None if store is None else read_only_reason(store, url, None)
+    if why is not None:
+        raise ReadOnlyStoreError(
+            f"cannot migrate the index {url}: migrating upgrades it in place, and {why}; "
+            "run it without --read-only where the index is writable"
+        )
     revision = upgrade(url)
     if args.json:
         emit_json({"index": url, "revision": revision})

@@ -17,7 +17,7 @@ from ._common import EXIT_CORRUPT, EXIT_OK, EXIT_PROBLEMS, emit_json
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ..format.digests import verify_path
+    from ..format.verify import verify_path
 
     if not os.path.exists(args.path):
         raise NotFoundError(f"nothing at {args.path!r}")
@@ -29,7 +29,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         _print(d)
     if report.ok:
         return EXIT_OK
-    return EXIT_CORRUPT if report.files else EXIT_PROBLEMS
+    return EXIT_PROBLEMS if report.nothing_to_check else EXIT_CORRUPT
 
 
 def _verify_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,8 +51,10 @@ VERIFY = Command(
     description=(
         "Check an exported file or folder against the BLAKE3 digests ckstore wrote with it (a "
         "safetensors file's own metadata, ckstore-digests.json beside the files). Needs no store; "
-        "torch only to name the damaged tensor of a torch file. Exit 0 when everything matches, 5 "
-        "when something does not (named), 1 when there is nothing to check against."
+        "torch only to name the damaged tensor of a torch file. Beside ckstore-digests.json, a file "
+        "it does not list is damage too, and only regular files inside the folder are read. Exit 0 "
+        "when everything matches, 5 when something does not (named), 1 when there is nothing to "
+        "check against."
     ),
     completes=("file",),
 )

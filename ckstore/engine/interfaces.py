@@ -215,8 +215,11 @@ class GcIndex(ReadIndex, InventoryIndex, RepackIndex, Protocol):
         """The snapshots some tier remote does not hold yet (retention keeps them)."""
         ...
 
-    def expire_sessions(self, now: float | None = None, purge_after: float = 86400.0) -> int:
-        """Mark sessions past their lease expired, dropping their pins; how many."""
+    def expire_sessions(
+        self, now: float | None = None, purge_after: float = 86400.0, gone: Iterable[str] = ()
+    ) -> int:
+        """Mark sessions past their lease (or of processes ``gone``) expired, dropping their
+        pins; how many."""
         ...
 
     def held_sessions(self) -> list[HeldSession]:

@@ -13,11 +13,22 @@ unwinds and ends its lease as on Ctrl-C, and the process exits with that code. I
 only when the main thread begins a lease and SIGTERM has its default action, put back when the
 last lease ends (or at the first SIGTERM, so a second one kills at once), and never replaces a
 handler of the program's own: that handler stays in charge.
+
+A process that exits without closing its store (its main thread returns while a background
+compaction, an ``async_take`` or a push still runs in a daemon thread) used to leave those
+sessions active until their leases ran out. At interpreter exit ckstore ends every session this
+process still holds, as aborted: the same as the lease running out at that moment, which
+every write that records anything checks. A process that never gets there (SIGKILL, a crash)
+is recognised by gc on its own host: a session's owner says where its pid means something
+(:func:`owner`), and gc expires the sessions of processes that are gone (:func:`gone`).
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import re
 import signal
 import socket
 import threading
@@ -44,6 +55,7 @@ class Lease:
         self._thread: threading.Thread | None = None
         self._id = ""
         self._failed: BaseException | None = None
+        self._pid = os.getpid()
         self.error: CkstoreError | None = None
         self.committed = False
 
@@ -67,9 +79,7 @@ class Lease:
 
     def _begin(self) -> None:
         try:
-            self._id = self._index.begin_session(
-                f"{socket.gethostname()}:{os.getpid()}", self._seconds
-            ).id
+            self._id = self._index.begin_session(owner(), self._seconds).id
         except BaseException as exc:  # noqa: BLE001 - raised to the caller by id (or __enter__)
             self._failed = exc
         finally:
@@ -99,6 +109,71 @@ class Lease:
                     pass  # the lease simply expires; GC treats it as gone
         finally:
             _disarm(self)
+
+    def abandon(self) -> None:
+        """End the session now, from any thread, without waiting for its owner (interpreter
+        exit): the heartbeat stops, and every later write of the owner that records anything
+        fails its lease check, as if the lease had run out."""
+        self._stop.set()
+        if self.committed or not self._begun.is_set() or not self._id:
+            return
+        try:
+            self._index.end_session(self._id, "aborted")
+        except Exception:  # noqa: BLE001 - at exit: the lease simply runs out instead
+            pass
+
+
+def owner() -> str:
+    """This process as the owner of a write session: ``host:pid``, and where the pid is known
+    to mean something (Linux: its PID namespace and the boot) ``host:pid (pidns N, boot B)``,
+    so that only a gc that sees the same pids judges whether the process is gone."""
+    return f"{socket.gethostname()}:{os.getpid()}{_where()}"
+
+
+@functools.cache
+def _where() -> str:
+    try:
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        return ""
+    return f" (pidns {pidns}, boot {boot})"
+
+
+_OWNER = re.compile(r"(?P<host>.+):(?P<pid>\d+)(?P<where>( \(pidns \d+, boot [0-9a-f-]+\))?)")
+
+
+def gone(session_owner: str) -> bool:
+    """Whether the process that owns a session is known to be gone: its owner (:func:`owner`)
+    names this host and the same PID namespace and boot as this process, and no process has
+    its pid. Anything else (another host or container, an owner written otherwise, a pid in
+    use, perhaps by another process now) is not known to be gone."""
+    m = _OWNER.fullmatch(session_owner)
+    if m is None or m["host"] != socket.gethostname() or m["where"] != _where():
+        return False
+    pid = int(m["pid"])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: alive
+        return False
+    return False
+
+
+def _end_at_exit() -> None:
+    """At interpreter exit, end the sessions this process still holds (see the module
+    docstring); leases a forked child inherited are its parent's, and are left alone."""
+    with _guard:
+        mine = [lease for lease in _held if lease._pid == os.getpid()]
+    for lease in mine:
+        lease.abandon()
+
+
+atexit.register(_end_at_exit)
 
 
 class Terminated(SystemExit):

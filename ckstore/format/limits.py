@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, MetadataWarning
 
 MAX_DEPTH = 64
 """Most containers (dicts, lists, tuples) nested in one state dict, value or metadata object.
@@ -80,6 +81,10 @@ def check_metadata(metadata: Any, where: str = "metadata") -> dict[str, Any]:
     """A copy of ``metadata`` as plain JSON: str keys, finite numbers, int64 integers, at most
     :data:`MAX_DEPTH` levels (tuples become lists).
 
+    A NaN or infinite float (``metadata={"loss": loss.item()}`` once the loss diverged) is
+    recorded as null, with one :class:`~ckstore.errors.MetadataWarning` naming its path: a
+    take must not fail for the figure that says the run went wrong.
+
     Raises:
         InvalidInputError: the message names the offending path.
     """
@@ -89,12 +94,20 @@ def check_metadata(metadata: Any, where: str = "metadata") -> dict[str, Any]:
         raise InvalidInputError(
             f"{where} must be a dict of JSON values, got {type(metadata).__name__}"
         )
-    out = _json_copy(metadata, where, 0)
+    nonfinite: list[str] = []
+    out = _json_copy(metadata, where, 0, nonfinite)
     assert isinstance(out, dict)
+    if nonfinite:
+        warnings.warn(
+            f"{', '.join(nonfinite)}: not a finite number, recorded as null (JSON has no NaN "
+            "or infinity)",
+            MetadataWarning,
+            stacklevel=2,
+        )
     return out
 
 
-def _json_copy(value: Any, path: str, depth: int) -> Any:
+def _json_copy(value: Any, path: str, depth: int, nonfinite: list[str]) -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, numbers.Integral):
@@ -102,7 +115,8 @@ def _json_copy(value: Any, path: str, depth: int) -> Any:
     if isinstance(value, numbers.Real):
         v = float(value)
         if not math.isfinite(v):
-            raise InvalidInputError(f"{path} must be a finite number, got {v!r}")
+            nonfinite.append(f"{path} = {v!r}")
+            return None
         return v
     if isinstance(value, (Mapping, list, tuple)):
         if depth >= MAX_DEPTH:
@@ -114,9 +128,9 @@ def _json_copy(value: Any, path: str, depth: int) -> Any:
                     raise InvalidInputError(
                         f"{path}: key {k!r} is a {type(k).__name__}; metadata keys must be str"
                     )
-                out[k] = _json_copy(v, f"{path}[{k!r}]", depth + 1)
+                out[k] = _json_copy(v, f"{path}[{k!r}]", depth + 1, nonfinite)
             return out
-        return [_json_copy(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+        return [_json_copy(v, f"{path}[{i}]", depth + 1, nonfinite) for i, v in enumerate(value)]
     raise InvalidInputError(
         f"{path}: a {type(value).__name__} is not JSON (metadata holds str, finite numbers, "
         "bool, None, lists and dicts with str keys)"

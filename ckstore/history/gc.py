@@ -3,7 +3,9 @@
 Two phases, as restic's forget + prune:
 
 1. **forget** — drop the snapshot rows a retention :class:`Policy` selects.
-2. **prune** — expire stale write sessions (their pins go), delete chunk rows that nothing
+2. **prune** — expire stale write sessions (their pins go; also, at once, the sessions of
+   processes known to be gone: of this host, same PID namespace and boot, no such pid any
+   more, :func:`ckstore.engine.lease.gone`), delete chunk rows that nothing
    references or pins and that are older than the grace period, retire packs left without live
    chunks, rewrite packs whose live fraction fell below ``repack_below`` (new pack first, index
    switched, old pack retired), delete retired packs' rows and then objects once the grace
@@ -24,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
+from ..engine.lease import gone
 from ..engine.locations import to_location, to_records
 from ..engine.progress import ProgressFn, meter
 from ..errors import CorruptionError, ObjectNotFoundError
@@ -131,7 +134,8 @@ def gc(
         _grace_kept(repo, report, cutoff, dropped)
         report.sessions_held = [h.to_dict(now) for h in index.held_sessions()]
         return report
-    report.sessions_expired = index.expire_sessions(now)
+    dead = [s.id for s in index.live_sessions() if gone(s.owner)]
+    report.sessions_expired = index.expire_sessions(now, gone=dead)
     report.sessions_held = [h.to_dict(now) for h in index.held_sessions()]
     removed = index.prune_chunks(cutoff)
     report.chunks_removed = len(removed)

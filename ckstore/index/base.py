@@ -27,22 +27,36 @@ from sqlalchemy.pool import StaticPool
 
 from ckstore.errors import IndexError_, ReadOnlyStoreError
 from ckstore.index._errors import translated
-from ckstore.index.db import READONLY, display_url, is_memory_sqlite, is_read_only_url, make_engine
+from ckstore.index.db import (
+    READONLY,
+    display_url,
+    is_memory_sqlite,
+    is_read_only_url,
+    make_engine,
+    release_wal_files,
+    sqlite_file,
+    wal_files,
+)
 from ckstore.index.schema import ensure_schema
 
 
 class IndexBase:
     """One index database and its transactions. Create it with :meth:`open`."""
 
-    def __init__(self, engine: Engine, read_only: str | None = None) -> None:
+    def __init__(
+        self, engine: Engine, read_only: str | None = None, *, tidy: str | None = None
+    ) -> None:
         """Wraps an engine whose schema is already checked; use :meth:`open` instead.
 
         ``read_only``: why the index is read-only (every write then raises
-        ReadOnlyStoreError with this reason), or None for a writable one.
+        ReadOnlyStoreError with this reason), or None for a writable one. ``tidy``: a SQLite
+        file whose ``-wal`` / ``-shm`` did not exist before this index opened it read-only:
+        :meth:`close` has SQLite remove them again.
         """
         self._engine = engine
         self._url = display_url(engine.url)
         self._read_only = read_only
+        self._tidy = tidy
         # One shared connection (in-memory SQLite) must not run two transactions at once.
         shared = isinstance(engine.pool, StaticPool)
         self._lock: Any = threading.RLock() if shared else nullcontext()
@@ -70,17 +84,21 @@ class IndexBase:
         """
         if not read_only and is_read_only_url(url):
             read_only = "its URL opens it read-only (mode=ro or immutable=1)"
-        reason = None
+        reason = tidy = None
         if read_only:
             reason = read_only if isinstance(read_only, str) else "it was opened read-only"
             create = False
+            path = sqlite_file(url)  # a mode=ro reader leaves -wal and -shm where it can
+            tidy = path if path is not None and not wal_files(path) else None
         engine = make_engine(url, read_only=bool(reason))
         try:
             engine = _checked(engine, url, create, reason)
         except BaseException:
             engine.dispose()
+            if tidy is not None:
+                release_wal_files(tidy)
             raise
-        return cls(engine, reason)
+        return cls(engine, reason, tidy=tidy)
 
     @property
     def read_only(self) -> str | None:
@@ -90,6 +108,8 @@ class IndexBase:
     def close(self) -> None:
         """Closes every pooled connection. The index must not be used afterwards."""
         self._engine.dispose()
+        if self._tidy is not None:
+            release_wal_files(self._tidy)
 
     def __enter__(self) -> Self:
         return self
@@ -131,7 +151,7 @@ def _checked(engine: Engine, url: str, create: bool, reason: str | None) -> Engi
         with translated("open index", display_url(engine.url)):
             ensure_schema(engine, create=create)
         return engine
-    except IndexError_:
+    except (IndexError_, ReadOnlyStoreError):  # SQLite's "readonly database": no -shm
         if reason is None or engine.dialect.name != "sqlite" or is_memory_sqlite(engine.url):
             raise
     engine.dispose()  # mode=ro could not open it: read-only media, try immutable

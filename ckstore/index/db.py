@@ -14,6 +14,7 @@ atomic upserts or compare-and-swap updates wherever it reads and then writes.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from typing import Any
@@ -126,6 +127,45 @@ def is_memory_sqlite(url: URL) -> bool:
     """Tells whether a SQLite URL names an in-memory database."""
     database = url.database or ""
     return database in ("", ":memory:") or "mode=memory" in str(url.query.get("mode", ""))
+
+
+def sqlite_file(url: str | URL) -> str | None:
+    """The database file a SQLite URL names (``file:`` URIs decoded), or None (in memory, or
+    not SQLite)."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() != "sqlite" or is_memory_sqlite(parsed):
+        return None
+    database = parsed.database or ""
+    if database.startswith("file:") and str(parsed.query.get("uri", "")) == "true":
+        database = unquote(database[len("file:") :].split("?", 1)[0])
+    return database
+
+
+def wal_files(path: str) -> list[str]:
+    """The ``-wal`` and ``-shm`` files of the SQLite database ``path`` that exist now."""
+    return [f"{path}{end}" for end in ("-wal", "-shm") if os.path.lexists(f"{path}{end}")]
+
+
+def release_wal_files(path: str) -> None:
+    """Have SQLite remove the ``-wal`` / ``-shm`` files a read-only connection made.
+
+    A ``mode=ro`` connection to a WAL database makes them where the folder is writable and
+    cannot remove them (removing is a write). SQLite removes them when its last connection
+    closes: one read-write connection (never creating the database) reads and closes. If
+    another connection still uses them (a writer that came meanwhile) they are its own and
+    stay; the WAL holds no frame of ours, so nothing of the database changes. Errors are
+    ignored: what stays is harmless, and the next writer uses it.
+    """
+    if not wal_files(path):
+        return
+    try:
+        con = sqlite3.connect(f"file:{quote(path, safe='/')}?mode=rw", uri=True, timeout=1.0)
+        try:
+            con.execute("PRAGMA schema_version").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        pass
 
 
 def _set_wal(cursor: Any, timeout_s: float) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,18 +115,23 @@ class Sessions(IndexBase):
                 raise NotFoundError(f"no write session {session_id}")
 
     # ------------------------------------------------------------------ for gc
-    def expire_sessions(self, now: float | None = None, purge_after: float = 86400.0) -> int:
-        """Mark active sessions past their lease ``expired``, drop pins of ended sessions.
+    def expire_sessions(
+        self, now: float | None = None, purge_after: float = 86400.0, gone: Iterable[str] = ()
+    ) -> int:
+        """Mark active sessions past their lease ``expired``, and those in ``gone`` (ids of
+        sessions whose process is known to be gone) too; drop pins of ended sessions.
 
         Also forgets ended sessions older than ``purge_after`` seconds. Returns how many
         sessions were expired now.
         """
         now = time.time() if now is None else now
         s, p = _sql.sessions, _sql.pins
+        over = s.c.expires_at < now
+        ids = sorted(set(gone))
         with self._write("expire write sessions") as conn:
             expired = conn.execute(
                 update(s)
-                .where((s.c.state == _sql.ACTIVE) & (s.c.expires_at < now))
+                .where((s.c.state == _sql.ACTIVE) & ((over | s.c.id.in_(ids)) if ids else over))
                 .values(state=_sql.EXPIRED)
             ).rowcount
             ended = select(s.c.id).where(s.c.state != _sql.ACTIVE)

@@ -1,6 +1,6 @@
 """An export's digests: the sidecar written beside its files, per-tensor digests of torch
 files, and the check an import runs (docs/FORMAT.md, section 11; the torch-free part and the
-verifier are :mod:`ckstore.format.digests`).
+verifier are :mod:`ckstore.format.digests` and :mod:`ckstore.format.verify`).
 
 A safetensors file carries its own digests (written by ``_safetensors.write_stream``); every
 export also gets ``ckstore-digests.json`` covering each file byte for byte and naming the
@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from ..engine.view import SnapshotView
-from ..format.digests import SIDECAR, VerifyReport, digest, file_digest, sidecar_bytes, verify_path
+from ..format.digests import SIDECAR, VerifyReport, digest, file_digest, sidecar_bytes
 from ..format.tensors import byte_view
 from ..format.tree import join
+from ..format.verify import verify_path
 from ._safeload import load_torch
 
 
@@ -68,10 +69,11 @@ def verify_checkpoint(path: str | os.PathLike[str], *, refuse: bool = False) -> 
     """Check a checkpoint against the digests it carries (see :func:`verify_path`).
 
     With ``refuse`` (what an import does), a checkpoint that carries digests and does not
-    match them raises CorruptionError naming the file and tensor; one without any digests
-    passes unchecked (``report.files == 0``).
+    match them raises CorruptionError naming the file and tensor, as does a damaged digests
+    file, a file it does not list, or a name in it outside the folder; one without any
+    digests passes unchecked (``report.files == 0``).
     """
     report = verify_path(os.fspath(path), torch_tensors=torch_file_digests)
-    if refuse and report.files:
+    if refuse:
         report.raise_for_problems()
     return report

@@ -94,6 +94,11 @@ def read_header(path: str) -> Header:
         doc = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise InvalidInputError(f"{path}: safetensors header is not JSON ({exc})") from None
+    except RecursionError:
+        raise InvalidInputError(
+            f"{path}: safetensors header is nested too deeply to be read (a tensor entry is "
+            "one level deep): not a safetensors file"
+        ) from None
     if not isinstance(doc, dict):
         raise InvalidInputError(f"{path}: safetensors header is not a JSON object")
     meta = doc.pop("__metadata__", None) or {}

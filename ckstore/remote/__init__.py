@@ -47,7 +47,8 @@ def push(
     progress: ProgressFn | None = None,
 ) -> TransferReport:
     """Send the snapshots ``refs`` name (none: every run and tag) to remote ``name``, creating the
-    remote store if there is none yet (with this store's chunk, pack and inline sizes).
+    remote store if there is none yet (with this store's chunk, pack and inline sizes). From a
+    read-only store everything is sent and nothing recorded here (``push_status`` unchanged).
 
     Raises:
         NotFoundError: no remote ``name``; SnapshotNotFoundError: a ref names nothing here.
@@ -72,12 +73,20 @@ def push(
             force=force,
             pause=pause,
             progress=progress,
-            record=lambda ids: index.mark_pushed(name, ids),
+            record=_recorder(index, local.read_only, name),
         )
     finally:
         dst.close()
     report.created = created
     return report
+
+
+def _recorder(index: RemoteIndex, read_only: bool, name: str) -> Callable[[list[str]], None]:
+    """How a push records what the remote holds: in this store's index, or (a read-only store,
+    which writes nothing) not at all: everything is sent, and ``push_status`` stays as it was."""
+    if read_only:
+        return lambda ids: None
+    return lambda ids: index.mark_pushed(name, ids)
 
 
 def pull(

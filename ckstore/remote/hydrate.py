@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import objects
 from ..engine.locations import to_location, to_records
-from ..errors import CorruptionError
+from ..errors import CorruptionError, ReadOnlyStoreError
 from ..index import ChunkRecord, PackRecord
 from ..objects.delta import xor_into
 from ..objects.hashing import payload_digest
@@ -51,11 +51,16 @@ def hydrate(local: Repository, remote: str | None = None) -> HydrateReport:
     (module docstring).
 
     Raises:
+        ReadOnlyStoreError: ``local`` is read-only (refused before anything is written).
         CorruptionError: a payload read at the remote is damaged (named, with the remote); the
             chunks of that pack stay evicted, those brought back before stay local.
         StorageError: the remote cannot be read.
     """
     index: TierIndex = local.index
+    if local.read_only:
+        raise ReadOnlyStoreError(
+            f"cannot hydrate {local.url}: {index.read_only}; hydrating writes packs here"
+        )
     report = HydrateReport()
     packs = sorted(p for p, r in index.remote_pack_ids().items() if remote is None or r == remote)
     for pack_id in packs:

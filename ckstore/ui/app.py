@@ -73,23 +73,25 @@ def make_app(
 
     def act(action: Callable[[Store, dict[str, Any]], dict[str, Any]]) -> Handler:
         async def endpoint(request: Request) -> Response:
-            if not guard.origin_ok(request.headers.get("origin")):
-                return plain_error(403, "cross-origin request refused")
+            if not guard.origin_ok(request.headers.get("origin"), request.headers.get("host")):
+                return plain_error(403, "cross-origin request refused: only this page may change")
             if not guard.token_ok(request.headers.get(TOKEN_HEADER)):
                 return plain_error(
                     403, "this action needs the token: open the URL `ckstore ui` printed"
                 )
             if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
                 return plain_error(415, "send the action as application/json")
-            raw = await request.body()
-            if len(raw) > MAX_BODY:
-                return plain_error(413, "request body too large")
+            raw = await _body(request)
+            if raw is None:
+                return plain_error(413, f"request body too large (at most {MAX_BODY} bytes)")
             try:
                 body = json.loads(raw)
                 if not isinstance(body, dict):
                     raise InvalidInputError("the request body must be a JSON object")
             except ValueError as exc:
                 return json_error(InvalidInputError(f"the request body is not JSON: {exc}"))
+            except RecursionError:
+                return json_error(InvalidInputError("the request body is nested too deeply"))
             try:
                 result = await run_in_threadpool(action, state.store(), body)
             except Exception as exc:  # noqa: BLE001
@@ -134,6 +136,21 @@ def make_app(
     app = Starlette(routes=routes, middleware=[HostGuard.middleware(guard)], lifespan=lifespan)
     app.state.ui = state
     return app
+
+
+async def _body(request: Request) -> bytes | None:
+    """The request's body, or None past :data:`MAX_BODY` bytes: refused on its announced
+    ``Content-Length`` before a byte is read, and a body without one is read only up to the
+    limit."""
+    length = request.headers.get("content-length")
+    if length is not None and (not length.strip().isdigit() or int(length) > MAX_BODY):
+        return None
+    raw = bytearray()
+    async for piece in request.stream():
+        raw += piece
+        if len(raw) > MAX_BODY:
+            return None
+    return bytes(raw)
 
 
 def param(request: Request, name: str, required: bool = True) -> str:

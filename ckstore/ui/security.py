@@ -4,8 +4,10 @@
   (``127.0.0.1``, ``localhost``, ``[::1]``) or the host the server was explicitly bound to.
   A DNS-rebinding page (``evil.example`` resolving to 127.0.0.1) sends its own name and is
   refused, so it can neither read the store nor try the token.
-- **Origin check** (requests that change something): a browser's ``Origin`` must be an
-  allowed host too; non-browser clients send none.
+- **Origin check** (requests that change something): a browser's ``Origin`` must be this
+  server's own origin, exactly: ``http``, the host and the port the request is addressed to
+  (its ``Host``). Another local server (any other loopback port) is another origin and is
+  refused; non-browser clients send no ``Origin``.
 - **Token** (requests that change something): the ``X-Ckstore-Token`` header must equal the
   server's token (compared in constant time). A header is not sent cross-site without a CORS
   preflight, which this server never grants, and a cookie is never trusted on its own, so a
@@ -63,6 +65,20 @@ def host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
+def _origin(url: str) -> tuple[str, int] | None:
+    """(host, port) of an ``http`` origin (``scheme://host[:port]``, nothing after), else None."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port or 80
+    except ValueError:
+        return None
+    if parts.scheme != "http" or not parts.hostname or parts.path or parts.query:
+        return None
+    if parts.fragment or parts.username is not None:
+        return None
+    return parts.hostname.lower(), port
+
+
 class Guard:
     """The checks of this module for one server: its token and the host names it answers."""
 
@@ -79,12 +95,15 @@ class Guard:
         name = host_name(header)
         return name in self.hosts or is_loopback(name)
 
-    def origin_ok(self, origin: str | None) -> bool:
-        """No ``Origin`` (not a browser), or one on an allowed host over http."""
+    def origin_ok(self, origin: str | None, host: str | None) -> bool:
+        """No ``Origin`` (not a browser), or exactly the origin of the page this server serves
+        at ``host`` (the request's ``Host``, itself allowed): http, same host, same port."""
         if origin is None:
             return True
-        parts = urlsplit(origin)
-        return parts.scheme == "http" and parts.hostname is not None and self.host_ok(parts.netloc)
+        if not host or not self.host_ok(host):
+            return False
+        own = _origin(f"http://{host.strip()}")
+        return own is not None and _origin(origin) == own
 
     def token_ok(self, given: str | None) -> bool:
         """The request carries the token (constant-time comparison)."""

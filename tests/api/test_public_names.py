@@ -41,6 +41,7 @@ BUILTIN: dict[type, type] = {
     errors.GuardWarning: UserWarning,
     errors.NonFiniteWarning: UserWarning,
     errors.StaleStateWarning: UserWarning,
+    errors.MetadataWarning: UserWarning,
     errors.DistributedError: Exception,  # another rank failed: no builtin says that
     errors.RankLostError: TimeoutError,
 }

@@ -43,14 +43,12 @@ def published(tmp_path: Path) -> Path:
 
 
 def _fingerprint(path: Path) -> dict[str, str]:
-    """Every file's hash; SQLite's own ``-shm`` (its shared-memory lock index) and an empty
-    ``-wal``, which a ``mode=ro`` reader of a WAL database makes when it can, are left out."""
+    """Every file's hash, SQLite's ``-wal`` and ``-shm`` included: a read-only open leaves
+    none behind."""
     return {
         str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(path.rglob("*"))
         if p.is_file()
-        and not p.name.endswith("-shm")
-        and not (p.name.endswith("-wal") and p.stat().st_size == 0)
     }
 
 
@@ -186,3 +184,151 @@ def test_read_only_postgres_index(pg, tmp_path) -> None:
         assert [s.step for s in store.log()] == [1]
         with pytest.raises(ReadOnlyStoreError):
             store.tag("r@1", "best")
+
+
+# --- issue 31, item 8 --------------------------------------------------------------------------
+def _can_be_another_user(tmp_path: Path) -> bool:
+    """Whether ``unshare --user --map-user=1000`` runs here (a user that is not root: the
+    permission bits apply to it, unlike to the root the tests run as)."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    probe = tmp_path / "probe-user"
+    probe.mkdir()
+    probe.chmod(0o555)
+    done = subprocess.run(
+        [unshare, "--user", "--map-user=1000", "sh", "-c", f"! touch {probe}/x 2>/dev/null"],
+        capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    return done.returncode == 0
+
+
+def _as_another_user(script: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != cli.STORE_ENV}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run(
+        ["unshare", "--user", "--map-user=1000", sys.executable, "-c", script],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_a_store_in_a_folder_the_user_cannot_write_opens_read_only(published, tmp_path) -> None:
+    """Before: ReadOnlyStoreError "attempt to write a readonly database" (the WAL's -shm cannot
+    be made, and the immutable fallback caught only the untranslated error)."""
+    if not _can_be_another_user(tmp_path):
+        pytest.skip("no user namespaces here")
+    for p in [published, *published.rglob("*")]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    before = _fingerprint(published)
+    script = f"""
+import torch, ckstore
+from ckstore import cli
+from ckstore.errors import ReadOnlyStoreError
+store = ckstore.open({str(published)!r})
+print("READ_ONLY", store.read_only, [s.step for s in store.log()])
+dest = {{"m": ckstore.StateDict(w=torch.zeros(16, 64), step=0)}}
+store.get("best").restore(dest)
+print("RESTORED", dest["m"]["step"], store.check(read_data=True).ok)
+try:
+    store.tag("r@1", "first")
+except ReadOnlyStoreError as exc:
+    print("REFUSED", exc)
+store.close()
+print("LOG", cli.main(["--store", {str(published)!r}, "log"]))
+"""
+    done = _as_another_user(script)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "READ_ONLY True [2, 1]" in done.stdout and "RESTORED 2 True" in done.stdout
+    assert "REFUSED" in done.stdout and "not writable" in done.stdout
+    assert "LOG 0" in done.stdout
+    assert _fingerprint(published) == before
+
+
+@pytest.mark.parametrize("how", ["read_only=True", "mode=ro", "not writable"])
+def test_opening_read_only_leaves_no_wal_or_shm_in_a_writable_folder(
+    published, tmp_path, monkeypatch, how
+) -> None:
+    """Before: a mode=ro reader made ``index.sqlite-wal`` and ``-shm`` and left them."""
+    before = _fingerprint(published)
+    assert not [n for n in before if n.endswith(("-wal", "-shm"))]
+    kwargs: dict = {"read_only": True}
+    if how == "mode=ro":
+        kwargs = {"index": f"sqlite:///file:{published / 'index.sqlite'}?mode=ro&uri=true"}
+    elif how == "not writable":
+        real = os.access
+        monkeypatch.setattr(
+            os,
+            "access",
+            lambda p, m, *a, **k: False if m & os.W_OK else real(p, m, *a, **k),
+        )
+        kwargs = {}
+    with ckstore.open(published, **kwargs) as store:
+        _reads_work(store, tmp_path)
+    assert _fingerprint(published) == before
+
+
+def test_a_read_only_reader_beside_a_writer_sees_its_commits_and_leaves_its_fingerprint(
+    published,
+) -> None:
+    with ckstore.open(published) as writer:
+        writer.take(_state(3), run="r", step=3)  # the writer's -wal and -shm exist now
+        with ckstore.open(published, read_only=True) as reader:
+            assert [s.step for s in reader.log()] == [3, 2, 1]
+            writer.take(_state(4), run="r", step=4)
+            assert [s.step for s in reader.log()] == [4, 3, 2, 1]  # not a frozen view
+        writer.take(_state(5), run="r", step=5)  # its files are still its own
+        assert (published / "index.sqlite-wal").exists()
+    with ckstore.open(published) as again:
+        assert [s.step for s in again.log()] == [5, 4, 3, 2, 1]
+    assert not list(published.glob("index.sqlite-*"))  # the last one out removed them
+
+
+def test_hydrate_on_a_read_only_store_refuses_before_writing(tmp_path) -> None:
+    from tests.support.remotes import KNOBS, fill
+
+    local = tmp_path / "local"
+    with ckstore.open(
+        local,
+        create=True,
+        push_to=str(tmp_path / "remote"),
+        local_budget=4 * KNOBS["pack_bytes"],
+        auto_compact=False,
+        **KNOBS,
+    ) as store:
+        fill(store, "r", range(1, 7))
+        assert store.wait_pushed(timeout=60) and store.repository.index.remote_pack_ids()
+    before = _fingerprint(local)
+    with ckstore.open(local, read_only=True) as store:
+        with pytest.raises(ReadOnlyStoreError, match="cannot hydrate"):
+            store.hydrate()  # before: wrote a pack, then failed on recording it
+    assert _fingerprint(local) == before
+
+
+def test_a_push_from_a_read_only_store_sends_everything_and_records_nothing(
+    published, tmp_path
+) -> None:
+    with ckstore.open(published) as store:
+        store.add_remote("origin", str(tmp_path / "remote"))
+    before = _fingerprint(published)
+    with ckstore.open(published, read_only=True) as store:
+        report = store.push("origin")  # before: sent one snapshot, then failed recording it
+        assert len(report.snapshots_sent) == 2
+        assert {s.state for s in store.push_status().values()} == {"local"}
+    assert _fingerprint(published) == before
+    with ckstore.open(tmp_path / "remote") as theirs:
+        assert [s.step for s in theirs.log()] == [2, 1] and "best" in theirs.tags()
+
+
+def test_migrate_read_only_refuses_instead_of_upgrading(tmp_path, capsys) -> None:
+    from tests.index import fixture_data_0003 as frozen
+
+    old = tmp_path / "old.sqlite"
+    shutil.copyfile(frozen.FILE, old)
+    digest = hashlib.sha256(old.read_bytes()).hexdigest()
+    url = f"sqlite:///{old}"
+    assert cli.main(["--read-only", "migrate", "--index", url]) == 6
+    assert "read-only" in capsys.readouterr().err
+    ro = f"sqlite:///file:{old}?mode=ro&uri=true"
+    assert cli.main(["migrate", "--index", ro]) == 6
+    assert hashlib.sha256(old.read_bytes()).hexdigest() == digest  # before: upgraded in place
+    assert cli.main(["migrate", "--index", url]) == 0  # asked without it: upgraded

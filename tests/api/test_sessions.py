@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -91,7 +92,7 @@ def test_a_killed_take_is_named_by_du_and_gc(store_path, capsys) -> None:
     with ckstore.open(store_path) as store:
         (held,) = store.repository.index.held_sessions()
         assert held.pinned_chunks > 0 and held.held_bytes > 0
-        host, pid = held.session.owner.rsplit(":", 1)
+        host, pid, _ = _parts(held.session.owner)
         assert host and pid.isdigit()  # host:pid of the killed take
     s = ("--store", str(store_path))
     assert cli.main(["du", *s]) == 0
@@ -102,11 +103,88 @@ def test_a_killed_take_is_named_by_du_and_gc(store_path, capsys) -> None:
     (session,) = json.loads(capsys.readouterr().out)["sessions"]
     assert session["owner"] == held.session.owner and session["held_bytes"] == held.held_bytes
     assert session["expires_at"] > time.time() and session["expired"] is False
-    assert cli.main(["gc", "--grace", "0s", *s]) == 0
-    out = capsys.readouterr().out
-    assert "gc leaves those bytes" in out and held.session.owner in out
     assert cli.main(["gc", "--dry-run", "--json", *s]) == 0
     assert json.loads(capsys.readouterr().out)["sessions_held"][0]["owner"] == held.session.owner
+    with ckstore.open(store_path) as store:  # a session held for a take elsewhere (another host)
+        other = store.repository.index.begin_session("elsewhere:4242", 600)
+    assert cli.main(["gc", "--grace", "0s", *s]) == 0
+    out = capsys.readouterr().out
+    assert "gc leaves those bytes" in out and "elsewhere:4242" in out
+    with ckstore.open(store_path) as store:
+        store.repository.index.end_session(other.id, "aborted")
+
+
+def _parts(owner: str) -> tuple[str, str, str]:
+    """``host``, ``pid`` and the rest of a session owner ``host:pid (...)``."""
+    head, _, where = owner.partition(" ")
+    host, _, pid = head.rpartition(":")
+    return host, pid, where
+
+
+def test_gc_expires_the_sessions_of_dead_processes_of_its_own_host(store_path) -> None:
+    """Before: a killed take's session held its bytes, and blocked orphan cleanup, until its
+    lease ran out (10 minutes), although gc runs on the host where that process is gone."""
+    done = _interrupted_take(store_path, signal.SIGKILL)
+    assert done.returncode == -signal.SIGKILL
+    with ckstore.open(store_path) as store:
+        index = store.repository.index
+        (dead,) = index.held_sessions()
+        host, pid, where = _parts(dead.session.owner)
+        assert host == socket.gethostname() and where  # where the pid means something
+        alive = index.begin_session(lease_mod.owner(), 600)  # this process
+        unknown = index.begin_session(f"{host}:{pid}", 600)  # no namespace said: cannot tell
+        elsewhere = index.begin_session(f"other-host:{pid} {where}", 600)
+        report = store.gc(grace_seconds=0)
+        assert report.sessions_expired == 1
+        assert {h["owner"] for h in report.sessions_held} == {
+            alive.owner,
+            unknown.owner,
+            elsewhere.owner,
+        }
+        assert report.chunks_removed > 0 and report.orphans_removed == 0  # others still live
+        for s in (alive, unknown, elsewhere):
+            index.end_session(s.id, "aborted")
+        assert store.gc(grace_seconds=0).orphans_removed == 2  # the last pack, the manifest
+        assert [s.step for s in store.log()] == [1]
+
+
+ABANDONED = """
+import sys, threading, time, torch, ckstore
+from ckstore.history import compact
+inside = threading.Event()
+real = compact._resolve_bases
+def slow(*args, **kwargs):
+    inside.set()
+    time.sleep(60)
+    return real(*args, **kwargs)
+compact._resolve_bases = slow
+store = ckstore.open(sys.argv[1], auto_compact=True)  # keeps each run's newest loose
+for step in (2, 3, 4):
+    torch.manual_seed(step)
+    store.take({"m": ckstore.StateDict(w=torch.randn(64, 256))}, run="r", step=step)
+assert inside.wait(60), "no background compaction started"
+print("IN COMPACTION", flush=True)
+# no store.close(): the interpreter exits with the background compaction in its session
+"""
+
+
+def test_a_process_that_exits_without_close_ends_its_sessions(store_path) -> None:
+    """Before: the background compaction's session stayed active for its whole lease (10
+    minutes) after the process was gone, reported as a take in progress or killed."""
+    child = subprocess.run(
+        [sys.executable, "-c", ABANDONED, str(store_path)],
+        capture_output=True, text=True, env=_env(), timeout=120,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stdout + child.stderr
+    assert "IN COMPACTION" in child.stdout
+    assert "Traceback" not in child.stderr, child.stderr
+    with ckstore.open(store_path) as store:
+        assert store.repository.index.held_sessions() == []
+        assert store.repository.index.live_sessions() == []
+        assert [s.step for s in store.log()] == [4, 3, 2, 1]
+        report = store.gc(grace_seconds=0)
+        assert report.sessions_held == [] and report.sessions_expired == 0
+        assert store.check(read_data=True).ok
 
 
 def test_the_handler_is_ckstores_only_during_a_take_and_never_replaces_the_programs(

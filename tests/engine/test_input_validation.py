@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import ckstore
-from ckstore.errors import InvalidInputError, UnsupportedValueError
+from ckstore.errors import InvalidInputError, MetadataWarning, UnsupportedValueError
 from ckstore.format.limits import MAX_DEPTH
+from ckstore.torchsnapshot import Snapshot
 
 BIG_REF = "r@" + "9" * 40
 
@@ -170,14 +171,52 @@ def test_restore_refuses_an_app_state_that_is_not_a_mapping_of_names(mem, app_st
         mem.get("r").restore(app_state)
 
 
+@pytest.mark.parametrize("app_state", [None, [1, 2], "model", {1: ckstore.StateDict()}])
+def test_take_refuses_an_app_state_that_is_not_a_mapping_of_names(mem, app_state, tmp_path):
+    # before: take(None) and take([1, 2]) ended in a raw AttributeError from deep in the take
+    with pytest.raises(InvalidInputError, match="app_state"):
+        mem.take(app_state, run="r", step=2)
+    with pytest.raises(InvalidInputError, match="app_state"):
+        mem.async_take(app_state, run="r", step=2).wait()
+    with pytest.raises(InvalidInputError, match="app_state"):
+        Snapshot.take(str(tmp_path / "ts"), app_state)
+    with pytest.raises(InvalidInputError, match="app_state"):
+        Snapshot.async_take(str(tmp_path / "ts"), app_state).wait()
+    _nothing_new(mem)
+
+
+def test_take_refuses_a_value_that_is_not_stateful_naming_its_key(mem):
+    with pytest.raises(UnsupportedValueError, match=r"app_state\['m'\].*StateDict"):
+        mem.take({"m": [1, 2]}, run="r", step=2)
+    _nothing_new(mem)
+
+
 @pytest.mark.parametrize(
     "metadata",
-    [{1: 2}, {"a": {None: 1}}, {"a": float("nan")}, {"a": 2**63}, {"a": object()}, [("a", 1)]],
+    [{1: 2}, {"a": {None: 1}}, {"a": 2**63}, {"a": object()}, [("a", 1)]],
 )
 def test_metadata_must_be_json_with_string_keys(mem, metadata):
     with pytest.raises(InvalidInputError, match="metadata"):
         mem.take(_state(x=1), run="r", step=2, metadata=metadata)
     _nothing_new(mem)
+
+
+def test_a_nan_loss_in_metadata_is_recorded_as_null_with_a_warning(mem):
+    # before: metadata={"loss": loss.item()} raised InvalidInputError exactly when the loss
+    # turned NaN, killing the job the guard means to keep alive
+    meta = {"loss": math.nan, "lr": 0.1, "hist": [1.0, math.inf, -math.inf], "n": {"x": math.nan}}
+    with pytest.warns(MetadataWarning) as caught:
+        snap = mem.take(_state(x=1), run="r", step=2, metadata=meta)
+    said = " ".join(str(w.message) for w in caught)
+    for path in ("metadata['loss']", "metadata['hist'][1]", "metadata['hist'][2]", "['x']"):
+        assert path in said
+    want = {"loss": None, "lr": 0.1, "hist": [1.0, None, None], "n": {"x": None}}
+    assert snap.metadata == want
+    assert mem.get("r@2").metadata == want  # as committed, read back from the index
+    assert mem.get("r@2").manifest.snapshot["metadata"] == want  # and in the manifest's header
+    with pytest.warns(MetadataWarning, match="loss"):
+        mem.async_take(_state(x=1), run="r", step=3, metadata={"loss": math.nan}).wait()
+    assert mem.get("r@3").metadata == {"loss": None}
 
 
 def test_names_and_tags_are_checked_before_anything_is_written(mem):

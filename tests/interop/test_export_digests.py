@@ -14,7 +14,8 @@ import torch
 
 import ckstore
 from ckstore.errors import CorruptionError
-from ckstore.format.digests import METADATA_KEY, SIDECAR, verify_path
+from ckstore.format.digests import METADATA_KEY, SIDECAR
+from ckstore.format.verify import verify_path
 from ckstore.interop import verify_checkpoint
 from ckstore.interop._digests import torch_file_digests
 

@@ -101,6 +101,97 @@ def test_actions_refuse_cross_origin_and_non_json_requests(writable: Served) -> 
     assert request(writable, "POST", "/api/untag", b"{oops", token)[0] == 400
 
 
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "http://127.0.0.1:{other}",  # another local server: any loopback port was accepted
+        "http://localhost:{port}",  # the same port under another name is another origin
+        "http://127.0.0.2:{port}",
+        "https://127.0.0.1:{port}",
+        "http://127.0.0.1",
+        "http://127.0.0.1:{port}/x",
+    ],
+)
+def test_a_change_from_another_origin_is_refused(writable: Served, origin: str) -> None:
+    token = {"X-Ckstore-Token": "right-token"}
+    origin = origin.format(port=writable.port, other=writable.port + 1)
+    status, _, body = request(
+        writable, "POST", "/api/tag", {"ref": "base@0", "name": "x"}, {**token, "Origin": origin}
+    )
+    assert status == 403 and b"cross-origin" in body
+    own = {**token, "Origin": f"http://127.0.0.1:{writable.port}"}
+    assert request(writable, "POST", "/api/tag", {"ref": "base@0", "name": "x"}, own)[0] == 200
+
+
+def test_a_deeply_nested_body_is_a_json_400(writable: Served) -> None:
+    token = {"X-Ckstore-Token": "right-token"}
+    deep = b'{"name":' + b"[" * 30_000 + b"]" * 30_000 + b"}"
+    assert len(deep) < 64 * 1024
+    status, headers, body = request(writable, "POST", "/api/untag", deep, token)
+    assert status == 400 and headers["content-type"].startswith("application/json")
+    assert "nested" in json.loads(body)["error"]
+
+
+def _raw(s: Served, head: bytes, body: bytes = b"") -> tuple[int, bytes]:
+    """Send a request by hand; the status and whatever came back before the server closed."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
+        sock.sendall(head + body)
+        sock.shutdown(socket.SHUT_WR) if body else None
+        got = b""
+        while b"\r\n\r\n" not in got or len(got) < 12:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            got += piece
+    return int(got.split(b" ", 2)[1]), got
+
+
+def test_a_body_announced_over_the_limit_is_refused_at_the_headers(writable: Served) -> None:
+    head = (
+        f"POST /api/untag HTTP/1.1\r\nHost: 127.0.0.1:{writable.port}\r\n"
+        "X-Ckstore-Token: right-token\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000000000\r\n\r\n"
+    ).encode()
+    status, _ = _raw(writable, head)  # not one byte of the 1 GB is sent: the answer comes first
+    assert status == 413
+
+
+def test_a_chunked_body_is_cut_at_the_limit(writable: Served) -> None:
+    """A body without a length is read up to the limit, then refused: the server answers while
+    the client is still sending (before: it read until the client stopped)."""
+    import socket
+    import threading
+
+    head = (
+        f"POST /api/untag HTTP/1.1\r\nHost: 127.0.0.1:{writable.port}\r\n"
+        "X-Ckstore-Token: right-token\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    piece = b" " * 65536
+    chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    cap = 256 << 20
+    sent = [0]
+    with socket.create_connection(("127.0.0.1", writable.port), timeout=30) as sock:
+        sock.sendall(head)
+
+        def pour() -> None:  # never ends the body on its own: only the server's answer stops it
+            try:
+                while sent[0] < cap:
+                    sock.sendall(chunk)
+                    sent[0] += len(chunk)
+            except OSError:
+                pass
+
+        t = threading.Thread(target=pour, daemon=True)
+        t.start()
+        got = sock.recv(65536)
+    t.join(30)
+    assert got.startswith(b"HTTP/1.1 413"), got[:200]
+    assert sent[0] < cap
+
+
 def test_delete_and_untag_through_the_api(writable: Served, store_copy: Path) -> None:
     token = {"X-Ckstore-Token": "right-token"}
     status, _, out = request(writable, "POST", "/api/delete", {"ref": "best"}, token)

@@ -68,6 +68,7 @@ class _AppPlan:
     keep: dict[str, Any] = field(
         default_factory=dict
     )  # per-rank keys with no value here: left as they are
+    meta: list[str] = field(default_factory=list)  # destinations on the meta device: replaced
 
 
 @dataclass
@@ -238,6 +239,7 @@ def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | N
     plan = _AppPlan(name, obj, keys)
     if not _skip_missing(reader, plan, current, strict):
         return None
+    _refuse_meta_optimizer(reader, name, obj)
     for key in plan.keys:
         dest = current.get(key)
         if not isinstance(dest, torch.Tensor):
@@ -246,6 +248,9 @@ def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | N
         if not isinstance(entry, TensorEntry):
             continue
         check_destination(dest, dtype_from_name(entry.dtype), entry.shape, key, reader.where)
+        if dest.is_meta and not is_dtensor_dest(dest):
+            plan.meta.append(key)  # no storage to load into: read as a new tensor, assigned
+            continue
         plan.dest[key] = dest
         plan.target[key] = dest
         if is_dtensor_dest(dest):
@@ -256,6 +261,18 @@ def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | N
     if strict:
         _check_keys(reader, plan, current, isinstance(obj, torch.nn.Module))
     return plan
+
+
+def _refuse_meta_optimizer(reader: Reader, name: str, obj: Any) -> None:
+    """An optimizer over meta parameters can hold no state: refuse it before anything loads."""
+    if not isinstance(obj, torch.optim.Optimizer):
+        return
+    if any(p.is_meta for group in obj.param_groups for p in group.get("params", ())):
+        raise MismatchError(
+            f"{reader.where}: app_state[{name!r}] optimizes parameters on the meta device, so "
+            "it cannot hold the stored state; restore the model first (its meta tensors are "
+            "materialised), then build the optimizer over its parameters and restore that"
+        )
 
 
 def _skip_missing(reader: Reader, plan: _AppPlan, current: dict[str, Any], strict: bool) -> bool:
@@ -310,15 +327,44 @@ def _apply(reader: Reader, plan: _AppPlan, tensors: Mapping[str, torch.Tensor]) 
             if key in tensors:  # else it was decoded in place already
                 target.copy_(tensors[key])
 
+    module = isinstance(plan.obj, torch.nn.Module)
+    # assigning (for meta destinations) keeps the module's own parameters where it had storage
+    own = _module_tensors(plan) if module and plan.meta else {}
+
     def resolve(key: str) -> Any:
         if key in plan.keep:
             return plan.keep[key]
-        return plan.dest[key] if key in plan.dest else reader.value_of(key, tensors)
+        if key in plan.dest:
+            return own.get(key, plan.dest[key])
+        return reader.value_of(key, tensors)
 
     state = unflatten(reader.manifest.apps[plan.name], resolve)
     if plan.keep:
         state = prune(state)
-    if isinstance(plan.obj, torch.nn.Module):
+    if module and plan.meta:
+        plan.obj.load_state_dict(state, strict=False, assign=True)
+    elif module:
         plan.obj.load_state_dict(state, strict=False)
     else:
         plan.obj.load_state_dict(state)
+    if plan.meta:
+        _check_materialised(reader, plan)
+
+
+def _module_tensors(plan: _AppPlan) -> dict[str, Any]:
+    """The module's own parameters and buffers by key (``state_dict(keep_vars=True)``)."""
+    own = flatten(plan.name, plan.obj.state_dict(keep_vars=True), lenient=True).leaves
+    return {k: v for k, v in own.items() if isinstance(v, torch.Tensor)}
+
+
+def _check_materialised(reader: Reader, plan: _AppPlan) -> None:
+    """Refuse an app whose meta destinations are still on meta after ``load_state_dict``."""
+    now = flatten(plan.name, plan.obj.state_dict(), lenient=True).leaves
+    left = [k for k in plan.meta if isinstance(now.get(k), torch.Tensor) and now[k].is_meta]
+    if left:
+        raise MismatchError(
+            f"{reader.where}: app_state[{plan.name!r}] kept its tensors on the meta device after "
+            f"load_state_dict() ({left[:5]}{'...' if len(left) > 5 else ''}): it copies in "
+            "place, so nothing was loaded into them. Materialise them first (e.g. "
+            "module.to_empty(device='cpu')), or make its load_state_dict() take the new tensors"
+        )
