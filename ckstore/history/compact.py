@@ -5,20 +5,21 @@ the rest; no deltas) into packs the index marks loose, so a training job waits a
 possible. Compaction later rewrites the loose chunks that no *newest* snapshot of a run uses
 (the ``keep_loose`` newest of each run stay loose, so a resume reads the fast form):
 
-1. **Plan** (index and manifests only): the loose chunks outside every run's newest
-   snapshots, in the order of the oldest snapshot that uses them; for each, a delta base
-   candidate: the chunk at the same place (key, dtype, shape, grid box) in that snapshot's
-   parent, the run's snapshot before it, as a take with ``delta_base="parent"`` would use.
-2. **Bases**: a candidate at the repository's ``delta_depth`` or deeper is replaced by its
-   ancestor one link shallower (keyframes, as for takes); the bases chosen are pinned to this
-   compaction's write session, so no gc prunes one meanwhile. A chunk some delta already uses as
-   its base stays whole (its dependents' chains must not grow).
+1. **Plan** (:mod:`.compact_plan`; index and manifests only): the loose chunks outside every
+   run's newest snapshots, in the order of the oldest snapshot that uses them (one dropped by a
+   gc meanwhile is skipped); for each, a delta base candidate: the chunk at the same place in
+   that snapshot's parent, as a take with ``delta_base="parent"`` would use.
+2. **Bases** (:mod:`.compact_plan`): decided bases first; a chunk whose candidate chain leads
+   back to it gets no base (takes that commit out of the order they started in make a parent
+   newer than its child), a candidate at ``delta_depth`` is replaced by its ancestor one link
+   shallower (keyframes), a chunk some delta already uses as its base stays whole; the bases
+   chosen are pinned to this compaction's write session, so no gc prunes one meanwhile.
 3. **Rewrite**, on the repository's threads: each chunk (and its base) is read and verified
    against its id, then encoded densely: an XOR delta against the base when that is smaller,
    else ``bytegroup-zstd`` / ``zstd`` whole.
 4. **Switch**: each dense pack is made durable, then one index transaction points its chunks'
    rows at it (compare-and-swap on the loose pack: a chunk gc pruned or moved meanwhile is left
-   alone); loose packs left without chunks are retired and deleted at once (rows first, then
+   alone, and so is a delta whose base another compaction changed meanwhile); loose packs left without chunks are retired and deleted at once (rows first, then
    objects). A reader that located a chunk in one of them finds the pack gone and looks the
    chunk up again (docs/RELIABILITY.md, I4), so the disk holds each state once, not twice,
    while the grace period of gc's own repacks runs.
@@ -37,18 +38,17 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
 from ..engine.lease import Lease
 from ..engine.locations import to_location, to_records
 from ..errors import CorruptionError, ObjectNotFoundError
-from ..format.dtypes import GROUPED, itemsize
-from ..format.manifest import Manifest, TensorEntry
 from ..index import ChunkRecord, PackRecord, SnapshotRecord
+from .compact_plan import Job, hot, plan, resolve_bases
 
 if TYPE_CHECKING:
     from ..engine.repository import Repository
@@ -92,18 +92,6 @@ class CompactReport:
         return {**asdict(self), "saved_bytes": self.saved_bytes}
 
 
-@dataclass
-class _Job:
-    """One loose chunk to rewrite: its row, its element size, its delta base (if any)."""
-
-    rec: ChunkRecord
-    itemsize: int
-    grouped: bool
-    base_id: str = ""
-    base: ChunkRecord | None = None
-    base_known: dict[str, ChunkRecord] = field(default_factory=dict)
-
-
 def compact(
     repo: Repository,
     *,
@@ -127,7 +115,7 @@ def compact(
     """
     t0, c0 = time.perf_counter(), time.thread_time()
     report = CompactReport(dry_run=dry_run, keep_loose=keep_loose)
-    jobs, snaps = _plan(repo, keep_loose)
+    jobs, snaps = plan(repo, keep_loose)
     report.snapshots = snaps
     report.loose_bytes = sum(j.rec.length for j in jobs)
     report.raw_bytes = sum(j.rec.raw_length for j in jobs)
@@ -136,7 +124,7 @@ def compact(
         report.seconds = time.perf_counter() - t0
         return report
     with Lease(repo.index, repo.lease_seconds) as lease:
-        _resolve_bases(repo, lease.id, jobs)
+        jobs = resolve_bases(repo, lease.id, jobs)
         _rewrite(repo, lease, jobs, report, progress, pause, stop)
         repo.index.end_session(lease.id, "committed")  # nothing to commit: ending it drops its pins
         lease.committed = True
@@ -149,149 +137,22 @@ def loose_pending(repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> boo
     """Whether any loose chunk lies outside every run's newest ``keep_loose`` snapshots (what
     an automatic compaction is started for). Reads the index only."""
     loose = {c.chunk_id for c in repo.index.loose_chunks() if c.codec in objects.FAST_CODECS}
-    return bool(loose - _hot(repo, keep_loose))
-
-
-# --- 1. plan -------------------------------------------------------------------------------------
-def _hot(repo: Repository, keep_loose: int) -> set[str]:
-    """Chunk ids of every run's newest ``keep_loose`` snapshots."""
-    hot: set[str] = set()
-    if keep_loose <= 0:
-        return hot
-    for run in repo.index.list_runs():
-        for rec in repo.index.list_snapshots(run=run, limit=keep_loose):
-            hot |= repo.index.snapshot_chunk_ids(rec.id)
-    return hot
-
-
-def _plan(repo: Repository, keep_loose: int) -> tuple[list[_Job], int]:
-    """The loose chunks to rewrite, oldest snapshot first, with their base candidates."""
-    loose = {c.chunk_id: c for c in repo.index.loose_chunks() if c.codec in objects.FAST_CODECS}
-    for cid in _hot(repo, keep_loose):
-        loose.pop(cid, None)
-    if not loose:
-        return [], 0
-    records = sorted(
-        (repo.index.get_snapshot(s) for s in repo.index.referencing_snapshots(loose)),
-        key=lambda r: (r.created_at, r.id),
-    )
-    jobs: list[_Job] = []
-    snaps = 0
-    for rec in records:
-        manifest = repo.load_manifest(rec)
-        parent = _parent_manifest(repo, rec)
-        found = False
-        for key, entry in manifest.entries.items():
-            for job in _jobs_of(key, entry, parent, loose):
-                jobs.append(job)
-                found = True
-        snaps += found
-    return jobs, snaps
-
-
-def _parent_manifest(repo: Repository, rec: SnapshotRecord) -> Manifest | None:
-    if rec.parent_id is None or repo.delta_depth == 0:
-        return None
-    try:
-        return repo.load_manifest(repo.index.get_snapshot(rec.parent_id))
-    except Exception:  # noqa: BLE001 - a parent gone or unreadable: no deltas for this snapshot
-        return None
-
-
-def _jobs_of(
-    key: str, entry: Any, parent: Manifest | None, loose: dict[str, ChunkRecord]
-) -> Iterator[_Job]:
-    """Jobs for the loose chunks of one entry (each chunk once: ``loose`` loses them)."""
-    if not isinstance(entry, TensorEntry) or entry.inline:
-        return
-    size = itemsize(entry.dtype)
-    old = parent.entries.get(key) if parent is not None else None
-    at: dict[tuple[Any, Any], str] = {}
-    if (
-        isinstance(old, TensorEntry)
-        and not old.inline
-        and (old.dtype, old.shape) == (entry.dtype, entry.shape)
-    ):
-        at = {(c.offsets, c.sizes): c.id for c in old.chunks}
-    for c in entry.chunks:
-        rec = loose.pop(c.id, None)
-        if rec is not None:
-            base = at.get((c.offsets, c.sizes), "")
-            yield _Job(rec, size, entry.dtype in GROUPED, base if base != c.id else "")
-
-
-# --- 2. bases ------------------------------------------------------------------------------------
-def _resolve_bases(repo: Repository, session: str, jobs: list[_Job]) -> None:
-    """Choose and pin each job's base (see the module docstring); the others get none.
-
-    Decided in job order (oldest snapshot first), so a base that is itself rewritten here is
-    decided before the chunks that would use it: its planned depth counts, and a base planned
-    at the depth limit is replaced by its own base (keyframes, as for takes). A chunk some
-    stored delta already uses as its base stays whole: its dependents' chains must not grow.
-    """
-    limit = repo.delta_depth
-    if limit <= 0 or not any(j.base_id for j in jobs):
-        for j in jobs:
-            j.base_id = ""
-        return
-    keep_whole = repo.index.dependents_of({j.rec.chunk_id for j in jobs})
-    known = repo.index.chunk_locations({j.base_id for j in jobs if j.base_id})
-    depth: dict[str, int] = {}  # planned depth of each job's chunk
-    parent: dict[str, str] = {}  # planned base of each job's chunk
-    wanted: dict[str, ChunkRecord] = {}
-    for j in jobs:
-        cid = j.rec.chunk_id
-        base = _usable_base(j.base_id, limit, depth, parent, known)
-        rec = known.get(base) if base else None
-        if cid in keep_whole or rec is None or base == cid or rec.raw_length != j.rec.raw_length:
-            j.base_id, depth[cid] = "", 0
-            continue
-        j.base_id = base
-        depth[cid], parent[cid] = depth.get(base, rec.depth) + 1, base
-        wanted[base] = rec
-    pinned = repo.index.lookup_chunks(session, list(wanted))  # gone meanwhile: no delta
-    for j in jobs:
-        if j.base_id and j.base_id in pinned:
-            j.base = replace(wanted[j.base_id], depth=depth.get(j.base_id, wanted[j.base_id].depth))
-            j.base_known = known
-        else:
-            j.base_id = ""
-
-
-def _usable_base(
-    cid: str,
-    limit: int,
-    depth: dict[str, int],
-    parent: dict[str, str],
-    known: dict[str, ChunkRecord],
-) -> str:
-    """``cid``, or its nearest ancestor whose (planned) depth is below ``limit``; "" if none."""
-    for _ in range(limit + 1):
-        if not cid:
-            return ""
-        rec = known.get(cid)
-        d = depth.get(cid, rec.depth if rec is not None else None)
-        if d is None:
-            return ""
-        if d < limit:
-            return cid
-        cid = parent.get(cid) or (rec.base_id if rec is not None and rec.base_id else "")
-    return ""
+    return bool(loose - hot(repo, keep_loose))
 
 
 # --- 3. rewrite, 4. switch -----------------------------------------------------------------------
 def _rewrite(
     repo: Repository,
     lease: Lease,
-    jobs: list[_Job],
+    jobs: list[Job],
     report: CompactReport,
     progress: Callable[[int], None] | None,
     pause: Callable[[], bool] | None,
     stop: Callable[[], bool] | None,
 ) -> None:
     writer = repo.objects.new_pack_writer(repo.config.pack_bytes)
-    batch: list[tuple[_Job, int]] = []  # (job, depth) in the pack being filled
-    window: deque[tuple[_Job, Future[tuple[str, bytes, float]]]] = deque()
+    batch: list[tuple[Job, int]] = []  # (job, depth) in the pack being filled
+    window: deque[tuple[Job, Future[tuple[str, bytes, float]]]] = deque()
     with ThreadPoolExecutor(
         max_workers=max(1, repo.threads), thread_name_prefix="ckstore-compact"
     ) as pool:
@@ -343,7 +204,7 @@ def _rewrite(
 
 
 def _encode(
-    repo: Repository, job: _Job, pause: Callable[[], bool] | None = None
+    repo: Repository, job: Job, pause: Callable[[], bool] | None = None
 ) -> tuple[str, bytes, float]:
     """Read and verify the chunk (and its base), then encode it densely (a delta if smaller);
     a job queued while the process is busy (``pause``) starts once it is not. Also returns the
@@ -378,7 +239,7 @@ def _switch(
     repo: Repository,
     lease: Lease,
     writer: objects.PackWriter,
-    batch: list[tuple[_Job, int]],
+    batch: list[tuple[Job, int]],
     report: CompactReport,
 ) -> None:
     """Make the pack durable, point its chunks' rows at it, retire the loose packs emptied."""
