@@ -89,7 +89,8 @@ class RemoteVerbs:
 
         Raises:
             NotFoundError: no remote of that name; SnapshotNotFoundError: a ref names nothing.
-            CorruptionError: a chunk read here is damaged (named); that snapshot is not sent.
+            CorruptionError: a chunk read here is damaged (named): the snapshots that need it
+                are not sent, the others are.
             ConflictError: a tag is held at another snapshot there (without ``force``), or a
                 snapshot's name or run clashes with something there.
         """
@@ -106,13 +107,15 @@ class RemoteVerbs:
         progress: Progress | None = None,
     ) -> remote.TransferReport:
         """Bring snapshots of remote ``remote_name`` here: those ``refs`` name there, or every run
-        and tag (as :meth:`push`, the other way). Every payload read from the remote is checked
-        (against its recorded digest, or decoded and hashed against its id) before it is stored.
+        and tag (as :meth:`push`, the other way). Every payload read from the remote is decoded
+        and hashed against its chunk id (a delta onto this store's copy of its base) before it
+        is stored: a digest the remote supplies proves nothing.
 
         Raises:
             NotFoundError: no remote of that name, or no store at its URL.
             CorruptionError: a chunk of the remote is damaged: the message names the chunk, its
-                pack and the remote; that snapshot is not committed here.
+                pack and the remote, and the snapshots that need it, which are not committed
+                here; the others are.
             ConflictError: a tag is held here at another snapshot (without ``force``).
         """
         report = remote.pull(self._repo, remote_name, refs, force=force, progress=progress)

@@ -258,8 +258,10 @@ class RemotesMixin:
         """Point chunk rows at the remote's places for them, in one transaction; return the ids
         switched.
 
-        ``records`` are the remote's rows (its packs, offsets, codecs, bases, digests; their
-        ``depth`` is ignored), bases before the deltas stored against them. Each pack they name
+        ``records`` are the remote's rows (its packs, offsets, codecs, bases; their ``depth``
+        and payload digests are ignored), bases before the deltas stored against them. The
+        rows switched get no payload digest: one the remote supplies proves nothing, so every
+        read of them decodes and hashes against the chunk's id. Each pack they name
         gets a row marked ``remote``. A chunk in ``expected`` (id -> the pack its row must still
         be in: a compare-and-swap) is switched; a chunk the store has no row for is added (a base
         only the remote had). Depths are recomputed here: a chunk's is its base's (as stored
@@ -355,7 +357,7 @@ class RemotesMixin:
                 codec=rec.codec,
                 base_id=rec.base_id,
                 depth=depth,
-                payload_digest=rec.payload_digest,
+                payload_digest=None,
             )
         )
         if depth != old_depth:
@@ -376,5 +378,5 @@ def _with(rec: ChunkRecord, depth: int) -> ChunkRecord:
         rec.codec,
         rec.base_id,
         depth,
-        rec.payload_digest,
+        None,
     )

@@ -93,8 +93,8 @@ def pull(
     Raises:
         NotFoundError: no remote ``name``, or no store at its URL; SnapshotNotFoundError: a ref
             names nothing there.
-        CorruptionError: a chunk or manifest of the remote is damaged (named); the snapshot
-            being pulled is not committed here.
+        CorruptionError: a chunk or manifest of the remote is damaged (named); the snapshots
+            that need it are not committed here, the others are.
     """
     remote = config.get(local.index, name)
     src = source if source is not None else config.open_remote(remote)

@@ -23,7 +23,7 @@ one it followed here whenever the destination's run holds what was sent before.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,13 @@ from ..engine.lease import Lease
 from ..engine.progress import ProgressFn, meter
 from ..engine.repository import describe
 from ..engine.take.commit import commit_manifest
-from ..errors import ConflictError, InvalidInputError, LeaseExpiredError, SnapshotNotFoundError
+from ..errors import (
+    ConflictError,
+    CorruptionError,
+    InvalidInputError,
+    LeaseExpiredError,
+    SnapshotNotFoundError,
+)
 from ..format.manifest import Manifest
 from ..index import SnapshotRecord
 from .copy import ChunkCopier, CopyStats, shapes_of
@@ -57,6 +63,8 @@ class TransferReport:
     tags_set: list[str] = field(default_factory=list)
     tags_rejected: list[str] = field(default_factory=list)
     """Tags the destination holds at another snapshot (moved only with ``force``)."""
+    snapshots_damaged: list[str] = field(default_factory=list)
+    """Snapshots not sent: a chunk or the manifest they need is damaged at the source."""
     stats: CopyStats = field(default_factory=CopyStats)
     manifest_bytes: int = 0
     seconds: float = 0.0
@@ -72,6 +80,7 @@ class TransferReport:
             "snapshots_present": self.snapshots_present,
             "tags_set": list(self.tags_set),
             "tags_rejected": list(self.tags_rejected),
+            "snapshots_damaged": list(self.snapshots_damaged),
         }
         d.update(self.stats.to_dict())
         d["manifest_bytes"] = self.manifest_bytes
@@ -103,8 +112,9 @@ def transfer(
 
     Raises:
         InvalidInputError: ``src`` and ``dst`` are the same store.
-        CorruptionError: a chunk or manifest read from ``src`` is damaged (named); the snapshot
-            being sent is not committed, those before it are.
+        CorruptionError: a chunk or manifest read from ``src`` is damaged (named): the
+            snapshots that need it are not committed, every other one is (and recorded), and
+            then this is raised naming those left out and how many went.
         ConflictError: a snapshot's name, or its run's, is taken at the destination by
             something else; LeaseExpiredError: the transfer stalled past its lease there.
     """
@@ -122,15 +132,34 @@ def transfer(
     total = sum(src.index.stored_bytes(s.id) for s in todo)
     bar = meter(progress, direction, total)
     tick = None if bar is None else bar.add
+    damage: dict[str, CorruptionError] = {}
     with _source_pins(src) as pins:
         for snap in todo:
-            _send(src, dst, snap, selection.tags_of(snap.id), report, force, pins, pause, tick)
+            try:
+                _send(src, dst, snap, selection.tags_of(snap.id), report, force, pins, pause, tick)
+            except CorruptionError as exc:  # that snapshot only: the others still go
+                damage[snap.id] = exc
+                report.snapshots_damaged.append(describe(snap))
+                continue
             record([snap.id])
-    _set_tags(dst, selection, report, force)
+    _set_tags(dst, selection, report, force, damage.keys())
     if bar is not None:
         bar.finish()
     report.seconds = time.perf_counter() - t0
+    if damage:
+        raise _damaged(report, list(damage.values()))
     return report
+
+
+def _damaged(report: TransferReport, damage: list[CorruptionError]) -> CorruptionError:
+    """One error for the snapshots a damaged source kept from the destination."""
+    names = report.snapshots_damaged
+    return CorruptionError(
+        f"{report.direction}: {len(names)} snapshot(s) were not committed at {report.destination}, "
+        f"each needing damaged data of {report.source}: {', '.join(names)}. The first: {damage[0]}. "
+        f"The {len(report.snapshots_sent)} other(s) were committed ({report.snapshots_present} "
+        f"found there already); {report.direction} again once the source is repaired"
+    )
 
 
 def _present(dst: Repository, snap: SnapshotRecord) -> bool:
@@ -180,7 +209,8 @@ def _send(
     ids = manifest.chunk_ids()
     pins.pin(ids)
     with Lease(dst.index, dst.lease_seconds) as lease:
-        ChunkCopier(src, dst, lease.id, where, report.stats, pause, progress).copy(
+        ours = src if report.direction == "push" else dst
+        ChunkCopier(src, dst, lease.id, where, report.stats, pause, progress, ours).copy(
             ids, shapes_of(manifest)
         )
         if lease.error is not None:
@@ -252,11 +282,18 @@ def _tag_specs(
     return specs
 
 
-def _set_tags(dst: Repository, selection: Selection, report: TransferReport, force: bool) -> None:
-    """Tags of snapshots the destination held already (the others went with their commits)."""
+def _set_tags(
+    dst: Repository,
+    selection: Selection,
+    report: TransferReport,
+    force: bool,
+    left_out: Collection[str] = (),
+) -> None:
+    """Tags of snapshots the destination held already (the others went with their commits);
+    none of a snapshot ``left_out`` (damaged at the source)."""
     done = set(report.tags_set) | set(report.tags_rejected)
     for name, sid in sorted(selection.tags.items()):
-        if name in done:
+        if name in done or sid in left_out:
             continue
         held = dst.index.get_tag(name)
         if held is not None and held.snapshot_id == sid:
