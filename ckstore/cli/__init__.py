@@ -121,8 +121,10 @@ DESCRIPTIONS = {
     ),
     "remote": (
         "Manage the store's remotes, kept in its index as git keeps them in its config: add NAME URL "
-        "[--index URL] [-o KEY=VALUE] (the remote's own index and storage options), list, rm NAME. A remote "
-        "is any store ckstore opens: a folder, or s3://bucket/prefix with its index."
+        "[--index URL] [-o KEY=VALUE] (the remote's own index and storage options, never credentials: "
+        "those come from the environment, e.g. AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), list, rm "
+        "NAME. A remote is any store ckstore opens: a folder, or s3://bucket/prefix with its index; "
+        "the id of the store there is recorded and checked on every push and pull."
     ),
     "ui": (
         "Serve a local web page of the store: runs and lineage, storage per snapshot, changes "

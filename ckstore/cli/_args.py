@@ -172,7 +172,8 @@ def _remote_arguments(p: argparse.ArgumentParser) -> None:
                 action="append",
                 type=_storage_option,
                 metavar="KEY=VALUE",
-                help="the remote's fsspec storage options (repeatable, as --storage-option)",
+                help="the remote's fsspec storage options (repeatable, as --storage-option); "
+                "credentials are refused (kept in plain text): pass them in the environment",
             )
         sp.set_defaults(parser=sp)
 

@@ -68,8 +68,9 @@ def _remote_dict(rec: Any) -> dict[str, Any]:
         "url": rec.url,
         "index": rec.index,
         "tier": rec.tier,
+        "store_id": rec.store_id,
         "storage_options": sorted(rec.options),
-    }  # the keys only: values may be credentials
+    }  # the keys only
 
 
 def _remote_options(args: argparse.Namespace) -> dict[str, Any]:

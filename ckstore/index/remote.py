@@ -44,6 +44,7 @@ def _remote(row: Any) -> RemoteRecord:
         options if isinstance(options, dict) else {},
         bool(row.tier),
         float(row.created_at),
+        None if row.store_id is None else str(row.store_id),
     )
 
 
@@ -72,6 +73,7 @@ class RemotesMixin:
             "options": json.dumps(remote.options, sort_keys=True),
             "tier": remote.tier,
             "created_at": remote.created_at or time.time(),
+            "store_id": remote.store_id,
         }
         with self._write(f"add remote {remote.name!r}") as conn:
             if insert_ignore(conn, _sql.remotes, [row]) != 1:
@@ -98,6 +100,31 @@ class RemotesMixin:
             return [
                 _remote(r) for r in conn.execute(select(_sql.remotes).order_by(_sql.remotes.c.name))
             ]
+
+    def record_remote_store_id(self, name: str, store_id: str) -> str | None:
+        """Record the id of the store found at remote ``name``'s URL, unless one is recorded
+        already (a compare-and-set); returns the id recorded now (None: no such remote)."""
+        r = _sql.remotes
+        with self._write(f"record the store id of remote {name!r}") as conn:
+            conn.execute(
+                update(r)
+                .where((r.c.name == name) & r.c.store_id.is_(None))
+                .values(store_id=store_id)
+            )
+            found = conn.scalar(select(r.c.store_id).where(r.c.name == name))
+            return None if found is None else str(found)
+
+    def remote_used(self, name: str) -> bool:
+        """Whether remote ``name`` was ever used: a store id is recorded for it, it is known to
+        hold snapshots of this store, or rows of evicted chunks point at its packs."""
+        r, rs, p = _sql.remotes, _sql.remote_snapshots, _sql.packs
+        with self._read(f"find uses of remote {name!r}") as conn:
+            return (
+                conn.scalar(select(r.c.store_id).where(r.c.name == name)) is not None
+                or conn.scalar(select(rs.c.snapshot_id).where(rs.c.remote == name).limit(1))
+                is not None
+                or conn.scalar(select(p.c.id).where(p.c.remote == name).limit(1)) is not None
+            )
 
     def set_remote_tier(self, name: str, tier: bool) -> None:
         """Mark (or unmark) remote ``name`` as the store's persistent tier.
@@ -153,6 +180,45 @@ class RemotesMixin:
         with self._write(f"record snapshots held by remote {remote!r}") as conn:
             for batch in batches(rows):
                 insert_ignore(conn, _sql.remote_snapshots, batch)
+
+    def unmark_pushed(self, remote: str, snapshot_ids: Iterable[str]) -> None:
+        """Forget that remote ``remote`` holds these snapshots (it was found not to): they are
+        ``pushing`` again, and pushed again."""
+        rs = _sql.remote_snapshots
+        with self._write(f"forget snapshots held by remote {remote!r}") as conn:
+            for batch in batches(unique(snapshot_ids)):
+                conn.execute(
+                    delete(rs).where((rs.c.remote == remote) & rs.c.snapshot_id.in_(batch))
+                )
+
+    def held_by(self, remote: str) -> set[str]:
+        """Ids of the snapshots remote ``remote`` is known to hold (recorded here)."""
+        rs = _sql.remote_snapshots
+        with self._read(f"list snapshots held by remote {remote!r}") as conn:
+            return {
+                str(i) for i in conn.scalars(select(rs.c.snapshot_id).where(rs.c.remote == remote))
+            }
+
+    def snapshot_ids(self, snapshot_ids: Iterable[str]) -> set[str]:
+        """Those of ``snapshot_ids`` this index holds."""
+        s = _sql.snapshots
+        found: set[str] = set()
+        with self._read("find snapshots") as conn:
+            for batch in batches(unique(snapshot_ids)):
+                found.update(str(i) for i in conn.scalars(select(s.c.id).where(s.c.id.in_(batch))))
+        return found
+
+    def pack_sizes(self, pack_ids: Iterable[str]) -> dict[str, int]:
+        """Pack id -> its recorded size in bytes, for the packs among ``pack_ids`` with a row."""
+        p = _sql.packs
+        out: dict[str, int] = {}
+        with self._read("read pack sizes") as conn:
+            for batch in batches(unique(pack_ids)):
+                out.update(
+                    (str(i), int(n))
+                    for i, n in conn.execute(select(p.c.id, p.c.size).where(p.c.id.in_(batch)))
+                )
+        return out
 
     def remote_holdings(self) -> dict[str, set[str]]:
         """Snapshot id -> the remotes known to hold it (snapshots no remote holds are left out)."""

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..engine.progress import ProgressFn
-from ..errors import NotFoundError
 from . import config, hydrate, twotier
 from .select import Selection, select
 from .transfer import TransferReport, transfer
@@ -46,20 +45,18 @@ def push(
     progress: ProgressFn | None = None,
 ) -> TransferReport:
     """Send the snapshots ``refs`` name (none: every run and tag) to remote ``name``, creating the
-    remote store if there is none yet (with this store's chunk, pack and inline sizes).
+    remote store if there is none yet and the remote was never used (with this store's chunk,
+    pack and inline sizes).
 
     Raises:
-        NotFoundError: no remote ``name``; SnapshotNotFoundError: a ref names nothing here.
-        CorruptionError, ConflictError, LeaseExpiredError: see :func:`.transfer.transfer`.
+        NotFoundError: no remote ``name``, or it was used and its store is missing (nothing is
+            created); SnapshotNotFoundError: a ref names nothing here.
+        ConflictError: the store at its URL is another one than recorded.
+        CorruptionError, LeaseExpiredError: see :func:`.transfer.transfer`.
     """
     remote = config.get(local.index, name)
     selection = select(local.index, refs)
-    created = False
-    try:
-        dst = config.open_remote(remote)
-    except NotFoundError:
-        dst = config.open_remote(remote, create=True, like=local)
-        created = True
+    dst, created = config.open_or_create(local.index, remote, local)
     try:
         report = transfer(
             local,
@@ -93,11 +90,12 @@ def pull(
     Raises:
         NotFoundError: no remote ``name``, or no store at its URL; SnapshotNotFoundError: a ref
             names nothing there.
+        ConflictError: the store at its URL is another one than recorded.
         CorruptionError: a chunk or manifest of the remote is damaged (named); the snapshots
             that need it are not committed here, the others are.
     """
     remote = config.get(local.index, name)
-    src = source if source is not None else config.open_remote(remote)
+    src = source if source is not None else config.open_remote(local.index, remote)
     try:
         selection = select(src.index, refs)
         return transfer(

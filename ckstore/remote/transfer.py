@@ -9,7 +9,9 @@ The destination's crash ordering for each snapshot is a take's (docs/RELIABILITY
    then its index rows).
 4. Put the manifest, byte for byte (so its id, and the snapshot's, is the same there).
 5. Commit the snapshot, its chunk references and its tags in one index transaction. Before
-   this nothing of it is visible at the destination; after it, all of it is.
+   this nothing of it is visible at the destination; after it, all of it is. A push first
+   reads the remote's ``ckstore.json`` again (:func:`.config.confirm`): a share that went away
+   under an open handle (an empty mount point where the packs just went) commits nothing.
 6. Record at the store that names the remote that the remote holds it.
 
 Killed anywhere, the destination holds no partial snapshot: packs recorded before the kill are
@@ -22,6 +24,7 @@ one it followed here whenever the destination's run holds what was sent before.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -40,6 +43,7 @@ from ..errors import (
 )
 from ..format.manifest import Manifest
 from ..index import SnapshotRecord
+from .config import confirm
 from .copy import ChunkCopier, CopyStats, shapes_of
 from .select import Selection
 
@@ -111,16 +115,18 @@ def transfer(
     snapshots to send (:mod:`ckstore.engine.progress`).
 
     Raises:
-        InvalidInputError: ``src`` and ``dst`` are the same store.
+        InvalidInputError: ``src`` and ``dst`` are the same store (:func:`same_store`).
         CorruptionError: a chunk or manifest read from ``src`` is damaged (named): the
             snapshots that need it are not committed, every other one is (and recorded), and
             then this is raised naming those left out and how many went.
         ConflictError: a snapshot's name, or its run's, is taken at the destination by
             something else; LeaseExpiredError: the transfer stalled past its lease there.
     """
-    if src.config.store_id == dst.config.store_id:
+    here, there = (src, dst) if direction == "push" else (dst, src)
+    if same_store(src, dst):
         raise InvalidInputError(
-            f"remote {remote!r} is this store itself ({dst.url}): nothing to {direction}"
+            f"remote {remote!r} ({there.url}) is this store itself ({here.url}): nothing to "
+            f"{direction}"
         )
     t0 = time.perf_counter()
     report = TransferReport(direction, remote, src.url, dst.url)
@@ -160,6 +166,21 @@ def _damaged(report: TransferReport, damage: list[CorruptionError]) -> Corruptio
         f"The {len(report.snapshots_sent)} other(s) were committed ({report.snapshots_present} "
         f"found there already); {report.direction} again once the source is repaired"
     )
+
+
+def same_store(a: Repository, b: Repository) -> bool:
+    """Whether ``a`` and ``b`` are one store: the same folder (a link to it included), URL or
+    index. A copy of a store (``cp -r``) has its id, but is another store: it is told by its
+    place, not by its id."""
+    from ..engine.opening import is_local
+
+    if is_local(a.url) and is_local(b.url):
+        try:
+            if os.path.samefile(a.url, b.url):
+                return True
+        except OSError:
+            pass
+    return a.url == b.url or a.index.url == b.index.url
 
 
 def _present(dst: Repository, snap: SnapshotRecord) -> bool:
@@ -216,6 +237,8 @@ def _send(
         if lease.error is not None:
             raise lease.error
         stored = (dst.objects.put_blob("manifests", raw), len(raw))
+        if report.direction == "push":  # the remote is still where its packs just went
+            confirm(dst, report.remote)
         specs = _tag_specs(dst, tags, snap.id, force, report)
         committed = _commit(dst, lease.id, manifest, stored, specs, snap, report)
         lease.committed = True

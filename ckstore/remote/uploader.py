@@ -177,7 +177,7 @@ class Uploader:
         self._while_busy()
         todo = self.pending()
         if todo:
-            remote = self._remote.get()
+            remote = self._remote.get(create=True, fresh=True)
             tags = {t.name: t.snapshot_id for t in self._local.index.list_tags()}
             self.pushing = {s.id for s in todo}
             self.last = transfer(
@@ -191,7 +191,7 @@ class Uploader:
                 record=lambda ids: self._local.index.mark_pushed(self.name, ids),
             )
         if self.budget is not None:
-            remote = self._remote.get()
+            remote = self._remote.get(fresh=True)
             self.last_eviction, packs = evict(
                 self._local, remote, self.name, self.budget, self._tier.take_used()
             )
