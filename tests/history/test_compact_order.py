@@ -182,3 +182,23 @@ def test_a_compaction_beside_a_gc_that_drops_a_snapshot_while_it_plans(
         assert [s.step for s in store.log(run="r")] == [5, 4]
         assert restores(store, "r@4", _state(4)) and restores(store, "r@5", _state(5))
         assert store.check(read_data=True).ok
+
+
+def test_a_pull_of_an_older_snapshot_into_a_run_compacts_without_a_delta_cycle(
+    tmp_path: Path,
+) -> None:
+    """A pull keeps a snapshot's time but commits it after the run's newest here: A, taken
+    elsewhere before P and B were taken here, arrives with B as its parent."""
+    kw: dict[str, Any] = {"delta_depth": 2, "auto_compact": False, **KNOBS}
+    states = {"A": _state(1), "P": _state(1), "B": _state(3)}
+    with ckstore.open(tmp_path / "there", create=True, **kw) as there:
+        there.take({"m": App(dict(states["A"]))}, run="r", step=1)
+    with ckstore.open(tmp_path / "here", create=True, **kw) as here:
+        here.take({"m": App(dict(states["P"]))}, run="r", step=2)
+        here.take({"m": App(dict(states["B"]))}, run="r", step=3)
+        here.add_remote("there", tmp_path / "there")
+        here.pull("there", ["r@1"])
+        ids = {s.step: s.id for s in here.log(run="r")}
+        assert here.get("r@1").parent_id == ids[3]
+        assert here.compact(keep_loose=0).delta_chunks > 0
+        _readable(here, states)
