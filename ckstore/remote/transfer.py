@@ -180,7 +180,8 @@ def same_store(a: Repository, b: Repository) -> bool:
                 return True
         except OSError:
             pass
-    return a.url == b.url or a.index.url == b.index.url
+    shared_index = a.index.url == b.index.url and ":memory:" not in a.index.url
+    return a.objects.backend.url == b.objects.backend.url or shared_index
 
 
 def _present(dst: Repository, snap: SnapshotRecord) -> bool:

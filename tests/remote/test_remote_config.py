@@ -122,3 +122,12 @@ def test_a_copy_of_a_store_is_a_remote_like_any_other(
     with pytest.raises(errors.InvalidInputError, match="is this store itself") as err:
         source.push("me")
     assert str(tmp_path / "link") in str(err.value) and source.url in str(err.value)
+
+
+def test_two_stores_in_memory_are_two_stores() -> None:
+    """Both have the index URL ``sqlite:///:memory:``, and share nothing."""
+    from ckstore.remote.transfer import same_store
+
+    with ckstore.open("memory://", create=True) as a, ckstore.open("memory://", create=True) as b:
+        assert not same_store(a.repository, b.repository)
+        assert same_store(a.repository, a.repository)
