@@ -1,13 +1,17 @@
-"""Index queries for remotes (mixed into :class:`Index`; revision 0006): the store's remotes,
-which of its snapshots each holds, and the rows of chunks the local tier evicted to one.
+"""Index queries for remotes (mixed into :class:`Index`; revisions 0006, 0007): the store's
+remotes, which of its snapshots each holds, and the rows of chunks the local tier evicted to one.
 
 - ``remotes`` names the other stores this one pushes to and pulls from; one marked ``tier`` is
   its persistent tier (``ckstore.open(..., push_to=...)``): retention keeps every snapshot that
-  a tier does not hold yet (:meth:`RemotesMixin.unpushed_to_tiers`).
+  a tier does not hold yet (:meth:`RemotesMixin.unpushed_to_tiers`). ``store_id`` (0007) is
+  the id of the store at its URL, recorded once (:meth:`RemotesMixin.record_remote_store_id`)
+  and compared by every open of the remote; :meth:`RemotesMixin.remote_used` says whether a
+  remote was used (never to be created anew).
 - ``remote_snapshots`` records what a remote holds of this store (a push committed it there,
   a pull brought it from there, or a push found it there).
 - A chunk *evicted* from the local tier keeps its row, pointed at the remote's own place for
-  it: a pack row marked ``remote`` (a pack of that remote), so a read goes there. Its delta
+  it: a pack row marked ``remote`` (a pack of that remote), so a read goes there (with no
+  payload digest: the remote's proves nothing). Its delta
   base (the remote's, which the store may not have had) gets a row too.
   :meth:`RemotesMixin.point_chunks_at_remote` switches rows in one transaction, keeping the
   chain depths exact (a chunk's depth is its base's plus one, dependents follow) and leaving
