@@ -143,8 +143,11 @@ class Bench:
         folder, url, index = self._fresh("push")
         proxy = counting_proxy(self.server.endpoint_url)
         try:
+            # a remote keeps no credentials: the server's dummy ones come from the environment
+            # (without a session token, which SeaweedFS refuses)
+            os.environ.pop("AWS_SESSION_TOKEN", None)
             opts = {
-                **self.opts,
+                **{k: v for k, v in self.opts.items() if k not in ("key", "secret")},
                 "client_kwargs": {**self.opts.get("client_kwargs", {}), "endpoint_url": proxy.url},
             }
             with ckstore.open(folder, create=True) as store:

@@ -43,11 +43,16 @@ class RemoteVerbs:
         storage_options: Mapping[str, Any] | None = None,
     ) -> RemoteRecord:
         """Add remote ``name``: the store at ``url`` (any URL :func:`ckstore.open` takes), with its
-        ``index`` URL (None: its default) and ``storage_options``, kept in this store's index.
-        Nothing is opened or created at ``url`` until a push or pull.
+        ``index`` URL (None: its default) and ``storage_options``, kept in this store's index,
+        with the id of the store found at ``url`` (none there yet: the first push creates it
+        and records its id). Every later open of the remote checks that id: a missing remote
+        is never created anew, another store there is refused (docs/RELIABILITY.md, I7).
 
         Raises:
-            InvalidInputError: a bad name (the rules of run names) or URL.
+            InvalidInputError: a bad name (the rules of run names) or URL (a local path below a
+                file), or credentials among ``storage_options`` (they would be kept in plain
+                text: pass them through the environment, e.g. ``AWS_ACCESS_KEY_ID`` and
+                ``AWS_SECRET_ACCESS_KEY``, or ``~/.aws``).
             ConflictError: a remote of that name exists.
         """
         return remote.config.add(
@@ -91,7 +96,8 @@ class RemoteVerbs:
 
         Raises:
             NotFoundError: no remote of that name; SnapshotNotFoundError: a ref names nothing.
-            CorruptionError: a chunk read here is damaged (named); that snapshot is not sent.
+            CorruptionError: a chunk read here is damaged (named): the snapshots that need it
+                are not sent, the others are.
             ConflictError: a tag is held at another snapshot there (without ``force``), or a
                 snapshot's name or run clashes with something there.
         """
@@ -108,13 +114,15 @@ class RemoteVerbs:
         progress: Progress | None = None,
     ) -> remote.TransferReport:
         """Bring snapshots of remote ``remote_name`` here: those ``refs`` name there, or every run
-        and tag (as :meth:`push`, the other way). Every payload read from the remote is checked
-        (against its recorded digest, or decoded and hashed against its id) before it is stored.
+        and tag (as :meth:`push`, the other way). Every payload read from the remote is decoded
+        and hashed against its chunk id (a delta onto this store's copy of its base) before it
+        is stored: a digest the remote supplies proves nothing.
 
         Raises:
             NotFoundError: no remote of that name, or no store at its URL.
             CorruptionError: a chunk of the remote is damaged: the message names the chunk, its
-                pack and the remote; that snapshot is not committed here.
+                pack and the remote, and the snapshots that need it, which are not committed
+                here; the others are.
             ConflictError: a tag is held here at another snapshot (without ``force``).
         """
         report = remote.pull(self._repo, remote_name, refs, force=force, progress=progress)
@@ -193,7 +201,9 @@ def clone(
 
     ``index`` and ``storage_options`` open the source; ``dest_index`` and
     ``dest_storage_options`` the new store (default: SQLite inside a local ``dest``). The new
-    store gets the source's chunk, pack and inline sizes, so the two dedup alike.
+    store gets the source's chunk, pack and inline sizes, so the two dedup alike. Credentials
+    among ``storage_options`` serve the clone only: the remote is recorded without them (pass
+    them through the environment for later pulls).
 
     Raises:
         NotFoundError: no store at ``url``.
@@ -209,7 +219,15 @@ def clone(
     try:
         repo = _new_store(source, dest, dest_index, dest_storage_options)
         try:
-            remote.config.add(repo.index, name, url, remote_index=index, options=storage_options)
+            kept, _ = remote.config.split_credentials(storage_options or {})
+            remote.config.add(
+                repo.index,
+                name,
+                url,
+                remote_index=index,
+                options=kept or None,
+                store_id=source.config.store_id,
+            )
             _refuse_tags(remote.pull(repo, name, progress=progress, source=source), name)
         except BaseException:
             repo.close()

@@ -362,8 +362,8 @@ def open(  # noqa: A001 - the public verb is ckstore.open
             ``log`` and ``show`` say ``local``, ``pushing`` or ``pushed``, retention and gc keep
             whatever the tier does not hold yet, :meth:`Store.wait_pushed` waits, and a clean
             :meth:`Store.close` pushes what is pending first.
-        remote_index, remote_options: the index URL and storage options of ``push_to`` given
-            as a URL (kept with the remote it becomes, named ``tier``).
+        remote_index, remote_options: the index URL and storage options of ``push_to`` (kept
+            with a new remote, ``tier``, but credentials: those serve this process alone).
         local_budget: with ``push_to``: bytes (or a size such as ``"200GiB"``) the local packs
             may hold; past it, pushed packs are evicted, least recently used first, and reads
             of their chunks go to the remote (verified as always).

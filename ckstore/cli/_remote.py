@@ -102,7 +102,8 @@ def _remote_arguments(p: argparse.ArgumentParser) -> None:
                 action="append",
                 type=storage_option_arg,
                 metavar="KEY=VALUE",
-                help="the remote's fsspec storage options (repeatable, as --storage-option)",
+                help="the remote's fsspec storage options (repeatable, as --storage-option); "
+                "credentials are refused (kept in plain text): pass them in the environment",
             )
         sp.set_defaults(parser=sp)
 
@@ -120,8 +121,10 @@ REMOTE = Command(
     _remote_arguments,
     description=(
         "Manage the store's remotes, kept in its index as git keeps them in its config: add NAME URL "
-        "[--index URL] [-o KEY=VALUE] (the remote's own index and storage options), list, rm NAME. A remote "
-        "is any store ckstore opens: a folder, or s3://bucket/prefix with its index."
+        "[--index URL] [-o KEY=VALUE] (the remote's own index and storage options, never credentials: "
+        "those come from the environment, e.g. AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), list, rm "
+        "NAME. A remote is any store ckstore opens: a folder, or s3://bucket/prefix with its index; "
+        "the id of the store there is recorded and checked on every push and pull."
     ),
     completes=("remote-action", "remote"),
 )
@@ -133,8 +136,9 @@ def _remote_dict(rec: Any) -> dict[str, Any]:
         "url": rec.url,
         "index": rec.index,
         "tier": rec.tier,
+        "store_id": rec.store_id,
         "storage_options": sorted(rec.options),
-    }  # the keys only: values may be credentials
+    }  # the keys only
 
 
 def _remote_options(args: argparse.Namespace) -> dict[str, Any]:

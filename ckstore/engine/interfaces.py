@@ -27,9 +27,12 @@ UsageIndex         ``history/du``
 RemoteIndex        a store's remotes: ``remote/config``, ``status``, ``uploader``, push and pull
 TransferIndex      both ends of a push or pull (``remote/transfer``)
 TierIndex          the two-tier store (``remote/twotier``, ``tier``, ``evict``, ``hydrate``)
+ProofIndex         the tier remote's index, as eviction checks its word (``remote/evict``)
 =================  ========================================================================
 
-``InventoryIndex`` and ``RepackIndex`` are parts of those roles, held by no consumer alone.
+``InventoryIndex``, ``RepackIndex`` and ``PlaceIndex`` are parts of those roles; a push's
+copier (``remote/copy``) holds ``InventoryIndex`` alone, to tell this store's packs from the
+remote packs its evicted chunks point at.
 """
 
 from __future__ import annotations
@@ -277,13 +280,17 @@ class CompactIndex(HistoryIndex, WriteIndex, RepackIndex, Protocol):
         ...
 
 
-class ReindexIndex(HistoryIndex, WriteIndex, Protocol):
-    """What ``reindex`` asks of the empty index it fills."""
+class PlaceIndex(Protocol):
+    """Which database the index is (what tells two stores apart, and names one in messages)."""
 
     @property
     def url(self) -> str:
         """The database URL, password hidden."""
         ...
+
+
+class ReindexIndex(HistoryIndex, WriteIndex, PlaceIndex, Protocol):
+    """What ``reindex`` asks of the empty index it fills."""
 
 
 class RemoteIndex(HistoryIndex, Protocol):
@@ -306,6 +313,16 @@ class RemoteIndex(HistoryIndex, Protocol):
         """Every remote, by name."""
         ...
 
+    def record_remote_store_id(self, name: str, store_id: str) -> str | None:
+        """Record the id of the store at the remote's URL unless one is (compare-and-set); the
+        id recorded now (None: no such remote)."""
+        ...
+
+    def remote_used(self, name: str) -> bool:
+        """Whether the remote was ever used (a store id, snapshots or evicted chunks held
+        there): a missing one is then never created anew."""
+        ...
+
     def set_remote_tier(self, name: str, tier: bool) -> None:
         """Mark (or unmark) a remote as the store's persistent tier."""
         ...
@@ -325,7 +342,7 @@ class RemoteIndex(HistoryIndex, Protocol):
         ...
 
 
-class TransferIndex(HistoryIndex, WriteIndex, Protocol):
+class TransferIndex(HistoryIndex, WriteIndex, PlaceIndex, Protocol):
     """Either end of a push or pull: the source is read and pinned, the destination written."""
 
     def set_tag(
@@ -359,10 +376,31 @@ class TierIndex(RemoteIndex, InventoryIndex, RepackIndex, Protocol):
         """Those of ``chunk_ids`` a snapshot ``remote`` holds references."""
         ...
 
+    def held_by(self, remote: str) -> set[str]:
+        """Ids of the snapshots ``remote`` is recorded here to hold."""
+        ...
+
+    def unmark_pushed(self, remote: str, snapshot_ids: Iterable[str]) -> None:
+        """Forget that ``remote`` holds these snapshots (it was found not to)."""
+        ...
+
     def point_chunks_at_remote(
         self, remote: str, records: Sequence[ChunkRecord], expected: Mapping[str, str]
     ) -> list[str]:
         """Point chunk rows at the remote's places for them (one transaction); the ids."""
+        ...
+
+
+class ProofIndex(LocationIndex, Protocol):
+    """The tier remote's index, asked before the local tier evicts on its word: which of this
+    store's snapshots it holds, and the sizes of the packs it records."""
+
+    def snapshot_ids(self, snapshot_ids: Iterable[str]) -> set[str]:
+        """Those of ``snapshot_ids`` the index holds."""
+        ...
+
+    def pack_sizes(self, pack_ids: Iterable[str]) -> dict[str, int]:
+        """Pack id -> its recorded size, for the packs among ``pack_ids`` with a row."""
         ...
 
 
@@ -383,10 +421,17 @@ if TYPE_CHECKING:
     def _plays_every_role(
         index: Index,
     ) -> tuple[
-        CheckIndex, GcIndex, CompactIndex, ReindexIndex, TransferIndex, TierIndex, UsageIndex
+        CheckIndex,
+        GcIndex,
+        CompactIndex,
+        ReindexIndex,
+        TransferIndex,
+        TierIndex,
+        ProofIndex,
+        UsageIndex,
     ]:
         """mypy's proof that the index plays every role (the others are parts of these)."""
-        return index, index, index, index, index, index, index
+        return index, index, index, index, index, index, index, index
 
 
 class Communicator(Protocol):

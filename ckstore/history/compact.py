@@ -5,23 +5,27 @@ the rest; no deltas) into packs the index marks loose, so a training job waits a
 possible. Compaction later rewrites the loose chunks that no *newest* snapshot of a run uses
 (the ``keep_loose`` newest of each run stay loose, so a resume reads the fast form):
 
-1. **Plan** (index and manifests only, ``_compact_plan``): the loose chunks outside every run's
-   newest snapshots, in the order of the oldest snapshot that uses them; for each, a delta base
-   candidate: the chunk at the same place (key, dtype, shape, grid box) in that snapshot's
-   parent, the run's snapshot before it, as a take with ``delta_base="parent"`` would use.
-2. **Bases**: a candidate at the repository's ``delta_depth`` or deeper is replaced by its
-   ancestor one link shallower (keyframes, as for takes); the bases chosen are pinned to this
-   compaction's write session, so no gc prunes one meanwhile. A chunk some delta already uses as
-   its base stays whole (its dependents' chains must not grow).
+1. **Plan** (``_compact_plan``; index and manifests only): the loose chunks outside every
+   run's newest snapshots, in the order of the oldest snapshot that uses them (one dropped by a
+   gc meanwhile is skipped); for each, a delta base candidate: the chunk at the same place (key,
+   dtype, shape, grid box) in that snapshot's parent, the run's snapshot before it, as a take
+   with ``delta_base="parent"`` would use.
+2. **Bases** (``_compact_plan``): decided bases first; a chunk whose candidate chain leads
+   back to it gets no base (takes that commit out of the order they started in make a parent
+   newer than its child), a candidate at ``delta_depth`` is replaced by its ancestor one link
+   shallower (keyframes, as for takes), a chunk some delta already uses as its base stays whole
+   (its dependents' chains must not grow); the bases chosen are pinned to this compaction's
+   write session, so no gc prunes one meanwhile.
 3. **Rewrite**, on the repository's threads: each chunk (and its base) is read and verified
    against its id, then encoded densely: an XOR delta against the base when that is smaller,
    else ``bytegroup-zstd`` / ``zstd`` whole.
 4. **Switch**: each dense pack is made durable, then one index transaction points its chunks'
    rows at it (compare-and-swap on the loose pack: a chunk gc pruned or moved meanwhile is left
-   alone); loose packs left without chunks are retired and deleted at once (rows first, then
-   objects). A reader that located a chunk in one of them finds the pack gone and looks the
-   chunk up again (docs/RELIABILITY.md, I4), so the disk holds each state once, not twice,
-   while the grace period of gc's own repacks runs.
+   alone, and so is a delta whose base another compaction changed meanwhile); loose packs left
+   without chunks are retired and deleted at once (rows first, then objects). A reader that
+   located a chunk in one of them finds the pack gone and looks the chunk up again
+   (docs/RELIABILITY.md, I4), so the disk holds each state once, not twice, while the grace
+   period of gc's own repacks runs.
 
 A crash at any point leaves every snapshot readable: before the switch the new pack is an
 orphan gc removes; after it the old pack is garbage. Chunk ids never change, so takes that
@@ -39,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
@@ -47,7 +51,7 @@ from ..engine.lease import Lease
 from ..engine.locations import to_location, to_records
 from ..errors import CorruptionError, ObjectNotFoundError
 from ..index import ChunkRecord, PackRecord, SnapshotRecord
-from ._compact_plan import Job, hot, plan
+from ._compact_plan import Job, hot, plan, resolve_bases
 
 if TYPE_CHECKING:
     from ..engine.interfaces import CompactIndex
@@ -125,7 +129,7 @@ def compact(
         report.seconds = time.perf_counter() - t0
         return report
     with Lease(index, repo.lease_seconds) as lease:
-        _resolve_bases(repo, lease.id, jobs)
+        jobs = resolve_bases(repo, lease.id, jobs)
         _rewrite(repo, lease, jobs, report, progress, pause, stop)
         index.end_session(lease.id, "committed")  # nothing to commit: ending it drops its pins
         lease.committed = True
@@ -140,66 +144,6 @@ def loose_pending(repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> boo
     index: CompactIndex = repo.index
     loose = {c.chunk_id for c in index.loose_chunks() if c.codec in objects.FAST_CODECS}
     return bool(loose - hot(index, keep_loose))
-
-
-# --- 2. bases ------------------------------------------------------------------------------------
-def _resolve_bases(repo: Repository, session: str, jobs: list[Job]) -> None:
-    """Choose and pin each job's base (see the module docstring); the others get none.
-
-    Decided in job order (oldest snapshot first), so a base that is itself rewritten here is
-    decided before the chunks that would use it: its planned depth counts, and a base planned
-    at the depth limit is replaced by its own base (keyframes, as for takes). A chunk some
-    stored delta already uses as its base stays whole: its dependents' chains must not grow.
-    """
-    index: CompactIndex = repo.index
-    limit = repo.delta_depth
-    if limit <= 0 or not any(j.base_id for j in jobs):
-        for j in jobs:
-            j.base_id = ""
-        return
-    keep_whole = index.dependents_of({j.rec.chunk_id for j in jobs})
-    known = index.chunk_locations({j.base_id for j in jobs if j.base_id})
-    depth: dict[str, int] = {}  # planned depth of each job's chunk
-    parent: dict[str, str] = {}  # planned base of each job's chunk
-    wanted: dict[str, ChunkRecord] = {}
-    for j in jobs:
-        cid = j.rec.chunk_id
-        base = _usable_base(j.base_id, limit, depth, parent, known)
-        rec = known.get(base) if base else None
-        if cid in keep_whole or rec is None or base == cid or rec.raw_length != j.rec.raw_length:
-            j.base_id, depth[cid] = "", 0
-            continue
-        j.base_id = base
-        depth[cid], parent[cid] = depth.get(base, rec.depth) + 1, base
-        wanted[base] = rec
-    pinned = index.lookup_chunks(session, list(wanted))  # gone meanwhile: no delta
-    for j in jobs:
-        if j.base_id and j.base_id in pinned:
-            j.base = replace(wanted[j.base_id], depth=depth.get(j.base_id, wanted[j.base_id].depth))
-            j.base_known = known
-        else:
-            j.base_id = ""
-
-
-def _usable_base(
-    cid: str,
-    limit: int,
-    depth: dict[str, int],
-    parent: dict[str, str],
-    known: dict[str, ChunkRecord],
-) -> str:
-    """``cid``, or its nearest ancestor whose (planned) depth is below ``limit``; "" if none."""
-    for _ in range(limit + 1):
-        if not cid:
-            return ""
-        rec = known.get(cid)
-        d = depth.get(cid, rec.depth if rec is not None else None)
-        if d is None:
-            return ""
-        if d < limit:
-            return cid
-        cid = parent.get(cid) or (rec.base_id if rec is not None and rec.base_id else "")
-    return ""
 
 
 # --- 3. rewrite, 4. switch -----------------------------------------------------------------------

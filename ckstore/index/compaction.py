@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import select, update
+from sqlalchemy.engine import Connection
 
 from ckstore.index import _convert, _sql
 from ckstore.index._sql import batches, check_lease
 from ckstore.index.base import IndexBase
 from ckstore.index.records import ChunkRecord, PackRecord
+from ckstore.index.tiering import MAX_DEPTH
 
 
 class Compaction(IndexBase):
@@ -70,7 +72,12 @@ class Compaction(IndexBase):
         pruned or moved it meanwhile): a compare-and-swap per row. The new row may change the
         codec, the delta base, the chain depth and the payload digest; the chunk's id, and so
         everything that references it, stays the same. A delta's base must be a chunk the
-        index holds (the caller pins it to ``session_id`` first, so gc cannot prune it).
+        index holds (the caller pins it to ``session_id`` first, so gc cannot prune it); its
+        depth is the base's as stored now plus one. A chunk is left as it is when it would
+        become a delta while some delta is stored against it (its dependents' chains would
+        grow; and a chain that led back to it would become a cycle: another compaction,
+        concurrent, may have planned the other way round), or when its base's chain would grow
+        past :data:`MAX_DEPTH`. ``moves`` are switched in order: bases first.
 
         Raises:
             LeaseExpiredError: the compaction's session expired (gc may have taken its pins).
@@ -79,6 +86,7 @@ class Compaction(IndexBase):
         done: list[str] = []
         with self._write(f"rewrite chunks into pack {pack.pack_id}") as conn:
             now = check_lease(conn, session_id)
+            _lock_rows(conn, [m.chunk_id for m, _ in moves] + [m.base_id for m, _ in moves])
             _sql.insert_ignore(
                 conn,
                 p,
@@ -93,6 +101,9 @@ class Compaction(IndexBase):
                 ],
             )
             for new, old_pack in moves:
+                depth = 0 if new.base_id is None else _delta_depth(conn, new)
+                if depth is None:
+                    continue
                 switched = conn.execute(
                     update(c)
                     .where((c.c.id == new.chunk_id) & (c.c.pack_id == old_pack))
@@ -103,7 +114,7 @@ class Compaction(IndexBase):
                         raw_length=new.raw_length,
                         codec=new.codec,
                         base_id=new.base_id,
-                        depth=new.depth,
+                        depth=depth,
                         payload_digest=new.payload_digest,
                     )
                 ).rowcount
@@ -121,3 +132,24 @@ class Compaction(IndexBase):
                     conn.scalars(select(c.c.base_id).where(c.c.base_id.in_(batch)).distinct())
                 )
         return found
+
+
+def _lock_rows(conn: Connection, chunk_ids: Iterable[str | None]) -> None:
+    """Lock the rows of these chunks, in id order (two compactions lock alike: no deadlock)."""
+    c = _sql.chunks
+    ids = sorted({i for i in chunk_ids if i is not None})
+    for batch in batches(ids):
+        conn.execute(select(c.c.id).where(c.c.id.in_(batch)).order_by(c.c.id).with_for_update())
+
+
+def _delta_depth(conn: Connection, new: ChunkRecord) -> int | None:
+    """The depth a delta row gets now (its base's plus one); None if it must stay as it is."""
+    c = _sql.chunks
+    if new.base_id == new.chunk_id:
+        return None
+    if conn.scalar(select(c.c.id).where(c.c.base_id == new.chunk_id).limit(1)) is not None:
+        return None  # a delta is stored against it
+    base = conn.scalar(select(c.c.depth).where(c.c.id == new.base_id))
+    if base is None or int(base) + 1 > MAX_DEPTH:
+        return None
+    return int(base) + 1

@@ -196,9 +196,12 @@ remotes = Table(
     _required("options", Text),  # storage options, JSON
     _required("tier", Boolean, server_default=false()),
     _required("created_at", Double),
+    Column("store_id", Text, nullable=True),
 )
 """A remote (revision 0006): another store this one pushes to and pulls from; ``tier``: this
-store's persistent tier, which retention waits for."""
+store's persistent tier, which retention waits for; ``store_id`` (revision 0007): the id of the
+store found there (its ``ckstore.json``) when it was added or first opened, checked on every
+open (NULL until a store is found there)."""
 
 remote_snapshots = Table(
     "remote_snapshots",

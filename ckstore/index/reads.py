@@ -117,6 +117,28 @@ class Reads(IndexBase):
         with self._read(f"size snapshot {snapshot_id}") as conn:
             return int(conn.scalar(query) or 0)
 
+    def snapshot_ids(self, snapshot_ids: Iterable[str]) -> set[str]:
+        """Those of ``snapshot_ids`` this index holds (a remote's, asked before eviction)."""
+        s = _sql.snapshots
+        found: set[str] = set()
+        with self._read("find snapshots") as conn:
+            for batch in batches(unique(snapshot_ids)):
+                found.update(str(i) for i in conn.scalars(select(s.c.id).where(s.c.id.in_(batch))))
+        return found
+
+    def pack_sizes(self, pack_ids: Iterable[str]) -> dict[str, int]:
+        """Pack id -> its recorded size in bytes, for the packs among ``pack_ids`` with a row
+        (what eviction compares with the pack a remote holds)."""
+        p = _sql.packs
+        out: dict[str, int] = {}
+        with self._read("read pack sizes") as conn:
+            for batch in batches(unique(pack_ids)):
+                out.update(
+                    (str(i), int(n))
+                    for i, n in conn.execute(select(p.c.id, p.c.size).where(p.c.id.in_(batch)))
+                )
+        return out
+
     def chunk_locations(self, chunk_ids: Iterable[str]) -> dict[str, ChunkRecord]:
         """Returns where each known chunk among ``chunk_ids`` lives (no pins; for reads).
 

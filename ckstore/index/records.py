@@ -177,6 +177,9 @@ class RemoteRecord:
         tier: Whether it is the store's persistent tier (``ckstore.open(..., push_to=...)``):
             retention keeps every snapshot it does not hold yet.
         created_at: Unix time it was added.
+        store_id: The id of the store at ``url`` (its ``ckstore.json``), recorded when it was
+            added or first opened (revision 0007); None until a store was found there. Every
+            open checks it: a store with another id is not this remote.
     """
 
     name: str
@@ -185,3 +188,4 @@ class RemoteRecord:
     options: dict[str, Any] = field(default_factory=dict, hash=False)
     tier: bool = False
     created_at: float = 0.0
+    store_id: str | None = None

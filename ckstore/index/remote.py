@@ -1,8 +1,11 @@
-"""A store's remotes (revision 0006), and which of its snapshots each holds.
+"""A store's remotes (revisions 0006, 0007), and which of its snapshots each holds.
 
 - ``remotes`` names the other stores this one pushes to and pulls from; one marked ``tier`` is
   its persistent tier (``ckstore.open(..., push_to=...)``): retention keeps every snapshot that
-  a tier does not hold yet (:meth:`Remotes.unpushed_to_tiers`).
+  a tier does not hold yet (:meth:`Remotes.unpushed_to_tiers`). ``store_id`` (0007) is the id
+  of the store at its URL, recorded once (:meth:`Remotes.record_remote_store_id`) and compared
+  by every open of the remote; :meth:`Remotes.remote_used` says whether a remote was used
+  (never to be created anew).
 - ``remote_snapshots`` records what a remote holds of this store (a push committed it there,
   a pull brought it from there, or a push found it there).
 
@@ -36,6 +39,7 @@ def _remote(row: Any) -> RemoteRecord:
         options if isinstance(options, dict) else {},
         bool(row.tier),
         float(row.created_at),
+        None if row.store_id is None else str(row.store_id),
     )
 
 
@@ -58,6 +62,7 @@ class Remotes(IndexBase):
             "options": json.dumps(remote.options, sort_keys=True),
             "tier": remote.tier,
             "created_at": remote.created_at or time.time(),
+            "store_id": remote.store_id,
         }
         with self._write(f"add remote {remote.name!r}") as conn:
             if insert_ignore(conn, _sql.remotes, [row]) != 1:
@@ -84,6 +89,31 @@ class Remotes(IndexBase):
             return [
                 _remote(r) for r in conn.execute(select(_sql.remotes).order_by(_sql.remotes.c.name))
             ]
+
+    def record_remote_store_id(self, name: str, store_id: str) -> str | None:
+        """Record the id of the store found at remote ``name``'s URL, unless one is recorded
+        already (a compare-and-set); returns the id recorded now (None: no such remote)."""
+        r = _sql.remotes
+        with self._write(f"record the store id of remote {name!r}") as conn:
+            conn.execute(
+                update(r)
+                .where((r.c.name == name) & r.c.store_id.is_(None))
+                .values(store_id=store_id)
+            )
+            found = conn.scalar(select(r.c.store_id).where(r.c.name == name))
+            return None if found is None else str(found)
+
+    def remote_used(self, name: str) -> bool:
+        """Whether remote ``name`` was ever used: a store id is recorded for it, it is known to
+        hold snapshots of this store, or rows of evicted chunks point at its packs."""
+        r, rs, p = _sql.remotes, _sql.remote_snapshots, _sql.packs
+        with self._read(f"find uses of remote {name!r}") as conn:
+            return (
+                conn.scalar(select(r.c.store_id).where(r.c.name == name)) is not None
+                or conn.scalar(select(rs.c.snapshot_id).where(rs.c.remote == name).limit(1))
+                is not None
+                or conn.scalar(select(p.c.id).where(p.c.remote == name).limit(1)) is not None
+            )
 
     def set_remote_tier(self, name: str, tier: bool) -> None:
         """Mark (or unmark) remote ``name`` as the store's persistent tier.
@@ -139,6 +169,24 @@ class Remotes(IndexBase):
         with self._write(f"record snapshots held by remote {remote!r}") as conn:
             for batch in batches(rows):
                 insert_ignore(conn, _sql.remote_snapshots, batch)
+
+    def unmark_pushed(self, remote: str, snapshot_ids: Iterable[str]) -> None:
+        """Forget that remote ``remote`` holds these snapshots (it was found not to): they are
+        ``pushing`` again, and pushed again."""
+        rs = _sql.remote_snapshots
+        with self._write(f"forget snapshots held by remote {remote!r}") as conn:
+            for batch in batches(unique(snapshot_ids)):
+                conn.execute(
+                    delete(rs).where((rs.c.remote == remote) & rs.c.snapshot_id.in_(batch))
+                )
+
+    def held_by(self, remote: str) -> set[str]:
+        """Ids of the snapshots remote ``remote`` is known to hold (recorded here)."""
+        rs = _sql.remote_snapshots
+        with self._read(f"list snapshots held by remote {remote!r}") as conn:
+            return {
+                str(i) for i in conn.scalars(select(rs.c.snapshot_id).where(rs.c.remote == remote))
+            }
 
     def remote_holdings(self) -> dict[str, set[str]]:
         """Snapshot id -> the remotes known to hold it (snapshots no remote holds are left out)."""

@@ -4,7 +4,8 @@ tier evicted to a remote.
 A two-tier store (``ckstore.open(..., push_to=...)``) keeps its packs under a local budget:
 the least recently used go once their chunks are safe at the tier remote. A chunk *evicted*
 from the local tier keeps its row, pointed at the remote's own place for it: a pack row marked
-``remote`` (a pack of that remote), so a read goes there. Its delta base (the remote's, which
+``remote`` (a pack of that remote), so a read goes there (with no payload digest: the
+remote's proves nothing). Its delta base (the remote's, which
 the store may not have had) gets a row too. :meth:`Tiering.point_chunks_at_remote` switches
 rows in one transaction, keeping the chain depths exact (a chunk's depth is its base's plus
 one, dependents follow) and leaving alone any chunk a live write session relies on. Which
@@ -80,8 +81,10 @@ class Tiering(IndexBase):
         """Point chunk rows at the remote's places for them, in one transaction; return the ids
         switched.
 
-        ``records`` are the remote's rows (its packs, offsets, codecs, bases, digests; their
-        ``depth`` is ignored), bases before the deltas stored against them. Each pack they name
+        ``records`` are the remote's rows (its packs, offsets, codecs, bases; their ``depth``
+        and payload digests are ignored), bases before the deltas stored against them. The
+        rows switched get no payload digest: one the remote supplies proves nothing, so every
+        read of them decodes and hashes against the chunk's id. Each pack they name
         gets a row marked ``remote``. A chunk in ``expected`` (id -> the pack its row must still
         be in: a compare-and-swap) is switched; a chunk the store has no row for is added (a base
         only the remote had). Depths are recomputed here: a chunk's is its base's (as stored
@@ -175,7 +178,7 @@ def _switch(conn: Connection, rec: ChunkRecord, depth: int, old_depth: int) -> b
             codec=rec.codec,
             base_id=rec.base_id,
             depth=depth,
-            payload_digest=rec.payload_digest,
+            payload_digest=None,
         )
     )
     if depth != old_depth:
@@ -196,5 +199,5 @@ def _with(rec: ChunkRecord, depth: int) -> ChunkRecord:
         rec.codec,
         rec.base_id,
         depth,
-        rec.payload_digest,
+        None,
     )

@@ -14,6 +14,13 @@ and s3fs repeats a whole call up to ``S3FileSystem.retries`` times (default 5) o
 on errors while reading a body (a connection reset or a truncated body). A ranged read nests the
 s3fs layer twice. When they give up, the error comes out as :class:`StorageError`.
 
+**One deadline per call.** The layers multiply: against a frozen endpoint (a connection that
+is accepted and never answered) a read with ``max_attempts=1, connect_timeout=2,
+read_timeout=3`` took 174 s, 58 times the read timeout. So every call has one deadline of its
+own (:class:`Deadline`): what botocore's settings allow, ``(connect_timeout + read_timeout)``
+for each of its attempts, plus the time to move the call's bytes at :data:`MIN_RATE`. Past it
+the call is cancelled (fsspec's ``timeout``) and :class:`StorageError` says so.
+
 Names are content-addressed, which makes a retried put safe: when a put's acknowledgement is
 lost, the retry (or the next put) meets the object it created and answers 412, and an existing
 object under the name is by construction the same object. :meth:`S3Backend.put` still checks
@@ -41,6 +48,31 @@ from ckstore.objects.backend import (
 from ckstore.objects.fsspec_backend import FsspecBackend
 
 _CONFLICT_RETRIES = 5
+
+MIN_RATE = 1 << 20
+"""Bytes per second a call's deadline allows for moving its bytes (beyond the timeouts)."""
+
+
+class Deadline:
+    """How long one call may take, from botocore's settings in ``config_kwargs`` (its defaults:
+    60 s to connect, 60 s per read, 5 attempts in its legacy retry mode)."""
+
+    def __init__(self, config_kwargs: Any = None) -> None:
+        conf: dict[str, Any] = config_kwargs if isinstance(config_kwargs, dict) else {}
+        found = conf.get("retries")
+        retries: dict[str, Any] = found if isinstance(found, dict) else {}
+        self.connect = float(conf.get("connect_timeout") or 60)
+        self.read = float(conf.get("read_timeout") or 60)
+        if retries.get("total_max_attempts") is not None:
+            self.attempts = max(1, int(retries["total_max_attempts"]))
+        elif retries.get("max_attempts") is not None:
+            self.attempts = max(1, int(retries["max_attempts"]) + 1)  # retries after the first
+        else:
+            self.attempts = 5
+
+    def seconds(self, nbytes: int = 0) -> float:
+        """The deadline of a call moving ``nbytes``."""
+        return self.attempts * (self.connect + self.read) + nbytes / MIN_RATE
 
 
 def _http_error(exc: BaseException | None) -> tuple[int | None, str | None]:
@@ -99,6 +131,23 @@ class S3Backend(FsspecBackend):
         super().__init__(fs, root.strip("/"))
         self._threshold = multipart_threshold
         self._part_size = max(part_size, 5 << 20)
+        self.deadline = Deadline(getattr(fs, "config_kwargs", None))
+
+    def _s3(self, method: str, nbytes: int = 0, **kwargs: Any) -> Any:
+        """One S3 call, within its deadline (module docstring)."""
+        return self._within(nbytes, self._fs.call_s3, method, **kwargs)
+
+    def _within(self, nbytes: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        seconds = self.deadline.seconds(nbytes)
+        try:
+            return fn(*args, timeout=seconds, **kwargs)
+        except TimeoutError as exc:  # fsspec's FSTimeoutError: the call was cancelled
+            raise StorageError(
+                f"store {self.url}: no answer within {seconds:.0f} s (the deadline of one call: "
+                f"{self.deadline.attempts} attempt(s) of connect_timeout {self.deadline.connect:g} s "
+                f"+ read_timeout {self.deadline.read:g} s, and {nbytes} bytes at "
+                f"{MIN_RATE >> 20} MiB/s); is the endpoint frozen or unreachable?"
+            ) from exc
 
     def _bucket_key(self, name: str) -> tuple[str, str]:
         bucket, _, key = self._path(name).partition("/")
@@ -122,8 +171,8 @@ class S3Backend(FsspecBackend):
             try:
                 if total <= self._threshold:
                     body = b"".join(views) if len(views) != 1 else bytes(views[0])
-                    self._fs.call_s3(
-                        "put_object", Bucket=bucket, Key=key, Body=body, IfNoneMatch="*"
+                    self._s3(
+                        "put_object", len(body), Bucket=bucket, Key=key, Body=body, IfNoneMatch="*"
                     )
                 else:
                     self._multipart(bucket, key, views)
@@ -181,13 +230,14 @@ class S3Backend(FsspecBackend):
             yield bytes(buf)
 
     def _multipart(self, bucket: str, key: str, views: list[memoryview]) -> None:
-        mpu = self._fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)
+        mpu = self._s3("create_multipart_upload", Bucket=bucket, Key=key)
         upload_id = mpu["UploadId"]
         try:
             parts = []
             for number, body in enumerate(self._parts(views), start=1):
-                out = self._fs.call_s3(
+                out = self._s3(
                     "upload_part",
+                    len(body),
                     Bucket=bucket,
                     Key=key,
                     Body=body,
@@ -195,7 +245,7 @@ class S3Backend(FsspecBackend):
                     UploadId=upload_id,
                 )
                 parts.append({"PartNumber": number, "ETag": out["ETag"]})
-            self._fs.call_s3(
+            self._s3(
                 "complete_multipart_upload",
                 Bucket=bucket,
                 Key=key,
@@ -205,9 +255,7 @@ class S3Backend(FsspecBackend):
             )
         except BaseException:
             try:
-                self._fs.call_s3(
-                    "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id
-                )
+                self._s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
             except Exception:  # noqa: S110 - the original error matters more
                 pass
             raise
@@ -225,7 +273,7 @@ class S3Backend(FsspecBackend):
         found: list[tuple[str, str]] = []
         try:
             while True:
-                page = self._fs.call_s3("list_multipart_uploads", **args)
+                page = self._s3("list_multipart_uploads", **args)
                 for up in page.get("Uploads", []):
                     key = str(up["Key"])
                     if key.startswith(base) and _is_name(key[len(base) :]):
@@ -244,7 +292,7 @@ class S3Backend(FsspecBackend):
         """Abort one multipart upload (its parts are deleted); an upload gone already is fine."""
         bucket, key = self._bucket_key(name)
         try:
-            self._fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+            self._s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
         except Exception as exc:
             status, code = _http_error(exc)
             if status != 404 and code not in {"NoSuchUpload", "404"}:
@@ -259,7 +307,13 @@ class S3Backend(FsspecBackend):
             return b""
         end = None if length is None else offset + length
         try:
-            data = self._fs.cat_file(path, start=offset, end=end)
+            data = self._within(
+                length if length is not None else self._threshold,
+                self._fs.cat_file,
+                path,
+                start=offset,
+                end=end,
+            )
         except Exception as exc:
             if _is_not_found(exc):
                 raise not_found(name, self.url) from exc
@@ -275,7 +329,7 @@ class S3Backend(FsspecBackend):
     def _head(self, name: str) -> dict[str, Any] | None:
         bucket, key = self._bucket_key(name)
         try:
-            return dict(self._fs.call_s3("head_object", Bucket=bucket, Key=key))
+            return dict(self._s3("head_object", Bucket=bucket, Key=key))
         except Exception as exc:
             if _is_not_found(exc):
                 return None
@@ -293,7 +347,7 @@ class S3Backend(FsspecBackend):
     def delete(self, name: str) -> None:
         bucket, key = self._bucket_key(name)
         try:
-            self._fs.call_s3("delete_object", Bucket=bucket, Key=key)
+            self._s3("delete_object", Bucket=bucket, Key=key)
         except Exception as exc:
             if not _is_not_found(exc):
                 raise self._fail("delete", name, exc) from exc
@@ -313,7 +367,7 @@ class S3Backend(FsspecBackend):
         names = []
         try:
             while True:
-                page = self._fs.call_s3("list_objects_v2", **args)
+                page = self._s3("list_objects_v2", **args)
                 for obj in page.get("Contents", []):
                     key = str(obj["Key"])
                     if key.startswith(base) and _is_name(key[len(base) :]):

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..engine.progress import ProgressFn
-from ..errors import NotFoundError
 from . import config, hydrate, twotier
 from .select import Selection, select
 from .transfer import TransferReport, transfer
@@ -47,22 +46,20 @@ def push(
     progress: ProgressFn | None = None,
 ) -> TransferReport:
     """Send the snapshots ``refs`` name (none: every run and tag) to remote ``name``, creating the
-    remote store if there is none yet (with this store's chunk, pack and inline sizes). From a
-    read-only store everything is sent and nothing recorded here (``push_status`` unchanged).
+    remote store if there is none yet and the remote was never used (with this store's chunk,
+    pack and inline sizes). From a read-only store everything is sent and nothing recorded here
+    (``push_status`` unchanged).
 
     Raises:
-        NotFoundError: no remote ``name``; SnapshotNotFoundError: a ref names nothing here.
-        CorruptionError, ConflictError, LeaseExpiredError: see :func:`.transfer.transfer`.
+        NotFoundError: no remote ``name``, or it was used and its store is missing (nothing is
+            created); SnapshotNotFoundError: a ref names nothing here.
+        ConflictError: the store at its URL is another one than recorded.
+        CorruptionError, LeaseExpiredError: see :func:`.transfer.transfer`.
     """
     index: RemoteIndex = local.index
     remote = config.get(index, name)
     selection = select(index, refs)
-    created = False
-    try:
-        dst = config.open_remote(remote)
-    except NotFoundError:
-        dst = config.open_remote(remote, create=True, like=local)
-        created = True
+    dst, created = config.open_or_create(index, remote, local)
     try:
         report = transfer(
             local,
@@ -104,12 +101,13 @@ def pull(
     Raises:
         NotFoundError: no remote ``name``, or no store at its URL; SnapshotNotFoundError: a ref
             names nothing there.
-        CorruptionError: a chunk or manifest of the remote is damaged (named); the snapshot
-            being pulled is not committed here.
+        ConflictError: the store at its URL is another one than recorded.
+        CorruptionError: a chunk or manifest of the remote is damaged (named); the snapshots
+            that need it are not committed here, the others are.
     """
     index: RemoteIndex = local.index
     remote = config.get(index, name)
-    src = source if source is not None else config.open_remote(remote)
+    src = source if source is not None else config.open_remote(index, remote)
     try:
         selection = select(src.index, refs)
         return transfer(

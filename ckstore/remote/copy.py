@@ -7,10 +7,13 @@
    and no gc there can prune them before the snapshot that needs them commits.
 2. **Read.** The missing chunks are read from the source's packs in large ranged reads (the
    payloads of one pack that lie close together go in one read), on ``io_threads`` threads.
-   Every payload is checked before it goes anywhere: against the digest its writer recorded
-   (``payload_digest``, index revision 0003), or, without one, by decoding it and hashing the
-   result against the chunk id. A damaged payload raises ``CorruptionError`` naming the chunk,
-   its pack and the store it was read from; nothing of the snapshot is committed.
+   Every payload is checked before it goes anywhere. A payload of this store's own (a push) is
+   checked against the digest its writer recorded (``payload_digest``, index revision 0003).
+   A payload of the other store (a pull, a clone), or one this store's rows point at there
+   (evicted), is decoded and hashed against its chunk id (:mod:`ckstore.objects.received`; a
+   delta onto this store's verified copy of its base): a digest the other store supplies is
+   never trusted. A damaged payload raises ``CorruptionError`` naming the chunk, its pack and
+   the store it was read from; nothing of the snapshot is committed.
 3. **Write.** Payloads go into the destination's packs *as they are stored* (same codec: a
    take's loose ``exp-zstd`` chunk arrives loose, a compacted one dense), so a push costs no
    encoding. A delta goes as a delta only when the destination holds its base already (pinned
@@ -42,9 +45,10 @@ from ..format.dtypes import GROUPED, itemsize
 from ..format.manifest import Manifest, PerRankEntry, TensorEntry
 from ..index import ChunkRecord, PackRecord
 from ..objects.hashing import payload_digest
+from ..objects.received import matches_id
 
 if TYPE_CHECKING:
-    from ..engine.interfaces import LocationIndex, WriteIndex
+    from ..engine.interfaces import InventoryIndex, LocationIndex, WriteIndex
     from ..engine.repository import Repository
 
 SEGMENT_BYTES = 16 << 20
@@ -146,6 +150,8 @@ class ChunkCopier:
     ``where`` names what is copied in errors (``"snapshot sft@100 (0123...)"``); ``pause`` is
     polled between reads (a background push waits while the process takes or restores);
     ``progress`` is called with the stored bytes of each chunk sent or found there already.
+    ``ours`` is this store (``src`` for a push, ``dst`` for a pull): only its own payload
+    digests are trusted, and a delta that arrives is decoded onto its copy of the base.
     """
 
     def __init__(
@@ -157,11 +163,15 @@ class ChunkCopier:
         stats: CopyStats,
         pause: Callable[[], bool] | None = None,
         progress: Callable[[int], None] | None = None,
+        ours: Repository | None = None,
     ) -> None:
         self.src, self.dst, self.session, self.where = src, dst, session, where
         self.src_index: LocationIndex = src.index
         self.dst_index: WriteIndex = dst.index
         self.stats, self.pause, self.progress = stats, pause, progress
+        self.ours = ours if ours is not None else src
+        self.ours_index: LocationIndex = self.ours.index
+        self.remote_packs = _evicted_packs(src) if self.ours is src else set()
         self.threads = max(1, src.io_threads)
 
     # --- 1. negotiate ----------------------------------------------------------------------
@@ -260,32 +270,45 @@ class ChunkCopier:
         return out
 
     def _check(self, job: _Job, payload: memoryview) -> None:
+        """A payload of this store's own is checked against the digest its writer recorded; one
+        of the other store (a pull), or one this store points at there (evicted), is decoded
+        (a delta onto this store's verified copy of its base) and hashed against its id."""
         rec = job.rec
-        if rec.payload_digest is not None:
+        if self._own_digest(rec):
             ok = (
                 payload_digest(payload, rec.chunk_id, rec.codec, rec.raw_length, rec.base_id)
                 == rec.payload_digest
             )
         elif rec.base_id is None:
-            try:
-                ok = (
-                    objects.chunk_id(objects.decode(rec.codec, payload, rec.raw_length))
-                    == rec.chunk_id
-                )
-            except CorruptionError:
-                ok = False
+            ok = matches_id(rec.chunk_id, rec.codec, payload, rec.raw_length)
         else:
-            self._read_verified(
-                job.loc
-            )  # decodes the chain and hashes the result (raises if damaged)
-            ok = True
+            ok = matches_id(
+                rec.chunk_id, rec.codec, payload, rec.raw_length, self._our_base(rec.base_id)
+            )
         if not ok:
             raise self._damaged(rec)
+
+    def _own_digest(self, rec: ChunkRecord) -> bool:
+        return (
+            self.src is self.ours
+            and rec.payload_digest is not None
+            and rec.pack_id not in self.remote_packs
+        )
+
+    def _our_base(self, base_id: str) -> Any:
+        """The verified raw bytes of chunk ``base_id`` as this store holds them."""
+        rows = self.ours_index.chunk_locations([base_id])
+        if base_id not in rows:
+            raise NotFoundError(
+                f"{self.where}: delta base {base_id} left {self.ours.url} while it was used"
+            )
+        return self.ours.objects.read_chunk(to_location(rows[base_id], rows))
 
     def _damaged(self, rec: ChunkRecord) -> CorruptionError:
         return CorruptionError(
             f"{self.where}: chunk {rec.chunk_id} in pack {rec.pack_id} of {self.src.url} is damaged (its stored "
-            f"payload is not the one its writer recorded); nothing of the snapshot was committed at {self.dst.url}. "
+            f"payload does not decode to the bytes of its id, or is not the one its writer recorded); nothing "
+            f"of the snapshot was committed at {self.dst.url}. "
             f"Run `ckstore check --read-data` on {self.src.url}"
         )
 
@@ -351,6 +374,13 @@ def _segments(jobs: list[_Job]) -> list[_Segment]:
         else:
             out.append(_Segment(j.rec.pack_id, j.rec.offset, end, [j]))
     return out
+
+
+def _evicted_packs(src: Repository) -> set[str]:
+    """The packs of a remote that rows of ``src`` point at (its evicted chunks): their digests
+    came from that remote, so payloads there are checked against their ids."""
+    index: InventoryIndex = src.index
+    return set(index.remote_pack_ids())
 
 
 class _Sink:

@@ -2,10 +2,24 @@
 
 A local pack may go when every chunk in it is referenced by a snapshot the remote holds (pushed
 there and recorded): then the remote keeps each of them for as long as it keeps that snapshot.
-For each such pack, least recently used first (the last read through :class:`.tier.TierBackend`,
-else when it was written), until the local packs fit the budget:
+Its index's word is not enough (docs/RELIABILITY.md, I7): an index can outlive its packs (a
+bucket emptied under it), and a remote PostgreSQL can lose commits it acknowledged (an
+asynchronous replica promoted). So a pass first shows that:
 
-1. Look its chunks up in the remote's index (where the remote holds each: its pack, codec, base).
+- the remote is still the store it was (its ``ckstore.json``, read again: :func:`.config.confirm`);
+- every snapshot this store records as held there is in the remote's index (one it lost is
+  forgotten here, so it is ``pushing`` again and the uploader sends it again);
+
+and before each local pack goes (the last local copy of its chunks), that every pack of the
+remote its chunks would point at exists with the size the remote recorded (one stat or HEAD per
+pack), and that a sample of its chunks read there decode to their ids (:class:`Proof`). A pack
+not shown stays.
+
+For each pack that may go, least recently used first (the last read through
+:class:`.tier.TierBackend`, else when it was written), until the local packs fit the budget:
+
+1. Look its chunks up in the remote's index (where the remote holds each: its pack, codec,
+   base), and show the remote holds them (above).
 2. One local index transaction points their rows there (``Index.point_chunks_at_remote``: a
    compare-and-swap on the local pack; a chunk a live writer pins stays, chain depths follow).
 3. Once no row is left in the pack, retire its row and delete it, then delete the object.
@@ -17,15 +31,27 @@ the remote (verified as always). Nothing is deleted at the remote, ever.
 
 from __future__ import annotations
 
+import logging
+import random
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..engine.locations import to_location
+from ..errors import CorruptionError, ObjectNotFoundError
+from ..index import ChunkRecord
+from .config import confirm
 from .tier import ordered
 
 if TYPE_CHECKING:
-    from ..engine.interfaces import LocationIndex, TierIndex
+    from ..engine.interfaces import ProofIndex, TierIndex
     from ..engine.repository import Repository
+
+log = logging.getLogger("ckstore")
+
+SAMPLE_CHUNKS = 2
+"""Chunks of each local pack read at the remote and checked against their ids before the pack
+goes (besides a stat of every remote pack its chunks lie in)."""
 
 
 @dataclass
@@ -55,6 +81,9 @@ def evict(
 
     ``used`` (pack id -> when a read last used it) is recorded first. Returns the report and the
     remote's packs the switched rows now point at (pack id -> ``name``).
+
+    Raises:
+        NotFoundError, ConflictError: the remote is no longer the store it was (nothing evicted).
     """
     index: TierIndex = local.index
     if used:
@@ -63,10 +92,16 @@ def evict(
     report = EvictReport(budget, local_bytes_before=sum(size for _, size, _ in packs))
     total = report.local_bytes_before
     remote_packs: dict[str, str] = {}
+    if total <= budget:
+        report.local_bytes_after = total
+        return report, remote_packs
+    confirm(remote, name)
+    _forget_lost(local, remote, name)
+    proof = Proof(remote)
     for pack_id, size, _ in packs:
         if total <= budget:
             break
-        moved = _evict_pack(local, remote, name, pack_id, remote_packs)
+        moved = _evict_pack(local, remote, name, pack_id, remote_packs, proof)
         if moved is None:
             report.packs_kept += 1
             continue
@@ -77,8 +112,88 @@ def evict(
     return report, remote_packs
 
 
+def _forget_lost(local: Repository, remote: Repository, name: str) -> None:
+    """Snapshots recorded here as held by the remote that its index lacks are forgotten: they
+    are pushed again, and nothing is evicted on their account."""
+    index: TierIndex = local.index
+    theirs: ProofIndex = remote.index
+    held = index.held_by(name)
+    lost = held - theirs.snapshot_ids(held)
+    if lost:
+        log.warning(
+            "ckstore: remote %r (%s) lacks %d snapshot(s) this store recorded as pushed there "
+            "(its index lost them: a restore, a failover); they are pushed again",
+            name,
+            remote.url,
+            len(lost),
+        )
+        index.unmark_pushed(name, lost)
+
+
+class Proof:
+    """Shows that the remote holds chunks in fact, not on its index's word: each of its packs
+    they lie in exists with its recorded size (one stat per pack, remembered for the pass), and
+    ``sample`` chunks of each batch, read there, decode to their ids."""
+
+    def __init__(self, remote: Repository, sample: int = SAMPLE_CHUNKS) -> None:
+        self.remote, self.sample = remote, sample
+        self._index: ProofIndex = remote.index
+        self._sizes: dict[str, int | None] = {}
+        self._rng = random.Random()
+
+    def holds(self, found: dict[str, ChunkRecord], ids: list[str]) -> bool:
+        """Whether the remote holds the chunks ``ids`` where ``found`` (its rows, with every
+        base along their chains) says."""
+        ends: dict[str, int] = {}
+        for r in found.values():
+            ends[r.pack_id] = max(ends.get(r.pack_id, 0), r.offset + r.length)
+        recorded = self._index.pack_sizes([p for p in ends if p not in self._sizes])
+        for pack_id, end in ends.items():
+            if pack_id not in self._sizes:
+                self._sizes[pack_id] = self._stat(pack_id, recorded.get(pack_id))
+            size = self._sizes[pack_id]
+            if size is None or size < end:
+                return False
+        for cid in self._rng.sample(ids, min(self.sample, len(ids))):
+            try:
+                self.remote.objects.read_chunk(to_location(found[cid], found))
+            except (CorruptionError, ObjectNotFoundError) as exc:
+                log.warning("ckstore: not evicting: chunk %s at the remote: %s", cid, exc)
+                return False
+        return True
+
+    def _stat(self, pack_id: str, recorded: int | None) -> int | None:
+        """The pack's size at the remote; None if it is missing or not the size recorded."""
+        try:
+            size = self.remote.objects.pack_size(pack_id)
+        except ObjectNotFoundError:
+            log.warning(
+                "ckstore: not evicting what lies in pack %s of the remote %s: the pack is missing "
+                "there (its index still names it)",
+                pack_id,
+                self.remote.url,
+            )
+            return None
+        if recorded and size != recorded:
+            log.warning(
+                "ckstore: not evicting what lies in pack %s of the remote %s: %d bytes there, %d "
+                "recorded",
+                pack_id,
+                self.remote.url,
+                size,
+                recorded,
+            )
+            return None
+        return size
+
+
 def _evict_pack(
-    local: Repository, remote: Repository, name: str, pack_id: str, remote_packs: dict[str, str]
+    local: Repository,
+    remote: Repository,
+    name: str,
+    pack_id: str,
+    remote_packs: dict[str, str],
+    proof: Proof,
 ) -> int | None:
     """Evict one pack; the chunks switched, or None if it stays (wholly or in part)."""
     index: TierIndex = local.index
@@ -86,9 +201,9 @@ def _evict_pack(
     ids = [r.chunk_id for r in rows]
     if not ids or index.pushed_chunk_ids(name, ids) != set(ids):
         return None
-    theirs: LocationIndex = remote.index
+    theirs: ProofIndex = remote.index
     found = theirs.chunk_locations(ids)
-    if any(i not in found for i in ids):
+    if any(i not in found for i in ids) or not proof.holds(found, ids):
         return None
     switched = index.point_chunks_at_remote(name, ordered(found), {i: pack_id for i in ids})
     remote_packs.update((r.pack_id, name) for r in found.values())

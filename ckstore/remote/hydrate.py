@@ -3,8 +3,9 @@
 For each pack of a remote that rows of this store point at (chunks the local budget evicted):
 
 1. Read the span of its live chunks there in one ranged read (through :class:`.tier.TierBackend`).
-2. Verify each payload (against its recorded digest, else decoded, a delta XORed onto its
-   verified base, and hashed against its id), then write them, as they are stored (same codec,
+2. Verify each payload (decoded, a delta XORed onto its verified base, and hashed against its
+   id: the digests in those rows came from the remote, :mod:`ckstore.objects.received`), then
+   write them, as they are stored (same codec,
    a delta against the same base), into a new local pack, made durable.
 3. One index transaction records the new pack and points the rows at it, each a
    compare-and-swap on the remote pack (a chunk pruned or moved meanwhile is left alone).
@@ -25,8 +26,7 @@ from .. import objects
 from ..engine.locations import to_location, to_records
 from ..errors import CorruptionError, ReadOnlyStoreError
 from ..index import ChunkRecord, PackRecord
-from ..objects.delta import xor_into
-from ..objects.hashing import payload_digest
+from ..objects.received import matches_id
 
 if TYPE_CHECKING:
     from ..engine.interfaces import TierIndex
@@ -109,19 +109,14 @@ def _verify(
     bases: dict[str, ChunkRecord],
     pack_id: str,
 ) -> None:
-    if r.payload_digest is not None:
-        ok = (
-            payload_digest(payload, r.chunk_id, r.codec, r.raw_length, r.base_id)
-            == r.payload_digest
-        )
-    else:
-        raw: Any = objects.decode(r.codec, payload, r.raw_length)
-        if r.base_id is not None:
-            raw = bytearray(raw)
-            xor_into(raw, local.objects.read_chunk(to_location(r, bases).chain()[1]))
-        ok = objects.chunk_id(raw) == r.chunk_id
-    if not ok:
+    """Decode the payload (a delta onto this store's verified copy of its base) and hash it
+    against its id: the row's digest came from the remote, and proves nothing."""
+    base = None
+    if r.base_id is not None:
+        base = local.objects.read_chunk(to_location(r, bases).chain()[1])
+    if not matches_id(r.chunk_id, r.codec, payload, r.raw_length, base):
         raise CorruptionError(
             f"chunk {r.chunk_id} in pack {pack_id} of the remote this store evicted it to is damaged there "
-            "(run `ckstore check --read-data` on the remote); it stays evicted"
+            "(it does not decode to the bytes of its id; run `ckstore check --read-data` on the remote); "
+            "it stays evicted"
         )

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CkstoreError, ObjectNotFoundError
@@ -36,11 +37,17 @@ log = logging.getLogger("ckstore")
 
 
 class RemoteHandle:
-    """The remote's repository, opened on first use (created, with the local store's sizes, when
-    there is none yet) and shared by the uploader and the reads; reopened after :meth:`reset`."""
+    """The remote's repository, opened on first use and shared by the uploader and the reads;
+    reopened after :meth:`reset`. Only the uploader may create it (:meth:`get` with
+    ``create``), and only when the remote was never used (:func:`.config.open_or_create`);
+    reads never create. ``options``: storage options for this process only (credentials given
+    to ``ckstore.open``), laid over the recorded ones."""
 
-    def __init__(self, local: Repository, remote: RemoteRecord) -> None:
+    def __init__(
+        self, local: Repository, remote: RemoteRecord, options: dict[str, Any] | None = None
+    ) -> None:
         self.local, self.record = local, remote
+        self.options = options or {}
         self._repo: Repository | None = None
         self._lock = threading.Lock()
 
@@ -48,20 +55,31 @@ class RemoteHandle:
     def name(self) -> str:
         return self.record.name
 
-    def get(self) -> Repository:
-        """The open remote repository.
+    def get(self, create: bool = False, fresh: bool = False) -> Repository:
+        """The open remote repository, its store id checked against the recorded one; with
+        ``fresh``, a handle opened before is first shown to be still there
+        (:func:`.config.confirm`), else reopened.
 
         Raises:
-            NotFoundError, StorageError, IndexError_: it cannot be opened or created.
+            NotFoundError: no store there (with ``create``: and the remote was used before).
+            ConflictError: the store there is another one than recorded.
+            StorageError, IndexError_: it cannot be opened or created.
         """
+        if fresh and self._repo is not None:
+            try:
+                config.confirm(self._repo, self.name)
+            except CkstoreError:
+                self.reset()
         with self._lock:
             if self._repo is None:
-                try:
-                    self._repo = config.open_remote(self.record)
-                except CkstoreError as exc:
-                    if not isinstance(exc, LookupError):
-                        raise
-                    self._repo = config.open_remote(self.record, create=True, like=self.local)
+                index: TierIndex = self.local.index
+                record = index.get_remote(self.name) or self.record
+                if self.options:
+                    record = replace(record, options=config.merged(record.options, self.options))
+                if create:
+                    self._repo, _ = config.open_or_create(index, record, self.local)
+                else:
+                    self._repo = config.open_remote(index, record)
             return self._repo
 
     def reset(self) -> None:

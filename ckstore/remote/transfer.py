@@ -9,7 +9,9 @@ The destination's crash ordering for each snapshot is a take's (docs/RELIABILITY
    then its index rows).
 4. Put the manifest, byte for byte (so its id, and the snapshot's, is the same there).
 5. Commit the snapshot, its chunk references and its tags in one index transaction. Before
-   this nothing of it is visible at the destination; after it, all of it is.
+   this nothing of it is visible at the destination; after it, all of it is. A push first
+   reads the remote's ``ckstore.json`` again (:func:`.config.confirm`): a share that went away
+   under an open handle (an empty mount point where the packs just went) commits nothing.
 6. Record at the store that names the remote that the remote holds it.
 
 Killed anywhere, the destination holds no partial snapshot: packs recorded before the kill are
@@ -22,8 +24,9 @@ one it followed here whenever the destination's run holds what was sent before.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,9 +34,16 @@ from ..engine.lease import Lease
 from ..engine.progress import ProgressFn, meter
 from ..engine.repository import describe
 from ..engine.take.commit import commit_manifest
-from ..errors import ConflictError, InvalidInputError, LeaseExpiredError, SnapshotNotFoundError
+from ..errors import (
+    ConflictError,
+    CorruptionError,
+    InvalidInputError,
+    LeaseExpiredError,
+    SnapshotNotFoundError,
+)
 from ..format.manifest import Manifest
 from ..index import SnapshotRecord
+from .config import confirm
 from .copy import ChunkCopier, CopyStats, shapes_of
 from .select import Selection
 
@@ -58,6 +68,8 @@ class TransferReport:
     tags_set: list[str] = field(default_factory=list)
     tags_rejected: list[str] = field(default_factory=list)
     """Tags the destination holds at another snapshot (moved only with ``force``)."""
+    snapshots_damaged: list[str] = field(default_factory=list)
+    """Snapshots not sent: a chunk or the manifest they need is damaged at the source."""
     stats: CopyStats = field(default_factory=CopyStats)
     manifest_bytes: int = 0
     seconds: float = 0.0
@@ -73,6 +85,7 @@ class TransferReport:
             "snapshots_present": self.snapshots_present,
             "tags_set": list(self.tags_set),
             "tags_rejected": list(self.tags_rejected),
+            "snapshots_damaged": list(self.snapshots_damaged),
         }
         d.update(self.stats.to_dict())
         d["manifest_bytes"] = self.manifest_bytes
@@ -103,15 +116,18 @@ def transfer(
     snapshots to send (:mod:`ckstore.engine.progress`).
 
     Raises:
-        InvalidInputError: ``src`` and ``dst`` are the same store.
-        CorruptionError: a chunk or manifest read from ``src`` is damaged (named); the snapshot
-            being sent is not committed, those before it are.
+        InvalidInputError: ``src`` and ``dst`` are the same store (:func:`same_store`).
+        CorruptionError: a chunk or manifest read from ``src`` is damaged (named): the
+            snapshots that need it are not committed, every other one is (and recorded), and
+            then this is raised naming those left out and how many went.
         ConflictError: a snapshot's name, or its run's, is taken at the destination by
             something else; LeaseExpiredError: the transfer stalled past its lease there.
     """
-    if src.config.store_id == dst.config.store_id:
+    here, there = (src, dst) if direction == "push" else (dst, src)
+    if same_store(src, dst):
         raise InvalidInputError(
-            f"remote {remote!r} is this store itself ({dst.url}): nothing to {direction}"
+            f"remote {remote!r} ({there.url}) is this store itself ({here.url}): nothing to "
+            f"{direction}"
         )
     t0 = time.perf_counter()
     report = TransferReport(direction, remote, src.url, dst.url)
@@ -124,15 +140,52 @@ def transfer(
     total = sum(source.stored_bytes(s.id) for s in todo)
     bar = meter(progress, direction, total)
     tick = None if bar is None else bar.add
+    damage: dict[str, CorruptionError] = {}
     with _source_pins(src) as pins:
         for snap in todo:
-            _send(src, dst, snap, selection.tags_of(snap.id), report, force, pins, pause, tick)
+            try:
+                _send(src, dst, snap, selection.tags_of(snap.id), report, force, pins, pause, tick)
+            except CorruptionError as exc:  # that snapshot only: the others still go
+                damage[snap.id] = exc
+                report.snapshots_damaged.append(describe(snap))
+                continue
             record([snap.id])
-    _set_tags(dst, selection, report, force)
+    _set_tags(dst, selection, report, force, damage.keys())
     if bar is not None:
         bar.finish()
     report.seconds = time.perf_counter() - t0
+    if damage:
+        raise _damaged(report, list(damage.values()))
     return report
+
+
+def _damaged(report: TransferReport, damage: list[CorruptionError]) -> CorruptionError:
+    """One error for the snapshots a damaged source kept from the destination."""
+    names = report.snapshots_damaged
+    return CorruptionError(
+        f"{report.direction}: {len(names)} snapshot(s) were not committed at {report.destination}, "
+        f"each needing damaged data of {report.source}: {', '.join(names)}. The first: {damage[0]}. "
+        f"The {len(report.snapshots_sent)} other(s) were committed ({report.snapshots_present} "
+        f"found there already); {report.direction} again once the source is repaired"
+    )
+
+
+def same_store(a: Repository, b: Repository) -> bool:
+    """Whether ``a`` and ``b`` are one store: the same folder (a link to it included), URL or
+    index. A copy of a store (``cp -r``) has its id, but is another store: it is told by its
+    place, not by its id."""
+    from ..engine.opening import is_local
+
+    if is_local(a.url) and is_local(b.url):
+        try:
+            if os.path.samefile(a.url, b.url):
+                return True
+        except OSError:
+            pass
+    ia: TransferIndex = a.index
+    ib: TransferIndex = b.index
+    shared_index = ia.url == ib.url and ":memory:" not in ia.url
+    return a.objects.backend.url == b.objects.backend.url or shared_index
 
 
 def _present(dst: Repository, snap: SnapshotRecord) -> bool:
@@ -183,12 +236,15 @@ def _send(
     ids = manifest.chunk_ids()
     pins.pin(ids)
     with Lease(dst.index, dst.lease_seconds) as lease:
-        ChunkCopier(src, dst, lease.id, where, report.stats, pause, progress).copy(
+        ours = src if report.direction == "push" else dst
+        ChunkCopier(src, dst, lease.id, where, report.stats, pause, progress, ours).copy(
             ids, shapes_of(manifest)
         )
         if lease.error is not None:
             raise lease.error
         stored = (dst.objects.put_blob("manifests", raw), len(raw))
+        if report.direction == "push":  # the remote is still where its packs just went
+            confirm(dst, report.remote)
         specs = _tag_specs(dst, tags, snap.id, force, report)
         committed = _commit(dst, lease.id, manifest, stored, specs, snap, report)
         lease.committed = True
@@ -257,12 +313,19 @@ def _tag_specs(
     return specs
 
 
-def _set_tags(dst: Repository, selection: Selection, report: TransferReport, force: bool) -> None:
-    """Tags of snapshots the destination held already (the others went with their commits)."""
+def _set_tags(
+    dst: Repository,
+    selection: Selection,
+    report: TransferReport,
+    force: bool,
+    left_out: Collection[str] = (),
+) -> None:
+    """Tags of snapshots the destination held already (the others went with their commits);
+    none of a snapshot ``left_out`` (damaged at the source)."""
     index: TransferIndex = dst.index
     done = set(report.tags_set) | set(report.tags_rejected)
     for name, sid in sorted(selection.tags.items()):
-        if name in done:
+        if name in done or sid in left_out:
             continue
         held = index.get_tag(name)
         if held is not None and held.snapshot_id == sid:

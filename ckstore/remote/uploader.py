@@ -20,7 +20,9 @@ while it is being pushed is looked up again and sent from its new place.
 
 Retention and gc (:mod:`ckstore.history.gc`) keep every snapshot a tier does not hold yet
 (``Index.unpushed_to_tiers``), so nothing only the local tier has is ever deleted by a policy.
-A push that fails (the remote unreachable) is retried with a growing delay, up to a minute;
+A push that fails (the remote unreachable, missing, or another store at its URL: it is never
+created anew once used, :mod:`.config`) is retried with a growing delay, up to a minute, and
+evicts nothing; each round first shows that the remote it holds open is still there;
 :meth:`Uploader.wait` raises its error, and :meth:`Uploader.close` (a clean ``close()`` of the
 store) waits for what is pending, or, when pushing keeps failing, logs what is left unpushed:
 it stays local, kept by gc, and the next store opened with ``push_to`` pushes it.
@@ -179,7 +181,7 @@ class Uploader:
         self._while_busy()
         todo = self.pending()
         if todo:
-            remote = self._remote.get()
+            remote = self._remote.get(create=True, fresh=True)
             tags = {t.name: t.snapshot_id for t in self._index.list_tags()}
             self.pushing = {s.id for s in todo}
             self.last = transfer(
@@ -193,7 +195,7 @@ class Uploader:
                 record=lambda ids: self._index.mark_pushed(self.name, ids),
             )
         if self.budget is not None:
-            remote = self._remote.get()
+            remote = self._remote.get(fresh=True)
             self.last_eviction, packs = evict(
                 self._local, remote, self.name, self.budget, self._tier.take_used()
             )

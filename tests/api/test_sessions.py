@@ -152,12 +152,12 @@ ABANDONED = """
 import sys, threading, time, torch, ckstore
 from ckstore.history import compact
 inside = threading.Event()
-real = compact._resolve_bases
+real = compact.resolve_bases
 def slow(*args, **kwargs):
     inside.set()
     time.sleep(60)
     return real(*args, **kwargs)
-compact._resolve_bases = slow
+compact.resolve_bases = slow
 store = ckstore.open(sys.argv[1], auto_compact=True)  # keeps each run's newest loose
 for step in (2, 3, 4):
     torch.manual_seed(step)

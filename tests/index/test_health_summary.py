@@ -15,6 +15,7 @@ from sqlalchemy import text
 
 from ckstore.errors import InvalidInputError, SchemaError, SnapshotNotFoundError
 from ckstore.index import Index, make_engine, upgrade
+from ckstore.index.schema import HEAD_REVISION
 
 from . import fixture_data_0003 as frozen
 from .helpers import add_chunks, snapshot
@@ -62,7 +63,7 @@ def test_frozen_revision_0003_upgrades_with_unknown_health(tmp_path: Path) -> No
     url = f"sqlite:///{path}"
     with pytest.raises(SchemaError, match=f"ckstore migrate --index {url}"):
         Index.open(url, create=False)
-    assert upgrade(url) == "0006"  # through 0004 (loose packs), 0005 (health) and 0006 (remotes)
+    assert upgrade(url) == HEAD_REVISION  # through 0004 (loose packs), 0005 (health) and later
     with Index.open(url, create=False) as ix:
         snaps = ix.list_snapshots("sft")
         assert [(s.step, s.nonfinite, s.stale, s.healthy) for s in snaps] == [
@@ -94,7 +95,7 @@ def test_0005_migrates_down_and_up_in_place(index_url: str) -> None:
             assert "nonfinite" not in row and "stale" not in row and row["step"] == 1
     finally:
         engine.dispose()
-    assert upgrade(index_url) == "0006"
+    assert upgrade(index_url) == HEAD_REVISION
     with Index.open(index_url, create=False) as ix:
         got = ix.resolve("r@1")
         assert (got.nonfinite, got.stale) == (None, None)  # the summary is gone: unknown again

@@ -1,5 +1,6 @@
-"""Revision 0006: remotes, what each holds, and chunk rows pointed at a remote's packs (SQLite and
-PostgreSQL); the frozen revision-0003 database upgrades through it with its data intact."""
+"""Revisions 0006 and 0007: remotes (and the id of the store each is), what each holds, and chunk
+rows pointed at a remote's packs (SQLite and PostgreSQL); the frozen revision-0003 database
+upgrades through them with its data intact."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from sqlalchemy import text
 from ckstore.errors import ConflictError, InvalidInputError, NotFoundError, SchemaError
 from ckstore.index import ChunkRecord, Index, PackRecord, RemoteRecord, upgrade
 from ckstore.index.db import make_engine
+from ckstore.index.schema import HEAD_REVISION
 
 from . import fixture_data_0003 as frozen
 from .helpers import ENTRIES, add_chunks, cid, snapshot
@@ -120,13 +122,13 @@ def test_rows_point_at_a_remote_with_exact_depths_and_never_under_a_writer(index
             ix.remove_remote("tier")
 
 
-def test_frozen_revision_0003_upgrades_through_0006(tmp_path: Path) -> None:
+def test_frozen_revision_0003_upgrades_through_0006_and_0007(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite"
     shutil.copyfile(frozen.FILE, path)
     url = f"sqlite:///{path}"
     with pytest.raises(SchemaError, match="ckstore migrate"):
         Index.open(url, create=False)
-    assert upgrade(url) == "0006"
+    assert upgrade(url) == HEAD_REVISION
     with Index.open(url, create=False) as ix:
         assert {c.chunk_id: (c.pack_id, c.base_id, c.depth) for c in ix.all_chunks()} == {
             k: (v[0], v[5], v[6]) for k, v in frozen.CHUNKS.items()
@@ -136,8 +138,9 @@ def test_frozen_revision_0003_upgrades_through_0006(tmp_path: Path) -> None:
             frozen.SNAPSHOTS[1][0],
             frozen.SNAPSHOTS[0][0],
         ]
-        ix.add_remote(RemoteRecord("origin", "/x", tier=True))
+        ix.add_remote(RemoteRecord("origin", "/x", tier=True, store_id="ab" * 16))
         assert ix.unpushed_to_tiers() == {s[0] for s in frozen.SNAPSHOTS}
+        assert ix.get_remote("origin").store_id == "ab" * 16  # type: ignore[union-attr]
 
 
 def test_0006_migrates_down_and_up_in_place(index_url: str) -> None:
@@ -158,6 +161,47 @@ def test_0006_migrates_down_and_up_in_place(index_url: str) -> None:
             assert row is not None and "remote" not in row and "used_at" not in row
     finally:
         engine.dispose()
-    assert upgrade(index_url) == "0006"
+    assert upgrade(index_url) == HEAD_REVISION
     with Index.open(index_url, create=False) as ix:
         assert ix.list_remotes() == [] and ix.list_snapshots()[0].id == a
+
+
+def test_0007_remote_store_ids_migrate_down_and_up_in_place(index_url: str) -> None:
+    """0007 adds ``remotes.store_id``; downgraded, every remote and what it holds stays; upgraded
+    again, the ids are unknown (NULL), a remote that holds snapshots still counts as used, and
+    the next open records the id it finds (compare-and-set: never overwritten)."""
+    from alembic import command
+
+    from ckstore.index.schema import alembic_config
+
+    with Index.open(index_url) as ix:
+        a = _commit(ix, "r", ["a"], "p1" * 32)
+        ix.add_remote(RemoteRecord("origin", "/x", options={"anon": True}, store_id="ab" * 16))
+        ix.add_remote(RemoteRecord("fresh", "/y"))
+        ix.mark_pushed("origin", [a])
+        assert [r.store_id for r in ix.list_remotes()] == [None, "ab" * 16]
+        assert ix.remote_used("origin") and not ix.remote_used("fresh")
+    engine = make_engine(index_url)
+    try:
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(connection=conn), "0006")
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT * FROM remotes WHERE name = 'origin'")).mappings().one()
+            assert "store_id" not in row and row["url"] == "/x"
+    finally:
+        engine.dispose()
+    with pytest.raises(SchemaError, match="ckstore migrate"):
+        Index.open(index_url, create=False)
+    assert upgrade(index_url) == HEAD_REVISION
+    with Index.open(index_url, create=False) as ix:
+        got = ix.get_remote("origin")
+        assert got is not None and (got.url, got.options, got.store_id) == (
+            "/x",
+            {"anon": True},
+            None,
+        )
+        assert ix.remote_holdings() == {a: {"origin"}}
+        assert ix.remote_used("origin") and not ix.remote_used("fresh")  # holds snapshots: used
+        assert ix.record_remote_store_id("origin", "cd" * 16) == "cd" * 16
+        assert ix.record_remote_store_id("origin", "ef" * 16) == "cd" * 16  # never overwritten
+        assert ix.remote_used("fresh") is False and ix.record_remote_store_id("nope", "x") is None

@@ -128,20 +128,21 @@ def test_frozen_revision_0001_database_upgrades_and_keeps_its_data(tmp_path: Pat
         assert ix.resolve("sft").step == 300
 
 
-# Test-only revision 0007 (one past the shipped head). To exercise the "older revision" path against the shipped head we
-# build a migration directory holding the shipped env.py and revisions plus this 0006, and run
+# Test-only revision NEXT (one past the shipped head). To exercise the "older revision" path against the shipped head we
+# build a migration directory holding the shipped env.py and revisions plus this one, and run
 # the same check/upgrade code against it. A database the shipped code created (at the shipped
 # head) is then genuinely older than that directory's head.
-REVISION_TEST_ONLY = '''"""Test-only revision.
+NEXT = f"{int(HEAD_REVISION) + 1:04d}"
+REVISION_TEST_ONLY = f'''"""Test-only revision.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: {NEXT}
+Revises: {HEAD_REVISION}
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "{NEXT}"
+down_revision = "{HEAD_REVISION}"
 branch_labels = None
 depends_on = None
 
@@ -161,28 +162,28 @@ def downgrade():
 def scripts_with_test_only(tmp_path: Path) -> Path:
     location = tmp_path / "migrations"
     shutil.copytree(MIGRATIONS_DIR, location, ignore=shutil.ignore_patterns("__pycache__"))
-    (location / "versions" / "0007_test_only.py").write_text(REVISION_TEST_ONLY)
+    (location / "versions" / f"{NEXT}_test_only.py").write_text(REVISION_TEST_ONLY)
     return location
 
 
 def test_older_revision_is_refused_with_migrate_command(
     index_url: str, scripts_with_test_only: Path
 ) -> None:
-    with Index.open(index_url) as ix:  # the shipped code creates it at its head, 0006
+    with Index.open(index_url) as ix:  # the shipped code creates it at its head
         commit(ix, "r", 1)
     engine = make_engine(index_url)
     try:
         with pytest.raises(SchemaError) as err:
             ensure_schema(engine, script_location=scripts_with_test_only)
         message = str(err.value)
-        assert "0006" in message and "0007" in message
+        assert HEAD_REVISION in message and NEXT in message
         assert f"ckstore migrate --index {index_url}" in message
-        assert upgrade(index_url, script_location=scripts_with_test_only) == "0007"
+        assert upgrade(index_url, script_location=scripts_with_test_only) == NEXT
         ensure_schema(engine, script_location=scripts_with_test_only)  # now current: opens
-        assert current_revision(engine) == "0007"
+        assert current_revision(engine) == NEXT
     finally:
         engine.dispose()
-    with pytest.raises(SchemaError, match="newer ckstore"):  # the shipped code: 0007 is new
+    with pytest.raises(SchemaError, match="newer ckstore"):  # the shipped code: NEXT is new
         Index.open(index_url)
 
 

@@ -42,16 +42,18 @@ def remote_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any
         return {
             "url": f"s3://{bucket}/remote",
             "index": request.getfixturevalue("pg").new_database(),
-            "storage_options": server.storage_options(),
+            "storage_options": server.remote_options(),
         }
     server = request.getfixturevalue("seaweed_server")
+    # a remote's credentials come from the environment; SeaweedFS refuses a session token
+    request.getfixturevalue("monkeypatch").delenv("AWS_SESSION_TOKEN", raising=False)
     bucket = "ckremote"
     if bucket not in server.buckets():
         server.create_bucket(bucket)
     return {
         "url": f"s3://{bucket}/{uuid.uuid4().hex[:12]}",
         "index": f"sqlite:///{tmp_path / 'remote.sqlite'}",
-        "storage_options": server.storage_options(),
+        "storage_options": server.remote_options(),
     }
 
 

@@ -52,15 +52,17 @@ def _dest(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[str
         return {
             "url": f"s3://{bucket}/remote",
             "index": request.getfixturevalue("pg").new_database(),
-            "storage_options": server.storage_options(),
+            "storage_options": server.remote_options(),
         }
     server = request.getfixturevalue("seaweed_server")
+    # a remote's credentials come from the environment; SeaweedFS refuses a session token
+    request.getfixturevalue("monkeypatch").delenv("AWS_SESSION_TOKEN", raising=False)
     if "ckfaults" not in server.buckets():
         server.create_bucket("ckfaults")
     return {
         "url": f"s3://ckfaults/{uuid.uuid4().hex[:12]}",
         "index": request.getfixturevalue("pg").new_database(),
-        "storage_options": server.storage_options(),
+        "storage_options": server.remote_options(),
     }
 
 

@@ -235,19 +235,19 @@ def test_an_interrupted_push_resumes_without_sending_again_what_arrived(
             record=lambda ids: None,
         ).stats.chunks_sent
     source.add_remote("origin", tmp_path / "remote")
-    real = config.open_remote
+    real = config.open_or_create
 
-    def failing(record, **kw):
-        repo = real(record, **kw)
+    def failing(index, record, like):
+        repo, created = real(index, record, like)
         repo.objects = objects.ObjectStore(
             objects.FaultyBackend(repo.objects.backend, fail_put_at=4)
         )
-        return repo
+        return repo, created
 
-    monkeypatch.setattr(config, "open_remote", failing)
+    monkeypatch.setattr(config, "open_or_create", failing)
     with pytest.raises(errors.StorageError, match="injected fault"):
         source.push("origin")
-    monkeypatch.setattr(config, "open_remote", real)
+    monkeypatch.setattr(config, "open_or_create", real)
     with ckstore.open(tmp_path / "remote") as remote:
         arrived = {c.chunk_id for c in remote.repository.index.all_chunks()}
         assert arrived and len(remote.log()) < 4  # some packs (and maybe snapshots) arrived

@@ -313,14 +313,14 @@ def _tier_child(local: str, remote: str, kill_at: int) -> None:
     from tests.support.push_kills import DEST_INDEX_CALLS, Arm, instrument
 
     arm = Arm(kill_at, "after")
-    real = config.open_remote
+    real = config.open_or_create
 
-    def open_remote(record: Any, **kw: Any) -> Any:
-        repo = real(record, **kw)
+    def open_or_create(index: Any, record: Any, like: Any) -> Any:
+        repo, created = real(index, record, like)
         instrument(repo, arm, DEST_INDEX_CALLS)
-        return repo
+        return repo, created
 
-    config.open_remote = open_remote  # type: ignore[assignment]
+    config.open_or_create = open_or_create  # type: ignore[assignment]
     store = ckstore.open(local, push_to=remote)
     fill(store, "r", [4, 5, 6])
     store.wait_pushed(timeout=60)

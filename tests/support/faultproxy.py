@@ -19,6 +19,9 @@ test decides, request by request, whether to inject one fault:
 ``lost_ack``
     forward a write (PUT/POST) whole, so the server commits it, then reset the client
     connection instead of answering: the client's retry meets an existing object.
+``hang`` (:data:`HANG`, not in :data:`FAULTS`: retries never get through it)
+    a frozen endpoint: the request is read and never answered; the connection stays open
+    until the client gives up on it.
 
 The proxy answers ``Expect: 100-continue`` itself (and does not forward the header), or
 botocore would wait for a ``100 Continue`` that a buffering proxy never relays. Every request is
@@ -41,6 +44,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 FAULTS = ("slowdown", "reset", "truncate", "latency", "lost_ack")
+HANG = "hang"
 WRITE_METHODS = frozenset({"PUT", "POST"})
 _SLOWDOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
@@ -106,9 +110,9 @@ class Schedule:
     _run: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        unknown = set(self.faults) - set(FAULTS)
+        unknown = set(self.faults) - set(FAULTS) - {HANG}
         if unknown:
-            raise ValueError(f"unknown faults {sorted(unknown)}; choose from {FAULTS}")
+            raise ValueError(f"unknown faults {sorted(unknown)}; choose from {FAULTS} or {HANG}")
         self._rng = random.Random(self.seed)
 
     def decide(self, method: str) -> str | None:
@@ -330,6 +334,10 @@ class FaultProxy:
             self._record(request, fault, None)
             await self._answer_slowdown(writer, with_body=method != "HEAD")
             return True
+        if fault == HANG:
+            self._record(request, fault, None)
+            await reader.read()  # never answered: until the client closes (or the proxy stops)
+            return False
         if fault == "reset" and request.body:
             await self._forward_half(request)
             self._record(request, fault, None)

@@ -100,14 +100,14 @@ def _child(src: str, kill_at: int | None, when: str, trace: str | None, refs: li
 
     arm = Arm(kill_at, when)
     store = ckstore.open(src)
-    real_open = config.open_remote
+    real_open = config.open_or_create
 
-    def open_remote(record: Any, **kw: Any) -> Any:
-        repo = real_open(record, **kw)
+    def open_or_create(index: Any, record: Any, like: Any) -> Any:
+        repo, created = real_open(index, record, like)
         instrument(repo, arm, DEST_INDEX_CALLS)
-        return repo
+        return repo, created
 
-    config.open_remote = open_remote  # type: ignore[assignment]
+    config.open_or_create = open_or_create  # type: ignore[assignment]
     for name in SOURCE_INDEX_CALLS:
         real = getattr(store.repository.index, name)
         setattr(

@@ -50,6 +50,12 @@ def storage_options(endpoint_url: str) -> dict[str, Any]:
     }
 
 
+def remote_options(endpoint_url: str) -> dict[str, Any]:
+    """:func:`storage_options` without the credentials, as a remote keeps them (credentials
+    come from the environment: :func:`set_dummy_credentials`)."""
+    return {k: v for k, v in storage_options(endpoint_url).items() if k not in ("key", "secret")}
+
+
 class S3Server:
     """A moto S3 server running in a thread of this process, bound to 127.0.0.1 only."""
 
@@ -71,6 +77,10 @@ class S3Server:
     def storage_options(self) -> dict[str, Any]:
         """s3fs options pointing at this server."""
         return storage_options(self.endpoint_url)
+
+    def remote_options(self) -> dict[str, Any]:
+        """s3fs options pointing at this server, without credentials (for a remote)."""
+        return remote_options(self.endpoint_url)
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> bytes:
         req = urllib.request.Request(self.endpoint_url + path, data=body, method=method)

@@ -36,7 +36,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support.s3server import DUMMY_CREDENTIALS, set_dummy_credentials, storage_options
+from tests.support.s3server import (
+    DUMMY_CREDENTIALS,
+    remote_options,
+    set_dummy_credentials,
+    storage_options,
+)
 
 _PORT_FLAGS = (
     "master.port",
@@ -202,6 +207,10 @@ class SeaweedServer:
     def storage_options(self) -> dict[str, Any]:
         """s3fs options pointing at this server."""
         return storage_options(self.endpoint_url)
+
+    def remote_options(self) -> dict[str, Any]:
+        """s3fs options pointing at this server, without credentials (for a remote)."""
+        return remote_options(self.endpoint_url)
 
     def client(self) -> Any:
         """A boto3 S3 client for this server, signed with the dummy credentials."""
