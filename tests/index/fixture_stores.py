@@ -4,7 +4,8 @@
 ``index.sqlite``) as the ckstore release whose newest index revision was ``<revision>`` wrote
 it, and ``data/stores/<revision>.json`` is what that release read back from it: its runs, tags,
 snapshots (id, run, step, name, parent, metadata), each snapshot's state as restored (a SHA-256
-of every tensor's bytes, every plain value) and, from 0006, its remotes.
+of every tensor's bytes, every plain value) and, from 0006, its remotes (from 0007 with the id
+of each one's store).
 ``test_frozen_revisions.py`` upgrades a copy of each with today's code and checks that nothing
 of it is lost and that every snapshot still restores bit for bit.
 
@@ -14,7 +15,8 @@ root (in a git clone with its history) unpacks the package as it was at ``COMMIT
 (``--write``), and copies the store and its JSON here. The old code writes the store through
 its public API only: ``ckstore.open``, ``take``, ``tag``, and what the revision added
 (``delta_base`` from 0002, loose takes and ``compact`` from 0004, the health summary from
-0005, remotes and ``push`` from 0006).
+0005, remotes and ``push`` from 0006, the store id a first push records for its remote from
+0007).
 
 Why the old code and not alembic's downgrade: a downgraded head database keeps rows, packs
 and manifests only today's writer makes (payload digests, pack versions, manifest fields), so
@@ -66,6 +68,7 @@ COMMITS = {
     "0004": "85b0b0ea2d20760dee87e3d86f65876115796805",
     "0005": "2e338ec86e0ac366772cb20655b1975568cc9f75",
     "0006": "03875f58ac9abb332fa23637f5df3ae2d65c616b",
+    "0007": "2ffdfab9c378f14404d323bc2ffb21c62910be50",
 }
 
 # the knobs of every frozen store: small enough that a few tensors of a few hundred bytes take
@@ -214,6 +217,7 @@ def _read_back(store: Any) -> dict[str, Any]:
     if hasattr(store, "remotes"):
         view["remotes"] = [
             {"name": r.name, "url": r.url, "index": r.index, "options": r.options, "tier": r.tier}
+            | ({"store_id": r.store_id} if hasattr(r, "store_id") else {})
             for r in store.remotes()
         ]
     return view

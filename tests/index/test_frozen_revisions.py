@@ -82,7 +82,7 @@ def test_upgraded_store_reads_back_and_restores_bit_for_bit(frozen: tuple[str, P
         assert store.tags() == want["tags"]
         assert [_fields(s) for s in store.log()] == want["snapshots"]
         if "remotes" in want:
-            assert [_remote(r) for r in store.remotes()] == want["remotes"]
+            assert [_remote(r, revision) for r in store.remotes()] == want["remotes"]
         for snap_id, state in want["state"].items():
             app_state = _zeros_like(state)
             store.get(snap_id).restore(app_state)
@@ -124,8 +124,10 @@ def _fields(snap: Any) -> dict[str, Any]:
     return {name: getattr(snap, name) for name in names}
 
 
-def _remote(record: Any) -> dict[str, Any]:
+def _remote(record: Any, revision: str) -> dict[str, Any]:
+    """The remote's fields as the release of ``revision`` read them (``store_id`` from 0007)."""
     names = ("name", "url", "index", "options", "tier")
+    names += ("store_id",) if int(revision) >= 7 else ()
     return {name: getattr(record, name) for name in names}
 
 
