@@ -190,7 +190,9 @@ PUSH = Command(
         "run@step, a name or an id: that snapshot), or every run and tag. Only the chunks the remote lacks "
         "are sent; each snapshot becomes visible there in one commit once all its chunks are there, and an "
         "interrupted push resumes without sending again what arrived. The remote store is created if there "
-        "is none. A tag the remote holds at another snapshot is moved only with --force (exit 4 otherwise). "
+        "is none and the remote was never used; a used remote whose store is missing is never made anew "
+        "(exit 3), another store at its URL is refused (exit 4). A tag the remote holds at another snapshot "
+        "is moved only with --force (exit 4 otherwise). "
         "A progress bar (stored bytes) on a terminal; --json prints the figures: snapshots, chunks and bytes "
         "sent and skipped."
     ),
@@ -217,9 +219,9 @@ PULL = Command(
     _transfer_arguments("pull"),
     description=(
         "Bring snapshots of a remote here: those REFs name there, or every run and tag. Every payload is "
-        "checked against its recorded digest (or decoded and hashed) before it is stored: a damaged chunk "
-        "of the remote is named (exit 5) and its snapshot is not committed here. Progress and --json as "
-        "for push."
+        "decoded and hashed against its chunk id before it is stored (a digest the remote supplies proves "
+        "nothing): a damaged chunk of the remote is named (exit 5) and the snapshots that need it are not "
+        "committed here; the others are. Progress and --json as for push."
     ),
     completes=("remote", "ref*"),
 )
