@@ -4,13 +4,18 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench bench-objstore bench-remotes bench-deps venv test-tools clean
+.PHONY: demo test screenshots bench bench-objstore bench-remotes bench-deps venv test-tools clean
 
 demo: $(STAMP)
 	$(PY) -m ckstore.cli --store ./demo-store demo
 
 test: $(STAMP) test-tools
 	$(PY) -m pytest -q
+
+# docs/ui/*.png: the browser tests of `ckstore ui` on their deterministic scenario store, each
+# view saved as it is checked (tests/ui/scenario.py says what the store holds)
+screenshots: $(STAMP) test-tools
+	CKSTORE_UI_SHOTS=docs/ui $(PY) -m pytest -q -p no:cacheprovider tests/ui/test_browser.py
 
 # Debian's chromium (browser tests of `ckstore ui`), zsh and fish (completion scripts), installed
 # when missing, as root.

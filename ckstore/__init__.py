@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .errors import (
+    AppNotFoundError,
     CkstoreError,
     ConflictError,
     CorruptionError,
@@ -37,6 +38,7 @@ from .errors import (
     ObjectNotFoundError,
     RankLostError,
     ReadOnlyStoreError,
+    ResaveWarning,
     SchemaError,
     SnapshotNotFoundError,
     StaleStateError,
@@ -95,6 +97,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "STORE_DEFAULT",
+    "AppNotFoundError",
     "CkstoreError",
     "ConflictError",
     "CorruptionError",
@@ -118,6 +121,7 @@ __all__ = [
     "RNGState",
     "RankLostError",
     "ReadOnlyStoreError",
+    "ResaveWarning",
     "SchemaError",
     "Snapshot",
     "SnapshotNotFoundError",

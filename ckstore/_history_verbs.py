@@ -58,6 +58,9 @@ class HistoryVerbs:
         repack_below: float = DEFAULT_REPACK_BELOW,
         dry_run: bool = False,
         keep_healthy: bool = True,
+        keep_best: int | None = None,
+        metric: str | None = None,
+        mode: str = "min",
         progress: ProgressFn | None = None,
     ) -> GCReport:
         """Forget the snapshots a retention policy drops, then prune what nothing references.
@@ -69,6 +72,11 @@ class HistoryVerbs:
             keep_healthy: keep each run's newest healthy snapshot (recorded free of NaN and
                 Inf), whatever the other rules say, so ``run@healthy`` survives a divergence;
                 False lets the other rules drop it.
+            keep_best: keep the N best snapshots of each run by the metadata value ``metric``
+                (as Lightning's ``save_top_k``); snapshots without it are not ranked.
+            metric: the metadata key ``keep_best`` ranks by (``"loss"``; ``"eval.loss"`` reaches
+                into a nested object).
+            mode: ``"min"`` (lower is better, the default) or ``"max"``.
             older_than: only snapshots older than this many seconds may be dropped.
             runs: only snapshots of these runs may be dropped (None: every run).
             grace_seconds: unreferenced data younger than this, and packs retired more
@@ -78,8 +86,9 @@ class HistoryVerbs:
             progress: ``fn("gc", done, total)`` told the live bytes copied out of sparse packs
                 as they are rewritten (the long part of a gc), as for :meth:`take`.
 
-        With none of ``keep_last``, ``keep_every_steps``, ``older_than`` set no snapshot is
-        dropped and gc only prunes. Safe beside live takes (see docs/RELIABILITY.md, I4).
+        With none of ``keep_last``, ``keep_every_steps``, ``older_than``, ``keep_best`` set no
+        snapshot is dropped and gc only prunes. A snapshot is dropped when no rule keeps it:
+        ``keep_best=3, metric="loss", keep_last=1`` keeps the three lowest losses and the newest. Safe beside live takes (see docs/RELIABILITY.md, I4).
 
         Raises:
             InvalidInputError: an option is out of range (e.g. a negative grace period); nothing
@@ -100,6 +109,9 @@ class HistoryVerbs:
             repack_below=repack_below,
             dry_run=dry_run,
             keep_healthy=keep_healthy,
+            keep_best=keep_best,
+            metric=metric,
+            mode=mode,
             progress=progress,
         )
 

@@ -19,9 +19,11 @@ are imported when a take runs, so opening a store does not pay for them.
 from __future__ import annotations
 
 import inspect
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .distributed import is_distributed
@@ -30,7 +32,7 @@ from .engine.knobs import STORE_DEFAULT
 from .engine.progress import ProgressFn
 from .engine.repository import Repository
 from .engine.take.spec import TakeSpec
-from .errors import InvalidInputError
+from .errors import InvalidInputError, ResaveWarning, warn
 from .format.manifest import Manifest
 from .index import SnapshotRecord
 
@@ -70,7 +72,37 @@ def spec_of(
         )
     else:
         given["delta_base"] = check_delta_base(base)
+    fork = given.get("forked_from")
+    if repo is not None and isinstance(fork, str) and fork:
+        given["forked_from"] = repo.index.resolve(fork).id  # SnapshotNotFoundError: a typo
     return TakeSpec.of(**given)
+
+
+_LOADED: dict[str, str] = {}
+"""Store URL -> the snapshot a restore of this process loaded last into live state."""
+_LOADED_LOCK = threading.Lock()
+
+
+def loaded(repo: Repository, snapshot_id: str) -> None:
+    """Remember that a restore of this process loaded ``snapshot_id`` (of ``repo``): the next
+    live take into ``repo`` records it as the snapshot it forked from (:func:`fork_of`)."""
+    with _LOADED_LOCK:
+        _LOADED[repo.url] = snapshot_id
+
+
+def fork_of(repo: Repository, spec: TakeSpec) -> TakeSpec:
+    """``spec`` with the fork it records: the caller's ``forked_from``, else the snapshot a
+    restore of this process loaded last from ``repo`` unless that is the run's latest (a plain
+    resume, which the parent records already). Either way the remembered restore is used up:
+    it is the parent of the next take only."""
+    with _LOADED_LOCK:
+        restored = _LOADED.pop(repo.url, None)
+    if spec.forked_from is not None or restored is None:
+        return spec
+    latest = repo.index.list_snapshots(run=spec.run, limit=1)
+    if latest and latest[0].id == restored:
+        return spec
+    return replace(spec, forked_from=restored)
 
 
 def shows(accepts: type) -> Callable[[F], F]:
@@ -137,6 +169,7 @@ def _take(
     repo.index.check_take(
         spec.run, spec.tag_specs
     )  # a name clash is refused before anything is written
+    warn_resave(repo, spec)
     if _ranks(spec.no_dist):
         from .distributed.comm import Comm
         from .distributed.take import ddp_apps
@@ -163,7 +196,7 @@ def take_async(
 
     spec = with_live_trainable(spec, app_state)
     repo.index.check_take(spec.run, spec.tag_specs)
-
+    warn_resave(repo, spec)
     if _ranks(spec.no_dist):
         from .distributed.take import take_async as dist_take_async
 
@@ -200,6 +233,43 @@ def with_live_trainable(spec: TakeSpec, app_state: Mapping[str, Any]) -> TakeSpe
 
     check_app_state(app_state)
     return spec.evolve(trainable_keys=trainable_keys(app_state))
+
+
+_SAVED: OrderedDict[tuple[str, str, int], None] = OrderedDict()
+"""The (store, run, step) this process took last: saving one of them again is one training
+saving a step under two names (a trainer's top-k file and its ``last``), not a re-save."""
+_SAVED_SIZE = 1024
+
+
+def warn_resave(repo: Repository, spec: TakeSpec) -> None:
+    """Warn (:class:`ResaveWarning`, at the caller's line) when ``spec``'s ``run@step`` exists
+    already and this process did not take it: a trainer resumed from an earlier step saves it
+    again. The take goes on and makes a second snapshot at that step, which ``run@step`` then
+    names. Under torch.distributed only rank 0 warns."""
+    if spec.step is None:
+        return
+    if _ranks(spec.no_dist):
+        import torch.distributed as dist
+
+        if dist.get_rank() != 0:
+            return
+    key = (repo.url, spec.run, spec.step)
+    with _LOADED_LOCK:
+        ours = key in _SAVED
+        _SAVED[key] = None
+        _SAVED.move_to_end(key)
+        while len(_SAVED) > _SAVED_SIZE:
+            _SAVED.popitem(last=False)
+    old = None if ours else repo.index.at_step(spec.run, spec.step)
+    if old is not None:
+        warn(
+            ResaveWarning(
+                f"ckstore: {spec.run}@{spec.step} exists already (snapshot {old.id[:12]}): this "
+                f"take saves that step again as a second snapshot, which {spec.run}@{spec.step} "
+                f"will name; the first stays (`ckstore rm {old.id[:12]}` forgets it). A trainer "
+                "resumed from an earlier step? Pass each save its own step to keep one per step"
+            )
+        )
 
 
 def _ranks(no_dist: bool) -> bool:

@@ -12,8 +12,13 @@ status.
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import FrameType
 
 
 class CkstoreError(Exception):
@@ -36,6 +41,12 @@ class KeyNotFoundError(NotFoundError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class AppNotFoundError(KeyNotFoundError, AssertionError):
+    """TorchSnapshot's ``get_state_dict_for_key`` of an app_state name the snapshot lacks:
+    also an AssertionError, which TorchSnapshot raises there, so code written for it keeps
+    catching it."""
 
 
 class ObjectNotFoundError(NotFoundError, FileNotFoundError):
@@ -150,6 +161,33 @@ class MetadataWarning(UserWarning):
     """A take's ``metadata`` held a value JSON cannot carry as given: a NaN or infinite float
     (a NaN loss, say), recorded as null. The message names each path; the snapshot is
     committed."""
+
+
+class ResaveWarning(UserWarning):
+    """A take recorded a ``run@step`` the store already holds (a trainer resumed from an
+    earlier step and saved that step again): the new snapshot is committed beside the old one,
+    ``run@step`` names the newer, and ``ckstore log`` marks it ``(re-save)``."""
+
+
+def warn(warning: Warning) -> None:
+    """Issue ``warning`` at the line of the caller's own code that called into ckstore (the
+    ``store.take(...)`` line), not at ckstore's: the first frame outside the package. From a
+    thread with no such frame (an ``async_take`` finishing in the background) it points at
+    the ckstore line that warned."""
+    frame: FrameType | None = sys._getframe(1)
+    level = 2  # stacklevel 2: warn's caller
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    if frame is None or frame.f_code.co_filename.startswith(_THREADS):
+        level = 2
+    warnings.warn(warning, stacklevel=level)
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_THREADS = (
+    threading.__file__,
+    os.path.join(os.path.dirname(threading.__file__), "concurrent") + os.sep,
+)
 
 
 class DistributedError(CkstoreError):

@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from . import _takes
 from .distributed import is_distributed
 from .engine.progress import ProgressFn
 from .engine.view import SnapshotFields, SnapshotView
@@ -88,6 +89,15 @@ class StoredSnapshot(SnapshotFields):
         summary without reading the manifest, see :attr:`healthy`."""
         return of_header(self.manifest.snapshot)
 
+    @property
+    def forked_from(self) -> str | None:
+        """The id of the snapshot its take's state was loaded from, when that was not the
+        run's previous snapshot: ``take(..., forked_from=ref)``, or the snapshot a restore of
+        the taking process loaded (a fine-tune's base). None when none was recorded (the
+        lineage then infers the fork from shared chunks); from the manifest header."""
+        value = (self.manifest.snapshot or {}).get("forked_from")
+        return value if isinstance(value, str) and value else None
+
     # --- what it stores and shares (from the index) --------------------------------------------
     def entries(self) -> list[EntryRecord]:
         """Every entry's key, kind, dtype, shape and size (and digest), in the order of the
@@ -154,6 +164,7 @@ class StoredSnapshot(SnapshotFields):
         atomic: bool = True,
         verify: bool = False,
         progress: ProgressFn | None = None,
+        cast: bool = False,
     ) -> None:
         """Load this snapshot into ``app_state`` in place.
 
@@ -205,11 +216,22 @@ class StoredSnapshot(SnapshotFields):
         ``progress``: ``fn(what, done, total)`` told the raw bytes of each pass as it advances
         (``"verify"`` then ``"restore"``; one ``"restore"`` pass with ``atomic=False``), from the
         restore's threads, at most ten times a second and at the end of each pass.
+        ``cast=True`` converts a tensor stored in one floating-point dtype into a destination
+        of another (a float32 snapshot into a bfloat16 model): it is read as stored into new
+        memory, verified, and copied into place with ``Tensor.copy_``'s rounding. Integer,
+        bool and complex tensors must still match. Single-process restores only, without
+        ``verify`` (a converted tensor never hashes as stored).
+
+        A later :meth:`Store.take` of this process into the same store records this snapshot
+        as the one it forked from (unless it is the run's latest: a resume), so the lineage
+        shows where a fine-tune came from.
 
         Raises:
             UnsupportedValueError: an app_state value is not stateful (also a TypeError).
-            MismatchError: keys, dtypes or shapes differ (named in the message), or meta
-                tensors were not materialised (see above).
+            MismatchError: keys, dtypes or shapes differ (named in the message; a
+                ``torch.compile``'d module's ``_orig_mod.`` keys get the fix), or meta tensors
+                were not materialised (see above).
+            InvalidInputError: ``cast=True`` with ``verify=True``, or under torch.distributed.
             CorruptionError: stored bytes are damaged (the key is named).
             DistributedError: a rank failed (distributed restore; names ranks and causes);
                 RankLostError when a rank never answered within ``dist_timeout``.
@@ -221,6 +243,12 @@ class StoredSnapshot(SnapshotFields):
         from .engine.stateful import check_app_state
 
         check_app_state(app_state, restoring=True)
+        if cast and (verify or is_distributed()):
+            raise InvalidInputError(
+                "restore(cast=True) converts dtypes in a single-process restore without "
+                "verify=True (a converted tensor never hashes as stored); under torch.distributed "
+                "restore into a model of the stored dtypes, then convert"
+            )
         mode = replicated_mode(replicated_read)
         if memory_budget is not None:
             check_int("memory_budget", memory_budget)
@@ -246,7 +274,8 @@ class StoredSnapshot(SnapshotFields):
                     atomic=atomic,
                 )
             else:
-                restore(reader, app_state, strict=strict, budget=budget, atomic=atomic)
+                restore(reader, app_state, strict=strict, budget=budget, atomic=atomic, cast=cast)
+        _takes.loaded(view.repo, view.record.id)
         if verify:
             self._check_restored(app_state, strict)
 

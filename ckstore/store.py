@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from . import _remote_verbs, _takes
 from ._history_verbs import HistoryVerbs
@@ -18,6 +18,7 @@ from .engine.progress import ProgressFn
 from .engine.repository import Repository
 from .engine.take.spec import AsyncTakeOptions, LiveTakeOptions, TakeOptions, TakeSpec
 from .engine.view import SnapshotView
+from .errors import SnapshotNotFoundError
 from .format.manifest import Manifest
 from .history.compact import attach as attach_compaction
 from .index import SnapshotRecord
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from .engine.take.local import LocalTake
+
+T = TypeVar("T")
+_REQUIRED: Any = object()
+"""``Store.get`` without a default: a ref that names nothing raises."""
 
 
 class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs):
@@ -122,6 +127,16 @@ class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs
         collectives), for code that runs on one rank by design, such as a trainer's checkpoint
         hook called on rank 0 only.
 
+        ``forked_from`` (a ref) records the snapshot this state came from when it is not the
+        run's previous one (a fine-tune's base): ``snap.forked_from``, the lineage's fork. Left
+        out, a take records the snapshot a :meth:`StoredSnapshot.restore` of this process
+        loaded last from this store, unless that is the run's latest (a resume); either way
+        that restore is used up.
+
+        A ``run@step`` this process did not save already exists: the take warns
+        (``ResaveWarning``, at your line) and commits a second snapshot at that step, which
+        ``run@step`` then names.
+
         ``tags`` are created; one that exists already is moved only with ``move_tags=True``
         (the rule of :meth:`tag` and ``force``), and none may take the name of a run, nor
         ``run`` the name of a tag (a ref names a tag first, so either would hide the other).
@@ -151,6 +166,7 @@ class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs
         spec = _takes.spec_of(
             self._repo, LiveTakeOptions, options, run=run, step=step, tags=tags, metadata=metadata
         )
+        spec = _takes.fork_of(self._repo, spec)
         return self._handle(*_takes.take(self._repo, app_state, spec, pg, progress))
 
     @_takes.shows(AsyncTakeOptions)
@@ -181,6 +197,7 @@ class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs
         spec = _takes.spec_of(
             self._repo, AsyncTakeOptions, options, run=run, step=step, tags=tags, metadata=metadata
         )
+        spec = _takes.fork_of(self._repo, spec)
         job = _takes.take_async(self._repo, app_state, spec, pg, progress)
         return PendingSnapshot.of(job.future, self._handle, job.staged_bytes, job.sync_bytes)
 
@@ -258,10 +275,40 @@ class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs
             return self._handle(*_takes.take(self._repo, loaded.apps, spec, progress=progress))
 
     # --- reading -------------------------------------------------------------------------
-    def get(self, ref: str) -> StoredSnapshot:
+    @overload
+    def get(self, ref: str) -> StoredSnapshot: ...
+
+    @overload
+    def get(self, ref: str, default: T) -> StoredSnapshot | T: ...
+
+    def get(self, ref: str, default: Any = _REQUIRED) -> Any:
         """Resolve "run" (latest), "run@step", a tag, a snapshot name or an id prefix; also
-        what ``snap.ref`` prints, ``"sft@100 (0123456789ab)"``."""
-        return self._handle(self._repo.index.resolve(ref))
+        what ``snap.ref`` prints, ``"sft@100 (0123456789ab)"``.
+
+        ``default`` (e.g. None) is returned when nothing matches, as ``dict.get`` does: the
+        resume-if-present idiom is ``snap = store.get("sft", None)``.
+
+        Raises:
+            SnapshotNotFoundError: nothing matches and no ``default`` was given; the message
+                names the closest runs and tags.
+            InvalidInputError: ``ref`` is malformed (``run@``, a step that is not a number) or
+                an ambiguous id prefix, whatever ``default`` is.
+        """
+        try:
+            return self._handle(self._repo.index.resolve(ref))
+        except SnapshotNotFoundError:
+            if default is _REQUIRED:
+                raise
+            return default
+
+    def latest(self, run: str | None = None, *, healthy: bool = False) -> StoredSnapshot | None:
+        """The newest snapshot of ``run`` (of the whole store when None), or None when there is
+        none: what a training script resumes from if it is there.
+
+        ``healthy``: the newest whose take recorded no NaN or Inf (``run@healthy``).
+        """
+        found = self._repo.index.list_snapshots(run=run, limit=1, healthy=healthy)
+        return self._handle(found[0]) if found else None
 
     def log(
         self, run: str | None = None, limit: int | None = None, *, healthy: bool = False

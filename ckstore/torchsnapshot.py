@@ -29,6 +29,7 @@ from .engine.restore.logical import ranked_manifest, split_rank
 from .engine.stateful import RNGState, StateDict, Stateful, check_app_state
 from .engine.take.spec import PathTakeOptions, TakeSpec
 from .engine.view import SnapshotView
+from .errors import AppNotFoundError, KeyNotFoundError
 from .format.manifest import Entry, Manifest
 from .index import SnapshotRecord
 from .snapshot import PendingSnapshot, StoredSnapshot
@@ -171,6 +172,19 @@ class Snapshot(StoredSnapshot):
 
         rank, key = split_rank(path, f"snapshot {self.ref}")
         return read_object(Reader.of(self._view(), rank=rank), key, obj_out)
+
+    def get_state_dict_for_key(self, key: str, replicate_from_rank0: bool = False) -> Any:
+        """The state dict stored for app_state name ``key`` (see
+        :meth:`StoredSnapshot.get_state_dict_for_key`).
+
+        Raises:
+            AppNotFoundError: the snapshot has no app_state name ``key``; a KeyNotFoundError
+                and, as TorchSnapshot raises, an AssertionError.
+        """
+        try:
+            return super().get_state_dict_for_key(key, replicate_from_rank0)
+        except KeyNotFoundError as exc:
+            raise AppNotFoundError(str(exc)) from exc
 
     def get_manifest(self) -> dict[str, Entry]:
         """Every leaf's logical path ``<rank>/<key>`` -> its entry (``kind``, ``dtype``,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import difflib
 import json
 from typing import Any
 
@@ -74,12 +75,19 @@ def _not_an_entry(snap: Any, key: str) -> Exception:
     if below:
         shown = ", ".join(below[:5]) + (f" and {len(below) - 5} more" if len(below) > 5 else "")
         return InvalidInputError(
-            f"{key!r} is a group of {len(below)} entries in snapshot {snap.ref}, not one entry: "
-            f"cat one of {shown} (`ckstore ls {snap.run if snap.step is None else f'{snap.run}@{snap.step}'} {key}` lists them)"
+            f"{key!r} is a group of {fmt.count(len(below), 'entry', 'entries')} in snapshot "
+            f"{snap.ref}, not one entry: "
+            f"cat one of {shown} (`ckstore ls {_ref(snap)} {key}` lists them)"
         )
+    near = difflib.get_close_matches(key, list(snap.manifest.entries), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
     return KeyNotFoundError(
-        f"no key {key!r} in snapshot {snap.ref} (`ckstore ls REF` lists the keys)"
+        f"no key {key!r} in snapshot {snap.ref}{hint} (`ckstore ls {_ref(snap)}` lists the keys)"
     )
+
+
+def _ref(snap: Any) -> str:
+    return snap.run if snap.step is None else f"{snap.run}@{snap.step}"
 
 
 def jsonable(value: Any) -> Any:

@@ -7,6 +7,7 @@ errors become exit codes (``exit_code``) or one-line usage errors (``usage_error
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -133,6 +134,23 @@ def open_store(args: argparse.Namespace, **options: Any) -> Store:
     )
 
 
+def check_runs(store: Store, runs: list[str] | None) -> None:
+    """Refuse a ``--run`` that names no run of ``store``, as ``log --run`` does (exit 3).
+
+    Raises:
+        NotFoundError: a run has no snapshot; the message names the closest runs and lists
+            the store's runs (the first ten and how many more).
+    """
+    known = store.runs()
+    for run in runs or ():
+        if run in known:
+            continue
+        near = difflib.get_close_matches(run, known, n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(repr(n) for n in near)}? " if near else ""
+        shown = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+        raise NotFoundError(f"no run {run!r} in store {store.url}: {hint}runs: {shown or '(none)'}")
+
+
 # --- output -------------------------------------------------------------------------------------
 def emit_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
@@ -143,14 +161,16 @@ def print_report(d: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit_json(d)
     else:
-        print("\n".join(_report_lines(d, "")))
+        print("\n".join(report_lines(d)))
 
 
-def _report_lines(d: dict[str, Any], indent: str) -> list[str]:
+def report_lines(d: dict[str, Any], indent: str = "") -> list[str]:
+    """A report's ``key: value`` lines (nested dicts indented, sizes, durations and times made
+    human), as :func:`print_report` prints them."""
     lines = []
     for key, value in d.items():
         if isinstance(value, dict):
-            lines += [f"{indent}{key}:"] + _report_lines(value, indent + "  ")
+            lines += [f"{indent}{key}:"] + report_lines(value, indent + "  ")
         elif (
             isinstance(value, (list, tuple))
             and value

@@ -9,6 +9,11 @@ record's ``completes``, ``cli/_command.py``) come from the parser itself; refs (
 (``--store``, ``$CKSTORE_STORE``, or the nearest store upwards), read from the index only, so
 a TAB never imports torch. ``__files__`` asks the shell for its own file completion.
 Completion never fails loudly: any error yields no candidates.
+
+Keys complete one path level at a time (:func:`next_level`), at ``/`` and at ``.``: a 7B
+model's thousands of keys come as ``model/`` first, then ``model/model.``, then
+``model/model.layers.``, and so on; a candidate that ends in a separator leaves no space after
+it, so the next TAB goes on from there.
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ _ckstore_complete() {
         COMPREPLY=($(compgen -f -- "${COMP_WORDS[COMP_CWORD]}"))
     else
         COMPREPLY=($out)
+        # a key's next level (model/, model/layers.) goes on without a space
+        if [ ${#COMPREPLY[@]} -eq 1 ] && [[ "${COMPREPLY[0]}" == */ || "${COMPREPLY[0]}" == *. ]]; then
+            compopt -o nospace 2>/dev/null
+        fi
     fi
 }
 complete -o default -F _ckstore_complete ckstore
@@ -54,9 +63,12 @@ _ckstore() {
         _files
         return
     fi
-    local -a candidates
+    local -a candidates levels
     candidates=("${(@f)out}")
+    levels=(${(M)candidates:#*[./]})
+    candidates=(${candidates:#*[./]})
     compadd -Q -- "${candidates[@]}"
+    compadd -Q -S '' -- "${levels[@]}"
 }
 compdef _ckstore ckstore
 """
@@ -221,7 +233,7 @@ def _from_store(
         if kind == "key":
             if not positionals:
                 return []
-            return _match([e.key for e in store.get(positionals[0]).entries()], current)
+            return next_level([e.key for e in store.get(positionals[0]).entries()], current)
         if "@" in current:
             run = current.rpartition("@")[0]
             steps = [s.step for s in store.log(run=run, limit=200) if s.step is not None]
@@ -249,6 +261,24 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 def _options(p: argparse.ArgumentParser) -> list[str]:
     return sorted({o for a in p._actions for o in a.option_strings if o.startswith("--")})
+
+
+SEPARATORS = "/."
+"""Where a key's path levels end: ``/`` between state dicts, ``.`` inside a module's names."""
+
+
+def next_level(keys: list[str], current: str) -> list[str]:
+    """The keys that start with ``current``, cut after their next separator (``model/``,
+    ``model/layers.``), each once, sorted: one level at a time. A key with no separator
+    left comes whole."""
+    out = set()
+    for key in keys:
+        if not key.startswith(current):
+            continue
+        rest = key[len(current) :]
+        cut = min((i for i in (rest.find(c) for c in SEPARATORS) if i >= 0), default=-1)
+        out.add(key if cut < 0 else current + rest[: cut + 1])
+    return sorted(out)
 
 
 def _match(items: list[str], prefix: str) -> list[str]:

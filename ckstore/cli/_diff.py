@@ -43,7 +43,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     dl = d["b_deltas"]
     if dl["chunks"]:
         print(
-            f"b stores {dl['new_chunks']} chunks beyond a in {fmt.size(dl['new_stored_bytes'])}; "
+            f"b stores {fmt.count(dl['new_chunks'], 'chunk')} beyond a in "
+            f"{fmt.size(dl['new_stored_bytes'])}; "
             f"{dl['chunks']} are deltas: {fmt.size(dl['raw_bytes'])} raw in {fmt.size(dl['stored_bytes'])} "
             f"({fmt.size(dl['saved_bytes'])} saved)"
         )

@@ -28,6 +28,12 @@ def size(n: int | None) -> str:
     raise AssertionError("unreachable")
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``count(1, "chunk")`` -> ``"1 chunk"``, ``count(3, "entry", "entries")`` ->
+    ``"3 entries"``: a number and its noun, as English has them."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
@@ -95,9 +101,11 @@ def progress(items: Iterable[T], desc: str) -> Iterable[T]:
     return tqdm(items, desc=desc, leave=False, file=sys.stderr)
 
 
-def bar() -> Callable[[str, int, int], None] | None:
+def bar(label: str | None = None) -> Callable[[str, int, int], None] | None:
     """A progress callback (``fn(what, done, total)``, bytes) drawing one tqdm bar per ``what``
-    on stderr when it is a terminal and tqdm is installed; None otherwise (no progress kept)."""
+    on stderr when it is a terminal and tqdm is installed; None otherwise (no progress kept).
+    ``label``: what the bars say instead of the engine's pass name (``import`` rather than the
+    take it runs, ``export`` rather than the restore's read)."""
     if not sys.stderr.isatty():
         return None
     try:
@@ -115,7 +123,7 @@ def bar() -> Callable[[str, int, int], None] | None:
                     b.close()
                 b = bars[what] = tqdm(
                     total=total,
-                    desc=what,
+                    desc=label if label and what in ("take", "restore") else what,
                     unit="B",
                     unit_scale=True,
                     unit_divisor=1024,

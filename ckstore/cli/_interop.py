@@ -28,7 +28,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             move_tags=args.move_tags,
             verify=not args.no_verify,
             on_nonfinite=args.on_nonfinite,
-            progress=fmt.bar(),
+            progress=fmt.bar("import"),
         )
         report = {
             "id": snap.id,
@@ -111,10 +111,16 @@ def cmd_export(args: argparse.Namespace) -> int:
             keys=args.keys,
             force=args.force,
             shard_bytes=args.shard_size,
-            progress=fmt.bar(),
+            progress=fmt.bar("export"),
         )
     out = {"snapshot": snap.ref, **report.to_dict()}
     print_report(out, args.json)
+    if report.skipped_apps and not args.json:
+        print(
+            f"note: left out {', '.join(report.skipped_apps)} (not the model's weights: a "
+            f"{args.format} export holds what from_pretrained loads); --keys '**' exports "
+            "every app"
+        )
     return EXIT_OK
 
 

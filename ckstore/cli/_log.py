@@ -10,12 +10,12 @@ import json
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from ..errors import KeyNotFoundError, NotFoundError
+from ..errors import KeyNotFoundError
 from ..format.health import Health, describe
 from . import _format as fmt
 from ._args import REF_HELP, nonneg_int
 from ._command import Command
-from ._common import EXIT_OK, emit_json, open_store
+from ._common import EXIT_OK, check_runs, emit_json, open_store
 
 if TYPE_CHECKING:
     from ..snapshot import StoredSnapshot
@@ -71,13 +71,16 @@ def _health_cell(r: dict[str, Any]) -> str:
 def cmd_log(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         snaps = store.log(run=args.run, limit=args.n, healthy=args.healthy)
-        if args.run is not None and not snaps and args.run not in store.runs():
-            runs = store.runs()
-            known = ", ".join(runs[:10]) + (", ..." if len(runs) > 10 else "") if runs else "(none)"
-            raise NotFoundError(f"no run {args.run!r} in store {store.url} (runs: {known})")
+        if args.run is not None and not snaps:
+            check_runs(store, [args.run])
         tags = tags_by_snapshot(store)
         pushed = store.push_status() if store.remotes() else None
     rows = [_snap_dict(s, tags.get(s.id, [])) for s in snaps]
+    seen: set[tuple[str, int]] = set()
+    for s, r in zip(reversed(snaps), reversed(rows)):  # oldest first: the later ones re-save
+        r["resave"] = s.step is not None and (s.run, s.step) in seen
+        if s.step is not None:
+            seen.add((s.run, s.step))
     if pushed is not None:  # a store with remotes: where each snapshot is
         for s, r in zip(snaps, rows):
             r["remote"] = pushed[s.id].to_dict() if s.id in pushed else None
@@ -87,7 +90,7 @@ def cmd_log(args: argparse.Namespace) -> int:
     table: list[tuple[Any, ...]] = [
         (
             s.id[:12],
-            snapshot_label(s),
+            snapshot_label(s) + (" (re-save)" if r["resave"] else ""),
             fmt.when(s.created_at),
             fmt.size(r["logical_bytes"]),
             fmt.size(r["new_bytes"]),
@@ -99,9 +102,7 @@ def cmd_log(args: argparse.Namespace) -> int:
     headers: tuple[str, ...] = ("id", "snapshot", "time", "logical", "new", "health", "tags")
     if pushed is not None:
         headers = (*headers[:-1], "remote", headers[-1])
-        table = [
-            (*t[:-1], (r["remote"] or {}).get("state", "-"), t[-1]) for t, r in zip(table, rows)
-        ]
+        table = [(*t[:-1], where(r["remote"]), t[-1]) for t, r in zip(table, rows)]
     print(fmt.table(headers, table, right=(3, 4)))
     return EXIT_OK
 
@@ -137,6 +138,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         d["stored_bytes"] = snap.stored_bytes()
         entries = snap.entries()
         health = snap.health
+        fork = snap.forked_from
+        d["forked_from"] = fork
+        source = store.get(fork, None) if fork else None
         if store.remotes():
             status = store.push_status().get(snap.id)
             d["remote"] = None if status is None else status.to_dict()
@@ -154,15 +158,24 @@ def cmd_show(args: argparse.Namespace) -> int:
         ("step", d["step"]),
         ("name", d["name"]),
         ("parent", d["parent_id"]),
+        *(
+            [("forked from", f"{source.ref}" if source else f"{fork} (no longer in the store)")]
+            if fork
+            else []
+        ),
         ("time", fmt.when(d["created_at"])),
         ("world size", d["world_size"]),
         ("tags", ", ".join(d["tags"]) or None),
         ("manifest", d["manifest_id"]),
-        ("entries", f"{d['entries']['tensors']} tensors, {d['entries']['values']} values"),
+        (
+            "entries",
+            f"{fmt.count(d['entries']['tensors'], 'tensor')}, "
+            f"{fmt.count(d['entries']['values'], 'value')}",
+        ),
         ("logical", fmt.size(d["logical_bytes"])),
         ("stored", fmt.size(d["stored_bytes"])),
-        ("new", f"{fmt.size(d['new_bytes'])} in {d['new_chunks']} new chunks"),
-        ("reused", f"{d['reused_chunks']} chunks"),
+        ("new", f"{fmt.size(d['new_bytes'])} in {fmt.count(d['new_chunks'], 'new chunk')}"),
+        ("reused", fmt.count(d["reused_chunks"], "chunk")),
         *_health_lines(health),
         *_remote_lines(d.get("remote")),
     ]
@@ -197,8 +210,22 @@ def _remote_lines(remote: dict[str, Any] | None) -> list[tuple[str, Any]]:
     """``show``'s line on where the snapshot is (stores with remotes only)."""
     if remote is None:
         return []
-    held = f" (held by {', '.join(remote['remotes'])})" if remote["remotes"] else ""
-    return [("remote", f"{remote['state']}{held}")]
+    return [("remote", where(remote))]
+
+
+def where(remote: dict[str, Any] | None) -> str:
+    """Where a snapshot is, as people read it: ``at origin`` (held by those remotes, whether
+    this store pushed it there or pulled it from there: a clone's snapshots are not
+    "pushed"), ``pushing`` (its tier does not hold it yet), ``local``; ``--json`` keeps the
+    state's name (``pushed``, ``pushing``, ``local``)."""
+    if remote is None:
+        return "-"
+    if remote["state"] == "pushing":
+        held = f"; at {', '.join(remote['remotes'])}" if remote["remotes"] else ""
+        return f"pushing{held}"
+    if remote["remotes"]:
+        return f"at {', '.join(remote['remotes'])}"
+    return str(remote["state"])
 
 
 def _health_lines(health: Health | None) -> list[tuple[str, Any]]:
@@ -217,7 +244,8 @@ def _health_lines(health: Health | None) -> list[tuple[str, Any]]:
     if health.stale is not None:
         since = (health.stale_base or {}).get("step")
         text = (
-            f"{len(health.stale)} tensors unchanged since step {since}: {describe(health.stale)}"
+            f"{fmt.count(len(health.stale), 'tensor')} unchanged since step {since}: "
+            f"{describe(health.stale)}"
             if health.stale
             else f"none (every tensor that should train changed since step {since})"
         )
@@ -246,7 +274,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return EXIT_OK
     table = [(r["key"], r["kind"], r["dtype"], r["shape"], fmt.size(r["bytes"])) for r in rows]
     print(fmt.table(("key", "kind", "dtype", "shape", "bytes"), table, right=(4,)))
-    print(f"{len(rows)} entries, {fmt.size(sum(r['bytes'] for r in rows))}")
+    print(f"{fmt.count(len(rows), 'entry', 'entries')}, {fmt.size(sum(r['bytes'] for r in rows))}")
     return EXIT_OK
 
 

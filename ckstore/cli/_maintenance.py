@@ -15,7 +15,15 @@ from . import _common
 from . import _format as fmt
 from ._args import duration_arg, fraction_arg, nonneg_int, unit_fraction
 from ._command import Command
-from ._common import EXIT_OK, EXIT_PROBLEMS, emit_json, find_store, open_store, print_report
+from ._common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    check_runs,
+    emit_json,
+    find_store,
+    open_store,
+    print_report,
+)
 
 GC_GRACE_DEFAULT = "6h"
 """``history.gc.DEFAULT_GRACE_SECONDS`` as ``gc --help`` shows it (a test keeps them equal;
@@ -39,6 +47,9 @@ def gc_policy(args: argparse.Namespace) -> dict[str, Any]:
         ("runs", "runs"),
         ("grace", "grace_seconds"),
         ("repack_below", "repack_below"),
+        ("keep_best", "keep_best"),
+        ("metric", "metric"),
+        ("mode", "mode"),
     ):
         value = getattr(args, opt)
         if value is not None:
@@ -49,6 +60,7 @@ def gc_policy(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_gc(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         policy = gc_policy(args)
+        check_runs(store, policy.get("runs"))
         if not args.dry_run and not args.yes and _common.is_terminal():
             emptied = runs_emptied(store, store.gc(**{**policy, "dry_run": True}).snapshots_dropped)
             if emptied and not _common.ask(
@@ -78,7 +90,7 @@ def _gc_arguments(p: argparse.ArgumentParser) -> None:
         type=nonneg_int,
         metavar="N",
         help="keep the newest N snapshots of each run (default: unset; gc drops snapshots only "
-        "when --keep-last, --keep-every-steps or --older-than is given, and asks on a terminal "
+        "when --keep-last, --keep-every-steps, --keep-best or --older-than is given, and asks on a terminal "
         "before leaving a run with none, as --keep-last 0 does)",
     )
     p.add_argument(
@@ -86,6 +98,24 @@ def _gc_arguments(p: argparse.ArgumentParser) -> None:
         type=nonneg_int,
         metavar="N",
         help="keep snapshots whose step is a multiple of N (default: off)",
+    )
+    p.add_argument(
+        "--keep-best",
+        type=nonneg_int,
+        metavar="N",
+        help="keep the N best snapshots of each run by the metadata value --metric names (as "
+        "Lightning's save_top_k); snapshots without it are not ranked (default: off)",
+    )
+    p.add_argument(
+        "--metric",
+        metavar="KEY",
+        help="the metadata key --keep-best ranks by, e.g. loss (eval.loss reaches into a nested "
+        "object)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("min", "max"),
+        help="min: lower is better, as a loss (the default); max: higher is better",
     )
     p.add_argument(
         "--older-than",
@@ -144,6 +174,7 @@ GC = Command(
         "ckstore gc --run sft --keep-every-steps 1000 --json",
         "ckstore gc --keep-last 0 --yes",
         "ckstore gc --keep-last 2 --no-keep-healthy",
+        "ckstore gc --keep-best 3 --metric loss --keep-last 1",
     ),
     cmd_gc,
     _gc_arguments,
@@ -223,7 +254,8 @@ def sessions_note(held: list[dict[str, Any]], who: str) -> str:
             until = f"lease until {fmt.when(h['expires_at'])} (in {_left(h['expires_at'] - now)})"
         lines.append(
             f"  {h['owner']}  started {fmt.when(h['started_at'])}  {until}; "
-            f"{h['pinned_chunks']} chunks pinned, {fmt.size(h['held_bytes'])} in no snapshot"
+            f"{fmt.count(h['pinned_chunks'], 'chunk')} pinned, {fmt.size(h['held_bytes'])} in no "
+            "snapshot"
         )
     lines.append(
         f"{who} those bytes until the take commits or its lease ends (a take stopped by Ctrl-C "
@@ -253,8 +285,47 @@ def cmd_check(args: argparse.Namespace) -> int:
         report = store.check(
             read_data=args.read_data, progress=lambda it: fmt.progress(it, "packs")
         )
-    print_report(report.to_dict(), args.json)
+    if args.json:
+        print_report(report.to_dict(), True)
+    else:
+        print("\n".join(check_lines(report.to_dict())))
     return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+def check_lines(d: dict[str, Any]) -> list[str]:
+    """``check``'s report for people: its ``key: value`` lines, each problem a sentence with
+    the snapshots and keys it breaks (never raw JSON), and a note on what the counts count
+    (three tools count chunks three ways: ``du`` the chunks snapshots reference, ``check``
+    every chunk row of the index, a read of whole packs every entry it decodes)."""
+    lines = []
+    for key, value in d.items():
+        if key == "problems":
+            lines.append(f"problems: {len(value)}")
+            lines += [f"  - {_problem(p)}" for p in value]
+        else:
+            lines += _common.report_lines({key: value})
+    lines.append(
+        "note: chunks counts every chunk the index records (those snapshots reference, the bases "
+        "their deltas are stored against, any gc has yet to reclaim; `du` counts the referenced "
+        "ones); chunks_read every chunk entry of the packs read (a delta's base is decoded "
+        "again for each delta)"
+    )
+    return lines
+
+
+def _problem(p: dict[str, Any]) -> str:
+    """One problem as a sentence: what, which object, and what it breaks."""
+    if not {"kind", "object", "message"} <= p.keys():  # another report's shape: its fields
+        return ", ".join(f"{k} {v}" for k, v in p.items())
+    users = []
+    if p.get("snapshots"):
+        users.append(f"breaks {', '.join(p['snapshots'][:5])}")
+    if p.get("keys"):
+        more = " ..." if len(p["keys"]) > 5 else ""
+        users.append(f"keys {', '.join(p['keys'][:5])}{more}")
+    return f"{p['kind']} {p['object'][:16]}: {p['message']}" + (
+        f" ({'; '.join(users)})" if users else ""
+    )
 
 
 def _check_arguments(p: argparse.ArgumentParser) -> None:
@@ -331,15 +402,35 @@ def cmd_du(args: argparse.Namespace) -> int:
         )
     )
     total = rows[-1]
-    print(f"packs on the backend: {total.packs}, {fmt.size(total.pack_bytes)}")
+    extra = total.unreferenced_bytes or 0
+    print(
+        f"packs on the backend: {total.packs}, {fmt.size(total.pack_bytes)}"
+        + (
+            f" ({fmt.size(extra)} beyond the chunks snapshots reference: the bases their "
+            "deltas are stored against, pack headers, and chunks no snapshot uses, such as a "
+            "cancelled or running take's, which gc reclaims after its grace period)"
+            if extra > 64 * max(1, total.packs or 0)
+            else ""
+        )
+    )
+    if total.remote_bytes:
+        print(
+            f"at a remote only: {fmt.size(total.remote_bytes)} of the stored bytes (evicted from "
+            "this disk; reading them fetches them from the remote, verified)"
+        )
     if len(rows) > 1:
         print(
             "exclusive: stored bytes no other run uses, what `ckstore rm --run RUN` then `ckstore gc` free"
         )
-    for r in rows:
+    print(
+        "chunks: those the snapshots reference, each once (`check` also counts the bases deltas "
+        "are stored against and chunks gc has yet to reclaim)"
+    )
+    for r in rows if len(rows) > 2 else rows[:-1]:  # of one run, the store's line repeats it
         if r.delta_chunks:
             print(
-                f"deltas in {r.run if r.run is not None else 'the store'}: {r.delta_chunks} chunks, "
+                f"deltas in {r.run if r.run is not None else 'the store'}: "
+                f"{fmt.count(r.delta_chunks, 'chunk')}, "
                 f"{fmt.size(r.delta_raw_bytes)} raw stored in {fmt.size(r.delta_bytes)} "
                 f"({fmt.size(r.delta_saved_bytes)} saved)"
             )

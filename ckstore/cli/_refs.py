@@ -10,10 +10,10 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConflictError, NotFoundError
+from ..errors import ConflictError
 from . import _format as fmt
 from ._command import Command
-from ._common import EXIT_OK, confirmed, emit_json, open_store, usage_error
+from ._common import EXIT_OK, check_runs, confirmed, emit_json, open_store, usage_error
 from ._log import snapshot_label, tags_by_snapshot
 
 if TYPE_CHECKING:
@@ -182,12 +182,8 @@ RM = Command(
 def _rm_runs(args: argparse.Namespace) -> int:
     """``rm --run NAME``: every snapshot of each run, one transaction per run."""
     with open_store(args) as store:
+        check_runs(store, args.runs)
         snaps = {run: store.log(run=run) for run in args.runs}
-        for run, found in snaps.items():
-            if not found:
-                raise NotFoundError(
-                    f"no run {run!r} in store {store.url} (runs: {', '.join(store.runs()) or '(none)'})"
-                )
         tags = tags_by_snapshot(store)
         tagged = {
             run: sorted(n for s in found for n in tags.get(s.id, []))
@@ -201,7 +197,7 @@ def _rm_runs(args: argparse.Namespace) -> int:
             )
         frees = store.exclusive_bytes()
         what = ", ".join(
-            f"run {r} ({len(found)} snapshots, {fmt.size(frees.get(r, 0))} only it uses"
+            f"run {r} ({fmt.count(len(found), 'snapshot')}, {fmt.size(frees.get(r, 0))} only it uses"
             + (f"; tags {', '.join(tagged[r])}" if tagged[r] else "")
             + ")"
             for r, found in snaps.items()
@@ -219,7 +215,7 @@ def _rm_runs(args: argparse.Namespace) -> int:
         return EXIT_OK
     for run, gone in deleted.items():
         also = f" and their tags {', '.join(tagged[run])}" if tagged[run] else ""
-        print(f"deleted run {run}: {len(gone)} snapshots{also}")
+        print(f"deleted run {run}: {fmt.count(len(gone), 'snapshot')}{also}")
     print(
         f"run `ckstore gc` to reclaim the {fmt.size(sum(frees.get(r, 0) for r in deleted))} no other run uses"
     )

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from ..errors import NotFoundError
+from . import _format as fmt
 from ._command import Command
 from ._common import EXIT_CORRUPT, EXIT_OK, EXIT_PROBLEMS, emit_json
 
@@ -21,7 +22,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if not os.path.exists(args.path):
         raise NotFoundError(f"nothing at {args.path!r}")
-    report = verify_path(args.path, torch_tensors=_torch_tensors())
+    report = verify_path(args.path, torch_tensors=_torch_tensors(), strict=args.strict)
     d = report.to_dict()
     if args.json:
         emit_json(d)
@@ -36,6 +37,12 @@ def _verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "path", help="an exported file or folder (safetensors, torch, DCP, Hugging Face)"
     )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="a file no digest covers fails too (default: listed as unverified, which passes "
+        "when the folder has no ckstore-digests.json)",
+    )
 
 
 VERIFY = Command(
@@ -45,6 +52,7 @@ VERIFY = Command(
         "ckstore verify ./hf-out",
         "ckstore verify ./hf-out/model.safetensors",
         "ckstore verify ./ckpt --json",
+        "ckstore verify ./hf-out --strict",
     ),
     cmd_verify,
     _verify_arguments,
@@ -52,7 +60,8 @@ VERIFY = Command(
         "Check an exported file or folder against the BLAKE3 digests ckstore wrote with it (a "
         "safetensors file's own metadata, ckstore-digests.json beside the files). Needs no store; "
         "torch only to name the damaged tensor of a torch file. Beside ckstore-digests.json, a file "
-        "it does not list is damage too, and only regular files inside the folder are read. Exit 0 "
+        "it does not list is damage too, and only regular files inside the folder are read; without "
+        "it, a file no digest covers is listed as unverified, and with --strict it fails. Exit 0 "
         "when everything matches, 5 when something does not (named), 1 when there is nothing to "
         "check against."
     ),
@@ -73,10 +82,13 @@ def _torch_tensors() -> Any:
 def _print(d: dict[str, Any]) -> None:
     for p in d["problems"]:
         where = f"{p['file']}: tensor {p['tensor']!r}" if p["tensor"] else p["file"]
-        print(f"DAMAGED  {where}: {p['problem']}")
+        label = "UNVERIFIED" if p["problem"].startswith("no digest covers") else "DAMAGED"
+        print(f"{label}  {where}: {p['problem']}")
     for name in d["unverified"]:
-        print(f"unverified  {name} (no digest covers it)")
+        if not any(p["file"] == name for p in d["problems"]):
+            print(f"unverified  {name} (no digest covers it; --strict fails on it)")
     verdict = "ok" if d["ok"] else "FAILED"
     print(
-        f"{verdict}: {d['files']} file(s), {d['tensors']} tensor(s) checked against their BLAKE3 digests"
+        f"{verdict}: {fmt.count(d['files'], 'file')}, {fmt.count(d['tensors'], 'tensor')} checked "
+        "against their BLAKE3 digests"
     )

@@ -144,9 +144,10 @@ class StorageWriter(_DcpStorageWriter):
         if found:
             target = spec.name or _checkpoint_id(spec.run, spec.step)
             raise ConflictError(
-                f"dcp.save into ckstore: {target!r} already exists in {self.store.url} "
-                f"(snapshot {found[0].id[:12]}) and overwrite=False; pick another step or name, "
-                "or pass overwrite=True to add a newer snapshot"
+                f"Checkpoint already exists and overwrite=False (as DCP's FileSystemWriter "
+                f"says): dcp.save into ckstore: {target!r} already exists in {self.store.url} "
+                f"(snapshot {found[0].id[:12]}); pick another step or name, or pass "
+                "overwrite=True to add a newer snapshot"
             )
 
     # DCP API ------------------------------------------------------------------------------

@@ -372,6 +372,10 @@ class TierIndex(RemoteIndex, InventoryIndex, RepackIndex, Protocol):
         """The chunk rows that live in these packs."""
         ...
 
+    def snapshots_using(self, chunk_ids: Iterable[str]) -> dict[str, set[str]]:
+        """Chunk id -> the snapshots that reference it (whom a missing remote pack fails)."""
+        ...
+
     def pushed_chunk_ids(self, remote: str, chunk_ids: Iterable[str]) -> set[str]:
         """Those of ``chunk_ids`` a snapshot ``remote`` holds references."""
         ...

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidInputError, MetadataWarning
+from ..errors import InvalidInputError, MetadataWarning, warn
 
 MAX_DEPTH = 64
 """Most containers (dicts, lists, tuples) nested in one state dict, value or metadata object.
@@ -98,11 +97,11 @@ def check_metadata(metadata: Any, where: str = "metadata") -> dict[str, Any]:
     out = _json_copy(metadata, where, 0, nonfinite)
     assert isinstance(out, dict)
     if nonfinite:
-        warnings.warn(
-            f"{', '.join(nonfinite)}: not a finite number, recorded as null (JSON has no NaN "
-            "or infinity)",
-            MetadataWarning,
-            stacklevel=2,
+        warn(
+            MetadataWarning(
+                f"{', '.join(nonfinite)}: not a finite number, recorded as null (JSON has no "
+                "NaN or infinity)"
+            )
         )
     return out
 

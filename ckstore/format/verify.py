@@ -41,14 +41,18 @@ from .digests import (
 )
 
 
-def verify_path(path: str, torch_tensors: TensorDigests | None = None) -> VerifyReport:
+def verify_path(
+    path: str, torch_tensors: TensorDigests | None = None, *, strict: bool = False
+) -> VerifyReport:
     """Check a file or folder against the digests it carries (see the module docstring).
 
     A folder needs its sidecar, or safetensors files with their own digests; a file, its own
     digests or a sidecar beside it that lists it. Nothing to check against is a problem too
     (``no ckstore digests``, :attr:`VerifyReport.nothing_to_check`): a verifier must not pass
     what it could not check. Where a sidecar is readable, every file it does not list is a
-    problem, and is not read.
+    problem, and is not read. Without a sidecar, files no digest covers (a
+    ``pytorch_model.bin`` dropped beside sealed safetensors files) are listed as
+    ``unverified``; ``strict`` makes each of them a problem too.
     """
     report = VerifyReport(os.fspath(path))
     root = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
@@ -80,6 +84,9 @@ def verify_path(path: str, torch_tensors: TensorDigests | None = None) -> Verify
                 binding=False,
             )
         )
+    if strict:
+        for rel in report.unverified:
+            report.problems.append(Finding(rel, f"no digest covers it (--strict): {_FOREIGN}"))
     if report.files == 0 and not report.problems:
         report.nothing_to_check = True
         report.problems.append(

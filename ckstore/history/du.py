@@ -41,6 +41,8 @@ class UsageRow:
             need are counted where they are referenced (a base model's run, an older snapshot).
         exclusive_bytes: Per run: stored bytes of the chunks no other run needs (what
             deleting the run frees); None on the total row.
+        remote_bytes: Total row only: of ``stored_bytes``, those at a remote only (a two-tier
+            store evicted them from this disk; reads fetch them, verified).
     """
 
     run: str | None
@@ -54,6 +56,16 @@ class UsageRow:
     delta_raw_bytes: int = 0
     delta_bytes: int = 0
     exclusive_bytes: int | None = None
+    remote_bytes: int = 0
+
+    @property
+    def unreferenced_bytes(self) -> int | None:
+        """Total row only: pack bytes on this disk beyond the referenced chunks kept here: pack
+        headers and trailers, and chunks no snapshot references (a cancelled or running
+        take's, what gc reclaims after its grace period). None on a run's row."""
+        if self.pack_bytes is None:
+            return None
+        return max(0, self.pack_bytes - (self.stored_bytes - self.remote_bytes))
 
     @property
     def delta_saved_bytes(self) -> int:
@@ -80,7 +92,12 @@ class UsageRow:
         if self.run is not None:
             d["exclusive_bytes"] = self.exclusive_bytes
         else:
-            d.update(pack_bytes=self.pack_bytes, packs=self.packs)
+            d.update(
+                pack_bytes=self.pack_bytes,
+                packs=self.packs,
+                remote_bytes=self.remote_bytes,
+                unreferenced_bytes=self.unreferenced_bytes,
+            )
         return d
 
 
@@ -111,6 +128,7 @@ def _row(u: Usage, **extra: Any) -> UsageRow:
         delta_chunks=u.delta_chunks,
         delta_raw_bytes=u.delta_raw_bytes,
         delta_bytes=u.delta_bytes,
+        remote_bytes=u.remote_bytes,
         **extra,
     )
 

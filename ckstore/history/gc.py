@@ -95,13 +95,18 @@ def gc(
     repack_below: float = DEFAULT_REPACK_BELOW,
     dry_run: bool = False,
     keep_healthy: bool = True,
+    keep_best: int | None = None,
+    metric: str | None = None,
+    mode: str = "min",
     progress: ProgressFn | None = None,
 ) -> GCReport:
     """Forget the snapshots the policy drops, then prune what nothing references.
 
     Args:
-        keep_last, keep_every_steps, keep_tagged, older_than, runs, keep_healthy: the retention policy
-            (see :class:`ckstore.history.policy.Policy`); with none of the first three set only prune.
+        keep_last, keep_every_steps, keep_tagged, older_than, runs, keep_healthy, keep_best,
+            metric, mode: the retention policy (see :class:`ckstore.history.policy.Policy`);
+            with none of ``keep_last``, ``keep_every_steps``, ``older_than``, ``keep_best`` set
+            only prune.
         grace_seconds: unreferenced data younger than this, and retired packs retired more
             recently than this, are kept (readers that resolved a location just before may still
             be reading it).
@@ -124,6 +129,9 @@ def gc(
         older_than,
         tuple(runs) if runs else None,
         keep_healthy,
+        keep_best,
+        metric,
+        mode,
     )
     report = GCReport(dry_run=dry_run, grace_seconds=grace_seconds)
     now = time.time()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InvalidInputError
 from ..format.limits import check_int, check_number
@@ -29,6 +31,13 @@ class Policy:
         runs: only snapshots of these runs are eligible (None: all runs).
         keep_healthy: keep each run's newest healthy snapshot (its take recorded no NaN or
             Inf), so a run that diverged can always be rolled back (``run@healthy``).
+        keep_best: keep the N best snapshots of each run by ``metric`` (Lightning's
+            ``save_top_k``, the Trainer's ``load_best_model_at_end``); snapshots whose
+            metadata lacks it, or holds something other than a finite number, are not ranked
+            (other rules may keep them). Ties go to the newer snapshot.
+        metric: the metadata key ``keep_best`` ranks by (``"loss"``, ``"eval_accuracy"``); a
+            ``.`` reaches into nested objects (``"eval.loss"``) when no key has the whole name.
+        mode: ``"min"`` (default: lower is better, as a loss) or ``"max"`` (an accuracy).
     """
 
     keep_last: int | None = None
@@ -37,6 +46,9 @@ class Policy:
     older_than: float | None = None
     runs: tuple[str, ...] | None = None
     keep_healthy: bool = True
+    keep_best: int | None = None
+    metric: str | None = None
+    mode: str = "min"
 
     def __post_init__(self) -> None:
         if self.keep_last is not None:
@@ -47,6 +59,21 @@ class Policy:
             check_number("gc: older_than (seconds)", self.older_than, 0.0, MAX_SECONDS)
         if self.runs is not None and not all(isinstance(r, str) for r in self.runs):
             raise InvalidInputError(f"gc: runs must be run names (str), got {list(self.runs)!r}")
+        if self.keep_best is not None:
+            check_int("gc: keep_best", self.keep_best, 0)
+            if not isinstance(self.metric, str) or not self.metric:
+                raise InvalidInputError(
+                    "gc: keep_best needs the metadata key to rank by: pass metric='loss' "
+                    "(`ckstore gc --keep-best N --metric loss`)"
+                )
+        elif self.metric is not None:
+            raise InvalidInputError(
+                f"gc: metric={self.metric!r} ranks snapshots for keep_best: pass keep_best=N too"
+            )
+        if self.mode not in MODES:
+            raise InvalidInputError(
+                f"gc: mode must be 'min' (lower is better) or 'max', got {self.mode!r}"
+            )
 
     @property
     def forgets_anything(self) -> bool:
@@ -55,6 +82,7 @@ class Policy:
             self.keep_last is not None
             or self.keep_every_steps is not None
             or self.older_than is not None
+            or self.keep_best is not None
         )
 
     def select(
@@ -65,6 +93,7 @@ class Policy:
             return []
         now = time.time() if now is None else now
         rank = _ranks(snapshots)
+        best = self._best(snapshots)
         healthy: dict[str, str] = {}  # run -> its newest healthy snapshot (as run@healthy finds)
         for s in snapshots:
             if s.healthy:
@@ -84,8 +113,43 @@ class Policy:
                 continue
             if self.keep_every_steps and s.step is not None and s.step % self.keep_every_steps == 0:
                 continue
+            if s.id in best:
+                continue
             drop.append(s)
         return drop
+
+    def _best(self, snapshots: Sequence[SnapshotRecord]) -> set[str]:
+        """The ids ``keep_best`` keeps: each run's N best by ``metric`` (newest first on ties;
+        ``snapshots`` come newest first)."""
+        if not self.keep_best or self.metric is None:
+            return set()
+        sign = 1.0 if self.mode == "min" else -1.0
+        ranked: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
+        for i, s in enumerate(snapshots):
+            value = metric_of(s.metadata, self.metric)
+            if value is not None:
+                ranked[s.run].append((sign * value, i, s.id))
+        return {sid for items in ranked.values() for _, _, sid in sorted(items)[: self.keep_best]}
+
+
+MODES = ("min", "max")
+"""How ``keep_best`` ranks: lower is better, or higher is."""
+
+
+def metric_of(metadata: Mapping[str, Any], metric: str) -> float | None:
+    """The finite number ``metadata`` records as ``metric``: the key itself, else a dotted path
+    into nested objects; None when absent or not a finite number (bools are not numbers)."""
+    value: Any = metadata.get(metric, _ABSENT)
+    if value is _ABSENT:
+        value = metadata
+        for part in metric.split("."):
+            value = value.get(part, _ABSENT) if isinstance(value, Mapping) else _ABSENT
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+_ABSENT = object()
 
 
 def _ranks(snapshots: Sequence[SnapshotRecord]) -> dict[str, int]:

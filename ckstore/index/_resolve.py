@@ -19,10 +19,11 @@ snapshot by the id prefix in parentheses, so ``store.get(snap.ref)`` finds ``sna
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
-from sqlalchemy import Row, select
+from sqlalchemy import Row, func, select
 from sqlalchemy.engine import Connection
 
 from ckstore.errors import InvalidInputError, SnapshotNotFoundError
@@ -33,6 +34,10 @@ MAX_STEP = 2**63 - 1
 """Steps are stored as signed 64-bit integers."""
 _HEX_PREFIX = re.compile(rf"[0-9a-fA-F]{{{MIN_PREFIX},128}}")
 _TRIED = "run@step, tag, snapshot name, run name, snapshot id (prefix of >= 4 hex digits)"
+SHOWN = 8
+"""Runs, tags and steps a not-found message names before saying how many more there are."""
+MAX_NAMES = 10_000
+"""Snapshot names a not-found message compares the ref with (close matches)."""
 _DISPLAY = re.compile(rf"(?P<label>.+) \((?P<id>[0-9a-f]{{{MIN_PREFIX},128}})\)")
 
 
@@ -106,7 +111,9 @@ def _by_step(conn: Connection, ref: str) -> Row[Any]:
     s = _sql.snapshots
     row = _latest(conn, (s.c.run == run) & (s.c.step == step))
     if row is None:
-        raise SnapshotNotFoundError(_not_found_message(conn, ref, f"run {run!r} at step {step}"))
+        raise SnapshotNotFoundError(
+            _not_found_message(conn, ref, f"run {run!r} at step {step}", _steps_of(conn, run, step))
+        )
     return row
 
 
@@ -157,11 +164,65 @@ def _by_id(conn: Connection, ref: str) -> Row[Any] | None:
     return rows[0] if rows else None
 
 
-def _not_found_message(conn: Connection, ref: str, tried: str) -> str:
+def _not_found_message(conn: Connection, ref: str, tried: str, detail: str = "") -> str:
+    """What was tried, the closest names the store has, and what it has: every run and tag
+    when few, else the first ones and how many more (an existing run never looks missing)."""
+    if detail:
+        return f"no snapshot matches {ref!r} ({tried}): {detail}"
     s = _sql.snapshots
-    runs = list(conn.scalars(select(s.c.run).distinct().order_by(s.c.run).limit(5)))
-    tags = list(conn.scalars(select(_sql.tags.c.name).order_by(_sql.tags.c.name).limit(5)))
+    runs = list(conn.scalars(select(s.c.run).distinct().order_by(s.c.run)))
+    tags = list(conn.scalars(select(_sql.tags.c.name).order_by(_sql.tags.c.name)))
+    wanted = ref.rpartition("@")[0] if "@" in ref else ref
+    names = list(conn.scalars(select(s.c.name).where(s.c.name.is_not(None)).limit(MAX_NAMES)))
+    near = difflib.get_close_matches(wanted, runs + tags + names, n=3, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
     return (
-        f"no snapshot matches {ref!r} (tried: {tried}). "
-        f"Known runs: {', '.join(runs) or '(none)'}; tags: {', '.join(tags) or '(none)'}"
+        f"no snapshot matches {ref!r} (tried: {tried}).{hint} "
+        f"Runs: {_some(runs)}; tags: {_some(tags)} (`ckstore log` lists every snapshot)"
     )
+
+
+def _some(names: list[str]) -> str:
+    """``names`` when few, else the first :data:`SHOWN` and how many more."""
+    if not names:
+        return "(none)"
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
+
+
+def _steps_of(conn: Connection, run: str, step: int) -> str:
+    """The steps run ``run`` has, those nearest ``step`` when it has many (what ``show
+    run@41`` should have named), or "" when there is no such run."""
+    s = _sql.snapshots
+    mine = s.c.run == run
+    count = conn.scalar(select(func.count()).select_from(s).where(mine)) or 0
+    if not count:
+        return ""
+    below = list(
+        conn.scalars(
+            select(s.c.step).where(mine & (s.c.step < step)).distinct()
+            .order_by(s.c.step.desc()).limit(SHOWN)
+        )
+    )  # fmt: skip
+    above = list(
+        conn.scalars(
+            select(s.c.step).where(mine & (s.c.step > step)).distinct()
+            .order_by(s.c.step).limit(SHOWN)
+        )
+    )  # fmt: skip
+    take_below = min(len(below), max(SHOWN // 2, SHOWN - len(above)))
+    near = sorted(below[:take_below] + above[: SHOWN - take_below])
+    first, last = conn.execute(select(func.min(s.c.step), func.max(s.c.step)).where(mine)).one()
+    if first is None:
+        return f"run {run!r} has {_count(count, 'snapshot')}, none of them with a step"
+    listed = ", ".join(str(n) for n in near)
+    span = "" if len(near) >= count else f" (of steps {first} to {last})"
+    which = "its steps" if len(near) >= count else "the nearest steps"
+    return (
+        f"run {run!r} has {_count(count, 'snapshot')}; {which}: {listed}{span} "
+        f"(`ckstore log --run {run}` lists them)"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

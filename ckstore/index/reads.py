@@ -86,6 +86,17 @@ class Reads(IndexBase):
         with self._read("list snapshots") as conn:
             return [_convert.snapshot(r) for r in conn.execute(query)]
 
+    def at_step(self, run: str, step: int) -> SnapshotRecord | None:
+        """The newest snapshot of ``run`` at ``step`` (what ``run@step`` names), or None: one
+        indexed lookup, cheap enough before every take."""
+        s = _sql.snapshots
+        query = (
+            select(s).where((s.c.run == run) & (s.c.step == step)).order_by(s.c.seq.desc()).limit(1)
+        )
+        with self._read(f"look up {run}@{step}") as conn:
+            row = conn.execute(query).first()
+        return None if row is None else _convert.snapshot(row)
+
     def list_runs(self) -> list[str]:
         """Lists the names of runs that have snapshots, in name order (a run whose snapshots
         were all deleted is not listed)."""

@@ -33,6 +33,9 @@ class Usage:
         delta_chunks: Of those chunks, how many are stored as deltas...
         delta_raw_bytes: ...their raw size...
         delta_bytes: ...and their stored length (included in ``stored_bytes``).
+        remote_bytes: Whole store only: the stored length of those chunks whose rows point at
+            a remote's pack (a two-tier store evicted them from this disk; included in
+            ``stored_bytes``).
     """
 
     run: str | None
@@ -43,6 +46,7 @@ class Usage:
     delta_chunks: int = 0
     delta_raw_bytes: int = 0
     delta_bytes: int = 0
+    remote_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,24 @@ def _total_row(conn: Connection) -> Usage:
         .select_from(used.join(c, c.c.id == used.c.chunk_id))
         .where(c.c.base_id.is_not(None))
     ).one()
-    return Usage(None, int(n), int(logical), int(stored), int(chunks), *(int(v) for v in deltas))
+    p = _sql.packs
+    remote = conn.scalar(
+        select(func.coalesce(func.sum(c.c.length), 0))
+        .select_from(used.join(c, c.c.id == used.c.chunk_id).join(p, p.c.id == c.c.pack_id))
+        .where(p.c.remote.is_not(None))
+    )
+    delta_chunks, delta_raw, delta_stored = (int(v) for v in deltas)
+    return Usage(
+        None,
+        int(n),
+        int(logical),
+        int(stored),
+        int(chunks),
+        delta_chunks,
+        delta_raw,
+        delta_stored,
+        remote_bytes=int(remote or 0),
+    )
 
 
 def _exclusive(conn: Connection) -> dict[str, int]:

@@ -11,9 +11,11 @@ Formats (``format=``):
 ========== ================================================ ==========================================
 name       import                                           export
 ========== ================================================ ==========================================
-safetensors a ``.safetensors`` file                          Hugging Face layout: shards + index
+safetensors a ``.safetensors`` file                          Hugging Face layout: shards + index (the
+                                                            model's weights unless ``keys`` say more)
 hf         a Hugging Face model / Trainer checkpoint folder same as ``safetensors``
-torch      a ``torch.save`` file, loaded weights-only       one ``torch.save`` file
+torch      a ``torch.save`` file, loaded weights-only, or   one ``torch.save`` file
+           a folder holding one (a torch export's)
 dcp        a DCP checkpoint directory, any world size       a DCP directory (DCP's FileSystemWriter)
 ========== ================================================ ==========================================
 """
@@ -32,7 +34,7 @@ from ..engine.repository import Repository
 from ..engine.view import SnapshotView
 from ..errors import InvalidInputError, NotFoundError
 from . import _dcpdir, _hf, _outdir, _torchfile
-from ._apps import SOURCE_APP, app_state_of, select
+from ._apps import SOURCE_APP, app_state_of, model_apps, select
 from ._digests import torch_file_digests, verify_checkpoint, write_sidecar
 from ._hf import DEFAULT_SHARD_BYTES
 from ._safeload import is_zip
@@ -69,7 +71,9 @@ def detect_format(path: str) -> str:
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, _dcpdir.METADATA_NAME)):
             return "dcp"
-        return "hf"
+        if _hf.has_weights(path) or _torch_file_in(path) is None:
+            return "hf"
+        return "torch"  # one torch.save file and what lies beside it (a torch export's folder)
     if not os.path.isfile(path):
         raise NotFoundError(f"no checkpoint file or folder at {path!r}")
     lower = path.lower()
@@ -92,11 +96,23 @@ def detect_format(path: str) -> str:
     )
 
 
+def _torch_file_in(folder: str) -> str | None:
+    """The one ``torch.save`` file of a folder (``checkpoint.pt`` of a torch export, beside its
+    ``ckstore-digests.json``), or None when it has none or several."""
+    found = [
+        os.path.join(folder, name)
+        for name in sorted(os.listdir(folder))
+        if name.lower().endswith(TORCH_SUFFIXES) and os.path.isfile(os.path.join(folder, name))
+    ]
+    return found[0] if len(found) == 1 else None
+
+
 def _load(path: str, fmt: str, spill: Spill) -> tuple[dict[str, Any], Source]:
     if fmt == "dcp":
         return _dcpdir.import_dir(path, spill)
     if fmt == "torch":
-        return _torchfile.import_file(path)
+        inside = _torch_file_in(path) if os.path.isdir(path) else None
+        return _torchfile.import_file(inside or path)
     if fmt in ("safetensors", "hf"):
         return _hf.import_folder(path) if os.path.isdir(path) else _hf.import_file(path)
     raise InvalidInputError(
@@ -148,6 +164,8 @@ class ExportReport:
         files: file names written, relative to ``path``.
         tensors: tensors written.
         skipped_values: keys of plain values left out (safetensors holds tensors only).
+        skipped_apps: apps a safetensors export left out by default (an optimizer's, a
+            scheduler's state: not the model's weights); ``keys="**"`` exports them too.
     """
 
     path: str
@@ -155,6 +173,7 @@ class ExportReport:
     files: list[str] = field(default_factory=list)
     tensors: int = 0
     skipped_values: list[str] = field(default_factory=list)
+    skipped_apps: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -163,6 +182,7 @@ class ExportReport:
             "files": list(self.files),
             "tensors": self.tensors,
             "skipped_values": list(self.skipped_values),
+            "skipped_apps": list(self.skipped_apps),
         }
 
 
@@ -186,6 +206,13 @@ def export_snapshot(
     if shard_bytes <= 0:
         raise InvalidInputError(f"shard_bytes must be positive, got {shard_bytes}")
     selected = select(view.manifest.entries, keys)
+    skipped_apps: list[str] = []
+    if keys is None and format in ("safetensors", "hf"):  # the model's weights, as HF has them
+        models = model_apps(view.manifest.apps)
+        apps = {k.split("/", 1)[0] for k in selected}
+        if models and not apps <= set(models):
+            skipped_apps = sorted(apps - set(models))
+            selected = [k for k in selected if k.split("/", 1)[0] in models]
     if not selected:
         raise NotFoundError(
             f"snapshot {view.ref}: no key matches {list(keys or [])!r}; list them with `ckstore ls {view.id[:12]}`"
@@ -203,5 +230,10 @@ def export_snapshot(
             done = _hf.export(view, out, selected, src, shard_bytes, budget)
         done["files"] = [*done["files"], write_sidecar(view, out, done.get("tensor_digests", {}))]
     return ExportReport(
-        dest, format, done["files"], done["tensors"], done.get("skipped_values", [])
+        dest,
+        format,
+        done["files"],
+        done["tensors"],
+        done.get("skipped_values", []),
+        skipped_apps,
     )

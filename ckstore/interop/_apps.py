@@ -76,6 +76,22 @@ def app_state_of(obj: Any, where: str = "the checkpoint") -> dict[str, Held]:
     return {key: Held(value) for key, value in obj.items()}
 
 
+WEIGHT_APPS = ("model",)
+"""App names a weights-only export takes as the model's whatever their tree records."""
+
+
+def model_apps(apps: Mapping[str, Any]) -> list[str]:
+    """The apps of a manifest that hold a model's weights: those stored from an
+    ``nn.Module``'s ``state_dict()`` (their tree keeps the module's ``_metadata``, ``"$meta"``)
+    or named ``model``. An optimizer's, a scheduler's, RNG state and plain dicts are not."""
+    return [
+        name
+        for name, tree in apps.items()
+        if name != SOURCE_APP
+        and (name in WEIGHT_APPS or (isinstance(tree, Mapping) and "$meta" in tree))
+    ]
+
+
 def matches(key: str, globs: Sequence[str]) -> bool:
     """True if ``key``, or a path above it, matches one of ``globs`` (fnmatch; ``*`` spans '/')."""
     parts = key.split("/")

@@ -60,6 +60,15 @@ OTHER_WEIGHTS = (
 TORCH_SUFFIXES = (".pt", ".pth")
 
 
+def has_weights(path: str) -> bool:
+    """Whether folder ``path`` holds a model's weights as Hugging Face names them (a
+    safetensors file or index, ``pytorch_model.bin`` or its index)."""
+    names = os.listdir(path)
+    return any(n in (INDEX_NAME, WEIGHTS_NAME, BIN_INDEX_NAME, BIN_NAME) for n in names) or any(
+        n.endswith(".safetensors") for n in names
+    )
+
+
 def import_file(path: str) -> tuple[dict[str, Any], Source]:
     """A single safetensors file: app ``model``."""
     header = read_header(path)

@@ -206,11 +206,34 @@ class TierBackend(WrappingBackend):
         try:
             return call(remote.get().objects.backend)
         except ObjectNotFoundError:
-            moved = refresh(self._local, remote.get(), remote.name, pack)
-            raise ObjectNotFoundError(
-                f"pack {pack} of remote {remote.name!r} ({remote.record.url}) is gone: "
-                f"{moved} chunk(s) read from it were found moved there and are looked up again"
-            ) from None
+            refresh(self._local, remote.get(), remote.name, pack)
+            if not self._index.chunks_in_packs([pack]):  # compacted there: rows followed
+                raise ObjectNotFoundError(
+                    f"remote {remote.name!r} ({remote.record.url}) moved the chunks of pack "
+                    f"{pack[:16]} into other packs; they are read from there"
+                ) from None
+            raise ObjectNotFoundError(self._missing(remote, pack)) from None
+
+    def _missing(self, remote: RemoteHandle, pack: str) -> str:
+        """Why a read of an evicted chunk failed, for people: which remote, where, and which
+        snapshots cannot be read until it is back."""
+        ids = [r.chunk_id for r in self._index.chunks_in_packs([pack])]
+        users = sorted({s for found in self._index.snapshots_using(ids).values() for s in found})
+        named = []
+        for sid in users[:_NAMED]:
+            rec = self._index.get_snapshot(sid)
+            named.append(f"{rec.run}@{rec.step}" if rec.step is not None else rec.run)
+        more = f" and {len(users) - _NAMED} more" if len(users) > _NAMED else ""
+        need = (
+            f"snapshot(s) {', '.join(named)}{more} need it and cannot be read until it is back"
+            if named
+            else "no snapshot needs it any more"
+        )
+        return (
+            f"remote {remote.name!r} at {remote.record.url} lacks pack {pack[:16]}, which this "
+            f"store evicted its local copy of: {need}. Is that storage mounted and reachable? "
+            f"`ckstore --store {remote.record.url} check` says what it lacks"
+        )
 
     def _touch(self, name: str) -> None:
         pack = pack_id_from_name(name)
@@ -223,6 +246,10 @@ class TierBackend(WrappingBackend):
         with self._lock:
             used, self._used = self._used, {}
         return used
+
+
+_NAMED = 5
+"""Snapshots a missing remote pack's message names before saying how many more."""
 
 
 def refresh(local: Repository, remote: Repository, name: str, pack_id: str) -> int:

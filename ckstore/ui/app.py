@@ -10,7 +10,7 @@ Routes (all GET unless said; refs and keys reach the store only through its own 
 ``/api/usage``         ``ckstore du`` (unique stored bytes; scans references)
 ``/api/snapshot``      ``?ref=``: one snapshot, what it shares (:func:`storage.snapshot_detail`)
 ``/api/diff``          ``?a=&b=&numeric=1``: per-tensor and per-layer changes
-``/api/health``        ``?run=&limit=``: NaN/Inf/stale flags and norms per layer
+``/api/health``        ``?run=&limit=&app=``: NaN/Inf/stale flags and norms per layer of an app
 ``/api/gc/preview``    ``?keep_last=&...``: what gc would drop and reclaim (changes nothing)
 ``POST /api/tag``      ``{"ref", "name", "force"}`` with the token
 ``POST /api/untag``    ``{"name"}`` with the token
@@ -49,7 +49,12 @@ Handler = Callable[[Request], Any]
 
 
 def make_app(
-    opener: Callable[[], Store], token: str, *, label: str = "", extra_hosts: tuple[str, ...] = ()
+    opener: Callable[[], Store],
+    token: str,
+    *,
+    label: str = "",
+    extra_hosts: tuple[str, ...] = (),
+    workdir: str | None = None,
 ) -> Starlette:
     """The app for one store.
 
@@ -58,6 +63,8 @@ def make_app(
         token: What actions must carry in the ``X-Ckstore-Token`` header.
         label: The store's URL, for error pages.
         extra_hosts: Host names besides loopback that requests may address (``--host``).
+        workdir: The folder the page's header names a local store relative to (default: the
+            current one, where ``ckstore ui`` was started).
     """
     state = UiState(opener, label)
     guard = Guard(token, extra_hosts)
@@ -111,7 +118,10 @@ def make_app(
 
     routes = [
         Route("/", page),
-        Route("/api/overview", read(lambda r, s: timeline.overview(s.store(), s.history()))),
+        Route(
+            "/api/overview",
+            read(lambda r, s: timeline.overview(s.store(), s.history(), workdir)),
+        ),
         Route("/api/forks", read(lambda r, s: {"edges": s.forks.edges(s.store(), s.history())})),
         Route("/api/runs", read(lambda r, s: {"runs": storage.run_totals(s.history())})),
         Route("/api/usage", read(lambda r, s: storage.exact_usage(s.store()))),
@@ -177,7 +187,12 @@ def _health(request: Request, state: UiState) -> dict[str, Any]:
     if not text.isdigit():
         raise InvalidInputError(f"limit must be a positive integer, got {text[:40]!r}")
     return health.run_health(
-        state.store(), state.history(), state.health, param(request, "run"), int(text)
+        state.store(),
+        state.history(),
+        state.health,
+        param(request, "run"),
+        int(text),
+        param(request, "app", required=False) or None,
     )
 
 

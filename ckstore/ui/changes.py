@@ -32,11 +32,17 @@ def layer_of(key: str) -> tuple[str, str]:
 
 def relative_change(k: KeyDiff) -> float | None:
     """``l2_diff / l2_a`` over the changed chunks (``l2_b`` when side A is all zeros);
-    None without a numeric summary; infinity when NaN or infinities make it unmeasurable."""
+    None without a numeric summary; NaN when either side holds NaN (or the measure is NaN),
+    infinity when infinities make it unmeasurable. The page shows both apart from any
+    finite change, however large."""
     n = k.numeric
     if n is None:
         return None
     scale = n.l2_a or n.l2_b
+    if any(h and h.get("nan") for h in (k.health_a, k.health_b)) or any(
+        math.isnan(v) for v in (n.l2_diff, scale)
+    ):
+        return math.nan
     if not all(math.isfinite(v) for v in (n.l2_diff, scale)):
         return math.inf
     if scale == 0:
@@ -89,6 +95,13 @@ def _row(k: KeyDiff) -> list[Any]:
     ]  # fmt: skip
 
 
+def _worse(rel: float, than: float) -> bool:
+    """Whether change ``rel`` outranks ``than``: NaN over infinity over any finite change."""
+    if math.isnan(than):
+        return False
+    return math.isnan(rel) or rel > than
+
+
 def _json(x: float | None) -> float | str | None:
     """Strict JSON has no NaN or infinities: those become strings."""
     return x if x is None or math.isfinite(x) else str(x)
@@ -106,7 +119,7 @@ def _layers(result: DiffResult) -> list[dict[str, Any]]:
         if STATUS_RANK[k.status] > STATUS_RANK[entry["status"]]:
             entry["status"] = k.status
         rel = relative_change(k)
-        if rel is not None and (entry["rel"] is None or rel > entry["rel"]):
+        if rel is not None and (entry["rel"] is None or _worse(rel, entry["rel"])):
             entry["rel"] = rel
         if k.status == CHANGED and k.chunk_fraction is not None:
             entry["fraction"] = max(entry["fraction"] or 0.0, k.chunk_fraction)

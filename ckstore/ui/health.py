@@ -15,6 +15,11 @@ Health needs each snapshot's manifest, so a run's series reads at most ``limit``
 (evenly spread over the run, the newest always in), each parsed once per process
 (:class:`HealthCache`, keyed by the immutable manifest id). Which snapshots are healthy at all
 is in the index (``record.nonfinite``) without any manifest.
+
+The norms plotted are those of one app at a time (a top-level key of the app_state): the
+model's weights by default, never an optimizer's ``step`` counters (a tensor whose last key
+part is ``step`` is a counter, not a weight). Layers that held NaN or Inf anywhere in the
+series are always among those plotted, then the largest by norm.
 """
 
 from __future__ import annotations
@@ -34,7 +39,14 @@ from .timeline import History
 DEFAULT_LIMIT = 200
 MAX_LIMIT = 2000
 MAX_LAYERS = 12
-"""Layers whose norm series the page plots (the largest by norm in the newest snapshot)."""
+"""Layers whose norm series the page plots (those with NaN/Inf, then the largest by norm in the
+newest snapshot)."""
+ALL_APPS = "*"
+"""The ``app`` that plots every app's layers together."""
+OPTIMIZER_APPS = ("optim", "optimizer", "opt", "optimizers", "scheduler", "lr_scheduler")
+"""App names a run's default plot passes over: their norms are moments and counters."""
+COUNTERS = ("step",)
+"""Last key parts of tensors that count (optimizer steps), left out of every norm."""
 
 
 def health_of(record: SnapshotRecord, manifest: Manifest) -> dict[str, Any] | None:
@@ -102,18 +114,38 @@ def pick(records: list[SnapshotRecord], limit: int) -> list[SnapshotRecord]:
 
 
 def run_health(
-    store: Store, history: History, cache: HealthCache, run: str, limit: int
+    store: Store,
+    history: History,
+    cache: HealthCache,
+    run: str,
+    limit: int,
+    app: str | None = None,
 ) -> dict[str, Any]:
-    """The health series of one run: flags per snapshot and norms per layer over steps."""
+    """The health series of one run: flags per snapshot and norms per layer over steps.
+
+    Args:
+        app: The app whose layers are plotted (:data:`ALL_APPS`: every app); None: the
+            model's (:func:`default_app`).
+
+    Returns:
+        ``points`` (one per snapshot read: step, NaN/Inf counts, stale and NaN/Inf keys),
+        ``norms`` (layer -> one norm per point), ``nonfinite`` (layer -> the points where it
+        held NaN or Inf), ``apps`` (what ``app`` may be) and ``app`` (the one plotted).
+    """
     pos = history.position()
     records = pick([r for r in history.records if r.run == run], max(1, min(limit, MAX_LIMIT)))
+    found = [cache.get(store, r) for r in records]
+    apps = sorted({_app(k) for h in found if h for k in h["tensors"]})
+    chosen = app if app in apps or app == ALL_APPS else default_app(apps)
     points: list[dict[str, Any]] = []
     norms: dict[str, list[float | None]] = {}
-    for n, r in enumerate(records):
-        h = cache.get(store, r)
-        layer_norms = _layer_norms(h)
-        for layer, value in layer_norms.items():
+    nonfinite: dict[str, list[int]] = {}
+    for n, (r, h) in enumerate(zip(records, found)):
+        layers, bad_layers = _layer_norms(h, chosen)
+        for layer, value in layers.items():
             norms.setdefault(layer, [None] * len(records))[n] = value
+        for layer in bad_layers:
+            nonfinite.setdefault(layer, []).append(n)
         points.append({
             "pos": pos[r.id], "id": r.id, "step": r.step, "t": r.created_at,
             "recorded": h is not None,
@@ -125,23 +157,49 @@ def run_health(
         layer: next((v for v in reversed(vals) if v is not None), 0.0)
         for layer, vals in norms.items()
     }
-    top = sorted(last, key=lambda layer: -(last[layer] or 0.0))[:MAX_LAYERS]
+    order = sorted(last, key=lambda layer: (layer not in nonfinite, -(last[layer] or 0.0)))
+    top = order[:MAX_LAYERS]
     return {
         "run": run,
         "recorded": any(p["recorded"] for p in points),
         "read": len(records),
         "points": points,
+        "apps": apps,
+        "app": chosen,
+        "layers": len(norms),
         "norms": {layer: norms[layer] for layer in top},
+        "nonfinite": {layer: nonfinite[layer] for layer in top if layer in nonfinite},
     }
 
 
-def _layer_norms(h: dict[str, Any] | None) -> dict[str, float]:
-    """L2 norm per layer: the root of the sum of its tensors' squared norms."""
+def default_app(apps: list[str]) -> str:
+    """The app plotted first: ``model`` where there is one, else the first that is not an
+    optimizer's or a scheduler's, else every app."""
+    if "model" in apps:
+        return "model"
+    return next((a for a in apps if a not in OPTIMIZER_APPS), ALL_APPS)
+
+
+def _app(key: str) -> str:
+    return key.split("/", 1)[0]
+
+
+def _layer_norms(h: dict[str, Any] | None, app: str) -> tuple[dict[str, float], set[str]]:
+    """L2 norm per layer of ``app`` (the root of the sum of its tensors' squared norms), and
+    the layers holding NaN or Inf. Counters (:data:`COUNTERS`) are left out."""
     if h is None:
-        return {}
+        return {}, set()
     sums: dict[str, float] = {}
+    bad: set[str] = set()
     for key, t in h["tensors"].items():
+        if app != ALL_APPS and _app(key) != app:
+            continue
+        layer, leaf = layer_of(key)
+        if leaf in COUNTERS:
+            continue
+        if t["nan"] or t["inf"]:
+            bad.add(layer)
+            sums.setdefault(layer, 0.0)
         if t["norm"] is not None:
-            layer, _ = layer_of(key)
             sums[layer] = sums.get(layer, 0.0) + t["norm"] ** 2
-    return {layer: math.sqrt(s) for layer, s in sums.items()}
+    return {layer: math.sqrt(s) for layer, s in sums.items()}, bad

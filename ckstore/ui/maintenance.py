@@ -9,7 +9,7 @@ delete a snapshot) are the store's own verbs; the app lets them through only wit
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import InvalidInputError
@@ -29,6 +29,9 @@ class GcRequest:
     older_than: float | None
     runs: tuple[str, ...] | None
     grace_seconds: float
+    keep_best: int | None = None
+    metric: str | None = None
+    mode: str = "min"
 
     @classmethod
     def parse(cls, q: dict[str, str]) -> GcRequest:
@@ -46,13 +49,25 @@ class GcRequest:
             older_than=_number(q, "older_than"),
             runs=runs,
             grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else grace,
+            keep_best=_int(q, "keep_best"),
+            metric=(q.get("metric") or "").strip() or None,
+            mode=(q.get("mode") or "min").strip(),
         )
+        if req.metric is not None and req.keep_best is None:
+            req = replace(req, metric=None)  # the form's metric field alone keeps nothing
         req.policy()  # checks the ranges
         return req
 
     def policy(self) -> Policy:
         return Policy(
-            self.keep_last, self.keep_every_steps, self.keep_tagged, self.older_than, self.runs
+            self.keep_last,
+            self.keep_every_steps,
+            self.keep_tagged,
+            self.older_than,
+            self.runs,
+            keep_best=self.keep_best,
+            metric=self.metric,
+            mode=self.mode,
         )
 
     def command(self) -> str:
@@ -62,6 +77,10 @@ class GcRequest:
             args += ["--keep-last", str(self.keep_last)]
         if self.keep_every_steps is not None:
             args += ["--keep-every-steps", str(self.keep_every_steps)]
+        if self.keep_best is not None:
+            args += ["--keep-best", str(self.keep_best), "--metric", str(self.metric)]
+            if self.mode != "min":
+                args += ["--mode", self.mode]
         if self.older_than is not None:
             args += ["--older-than", f"{self.older_than:g}s"]
         for run in self.runs or ():
@@ -108,6 +127,9 @@ def gc_preview(store: Store, history: History, req: GcRequest) -> dict[str, Any]
         older_than=req.older_than,
         runs=list(req.runs) if req.runs else None,
         grace_seconds=req.grace_seconds,
+        keep_best=req.keep_best,
+        metric=req.metric,
+        mode=req.mode,
         dry_run=True,
     )
     return {

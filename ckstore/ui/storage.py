@@ -79,6 +79,9 @@ def snapshot_detail(store: Store, history: History, ref: str) -> dict[str, Any]:
         "new_bytes": record.new_bytes,
         "new_chunks": record.new_chunks,
         "reused_chunks": record.reused_chunks,
+        "nonfinite": record.nonfinite,
+        "stale": record.stale,
+        "forked_from": _fork(snap.forked_from, by_id),
         "stored_bytes": snap.stored_bytes(),
         "exclusive_chunks": exclusive_chunks,
         "exclusive_bytes": exclusive_bytes,
@@ -95,6 +98,13 @@ def snapshot_detail(store: Store, history: History, ref: str) -> dict[str, Any]:
             for s in shared
         ],
     }
+
+
+def _fork(source: str | None, by_id: dict[str, SnapshotRecord]) -> dict[str, str] | None:
+    """The snapshot a take recorded as its source: id and ref (its id alone once deleted)."""
+    if source is None:
+        return None
+    return {"id": source, "ref": ref_of(by_id[source]) if source in by_id else source[:12]}
 
 
 def sharing_candidates(history: History, record: SnapshotRecord) -> list[tuple[str, str]]:

@@ -20,6 +20,7 @@ BUILTIN: dict[type, type] = {
     errors.NotFoundError: LookupError,
     errors.SnapshotNotFoundError: KeyError,
     errors.KeyNotFoundError: KeyError,
+    errors.AppNotFoundError: AssertionError,  # and a KeyError: TorchSnapshot raises an assert
     errors.ObjectNotFoundError: FileNotFoundError,
     errors.CorruptionError: OSError,
     errors.InvalidInputError: ValueError,
@@ -42,6 +43,7 @@ BUILTIN: dict[type, type] = {
     errors.NonFiniteWarning: UserWarning,
     errors.StaleStateWarning: UserWarning,
     errors.MetadataWarning: UserWarning,
+    errors.ResaveWarning: UserWarning,
     errors.DistributedError: Exception,  # another rank failed: no builtin says that
     errors.RankLostError: TimeoutError,
 }

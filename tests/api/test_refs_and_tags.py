@@ -135,6 +135,6 @@ def test_missing_runs_and_malformed_refs(store, capsys) -> None:
     assert store.runs() == ["sft"]  # a run with no snapshot left is not listed
     with pytest.raises(SnapshotNotFoundError) as exc:
         store.get("nothing")
-    assert "Known runs: sft;" in str(exc.value)
+    assert "Runs: sft;" in str(exc.value)
     code, _, err = run(capsys, *s, "log", "--run", "gone")
     assert code == 3 and "no run 'gone'" in err

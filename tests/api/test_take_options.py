@@ -34,6 +34,7 @@ STORE_TAKE = {
     **GUARD,
     "health": True,
     "trainable": (),
+    "forked_from": None,
 }
 LIVE = {**STORE_TAKE, "replicated": (), "pg": None, "dist_timeout": None, "no_dist": False}
 

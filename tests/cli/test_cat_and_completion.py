@@ -141,7 +141,10 @@ def test_candidates(store_path, monkeypatch) -> None:
     assert _complete_words("show", "sft@") == ["sft@7", "sft@8"]
     assert _complete_words("diff", "sft@7", "b") == ["best"]
     assert _complete_words("cat", "best", "m/b") == ["m/betas"]
-    assert "m/w" in _complete_words("ls", "sft", "")
+    assert _complete_words("ls", "sft", "") == ["m/"]  # one path level at a time
+    assert "m/w" in _complete_words("ls", "sft", "m/")
+    assert _complete_words("cat", "best", "m/ne") == ["m/nested/"]
+    assert _complete_words("cat", "best", "m/nested/") == ["m/nested/lr"]
     assert _complete_words("tag", "--delete", "") == ["best"]
     assert _complete_words("log", "--run", "o") == ["other"]
     assert _complete_words("export", "best", "") == [_complete.FILES]
@@ -149,6 +152,32 @@ def test_candidates(store_path, monkeypatch) -> None:
     assert _complete_words("show", "best", "") == []  # show takes one ref
     monkeypatch.delenv(cli.STORE_ENV)
     assert _complete_words("--store", str(store_path), "show", "b") == ["best"]
+
+
+def test_keys_complete_one_level_at_a_time_for_a_large_model() -> None:
+    """A 7B model's keys: at most a few dozen candidates at any TAB, never thousands."""
+    keys = [
+        f"model/model.layers.{i}.{part}.weight"
+        for i in range(32)
+        for part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                     "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                     "input_layernorm", "post_attention_layernorm")
+    ] + ["model/model.embed_tokens.weight", "model/lm_head.weight"] + [
+        f"optim/state/{i}/{m}" for i in range(291) for m in ("step", "exp_avg", "exp_avg_sq")
+    ]  # fmt: skip
+    assert _complete.next_level(keys, "") == ["model/", "optim/"]
+    assert _complete.next_level(keys, "model/") == ["model/lm_head.", "model/model."]
+    assert _complete.next_level(keys, "model/model.") == [
+        "model/model.embed_tokens.", "model/model.layers."
+    ]  # fmt: skip
+    assert len(_complete.next_level(keys, "model/model.layers.")) == 32
+    assert _complete.next_level(keys, "model/model.layers.3.mlp.") == [
+        "model/model.layers.3.mlp.down_proj.",
+        "model/model.layers.3.mlp.gate_proj.",
+        "model/model.layers.3.mlp.up_proj.",
+    ]
+    assert _complete.next_level(keys, "model/lm_head.w") == ["model/lm_head.weight"]
+    assert len(_complete.next_level(keys, "optim/state/")) == 291
 
 
 def test_complete_command_never_fails(tmp_path, capsys, monkeypatch) -> None:
@@ -170,6 +199,7 @@ def test_bash_completion_end_to_end(store_path, tmp_path) -> None:
         'COMP_WORDS=(ckstore show b); COMP_CWORD=2; _ckstore_complete; echo "1:${COMPREPLY[*]}"\n'
         'COMP_WORDS=(ckstore cat best m/no); COMP_CWORD=3; _ckstore_complete; echo "2:${COMPREPLY[*]}"\n'
         'COMP_WORDS=(ckstore export best ""); COMP_CWORD=3; _ckstore_complete; echo "3:${COMPREPLY[*]}"\n'
+        'COMP_WORDS=(ckstore cat best m/ne); COMP_CWORD=3; _ckstore_complete; echo "4:${COMPREPLY[*]}"\n'
     )
     (tmp_path / "afile").write_text("x")
     env = {
@@ -190,6 +220,7 @@ def test_bash_completion_end_to_end(store_path, tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "1:best" and lines[1] == "2:m/note" and lines[2] == "3:afile"
+    assert lines[3] == "4:m/nested/"
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])

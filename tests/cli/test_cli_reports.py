@@ -13,7 +13,7 @@ import torch
 
 import ckstore
 from ckstore import cli
-from ckstore.cli._common import _report_lines
+from ckstore.cli._common import report_lines
 from tests.support.cli import run
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
@@ -34,9 +34,9 @@ def _store(path: Path, runs: tuple[str, ...] = ("py-reimport",), steps: int = 2)
 
 # --- item 2: list items are printed whole ------------------------------------------------------
 def test_report_lists_are_not_cut_to_twelve_characters() -> None:
-    lines = _report_lines({"files": ["model.safetensors", "model.safetensors.index.json"]}, "")
+    lines = report_lines({"files": ["model.safetensors", "model.safetensors.index.json"]}, "")
     assert lines == ["files: 2 (model.safetensors, model.safetensors.index.json)"]
-    many = _report_lines(
+    many = report_lines(
         {"snapshots_dropped": [f"py-reimport@{i} (abcdef012345)" for i in range(12)]}, ""
     )
     assert many[0].startswith("snapshots_dropped: 12 (py-reimport@0 (abcdef012345), ")

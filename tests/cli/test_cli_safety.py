@@ -307,9 +307,9 @@ def test_s3_store_from_the_command_line(s3_server, tmp_path: Path) -> None:
     assert code == 0 and "2 changed" in out, err  # options before the command work too
 
 
-def test_report_lines_format_durations_and_times() -> None:
-    from ckstore.cli._common import _report_lines
+def testreport_lines_format_durations_and_times() -> None:
+    from ckstore.cli._common import report_lines
 
-    lines = _report_lines({"grace_seconds": 5400.0, "x_at": None, "done_at": 0.0}, "")
+    lines = report_lines({"grace_seconds": 5400.0, "x_at": None, "done_at": 0.0}, "")
     assert lines[0] == "grace_seconds: 90m" and lines[1] == "x_at: -"
     assert lines[2].startswith("done_at: 19")

@@ -49,7 +49,7 @@ def test_readme_check_and_gc_transcripts_match_the_output(store_path, capsys) ->
     s = ("--store", str(store_path))
     assert _transcript_keys("check --read-data") == _printed_keys(
         capsys, *s, "check", "--read-data"
-    )
+    )  # the note on what the chunk counts count included: the README shows it
     printed = _printed_keys(capsys, *s, "gc", "--keep-last", "1", "--grace", "0s")
     assert _transcript_keys("gc --keep-last 1 --grace 0s") == [
         k for k in printed if not k.startswith("note")

@@ -22,6 +22,7 @@ EXPECTED = {  # class -> (exit code, HTTP status)
     "NotFoundError": (3, 404),
     "SnapshotNotFoundError": (3, 404),
     "KeyNotFoundError": (3, 404),
+    "AppNotFoundError": (3, 404),
     "ConflictError": (4, 409),
     "DestinationExistsError": (4, 409),
     "LeaseExpiredError": (4, 409),

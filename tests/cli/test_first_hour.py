@@ -91,6 +91,9 @@ class Session:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # a shell runs a background job (`nohup make test &`) with SIGINT ignored, and the
+            # child would inherit that: Ctrl-C must reach it as it reaches a user's command
+            preexec_fn=_default_sigint,
         )
         assert child.stdout is not None
         first = child.stdout.readline()
@@ -98,6 +101,10 @@ class Session:
         child.send_signal(sig)
         out, err = child.communicate(timeout=60)
         return subprocess.CompletedProcess(child.args, child.returncode, first + out, err)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _readme_quick_start() -> str:
@@ -146,8 +153,13 @@ def test_the_first_hour(tmp_path: Path) -> None:
     me.ck("show", "@5", *s, code=2)
     me.ck("show", "sft@", *s, code=2)
     me.ck("show", "nope", *s, code=3)
+    near = me.ck("show", "sft@41", *s, code=3).stderr  # the run's steps, not "no such run"
+    assert "run 'sft' has 1 snapshot; its steps: 100" in near
+    assert "Did you mean 'sft'?" in me.ck("show", "sfft", *s, code=3).stderr
     me.ck("log", "--run", "nope", *s, code=3)
+    me.ck("gc", "--run", "nope", "--keep-last", "1", *s, code=3)  # as log --run: no such run
     me.ck("cat", "best", "model/nope", *s, code=3)
+    assert "did you mean 'model/weight'" in me.ck("cat", "best", "model/wieght", *s, code=3).stderr
     me.ck("tag", "sft@100", "sft", *s, code=4)  # a tag would hide the run
     me.ck(
         "import", "w.safetensors", "--run", "base", "--tag", "llama-1b", *s, code=4
@@ -204,6 +216,25 @@ def test_the_first_hour(tmp_path: Path) -> None:
     me.ck("gc", "--keep-last", "0", "--grace", "0s", *s)
     me.ck("completion", "bash")
     assert len(me.transcript) > 40
+
+
+def test_ctrl_c_reaches_a_command_when_the_tests_run_in_the_background(tmp_path: Path) -> None:
+    """``nohup make test &``: the shell starts the background job with SIGINT ignored, which
+    every child inherits; the interrupted import must still stop on SIGINT at once (130), not
+    hang until its hold ends."""
+    me = Session(tmp_path)
+    me.ck("init", "ckpts")
+    me.py(
+        "from safetensors.torch import save_file; import torch; "
+        "save_file({'w': torch.ones(64, 64)}, 'w.safetensors')"
+    )
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under `nohup ... &`
+    try:
+        p = me.interrupted(signal.SIGINT, "import", "w.safetensors", "--store", "ckpts")
+    finally:
+        signal.signal(signal.SIGINT, before)
+    me.check(["ckstore import (SIGINT, parent ignoring it)"], p, 130)
+    assert "interrupted (Ctrl-C)" in p.stderr
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--version"]])

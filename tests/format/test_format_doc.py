@@ -9,11 +9,13 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
+import ckstore
 from ckstore import objects
 from ckstore.engine.config import FEATURES, FORMAT_VERSION, StoreConfig
 from ckstore.engine.take.packing import TakeOptions
@@ -360,12 +362,21 @@ def test_usage_snippets_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     blocks = [body for skip, body in _SNIPPET.findall(text) if not skip]
     assert len(blocks) >= 5
     namespace: dict[str, object] = {"__name__": "usage"}
-    for i, code in enumerate(blocks):
-        try:
-            exec(compile(code, f"USAGE.md block {i}", "exec"), namespace)  # noqa: S102
-        except Exception as exc:  # pragma: no cover - the message shows the block
-            raise AssertionError(f"USAGE.md python block {i} failed: {exc!r}\n{code}") from exc
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for i, code in enumerate(blocks):
+            try:
+                exec(compile(code, f"USAGE.md block {i}", "exec"), namespace)  # noqa: S102
+            except Exception as exc:  # pragma: no cover - the message shows the block
+                raise AssertionError(f"USAGE.md python block {i} failed: {exc!r}\n{code}") from exc
     assert os.path.isdir(tmp_path / "ckpts")
+    # the guard's section records its warnings on purpose; no example prints one unasked
+    unasked = [
+        f"{w.filename}:{w.lineno}: {w.message}"
+        for w in seen
+        if issubclass(w.category, (ckstore.GuardWarning, ckstore.ResaveWarning))
+    ]
+    assert unasked == []
 
 
 def test_readme_snippets_run_as_pasted(tmp_path: Path) -> None:

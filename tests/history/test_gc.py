@@ -75,6 +75,61 @@ def _fill(store, n=6):
     return st
 
 
+def _metric(run: str, step: int, meta: dict, now: float = 1e6) -> SnapshotRecord:
+    return SnapshotRecord(
+        f"{run}{step:04d}".ljust(64, "0"), run, step, None, "m", now - 100 + step, meta, 0, 0, 0, 0
+    )
+
+
+def test_keep_best_keeps_the_top_k_of_each_run_by_a_metadata_value():
+    """``save_top_k`` / ``load_best_model_at_end``: the k lowest losses (or highest
+    accuracies) of each run stay; snapshots without the value are not ranked."""
+    losses = {1: 2.0, 2: 0.5, 3: 0.9, 4: 0.7, 5: float("nan"), 6: None, 7: 0.5}
+    snaps = [
+        _metric("a", s, {} if v is None else {"loss": v, "eval": {"acc": -v}})
+        for s, v in losses.items()
+    ][::-1] + [_metric("b", 1, {"loss": 9.0, "eval": {"acc": -9.0}})]
+
+    def kept(**kw):
+        dropped = {s.id for s in Policy(**kw).select(snaps, set(), 1e6)}
+        return sorted(f"{s.run}@{s.step}" for s in snaps if s.id not in dropped)
+
+    # ties (2 and 7 at 0.5) go to the newer; NaN, absent and non-numbers are not ranked
+    assert kept(keep_best=2, metric="loss", keep_healthy=False) == ["a@2", "a@7", "b@1"]
+    assert kept(keep_best=1, metric="loss", keep_healthy=False) == ["a@7", "b@1"]
+    assert kept(keep_best=1, metric="eval.acc", mode="max", keep_healthy=False) == ["a@7", "b@1"]
+    assert kept(keep_best=1, metric="loss", keep_last=2, keep_healthy=False) == [
+        "a@6", "a@7", "b@1"
+    ]  # fmt: skip
+    assert kept(keep_best=0, metric="loss", keep_healthy=False) == []
+    with pytest.raises(ckstore.InvalidInputError, match="metric='loss'"):
+        Policy(keep_best=2)
+    with pytest.raises(ckstore.InvalidInputError, match="keep_best=N"):
+        Policy(metric="loss")
+    with pytest.raises(ckstore.InvalidInputError, match="'min'"):
+        Policy(keep_best=1, metric="loss", mode="lowest")
+
+
+def test_gc_keep_best_through_the_store_and_the_command_line(store, capsys):
+    for step, loss in enumerate((3.0, 1.0, 2.0, 0.5, 4.0)):
+        store.take(
+            {"s": ckstore.StateDict(w=torch.full((64,), float(step)))},
+            run="r",
+            step=step,
+            metadata={"loss": loss},
+        )
+    report = store.gc(keep_best=2, metric="loss", grace_seconds=0, keep_healthy=False)
+    assert sorted(report.snapshots_dropped) == ["r@0", "r@2", "r@4"]
+    assert [s.step for s in store.log()] == [3, 1]
+    from ckstore import cli
+
+    code = cli.main(["--store", store.url, "gc", "--keep-best", "1", "--metric", "loss",
+                     "--mode", "max", "--no-keep-healthy", "--grace", "0s", "--dry-run"])  # fmt: skip
+    assert code == 0 and "r@3" in capsys.readouterr().out  # the highest loss (1.0) stays
+    assert cli.main(["--store", store.url, "gc", "--keep-best", "1"]) == 2  # no --metric
+    assert "metric='loss'" in capsys.readouterr().err
+
+
 def test_gc_keeps_last_and_tagged_and_reclaims_the_rest(store):
     _fill(store)
     store.tag("r@2", "best")

@@ -440,7 +440,10 @@ def test_keys_subset_and_names(tmp_path: Path) -> None:
     weights = snap.export(tmp_path / "w", keys="model/**")
     assert set(load_file(tmp_path / "w" / "model.safetensors")) == {"weight", "bias"}
     assert weights.skipped_values == []
-    everything = snap.export(tmp_path / "all")
+    default = snap.export(tmp_path / "default")  # the model's weights, as HF loads them
+    assert set(load_file(tmp_path / "default" / "model.safetensors")) == {"weight", "bias"}
+    assert default.skipped_apps == ["optim", "progress"]
+    everything = snap.export(tmp_path / "all", keys="**")
     names = set(load_file(tmp_path / "all" / "model.safetensors"))
     assert {"model.weight", "optim.state.0.exp_avg"} <= names
     assert "progress/step" in everything.skipped_values

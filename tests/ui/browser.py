@@ -54,9 +54,17 @@ class Served:
         self.thread.join(timeout=10)
 
 
-def serve(store_url: str, token: str = "test-token", **open_kw: Any) -> Served:
-    """Serve the UI of the store at ``store_url`` on 127.0.0.1, a free port."""
-    app = make_app(lambda: ckstore.open(store_url, create=False, **open_kw), token, label=store_url)
+def serve(
+    store_url: str, token: str = "test-token", workdir: str | None = None, **open_kw: Any
+) -> Served:
+    """Serve the UI of the store at ``store_url`` on 127.0.0.1, a free port (the header names
+    the store relative to ``workdir``, as ``ckstore ui`` started there would)."""
+    app = make_app(
+        lambda: ckstore.open(store_url, create=False, **open_kw),
+        token,
+        label=store_url,
+        workdir=workdir,
+    )
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)

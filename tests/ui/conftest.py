@@ -16,7 +16,7 @@ from tests.ui.scenario import build
 @pytest.fixture(scope="session")
 def scenario(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """The scenario store (built once) and its snapshot ids by ``run@step``."""
-    path = tmp_path_factory.mktemp("ui") / "store"
+    path = tmp_path_factory.mktemp("ui") / "ckpts"
     return path, build(path)
 
 
@@ -31,7 +31,7 @@ def store_copy(scenario: tuple[Path, dict[str, str]], tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def served(scenario: tuple[Path, dict[str, str]]) -> Iterator[Served]:
     """The UI of the scenario store (do not change the store through it)."""
-    s = serve(str(scenario[0]))
+    s = serve(str(scenario[0]), workdir=str(scenario[0].parent))  # the header reads "ckpts"
     yield s
     s.stop()
 

@@ -1,22 +1,47 @@
-"""A small store with what the page shows: a base run, a fine-tune forked from its tag with a
-frozen backbone, a delta fine-tune, tags, and health recorded by the takes.
+"""A store with what the page shows, as a team's store looks after a week: a pretraining run
+with its optimizer, a tagged base, fine-tunes of it, a run that diverged, one that stalled, and
+one from before ckstore recorded health.
 
-The takes' guard records health for real: the base run is taken with ``health=False`` (as a
-store from before ckstore recorded health looks to the page), the fine-tune measures it; its
-backbone, left with ``requires_grad`` but never changed, is reported stale from its second
-snapshot on, and ``sft@300`` holds three NaNs in ``head.weight``.
+- ``pretrain`` (steps 0-30, AdamW): its last snapshot is tagged ``base``.
+- ``sft-frozen``: restored from ``base``, embedding and first two blocks frozen
+  (``requires_grad=False``), so it keeps the base's chunks for them; ``best`` tags its step 300.
+- ``sft-full``: restored from ``base``, every tensor trains and no delta is stored: it shares
+  nothing with the base, and its fork is known only because the take recorded the restore.
+- ``lora-delta``: the base's weights copied by hand (no restore), stored as deltas against
+  ``base``: its fork is found from the delta bases.
+- ``diverged``: restored from ``base``; NaN appears in ``layers.3.mlp.0`` at step 300, and in
+  every MLP weight (eight tensors) by step 400.
+- ``stuck``: the base's weights copied by hand, backbone frozen, and its optimizer stops
+  stepping after its first snapshot: the head is stale from step 1 on. Its first snapshot
+  holds the base's backbone chunks as ``pretrain@30`` and every ``sft-frozen`` snapshot do:
+  a tie the fork resolves to the earliest holder.
+- ``legacy``: taken with ``health=False``, as a store from before ckstore recorded health
+  looks to the page.
+
+Deterministic: a fixed seed, a clock that reads one fixed time per take (a minute apart), and
+session ids from a seeded generator, so the store (and the screenshots made from it) are the
+same on every build. No background compaction runs.
 """
 
 from __future__ import annotations
 
+import random
+import time
+import uuid
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import ckstore
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
+EPOCH = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC: the frozen clock's first reading
+RUNS = ("pretrain", "sft-frozen", "sft-full", "lora-delta", "diverged", "stuck", "legacy")
+BACKBONE = ("embed", "layers.0", "layers.1")
 
 
 class Block(torch.nn.Module):
@@ -30,7 +55,7 @@ class Block(torch.nn.Module):
 
 
 class TinyLM(torch.nn.Module):
-    """A toy transformer-shaped model: embedding, four blocks, a head (about 60 tensors)."""
+    """A toy transformer-shaped model: embedding, four blocks, a head (59 tensors)."""
 
     def __init__(self, d: int = 32, vocab: int = 64, layers: int = 4) -> None:
         super().__init__()
@@ -39,53 +64,130 @@ class TinyLM(torch.nn.Module):
         self.head = torch.nn.Linear(d, vocab)
 
 
-def nudge(model: torch.nn.Module, scale: float, only: tuple[str, ...] = ()) -> None:
-    """Change parameters in place, more in later layers (a heat map with a gradient)."""
+def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, scale: float) -> float:
+    """``steps`` optimizer steps on a made-up loss (later layers pulled harder); the loss."""
+    loss = torch.zeros(())
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = sum(
+            (p * torch.randn_like(p)).sum() * scale * (1 + _depth(name))
+            for name, p in model.named_parameters()
+            if p.requires_grad
+        )
+        loss.backward()  # type: ignore[union-attr]
+        opt.step()
+    return float(loss.detach().abs())
+
+
+def nudge(model: torch.nn.Module, scale: float) -> None:
+    """Change every parameter a little, in place (a fine-tune stored as deltas)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if only and not name.startswith(only):
-                continue
-            depth = 1 + sum(name.startswith(f"layers.{i}") * i for i in range(4))
-            p.add_(torch.randn_like(p) * scale * depth)
+            p.add_(torch.randn_like(p) * scale * (1 + _depth(name)))
+
+
+def _depth(name: str) -> int:
+    return sum(name.startswith(f"layers.{i}") * i for i in range(4))
+
+
+def freeze_backbone(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Freeze the embedding and the first two blocks; the parameters left to train."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(not name.startswith(BACKBONE))
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+@contextmanager
+def frozen_clock() -> Iterator[list[float]]:
+    """``time.time`` reads ``clock[0]`` (advance it between takes), and ``uuid.uuid4`` draws
+    from a seeded generator, until the block ends."""
+    clock = [EPOCH]
+    rng = random.Random(20260101)
+    real_time, real_uuid4 = time.time, uuid.uuid4
+    time.time = lambda: clock[0]
+    uuid.uuid4 = lambda: uuid.UUID(int=rng.getrandbits(128), version=4)
+    try:
+        yield clock
+    finally:
+        time.time, uuid.uuid4 = real_time, real_uuid4
 
 
 def build(path: Path) -> dict[str, str]:
-    """Build the store at ``path``; returns some snapshot ids by name."""
+    """Build the store at ``path``; returns every snapshot's id by ``run@step``."""
     torch.manual_seed(0)
-    model = TinyLM()
     ids: dict[str, str] = {}
-    with ckstore.open(path, create=True, **TINY) as store, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the guard's warnings about sft's backbone and NaNs
-        for step in range(0, 5):
-            if step:
-                nudge(model, 0.02)
-            ids[f"base@{step}"] = store.take(
-                {"model": model},
-                run="base",
-                step=step,
-                metadata={"loss": 3.0 - 0.4 * step},
-                health=False,
-            ).id
-        store.tag("base@4", "base-model")
-        base_state = {k: v.clone() for k, v in model.state_dict().items()}
-        # sft: the backbone (embed, layers 0-1) frozen, so its chunks are the base's
+    with (
+        ckstore.open(path, create=True, auto_compact=False, **TINY) as store,
+        warnings.catch_warnings(),
+        frozen_clock() as clock,
+    ):
+        warnings.simplefilter("ignore")  # the guard's warnings about the NaN and stale runs
+
+        def take(app: dict[str, Any], run: str, step: int, **kw: Any) -> Any:
+            clock[0] += 60.0
+            snap = store.take(app, run=run, step=step, **kw)
+            ids[f"{run}@{step}"] = snap.id
+            return snap
+
+        model = TinyLM()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step in (0, 10, 20, 30):
+            loss = train(model, opt, 2, 0.02) if step else 3.0
+            take({"model": model, "optim": opt}, "pretrain", step, metadata={"loss": loss})
+        store.tag("pretrain@30", "base")
+
+        # sft-frozen: restored from the base, the backbone frozen (its chunks are the base's)
+        model = TinyLM()
+        store.get("base").restore({"model": model}, strict=False)
+        opt = torch.optim.AdamW(freeze_backbone(model), lr=1e-2)
         for n, step in enumerate((100, 200, 300, 400)):
-            nudge(model, 0.01, only=("layers.2", "layers.3", "head"))
-            saved = model.head.weight[0, :3].clone()
-            if step == 300:
-                with torch.no_grad():
-                    model.head.weight[0, :3] = float("nan")
-            ids[f"sft@{step}"] = store.take(
-                {"model": model}, run="sft", step=step, metadata={"loss": 1.5 - 0.1 * n}
-            ).id
-            with torch.no_grad():
-                model.head.weight[0, :3] = saved
-        store.tag("sft@400", "best")
-        # lora-ish: from the base again, every tensor a little, stored as deltas against it
-        model.load_state_dict(base_state)
+            train(model, opt, 1, 0.01)
+            take({"model": model, "optim": opt}, "sft-frozen", step,
+                 metadata={"loss": [1.9, 1.4, 1.1, 1.3][n]})  # fmt: skip
+        store.tag("sft-frozen@300", "best")
+
+        # sft-full: restored from the base, every tensor changes, nothing stored as a delta
+        model = TinyLM()
+        store.get("base").restore({"model": model}, strict=False)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for n, step in enumerate((100, 200, 300)):
+            train(model, opt, 1, 0.01)
+            take({"model": model, "optim": opt}, "sft-full", step,
+                 metadata={"loss": [1.8, 1.2, 0.9][n]})  # fmt: skip
+        base_weights = store.get("base").read_object("model")
+
+        # lora-delta: the base's weights copied by hand, stored as deltas against the base
+        model = TinyLM()
+        model.load_state_dict(base_weights)
         for step in (10, 20, 30):
             nudge(model, 1e-4)
-            ids[f"delta@{step}"] = store.take(
-                {"model": model}, run="delta", step=step, delta_base="base"
-            ).id
+            take({"model": model}, "lora-delta", step, delta_base="base")
+
+        # diverged: NaN in one layer at step 300, in every MLP by step 400
+        model = TinyLM()
+        store.get("base").restore({"model": model}, strict=False)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step in (100, 200, 300, 400):
+            train(model, opt, 1, 0.01)
+            with torch.no_grad():
+                if step == 300:
+                    model.layers[3].mlp[0].weight[0, :3] = float("nan")
+                if step == 400:
+                    for block in model.layers:
+                        block.mlp[0].weight[1, 0] = block.mlp[2].weight[1, 0] = float("nan")
+            take({"model": model, "optim": opt}, "diverged", step)
+
+        # stuck: the base copied by hand, backbone frozen, the optimizer stops after step 0
+        model = TinyLM()
+        model.load_state_dict(base_weights)
+        opt = torch.optim.AdamW(freeze_backbone(model), lr=1e-2)
+        train(model, opt, 1, 0.01)
+        for step in (0, 1, 2):
+            take({"model": model, "optim": opt}, "stuck", step)
+
+        # legacy: no health recorded
+        model = TinyLM()
+        for step in (0, 1):
+            nudge(model, 0.01)
+            take({"model": model}, "legacy", step, health=False)
     return ids

@@ -73,7 +73,7 @@ def test_loopback_host_names_are_served(served: Served, host: str) -> None:
 
 
 def test_actions_need_the_token(writable: Served) -> None:
-    body = {"ref": "base@0", "name": "mine"}
+    body = {"ref": "pretrain@0", "name": "mine"}
     assert request(writable, "POST", "/api/tag", body)[0] == 403
     assert request(writable, "POST", "/api/tag", body, {"X-Ckstore-Token": "wrong"})[0] == 403
     assert (
@@ -82,12 +82,12 @@ def test_actions_need_the_token(writable: Served) -> None:
     )
     status, _, out = request(writable, "POST", "/api/tag", body, {"X-Ckstore-Token": "right-token"})
     assert status == 200 and json.loads(out)["tag"] == "mine"
-    assert request(writable, "GET", "/api/tag?ref=base@0&name=x")[0] == 405  # POST only
+    assert request(writable, "GET", "/api/tag?ref=pretrain@0&name=x")[0] == 405  # POST only
 
 
 def test_actions_refuse_cross_origin_and_non_json_requests(writable: Served) -> None:
     token = {"X-Ckstore-Token": "right-token"}
-    body = {"ref": "base@0", "name": "x"}
+    body = {"ref": "pretrain@0", "name": "x"}
     assert (
         request(writable, "POST", "/api/tag", body, {**token, "Origin": "http://evil.example"})[0]
         == 403
@@ -116,11 +116,11 @@ def test_a_change_from_another_origin_is_refused(writable: Served, origin: str) 
     token = {"X-Ckstore-Token": "right-token"}
     origin = origin.format(port=writable.port, other=writable.port + 1)
     status, _, body = request(
-        writable, "POST", "/api/tag", {"ref": "base@0", "name": "x"}, {**token, "Origin": origin}
+        writable, "POST", "/api/tag", {"ref": "pretrain@0", "name": "x"}, {**token, "Origin": origin}
     )
     assert status == 403 and b"cross-origin" in body
     own = {**token, "Origin": f"http://127.0.0.1:{writable.port}"}
-    assert request(writable, "POST", "/api/tag", {"ref": "base@0", "name": "x"}, own)[0] == 200
+    assert request(writable, "POST", "/api/tag", {"ref": "pretrain@0", "name": "x"}, own)[0] == 200
 
 
 def test_a_deeply_nested_body_is_a_json_400(writable: Served) -> None:
@@ -197,11 +197,11 @@ def test_delete_and_untag_through_the_api(writable: Served, store_copy: Path) ->
     status, _, out = request(writable, "POST", "/api/delete", {"ref": "best"}, token)
     assert status == 409 and "tagged" in json.loads(out)["error"]  # a tagged snapshot needs force
     assert request(writable, "POST", "/api/untag", {"name": "best"}, token)[0] == 200
-    assert request(writable, "POST", "/api/delete", {"ref": "sft@400"}, token)[0] == 200
+    assert request(writable, "POST", "/api/delete", {"ref": "sft-frozen@300"}, token)[0] == 200
     with ckstore.open(store_copy, create=False) as store:
-        assert "best" not in store.tags() and len(store.log(run="sft")) == 3
+        assert "best" not in store.tags() and len(store.log(run="sft-frozen")) == 3
     status, _, out = request(writable, "GET", "/api/overview")
-    assert len(json.loads(out)["snaps"]["id"]) == 11  # the cached history was dropped
+    assert len(json.loads(out)["snaps"]["id"]) == 22  # the cached history was dropped
 
 
 @pytest.mark.parametrize(
@@ -230,7 +230,7 @@ def test_diff_refs_and_paths_cannot_reach_files(served: Served) -> None:
     ):
         status, _, out = request(served, "GET", path)
         assert status == 404 and b"store_id" not in out, path
-    assert request(served, "GET", "/api/health?run=sft&limit=-3")[0] == 400
+    assert request(served, "GET", "/api/health?run=diverged&limit=-3")[0] == 400
 
 
 def test_a_damaged_manifest_is_an_error_message(store_copy: Path) -> None:

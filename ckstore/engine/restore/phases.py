@@ -49,6 +49,7 @@ from ...format.tree import ABSENT, flatten, prune, tree_refs, unflatten
 from ..config import restore_budget
 from ..stateful import RNGState, check_app_state, rng_last
 from .fetch import Arena, Fetcher
+from .hints import castable, compiled_hint
 from .jobs import Job, Region
 from .reader import Reader, check_destination, is_dtensor_dest
 
@@ -69,6 +70,7 @@ class _AppPlan:
         default_factory=dict
     )  # per-rank keys with no value here: left as they are
     meta: list[str] = field(default_factory=list)  # destinations on the meta device: replaced
+    cast: dict[str, torch.Tensor] = field(default_factory=dict)  # read anew, then cast into these
 
 
 @dataclass
@@ -96,9 +98,11 @@ def restore(
     strict: bool = True,
     budget: int | None = None,
     atomic: bool = True,
+    cast: bool = False,
 ) -> None:
-    """Load the snapshot into ``app_state`` in place (see module docstring for the phases)."""
-    apply(prepare(reader, app_state, strict, budget, atomic=atomic), reader)
+    """Load the snapshot into ``app_state`` in place (see module docstring for the phases);
+    ``cast``: see :func:`validate`."""
+    apply(prepare(reader, app_state, strict, budget, atomic=atomic, cast=cast), reader)
 
 
 def prepare(
@@ -110,6 +114,7 @@ def prepare(
     skip: frozenset[str] = frozenset(),
     *,
     atomic: bool = True,
+    cast: bool = False,
 ) -> Prepared:
     """Validate and verify everything a restore needs; the destination is not touched.
 
@@ -132,7 +137,7 @@ def prepare(
     (the caller puts their tensors into ``Prepared.tensors`` before :func:`apply`).
     """
     if plans is None:
-        plans = validate(reader, app_state, strict)
+        plans = validate(reader, app_state, strict, cast=cast)
     wanted: dict[str, Region | None] = {}
     direct: dict[str, tuple[torch.Tensor, Region | None]] = {}
     for p in plans:
@@ -162,8 +167,14 @@ def destination_bytes(direct: Mapping[str, tuple[torch.Tensor, Region | None]]) 
     return sum(t.numel() * t.element_size() for t, _ in direct.values())
 
 
-def validate(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) -> list[_AppPlan]:
+def validate(
+    reader: Reader, app_state: Mapping[str, Any], strict: bool = True, *, cast: bool = False
+) -> list[_AppPlan]:
     """Check keys, dtypes and shapes against the destination; read nothing.
+
+    ``cast``: a floating-point destination of another floating-point dtype than the stored
+    tensor (a bfloat16 model, a float32 snapshot) is accepted; the tensor is read as stored
+    into new memory and converted into the destination by :func:`apply` (``Tensor.copy_``).
 
     Plans come in app_state order with :class:`RNGState` entries last, so :func:`apply` loads
     the generators after every other ``load_state_dict()`` (whose random draws then do not
@@ -178,7 +189,7 @@ def validate(reader: Reader, app_state: Mapping[str, Any], strict: bool = True) 
     check_app_state(app_state, restoring=True)
     if reader.rank is None:
         reader.rank = 0
-    plans = [_validate(reader, name, obj, strict) for name, obj in rng_last(app_state)]
+    plans = [_validate(reader, name, obj, strict, cast) for name, obj in rng_last(app_state)]
     return [p for p in plans if p is not None]
 
 
@@ -225,7 +236,9 @@ def apply(prepared: Prepared, reader: Reader) -> None:
         _apply(reader, p, prepared.tensors)
 
 
-def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | None:
+def _validate(
+    reader: Reader, name: str, obj: Any, strict: bool, cast: bool = False
+) -> _AppPlan | None:
     m = reader.manifest
     if name not in m.apps:
         if not strict:
@@ -247,7 +260,11 @@ def _validate(reader: Reader, name: str, obj: Any, strict: bool) -> _AppPlan | N
         entry = reader.entry(key)
         if not isinstance(entry, TensorEntry):
             continue
-        check_destination(dest, dtype_from_name(entry.dtype), entry.shape, key, reader.where)
+        stored = dtype_from_name(entry.dtype)
+        if cast and castable(dest, stored) and tuple(dest.shape) == entry.shape:
+            plan.cast[key] = dest  # read as a new tensor of the stored dtype, then converted
+            continue
+        check_destination(dest, stored, entry.shape, key, reader.where, cast_hint=not cast)
         if dest.is_meta and not is_dtensor_dest(dest):
             plan.meta.append(key)  # no storage to load into: read as a new tensor, assigned
             continue
@@ -316,8 +333,11 @@ def _check_keys(reader: Reader, plan: _AppPlan, current: dict[str, Any], module:
         raise MismatchError(
             f"{reader.where} does not match app_state[{plan.name!r}]: missing from the snapshot "
             f"{missing[:5]}{'...' if len(missing) > 5 else ''}, not in the destination "
-            f"{unexpected[:5]}{'...' if len(unexpected) > 5 else ''}; pass strict=False to load "
-            "what matches"
+            f"{unexpected[:5]}{'...' if len(unexpected) > 5 else ''}; "
+            + (
+                compiled_hint(plan.name, missing, unexpected)
+                or "pass strict=False to load what matches"
+            )
         )
 
 
@@ -331,9 +351,15 @@ def _apply(reader: Reader, plan: _AppPlan, tensors: Mapping[str, torch.Tensor]) 
     # assigning (for meta destinations) keeps the module's own parameters where it had storage
     own = _module_tensors(plan) if module and plan.meta else {}
 
+    with torch.no_grad():
+        for key, dest in plan.cast.items():
+            dest.copy_(tensors[key])
+
     def resolve(key: str) -> Any:
         if key in plan.keep:
             return plan.keep[key]
+        if key in plan.cast:
+            return plan.cast[key]
         if key in plan.dest:
             return own.get(key, plan.dest[key])
         return reader.value_of(key, tensors)

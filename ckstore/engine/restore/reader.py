@@ -145,14 +145,27 @@ class Reader:
 
 
 def check_destination(
-    dest: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], key: str, where: str
+    dest: torch.Tensor,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    key: str,
+    where: str,
+    *,
+    cast_hint: bool = False,
 ) -> None:
-    """Refuse a destination tensor of another dtype or shape than the stored ``key``."""
+    """Refuse a destination tensor of another dtype or shape than the stored ``key``;
+    ``cast_hint``: say that ``restore(cast=True)`` converts floating-point dtypes."""
     if dest.dtype != dtype or tuple(dest.shape) != shape:
+        cast = (
+            "pass cast=True to convert it (a bfloat16 model from a float32 snapshot), "
+            if cast_hint and tuple(dest.shape) == shape and dest.is_floating_point()
+            and dtype.is_floating_point
+            else ""
+        )  # fmt: skip
         raise MismatchError(
             f"{where}: key {key!r} is {dtype} {list(shape)} in the snapshot but "
-            f"{dest.dtype} {list(dest.shape)} in the destination; build the destination with "
-            "the same shapes/dtypes, or read it with read_object() and convert"
+            f"{dest.dtype} {list(dest.shape)} in the destination; {cast}build the destination "
+            "with the same shapes/dtypes, or read it with read_object() and convert"
         )
 
 

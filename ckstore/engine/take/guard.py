@@ -24,13 +24,12 @@ One :class:`TakeGuard` per :class:`~ckstore.engine.take.local.LocalTake`, so eve
 from __future__ import annotations
 
 import threading
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ... import objects
-from ...errors import NonFiniteError, NonFiniteWarning, StaleStateError, StaleStateWarning
+from ...errors import NonFiniteError, NonFiniteWarning, StaleStateError, StaleStateWarning, warn
 from ...format import health as fh
 from ...format.manifest import Entry, Manifest, PerRankEntry, TensorEntry
 from ...index import SnapshotRecord
@@ -246,23 +245,21 @@ class TakeGuard:
             )
         if bad and spec.on_nonfinite == "warn":
             for pattern, keys in fh.by_pattern(bad).items():
-                warnings.warn(
+                warn(
                     NonFiniteWarning(
                         f"ckstore: {where}: NaN/Inf in {_name(keys, pattern)}; "
                         "committed, recorded unhealthy "
                         f"(roll back with store.get('{spec.run}@healthy'))"
-                    ),
-                    stacklevel=2,
+                    )
                 )
         if stale and spec.on_stale == "warn":
             step = (found.stale_base or {}).get("step")
             for pattern, keys in fh.by_pattern(stale).items():
-                warnings.warn(
+                warn(
                     StaleStateWarning(
                         f"ckstore: {where}: {_name(keys, pattern)} did not change "
                         f"since step {step} although it should train"
-                    ),
-                    stacklevel=2,
+                    )
                 )
 
 

@@ -53,6 +53,7 @@ class TakeOptions(GuardPolicies, total=False):
     move_tags: bool
     health: bool
     trainable: Iterable[str] | None
+    forked_from: str | None
 
 
 class LiveTakeOptions(TakeOptions, RankOptions, total=False):
@@ -107,6 +108,11 @@ class TakeSpec:
             parameters and optimizer moments recognised (``engine/take/trainable.py``).
         trainable_keys: keys of the live parameters that train, found by the facade on the
             app_state's modules (``trainable.trainable_keys``) before ``state_dict()``.
+        forked_from: the id of the snapshot this state was loaded from, when it is not the
+            run's previous one (a fine-tune's base, a rollback's target): recorded in the
+            header (docs/FORMAT.md, section 7.5) and drawn as the fork on the lineage. The
+            facade resolves the caller's ref, or takes the snapshot a restore of this process
+            loaded last (``_takes.fork_of``).
     """
 
     run: str = "default"
@@ -125,6 +131,7 @@ class TakeSpec:
     health: bool = True
     trainable: tuple[str, ...] = ()
     trainable_keys: frozenset[str] = frozenset()
+    forked_from: str | None = None
 
     @classmethod
     def of(
@@ -146,6 +153,7 @@ class TakeSpec:
         health: bool = True,
         trainable: Iterable[str] | None = (),
         trainable_keys: Iterable[str] = (),
+        forked_from: str | None = None,
     ) -> TakeSpec:
         """Check every argument and build the description.
 
@@ -154,7 +162,8 @@ class TakeSpec:
                 that is not JSON-able, a string where a list of names or globs belongs, a
                 non-positive ``dist_timeout``, a negative ``staging_budget``, an
                 ``on_nonfinite`` / ``on_stale`` other than ``"warn"``, ``"raise"``,
-                ``"ignore"``, or a ``health`` that is not a bool.
+                ``"ignore"``, a ``health`` that is not a bool, or a ``forked_from`` that is
+                not a non-empty str.
         """
         if step is not None:
             step = check_int("step", step, 0, INT64_MAX)
@@ -174,6 +183,10 @@ class TakeSpec:
         meta = _json_metadata(metadata)
         if not isinstance(health, bool):
             raise InvalidInputError(f"health must be True or False, got {health!r}")
+        if forked_from is not None and (not isinstance(forked_from, str) or not forked_from):
+            raise InvalidInputError(
+                f"forked_from must be a snapshot ref (str) or None, got {forked_from!r}"
+            )
         return cls(
             run,
             step,
@@ -191,6 +204,7 @@ class TakeSpec:
             health,
             _names("trainable", "key globs", trainable or ()),
             frozenset(_names("trainable_keys", "keys", trainable_keys)),
+            forked_from,
         )
 
     def evolve(self, **changes: Any) -> TakeSpec:
@@ -217,6 +231,7 @@ class TakeSpec:
             metadata=dict(self.metadata),
             name=self.name,
             session=session,
+            **({"forked_from": self.forked_from} if self.forked_from else {}),
             **extra,
         )
 

@@ -4,6 +4,7 @@ import {state, ref, changed} from "./state.js";
 import {get, post, hasToken} from "./api.js";
 import {el, clear, size, when, table} from "./util.js";
 import {confirmAction, showError, refresh} from "./shell.js";
+import {showRun} from "./health.js";
 
 let box, seq = 0;
 
@@ -23,12 +24,14 @@ export async function showDetails() {
   clear(box).append(
     el("h3", {id: "details-ref"}, d.ref),
     el("dl", {class: "facts"},
-      fact("id", d.id.slice(0, 16) + "…"), fact("run", d.run), fact("step", d.step ?? "–"),
+      fact("id", d.id.slice(0, 12) + "…"), fact("run", d.run), fact("step", d.step ?? "–"),
       fact("taken", when(d.created_at)), fact("logical", size(d.logical_bytes)),
       fact("new bytes stored", size(d.new_bytes) + ` (${d.new_chunks} chunks; ${d.reused_chunks} reused)`),
       fact("stored (all its chunks)", size(d.stored_bytes)),
       fact("only in this snapshot", size(d.exclusive_bytes) + ` (${d.exclusive_chunks} chunks)`),
-      fact("tags", d.tags.length ? d.tags.join(", ") : "–")),
+      fact("tags", d.tags.length ? d.tags.join(", ") : "–"),
+      d.forked_from ? fact("forked from", el("span", {id: "details-fork", class: "ref"}, d.forked_from.ref)) : null,
+      fact("health", healthLine(d))),
     meta,
     el("div", {class: "buttons"},
       el("button", {id: "set-a", onclick: () => { state.a = pos; changed("pair"); }}, "Compare as A"),
@@ -38,6 +41,17 @@ export async function showDetails() {
 }
 
 function fact(k, v) { return [el("dt", {}, k), el("dd", {}, v)]; }
+
+// What the take recorded, from the index: NaN/Inf elements and stale tensors.
+function healthLine(d) {
+  if (d.nonfinite === null && d.stale === null) return el("span", {id: "details-health", class: "muted"}, "not recorded");
+  const parts = [];
+  if (d.nonfinite) parts.push(el("span", {class: "flag nan"}, `NaN/Inf: ${d.nonfinite} values`));
+  if (d.stale) parts.push(el("span", {class: "flag stale"}, `stale: ${d.stale} tensors`));
+  if (!parts.length) parts.push(d.nonfinite === 0 ? "ok: no NaN or Inf" : "–");
+  if (d.nonfinite || d.stale) parts.push(" ", el("a", {href: "#health", class: "link", onclick: () => showRun(d.run)}, "see Health"));
+  return el("span", {id: "details-health"}, parts);
+}
 
 function actions(d) {
   const can = hasToken();

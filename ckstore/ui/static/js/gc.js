@@ -20,7 +20,8 @@ export async function preview() {
   const older = v("older_than") ? String(Number(v("older_than")) * UNIT[v("older_unit")]) : "";
   const grace = v("grace") !== "" ? String(Number(v("grace")) * 3600) : "";
   const params = {keep_last: v("keep_last"), keep_every_steps: v("keep_every_steps"), older_than: older,
-    runs: v("runs"), keep_tagged: f.elements.keep_tagged.checked ? "1" : "0", grace_seconds: grace};
+    runs: v("runs"), keep_tagged: f.elements.keep_tagged.checked ? "1" : "0", grace_seconds: grace,
+    keep_best: v("keep_best"), metric: v("keep_best") ? v("metric") : "", mode: v("mode")};
   const out = clear(root.querySelector("#gc-output"));
   root.dataset.state = "loading";
   out.append(el("p", {class: "muted"}, "Previewing…"));

@@ -1,6 +1,7 @@
 // The lineage graph on a canvas: one lane per run, snapshots over time (or step), parent
 // edges along each lane, fork edges (dashed) from a base snapshot to a run's first snapshot,
-// tags as labels; gc-preview drops crossed out, health flags as red marks.
+// tags as labels; gc-preview drops crossed out; what each take recorded (from the index, so
+// before any health is loaded): NaN/Inf as a red "!" badge, stale tensors as an amber one.
 
 import {state, ref, visibleRuns, changed} from "./state.js";
 import {runColor, when, size, el, clear} from "./util.js";
@@ -61,17 +62,19 @@ export function draw() {
     g.fillStyle = "#222";
     g.fillText(state.ov.runs[r].slice(0, 18), 22, TOP + k * laneH + laneH / 2);
   });
-  // time or step axis
+  // time or step axis: steps on round numbers (0, 10, 20...), times at five even places
   g.fillStyle = "#555"; g.textBaseline = "top";
-  for (let k = 0; k <= 5; k++) {
-    const v = lo + (hi - lo) * k / 5, x = sx(v);
+  const ticks = xMode === "step" ? stepTicks(lo, hi) : [0, 1, 2, 3, 4, 5].map((k) => lo + (hi - lo) * k / 5);
+  ticks.forEach((v, k) => {
+    const x = sx(v);
     g.fillRect(x, height - BOTTOM + 2, 1, 4);
-    const iso = new Date(v * 1000).toISOString();
-    const label = xMode === "step" ? String(Math.round(v)) : hi - lo < 60 ? iso.slice(11, 23)
-      : hi - lo < 86400 ? iso.slice(11, 19) : when(v).slice(0, 16);
-    g.textAlign = k === 0 ? "left" : k === 5 ? "right" : "center";
+    const ms = String(Math.floor((v % 1) * 1000)).padStart(3, "0");
+    const label = xMode === "step" ? String(v) : hi - lo < 60 ? when(v).slice(11, 19) + "." + ms
+      : hi - lo < 86400 ? when(v).slice(11, 19) : when(v).slice(0, 16);
+    g.textAlign = xMode === "step" ? "center" : k === 0 ? "left" : k === ticks.length - 1 ? "right" : "center";
     g.fillText(label, x, height - BOTTOM + 8);
-  }
+  });
+  canvas.dataset.ticks = ticks.join(",");
   g.textAlign = "left";
   // parent edges
   g.lineWidth = 1.5;
@@ -109,12 +112,17 @@ export function draw() {
     g.fillStyle = "#111"; g.textAlign = "center"; g.fillText(label, px[pos], py[pos] - r0 - 6);
   }
   g.textAlign = "left";
+  let flagged = 0;
   for (const [pos, kind] of state.flags) {
     if (isNaN(px[pos])) continue;
-    g.fillStyle = kind === "nan" ? "#d62728" : "#e6a000";
-    g.beginPath(); g.moveTo(px[pos], py[pos] + r0 + 2); g.lineTo(px[pos] - 4, py[pos] + r0 + 9);
-    g.lineTo(px[pos] + 4, py[pos] + r0 + 9); g.closePath(); g.fill();
+    flagged++;
+    const color = FLAG_COLORS[kind], bx = px[pos] + r0 + 5, by = py[pos] + r0 + 5;
+    ring(g, px[pos], py[pos], r0 + 2, color, 2);
+    g.fillStyle = color; g.beginPath(); g.arc(bx, by, 7, 0, 2 * Math.PI); g.fill();
+    g.fillStyle = "#fff"; g.font = "bold 11px system-ui, sans-serif"; g.textAlign = "center"; g.textBaseline = "middle";
+    g.fillText(kind === "nan" ? "!" : "≈", bx, by + 0.5);
   }
+  g.textAlign = "left";
   g.strokeStyle = "#d62728"; g.lineWidth = 2;
   for (const pos of state.drop) {
     if (isNaN(px[pos])) continue;
@@ -131,7 +139,19 @@ export function draw() {
   canvas.dataset.lanes = String(runs.length);
   canvas.dataset.forks = String(forks);
   canvas.dataset.drops = String([...state.drop].filter((p) => !isNaN(px[p])).length);
+  canvas.dataset.flags = String(flagged);
   renderLegend(runs);
+}
+
+const FLAG_COLORS = {nan: "#d62728", stale: "#d08a00"};
+
+// Round step ticks between lo and hi: multiples of 1, 2 or 5 times a power of ten, 4 to 10 of them.
+export function stepTicks(lo, hi) {
+  const span = Math.max(1, hi - lo), raw = span / 6, mag = 10 ** Math.floor(Math.log10(raw));
+  const unit = [1, 2, 5, 10].map((m) => m * mag).find((u) => span / u <= 10) || 10 * mag;
+  const step = Math.max(1, unit), out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + 1e-9; v += step) out.push(Math.round(v));
+  return out;
 }
 
 function ring(g, x, y, r, color, w) {
@@ -181,10 +201,21 @@ function onMove(ev) {
   const s = state.ov.snaps;
   const tags = state.tagsAt.get(i);
   clear(tip).append(el("div", {}, el("b", {}, ref(i)), el("br"), when(s.t[i]), el("br"),
-    `logical ${size(s.logical[i])}, new ${size(s.new[i])}`, tags ? el("div", {}, "tags: " + tags.join(", ")) : null));
-  tip.style.left = (ev.clientX - r.left + 14) + "px";
-  tip.style.top = (ev.clientY - r.top + 10) + "px";
+    `logical ${size(s.logical[i])}, new ${size(s.new[i])}`, tags ? el("div", {}, "tags: " + tags.join(", ")) : null,
+    health(i)));
   tip.hidden = false;
+  // keep the tip inside the graph: left of the pointer near the right edge, above it near the bottom
+  const x = ev.clientX - r.left, y = ev.clientY - r.top, w = tip.offsetWidth, h = tip.offsetHeight;
+  tip.style.left = (x + 14 + w > r.width ? Math.max(0, x - 14 - w) : x + 14) + "px";
+  tip.style.top = (y + 10 + h > r.height ? Math.max(0, y - 10 - h) : y + 10) + "px";
+}
+
+// What the take recorded, for the tooltip (null: nothing to say).
+function health(i) {
+  const s = state.ov.snaps, parts = [];
+  if (s.nonfinite[i]) parts.push(`NaN/Inf: ${s.nonfinite[i]} values`);
+  if (s.stale[i]) parts.push(`stale: ${s.stale[i]} tensors`);
+  return parts.length ? el("div", {class: "tip-flag"}, parts.join(" · ")) : null;
 }
 
 function onClick(ev) {

@@ -51,7 +51,9 @@ function renderFilters() {
   clear(tags).append(el("option", {value: ""}, "(all)"),
     ...Object.keys(state.ov.tags).map((t) => el("option", {value: t}, t)));
   tags.value = state.tagFilter in state.ov.tags ? state.tagFilter : "";
-  document.getElementById("store-url").textContent = state.ov.store.url;
+  const where = document.getElementById("store-url");
+  where.textContent = state.ov.store.shown;
+  where.title = state.ov.store.url;
   document.getElementById("store-count").textContent =
     `${state.ov.snaps.id.length} snapshots, ${state.ov.runs.length} runs, ${Object.keys(state.ov.tags).length} tags`;
 }

@@ -9,12 +9,17 @@ export const state = {
   selected: -1,      // position shown in the details panel
   a: -1, b: -1,      // positions picked for comparison
   drop: new Set(),   // positions a gc preview would drop
-  flags: new Map(),  // position -> "nan" | "stale" (from loaded health)
+  flags: new Map(),  // position -> "nan" | "stale" (what each take recorded, from the index)
   listeners: [],
 };
 
 export function setOverview(ov) {
   state.ov = ov;
+  state.flags = new Map();
+  ov.snaps.id.forEach((_, i) => {
+    if (ov.snaps.nonfinite[i]) state.flags.set(i, "nan");
+    else if (ov.snaps.stale[i]) state.flags.set(i, "stale");
+  });
   state.tagsAt = new Map();
   for (const [name, pos] of Object.entries(ov.tags)) {
     if (!state.tagsAt.has(pos)) state.tagsAt.set(pos, []);

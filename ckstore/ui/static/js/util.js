@@ -5,14 +5,18 @@ export function size(n) {
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let v = Number(n), i = 0;
   while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i++; }
-  return (i === 0 ? String(v) : v.toFixed(v < 10 ? 2 : 1)) + " " + units[i];
+  return (i === 0 ? String(v) : v.toFixed(1)) + " " + units[i];  // as the command line prints
 }
 
+// Local time, YYYY-MM-DD HH:MM:SS, as the command line prints it.
 export function when(t) {
   if (t === null || t === undefined) return "–";
-  const d = new Date(t * 1000);
-  return d.toISOString().replace("T", " ").slice(0, 19);
+  const d = new Date(t * 1000), p = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
 }
+
+// logical / stored as the command line prints it: 3.96x.
+export function ratio(x) { return x ? x.toFixed(2) + "x" : "–"; }
 
 export function num(x, digits = 3) {
   if (x === null || x === undefined) return "–";

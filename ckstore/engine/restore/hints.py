@@ -1,0 +1,44 @@
+"""What a restore says besides "no": the casts it may make on request and the hint for a
+``torch.compile``'d module, whose state dict keys carry the wrapper's ``_orig_mod.`` prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+COMPILED = "_orig_mod."
+"""The prefix ``torch.compile``'s ``OptimizedModule`` puts before every key of the module it
+wraps."""
+
+
+def castable(dest: torch.Tensor, stored: torch.dtype) -> bool:
+    """Whether ``restore(cast=True)`` converts a stored ``stored`` tensor into ``dest``: both
+    floating point (float32, bfloat16, float16, float64, the float8 kinds) and not the same
+    dtype. Integers, booleans and complex numbers are never converted: a step counter or a
+    mask that changed type is a mistake, not a precision choice."""
+    return dest.dtype != stored and dest.is_floating_point() and stored.is_floating_point
+
+
+def compiled_hint(app: str, missing: list[str], unexpected: list[str]) -> str:
+    """The fix when keys differ only by ``_orig_mod.``, else "".
+
+    Args:
+        app: The app_state name.
+        missing: Destination keys the snapshot lacks.
+        unexpected: Snapshot keys the destination lacks.
+    """
+    strip = {k.replace(COMPILED, "", 1) for k in missing}
+    if missing and all(COMPILED in k for k in missing) and strip >= set(unexpected):
+        return (
+            f"app_state[{app!r}] is a torch.compile'd module (its keys carry {COMPILED!r}) and "
+            f"the snapshot was taken from the module itself: restore into {app}._orig_mod (the "
+            "module it wraps; compiled code sees the loaded weights)"
+        )
+    strip = {k.replace(COMPILED, "", 1) for k in unexpected}
+    if unexpected and all(COMPILED in k for k in unexpected) and strip >= set(missing):
+        return (
+            f"the snapshot was taken from a torch.compile'd module (its keys carry {COMPILED!r}) "
+            f"and app_state[{app!r}] is the plain module: restore into torch.compile(model), or "
+            "take model._orig_mod (the module it wraps) so snapshots keep the plain keys"
+        )
+    return ""
