@@ -116,7 +116,11 @@ def test_a_change_from_another_origin_is_refused(writable: Served, origin: str) 
     token = {"X-Ckstore-Token": "right-token"}
     origin = origin.format(port=writable.port, other=writable.port + 1)
     status, _, body = request(
-        writable, "POST", "/api/tag", {"ref": "pretrain@0", "name": "x"}, {**token, "Origin": origin}
+        writable,
+        "POST",
+        "/api/tag",
+        {"ref": "pretrain@0", "name": "x"},
+        {**token, "Origin": origin},
     )
     assert status == 403 and b"cross-origin" in body
     own = {**token, "Origin": f"http://127.0.0.1:{writable.port}"}
