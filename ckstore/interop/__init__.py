@@ -12,7 +12,8 @@ Formats (``format=``):
 name       import                                           export
 ========== ================================================ ==========================================
 safetensors a ``.safetensors`` file                          Hugging Face layout: shards + index (the
-                                                            model's weights unless ``keys`` say more)
+                                                            model's weights and an imported folder's
+                                                            torch files unless ``keys`` say more)
 hf         a Hugging Face model / Trainer checkpoint folder same as ``safetensors``
 torch      a ``torch.save`` file, loaded weights-only, or   one ``torch.save`` file
            a folder holding one (a torch export's)
@@ -205,14 +206,17 @@ def export_snapshot(
         )
     if shard_bytes <= 0:
         raise InvalidInputError(f"shard_bytes must be positive, got {shard_bytes}")
+    src = load_source(view)
     selected = select(view.manifest.entries, keys)
     skipped_apps: list[str] = []
     if keys is None and format in ("safetensors", "hf"):  # the model's weights, as HF has them
-        models = model_apps(view.manifest.apps)
+        # plus the apps an imported checkpoint folder held in their own files (a Trainer's
+        # optimizer.pt, scheduler.pt, rng_state.pth): they go back there, not into the shards
+        kept = set(model_apps(view.manifest.apps)) | set(src.torch_files.values() if src else ())
         apps = {k.split("/", 1)[0] for k in selected}
-        if models and not apps <= set(models):
-            skipped_apps = sorted(apps - set(models))
-            selected = [k for k in selected if k.split("/", 1)[0] in models]
+        if kept and not apps <= kept:
+            skipped_apps = sorted(apps - kept)
+            selected = [k for k in selected if k.split("/", 1)[0] in kept]
     if not selected:
         raise NotFoundError(
             f"snapshot {view.ref}: no key matches {list(keys or [])!r}; list them with `ckstore ls {view.id[:12]}`"
@@ -220,7 +224,6 @@ def export_snapshot(
     budget = view.repo.memory_budget if memory_budget is None else memory_budget
     if budget is None:  # the store's default: the most a restore stages by default
         budget = budget_cap()
-    src = load_source(view)
     with _outdir.staged(dest, force) as out:
         if format == "torch":
             done = _torchfile.export(view, out, selected, src, budget)
