@@ -86,7 +86,7 @@ class StoredSnapshot(SnapshotFields):
         """What its take found (NaN/Inf counts and norms per tensor, stale tensors), from the
         manifest header; None if it recorded nothing (taken before ckstore did). For the
         summary without reading the manifest, see :attr:`healthy`."""
-        return of_header(self.manifest.snapshot)
+        return of_header(self._view().header)
 
     # --- what it stores and shares (from the index) --------------------------------------------
     def entries(self) -> list[EntryRecord]:
@@ -228,15 +228,12 @@ class StoredSnapshot(SnapshotFields):
             check_number("dist_timeout", dist_timeout, lo_open=True)
         view = self._view()
         budget = view.repo.memory_budget if memory_budget is None else memory_budget
-        reader = Reader.of(view, progress=progress)
-        if is_dcp_manifest(reader.manifest):
-            reader = replace(reader, manifest=dcp_overlay(reader.manifest, app_state, strict))
         with view.repo.activity():  # background compaction of this process waits meanwhile
-            if is_distributed():
+            if is_distributed():  # the job reads the manifest (each rank: what it needs) once
                 from .distributed.restore import restore as dist_restore
 
                 dist_restore(
-                    reader,
+                    view,
                     app_state,
                     strict=strict,
                     pg=pg if pg is not None else self.pg,
@@ -244,8 +241,13 @@ class StoredSnapshot(SnapshotFields):
                     budget=budget,
                     replicated_read=mode,
                     atomic=atomic,
+                    on_progress=progress,
                 )
             else:
+                reader = Reader.of(view, progress=progress)
+                if is_dcp_manifest(reader.manifest):
+                    overlay = dcp_overlay(reader.manifest, app_state, strict)
+                    reader = replace(reader, manifest=overlay)
                 restore(reader, app_state, strict=strict, budget=budget, atomic=atomic)
         if verify:
             self._check_restored(app_state, strict)

@@ -22,6 +22,7 @@ from ..errors import DistributedError, UnsupportedValueError
 from ..format.boxes import is_dtensor, local_box
 from ..format.dtypes import dtype_name
 from ..format.grid import Box
+from ..format.layout import Layout
 from ..format.tensors import as_cpu_tensor, byte_view
 from ..format.tree import flatten, is_array
 from ..format.values import encode_value
@@ -41,6 +42,7 @@ class Leaf:
     replicas: list[int] = field(
         default_factory=list
     )  # a DTensor: ranks of the take holding the same box
+    layout: Layout | None = None  # a DTensor: its mesh and placements, if they give its box
 
 
 @dataclass
@@ -87,7 +89,14 @@ def classify(
                     "container": "torch",
                     "device": str(value.device),
                 }
-                out.leaves[key] = Leaf(DTENSOR, desc, t, box, replica_ranks(value, key, members))
+                out.leaves[key] = Leaf(
+                    DTENSOR,
+                    desc,
+                    t,
+                    box,
+                    replica_ranks(value, key, members),
+                    layout_of(value, box, members),
+                )
             elif is_array(value):
                 container = "torch" if isinstance(value, torch.Tensor) else "numpy"
                 device = str(value.device) if isinstance(value, torch.Tensor) else "cpu"
@@ -134,6 +143,27 @@ def replica_ranks(value: Any, key: str, members: list[int] | None) -> list[int]:
     same = [int(r) for r in mesh.mesh[index].flatten().tolist()]
     where = members if members is not None else list(range(max(ranks) + 1))
     return sorted(where.index(r) for r in same)
+
+
+def layout_of(value: Any, box: Box, members: list[int] | None) -> Layout | None:
+    """DTensor ``value``'s layout (``format/layout.py``) with the take's ranks, if it gives this
+    rank's shard ``box`` (None otherwise: readers then look for its pieces in every part)."""
+    mesh = value.device_mesh
+    flat = [int(r) for r in mesh.mesh.flatten().tolist()]
+    where = members if members is not None else list(range(max(flat) + 1))
+    ranks = tuple(where.index(r) for r in flat)
+    placements = tuple(
+        int(p.dim) if type(p).__name__ == "Shard" else None for p in value.placements
+    )
+    layout = Layout(
+        tuple(int(n) for n in mesh.mesh.shape),
+        placements,
+        None if ranks == tuple(range(len(ranks))) else ranks,
+    )
+    coord = mesh.get_coordinate()
+    if coord is None or layout.box(tuple(value.shape), coord) != box:
+        return None
+    return layout
 
 
 def demote_mixed(descs: list[dict[str, Any]]) -> list[str]:

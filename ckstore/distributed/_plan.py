@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +36,7 @@ from ..errors import DistributedError
 from ..format.boxes import pieces
 from ..format.dtypes import itemsize
 from ..format.grid import Box, make_grid
+from ..format.layout import writer
 from ..format.manifest import canonical_json
 from ._classify import DTENSOR, LOCAL, REPLICATED, VALUE, Local
 
@@ -236,7 +236,8 @@ def assignment(
 
 def _dtensor_pieces(local: Local, rank: int, opts: TakeOptions) -> list[tuple[str, Box]]:
     """The pieces of this rank's DTensor shards it writes: piece ``j`` of a box held by ``n``
-    ranks goes to the ``(j + crc32(key)) % n``-th of them (each computes the same)."""
+    ranks goes to the ``(j + crc32(key)) % n``-th of them (``layout.writer``: each computes the
+    same, and so does a reader looking for the part that records it)."""
     out = []
     for key, leaf in local.leaves.items():
         if leaf.kind != DTENSOR:
@@ -245,9 +246,8 @@ def _dtensor_pieces(local: Local, rank: int, opts: TakeOptions) -> list[tuple[st
         x = leaf.desc
         grid = make_grid(tuple(x["shape"]), itemsize(x["dtype"]), opts.chunk_bytes)
         holders = sorted(leaf.replicas) or [rank]
-        spin = zlib.crc32(key.encode()) % len(holders)
         for j, piece in enumerate(pieces(grid, leaf.box)):
-            if holders[(j + spin) % len(holders)] == rank:
+            if writer(key, j, holders) == rank:  # readers locate the piece by the same rule
                 out.append((key, piece))
     return out
 
