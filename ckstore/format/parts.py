@@ -128,6 +128,8 @@ def parse_node(raw: bytes, where: str, first: int, count: int, above: int) -> Le
 def build_tree(parts: Sequence[Child], fanout: int = FANOUT) -> tuple[Level, list[bytes]]:
     """The root's level over ``parts`` (part ``r`` at index ``r``) and the nodes' bytes, bottom
     level first: no level has more than ``fanout`` children."""
+    if fanout < 2:
+        raise ValueError(f"a tree of parts needs a fanout of at least 2, got {fanout}")
     level, span, nodes, total = list(parts), 1, [], len(parts)
     while len(level) > fanout:
         above = []
@@ -428,9 +430,12 @@ def _document(
         raise CorruptionError(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("format") != fmt:
         raise CorruptionError(f"{where} is not a {fmt} object")
-    if doc.get("version") not in versions:
+    version = doc.get("version")
+    if version not in versions:
+        later = type(version) is int and version > max(versions)
         raise CorruptionError(
-            f"{where} has version {doc.get('version')!r}; this ckstore reads {list(versions)}"
+            f"{where} has version {version!r}; this ckstore reads {list(versions)}"
+            + (": upgrade ckstore to read it" if later else "")
         )
     return doc
 
