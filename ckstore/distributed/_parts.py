@@ -40,7 +40,7 @@ from ..format.manifest import (
 from ..format.parts import Level, Part, Root, Shell, own_lanes, piece_lanes, shell_digest
 from ..index import EntryRecord
 from ._classify import DTENSOR, LOCAL, REPLICATED, VALUE, Local
-from ._plan import Agreed, ints62, replicated_share, same
+from ._plan import Agreed, ints62, same, shares
 
 SHARDED, PER_RANK, ROOT = "sharded", "per_rank", "root"
 INTS = 6 + FIGURES  # per key: 4 digest lanes, per-rank bytes, per-rank tensor bytes, figures
@@ -307,7 +307,7 @@ def _replicated(
     """Every replicated tensor's entry: inline from rank 0's leaf, or its pieces' ids from the
     records of the ranks that wrote them."""
     pieces: dict[str, list[ChunkRef]] = defaultdict(list)
-    for r, share in enumerate(replicated_share(local, agreed, world, opts)):
+    for r, share in enumerate(shares(local, agreed, world, opts)):
         ids = records[r].replicated
         if len(ids) != len(share):
             raise DistributedError(

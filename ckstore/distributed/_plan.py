@@ -183,14 +183,15 @@ def cache_key(local: Local, agreed: Agreed, world: int, rank: int, opts: TakeOpt
 
 
 class PlanCache:
-    """A small LRU of assignments by :func:`cache_key`; ``hits`` and ``misses`` count lookups."""
+    """A small LRU of plans (assignments, shares) by :func:`cache_key`; ``hits`` and ``misses``
+    count lookups."""
 
     def __init__(self, size: int = CACHE_SIZE) -> None:
         self.size = size
-        self._plans: OrderedDict[str, Assignment] = OrderedDict()
+        self._plans: OrderedDict[str, Any] = OrderedDict()
         self.hits = self.misses = 0
 
-    def get(self, key: str) -> Assignment | None:
+    def get(self, key: str) -> Any:
         found = self._plans.get(key)
         if found is None:
             self.misses += 1
@@ -199,7 +200,12 @@ class PlanCache:
         self._plans.move_to_end(key)
         return found
 
-    def put(self, key: str, value: Assignment) -> None:
+    def clear(self) -> None:
+        """Forget every plan (and the counts)."""
+        self._plans.clear()
+        self.hits = self.misses = 0
+
+    def put(self, key: str, value: Any) -> None:
         self._plans[key] = value
         self._plans.move_to_end(key)
         while len(self._plans) > self.size:
@@ -207,6 +213,8 @@ class PlanCache:
 
 
 CACHE = PlanCache()
+SHARES = PlanCache()
+"""Every rank's share of the replicated tensors, by layout (the rank that commits reads them)."""
 
 
 def assignment(
@@ -227,7 +235,7 @@ def assignment(
     if found is not None:
         return found
     mine = tuple(_dtensor_pieces(local, rank, opts)) + tuple(
-        replicated_share(local, agreed, world, opts)[rank]
+        shares(local, agreed, world, opts, SHARES if cache is not None else None)[rank]
     )
     if cache is not None:
         cache.put(key, mine)
@@ -250,6 +258,19 @@ def _dtensor_pieces(local: Local, rank: int, opts: TakeOptions) -> list[tuple[st
             if writer(key, j, holders) == rank:  # readers locate the piece by the same rule
                 out.append((key, piece))
     return out
+
+
+def shares(
+    local: Local, agreed: Agreed, world: int, opts: TakeOptions, cache: PlanCache | None = SHARES
+) -> list[list[tuple[str, Box]]]:
+    """:func:`replicated_share`, cached per layout like assignments."""
+    key = cache_key(local, agreed, world, -1, opts) if cache is not None else ""
+    found = cache.get(key) if cache is not None else None
+    if found is None:
+        found = replicated_share(local, agreed, world, opts)
+        if cache is not None:
+            cache.put(key, found)
+    return found
 
 
 def replicated_share(
