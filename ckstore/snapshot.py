@@ -21,7 +21,7 @@ from .engine.view import SnapshotFields, SnapshotView
 from .errors import CorruptionError, InvalidInputError
 from .format.health import Health, of_header
 from .format.limits import check_int, check_number
-from .format.manifest import Entry, Manifest, TensorEntry, entry_digest
+from .format.manifest import Entry, Manifest, TensorEntry
 from .index import EntryRecord, SnapshotRecord
 from .index.sharing import Shared
 
@@ -97,10 +97,9 @@ class StoredSnapshot(SnapshotFields):
         records = view.repo.index.entries(view.record.manifest_id)
         if records:
             return records
-        return [
-            EntryRecord(k, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))
-            for k, e in self.manifest.entries.items()
-        ]
+        from .engine.take.commit import entry_records  # as a commit makes them
+
+        return entry_records(self.manifest)
 
     def stored_bytes(self) -> int:
         """The stored (compressed) length of the chunks it references, each counted once,

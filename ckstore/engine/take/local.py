@@ -331,6 +331,8 @@ class LocalTake:
         """Store each of ``raws`` as a chunk (a manifest's part or node: content-addressed,
         packed, pinned to this session like the take's own chunks); their ids. The take's
         figures do not count them."""
+        if not raws:
+            return []
         before = replace(self.stats)
         chunks = [Chunk(key, memoryview(raw), 1, False) for raw in raws]
         self.store(chunks, defer=defer)
