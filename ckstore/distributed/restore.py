@@ -5,6 +5,10 @@ size: the stored pieces are cut to that box); a plain tensor needs the whole ten
 per-rank entry gives each rank its own value. Phases (each closed by a bounded collective,
 named in errors and in the ranks' progress):
 
+0. **open** (``_open``): rank 0 reads the manifest object and sends it to every rank; of a
+   manifest stored in parts each rank needs only the parts holding its regions, and the job
+   reads each of those (and the nodes above them) once, as it reads chunks below. Nothing is
+   listed: the manifest names every object, the index says where it is.
 1. **plan**: every rank validates its destination (keys, dtypes, shapes; nothing read) and
    lists the chunks it needs as runs of the manifest's chunk numbering (``_readplan``); rank
    0 gathers the runs alone, gives every distinct chunk one reader (the ranks needing it,
@@ -26,7 +30,8 @@ any point leaves every destination untouched). With a streamed plan, a rank lost
 ``memory_budget`` of at least the bytes a rank receives to always get a held plan.
 
 ``replicated_read``: ``"once"`` (the default; ``"broadcast"`` means the same now) is the
-above; ``"each"`` lets every rank read everything it needs itself, as before (no exchange).
+above; ``"each"`` lets every rank read everything it needs itself, as before (no exchange; the
+manifest's root still comes from rank 0, and each rank reads the parts it needs).
 """
 
 from __future__ import annotations

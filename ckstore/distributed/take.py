@@ -175,11 +175,11 @@ def take(
                 committed = _commit(t, local, own, equal, layouts, agreed, records, summed)
                 ph.send(committed)
         done = SnapshotRecord(**ph.received["record"])
-        root = Root.from_json(ph.received["root"].encode(), f"manifest of {done.id[:12]}")
-        view = partial(root, {comm.rank: part}, comm.rank, ())
-        remember(done.manifest_id, view, t.guard.view_key)  # the run's next take compares
         if comm.rank != 0:
             t.hand_over()
+        root = Root.from_json(ph.received["root"].encode(), f"manifest of {done.id[:12]}")
+        view = partial(root, {comm.rank: part}, comm.rank, ())
+        remember(done.manifest_id, view, t.guard.view_key)  # what the run's next take compares
         return done, None
 
 
