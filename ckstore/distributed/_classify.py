@@ -71,6 +71,7 @@ def classify(
     DTensor's ``replicas`` are given as ranks within the take.
     """
     out = Local(apps={}, leaves={})
+    layouts = Layouts(members)
     for app, sd in states.items():
         flat = flatten(app, sd)
         out.apps[app] = flat.tree
@@ -95,7 +96,7 @@ def classify(
                     t,
                     box,
                     replica_ranks(value, key, members),
-                    layout_of(value, box, members),
+                    layouts.of(value, box),
                 )
             elif is_array(value):
                 container = "torch" if isinstance(value, torch.Tensor) else "numpy"
@@ -145,25 +146,36 @@ def replica_ranks(value: Any, key: str, members: list[int] | None) -> list[int]:
     return sorted(where.index(r) for r in same)
 
 
-def layout_of(value: Any, box: Box, members: list[int] | None) -> Layout | None:
-    """DTensor ``value``'s layout (``format/layout.py``) with the take's ranks, if it gives this
-    rank's shard ``box`` (None otherwise: readers then look for its pieces in every part)."""
-    mesh = value.device_mesh
-    flat = [int(r) for r in mesh.mesh.flatten().tolist()]
-    where = members if members is not None else list(range(max(flat) + 1))
-    ranks = tuple(where.index(r) for r in flat)
-    placements = tuple(
-        int(p.dim) if type(p).__name__ == "Shard" else None for p in value.placements
-    )
-    layout = Layout(
-        tuple(int(n) for n in mesh.mesh.shape),
-        placements,
-        None if ranks == tuple(range(len(ranks))) else ranks,
-    )
-    coord = mesh.get_coordinate()
-    if coord is None or layout.box(tuple(value.shape), coord) != box:
-        return None
-    return layout
+class Layouts:
+    """DTensors' layouts (``format/layout.py``) with the take's ranks, one rank table per device
+    mesh: the table has a rank per mesh coordinate, so it is built once per take, not per key."""
+
+    def __init__(self, members: list[int] | None) -> None:
+        self.members = members
+        self._meshes: dict[int, tuple[Any, tuple[int, ...], tuple[int, ...] | None, Any]] = {}
+
+    def of(self, value: Any, box: Box) -> Layout | None:
+        """``value``'s layout, if it gives this rank's shard ``box`` (None otherwise: readers
+        then look for its pieces in every part)."""
+        mesh = value.device_mesh
+        known = self._meshes.get(id(mesh))
+        if known is None or known[0] is not mesh:
+            flat = [int(r) for r in mesh.mesh.flatten().tolist()]
+            where = self.members if self.members is not None else range(max(flat) + 1)
+            position = {r: i for i, r in enumerate(where)}
+            table = tuple(position[r] for r in flat)
+            identity = table == tuple(range(len(table)))
+            dims = tuple(int(n) for n in mesh.mesh.shape)
+            known = (mesh, dims, None if identity else table, mesh.get_coordinate())
+            self._meshes[id(mesh)] = known
+        _, shape, ranks, coord = known
+        placements = tuple(
+            int(p.dim) if type(p).__name__ == "Shard" else None for p in value.placements
+        )
+        layout = Layout(shape, placements, ranks)
+        if coord is None or layout.box(tuple(value.shape), coord) != box:
+            return None
+        return layout
 
 
 def demote_mixed(descs: list[dict[str, Any]]) -> list[str]:
