@@ -1,6 +1,7 @@
 """A distributed snapshot (its manifest stored in parts, docs/FORMAT.md 7.7) travels whole:
-push copies its parts and nodes like its chunks, the remote restores it and checks clean, a
-clone carries it, and gc keeps the parts while the snapshot lives and collects them after."""
+an export writes every tensor, push copies its parts and nodes like its chunks, the remote
+restores it and checks clean, a clone carries it, and gc keeps the parts while the snapshot
+lives and collects them after."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed.tensor  # noqa: F401  (imported once here: forked ranks inherit it)
+from safetensors.torch import load_file
 
 import ckstore
 from ckstore.format import parts
+from ckstore.format.verify import verify_path
 from tests.distributed import scenarios as sc
 from tests.support.ranks import run_ranks, values
 from tests.support.states import bits
@@ -41,6 +45,15 @@ def test_push_clone_and_gc_of_a_snapshot_in_parts(tmp_path: Path) -> None:
         want = _read_all(src, "best")
         entries = snap.entries()
         assert any(e.digest.startswith(parts.DIGEST_PREFIX) for e in entries)
+        exported = snap.export(tmp_path / "export", format="safetensors", keys=["g/*"])
+        assert verify_path(str(tmp_path / "export")).ok
+        tensors = load_file(str(tmp_path / "export" / "model.safetensors"))
+        assert exported.tensors == len(tensors) and tensors
+        keyed = {k if k in want else f"g/{k}": t for k, t in tensors.items()}
+        assert set(keyed) == {
+            k for k, v in want.items() if k.startswith("g/") and torch.is_tensor(v)
+        }
+        assert [k for k, t in keyed.items() if not _same(t, want[k])] == []
         src.add_remote("origin", str(tmp_path / "remote"))
         report = src.push("origin")
         assert report.stats.chunks_sent == len(ids)  # the parts travel like chunks
