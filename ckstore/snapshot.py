@@ -22,7 +22,7 @@ from .engine.view import SnapshotFields, SnapshotView
 from .errors import CorruptionError, InvalidInputError
 from .format.health import Health, of_header
 from .format.limits import check_int, check_number
-from .format.manifest import Entry, Manifest, TensorEntry, entry_digest
+from .format.manifest import Entry, Manifest, TensorEntry
 from .index import EntryRecord, SnapshotRecord
 from .index.sharing import Shared
 
@@ -87,7 +87,7 @@ class StoredSnapshot(SnapshotFields):
         """What its take found (NaN/Inf counts and norms per tensor, stale tensors), from the
         manifest header; None if it recorded nothing (taken before ckstore did). For the
         summary without reading the manifest, see :attr:`healthy`."""
-        return of_header(self.manifest.snapshot)
+        return of_header(self._view().header)
 
     @property
     def forked_from(self) -> str | None:
@@ -95,7 +95,7 @@ class StoredSnapshot(SnapshotFields):
         run's previous snapshot: ``take(..., forked_from=ref)``, or the snapshot a restore of
         the taking process loaded (a fine-tune's base). None when none was recorded (the
         lineage then infers the fork from shared chunks); from the manifest header."""
-        value = (self.manifest.snapshot or {}).get("forked_from")
+        value = self._view().header.get("forked_from")
         return value if isinstance(value, str) and value else None
 
     # --- what it stores and shares (from the index) --------------------------------------------
@@ -107,10 +107,9 @@ class StoredSnapshot(SnapshotFields):
         records = view.repo.index.entries(view.record.manifest_id)
         if records:
             return records
-        return [
-            EntryRecord(k, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))
-            for k, e in self.manifest.entries.items()
-        ]
+        from .engine.take.commit import entry_records  # as a commit makes them
+
+        return entry_records(self.manifest)
 
     def stored_bytes(self) -> int:
         """The stored (compressed) length of the chunks it references, each counted once,
@@ -256,15 +255,12 @@ class StoredSnapshot(SnapshotFields):
             check_number("dist_timeout", dist_timeout, lo_open=True)
         view = self._view()
         budget = view.repo.memory_budget if memory_budget is None else memory_budget
-        reader = Reader.of(view, progress=progress)
-        if is_dcp_manifest(reader.manifest):
-            reader = replace(reader, manifest=dcp_overlay(reader.manifest, app_state, strict))
         with view.repo.activity():  # background compaction of this process waits meanwhile
-            if is_distributed():
+            if is_distributed():  # the job reads the manifest (each rank: what it needs) once
                 from .distributed.restore import restore as dist_restore
 
                 dist_restore(
-                    reader,
+                    view,
                     app_state,
                     strict=strict,
                     pg=pg if pg is not None else self.pg,
@@ -272,8 +268,13 @@ class StoredSnapshot(SnapshotFields):
                     budget=budget,
                     replicated_read=mode,
                     atomic=atomic,
+                    on_progress=progress,
                 )
             else:
+                reader = Reader.of(view, progress=progress)
+                if is_dcp_manifest(reader.manifest):
+                    overlay = dcp_overlay(reader.manifest, app_state, strict)
+                    reader = replace(reader, manifest=overlay)
                 restore(reader, app_state, strict=strict, budget=budget, atomic=atomic, cast=cast)
         _takes.loaded(view.repo, view.record.id)
         if verify:

@@ -22,6 +22,7 @@ from ..errors import DistributedError, UnsupportedValueError
 from ..format.boxes import is_dtensor, local_box
 from ..format.dtypes import dtype_name
 from ..format.grid import Box
+from ..format.layout import Layout
 from ..format.tensors import as_cpu_tensor, byte_view
 from ..format.tree import flatten, is_array
 from ..format.values import encode_value
@@ -41,6 +42,7 @@ class Leaf:
     replicas: list[int] = field(
         default_factory=list
     )  # a DTensor: ranks of the take holding the same box
+    layout: Layout | None = None  # a DTensor: its mesh and placements, if they give its box
 
 
 @dataclass
@@ -69,6 +71,7 @@ def classify(
     DTensor's ``replicas`` are given as ranks within the take.
     """
     out = Local(apps={}, leaves={})
+    layouts = Layouts(members)
     for app, sd in states.items():
         flat = flatten(app, sd)
         out.apps[app] = flat.tree
@@ -87,7 +90,14 @@ def classify(
                     "container": "torch",
                     "device": str(value.device),
                 }
-                out.leaves[key] = Leaf(DTENSOR, desc, t, box, replica_ranks(value, key, members))
+                out.leaves[key] = Leaf(
+                    DTENSOR,
+                    desc,
+                    t,
+                    box,
+                    replica_ranks(value, key, members),
+                    layouts.of(value, box),
+                )
             elif is_array(value):
                 container = "torch" if isinstance(value, torch.Tensor) else "numpy"
                 device = str(value.device) if isinstance(value, torch.Tensor) else "cpu"
@@ -134,6 +144,38 @@ def replica_ranks(value: Any, key: str, members: list[int] | None) -> list[int]:
     same = [int(r) for r in mesh.mesh[index].flatten().tolist()]
     where = members if members is not None else list(range(max(ranks) + 1))
     return sorted(where.index(r) for r in same)
+
+
+class Layouts:
+    """DTensors' layouts (``format/layout.py``) with the take's ranks, one rank table per device
+    mesh: the table has a rank per mesh coordinate, so it is built once per take, not per key."""
+
+    def __init__(self, members: list[int] | None) -> None:
+        self.members = members
+        self._meshes: dict[int, tuple[Any, tuple[int, ...], tuple[int, ...] | None, Any]] = {}
+
+    def of(self, value: Any, box: Box) -> Layout | None:
+        """``value``'s layout, if it gives this rank's shard ``box`` (None otherwise: readers
+        then look for its pieces in every part)."""
+        mesh = value.device_mesh
+        known = self._meshes.get(id(mesh))
+        if known is None or known[0] is not mesh:
+            flat = [int(r) for r in mesh.mesh.flatten().tolist()]
+            where = self.members if self.members is not None else range(max(flat) + 1)
+            position = {r: i for i, r in enumerate(where)}
+            table = tuple(position[r] for r in flat)
+            identity = table == tuple(range(len(table)))
+            dims = tuple(int(n) for n in mesh.mesh.shape)
+            known = (mesh, dims, None if identity else table, mesh.get_coordinate())
+            self._meshes[id(mesh)] = known
+        _, shape, ranks, coord = known
+        placements = tuple(
+            int(p.dim) if type(p).__name__ == "Shard" else None for p in value.placements
+        )
+        layout = Layout(shape, placements, ranks)
+        if coord is None or layout.box(tuple(value.shape), coord) != box:
+            return None
+        return layout
 
 
 def demote_mixed(descs: list[dict[str, Any]]) -> list[str]:

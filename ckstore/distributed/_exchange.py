@@ -19,6 +19,7 @@ outside the bounded collectives.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -93,8 +94,11 @@ class Exchange:
         self.seed = int(common["seed"])
         self.rounds = int(common["rounds"])
         self.bcast: list[tuple[int, list[int]]] = [
-            (int(s), [int(i) for i in ix]) for s, ix in common["bcast"]
+            (int(s), [int(i) for i in ix]) for s, ix, _ in common["bcast"]
         ]
+        self.sizes: dict[int, int] = dict(table.sizes)  # and of every chunk broadcast
+        for _, ix, ns in common["bcast"]:
+            self.sizes.update(zip((int(i) for i in ix), (int(n) for n in ns)))
         self.sends: dict[int, list[tuple[int, list[int]]]] = defaultdict(list)
         for k, i, dests in part.send:
             self.sends[int(k)].append((int(i), [int(d) for d in dests]))
@@ -161,7 +165,7 @@ class Exchange:
             raise self.error
 
     def _round(self, k: int) -> None:
-        world, sizes = self.comm.world, self.table.sizes
+        world, sizes = self.comm.world, self.sizes
         out: dict[int, list[int]] = defaultdict(list)
         for i, dests in self.sends.get(k, ()):
             for d in dests:
@@ -210,7 +214,7 @@ class Exchange:
             self._guard(lambda: self._take(got))
 
     def _broadcast(self, src: int, indices: list[int]) -> None:
-        me, sizes = self.comm.rank, self.table.sizes
+        me, sizes = self.comm.rank, self.sizes
         buf = torch.empty(_segment(indices, sizes), dtype=torch.uint8)
         view = memoryview(buf.numpy()).cast("B")  # type: ignore[arg-type]
         slots: dict[tuple[int, int], memoryview] = {}
@@ -295,7 +299,7 @@ class Exchange:
         return int(xxhash.xxh3_64_intdigest(data, seed=self.seed))
 
 
-def _segment(indices: list[int], sizes: tuple[int, ...]) -> int:
+def _segment(indices: list[int], sizes: Mapping[int, int]) -> int:
     """Bytes of one segment: the status word, the chunks, a fingerprint per chunk."""
     return WORD + sum(sizes[i] for i in indices) + WORD * len(indices)
 
@@ -304,7 +308,7 @@ def _lay_out(
     view: memoryview,
     at: int,
     indices: list[int],
-    sizes: tuple[int, ...],
+    sizes: Mapping[int, int],
     peer: int,
     slots: dict[tuple[int, int], memoryview],
     prints: dict[tuple[int, int], memoryview],

@@ -173,10 +173,15 @@ class Group:
         return self.pg.broadcast([tensor], opts)
 
     def allreduce_max(self, tensor: torch.Tensor) -> Any:
+        return self.allreduce(tensor, "max")
+
+    def allreduce(self, tensor: torch.Tensor, op: str) -> Any:
+        """Reduce ``tensor`` over the members in place: ``op`` "max" or "sum"."""
         import torch.distributed as dist
 
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX  # type: ignore[assignment]  # the enum value is what gloo takes
+        reduce_op = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM
+        opts.reduceOp = reduce_op  # type: ignore[assignment]  # the enum value is what gloo takes
         return self.pg.allreduce([tensor], opts)
 
     def gather(self, outs: list[torch.Tensor], tensor: torch.Tensor, root: int) -> Any:

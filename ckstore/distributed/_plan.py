@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +36,7 @@ from ..errors import DistributedError
 from ..format.boxes import pieces
 from ..format.dtypes import itemsize
 from ..format.grid import Box, make_grid
+from ..format.layout import writer
 from ..format.manifest import canonical_json
 from ._classify import DTENSOR, LOCAL, REPLICATED, VALUE, Local
 
@@ -183,14 +183,15 @@ def cache_key(local: Local, agreed: Agreed, world: int, rank: int, opts: TakeOpt
 
 
 class PlanCache:
-    """A small LRU of assignments by :func:`cache_key`; ``hits`` and ``misses`` count lookups."""
+    """A small LRU of plans (assignments, shares) by :func:`cache_key`; ``hits`` and ``misses``
+    count lookups."""
 
     def __init__(self, size: int = CACHE_SIZE) -> None:
         self.size = size
-        self._plans: OrderedDict[str, Assignment] = OrderedDict()
+        self._plans: OrderedDict[str, Any] = OrderedDict()
         self.hits = self.misses = 0
 
-    def get(self, key: str) -> Assignment | None:
+    def get(self, key: str) -> Any:
         found = self._plans.get(key)
         if found is None:
             self.misses += 1
@@ -199,7 +200,12 @@ class PlanCache:
         self._plans.move_to_end(key)
         return found
 
-    def put(self, key: str, value: Assignment) -> None:
+    def clear(self) -> None:
+        """Forget every plan (and the counts)."""
+        self._plans.clear()
+        self.hits = self.misses = 0
+
+    def put(self, key: str, value: Any) -> None:
         self._plans[key] = value
         self._plans.move_to_end(key)
         while len(self._plans) > self.size:
@@ -207,6 +213,8 @@ class PlanCache:
 
 
 CACHE = PlanCache()
+SHARES = PlanCache()
+"""Every rank's share of the replicated tensors, by layout (the rank that commits reads them)."""
 
 
 def assignment(
@@ -227,7 +235,7 @@ def assignment(
     if found is not None:
         return found
     mine = tuple(_dtensor_pieces(local, rank, opts)) + tuple(
-        replicated_share(local, agreed, world, opts)[rank]
+        shares(local, agreed, world, opts, SHARES if cache is not None else None)[rank]
     )
     if cache is not None:
         cache.put(key, mine)
@@ -236,7 +244,8 @@ def assignment(
 
 def _dtensor_pieces(local: Local, rank: int, opts: TakeOptions) -> list[tuple[str, Box]]:
     """The pieces of this rank's DTensor shards it writes: piece ``j`` of a box held by ``n``
-    ranks goes to the ``(j + crc32(key)) % n``-th of them (each computes the same)."""
+    ranks goes to the ``(j + crc32(key)) % n``-th of them (``layout.writer``: each computes the
+    same, and so does a reader looking for the part that records it)."""
     out = []
     for key, leaf in local.leaves.items():
         if leaf.kind != DTENSOR:
@@ -245,11 +254,23 @@ def _dtensor_pieces(local: Local, rank: int, opts: TakeOptions) -> list[tuple[st
         x = leaf.desc
         grid = make_grid(tuple(x["shape"]), itemsize(x["dtype"]), opts.chunk_bytes)
         holders = sorted(leaf.replicas) or [rank]
-        spin = zlib.crc32(key.encode()) % len(holders)
         for j, piece in enumerate(pieces(grid, leaf.box)):
-            if holders[(j + spin) % len(holders)] == rank:
+            if writer(key, j, holders) == rank:  # readers locate the piece by the same rule
                 out.append((key, piece))
     return out
+
+
+def shares(
+    local: Local, agreed: Agreed, world: int, opts: TakeOptions, cache: PlanCache | None = SHARES
+) -> list[list[tuple[str, Box]]]:
+    """:func:`replicated_share`, cached per layout like assignments."""
+    key = cache_key(local, agreed, world, -1, opts) if cache is not None else ""
+    found = cache.get(key) if cache is not None else None
+    if found is None:
+        found = replicated_share(local, agreed, world, opts)
+        if cache is not None:
+            cache.put(key, found)
+    return found
 
 
 def replicated_share(

@@ -1,8 +1,10 @@
 """Who reads which chunk in a distributed restore, and how the bytes travel: planned on rank 0.
 
 Every rank numbers the chunks of the manifest the same way (:func:`table_of`: first
-occurrence, keys in sorted order), so what a rank needs is a short list of index runs (a shard of a
-tensor is a run of its chunks; "everything" is one run). Rank 0 gathers those runs, never
+occurrence, keys in sorted order; the chunks a part of a manifest stored in parts names, by part
+and place, alike on every rank that read the part), so what a rank needs is a short list of
+index runs (a shard of a tensor is a run of its chunks; "everything" is one run). Rank 0
+gathers those runs (with the sizes of the parts' chunks, which only their readers know), never
 the keys or boxes behind them, and :func:`plan_reads` decides:
 
 * **one reader per distinct chunk**: the only rank needing it, or the least-loaded by bytes of
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,7 @@ import blake3
 
 from ..format.dtypes import itemsize
 from ..format.manifest import Manifest, PerRankEntry, TensorEntry, canonical_json
+from ..format.parts import Part as ManifestPart
 from ._plan import Loads
 
 ROUND_BYTES = 64 << 20
@@ -44,44 +47,72 @@ Runs = list[list[int]]  # [[start, stop), ...] of table indices, sorted, disjoin
 
 @dataclass(frozen=True)
 class Table:
-    """The manifest's distinct chunks, numbered alike on every rank."""
+    """The chunks a rank knows of, by their number in the job (a *slot*).
 
-    ids: tuple[str, ...]
-    sizes: tuple[int, ...]  # raw bytes
-    keys: tuple[str, ...]  # a key holding the chunk (for messages)
-    index: dict[str, int] = field(hash=False, compare=False)
+    The root's chunks (every chunk of a manifest stored whole) are numbered alike on every
+    rank: ``0, 1, ...`` by first occurrence, keys in sorted order. A chunk named by part ``p``
+    of a manifest stored in parts is slot ``(p + 1) << 32`` plus its place in that part, which
+    every rank holding the part numbers alike; a rank knows only the parts it read.
+    """
+
+    ids: dict[int, str]
+    sizes: dict[int, int]  # raw bytes
+    keys: dict[int, str]  # a key holding the chunk (for messages)
+    index: dict[str, int] = field(hash=False, compare=False)  # chunk id -> its first slot here
+    shared: int = 0  # slots below this are the root's, the same on every rank
 
     def digest(self) -> str:
-        """A digest of the numbering (ids and sizes in order): equal on every rank, or a bug."""
-        return blake3.blake3(canonical_json([self.ids, self.sizes])).hexdigest()
+        """A digest of the root's numbering (ids and sizes in order): equal on every rank."""
+        root = [(self.ids[i], self.sizes[i]) for i in range(self.shared)]
+        return blake3.blake3(canonical_json(root)).hexdigest()
+
+    def part_sizes(self, indices: Iterable[int]) -> list[list[int]]:
+        """``[slot, size]`` of the slots among ``indices`` that are parts' (rank 0 knows only
+        the root's sizes)."""
+        return [[i, self.sizes[i]] for i in sorted(indices) if i >= self.shared]
 
 
-def table_of(manifest: Manifest) -> Table:
-    """Number every distinct chunk of ``manifest`` by first occurrence, keys in sorted order
-    (a manifest read from the store and the one a take built hold their keys in different
-    orders)."""
-    ids: list[str] = []
-    sizes: list[int] = []
-    keys: list[str] = []
-    index: dict[str, int] = {}
+def table_of(manifest: Manifest, parts: Mapping[int, ManifestPart] | None = None) -> Table:
+    """Number every distinct chunk of ``manifest`` (see :class:`Table`): the entries it holds
+    whole by first occurrence, keys in sorted order (a manifest read from the store and the one
+    a take built hold their keys in different orders); with ``parts`` (a manifest stored in
+    parts), the chunks each part names, in its own order."""
+    t = Table({}, {}, {}, {})
     for key in sorted(manifest.entries):
-        entry = manifest.entries[key]
-        tensors = (
-            [entry]
-            if isinstance(entry, TensorEntry)
-            else list(entry.tensors())
-            if isinstance(entry, PerRankEntry)
-            else []
-        )
-        for t in tensors:
-            size = itemsize(t.dtype)
-            for c in t.chunks:
-                if c.id not in index:
-                    index[c.id] = len(ids)
-                    ids.append(c.id)
-                    sizes.append(math.prod(c.sizes) * size)
-                    keys.append(key)
-    return Table(tuple(ids), tuple(sizes), tuple(keys), index)
+        if key not in manifest.parted:
+            for entry in _tensors(manifest.entries[key]):
+                size = itemsize(entry.dtype)
+                for c in entry.chunks:
+                    if c.id not in t.index:
+                        _add(t, len(t.ids), c.id, math.prod(c.sizes) * size, key)
+    shared = len(t.ids)
+    for p, part in sorted((parts or {}).items()):
+        at = (p + 1) << 32
+        for key, refs in sorted(part.pieces.items()):
+            shell = manifest.entries[key]
+            assert isinstance(shell, TensorEntry)
+            for c in refs:
+                _add(t, at, c.id, math.prod(c.sizes) * itemsize(shell.dtype), key)
+                at += 1
+        for key, own in sorted(part.own.items()):
+            for t_own in _tensors(own):
+                for c in t_own.chunks:
+                    _add(t, at, c.id, math.prod(c.sizes) * itemsize(t_own.dtype), key)
+                    at += 1
+    return Table(t.ids, t.sizes, t.keys, t.index, shared)
+
+
+def _add(t: Table, slot: int, cid: str, size: int, key: str) -> None:
+    t.ids[slot], t.sizes[slot], t.keys[slot] = cid, size, key
+    t.index.setdefault(cid, slot)
+
+
+def _tensors(entry: Any) -> list[TensorEntry]:
+    if isinstance(entry, TensorEntry):
+        return [entry]
+    if isinstance(entry, PerRankEntry):
+        return list(entry.tensors())
+    return []
 
 
 def runs_of(indices: Iterable[int]) -> Runs:
@@ -125,7 +156,7 @@ class ReadPlan:
 
     parts: list[Part]
     rounds: int
-    bcast: list[list[Any]]  # [src, [indices]] in the order they are broadcast
+    bcast: list[list[Any]]  # [src, [indices], [sizes]] in the order they are broadcast
     held: bool
     seed: int
     read_bytes: list[int]  # per rank: bytes it reads from storage (its share)
@@ -150,7 +181,7 @@ def _spread(loads: list[int]) -> dict[str, float]:
 def plan_reads(
     needs: Sequence[Runs],
     caps: Sequence[int],
-    sizes: Sequence[int],
+    sizes: Mapping[int, int],
     *,
     atomic: bool = True,
     round_bytes: int | None = None,
@@ -226,7 +257,7 @@ def _needers(needs: Sequence[Runs], world: int) -> dict[int, list[int]]:
 
 
 def _readers(
-    needers: dict[int, list[int]], sizes: Sequence[int], world: int
+    needers: dict[int, list[int]], sizes: Mapping[int, int], world: int
 ) -> tuple[dict[int, int], list[int]]:
     """One reader per index: its only needer, else the least-loaded needer (lowest rank on ties)."""
     loads = Loads(world)
@@ -282,7 +313,7 @@ class _Rounds:
         return all(not self.inn[k].get(d, 0) or self.inn[k][d] + n <= self.cap for d in dests)
 
 
-def _batches(by_reader: list[list[int]], sizes: Sequence[int], cap: int) -> list[list[Any]]:
+def _batches(by_reader: list[list[int]], sizes: Mapping[int, int], cap: int) -> list[list[Any]]:
     """Each reader's broadcast chunks cut into batches of at most ``cap`` bytes, the readers
     taking turns (so each reads its next batch while the others' are on the wire)."""
     cut: list[list[list[int]]] = []
@@ -300,5 +331,5 @@ def _batches(by_reader: list[list[int]], sizes: Sequence[int], cap: int) -> list
     for turn in range(max((len(b) for b in cut), default=0)):
         for r, batches in enumerate(cut):
             if turn < len(batches):
-                out.append([r, batches[turn]])
+                out.append([r, batches[turn], [sizes[i] for i in batches[turn]]])
     return out

@@ -160,6 +160,56 @@ class Comm:
         g.run(what, lambda: g.allreduce_max(t))
         return [int(x) for x in t.tolist()]
 
+    def all_reduce_sum(self, values: list[int], what: str) -> list[int]:
+        """The element-wise sum of every rank's ``values`` (int64, same length everywhere):
+        O(len(values)) bytes per rank whatever the world size."""
+        if self._group is None or not values:
+            return list(values)
+        g = self._group
+        t = torch.tensor(values, dtype=torch.int64)
+        g.run(what, lambda: g.allreduce(t, "sum"))
+        return [int(x) for x in t.tolist()]
+
+    def all_reduce_fsum(self, values: list[float], what: str) -> list[float]:
+        """:meth:`all_reduce_sum` of float64 values."""
+        if self._group is None or not values:
+            return list(values)
+        g = self._group
+        t = torch.tensor(values, dtype=torch.float64)
+        g.run(what, lambda: g.allreduce(t, "sum"))
+        return [float(x) for x in t.tolist()]
+
+    def gather_bytes(self, data: bytes, what: str, dst: int = 0) -> list[bytes] | None:
+        """Every rank's ``data`` on rank ``dst``, exactly (in rank order); None elsewhere.
+
+        Rank ``dst`` first gathers every rank's length (8 bytes each), then the bytes travel
+        unpadded (an all-to-all where only ``dst`` receives): it receives the sum of the
+        messages, not the world times the longest one.
+        """
+        if self._group is None:
+            return [bytes(data)]
+        g = self._group
+        n = torch.tensor([len(data)], dtype=torch.int64)
+        sizes = (
+            [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+            if self.rank == dst
+            else []
+        )
+        g.run(what, lambda: g.gather(sizes, n, dst))
+        send_splits = [0] * self.world
+        send_splits[dst] = len(data)
+        recv_splits = [int(s) for s in sizes] if self.rank == dst else [0] * self.world
+        send = _padded(data, len(data))
+        recv = self.all_to_all(send, send_splits, recv_splits, what)
+        if self.rank != dst:
+            return None
+        raw = recv.numpy().tobytes()
+        out, at = [], 0
+        for size in recv_splits:
+            out.append(raw[at : at + size])
+            at += size
+        return out
+
     def gather_json(self, obj: Any, what: str, dst: int = 0) -> list[Any] | None:
         """Every rank's ``obj`` on rank ``dst`` (in rank order); None on the other ranks.
 
@@ -225,6 +275,18 @@ class Comm:
             buf[:] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         g.run(what, lambda: g.broadcast(buf, src))
         return json.loads(buf.numpy().tobytes())
+
+    def broadcast_bytes(self, data: bytes, what: str, src: int = 0) -> bytes:
+        """Rank ``src``'s ``data`` on every rank (``data`` is read on ``src`` only)."""
+        if self._group is None:
+            return bytes(data)
+        g = self._group
+        n = torch.tensor([len(data) if self.rank == src else 0], dtype=torch.int64)
+        g.run(what, lambda: g.broadcast(n, src))
+        buf = _padded(data, int(n)) if self.rank == src else torch.empty(int(n), dtype=torch.uint8)
+        if int(n):
+            g.run(what, lambda: g.broadcast(buf, src))
+        return buf.numpy().tobytes()
 
     def broadcast_tensors(
         self, tensors: list[torch.Tensor], what: str, src: int = 0, batch_bytes: int | None = None

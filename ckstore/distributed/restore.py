@@ -5,6 +5,10 @@ size: the stored pieces are cut to that box); a plain tensor needs the whole ten
 per-rank entry gives each rank its own value. Phases (each closed by a bounded collective,
 named in errors and in the ranks' progress):
 
+0. **open** (``_open``): rank 0 reads the manifest object and sends it to every rank; of a
+   manifest stored in parts each rank needs only the parts holding its regions, and the job
+   reads each of those (and the nodes above them) once, as it reads chunks below. Nothing is
+   listed: the manifest names every object, the index says where it is.
 1. **plan**: every rank validates its destination (keys, dtypes, shapes; nothing read) and
    lists the chunks it needs as runs of the manifest's chunk numbering (``_readplan``); rank
    0 gathers the runs alone, gives every distinct chunk one reader (the ranks needing it,
@@ -26,32 +30,39 @@ any point leaves every destination untouched). With a streamed plan, a rank lost
 ``memory_budget`` of at least the bytes a rank receives to always get a held plan.
 
 ``replicated_read``: ``"once"`` (the default; ``"broadcast"`` means the same now) is the
-above; ``"each"`` lets every rank read everything it needs itself, as before (no exchange).
+above; ``"each"`` lets every rank read everything it needs itself, as before (no exchange; the
+manifest's root still comes from rank 0, and each rank reads the parts it needs).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..engine.config import restore_budget
+from ..engine.progress import ProgressFn
 from ..engine.restore.jobs import Job, Region
 from ..engine.restore.phases import Prepared, apply, destination_bytes, prepare, validate
 from ..engine.restore.reader import Reader
 from ..errors import DistributedError, InvalidInputError
 from ..format.manifest import TensorEntry
+from ..format.parts import Part as ManifestPart
 from ..format.tensors import empty_for
 from ._exchange import Exchange
+from ._open import open_manifest
 from ._progress import Progress, progress
-from ._readplan import Part, Table, plan_reads, runs_of, table_of
+from ._readplan import Part as ReadPart
+from ._readplan import Table, plan_reads, runs_of, table_of
 from .comm import Comm, phase
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
+
+    from ..engine.view import SnapshotView
 
 REPLICATED_READS = ("once", "broadcast", "each")
 
@@ -67,7 +78,7 @@ def replicated_mode(value: str | None) -> str:
 
 
 def restore(
-    reader: Reader,
+    view: SnapshotView,
     app_state: Mapping[str, Any],
     strict: bool = True,
     pg: ProcessGroup | None = None,
@@ -75,20 +86,33 @@ def restore(
     budget: int | None = None,
     replicated_read: str | None = None,
     atomic: bool = True,
+    on_progress: ProgressFn | None = None,
 ) -> None:
-    """Restore ``reader``'s snapshot into ``app_state`` on every rank of ``pg`` (see the module
-    docstring); every rank loads, or every rank raises DistributedError."""
+    """Restore ``view``'s snapshot into ``app_state`` on every rank of ``pg`` (see the module
+    docstring); every rank loads, or every rank raises DistributedError. ``on_progress`` is
+    told each pass's bytes (as :meth:`StoredSnapshot.restore`'s ``progress``)."""
     mode = replicated_mode(replicated_read)
     comm = Comm(pg, timeout)
-    reader = replace(reader, rank=comm.rank)
-    what = f"distributed restore of {reader.where}"
-    if comm.world == 1 or mode == "each":
-        with phase(comm, "read", what, collect="none"):
-            prepared = prepare(reader, app_state, strict, budget, atomic=atomic)
-        apply(prepared, reader)
-        return
-    with progress(comm.group, what) as prog:
-        _restore_once(comm, reader, app_state, strict, budget, atomic, prog, what)
+    what = f"distributed restore of snapshot {view.ref}"
+    once = comm.world > 1 and mode != "each"
+    with progress(comm.group if once else None, what) as prog:
+        manifest, parts = open_manifest(comm, view, app_state, strict, once, prog, what)
+        repo = view.repo
+        reader = Reader(
+            repo.objects,
+            repo.index,
+            manifest,
+            f"snapshot {view.ref}",
+            threads=repo.threads,
+            rank=comm.rank,
+            progress=on_progress,
+        )
+        if not once:
+            with phase(comm, "read", what, collect="none"):
+                prepared = prepare(reader, app_state, strict, budget, atomic=atomic)
+            apply(prepared, reader)
+            return
+        _restore_once(comm, reader, parts, app_state, strict, budget, atomic, prog, what)
 
 
 @dataclass
@@ -129,6 +153,7 @@ def _targets(reader: Reader, plans: list[Any]) -> _Targets:
 def _restore_once(
     comm: Comm,
     reader: Reader,
+    parts: Mapping[int, ManifestPart] | None,
     app_state: Mapping[str, Any],
     strict: bool,
     budget: int | None,
@@ -136,7 +161,9 @@ def _restore_once(
     prog: Progress,
     what: str,
 ) -> None:
-    table, targets, part, common = _plan(comm, reader, app_state, strict, budget, atomic, what)
+    table, targets, part, common = _plan(
+        comm, reader, parts, app_state, strict, budget, atomic, what
+    )
     cap = restore_budget(budget, targets.nbytes)
     held = atomic and bool(common["held"])
     fetcher = reader.fetcher()
@@ -189,41 +216,46 @@ def _restore_once(
 def _plan(
     comm: Comm,
     reader: Reader,
+    parts: Mapping[int, ManifestPart] | None,
     app_state: Mapping[str, Any],
     strict: bool,
     budget: int | None,
     atomic: bool,
     what: str,
-) -> tuple[Table, _Targets, Part, dict[str, Any]]:
+) -> tuple[Table, _Targets, ReadPart, dict[str, Any]]:
     """Phase 1: validate here, plan on rank 0, each rank gets its part."""
     with phase(comm, "plan", what, collect="root") as ph:
         plans = validate(reader, app_state, strict)
         targets = _targets(reader, plans)
-        table = table_of(reader.manifest)
+        table = table_of(reader.manifest, parts)
+        needed = {table.index[j.cid] for j in targets.jobs}
         ph.send(
             {
-                "needs": runs_of(table.index[j.cid] for j in targets.jobs),
+                "needs": runs_of(needed),
+                "sizes": table.part_sizes(needed),
                 "cap": restore_budget(budget, targets.nbytes),
                 "table": table.digest(),
             }
         )
     gathered = ph.received
     with phase(comm, "plan", what, root=0) as ph:
-        parts: list[Any] | None = None
+        shares: list[Any] | None = None
         if comm.rank == 0:
             odd = [r for r, g in enumerate(gathered) if g["table"] != gathered[0]["table"]]
             if odd:  # the plan numbers chunks alike on every rank: never send bytes on a mismatch
                 raise DistributedError(
                     f"{what}: rank(s) {odd} read another manifest than rank 0", ranks=odd
                 )
+            sizes = {i: table.sizes[i] for i in range(table.shared)}
+            sizes.update((int(i), int(n)) for g in gathered for i, n in g["sizes"])
             plan = plan_reads(
                 [g["needs"] for g in gathered],
                 [g["cap"] for g in gathered],
-                table.sizes,
+                sizes,
                 atomic=atomic,
             )
-            parts = [p.to_json() for p in plan.parts]
+            shares = [p.to_json() for p in plan.parts]
             ph.send(plan.common())
     common = ph.received
-    part = Part.from_json(comm.scatter_json(parts, "plan"))
+    part = ReadPart.from_json(comm.scatter_json(shares, "plan"))
     return table, targets, part, common

@@ -1,4 +1,5 @@
-"""The distributed take: every rank writes its share of the chunks; rank 0 commits once.
+"""The distributed take: every rank writes its share of the chunks and its part of the
+manifest; rank 0 commits once, over the parts' ids.
 
 Phases, each closed by one bounded collective so that a failure anywhere stops every rank at
 the same point (no rank commits or waits on a rank that gave up). No phase sends any rank's
@@ -17,15 +18,22 @@ what only the commit needs goes to rank 0 alone.
    rank 0 alone gathers their digests and tells each rank which ranks hold the same value
    (say, equal within a data-parallel group): those ranks share its chunks' writes.
 3. write: look up (and pin) the chunks this rank writes, write the missing ones (packs
-   durable, then indexed). -> this rank's pieces, differing values and figures to rank 0.
+   durable, then indexed); then this rank's part of the manifest (``_parts``: its pieces, its
+   differing per-rank values, its figures) as a chunk, and pin every chunk the part names to
+   the take's staging session (rank 0's). -> rank 0 gets the part's id and size and the ids of
+   the replicated pieces this rank wrote (40 bytes + 32 per replicated piece); every rank
+   adds up, key by key, the entries' digests and sizes and the health figures (all-reduces of
+   O(keys)).
 
 Every piece and every distinct per-rank value has one writer. Identical bytes that happen
 to appear in different places (a zero block in two ranks' shards) are not searched for
 across ranks: two ranks may both write such a chunk, the index keeps the first location,
 and ``gc``'s repack reclaims the other copy.
-4. commit (rank 0): build the one manifest, store it, commit it in one index transaction.
-   -> broadcast the record or the error. Other ranks end their sessions only now, so their
-   pins protect what they wrote or reused until the snapshot references it.
+4. commit (rank 0): store the nodes over the parts and the root (docs/FORMAT.md, 7.7: the
+   manifest in parts; rank 0 never reads another rank's entries), commit it in one index
+   transaction that also turns the staging session's pins into the snapshot's references.
+   -> broadcast the record and the root, or the error. Other ranks end their sessions only
+   now, so their pins protect what they wrote or reused until the snapshot references it.
 
 Any failure raises :class:`DistributedError` on every rank, naming the failed ranks and their
 causes; nothing is committed unless every rank succeeded.
@@ -42,7 +50,10 @@ from typing import TYPE_CHECKING, Any
 
 import blake3
 
+from ..engine.manifests import open_partial
 from ..engine.repository import Repository
+from ..engine.repository import describe as describe_record
+from ..engine.take.guard import remember
 from ..engine.take.local import LocalTake
 from ..engine.take.packing import Chunk, TakeOptions
 from ..engine.take.plan import state_dicts
@@ -51,17 +62,17 @@ from ..engine.take.staging import stage
 from ..errors import DistributedError
 from ..format.dtypes import GROUPED, itemsize
 from ..format.grid import Box, make_grid
+from ..format.layout import Layout
 from ..format.manifest import (
     ChunkRef,
     Entry,
     Manifest,
-    PerRankEntry,
     TensorEntry,
     ValueEntry,
     canonical_json,
     entry_digest,
-    entry_from_dict,
 )
+from ..format.parts import Root, build_tree, partial
 from ..format.tensors import byte_view
 from ..index import SnapshotRecord
 from ._classify import (
@@ -73,6 +84,18 @@ from ._classify import (
     classify,
     coalesce_replicated,
     ddp_apps,
+)
+from ._parts import (
+    Record,
+    layout_vector,
+    located,
+    named_chunks,
+    part_of,
+    replicated_ids,
+    root_of,
+    session_of,
+    session_vector,
+    sums,
 )
 from ._plan import Agreed, agree, assignment, describe, header, ints62, key_vector, same
 from ._progress import progress
@@ -93,7 +116,7 @@ def take(
     ddp: set[str],
 ) -> Committed:
     """Take one snapshot with every rank of ``comm``; returns the committed record on every
-    rank (and the manifest on rank 0).
+    rank (the manifest, stored in parts, is read back on first use).
 
     ``states`` are this rank's already-called (or staged) state dicts; ``ddp`` names the
     app_state entries that were DistributedDataParallel modules (their tensors are replicated).
@@ -102,47 +125,124 @@ def take(
         # 1. plan
         local, agreed = _plan(comm, states, ddp, spec, t.opts)
         mine = assignment(local, agreed, comm.world, comm.rank, t.opts)
+        _open_parent_partly(t, local, comm)
         t.guard.watch(
             {k: leaf.desc["dtype"] for k, leaf in local.leaves.items() if "dtype" in leaf.desc}
         )
 
-        # 2. hash; which per-rank leaves are the same everywhere
+        # 2. hash; which per-rank leaves are the same everywhere; the layouts; rank 0's staging
         with phase(comm, "hash", f"{WHAT} (hash)", collect="none") as ph:
+            staging = t.staging() if comm.rank == 0 else None
             _cut_chunks(local, mine, t.opts)
             t.hash([c for _, _, c in local.chunks])
             prog.add("hashed", sum(len(c.view) for _, _, c in local.chunks))
             own = _own_entries(local, t.opts)
             digests = {k: entry_digest(e) for k, e in own.items()}
-            ph.send_max([x for d in digests.values() for a in ints62(d.encode()) for x in (a, -a)])
+            equality = [x for d in digests.values() for a in ints62(d.encode()) for x in (a, -a)]
+            ph.send_max(equality + layout_vector(local) + session_vector(staging))
         equal = {
             k for n, k in enumerate(own) if same(ph.maxed, 4 * n) and same(ph.maxed, 4 * n + 2)
         }
+        layouts = located(local, ph.maxed[len(equality) : -4])
+        staged = session_of(ph.maxed[-4:])
         groups = _groups(comm, [(k, d) for k, d in digests.items() if k not in equal])
 
-        # 3. write this rank's chunks
-        with phase(comm, "write", f"{WHAT} (write)", collect="root") as ph:
+        # 3. write this rank's chunks, then its part of the manifest (a chunk), whose chunks it
+        # pins to the staging session
+        with phase(comm, "write", f"{WHAT} (write)", collect="none"):
             prog.watch("written", lambda: t.stats.written_raw_bytes)
             t.store(_writes(local, own, equal, groups, comm), hashed=True)
-            ph.send(_report(t, local, own, equal))
-        reports = ph.received
+            totals = t.stats.figures()
+            part = part_of(comm.rank, local, own, equal, _figures(t, local))
+            raw = part.to_json()
+            (part_id,) = t.store_objects([raw], "manifest part")
+            t.pin_staged(staged, named_chunks(part) | {part_id}, f"the part of rank {comm.rank}")
+            record = Record(part_id, len(raw), replicated_ids(local, mine))
+        gathered = comm.gather_bytes(record.to_bytes(), "write")
+        added = sums(t.guard, local, own, equal, part, comm.rank, comm.world, totals, t.opts)
+        summed = (
+            comm.all_reduce_sum(added[0], "write"),
+            comm.all_reduce_fsum(added[1], "write"),
+            comm.all_reduce_max(added[2], "write"),
+        )
 
-        # 4. commit (rank 0); the others end their sessions only once it is done, so their
-        # pins protect what they wrote or reused until the snapshot references it
+        # 4. commit (rank 0): the root over every rank's part; the others end their sessions
+        # only once it is done, so their pins protect what they wrote until it is referenced
         with phase(comm, "commit", f"{WHAT} (commit)", root=0) as ph:
             if comm.rank == 0:
-                manifest = _manifest(t, local, own, equal, reports, comm.world)
-                figures = {
-                    k: sum(r["figures"][k] for r in reports)
-                    for k in ("new_bytes", "new_chunks", "reused_chunks")
-                }
-                record = t.commit(
-                    manifest, validate=True, figures=figures
-                )  # every tensor's pieces must tile it
-                ph.send(asdict(record))
+                assert gathered is not None
+                records = [Record.from_bytes(x, r) for r, x in enumerate(gathered)]
+                committed = _commit(t, local, own, equal, layouts, agreed, records, summed)
+                ph.send(committed)
+        done = SnapshotRecord(**ph.received["record"])
         if comm.rank != 0:
             t.hand_over()
-            return SnapshotRecord(**ph.received), None
-        return record, manifest
+        root = Root.from_json(ph.received["root"].encode(), f"manifest of {done.id[:12]}")
+        view = partial(root, {comm.rank: part}, comm.rank, ())
+        remember(done.manifest_id, view, t.guard.view_key)  # what the run's next take compares
+        return done, None
+
+
+def _commit(
+    t: LocalTake,
+    local: Local,
+    own: dict[str, Entry],
+    equal: set[str],
+    layouts: dict[str, Layout],
+    agreed: Agreed,
+    records: list[Record],
+    summed: tuple[list[int], list[float], list[int]],
+) -> dict[str, Any]:
+    """Rank 0: store the nodes over the parts, build and store the root, commit."""
+    level, nodes = build_tree([(r.part, r.size) for r in records])
+    node_ids = t.store_objects(nodes, "manifest node", defer=True)
+    world = len(records)
+    c = root_of(
+        t.guard,
+        local,
+        own,
+        equal,
+        layouts,
+        agreed,
+        records,
+        (level, node_ids),
+        summed,
+        lambda keys, found: t.header(dict.fromkeys(keys), found, world_size=world),
+        t.opts,
+    )
+    raw = c.root.to_json()
+    record = t.commit_root(
+        raw,
+        c.root.snapshot or {},
+        c.entries,
+        c.chunk_ids,
+        logical_bytes=c.logical_bytes,
+        figures=c.figures,
+    )
+    return {"record": asdict(record), "root": raw.decode()}
+
+
+def _figures(t: LocalTake, local: Local) -> dict[str, int]:
+    """This rank's write figures, as its part records them."""
+    return {
+        **t.stats.figures(),
+        "written_raw_bytes": t.stats.written_raw_bytes,
+        "hashed_bytes": sum(len(c.view) for _, _, c in local.chunks),
+    }
+
+
+def _open_parent_partly(t: LocalTake, local: Local, comm: Comm) -> None:
+    """This rank reads of the run's latest snapshot only the regions it holds now."""
+    regions = {k: leaf.box if leaf.kind == DTENSOR else None for k, leaf in local.leaves.items()}
+    repo = t.repo
+
+    def opener(rec: SnapshotRecord) -> Manifest:
+        raw = repo.objects.get_blob("manifests", rec.manifest_id)
+        where = f"manifest of {describe_record(rec)}"
+        return open_partial(repo.objects, repo.index, raw, where, comm.rank, regions)
+
+    t.guard.opener = opener
+    t.guard.view_key = f"#{comm.rank}/{comm.world}"
 
 
 def _plan(
@@ -234,24 +334,6 @@ def _writes(
     ]
 
 
-def _report(t: LocalTake, local: Local, own: dict[str, Entry], equal: set[str]) -> dict[str, Any]:
-    """What rank 0 needs from this rank to build the manifest."""
-    pieces: dict[str, list[Any]] = defaultdict(list)
-    for key, (o, s), c in local.chunks:
-        if local.leaves[key].kind != LOCAL:
-            pieces[key].append([list(o), list(s), c.id])
-    return {
-        "figures": {
-            **t.stats.figures(),
-            "written_raw_bytes": t.stats.written_raw_bytes,
-            "hashed_bytes": sum(len(c.view) for _, _, c in local.chunks),
-        },
-        "pieces": pieces,
-        "own": {k: e.to_dict() for k, e in own.items() if k not in equal},
-        "health": t.guard.partials(),
-    }
-
-
 def take_async(
     repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None
 ) -> Future[Committed]:
@@ -316,70 +398,6 @@ def _cut_chunks(local: Local, mine: Sequence[tuple[str, Box]], opts: TakeOptions
                     Chunk(key, view[start:stop], lt.element_size(), leaf.desc["dtype"] in GROUPED),
                 )
             )
-
-
-def _manifest(
-    t: LocalTake,
-    local: Local,
-    own: dict[str, Entry],
-    equal: set[str],
-    reports: list[dict[str, Any]],
-    world: int,
-) -> Manifest:
-    """Rank 0: the one manifest, from its own leaves and every rank's report (and health figures)."""
-    for rep in reports:
-        t.guard.merge(rep.get("health", ()))
-    entries: dict[str, Entry] = {}
-    for key, leaf in local.leaves.items():
-        if key in own:
-            entries[key] = (
-                own[key]
-                if key in equal
-                else PerRankEntry(
-                    tuple(
-                        _per_rank(
-                            own[key] if r == 0 else entry_from_dict(rep["own"][key], key), key
-                        )
-                        for r, rep in enumerate(reports)
-                    )
-                )
-            )
-        else:
-            entries[key] = _shared_entry(key, leaf.desc, reports, t.opts)
-    return t.manifest(local.apps, entries, world_size=world, ranks=[r["figures"] for r in reports])
-
-
-def _per_rank(entry: Entry, key: str) -> TensorEntry | ValueEntry:
-    if not isinstance(entry, (TensorEntry, ValueEntry)):
-        raise DistributedError(f"{WHAT}: rank report for key {key!r} is not a tensor or a value")
-    return entry
-
-
-def _shared_entry(
-    key: str, x: dict[str, Any], reports: list[dict[str, Any]], opts: TakeOptions
-) -> TensorEntry:
-    """A DTensor or replicated tensor: rank 0's description, every rank's pieces."""
-    shape = tuple(x["shape"])
-    if "data" in x:  # a small replicated tensor, inline from rank 0's leaf
-        return TensorEntry(
-            x["dtype"],
-            shape,
-            data=base64.b64decode(x["data"]),
-            container=x["container"],
-            device=x["device"],
-        )
-    refs = sorted(
-        (
-            ChunkRef(tuple(o), tuple(s), cid)
-            for rep in reports
-            for o, s, cid in rep["pieces"].get(key, ())
-        ),
-        key=lambda c: c.offsets,
-    )
-    block = make_grid(shape, itemsize(x["dtype"]), opts.chunk_bytes).block
-    return TensorEntry(
-        x["dtype"], shape, tuple(refs), block, container=x["container"], device=x["device"]
-    )
 
 
 def _own_entry(

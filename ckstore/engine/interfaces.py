@@ -103,9 +103,11 @@ class WriteIndex(LocationIndex, LeaseIndex, Protocol):
         manifest_size: int,
         tags: Sequence[str] = (),
         packs: Sequence[tuple[PackRecord, Sequence[ChunkRecord]]] = (),
+        staged: str | None = None,
     ) -> SnapshotRecord:
         """Commit the snapshot in one transaction (I1), recording ``packs`` (durable, not yet
-        added) first; it exists iff this returns."""
+        added) first, the pins of session ``staged`` as its chunk references too; it exists
+        iff this returns."""
         ...
 
 

@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 from .. import objects
 from ..format.manifest import Manifest
 from ..index import Index, SnapshotRecord
+from . import manifests
 from .config import StoreConfig
 from .knobs import Knobs
 
@@ -88,9 +89,10 @@ class Repository(Knobs):
         return self.auto_compact and self.take_codec != "dense"
 
     def load_manifest(self, record: SnapshotRecord) -> Manifest:
-        """The manifest of a committed snapshot, parsed and validated."""
+        """The manifest of a committed snapshot, parsed and validated (one stored in parts is
+        read whole: ``engine/manifests.py``)."""
         raw = self.objects.get_blob("manifests", record.manifest_id)
-        return Manifest.from_json(raw, where=f"manifest of {describe(record)}")
+        return manifests.load(self.objects, self.index, raw, f"manifest of {describe(record)}")
 
     @contextmanager
     def activity(self) -> Iterator[None]:

@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..format.manifest import Manifest
+from ..format.parts import parse_any
 from ..index import SnapshotRecord
+from . import manifests
 from .repository import describe
 
 if TYPE_CHECKING:
@@ -82,6 +84,8 @@ class SnapshotView(SnapshotFields):
         self.repo = repo
         self._record = record
         self._manifest = manifest
+        self._raw: bytes | None = None
+        self._header: dict[str, Any] | None = None
         self.progress: ProgressFn | None = None
         """Given to every reader of it (``Reader.of``: an export's progress)."""
 
@@ -91,6 +95,31 @@ class SnapshotView(SnapshotFields):
 
     @property
     def manifest(self) -> Manifest:
+        """The whole manifest (one stored in parts is read whole), validated."""
         if self._manifest is None:
-            self._manifest = self.repo.load_manifest(self.record)
+            self._manifest = manifests.load(
+                self.repo.objects, self.repo.index, self.raw(), self.where
+            )
         return self._manifest
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """The manifest's snapshot header; of a manifest stored in parts, only its root is read."""
+        if self._manifest is not None:
+            return self._manifest.snapshot or {}
+        if self._header is None:
+            doc = parse_any(self.raw(), self.where)
+            if isinstance(doc, Manifest):
+                self._manifest = doc
+            self._header = doc.snapshot or {}
+        return self._header
+
+    @property
+    def where(self) -> str:
+        return f"manifest of {describe(self.record)}"
+
+    def raw(self) -> bytes:
+        """The manifest object's bytes (the root of one stored in parts), read once."""
+        if self._raw is None:
+            self._raw = self.repo.objects.get_blob("manifests", self.record.manifest_id)
+        return self._raw

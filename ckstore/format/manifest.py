@@ -14,25 +14,23 @@ import base64
 import gc
 import json
 import math
-import operator
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import chain, pairwise
+from itertools import chain
 from typing import Any, Union
 
 import blake3
 
 from ..errors import CorruptionError
 from .dtypes import ITEMSIZE, itemsize
+from .tiling import tiling_problem
 from .tree import tree_refs
 from .values import decode_value
 
 FORMAT = "ckstore/manifest"
 VERSION = 1
 MAX_MANIFEST_BYTES = 1 << 30
-_HEX64 = re.compile(r"[0-9a-f]{64}")  # used with fullmatch: "$" would let a trailing newline in
 _BULK = 16  # chunk lists longer than this are type-checked in bulk
 
 
@@ -106,7 +104,7 @@ class TensorEntry:
                 if len(data) != entry.nbytes:
                     raise ValueError("inline data length")
                 return entry
-            chunks = _chunk_refs(d["chunks"], len(shape))
+            chunks = chunk_refs(d["chunks"], len(shape))
             entry = cls(dtype, shape, chunks, _ints(d["block"]), container=container, device=device)
         except CorruptionError:
             raise
@@ -248,6 +246,13 @@ class Manifest:
     """The commit's own fields (run, step, created_at, metadata, name, session): they make every
     take's manifest unique, so a manifest object has one owner, and let ``reindex`` rebuild
     snapshot rows from the store alone."""
+    parts: tuple[str, ...] = ()
+    """A manifest stored in parts (version 2, ``format/parts.py``): the ids of the part and node
+    objects it was assembled from, chunks its snapshot references like its tensors' chunks.
+    Empty for a manifest stored as one object (version 1)."""
+    parted: frozenset[str] = frozenset()
+    """Version 2: the keys whose chunks (or per-rank values) live in the parts; the index keeps
+    ``parts.parted_digest`` for them."""
 
     def to_json(self) -> bytes:
         doc: dict[str, Any] = {
@@ -265,11 +270,16 @@ class Manifest:
         if len(raw) > MAX_MANIFEST_BYTES:
             raise CorruptionError(f"{where}: {len(raw)} bytes exceeds the manifest limit")
         try:
-            with _gc_paused():
+            with gc_paused():
                 doc = json.loads(raw)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, and
             # ValueError for an integer of more digits than int() converts
             raise CorruptionError(f"{where} is not valid JSON: {exc}") from exc
+        return cls.from_doc(doc, where)
+
+    @classmethod
+    def from_doc(cls, doc: Any, where: str = "manifest") -> Manifest:
+        """:meth:`from_json` of the JSON already decoded."""
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise CorruptionError(f"{where} is not a ckstore manifest")
         if doc.get("version") != VERSION:
@@ -282,9 +292,9 @@ class Manifest:
         snapshot = doc.get("snapshot")
         if snapshot is not None and not isinstance(snapshot, dict):
             raise CorruptionError(f"{where} has a malformed snapshot header")
-        with _gc_paused():
+        with gc_paused():
             parsed = {str(k): entry_from_dict(v, str(k)) for k, v in entries.items()}
-        _check_refs(apps, parsed, where)
+        check_refs(apps, parsed, where)
         return cls(apps, parsed, snapshot)
 
     def tensor_entries(self) -> list[TensorEntry]:
@@ -298,7 +308,12 @@ class Manifest:
         return out
 
     def chunk_ids(self) -> set[str]:
+        """The chunks of its tensors."""
         return {c.id for e in self.tensor_entries() for c in e.chunks}
+
+    def referenced_ids(self) -> set[str]:
+        """Every chunk its snapshot references: its tensors' chunks and its parts."""
+        return self.chunk_ids() | set(self.parts)
 
     def logical_bytes(self) -> int:
         return sum(e.nbytes for e in self.tensor_entries())
@@ -310,7 +325,7 @@ def _ints(v: Any) -> tuple[int, ...]:
     return tuple(v)
 
 
-def _chunk_refs(raw: Any, ndim: int) -> tuple[ChunkRef, ...]:
+def chunk_refs(raw: Any, ndim: int) -> tuple[ChunkRef, ...]:
     """Parse ``[[offsets], [sizes], id]`` triples; each list must hold exactly ``ndim`` ints.
 
     The types are checked in bulk (C loops over the whole list), which keeps a manifest with
@@ -340,114 +355,7 @@ def _chunk_refs(raw: Any, ndim: int) -> tuple[ChunkRef, ...]:
     return tuple(out)
 
 
-def _hex_ids(ids: list[str]) -> bool:
-    """True if every id is 64 lowercase hex digits (one pass over all of them at once)."""
-    if set(map(len, ids)) - {64}:
-        return False
-    joined = "".join(ids)
-    try:
-        # fromhex skips whitespace: an equal digit count rules it out
-        digits = 2 * len(bytes.fromhex(joined))
-        return joined.isascii() and joined == joined.lower() and digits == len(joined)
-    except ValueError:
-        return False
-
-
-def tiling_problem(shape: tuple[int, ...], chunks: Sequence[ChunkRef]) -> str | None:
-    """Why ``chunks`` do not tile a tensor of ``shape`` exactly once, or None when they do.
-
-    Checked: ids are 64 lowercase hex digits; every box has the tensor's rank and lies inside
-    it with positive sizes; the boxes hold as many elements as the tensor; no two boxes overlap.
-    Equal element counts plus no overlap means the boxes cover every element exactly once.
-    The whole check is O(n log n) in the number of chunks for the tilings ckstore writes
-    (see :func:`_overlapping_pair`).
-    """
-    n, ndim = len(chunks), len(shape)
-    if n == 1 and _HEX64.fullmatch(chunks[0].id):  # the common case: one chunk, the whole tensor
-        c = chunks[0]
-        if c.offsets == (0,) * ndim and c.sizes == shape and 0 not in shape:
-            return None
-    if not _hex_ids([c.id for c in chunks]):
-        bad = next(c.id for c in chunks if not (type(c.id) is str and _HEX64.fullmatch(c.id)))
-        return f"chunk id {str(bad)[:80]!r} is not 64 lowercase hex digits"
-    offs = [c.offsets for c in chunks]
-    sizes = [c.sizes for c in chunks]
-    if {*map(len, offs), *map(len, sizes)} - {ndim}:
-        c = next(c for c in chunks if len(c.offsets) != ndim or len(c.sizes) != ndim)
-        return f"chunk {_box(c)} does not have the {ndim} dimensions of shape {list(shape)}"
-    ocols: list[tuple[int, ...]] = list(zip(*offs)) if n and ndim else [()] * ndim
-    scols: list[tuple[int, ...]] = list(zip(*sizes)) if n and ndim else [()] * ndim
-    ecols: list[list[int]] = []
-    for d, extent in enumerate(shape):
-        e_d = list(map(operator.add, ocols[d], scols[d]))
-        if n and (min(ocols[d]) < 0 or min(scols[d]) <= 0 or max(e_d) > extent):
-            c = next(
-                c for c in chunks if not 0 <= c.offsets[d] < c.offsets[d] + c.sizes[d] <= extent
-            )
-            return f"chunk {_box(c)} lies outside shape {list(shape)}"
-        ecols.append(e_d)
-    volumes = [1] * n
-    for s_d in scols:
-        volumes = list(map(operator.mul, volumes, s_d))
-    covered, total = sum(volumes), math.prod(shape)
-    if covered != total:
-        return f"chunks cover {covered} of {total} elements"
-    pair = _overlapping_pair(offs, ocols, ecols)
-    if pair is not None:
-        return f"chunks {_box(chunks[pair[0]])} and {_box(chunks[pair[1]])} overlap"
-    return None
-
-
-def _overlapping_pair(
-    offs: list[tuple[int, ...]], ocols: list[tuple[int, ...]], ecols: list[list[int]]
-) -> tuple[int, int] | None:
-    """Indices of two overlapping boxes (given per box and per dimension), or None.
-
-    Fast path: the boxes ckstore writes are grid blocks cut by shard boxes. Both are product
-    partitions of the tensor, so every box is one cell of the partition whose cut points, per
-    dimension, are all box starts and ends: each box spans exactly one gap between consecutive
-    cut points in every dimension. Boxes that are single cells overlap only if they are the same
-    cell, i.e. start at the same offsets. Other tilings fall back to a sweep along the dimension
-    with the most distinct starts, comparing each box with the boxes still open there.
-    """
-    if len(offs) < 2:
-        return None
-    first: dict[tuple[int, ...], int] = {}
-    for i, o in enumerate(offs):
-        j = first.setdefault(o, i)
-        if j != i:
-            return j, i
-    if all(_single_cells(o_d, e_d) for o_d, e_d in zip(ocols, ecols)):
-        return None
-    return _sweep(ocols, ecols)
-
-
-def _single_cells(starts: tuple[int, ...], ends: list[int]) -> bool:
-    """True if each interval [start, end) runs from one cut point to the next one."""
-    points = sorted({*starts, *ends})
-    following = dict(pairwise(points))
-    return list(map(following.__getitem__, starts)) == ends
-
-
-def _sweep(ocols: list[tuple[int, ...]], ecols: list[list[int]]) -> tuple[int, int] | None:
-    ndim = len(ocols)
-    d = max(range(ndim), key=lambda k: len(set(ocols[k])))
-    starts, ends = ocols[d], ecols[d]
-    active: list[int] = []
-    for i in sorted(range(len(starts)), key=starts.__getitem__):
-        active = [j for j in active if ends[j] > starts[i]]
-        for j in active:
-            if all(ocols[k][i] < ecols[k][j] and ocols[k][j] < ecols[k][i] for k in range(ndim)):
-                return j, i
-        active.append(i)
-    return None
-
-
-def _box(c: ChunkRef) -> str:
-    return f"{list(c.offsets)}+{list(c.sizes)}"
-
-
-def _check_refs(apps: dict[str, Any], entries: dict[str, Entry], where: str) -> None:
+def check_refs(apps: dict[str, Any], entries: Mapping[str, object], where: str) -> None:
     """Every ``{"$ref": key}`` of the app trees names an entry, once; every entry is named."""
     seen: set[str] = set()
     for name, tree in apps.items():
@@ -474,7 +382,7 @@ def _check_refs(apps: dict[str, Any], entries: dict[str, Entry], where: str) -> 
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while parsing a manifest.
 
     A large manifest allocates hundreds of thousands of small lists and tuples, none in a

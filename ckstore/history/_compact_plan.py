@@ -87,6 +87,11 @@ def plan(repo: Repository, keep_loose: int) -> tuple[list[Job], int]:
             for job in _jobs_of(key, entry, parent, loose):
                 jobs.append(job)
                 found = True
+        for cid in manifest.parts:  # a manifest's parts and nodes: JSON, no delta base
+            row = loose.pop(cid, None)
+            if row is not None:
+                jobs.append(Job(row, 1, False))
+                found = True
         snaps += found
     return jobs, snaps
 

@@ -21,11 +21,13 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..engine.take.commit import entry_records
 from ..engine.view import SnapshotView
 from ..errors import CorruptionError
 from ..format.dtypes import itemsize
 from ..format.health import Health, of_header
 from ..format.manifest import TensorEntry, entry_digest
+from ..format.parts import DIGEST_PREFIX
 from ..index import EntryRecord
 from .diff_result import (
     ADDED,
@@ -79,7 +81,7 @@ def diff(repo: Repository, a: str, b: str, numeric: bool = False) -> DiffResult:
         ra = recs_a.get(key)
         if ra is None:
             keys.append(_one_sided(rb, ADDED))
-        elif ra.digest == rb.digest:
+        elif _equal(snap_a, snap_b, ra, rb):
             keys.append(_unchanged(ra, rb))
         else:
             keys.append(_changed(snap_a, snap_b, ra, rb, numeric))
@@ -97,7 +99,18 @@ def diff(repo: Repository, a: str, b: str, numeric: bool = False) -> DiffResult:
 
 def _health(snap: SnapshotView) -> Health | None:
     """The health the snapshot's take recorded (its manifest header), or None."""
-    return of_header(snap.manifest.snapshot)
+    return of_header(snap.header)
+
+
+def _equal(snap_a: SnapshotView, snap_b: SnapshotView, ra: EntryRecord, rb: EntryRecord) -> bool:
+    """Whether an entry is unchanged: equal digests; between an entry a take stored in parts
+    and one it stored whole (digests of two kinds), equal entries in the manifests."""
+    if ra.digest == rb.digest:
+        return True
+    if ra.digest.startswith(DIGEST_PREFIX) == rb.digest.startswith(DIGEST_PREFIX):
+        return False
+    ea, eb = snap_a.manifest.entries.get(ra.key), snap_b.manifest.entries.get(rb.key)
+    return ea is not None and eb is not None and entry_digest(ea) == entry_digest(eb)
 
 
 def _with_health(k: KeyDiff, a: Health | None, b: Health | None) -> KeyDiff:
@@ -143,10 +156,7 @@ def _entry_records(snap: SnapshotView) -> dict[str, EntryRecord]:
     index: ReadIndex = snap.repo.index
     records = index.entries(snap.record.manifest_id)
     if not records and snap.manifest.entries:  # an index without entry rows: use the manifest
-        records = [
-            EntryRecord(k, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))
-            for k, e in snap.manifest.entries.items()
-        ]
+        records = entry_records(snap.manifest)
     return {r.key: r for r in records}
 
 

@@ -2,9 +2,10 @@
 
 Packs describe themselves (their trailers list every chunk), and every manifest carries its
 snapshot header (run, step, time, metadata, name; and for a distributed take ``world_size`` and
-each rank's write figures), so an empty index can be refilled from the objects: chunk rows from
-pack trailers, then one commit per manifest in time order (which re-derives each run's parent
-chain). A manifest whose chunks are not all present, or whose header is malformed, is skipped
+each rank's write figures, in its parts when it is stored in parts), so an empty index can be
+refilled from the objects: chunk rows from pack trailers, then one commit per manifest in time
+order (which re-derives each run's parent chain; a manifest stored in parts is assembled from
+its parts, which are chunks, so they are indexed by then). A manifest whose chunks are not all present, or whose header is malformed, is skipped
 and reported. Tags are refs kept only in the index and are not recovered.
 
 What a rebuilt snapshot row cannot know: how many bytes and chunks its take wrote rather than
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
+from ..engine import manifests
 from ..engine.lease import Lease
 from ..engine.locations import to_records
 from ..engine.take.commit import entry_records
@@ -62,8 +64,8 @@ def reindex(repo: Repository) -> ReindexReport:
     report = ReindexReport()
     with Lease(index, repo.lease_seconds) as lease:
         known = _add_packs(repo, lease.id, report)
-        for manifest_id, manifest in _manifests_by_time(repo, report):
-            _commit(repo, lease, manifest_id, manifest, known, report)
+        for manifest_id, manifest, size in _manifests_by_time(repo, report):
+            _commit(repo, manifest_id, manifest, size, known, report)
     return report
 
 
@@ -136,34 +138,35 @@ def _depths(chosen: dict[str, objects.ChunkLocation], report: ReindexReport) -> 
     return depths
 
 
-def _manifests_by_time(repo: Repository, report: ReindexReport) -> list[tuple[str, Manifest]]:
+def _manifests_by_time(repo: Repository, report: ReindexReport) -> list[tuple[str, Manifest, int]]:
+    """Every readable manifest with a header, oldest first, with its object's size. One stored
+    in parts is assembled from its parts and nodes, chunks whose rows are rebuilt by now."""
     found = []
     for manifest_id in repo.objects.list_blobs("manifests"):
         try:
-            manifest = Manifest.from_json(
-                repo.objects.get_blob("manifests", manifest_id), f"manifest {manifest_id}"
-            )
+            raw = repo.objects.get_blob("manifests", manifest_id)
+            manifest = manifests.load(repo.objects, repo.index, raw, f"manifest {manifest_id}")
         except CkstoreError as exc:
             report.skipped.append(f"manifest {manifest_id}: {exc}")
             continue
         if manifest.snapshot is None:
             report.skipped.append(f"manifest {manifest_id}: no snapshot header")
             continue
-        found.append((manifest_id, manifest))
+        found.append((manifest_id, manifest, len(raw)))
     return sorted(found, key=lambda m: (float(m[1].snapshot.get("created_at", 0.0)), m[0]))  # type: ignore[union-attr]
 
 
 def _commit(
     repo: Repository,
-    lease: Lease,
     manifest_id: str,
     manifest: Manifest,
+    size: int,
     known: set[str],
     report: ReindexReport,
 ) -> None:
     index: ReindexIndex = repo.index
     header = manifest.snapshot or {}
-    needed = manifest.chunk_ids()
+    needed = manifest.referenced_ids()
     if not needed <= known:
         report.skipped.append(
             f"manifest {manifest_id}: {len(needed - known)} chunk(s) missing from the packs"
@@ -194,11 +197,10 @@ def _commit(
         nonfinite=summary[0],
         stale=summary[1],
     )
-    raw = repo.objects.get_blob("manifests", manifest_id)
     # commit_snapshot ends the session it commits under: give each snapshot its own session.
     with Lease(index, repo.lease_seconds) as one:
         index.lookup_chunks(one.id, needed)
-        index.commit_snapshot(one.id, record, entry_records(manifest), needed, len(raw), ())
+        index.commit_snapshot(one.id, record, entry_records(manifest), needed, size, ())
         one.committed = True
     report.snapshots += 1
 

@@ -10,7 +10,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, exists, func, literal, select, update
 from sqlalchemy.engine import Connection
 
 from ckstore.errors import ConflictError, InvalidInputError, NotFoundError
@@ -30,10 +30,13 @@ def commit(
     manifest_size: int,
     tags: Sequence[str],
     packs: Sequence[tuple[PackRecord, Sequence[ChunkRecord]]] = (),
+    staged: str | None = None,
 ) -> SnapshotRecord:
     """Commits one snapshot; see :meth:`ckstore.index.Index.commit_snapshot` for the contract."""
     validate(snapshot, tags)
     now = check_lease(conn, session_id, lock=True)
+    if staged is not None:
+        check_lease(conn, staged, lock=True)
     for pack, chunks in packs:
         add_pack(conn, pack, chunks, now)
     require_chunks(conn, chunk_ids)
@@ -49,10 +52,26 @@ def commit(
             insert(conn, _sql.snapshot_chunks),
             [{"snapshot_id": snapshot.id, "chunk_id": cid} for cid in batch],
         )
+    if staged is not None:
+        reference_staged(conn, snapshot.id, staged)
+        finish_session(conn, staged, "committed", now)
     for spec in tags:
         move_tag(conn, _refnames.parse_spec(spec)[0], snapshot.id, now)
     finish_session(conn, session_id, "committed", now)
     return stored
+
+
+def reference_staged(conn: Connection, snapshot_id: str, staged: str) -> None:
+    """Makes every chunk session ``staged`` pins a chunk reference of the snapshot (those not
+    referenced yet), in the database: the caller never holds the ids."""
+    sc, p = _sql.snapshot_chunks, _sql.pins
+    already = select(sc.c.chunk_id).where(
+        (sc.c.snapshot_id == snapshot_id) & (sc.c.chunk_id == p.c.chunk_id)
+    )
+    rows = select(literal(snapshot_id), p.c.chunk_id).where(
+        (p.c.session_id == staged) & ~exists(already)
+    )
+    conn.execute(insert(conn, sc).from_select(["snapshot_id", "chunk_id"], rows))
 
 
 def check_pack(pack: PackRecord, chunks: Sequence[ChunkRecord]) -> None:

@@ -71,6 +71,7 @@ class TakeWrites(IndexBase):
         manifest_size: int,
         tags: Sequence[str] = (),
         packs: Sequence[tuple[PackRecord, Sequence[ChunkRecord]]] = (),
+        staged: str | None = None,
     ) -> SnapshotRecord:
         """Commits a snapshot in one transaction; the snapshot exists iff this returns.
 
@@ -85,6 +86,12 @@ class TakeWrites(IndexBase):
 
         ``tags`` are specs (:func:`tag_specs`): ``"name"`` creates a tag and is refused if
         the tag exists at another snapshot; ``"+name"`` creates or moves it.
+
+        ``staged`` names a second write session whose pins are chunk references of the
+        snapshot too: a distributed take's ranks pin there the chunks their parts of the
+        manifest name, so the committing process passes no chunk id it did not see itself.
+        It must be active and unexpired as well; its pins become the snapshot's references
+        (copied in the database) and it ends committed in the same transaction.
 
         Returns:
             The stored record, with ``parent_id`` filled in.
@@ -101,7 +108,7 @@ class TakeWrites(IndexBase):
             _commit.check_pack(pack, chunks)
         with self._write(f"commit snapshot {snapshot.id}") as conn:
             return _commit.commit(
-                conn, session_id, snapshot, entries, ids, manifest_size, list(tags), packs
+                conn, session_id, snapshot, entries, ids, manifest_size, list(tags), packs, staged
             )
 
     def check_take(self, run: str, tags: Sequence[str] = ()) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..engine import manifests
 from ..engine.lease import Lease
 from ..engine.progress import ProgressFn, meter
 from ..engine.repository import describe
@@ -232,8 +233,9 @@ def _send(
 ) -> None:
     where = f"{report.direction} of snapshot {describe(snap)} to {dst.url}"
     raw = src.objects.get_blob("manifests", snap.manifest_id)  # verified against its id
-    manifest = Manifest.from_json(raw, where=f"manifest of snapshot {describe(snap)} in {src.url}")
-    ids = manifest.chunk_ids()
+    where_read = f"manifest of snapshot {describe(snap)} in {src.url}"
+    manifest = manifests.load(src.objects, src.index, raw, where_read)  # parts are chunks: sent
+    ids = manifest.referenced_ids()
     pins.pin(ids)
     with Lease(dst.index, dst.lease_seconds) as lease:
         ours = src if report.direction == "push" else dst

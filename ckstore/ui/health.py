@@ -61,7 +61,10 @@ def health_of(record: SnapshotRecord, manifest: Manifest) -> dict[str, Any] | No
         ``{"tensors": {key: {"nan": int, "inf": int, "norm": float | None}},
         "stale": [key, ...], "nan": total, "inf": total}``, or None.
     """
-    found = Health.from_dict((manifest.snapshot or {}).get("health"))
+    return _normalised(Health.from_dict((manifest.snapshot or {}).get("health")))
+
+
+def _normalised(found: Health | None) -> dict[str, Any] | None:
     if found is None or found.tensors is None:
         return None
     tensors = {
@@ -96,7 +99,7 @@ class HealthCache:
             if record.manifest_id in self._items:
                 self._items.move_to_end(record.manifest_id)
                 return self._items[record.manifest_id]
-        value = health_of(record, store.get(record.id).manifest)
+        value = _normalised(store.get(record.id).health)  # the header alone
         with self._lock:
             self._items[record.manifest_id] = value
             while len(self._items) > self._size:

@@ -150,3 +150,33 @@ def stopped_restore(
             "untouched": all(float(t.abs().sum()) == 0.0 for t in dest.values()),
         }
     return {"error": None, "seconds": time.monotonic() - t0}
+
+
+def metadata_reads(rank: int, world: int, path: str) -> dict[str, Any]:
+    """Take sharded and per-rank state, then restore it, from a fresh handle, into the same and
+    into other placements: what each rank read of the store, per restore."""
+    store = ckstore.open(path)
+    app = {"g": ckstore.StateDict(sc.dtensors(world, True, False)), "local": sc.local_app(rank)}
+    sid = store.take(app, run="meta").id
+    out: dict[str, Any] = {"id": sid}
+    for name, take_placements in (("same", True), ("other", False)):
+        store, counting = _counting(path)  # nothing of the snapshot cached
+        dest = ckstore.StateDict(sc.dtensors(world, take_placements, True))
+        local = ckstore.StateDict(
+            {
+                k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1
+                for k, v in sc.local_app(rank).items()
+            }
+        )
+        counting.reset()
+        store.get("meta").restore({"g": dest, "local": local})
+        sc.check_global(dest)
+        sc.check_local(local, rank)
+        out[name] = {
+            "manifest_gets": sum(1 for g in counting.gets if g.name.startswith("manifests/")),
+            "pack_gets": [
+                [g.name, g.offset, g.length] for g in counting.gets if g.name.startswith("packs/")
+            ],
+            "lists": counting.list_calls,
+        }
+    return out

@@ -51,8 +51,8 @@ def test_resharded_restore_reads_each_chunk_once(tmp_path: Path) -> None:
     path = str(tmp_path / "store")
     ckstore.open(path, **sc.TINY, create=True).close()
     res = values(run_ranks(rs.resharded_restore, 4, tmp_path, path))
-    with ckstore.open(path) as store:
-        ids = store.get("dt").manifest.chunk_ids()
+    with ckstore.open(path) as store:  # the manifest's parts are chunks too, each read once
+        ids = store.get("dt").manifest.referenced_ids()
         stored = sum(c.length for c in store.repository.index.all_chunks() if c.chunk_id in ids)
     print("resharded, read per rank:", [r["read"] for r in res], "stored", stored)
     assert sum(r["read"] for r in res) <= stored
@@ -96,3 +96,29 @@ def test_rank_lost_mid_restore_is_named_with_its_phase(
         if where == "read":  # before the end of the read phase nothing is applied anywhere
             assert v["untouched"], v
         print(f"{how} in {where}: rank {r} raised after {v['seconds']:.1f} s: {v['error'][:160]}")
+
+
+def test_a_job_reads_each_metadata_object_once(tmp_path: Path) -> None:
+    """Four ranks restore a sharded snapshot (stored in parts) from fresh handles: the root is
+    read once in the job (by rank 0) and each part at most once, nothing is listed, and each
+    rank's view is enough to restore bit for bit, into the take's placements or others."""
+    path = str(tmp_path / "store")
+    ckstore.open(path, **sc.TINY, create=True).close()
+    res = values(run_ranks(rs.metadata_reads, 4, tmp_path, path))
+    with ckstore.open(path) as store:
+        snap = store.get("meta")
+        parts = set(snap.manifest.parts)
+        rows = store.repository.index.chunk_locations(parts)
+        where = {
+            (f"packs/{r.pack_id[:2]}/{r.pack_id}.pack", r.offset): cid for cid, r in rows.items()
+        }
+    assert len(parts) == 4  # one part per rank, no nodes
+    for case in ("same", "other"):
+        got = [r[case] for r in res]
+        print(case, [(g["manifest_gets"], len(g["pack_gets"]), g["lists"]) for g in got])
+        assert [g["manifest_gets"] for g in got] == [1, 0, 0, 0], case
+        assert all(g["lists"] == 0 for g in got), case
+        read = [where[(n, o)] for g in got for n, o, _ in g["pack_gets"] if (n, o) in where]
+        assert len(read) == len(set(read)), (case, read)  # each part once in the job
+        if case == "same":  # each rank needs only its own part: read it itself
+            assert len(read) == 4, read

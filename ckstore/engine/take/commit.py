@@ -7,18 +7,28 @@ conversion as a take.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ... import objects
 from ...format.health import summary as health_summary
 from ...format.manifest import Manifest, entry_digest
+from ...format.parts import parted_digest
 from ...index import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
 from ..interfaces import WriteIndex
 
 
 def entry_records(manifest: Manifest) -> list[EntryRecord]:
-    """Index rows for a manifest's entries (kind, dtype, shape, size, digest)."""
+    """Index rows for a manifest's entries (kind, dtype, shape, size, digest); an entry that
+    lived in parts gets the digest its take gave it (``parts.parted_digest``)."""
     return [
-        EntryRecord(key, e.kind, e.dtype, e.shape, e.nbytes, entry_digest(e))
+        EntryRecord(
+            key,
+            e.kind,
+            e.dtype,
+            e.shape,
+            e.nbytes,
+            parted_digest(e) if key in manifest.parted else entry_digest(e),
+        )
         for key, e in manifest.entries.items()
     ]
 
@@ -57,10 +67,32 @@ def commit_manifest(
     take did not index yet) and references every chunk the manifest names, so nothing it needs
     can be collected once it is visible (I1).
     """
-    header = manifest.snapshot or {}
-    manifest_id, size = stored
+    record = snapshot_record(
+        manifest.snapshot or {},
+        stored[0],
+        manifest.logical_bytes(),
+        new_bytes=new_bytes,
+        new_chunks=new_chunks,
+        reused_chunks=reused_chunks,
+    )
+    ids = sorted(manifest.referenced_ids())
+    return index.commit_snapshot(
+        session, record, entry_records(manifest), ids, stored[1], tuple(tags), packs
+    )
+
+
+def snapshot_record(
+    header: dict[str, Any],
+    manifest_id: str,
+    logical_bytes: int,
+    *,
+    new_bytes: int,
+    new_chunks: int,
+    reused_chunks: int,
+) -> SnapshotRecord:
+    """The index record of a snapshot from its manifest's header (its parent is the commit's)."""
     nonfinite, stale = health_summary(header)
-    record = SnapshotRecord(
+    return SnapshotRecord(
         id=manifest_id,
         run=header["run"],
         step=header.get("step"),
@@ -68,7 +100,7 @@ def commit_manifest(
         manifest_id=manifest_id,
         created_at=header["created_at"],
         metadata=dict(header.get("metadata") or {}),
-        logical_bytes=manifest.logical_bytes(),
+        logical_bytes=logical_bytes,
         new_bytes=new_bytes,
         new_chunks=new_chunks,
         reused_chunks=reused_chunks,
@@ -76,8 +108,4 @@ def commit_manifest(
         world_size=int(header.get("world_size", 1)),
         nonfinite=nonfinite,
         stale=stale,
-    )
-    ids = sorted(manifest.chunk_ids())
-    return index.commit_snapshot(
-        session, record, entry_records(manifest), ids, size, tuple(tags), packs
     )

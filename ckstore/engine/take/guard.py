@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ... import objects
@@ -46,6 +47,11 @@ class TakeGuard:
     def __init__(self, spec: TakeSpec, repo: Repository) -> None:
         self.spec = spec
         self.repo = repo
+        self.opener: Callable[[SnapshotRecord], Manifest] | None = None
+        """How to read the run's latest snapshot's manifest (default: whole): a rank of a
+        distributed take reads only its own regions (``engine/manifests.open_partial``)."""
+        self.view_key = ""
+        """Which view of a manifest :func:`remember` keeps for this take ("": whole)."""
         self._dtypes: dict[str, str] = {}
         self._stats: dict[tuple[str, str], Stats] = {}
         self._as_parent: set[tuple[str, str]] = (
@@ -127,23 +133,94 @@ class TakeGuard:
         if self._parent is False:
             latest = self.repo.index.list_snapshots(run=self.spec.run, limit=1)
             if latest:
-                manifest = _RECENT.get(latest[0].manifest_id) or self.repo.load_manifest(latest[0])
+                opener = self.opener or self.repo.load_manifest
+                manifest = _RECENT.get(latest[0].manifest_id + self.view_key) or opener(latest[0])
                 self._parent = (latest[0], manifest)
             else:
                 self._parent = None
         assert self._parent is not True
         return self._parent
 
+    # --- a take in parts: each rank's share of the figures, summed over the ranks ------------
+    def local_figures(
+        self, dtype: str, refs: Iterable[str] = (), data: bytes | None = None
+    ) -> tuple[list[int], float]:
+        """This process's share of one tensor's figures: over the chunks it hashed (``refs``)
+        or its inline bytes ``data``, as ``[nan, inf, chunks, as_parent, unmeasured, shares,
+        inline]`` and the sum of squares, to be summed over the ranks (:meth:`summed`)."""
+        if not self.spec.health or not measured(dtype):
+            return [0] * FIGURES, 0.0
+        if data is not None:
+            nan, inf, sumsq = chunk_stats(memoryview(bytearray(data)), dtype)
+            return [nan, inf, 0, 0, 0, 1, 1], sumsq
+        out, sumsq = [0, 0, 0, 0, 0, 1, 0], 0.0
+        for cid in refs:
+            out[2] += 1
+            s = self._stats.get((dtype, cid))
+            if s is not None:
+                out[0], out[1], sumsq = out[0] + s[0], out[1] + s[1], sumsq + s[2]
+            elif (dtype, cid) in self._as_parent:
+                out[3] += 1
+            else:
+                out[4] += 1
+        return out, sumsq
+
+    def summed(
+        self, key: str, figures: list[int], sumsq: float, same: bool
+    ) -> fh.TensorHealth | None:
+        """One tensor's figures from every rank's :meth:`local_figures`, summed; ``same``: its
+        content is the run's latest snapshot's (all ranks agreed). None: not measured."""
+        nan, inf, chunks, as_parent, unmeasured, shares, inline = figures
+        if not shares or unmeasured:
+            return None
+        if chunks and as_parent == chunks and not inline and same:
+            parent = self.parent()
+            before = fh.of_header(parent[1].snapshot) if parent is not None else None
+            kept = (before.tensors or {}).get(key) if before is not None else None
+            return kept if kept is not None else fh.TensorHealth(0, 0, None)
+        norm = None if as_parent else sumsq**0.5
+        return fh.TensorHealth(nan, inf, norm if norm is not None and norm < float("inf") else None)
+
+    def differs(self, key: str, entry: Entry, rank: int | None = None, world: int = 1) -> bool:
+        """Whether ``entry`` (this rank's part of ``key``: its pieces, or its own value of a
+        per-rank entry, ``rank`` of ``world``) is not the same content as in the run's latest
+        snapshot, as far as this rank sees it."""
+        parent = self.parent()
+        before = parent[1].entries.get(key) if parent is not None else None
+        if before is None or parent is None:
+            return True
+        if rank is not None:  # a per-rank value: the parent's value for this rank
+            if (parent[1].snapshot or {}).get("world_size", 1) != world:
+                return True
+            if isinstance(before, PerRankEntry):
+                before = before.entries[rank] if rank < before.world_size else None
+            return not _same(entry, before)
+        if not isinstance(entry, TensorEntry) or not isinstance(before, TensorEntry):
+            return True
+        if (entry.dtype, entry.shape, entry.container) != (
+            before.dtype,
+            before.shape,
+            before.container,
+        ) or before.data is not None:
+            return True
+        return not set(entry.chunks) <= set(before.chunks)
+
     # --- when the manifest is built ---------------------------------------------------------
-    def assess(self, entries: Mapping[str, Entry]) -> fh.Health:
-        """The take's findings, after applying the policies.
+    def assess(self, entries: Mapping[str, Any], summed: Summed | None = None) -> fh.Health:
+        """The take's findings, after applying the policies. ``summed``: the figures and the
+        unchanged keys every rank of a take in parts contributed to (``entries`` then only
+        names the keys).
 
         Raises:
             NonFiniteError: ``on_nonfinite="raise"`` and a tensor holds NaN or Inf.
             StaleStateError: ``on_stale="raise"`` and a tensor that should train is stale.
         """
-        tensors = self._figures(entries) if self.spec.health else None
-        stale, base = self._stale(entries)
+        if summed is None:
+            tensors = self._figures(entries) if self.spec.health else None
+            stale, base = self._stale(entries)
+        else:
+            tensors = dict(summed.tensors) if self.spec.health else None
+            stale, base = self._stale(entries, summed.same.__contains__)
         found = fh.Health(tensors, stale, base)
         self._apply(found)
         return found
@@ -202,7 +279,7 @@ class TakeGuard:
         return _AS_PARENT if e.chunks and skipped == len(e.chunks) else (nan, inf, sumsq)
 
     def _stale(
-        self, entries: Mapping[str, Entry]
+        self, entries: Mapping[str, Any], same: Callable[[str], bool] | None = None
     ) -> tuple[tuple[str, ...] | None, dict[str, Any] | None]:
         spec = self.spec
         parent = self.parent() if spec.step is not None else None
@@ -217,9 +294,11 @@ class TakeGuard:
         base = {"id": record.id, "step": record.step}
         watched = should_change(entries, spec.trainable_keys, spec.trainable)
         before = manifest.entries
-        return tuple(
-            sorted(k for k in watched if k in before and _same(entries[k], before[k]))
-        ), base
+        if same is None:
+            return tuple(
+                sorted(k for k in watched if k in before and _same(entries[k], before[k]))
+            ), base
+        return tuple(sorted(k for k in watched if k in before and same(k))), base
 
     def _apply(self, found: fh.Health) -> None:
         spec = self.spec
@@ -274,13 +353,28 @@ _RECENT_SIZE = 4
 _RECENT_LOCK = threading.Lock()
 
 
-def remember(manifest_id: str, manifest: Manifest) -> None:
-    """Keep a manifest this process just committed: the next take of its run compares with it."""
+def remember(manifest_id: str, manifest: Manifest, view_key: str = "") -> None:
+    """Keep a manifest this process just committed: the next take of its run compares with it
+    (``view_key``: a rank's view of it, :attr:`TakeGuard.view_key`)."""
+    manifest_id += view_key
     with _RECENT_LOCK:
         _RECENT[manifest_id] = manifest
         _RECENT.move_to_end(manifest_id)
         while len(_RECENT) > _RECENT_SIZE:
             _RECENT.popitem(last=False)
+
+
+FIGURES = 7
+"""Ints in :meth:`TakeGuard.local_figures`' share of a tensor's figures."""
+
+
+@dataclass(frozen=True)
+class Summed:
+    """What the ranks of a take in parts found together: figures per tensor, and the keys
+    whose content is the run's latest snapshot's."""
+
+    tensors: Mapping[str, fh.TensorHealth]
+    same: frozenset[str]
 
 
 _AS_PARENT = (0, 0, None)

@@ -17,23 +17,23 @@ and the manifest before the commit names it (I1).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ...errors import InvalidInputError
+from ...errors import InvalidInputError, NotFoundError
 from ...format.manifest import Entry, Manifest
-from ...index import ChunkRecord, PackRecord, SnapshotRecord
+from ...index import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
 from ..interfaces import WriteIndex
 from ..lease import Lease
 from ..progress import Meter, ProgressFn, meter
 from ..repository import Repository
-from .commit import commit_manifest, put_manifest
+from .commit import commit_manifest, put_manifest, snapshot_record
 from .deltas import resolve_bases
 from .device_staging import DeviceStager
-from .guard import TakeGuard, remember
+from .guard import Summed, TakeGuard, remember
 from .packing import Chunk, PackPipeline, TakeOptions, WriteStats, batches
 from .spec import TakeSpec
 
@@ -99,6 +99,7 @@ class LocalTake:
         self.guard = TakeGuard(spec, repo)
         """Health figures while hashing, staleness and the policies (``engine/take/guard.py``)."""
         self._lease: Lease | None = None
+        self._staging: Lease | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._activity = ExitStack()
 
@@ -118,8 +119,11 @@ class LocalTake:
     def close(self) -> None:
         """End the session: aborted unless committed or handed over. Idempotent."""
         lease, self._lease = self._lease, None
+        staging, self._staging = self._staging, None
         pool, self._pool = self._pool, None
         try:
+            if staging is not None:
+                staging.__exit__(None, None, None)
             if lease is not None:
                 lease.__exit__(None, None, None)
         finally:
@@ -242,16 +246,19 @@ class LocalTake:
             NonFiniteError, StaleStateError: the guard refused the state (``on_nonfinite`` /
                 ``on_stale`` ``"raise"``); nothing is committed.
         """
-        health = self.guard.assess(entries).to_dict()
-        return Manifest(
-            apps,
-            entries,
-            self.spec.header(
-                created_at=self.started,
-                session=self.session,
-                **header,
-                **({"health": health} if health else {}),
-            ),
+        return Manifest(apps, entries, self.header(entries, **header))
+
+    def header(
+        self, entries: Mapping[str, Any], summed: Summed | None = None, **extra: Any
+    ) -> dict[str, Any]:
+        """The ``snapshot`` header of this take's manifest (see :meth:`manifest`; ``summed``:
+        the figures the ranks of a take in parts found together, ``TakeGuard.assess``)."""
+        health = self.guard.assess(entries, summed).to_dict()
+        return self.spec.header(
+            created_at=self.started,
+            session=self.session,
+            **extra,
+            **({"health": health} if health else {}),
         )
 
     def put_manifest(self, manifest: Manifest, validate: bool = False) -> tuple[str, int]:
@@ -294,6 +301,84 @@ class LocalTake:
         self.repo.committed(record)
         remember(record.manifest_id, manifest)  # the run's next take compares with it
         return record
+
+    # --- a take in parts (docs/FORMAT.md, 7.7) -------------------------------------------------
+    def staging(self) -> str:
+        """The id of this take's staging session, begun on first call and ended with the take:
+        the processes of a take in parts pin there every chunk their parts name
+        (:meth:`pin_staged`), and :meth:`commit_root` makes its pins the snapshot's references."""
+        if self._staging is None:
+            self._live_lease()
+            self._staging = Lease(self.repo.index, self.opts.lease_seconds).__enter__()
+        return self._staging.id
+
+    def pin_staged(self, staged: str, chunk_ids: Iterable[str], where: str) -> None:
+        """Pin ``chunk_ids`` to the staging session ``staged`` (another process's, maybe).
+
+        Raises:
+            NotFoundError: a chunk is not in the index (``where`` names what named it).
+            LeaseExpiredError: the staging session ended (its take failed or ran out).
+        """
+        ids = set(chunk_ids)
+        missing = ids - set(self.index.lookup_chunks(staged, sorted(ids)))
+        if missing:
+            raise NotFoundError(
+                f"{where} names chunk {min(missing)}, which is not in the index "
+                f"({len(missing)} such chunks); nothing was committed"
+            )
+
+    def store_objects(self, raws: list[bytes], key: str, *, defer: bool = False) -> list[str]:
+        """Store each of ``raws`` as a chunk (a manifest's part or node: content-addressed,
+        packed, pinned to this session like the take's own chunks); their ids. The take's
+        figures do not count them."""
+        if not raws:
+            return []
+        before = replace(self.stats)
+        chunks = [Chunk(key, memoryview(raw), 1, False) for raw in raws]
+        self.store(chunks, defer=defer)
+        self.stats = before
+        return [c.id for c in chunks]
+
+    def commit_root(
+        self,
+        raw: bytes,
+        header: dict[str, Any],
+        entries: list[EntryRecord],
+        chunk_ids: Iterable[str],
+        *,
+        logical_bytes: int,
+        figures: dict[str, int],
+    ) -> SnapshotRecord:
+        """Store the root of a manifest in parts (``raw``, with ``header``) and commit its
+        snapshot in one index transaction: ``entries`` its index rows, ``chunk_ids`` the chunks
+        this process names, the staging session's pins the rest (I1).
+
+        Raises:
+            LeaseExpiredError: this session or the staging session ran out; nothing committed.
+            ConflictError: the name is taken or a tag conflicts; nothing was committed.
+        """
+        self.check_lease()
+        staged = self.staging()
+        record = snapshot_record(
+            header, self.repo.objects.put_blob("manifests", raw), logical_bytes, **figures
+        )
+        committed = self.index.commit_snapshot(
+            self.session,
+            record,
+            entries,
+            chunk_ids,
+            len(raw),
+            self.spec.tag_specs,
+            self._deferred,
+            staged,
+        )
+        self._live_lease().committed = True
+        assert self._staging is not None
+        self._staging.committed = True
+        if self._meter is not None:
+            self._meter.finish()
+        self.repo.committed(committed)
+        return committed
 
     def hand_over(self) -> None:
         """End the session as committed without committing here: the process that commits
