@@ -373,6 +373,24 @@ class AutoCompactor:
         """Block until no compaction is running or asked for; False on timeout."""
         return self._idle.wait(timeout)
 
+    def quiesce(self, timeout: float | None = None) -> bool:
+        """Let a running compaction finish, then end the thread; False on timeout (it runs on).
+
+        A later :meth:`kick` starts a new thread. For a framework's teardown that checks that
+        no thread outlives it (Lightning's).
+        """
+        with self._lock:
+            if not self._idle.wait(timeout):
+                return False
+            thread, self._thread = self._thread, None
+            if thread is not None and thread is not threading.current_thread():
+                self._stop.set()
+                self._wake.set()
+                thread.join()
+                self._stop.clear()
+                self._wake.clear()
+            return True
+
     def close(self) -> None:
         """Stop after the pack being written is switched (idempotent)."""
         self._stop.set()
