@@ -19,6 +19,7 @@ BUILTIN: dict[type, type] = {
     errors.CkstoreError: Exception,
     errors.NotFoundError: LookupError,
     errors.SnapshotNotFoundError: KeyError,
+    errors.CheckpointNotFoundError: FileNotFoundError,
     errors.KeyNotFoundError: KeyError,
     errors.ObjectNotFoundError: FileNotFoundError,
     errors.CorruptionError: OSError,
