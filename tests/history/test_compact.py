@@ -236,6 +236,13 @@ def test_quiesce_ends_the_thread_and_the_next_take_starts_it_again(tmp_path: Pat
         assert store.quiesce() and threads() == []
         for i, s in zip(ids, states):
             assert restores(store, i, s)
+        # a framework that polices leftover daemon threads calls their stop(): it quiesces
+        store.take({"m": App(dict(states[0]))}, run="r", step=4)
+        (thread,) = [t for t in threading.enumerate() if t.name == "ckstore-compact"]
+        thread.stop()  # type: ignore[attr-defined]
+        assert not thread.is_alive() and threads() == []
+        assert not loose_pending(store.repository)
+    thread.stop()  # type: ignore[attr-defined]  # after close: returns at once
 
 
 def test_compaction_beside_takes_restores_and_gc(tmp_path: Path) -> None:
