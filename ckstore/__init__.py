@@ -7,16 +7,26 @@
 The public names are imported lazily, so ``ckstore.objects`` and ``ckstore.index`` (which
 never use torch) stay light when imported on their own. ``__all__`` is the public API, and
 what ``dir(ckstore)`` lists.
+
+``import ckstore`` also lets ``dcp.save`` / ``dcp.load`` pick ckstore for a ``ckstore://``
+checkpoint id (:mod:`ckstore.dcp.url`): once ``torch.distributed.checkpoint`` is imported
+(now, or whenever it is), :mod:`ckstore.dcp` is imported with it and teaches DCP those ids.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from . import errors
 from .errors import (
     AppNotFoundError,
+    CheckpointNotFoundError,
     CkstoreError,
     ConflictError,
     CorruptionError,
@@ -98,6 +108,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "STORE_DEFAULT",
     "AppNotFoundError",
+    "CheckpointNotFoundError",
     "CkstoreError",
     "ConflictError",
     "CorruptionError",
@@ -143,3 +154,57 @@ __all__ = [
     "interop",
     "open",
 ]
+
+
+_DCP = "torch.distributed.checkpoint"
+
+
+class _ArmDcp(importlib.abc.MetaPathFinder):
+    """Imports :mod:`ckstore.dcp` right after ``torch.distributed.checkpoint`` finishes importing
+    (its ``ckstore://`` ids then work without importing ``ckstore.dcp`` by hand); then steps
+    aside. Finds nothing itself: the module is loaded by the finder that would load it anyway."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _DCP:
+            return None
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            _import_dcp()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _import_dcp() -> None:
+    """Import :mod:`ckstore.dcp` (which teaches DCP the ``ckstore://`` ids); a failure is
+    logged, never raised: it must not break the import of torch's DCP or of ckstore."""
+    try:
+        importlib.import_module(".dcp", __name__)
+    except Exception as exc:  # noqa: BLE001 - only the ckstore:// ids are lost
+        import logging
+
+        logging.getLogger("ckstore").warning(
+            "ckstore: dcp.save/load will not know ckstore:// checkpoint ids (%s: %s); "
+            "import ckstore.dcp to see why",
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _arm_dcp() -> None:
+    if _DCP in sys.modules:
+        _import_dcp()
+    elif not any(isinstance(f, _ArmDcp) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ArmDcp())
+
+
+_arm_dcp()

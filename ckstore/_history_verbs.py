@@ -32,6 +32,7 @@ class HistoryVerbs:
 
     _repo: Repository
     _compactor: AutoCompactor
+    _purged: set[str]
 
     def diff(self, a: str, b: str, numeric: bool = False) -> DiffResult:
         """Compare two snapshots key by key.
@@ -90,6 +91,12 @@ class HistoryVerbs:
         snapshot is dropped and gc only prunes. A snapshot is dropped when no rule keeps it:
         ``keep_best=3, metric="loss", keep_last=1`` keeps the three lowest losses and the newest. Safe beside live takes (see docs/RELIABILITY.md, I4).
 
+        What only the snapshots this handle deleted (:meth:`delete`, :meth:`delete_run`) used
+        is reclaimed at once, without the grace period, when no write session is alive
+        (after this handle's background compaction finished): a training job that purges its
+        old checkpoints gets the disk back within the job (``report.purged_now``). With a take
+        or push of any process running, it waits for the grace period like the rest.
+
         Raises:
             InvalidInputError: an option is out of range (e.g. a negative grace period); nothing
                 changed.
@@ -98,7 +105,10 @@ class HistoryVerbs:
             raise InvalidInputError(
                 f"gc: runs must be a list of run names, got the string {runs!r}"
             )
-        return history_gc(
+        purged = frozenset(self._purged)
+        if purged and not dry_run:
+            self._compactor.wait_idle()  # this handle's own writer: let it finish first
+        report = history_gc(
             self._repo,
             keep_last=keep_last,
             keep_every_steps=keep_every_steps,
@@ -113,7 +123,11 @@ class HistoryVerbs:
             metric=metric,
             mode=mode,
             progress=progress,
+            purged=frozenset() if dry_run else purged,
         )
+        if not dry_run and not report.sessions_held:
+            self._purged -= purged  # reclaimed (or still used by a snapshot kept)
+        return report
 
     def check(
         self,
@@ -165,6 +179,14 @@ class HistoryVerbs:
     def wait_compacted(self, timeout: float | None = None) -> bool:
         """Wait until no background compaction of this handle runs or is due; False on timeout."""
         return self._compactor.wait_idle(timeout)
+
+    def quiesce(self, timeout: float | None = None) -> bool:
+        """Wait for this handle's background compaction to finish and end its thread.
+
+        The store stays open and usable; the next take starts the thread again. For code that
+        checks that no thread outlives it (a trainer's teardown). False on timeout.
+        """
+        return self._compactor.quiesce(timeout)
 
     @property
     def last_compaction(self) -> CompactReport | None:

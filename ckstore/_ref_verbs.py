@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .errors import ConflictError, NotFoundError
+from .errors import CkstoreError, ConflictError, NotFoundError
 from .index import SnapshotRecord, TagRecord
 
 if TYPE_CHECKING:
@@ -18,10 +18,16 @@ if TYPE_CHECKING:
     from .snapshot import StoredSnapshot
 
 
+MAX_PURGED = 1_000_000
+"""How many chunk ids of its own deletions a store handle keeps for its next gc (about 100 MB)."""
+
+
 class RefVerbs:
     """Tags and deletions of a store (docs/USAGE.md, "Refs and tags")."""
 
     _repo: Repository
+    _purged: set[str]
+    """Chunk ids of the snapshots this handle deleted since its last gc (see ``gc``)."""
 
     if TYPE_CHECKING:
 
@@ -53,6 +59,10 @@ class RefVerbs:
     def delete(self, ref: str, *, force: bool = False) -> None:
         """Forget one snapshot; its bytes are reclaimed by ``gc``.
 
+        A ``gc`` of this handle reclaims what only the snapshots it deleted used without
+        waiting for the grace period, when no write session is alive (a training job's purge
+        frees its disk within the job).
+
         A tagged snapshot is kept unless ``force=True``, which deletes its tags with it.
 
         Raises:
@@ -60,6 +70,7 @@ class RefVerbs:
             ConflictError: the snapshot is tagged and ``force`` is False (the tags are named).
         """
         snap = self.get(ref)
+        chunks = snap.manifest.chunk_ids()
         try:
             self._repo.index.delete_snapshot(snap.id, refuse_tagged=not force)
         except ConflictError as exc:
@@ -68,6 +79,7 @@ class RefVerbs:
                 f"snapshot {snap.ref} is tagged {', '.join(tags) or '(tags moved meanwhile)'}: "
                 "untag it first (store.untag(name)), or pass force=True to delete it and its tags"
             ) from exc
+        self._remember_purged(chunks)
 
     def delete_run(self, run: str, *, force: bool = False) -> list[SnapshotRecord]:
         """Forget every snapshot of ``run``, and the run, in one transaction (all or nothing);
@@ -85,4 +97,16 @@ class RefVerbs:
             ConflictError: a snapshot of the run is tagged and ``force`` is False (the tags are
                 named); nothing was deleted.
         """
-        return self._repo.index.delete_run(run, refuse_tagged=not force)
+        gone = self._repo.index.delete_run(run, refuse_tagged=not force)
+        for record in gone:
+            try:
+                self._remember_purged(self._repo.load_manifest(record).chunk_ids())
+            except CkstoreError:
+                continue  # a manifest unreadable here: its chunks wait for the grace period
+        return gone
+
+    def _remember_purged(self, chunks: set[str]) -> None:
+        """Keep the chunk ids of a deletion for this handle's next gc (up to a bound: past it,
+        they wait for the grace period like anyone's)."""
+        if len(self._purged) + len(chunks) <= MAX_PURGED:
+            self._purged |= chunks

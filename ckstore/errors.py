@@ -36,6 +36,17 @@ class SnapshotNotFoundError(NotFoundError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class CheckpointNotFoundError(SnapshotNotFoundError, FileNotFoundError):
+    """A trainer asked for a checkpoint by path and neither a file nor a snapshot is there.
+
+    A :class:`SnapshotNotFoundError` that is also the ``FileNotFoundError`` the trainers
+    (Lightning, Hugging Face) raise, and catch, for a missing checkpoint file.
+    """
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class KeyNotFoundError(NotFoundError, KeyError):
     """A key asked for is not in a snapshot's manifest."""
 

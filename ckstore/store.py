@@ -48,6 +48,7 @@ class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs
         Knobs.__init__(self, share=repository)
         self._repo = repository
         self._compactor = attach_compaction(repository)
+        self._purged: set[str] = set()
 
     @property
     def repository(self) -> Repository:
@@ -74,6 +75,11 @@ class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs
     def read_only(self) -> bool:
         """True when this store refuses writes (opened read-only, or not writable)."""
         return self._repo.read_only
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (the handle can no longer be used)."""
+        return self._repo.closed
 
     @property
     def opened_with(self) -> dict[str, Any]:

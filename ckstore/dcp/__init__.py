@@ -80,6 +80,9 @@ holds the others in the hand-over until the timeout, then every rank raises
 
 from .meta import metadata_from_json, metadata_to_json
 from .reader import StorageReader
+from .selection import install as _install_selection
 from .writer import StorageWriter
+
+_install_selection()
 
 __all__ = ["StorageReader", "StorageWriter", "metadata_from_json", "metadata_to_json"]

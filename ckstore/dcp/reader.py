@@ -25,8 +25,9 @@ from ..errors import CorruptionError
 from ..format.dtypes import dtype_name, itemsize
 from ..format.manifest import ChunkRef, TensorEntry
 from ..format.values import decode_value
-from ._store import StoreRef
+from ..store_ref import StoreRef
 from .meta import ints, metadata_from_json
+from .url import is_ckstore_id, parse
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -71,7 +72,12 @@ class StorageReader(_DcpStorageReader):
         return state
 
     def reset(self, checkpoint_id: Any = None) -> None:
-        if checkpoint_id:
+        if checkpoint_id and is_ckstore_id(checkpoint_id):
+            found = parse(checkpoint_id)
+            if found.store != self._ref.url:
+                self._ref = StoreRef(found.store)
+            self.ref = found.ref
+        elif checkpoint_id:
             self.ref = str(checkpoint_id)
         self.snapshot = None
         self._metadata = None
@@ -80,7 +86,7 @@ class StorageReader(_DcpStorageReader):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-        return False
+        return is_ckstore_id(checkpoint_id)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:

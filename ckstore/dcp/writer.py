@@ -21,9 +21,10 @@ from ..engine.take.spec import TakeSpec
 from ..errors import ConflictError, CorruptionError, DistributedError, InvalidInputError
 from ..format.tree import join
 from ..format.values import encode_value
-from ._store import StoreRef
+from ..store_ref import StoreRef
 from .meta import metadata_to_json
 from .plan import APP, cut_items, fill_ids, id_sizes, manifest_entries, owners, the_coordinator
+from .url import is_ckstore_id, parse
 
 if TYPE_CHECKING:
     from ..store import Store
@@ -153,7 +154,13 @@ class StorageWriter(_DcpStorageWriter):
     # DCP API ------------------------------------------------------------------------------
     def reset(self, checkpoint_id: Any = None) -> None:
         _abort_all(self._held)
-        if checkpoint_id:
+        if checkpoint_id and is_ckstore_id(checkpoint_id):
+            found = parse(checkpoint_id)
+            if found.store != self._ref.url:
+                self._ref = StoreRef(found.store, create=True)
+            run, step = found.run_step
+            self.spec = self.spec.evolve(run=run, step=step)
+        elif checkpoint_id:
             run, step = _parse_checkpoint_id(checkpoint_id)
             self.spec = self.spec.evolve(run=run, step=step)
         self.save_id = uuid.uuid4().hex
@@ -161,7 +168,7 @@ class StorageWriter(_DcpStorageWriter):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-        return False  # needs a store: never picked automatically from a bare checkpoint_id
+        return is_ckstore_id(checkpoint_id)  # a bare run or ref needs a store: never picked
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(

@@ -245,8 +245,13 @@ class GcIndex(ReadIndex, InventoryIndex, RepackIndex, Protocol):
         """What the grace period keeps: count, stored bytes, newest time."""
         ...
 
-    def prune_chunks(self, cutoff: float) -> list[ChunkRecord]:
-        """Delete the unreferenced, unpinned chunk rows older than ``cutoff``; them."""
+    def shrink_log(self) -> None:
+        """Give back the disk the database's write-ahead log holds (SQLite)."""
+        ...
+
+    def prune_chunks(self, cutoff: float, ids: Iterable[str] | None = None) -> list[ChunkRecord]:
+        """Delete the unreferenced, unpinned chunk rows older than ``cutoff`` (of ``ids``, if
+        given, whatever their age); them."""
         ...
 
     def prune_manifests(

@@ -80,6 +80,8 @@ class Repository(Knobs):
         failure is logged, never raised (the snapshot is committed)."""
         self.before_close: list[Callable[[], None]] = []
         """Called (in order) when the repository closes, before its index and backend."""
+        self.closed = False
+        """True once :meth:`close` ran."""
 
     @property
     def compacts_later(self) -> bool:
@@ -128,6 +130,7 @@ class Repository(Knobs):
         return self.index.read_only is not None
 
     def close(self) -> None:
+        self.closed = True
         for hook in list(self.before_close):
             hook()
         self.before_close.clear()

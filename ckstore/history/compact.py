@@ -280,6 +280,20 @@ def _wait(pause: Callable[[], bool] | None) -> None:
         time.sleep(0.05)
 
 
+class _CompactThread(threading.Thread):
+    """The background compaction's daemon thread, with the ``stop()`` that frameworks which
+    police the threads a test leaves behind call on a daemon thread (Lightning's test suite):
+    it lets the running compaction finish and ends the thread (:meth:`AutoCompactor.quiesce`)."""
+
+    def __init__(self, loop: Callable[[], None], quiesce: Callable[[], bool]) -> None:
+        super().__init__(target=loop, name="ckstore-compact", daemon=True)
+        self._quiesce = quiesce
+
+    def stop(self) -> None:
+        """End the thread once the compaction it runs finished (the next take starts another)."""
+        self._quiesce()
+
+
 class AutoCompactor:
     """Compaction in a background thread, started by :meth:`kick` after takes (``git gc --auto``).
 
@@ -308,14 +322,35 @@ class AutoCompactor:
             self._idle.clear()
             self._wake.set()
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="ckstore-compact", daemon=True
-                )
+                self._thread = _CompactThread(self._loop, self.quiesce)
                 self._thread.start()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no compaction is running or asked for; False on timeout."""
         return self._idle.wait(timeout)
+
+    def quiesce(self, timeout: float | None = None) -> bool:
+        """Let a running compaction finish, then end the thread; False on timeout (it runs on).
+
+        A later :meth:`kick` starts a new thread. For a framework's teardown that checks that
+        no thread outlives it (Lightning's).
+        """
+        with self._lock:
+            if self._stop.is_set():  # closed: the thread ends (or ended) by itself
+                thread = self._thread
+                if thread is not None and thread is not threading.current_thread():
+                    thread.join(timeout)
+                return thread is None or not thread.is_alive()
+            if not self._idle.wait(timeout):
+                return False
+            thread, self._thread = self._thread, None
+            if thread is not None and thread is not threading.current_thread():
+                self._stop.set()
+                self._wake.set()
+                thread.join()
+                self._stop.clear()
+                self._wake.clear()
+            return True
 
     def close(self) -> None:
         """Stop after the pack being written is switched (idempotent)."""

@@ -10,7 +10,8 @@ Two phases, as restic's forget + prune:
    chunks, rewrite packs whose live fraction fell below ``repack_below`` (new pack first, index
    switched, old pack retired), delete retired packs' rows and then objects once the grace
    period has passed, drop unused manifests, and delete orphan objects (in the store, unknown
-   to the index) only when no write session that could own them is still alive.
+   to the index) only when no write session that could own them is still alive; last, give
+   back the disk the index's write-ahead log holds (SQLite).
 
 Index rows always go before objects. A take that stalls past its lease loses its pins here and
 then fails at commit; it never commits references to chunks this GC deleted.
@@ -31,7 +32,7 @@ from ..engine.locations import to_location, to_records
 from ..engine.progress import ProgressFn, meter
 from ..errors import CorruptionError, ObjectNotFoundError
 from ..format.limits import check_number
-from ..index import PackRecord
+from ..index import ChunkRecord, PackRecord
 from ..index.maintenance import PackUsage
 from ..objects.delta import xor_into
 from .policy import MAX_SECONDS, Policy
@@ -75,6 +76,9 @@ class GCReport:
     """When the grace period of the youngest of them ends (Unix time; None: nothing kept).
     A gc after it prunes those chunks and deletes those packs; a pack that the pruning empties
     is retired then and deleted one grace period later (a reader may still be using it)."""
+    purged_now: int = 0
+    """Chunks of snapshots this store handle deleted that were reclaimed without waiting for
+    the grace period (nothing else held a write session), with the packs they emptied."""
     sessions_held: list[dict[str, Any]] = field(default_factory=list)
     """Write sessions still active after this gc (``HeldSession.to_dict``): a take running,
     or one killed before it could end its lease, whose bytes gc leaves until the lease ends."""
@@ -99,6 +103,7 @@ def gc(
     metric: str | None = None,
     mode: str = "min",
     progress: ProgressFn | None = None,
+    purged: frozenset[str] = frozenset(),
 ) -> GCReport:
     """Forget the snapshots the policy drops, then prune what nothing references.
 
@@ -113,6 +118,12 @@ def gc(
         repack_below: rewrite packs whose live bytes fell below this fraction (0 disables).
         progress: told ``("gc", done, total)``, the live bytes of the sparse packs rewritten.
         dry_run: report without changing anything.
+        purged: chunk ids of snapshots the caller deleted itself (a training job's purge).
+            When no write session is alive, those nothing references or pins are pruned
+            whatever their age, sparse packs are rewritten whatever their age, and the packs
+            this gc retires are deleted at once: the grace period is for writers of other
+            processes, and none is alive; a reader that looked up a chunk that moved looks it
+            up again (docs/RELIABILITY.md, I4).
 
     Raises:
         InvalidInputError: an option is out of range (a negative or non-finite grace period,
@@ -146,14 +157,20 @@ def gc(
     report.sessions_expired = index.expire_sessions(now, gone=dead)
     report.sessions_held = [h.to_dict(now) for h in index.held_sessions()]
     removed = index.prune_chunks(cutoff)
+    emptied = _prune_purged(repo, report, purged)
+    removed += emptied
     report.chunks_removed = len(removed)
     report.chunk_bytes_removed = sum(c.length for c in removed)
-    _repack_sparse(repo, report, cutoff, repack_below, progress)
+    now_too = bool(emptied)  # a purge ran: nothing else writes, so no pack needs to wait
+    retired = _repack_sparse(repo, report, cutoff, repack_below, progress, any_age=now_too)
+    if now_too:
+        _delete_retired(repo, report, time.time(), only=retired)
     _delete_retired(repo, report, time.time() - grace_seconds)
     for mid in index.prune_manifests(cutoff):
         repo.objects.delete_blob("manifests", mid)
         report.manifests_removed += 1
     _delete_orphans(repo, report, cutoff)
+    index.shrink_log()
     _grace_kept(repo, report, time.time() - grace_seconds, [])
     return report
 
@@ -185,6 +202,17 @@ def _estimate(repo: Repository, report: GCReport, cutoff: float, dropped: list[s
     report.bytes_reclaimed = report.chunk_bytes_removed
 
 
+def _prune_purged(repo: Repository, report: GCReport, purged: frozenset[str]) -> list[ChunkRecord]:
+    """Prune the chunks of ``purged`` nothing references or pins, if no write session is alive
+    (checked after expiring the stale ones); the rows pruned."""
+    index: GcIndex = repo.index
+    if not purged or index.live_sessions():
+        return []
+    removed = index.prune_chunks(time.time(), ids=purged)
+    report.purged_now = len(removed)
+    return removed
+
+
 def _grace_kept(repo: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
     """Fill in what the grace period keeps (unreferenced data not yet ``cutoff`` old)."""
     index: GcIndex = repo.index
@@ -207,11 +235,14 @@ def _repack_sparse(
     cutoff: float,
     repack_below: float,
     progress: ProgressFn | None = None,
-) -> None:
+    any_age: bool = False,
+) -> list[str]:
+    """Retire the packs left without live chunks and rewrite the sparse ones older than
+    ``cutoff`` (with ``any_age``, whatever their age); the packs retired now."""
     index: GcIndex = repo.index
     usage = [u for u in index.pack_usage() if u.retired_at is None]
-    dead = [u.pack_id for u in usage if u.live_chunks == 0]
-    report.packs_retired += len(index.retire_packs(dead))
+    retired = index.retire_packs([u.pack_id for u in usage if u.live_chunks == 0])
+    report.packs_retired += len(retired)
     # a pack whose every entry is live has nothing to reclaim (and _payload overestimates a
     # version 2 pack's payload, which made such packs look sparse to every gc)
     sparse = [
@@ -219,18 +250,21 @@ def _repack_sparse(
         for u in usage
         if u.remote is None
         and 0 < u.live_chunks < u.chunk_count
-        and u.created_at < cutoff
+        and (u.created_at < cutoff or any_age)
         and u.live_bytes < repack_below * _payload(u)
     ]
     gauge = meter(progress, "gc", sum(u.live_bytes for u in sparse))
     for u in sparse:
         if _rewrite_pack(repo, u.pack_id, u.loose):
             report.packs_rewritten += 1
-            report.packs_retired += len(index.retire_packs([u.pack_id]))
+            done = index.retire_packs([u.pack_id])
+            report.packs_retired += len(done)
+            retired += done
         if gauge is not None:
             gauge.add(u.live_bytes)
     if gauge is not None:
         gauge.finish()
+    return retired
 
 
 def _payload(u: PackUsage) -> int:
@@ -287,10 +321,12 @@ def _rewrite_pack(repo: Repository, pack_id: str, loose: bool) -> bool:
     return True
 
 
-def _delete_retired(repo: Repository, report: GCReport, cutoff: float) -> None:
+def _delete_retired(
+    repo: Repository, report: GCReport, cutoff: float, only: list[str] | None = None
+) -> None:
     index: GcIndex = repo.index
     remote = index.remote_pack_ids()  # packs of a remote: their rows go, the packs are the remote's
-    for pack_id in index.delete_retired_packs(cutoff):  # rows first...
+    for pack_id in index.delete_retired_packs(cutoff, only):  # rows first...
         if pack_id in remote:
             continue
         try:

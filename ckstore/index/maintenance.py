@@ -19,6 +19,7 @@ Safety rules these queries implement (reliability contract I4):
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ from typing import Any
 from sqlalchemy import and_, delete, exists, func, select, update
 from sqlalchemy.engine import Connection
 
+from ckstore.errors import IndexError_
 from ckstore.index import _convert, _sql
+from ckstore.index._errors import translated
 from ckstore.index._sql import batches
 from ckstore.index.base import IndexBase
 from ckstore.index.records import ChunkRecord, PackRecord
@@ -136,8 +139,11 @@ class Maintenance(IndexBase):
             count, size, newest = conn.execute(query).one()
         return int(count), int(size), None if newest is None else float(newest)
 
-    def prune_chunks(self, cutoff: float) -> list[ChunkRecord]:
+    def prune_chunks(self, cutoff: float, ids: Iterable[str] | None = None) -> list[ChunkRecord]:
         """Delete unreferenced, unpinned chunk rows older than ``cutoff``; return them.
+
+        With ``ids``, delete those of these chunks that nothing references or pins, whatever
+        their age (the chunks of snapshots a purge deleted), instead.
 
         A base goes only once no delta is stored against it: each round deletes the chunks
         nothing depends on, which may free their bases for the next round (at most one round
@@ -145,16 +151,46 @@ class Maintenance(IndexBase):
         """
         c = _sql.chunks
         removed: list[ChunkRecord] = []
+        wanted = None if ids is None else sorted(set(ids))
         with self._write("prune chunks") as conn:
             _sql.gc_barrier(conn, exclusive=True)
-            cond = (c.c.created_at < cutoff) & _unreferenced()
+            cond = (
+                _unreferenced()
+                if wanted is not None
+                else (c.c.created_at < cutoff) & _unreferenced()
+            )
             while True:
-                rows = [_convert.chunk(r) for r in conn.execute(select(c).where(cond))]
+                if wanted is None:
+                    rows = [_convert.chunk(r) for r in conn.execute(select(c).where(cond))]
+                else:
+                    rows = [
+                        _convert.chunk(r)
+                        for batch in batches(wanted)
+                        for r in conn.execute(select(c).where(cond & c.c.id.in_(batch)))
+                    ]
                 for batch in batches([r.chunk_id for r in rows]):
                     conn.execute(delete(c).where(c.c.id.in_(batch) & cond))
                 removed.extend(rows)
                 if not rows or not any(r.base_id for r in rows):
                     return removed
+
+    def shrink_log(self) -> None:
+        """Give back the disk the database's write-ahead log holds (SQLite: checkpoint and
+        truncate the ``-wal`` file, which otherwise keeps the size of the busiest moment; a
+        no-op elsewhere and when a reader holds it)."""
+        if self.dialect != "sqlite" or self._read_only is not None:
+            return
+        try:
+            with self._lock, translated("checkpoint the index log", self._url):
+                raw = self._engine.raw_connection()  # outside a transaction: no BEGIN
+                try:
+                    cursor = raw.cursor()
+                    cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    cursor.close()
+                finally:
+                    raw.close()
+        except (IndexError_, sqlite3.Error):
+            return  # another connection is busy: the next gc tries again
 
     def all_chunks(self) -> Iterator[ChunkRecord]:
         """Every chunk row (for check)."""

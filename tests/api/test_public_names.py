@@ -19,6 +19,7 @@ BUILTIN: dict[type, type] = {
     errors.CkstoreError: Exception,
     errors.NotFoundError: LookupError,
     errors.SnapshotNotFoundError: KeyError,
+    errors.CheckpointNotFoundError: FileNotFoundError,
     errors.KeyNotFoundError: KeyError,
     errors.AppNotFoundError: AssertionError,  # and a KeyError: TorchSnapshot raises an assert
     errors.ObjectNotFoundError: FileNotFoundError,

@@ -345,3 +345,35 @@ def test_device_chunks_are_measured_once_their_copy_landed(
     assert staged.health.tensors == plain.health.tensors and staged.record.nonfinite == 2  # type: ignore[union-attr]
     copier.finish()
     store.close()
+
+
+def test_inf_in_a_trainers_callback_state_is_a_sentinel_not_a_divergence(tmp_path: Path) -> None:
+    """Lightning's ModelCheckpoint keeps ``kth_value = inf`` (and EarlyStopping ``best_score``)
+    until it has a score: the snapshot stays healthy. A NaN there, and an Inf in the model or
+    the optimizer, are still counted."""
+    store = _store(tmp_path)
+    callbacks = ckstore.StateDict(
+        checkpoint={"kth_value": torch.tensor(float("inf")), "best": torch.tensor(-float("inf"))},
+        stopping={"best_score": torch.full((4,), float("inf"))},
+    )
+    model = ckstore.StateDict(w=torch.randn(300))
+    snap, warned = _take(store, {"model": model, "callbacks": callbacks}, 1)
+    assert snap.healthy is True and snap.record.nonfinite == 0 and not warned
+    assert store.get("r@healthy").id == snap.id
+    health = snap.health
+    assert health is not None and health.tensors is not None
+    assert health.tensors["callbacks/checkpoint/kth_value"].inf == 0
+
+    w = torch.randn(300)
+    w[7] = float("inf")
+    broken = ckstore.StateDict(w=w)
+    snap2, warned = _take(store, {"model": broken, "callbacks": callbacks}, 2)
+    assert snap2.healthy is False and snap2.health is not None
+    assert snap2.health.bad_keys == ["model/w"]
+    assert warned and "model/w" in warned[0]
+
+    nan = ckstore.StateDict(checkpoint={"kth_value": torch.tensor(float("nan"))})
+    snap3, _ = _take(store, {"model": model, "callbacks": nan}, 3)
+    assert snap3.healthy is False and snap3.health is not None
+    assert snap3.health.bad_keys == ["callbacks/checkpoint/kth_value"]
+    store.close()

@@ -219,6 +219,32 @@ def test_auto_compaction_after_takes_waits_while_busy(tmp_path: Path) -> None:
             assert restores(store, i, s)
 
 
+def test_quiesce_ends_the_thread_and_the_next_take_starts_it_again(tmp_path: Path) -> None:
+    """A trainer's teardown checks that no thread outlives it: quiesce lets the background
+    compaction finish and ends its thread; the store stays open and the next take compacts."""
+    states = _run(4)
+
+    def threads() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name == "ckstore-compact"]
+
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=True, **KNOBS) as store:
+        ids = _take_all(store, states[:3])
+        assert store.quiesce(timeout=60) and threads() == []
+        assert not loose_pending(store.repository)  # it finished its work first
+        ids.append(store.take({"m": App(dict(states[3]))}, run="r", step=3).id)
+        assert store.wait_compacted(timeout=60) and threads() == ["ckstore-compact"]
+        assert store.quiesce() and threads() == []
+        for i, s in zip(ids, states):
+            assert restores(store, i, s)
+        # a framework that polices leftover daemon threads calls their stop(): it quiesces
+        store.take({"m": App(dict(states[0]))}, run="r", step=4)
+        (thread,) = [t for t in threading.enumerate() if t.name == "ckstore-compact"]
+        thread.stop()  # type: ignore[attr-defined]
+        assert not thread.is_alive() and threads() == []
+        assert not loose_pending(store.repository)
+    thread.stop()  # type: ignore[attr-defined]  # after close: returns at once
+
+
 def test_compaction_beside_takes_restores_and_gc(tmp_path: Path) -> None:
     """Threads of one process (each its own store handle, as separate hosts would): takes into
     one run, restores of everything committed, check and numeric diffs (readers that do not

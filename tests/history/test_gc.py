@@ -155,11 +155,39 @@ def test_gc_keeps_last_and_tagged_and_reclaims_the_rest(store):
 
 
 def test_grace_period_protects_recent_data(store):
+    """What another handle (another process) deleted waits for the grace period."""
     _fill(store, 3)
-    store.delete("r@1")
+    other = ckstore.open(store.url)
+    other.delete("r@1")
     report = store.gc()  # default grace: hours
-    assert report.chunks_removed == 0 and report.packs_removed == 0
+    assert report.chunks_removed == 0 and report.packs_removed == 0 and report.purged_now == 0
+    assert report.grace_kept_bytes > 0
     assert store.gc(grace_seconds=0).chunks_removed > 0
+    other.close()
+
+
+def test_a_purge_by_the_deleting_handle_frees_the_disk_at_once(store):
+    """A training job that deletes its own old snapshots gets the disk back within the job when
+    nothing else writes; while any write session is alive its data waits for the grace period
+    like everyone's, and the next gc after that session ends reclaims it."""
+    _fill(store, 4)
+    index = store.repository.index
+    session = index.begin_session("another-host:1", 600.0)  # someone else is writing
+    store.delete("r@1")
+    store.delete("r@2")
+    held = store.gc()
+    assert held.purged_now == 0 and held.chunks_removed == 0 and held.grace_kept_bytes > 0
+    index.end_session(session.id, "committed")
+    packs = set(store.repository.objects.list_packs())
+    report = store.gc()
+    assert report.purged_now == report.chunks_removed > 0 and report.bytes_reclaimed > 0
+    assert report.grace_kept_bytes == 0 and len(store.repository.objects.list_packs()) < len(packs)
+    for snap in store.log():
+        assert float(snap.read_object("s/w")[0, 0]) == snap.step
+    assert store.check(read_data=True).ok
+    assert store.gc().purged_now == 0  # done once
+    dry = store.gc(dry_run=True)
+    assert dry.purged_now == 0
 
 
 def test_sparse_packs_are_rewritten_and_still_read(store_path):

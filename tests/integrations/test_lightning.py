@@ -1,29 +1,51 @@
 """PyTorch Lightning with the ckstore CheckpointIO plugin, against the real library.
 
-A ``Trainer.fit`` checkpoints 3 epochs into a store through ``Trainer(plugins=[...])``;
-``ModelCheckpoint``'s top-k removal deletes the dropped snapshot (gc reclaims it); a new
-Trainer resumes from the checkpoint after epoch 2 and its third epoch has exactly the losses
-of the uninterrupted run. No ``.ckpt`` file is ever written.
+The scenarios are those of Lightning's own checkpoint tests (``test_model_checkpoint.py``,
+``test_checkpoint_connector.py``, ``test_restore.py``): a fit into a store resumes bit-exactly
+by path; what Lightning does with files (listing, the version counter, ``ckpt_path="last"``,
+SLURM's ``hpc_ckpt_N``, ``save_last="link"``, ``torch.load``, ``load_from_checkpoint``) finds
+the checkpoint at its path while its bytes live once, in the store; no checkpoint is ever
+deleted or shadowed by another path's save; top-k removal is a store deletion whose disk comes
+back within the job.
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
+import enum
+import multiprocessing
+import os
+import pathlib
+import pickle
+import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytorch_lightning as pl  # noqa: E402 - in the test extra: a missing one fails, never skips
 import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
 
 import ckstore
+from ckstore.errors import CheckpointNotFoundError, SnapshotNotFoundError
+from ckstore.integrations import pointer
 from ckstore.integrations.lightning import CkstoreCheckpointIO
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
+)
+
+
+class Mode(enum.Enum):
+    FAST = "fast"
 
 
 class _Regressor(pl.LightningModule):  # type: ignore[misc]
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int = 0, **hparams: Any) -> None:
         super().__init__()
+        self.save_hyperparameters()
         torch.manual_seed(seed)
         self.net = torch.nn.Sequential(
             torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
@@ -54,75 +76,281 @@ def _data() -> torch.utils.data.DataLoader[Any]:
     )
 
 
-def _trainer(tmp: Path, io: CkstoreCheckpointIO, epochs: int) -> Any:
-    ckpt = pl.callbacks.ModelCheckpoint(
-        dirpath=tmp / "ckpts",
-        filename="{epoch}-{step}",
-        monitor="train_loss",
-        mode="min",
-        save_top_k=2,
-    )
+def _store(tmp_path: Path) -> ckstore.Store:
+    return ckstore.open(tmp_path / "store", chunk_bytes=1024, inline_bytes=64, create=True)
+
+
+def _trainer(root: Path, io: Any, epochs: int, *callbacks: Any, **kw: Any) -> Any:
     return pl.Trainer(
         max_epochs=epochs,
-        plugins=[io],
-        callbacks=[ckpt],
+        plugins=[io] if io is not None else [],
+        callbacks=list(callbacks),
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         accelerator="cpu",
         devices=1,
-        default_root_dir=tmp,
+        default_root_dir=root,
         num_sanity_val_steps=0,
+        **kw,
     )
 
 
-def test_fit_checkpoints_into_store_and_resumes_with_identical_loss(tmp_path: Path) -> None:
-    store = ckstore.open(tmp_path / "store", chunk_bytes=1024, inline_bytes=64, create=True)
+def _top2(root: Path) -> ModelCheckpoint:
+    return ModelCheckpoint(
+        dirpath=root / "ckpts",
+        filename="{epoch}-{step}",
+        monitor="train_loss",
+        mode="min",
+        save_top_k=2,
+    )
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def test_fit_keeps_pointer_files_and_resumes_by_path_bit_exactly(tmp_path: Path) -> None:
+    store = _store(tmp_path)
     io = CkstoreCheckpointIO(store, run="lit")
     model = _Regressor(seed=0)
-    trainer = _trainer(tmp_path, io, epochs=3)
+    trainer = _trainer(tmp_path, io, 3, _top2(tmp_path))
     trainer.fit(model, _data())
 
-    # 3 epochs saved, the worst dropped by top-k: a ckstore delete, no file anywhere
-    assert not list(tmp_path.rglob("*.ckpt"))
-    snaps = store.log("lit")
-    assert [s.step for s in snaps] == [12, 8]
-    assert sorted(store.tags()) == ["lit/epoch_1-step_8.ckpt", "lit/epoch_2-step_12.ckpt"]
-    assert {"state_dict", "optimizer_states", "lr_schedulers", "loops", "epoch", "global_step"} <= {
-        k.split("/", 1)[0] for k in snaps[0].get_manifest()
-    }
-    reclaimed = store.gc(grace_seconds=0)
-    assert reclaimed.chunks_removed > 0  # the deleted epoch's own chunks
+    # 3 epochs saved, the worst dropped by top-k: its file and its snapshot are gone
+    files = sorted(p.name for p in (tmp_path / "ckpts").iterdir())
+    assert files == ["epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt"]
+    assert [s.step for s in store.log("lit")] == [12, 8]
+    assert sorted(store.tags()) == sorted(
+        [io.tag_of(tmp_path / "ckpts" / f) for f in files] + ["lit/best"]
+    )
+    best = trainer.checkpoint_callback.best_model_path
+    assert store.tags()["lit/best"] == store.get(io.ref(best)).id
+    # the files hold no tensor bytes: the checkpoint's bytes are in the store only
+    assert all((tmp_path / "ckpts" / f).stat().st_size < 4096 for f in files)
+    assert {"state_dict", "optimizer_states", "lr_schedulers", "loops", "epoch"} <= set(
+        store.get("lit@12").manifest.apps
+    )
     assert store.check(read_data=True).ok
 
-    # resume from the checkpoint after epoch 2, saved at the path ModelCheckpoint chose
-    best_path = str(tmp_path / "ckpts" / "epoch=1-step=8.ckpt")
+    # Lightning's own readers find the checkpoint at its path
+    path = tmp_path / "ckpts" / "epoch=1-step=8.ckpt"
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["global_step"] == 8 and loaded["hyper_parameters"]["seed"] == 0
+    back = _Regressor.load_from_checkpoint(path)
+    assert back.hparams.seed == 0
+
     resumed = _Regressor(seed=123)  # different weights: everything must come from the store
-    trainer2 = _trainer(tmp_path / "again", CkstoreCheckpointIO(store, run="lit2"), epochs=3)
-    trainer2.fit(
-        resumed, _data(), ckpt_path=str(CkstoreCheckpointIO(store, run="lit").ref(best_path))
-    )
+    trainer2 = _trainer(tmp_path / "again", CkstoreCheckpointIO(store, run="lit2"), 3)
+    trainer2.fit(resumed, _data(), ckpt_path=str(path))
     third = [loss for epoch, loss in model.losses if epoch == 2]
     assert len(third) == 4
     assert [loss for _, loss in resumed.losses] == third  # bit-identical floats
     for a, b in zip(model.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)
-    # a path given directly works too, and an unknown one names the run to look in
-    assert io.load_checkpoint(best_path)["global_step"] == 8
-    with pytest.raises(ckstore.SnapshotNotFoundError, match="ckstore log --run lit"):
-        io.load_checkpoint(tmp_path / "nope.ckpt")
+    # any ref of the store works too
+    assert io.load_checkpoint(io.ref(path))["global_step"] == 8
+    assert io.load_checkpoint("lit@12")["global_step"] == 12
+    store.close()
 
 
-def test_remove_checkpoint_keeps_a_snapshot_you_tagged(tmp_path: Path) -> None:
-    """Top-k removal deletes the path's snapshot, but a tag of yours (e.g. best) keeps it."""
-    store = ckstore.open(tmp_path / "store", chunk_bytes=1024, inline_bytes=64, create=True)
+def test_the_store_keeps_one_copy_and_topk_removal_frees_it_within_the_job(
+    tmp_path: Path,
+) -> None:
+    """With save_top_k=1 the store holds about one checkpoint after fit, not every epoch's
+    (no 6-hour grace for what the job itself removed), and no thread outlives fit."""
+    store = _store(tmp_path)
     io = CkstoreCheckpointIO(store, run="lit")
-    for step in (1, 2):
-        io.save_checkpoint(
-            {"global_step": step, "w": torch.full((64,), float(step))}, f"s{step}.ckpt"
-        )
-    store.tag(io.ref("s1.ckpt"), "best")
-    io.remove_checkpoint("s1.ckpt")
-    io.remove_checkpoint("s2.ckpt")
-    assert [s.step for s in store.log("lit")] == [1]  # kept by best; s2 deleted
-    assert sorted(store.tags()) == ["best"]
+    keep_one = ModelCheckpoint(dirpath=tmp_path / "ckpts", monitor="train_loss", save_top_k=1)
+    before = set(threading.enumerate())
+    _trainer(tmp_path, io, 4, keep_one).fit(_Regressor(), _data())
+    assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
+    assert len(store.log("lit")) == 1
+    one = store.get("lit").stored_bytes()
+    packs = _du(tmp_path / "store" / "packs")
+    assert packs < 1.5 * one, (packs, one)
+    store.close()
+
+
+def test_two_folders_with_one_file_name_are_two_checkpoints(tmp_path: Path) -> None:
+    """exp_a/last.ckpt and exp_b/last.ckpt: saving the second never moves or deletes the first."""
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    a, b = tmp_path / "exp_a" / "last.ckpt", tmp_path / "exp_b" / "last.ckpt"
+    io.save_checkpoint({"global_step": 1, "state_dict": {"w": torch.zeros(300)}}, a)
+    io.save_checkpoint({"global_step": 2, "state_dict": {"w": torch.ones(300)}}, b)
+    assert io.load_checkpoint(a)["global_step"] == 1
+    assert io.load_checkpoint(b)["global_step"] == 2
+    assert len(store.log("lit")) == 2 and io.tag_of(a) != io.tag_of(b)
+    # saving a path again replaces its checkpoint: the snapshot it pointed to goes
+    io.save_checkpoint({"global_step": 3, "state_dict": {"w": torch.full((300,), 3.0)}}, a)
+    assert sorted(s.step for s in store.log("lit")) == [2, 3]
+    io.remove_checkpoint(b)
+    assert not b.exists() and [s.step for s in store.log("lit")] == [3]
+    store.close()
+
+
+def test_a_second_run_in_the_same_folder_gets_new_names_and_keeps_the_first(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    for _ in range(2):
+        ck = ModelCheckpoint(dirpath=tmp_path / "ck", filename="model")
+        _trainer(tmp_path, io, 1, ck).fit(_Regressor(), _data())
+    assert sorted(os.listdir(tmp_path / "ck")) == ["model-v1.ckpt", "model.ckpt"]
+    assert len(store.log("lit")) == 2
+    for name in ("model.ckpt", "model-v1.ckpt"):
+        assert io.load_checkpoint(tmp_path / "ck" / name)["global_step"] == 4
+    store.close()
+
+
+def test_last_hpc_and_link_find_what_the_store_holds(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    link = ModelCheckpoint(dirpath=tmp_path / "ck", save_last="link", save_top_k=1)
+    trainer = _trainer(tmp_path, io, 2, link)
+    trainer.fit(_Regressor(), _data())
+    last = tmp_path / "ck" / "last.ckpt"
+    assert last.is_symlink() and torch.load(last, weights_only=True)["global_step"] == 8
+
+    again = _trainer(tmp_path, io, 3, ModelCheckpoint(dirpath=tmp_path / "ck", save_last="link"))
+    again.fit(_Regressor(seed=5), _data(), ckpt_path="last")
+    assert again.ckpt_path == str(last) and again.global_step == 12
+    # removing a link removes the link only: the checkpoint it points to stays
+    target = os.path.realpath(last)
+    io.remove_checkpoint(last)
+    assert not last.exists() and os.path.exists(target)
+    assert io.load_checkpoint(target)["global_step"] == 12
+
+    conn = trainer._checkpoint_connector
+    first = conn.hpc_save_path(str(tmp_path))
+    trainer.save_checkpoint(first)
+    assert first.endswith("hpc_ckpt_1.ckpt")
+    assert conn.hpc_save_path(str(tmp_path)).endswith("hpc_ckpt_2.ckpt")
+    assert conn._hpc_resume_path == first
+    store.close()
+
+
+def test_a_missing_checkpoint_is_a_file_not_found_error(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    with pytest.raises(FileNotFoundError, match="Checkpoint file not found") as caught:
+        _trainer(tmp_path, io, 1).fit(_Regressor(), _data(), ckpt_path=str(tmp_path / "no.ckpt"))
+    assert isinstance(caught.value, CheckpointNotFoundError)
+    assert isinstance(caught.value, SnapshotNotFoundError)
+    store.close()
+
+
+def test_checkpoints_written_before_the_switch_load_through_the_plugin(tmp_path: Path) -> None:
+    plain = _trainer(tmp_path / "plain", None, 1)
+    model = _Regressor()
+    plain.fit(model, _data())
+    path = tmp_path / "plain.ckpt"
+    plain.save_checkpoint(path)
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    resumed = _Regressor(seed=9)
+    _trainer(tmp_path, io, 2).fit(resumed, _data(), ckpt_path=str(path))
+    assert resumed.losses and resumed.losses[0][0] == 1  # resumed at epoch 1
+    assert io.load_checkpoint(path)["global_step"] == 4
+    io.remove_checkpoint(path)  # as TorchCheckpointIO: the file goes
+    assert not path.exists()
+    store.close()
+
+
+def test_removal_never_deletes_a_snapshot_it_did_not_write_there(tmp_path: Path) -> None:
+    """A copied pointer, another store's pointer and a snapshot you tagged survive removal."""
+    store, other = _store(tmp_path), ckstore.open(tmp_path / "other", create=True)
+    io, io_other = CkstoreCheckpointIO(store, run="lit"), CkstoreCheckpointIO(other, run="lit")
+    state = {"global_step": 1, "state_dict": {"w": torch.zeros(300)}}
+    io.save_checkpoint(state, tmp_path / "a.ckpt")
+    shutil.copy(tmp_path / "a.ckpt", tmp_path / "copy.ckpt")
+    io.remove_checkpoint(tmp_path / "copy.ckpt")
+    assert not (tmp_path / "copy.ckpt").exists() and len(store.log("lit")) == 1
+    io_other.save_checkpoint(state, tmp_path / "b.ckpt")
+    io.remove_checkpoint(tmp_path / "b.ckpt")  # not this store's: the file goes, not the snapshot
+    assert len(other.log("lit")) == 1
+    io.save_checkpoint({**state, "global_step": 2}, tmp_path / "c.ckpt")
+    store.tag(io.ref(tmp_path / "c.ckpt"), "keep-me")
+    io.remove_checkpoint(tmp_path / "a.ckpt")
+    io.remove_checkpoint(tmp_path / "c.ckpt")
+    assert [s.step for s in store.log("lit")] == [2]  # kept by your tag; a deleted
+    assert sorted(store.tags()) == ["keep-me"]
+    store.close()
+    other.close()
+
+
+def test_a_save_that_cannot_write_its_file_leaves_nothing(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    with pytest.raises(TypeError, match="storage_options"):
+        io.save_checkpoint({"global_step": 1}, tmp_path / "x.ckpt", storage_options={"a": 1})
+    assert store.log("lit") == [] and store.tags() == {}
+    store.close()
+
+
+def _load_in_child(io: CkstoreCheckpointIO, path: str) -> int:
+    return int(io.load_checkpoint(path)["global_step"])
+
+
+def test_the_plugin_pickles_and_reopens_its_store_in_a_spawned_worker(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    path = str(tmp_path / "a.ckpt")
+    io.save_checkpoint({"global_step": 7, "state_dict": {"w": torch.zeros(300)}}, path)
+    twin = copy.deepcopy(io)
+    assert twin.store is store and twin.load_checkpoint(path)["global_step"] == 7
+    assert pickle.loads(pickle.dumps(io)).load_checkpoint(path)["global_step"] == 7
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_load_in_child, (io, path)) == 7
+    store.close()
+
+
+def test_every_installed_lightning_takes_the_plugin(tmp_path: Path) -> None:
+    """The unified ``lightning`` package and ``pytorch_lightning`` each accept it as theirs."""
+    import importlib
+    import importlib.util
+
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store)
+    checked = 0
+    for package in ("lightning.fabric", "lightning_fabric"):
+        if importlib.util.find_spec(package.split(".")[0]) is None:
+            continue
+        module = importlib.import_module(f"{package}.plugins.io.torch_io")
+        assert isinstance(io, module.TorchCheckpointIO) and isinstance(io, module.CheckpointIO)
+        checked += 1
+    assert checked >= 1
+    trainer = pl.Trainer(plugins=[io], logger=False, accelerator="cpu")
+    assert trainer.strategy.checkpoint_io is io
+    store.close()
+
+
+def test_default_trainers_snapshots_are_healthy_and_hparams_come_back(tmp_path: Path) -> None:
+    """ModelCheckpoint's inf sentinels are not a divergence; paths, namespaces and enum members
+    in hyper-parameters are stored as data and load back as what they were."""
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    model = _Regressor(
+        data=pathlib.Path("/data/x"), args=argparse.Namespace(lr=0.1), mode=Mode.FAST
+    )
+    trainer = _trainer(tmp_path, io, 2)
+    trainer.fit(model, _data())
+    assert all(s.healthy for s in store.log("lit"))
+    assert store.get("lit@healthy").step == 8
+    back = _Regressor.load_from_checkpoint(trainer.checkpoint_callback.best_model_path)
+    assert back.hparams.data == pathlib.Path("/data/x") and back.hparams.mode is Mode.FAST
+    assert back.hparams.args == argparse.Namespace(lr=0.1)
+    store.close()
+
+
+def test_the_pointer_file_is_what_torch_load_reads(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    path = tmp_path / "a.ckpt"
+    io.save_checkpoint({"global_step": 3, "state_dict": {"w": torch.arange(300.0)}}, path)
+    found = pointer.read_file(str(path))
+    assert found is not None and found.path == str(path) and found.values == "lightning"
+    assert found.snapshot == store.get(io.ref(path)).id
+    store.close()

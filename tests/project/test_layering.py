@@ -67,6 +67,7 @@ FACADE = {
     "ckstore._takes",
     "ckstore.snapshot",
     "ckstore.store",
+    "ckstore.store_ref",
     "ckstore.torchsnapshot",
     "ckstore._usage_verbs",
 }

@@ -244,6 +244,8 @@ class TakeGuard:
                 and _same(entry, parent[1].entries.get(key))
             ):
                 kept = (before.tensors or {}).get(key) if before is not None else None
+                if kept is not None and is_sentinel_key(key):
+                    kept = fh.TensorHealth(kept.nan, 0, kept.norm)
                 out[key] = kept if kept is not None else fh.TensorHealth(0, 0, None)
                 continue
             known = [s for s in sums if s is not None]
@@ -253,7 +255,7 @@ class TakeGuard:
             norm = None if sumsq is None else sumsq**0.5
             out[key] = fh.TensorHealth(
                 sum(s[0] for s in known),
-                sum(s[1] for s in known),
+                0 if is_sentinel_key(key) else sum(s[1] for s in known),
                 norm if norm is not None and norm < float("inf") else None,
             )
         return out
@@ -340,6 +342,18 @@ class TakeGuard:
                         f"since step {step} although it should train"
                     )
                 )
+
+
+SENTINEL_APPS = ("callbacks",)
+"""Apps whose tensors may hold ±Inf on purpose: a trainer's callback state, where Lightning's
+``ModelCheckpoint`` keeps ``kth_value = inf`` until it holds ``save_top_k`` checkpoints (for
+ever with ``monitor=None``) and ``EarlyStopping`` starts ``best_score`` at ±inf. Their Inf is
+"no score yet", not a diverged value, so it is not counted; a NaN there still is."""
+
+
+def is_sentinel_key(key: str) -> bool:
+    """Whether ``key`` lies in one of :data:`SENTINEL_APPS` (its Inf is not counted)."""
+    return key.split("/", 1)[0] in SENTINEL_APPS
 
 
 def _name(keys: list[str], pattern: str) -> str:
