@@ -67,8 +67,9 @@ class HistoryVerbs:
             keep_every_steps: keep snapshots whose step is a multiple of N.
             keep_tagged: keep every tagged snapshot.
             keep_healthy: keep each run's newest healthy snapshot (recorded free of NaN and
-                Inf), whatever the other rules say, so ``run@healthy`` survives a divergence;
-                False lets the other rules drop it.
+                Inf, of stale tensors and of replicas that disagree), whatever the other rules
+                say, so ``run@healthy`` survives a run going wrong; False lets the other rules
+                drop it.
             older_than: only snapshots older than this many seconds may be dropped.
             runs: only snapshots of these runs may be dropped (None: every run).
             grace_seconds: unreferenced data younger than this, and packs retired more

@@ -267,7 +267,8 @@ class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs
         self, run: str | None = None, limit: int | None = None, *, healthy: bool = False
     ) -> list[StoredSnapshot]:
         """Snapshots newest first, of one run or of all; ``healthy``: only those whose take
-        recorded no NaN or Inf (from the index alone; snapshots without a record are left out)."""
+        recorded no NaN or Inf, no stale tensor and no replicas that disagree (from the index
+        alone; snapshots without a record are left out)."""
         return [
             self._handle(r)
             for r in self._repo.index.list_snapshots(run=run, limit=limit, healthy=healthy)

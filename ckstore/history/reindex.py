@@ -193,6 +193,7 @@ def _commit(
         world_size=world,
         nonfinite=summary[0],
         stale=summary[1],
+        diverged=summary[2],
     )
     raw = repo.objects.get_blob("manifests", manifest_id)
     # commit_snapshot ends the session it commits under: give each snapshot its own session.

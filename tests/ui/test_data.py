@@ -116,10 +116,15 @@ def test_health_of_reads_the_header_and_refuses_malformed_shapes(store: Any) -> 
     assert health.health_of(record, old_norm) == {
         "tensors": {"k": {"nan": 0, "inf": 2, "norm": None}},
         "stale": [],
+        "diverged": {},
         "nan": 0,
         "inf": 2,
     }
-    assert store.get("sft@300").record.nonfinite == 3 and store.get("sft@400").healthy
+    split = {"checked": 2, "diverged": {"k": {"ranks": [3], "regions": [], "region_count": 1}}}
+    apart = Manifest({}, {}, {"health": {"tensors": {}, "nonfinite": 0, "replicas": split}})
+    assert health.health_of(record, apart)["diverged"] == {"k": [3]}  # type: ignore[index]
+    assert store.get("sft@300").record.nonfinite == 3 and store.get("sft@400").record.nonfinite == 0
+    assert store.get("sft@400").healthy is False  # finite, but its untrained backbone is stale
 
 
 def test_run_health_series_and_runs_without_health(store: Any) -> None:

@@ -59,7 +59,7 @@ def commit_manifest(
     """
     header = manifest.snapshot or {}
     manifest_id, size = stored
-    nonfinite, stale = health_summary(header)
+    nonfinite, stale, diverged = health_summary(header)
     record = SnapshotRecord(
         id=manifest_id,
         run=header["run"],
@@ -76,6 +76,7 @@ def commit_manifest(
         world_size=int(header.get("world_size", 1)),
         nonfinite=nonfinite,
         stale=stale,
+        diverged=diverged,
     )
     ids = sorted(manifest.chunk_ids())
     return index.commit_snapshot(
