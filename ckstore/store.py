@@ -106,7 +106,15 @@ class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs
         no part; per-rank values are kept by rank within ``pg``). ``dist_timeout`` (default
         ``CKSTORE_DIST_TIMEOUT`` or 600 s) bounds how long ranks wait for each other; a rank
         that never comes, dies or stops is named in a RankLostError. Any rank's failure raises
-        DistributedError on every rank and commits nothing.
+        DistributedError on every rank and commits nothing. Every rank's copy of the
+        replicated tensors (a DDP module's parameters, ``replicated`` keys) is compared by
+        fingerprint: copies that differ are named with their ranks, keys and chunk regions in
+        the snapshot's health (``snap.health.diverged``; ``run@healthy`` skips it), and
+        ``on_divergence`` says what the take does: ``"warn"`` (default), ``"raise"``
+        (ReplicaDivergenceError on the committing rank, DistributedError on every rank,
+        nothing committed) or ``"ignore"``. A DDP module's buffers (a batch norm's running
+        statistics, each rank's own between the broadcasts of its forward passes) are not
+        compared.
 
         ``delta_base`` (default ``ckstore.STORE_DEFAULT``: the store's ``delta_base``, None
         unless set) stores each new chunk as the XOR of its bits with the chunk at the same
