@@ -32,8 +32,8 @@ from ..engine.progress import ProgressFn, meter
 from ..errors import CorruptionError, ObjectNotFoundError
 from ..format.limits import check_number
 from ..index import PackRecord
-from ..index.maintenance import PackUsage
 from ..objects.delta import xor_into
+from ._gc_plan import predict, sparse
 from .policy import MAX_SECONDS, Policy
 
 if TYPE_CHECKING:
@@ -129,9 +129,12 @@ def gc(
     now = time.time()
     cutoff = now - grace_seconds
     dropped = _forget(repo, policy, report, dry_run)
-    if dry_run:
-        _estimate(repo, report, cutoff, dropped)
-        _grace_kept(repo, report, cutoff, dropped)
+    if dry_run:  # the same rules on the same rows, nothing written (history/_gc_plan.py)
+        found = predict(repo, now, grace_seconds, dropped, repack_below)
+        for name, value in asdict(found).items():
+            if name != "staying":
+                setattr(report, name, value)
+        _grace_kept(repo, report, cutoff, dropped, found.staying)
         report.sessions_held = [h.to_dict(now) for h in index.held_sessions()]
         return report
     dead = [s.id for s in index.live_sessions() if gone(s.owner)]
@@ -168,19 +171,17 @@ def _forget(repo: Repository, policy: Policy, report: GCReport, dry_run: bool) -
     return [s.id for s in drop]
 
 
-def _estimate(repo: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
+def _grace_kept(
+    repo: Repository,
+    report: GCReport,
+    cutoff: float,
+    dropped: list[str],
+    sessions: list[str] | None = None,
+) -> None:
+    """Fill in what the grace period keeps (unreferenced data not yet ``cutoff`` old; for a
+    dry run: once ``dropped`` are forgotten and only ``sessions`` pin)."""
     index: GcIndex = repo.index
-    chunks = index.unreferenced_chunks(cutoff, ignoring=dropped)
-    report.chunks_removed = len(chunks)
-    report.chunk_bytes_removed = sum(c.length for c in chunks)
-    report.manifests_removed = len(index.prune_manifests(cutoff, dry_run=True, ignoring=dropped))
-    report.bytes_reclaimed = report.chunk_bytes_removed
-
-
-def _grace_kept(repo: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
-    """Fill in what the grace period keeps (unreferenced data not yet ``cutoff`` old)."""
-    index: GcIndex = repo.index
-    count, size, newest = index.young_unreferenced(cutoff, ignoring=dropped)
+    count, size, newest = index.young_unreferenced(cutoff, ignoring=dropped, sessions=sessions)
     retired = [u for u in index.pack_usage() if u.retired_at is not None and u.retired_at > cutoff]
     report.grace_kept_chunks = count
     report.grace_kept_packs = len(retired)
@@ -204,18 +205,9 @@ def _repack_sparse(
     usage = [u for u in index.pack_usage() if u.retired_at is None]
     dead = [u.pack_id for u in usage if u.live_chunks == 0]
     report.packs_retired += len(index.retire_packs(dead))
-    # a pack whose every entry is live has nothing to reclaim (and _payload overestimates a
-    # version 2 pack's payload, which made such packs look sparse to every gc)
-    sparse = [
-        u
-        for u in usage
-        if u.remote is None
-        and 0 < u.live_chunks < u.chunk_count
-        and u.created_at < cutoff
-        and u.live_bytes < repack_below * _payload(u)
-    ]
-    gauge = meter(progress, "gc", sum(u.live_bytes for u in sparse))
-    for u in sparse:
+    rewrite = sparse(usage, cutoff, repack_below)
+    gauge = meter(progress, "gc", sum(u.live_bytes for u in rewrite))
+    for u in rewrite:
         if _rewrite_pack(repo, u.pack_id, u.loose):
             report.packs_rewritten += 1
             report.packs_retired += len(index.retire_packs([u.pack_id]))
@@ -223,12 +215,6 @@ def _repack_sparse(
             gauge.add(u.live_bytes)
     if gauge is not None:
         gauge.finish()
-
-
-def _payload(u: PackUsage) -> int:
-    return max(
-        1, u.size - objects.pack_overhead(u.chunk_count, deltas=True)
-    )  # v2 entries: never more than the payload
 
 
 def _rewrite_pack(repo: Repository, pack_id: str, loose: bool) -> bool:
