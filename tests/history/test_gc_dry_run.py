@@ -4,8 +4,9 @@ the packs the real gc deleted took in the store, and no snapshot the persistent 
 hold yet is dropped.
 
 Each history is seeded: runs of snapshots whose tensors change in part from step to step,
-tags, an earlier gc or a compaction now and then (retired and dense packs), a pack nobody
-recorded (an orphan), and a tier remote that holds only some of the snapshots.
+tags, an earlier gc or a compaction now and then (retired and dense packs, some kept by a
+grace period that has run out since), a pack nobody recorded (an orphan), and a tier remote
+that holds only some of the snapshots.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ def test_dry_run_predicts_the_gc_exactly_and_keeps_what_only_this_store_has(
         pending = _pending_pushes(store, tmp_path, rng) if rng.random() < 0.8 else set()
         grace = rng.choice([0.0, GRACE])
         if grace:  # the history is past the grace period, its last step is not
+            if rng.random() < 0.7:  # packs retired by a gc, then kept past a short grace
+                time.sleep(0.3)
+                store.gc(keep_last=1, grace_seconds=0.25)
             time.sleep(GRACE + 0.1)
             _history(store, rng, first=100, steps=1)
         options = {
