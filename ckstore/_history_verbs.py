@@ -21,6 +21,7 @@ from .history.gc import DEFAULT_GRACE_SECONDS, DEFAULT_REPACK_BELOW, GCReport
 from .history.gc import gc as history_gc
 from .history.reindex import ReindexReport
 from .history.reindex import reindex as history_reindex
+from .remote.holdings import unproven
 
 if TYPE_CHECKING:
     from .engine.repository import Repository
@@ -81,6 +82,10 @@ class HistoryVerbs:
 
         With none of ``keep_last``, ``keep_every_steps``, ``older_than`` set no snapshot is
         dropped and gc only prunes. Safe beside live takes (see docs/RELIABILITY.md, I4).
+        Never drops the only durable copy of a snapshot: on a two-tier store, one its tier
+        remote does not hold yet (a pending push), or that the remote was not shown to hold
+        now (its index lost it: forgotten there, pushed again; the remote cannot be opened:
+        kept until it can).
 
         Raises:
             InvalidInputError: an option is out of range (e.g. a negative grace period); nothing
@@ -92,6 +97,7 @@ class HistoryVerbs:
             )
         return history_gc(
             self._repo,
+            keep=unproven(self._repo, forget=not dry_run),
             keep_last=keep_last,
             keep_every_steps=keep_every_steps,
             keep_tagged=keep_tagged,

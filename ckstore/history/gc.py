@@ -22,6 +22,7 @@ retired packs not yet past it, their bytes, and when the grace period of the you
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -96,12 +97,16 @@ def gc(
     dry_run: bool = False,
     keep_healthy: bool = True,
     progress: ProgressFn | None = None,
+    keep: Collection[str] = (),
 ) -> GCReport:
     """Forget the snapshots the policy drops, then prune what nothing references.
 
     Args:
         keep_last, keep_every_steps, keep_tagged, older_than, runs, keep_healthy: the retention policy
             (see :class:`ckstore.history.policy.Policy`); with none of the first three set only prune.
+        keep: ids of snapshots kept whatever the policy says, as those no tier remote holds yet
+            are: those a tier remote is recorded to hold but was not shown to hold now (the
+            caller asks the remote; ``snapshots_kept_unpushed`` counts both).
         grace_seconds: unreferenced data younger than this, and retired packs retired more
             recently than this, are kept (readers that resolved a location just before may still
             be reading it).
@@ -128,7 +133,7 @@ def gc(
     report = GCReport(dry_run=dry_run, grace_seconds=grace_seconds)
     now = time.time()
     cutoff = now - grace_seconds
-    dropped = _forget(repo, policy, report, dry_run)
+    dropped = _forget(repo, policy, report, dry_run, set(keep))
     if dry_run:  # the same rules on the same rows, nothing written (history/_gc_plan.py)
         found = predict(repo, now, grace_seconds, dropped, repack_below)
         for name, value in asdict(found).items():
@@ -153,11 +158,13 @@ def gc(
     return report
 
 
-def _forget(repo: Repository, policy: Policy, report: GCReport, dry_run: bool) -> list[str]:
+def _forget(
+    repo: Repository, policy: Policy, report: GCReport, dry_run: bool, keep: set[str]
+) -> list[str]:
     index: GcIndex = repo.index
     snapshots = index.list_snapshots()
     tagged = {t.snapshot_id for t in index.list_tags()}
-    unpushed = index.unpushed_to_tiers()  # retention never drops what only this store has
+    unpushed = index.unpushed_to_tiers() | keep  # never what only this store has for sure
     selected = policy.select(snapshots, tagged)
     drop = [s for s in selected if s.id not in unpushed]
     report.snapshots_kept_unpushed = len(selected) - len(drop)

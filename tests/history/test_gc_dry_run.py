@@ -19,7 +19,6 @@ import pytest
 import torch
 
 import ckstore
-from ckstore.index import RemoteRecord
 
 KNOBS = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
 GRACE = 1.5
@@ -69,12 +68,22 @@ def _orphan(store: ckstore.Store, rng: random.Random) -> None:
 
 
 def _pending_pushes(store: ckstore.Store, tmp: Path, rng: random.Random) -> set[str]:
-    """A tier remote holding a random part of the snapshots; returns the ids it lacks."""
+    """A tier remote holding a random part of the snapshots, one of which it may have lost
+    since (deleted there: its index restored from an older backup); returns the ids that are
+    only here."""
     index = store.repository.index
-    index.add_remote(RemoteRecord("tier", str(tmp / "remote"), tier=True, created_at=time.time()))
-    ids = [s.id for s in store.log()]
-    index.mark_pushed("tier", [i for i in ids if rng.random() < 0.6])
-    return index.unpushed_to_tiers()
+    store.add_remote("tier", tmp / "remote")
+    index.set_remote_tier("tier", True)
+    pushed = [s.id for s in store.log() if rng.random() < 0.6]
+    if pushed:
+        store.push("tier", pushed)
+    if not pushed:
+        return index.unpushed_to_tiers()
+    with ckstore.open(tmp / "remote") as remote:
+        if rng.random() < 0.5:
+            remote.delete(rng.choice(pushed), force=True)
+        lost = index.held_by("tier") - {s.id for s in remote.log()}
+    return index.unpushed_to_tiers() | lost
 
 
 def _packs(store: ckstore.Store) -> dict[str, int]:
