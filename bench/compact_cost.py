@@ -13,7 +13,9 @@ take of the same store:
 Compaction waits while a take of the process runs (``Repository.busy``); what is left on the
 critical path is the encode batch in flight when the take starts, and the memory and disk it
 shares. The ratio of the medians is the figure; wall times on a shared 2-core machine swing,
-so the process CPU time per take is printed beside them.
+so the process CPU time per take is printed beside them. The last compaction's report also
+says what checking its payloads cost (each decoded and compared with the chunk before it goes
+into a pack: issue 34, at most 25 % of compaction).
 
     python bench/compact_cost.py                       # 270 MiB, 8 rounds
     python bench/compact_cost.py --size-mb 1024 --rounds 6
@@ -94,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {missed} take(s) found the compaction already done (not counted): lower --gap")
     if report is not None:
         print(f"  last compaction: {report.raw_bytes / 2**20:.0f} MiB in {report.seconds:.2f} s")
+        share = report.check_cpu_seconds / report.cpu_seconds if report.cpu_seconds else 0.0
+        print(
+            f"  its check of every payload it wrote (decoded, compared): "
+            f"{report.check_cpu_seconds:.2f} s of {report.cpu_seconds:.2f} s CPU "
+            f"({100 * share:.1f} %; target <= 25 %: {'PASS' if share <= 0.25 else 'MISS'}), "
+            f"{report.encodings_refused} refused"
+        )
     if "idle" in med and "during" in med:
         ratio = med["during"][0] / med["idle"][0]
         print(

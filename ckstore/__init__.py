@@ -48,6 +48,8 @@ from .errors import (
     ObjectNotFoundError,
     RankLostError,
     ReadOnlyStoreError,
+    ReplicaDivergenceError,
+    ReplicaDivergenceWarning,
     ResaveWarning,
     SchemaError,
     SnapshotNotFoundError,
@@ -59,11 +61,12 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from ._open import clone, open
     from .engine.knobs import STORE_DEFAULT, StoreDefault
     from .engine.stateful import RNGState, StateDict, Stateful
     from .format.manifest import TensorEntry, ValueEntry
     from .snapshot import PendingSnapshot, StoredSnapshot
-    from .store import Store, clone, open
+    from .store import Store
     from .torchsnapshot import Snapshot
 
 __version__ = "0.1.0"
@@ -81,8 +84,8 @@ _LAZY = {
     "Store": "store",
     "STORE_DEFAULT": "engine.knobs",
     "StoreDefault": "engine.knobs",
-    "open": "store",
-    "clone": "store",
+    "open": "_open",
+    "clone": "_open",
 }
 _LAZY_MODULES = (
     "dcp",
@@ -132,6 +135,8 @@ __all__ = [
     "RNGState",
     "RankLostError",
     "ReadOnlyStoreError",
+    "ReplicaDivergenceError",
+    "ReplicaDivergenceWarning",
     "ResaveWarning",
     "SchemaError",
     "Snapshot",

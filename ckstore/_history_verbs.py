@@ -21,6 +21,7 @@ from .history.gc import DEFAULT_GRACE_SECONDS, DEFAULT_REPACK_BELOW, GCReport
 from .history.gc import gc as history_gc
 from .history.reindex import ReindexReport
 from .history.reindex import reindex as history_reindex
+from .remote.holdings import unproven
 
 if TYPE_CHECKING:
     from .engine.repository import Repository
@@ -71,8 +72,9 @@ class HistoryVerbs:
             keep_every_steps: keep snapshots whose step is a multiple of N.
             keep_tagged: keep every tagged snapshot.
             keep_healthy: keep each run's newest healthy snapshot (recorded free of NaN and
-                Inf), whatever the other rules say, so ``run@healthy`` survives a divergence;
-                False lets the other rules drop it.
+                Inf, of stale tensors and of replicas that disagree), whatever the other rules
+                say, so ``run@healthy`` survives a run going wrong; False lets the other rules
+                drop it.
             keep_best: keep the N best snapshots of each run by the metadata value ``metric``
                 (as Lightning's ``save_top_k``); snapshots without it are not ranked.
             metric: the metadata key ``keep_best`` ranks by (``"loss"``; ``"eval.loss"`` reaches
@@ -89,7 +91,11 @@ class HistoryVerbs:
 
         With none of ``keep_last``, ``keep_every_steps``, ``older_than``, ``keep_best`` set no
         snapshot is dropped and gc only prunes. A snapshot is dropped when no rule keeps it:
-        ``keep_best=3, metric="loss", keep_last=1`` keeps the three lowest losses and the newest. Safe beside live takes (see docs/RELIABILITY.md, I4).
+        ``keep_best=3, metric="loss", keep_last=1`` keeps the three lowest losses and the
+        newest. Safe beside live takes (see docs/RELIABILITY.md, I4). Never drops the only
+        durable copy of a snapshot: on a two-tier store, one its tier remote does not hold yet
+        (a pending push), or that the remote was not shown to hold now (its index lost it:
+        forgotten there, pushed again; the remote cannot be opened: kept until it can).
 
         What only the snapshots this handle deleted (:meth:`delete`, :meth:`delete_run`) used
         is reclaimed at once, without the grace period, when no write session is alive
@@ -110,6 +116,7 @@ class HistoryVerbs:
             self._compactor.wait_idle()  # this handle's own writer: let it finish first
         report = history_gc(
             self._repo,
+            keep=unproven(self._repo, forget=not dry_run),
             keep_last=keep_last,
             keep_every_steps=keep_every_steps,
             keep_tagged=keep_tagged,

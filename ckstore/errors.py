@@ -138,8 +138,8 @@ class IndexCorruptionError(CorruptionError, IndexDatabaseError):
 
 
 class GuardError(CkstoreError):
-    """A take's guard refused the state (``on_nonfinite="raise"`` or ``on_stale="raise"``);
-    nothing was committed. ``keys`` names the tensors found."""
+    """A take's guard refused the state (``on_nonfinite``, ``on_stale`` or ``on_divergence``
+    ``"raise"``); nothing was committed. ``keys`` names the tensors found."""
 
     def __init__(self, message: str, *, keys: Iterable[str] = ()) -> None:
         super().__init__(message)
@@ -156,8 +156,21 @@ class StaleStateError(GuardError):
     state saved is not the one trained."""
 
 
+class ReplicaDivergenceError(GuardError):
+    """Replicated tensors (a DDP module's, keys a ``replicated=`` glob names) held other bytes
+    on some ranks than on the others (raised with ``on_divergence="raise"``). ``keys`` names
+    the tensors, ``ranks`` the ranks whose copy differs from the majority's."""
+
+    def __init__(
+        self, message: str, *, keys: Iterable[str] = (), ranks: Iterable[int] = ()
+    ) -> None:
+        super().__init__(message, keys=keys)
+        self.ranks: list[int] = sorted(set(ranks))
+
+
 class GuardWarning(UserWarning):
-    """What a take's guard found, with ``on_nonfinite`` / ``on_stale`` at ``"warn"`` (the default)."""
+    """What a take's guard found, with ``on_nonfinite`` / ``on_stale`` / ``on_divergence`` at
+    ``"warn"`` (the default)."""
 
 
 class NonFiniteWarning(GuardWarning):
@@ -166,6 +179,11 @@ class NonFiniteWarning(GuardWarning):
 
 class StaleStateWarning(GuardWarning):
     """Tensors that should train did not change since the run's previous snapshot."""
+
+
+class ReplicaDivergenceWarning(GuardWarning):
+    """Replicated tensors held other bytes on some ranks than on the others; the snapshot is
+    committed and recorded unhealthy."""
 
 
 class MetadataWarning(UserWarning):

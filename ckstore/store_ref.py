@@ -96,7 +96,7 @@ class StoreRef:
             if found is not None:
                 self._store = found
             else:
-                from .store import open as open_store
+                from ._open import open as open_store
 
                 self._store = open_store(
                     self.url,

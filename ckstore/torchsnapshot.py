@@ -116,7 +116,8 @@ class Snapshot(StoredSnapshot):
         free to do anything else meanwhile. ``replicated`` (key globs, e.g. ``["optim/**"]``)
         marks plain tensors that are the same on every rank: written once, the work spread
         over the ranks; DDP modules are replicated without it. ``metadata``,
-        ``dist_timeout``, ``on_nonfinite`` and ``on_stale`` as in :meth:`ckstore.Store.take`
+        ``dist_timeout``, ``on_divergence``, ``on_nonfinite`` and ``on_stale`` as in
+        :meth:`ckstore.Store.take`
         (a path's snapshot has no step, so staleness is never checked here).
 
         Raises:

@@ -217,7 +217,7 @@ def _values(kind: str, current: str, store: list[str], positionals: list[str]) -
 def _from_store(
     kind: str, current: str, store_args: list[str], positionals: list[str]
 ) -> list[str]:
-    from ..store import open as open_store
+    from .. import open as open_store
     from ._common import find_store
 
     explicit = _option(store_args, "--store")

@@ -53,16 +53,20 @@ def _snap_dict(snap: StoredSnapshot, tags: list[str]) -> dict[str, Any]:
         "healthy": snap.healthy,
         "nonfinite": snap.record.nonfinite,
         "stale": snap.record.stale,
+        "diverged": snap.record.diverged,
     }
 
 
 def _health_cell(r: dict[str, Any]) -> str:
-    """What a take found, in a few characters: ``ok``, ``NaN/Inf:3``, ``stale:2``, ``-`` (unknown)."""
+    """What a take found, in a few characters: ``ok``, ``NaN/Inf:3``, ``stale:2``,
+    ``diverged:1`` (replicas that disagree between ranks), ``-`` (unknown)."""
     parts = []
     if r["nonfinite"]:
         parts.append(f"NaN/Inf:{r['nonfinite']}")
     if r["stale"]:
         parts.append(f"stale:{r['stale']}")
+    if r["diverged"]:
+        parts.append(f"diverged:{r['diverged']}")
     if parts:
         return " ".join(parts)
     return "ok" if r["healthy"] else "-"
@@ -113,7 +117,8 @@ def _log_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--healthy",
         action="store_true",
-        help="only snapshots whose take found no NaN or Inf (those without a health record are left out)",
+        help="only healthy snapshots: no NaN or Inf, no stale tensor, no replicas that disagree "
+        "(those without a health record are left out)",
     )
 
 
@@ -250,7 +255,27 @@ def _health_lines(health: Health | None) -> list[tuple[str, Any]]:
             else f"none (every tensor that should train changed since step {since})"
         )
         out.append(("stale", text))
+    if health.replicas is not None:
+        out.append(("replicas", _replica_text(health)))
     return out
+
+
+def _replica_text(health: Health) -> str:
+    """``show``'s line on the replicated tensors the take compared between ranks."""
+    assert health.replicas is not None
+    diverged = health.diverged
+    if not diverged:
+        return f"ok: {health.replicas.checked} replicated tensors equal on every rank"
+    parts = []
+    for key, d in list(diverged.items())[:6]:
+        where = ", ".join(f"{list(o)}+{list(s)}" for o, s in d.regions[:2])
+        more = f" and {d.region_count - 2} more" if d.region_count > 2 else ""
+        parts.append(f"{key} (rank {', '.join(map(str, d.ranks))} at {where}{more})")
+    rest = f"; and {len(diverged) - 6} more" if len(diverged) > 6 else ""
+    return (
+        f"DIVERGED: {len(diverged)} of {health.replicas.checked} replicated tensors differ "
+        f"between ranks: {'; '.join(parts)}{rest}"
+    )
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

@@ -138,7 +138,8 @@ def _gc_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-keep-healthy",
         action="store_true",
-        help="each run's newest healthy snapshot (no NaN/Inf recorded; RUN@healthy) is not kept automatically",
+        help="each run's newest healthy snapshot (no NaN/Inf, stale tensor or diverged replica "
+        "recorded; RUN@healthy) is not kept automatically",
     )
     p.add_argument(
         "--grace",

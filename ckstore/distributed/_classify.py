@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import fnmatch
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,15 +52,23 @@ class Local:
     chunks: list[tuple[str, Box, Chunk]] = field(default_factory=list)
 
 
-def ddp_apps(app_state: Mapping[str, Any]) -> set[str]:
+def ddp_apps(app_state: Mapping[str, Any]) -> dict[str, frozenset[str]]:
+    """The app_state entries that are DistributedDataParallel modules (their tensors are
+    replicated), each with the manifest keys of its buffers: DDP gives every rank rank 0's
+    buffers when a forward pass starts, and the pass then updates each rank's own (a batch
+    norm's running statistics), so a buffer may differ between ranks when a take comes."""
     from torch.nn.parallel import DistributedDataParallel
 
-    return {name for name, obj in app_state.items() if isinstance(obj, DistributedDataParallel)}
+    return {
+        name: frozenset(f"{name}/{b}" for b, _ in obj.named_buffers())
+        for name, obj in app_state.items()
+        if isinstance(obj, DistributedDataParallel)
+    }
 
 
 def classify(
     states: Mapping[str, Any],
-    ddp: set[str],
+    ddp: Collection[str],
     globs: tuple[str, ...],
     opts: TakeOptions,
     members: list[int] | None = None,

@@ -16,7 +16,10 @@ what only the commit needs goes to rank 0 alone.
    per-rank leaves are the same on every rank (an all-reduce of entry digests): those are
    stored once, and each rank writes a share of their chunks by position. For the others,
    rank 0 alone gathers their digests and tells each rank which ranks hold the same value
-   (say, equal within a data-parallel group): those ranks share its chunks' writes.
+   (say, equal within a data-parallel group): those ranks share its chunks' writes. Meanwhile
+   every rank fingerprints its whole copy of the replicated tensors, and the same all-reduce
+   compares the copies (``_replicas``); where they differ, a second round names the ranks
+   and regions, recorded in the snapshot's health (``on_divergence``).
 3. write: look up (and pin) the chunks this rank writes, write the missing ones (packs
    durable, then indexed); then this rank's part of the manifest (``_parts``: its pieces, its
    differing per-rank values, its figures) as a chunk, and pin every chunk the part names to
@@ -62,6 +65,7 @@ from ..engine.take.staging import stage
 from ..errors import DistributedError
 from ..format.dtypes import GROUPED, itemsize
 from ..format.grid import Box, make_grid
+from ..format.health import Replicas
 from ..format.layout import Layout
 from ..format.manifest import (
     ChunkRef,
@@ -99,6 +103,7 @@ from ._parts import (
 )
 from ._plan import Agreed, agree, assignment, describe, header, ints62, key_vector, same
 from ._progress import progress
+from ._replicas import differing, fingerprints, locate, vector
 from .comm import Comm, phase
 
 if TYPE_CHECKING:
@@ -113,13 +118,14 @@ def take(
     states: Mapping[str, Any],
     spec: TakeSpec,
     comm: Comm,
-    ddp: set[str],
+    ddp: Mapping[str, frozenset[str]],
 ) -> Committed:
     """Take one snapshot with every rank of ``comm``; returns the committed record on every
     rank (the manifest, stored in parts, is read back on first use).
 
     ``states`` are this rank's already-called (or staged) state dicts; ``ddp`` names the
-    app_state entries that were DistributedDataParallel modules (their tensors are replicated).
+    app_state entries that were DistributedDataParallel modules (their tensors are replicated),
+    each with its buffers' keys (replicated, but not compared between ranks: ``ddp_apps``).
     """
     with LocalTake(repo, spec) as t, progress(comm.group, WHAT) as prog:
         # 1. plan
@@ -134,16 +140,25 @@ def take(
         with phase(comm, "hash", f"{WHAT} (hash)", collect="none") as ph:
             staging = t.staging() if comm.rank == 0 else None
             _cut_chunks(local, mine, t.opts)
-            t.hash([c for _, _, c in local.chunks])
+            with ThreadPoolExecutor(1, thread_name_prefix="ckstore-replicas") as pool:
+                compared = agreed.replicated.difference(*ddp.values())
+                copies = pool.submit(fingerprints, local, compared, t.opts, repo.threads)
+                t.hash([c for _, _, c in local.chunks])
+                fp = copies.result()
             prog.add("hashed", sum(len(c.view) for _, _, c in local.chunks))
             own = _own_entries(local, t.opts)
             digests = {k: entry_digest(e) for k, e in own.items()}
             equality = [x for d in digests.values() for a in ints62(d.encode()) for x in (a, -a)]
-            ph.send_max(equality + layout_vector(local) + session_vector(staging))
+            replicas = vector(fp)
+            ph.send_max(equality + replicas + layout_vector(local) + session_vector(staging))
         equal = {
             k for n, k in enumerate(own) if same(ph.maxed, 4 * n) and same(ph.maxed, 4 * n + 2)
         }
-        layouts = located(local, ph.maxed[len(equality) : -4])
+        apart = differing(fp, ph.maxed, len(equality))
+        found = locate(comm, fp, apart) if apart else Replicas(len(fp.keys)) if fp.keys else None
+        if comm.rank == 0:
+            t.guard.replicas = found  # applied with the other findings when the root is built
+        layouts = located(local, ph.maxed[len(equality) + len(replicas) : -4])
         staged = session_of(ph.maxed[-4:])
         groups = _groups(comm, [(k, d) for k, d in digests.items() if k not in equal])
 
@@ -246,7 +261,11 @@ def _open_parent_partly(t: LocalTake, local: Local, comm: Comm) -> None:
 
 
 def _plan(
-    comm: Comm, states: Mapping[str, Any], ddp: set[str], spec: TakeSpec, opts: TakeOptions
+    comm: Comm,
+    states: Mapping[str, Any],
+    ddp: Mapping[str, frozenset[str]],
+    spec: TakeSpec,
+    opts: TakeOptions,
 ) -> tuple[Local, Agreed]:
     """Phase 1: describe this rank's leaves; agree on the layout and the replicated keys."""
     with phase(comm, "plan", f"{WHAT} (plan)", collect="none") as ph:

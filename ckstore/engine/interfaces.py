@@ -235,12 +235,21 @@ class GcIndex(ReadIndex, InventoryIndex, RepackIndex, Protocol):
         """Active sessions whose lease has not run out."""
         ...
 
-    def unreferenced_chunks(self, cutoff: float, ignoring: Sequence[str] = ()) -> list[ChunkRecord]:
-        """Chunks older than ``cutoff`` nothing references or pins (read only)."""
+    def unreferenced_chunks(
+        self,
+        cutoff: float,
+        ignoring: Sequence[str] = (),
+        sessions: Sequence[str] | None = None,
+    ) -> list[ChunkRecord]:
+        """Chunks older than ``cutoff`` nothing references (but ``ignoring``) or pins (of
+        ``sessions`` only, if given): what a prune would delete (read only)."""
         ...
 
     def young_unreferenced(
-        self, cutoff: float, ignoring: Sequence[str] = ()
+        self,
+        cutoff: float,
+        ignoring: Sequence[str] = (),
+        sessions: Sequence[str] | None = None,
     ) -> tuple[int, int, float | None]:
         """What the grace period keeps: count, stored bytes, newest time."""
         ...

@@ -59,8 +59,10 @@ class SnapshotFields:
 
     @property
     def healthy(self) -> bool | None:
-        """True if its take found no NaN or Inf, False if it found some, None if it recorded
-        no health (taken before ckstore did, or with ``health=False``)."""
+        """True if its take found no NaN or Inf, no stale tensor and no replicas that disagree
+        (what ``run@healthy`` rolls back to), False if it found any of them, None if it
+        recorded no NaN/Inf counts (taken before ckstore did, or with ``health=False``) and
+        nothing else against it."""
         return self.record.healthy
 
     @property

@@ -7,6 +7,8 @@ Shape (docs/FORMAT.md, section 7.6)::
       "nonfinite":  0,
       "stale":      ["<key>", ...],                       (only when checked)
       "stale_base": {"id": "<snapshot id>", "step": 100}  (only when checked)
+      "replicas":   {"checked": 12, "diverged": {"<key>": {"ranks": [2],
+                     "regions": [[[0, 0], [64, 8]]], "region_count": 1}}}  (only when compared)
     }
 
 ``tensors`` has one record per floating-point (or complex) tensor: its NaN and Inf element
@@ -17,6 +19,11 @@ the index keeps it beside the snapshot (``snapshots.nonfinite``). Both are absen
 take did not measure (``health=False``): unknown, not healthy. ``stale`` lists the tensors
 that should have changed since ``stale_base``, the run's previous snapshot at a lower step,
 and did not (same chunk ids); it is absent when there was nothing to compare with.
+``replicas`` says what a distributed take found comparing the copies of its replicated tensors
+(a DDP module's, keys a ``replicated=`` glob names) between ranks: how many it compared, and for
+each whose copies differ, the ranks whose copy is not the majority's and the chunk regions
+(grid boxes) where any rank differs; absent when nothing was compared (one process). The index
+keeps the number of those tensors (``snapshots.diverged``).
 
 This module is torch-free: reading history (``ckstore show``, ``log``, ``ckstore ui``) parses
 it without importing torch. The take side is :mod:`ckstore.engine.take.guard`.
@@ -31,7 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 POLICIES = ("warn", "raise", "ignore")
-"""What a take does about a finding (``on_stale``, ``on_nonfinite``)."""
+"""What a take does about a finding (``on_stale``, ``on_nonfinite``, ``on_divergence``)."""
+
+MAX_REGIONS = 16
+"""Regions recorded per diverged tensor (``region_count`` says how many differ in all)."""
 
 _INDEX = re.compile(r"(?<=[./])\d+(?=[./]|$)")
 
@@ -50,6 +60,82 @@ class TensorHealth:
 
 
 @dataclass(frozen=True)
+class Divergence:
+    """Where one replicated tensor's copies differ between ranks.
+
+    Attributes:
+        ranks: the ranks whose copy differs from the majority's (on a tie, from the copy of
+            the lowest rank among the largest groups), sorted.
+        regions: ``(offsets, sizes)`` of the chunk regions (grid boxes) where some rank's copy
+            differs, at most :data:`MAX_REGIONS` of them, in grid order.
+        region_count: how many regions differ in all.
+    """
+
+    ranks: tuple[int, ...]
+    regions: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    region_count: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranks": list(self.ranks),
+            "regions": [[list(o), list(s)] for o, s in self.regions],
+            "region_count": self.region_count,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Divergence | None:
+        """The record, or None if malformed."""
+        if not isinstance(raw, dict):
+            return None
+        ranks, regions, count = raw.get("ranks"), raw.get("regions", []), raw.get("region_count")
+        if not isinstance(ranks, list) or not all(_count(r) for r in ranks):
+            return None
+        if not _count(count) or not isinstance(regions, list):
+            return None
+        boxes = []
+        for box in regions:
+            if not (
+                isinstance(box, list)
+                and len(box) == 2
+                and all(isinstance(p, list) and all(_count(x) for x in p) for p in box)
+            ):
+                return None
+            boxes.append((tuple(box[0]), tuple(box[1])))
+        return cls(tuple(ranks), tuple(boxes), count)
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """What comparing replicated tensors between ranks found: how many were compared, and
+    those whose copies differ (key -> :class:`Divergence`)."""
+
+    checked: int
+    diverged: Mapping[str, Divergence] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "checked": self.checked,
+            "diverged": {k: d.to_dict() for k, d in sorted(self.diverged.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Replicas | None:
+        """The record, or None if malformed."""
+        if not isinstance(raw, dict) or not _count(raw.get("checked")):
+            return None
+        found = raw.get("diverged", {})
+        if not isinstance(found, dict):
+            return None
+        diverged = {}
+        for key, d in found.items():
+            parsed = Divergence.from_dict(d)
+            if not isinstance(key, str) or parsed is None:
+                return None
+            diverged[key] = parsed
+        return cls(raw["checked"], diverged)
+
+
+@dataclass(frozen=True)
 class Health:
     """The ``health`` header field, parsed (see the module docstring).
 
@@ -59,11 +145,14 @@ class Health:
         stale: keys that should have changed since ``stale_base`` and did not; None when
             nothing was compared (no earlier snapshot of the run at a lower step).
         stale_base: ``{"id", "step"}`` of the snapshot compared with, or None.
+        replicas: what comparing replicated tensors between ranks found; None when nothing
+            was compared (one process, or no replicated tensor).
     """
 
     tensors: Mapping[str, TensorHealth] | None = field(default_factory=dict)
     stale: tuple[str, ...] | None = None
     stale_base: Mapping[str, Any] | None = None
+    replicas: Replicas | None = None
 
     @property
     def nonfinite(self) -> int | None:
@@ -75,6 +164,11 @@ class Health:
         """Keys of the tensors holding a NaN or an Inf, sorted."""
         return sorted(k for k, t in (self.tensors or {}).items() if t.nan or t.inf)
 
+    @property
+    def diverged(self) -> dict[str, Divergence]:
+        """Replicated tensors whose copies differ between ranks (key -> where), by key."""
+        return dict(sorted((self.replicas.diverged if self.replicas else {}).items()))
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.tensors is not None:
@@ -83,6 +177,8 @@ class Health:
         if self.stale is not None:
             out["stale"] = sorted(self.stale)
             out["stale_base"] = dict(self.stale_base or {})
+        if self.replicas is not None:
+            out["replicas"] = self.replicas.to_dict()
         return out
 
     @classmethod
@@ -105,10 +201,14 @@ class Health:
         ):
             return None
         base = raw.get("stale_base")
+        replicas = Replicas.from_dict(raw["replicas"]) if "replicas" in raw else None
+        if "replicas" in raw and replicas is None:
+            return None
         return cls(
             found if "tensors" in raw else None,
             None if stale is None else tuple(stale),
             base if isinstance(base, dict) else None,
+            replicas,
         )
 
 
@@ -117,13 +217,17 @@ def of_header(header: Mapping[str, Any] | None) -> Health | None:
     return Health.from_dict((header or {}).get("health"))
 
 
-def summary(header: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
-    """What the index keeps of a header's health: (NaN + Inf elements, stale tensors), each
-    None when not recorded."""
+def summary(header: Mapping[str, Any] | None) -> tuple[int | None, int | None, int | None]:
+    """What the index keeps of a header's health: (NaN + Inf elements, stale tensors,
+    replicated tensors whose copies differ between ranks), each None when not recorded."""
     health = of_header(header)
     if health is None:
-        return None, None
-    return health.nonfinite, None if health.stale is None else len(health.stale)
+        return None, None, None
+    return (
+        health.nonfinite,
+        None if health.stale is None else len(health.stale),
+        None if health.replicas is None else len(health.replicas.diverged),
+    )
 
 
 def key_pattern(key: str) -> str:

@@ -18,7 +18,14 @@ possible. Compaction later rewrites the loose chunks that no *newest* snapshot o
    write session, so no gc prunes one meanwhile.
 3. **Rewrite**, on the repository's threads: each chunk (and its base) is read and verified
    against its id, then encoded densely: an XOR delta against the base when that is smaller,
-   else ``bytegroup-zstd`` / ``zstd`` whole.
+   else ``bytegroup-zstd`` / ``zstd`` whole. **Verify before the drop**: the new payload is
+   decoded as a reader will decode it (its codec and raw length as recorded, a delta XORed onto
+   the base's verified bytes) and compared with the chunk's bytes as read (verified against its
+   id), before it goes into a pack; one that does not decode back (an encoder bug, a flipped
+   bit in its output buffer, a delta taken against other bytes than its base) is refused, the
+   chunk stays loose and the report counts it (``encodings_refused``), so neither the index
+   switch nor the loose pack's deletion ever depends on an unchecked payload (restic checks
+   packs before upload; git's repack keeps a CRC rule).
 4. **Switch**: each dense pack is made durable, then one index transaction points its chunks'
    rows at it (compare-and-swap on the loose pack: a chunk gc pruned or moved meanwhile is left
    alone, and so is a delta whose base another compaction changed meanwhile); loose packs left
@@ -49,8 +56,9 @@ from typing import TYPE_CHECKING, Any
 from .. import objects
 from ..engine.lease import Lease
 from ..engine.locations import to_location, to_records
-from ..errors import CorruptionError, ObjectNotFoundError
+from ..errors import CorruptionError, InvalidInputError, ObjectNotFoundError
 from ..index import ChunkRecord, PackRecord, SnapshotRecord
+from ..objects.delta import xor_into
 from ._compact_plan import Job, hot, plan, resolve_bases
 
 if TYPE_CHECKING:
@@ -84,9 +92,13 @@ class CompactReport:
     """Loose packs left without chunks..."""
     packs_deleted: int = 0
     """...and deleted (at once: readers look a chunk up again when its pack is gone)."""
+    encodings_refused: int = 0
+    """Chunks whose new payload did not decode back to their bytes (left loose, logged)."""
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     """CPU time it used (its own thread and the encoding threads; waits for takes excluded)."""
+    check_cpu_seconds: float = 0.0
+    """Of ``cpu_seconds``, what decoding each new payload to check it took."""
 
     @property
     def saved_bytes(self) -> int:
@@ -158,7 +170,7 @@ def _rewrite(
 ) -> None:
     writer = repo.objects.new_pack_writer(repo.config.pack_bytes)
     batch: list[tuple[Job, int]] = []  # (job, depth) in the pack being filled
-    window: deque[tuple[Job, Future[tuple[str, bytes, float]]]] = deque()
+    window: deque[tuple[Job, Future[tuple[str, bytes, float, float]]]] = deque()
     with ThreadPoolExecutor(
         max_workers=max(1, repo.threads), thread_name_prefix="ckstore-compact"
     ) as pool:
@@ -175,8 +187,13 @@ def _rewrite(
                     break
                 job, fut = window.popleft()
                 try:
-                    codec, payload, cpu = fut.result()
+                    codec, payload, cpu, checked = fut.result()
                     report.cpu_seconds += cpu
+                    report.check_cpu_seconds += checked
+                except EncodingRefused as exc:  # it stays loose, whole and readable
+                    report.encodings_refused += 1
+                    log.error("ckstore: %s", exc)
+                    continue
                 except (
                     CorruptionError,
                     ObjectNotFoundError,
@@ -209,15 +226,25 @@ def _rewrite(
             raise
 
 
+class EncodingRefused(CorruptionError):
+    """A chunk's new payload did not decode back to the chunk (it stays loose)."""
+
+
 def _encode(
     repo: Repository, job: Job, pause: Callable[[], bool] | None = None
-) -> tuple[str, bytes, float]:
-    """Read and verify the chunk (and its base), then encode it densely (a delta if smaller);
-    a job queued while the process is busy (``pause``) starts once it is not. Also returns the
-    CPU seconds this thread spent on it."""
+) -> tuple[str, bytes, float, float]:
+    """Read and verify the chunk (and its base), encode it densely (a delta if smaller) and
+    check the payload (:func:`_check`); a job queued while the process is busy (``pause``)
+    starts once it is not. Also returns the CPU seconds this thread spent on it, and of them
+    on the check.
+
+    Raises:
+        EncodingRefused: the payload does not decode back to the chunk.
+    """
     _wait(pause)
     c0 = time.thread_time()
     raw = _read(repo, job.rec, {})
+    base = None
     if job.base is not None:
         base = _read(repo, job.base, job.base_known)
         codec, payload = objects.encode_delta(
@@ -225,7 +252,46 @@ def _encode(
         )
     else:
         codec, payload = objects.encode(raw, job.itemsize, job.grouped)
-    return codec, bytes(payload), time.thread_time() - c0
+    out = bytes(payload)
+    c1 = time.thread_time()
+    _check(job, codec, out, raw, base if objects.is_delta(codec) else None)
+    c2 = time.thread_time()
+    return codec, out, c2 - c0, c2 - c1
+
+
+def _check(job: Job, codec: str, payload: bytes, raw: Any, base: Any) -> None:
+    """Decode ``payload`` as a reader will (``codec``, the chunk's raw length, and for a delta
+    the verified bytes of the base its row will name) and compare with ``raw``, the chunk's
+    bytes as read and verified against its id: equal bytes are the chunk.
+
+    Raises:
+        EncodingRefused: they differ, or the payload does not decode.
+    """
+    cid = job.rec.chunk_id
+    try:
+        got: Any = objects.decode(codec, payload, job.rec.raw_length)
+        if base is not None:
+            got = bytearray(got)
+            xor_into(got, base)
+    except (CorruptionError, InvalidInputError) as exc:
+        raise EncodingRefused(
+            f"compaction refused its {codec} encoding of chunk {cid}: it does not decode "
+            f"({exc}); the chunk stays loose, as it was"
+        ) from exc
+    if not _same_bytes(got, raw):
+        against = f" against base {job.base_id}" if base is not None else ""
+        raise EncodingRefused(
+            f"compaction refused its {codec} encoding{against} of chunk {cid}: it decodes to "
+            "other bytes than the chunk's (an encoder fault); the chunk stays loose, as it was"
+        )
+
+
+def _same_bytes(a: Any, b: Any) -> bool:
+    import numpy as np  # here: reading an index never loads numpy
+
+    x = np.frombuffer(memoryview(a).cast("B"), dtype=np.uint8)
+    y = np.frombuffer(memoryview(b).cast("B"), dtype=np.uint8)
+    return x.shape == y.shape and bool(np.array_equal(x, y))
 
 
 def _read(repo: Repository, rec: ChunkRecord, known: dict[str, ChunkRecord]) -> Any:

@@ -22,7 +22,9 @@ retired packs not yet past it, their bytes, and when the grace period of the you
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +35,8 @@ from ..engine.progress import ProgressFn, meter
 from ..errors import CorruptionError, ObjectNotFoundError
 from ..format.limits import check_number
 from ..index import ChunkRecord, PackRecord
-from ..index.maintenance import PackUsage
 from ..objects.delta import xor_into
+from ._gc_plan import predict, sparse
 from .policy import MAX_SECONDS, Policy
 
 if TYPE_CHECKING:
@@ -104,6 +106,7 @@ def gc(
     mode: str = "min",
     progress: ProgressFn | None = None,
     purged: frozenset[str] = frozenset(),
+    keep: Collection[str] = (),
 ) -> GCReport:
     """Forget the snapshots the policy drops, then prune what nothing references.
 
@@ -112,6 +115,9 @@ def gc(
             metric, mode: the retention policy (see :class:`ckstore.history.policy.Policy`);
             with none of ``keep_last``, ``keep_every_steps``, ``older_than``, ``keep_best`` set
             only prune.
+        keep: ids of snapshots kept whatever the policy says, as those no tier remote holds yet
+            are: those a tier remote is recorded to hold but was not shown to hold now (the
+            caller asks the remote; ``snapshots_kept_unpushed`` counts both).
         grace_seconds: unreferenced data younger than this, and retired packs retired more
             recently than this, are kept (readers that resolved a location just before may still
             be reading it).
@@ -147,10 +153,13 @@ def gc(
     report = GCReport(dry_run=dry_run, grace_seconds=grace_seconds)
     now = time.time()
     cutoff = now - grace_seconds
-    dropped = _forget(repo, policy, report, dry_run)
-    if dry_run:
-        _estimate(repo, report, cutoff, dropped)
-        _grace_kept(repo, report, cutoff, dropped)
+    dropped = _forget(repo, policy, report, dry_run, set(keep))
+    if dry_run:  # the same rules on the same rows, nothing written (history/_gc_plan.py)
+        found = predict(repo, now, grace_seconds, dropped, repack_below)
+        for name, value in asdict(found).items():
+            if name != "staying":
+                setattr(report, name, value)
+        _grace_kept(repo, report, cutoff, dropped, found.staying)
         report.sessions_held = [h.to_dict(now) for h in index.held_sessions()]
         return report
     dead = [s.id for s in index.live_sessions() if gone(s.owner)]
@@ -175,11 +184,13 @@ def gc(
     return report
 
 
-def _forget(repo: Repository, policy: Policy, report: GCReport, dry_run: bool) -> list[str]:
+def _forget(
+    repo: Repository, policy: Policy, report: GCReport, dry_run: bool, keep: set[str]
+) -> list[str]:
     index: GcIndex = repo.index
     snapshots = index.list_snapshots()
     tagged = {t.snapshot_id for t in index.list_tags()}
-    unpushed = index.unpushed_to_tiers()  # retention never drops what only this store has
+    unpushed = index.unpushed_to_tiers() | keep  # never what only this store has for sure
     selected = policy.select(snapshots, tagged)
     drop = [s for s in selected if s.id not in unpushed]
     report.snapshots_kept_unpushed = len(selected) - len(drop)
@@ -193,15 +204,6 @@ def _forget(repo: Repository, policy: Policy, report: GCReport, dry_run: bool) -
     return [s.id for s in drop]
 
 
-def _estimate(repo: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
-    index: GcIndex = repo.index
-    chunks = index.unreferenced_chunks(cutoff, ignoring=dropped)
-    report.chunks_removed = len(chunks)
-    report.chunk_bytes_removed = sum(c.length for c in chunks)
-    report.manifests_removed = len(index.prune_manifests(cutoff, dry_run=True, ignoring=dropped))
-    report.bytes_reclaimed = report.chunk_bytes_removed
-
-
 def _prune_purged(repo: Repository, report: GCReport, purged: frozenset[str]) -> list[ChunkRecord]:
     """Prune the chunks of ``purged`` nothing references or pins, if no write session is alive
     (checked after expiring the stale ones); the rows pruned."""
@@ -213,10 +215,17 @@ def _prune_purged(repo: Repository, report: GCReport, purged: frozenset[str]) ->
     return removed
 
 
-def _grace_kept(repo: Repository, report: GCReport, cutoff: float, dropped: list[str]) -> None:
-    """Fill in what the grace period keeps (unreferenced data not yet ``cutoff`` old)."""
+def _grace_kept(
+    repo: Repository,
+    report: GCReport,
+    cutoff: float,
+    dropped: list[str],
+    sessions: list[str] | None = None,
+) -> None:
+    """Fill in what the grace period keeps (unreferenced data not yet ``cutoff`` old; for a
+    dry run: once ``dropped`` are forgotten and only ``sessions`` pin)."""
     index: GcIndex = repo.index
-    count, size, newest = index.young_unreferenced(cutoff, ignoring=dropped)
+    count, size, newest = index.young_unreferenced(cutoff, ignoring=dropped, sessions=sessions)
     retired = [u for u in index.pack_usage() if u.retired_at is not None and u.retired_at > cutoff]
     report.grace_kept_chunks = count
     report.grace_kept_packs = len(retired)
@@ -241,20 +250,12 @@ def _repack_sparse(
     ``cutoff`` (with ``any_age``, whatever their age); the packs retired now."""
     index: GcIndex = repo.index
     usage = [u for u in index.pack_usage() if u.retired_at is None]
-    retired = index.retire_packs([u.pack_id for u in usage if u.live_chunks == 0])
+    dead = [u.pack_id for u in usage if u.live_chunks == 0]
+    retired = index.retire_packs(dead)
     report.packs_retired += len(retired)
-    # a pack whose every entry is live has nothing to reclaim (and _payload overestimates a
-    # version 2 pack's payload, which made such packs look sparse to every gc)
-    sparse = [
-        u
-        for u in usage
-        if u.remote is None
-        and 0 < u.live_chunks < u.chunk_count
-        and (u.created_at < cutoff or any_age)
-        and u.live_bytes < repack_below * _payload(u)
-    ]
-    gauge = meter(progress, "gc", sum(u.live_bytes for u in sparse))
-    for u in sparse:
+    rewrite = sparse(usage, math.inf if any_age else cutoff, repack_below)
+    gauge = meter(progress, "gc", sum(u.live_bytes for u in rewrite))
+    for u in rewrite:
         if _rewrite_pack(repo, u.pack_id, u.loose):
             report.packs_rewritten += 1
             done = index.retire_packs([u.pack_id])
@@ -265,12 +266,6 @@ def _repack_sparse(
     if gauge is not None:
         gauge.finish()
     return retired
-
-
-def _payload(u: PackUsage) -> int:
-    return max(
-        1, u.size - objects.pack_overhead(u.chunk_count, deltas=True)
-    )  # v2 entries: never more than the payload
 
 
 def _rewrite_pack(repo: Repository, pack_id: str, loose: bool) -> bool:

@@ -29,8 +29,10 @@ class Policy:
         keep_tagged: keep every tagged snapshot.
         older_than: only snapshots older than this many seconds are eligible.
         runs: only snapshots of these runs are eligible (None: all runs).
-        keep_healthy: keep each run's newest healthy snapshot (its take recorded no NaN or
-            Inf), so a run that diverged can always be rolled back (``run@healthy``).
+        keep_healthy: keep each run's newest healthy snapshot (its take counted no NaN or
+            Inf, found no stale tensor and no replicas that disagree:
+            ``SnapshotRecord.healthy``), so a run that went wrong can always be rolled back
+            (``run@healthy``).
         keep_best: keep the N best snapshots of each run by ``metric`` (Lightning's
             ``save_top_k``, the Trainer's ``load_best_model_at_end``); snapshots whose
             metadata lacks it, or holds something other than a finite number, are not ranked

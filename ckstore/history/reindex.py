@@ -196,6 +196,7 @@ def _commit(
         world_size=world,
         nonfinite=summary[0],
         stale=summary[1],
+        diverged=summary[2],
     )
     # commit_snapshot ends the session it commits under: give each snapshot its own session.
     with Lease(index, repo.lease_seconds) as one:

@@ -115,6 +115,7 @@ def snapshot(row: Row[Any]) -> SnapshotRecord:
         world_size=row.world_size,
         nonfinite=_count(row.nonfinite, "nonfinite", row.id),
         stale=_count(row.stale, "stale", row.id),
+        diverged=_count(row.diverged, "diverged", row.id),
     )
 
 
@@ -152,6 +153,7 @@ def snapshot_row(record: SnapshotRecord, seq: int) -> dict[str, Any]:
         "world_size": record.world_size,
         "nonfinite": record.nonfinite,
         "stale": record.stale,
+        "diverged": record.diverged,
     }
 
 

@@ -4,8 +4,9 @@ Tried in order, first match wins:
 
 1. ``run@step``: the snapshot of that run at that step (the newest if several). Both parts
    are required: ``@5`` and ``run@`` are malformed (InvalidInputError, like a bad step).
-   ``run@healthy``: the run's newest snapshot whose take recorded no NaN or Inf (names never
-   hold ``@`` and steps are integers, so neither form can mean anything else).
+   ``run@healthy``: the run's newest healthy snapshot: its take counted no NaN or Inf, found no
+   stale tensor and no replicas that disagree (names never hold ``@`` and steps are integers,
+   so neither form can mean anything else).
 2. A tag name. A tag never takes the name of a run (``_refnames``); should a store made
    before that rule hold a tag and a run of one name pointing at different snapshots, the
    name is ambiguous: an error naming both.
@@ -87,7 +88,7 @@ def _refuse_tag_run_ambiguity(conn: Connection, name: str, tagged: str) -> None:
 
 
 HEALTHY = "healthy"
-"""``run@healthy``: the run's newest snapshot recorded free of NaN and Inf."""
+"""``run@healthy``: the run's newest snapshot recorded healthy (``_sql.healthy``)."""
 
 
 def _by_step(conn: Connection, ref: str) -> Row[Any]:
@@ -119,13 +120,14 @@ def _by_step(conn: Connection, ref: str) -> Row[Any]:
 
 def _healthy(conn: Connection, run: str, ref: str) -> Row[Any]:
     s = _sql.snapshots
-    row = _latest(conn, (s.c.run == run) & (s.c.nonfinite == 0))
+    row = _latest(conn, (s.c.run == run) & _sql.healthy())
     if row is None:
         recorded = conn.scalar(
             select(s.c.id).where((s.c.run == run) & s.c.nonfinite.is_not(None)).limit(1)
         )
         why = (
-            "every snapshot it recorded health for holds NaN or Inf"
+            "every snapshot it recorded health for holds NaN or Inf, is stale (tensors that "
+            "should train did not change) or has replicas that disagree between ranks"
             if recorded is not None
             else "none of its snapshots recorded health (taken before ckstore did, or with health=False)"
         )

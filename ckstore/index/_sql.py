@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Table, select, text
+from sqlalchemy import ColumnElement, Table, func, select, text
 from sqlalchemy.engine import Connection
 
 from ckstore.errors import LeaseExpiredError
@@ -25,6 +25,18 @@ sessions = models.sessions
 pins = models.pins
 remotes = models.remotes
 remote_snapshots = models.remote_snapshots
+
+
+def healthy() -> ColumnElement[bool]:
+    """The rows of healthy snapshots (``SnapshotRecord.healthy``, ``run@healthy``): NaN and Inf
+    counted and none found, no stale tensor, no replicas that disagree (NULL: not checked)."""
+    s = snapshots
+    return (
+        (s.c.nonfinite == 0)
+        & (func.coalesce(s.c.stale, 0) == 0)
+        & (func.coalesce(s.c.diverged, 0) == 0)
+    )
+
 
 BATCH_SIZE = 500
 """Most ids bound into one ``IN (...)`` query (well below SQLite's variable limit)."""

@@ -52,14 +52,19 @@ class PackUsage:
     """A pack of this remote (evicted chunks point at it), not of the store (revision 0006)."""
 
 
-def _unreferenced(ignoring: Sequence[str] = (), bases: bool = True) -> Any:
-    """SQL condition: no snapshot (other than ``ignoring``) references, no session pins, and
-    (with ``bases``) no delta is stored against it."""
+def _unreferenced(
+    ignoring: Sequence[str] = (), bases: bool = True, sessions: Sequence[str] | None = None
+) -> Any:
+    """SQL condition: no snapshot (other than ``ignoring``) references, no session pins (of
+    those in ``sessions`` only, if given), and (with ``bases``) no delta is stored against it."""
     c, sc, p = _sql.chunks, _sql.snapshot_chunks, _sql.pins
     ref = select(sc.c.chunk_id).where(sc.c.chunk_id == c.c.id)
     if ignoring:
         ref = ref.where(sc.c.snapshot_id.not_in(list(ignoring)))
-    cond = and_(~exists(ref), ~exists(select(p.c.chunk_id).where(p.c.chunk_id == c.c.id)))
+    pin = select(p.c.chunk_id).where(p.c.chunk_id == c.c.id)
+    if sessions is not None:
+        pin = pin.where(p.c.session_id.in_(list(sessions)))
+    cond = and_(~exists(ref), ~exists(pin))
     if bases:
         d = c.alias("dependent")
         cond = and_(cond, ~exists(select(d.c.id).where(d.c.base_id == c.c.id)))
@@ -110,23 +115,35 @@ class Maintenance(IndexBase):
         return out
 
     # ---------------------------------------------------------------------- chunks
-    def unreferenced_chunks(self, cutoff: float, ignoring: Sequence[str] = ()) -> list[ChunkRecord]:
+    def unreferenced_chunks(
+        self,
+        cutoff: float,
+        ignoring: Sequence[str] = (),
+        sessions: Sequence[str] | None = None,
+    ) -> list[ChunkRecord]:
         """Chunks older than ``cutoff`` that nothing references or pins (read only).
 
-        ``ignoring`` lists snapshots to treat as already forgotten (for dry runs).
+        ``ignoring`` lists snapshots to treat as already forgotten, ``sessions`` the only
+        write sessions whose pins count (None: every pin), for dry runs: what a gc would
+        prune once it forgot those snapshots and expired the other sessions.
         """
         c = _sql.chunks
-        query = select(c).where((c.c.created_at < cutoff) & _unreferenced(ignoring, bases=False))
+        unref = _unreferenced(ignoring, bases=False, sessions=sessions)
+        query = select(c).where((c.c.created_at < cutoff) & unref)
         with self._read("find unreferenced chunks") as conn:
             rows = [_convert.chunk(r) for r in conn.execute(query)]
             return _removable(rows, _edges(conn, [r.chunk_id for r in rows]))
 
     def young_unreferenced(
-        self, cutoff: float, ignoring: Sequence[str] = ()
+        self,
+        cutoff: float,
+        ignoring: Sequence[str] = (),
+        sessions: Sequence[str] | None = None,
     ) -> tuple[int, int, float | None]:
         """Chunks nothing references or pins that are NOT older than ``cutoff`` (read only).
 
-        What GC's grace period keeps. ``ignoring`` as in :meth:`unreferenced_chunks`.
+        What GC's grace period keeps. ``ignoring`` and ``sessions`` as in
+        :meth:`unreferenced_chunks`.
 
         Returns:
             ``(count, stored bytes, newest created_at or None)``.
@@ -134,7 +151,7 @@ class Maintenance(IndexBase):
         c = _sql.chunks
         query = select(
             func.count(c.c.id), func.coalesce(func.sum(c.c.length), 0), func.max(c.c.created_at)
-        ).where((c.c.created_at >= cutoff) & _unreferenced(ignoring))
+        ).where((c.c.created_at >= cutoff) & _unreferenced(ignoring, sessions=sessions))
         with self._read("measure unreferenced chunks in the grace period") as conn:
             count, size, newest = conn.execute(query).one()
         return int(count), int(size), None if newest is None else float(newest)

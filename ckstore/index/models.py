@@ -139,14 +139,15 @@ snapshots = Table(
     # what the take found (revision 0005); NULL: not recorded (older snapshots: unknown)
     Column("nonfinite", BigInteger, nullable=True),  # NaN + Inf elements; 0 = healthy
     Column("stale", Integer, nullable=True),  # tensors that should have changed and did not
+    Column("diverged", Integer, nullable=True),  # replicated tensors the ranks held apart (0008)
     Index("ix_snapshots_run_seq", "run", "seq", unique=True),
     Index("ix_snapshots_run_step", "run", "step"),
     Index("ix_snapshots_created_at", "created_at"),
     Index("ix_snapshots_manifest_id", "manifest_id"),
     Index("ix_snapshots_parent_id", "parent_id"),
 )
-"""A committed snapshot. ``seq`` is its commit order within the run (1, 2, ...); ``nonfinite``
-and ``stale`` summarise the health its take recorded in the manifest header."""
+"""A committed snapshot. ``seq`` is its commit order within the run (1, 2, ...); ``nonfinite``,
+``stale`` and ``diverged`` summarise the health its take recorded in the manifest header."""
 
 snapshot_chunks = Table(
     "snapshot_chunks",

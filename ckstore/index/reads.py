@@ -59,8 +59,9 @@ class Reads(IndexBase):
     ) -> list[SnapshotRecord]:
         """Lists snapshots newest first: by commit order within a run, else by created_at.
 
-        ``healthy`` keeps only snapshots whose take recorded no NaN or Inf (``nonfinite = 0``;
-        those without a record are unknown and left out), from the index alone.
+        ``healthy`` keeps only healthy snapshots (``SnapshotRecord.healthy``: NaN and Inf
+        counted and none found, no stale tensor, no replicas that disagree; those without a
+        record are unknown and left out), from the index alone.
 
         Raises:
             InvalidInputError: If ``limit`` is not None or an int from 0 to 2**63-1.
@@ -76,7 +77,7 @@ class Reads(IndexBase):
         s = _sql.snapshots
         query = select(s)
         if healthy:
-            query = query.where(s.c.nonfinite == 0)
+            query = query.where(_sql.healthy())
         if run is not None:
             query = query.where(s.c.run == run).order_by(s.c.seq.desc())
         else:

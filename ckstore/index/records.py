@@ -103,6 +103,8 @@ class SnapshotRecord:
             when it recorded no health (taken before ckstore did, or with ``health=False``).
         stale: Tensors that should have changed since the run's previous snapshot and did
             not, or None when not checked (a run's first snapshot, a step that did not advance).
+        diverged: Replicated tensors whose copies differed between ranks at the take, or None
+            when no replicas were compared (a single-process take, or taken before ckstore did).
     """
 
     id: str
@@ -120,10 +122,15 @@ class SnapshotRecord:
     world_size: int = 1
     nonfinite: int | None = None
     stale: int | None = None
+    diverged: int | None = None
 
     @property
     def healthy(self) -> bool | None:
-        """True if the take found no NaN or Inf, False if it found some, None if unknown."""
+        """True if the take found no NaN or Inf, no stale tensor and no replicas that
+        disagree (what ``run@healthy`` rolls back to); False if it found any of them; None if
+        it recorded no NaN/Inf counts (unknown) and nothing else against it."""
+        if self.stale or self.diverged:
+            return False
         return None if self.nonfinite is None else self.nonfinite == 0
 
 

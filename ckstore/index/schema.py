@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-HEAD_REVISION = "0007"
+HEAD_REVISION = "0008"
 """The newest revision in ``migrations/versions`` (a test checks it against alembic's head)."""
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "alembic_version"

@@ -21,6 +21,17 @@ own (:class:`Deadline`): what botocore's settings allow, ``(connect_timeout + re
 for each of its attempts, plus the time to move the call's bytes at :data:`MIN_RATE`. Past it
 the call is cancelled (fsspec's ``timeout``) and :class:`StorageError` says so.
 
+**Checked bytes on the wire.** Every ``PutObject`` and every multipart part carries its CRC32
+(``x-amz-checksum-crc32``, computed here, whatever the client's ``request_checksum_calculation``
+says), which the server verifies before it stores anything: a byte changed in transit makes it
+answer HTTP 400 (``BadDigest`` and kin), nothing is stored, and the put is sent again (at most
+:data:`_CONFLICT_RETRIES` times; past that :class:`StorageError` says so). CRC32 is what
+botocore computes without the optional CRT extension (CRC32C and CRC64NVME need it); servers
+that ignore the header (moto) store what they receive. Reads are checked above this module:
+every chunk read from a pack is verified against its id before it is decoded, and a whole
+object read is also checked by botocore against the checksum the server returns with it, where
+it returns one.
+
 Names are content-addressed, which makes a retried put safe: when a put's acknowledgement is
 lost, the retry (or the next put) meets the object it created and answers 412, and an existing
 object under the name is by construction the same object. :meth:`S3Backend.put` still checks
@@ -32,6 +43,8 @@ atomic, so that object is complete.
 
 from __future__ import annotations
 
+import base64
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -106,6 +119,30 @@ def _is_not_found(exc: BaseException) -> bool:
     return isinstance(exc, FileNotFoundError) or status == 404 or code in {"NoSuchKey", "404"}
 
 
+_BAD_DIGEST_CODES = frozenset(
+    {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "XAmzContentSHA256Mismatch"}
+)
+
+
+def is_bad_digest(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) is the server refusing a body whose checksum it did not
+    match: the bytes changed on the way, nothing was stored."""
+    status, code = _http_error(exc)
+    if code in _BAD_DIGEST_CODES:
+        return True
+    text = str(exc).lower()
+    return (
+        status in (400, None)
+        and "did not match" in text
+        and ("md5" in text or "checksum" in text or "crc" in text)
+    )
+
+
+def crc32(body: bytes | memoryview) -> str:
+    """The ``x-amz-checksum-crc32`` value of ``body``: its CRC32, big-endian, in base64."""
+    return base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode("ascii")
+
+
 def _is_invalid_range(exc: BaseException) -> bool:
     status, code = _http_error(exc)
     return status == 416 or code == "InvalidRange"
@@ -172,7 +209,13 @@ class S3Backend(FsspecBackend):
                 if total <= self._threshold:
                     body = b"".join(views) if len(views) != 1 else bytes(views[0])
                     self._s3(
-                        "put_object", len(body), Bucket=bucket, Key=key, Body=body, IfNoneMatch="*"
+                        "put_object",
+                        len(body),
+                        Bucket=bucket,
+                        Key=key,
+                        Body=body,
+                        ChecksumCRC32=crc32(body),
+                        IfNoneMatch="*",
                     )
                 else:
                     self._multipart(bucket, key, views)
@@ -183,9 +226,18 @@ class S3Backend(FsspecBackend):
             except Exception as exc:
                 if is_precondition_failed(exc):
                     return self._check_existing(name, exc)
+                if is_bad_digest(exc):  # changed in transit, nothing stored: send it again
+                    last = exc
+                    continue
                 if not _is_conditional_conflict(exc):
                     return self._settle_failed_put(name, total, exc)
                 last = exc
+        if last is not None and is_bad_digest(last):
+            raise StorageError(
+                f"cannot write object {name!r} in store {self.url}: the server refused its "
+                f"bytes {_CONFLICT_RETRIES} times as not matching their checksum (changed in "
+                "transit); check the network path to the server (a proxy, a NIC) and retry"
+            ) from last
         raise self._fail("write", name, last or RuntimeError("conflict")) from last
 
     def _check_existing(self, name: str, exc: BaseException) -> bool:
@@ -241,6 +293,7 @@ class S3Backend(FsspecBackend):
                     Bucket=bucket,
                     Key=key,
                     Body=body,
+                    ChecksumCRC32=crc32(body),
                     PartNumber=number,
                     UploadId=upload_id,
                 )

@@ -41,6 +41,7 @@ from ..engine.locations import to_location
 from ..errors import CorruptionError, ObjectNotFoundError
 from ..index import ChunkRecord
 from .config import confirm
+from .holdings import lost_by
 from .tier import ordered
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def evict(
         report.local_bytes_after = total
         return report, remote_packs
     confirm(remote, name)
-    _forget_lost(local, remote, name)
+    lost_by(local, remote, name)  # forgotten here: pushed again, nothing evicted for them
     proof = Proof(remote)
     for pack_id, size, _ in packs:
         if total <= budget:
@@ -110,24 +111,6 @@ def evict(
         total -= size
     report.local_bytes_after = total
     return report, remote_packs
-
-
-def _forget_lost(local: Repository, remote: Repository, name: str) -> None:
-    """Snapshots recorded here as held by the remote that its index lacks are forgotten: they
-    are pushed again, and nothing is evicted on their account."""
-    index: TierIndex = local.index
-    theirs: ProofIndex = remote.index
-    held = index.held_by(name)
-    lost = held - theirs.snapshot_ids(held)
-    if lost:
-        log.warning(
-            "ckstore: remote %r (%s) lacks %d snapshot(s) this store recorded as pushed there "
-            "(its index lost them: a restore, a failover); they are pushed again",
-            name,
-            remote.url,
-            len(lost),
-        )
-        index.unmark_pushed(name, lost)
 
 
 class Proof:

@@ -5,7 +5,8 @@ manifest's snapshot header as every take writes it (docs/FORMAT.md, section 7.6;
 :class:`ckstore.format.health.Health`)::
 
     {"tensors": {key: {"nan": int, "inf": int, "norm": float | null}}, "nonfinite": int,
-     "stale": [key, ...], "stale_base": {"id": ..., "step": ...}}
+     "stale": [key, ...], "stale_base": {"id": ..., "step": ...},
+     "replicas": {"checked": int, "diverged": {key: {"ranks": [int], ...}}}}
 
 and returns None when the take measured nothing (a snapshot from before ckstore recorded
 health, or taken with ``health=False``) or the field is malformed: the page then says "no
@@ -59,7 +60,9 @@ def health_of(record: SnapshotRecord, manifest: Manifest) -> dict[str, Any] | No
 
     Returns:
         ``{"tensors": {key: {"nan": int, "inf": int, "norm": float | None}},
-        "stale": [key, ...], "nan": total, "inf": total}``, or None.
+        "stale": [key, ...], "diverged": {key: [rank, ...]}, "nan": total, "inf": total}``
+        (``diverged``: replicated tensors whose copies differ between ranks, and the ranks
+        whose copy differs), or None.
     """
     return _normalised(Health.from_dict((manifest.snapshot or {}).get("health")))
 
@@ -73,6 +76,7 @@ def _normalised(found: Health | None) -> dict[str, Any] | None:
     return {
         "tensors": tensors,
         "stale": sorted(found.stale or ()),
+        "diverged": {k: list(d.ranks) for k, d in found.diverged.items()},
         "nan": sum(t["nan"] for t in tensors.values()),
         "inf": sum(t["inf"] for t in tensors.values()),
     }
@@ -154,6 +158,7 @@ def run_health(
             "recorded": h is not None,
             "nan": h["nan"] if h else 0, "inf": h["inf"] if h else 0,
             "stale": h["stale"] if h else [],
+            "diverged": h["diverged"] if h else {},
             "bad": sorted(k for k, t in h["tensors"].items() if t["nan"] or t["inf"]) if h else [],
         })  # fmt: skip
     last = {

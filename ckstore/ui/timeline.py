@@ -75,8 +75,8 @@ def overview(store: Store, history: History, workdir: str | None = None) -> dict
     """The first view the page draws: every snapshot as parallel arrays (compact for 10,000).
 
     ``snaps.parent`` holds positions (-1: none), ``snaps.run`` positions in ``runs``;
-    ``snaps.nonfinite`` and ``snaps.stale`` what each take found (NaN/Inf elements, stale
-    tensors; null: not recorded); ``tags`` maps a tag to the position of its snapshot;
+    ``snaps.nonfinite``, ``snaps.stale`` and ``snaps.diverged`` what each take found (NaN/Inf
+    elements, stale tensors, replicated tensors whose copies differed; null: not recorded); ``tags`` maps a tag to the position of its snapshot;
     ``store.shown`` the store as the header names it (:func:`shown_url`, from ``workdir``).
     """
     pos = history.position()
@@ -104,6 +104,7 @@ def overview(store: Store, history: History, workdir: str | None = None) -> dict
             "reused": [r.reused_chunks for r in recs],
             "nonfinite": [r.nonfinite for r in recs],
             "stale": [r.stale for r in recs],
+            "diverged": [r.diverged for r in recs],
         },
         "tags": {name: pos[sid] for name, sid in sorted(history.tags.items()) if sid in pos},
     }

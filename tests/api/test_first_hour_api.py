@@ -51,7 +51,10 @@ def test_get_with_a_default_and_latest_are_resume_if_present(store: Any) -> None
         store.get("sft@", None)  # a malformed ref is an error whatever the default
     m = _model()
     first = store.take({"model": m}, run="sft", step=1)
-    second = store.take({"model": m}, run="sft", step=2, on_stale="ignore")
+    with torch.no_grad():  # a training step: nothing stale, so step 2 is healthy
+        for p in m.parameters():
+            p.add_(0.5)
+    second = store.take({"model": m}, run="sft", step=2)
     assert store.get("sft", None).id == second.id and store.latest("sft").id == second.id
     assert store.latest().id == second.id
     with torch.no_grad():

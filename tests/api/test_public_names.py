@@ -40,9 +40,11 @@ BUILTIN: dict[type, type] = {
     errors.GuardError: Exception,  # a refusal by policy, not a bad argument
     errors.NonFiniteError: FloatingPointError,
     errors.StaleStateError: Exception,
+    errors.ReplicaDivergenceError: Exception,
     errors.GuardWarning: UserWarning,
     errors.NonFiniteWarning: UserWarning,
     errors.StaleStateWarning: UserWarning,
+    errors.ReplicaDivergenceWarning: UserWarning,
     errors.MetadataWarning: UserWarning,
     errors.ResaveWarning: UserWarning,
     errors.DistributedError: Exception,  # another rank failed: no builtin says that

@@ -36,7 +36,8 @@ STORE_TAKE = {
     "trainable": (),
     "forked_from": None,
 }
-LIVE = {**STORE_TAKE, "replicated": (), "pg": None, "dist_timeout": None, "no_dist": False}
+RANKS = {"dist_timeout": None, "on_divergence": "warn"}
+LIVE = {**STORE_TAKE, "replicated": (), "pg": None, **RANKS, "no_dist": False}
 
 # the signatures users saw before the options were written once: positional (name, default),
 # then the keyword-only arguments and their defaults
@@ -55,11 +56,11 @@ SIGNATURES = {
     ),
     ckstore.Snapshot.take: (
         [("path", None), ("app_state", None), ("pg", None), ("replicated", None), ("storage_options", None)],
-        {"index": None, "metadata": None, "dist_timeout": None, **GUARD},
+        {"index": None, "metadata": None, **RANKS, **GUARD},
     ),
     ckstore.Snapshot.async_take: (
         [("path", None), ("app_state", None), ("pg", None), ("replicated", None), ("storage_options", None)],
-        {"index": None, "metadata": None, "dist_timeout": None, **GUARD},
+        {"index": None, "metadata": None, **RANKS, **GUARD},
     ),
 }  # fmt: skip
 

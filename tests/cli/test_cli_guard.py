@@ -45,7 +45,7 @@ def test_log_show_and_the_healthy_ref(diverged: Path) -> None:
     rows = ok_json(ck("--store", store, "log", "--json"))
     assert [(r["step"], r["healthy"], r["nonfinite"], r["stale"]) for r in rows] == [
         (4, False, rows[0]["nonfinite"], 0),
-        (3, True, 0, rows[1]["stale"]),
+        (3, False, 0, rows[1]["stale"]),  # finite, but the optimizer did not step
         (2, True, 0, 0),
         (1, True, 0, None),
     ]
@@ -55,9 +55,10 @@ def test_log_show_and_the_healthy_ref(diverged: Path) -> None:
     table = ck("--store", store, "log")
     assert table.returncode == 0 and "NaN/Inf:" in table.stdout and "stale:" in table.stdout
     healthy = ok_json(ck("--store", store, "log", "--healthy", "--json"))
-    assert [r["step"] for r in healthy] == [3, 2, 1]
+    assert [r["step"] for r in healthy] == [2, 1]  # neither the NaN nor the stale snapshot
     shown = ck("--store", store, "show", "r@healthy")
-    assert shown.returncode == 0 and "step:       3" in shown.stdout
+    assert shown.returncode == 0 and "step:       2" in shown.stdout
+    shown = ck("--store", store, "show", "r@3")
     assert "stale:      18 tensors unchanged since step 2: model/*.bias (3 tensors)" in shown.stdout
     bad = ok_json(ck("--store", store, "show", "r", "--json"))
     assert (
@@ -97,7 +98,7 @@ def test_diff_shows_where_the_run_went_bad(diverged: Path) -> None:
 def test_gc_keeps_the_newest_healthy_unless_told(diverged: Path) -> None:
     store = str(diverged / "store")
     kept = ok_json(ck("--store", store, "gc", "--keep-last", "1", "--dry-run", "--json"))
-    assert sorted(kept["snapshots_dropped"]) == ["r@1", "r@2"]  # r@3, the newest healthy, stays
+    assert sorted(kept["snapshots_dropped"]) == ["r@1", "r@3"]  # r@2, the newest healthy, stays
     told = ok_json(
         ck("--store", store, "gc", "--keep-last", "1", "--no-keep-healthy", "--dry-run", "--json")
     )

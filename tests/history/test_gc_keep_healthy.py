@@ -1,9 +1,10 @@
-"""Retention keeps each run's newest healthy snapshot, so a run that diverged rolls back.
+"""Retention keeps each run's newest healthy snapshot, so a run that went wrong rolls back.
 
 The scenario of the guard: a run trains, diverges (NaN), keeps saving; ``gc --keep-last 2``
 alone would drop every snapshot from before the divergence. With ``keep_healthy`` (the
 default) the newest healthy one survives, ``run@healthy`` names it, and restoring it gives
-the pre-divergence state bit for bit.
+the pre-divergence state bit for bit. A stale snapshot (the optimizer stopped stepping) is not
+healthy either: the rollback goes past it to the last state that trained.
 """
 
 from __future__ import annotations
@@ -73,4 +74,32 @@ def test_snapshots_without_health_are_unknown_not_unhealthy(tmp_path: Path) -> N
         "old@1",
         "old@2",
     ]  # nothing to keep
+    store.close()
+
+
+def test_rollback_past_staleness(tmp_path: Path) -> None:
+    """The optimizer stops stepping after step 2 (no NaN anywhere): steps 3-5 are stale, so
+    ``r@healthy`` is step 2, retention keeps it under ``keep_last=1``, and it restores the
+    last state that trained bit for bit."""
+    store = ckstore.open(tmp_path / "s", create=True, **TINY)
+    t = Trainer.make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for step in range(1, 6):
+            if step <= 2:
+                t.train(2)
+            else:
+                t.forward_backward_only()  # gradients, but no optimizer step
+            store.take(t.app_state(), run="r", step=step)
+            if step == 2:
+                trained = {k: bits(v) for k, v in t.model.state_dict().items()}
+    assert all(s.record.stale and s.record.nonfinite == 0 for s in store.log("r")[:3])
+    assert [s.step for s in store.log("r", healthy=True)] == [2, 1]
+    report = store.gc(keep_last=1, grace_seconds=0)
+    assert sorted(report.snapshots_dropped) == ["r@1", "r@3", "r@4"]
+    target = store.get("r@healthy")
+    assert target.step == 2 and target.healthy is True
+    fresh = Trainer.make(seed=99)
+    target.restore(fresh.app_state())
+    assert {k: bits(v) for k, v in fresh.model.state_dict().items()} == trained
     store.close()

@@ -16,7 +16,8 @@ root (in a git clone with its history) unpacks the package as it was at ``COMMIT
 its public API only: ``ckstore.open``, ``take``, ``tag``, and what the revision added
 (``delta_base`` from 0002, loose takes and ``compact`` from 0004, the health summary from
 0005, remotes and ``push`` from 0006, the store id a first push records for its remote from
-0007).
+0007; 0008 added the count of diverged replicas, which only a distributed take records, so its
+store holds what 0007's does, written by 0008's code).
 
 Why the old code and not alembic's downgrade: a downgraded head database keeps rows, packs
 and manifests only today's writer makes (payload digests, pack versions, manifest fields), so
@@ -69,6 +70,7 @@ COMMITS = {
     "0005": "2e338ec86e0ac366772cb20655b1975568cc9f75",
     "0006": "03875f58ac9abb332fa23637f5df3ae2d65c616b",
     "0007": "2ffdfab9c378f14404d323bc2ffb21c62910be50",
+    "0008": "764382eae41205666c49c807ffc09248f2c74eb2",
 }
 
 # the knobs of every frozen store: small enough that a few tensors of a few hundred bytes take

@@ -1,7 +1,9 @@
-"""Revision 0005: each snapshot's health summary (``nonfinite``, ``stale``) in the index.
+"""Revisions 0005 and 0008: each snapshot's health summary (``nonfinite``, ``stale`` and
+``diverged``) in the index.
 
-``log(healthy=True)`` and the ref ``run@healthy`` filter on it without reading a manifest;
-snapshots without a record (older ones) are unknown, never unhealthy.
+``log(healthy=True)`` and the ref ``run@healthy`` filter on it without reading a manifest: a
+healthy snapshot holds no NaN or Inf, no stale tensor and no replicas that disagree; snapshots
+without a record (older ones) are unknown, never unhealthy.
 """
 
 from __future__ import annotations
@@ -21,10 +23,19 @@ from . import fixture_data_0003 as frozen
 from .helpers import add_chunks, snapshot
 
 
-def _commit(ix: Index, run: str, step: int, nonfinite: int | None, stale: int | None = None) -> str:
+def _commit(
+    ix: Index,
+    run: str,
+    step: int,
+    nonfinite: int | None,
+    stale: int | None = None,
+    diverged: int | None = None,
+) -> str:
     session = ix.begin_session("test", 60)
     ids = add_chunks(ix, session.id, f"pack-{run}-{step}", [f"{run}{step}"])
-    rec = dataclasses.replace(snapshot(run, step), nonfinite=nonfinite, stale=stale)
+    rec = dataclasses.replace(
+        snapshot(run, step), nonfinite=nonfinite, stale=stale, diverged=diverged
+    )
     return ix.commit_snapshot(session.id, rec, [], ids, 10, ()).id
 
 
@@ -43,16 +54,36 @@ def test_summary_round_trips_and_filters(index_url: str) -> None:
         assert ix.resolve("r@healthy").step == 4
 
 
+def test_healthy_skips_stale_and_diverged_snapshots(index_url: str) -> None:
+    """A run whose optimizer stopped stepping, then whose replicas drifted apart: ``r@healthy``
+    rolls back past both to the last snapshot that trained and agreed."""
+    with Index.open(index_url) as ix:
+        good = _commit(ix, "r", 1, 0, stale=0, diverged=0)
+        _commit(ix, "r", 2, 0, stale=3)  # finite, but the optimizer did not step
+        _commit(ix, "r", 3, 0, stale=0, diverged=1)  # one rank's copy differs
+        assert ix.resolve("r@healthy").id == good
+        assert [s.step for s in ix.list_snapshots("r", healthy=True)] == [1]
+        healthy = {s.step: s.healthy for s in ix.list_snapshots("r")}
+        assert healthy == {1: True, 2: False, 3: False}
+        got = ix.resolve("r@3")
+        assert (got.nonfinite, got.stale, got.diverged) == (0, 0, 1)
+        _commit(ix, "r", 4, 0)  # nothing compared (no parent step, one process): healthy
+        assert ix.resolve("r@healthy").step == 4
+
+
 def test_healthy_ref_names_why_nothing_matches(index_url: str) -> None:
     with Index.open(index_url) as ix:
         _commit(ix, "old", 1, None)
         _commit(ix, "bad", 1, 3)
         with pytest.raises(SnapshotNotFoundError, match="none of its snapshots recorded health"):
             ix.resolve("old@healthy")
-        with pytest.raises(
-            SnapshotNotFoundError, match="every snapshot it recorded health for holds NaN or Inf"
-        ):
-            ix.resolve("bad@healthy")
+        _commit(ix, "stuck", 1, 0, stale=2)
+        for ref in ("bad@healthy", "stuck@healthy"):
+            with pytest.raises(
+                SnapshotNotFoundError,
+                match="every snapshot it recorded health for holds NaN or Inf, is stale",
+            ):
+                ix.resolve(ref)
         with pytest.raises(InvalidInputError, match="after '@' comes a step number"):
             ix.resolve("old@healty")  # a typo is still a bad step, not a name
 
@@ -99,3 +130,25 @@ def test_0005_migrates_down_and_up_in_place(index_url: str) -> None:
     with Index.open(index_url, create=False) as ix:
         got = ix.resolve("r@1")
         assert (got.nonfinite, got.stale) == (None, None)  # the summary is gone: unknown again
+
+
+def test_0008_migrates_down_and_up_in_place(index_url: str) -> None:
+    from alembic import command
+
+    from ckstore.index.schema import alembic_config
+
+    with Index.open(index_url) as ix:
+        _commit(ix, "r", 1, 0, stale=0, diverged=2)
+    engine = make_engine(index_url)
+    try:
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(connection=conn), "0007")
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT * FROM snapshots")).mappings().one()
+            assert "diverged" not in row and (row["nonfinite"], row["stale"]) == (0, 0)
+    finally:
+        engine.dispose()
+    assert upgrade(index_url) == HEAD_REVISION
+    with Index.open(index_url, create=False) as ix:
+        got = ix.resolve("r@1")
+        assert (got.nonfinite, got.stale, got.diverged, got.healthy) == (0, 0, None, True)

@@ -62,6 +62,7 @@ def test_gc_aborts_unfinished_uploads_once_no_writer_is_alive(
         assert store.gc().uploads_aborted == 0  # it may be that take's upload: kept
         assert len(backend.partial_uploads()) == 1
         store.repository.index.end_session(live.id, "aborted")
-        assert store.gc(dry_run=True).uploads_aborted == 0  # a dry run changes nothing
+        assert store.gc(dry_run=True).uploads_aborted == 1  # predicted...
+        assert len(backend.partial_uploads()) == 1  # ...and a dry run changes nothing
         assert store.gc().uploads_aborted == 1
         assert backend.partial_uploads() == []

@@ -62,6 +62,7 @@ FACADE = {
     "ckstore",
     "ckstore._history_verbs",
     "ckstore._locate",
+    "ckstore._open",
     "ckstore._ref_verbs",
     "ckstore._remote_verbs",
     "ckstore._takes",

@@ -19,6 +19,12 @@ test decides, request by request, whether to inject one fault:
 ``lost_ack``
     forward a write (PUT/POST) whole, so the server commits it, then reset the client
     connection instead of answering: the client's retry meets an existing object.
+``flip`` (:data:`FLIP`, not in :data:`FAULTS`: a read of a server that returns no checksum
+    cannot tell, so only the layers above, which check chunks against their ids, reject it)
+    one bit flipped in transit, in the middle of the body: of a request with a body (a PUT
+    or an upload part: the server receives other bytes than the client sent) or else of the
+    response's body (a GET answered with other bytes than the server holds); a message without
+    a body goes through untouched.
 ``hang`` (:data:`HANG`, not in :data:`FAULTS`: retries never get through it)
     a frozen endpoint: the request is read and never answered; the connection stays open
     until the client gives up on it.
@@ -45,6 +51,7 @@ from urllib.parse import urlsplit
 
 FAULTS = ("slowdown", "reset", "truncate", "latency", "lost_ack")
 HANG = "hang"
+FLIP = "flip"
 WRITE_METHODS = frozenset({"PUT", "POST"})
 _SLOWDOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
@@ -110,9 +117,11 @@ class Schedule:
     _run: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        unknown = set(self.faults) - set(FAULTS) - {HANG}
+        unknown = set(self.faults) - set(FAULTS) - {HANG, FLIP}
         if unknown:
-            raise ValueError(f"unknown faults {sorted(unknown)}; choose from {FAULTS} or {HANG}")
+            raise ValueError(
+                f"unknown faults {sorted(unknown)}; choose from {FAULTS}, {HANG} or {FLIP}"
+            )
         self._rng = random.Random(self.seed)
 
     def decide(self, method: str) -> str | None:
@@ -211,6 +220,13 @@ def _reset(writer: asyncio.StreamWriter) -> None:
         except OSError:
             pass
     writer.transport.abort()
+
+
+def _flipped(body: bytes) -> bytes:
+    """``body`` with the lowest bit of its middle byte flipped."""
+    out = bytearray(body)
+    out[len(out) // 2] ^= 1
+    return bytes(out)
 
 
 def _has_response_body(method: str, status: int) -> bool:
@@ -343,11 +359,19 @@ class FaultProxy:
             self._record(request, fault, None)
             _reset(writer)
             return False
+        flip_request = fault == FLIP and bool(request.body)
+        if flip_request:
+            request.body = _flipped(request.body)
         response = await self._forward(request)
         status = int(response.start.split(" ")[1])
         with_body = _has_response_body(method, status) and bool(response.body)
         if fault == "truncate" and not with_body:
             fault = None  # nothing to cut short
+        if fault == FLIP and not flip_request:
+            if with_body:
+                response.body = _flipped(response.body)
+            else:
+                fault = None  # no body either way: nothing to flip
         self._record(request, fault, status)
         if fault == "lost_ack" or (fault == "reset" and not with_body):
             _reset(writer)

@@ -36,6 +36,8 @@ def test_overview_lists_every_snapshot_as_columns_oldest_first(store: Any) -> No
     pos = h.position()
     assert snaps["nonfinite"][pos[store.get("diverged@300").id]] == 3
     assert snaps["stale"][pos[store.get("stuck@1").id]] > 0
+    assert snaps["diverged"][pos[store.get("stuck@1").id]] in (0, None)  # one process: none
+    assert store.get("stuck@1").healthy is False  # finite, but a tensor that should train is stale
     assert snaps["nonfinite"][pos[store.get("legacy@0").id]] is None  # not recorded
 
 
@@ -171,10 +173,14 @@ def test_health_of_reads_the_header_and_refuses_malformed_shapes(store: Any) -> 
     assert health.health_of(record, old_norm) == {
         "tensors": {"k": {"nan": 0, "inf": 2, "norm": None}},
         "stale": [],
+        "diverged": {},
         "nan": 0,
         "inf": 2,
     }
     assert store.get("diverged@300").record.nonfinite == 3 and store.get("diverged@200").healthy
+    split = {"checked": 2, "diverged": {"k": {"ranks": [3], "regions": [], "region_count": 1}}}
+    apart = Manifest({}, {}, {"health": {"tensors": {}, "nonfinite": 0, "replicas": split}})
+    assert health.health_of(record, apart)["diverged"] == {"k": [3]}  # type: ignore[index]
 
 
 def test_run_health_plots_the_model_with_its_nan_layers_and_no_counters(store: Any) -> None:

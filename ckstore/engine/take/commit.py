@@ -91,7 +91,7 @@ def snapshot_record(
     reused_chunks: int,
 ) -> SnapshotRecord:
     """The index record of a snapshot from its manifest's header (its parent is the commit's)."""
-    nonfinite, stale = health_summary(header)
+    nonfinite, stale, diverged = health_summary(header)
     return SnapshotRecord(
         id=manifest_id,
         run=header["run"],
@@ -108,4 +108,5 @@ def snapshot_record(
         world_size=int(header.get("world_size", 1)),
         nonfinite=nonfinite,
         stale=stale,
+        diverged=diverged,
     )

@@ -1,5 +1,6 @@
 """A take's guard: health figures while hashing, staleness against the run's previous snapshot,
-and what the take does about them (``on_nonfinite``, ``on_stale``).
+replicas that disagree between ranks, and what the take does about them (``on_nonfinite``,
+``on_stale``, ``on_divergence``).
 
 One :class:`TakeGuard` per :class:`~ckstore.engine.take.local.LocalTake`, so every take path
 (single-process, async, import, distributed, DCP) has it:
@@ -17,8 +18,10 @@ One :class:`TakeGuard` per :class:`~ckstore.engine.take.local.LocalTake`, so eve
 3. ``assess(entries)``, when the manifest is built: the figures per key (inline
    tensors measured there), and the keys that should have changed (``engine/take/trainable.py``)
    whose content (chunk ids, or inline bytes) equals that in the run's latest snapshot while
-   the step advanced. Then the policy: warn once per key pattern, raise (nothing is
-   committed), or stay silent; the findings go into the manifest header either way.
+   the step advanced; and what a distributed take found comparing every rank's copy of its
+   replicated tensors (``replicas``, set by ``distributed/take.py`` on the committing rank).
+   Then the policy: warn once per key pattern, raise (nothing is committed), or stay silent;
+   the findings go into the manifest header either way.
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import objects
-from ...errors import NonFiniteError, NonFiniteWarning, StaleStateError, StaleStateWarning, warn
+from ...errors import (
+    NonFiniteError,
+    NonFiniteWarning,
+    ReplicaDivergenceError,
+    ReplicaDivergenceWarning,
+    StaleStateError,
+    StaleStateWarning,
+    warn,
+)
 from ...format import health as fh
 from ...format.manifest import Entry, Manifest, PerRankEntry, TensorEntry
 from ...index import SnapshotRecord
@@ -63,6 +74,8 @@ class TakeGuard:
         self._parent: tuple[SnapshotRecord, Manifest] | None | bool = (
             False  # False: not looked up yet
         )
+        self.replicas: fh.Replicas | None = None
+        """What comparing the ranks' copies of replicated tensors found (None: not compared)."""
 
     # --- while hashing ----------------------------------------------------------------------
     def watch(self, dtypes: Mapping[str, str], manifest_key: Callable[[str], str] = str) -> None:
@@ -214,6 +227,7 @@ class TakeGuard:
         Raises:
             NonFiniteError: ``on_nonfinite="raise"`` and a tensor holds NaN or Inf.
             StaleStateError: ``on_stale="raise"`` and a tensor that should train is stale.
+            ReplicaDivergenceError: ``on_divergence="raise"`` and replicas disagree.
         """
         if summed is None:
             tensors = self._figures(entries) if self.spec.health else None
@@ -221,7 +235,7 @@ class TakeGuard:
         else:
             tensors = dict(summed.tensors) if self.spec.health else None
             stale, base = self._stale(entries, summed.same.__contains__)
-        found = fh.Health(tensors, stale, base)
+        found = fh.Health(tensors, stale, base, self.replicas)
         self._apply(found)
         return found
 
@@ -324,6 +338,18 @@ class TakeGuard:
                 "(on_stale='raise'). Is the optimizer stepping, and is this the state it trains?",
                 keys=stale,
             )
+        diverged = found.diverged
+        apart = sorted({r for d in diverged.values() for r in d.ranks})
+        if diverged and spec.on_divergence == "raise":
+            raise ReplicaDivergenceError(
+                f"{where}: {len(diverged)} replicated tensor(s) differ between ranks "
+                f"(rank(s) {apart} hold other bytes than the others): {_where(diverged)}; "
+                "nothing was committed (on_divergence='raise'). Roll back to the last snapshot "
+                f"whose replicas agreed (store.get('{spec.run}@healthy')) and check those ranks' "
+                "hosts",
+                keys=diverged,
+                ranks=apart,
+            )
         if bad and spec.on_nonfinite == "warn":
             for pattern, keys in fh.by_pattern(bad).items():
                 warn(
@@ -342,6 +368,26 @@ class TakeGuard:
                         f"since step {step} although it should train"
                     )
                 )
+        if diverged and spec.on_divergence == "warn":
+            for pattern, keys in fh.by_pattern(diverged).items():
+                warn(
+                    ReplicaDivergenceWarning(
+                        f"ckstore: {where}: replicas of {_name(keys, pattern)} differ between "
+                        f"ranks: {_where({k: diverged[k] for k in keys})}; committed, recorded "
+                        f"unhealthy (roll back with store.get('{spec.run}@healthy'))"
+                    )
+                )
+
+
+def _where(diverged: Mapping[str, fh.Divergence], limit: int = 4) -> str:
+    """Which ranks and regions of which keys differ, briefly."""
+    parts = []
+    for key, d in list(diverged.items())[:limit]:
+        ranks = f"rank {', '.join(map(str, d.ranks))}" if d.ranks else "ranks not located"
+        first = f", first at offsets {list(d.regions[0][0])}" if d.regions else ""
+        parts.append(f"{key} ({ranks}; {d.region_count} region(s){first})")
+    more = f" and {len(diverged) - limit} more" if len(diverged) > limit else ""
+    return "; ".join(parts) + more
 
 
 SENTINEL_APPS = ("callbacks",)

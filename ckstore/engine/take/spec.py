@@ -38,9 +38,11 @@ class GuardPolicies(TypedDict, total=False):
 
 
 class RankOptions(TypedDict, total=False):
-    """How the ranks of a distributed take wait for each other."""
+    """How the ranks of a distributed take wait for each other, and what the take does about
+    replicas that disagree between them."""
 
     dist_timeout: float | None
+    on_divergence: str
 
 
 class TakeOptions(GuardPolicies, total=False):
@@ -102,6 +104,9 @@ class TakeSpec:
             (NonFiniteError, nothing committed) or ``"ignore"`` (commit, recorded, silent).
         on_stale: the same for tensors that should train and did not change since the run's
             previous snapshot although the step advanced (StaleStateError on ``"raise"``).
+        on_divergence: the same for replicated tensors (DDP modules, ``replicated`` globs) whose
+            copies differ between the ranks of a distributed take (ReplicaDivergenceError on
+            ``"raise"``; the other ranks raise DistributedError naming it).
         health: measure NaN, Inf and norms per tensor while hashing (False: skip it; the
             snapshot's health is then unknown). Staleness is checked either way.
         trainable: key globs of tensors that should change on every take, besides the live
@@ -131,6 +136,7 @@ class TakeSpec:
     health: bool = True
     trainable: tuple[str, ...] = ()
     trainable_keys: frozenset[str] = frozenset()
+    on_divergence: str = "warn"
     forked_from: str | None = None
 
     @classmethod
@@ -153,6 +159,7 @@ class TakeSpec:
         health: bool = True,
         trainable: Iterable[str] | None = (),
         trainable_keys: Iterable[str] = (),
+        on_divergence: str = "warn",
         forked_from: str | None = None,
     ) -> TakeSpec:
         """Check every argument and build the description.
@@ -161,9 +168,9 @@ class TakeSpec:
             InvalidInputError: a bad run, step, name or tag (the message names it), metadata
                 that is not JSON-able, a string where a list of names or globs belongs, a
                 non-positive ``dist_timeout``, a negative ``staging_budget``, an
-                ``on_nonfinite`` / ``on_stale`` other than ``"warn"``, ``"raise"``,
-                ``"ignore"``, a ``health`` that is not a bool, or a ``forked_from`` that is
-                not a non-empty str.
+                ``on_nonfinite`` / ``on_stale`` / ``on_divergence`` other than ``"warn"``,
+                ``"raise"``, ``"ignore"``, a ``health`` that is not a bool, or a ``forked_from``
+                that is not a non-empty str.
         """
         if step is not None:
             step = check_int("step", step, 0, INT64_MAX)
@@ -204,6 +211,7 @@ class TakeSpec:
             health,
             _names("trainable", "key globs", trainable or ()),
             frozenset(_names("trainable_keys", "keys", trainable_keys)),
+            _policy("on_divergence", on_divergence),
             forked_from,
         )
 

@@ -1,6 +1,7 @@
-// Health of one run (where its snapshots recorded it): NaN/Inf and stale flags (the lineage
-// marks them from the index, without this view), and the norm of each layer of one app over
-// steps: the model's weights by default, with the points where a layer held NaN/Inf marked.
+// Health of one run (where its snapshots recorded it): NaN/Inf, stale and diverged-replica
+// flags (the lineage marks them from the index, without this view), and the norm of each layer
+// of one app over steps: the model's weights by default, with the points where a layer held
+// NaN/Inf marked.
 
 import {state} from "./state.js";
 import {get} from "./api.js";
@@ -49,7 +50,7 @@ export async function load(app = "") {
     out.append(el("p", {id: "health-empty", class: "empty"}, `No health recorded in run ${run} (${d.read} snapshots read).`));
     return;
   }
-  const flagged = d.points.filter((p) => p.nan || p.inf || p.stale.length);
+  const flagged = d.points.filter((p) => p.nan || p.inf || p.stale.length || Object.keys(p.diverged).length);
   const layers = Object.keys(d.norms);
   out.append(el("p", {}, `${d.read} snapshots read; ${flagged.length} flagged. ` +
     `Norms of ${d.app === "*" ? "every app" : d.app}: ${layers.length} of ${d.layers} layers` +
@@ -88,9 +89,9 @@ export async function load(app = "") {
     axes: [{label: "step"}, {values: (u, vals) => vals.map((v) => (v === null || v === undefined ? "" : num(v, 2))), size: 60}],
     hooks: {draw: [drawMarks]},
   }, [xs, ...layers.map((l) => d.norms[l].map((v) => (v > 0 ? v : null)))], chart);
-  out.append(el("h4", {}, "Flags"), flagged.length ? table(["step", "NaN", "Inf", "stale", "tensors with NaN/Inf"],
-    flagged.map((p) => [p.step ?? "–", p.nan, p.inf, some(p.stale, 3), some(p.bad, SHOWN)]), "flags")
-    : el("p", {class: "muted"}, "No NaN, Inf or stale tensor recorded."));
+  out.append(el("h4", {}, "Flags"), flagged.length ? table(["step", "NaN", "Inf", "stale", "diverged replicas", "tensors with NaN/Inf"],
+    flagged.map((p) => [p.step ?? "–", p.nan, p.inf, some(p.stale, 3), diverged(p.diverged), some(p.bad, SHOWN)]), "flags")
+    : el("p", {class: "muted"}, "No NaN, Inf, stale tensor or diverged replica recorded."));
 }
 
 // The first `n` keys, then how many more (all of them in the tooltip).
@@ -98,4 +99,11 @@ function some(keys, n) {
   if (!keys.length) return "–";
   const more = keys.length > n ? ` … and ${keys.length - n} more` : "";
   return el("span", {title: keys.join("\n")}, keys.slice(0, n).join(", ") + more);
+}
+
+function diverged(found) {
+  const keys = Object.keys(found);
+  if (!keys.length) return "–";
+  const text = keys.map((k) => `${k} (rank ${found[k].join(", ")})`);
+  return el("span", {title: text.join("\n")}, `${keys.length}: ${text.slice(0, 2).join(", ")}${keys.length > 2 ? ", …" : ""}`);
 }

@@ -1,7 +1,8 @@
 // The lineage graph on a canvas: one lane per run, snapshots over time (or step), parent
 // edges along each lane, fork edges (dashed) from a base snapshot to a run's first snapshot,
 // tags as labels; gc-preview drops crossed out; what each take recorded (from the index, so
-// before any health is loaded): NaN/Inf as a red "!" badge, stale tensors as an amber one.
+// before any health is loaded): NaN/Inf or replicas that differ as a red "!" badge, stale
+// tensors as an amber one.
 
 import {state, ref, visibleRuns, changed} from "./state.js";
 import {runColor, when, size, el, clear} from "./util.js";
@@ -215,6 +216,7 @@ function health(i) {
   const s = state.ov.snaps, parts = [];
   if (s.nonfinite[i]) parts.push(`NaN/Inf: ${s.nonfinite[i]} values`);
   if (s.stale[i]) parts.push(`stale: ${s.stale[i]} tensors`);
+  if (s.diverged[i]) parts.push(`replicas differ: ${s.diverged[i]} tensors`);
   return parts.length ? el("div", {class: "tip-flag"}, parts.join(" · ")) : null;
 }
 

@@ -17,7 +17,7 @@ export function setOverview(ov) {
   state.ov = ov;
   state.flags = new Map();
   ov.snaps.id.forEach((_, i) => {
-    if (ov.snaps.nonfinite[i]) state.flags.set(i, "nan");
+    if (ov.snaps.nonfinite[i] || ov.snaps.diverged[i]) state.flags.set(i, "nan");
     else if (ov.snaps.stale[i]) state.flags.set(i, "stale");
   });
   state.tagsAt = new Map();

@@ -1,0 +1,58 @@
+"""Replicas that disagree are named at take (issue 34, item 1), on 4 real ranks (gloo, fork).
+
+A DDP job's parameters and a tensor a ``replicated=`` glob names are stored once, each block
+by one rank; every rank's copy is compared by fingerprint. 50 single-bit flips, each in one
+rank's copy of one tensor: every one is flagged with its rank, its key and the region that
+holds it, recorded in the snapshot (``run@healthy`` skips it), and warned about; with
+``on_divergence="raise"`` nothing is committed. 50 saves of a DDP job training
+deterministically (each rank's own batches, so its batch norm statistics and RNG state are
+its own): no alarm.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.distributed import replica_scenarios as rs
+from tests.support.ranks import run_ranks, values
+
+WORLD = 4
+
+
+def _holds(region: list[list[int]], where: list[int]) -> bool:
+    (offsets, sizes) = region
+    return all(o <= w < o + s for o, s, w in zip(offsets, sizes, where))
+
+
+def test_every_flipped_bit_is_flagged_with_its_rank_key_and_region(tmp_path: Path) -> None:
+    out = values(run_ranks(rs.flips, WORLD, tmp_path, str(tmp_path / "store"), timeout=900))
+    r0 = out[0]
+    assert len(r0["found"]) == rs.FLIPS
+    assert {f["key"] for f in r0["found"]} >= {"extra/table", "ddp/module.0.weight"}
+    assert len({f["rank"] for f in r0["found"]}) == WORLD
+    for f in r0["found"]:
+        assert f["diverged"] == 1 and f["healthy"] is False, f
+        assert list(f["recorded"]) == [f["key"]], f
+        got = f["recorded"][f["key"]]
+        assert got["ranks"] == [f["rank"]], f
+        assert len(got["regions"]) == 1 and _holds(got["regions"][0], f["where"]), f
+        assert f["checked"] == 7  # 6 DDP parameters (not the batch norm's buffers), the table
+    for rank in range(1, WORLD):  # every rank gets the committed record
+        assert [f["diverged"] for f in out[rank]["found"]] == [1] * rs.FLIPS
+    assert len(r0["warnings"]) == rs.FLIPS
+    assert all("differ between ranks" in w and "@healthy" in w for w in r0["warnings"])
+    assert all(o["warnings"] == [] for o in out[1:])  # the committing rank warns
+    for o in out:  # refused: nothing committed, every rank names the cause
+        assert o["refused"] is not None and o["steps"][0] == rs.FLIPS - 1
+        assert o["healthy"]  # no snapshot of the run is healthy
+    causes = " ".join(out[1]["refused"]["causes"].values())
+    assert "ReplicaDivergenceError" in causes and "rank(s) [1]" in causes
+    assert "ddp/module.0.weight" in causes
+
+
+def test_deterministic_saves_raise_no_alarm(tmp_path: Path) -> None:
+    out = values(run_ranks(rs.saves, WORLD, tmp_path, str(tmp_path / "store"), timeout=900))
+    for o in out:
+        assert o["diverged"] == [0] * rs.SAVES
+        assert o["warnings"] == []
+        assert o["healthy"] == list(reversed(range(rs.SAVES)))
