@@ -50,6 +50,12 @@ class Table:
     sizes: tuple[int, ...]  # raw bytes
     keys: tuple[str, ...]  # a key holding the chunk (for messages)
     index: dict[str, int] = field(hash=False, compare=False)
+    checks: tuple[str | None, ...] = field(default=(), hash=False, compare=False)
+    """Each chunk's check from the manifest (None where it has none)."""
+
+    def check(self, i: int) -> str | None:
+        """The check of chunk ``i`` (None: verified by id)."""
+        return self.checks[i] if i < len(self.checks) else None
 
     def digest(self) -> str:
         """A digest of the numbering (ids and sizes in order): equal on every rank, or a bug."""
@@ -63,6 +69,7 @@ def table_of(manifest: Manifest) -> Table:
     ids: list[str] = []
     sizes: list[int] = []
     keys: list[str] = []
+    checks: list[str | None] = []
     index: dict[str, int] = {}
     for key in sorted(manifest.entries):
         entry = manifest.entries[key]
@@ -81,7 +88,8 @@ def table_of(manifest: Manifest) -> Table:
                     ids.append(c.id)
                     sizes.append(math.prod(c.sizes) * size)
                     keys.append(key)
-    return Table(tuple(ids), tuple(sizes), tuple(keys), index)
+                    checks.append(c.check)
+    return Table(tuple(ids), tuple(sizes), tuple(keys), index, tuple(checks))
 
 
 def runs_of(indices: Iterable[int]) -> Runs:

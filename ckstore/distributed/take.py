@@ -174,7 +174,7 @@ def _own_entries(local: Local, opts: TakeOptions) -> dict[str, Entry]:
     chunks: dict[str, list[list[Any]]] = defaultdict(list)
     for key, (o, s), c in local.chunks:
         if local.leaves[key].kind == LOCAL:
-            chunks[key].append([list(o), list(s), c.id])
+            chunks[key].append(ChunkRef(o, s, c.id, c.check or None).to_list())
     return {
         k: _own_entry(k, x.desc, chunks.get(k, []), opts)
         for k, x in local.leaves.items()
@@ -239,7 +239,7 @@ def _report(t: LocalTake, local: Local, own: dict[str, Entry], equal: set[str]) 
     pieces: dict[str, list[Any]] = defaultdict(list)
     for key, (o, s), c in local.chunks:
         if local.leaves[key].kind != LOCAL:
-            pieces[key].append([list(o), list(s), c.id])
+            pieces[key].append(ChunkRef(o, s, c.id, c.check or None).to_list())
     return {
         "figures": {
             **t.stats.figures(),
@@ -369,11 +369,7 @@ def _shared_entry(
             device=x["device"],
         )
     refs = sorted(
-        (
-            ChunkRef(tuple(o), tuple(s), cid)
-            for rep in reports
-            for o, s, cid in rep["pieces"].get(key, ())
-        ),
+        (_ref(piece) for rep in reports for piece in rep["pieces"].get(key, ())),
         key=lambda c: c.offsets,
     )
     block = make_grid(shape, itemsize(x["dtype"]), opts.chunk_bytes).block
@@ -396,6 +392,13 @@ def _own_entry(
             container=x["container"],
             device=x["device"],
         )
-    refs = tuple(ChunkRef(tuple(o), tuple(s), cid) for o, s, cid in chunks)
+    refs = tuple(_ref(piece) for piece in chunks)
     block = make_grid(shape, itemsize(x["dtype"]), opts.chunk_bytes).block
     return TensorEntry(x["dtype"], shape, refs, block, container=x["container"], device=x["device"])
+
+
+def _ref(piece: Sequence[Any]) -> ChunkRef:
+    """A chunk ref from ``[offsets, sizes, id(, check)]`` as a rank reported it (the manifest
+    built from it is validated before it is stored)."""
+    o, s, cid = piece[:3]
+    return ChunkRef(tuple(o), tuple(s), cid, piece[3] if len(piece) > 3 else None)

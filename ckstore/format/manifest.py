@@ -14,26 +14,25 @@ import base64
 import gc
 import json
 import math
-import operator
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import chain, pairwise
 from typing import Any, Union
 
 import blake3
 
 from ..errors import CorruptionError
+from .chunks import ChunkRef, parse_refs, tiling_problem
 from .dtypes import ITEMSIZE, itemsize
 from .tree import tree_refs
 from .values import decode_value
 
 FORMAT = "ckstore/manifest"
-VERSION = 1
+VERSION = 2
+"""The version a writer writes: 2 adds each chunk's check (:class:`ChunkRef`)."""
+READ_VERSIONS = (1, 2)
+"""The versions a reader reads (a version 1 manifest has no checks)."""
 MAX_MANIFEST_BYTES = 1 << 30
-_HEX64 = re.compile(r"[0-9a-f]{64}")  # used with fullmatch: "$" would let a trailing newline in
-_BULK = 16  # chunk lists longer than this are type-checked in bulk
 
 
 def canonical_json(data: Any) -> bytes:
@@ -41,15 +40,6 @@ def canonical_json(data: Any) -> bytes:
     return json.dumps(
         data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
     ).encode()
-
-
-@dataclass(frozen=True)
-class ChunkRef:
-    """One chunk of a tensor: its box in global coordinates and its content id."""
-
-    offsets: tuple[int, ...]
-    sizes: tuple[int, ...]
-    id: str
 
 
 @dataclass(frozen=True)
@@ -86,7 +76,7 @@ class TensorEntry:
             out["data"] = base64.b64encode(self.data).decode()
         else:
             out["block"] = list(self.block or ())
-            out["chunks"] = [[list(c.offsets), list(c.sizes), c.id] for c in self.chunks]
+            out["chunks"] = [c.to_list() for c in self.chunks]
         return out
 
     @classmethod
@@ -106,7 +96,7 @@ class TensorEntry:
                 if len(data) != entry.nbytes:
                     raise ValueError("inline data length")
                 return entry
-            chunks = _chunk_refs(d["chunks"], len(shape))
+            chunks = parse_refs(d["chunks"], len(shape))
             entry = cls(dtype, shape, chunks, _ints(d["block"]), container=container, device=device)
         except CorruptionError:
             raise
@@ -209,10 +199,19 @@ def entry_from_dict(d: Any, key: str) -> Entry:
 
 
 def entry_digest(entry: Entry) -> str:
-    """A content digest of an entry (device excluded), used to diff snapshots cheaply."""
-    d = entry.to_dict()
+    """A content digest of an entry (device and chunk checks excluded: a check follows from
+    its chunk id, and a version 1 manifest has none), used to diff snapshots cheaply."""
+    d = _without_checks(entry.to_dict())
     d.pop("device", None)
     return blake3.blake3(canonical_json(d)).hexdigest()
+
+
+def _without_checks(d: dict[str, Any]) -> dict[str, Any]:
+    if "chunks" in d:
+        d["chunks"] = [c[:3] for c in d["chunks"]]
+    if "ranks" in d:
+        d["ranks"] = [_without_checks(r) for r in d["ranks"]]
+    return d
 
 
 def snapshot_header(
@@ -272,9 +271,10 @@ class Manifest:
             raise CorruptionError(f"{where} is not valid JSON: {exc}") from exc
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise CorruptionError(f"{where} is not a ckstore manifest")
-        if doc.get("version") != VERSION:
+        if doc.get("version") not in READ_VERSIONS:
             raise CorruptionError(
-                f"{where} has manifest version {doc.get('version')!r}; this ckstore reads {VERSION}"
+                f"{where} has manifest version {doc.get('version')!r}; this ckstore reads "
+                f"{', '.join(map(str, READ_VERSIONS))}: upgrade ckstore to read it"
             )
         apps, entries = doc.get("apps"), doc.get("entries")
         if not isinstance(apps, dict) or not isinstance(entries, dict):
@@ -308,143 +308,6 @@ def _ints(v: Any) -> tuple[int, ...]:
     if not isinstance(v, list) or not all(type(x) is int for x in v):
         raise ValueError(f"expected a list of ints, got {str(v)[:60]}")
     return tuple(v)
-
-
-def _chunk_refs(raw: Any, ndim: int) -> tuple[ChunkRef, ...]:
-    """Parse ``[[offsets], [sizes], id]`` triples; each list must hold exactly ``ndim`` ints.
-
-    The types are checked in bulk (C loops over the whole list), which keeps a manifest with
-    thousands of chunks fast to parse; on failure, the first bad triple is named.
-    """
-    if type(raw) is not list:
-        raise ValueError("chunks is not a list")
-    if len(raw) > _BULK and set(map(type, raw)) == {list} and set(map(len, raw)) == {3}:
-        offs, sizes, ids = zip(*raw)
-        if (
-            {*map(type, offs), *map(type, sizes)} == {list}
-            and {*map(len, offs), *map(len, sizes)} == {ndim}
-            and set(map(type, chain.from_iterable((*offs, *sizes)))) <= {int}
-            and set(map(type, ids)) == {str}
-        ):
-            return tuple(map(ChunkRef, map(tuple, offs), map(tuple, sizes), ids))
-    ints = (int,) * ndim  # type() is exact: bools and floats are refused
-    out = []
-    for item in raw:
-        if type(item) is not list or len(item) != 3:
-            raise ValueError(f"chunk {str(item)[:80]} is not [offsets, sizes, id]")
-        o, s, cid = item
-        lists = type(o) is type(s) is list
-        if not (lists and tuple(map(type, o)) == tuple(map(type, s)) == ints and type(cid) is str):
-            raise ValueError(f"chunk {str(item)[:80]} is not [offsets, sizes, id] of {ndim} ints")
-        out.append(ChunkRef(tuple(o), tuple(s), cid))
-    return tuple(out)
-
-
-def _hex_ids(ids: list[str]) -> bool:
-    """True if every id is 64 lowercase hex digits (one pass over all of them at once)."""
-    if set(map(len, ids)) - {64}:
-        return False
-    joined = "".join(ids)
-    try:
-        # fromhex skips whitespace: an equal digit count rules it out
-        digits = 2 * len(bytes.fromhex(joined))
-        return joined.isascii() and joined == joined.lower() and digits == len(joined)
-    except ValueError:
-        return False
-
-
-def tiling_problem(shape: tuple[int, ...], chunks: Sequence[ChunkRef]) -> str | None:
-    """Why ``chunks`` do not tile a tensor of ``shape`` exactly once, or None when they do.
-
-    Checked: ids are 64 lowercase hex digits; every box has the tensor's rank and lies inside
-    it with positive sizes; the boxes hold as many elements as the tensor; no two boxes overlap.
-    Equal element counts plus no overlap means the boxes cover every element exactly once.
-    The whole check is O(n log n) in the number of chunks for the tilings ckstore writes
-    (see :func:`_overlapping_pair`).
-    """
-    n, ndim = len(chunks), len(shape)
-    if n == 1 and _HEX64.fullmatch(chunks[0].id):  # the common case: one chunk, the whole tensor
-        c = chunks[0]
-        if c.offsets == (0,) * ndim and c.sizes == shape and 0 not in shape:
-            return None
-    if not _hex_ids([c.id for c in chunks]):
-        bad = next(c.id for c in chunks if not (type(c.id) is str and _HEX64.fullmatch(c.id)))
-        return f"chunk id {str(bad)[:80]!r} is not 64 lowercase hex digits"
-    offs = [c.offsets for c in chunks]
-    sizes = [c.sizes for c in chunks]
-    if {*map(len, offs), *map(len, sizes)} - {ndim}:
-        c = next(c for c in chunks if len(c.offsets) != ndim or len(c.sizes) != ndim)
-        return f"chunk {_box(c)} does not have the {ndim} dimensions of shape {list(shape)}"
-    ocols: list[tuple[int, ...]] = list(zip(*offs)) if n and ndim else [()] * ndim
-    scols: list[tuple[int, ...]] = list(zip(*sizes)) if n and ndim else [()] * ndim
-    ecols: list[list[int]] = []
-    for d, extent in enumerate(shape):
-        e_d = list(map(operator.add, ocols[d], scols[d]))
-        if n and (min(ocols[d]) < 0 or min(scols[d]) <= 0 or max(e_d) > extent):
-            c = next(
-                c for c in chunks if not 0 <= c.offsets[d] < c.offsets[d] + c.sizes[d] <= extent
-            )
-            return f"chunk {_box(c)} lies outside shape {list(shape)}"
-        ecols.append(e_d)
-    volumes = [1] * n
-    for s_d in scols:
-        volumes = list(map(operator.mul, volumes, s_d))
-    covered, total = sum(volumes), math.prod(shape)
-    if covered != total:
-        return f"chunks cover {covered} of {total} elements"
-    pair = _overlapping_pair(offs, ocols, ecols)
-    if pair is not None:
-        return f"chunks {_box(chunks[pair[0]])} and {_box(chunks[pair[1]])} overlap"
-    return None
-
-
-def _overlapping_pair(
-    offs: list[tuple[int, ...]], ocols: list[tuple[int, ...]], ecols: list[list[int]]
-) -> tuple[int, int] | None:
-    """Indices of two overlapping boxes (given per box and per dimension), or None.
-
-    Fast path: the boxes ckstore writes are grid blocks cut by shard boxes. Both are product
-    partitions of the tensor, so every box is one cell of the partition whose cut points, per
-    dimension, are all box starts and ends: each box spans exactly one gap between consecutive
-    cut points in every dimension. Boxes that are single cells overlap only if they are the same
-    cell, i.e. start at the same offsets. Other tilings fall back to a sweep along the dimension
-    with the most distinct starts, comparing each box with the boxes still open there.
-    """
-    if len(offs) < 2:
-        return None
-    first: dict[tuple[int, ...], int] = {}
-    for i, o in enumerate(offs):
-        j = first.setdefault(o, i)
-        if j != i:
-            return j, i
-    if all(_single_cells(o_d, e_d) for o_d, e_d in zip(ocols, ecols)):
-        return None
-    return _sweep(ocols, ecols)
-
-
-def _single_cells(starts: tuple[int, ...], ends: list[int]) -> bool:
-    """True if each interval [start, end) runs from one cut point to the next one."""
-    points = sorted({*starts, *ends})
-    following = dict(pairwise(points))
-    return list(map(following.__getitem__, starts)) == ends
-
-
-def _sweep(ocols: list[tuple[int, ...]], ecols: list[list[int]]) -> tuple[int, int] | None:
-    ndim = len(ocols)
-    d = max(range(ndim), key=lambda k: len(set(ocols[k])))
-    starts, ends = ocols[d], ecols[d]
-    active: list[int] = []
-    for i in sorted(range(len(starts)), key=starts.__getitem__):
-        active = [j for j in active if ends[j] > starts[i]]
-        for j in active:
-            if all(ocols[k][i] < ecols[k][j] and ocols[k][j] < ecols[k][i] for k in range(ndim)):
-                return j, i
-        active.append(i)
-    return None
-
-
-def _box(c: ChunkRef) -> str:
-    return f"{list(c.offsets)}+{list(c.sizes)}"
 
 
 def _check_refs(apps: dict[str, Any], entries: dict[str, Entry], where: str) -> None:

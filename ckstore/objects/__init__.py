@@ -23,7 +23,7 @@ from ckstore.objects.codecs import (
     is_delta,
 )
 from ckstore.objects.delta import encode_delta
-from ckstore.objects.hashing import HASH_NAME, chunk_id, is_chunk_id
+from ckstore.objects.hashing import CHECK_NAME, HASH_NAME, chunk_id, is_chunk_id, raw_check
 from ckstore.objects.local import LocalBackend
 from ckstore.objects.location import ChunkLocation
 from ckstore.objects.opener import open_backend
@@ -72,6 +72,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BYTEGROUP_ZSTD",
+    "CHECK_NAME",
     "CODECS",
     "EXP_ZSTD",
     "FAST_CODECS",
@@ -109,6 +110,7 @@ __all__ = [
     "pack_id_from_name",
     "pack_name",
     "pack_overhead",
+    "raw_check",
     "read_pack_index",
     "scan_pack",
     "validate_name",

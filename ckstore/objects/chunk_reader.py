@@ -18,7 +18,7 @@ from ckstore.objects.codecs import (
     interleave_planes,
 )
 from ckstore.objects.delta import xor_into
-from ckstore.objects.hashing import fingerprint, new_hasher, payload_digest
+from ckstore.objects.hashing import fingerprint, new_checker, new_hasher, payload_digest
 from ckstore.objects.location import ChunkLocation
 from ckstore.objects.memory import private_memory
 from ckstore.objects.packs import pack_name
@@ -126,13 +126,21 @@ class ChunkReader:
         return root if planes is None else planes
 
     def read_chunk(
-        self, loc: ChunkLocation, out: memoryview | None = None, *, trust: bool = False
+        self,
+        loc: ChunkLocation,
+        out: memoryview | None = None,
+        *,
+        trust: bool = False,
+        check: str | None = None,
     ) -> bytes | memoryview:
         """Read, decode and verify one chunk with ONE ranged get of ``(offset, length)``.
 
         Args:
             loc: where the chunk is.
             out: optional writable buffer of exactly ``loc.raw_length`` bytes to decode into.
+            trust: remember the payloads as right once verified (:meth:`trust`).
+            check: the chunk's check (``hashing.raw_check``) to verify the decoded bytes
+                against; None verifies them against the id (BLAKE3).
 
         Returns:
             The chunk's raw bytes (``out`` itself when given).
@@ -143,7 +151,7 @@ class ChunkReader:
         """
         self._check_sizes(loc)
         target = out if out is not None else memoryview(bytearray(loc.raw_length))
-        self.verify_chunk(loc, target, trust=trust)
+        self.verify_chunk(loc, target, trust=trust, check=check)
         return target
 
     def check_payloads(self, loc: ChunkLocation) -> None:
@@ -182,12 +190,15 @@ class ChunkReader:
         fingerprint_it: bool = False,
         trust: bool = False,
         check_digests: bool = False,
+        check: str | None = None,
     ) -> int | None:
-        """Read one chunk's payload, decode it and verify it against its id, in one pass.
+        """Read one chunk's payload, decode it and verify it, in one pass.
 
         The payload is read into this thread's recycled buffer (``Backend.get_into``), decoded
         into ``out`` (or, when None, kept nowhere: a verify-only pass) and hashed block by
-        block as it is decoded (``codecs.decode_hashed``).
+        block as it is decoded (``codecs.decode_hashed``): with XXH3-64 against ``check`` (the
+        chunk's check from its manifest, ``hashing.raw_check``) when given, else with BLAKE3
+        against its id. Either covers the stored bytes and the decoder.
 
         With ``trust``, the payloads of the chunk (and its chain) are remembered as right once
         verified (:meth:`trust`). With ``check_digests`` (after :meth:`check_payloads`: the
@@ -204,7 +215,7 @@ class ChunkReader:
             ObjectNotFoundError: the pack is missing.
             CorruptionError: the payload is malformed or does not hash to ``loc.chunk_id``.
         """
-        hasher = new_hasher()
+        hasher, expected = _verifier(loc, check)
         links: list[tuple[str, int]] | None = [] if trust else None
         if loc.base_id is not None:
             prints = self._decode_chain(
@@ -220,7 +231,7 @@ class ChunkReader:
                 assert prints is not None
                 links.append((loc.chunk_id, prints))
             prints = prints if fingerprint_it else None
-        if str(hasher.hexdigest()) != loc.chunk_id:
+        if str(hasher.hexdigest()) != expected:
             why = (
                 "its stored payload is the one its writer recorded, so the writer stored a wrong "
                 "encoding"
@@ -230,7 +241,7 @@ class ChunkReader:
             )
             raise CorruptionError(
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
-                f"does not match its id: {why}"
+                f"does not match its {'check' if check is not None else 'id'}: {why}"
             )
         if links:
             if len(self._trusted) + len(links) > self.MAX_TRUSTED:
@@ -376,3 +387,14 @@ class ChunkReader:
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
                 f"cannot be decoded: {exc}"
             ) from exc
+
+
+def _verifier(loc: ChunkLocation, check: str | None) -> tuple[Any, str]:
+    """A hasher for the chunk's decoded bytes and the hexdigest it must end with: XXH3-64
+    seeded with the id against ``check``, or BLAKE3 against the id."""
+    if check is None:
+        return new_hasher(), loc.chunk_id
+    try:
+        return new_checker(loc.chunk_id), check
+    except ValueError:  # an id that is not hex: never matches
+        return new_hasher(), loc.chunk_id

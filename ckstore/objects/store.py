@@ -63,10 +63,15 @@ class ObjectStore:
         return PackWriter(self._backend, target_size)
 
     def read_chunk(
-        self, loc: ChunkLocation, out: memoryview | None = None, *, trust: bool = False
+        self,
+        loc: ChunkLocation,
+        out: memoryview | None = None,
+        *,
+        trust: bool = False,
+        check: str | None = None,
     ) -> bytes | memoryview:
         """Read, decode and verify one chunk (:meth:`ChunkReader.read_chunk`)."""
-        return self._reader.read_chunk(loc, out, trust=trust)
+        return self._reader.read_chunk(loc, out, trust=trust, check=check)
 
     def verify_chunk(
         self,
@@ -76,11 +81,17 @@ class ObjectStore:
         fingerprint_it: bool = False,
         trust: bool = False,
         check_digests: bool = False,
+        check: str | None = None,
     ) -> int | None:
-        """Read one chunk's payload, decode it and verify it against its id, in one pass
-        (:meth:`ChunkReader.verify_chunk`)."""
+        """Read one chunk's payload, decode it and verify it against its check or id, in one
+        pass (:meth:`ChunkReader.verify_chunk`)."""
         return self._reader.verify_chunk(
-            loc, out, fingerprint_it=fingerprint_it, trust=trust, check_digests=check_digests
+            loc,
+            out,
+            fingerprint_it=fingerprint_it,
+            trust=trust,
+            check_digests=check_digests,
+            check=check,
         )
 
     def load_verified(self, loc: ChunkLocation, out: memoryview, expected: int) -> None:

@@ -108,9 +108,12 @@ class Fetcher:
         where: str,
         threads: int,
         progress: ProgressFn | None = None,
+        verify: str = "fast",
     ) -> None:
         self.objs, self.index, self.where, self.threads = objs, index, where, max(1, threads)
         self.progress = progress
+        self.full = verify == "full"
+        """Verify every chunk against its id (BLAKE3), not against its check."""
         self._executor: ThreadPoolExecutor | None = None
         self._stash: objects.StashingBackend | None = None
 
@@ -154,7 +157,9 @@ class Fetcher:
             self._run(
                 jobs,
                 lambda j: self._deliver(
-                    j, pools, lambda out: self.objs.verify_chunk(self._loc(j), out)
+                    j,
+                    pools,
+                    lambda out: self.objs.verify_chunk(self._loc(j), out, check=self._check(j)),
                 ),
                 "restore",
             )
@@ -179,13 +184,16 @@ class Fetcher:
         def one(job: Job) -> None:
             loc = self._loc(job)
             job.staged = arena.take(loc.raw_length)
-            job.checked = job.staged is None and loc.digests_known()
+            job.checked = job.staged is None and loc.digests_known() and self._check(job) is None
             if job.checked:
                 self._guard(job, lambda: self.objs.check_payloads(self._loc(job)))
                 return
             keep = job.staged is None  # read again in the second pass: remember the payload
             job.fingerprint = self._guard(
-                job, lambda: self.objs.verify_chunk(self._loc(job), job.staged, fingerprint_it=keep)
+                job,
+                lambda: self.objs.verify_chunk(
+                    self._loc(job), job.staged, fingerprint_it=keep, check=self._check(job)
+                ),
             )
 
         self._run(jobs, one, "verify")
@@ -208,7 +216,9 @@ class Fetcher:
                     self._deliver(
                         job,
                         pools,
-                        lambda out: self.objs.verify_chunk(self._loc(job), out, check_digests=True),
+                        lambda out: self.objs.verify_chunk(
+                            self._loc(job), out, check_digests=True, check=self._check(job)
+                        ),
                         moved=self._verified_copy,
                     )
                 else:
@@ -320,7 +330,7 @@ class Fetcher:
         copy it into ``out``: for a chunk re-encoded since the first pass checked it."""
         n = self._loc(job).raw_length
         scratch = _moved_scratch(n)[:n].data
-        self.objs.verify_chunk(self._loc(job), scratch)
+        self.objs.verify_chunk(self._loc(job), scratch, check=self._check(job))
         _memcpy(out, scratch)
 
     def _locate(self, jobs: list[Job]) -> None:
@@ -335,6 +345,10 @@ class Fetcher:
                         "know; run `ckstore check` (the index may need `ckstore reindex`)"
                     )
                 j.loc = to_location(rec, locs)
+
+    def _check(self, job: Job) -> str | None:
+        """What ``job``'s decoded bytes are verified against: its check, or (None) its id."""
+        return None if self.full else job.check
 
     @staticmethod
     def _loc(job: Job) -> objects.ChunkLocation:

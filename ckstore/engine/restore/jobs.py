@@ -26,6 +26,8 @@ class Job:
     key: str
     cid: str
     out: memoryview | None = None
+    check: str | None = None
+    """The chunk's check from the manifest (``objects.raw_check``); None: verify by id."""
     dtype: str = ""
     sizes: tuple[int, ...] = ()
     src: tuple[slice, ...] = ()
@@ -57,7 +59,8 @@ def plan_jobs(
             continue
         if view is not None and inter == (c.offsets, c.sizes) and _contiguous(c.sizes, sizes):
             start = sum((o - r) * s for o, r, s in zip(c.offsets, offs, strides)) * t.element_size()
-            jobs.append(Job(key, c.id, view[start : start + math.prod(c.sizes) * t.element_size()]))
+            end = start + math.prod(c.sizes) * t.element_size()
+            jobs.append(Job(key, c.id, view[start:end], check=c.check))
         else:
             io, isz = inter
             jobs.append(
@@ -65,6 +68,7 @@ def plan_jobs(
                     key,
                     c.id,
                     None,
+                    c.check,
                     entry.dtype,
                     c.sizes,
                     slices(io, c.offsets, isz),
