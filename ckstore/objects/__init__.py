@@ -37,6 +37,7 @@ from ckstore.objects.packs import (
     pack_overhead,
     read_pack_index,
 )
+from ckstore.objects.payloads import Kept
 from ckstore.objects.store import ObjectStore, blob_name
 from ckstore.objects.wrappers import (
     CountingBackend,
@@ -87,6 +88,7 @@ __all__ = [
     "CountingBackend",
     "FaultyBackend",
     "FsspecBackend",
+    "Kept",
     "LocalBackend",
     "ObjectStore",
     "PackIndex",

@@ -7,11 +7,12 @@ other). Pure bookkeeping in global tensor coordinates; the passes that run jobs 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ... import objects
+from ...format.dtypes import dtype_from_name
 from ...format.manifest import TensorEntry
 from ...format.tensors import writable_view
 from .. import devices
@@ -33,9 +34,15 @@ class Job:
     src: tuple[slice, ...] = ()
     dst: torch.Tensor | None = None
     loc: objects.ChunkLocation | None = None
-    fingerprint: int | None = field(default=None, repr=False)
-    staged: memoryview | None = field(default=None, repr=False)
-    checked: bool = field(default=False, repr=False)  # its payloads matched their digests
+
+
+def raw_bytes(job: Job) -> int:
+    """The raw bytes of ``job``'s chunk."""
+    if job.loc is not None:
+        return job.loc.raw_length
+    if job.out is not None:  # the chunk's place in its destination
+        return len(job.out)
+    return math.prod(job.sizes) * dtype_from_name(job.dtype).itemsize
 
 
 def plan_jobs(
