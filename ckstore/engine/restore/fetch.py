@@ -156,13 +156,13 @@ class Fetcher:
             c = _Checked(staged=arena.take(loc.raw_length) if job.cid in staging else None)
             if c.staged is None and check is None and loc.digests_known():
                 c.by_id, c.kept = True, {} if mapped else None
-                self._guard(job, lambda: self.objs.check_payloads(loc, keep=c.kept))
+                self._guard(job, lambda: self.objs.check_payloads(self._loc(job), keep=c.kept))
             else:
                 c.kept = {} if mapped and c.staged is None else None
                 c.fingerprint = self._guard(
                     job,
-                    lambda: self.objs.verify_chunk(
-                        loc,
+                    lambda: self.objs.verify_chunk(  # at the chunk's place when it runs
+                        self._loc(job),
                         c.staged,
                         fingerprint_it=c.staged is None and c.kept is None,
                         check=check,
@@ -170,7 +170,7 @@ class Fetcher:
                     ),
                 )
             if c.kept is not None:
-                self.objs.drop(loc)
+                self.objs.drop(self._loc(job))
             self._checked[job.cid] = c
 
         self._run(first, one, "verify", ahead=mapped)
