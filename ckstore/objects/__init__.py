@@ -7,7 +7,7 @@ Never imports torch or the index layer. The fsspec-based backends (``FsspecBacke
 from typing import TYPE_CHECKING, Any
 
 from ckstore.objects.backend import Backend, validate_name
-from ckstore.objects.chunk_reader import ChunkReader
+from ckstore.objects.chunk_reader import UNCHECKED, ChunkReader
 from ckstore.objects.codecs import (
     BYTEGROUP_ZSTD,
     CODECS,
@@ -79,6 +79,7 @@ __all__ = [
     "FAST_CODECS",
     "HASH_NAME",
     "NONE",
+    "UNCHECKED",
     "XOR_BYTEGROUP_ZSTD",
     "XOR_ZSTD",
     "ZSTD",

@@ -69,7 +69,9 @@ def _codecs(store: ckstore.Store, snap_id: str) -> set[str]:
 
 def test_takes_write_loose_and_compaction_rewrites_all_but_the_newest(tmp_path: Path) -> None:
     states = _run(5)
-    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, **KNOBS) as store:
+    with ckstore.open(
+        tmp_path / "s", create=True, auto_compact=False, take_codec="fast", **KNOBS
+    ) as store:
         ids = _take_all(store, states)
         assert _codecs(store, ids[0]) <= objects.FAST_CODECS and "exp-zstd" in _codecs(
             store, ids[0]
