@@ -143,3 +143,20 @@ def test_a_decoder_that_errs_is_caught_by_the_default_restore(
         assert all(not t.any() for t in dest.values()), "an atomic restore touched the destination"
     with pytest.raises(ckstore.CorruptionError):
         store.get("r").read_object("m/w")
+
+
+@pytest.mark.parametrize("store", ["fast"], indirect=True)
+def test_the_benchmarks_switch_skips_only_the_check_of_the_decoded_bytes(
+    store: ckstore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fetch.unchecked()`` (what the bench measures the check's share against) lets a decoder
+    that errs through, and only inside it: the restores after it check again."""
+    from ckstore.engine.restore.fetch import unchecked
+
+    faults = _faulty_decoders(monkeypatch, {objects.EXP_ZSTD})
+    with unchecked():
+        dest = _restored(store, memory_budget=0)
+    assert faults[0] > 0
+    assert not torch.equal(dest["w"], _state()["w"])  # the flipped bit went through unseen
+    with pytest.raises(ckstore.CorruptionError, match="does not match its check"):
+        _restored(store, memory_budget=0)
