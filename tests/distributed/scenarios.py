@@ -333,8 +333,12 @@ def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
         def broken(*a: Any, **k: Any) -> Any:
             raise CorruptionError("injected damaged chunk")
 
-        store.repository.objects.read_chunk = broken  # type: ignore[method-assign]
-        store.repository.objects.verify_chunk = broken  # type: ignore[method-assign]
+        # every way this rank's object stores read a chunk (a restore may read through an
+        # object store of its own, over a backend that keeps what its first pass read)
+        from ckstore.objects import ObjectStore
+
+        for name in ("read_chunk", "verify_chunk", "check_payloads", "load_kept", "load_verified"):
+            setattr(ObjectStore, name, broken)
     try:
         snap.restore({"ddp": fresh})
         out["error"] = None
