@@ -3,6 +3,7 @@ arena single-process async takes cut their copies from."""
 
 from __future__ import annotations
 
+import mmap
 from collections import OrderedDict
 from typing import Any
 
@@ -79,6 +80,33 @@ class StagingArena:
         for stream in streams:
             stream.synchronize()
 
+    def place(self, value: Any) -> Any:
+        """Room for a copy of ``value`` (a CPU tensor or a numpy array, ``arena_bytes`` > 0) in
+        a pageable arena, not filled: a tensor or array of its dtype and shape that
+        :func:`fill` copies ``value`` into later (a take plans its chunks on the copies
+        meanwhile: planning reads no tensor's bytes but an inline one's).
+
+        Raises:
+            InvalidInputError: the arena has no room left, or it is pinned (copies from a
+                device are issued by :meth:`copy`, already asynchronous).
+        """
+        if self._mem is None:
+            raise InvalidInputError("a pinned staging arena copies at once: use copy()")
+        at = self._room(arena_bytes(value))
+        if isinstance(value, np.ndarray):
+            return np.frombuffer(self._mem, dtype=value.dtype, count=value.size, offset=at).reshape(
+                value.shape
+            )
+        return torch.frombuffer(self._mem, dtype=value.dtype, count=value.numel(), offset=at).view(
+            value.shape
+        )
+
+    def _room(self, n: int) -> int:
+        if self._at + n > self.size:
+            raise InvalidInputError(f"staging arena of {self.size} bytes has no room for {n} more")
+        at, self._at = self._at, self._at + n
+        return at
+
     def copy(self, value: Any) -> Any:
         """A copy of ``value`` (a tensor, on any device, or a numpy array) in the arena, on the
         CPU, contiguous, with its dtype and shape.
@@ -95,41 +123,49 @@ class StagingArena:
                 if isinstance(value, np.ndarray)
                 else value.detach().to("cpu", copy=True)
             )
-        if self._at + n > self.size:
-            raise InvalidInputError(f"staging arena of {self.size} bytes has no room for {n} more")
-        at, self._at = self._at, self._at + n
-        if self._pinned is not None:
-            size = (
-                value.nbytes
-                if isinstance(value, np.ndarray)
-                else value.numel() * value.element_size()
-            )
-            block = self._pinned[at : at + size]
-            if isinstance(value, np.ndarray):
-                out = block.numpy().view(value.dtype).reshape(value.shape)
-                np.copyto(out, value)
-                return out
-            dst = block.view(value.dtype).view(value.shape)
-            src = value.detach()
-            if src.is_cuda:
-                stream = torch.cuda.current_stream(src.device)
-                dst.copy_(src, non_blocking=True)  # ordered after the kernels that wrote it
-                if stream not in self._streams:
-                    self._streams.append(stream)
-            else:
-                dst.copy_(src)
-            return dst
+        if self._mem is not None:
+            out = self.place(value)
+            fill([(out, value)])
+            return out
+        at = self._room(n)
+        assert self._pinned is not None
+        size = (
+            value.nbytes if isinstance(value, np.ndarray) else value.numel() * value.element_size()
+        )
+        block = self._pinned[at : at + size]
         if isinstance(value, np.ndarray):
-            out = np.frombuffer(self._mem, dtype=value.dtype, count=value.size, offset=at).reshape(
-                value.shape
-            )
+            out = block.numpy().view(value.dtype).reshape(value.shape)
             np.copyto(out, value)
             return out
-        dst = torch.frombuffer(self._mem, dtype=value.dtype, count=value.numel(), offset=at).view(
-            value.shape
-        )
-        dst.copy_(value.detach())
+        dst = block.view(value.dtype).view(value.shape)
+        src = value.detach()
+        if src.is_cuda:
+            stream = torch.cuda.current_stream(src.device)
+            dst.copy_(src, non_blocking=True)  # ordered after the kernels that wrote it
+            if stream not in self._streams:
+                self._streams.append(stream)
+        else:
+            dst.copy_(src)
         return dst
+
+    def touch(self) -> None:
+        """Write every page of a pageable arena once, so the copies of the next take that uses
+        it run at memory speed (the page faults are taken here instead; what
+        ``Store.prepare_staging`` runs behind training)."""
+        if self._mem is not None and self.size:
+            pages = np.frombuffer(self._mem, dtype=np.uint8, count=self.size)
+            pages[:: mmap.PAGESIZE] = 0
+
+
+def fill(pairs: list[tuple[Any, Any]]) -> None:
+    """Copy each ``(destination, value)`` that :meth:`StagingArena.place` made room for (a
+    numpy array or a CPU tensor into its place); releases the GIL while it copies."""
+    tensors = [(d, v.detach()) for d, v in pairs if isinstance(v, torch.Tensor)]
+    if tensors:  # one call: the loop over the tensors runs in C++, without the GIL
+        torch._foreach_copy_([d for d, _ in tensors], [v for _, v in tensors])
+    for dst, value in pairs:
+        if isinstance(value, np.ndarray):
+            np.copyto(dst, value)
 
 
 def stage(obj: Any, key: str = "") -> Any:
