@@ -49,7 +49,9 @@ from .errors import (
 if TYPE_CHECKING:
     from .engine.knobs import STORE_DEFAULT, StoreDefault
     from .engine.stateful import RNGState, StateDict, Stateful
+    from .engine.take.blocking import BlockingReport
     from .format.manifest import TensorEntry, ValueEntry
+    from .interval import TakeInterval
     from .snapshot import PendingSnapshot, StoredSnapshot
     from .store import Store, clone, open
     from .torchsnapshot import Snapshot
@@ -58,6 +60,8 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it (imported on first use)
 _LAZY = {
+    "BlockingReport": "engine.take.blocking",
+    "TakeInterval": "interval",
     "TensorEntry": "format.manifest",
     "ValueEntry": "format.manifest",
     "PendingSnapshot": "snapshot",
@@ -95,6 +99,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "STORE_DEFAULT",
+    "BlockingReport",
     "CkstoreError",
     "ConflictError",
     "CorruptionError",
@@ -129,6 +134,7 @@ __all__ = [
     "Store",
     "StoreDefault",
     "StoredSnapshot",
+    "TakeInterval",
     "TensorEntry",
     "UnsafePickleError",
     "UnsupportedValueError",

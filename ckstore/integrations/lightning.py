@@ -22,7 +22,8 @@ any ref (``run@step``, a tag, an id prefix).
 
 Lightning calls ``save_checkpoint`` and ``remove_checkpoint`` on global rank 0 only; the plugin
 takes in that process alone (no collectives). ``load_checkpoint`` runs on every rank and only
-reads. The plugin derives from ``lightning_fabric``'s ``CheckpointIO`` (what
+reads. :class:`CkstoreInterval` (a callback) saves whenever a :class:`ckstore.TakeInterval` says a
+take is due, so checkpoints cost at most its overhead of the wall clock. The plugin derives from ``lightning_fabric``'s ``CheckpointIO`` (what
 ``pytorch_lightning`` uses), or from ``lightning.fabric``'s when only the unified ``lightning``
 package is installed.
 """
@@ -36,12 +37,17 @@ from typing import Any
 
 from ..errors import ConflictError, NotFoundError, SnapshotNotFoundError
 from ..interop import SOURCE_APP, app_state_of
+from ..interval import TakeInterval
 from ..store import Store
 
 try:
     from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 except ImportError:  # pragma: no cover - the unified `lightning` package only
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO  # type: ignore[no-redef]
+try:
+    from pytorch_lightning import Callback
+except ImportError:  # pragma: no cover - the unified `lightning` package only
+    from lightning.pytorch import Callback  # type: ignore[no-redef]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _MAX_TAG = 128
@@ -148,3 +154,44 @@ class CkstoreCheckpointIO(CheckpointIO):
 
     def teardown(self) -> None:
         """Nothing to release: the store stays open (close it yourself)."""
+
+
+class CkstoreInterval(Callback):
+    """A Lightning callback that saves a checkpoint whenever a :class:`ckstore.TakeInterval`
+    says a take is due, so checkpointing costs at most its overhead of the wall clock.
+
+    ::
+
+        io = CkstoreCheckpointIO(store, run="lit")
+        every = CkstoreInterval(ckstore.TakeInterval(overhead=0.02), dirpath="ckpts")
+        trainer = Trainer(plugins=[io], callbacks=[every])
+
+    After each training batch every process asks; the global rank 0's answer is broadcast, so
+    all save together (``trainer.save_checkpoint`` is collective). The path is ``dirpath`` /
+    ``filename`` formatted with ``step`` (the global step): with
+    :class:`CkstoreCheckpointIO` each save is a snapshot tagged with it.
+
+    Args:
+        interval: decides when (its step and save costs measured as training runs).
+        dirpath: the folder the checkpoint paths are in.
+        filename: the file name, ``{step}`` replaced by the global step.
+    """
+
+    def __init__(
+        self, interval: TakeInterval, dirpath: Any = ".", filename: str = "interval-{step}.ckpt"
+    ) -> None:
+        super().__init__()
+        self.interval = interval
+        self.dirpath = os.fspath(dirpath)
+        self.filename = filename
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Save now when the interval (rank 0's) says a take is due."""
+        due = self.interval.due()
+        if trainer.world_size > 1:
+            due = bool(trainer.strategy.broadcast(due, src=0))
+        if due:
+            name = self.filename.format(step=trainer.global_step)
+            trainer.save_checkpoint(os.path.join(self.dirpath, name))

@@ -18,7 +18,9 @@ as apps ``optimizer``, ``scheduler``, ``rng_state`` (loaded weights-only), and
 ``training_args.bin`` (a pickled TrainingArguments object, not state) is left out. Weights
 dedup against every earlier checkpoint and every model imported before. The folder is then
 deleted, unless ``keep_local`` (default: kept only when the Trainer will need it again,
-i.e. ``load_best_model_at_end``).
+i.e. ``load_best_model_at_end``). With ``interval=ckstore.TakeInterval(overhead=0.02)`` the
+callback also asks the Trainer to save whenever the interval says a take is due, so saving
+costs at most 2% of the wall clock however long steps and saves take.
 
 :func:`checkout` writes a snapshot back as a checkpoint folder (``StoredSnapshot.export(dir,
 "hf")``), which ``trainer.train(resume_from_checkpoint=...)`` resumes from exactly: weights,
@@ -33,6 +35,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from ..interval import TakeInterval
 from ..snapshot import StoredSnapshot
 from ..store import Store
 
@@ -48,6 +51,10 @@ class CkstoreCallback(TrainerCallback):
         keep_local: keep the Trainer's checkpoint folder after importing it. None (default):
             keep it only with ``load_best_model_at_end`` (the Trainer reloads from it).
         tags: tags to move to every new snapshot (e.g. ``["latest"]``).
+        interval: a :class:`ckstore.TakeInterval`: the Trainer also saves whenever it says a
+            take is due (its step and save costs measured as training runs), so saves cost
+            at most its overhead of the wall clock. None (default): the Trainer's own
+            ``save_steps`` alone decide.
 
     ``snapshots`` lists the snapshots taken, oldest first. Only the main process imports.
     """
@@ -58,12 +65,20 @@ class CkstoreCallback(TrainerCallback):
         run: str = "hf",
         keep_local: bool | None = None,
         tags: tuple[str, ...] = (),
+        interval: TakeInterval | None = None,
     ) -> None:
         self.store = store
         self.run = run
         self.keep_local = keep_local
         self.tags = tuple(tags)
+        self.interval = interval
         self.snapshots: list[StoredSnapshot] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """With an ``interval``: save at this step when it says a take is due (every process
+        follows the main one's decision)."""
+        if self.interval is not None and agreed(self.interval.due()):
+            control.should_save = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
@@ -95,6 +110,19 @@ class CkstoreCallback(TrainerCallback):
         )
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def agreed(decision: bool) -> bool:
+    """The main process's ``decision`` on every process of a distributed job (each measures
+    its own steps, and a save must happen on all of them or none); ``decision`` itself
+    otherwise."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return decision
+    box = [decision]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
 
 
 def checkout(store: Store, ref: str, path: str | os.PathLike[str], *, force: bool = False) -> str:

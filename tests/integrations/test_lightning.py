@@ -16,7 +16,7 @@ import pytorch_lightning as pl  # noqa: E402 - in the test extra: a missing one 
 import torch
 
 import ckstore
-from ckstore.integrations.lightning import CkstoreCheckpointIO
+from ckstore.integrations.lightning import CkstoreCheckpointIO, CkstoreInterval
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
@@ -126,3 +126,29 @@ def test_remove_checkpoint_keeps_a_snapshot_you_tagged(tmp_path: Path) -> None:
     io.remove_checkpoint("s2.ckpt")
     assert [s.step for s in store.log("lit")] == [1]  # kept by best; s2 deleted
     assert sorted(store.tags()) == ["best"]
+
+
+def test_the_interval_callback_saves_when_a_take_is_due(tmp_path: Path) -> None:
+    """CkstoreInterval asks its TakeInterval after every batch and saves through the plugin
+    when it says so (pinned here to every 3 steps: the costs it measures do not matter)."""
+    store = ckstore.open(tmp_path / "store", chunk_bytes=1024, inline_bytes=64, create=True)
+    io = CkstoreCheckpointIO(store, run="lit")
+    every = ckstore.TakeInterval(start=3, min_steps=3, max_steps=3)
+    trainer = pl.Trainer(
+        max_epochs=2,  # 4 batches an epoch: 8 steps
+        plugins=[io],
+        callbacks=[CkstoreInterval(every, dirpath=tmp_path / "ckpts")],
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=tmp_path,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(_Regressor(seed=0), _data())
+    assert [s.step for s in store.log("lit")] == [6, 3]
+    assert sorted(store.tags()) == ["lit/interval-3.ckpt", "lit/interval-6.ckpt"]
+    assert io.load_checkpoint(tmp_path / "ckpts" / "interval-6.ckpt")["global_step"] == 6
+    assert every.state()["takes"] == 2 and not list(tmp_path.rglob("*.ckpt"))

@@ -94,3 +94,14 @@ def test_trainer_saves_into_store_and_resumes_with_identical_loss(tmp_path: Path
     assert second.losses == first.losses[4:]  # bit-identical floats, dropout included
     for (name, a), b in zip(first.model.state_dict().items(), second.model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_an_interval_makes_the_trainer_save_when_a_take_is_due(tmp_path: Path) -> None:
+    """With ``interval``, the callback asks the Trainer to save whenever its TakeInterval says
+    so (pinned here to every 3 steps), on top of the Trainer's own save_steps (4)."""
+    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64, create=True)
+    every = ckstore.TakeInterval(start=3, min_steps=3, max_steps=3)
+    callback = CkstoreCallback(store, run="hf", interval=every)
+    _trainer(_model(0), tmp_path / "out", [callback]).train()
+    assert sorted(s.step for s in store.log("hf")) == [3, 4, 6, 8]
+    assert every.state()["takes"] == 2

@@ -61,6 +61,7 @@ ALLOWED: dict[str, set[str]] = {
 FACADE = {
     "ckstore",
     "ckstore._history_verbs",
+    "ckstore.interval",
     "ckstore._locate",
     "ckstore._ref_verbs",
     "ckstore._remote_verbs",
