@@ -10,8 +10,8 @@ may go on (its staging copy) and returns a handle; ``end(handle)`` waits for the
 - ``dcp-process``: ``dcp.async_save`` with ``AsyncCheckpointerType.PROCESS`` (the save runs in a
   helper process) and ``DefaultStager`` staging into shared memory; needs a process group, so
   the scenario starts a one-rank gloo group when this system is selected
-- ``torch.save``: the state copied into buffers kept from the previous save, then ``torch.save``
-  and an fsync in a thread
+- ``torch.save``: the state copied into host buffers kept from the previous save (pinned for
+  a GPU's tensors), then ``torch.save`` and an fsync in a thread
 
 Every system keeps its last two checkpoints on disk; older ones are deleted (untimed, in
 ``tidy``) so a long run does not fill the disk.
@@ -190,7 +190,8 @@ def _copy_into(src: Any, dst: Any) -> Any:
     if isinstance(src, torch.Tensor):
         if isinstance(dst, torch.Tensor) and dst.shape == src.shape and dst.dtype == src.dtype:
             return dst.copy_(src)
-        return src.detach().clone()
+        pin = src.is_cuda  # a GPU's tensors are staged into pinned host memory
+        return torch.empty(src.shape, dtype=src.dtype, pin_memory=pin).copy_(src)
     if isinstance(src, dict):
         old = dst if isinstance(dst, dict) else {}
         return {k: _copy_into(v, old.get(k)) for k, v in src.items()}

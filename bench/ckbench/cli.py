@@ -103,6 +103,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--overhead-threads", type=int, default=1, help="its trainer's torch threads (default 1)"
     )
+    ap.add_argument(
+        "--overhead-device",
+        default="cpu",
+        help="where its model trains: cpu (default) or cuda (a GPU machine)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--no-profile", action="store_true", help="skip the cProfile of one ckstore take"

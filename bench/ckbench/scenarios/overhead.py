@@ -3,7 +3,8 @@
 A small transformer (``training_model.TinyGPT``, its vocabulary sized so that its fp32 weights
 and AdamW state come to ``--overhead-mb``) trains on the CPU with torch on
 ``--overhead-threads`` threads (default 1: the other cores are the host's spare capacity, as
-the CPUs beside a GPU are). Each system of ``async_systems`` and ``plain`` (no checkpoint)
+the CPUs beside a GPU are), or on a GPU with ``--overhead-device cuda`` (then every system
+stages into pinned memory: ckstore's arena, DCP's cached staging, the torch.save copies). Each system of ``async_systems`` and ``plain`` (no checkpoint)
 runs in turn for every interval k of ``--overhead-ks``, the order rotating every cycle:
 
     a run is ``run_steps(k)`` training steps, each timed, with a checkpoint started every k
@@ -65,7 +66,7 @@ def overhead(b: Bench) -> None:
             torch.distributed.destroy_process_group()
 
 
-def config_for(state_mb: int, dim: int = 384, layers: int = 4) -> TrainConfig:
+def config_for(state_mb: int, dim: int = 384, layers: int = 4, device: str = "cpu") -> TrainConfig:
     """A model whose fp32 weights + AdamW moments (12 bytes a parameter) come to about
     ``state_mb`` MiB: the blocks fixed by ``dim`` and ``layers``, the vocabulary (embedding and
     untied head) sized to the rest."""
@@ -73,7 +74,13 @@ def config_for(state_mb: int, dim: int = 384, layers: int = 4) -> TrainConfig:
     rest = layers * (12 * dim * dim + 13 * dim) + seq * dim + 2 * dim
     vocab = max(256, int((state_mb * MiB / 12 - rest) / (2 * dim)))
     return TrainConfig(
-        dim=dim, layers=layers, heads=max(1, dim // 64), vocab=vocab, seq=seq, batch=2
+        dim=dim,
+        layers=layers,
+        heads=max(1, dim // 64),
+        vocab=vocab,
+        seq=seq,
+        batch=2,
+        device=device,
     )
 
 
@@ -84,7 +91,7 @@ def run_steps(k: int) -> int:
 
 def run(b: Bench, group: bool) -> dict[str, Any]:
     a = b.args
-    cfg = config_for(a.overhead_mb)
+    cfg = config_for(a.overhead_mb, device=a.overhead_device)
     t = Trainer(cfg)
     t.steps(WARMUP_STEPS)
     state = fp32_state(t)
@@ -96,7 +103,13 @@ def run(b: Bench, group: bool) -> dict[str, Any]:
     )
     systems = _setup(b, group)
     out: dict[str, Any] = {
-        "model": {"dim": cfg.dim, "layers": cfg.layers, "vocab": cfg.vocab, "seq": cfg.seq},
+        "model": {
+            "dim": cfg.dim,
+            "layers": cfg.layers,
+            "vocab": cfg.vocab,
+            "seq": cfg.seq,
+            "device": cfg.device,
+        },
         "state_bytes": nbytes,
         "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
@@ -262,12 +275,15 @@ def _memcpy(state: dict[str, Any], reps: int = 5) -> float:
     """Median seconds to copy every tensor of ``state`` into memory already touched, with the
     trainer's torch threads: the unit an async take's blocking is held against."""
     src = _tensors(state)
-    dst = [s.detach().clone() for s in src]
+    pin = any(s.is_cuda for s in src)  # from a GPU: into pinned memory, as the peers stage
+    dst = [torch.empty(s.shape, dtype=s.dtype, pin_memory=pin).copy_(s) for s in src]
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         for d, s in zip(dst, src):
-            d.copy_(s)
+            d.copy_(s, non_blocking=pin)
+        if pin:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
