@@ -5,6 +5,8 @@ may go on (its staging copy) and returns a handle; ``end(handle)`` waits for the
 
 - ``plain``: no checkpoint (the baseline the others are held against)
 - ``ckstore``: ``store.async_take`` into one store (its staging arena is reused take after take)
+- ``ckstore-process``: the same, finished in the store handle's helper process fed through
+  shared memory (knob ``background_process``), the helper started before anything is timed
 - ``dcp``: ``dcp.async_save``, thread-based, with ``FileSystemWriter(cache_staged_state_dict=True)``
   (its staging copy is cached and reused, as torchtitan runs it)
 - ``dcp-process``: ``dcp.async_save`` with ``AsyncCheckpointerType.PROCESS`` (the save runs in a
@@ -100,6 +102,19 @@ class CkstoreAsync(AsyncSystem):
 
     def close(self) -> None:
         self.store.close()
+
+
+class CkstoreProcess(CkstoreAsync):
+    """ckstore's ``async_take`` finished in its helper process (knob ``background_process``)."""
+
+    name = "ckstore-process"
+
+    def setup(self, root: Path) -> None:
+        super().setup(root)
+        self.store.background_process = True
+        # the helper process started (and its imports done) before anything is timed
+        tiny = {"w": self.ck.StateDict(x=torch.zeros(4))}
+        self.store.async_take(tiny, run="warm", no_dist=True).wait()
 
 
 class DcpAsync(AsyncSystem):
@@ -202,5 +217,5 @@ def _copy_into(src: Any, dst: Any) -> Any:
 
 
 ASYNC_SYSTEMS: dict[str, type[AsyncSystem]] = {
-    c.name: c for c in (Plain, CkstoreAsync, DcpAsync, DcpProcess, TorchSaveThread)
+    c.name: c for c in (Plain, CkstoreAsync, CkstoreProcess, DcpAsync, DcpProcess, TorchSaveThread)
 }

@@ -294,6 +294,16 @@ class Knobs:
         default=idle_cores,
         measured=True,
     )
+    background_process: Knob[bool, bool] = Knob(
+        Flag(),
+        "Whether an ``async_take`` finishes in a helper process of the store handle, fed "
+        "through shared memory, instead of a thread of this one, so the training thread "
+        "never waits for the GIL behind it (default False, or ``$CKSTORE_BACKGROUND_PROCESS``). "
+        "Linux; for a store and index another process can open, a state that fits the "
+        "staging budget and no ``progress`` callback (other takes use the thread).",
+        env="CKSTORE_BACKGROUND_PROCESS",
+        default=lambda: False,
+    )
     memory_budget: Knob[int | None, int | None] = Knob(
         OrNone(Integer(0)),
         "Bytes a restore may stage (>= 0; default ``$CKSTORE_MEMORY_BUDGET``); None: a share "

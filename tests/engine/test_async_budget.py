@@ -76,8 +76,8 @@ def test_a_loop_of_async_takes_reuses_its_staging_memory_and_each_snapshot_stays
     wants, snaps, arenas = [], [], []
     real = single.arena_for
 
-    def spy(repo, nbytes: int, pinned: bool = False):
-        arena = real(repo, nbytes, pinned)
+    def spy(repo, nbytes: int, pinned: bool = False, shared: bool = False):
+        arena = real(repo, nbytes, pinned, shared)
         arenas.append(arena)
         return arena
 
@@ -163,8 +163,8 @@ def test_prepare_staging_readies_the_arena_the_first_async_take_copies_into(stor
     arenas = []
     real = single.arena_for
 
-    def spy(repo, nbytes: int, pinned: bool = False):
-        arena = real(repo, nbytes, pinned)
+    def spy(repo, nbytes: int, pinned: bool = False, shared: bool = False):
+        arena = real(repo, nbytes, pinned, shared)
         arenas.append(arena)
         return arena
 

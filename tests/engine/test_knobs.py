@@ -21,6 +21,7 @@ KNOBS = {
     "threads": ("CKSTORE_THREADS", max(2, os.cpu_count() or 2)),
     "io_threads": ("CKSTORE_IO_THREADS", 4),
     "background_threads": ("CKSTORE_BACKGROUND_THREADS", "measured"),
+    "background_process": ("CKSTORE_BACKGROUND_PROCESS", False),
     "memory_budget": ("CKSTORE_MEMORY_BUDGET", None),
     "staging_budget": ("CKSTORE_STAGING_BUDGET", "measured"),
     "lease_seconds": ("CKSTORE_LEASE_SECONDS", 600.0),

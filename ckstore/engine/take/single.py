@@ -25,8 +25,10 @@ from ...index import SnapshotRecord
 from ..background import lower_priority
 from ..progress import ProgressFn
 from ..repository import Repository
+from . import offload
 from .blocking import BlockingReport
 from .deltas import base_manifest
+from .guard import remember
 from .local import LocalTake
 from .packing import TakeOptions
 from .plan import Plan, dtypes_of, finish_entries, plan, with_base
@@ -74,14 +76,15 @@ def stage_within(
     arena_for: Callable[[int, bool], StagingArena] = StagingArena,
     later: list[tuple[Any, Any]] | None = None,
     inline_bytes: int = 0,
-) -> tuple[dict[str, Any], set[str], int, StagingArena]:
+) -> tuple[dict[str, Any], set[str], int, StagingArena, dict[str, Flat]]:
     """Copy tensors (to CPU) while their total stays within ``budget`` bytes.
 
     Returns the states rebuilt around the copies, the keys of tensors left uncopied (the
-    caller's own, which must be stored before the caller may change them), the bytes copied
-    and the arena the copies were cut from (``arena_for(bytes, pinned)``: a repository's reused
+    caller's own, which must be stored before the caller may change them), the bytes copied,
+    the arena the copies were cut from (``arena_for(bytes, pinned)``: a repository's reused
     arena, so a training loop's async takes copy into memory already touched; pinned when a
-    tensor to copy is on a GPU). Plain values need no copy: planning encodes them at once.
+    tensor to copy is on a GPU) and each state flattened around the copies. Plain values need
+    no copy: planning encodes them at once.
 
     With ``later``, the copies of CPU tensors (and arrays) past ``inline_bytes`` are only
     placed: ``(place, value)`` pairs are appended to ``later`` for :func:`staging.fill`, which
@@ -100,7 +103,7 @@ def stage_within(
     finally:
         arena.finish()  # every copy from a device has landed
     out = {name: unflatten(flat.tree, flat.leaves.__getitem__) for name, flat in flats.items()}
-    return out, live, used, arena
+    return out, live, used, arena, flats
 
 
 def _choose(
@@ -150,7 +153,7 @@ def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) ->
     def run() -> None:
         lower_priority()
         try:
-            arena = arena_for(repo, nbytes, pinned)
+            arena = arena_for(repo, nbytes, pinned, shared=_offloading(repo, None))
             arena.touch()
             give_back(repo, arena)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the future
@@ -160,6 +163,12 @@ def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) ->
 
     threading.Thread(target=run, name="ckstore-prepare-staging", daemon=True).start()
     return future
+
+
+def _offloading(repo: Repository, progress: ProgressFn | None) -> bool:
+    """Whether an async take into ``repo`` stages into shared memory for the helper process
+    (knob ``background_process``; ``offload.py``)."""
+    return repo.background_process and progress is None and offload.unavailable(repo) is None
 
 
 def reserved_bytes(opts: TakeOptions, background_threads: int, budget: int) -> int:
@@ -209,8 +218,9 @@ def take_async(
     threads = repo.background_threads  # what finishes the take; the call itself runs on all
     reserved = reserved_bytes(opts, threads, budget)
     later: list[tuple[Any, Any]] = []
-    staged, live, used, arena = stage_within(
-        states, budget - reserved, partial(arena_for, repo), later, opts.inline_bytes
+    shared = _offloading(repo, progress)
+    staged, live, used, arena, flats = stage_within(
+        states, budget - reserved, partial(arena_for, repo, shared=shared), later, opts.inline_bytes
     )
     t = LocalTake(repo, spec, opts, progress=progress)
     try:
@@ -241,6 +251,19 @@ def take_async(
         persist_rate=repo.persist_rate,
     )
     future: Future[TakeResult] = Future()
+    if offload.shareable(flats, arena, live):
+        t.close()  # nothing was opened: the helper process opens its own take
+        try:
+            reply = offload.helper_for(repo).submit(
+                offload.job(repo, spec, flats, arena, threads), arena
+            )
+        except BaseException:
+            give_back(repo, arena)
+            raise
+        threading.Thread(
+            target=_offloaded, args=(repo, reply, arena, future), name="ckstore-async-take"
+        ).start()
+        return AsyncTake(future, used, blocking.sync_bytes, blocking)
 
     def finish() -> None:
         result: TakeResult | None = None
@@ -265,6 +288,27 @@ def take_async(
 
     threading.Thread(target=finish, name="ckstore-async-take", daemon=False).start()
     return AsyncTake(future, used, blocking.sync_bytes, blocking)
+
+
+def _offloaded(
+    repo: Repository,
+    reply: Future[dict[str, Any]],
+    arena: StagingArena,
+    future: Future[TakeResult],
+) -> None:
+    """Wait for the helper process that stores the take (``offload.py``), then finish it here:
+    this repository's hooks after a commit, the guard's memory of the run's last manifest."""
+    try:
+        with repo.activity():  # this process's compaction waits meanwhile, as for a take here
+            record, manifest = offload.result_of(reply.result())
+    except BaseException as exc:  # surfaced by PendingSnapshot.wait()
+        future.set_exception(exc)
+        return
+    finally:
+        give_back(repo, arena)  # the helper is done reading the copies
+    repo.committed(record)
+    remember(record.manifest_id, manifest)
+    future.set_result(TakeResult(record, manifest))
 
 
 class _Filler(threading.Thread):

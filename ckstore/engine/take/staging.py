@@ -3,7 +3,9 @@ arena single-process async takes cut their copies from."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
+import os
 from collections import OrderedDict
 from typing import Any
 
@@ -53,21 +55,48 @@ class StagingArena:
     on the first touch (``defrag=madvise``), a copy stalled for up to 0.3 s.
     """
 
-    def __init__(self, nbytes: int, pinned: bool = False) -> None:
+    def __init__(self, nbytes: int, pinned: bool = False, shared: bool = False) -> None:
         """``pinned``: page-locked memory (CUDA's host allocator), for states on a GPU: copies
         from the device run at the bus's speed and are issued all at once (:meth:`finish`
         waits for them), where pageable memory is copied through a bounce buffer, one tensor
-        after another."""
+        after another. ``shared``: pageable memory in a memfd (:attr:`fd`) that a helper
+        process maps to store the copies (``engine/take/offload.py``; Linux)."""
         self.pinned = pinned
+        self.shared = shared and not pinned
+        self.fd: int | None = None
+        self.pid = os.getpid()
         self._pinned: torch.Tensor | None = None
         self._mem: Any = None
         if pinned:
             self._pinned = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+        elif self.shared:
+            self.fd = os.memfd_create("ckstore-staging")
+            os.ftruncate(self.fd, max(nbytes, 1))
+            self._mem = mmap.mmap(self.fd, max(nbytes, 1), flags=mmap.MAP_SHARED)
         else:
             self._mem = private_memory(max(nbytes, 1))
+        self._base = _address(self._mem) if self._mem is not None else 0
         self.size = nbytes
         self._at = 0
         self._streams: list[Any] = []  # CUDA streams with copies into this arena in flight
+
+    def offset_of(self, value: Any) -> int | None:
+        """Where in a pageable arena a tensor or array cut from it starts (None: not cut from
+        this arena)."""
+        if self._mem is None:
+            return None
+        if isinstance(value, torch.Tensor):
+            at = value.data_ptr() - self._base if value.device.type == "cpu" else -1
+        elif isinstance(value, np.ndarray):
+            at = int(value.__array_interface__["data"][0]) - self._base
+        else:
+            return None
+        n = value.nbytes if isinstance(value, np.ndarray) else value.numel() * value.element_size()
+        return at if 0 <= at and at + n <= self.size else None
+
+    def __del__(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
 
     def reset(self) -> None:
         """Make the whole arena free again (every tensor cut from it is no longer used)."""
@@ -157,6 +186,15 @@ class StagingArena:
             pages[:: mmap.PAGESIZE] = 0
 
 
+def _address(mem: Any) -> int:
+    """The address of a mapping's first byte (the export taken to read it is released)."""
+    view = ctypes.c_char.from_buffer(mem)
+    try:
+        return ctypes.addressof(view)
+    finally:
+        del view
+
+
 def fill(pairs: list[tuple[Any, Any]]) -> None:
     """Copy each ``(destination, value)`` that :meth:`StagingArena.place` made room for (a
     numpy array or a CPU tensor into its place); releases the GIL while it copies."""
@@ -209,20 +247,26 @@ def _stage(obj: Any, key: str, depth: int) -> Any:
     return obj
 
 
-def arena_for(repo: Repository, nbytes: int, pinned: bool = False) -> StagingArena:
+def arena_for(
+    repo: Repository, nbytes: int, pinned: bool = False, shared: bool = False
+) -> StagingArena:
     """An arena of at least ``nbytes`` for an async take's copies (``pinned``: page-locked,
-    for a state on a GPU): the one the repository's last async take gave back when it fits (its
-    pages are touched already: copies run at memory speed), else a new one. Give it back with
-    :func:`give_back` once the take is done."""
+    for a state on a GPU; ``shared``: one a helper process can map): the one the repository's
+    last async take gave back when it fits (its pages are touched already: copies run at memory
+    speed), else a new one. A shared arena is reused by the process that made it only (a child
+    forked meanwhile would write into its parent's memory). Give it back with :func:`give_back`
+    once the take is done."""
     arena = repo.spare_staging.take()
     if (
         arena is not None
         and arena.pinned == pinned
+        and arena.shared == (shared and not pinned)
+        and (not arena.shared or arena.pid == os.getpid())
         and nbytes <= arena.size <= 2 * nbytes + (64 << 20)
     ):
         arena.reset()
         return arena
-    return StagingArena(nbytes, pinned)
+    return StagingArena(nbytes, pinned, shared)
 
 
 def give_back(repo: Repository, arena: StagingArena) -> None:
