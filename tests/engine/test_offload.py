@@ -137,6 +137,7 @@ def test_prepare_staging_readies_the_shared_memory_the_first_offloaded_take_copi
 
     monkeypatch.setattr(single, "arena_for", spy)
     prepared = offloading.prepare_staging({"s": state}, staging_budget=1 << 30).result(60)
+    assert _helper_pid(offloading) is not None  # the helper started ahead too
     snap = offloading.async_take({"s": state}, run="r", step=1, staging_budget=1 << 30).wait(120)
     assert used[0].shared and used[0].size == prepared
     assert used[1] is used[0]  # the take copied into the prepared shared memory

@@ -161,6 +161,11 @@ class Helper:
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
+    def start(self) -> None:
+        """Start the helper process now if none runs (its imports then overlap training)."""
+        with self._lock:
+            self._running()
+
     def submit(self, message: dict[str, Any], arena: StagingArena) -> Future[dict[str, Any]]:
         """Send one job (the copies in ``arena``, a shared one); its reply, once the helper is
         done.

@@ -142,8 +142,9 @@ def _arena_size(chosen: list[tuple[Flat, str, Any]]) -> tuple[int, bool]:
 def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) -> Future[int]:
     """Make ready, behind training, the staging arena an async take of ``states`` under
     ``budget`` (less the take's own buffers) will copy into: allocated (pinned for a state on
-    a GPU) and every page touched, on a thread at the lowest priority, then kept by ``repo``
-    for the next async take (:func:`staging.give_back`). The future holds the arena's size in
+    a GPU, shared with knob ``background_process``, whose helper process starts meanwhile) and
+    every page touched, on a thread at the lowest priority, then kept by ``repo`` for the next
+    async take (:func:`staging.give_back`). The future holds the arena's size in
     bytes, or the error. Nothing is read from the tensors."""
     reserved = reserved_bytes(TakeOptions.of(repo), repo.background_threads, budget)
     flats = {name: flatten(name, sd) for name, sd in states.items()}
@@ -153,7 +154,10 @@ def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) ->
     def run() -> None:
         lower_priority()
         try:
-            arena = arena_for(repo, nbytes, pinned, shared=_offloading(repo, None))
+            shared = _offloading(repo, None)
+            if shared:
+                offload.helper_for(repo).start()  # the helper's imports overlap the touching
+            arena = arena_for(repo, nbytes, pinned, shared=shared)
             arena.touch()
             give_back(repo, arena)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the future
