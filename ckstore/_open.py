@@ -51,10 +51,11 @@ def open(  # noqa: A001 - the public verb is ckstore.open
         delta_base, delta_depth: this handle's defaults for takes (see :meth:`Store.take`):
             ``delta_base="parent"`` stores every take of a run as deltas against the one before
             where that is smaller; ``delta_depth`` (default 1, or ``$CKSTORE_DELTA_DEPTH``) bounds the chains.
-        take_codec: how this handle's takes encode new chunks: ``"fast"`` (default, or
-            ``$CKSTORE_TAKE_CODEC``: ``exp-zstd`` for floats; compaction rewrites older
-            snapshots densely), ``"raw"`` (no encoding: fastest takes and restores, most bytes
-            until compaction) or ``"dense"`` (compact at once).
+        take_codec: how this handle's takes encode new chunks: ``"raw"`` (default, or
+            ``$CKSTORE_TAKE_CODEC``: no encoding, so the newest snapshot restores at the
+            speed of a copy; compaction rewrites older snapshots densely), ``"fast"``
+            (``exp-zstd`` for floats: 17% fewer bytes until compaction, restores decode them)
+            or ``"dense"`` (compact at once).
         auto_compact: whether takes start a background compaction (default True, or
             ``$CKSTORE_AUTO_COMPACT``); see :meth:`Store.compact`.
         read_only: True opens without writing anything (reads, restores, exports, check and

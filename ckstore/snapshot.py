@@ -162,13 +162,13 @@ class StoredSnapshot(SnapshotFields):
         dist_timeout: float | None = None,
         replicated_read: str | None = None,
         atomic: bool = True,
-        verify: bool = False,
+        verify: bool | str = False,
         progress: ProgressFn | None = None,
         cast: bool = False,
     ) -> None:
         """Load this snapshot into ``app_state`` in place.
 
-        Validates keys, dtypes and shapes, then reads and verifies every chunk, and only then
+        Validates keys, dtypes and shapes, then reads and checks every chunk, and only then
         writes into the caller's tensors and calls ``load_state_dict``: on any error the
         app_state is left untouched. Verified chunks are staged up to ``memory_budget`` bytes
         (default: ``$CKSTORE_MEMORY_BUDGET``, else 3% of what is restored, at most 512 MiB)
@@ -210,9 +210,14 @@ class StoredSnapshot(SnapshotFields):
         ``replicated_read`` (default ``$CKSTORE_REPLICATED_READ`` or ``"once"``): ``"once"``
         reads each chunk once in the job as above (``"broadcast"`` means the same); ``"each"``
         lets every rank read everything it needs itself (no exchange).
-        ``verify=True`` then checks what landed (:meth:`verify_live`: one more hashing pass
-        over the restored tensors) and raises CorruptionError naming any key that differs:
-        a ``load_state_dict`` that transformed or dropped a value, a hook that changed one.
+        Every chunk read is checked by default against the fast check its manifest records
+        beside its id (XXH3-64 of its raw bytes: it covers the stored bytes and the decoder;
+        docs/RELIABILITY.md, I3). ``verify="full"`` re-hashes every chunk read with BLAKE3
+        against its id instead, as bytes crossing a trust boundary are (a store whose files
+        someone else could have written). ``verify=True`` then checks what landed
+        (:meth:`verify_live`: one more hashing pass over the restored tensors) and raises
+        CorruptionError naming any key that differs: a ``load_state_dict`` that transformed or
+        dropped a value, a hook that changed one.
         ``progress``: ``fn(what, done, total)`` told the raw bytes of each pass as it advances
         (``"verify"`` then ``"restore"``; one ``"restore"`` pass with ``atomic=False``), from the
         restore's threads, at most ten times a second and at the end of each pass.
@@ -243,7 +248,12 @@ class StoredSnapshot(SnapshotFields):
         from .engine.stateful import check_app_state
 
         check_app_state(app_state, restoring=True)
-        if cast and (verify or is_distributed()):
+        if verify not in (False, True, "full"):
+            raise InvalidInputError(
+                f"verify must be False, True or 'full', got {verify!r}: 'full' re-hashes every "
+                "chunk read with BLAKE3, True checks what landed after the restore"
+            )
+        if cast and (verify is True or is_distributed()):
             raise InvalidInputError(
                 "restore(cast=True) converts dtypes in a single-process restore without "
                 "verify=True (a converted tensor never hashes as stored); under torch.distributed "
@@ -256,6 +266,7 @@ class StoredSnapshot(SnapshotFields):
             check_number("dist_timeout", dist_timeout, lo_open=True)
         view = self._view()
         budget = view.repo.memory_budget if memory_budget is None else memory_budget
+        checking = "full" if verify == "full" else "fast"
         with view.repo.activity():  # background compaction of this process waits meanwhile
             if is_distributed():  # the job reads the manifest (each rank: what it needs) once
                 from .distributed.restore import restore as dist_restore
@@ -270,15 +281,16 @@ class StoredSnapshot(SnapshotFields):
                     replicated_read=mode,
                     atomic=atomic,
                     on_progress=progress,
+                    verify=checking,
                 )
             else:
-                reader = Reader.of(view, progress=progress)
+                reader = Reader.of(view, progress=progress, verify=checking)
                 if is_dcp_manifest(reader.manifest):
                     overlay = dcp_overlay(reader.manifest, app_state, strict)
                     reader = replace(reader, manifest=overlay)
                 restore(reader, app_state, strict=strict, budget=budget, atomic=atomic, cast=cast)
         _takes.loaded(view.repo, view.record.id)
-        if verify:
+        if verify is True:
             self._check_restored(app_state, strict)
 
     def _check_restored(self, app_state: Mapping[str, Any], strict: bool) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import report_overhead, report_training
+from . import report_overhead, report_restore, report_training
 from .harness import Bench
 from .util import GiB, fmt_b, fmt_s, machine_info, median
 
@@ -85,10 +85,6 @@ def targets(b: Bench, res: dict[str, Any]) -> list[dict[str, Any]]:
     curves = b.extra.get("bytes_curves", {})
     rss = b.extra.get("peak_rss", {}).get("ckstore", {})
     ml = b.extra.get("minilm", {})
-    seq = median(b.extra.get("sequential_read", {}).get("ckstore", []))
-    cold = m("restore_cold", "ckstore")
-    stored = fsb.get("ckstore")
-    cold_read = median(b.sizes.get("cold_read_bytes/ckstore", []))
     row = target_row
     return [
         row(
@@ -117,46 +113,10 @@ def targets(b: Bench, res: dict[str, Any]) -> list[dict[str, Any]]:
             ratio(b.extra.get("bytes_compacted", {}).get("ckstore"), S),
             1.10,
         ),
-        row(
-            "restore in place (atomic) / torch.load(mmap)+copy_",
-            ratio(m("restore", "ckstore"), m("restore", "torch.save")),
-            2.5,
-        ),
-        row(
-            "restore(atomic=False) / torch.load(mmap)+copy_",
-            ratio(m("restore_nonatomic", "ckstore"), m("restore", "torch.save")),
-            2.0,
-        ),
-        row(
-            "restore in place (atomic) / DCP",
-            ratio(m("restore", "ckstore"), m("restore", "dcp")),
-            0.8,
-        ),
-        row(
-            "cold restore (atomic) / cold torch.load(mmap)+copy_",
-            ratio(cold, m("restore_cold", "torch.save")),
-            1.0,
-        ),
-        row(
-            "cold restore: stored bytes per second / sequential read",
-            ratio(stored / cold if stored and cold else None, seq),
-            0.90,
-            "min",
-        ),
-        row("cold restore: bytes read from disk / stored", ratio(cold_read, stored), 1.05),
-        row(
-            "weights-only restore / the weights read from safetensors",
-            ratio(m("restore_model", "ckstore"), m("restore_model", "safetensors")),
-            1.2,
-        ),
+        *report_restore.targets(b, med, row),
         row(
             "take peak RSS above live / state",
             rss.get("save", {}).get("peak_above_live_fraction"),
-            0.10,
-        ),
-        row(
-            "restore peak RSS above live / state",
-            rss.get("restore", {}).get("peak_above_live_fraction"),
             0.10,
         ),
         row(
@@ -239,6 +199,7 @@ def main_tables(b: Bench, res: dict[str, Any]) -> list[str]:
     L += rss_rows(b, peers)
     L.append("")
     L += notes(b, res["medians"])
+    L += report_restore.notes(b, res["medians"])
     L += problems(b, res["systems"])
     L.append("")
     L += target_table(res["targets"])

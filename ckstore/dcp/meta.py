@@ -52,7 +52,8 @@ def metadata_to_json(metadata: Metadata) -> dict[str, Any]:
     "size", "chunks": [[offsets, sizes], ...]} | {"type": "bytes"}}, "storage_data": [[{"fqn",
     "offset", "index"}, data], ...], "planner_data": <ckstore value encoding>, "storage_meta":
     {...} | null}``. A tensor item's ``data`` is ``{"dtype", "pieces": [[offsets, sizes,
-    chunk id], ...]}`` (global coordinates); a value item's is ``{"value": <encoding>}``.
+    chunk id, check], ...]}`` (global coordinates; the check, ``objects.raw_check``, since
+    manifest version 2); a value item's is ``{"value": <encoding>}``.
     """
     sdm: dict[str, Any] = {}
     for fqn, md in metadata.state_dict_metadata.items():

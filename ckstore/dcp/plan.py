@@ -11,7 +11,7 @@ from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteIt
 from torch.distributed.checkpoint.storage import WriteResult
 
 from ..engine.take.packing import Chunk, TakeOptions
-from ..errors import DistributedError, InvalidInputError, UnsupportedValueError
+from ..errors import CorruptionError, DistributedError, InvalidInputError, UnsupportedValueError
 from ..format.boxes import pieces
 from ..format.dtypes import GROUPED, dtype_name, itemsize
 from ..format.grid import Box, make_grid
@@ -19,6 +19,7 @@ from ..format.manifest import ChunkRef, Entry, TensorEntry, ValueEntry, canonica
 from ..format.tensors import as_cpu_tensor, byte_view
 from ..format.tree import join
 from ..format.values import encode_value
+from .meta import ints
 
 APP = "dcp"
 
@@ -76,11 +77,13 @@ def cut_items(
 
 
 def fill_ids(results: list[WriteResult], chunks: list[Chunk]) -> None:
-    """Write each hashed chunk's id into its piece of the results, in the order they were cut."""
+    """Write each hashed chunk's id and check into its piece of the results, in the order
+    they were cut."""
     it = iter(chunks)
     for r in results:
         for piece in r.storage_data.get("pieces", ()):
-            piece[2] = next(it).id
+            c = next(it)
+            piece[2:] = [c.id, c.check] if c.check else [c.id]
 
 
 def id_sizes(chunks: list[Chunk]) -> list[list[Any]]:
@@ -136,11 +139,25 @@ def manifest_entries(metadata: Metadata, chunk_bytes: int) -> dict[str, Entry]:
             continue
         name = dtype_name(md.properties.dtype, fqn)
         shape = tuple(int(s) for s in md.size)
-        refs = sorted(
-            (ChunkRef(tuple(o), tuple(s), cid) for d in datas for o, s, cid in d["pieces"]),
-            key=lambda c: c.offsets,
-        )
+        refs = sorted((piece_ref(p) for d in datas for p in d["pieces"]), key=lambda c: c.offsets)
         entries[key] = TensorEntry(
             name, shape, tuple(refs), make_grid(shape, itemsize(name), chunk_bytes).block
         )
     return entries
+
+
+def piece_ref(piece: Any) -> ChunkRef:
+    """The chunk ref of one piece, ``[offsets, sizes, id(, check)]`` (a manifest built from it
+    is validated before it is stored, and a reader validates what it reads).
+
+    Raises:
+        CorruptionError: the piece is not such a list.
+    """
+    if not isinstance(piece, list) or len(piece) not in (3, 4):
+        raise CorruptionError(f"a DCP piece {str(piece)[:80]} is not [offsets, sizes, id(, check)]")
+    o, s, cid = piece[:3]
+    check = piece[3] if len(piece) == 4 else None
+    try:
+        return ChunkRef(ints(o), ints(s), str(cid), check)
+    except (TypeError, ValueError) as exc:
+        raise CorruptionError(f"a DCP piece {str(piece)[:80]} is malformed: {exc}") from exc

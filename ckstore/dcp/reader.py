@@ -23,10 +23,11 @@ from ..distributed import is_distributed
 from ..distributed.comm import Comm, phase
 from ..errors import CorruptionError
 from ..format.dtypes import dtype_name, itemsize
-from ..format.manifest import ChunkRef, TensorEntry
+from ..format.manifest import TensorEntry
 from ..format.values import decode_value
 from ..store_ref import StoreRef
-from .meta import ints, metadata_from_json
+from .meta import metadata_from_json
+from .plan import piece_ref
 from .url import is_ckstore_id, parse
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ class StorageReader(_DcpStorageReader):
                 raise CorruptionError(f"{where}: key {req.storage_index.fqn!r} is not a tensor")
             key = f"{i}"
             shape = tuple(int(s) for s in md.size)
-            refs = tuple(ChunkRef(ints(o), ints(s), str(c)) for o, s, c in data["pieces"])
+            refs = tuple(piece_ref(p) for p in data["pieces"])
             entries[key] = TensorEntry(dtype_name(md.properties.dtype), shape, refs, shape)
             base = req.storage_index.offset or torch.Size([0] * len(shape))
             offs = tuple(int(b) + int(o) for b, o in zip(base, req.storage_offsets))

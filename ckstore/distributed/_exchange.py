@@ -137,7 +137,8 @@ class Exchange:
 
     def sent_jobs(self) -> list[Job]:
         """One job without a destination per chunk this rank reads for others (to verify it)."""
-        return [Job(self.table.keys[i], self.table.ids[i]) for i in sorted(self.sent())]
+        t = self.table
+        return [Job(t.keys[i], t.ids[i], check=t.check(i)) for i in sorted(self.sent())]
 
     def held_bytes(self) -> int:
         return sum(self.table.sizes[i] for i in (self.received() | (self.sent() & self.need)))
@@ -254,8 +255,9 @@ class Exchange:
         keep or put in place this rank's own need of it."""
         if not sends:
             return
+        t = self.table
         self.fetcher.load(
-            [Job(self.table.keys[i], self.table.ids[i], slots[(dests[0], i)]) for i, dests in sends]
+            [Job(t.keys[i], t.ids[i], slots[(dests[0], i)], t.check(i)) for i, dests in sends]
         )
         self.progress.add("read", sum(self.table.sizes[i] for i, _ in sends))
         mine = _Source()

@@ -122,7 +122,7 @@ def part_of(
     pieces: dict[str, list[ChunkRef]] = defaultdict(list)
     for key, (o, s), c in local.chunks:
         if local.leaves[key].kind == DTENSOR:
-            pieces[key].append(ChunkRef(tuple(o), tuple(s), c.id))
+            pieces[key].append(ChunkRef(tuple(o), tuple(s), c.id, c.check or None))
     mine = {k: e for k, e in own.items() if k not in equal}
     return Part(
         rank,

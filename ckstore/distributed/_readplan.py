@@ -31,6 +31,7 @@ from typing import Any
 
 import blake3
 
+from ..format.chunks import ChunkRef
 from ..format.dtypes import itemsize
 from ..format.manifest import Manifest, PerRankEntry, TensorEntry, canonical_json
 from ..format.parts import Part as ManifestPart
@@ -60,6 +61,12 @@ class Table:
     keys: dict[int, str]  # a key holding the chunk (for messages)
     index: dict[str, int] = field(hash=False, compare=False)  # chunk id -> its first slot here
     shared: int = 0  # slots below this are the root's, the same on every rank
+    checks: dict[int, str] = field(default_factory=dict, hash=False, compare=False)
+    """Each chunk's check from the manifest (absent where it has none)."""
+
+    def check(self, i: int) -> str | None:
+        """The check of the chunk in slot ``i`` (None: verified by id)."""
+        return self.checks.get(i)
 
     def digest(self) -> str:
         """A digest of the root's numbering (ids and sizes in order): equal on every rank."""
@@ -84,7 +91,7 @@ def table_of(manifest: Manifest, parts: Mapping[int, ManifestPart] | None = None
                 size = itemsize(entry.dtype)
                 for c in entry.chunks:
                     if c.id not in t.index:
-                        _add(t, len(t.ids), c.id, math.prod(c.sizes) * size, key)
+                        _add(t, len(t.ids), c, math.prod(c.sizes) * size, key)
     shared = len(t.ids)
     for p, part in sorted((parts or {}).items()):
         at = (p + 1) << 32
@@ -92,19 +99,21 @@ def table_of(manifest: Manifest, parts: Mapping[int, ManifestPart] | None = None
             shell = manifest.entries[key]
             assert isinstance(shell, TensorEntry)
             for c in refs:
-                _add(t, at, c.id, math.prod(c.sizes) * itemsize(shell.dtype), key)
+                _add(t, at, c, math.prod(c.sizes) * itemsize(shell.dtype), key)
                 at += 1
         for key, own in sorted(part.own.items()):
             for t_own in _tensors(own):
                 for c in t_own.chunks:
-                    _add(t, at, c.id, math.prod(c.sizes) * itemsize(t_own.dtype), key)
+                    _add(t, at, c, math.prod(c.sizes) * itemsize(t_own.dtype), key)
                     at += 1
-    return Table(t.ids, t.sizes, t.keys, t.index, shared)
+    return Table(t.ids, t.sizes, t.keys, t.index, shared, t.checks)
 
 
-def _add(t: Table, slot: int, cid: str, size: int, key: str) -> None:
-    t.ids[slot], t.sizes[slot], t.keys[slot] = cid, size, key
-    t.index.setdefault(cid, slot)
+def _add(t: Table, slot: int, c: ChunkRef, size: int, key: str) -> None:
+    t.ids[slot], t.sizes[slot], t.keys[slot] = c.id, size, key
+    if c.check is not None:
+        t.checks[slot] = c.check
+    t.index.setdefault(c.id, slot)
 
 
 def _tensors(entry: Any) -> list[TensorEntry]:

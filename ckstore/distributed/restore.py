@@ -87,10 +87,13 @@ def restore(
     replicated_read: str | None = None,
     atomic: bool = True,
     on_progress: ProgressFn | None = None,
+    verify: str = "fast",
 ) -> None:
     """Restore ``view``'s snapshot into ``app_state`` on every rank of ``pg`` (see the module
     docstring); every rank loads, or every rank raises DistributedError. ``on_progress`` is
-    told each pass's bytes (as :meth:`StoredSnapshot.restore`'s ``progress``)."""
+    told each pass's bytes (as :meth:`StoredSnapshot.restore`'s ``progress``); ``verify`` is
+    how each chunk read is checked (:class:`~ckstore.engine.restore.reader.Reader`: ``"fast"``
+    its check, ``"full"`` BLAKE3 against its id as well)."""
     mode = replicated_mode(replicated_read)
     comm = Comm(pg, timeout)
     what = f"distributed restore of snapshot {view.ref}"
@@ -106,6 +109,7 @@ def restore(
             threads=repo.threads,
             rank=comm.rank,
             progress=on_progress,
+            verify=verify,
         )
         if not once:
             with phase(comm, "read", what, collect="none"):

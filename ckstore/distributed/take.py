@@ -293,7 +293,7 @@ def _own_entries(local: Local, opts: TakeOptions) -> dict[str, Entry]:
     chunks: dict[str, list[list[Any]]] = defaultdict(list)
     for key, (o, s), c in local.chunks:
         if local.leaves[key].kind == LOCAL:
-            chunks[key].append([list(o), list(s), c.id])
+            chunks[key].append(ChunkRef(o, s, c.id, c.check or None).to_list())
     return {
         k: _own_entry(k, x.desc, chunks.get(k, []), opts)
         for k, x in local.leaves.items()
@@ -433,6 +433,13 @@ def _own_entry(
             container=x["container"],
             device=x["device"],
         )
-    refs = tuple(ChunkRef(tuple(o), tuple(s), cid) for o, s, cid in chunks)
+    refs = tuple(_ref(piece) for piece in chunks)
     block = make_grid(shape, itemsize(x["dtype"]), opts.chunk_bytes).block
     return TensorEntry(x["dtype"], shape, refs, block, container=x["container"], device=x["device"])
+
+
+def _ref(piece: Sequence[Any]) -> ChunkRef:
+    """A chunk ref from ``[offsets, sizes, id(, check)]`` as a rank reported it (the manifest
+    built from it is validated before it is stored)."""
+    o, s, cid = piece[:3]
+    return ChunkRef(tuple(o), tuple(s), cid, piece[3] if len(piece) > 3 else None)

@@ -189,6 +189,6 @@ def check_delta_base(value: Any) -> str | None:
 
 TAKE_CODECS = ("fast", "raw", "dense")
 """How a take encodes new whole chunks: ``fast`` (``exp-zstd`` for floats, raw otherwise; what
-compaction later rewrites densely), ``raw`` (no encoding at all: the fastest takes and
-restores, the most bytes until compaction) or ``dense`` (``bytegroup-zstd`` / ``zstd``, as
+compaction later rewrites densely), ``raw`` (the default: no encoding at all, the fastest
+takes and restores, the most bytes until compaction) or ``dense`` (``bytegroup-zstd`` / ``zstd``, as
 compaction writes: smaller at once, slower on the take's critical path)."""

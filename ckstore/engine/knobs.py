@@ -343,12 +343,13 @@ class Knobs:
     )
     take_codec: Knob[str, str] = Knob(
         Choice(TAKE_CODECS),
-        'How takes encode new whole chunks: ``"fast"`` (the default, or '
-        "``$CKSTORE_TAKE_CODEC``: ``exp-zstd`` for floats, raw otherwise; compaction rewrites "
-        'them densely later), ``"raw"`` (every chunk as it is, also compacted later) or '
-        '``"dense"`` (``bytegroup-zstd``/``zstd`` at once).',
+        'How takes encode new whole chunks: ``"raw"`` (the default, or '
+        "``$CKSTORE_TAKE_CODEC``: every chunk as it is, so a resume restores the newest "
+        "snapshot at the speed of a copy; compaction rewrites older snapshots densely), "
+        '``"fast"`` (``exp-zstd`` for floats, raw otherwise: 83% of raw on trained fp32 '
+        'weights, also compacted later) or ``"dense"`` (``bytegroup-zstd``/``zstd`` at once).',
         env="CKSTORE_TAKE_CODEC",
-        default=lambda: "fast",
+        default=lambda: "raw",
     )
     auto_compact: Knob[bool, bool] = Knob(
         Flag(),

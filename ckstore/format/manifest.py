@@ -17,21 +17,23 @@ import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, Union
 
 import blake3
 
 from ..errors import CorruptionError
+from .chunks import ChunkRef, parse_refs
 from .dtypes import ITEMSIZE, itemsize
 from .tiling import tiling_problem
 from .tree import tree_refs
 from .values import decode_value
 
 FORMAT = "ckstore/manifest"
-VERSION = 1
+VERSION = 2
+"""The version a writer writes: 2 adds each chunk's check (:class:`ChunkRef`)."""
+READ_VERSIONS = (1, 2)
+"""The versions a reader reads (a version 1 manifest has no checks)."""
 MAX_MANIFEST_BYTES = 1 << 30
-_BULK = 16  # chunk lists longer than this are type-checked in bulk
 
 
 def canonical_json(data: Any) -> bytes:
@@ -39,15 +41,6 @@ def canonical_json(data: Any) -> bytes:
     return json.dumps(
         data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
     ).encode()
-
-
-@dataclass(frozen=True)
-class ChunkRef:
-    """One chunk of a tensor: its box in global coordinates and its content id."""
-
-    offsets: tuple[int, ...]
-    sizes: tuple[int, ...]
-    id: str
 
 
 @dataclass(frozen=True)
@@ -84,7 +77,7 @@ class TensorEntry:
             out["data"] = base64.b64encode(self.data).decode()
         else:
             out["block"] = list(self.block or ())
-            out["chunks"] = [[list(c.offsets), list(c.sizes), c.id] for c in self.chunks]
+            out["chunks"] = [c.to_list() for c in self.chunks]
         return out
 
     @classmethod
@@ -104,7 +97,7 @@ class TensorEntry:
                 if len(data) != entry.nbytes:
                     raise ValueError("inline data length")
                 return entry
-            chunks = chunk_refs(d["chunks"], len(shape))
+            chunks = parse_refs(d["chunks"], len(shape))
             entry = cls(dtype, shape, chunks, _ints(d["block"]), container=container, device=device)
         except CorruptionError:
             raise
@@ -207,10 +200,19 @@ def entry_from_dict(d: Any, key: str) -> Entry:
 
 
 def entry_digest(entry: Entry) -> str:
-    """A content digest of an entry (device excluded), used to diff snapshots cheaply."""
-    d = entry.to_dict()
+    """A content digest of an entry (device and chunk checks excluded: a check follows from
+    its chunk id, and a version 1 manifest has none), used to diff snapshots cheaply."""
+    d = _without_checks(entry.to_dict())
     d.pop("device", None)
     return blake3.blake3(canonical_json(d)).hexdigest()
+
+
+def _without_checks(d: dict[str, Any]) -> dict[str, Any]:
+    if "chunks" in d:
+        d["chunks"] = [c[:3] for c in d["chunks"]]
+    if "ranks" in d:
+        d["ranks"] = [_without_checks(r) for r in d["ranks"]]
+    return d
 
 
 def snapshot_header(
@@ -282,9 +284,10 @@ class Manifest:
         """:meth:`from_json` of the JSON already decoded."""
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise CorruptionError(f"{where} is not a ckstore manifest")
-        if doc.get("version") != VERSION:
+        if doc.get("version") not in READ_VERSIONS:
             raise CorruptionError(
-                f"{where} has manifest version {doc.get('version')!r}; this ckstore reads {VERSION}"
+                f"{where} has manifest version {doc.get('version')!r}; this ckstore reads "
+                f"{', '.join(map(str, READ_VERSIONS))}: upgrade ckstore to read it"
             )
         apps, entries = doc.get("apps"), doc.get("entries")
         if not isinstance(apps, dict) or not isinstance(entries, dict):
@@ -323,36 +326,6 @@ def _ints(v: Any) -> tuple[int, ...]:
     if not isinstance(v, list) or not all(type(x) is int for x in v):
         raise ValueError(f"expected a list of ints, got {str(v)[:60]}")
     return tuple(v)
-
-
-def chunk_refs(raw: Any, ndim: int) -> tuple[ChunkRef, ...]:
-    """Parse ``[[offsets], [sizes], id]`` triples; each list must hold exactly ``ndim`` ints.
-
-    The types are checked in bulk (C loops over the whole list), which keeps a manifest with
-    thousands of chunks fast to parse; on failure, the first bad triple is named.
-    """
-    if type(raw) is not list:
-        raise ValueError("chunks is not a list")
-    if len(raw) > _BULK and set(map(type, raw)) == {list} and set(map(len, raw)) == {3}:
-        offs, sizes, ids = zip(*raw)
-        if (
-            {*map(type, offs), *map(type, sizes)} == {list}
-            and {*map(len, offs), *map(len, sizes)} == {ndim}
-            and set(map(type, chain.from_iterable((*offs, *sizes)))) <= {int}
-            and set(map(type, ids)) == {str}
-        ):
-            return tuple(map(ChunkRef, map(tuple, offs), map(tuple, sizes), ids))
-    ints = (int,) * ndim  # type() is exact: bools and floats are refused
-    out = []
-    for item in raw:
-        if type(item) is not list or len(item) != 3:
-            raise ValueError(f"chunk {str(item)[:80]} is not [offsets, sizes, id]")
-        o, s, cid = item
-        lists = type(o) is type(s) is list
-        if not (lists and tuple(map(type, o)) == tuple(map(type, s)) == ints and type(cid) is str):
-            raise ValueError(f"chunk {str(item)[:80]} is not [offsets, sizes, id] of {ndim} ints")
-        out.append(ChunkRef(tuple(o), tuple(s), cid))
-    return tuple(out)
 
 
 def check_refs(apps: dict[str, Any], entries: Mapping[str, object], where: str) -> None:

@@ -31,6 +31,7 @@ from typing import Any, Union
 import blake3
 
 from ..errors import CorruptionError
+from .chunks import parse_refs
 from .dtypes import ITEMSIZE
 from .layout import Layout
 from .manifest import (
@@ -44,7 +45,6 @@ from .manifest import (
     ValueEntry,
     canonical_json,
     check_refs,
-    chunk_refs,
     entry_from_dict,
     gc_paused,
 )
@@ -307,7 +307,7 @@ class Part:
             if shell is None or shell.tensor is None:
                 raise CorruptionError(f"{where} holds pieces of {key!r}, no sharded tensor")
             try:
-                refs[key] = chunk_refs(raw_refs, len(shell.tensor.shape))
+                refs[key] = parse_refs(raw_refs, len(shell.tensor.shape))
             except (TypeError, ValueError) as exc:
                 raise CorruptionError(f"{where}: pieces of {key!r} are malformed: {exc}") from exc
         mine: dict[str, Own] = {}
@@ -358,10 +358,11 @@ def partial(root: Root, parts: Mapping[int, Part], rank: int, ids: Sequence[str]
 
 
 def parse_any(raw: bytes, where: str) -> Manifest | Root:
-    """A manifest object of either version: version 1 parsed whole, version 2 its root."""
+    """A manifest object: a manifest stored whole (version 1, or 2 with its chunks' checks)
+    parsed whole, or the root of one stored in parts (version 2, with ``parts``)."""
     with gc_paused():
         doc = _document(raw, where, FORMAT, versions=(1, VERSION))
-        if doc.get("version") == VERSION:
+        if doc.get("version") == VERSION and "parts" in doc:
             return Root.from_doc(doc, where)
         return Manifest.from_doc(doc, where)
 

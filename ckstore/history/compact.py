@@ -1,9 +1,10 @@
 """Compaction: rewrite older snapshots' loose chunks densely, as ``git gc`` packs loose objects.
 
-A take writes its new chunks *loose* (``codecs.FAST_CODECS``: ``exp-zstd`` for floats, raw for
-the rest; no deltas) into packs the index marks loose, so a training job waits as little as
-possible. Compaction later rewrites the loose chunks that no *newest* snapshot of a run uses
-(the ``keep_loose`` newest of each run stay loose, so a resume reads the fast form):
+A take writes its new chunks *loose* (``codecs.FAST_CODECS``: raw by default, ``exp-zstd`` for
+floats with ``take_codec="fast"``; no deltas) into packs the index marks loose, so a training
+job waits as little as possible. Compaction later rewrites the loose chunks that no *newest*
+snapshot of a run uses (the ``keep_loose`` newest of each run stay loose, so a resume reads the
+fast form):
 
 1. **Plan** (``_compact_plan``; index and manifests only): the loose chunks outside every
    run's newest snapshots, in the order of the oldest snapshot that uses them (one dropped by a

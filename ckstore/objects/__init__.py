@@ -7,7 +7,7 @@ Never imports torch or the index layer. The fsspec-based backends (``FsspecBacke
 from typing import TYPE_CHECKING, Any
 
 from ckstore.objects.backend import Backend, validate_name
-from ckstore.objects.chunk_reader import ChunkReader
+from ckstore.objects.chunk_reader import UNCHECKED, ChunkReader
 from ckstore.objects.codecs import (
     BYTEGROUP_ZSTD,
     CODECS,
@@ -23,7 +23,7 @@ from ckstore.objects.codecs import (
     is_delta,
 )
 from ckstore.objects.delta import encode_delta
-from ckstore.objects.hashing import HASH_NAME, chunk_id, is_chunk_id
+from ckstore.objects.hashing import CHECK_NAME, HASH_NAME, chunk_id, is_chunk_id, raw_check
 from ckstore.objects.local import LocalBackend
 from ckstore.objects.location import ChunkLocation
 from ckstore.objects.opener import open_backend
@@ -37,6 +37,7 @@ from ckstore.objects.packs import (
     pack_overhead,
     read_pack_index,
 )
+from ckstore.objects.payloads import Kept
 from ckstore.objects.store import ObjectStore, blob_name
 from ckstore.objects.wrappers import (
     CountingBackend,
@@ -72,11 +73,13 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BYTEGROUP_ZSTD",
+    "CHECK_NAME",
     "CODECS",
     "EXP_ZSTD",
     "FAST_CODECS",
     "HASH_NAME",
     "NONE",
+    "UNCHECKED",
     "XOR_BYTEGROUP_ZSTD",
     "XOR_ZSTD",
     "ZSTD",
@@ -86,6 +89,7 @@ __all__ = [
     "CountingBackend",
     "FaultyBackend",
     "FsspecBackend",
+    "Kept",
     "LocalBackend",
     "ObjectStore",
     "PackIndex",
@@ -109,6 +113,7 @@ __all__ = [
     "pack_id_from_name",
     "pack_name",
     "pack_overhead",
+    "raw_check",
     "read_pack_index",
     "scan_pack",
     "validate_name",

@@ -159,7 +159,9 @@ class Backend(abc.ABC):
       object (in this process and, for shared stores, in any other).
     * **Exact ranged reads.** ``get(name, offset, length)`` returns exactly ``length`` bytes (or
       everything from ``offset`` when ``length`` is None); ``get_into(name, offset, out)`` reads
-      exactly ``len(out)`` bytes into a caller's buffer (the default goes through ``get``). A missing object raises
+      exactly ``len(out)`` bytes into a caller's buffer (the default goes through ``get``), and
+      ``view(name, offset, length)`` a read-only view of exactly that range (the default a
+      copy; a mapping where :attr:`mapped_views`). A missing object raises
       :class:`ObjectNotFoundError` naming the object and :attr:`url`; an object shorter than
       the range raises :class:`CorruptionError` ("truncated"). ``get`` is idempotent.
     * **Idempotent deletes.** Deleting a missing object is not an error.
@@ -210,6 +212,38 @@ class Backend(abc.ABC):
         if len(data) != len(out):
             raise truncated(name, self.url, offset, len(out), len(data))
         out[:] = data
+
+    mapped_views = False
+    """Whether :meth:`view` maps the object instead of reading it (the local backend): a view
+    then costs no memory until its bytes are touched, touching them again is no read from
+    storage (a reader keeps the views of what it checked instead of reading it twice), and
+    it outlives the object's deletion."""
+
+    def view(self, name: str, offset: int, length: int) -> memoryview:
+        """A read-only view of ``length`` bytes of ``name`` from ``offset``, valid while it is
+        referenced. The default reads them (:meth:`get`, into new memory); a backend with
+        :attr:`mapped_views` maps them. Same errors as :meth:`get`."""
+        data = self.get(name, offset, length)
+        if len(data) != length:
+            raise truncated(name, self.url, offset, length, len(data))
+        return memoryview(data)
+
+    def current(self, view: memoryview) -> bool:
+        """Whether the bytes of ``view`` (from :meth:`view`) are still its object's: False
+        once the object was written in place since the view was made (which breaks the
+        immutability every object has, and which a mapping shows). The default, whose views
+        are copies: True."""
+        return True
+
+    def drop(self, name: str, offset: int, length: int) -> None:  # noqa: B027 - optional hook
+        """A hint that the bytes of that range, in views of ``name``, will not be touched for
+        a while: a mapping gives their pages back (touching them again maps them again). The
+        default does nothing."""
+
+    def prefetch(self, name: str, offset: int, length: int) -> None:  # noqa: B027 - optional hook
+        """A hint that that range of ``name`` will be read soon: start fetching it, without
+        waiting (the local backend: the kernel reads it ahead into the page cache). The
+        default does nothing."""
 
     @abc.abstractmethod
     def size(self, name: str) -> int:

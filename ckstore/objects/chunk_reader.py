@@ -1,43 +1,39 @@
-"""Chunks read back from packs: one ranged read each, decoded and verified against the chunk's
-id in one pass, delta chains included (``objects.store.ObjectStore`` reads through this)."""
+"""Chunks read back from packs: one ranged read each, decoded and verified in one pass (against
+the chunk's check from its manifest, else its id), delta chains included
+(``objects.store.ObjectStore`` reads through this).
+
+Where the backend maps its objects (``Backend.mapped_views``: a local disk), a payload is a
+view of its mapped pack: reading it copies nothing, and a caller may keep the views of what it
+verified (``keep``) to decode them again later without reading them again
+(:meth:`ChunkReader.load_kept`). Elsewhere a payload is read into this thread's recycled
+buffer, and a chunk stored raw is read straight into its destination.
+"""
 
 from __future__ import annotations
 
-import mmap
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from ckstore.errors import CorruptionError, InvalidInputError
 from ckstore.objects.backend import Backend
 from ckstore.objects.codecs import (
-    MAX_RAW_LENGTH,
+    NONE,
     decode_hashed,
     decoded_planes,
     grouped_itemsize,
     interleave_planes,
 )
 from ckstore.objects.delta import xor_into
-from ckstore.objects.hashing import fingerprint, new_hasher, payload_digest
+from ckstore.objects.hashing import fingerprint, new_checker, new_hasher, payload_digest
 from ckstore.objects.location import ChunkLocation
-from ckstore.objects.memory import private_memory
 from ckstore.objects.packs import pack_name
-
-_local = threading.local()
-
-
-def _scratch(kind: str, n: int) -> mmap.mmap:
-    """This thread's recycled scratch buffer ``kind`` of at least ``n`` bytes."""
-    bufs = _local.__dict__.setdefault("scratch", {})
-    buf: mmap.mmap | None = bufs.get(kind)
-    if buf is None or len(buf) < n:
-        buf = bufs[kind] = private_memory(max(n, 1 << 20))
-    return buf
+from ckstore.objects.payloads import Kept, Payloads, check_sizes, scratch
 
 
 class ChunkReader:
-    """Reads chunks from the packs of one backend; every read is re-hashed against the chunk's
-    id, and a mismatch raises :class:`CorruptionError`: wrong bytes are never returned.
+    """Reads chunks from the packs of one backend; every read is verified (against the chunk's
+    check when the caller has it, else re-hashed against its id), and a mismatch raises
+    :class:`CorruptionError`: wrong bytes are never returned.
 
     Buffers are per thread (the payload read, delta scratch), so one reader serves many
     threads at once; what it remembers as trusted (:meth:`trust`) is shared by them.
@@ -79,11 +75,17 @@ class ChunkReader:
             expected = self._trusted.get(link.chunk_id)
             return expected is not None and fingerprint(payload) == expected
 
-        planes = self._chain_planes(list(reversed(loc.chain())), n, trusted)
+        planes = self._chain_planes(
+            list(reversed(loc.chain())), n, trusted, Payloads(self._backend)
+        )
         return planes if planes is not None and len(planes) == itemsize else None
 
     def _chain_planes(
-        self, chain: list[ChunkLocation], n: int, seen: Callable[[ChunkLocation, memoryview], bool]
+        self,
+        chain: list[ChunkLocation],
+        n: int,
+        seen: Callable[[ChunkLocation, memoryview], bool],
+        reads: Payloads,
     ) -> Any:
         """The byte planes of the bytes ``chain`` (root first) decodes to, when every link is
         byte-grouped with one element size: the root's planes as they lie in its payload (a
@@ -100,7 +102,7 @@ class ChunkReader:
         planes: Any = None
         root: list[Any] | None = None  # the root's planes, in its payload until XORed
         for i, link in enumerate(chain):
-            payload = self._payload(link, "root" if i == 0 else "payload")
+            payload = reads.get(link, "root" if i == 0 else "payload")
             if not seen(link, payload):
                 return None
             s = grouped_itemsize(link.codec, payload)
@@ -116,7 +118,7 @@ class ChunkReader:
                 root = parts
                 continue
             if planes is None:
-                planes = np.frombuffer(_scratch("planes", n), dtype=np.uint8, count=n).reshape(
+                planes = np.frombuffer(scratch("planes", n), dtype=np.uint8, count=n).reshape(
                     size, n // size
                 )
             first = root if root is not None else planes
@@ -126,13 +128,21 @@ class ChunkReader:
         return root if planes is None else planes
 
     def read_chunk(
-        self, loc: ChunkLocation, out: memoryview | None = None, *, trust: bool = False
+        self,
+        loc: ChunkLocation,
+        out: memoryview | None = None,
+        *,
+        trust: bool = False,
+        check: str | None = None,
     ) -> bytes | memoryview:
         """Read, decode and verify one chunk with ONE ranged get of ``(offset, length)``.
 
         Args:
             loc: where the chunk is.
             out: optional writable buffer of exactly ``loc.raw_length`` bytes to decode into.
+            trust: remember the payloads as right once verified (:meth:`trust`).
+            check: the chunk's check (``hashing.raw_check``) to verify the decoded bytes
+                against; None verifies them against the id (BLAKE3).
 
         Returns:
             The chunk's raw bytes (``out`` itself when given).
@@ -141,24 +151,26 @@ class ChunkReader:
             ObjectNotFoundError: the pack is missing.
             CorruptionError: the payload is malformed or does not hash to ``loc.chunk_id``.
         """
-        self._check_sizes(loc)
+        check_sizes(loc, self._backend.url)
         target = out if out is not None else memoryview(bytearray(loc.raw_length))
-        self.verify_chunk(loc, target, trust=trust)
+        self.verify_chunk(loc, target, trust=trust, check=check)
         return target
 
-    def check_payloads(self, loc: ChunkLocation) -> None:
+    def check_payloads(self, loc: ChunkLocation, keep: Kept | None = None) -> None:
         """Show that the stored payloads of a chunk (and of every base along its chain) are
         the ones their writer stored, without decoding them: each is read and its
         ``hashing.payload_digest`` compared with the one the index recorded
-        (``ChunkLocation.payload_digest``; see :meth:`ChunkLocation.digests_known`).
+        (``ChunkLocation.payload_digest``; see :meth:`ChunkLocation.digests_known`). With
+        ``keep``, the views read from a mapping are kept there (:meth:`load_kept`).
 
         Raises:
             InvalidInputError: a payload along the chain has no recorded digest.
             ObjectNotFoundError: the pack is missing.
             CorruptionError: a payload differs from what was written.
         """
+        reads = Payloads(self._backend, keep=keep)
         for link in loc.chain():
-            self._check_digest(link, self._payload(link))
+            self._check_digest(link, reads.get(link))
 
     def _check_digest(self, loc: ChunkLocation, payload: memoryview) -> None:
         if loc.payload_digest is None:
@@ -182,19 +194,25 @@ class ChunkReader:
         fingerprint_it: bool = False,
         trust: bool = False,
         check_digests: bool = False,
+        check: str | None = None,
+        keep: Kept | None = None,
     ) -> int | None:
-        """Read one chunk's payload, decode it and verify it against its id, in one pass.
+        """Read one chunk's payload, decode it and verify it, in one pass.
 
-        The payload is read into this thread's recycled buffer (``Backend.get_into``), decoded
-        into ``out`` (or, when None, kept nowhere: a verify-only pass) and hashed block by
-        block as it is decoded (``codecs.decode_hashed``).
+        The payload is read (a view of the mapped pack, else into this thread's recycled
+        buffer: ``Backend.get_into``; a chunk stored raw straight into ``out``), decoded into
+        ``out`` (or, when None, kept nowhere: a verify-only pass) and hashed block by block as
+        it is decoded (``codecs.decode_hashed``): with XXH3-64 against ``check`` (the chunk's
+        check from its manifest, ``hashing.raw_check``) when given, else with BLAKE3 against
+        its id. Either covers the stored bytes and the decoder.
 
         With ``trust``, the payloads of the chunk (and its chain) are remembered as right once
         verified (:meth:`trust`). With ``check_digests`` (after :meth:`check_payloads`: the
         atomic restore's second pass), each payload along the chain is first compared with its
         recorded digest, and nothing is decoded into ``out`` unless every one matches; a
         chunk whose intact payload does not decode to its id is still found by the hash, once
-        its bytes are in ``out``.
+        its bytes are in ``out``. With ``keep``, the views read from a mapping are kept there
+        for :meth:`load_kept`.
 
         Returns:
             With ``fingerprint_it``, the payload's fingerprint (``hashing.fingerprint``) for
@@ -202,25 +220,31 @@ class ChunkReader:
 
         Raises:
             ObjectNotFoundError: the pack is missing.
-            CorruptionError: the payload is malformed or does not hash to ``loc.chunk_id``.
+            CorruptionError: the payload is malformed or does not match ``check`` (or
+                ``loc.chunk_id``).
         """
-        hasher = new_hasher()
+        hasher, expected = _verifier(loc, check)
         links: list[tuple[str, int]] | None = [] if trust else None
+        reads = Payloads(self._backend, keep=keep)
         if loc.base_id is not None:
             prints = self._decode_chain(
-                loc, out, hasher, fingerprint_it, links, digests=check_digests
+                loc, out, hasher, fingerprint_it, reads, links, digests=check_digests
             )
         else:
-            payload = self._payload(loc)
-            if check_digests:
-                self._check_digest(loc, payload)
-            self._decode(loc, payload, out, hasher)
+            if loc.codec == NONE and out is not None and not reads.maps and not check_digests:
+                payload = reads.read_into(loc, out)  # no copy beyond the read
+                hasher.update(payload)
+            else:
+                payload = reads.get(loc)
+                if check_digests:
+                    self._check_digest(loc, payload)
+                self._decode(loc, payload, out, hasher)
             prints = fingerprint(payload) if fingerprint_it or links is not None else None
             if links is not None:
                 assert prints is not None
                 links.append((loc.chunk_id, prints))
             prints = prints if fingerprint_it else None
-        if str(hasher.hexdigest()) != loc.chunk_id:
+        if str(hasher.hexdigest()) != expected:
             why = (
                 "its stored payload is the one its writer recorded, so the writer stored a wrong "
                 "encoding"
@@ -230,13 +254,64 @@ class ChunkReader:
             )
             raise CorruptionError(
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
-                f"does not match its id: {why}"
+                f"does not match its {'check' if check is not None else 'id'}: {why}"
             )
         if links:
             if len(self._trusted) + len(links) > self.MAX_TRUSTED:
                 self._trusted.clear()
             self._trusted.update(links)
         return prints
+
+    def load_kept(
+        self, loc: ChunkLocation, kept: Kept, out: memoryview, *, verify_id: bool = False
+    ) -> None:
+        """Decode a chunk into ``out`` from the payload views a verifying read kept
+        (:meth:`verify_chunk` or :meth:`check_payloads` with ``keep``), reading nothing.
+
+        The views are the very bytes that were verified, mapped from an immutable pack, so
+        they are decoded unchecked, once each is shown to be still its pack's
+        (``Backend.current``: a pack written in place since would show through the
+        mapping). With ``verify_id`` (the views were only compared with their digests), the
+        decoded bytes are hashed against the chunk's id as they go into ``out``.
+
+        Raises:
+            CorruptionError: a payload changed since it was kept (nothing decoded into
+                ``out``), a payload is malformed, or (``verify_id``) the chunk does not match
+                its id.
+        """
+        chain = loc.chain()
+        if not all(link.chunk_id in kept for link in chain):
+            raise InvalidInputError(
+                f"chunk {loc.chunk_id}: not every payload of its chain was kept"
+            )
+        if not all(self._backend.current(kept[link.chunk_id]) for link in chain):
+            raise CorruptionError(
+                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
+                "changed after it was verified: stored objects must never change"
+            )
+        hasher = new_hasher() if verify_id else None
+        reads = Payloads(self._backend, kept=kept)
+        if loc.base_id is not None:
+            self._decode_chain(loc, out, hasher, False, reads)
+        else:
+            self._decode(loc, kept[loc.chunk_id], out, hasher)
+        if hasher is not None and str(hasher.hexdigest()) != loc.chunk_id:
+            raise CorruptionError(
+                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
+                "does not match its id: its stored payload is the one its writer recorded, so "
+                "the writer stored a wrong encoding"
+            )
+
+    def drop(self, loc: ChunkLocation) -> None:
+        """A hint: the payloads of ``loc``'s chain will not be touched for a while
+        (``Backend.drop``: a mapping gives their pages back)."""
+        for link in loc.chain():
+            self._backend.drop(pack_name(link.pack_id), link.offset, link.length)
+
+    def prefetch(self, loc: ChunkLocation) -> None:
+        """A hint: the payloads of ``loc``'s chain will be read soon (``Backend.prefetch``)."""
+        for link in loc.chain():
+            self._backend.prefetch(pack_name(link.pack_id), link.offset, link.length)
 
     def load_verified(self, loc: ChunkLocation, out: memoryview, expected: int) -> None:
         """Read a chunk that :meth:`verify_chunk` verified moments ago and decode it into ``out``.
@@ -251,9 +326,11 @@ class ChunkReader:
             CorruptionError: the payload differs from the one verified, or is malformed.
         """
         if loc.base_id is not None:
-            prints = self._decode_chain(loc, out, None, True, expected=expected)
+            prints = self._decode_chain(
+                loc, out, None, True, Payloads(self._backend), expected=expected
+            )
         else:
-            payload = self._payload(loc)
+            payload = Payloads(self._backend).get(loc)
             prints = fingerprint(payload)
             if prints == expected:
                 self._decode(loc, payload, out, None)
@@ -263,35 +340,13 @@ class ChunkReader:
                 "changed after it was verified: stored objects must never change"
             )
 
-    def _check_sizes(self, loc: ChunkLocation) -> None:
-        """Refuse impossible lengths before allocating anything for them."""
-        if not (
-            0 <= loc.raw_length <= MAX_RAW_LENGTH and 0 <= loc.length <= MAX_RAW_LENGTH + (1 << 12)
-        ):
-            raise CorruptionError(
-                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) has "
-                f"impossible lengths (stored {loc.length}, raw {loc.raw_length}; at most {MAX_RAW_LENGTH})"
-            )
-
-    def _payload(self, loc: ChunkLocation, slot: str = "payload") -> memoryview:
-        """The chunk's stored payload, read into this thread's recycled buffer ``slot``."""
-        self._check_sizes(loc)
-        buf: mmap.mmap | None = getattr(_local, slot, None)
-        if buf is None or len(buf) < loc.length:
-            buf = private_memory(
-                max(loc.length, 1 << 20)
-            )  # goes back to the system with the thread
-            setattr(_local, slot, buf)
-        view = memoryview(buf)[: loc.length]
-        self._backend.get_into(pack_name(loc.pack_id), loc.offset, view)
-        return view
-
     def _decode_chain(
         self,
         loc: ChunkLocation,
         out: memoryview | None,
         hasher: Any,
         fingerprint_it: bool,
+        reads: Payloads,
         links: list[tuple[str, int]] | None = None,
         expected: int | None = None,
         digests: bool = False,
@@ -324,7 +379,7 @@ class ChunkReader:
                 found.append((link.chunk_id, prints[-1]))
             return True
 
-        planes = self._chain_planes(chain, n, seen)
+        planes = self._chain_planes(chain, n, seen, reads)
         target: memoryview | None = None
         if planes is None:  # a link of another codec (rare): start again, byte by byte
             prints.clear()
@@ -332,14 +387,14 @@ class ChunkReader:
             aside = (
                 expected is not None or digests or out is None
             )  # decoded aside until every link is checked
-            target = memoryview(_scratch("chain", n))[:n] if aside else out
+            target = memoryview(scratch("chain", n))[:n] if aside else out
             for i, link in enumerate(chain):
-                payload = self._payload(link)
+                payload = reads.get(link)
                 seen(link, payload)
                 if i == 0:
                     self._decode(link, payload, target, None)
                 else:
-                    xor = memoryview(_scratch("xor", n))[:n]
+                    xor = memoryview(scratch("xor", n))[:n]
                     self._decode(link, payload, xor, None)
                     xor_into(target, xor)
         if links is not None:
@@ -376,3 +431,29 @@ class ChunkReader:
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
                 f"cannot be decoded: {exc}"
             ) from exc
+
+
+UNCHECKED = "unchecked"
+"""A ``check`` that skips the check of the decoded bytes (lengths and formats are still
+checked): what a benchmark measures the checks' cost against; ckstore never passes it."""
+
+
+class _NoCheck:
+    def update(self, data: Any) -> None:
+        pass
+
+    def hexdigest(self) -> str:
+        return UNCHECKED
+
+
+def _verifier(loc: ChunkLocation, check: str | None) -> tuple[Any, str]:
+    """A hasher for the chunk's decoded bytes and the hexdigest it must end with: XXH3-64
+    seeded with the id against ``check``, or BLAKE3 against the id."""
+    if check == UNCHECKED:
+        return _NoCheck(), UNCHECKED
+    if check is None:
+        return new_hasher(), loc.chunk_id
+    try:
+        return new_checker(loc.chunk_id), check
+    except ValueError:  # an id that is not hex: never matches
+        return new_hasher(), loc.chunk_id

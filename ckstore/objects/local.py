@@ -28,6 +28,7 @@ from ckstore.objects.backend import (
     validate_prefix,
     write_failed,
 )
+from ckstore.objects.mapping import Mappings, ShortFile, prefetch
 
 _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK}
 
@@ -55,6 +56,7 @@ class LocalBackend(Backend):
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self._root = os.path.abspath(os.fspath(root))
+        self._maps = Mappings()
         try:
             os.makedirs(self._root, exist_ok=True)
         except OSError as exc:
@@ -217,6 +219,31 @@ class LocalBackend(Backend):
             parts.append(piece)
             got += len(piece)
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    mapped_views = True
+
+    def view(self, name: str, offset: int, length: int) -> memoryview:
+        """A slice of a shared read-only mapping of the file (``objects.mapping``): nothing is
+        copied, and its pages come from the page cache when touched."""
+        check_range(offset, length)
+        path = self._path(name)
+        try:
+            return self._maps.view(path, offset, length)
+        except ShortFile as short:
+            raise truncated(name, self.url, offset, length, max(0, short.size - offset)) from None
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise not_found(name, self.url) from exc
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"cannot map object {name!r} in store {self.url}: {exc}") from exc
+
+    def current(self, view: memoryview) -> bool:
+        return self._maps.current(view)
+
+    def drop(self, name: str, offset: int, length: int) -> None:
+        self._maps.drop(self._path(name), offset, length)
+
+    def prefetch(self, name: str, offset: int, length: int) -> None:
+        prefetch(self._path(name), offset, length)
 
     def size(self, name: str) -> int:
         path = self._path(name)

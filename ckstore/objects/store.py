@@ -19,6 +19,7 @@ from ckstore.objects.chunk_reader import ChunkReader
 from ckstore.objects.hashing import chunk_id, is_chunk_id
 from ckstore.objects.location import ChunkLocation
 from ckstore.objects.packs import PACK_PREFIX, PackWriter, pack_id_from_name, pack_name
+from ckstore.objects.payloads import Kept
 
 _KIND_RE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 
@@ -41,8 +42,8 @@ def blob_name(kind: str, blob_id: str) -> str:
 class ObjectStore:
     """What the upper layers use to write and read chunks and blobs.
 
-    Every read is re-hashed against its id; a mismatch raises :class:`CorruptionError` and
-    wrong bytes are never returned. Chunks are read by a :class:`ChunkReader`, whose verbs
+    Every read is verified (a chunk against its check or its id, a blob against its id); a
+    mismatch raises :class:`CorruptionError` and wrong bytes are never returned. Chunks are read by a :class:`ChunkReader`, whose verbs
     this store offers as its own.
 
     Args:
@@ -63,10 +64,15 @@ class ObjectStore:
         return PackWriter(self._backend, target_size)
 
     def read_chunk(
-        self, loc: ChunkLocation, out: memoryview | None = None, *, trust: bool = False
+        self,
+        loc: ChunkLocation,
+        out: memoryview | None = None,
+        *,
+        trust: bool = False,
+        check: str | None = None,
     ) -> bytes | memoryview:
         """Read, decode and verify one chunk (:meth:`ChunkReader.read_chunk`)."""
-        return self._reader.read_chunk(loc, out, trust=trust)
+        return self._reader.read_chunk(loc, out, trust=trust, check=check)
 
     def verify_chunk(
         self,
@@ -76,22 +82,45 @@ class ObjectStore:
         fingerprint_it: bool = False,
         trust: bool = False,
         check_digests: bool = False,
+        check: str | None = None,
+        keep: Kept | None = None,
     ) -> int | None:
-        """Read one chunk's payload, decode it and verify it against its id, in one pass
-        (:meth:`ChunkReader.verify_chunk`)."""
+        """Read one chunk's payload, decode it and verify it against its check or id, in one
+        pass (:meth:`ChunkReader.verify_chunk`)."""
         return self._reader.verify_chunk(
-            loc, out, fingerprint_it=fingerprint_it, trust=trust, check_digests=check_digests
+            loc,
+            out,
+            fingerprint_it=fingerprint_it,
+            trust=trust,
+            check_digests=check_digests,
+            check=check,
+            keep=keep,
         )
+
+    def load_kept(
+        self, loc: ChunkLocation, kept: Kept, out: memoryview, *, verify_id: bool = False
+    ) -> None:
+        """Decode a chunk from the payload views a verifying read kept, reading nothing
+        (:meth:`ChunkReader.load_kept`)."""
+        self._reader.load_kept(loc, kept, out, verify_id=verify_id)
+
+    def drop(self, loc: ChunkLocation) -> None:
+        """A hint: ``loc``'s payloads will not be touched for a while (:meth:`ChunkReader.drop`)."""
+        self._reader.drop(loc)
+
+    def prefetch(self, loc: ChunkLocation) -> None:
+        """A hint: ``loc``'s payloads will be read soon (:meth:`ChunkReader.prefetch`)."""
+        self._reader.prefetch(loc)
 
     def load_verified(self, loc: ChunkLocation, out: memoryview, expected: int) -> None:
         """Decode a chunk verified moments ago into ``out``, its payload checked against the
         fingerprint the verification returned (:meth:`ChunkReader.load_verified`)."""
         self._reader.load_verified(loc, out, expected)
 
-    def check_payloads(self, loc: ChunkLocation) -> None:
+    def check_payloads(self, loc: ChunkLocation, keep: Kept | None = None) -> None:
         """Compare the stored payloads of a chunk and its chain with their recorded digests,
         undecoded (:meth:`ChunkReader.check_payloads`)."""
-        self._reader.check_payloads(loc)
+        self._reader.check_payloads(loc, keep)
 
     def trust(self, chunk_id: str, payload: Any) -> None:
         """Remember that ``payload`` is a right encoding of chunk ``chunk_id``

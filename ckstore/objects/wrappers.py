@@ -21,7 +21,9 @@ class WrappingBackend(Backend):
 
     :meth:`writer` is not forwarded: a wrapper's writer keeps the pieces and publishes them
     with the wrapper's own :meth:`put`, so every object written passes through the wrapper
-    (counted, or failed on purpose).
+    (counted, or failed on purpose). Nor are :meth:`view` and :attr:`mapped_views`: a
+    wrapper's views are read through its own :meth:`get` (faults injected, stashed, fetched
+    elsewhere) unless it forwards them itself.
     """
 
     def __init__(self, inner: Backend) -> None:
@@ -77,7 +79,8 @@ class GetRecord:
 
 
 class CountingBackend(WrappingBackend):
-    """Counts calls and bytes; keeps a log of every get (name, offset, length, bytes returned).
+    """Counts calls and bytes; keeps a log of every get (name, offset, length, bytes returned),
+    a view counted as a get of its range. It maps where ``inner`` maps.
 
     Attributes:
         get_calls, bytes_read, put_calls, bytes_written, created, size_calls, list_calls,
@@ -113,6 +116,28 @@ class CountingBackend(WrappingBackend):
             self.bytes_read += len(data)
             self.gets.append(GetRecord(name, offset, length, len(data)))
         return data
+
+    @property
+    def mapped_views(self) -> bool:  # type: ignore[override]
+        return self.inner.mapped_views
+
+    def view(self, name: str, offset: int, length: int) -> memoryview:
+        """Counted as a get of that range (a mapped view is read when touched)."""
+        data = self.inner.view(name, offset, length)
+        with self._lock:
+            self.get_calls += 1
+            self.bytes_read += len(data)
+            self.gets.append(GetRecord(name, offset, length, len(data)))
+        return data
+
+    def current(self, view: memoryview) -> bool:
+        return self.inner.current(view)
+
+    def drop(self, name: str, offset: int, length: int) -> None:
+        self.inner.drop(name, offset, length)
+
+    def prefetch(self, name: str, offset: int, length: int) -> None:
+        self.inner.prefetch(name, offset, length)
 
     def size(self, name: str) -> int:
         with self._lock:

@@ -16,8 +16,8 @@ fresh, empty backend (and closes it)::
             b.close()
 
 The tests pin down the contract written in ``ckstore/objects/backend.py``: create-only puts
-(exactly one winner among concurrent writers of a name), ranged and exact reads, truncation
-reported as corruption, idempotent deletes, sorted listing by prefix, and names validated at
+(exactly one winner among concurrent writers of a name), ranged and exact reads and views,
+truncation reported as corruption, idempotent deletes, sorted listing by prefix, and names validated at
 the boundary. It needs pytest (the test extra); ckstore itself never imports this module.
 """
 
@@ -96,6 +96,26 @@ class BackendConformance:
             backend.get_into(NAME, 1020, memoryview(bytearray(10)))
         with pytest.raises(ObjectNotFoundError):
             backend.get_into("no/such", 0, memoryview(bytearray(1)))
+
+    def test_view_is_the_range_and_outlives_a_delete(self, backend: Backend) -> None:
+        data = bytes(range(256)) * 64
+        backend.put(NAME, data)
+        view = backend.view(NAME, 1000, 300)
+        assert view.readonly and bytes(view) == data[1000:1300]
+        assert bytes(backend.view(NAME, 0, 0)) == b""
+        assert backend.current(view)
+        backend.drop(NAME, 1000, 300)  # hints: never an error, the view still reads
+        backend.prefetch(NAME, 0, len(data))
+        assert bytes(view) == data[1000:1300]
+        backend.delete(NAME)
+        assert bytes(view) == data[1000:1300]  # a mapping outlives the object's deletion
+        with pytest.raises(ObjectNotFoundError):
+            backend.view(NAME, 0, 1)
+
+    def test_view_past_the_end_is_corruption(self, backend: Backend) -> None:
+        backend.put(NAME, b"abc")
+        with pytest.raises(CorruptionError, match="truncated"):
+            backend.view(NAME, 1, 10)
 
     def test_delete_is_idempotent(self, backend: Backend) -> None:
         backend.put(NAME, b"x")

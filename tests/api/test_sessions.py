@@ -36,7 +36,8 @@ def slow_commit(self, *args, **kwargs):
 Index.commit_snapshot = slow_commit
 store = ckstore.open(sys.argv[1], chunk_bytes=1024, pack_bytes=8192, inline_bytes=64)
 torch.manual_seed(0)
-store.take({"m": ckstore.StateDict(w=torch.randn(64, 256))}, run="r", step=2)
+# 60 chunks of 1 KiB: the last pack is never full, stored raw or compressed
+store.take({"m": ckstore.StateDict(w=torch.randn(60, 256))}, run="r", step=2)
 print("COMMITTED", flush=True)
 """
 

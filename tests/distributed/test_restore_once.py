@@ -38,13 +38,13 @@ def test_each_chunk_read_once_spread_over_the_ranks(replicated: dict[str, Any]) 
         per = [r[mode] for r in res]
         print(f"{mode}: {sum(per) / stored:.3f} x the stored bytes; per rank {per}")
     assert sum(r["each"] for r in res) >= 4 * stored  # every rank read everything itself
-    for mode in ("once, atomic=False", "once, atomic, held"):
+    for mode in ("once, atomic=False", "once, atomic, held", "once, atomic"):
         per = [r[mode] for r in res]
         mean = sum(per) / len(per)
-        assert sum(per) <= 1.05 * stored, (mode, per, stored)
+        # streamed ("once, atomic", past the exchange budget) too: a reader keeps the views it
+        # checked and sends them in the broadcast without reading them again
+        assert stored <= sum(per) <= 1.0 * stored, (mode, per, stored)
         assert all(abs(x - mean) <= 0.10 * mean for x in per), (mode, per)
-    streamed = [r["once, atomic"] for r in res]  # verified, then read again to be sent
-    assert sum(streamed) <= 2.1 * stored, streamed
 
 
 def test_resharded_restore_reads_each_chunk_once(tmp_path: Path) -> None:

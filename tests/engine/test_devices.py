@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import ckstore
 from ckstore.engine import devices
 from ckstore.engine.devices import Copier, HostPool
 from ckstore.engine.restore.reader import Reader
-from tests.support.states import forget_payload_digests
+from ckstore.objects import chunk_reader
 
 
 class _LateTransfer:
@@ -159,53 +160,72 @@ def test_restore_into_device_destinations_goes_through_host_buffers(
     assert late.buffers <= 2 * threads + (1 if budget else 0)  # the pools, and at most one arena
 
 
-@pytest.mark.parametrize("digests", [True, False], ids=["digests", "no-digests"])
+@pytest.mark.parametrize(
+    ("how", "why"),
+    [
+        ("mapped", "changed after it was verified"),  # its views kept, the pack written since
+        ("read again", "changed after it was verified"),  # a payload fingerprint kept
+        ("by id", "changed after it was verified"),  # digests compared, the views kept
+    ],
+)
 def test_a_payload_that_changes_between_the_passes_is_refused(
-    store: ckstore.Store, digests: bool
+    store: ckstore.Store, how: str, why: str
 ) -> None:
+    from ckstore import objects
     from ckstore.engine.restore.phases import apply, prepare
 
     src = _state(2)
     snap = store.take(src, run="r")
-    if not digests:
-        forget_payload_digests(store)
+    backend = store.repository.objects.backend
+    if how == "read again":  # a backend that does not map its objects
+        store.repository.objects = objects.ObjectStore(objects.FaultyBackend(backend))
     dest = _zeros_like(src)
-    reader = Reader.of(snap.view)
-    prepared = prepare(reader, dest, budget=0)  # nothing staged: every chunk is read again
-    if digests:  # checked against the recorded digests, nothing decoded
-        assert all(j.staged is None and j.checked and j.fingerprint is None for j in prepared.jobs)
-    else:
-        assert all(
-            j.staged is None and not j.checked and j.fingerprint is not None for j in prepared.jobs
-        )
+    reader = Reader.of(store.get("r").view, verify="full" if how == "by id" else "fast")
+    prepared = prepare(reader, dest, budget=0)  # nothing staged
     assert all(
         torch.count_nonzero(v) == 0 for v in dest["m"].values() if isinstance(v, torch.Tensor)
     )
     pack = next(iter(store.repository.objects.list_packs()))
-    path = store.repository.objects.backend._path(ckstore.objects.pack_name(pack))  # type: ignore[attr-defined]
+    path = backend._path(ckstore.objects.pack_name(pack))  # type: ignore[attr-defined]
     data = bytearray(open(path, "rb").read())
     data[40] ^= 0xFF  # inside the first payload
-    with open(path, "wb") as f:
+    time.sleep(0.02)  # a file's times tick with the kernel's clock, not the nanosecond
+    with open(path, "wb") as f:  # in place: the same file, written
         f.write(data)
-    why = "differs from the one its writer recorded" if digests else "changed after it was verified"
     with pytest.raises(ckstore.CorruptionError, match=f"{why}.*partly loaded"):
         apply(prepared, reader)
+    assert snap.id
 
 
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "read again"])
 def test_the_arena_keeps_what_fits_the_budget_and_only_the_rest_is_read_again(
-    store: ckstore.Store,
+    store: ckstore.Store, mapped: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Compressed chunks that fit the budget are decoded once, into the arena. The others are
+    read once where the store maps its packs (the checked views are kept), else again."""
     from ckstore import objects
 
     src = {"m": ckstore.StateDict(w=torch.randn(64, 64))}  # 16 chunks of 1 KiB
+    store.take_codec = "fast"  # compressed chunks: what the arena is for
     snap = store.take(src, run="r")
-    counting = objects.CountingBackend(store.repository.objects.backend)
+    assert {r.codec for r in store.repository.index.all_chunks()} == {objects.EXP_ZSTD}
+    backend = store.repository.objects.backend
+    counting = objects.CountingBackend(backend if mapped else objects.FaultyBackend(backend))
     store.repository.objects = objects.ObjectStore(counting)
+    calls = [0]
+    real = chunk_reader.decode_hashed
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chunk_reader, "decode_hashed", counted)
     dest = {"m": ckstore.StateDict(w=torch.zeros(64, 64))}
     store.get("r").restore(dest, memory_budget=5 * 1024)
     assert torch.equal(dest["m"]["w"], src["m"]["w"])
     reads = sum(1 for g in counting.gets if g.name.startswith("packs/"))
-    assert reads == 16 + (16 - 5)
+    assert reads == (16 if mapped else 16 + (16 - 5))
+    assert calls[0] == 16 + (16 - 5)  # the arena's 5 once, the others in both passes
     assert len(snap.manifest.chunk_ids()) == 16
 
 

@@ -27,7 +27,7 @@ KNOBS = {
     "lease_seconds": ("CKSTORE_LEASE_SECONDS", 600.0),
     "delta_base": (None, None),
     "delta_depth": ("CKSTORE_DELTA_DEPTH", 1),
-    "take_codec": ("CKSTORE_TAKE_CODEC", "fast"),
+    "take_codec": ("CKSTORE_TAKE_CODEC", "raw"),
     "auto_compact": ("CKSTORE_AUTO_COMPACT", True),
 }
 
@@ -69,7 +69,7 @@ def test_defaults_with_the_environment_unset(clean_env):
         ("CKSTORE_BACKGROUND_THREADS", "3", "background_threads", 3),
         ("CKSTORE_LEASE_SECONDS", "1.5", "lease_seconds", 1.5),
         ("CKSTORE_DELTA_DEPTH", "0", "delta_depth", 0),
-        ("CKSTORE_TAKE_CODEC", "raw", "take_codec", "raw"),
+        ("CKSTORE_TAKE_CODEC", "fast", "take_codec", "fast"),
         ("CKSTORE_AUTO_COMPACT", " Off ", "auto_compact", False),
         ("CKSTORE_AUTO_COMPACT", "yes", "auto_compact", True),
         ("CKSTORE_AUTO_COMPACT", "  ", "auto_compact", True),  # blank: unset
@@ -186,7 +186,7 @@ KNOBS_RESET = {
     "lease_seconds": 1.0,
     "delta_base": None,
     "delta_depth": 0,
-    "take_codec": "raw",
+    "take_codec": "fast",
     "auto_compact": True,
 }
 

@@ -84,12 +84,14 @@ def test_the_digest_binds_what_decoding_depends_on() -> None:
 
 
 @pytest.mark.parametrize("digests", [True, False], ids=["digests", "no-digests"])
-def test_atomic_restore_past_its_budget_decodes_each_chunk_once_with_digests(
+def test_atomic_restore_by_id_past_its_budget_decodes_each_chunk_once_with_digests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digests: bool
 ) -> None:
-    """With digests the first pass reads payloads undecoded; without them (a store written
-    before revision 0003) it decodes every chunk to verify it, and the second pass decodes
-    each again. Either way the result is exact."""
+    """Verifying by id (``verify="full"``), with digests the first pass reads payloads
+    undecoded; without them (a store written before revision 0003) it decodes every chunk to
+    verify it, and the second pass decodes each again. By the chunks' checks (the default),
+    the first pass decodes every chunk it does not stage, so a decoder that errs is found
+    before anything is touched (tests/engine/test_checks.py). Either way the result is exact."""
     src = _state()
     with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         snap = store.take(_app(src), run="r")
@@ -98,17 +100,31 @@ def test_atomic_restore_past_its_budget_decodes_each_chunk_once_with_digests(
         n = len(snap.manifest.chunk_ids())
         calls = _count_decodes(monkeypatch)
         dest = _zeros(src)
-        store.get("r").restore(_app(dest), memory_budget=0)
+        store.get("r").restore(_app(dest), memory_budget=0, verify="full")
         assert all(torch.equal(dest[k], src[k]) for k in src)
         assert calls[0] == (n if digests else 2 * n)
         calls[0] = 0
         store.get("r").restore(
-            _app(_zeros(src))
+            _app(_zeros(src)), verify="full"
         )  # the default budget stages some: still once each at most
         assert calls[0] <= (n if digests else 2 * n)
+        calls[0] = 0
+        dest = _zeros(src)
+        store.get("r").restore(_app(dest), memory_budget=0)
+        assert all(torch.equal(dest[k], src[k]) for k in src)
+        assert calls[0] == 2 * n
 
 
-def test_a_damaged_payload_is_found_before_anything_is_touched(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("verify", "why"),
+    [
+        (False, "does not match its check|cannot be decoded"),
+        ("full", "differs from the one its writer recorded"),
+    ],
+)
+def test_a_damaged_payload_is_found_before_anything_is_touched(
+    tmp_path: Path, verify: Any, why: str
+) -> None:
     src = _state()
     with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take(_app(src), run="r")
@@ -121,10 +137,8 @@ def test_a_damaged_payload_is_found_before_anything_is_touched(tmp_path: Path) -
         path.chmod(0o644)
         path.write_bytes(bytes(data))
         dest = _zeros(src)
-        with pytest.raises(
-            ckstore.CorruptionError, match="differs from the one its writer recorded"
-        ) as err:
-            store.get("r").restore(_app(dest), memory_budget=0)
+        with pytest.raises(ckstore.CorruptionError, match=why) as err:
+            store.get("r").restore(_app(dest), memory_budget=0, verify=verify)
         assert "nothing was restored" in str(err.value)
         assert all(not t.any() for t in dest.values())
         report = store.check(read_data=True)
@@ -135,11 +149,13 @@ def test_a_damaged_payload_is_found_before_anything_is_touched(tmp_path: Path) -
     ("column", "value"),
     [("codec", "'zstd'"), ("raw_length", "raw_length + 4"), ("base_id", "id")],
 )
+@pytest.mark.parametrize("verify", [False, "full"])
 def test_a_damaged_index_row_is_found_before_anything_is_touched(
-    tmp_path: Path, column: str, value: str
+    tmp_path: Path, column: str, value: str, verify: Any
 ) -> None:
     """The digest binds the row's id, codec, raw length and base to the payload, so a row
-    that would decode the right payload wrongly is refused in the first pass."""
+    that would decode the right payload wrongly is refused in the first pass; the check does
+    the same by decoding."""
     src = _state()
     with ckstore.open(tmp_path / "s", **KNOBS, create=True) as store:
         store.take(_app(src), run="r")
@@ -150,7 +166,7 @@ def test_a_damaged_index_row_is_found_before_anything_is_touched(
             )
         dest = _zeros(src)
         with pytest.raises(ckstore.CorruptionError):
-            store.get("r").restore(_app(dest), memory_budget=0)
+            store.get("r").restore(_app(dest), memory_budget=0, verify=verify)
         assert all(not t.any() for t in dest.values())
 
 
@@ -158,9 +174,10 @@ def test_a_payload_its_writer_encoded_wrong_is_still_caught_by_the_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The digest only shows the payload is the one written. A writer that stored a wrong
-    encoding (a bug, or memory flipped before the write) has a right digest for it; the id
-    check of the second pass still refuses the chunk, and says the destination may be partly
-    loaded. check --read-data finds it too."""
+    encoding (a bug, or memory flipped before the write) has a right digest for it. The
+    chunk's check refuses it in the first pass, nothing touched; verifying by id, the digest
+    passes and the id check of the second pass refuses the chunk, saying the destination may
+    be partly loaded. check --read-data finds it too."""
     real = objects.encode
 
     def wrong(
@@ -181,11 +198,14 @@ def test_a_payload_its_writer_encoded_wrong_is_still_caught_by_the_id(
             m.setattr(objects, "encode", wrong)
             store.take(_app(src), run="r")
         dest = _zeros(src)
+        with pytest.raises(ckstore.CorruptionError, match="does not match its check"):
+            store.get("r").restore(_app(dest), memory_budget=0)
+        assert all(not t.any() for t in dest.values())
         with pytest.raises(
             ckstore.CorruptionError, match="writer stored a wrong encoding.*partly loaded"
         ):
-            store.get("r").restore(_app(dest), memory_budget=0)
-        with pytest.raises(ckstore.CorruptionError, match="does not match its id"):
+            store.get("r").restore(_app(dest), memory_budget=0, verify="full")
+        with pytest.raises(ckstore.CorruptionError, match="does not match its check"):
             store.get("r").read_object("m/w")
         assert "corrupt-chunk" in {p.kind for p in store.check(read_data=True).problems}
 
@@ -205,10 +225,11 @@ def test_a_wrong_digest_in_the_index_is_reported_by_check_and_atomic_false_still
         problems = store.check(read_data=True).problems
         assert [(p.kind, p.object) for p in problems] == [("payload-digest", rec.chunk_id)]
         with pytest.raises(ckstore.CorruptionError):
-            store.get("r").restore(_app(_zeros(src)), memory_budget=0)
-        dest = _zeros(src)
-        store.get("r").restore(_app(dest), atomic=False)
-        assert all(torch.equal(dest[k], src[k]) for k in src)
+            store.get("r").restore(_app(_zeros(src)), memory_budget=0, verify="full")
+        for kw in ({"atomic": False}, {"memory_budget": 0}):  # the checks never ask the digest
+            dest = _zeros(src)
+            store.get("r").restore(_app(dest), **kw)  # type: ignore[arg-type]
+            assert all(torch.equal(dest[k], src[k]) for k in src)
 
 
 def test_repack_and_delta_chains_keep_digests_that_restores_check(
@@ -240,12 +261,12 @@ def test_repack_and_delta_chains_keep_digests_that_restores_check(
             )
         calls = _count_decodes(monkeypatch)
         dest = {"keep": torch.zeros_like(keep)}
-        store.get("solo").restore(_app(dest), memory_budget=0)
+        store.get("solo").restore(_app(dest), memory_budget=0, verify="full")
         assert torch.equal(dest["keep"], keep)
         n = len(store.get("solo").manifest.chunk_ids())
         for step in (1, 2):
             dest = _zeros(states[step])
-            store.get(f"r@{step}").restore(_app(dest), memory_budget=0)
+            store.get(f"r@{step}").restore(_app(dest), memory_budget=0, verify="full")
             assert torch.equal(dest["w"], states[step]["w"])
         assert calls[0] == n  # byte-grouped chains decode through their planes, none twice
         assert store.check(read_data=True).ok

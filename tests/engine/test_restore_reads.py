@@ -118,3 +118,28 @@ def test_the_stash_serves_a_range_once_kept_and_leaves_the_store_open(tmp_path) 
         range(4)
     )  # the store's backend is still open
     assert list(tmp_path.iterdir()) == []  # the spill file had no name to begin with
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_a_local_restore_reads_each_payload_once_in_pack_order_hinted_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, atomic: bool
+) -> None:
+    """On a local store every payload is one view of its mapped pack, read once; the kernel is
+    told about each (the threads take them in pack order, front to back)."""
+    store = ckstore.open(tmp_path / "s", create=True, **KNOBS)
+    snap = store.take({"m": ckstore.StateDict(_state())}, run="r")
+    counting = _counted(store)
+    hinted: list[tuple[str, int]] = []
+    real = objects.LocalBackend.prefetch
+
+    def prefetch(self: Any, name: str, offset: int, length: int) -> None:
+        hinted.append((name, offset))
+        real(self, name, offset, length)
+
+    monkeypatch.setattr(objects.LocalBackend, "prefetch", prefetch)
+    _restore(store, "r", atomic=atomic, memory_budget=0)
+    reads = [(g.name, g.offset) for g in counting.gets if g.name.startswith("packs/")]
+    assert len(set(reads)) == len(reads)  # once each
+    assert len(reads) == len(snap.manifest.chunk_ids())
+    assert sorted(hinted) == sorted(reads)
+    store.close()

@@ -77,6 +77,7 @@ def test_every_vector_is_present() -> None:
         "manifest-id",
         "delta",
         "payload-digest",
+        "chunk-check",
         "health",
         "export-digests",
     }
@@ -103,6 +104,16 @@ def test_payload_digest_vector() -> None:
     assert (
         payload_digest(_hex(f["payload"]), f["id"], f["codec"], int(f["raw length"])) == f["digest"]
     )
+
+
+def test_chunk_check_vector() -> None:
+    f = _fields("chunk-check")
+    assert _hex(f["raw"]) == _arange4() and f["id"] == _fields("chunk-id")["id"]
+    assert int(f["seed"]) == int.from_bytes(bytes.fromhex(f["id"][:16]), "little")
+    assert objects.raw_check(_arange4(), f["id"]) == f["check"]
+    import xxhash
+
+    assert xxhash.xxh3_64_hexdigest(_arange4(), seed=int(f["seed"])) == f["check"]
 
 
 def test_the_id_never_depends_on_the_codec() -> None:
@@ -271,6 +282,7 @@ def _example_manifest() -> Manifest:
     p = plan({"model": {"w": torch.arange(8.0), "step": 3}}, opts)
     for chunk in p.chunks:
         chunk.id = objects.chunk_id(chunk.view)
+        chunk.check = objects.raw_check(chunk.view, chunk.id)
     finish_entries(p)
     header = {
         "run": "r",

@@ -193,7 +193,11 @@ def test_per_rank_entries_are_validated_rank_by_rank() -> None:
         ([[0, False], [4, 4], "a" * 64], "of 2 ints"),
         ([[0, 0], [4, 4.0], "a" * 64], "of 2 ints"),
         ([[0], [4], "a" * 64], "of 2 ints"),
-        ([[0, 0], [4, 4]], "is not \\[offsets, sizes, id\\]"),
+        ([[0, 0], [4, 4]], "is not \\[offsets, sizes, id"),
+        ([[0, 0], [4, 4], "a" * 64, "b" * 16, "c"], "is not \\[offsets, sizes, id"),
+        ([[0, 0], [4, 4], "a" * 64, "B" * 16], "16 lowercase hex"),
+        ([[0, 0], [4, 4], "a" * 64, "b" * 15], "16 lowercase hex"),
+        ([[0, 0], [4, 4], "a" * 64, 7], "16 lowercase hex"),
         ([[0, 1], [4, 4], "a" * 64], "outside shape"),
     ],
 )
@@ -208,6 +212,28 @@ def test_malformed_chunks_in_a_long_list_are_named() -> None:
     raw = _doc({"m": {"$ref": "m/t"}}, {"m/t": _tensor((40, 4), boxes)})
     with pytest.raises(CorruptionError, match=r"\[\[7, 0\], \[1, True\]"):
         _parse(_edit(raw, lambda d: d["entries"]["m/t"]["chunks"][7].__setitem__(1, [1, True])))
+
+
+def test_checks_in_a_long_list_are_checked_in_bulk_and_named() -> None:
+    boxes = [((r, 0), (1, 4)) for r in range(40)]
+    raw = _doc({"m": {"$ref": "m/t"}}, {"m/t": _tensor((40, 4), boxes)})
+
+    def with_checks(d: dict[str, Any], bad: int | None = None) -> None:
+        for i, c in enumerate(d["entries"]["m/t"]["chunks"]):
+            c.append("0123456789abcdef" if i != bad else "0123456789abcdeF")
+
+    parsed = _parse(_edit(raw, with_checks)).entries["m/t"]
+    assert {c.check for c in parsed.chunks} == {"0123456789abcdef"}  # type: ignore[union-attr]
+    with pytest.raises(CorruptionError, match=r"\[\[9, 0\], \[1, 4\].*16 lowercase hex"):
+        _parse(_edit(raw, lambda d: with_checks(d, 9)))
+
+
+def test_a_version_1_manifest_reads_and_has_no_checks() -> None:
+    raw = _edit(_doc(APPS, ENTRIES), lambda d: d.update(version=1))
+    entry = _parse(raw).entries["m/w"]
+    assert all(c.check is None for c in entry.chunks)  # type: ignore[union-attr]
+    with pytest.raises(CorruptionError, match="reads 1, 2"):
+        _parse(_edit(raw, lambda d: d.update(version=3)))
 
 
 def test_ten_thousand_chunks_parse_fast() -> None:

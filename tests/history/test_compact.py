@@ -69,7 +69,9 @@ def _codecs(store: ckstore.Store, snap_id: str) -> set[str]:
 
 def test_takes_write_loose_and_compaction_rewrites_all_but_the_newest(tmp_path: Path) -> None:
     states = _run(5)
-    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, **KNOBS) as store:
+    with ckstore.open(
+        tmp_path / "s", create=True, auto_compact=False, take_codec="fast", **KNOBS
+    ) as store:
         ids = _take_all(store, states)
         assert _codecs(store, ids[0]) <= objects.FAST_CODECS and "exp-zstd" in _codecs(
             store, ids[0]
@@ -333,6 +335,35 @@ def test_a_restore_follows_a_chunk_compaction_rewrote_between_its_passes(tmp_pat
         assert store.compact().chunks > 0
         assert store.gc(grace_seconds=0).packs_removed > 0
         apply(prepared, reader)
+        assert all(torch.equal(dest[k], v) for k, v in states[0].items())
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_a_restore_follows_a_chunk_compaction_rewrote_after_it_was_located(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, atomic: bool
+) -> None:
+    """A restore located its chunks in their loose packs; compaction then rewrote them densely
+    and gc deleted the loose packs before the first read: each read looks its chunk up again and
+    reads it at its new place."""
+    from ckstore.engine.restore.fetch import Fetcher
+
+    states = _run(2)
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, **KNOBS) as store:
+        old = store.take({"m": App(dict(states[0]))}, run="r", step=0)
+        store.take({"m": App(dict(states[1]))}, run="r", step=1)
+        real = Fetcher._locate
+        moved: list[int] = []
+
+        def locate_then_compact(self: Fetcher, jobs: Any) -> None:
+            real(self, jobs)
+            if not moved:
+                moved.append(store.compact().chunks)
+                assert store.gc(grace_seconds=0).packs_removed > 0
+
+        monkeypatch.setattr(Fetcher, "_locate", locate_then_compact)
+        dest = {k: torch.zeros_like(v) for k, v in states[0].items()}
+        store.get(old.id).restore({"m": App(dest)}, atomic=atomic, memory_budget=0)
+        assert moved and moved[0] > 0
         assert all(torch.equal(dest[k], v) for k, v in states[0].items())
 
 

@@ -170,3 +170,70 @@ def test_sweep_deletes_only_old_temporaries(tmp_path: Path) -> None:
     assert backend.sweep_temporary(old) == 0  # written after the cutoff: maybe alive
     assert backend.sweep_temporary(float("inf")) == 2
     assert _all_files(tmp_path) == [".keep", "packs/ab/x.pack"]
+
+
+def test_views_of_a_file_share_one_mapping_that_goes_with_the_last_view(tmp_path: Path) -> None:
+    import gc
+    import mmap
+    import weakref
+
+    backend = LocalBackend(tmp_path)
+    data = os.urandom(3 * mmap.PAGESIZE + 17)
+    backend.put("packs/ab/x.pack", data)
+    a, b = backend.view("packs/ab/x.pack", 0, 10), backend.view("packs/ab/x.pack", 5000, 100)
+    assert a.obj is b.obj and isinstance(a.obj, mmap.mmap) and backend.mapped_views
+    assert bytes(b) == data[5000:5100]
+    gone = weakref.ref(a.obj)
+    del a, b
+    gc.collect()
+    assert gone() is None  # unmapped with its last view
+
+
+def test_a_file_written_in_place_is_noticed_and_mapped_anew(tmp_path: Path) -> None:
+    import time
+
+    backend = LocalBackend(tmp_path)
+    backend.put("packs/ab/x.pack", b"a" * 10_000)
+    path = tmp_path / "packs" / "ab" / "x.pack"
+    view = backend.view("packs/ab/x.pack", 100, 100)
+    time.sleep(0.02)  # a file's times tick with the kernel's clock
+    path.chmod(0o644)
+    with open(path, "r+b") as f:  # in place: the same inode (what I2 forbids)
+        f.seek(150)
+        f.write(b"b")
+    assert not backend.current(view)
+    assert bytes(backend.view("packs/ab/x.pack", 100, 100)) == b"a" * 50 + b"b" + b"a" * 49
+    (tmp_path / "new").write_bytes(b"c" * 10_000)
+    replaced = backend.view("packs/ab/x.pack", 0, 10)
+    os.replace(tmp_path / "new", path)  # another file now: the mapping keeps the old bytes
+    assert backend.current(replaced) and bytes(replaced) == b"a" * 10
+    assert bytes(backend.view("packs/ab/x.pack", 0, 10)) == b"c" * 10
+
+
+def test_a_file_cut_short_is_truncated_never_a_crash(tmp_path: Path) -> None:
+    from ckstore.errors import CorruptionError, ObjectNotFoundError
+
+    backend = LocalBackend(tmp_path)
+    backend.put("packs/ab/x.pack", b"z" * 10_000)
+    keep = backend.view("packs/ab/x.pack", 0, 8)  # a live mapping of the longer file
+    path = tmp_path / "packs" / "ab" / "x.pack"
+    path.chmod(0o644)
+    path.write_bytes(b"z" * 100)
+    with pytest.raises(CorruptionError, match="truncated"):
+        backend.view("packs/ab/x.pack", 50, 100)  # mapped anew at its new size, refused
+    path.write_bytes(b"")
+    with pytest.raises(CorruptionError, match="truncated"):
+        backend.view("packs/ab/x.pack", 0, 1)
+    assert bytes(backend.view("packs/ab/x.pack", 0, 0)) == b""
+    with pytest.raises(ObjectNotFoundError):
+        backend.view("packs/ab/nope.pack", 0, 1)
+    del keep
+
+
+def test_counting_counts_views_and_keeps_the_mapping(tmp_path: Path) -> None:
+    counting = CountingBackend(LocalBackend(tmp_path))
+    counting.put("packs/ab/x.pack", b"q" * 5000)
+    view = counting.view("packs/ab/x.pack", 10, 200)
+    assert counting.mapped_views and counting.current(view)
+    assert counting.get_calls == 1 and counting.bytes_read == 200
+    assert not FaultyBackend(LocalBackend(tmp_path)).mapped_views  # faults go through its get

@@ -39,6 +39,9 @@ def one_round(b: Bench, r: int) -> None:
     incremental_take(b, order, roots, handles)
     restore_in_place(b, order, handles, verify_it=r == 0)
     restore_nonatomic(b, handles)
+    restore_unchecked(b, handles)
+    if r == 0:
+        restore_reads(b, handles)
     restore_cold(b, order, roots, handles)
     restore_model_only(b, handles)
     read_one_tensor(b, order, handles, check=r == 0)
@@ -116,6 +119,49 @@ def restore_nonatomic(b: Bench, handles: Handles) -> None:
     b.timed(
         "restore_nonatomic", "ckstore", lambda: ck.restore(handles["ckstore"], b.dest, atomic=False)
     )
+
+
+def restore_unchecked(b: Bench, handles: Handles) -> None:
+    """ckstore only: the same atomic restore with the check of each chunk's decoded bytes
+    skipped (a benchmark's switch, never ckstore's), to report the checks' share of a restore."""
+    if not b.ok("ckstore"):
+        return
+    from ckstore.engine.restore.fetch import unchecked
+
+    ck = b.ckstore()
+    scramble(b.dest)
+    with unchecked():
+        b.timed("restore_unchecked", "ckstore", lambda: ck.restore(handles["ckstore"], b.dest))
+
+
+def restore_reads(b: Bench, handles: Handles) -> None:
+    """ckstore only, untimed: the pack bytes one atomic restore and one restore(atomic=False)
+    read from the store (counted at the storage boundary), and the stored bytes they need."""
+    if not b.ok("ckstore"):
+        return
+    from ckstore import objects
+
+    ck = b.ckstore()
+    root, ref = handles["ckstore"]
+    store = ck.store(root)
+    snap = store.get(ref)
+    ids = snap.manifest.chunk_ids()
+    rows = store.repository.index.chunk_locations(ids)
+    stored = sum(rows[c].length for c in ids if c in rows)
+    real = store.repository.objects
+    counting = objects.CountingBackend(real.backend)
+    store.repository.objects = objects.ObjectStore(counting)
+    try:
+        for atomic in (True, False):
+            counting.reset()
+            scramble(b.dest)
+            ck.restore(handles["ckstore"], b.dest, atomic=atomic)
+            read = sum(g.nbytes for g in counting.gets if g.name.startswith("packs/"))
+            key = "restore_read_bytes" if atomic else "restore_read_bytes_nonatomic"
+            b.sizes.setdefault(f"{key}/ckstore", []).append(read)
+        b.sizes.setdefault("restore_stored_bytes/ckstore", []).append(stored)
+    finally:
+        store.repository.objects = real
 
 
 def restore_cold(b: Bench, order: list[str], roots: Roots, handles: Handles) -> None:

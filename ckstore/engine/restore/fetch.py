@@ -1,39 +1,45 @@
-"""Chunk jobs of a restore: where each verified chunk's bytes go, and the passes that move them.
+"""Chunk jobs of a restore: the passes that read, check and place each chunk's bytes.
 
-One pass over the bytes per chunk: its payload is read into a recycled buffer, decoded straight
-into its destination (or a staging slot) and hashed block by block as it is decoded, on
-``threads`` threads (zstd, numpy, BLAKE3 and file reads release the GIL). Three ways to run a
-list of jobs:
+Each payload is read once and checked once, on ``threads`` threads (zstd, numpy, XXH3, BLAKE3
+and file reads release the GIL): decoded (a chunk stored raw: copied) and hashed block by block
+as it goes, against its check from the manifest, or its id (docs/RELIABILITY.md, I3). Two ways
+to run a list of jobs:
 
-* :meth:`Fetcher.load`: verify and decode into the destination at once (new tensors, or
-  ``restore(atomic=False)``).
-* :meth:`Fetcher.verify` then :meth:`Fetcher.apply` (atomic restore): the first pass checks
-  every chunk without touching the destination, the second puts them in place.
+* :meth:`Fetcher.load` alone: read, check and decode into the destination at once (new
+  tensors, ``restore(atomic=False)``, the distributed restore's reads for other ranks).
+* :meth:`Fetcher.verify` then :meth:`Fetcher.load` (atomic restore): the first pass checks
+  every chunk without touching any destination, the second puts them in place, reading nothing
+  the first pass read:
 
-  - Chunks that fit a bounded :class:`Arena` are decoded and verified into it by the first
-    pass and copied into place by the second: read and decoded once.
-  - Past the arena, a chunk whose payloads (its own and its bases') have digests in the index
-    (every chunk written since index revision 0003) is checked by reading its payloads and
-    comparing their digests, without decoding them. The second pass reads them again, compares
-    the digests again and, only if they match, decodes straight into place, hashing as it
-    goes: the BLAKE3 id still checks every decoded byte, and each chunk is decoded once.
-  - Past the arena, a chunk without digests is decoded and verified by the first pass, which
-    keeps a fingerprint of its payload; the second reads it again, checks the payload against
-    the fingerprint (stored objects are immutable, so it decodes to the bytes just verified)
-    and decodes it straight into place.
+  - On a store that maps its packs (``Backend.mapped_views``: a local disk), the first pass
+    keeps the views of the payloads it checked, and the second decodes (raw: copies) them
+    into place unchecked: they are the very bytes checked, of an immutable pack (a pack
+    written in place meanwhile is refused, ``Backend.current``). Their pages go back after
+    each pass (``Backend.drop``): resident memory stays what the threads work on.
+  - A compressed chunk that fits a bounded :class:`~ckstore.engine.restore.staging.Arena`
+    (the memory budget) is decoded and checked into it and copied into place: decoded once.
+  - Elsewhere (S3, where the first pass also keeps a copy of what it read in a spill file:
+    ``objects.StashingBackend``) a chunk is checked and a fingerprint of its payload kept;
+    the second pass reads it again, compares the fingerprint and decodes it into place.
+  - Verifying by id (``verify="full"``, or a chunk without a check), a chunk whose payloads
+    have digests in the index is compared with them in the first pass, undecoded, and
+    decoded into place and hashed against its id in the second.
 
-A destination that is not a contiguous CPU tensor (strided, or on a GPU) is reached through a
-:class:`~ckstore.engine.devices.HostPool` of host buffers (pinned for CUDA): the chunk is decoded
-into a buffer and copied by the device's :class:`~ckstore.engine.devices.Copier`, so the copy
-to the device overlaps the reading and decoding of the next chunks.
+The first pass of a local store tells the kernel which byte ranges come next
+(``Backend.prefetch``, about :data:`READ_AHEAD` bytes ahead), so a cold restore reads the disk
+while the threads check what arrived. A destination that is not a contiguous CPU tensor
+(strided, or on a GPU) is reached through host buffers (``staging.Pools``: pinned for CUDA,
+two per thread): a chunk is decoded into one and copied by the device's
+:class:`~ckstore.engine.devices.Copier` while the next one is decoded.
 """
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -42,21 +48,36 @@ import torch
 from ... import objects
 from ...errors import CorruptionError, ObjectNotFoundError
 from ...format.dtypes import dtype_from_name
-from .. import devices
-from ..devices import DONE, Copier, HostPool
+from ..devices import DONE
 from ..interfaces import LocationIndex
 from ..locations import to_location
 from ..progress import ProgressFn, meter
-from .jobs import Job
+from .jobs import Job, raw_bytes
+from .staging import Arena, Pools, arena_copier
 
 INLINE_BYTES = 4 << 20
 """A pass over fewer raw bytes than this runs on the calling thread: starting the worker threads
 (and their read buffers) would cost more than it saves. Measured on 2 cores: a 1 MiB state
 restored in 17.5 ms on 2 threads and 10.7 ms on one; at 8 MiB 2 threads win."""
 
-POOL_BUFFERS_PER_THREAD = 2
-"""Host buffers per thread for non-direct destinations: one being decoded into while the
-previous one's copy to the device is still in flight."""
+READ_AHEAD = 64 << 20
+"""Stored bytes the first pass over a local store asks the kernel to read ahead of the chunks
+being checked (``Backend.prefetch``): enough to keep the disk busy while the threads work."""
+
+
+_SKIP_CHECKS = [False]
+
+
+@contextmanager
+def unchecked() -> Iterator[None]:
+    """Restores this process starts inside skip the check of each chunk's decoded bytes
+    (keys, shapes, lengths and formats are still checked): what a benchmark measures the
+    checks' share of a restore against. ckstore never enters it, and nothing else should."""
+    was, _SKIP_CHECKS[0] = _SKIP_CHECKS[0], True
+    try:
+        yield
+    finally:
+        _SKIP_CHECKS[0] = was
 
 
 class ChunkSource(Protocol):
@@ -68,34 +89,18 @@ class ChunkSource(Protocol):
         ...
 
 
-class Arena:
-    """Staging memory for verified chunks: slots handed out first come, up to ``capacity`` bytes.
+@dataclass
+class _Checked:
+    """What the first pass learnt of one chunk, for the second (one of the four)."""
 
-    Allocated once, on first use, no larger than what it is asked for in total; pinned when a
-    copy from it goes to a CUDA device.
-    """
-
-    def __init__(self, capacity: int, want: int, copier: Copier | None = None) -> None:
-        self.capacity = max(0, min(capacity, want))
-        self._copier = copier or Copier()
-        self._buf: torch.Tensor | None = None
-        self._used = 0
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> memoryview | None:
-        """A slot of ``n`` bytes (64-byte aligned), or None once the arena is full."""
-        with self._lock:
-            start = -(-self._used // 64) * 64
-            if start + n > self.capacity:
-                return None
-            if self._buf is None:
-                self._buf = self._copier.host_buffer(self.capacity)
-            self._used = start + n
-            return memoryview(self._buf.numpy()).cast("B")[start : start + n]  # type: ignore[arg-type]
-
-    @property
-    def used(self) -> int:
-        return self._used
+    staged: memoryview | None = None
+    """Its decoded, checked bytes in the arena."""
+    kept: objects.Kept | None = None
+    """The mapped views of its chain's payloads, checked (or, ``by_id``, digests compared)."""
+    fingerprint: int | None = None
+    """The fingerprint of its payload, checked (read again and compared)."""
+    by_id: bool = False
+    """Its payloads were compared with their digests only: decode and hash against the id."""
 
 
 class Fetcher:
@@ -108,28 +113,27 @@ class Fetcher:
         where: str,
         threads: int,
         progress: ProgressFn | None = None,
+        verify: str = "fast",
     ) -> None:
         self.objs, self.index, self.where, self.threads = objs, index, where, max(1, threads)
         self.progress = progress
+        self.full = verify == "full"
+        """Verify every chunk against its id (BLAKE3), not against its check."""
+        self._skip = _SKIP_CHECKS[0]
         self._executor: ThreadPoolExecutor | None = None
         self._stash: objects.StashingBackend | None = None
+        self._checked: dict[str, _Checked] = {}
 
     def close(self) -> None:
-        """Stop the worker threads (their read buffers go with them) and drop the spill file."""
+        """Stop the worker threads (their read buffers go with them), let go of what the first
+        pass kept (its mappings too) and drop the spill file."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        self._checked.clear()
         if self._stash is not None:
             self._stash.close()
             self._stash = None
-
-    def _read_once(self) -> None:
-        """From now on, keep a copy of every payload read where reading it again would fetch it
-        from storage again (``Backend.cached_locally`` False: S3): :meth:`apply` reads what
-        :meth:`verify` read from the copy, so an atomic restore reads the store once."""
-        if self._stash is None and not self.objs.backend.cached_locally:
-            self._stash = objects.StashingBackend(self.objs.backend)
-            self.objs = objects.ObjectStore(self._stash)
 
     def __enter__(self) -> Fetcher:
         return self
@@ -137,98 +141,130 @@ class Fetcher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- the three passes --------------------------------------------------------------------
-    def load(self, jobs: list[Job], source: ChunkSource | None = None) -> None:
-        """Verify each chunk and decode it into its destination, in one pass.
+    def _read_once(self) -> None:
+        """From now on, keep a copy of every payload read where reading it again would fetch it
+        from storage again (``Backend.cached_locally`` False: S3): the second pass reads what
+        the first read from the copy, so an atomic restore reads the store once."""
+        if self._stash is None and not self.objs.backend.cached_locally:
+            self._stash = objects.StashingBackend(self.objs.backend)
+            self.objs = objects.ObjectStore(self._stash)
 
-        Jobs whose chunk ``source`` holds are filled from it (bytes verified by whoever put
-        them there) instead of from storage."""
-        if source is not None:
-            found = [(j, source.get(j.cid)) for j in jobs]
-            jobs = [j for j, data in found if data is None]
-            for j, data in found:
-                j.staged = data
-            self.apply([j for j, data in found if data is not None])  # copies them into place
-        self._locate(jobs)
-        with _Pools(self.threads, jobs) as pools:
-            self._run(
-                jobs,
-                lambda j: self._deliver(
-                    j, pools, lambda out: self.objs.verify_chunk(self._loc(j), out)
-                ),
-                "restore",
-            )
-
+    # -- the passes ------------------------------------------------------------------------
     def verify(self, jobs: list[Job], budget: int | None) -> Arena:
-        """Check every chunk without touching any destination.
+        """Check every distinct chunk of ``jobs`` without touching any destination, and
+        remember what the second pass (:meth:`load`) needs (see the module docstring).
 
-        While an arena of at most ``budget`` bytes (less what the host pools of the second
-        pass need; None: no limit) has room, chunks are decoded and verified into it (read
-        once, copied into place by ``apply``). Past it, a chunk's payloads are checked against
-        their recorded digests, undecoded; a chunk without digests is decoded and verified,
-        and its payload's fingerprint kept. Returns the arena (``apply`` empties it).
+        Compressed chunks are decoded into an arena of at most ``budget`` bytes (less what the
+        host pools of the second pass need; None: no limit) while it has room. Returns the
+        arena (:meth:`apply` empties it).
         """
         self._locate(jobs)
         self._read_once()
-        want = sum(
-            -(-self._loc(j).raw_length // 64) * 64 for j in jobs
-        )  # slots are 64-byte aligned
-        room = want if budget is None else max(0, budget - _Pools.bytes_needed(self.threads, jobs))
-        arena = Arena(room, want, _arena_copier(jobs))
+        first = _distinct(jobs)
+        mapped = self.objs.backend.mapped_views
+        stage = [j for j in first if not (mapped and _raw(self._loc(j)))]
+        want = sum(-(-self._loc(j).raw_length // 64) * 64 for j in stage)  # 64-byte aligned
+        room = want if budget is None else max(0, budget - Pools.bytes_needed(self.threads, jobs))
+        arena = Arena(room, want, arena_copier(jobs))
+        staging = {j.cid for j in stage}
 
         def one(job: Job) -> None:
-            loc = self._loc(job)
-            job.staged = arena.take(loc.raw_length)
-            job.checked = job.staged is None and loc.digests_known()
-            if job.checked:
-                self._guard(job, lambda: self.objs.check_payloads(self._loc(job)))
-                return
-            keep = job.staged is None  # read again in the second pass: remember the payload
-            job.fingerprint = self._guard(
-                job, lambda: self.objs.verify_chunk(self._loc(job), job.staged, fingerprint_it=keep)
-            )
+            loc, check = self._loc(job), self._check(job)
+            c = _Checked(staged=arena.take(loc.raw_length) if job.cid in staging else None)
+            if c.staged is None and check is None and loc.digests_known():
+                c.by_id, c.kept = True, {} if mapped else None
+                self._guard(job, lambda: self.objs.check_payloads(self._loc(job), keep=c.kept))
+            else:
+                c.kept = {} if mapped and c.staged is None else None
+                c.fingerprint = self._guard(
+                    job,
+                    lambda: self.objs.verify_chunk(  # at the chunk's place when it runs
+                        self._loc(job),
+                        c.staged,
+                        fingerprint_it=c.staged is None and c.kept is None,
+                        check=check,
+                        keep=c.kept,
+                    ),
+                )
+            if c.kept is not None:
+                self.objs.drop(self._loc(job))
+            self._checked[job.cid] = c
 
-        self._run(jobs, one, "verify")
+        self._run(first, one, "verify", ahead=mapped)
         return arena
 
-    def apply(self, jobs: list[Job]) -> None:
-        """Put what :meth:`verify` checked into the destinations: staged bytes are copied,
-        the others read again (payloads checked against their digests, or against the
-        fingerprint taken by :meth:`verify`) and decoded in place."""
-        with _Pools(self.threads, [j for j in jobs if j.staged is None or j.out is None]) as pools:
+    def load(self, jobs: list[Job], source: ChunkSource | None = None) -> None:
+        """Put each job's chunk in place: from ``source`` (bytes verified by whoever put them
+        there) when it holds the chunk, else from what :meth:`verify` left for it, else read,
+        checked and decoded into place in one pass."""
+        found = [] if source is None else [(j, source.get(j.cid)) for j in jobs]
+        given = {id(j): data for j, data in found if data is not None}
+        self._locate([j for j in jobs if id(j) not in given])
+        rest = [j for j in jobs if id(j) not in given]
+        with Pools(self.threads, [j for j in jobs if j.out is None]) as pools:
 
             def one(job: Job) -> None:
-                staged, expected = job.staged, job.fingerprint
-                if staged is not None and job.out is not None:
-                    _memcpy(job.out, staged)
-                elif staged is not None:
-                    assert job.dst is not None
-                    pools.copier(job.dst).copy(job.dst, _chunk_tensor(job, staged)[job.src])
-                elif job.checked:
+                c = self._checked.get(job.cid)
+                data = given.get(id(job))
+                if data is None and c is not None:
+                    data = c.staged
+                if data is not None:
+                    _place(job, pools, data)
+                elif c is None:
                     self._deliver(
                         job,
                         pools,
-                        lambda out: self.objs.verify_chunk(self._loc(job), out, check_digests=True),
-                        moved=self._verified_copy,
+                        lambda out: self.objs.verify_chunk(
+                            self._loc(job), out, check=self._check(job)
+                        ),
                     )
                 else:
-                    assert expected is not None
-                    self._deliver(
-                        job,
-                        pools,
-                        lambda out: self.objs.load_verified(self._loc(job), out, expected),
-                        moved=self._verified_copy,
-                    )
+                    self._second(job, pools, c)
 
-            self._run(jobs, one, "restore")
-        for job in jobs:  # every copy out of the arena has completed (the pools waited)
-            job.staged = None
+            self._run(
+                [j for j in jobs if id(j) in given] + sorted(rest, key=_place_key),
+                one,
+                "restore",
+                ahead=self.objs.backend.mapped_views and not self._checked,
+            )
+
+    def apply(self, jobs: list[Job]) -> None:
+        """The second pass of an atomic restore (:meth:`load`); the arena is let go after."""
+        self.load(jobs)
+        for c in self._checked.values():  # every copy out of the arena has completed
+            c.staged = None
+
+    def _second(self, job: Job, pools: Pools, c: _Checked) -> None:
+        """Put a chunk the first pass checked (and did not stage) in place."""
+        loc = self._loc(job)
+        if c.kept is not None:
+            kept = c.kept
+            self._deliver(
+                job, pools, lambda out: self.objs.load_kept(loc, kept, out, verify_id=c.by_id)
+            )
+            self.objs.drop(loc)
+        elif c.by_id:
+            self._deliver(
+                job,
+                pools,
+                lambda out: self.objs.verify_chunk(self._loc(job), out, check_digests=True),
+                moved=self._verified_copy,
+            )
+        else:
+            expected = c.fingerprint
+            assert expected is not None
+            self._deliver(
+                job,
+                pools,
+                lambda out: self.objs.load_verified(self._loc(job), out, expected),
+                moved=self._verified_copy,
+            )
 
     # -- helpers -----------------------------------------------------------------------------
     def _deliver(
         self,
         job: Job,
-        pools: _Pools,
+        pools: Pools,
         fill: Callable[[memoryview], Any],
         moved: Callable[[Job, memoryview], Any] | None = None,
     ) -> None:
@@ -316,12 +352,18 @@ class Fetcher:
         return "moved" if same else "re-encoded"
 
     def _verified_copy(self, job: Job, out: memoryview) -> None:
-        """Decode ``job``'s chunk into scratch memory, verify it against its id, and only then
-        copy it into ``out``: for a chunk re-encoded since the first pass checked it."""
+        """Decode ``job``'s chunk into scratch memory, verify it, and only then copy it into
+        ``out``: for a chunk re-encoded since the first pass checked it."""
         n = self._loc(job).raw_length
         scratch = _moved_scratch(n)[:n].data
-        self.objs.verify_chunk(self._loc(job), scratch)
+        self.objs.verify_chunk(self._loc(job), scratch, check=self._check(job))
         _memcpy(out, scratch)
+
+    def _check(self, job: Job) -> str | None:
+        """What ``job``'s decoded bytes are verified against: its check, or (None) its id."""
+        if self._skip:
+            return objects.UNCHECKED
+        return None if self.full else job.check
 
     def _locate(self, jobs: list[Job]) -> None:
         missing = {j.cid for j in jobs if j.loc is None}
@@ -341,66 +383,92 @@ class Fetcher:
         assert job.loc is not None
         return job.loc
 
-    def _run(self, jobs: list[Job], fn: Callable[[Job], None], what: str = "") -> None:
+    def _run(
+        self, jobs: list[Job], fn: Callable[[Job], None], what: str = "", ahead: bool = False
+    ) -> None:
         """Run ``fn`` over ``jobs`` on this fetcher's threads (on the calling thread when they
         hold under :data:`INLINE_BYTES`). The same threads serve every pass, so each thread's
         read buffers are allocated once per restore, not once per pass. With a progress
-        callback, the pass counts as ``what`` (the raw bytes of each job done)."""
-        gauge = meter(self.progress, what, sum(_raw(j) for j in jobs)) if what and jobs else None
-        if gauge is not None:
-            inner = fn
+        callback, the pass counts as ``what`` (the raw bytes of each job done). With ``ahead``,
+        the payloads of the jobs about :data:`READ_AHEAD` bytes further on are prefetched as
+        each one starts."""
+        gauge = (
+            meter(self.progress, what, sum(raw_bytes(j) for j in jobs)) if what and jobs else None
+        )
+        hints = _ReadAhead(self.objs, jobs) if ahead and jobs else None
+        inner = fn
 
-            def fn(job: Job) -> None:
-                inner(job)
-                gauge.add(_raw(job))
+        def each(job: Job, i: int) -> None:
+            if hints is not None:
+                hints.upto(i)
+            inner(job)
+            if gauge is not None:
+                gauge.add(raw_bytes(job))
 
-        if self.threads == 1 or len(jobs) <= 1 or sum(_raw(j) for j in jobs) < INLINE_BYTES:
-            for j in jobs:
-                fn(j)
+        if self.threads == 1 or len(jobs) <= 1 or sum(raw_bytes(j) for j in jobs) < INLINE_BYTES:
+            for i, j in enumerate(jobs):
+                each(j, i)
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
                 max_workers=self.threads, thread_name_prefix="ckstore-read"
             )
-        for _ in self._executor.map(fn, jobs):
+        for _ in self._executor.map(each, jobs, range(len(jobs))):
             pass
 
 
-class _Pools:
-    """One host pool per destination device of the jobs that need one; waits for every copy on exit."""
+class _ReadAhead:
+    """Prefetch hints for a list of jobs in the order they run: by the time job ``i`` starts,
+    the payloads of the jobs up to :data:`READ_AHEAD` stored bytes past it were hinted."""
 
-    def __init__(self, threads: int, jobs: list[Job]) -> None:
-        self._threads = threads
-        self._size = max((_raw(j) for j in jobs if j.out is None and j.dst is not None), default=0)
-        self._pools: dict[torch.device, HostPool] = {}
+    def __init__(self, objs: objects.ObjectStore, jobs: list[Job]) -> None:
+        self._objs, self._jobs = objs, jobs
+        self._next = 0  # the first job not hinted yet
         self._lock = threading.Lock()
 
-    @staticmethod
-    def bytes_needed(threads: int, jobs: list[Job]) -> int:
-        """Host memory the pools may take for these jobs (per destination device)."""
-        sizes = [_raw(j) for j in jobs if j.out is None and j.dst is not None]
-        devices = {j.dst.device for j in jobs if j.out is None and j.dst is not None}
-        return max(sizes, default=0) * POOL_BUFFERS_PER_THREAD * threads * len(devices)
-
-    def pool(self, dst: torch.Tensor) -> HostPool:
+    def upto(self, i: int) -> None:
+        todo: list[objects.ChunkLocation] = []
         with self._lock:
-            pool = self._pools.get(dst.device)
-            if pool is None:
-                pool = self._pools[dst.device] = HostPool(
-                    devices.copier_for(dst), self._size, POOL_BUFFERS_PER_THREAD * self._threads
-                )
-            return pool
+            span = sum(_stored(self._jobs[k]) for k in range(i, self._next))
+            while self._next < len(self._jobs) and (self._next <= i or span < READ_AHEAD):
+                loc = self._jobs[self._next].loc
+                if loc is not None:
+                    todo.append(loc)
+                span += _stored(self._jobs[self._next])
+                self._next += 1
+        for loc in todo:
+            self._objs.prefetch(loc)
 
-    def copier(self, dst: torch.Tensor) -> Copier:
-        return self.pool(dst).copier
 
-    def __enter__(self) -> _Pools:
-        return self
+def _stored(job: Job) -> int:
+    return sum(link.length for link in job.loc.chain()) if job.loc is not None else 0
 
-    def __exit__(self, *exc: object) -> None:
-        for pool in self._pools.values():
-            pool.drain()
-            pool.copier.finish()
+
+def _distinct(jobs: list[Job]) -> list[Job]:
+    """One job per chunk id (the first), in the order of their payloads in storage."""
+    first: dict[str, Job] = {}
+    for j in jobs:
+        first.setdefault(j.cid, j)
+    return sorted(first.values(), key=_place_key)
+
+
+def _place_key(job: Job) -> tuple[str, int]:
+    """Jobs sort in the order of their payloads in storage (packs read front to back)."""
+    return ("", 0) if job.loc is None else (job.loc.pack_id, job.loc.offset)
+
+
+def _raw(loc: objects.ChunkLocation) -> bool:
+    """Whether a chunk is stored as it is (no decoding: staging it would only copy it)."""
+    return loc.base_id is None and loc.codec == objects.NONE
+
+
+def _place(job: Job, pools: Pools, data: memoryview) -> None:
+    """Copy decoded, verified bytes into ``job``'s destination."""
+    if job.out is not None:
+        _memcpy(job.out, data)
+    else:
+        assert job.dst is not None
+        pools.copier(job.dst).copy(job.dst, _chunk_tensor(job, data)[job.src])
 
 
 def _payload_key(loc: objects.ChunkLocation) -> tuple[str, int, str | None]:
@@ -417,24 +485,6 @@ def _moved_scratch(n: int) -> np.ndarray:
     if buf is None or len(buf) < n:
         buf = _moved_local.buf = np.empty(n, dtype=np.uint8)
     return buf
-
-
-def _raw(job: Job) -> int:
-    if job.staged is not None:
-        return len(job.staged)
-    return (
-        job.loc.raw_length
-        if job.loc is not None
-        else math.prod(job.sizes) * dtype_from_name(job.dtype).itemsize
-    )
-
-
-def _arena_copier(jobs: list[Job]) -> Copier:
-    """Pinned arena memory when a staged chunk will be copied to a CUDA device."""
-    for j in jobs:
-        if j.dst is not None and j.dst.device.type == "cuda":
-            return devices.copier_for(j.dst)
-    return Copier()
 
 
 def _chunk_tensor(job: Job, data: Any) -> torch.Tensor:

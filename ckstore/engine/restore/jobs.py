@@ -7,11 +7,12 @@ other). Pure bookkeeping in global tensor coordinates; the passes that run jobs 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ... import objects
+from ...format.dtypes import dtype_from_name
 from ...format.manifest import TensorEntry
 from ...format.tensors import writable_view
 from .. import devices
@@ -26,14 +27,22 @@ class Job:
     key: str
     cid: str
     out: memoryview | None = None
+    check: str | None = None
+    """The chunk's check from the manifest (``objects.raw_check``); None: verify by id."""
     dtype: str = ""
     sizes: tuple[int, ...] = ()
     src: tuple[slice, ...] = ()
     dst: torch.Tensor | None = None
     loc: objects.ChunkLocation | None = None
-    fingerprint: int | None = field(default=None, repr=False)
-    staged: memoryview | None = field(default=None, repr=False)
-    checked: bool = field(default=False, repr=False)  # its payloads matched their digests
+
+
+def raw_bytes(job: Job) -> int:
+    """The raw bytes of ``job``'s chunk."""
+    if job.loc is not None:
+        return job.loc.raw_length
+    if job.out is not None:  # the chunk's place in its destination
+        return len(job.out)
+    return math.prod(job.sizes) * dtype_from_name(job.dtype).itemsize
 
 
 def plan_jobs(
@@ -57,7 +66,8 @@ def plan_jobs(
             continue
         if view is not None and inter == (c.offsets, c.sizes) and _contiguous(c.sizes, sizes):
             start = sum((o - r) * s for o, r, s in zip(c.offsets, offs, strides)) * t.element_size()
-            jobs.append(Job(key, c.id, view[start : start + math.prod(c.sizes) * t.element_size()]))
+            end = start + math.prod(c.sizes) * t.element_size()
+            jobs.append(Job(key, c.id, view[start:end], check=c.check))
         else:
             io, isz = inter
             jobs.append(
@@ -65,6 +75,7 @@ def plan_jobs(
                     key,
                     c.id,
                     None,
+                    c.check,
                     entry.dtype,
                     c.sizes,
                     slices(io, c.offsets, isz),

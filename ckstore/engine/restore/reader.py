@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Reader:
-    """Reads tensor entries of one manifest from the object store, verifying every chunk.
+    """Reads tensor entries of one manifest from the object store, verifying every chunk
+    (against its check, or its id: see ``verify``).
 
     ``rank`` is the caller's rank in a distributed restore: it picks each per-rank entry's own
     value (a process that is not distributed counts as rank 0).
@@ -41,6 +42,9 @@ class Reader:
     rank: int | None = None
     progress: ProgressFn | None = None
     """Told the bytes each pass over the chunks has done (``"verify"``, ``"restore"``, ``"read"``)."""
+    verify: str = "fast"
+    """``"fast"``: each chunk's decoded bytes are verified against its check from the manifest
+    (its id where it has none); ``"full"``: against its id (BLAKE3), as at a trust boundary."""
 
     @classmethod
     def of(cls, view: SnapshotView, **kw: Any) -> Reader:
@@ -74,7 +78,7 @@ class Reader:
         return not isinstance(entry, PerRankEntry) or (self.rank or 0) < entry.world_size
 
     def fetcher(self) -> Fetcher:
-        return Fetcher(self.objs, self.index, self.where, self.threads, self.progress)
+        return Fetcher(self.objs, self.index, self.where, self.threads, self.progress, self.verify)
 
     def read_tensors(self, keys: list[str]) -> dict[str, torch.Tensor]:
         """Return a new CPU tensor per key, each chunk re-hashed against its id."""

@@ -7,8 +7,8 @@ One :class:`TakeGuard` per :class:`~ckstore.engine.take.local.LocalTake`, so eve
 
 1. ``watch(dtypes)``: the take path names its tensors' dtypes (chunk key -> dtype name) once
    planned; floating-point ones get figures.
-2. ``hash_chunk`` runs on the take's workers in place of a bare hash: the chunk id, and for a
-   watched chunk its :func:`~ckstore.engine.take.statistics.chunk_stats`, from the same bytes.
+2. ``hash_chunk`` runs on the take's workers in place of a bare hash: the chunk id and check,
+   and for a watched chunk its :func:`~ckstore.engine.take.statistics.chunk_stats`, from the same bytes.
    Figures are kept per (dtype, chunk id): identical bytes give identical figures, and a
    tensor's figures are the sums over its chunk refs, however its chunks were deduplicated or
    spread over ranks (``partials`` / ``merge`` carry them to the rank that commits). Chunks
@@ -105,17 +105,19 @@ class TakeGuard:
             ):
                 self._known[key] = frozenset(ref.id for ref in before.chunks)
 
-    def hash_chunk(self, chunk: Chunk) -> tuple[str, Stats | None | bool]:
-        """The chunk's id and, if watched, its figures, or True when a clean parent tensor
-        held the same bytes (on a worker thread)."""
+    def hash_chunk(self, chunk: Chunk) -> tuple[str, str, Stats | None | bool]:
+        """The chunk's id, its check (``objects.raw_check``, from the same bytes) and, if
+        watched, its figures, or True when a clean parent tensor held the same bytes (on a
+        worker thread)."""
         view = chunk.ready()
         cid = objects.chunk_id(view)
+        check = objects.raw_check(view, cid)
         dtype = self._dtypes.get(chunk.key)
         if dtype is None:
-            return cid, None
+            return cid, check, None
         if cid in self._known.get(chunk.key, ()):
-            return cid, True
-        return cid, chunk_stats(view, dtype)
+            return cid, check, True
+        return cid, check, chunk_stats(view, dtype)
 
     def record(self, chunk: Chunk, stats: Stats | None | bool) -> None:
         """Keep a hashed chunk's figures (on the thread that hashes)."""

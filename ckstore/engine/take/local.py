@@ -181,10 +181,13 @@ class LocalTake:
 
     # --- chunks -----------------------------------------------------------------------------
     def hash(self, chunks: list[Chunk]) -> None:
-        """Fill in every chunk's id (blake3 of its raw bytes), on the workers; the guard
-        measures watched chunks in the same pass."""
-        for chunk, (cid, stats) in zip(chunks, self._workers().map(self.guard.hash_chunk, chunks)):
-            chunk.id = cid
+        """Fill in every chunk's id (blake3 of its raw bytes) and check (the XXH3-64 every
+        read verifies, ``objects.raw_check``), on the workers; the guard measures watched
+        chunks in the same pass."""
+        for chunk, (cid, check, stats) in zip(
+            chunks, self._workers().map(self.guard.hash_chunk, chunks)
+        ):
+            chunk.id, chunk.check = cid, check
             self.guard.record(chunk, stats)
 
     def pin(self, chunk_ids: Iterable[str]) -> set[str]:

@@ -93,6 +93,8 @@ class Chunk:
     itemsize: int
     grouped: bool
     id: str = ""
+    check: str = ""
+    """The chunk's check (``objects.raw_check``), set with its id."""
     source: Any = None
     transfer: Any = None
     base_id: str = ""

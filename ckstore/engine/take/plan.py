@@ -121,11 +121,11 @@ def with_base(p: Plan, base: Manifest | None, opts: TakeOptions) -> None:
 
 def finish_entries(p: Plan) -> dict[str, Entry]:
     """The plan's entries, each chunked tensor's placeholder replaced by one listing its chunk
-    ids (every chunk is hashed)."""
+    ids and checks (every chunk is hashed)."""
     for key, boxes in p.boxes.items():
         e = p.entries[key]
         assert isinstance(e, TensorEntry)
-        refs = tuple(ChunkRef(o, s, c.id) for o, s, c in boxes)
+        refs = tuple(ChunkRef(o, s, c.id, c.check or None) for o, s, c in boxes)
         p.entries[key] = TensorEntry(
             e.dtype, e.shape, refs, e.block, container=e.container, device=e.device
         )

@@ -14,8 +14,9 @@ module per codec, each a :class:`~ckstore.objects.codecs.base.Codec` registered 
   ``objects.delta`` builds a delta and the object store applies one.
 * ``exp-zstd`` (:mod:`.expzstd`): the sign-and-exponent byte plane of 2- or 4-byte floats as
   one zstd frame, the other bytes raw. Several times faster to encode and decode than
-  ``bytegroup-zstd``, within about 1% of its ratio: what a take writes
-  (``encode(..., fast=True)``); compaction rewrites older snapshots densely.
+  ``bytegroup-zstd``, within about 1% of its ratio: what a take with ``take_codec="fast"``
+  writes (``encode(..., fast=True)``; the default take stores chunks as they are); compaction
+  rewrites older snapshots densely.
 
 :func:`encode` falls back to ``("none", raw)`` (no copy) when compression saves less than
 about 3%. Compressor objects are per thread (zstd contexts are not thread-safe); the heavy

@@ -105,15 +105,33 @@ class Codec(ABC):
         """
 
 
-def hash_and_copy(data: Any, out: memoryview | None, hasher: Any) -> None:
-    """Feed ``data`` (the decoded bytes, whole) to ``hasher`` and copy it into ``out``: the
-    :meth:`Codec.decode_hashed` of a codec that decodes a chunk in one piece."""
-    if hasher is not None:
-        hasher.update(data)
-    if out is not None:  # numpy copies with the GIL released (a memoryview copy holds it)
-        import numpy as np  # here: reading an index or a raw chunk never loads numpy
+COPY_BLOCK = 1 << 20
+"""Bytes copied and hashed at a time by :func:`hash_and_copy`: a block is hashed right after it
+is copied, while it is still in the CPU cache."""
 
-        np.frombuffer(out, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
+
+def hash_and_copy(data: Any, out: memoryview | None, hasher: Any) -> None:
+    """Copy ``data`` (the decoded bytes, whole) into ``out`` and feed it to ``hasher``: the
+    :meth:`Codec.decode_hashed` of a codec that decodes a chunk in one piece.
+
+    Block by block, each block hashed from ``out`` right after it is copied: one pass over
+    memory, and the hash covers what landed in ``out`` (the copy too). Without ``out``,
+    ``data`` is hashed as it is."""
+    if out is None:
+        if hasher is not None:
+            hasher.update(data)
+        return
+    import numpy as np  # here: reading an index or a raw chunk never loads numpy
+
+    src = np.frombuffer(data, dtype=np.uint8)
+    dst = np.frombuffer(out, dtype=np.uint8)
+    if hasher is None:  # numpy copies with the GIL released (a memoryview copy holds it)
+        np.copyto(dst, src)
+        return
+    for s in range(0, len(src), COPY_BLOCK):
+        e = s + COPY_BLOCK
+        np.copyto(dst[s:e], src[s:e])
+        hasher.update(dst[s:e])
 
 
 def check_out(out: Any, raw_length: int) -> memoryview | None:

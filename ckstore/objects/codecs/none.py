@@ -32,7 +32,8 @@ class NoneCodec(Codec):
     def decode_hashed(
         self, payload: memoryview, raw_length: int, out: memoryview | None, hasher: Any
     ) -> None:
-        """Hash ``payload`` and copy it into ``out``."""
+        """Copy ``payload`` into ``out`` and hash what was copied, block by block
+        (:func:`~ckstore.objects.codecs.base.hash_and_copy`)."""
         _check_length(payload, raw_length)
         hash_and_copy(payload, out, hasher)
 

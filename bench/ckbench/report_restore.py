@@ -1,0 +1,108 @@
+"""The restore's targets (issue 33: resume as fast as the peers that verify nothing) and the
+figures behind them that the main table does not show."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .harness import Bench
+from .util import fmt_b, fmt_s, median
+
+Medians = dict[str, dict[str, float | None]]
+
+
+def _ratio(a: float | None, c: float | None) -> float | None:
+    return None if a is None or c is None or c == 0 else a / c
+
+
+def figures(b: Bench, med: Medians) -> dict[str, float | None]:
+    """The restore's measured ratios, by name (what the targets and the notes use)."""
+
+    def m(s: str, n: str) -> float | None:
+        return med.get(s, {}).get(n)
+
+    def sz(key: str) -> float | None:
+        return median(b.sizes.get(key, []))
+
+    stored = sz("restore_stored_bytes/ckstore")
+    fsb = median(b.sizes.get("first_save_bytes/ckstore", []))
+    cold = m("restore_cold", "ckstore")
+    seq = median(b.extra.get("sequential_read", {}).get("ckstore", []))
+    checked, unchecked = m("restore", "ckstore"), m("restore_unchecked", "ckstore")
+    return {
+        "atomic_vs_torch": _ratio(checked, m("restore", "torch.save")),
+        "nonatomic_vs_torch": _ratio(m("restore_nonatomic", "ckstore"), m("restore", "torch.save")),
+        "atomic_vs_dcp": _ratio(checked, m("restore", "dcp")),
+        "cold_vs_torch": _ratio(cold, m("restore_cold", "torch.save")),
+        "cold_bandwidth_share": _ratio(fsb / cold if fsb and cold else None, seq),
+        "cold_read_vs_stored": _ratio(sz("cold_read_bytes/ckstore"), fsb),
+        "warm_read_vs_stored": _ratio(sz("restore_read_bytes/ckstore"), stored),
+        "weights_vs_safetensors": _ratio(
+            m("restore_model", "ckstore"), m("restore_model", "safetensors")
+        ),
+        "tensor_vs_safetensors": _ratio(
+            m("read_one_tensor", "ckstore"), m("read_one_tensor", "safetensors")
+        ),
+        "resume_vs_torch": _ratio(m("resume", "ckstore"), m("resume", "torch.save")),
+        "check_share": None
+        if checked is None or unchecked is None or not checked
+        else max(0.0, 1.0 - unchecked / checked),
+    }
+
+
+def targets(b: Bench, med: Medians, row: Any) -> list[dict[str, Any]]:
+    """Issue 33's restore targets, as rows of ``row(name, value, limit, kind)``."""
+    f = figures(b, med)
+    rss = b.extra.get("peak_rss", {}).get("ckstore", {})
+    return [
+        row("restore in place (atomic) / torch.load(mmap)+copy_", f["atomic_vs_torch"], 1.5),
+        row("restore(atomic=False) / torch.load(mmap)+copy_", f["nonatomic_vs_torch"], 1.3),
+        row("restore in place (atomic) / DCP", f["atomic_vs_dcp"], 0.5),
+        row("cold restore (atomic) / cold torch.load(mmap)+copy_", f["cold_vs_torch"], 0.9),
+        row(
+            "cold restore: stored bytes per second / sequential read",
+            f["cold_bandwidth_share"],
+            0.90,
+            "min",
+        ),
+        row("cold restore: bytes read from disk / stored", f["cold_read_vs_stored"], 1.05),
+        row("warm restore (atomic): pack bytes read / stored", f["warm_read_vs_stored"], 1.0),
+        row("check's share of a warm atomic restore", f["check_share"], 0.10),
+        row(
+            "weights-only restore / the weights read from safetensors",
+            f["weights_vs_safetensors"],
+            1.2,
+        ),
+        row("read one 64 MiB tensor / safetensors", f["tensor_vs_safetensors"], 1.2),
+        row("resume end to end / torch.save", f["resume_vs_torch"], 1.05),
+        row(
+            "restore peak RSS above live / state",
+            rss.get("restore", {}).get("peak_above_live_fraction"),
+            0.10,
+        ),
+    ]
+
+
+def notes(b: Bench, med: Medians) -> list[str]:
+    """The restore figures outside the table: the checks' cost, the bytes a restore reads."""
+    L = []
+    checked, unchecked = (
+        med.get("restore", {}).get("ckstore"),
+        med.get("restore_unchecked", {}).get("ckstore"),
+    )
+    if checked is not None and unchecked is not None:
+        L.append(
+            f"Checks: an atomic restore took {fmt_s(checked)}, {fmt_s(unchecked)} with the check of "
+            f"each chunk skipped (a benchmark's switch): the checks are "
+            f"{max(0.0, 1 - unchecked / checked):.0%} of it."
+        )
+    stored = median(b.sizes.get("restore_stored_bytes/ckstore", []))
+    atomic = median(b.sizes.get("restore_read_bytes/ckstore", []))
+    one = median(b.sizes.get("restore_read_bytes_nonatomic/ckstore", []))
+    if stored and atomic is not None:
+        L.append(
+            f"Pack bytes a warm restore reads from the store (counted at the storage boundary): "
+            f"atomic {fmt_b(atomic)} ({atomic / stored:.2f}x the {fmt_b(stored)} stored), "
+            f"atomic=False {fmt_b(one)} ({(one or 0) / stored:.2f}x)."
+        )
+    return L

@@ -1,0 +1,149 @@
+"""Read-only mappings of a local backend's files: views of byte ranges that copy nothing.
+
+A view is a slice of a shared, read-only ``mmap`` of the whole file. Its pages come from the
+page cache when first touched (a cold file is read from the disk then), so touching them again
+is no read from storage; :meth:`Mappings.drop` gives a range's pages back (they stay in the
+page cache, and the next touch maps them again), which keeps a reader's resident memory to what
+it is working on. Each file is mapped once while any view of it is alive (the mapping goes with
+the last view), and a mapping outlives the file's deletion: gc unlinking a pack a restore still
+reads frees its space when the restore lets go.
+
+A file written in place after it was mapped (which breaks I2, docs/RELIABILITY.md) shows
+through the mapping, so each mapping remembers the file's identity (inode, size, times) when it
+was made, and :meth:`Mappings.current` says whether that still holds. Touching a mapping past
+its file's end kills the process (SIGBUS), so a view is cut from the size the file had when it
+was mapped and refused beyond it; a file truncated while mapped (ckstore never does it) is the
+one case left that can still raise it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import threading
+import weakref
+from typing import NamedTuple
+
+
+class _Identity(NamedTuple):
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+def _identity(st: os.stat_result) -> _Identity:
+    return _Identity(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+_EMPTY = memoryview(b"")
+
+
+class ShortFile(Exception):
+    """A range past the end of its file (``size``: the file's length)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"the file has {size} bytes")
+        self.size = size
+
+
+class Mappings:
+    """The live mappings of one backend's files, by path (safe to use from many threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_path: weakref.WeakValueDictionary[str, mmap.mmap] = weakref.WeakValueDictionary()
+        self._made: weakref.WeakKeyDictionary[mmap.mmap, tuple[str, _Identity]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def view(self, path: str, offset: int, length: int) -> memoryview:
+        """A read-only view of ``length`` bytes of the file at ``path`` from ``offset``.
+
+        Raises:
+            ShortFile: the file ends before the range does.
+            OSError: the file cannot be opened (FileNotFoundError when it is missing) or mapped.
+        """
+        m, size = self._mapping(path)
+        if offset + length > size:
+            raise ShortFile(size)
+        if m is None or length == 0:
+            return _EMPTY
+        return memoryview(m)[offset : offset + length]
+
+    def _mapping(self, path: str) -> tuple[mmap.mmap | None, int]:
+        """The file's live mapping if it still is the file at ``path``, else a new one, and its
+        size (no mapping for an empty file, which cannot be mapped)."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise IsADirectoryError(path)
+            now = _identity(st)
+            with self._lock:
+                m = self._by_path.get(path)
+                made = self._made.get(m) if m is not None else None
+            if m is not None and made is not None and made[1] == now:
+                return m, now.size
+            if now.size == 0:
+                return None, 0
+            m = mmap.mmap(fd, now.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._by_path[path] = m
+            self._made[m] = (path, now)
+        return m, now.size
+
+    def current(self, view: memoryview) -> bool:
+        """Whether the bytes of ``view`` are still those of the file it was cut from: False
+        once that file (the same inode) was written since it was mapped. True for a view of
+        a file since deleted or replaced (its mapping holds the old, unchanged bytes) and for
+        any view that is not a mapping."""
+        m = view.obj
+        if not isinstance(m, mmap.mmap):
+            return True
+        with self._lock:
+            made = self._made.get(m)
+        if made is None:
+            return True
+        path, then = made
+        try:
+            now = _identity(os.stat(path))
+        except OSError:
+            return True  # deleted: the mapping keeps the bytes it had
+        return now.ino != then.ino or now == then
+
+    def drop(self, path: str, offset: int, length: int) -> None:
+        """Give back the pages of that range of the file's live mapping (if any): a hint that
+        they will not be touched for a while. Pages at the range's edges that other ranges
+        share go too; touching them again maps them again from the page cache."""
+        with self._lock:
+            m = self._by_path.get(path)
+        if m is None or length <= 0:
+            return
+        start = offset - offset % mmap.PAGESIZE
+        end = min(len(m), offset + length)
+        if end > start:
+            try:
+                m.madvise(mmap.MADV_DONTNEED, start, end - start)
+            except (OSError, ValueError):  # a hint: a mapping closed meanwhile, an odd platform
+                pass
+
+
+def prefetch(path: str, offset: int, length: int) -> None:
+    """Ask the kernel to start reading that range of the file into the page cache, without
+    waiting for it (``posix_fadvise(WILLNEED)``); a hint, so any failure is ignored."""
+    if length <= 0 or not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
