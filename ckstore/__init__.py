@@ -64,7 +64,9 @@ if TYPE_CHECKING:
     from ._open import clone, open
     from .engine.knobs import STORE_DEFAULT, StoreDefault
     from .engine.stateful import RNGState, StateDict, Stateful
+    from .engine.take.blocking import BlockingReport
     from .format.manifest import TensorEntry, ValueEntry
+    from .interval import TakeInterval
     from .snapshot import PendingSnapshot, StoredSnapshot
     from .store import Store
     from .torchsnapshot import Snapshot
@@ -73,6 +75,8 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it (imported on first use)
 _LAZY = {
+    "BlockingReport": "engine.take.blocking",
+    "TakeInterval": "interval",
     "TensorEntry": "format.manifest",
     "ValueEntry": "format.manifest",
     "PendingSnapshot": "snapshot",
@@ -111,6 +115,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "STORE_DEFAULT",
     "AppNotFoundError",
+    "BlockingReport",
     "CheckpointNotFoundError",
     "CkstoreError",
     "ConflictError",
@@ -149,6 +154,7 @@ __all__ = [
     "Store",
     "StoreDefault",
     "StoredSnapshot",
+    "TakeInterval",
     "TensorEntry",
     "UnsafePickleError",
     "UnsupportedValueError",

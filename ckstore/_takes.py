@@ -31,8 +31,10 @@ from .engine.config import check_delta_base
 from .engine.knobs import STORE_DEFAULT
 from .engine.progress import ProgressFn
 from .engine.repository import Repository
+from .engine.take.blocking import BlockingReport
 from .engine.take.spec import TakeSpec
 from .errors import InvalidInputError, ResaveWarning, warn
+from .format.limits import check_int
 from .format.manifest import Manifest
 from .index import SnapshotRecord
 
@@ -140,6 +142,7 @@ class Background:
     future: Future[Committed]
     staged_bytes: int = 0
     sync_bytes: int = 0
+    blocking: BlockingReport | None = None
 
 
 def take(
@@ -217,7 +220,23 @@ def take_async(
             future.set_result((result.record, result.manifest))
 
     job.future.add_done_callback(done)
-    return Background(future, staged_bytes=job.staged_bytes, sync_bytes=job.sync_bytes)
+    return Background(future, job.staged_bytes, job.sync_bytes, job.blocking)
+
+
+def prepare_staging(
+    repo: Repository, app_state: Mapping[str, Any], budget: int | None
+) -> Future[int]:
+    """Make ready, behind training, the staging memory an async take of ``app_state`` under
+    ``budget`` (None: ``repo.staging_budget``) copies into (``Store.prepare_staging``)."""
+    from .engine.stateful import check_app_state
+    from .engine.take.plan import state_dicts
+    from .engine.take.single import prepare_staging as prepare
+
+    check_app_state(app_state)
+    if budget is not None:
+        check_int("staging_budget", budget)
+    states = state_dicts(app_state)
+    return prepare(repo, states, repo.staging_budget if budget is None else budget)
 
 
 def with_live_trainable(spec: TakeSpec, app_state: Mapping[str, Any]) -> TakeSpec:

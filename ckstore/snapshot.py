@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import _takes
 from .distributed import is_distributed
 from .engine.progress import ProgressFn
+from .engine.take.blocking import BlockingReport
 from .engine.view import SnapshotFields, SnapshotView
 from .errors import CorruptionError, InvalidInputError
 from .format.health import Health, of_header
@@ -440,13 +441,22 @@ class PendingSnapshot:
     """A take running in the background (TorchSnapshot's ``PendingSnapshot``).
 
     ``staged_bytes``: tensor bytes copied to finish in the background; ``sync_bytes``: bytes
-    past the staging budget, stored before ``async_take`` returned.
+    past the staging budget, stored before ``async_take`` returned; ``blocking``: how long the
+    call blocked and why, and what another state size or budget would block for
+    (:class:`~ckstore.engine.take.blocking.BlockingReport`; None for a distributed take).
     """
 
-    def __init__(self, future: Future[Any], staged_bytes: int = 0, sync_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        future: Future[Any],
+        staged_bytes: int = 0,
+        sync_bytes: int = 0,
+        blocking: BlockingReport | None = None,
+    ) -> None:
         self._future = future
         self.staged_bytes = staged_bytes
         self.sync_bytes = sync_bytes
+        self.blocking = blocking
 
     @classmethod
     def of(
@@ -455,6 +465,7 @@ class PendingSnapshot:
         handle: Callable[[SnapshotRecord, Manifest | None], Any],
         staged_bytes: int = 0,
         sync_bytes: int = 0,
+        blocking: BlockingReport | None = None,
     ) -> PendingSnapshot:
         """A background take whose committed ``(record, manifest)`` becomes ``handle(...)``."""
         future: Future[Any] = Future()
@@ -467,7 +478,7 @@ class PendingSnapshot:
                 future.set_result(handle(*done.result()))
 
         job.add_done_callback(bind)
-        return cls(future, staged_bytes=staged_bytes, sync_bytes=sync_bytes)
+        return cls(future, staged_bytes, sync_bytes, blocking)
 
     def done(self) -> bool:
         """True once the snapshot committed or failed."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from . import _remote_verbs, _takes
@@ -212,7 +213,31 @@ class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs
         )
         spec = _takes.fork_of(self._repo, spec)
         job = _takes.take_async(self._repo, app_state, spec, pg, progress)
-        return PendingSnapshot.of(job.future, self._handle, job.staged_bytes, job.sync_bytes)
+        return PendingSnapshot.of(
+            job.future, self._handle, job.staged_bytes, job.sync_bytes, job.blocking
+        )
+
+    def prepare_staging(
+        self, app_state: Mapping[str, Any], *, staging_budget: int | None = None
+    ) -> Future[int]:
+        """Make the staging memory of an ``async_take`` of ``app_state`` ready ahead, behind
+        training, so that the first ``async_take`` of the process copies at memory speed.
+
+        An async take copies into memory the store handle keeps for the next one; the first
+        of a process copies into new memory, whose every page the kernel must fault in and
+        zero (several times a memcpy). Call this once the model and optimizer exist (after a
+        resume's restore, say): a thread at the lowest CPU priority allocates that memory (as
+        much as ``async_take`` would copy under ``staging_budget``, default the knob) and
+        touches every page; nothing is read from the tensors. Until the next ``async_take``
+        uses it, it is held (at most the staging budget), as after any async take.
+
+        Returns:
+            A future of the bytes made ready (``.result()`` waits).
+
+        Raises:
+            InvalidInputError / UnsupportedValueError: app_state holds something unstorable.
+        """
+        return _takes.prepare_staging(self._repo, app_state, staging_budget)
 
     @_takes.shows(TakeOptions)
     def import_checkpoint(

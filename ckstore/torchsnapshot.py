@@ -153,7 +153,9 @@ class Snapshot(StoredSnapshot):
                 SnapshotView(repo, record, manifest)
             )
 
-        return PendingSnapshot.of(job.future, handle, job.staged_bytes, job.sync_bytes)
+        return PendingSnapshot.of(
+            job.future, handle, job.staged_bytes, job.sync_bytes, job.blocking
+        )
 
     # --- TorchSnapshot's logical paths ----------------------------------------------------
     def read_object(

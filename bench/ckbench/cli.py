@@ -33,14 +33,17 @@ from collections.abc import Callable
 import torch
 
 from . import report
+from .async_systems import ASYNC_SYSTEMS
 from .harness import Bench
 from .scenarios import PHASES, STATE_FREE
+from .scenarios.budget import child_main as budget_child
 from .scenarios.peak_rss import child_main
 from .scenarios.resume import child_main as resume_child
 from .systems import ALL_SYSTEMS, EXTRA_SYSTEMS, SYSTEM_CLASSES
 from .util import BENCH_DIR
 
 PHASE_NAMES = [name for name, _ in PHASES]
+OVERHEAD_SYSTEMS = [n for n in ASYNC_SYSTEMS if n != "plain"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -75,6 +78,36 @@ def parser() -> argparse.ArgumentParser:
         "--train-dim", type=int, default=384, help="the trained transformer's width (default 384)"
     )
     ap.add_argument("--train-layers", type=int, default=4, help="its layers (default 4)")
+    ap.add_argument(
+        "--overhead-mb",
+        type=int,
+        default=270,
+        help="the training-loop phase's state (fp32 weights + AdamW) in MiB (default 270)",
+    )
+    ap.add_argument(
+        "--overhead-ks",
+        default="1,10,100",
+        help="its intervals: steps between checkpoints (default 1,10,100)",
+    )
+    ap.add_argument(
+        "--overhead-cycles",
+        type=int,
+        default=6,
+        help="its cycles at k=10, a third as many at the other intervals (default 6)",
+    )
+    ap.add_argument(
+        "--overhead-systems",
+        default=",".join(OVERHEAD_SYSTEMS),
+        help=f"its checkpointers, a subset of {','.join(OVERHEAD_SYSTEMS)}",
+    )
+    ap.add_argument(
+        "--overhead-threads", type=int, default=1, help="its trainer's torch threads (default 1)"
+    )
+    ap.add_argument(
+        "--overhead-device",
+        default="cpu",
+        help="where its model trains: cpu (default) or cuda (a GPU machine)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--no-profile", action="store_true", help="skip the cProfile of one ckstore take"
@@ -82,7 +115,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--child-timeout", type=int, default=600)
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing peers")
     # the child processes (scenarios.peak_rss and scenarios.resume spawn bench/run.py with these)
-    ap.add_argument("--child-op", choices=("save", "restore", "resume"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--child-op", choices=("save", "restore", "resume", "async"), help=argparse.SUPPRESS
+    )
+    ap.add_argument("--child-budget", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--child-system", help=argparse.SUPPRESS)
     ap.add_argument("--child-state", help=argparse.SUPPRESS)
     ap.add_argument("--child-dir", help=argparse.SUPPRESS)
@@ -94,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.child_op == "resume":
         return resume_child(args.child_system, args.child_dir, args.size_mb)
+    if args.child_op == "async":
+        return budget_child(args.child_budget, args.child_state, args.child_dir)
     if args.child_op:
         return child_main(args.child_op, args.child_system, args.child_state, args.child_dir)
     if args.quick:
@@ -108,8 +146,25 @@ def main(argv: list[str] | None = None) -> int:
         args.skip = sorted(set(args.skip) | (set(PHASE_NAMES) - set(only)))
     if args.train_saves < 1 or args.train_every < 1:
         ap.error("--train-saves and --train-every must be at least 1")
+    overhead_args(ap, args)
     torch.manual_seed(args.seed)
     return run(Bench(args))
+
+
+def overhead_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The training-loop phase's lists, parsed and checked in place."""
+    try:
+        args.overhead_ks = [int(k) for k in args.overhead_ks.split(",") if k.strip()]
+    except ValueError:
+        ap.error(f"--overhead-ks: comma-separated step counts, got {args.overhead_ks!r}")
+    if not args.overhead_ks or min(args.overhead_ks) < 1 or args.overhead_cycles < 1:
+        ap.error("--overhead-ks and --overhead-cycles must be at least 1")
+    args.overhead_systems = [s.strip() for s in args.overhead_systems.split(",") if s.strip()]
+    unknown = [s for s in args.overhead_systems if s not in OVERHEAD_SYSTEMS]
+    if unknown:
+        ap.error(
+            f"--overhead-systems: unknown {unknown}; choose from {', '.join(OVERHEAD_SYSTEMS)}"
+        )
 
 
 def phase_list(ap: argparse.ArgumentParser, flag: str, text: str) -> list[str]:

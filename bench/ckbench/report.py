@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import report_restore, report_training
+from . import report_overhead, report_restore, report_training
 from .harness import Bench
 from .util import GiB, fmt_b, fmt_s, machine_info, median
 
@@ -137,14 +137,39 @@ def targets(b: Bench, res: dict[str, Any]) -> list[dict[str, Any]]:
             ratio(m("async_block", "ckstore"), m("first_save", "ckstore")),
             0.30,
         ),
+        row(
+            "async_take blocking, staging reused / one memcpy of the state",
+            ratio(m("async_block_again", "ckstore"), m("memcpy", "ckstore")),
+            1.2,
+        ),
+        row(
+            "first async_take of a process, after prepare_staging / one memcpy",
+            ratio(m("async_block_prepared", "ckstore"), m("memcpy", "ckstore")),
+            2.0,
+        ),
+        *budget_rows(b),
     ]
+
+
+def budget_rows(b: Bench) -> list[dict[str, Any]]:
+    """One row per staging budget measured: async_take's peak RSS above the live state over
+    the budget plus the largest chunk (at most 1)."""
+    rows = []
+    for f, r in b.extra.get("budget", {}).get("budgets", {}).items():
+        value = r["peak_above_live"] / (r["budget"] + r["chunk_bytes"]) if "budget" in r else None
+        rows.append(
+            target_row(
+                f"async_take peak RSS above live / (budget + chunk), budget {f}x", value, 1.0
+            )
+        )
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
 # the markdown report
 
 
-MAIN_PHASES = ("rounds", "bytes", "rss", "resume", "minilm", "profile")
+MAIN_PHASES = ("rounds", "bytes", "rss", "budget", "resume", "minilm", "profile")
 
 
 def markdown(b: Bench, res: dict[str, Any]) -> str:
@@ -156,6 +181,11 @@ def markdown(b: Bench, res: dict[str, Any]) -> str:
         L += ([""] if L else []) + report_training.markdown(tr)
     elif "training" in ran:
         L += ["", f"training: {b.extra.get('phase_errors', {}).get('training', 'no results')}"]
+    ov = b.extra.get("overhead")
+    if ov:
+        L += ([""] if L else []) + report_overhead.markdown(ov)
+    elif "overhead" in ran:
+        L += ["", f"overhead: {b.extra.get('phase_errors', {}).get('overhead', 'no results')}"]
     return "\n".join(L) + "\n"
 
 
@@ -271,10 +301,24 @@ def notes(b: Bench, med: Medians) -> list[str]:
     if so is not None:
         L.append(f"Opening a new ckstore store (untimed above): {fmt_s(so)}.")
     again = med.get("async_block_again", {}).get("ckstore")
-    L.append(
-        f"async_take: the first of a process blocks {fmt_s(ab)} (its staging memory is new), the next "
-        f"ones {fmt_s(again)} (they reuse it); the first is done after {fmt_s(at)}; synchronous take {fmt_s(sy)}."
+    prepared, mc = (
+        med.get("async_block_prepared", {}).get("ckstore"),
+        med.get("memcpy", {}).get("ckstore"),
     )
+    L.append(
+        f"async_take: the first of a process blocks {fmt_s(ab)} (its staging memory is new), "
+        f"{fmt_s(prepared)} after prepare_staging, the next ones {fmt_s(again)} (they reuse it); "
+        f"the first is done after {fmt_s(at)}; synchronous take {fmt_s(sy)}; one memcpy of the "
+        f"state {fmt_s(mc)}."
+    )
+    for f, r in b.extra.get("budget", {}).get("budgets", {}).items():
+        if "budget" in r:
+            L.append(
+                f"async_take under a staging budget of {f}x the state ({fmt_b(r['budget'])}): peak RSS "
+                f"+{fmt_b(r['peak_above_live'])} above the live state ({r['samples']} samples); "
+                f"blocks {fmt_s(r['blocks'][0])}, then {fmt_s(r['blocks'][1])} "
+                f"(predicted from the first: {fmt_s(r['predicted'])})."
+            )
     rn, tl = (
         med.get("restore_nonatomic", {}).get("ckstore"),
         med.get("restore", {}).get("torch.save"),

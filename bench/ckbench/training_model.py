@@ -33,6 +33,8 @@ class TrainConfig:
     lr: float = 3e-4
     weight_decay: float = 0.1
     seed: int = 0
+    device: str = "cpu"
+    """Where the model trains (the data is made on the CPU and moved there)."""
 
 
 class TinyGPT(nn.Module):
@@ -83,7 +85,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         torch.manual_seed(cfg.seed)
-        self.model = TinyGPT(cfg)
+        self.model = TinyGPT(cfg).to(cfg.device)
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
         )
@@ -98,7 +100,7 @@ class Trainer:
         """Train ``n`` steps; the last loss."""
         self.model.train()
         for _ in range(n):
-            xy = self.data.batch()
+            xy = self.data.batch().to(self.cfg.device)
             logits = self.model(xy[:, :-1])
             loss = nn.functional.cross_entropy(
                 logits.reshape(-1, self.cfg.vocab), xy[:, 1:].reshape(-1)

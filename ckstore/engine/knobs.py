@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from ..errors import InvalidInputError
 from ..format.limits import INT64_MAX, check_int, check_number
+from .background import idle_cores
 from .config import (
     DEFAULT_DELTA_DEPTH,
     DEFAULT_LEASE_SECONDS,
@@ -281,6 +282,27 @@ class Knobs:
         "upload's latency); each holds up to one pack of encoded bytes in memory.",
         env="CKSTORE_IO_THREADS",
         default=lambda: 4,
+    )
+    background_threads: Knob[int, int | None] = Knob(
+        OrNone(Integer(1, MAX_THREADS)),
+        "Workers of the work that runs behind training: the part of an ``async_take`` that "
+        "finishes in the background, and compaction (1 to 1024). They run at the lowest CPU "
+        "priority (nice 19), so a trainer that wants a core gets it. Set explicitly, else "
+        "``$CKSTORE_BACKGROUND_THREADS`` or the cores the machine left idle since the last "
+        "async take (at least 1), measured at each read; None returns to that.",
+        env="CKSTORE_BACKGROUND_THREADS",
+        default=idle_cores,
+        measured=True,
+    )
+    background_process: Knob[bool, bool] = Knob(
+        Flag(),
+        "Whether an ``async_take`` finishes in a helper process of the store handle, fed "
+        "through shared memory, instead of a thread of this one, so the training thread "
+        "never waits for the GIL behind it (default False, or ``$CKSTORE_BACKGROUND_PROCESS``). "
+        "Linux; for a store and index another process can open, a state that fits the "
+        "staging budget and no ``progress`` callback (other takes use the thread).",
+        env="CKSTORE_BACKGROUND_PROCESS",
+        default=lambda: False,
     )
     memory_budget: Knob[int | None, int | None] = Knob(
         OrNone(Integer(0)),

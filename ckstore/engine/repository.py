@@ -71,6 +71,9 @@ class Repository(Knobs):
         super().__init__()
         self.spare_staging: Spare[Any] = Spare()
         """The last async take's staging arena, free for the next (``take/staging.py``)."""
+        self.persist_rate: float | None = None
+        """Bytes per second the last take of this process stored at in the foreground (hash,
+        encode, write), or None: what an async take's part past its budget blocks for."""
         # how it was opened (index URL as given, storage options), so another process can reopen it
         self.opened_with: dict[str, Any] = {"index": None, "storage_options": None}
         self._busy = 0

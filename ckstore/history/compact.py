@@ -40,7 +40,7 @@ orphan gc removes; after it the old pack is garbage. Chunk ids never change, so 
 dedup against a chunk being compacted, and snapshots that reference it, are unaffected.
 
 :class:`AutoCompactor` runs compaction in a background thread after takes (``git gc --auto``),
-pausing while this process takes or restores.
+pausing while this process takes or restores, at the lowest CPU priority.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
+from ..engine.background import lower_priority, polite_pool
 from ..engine.lease import Lease
 from ..engine.locations import to_location, to_records
 from ..errors import CorruptionError, InvalidInputError, ObjectNotFoundError
@@ -126,7 +127,8 @@ def compact(
         dry_run: plan and report, write nothing.
         progress: called with the raw bytes of each chunk rewritten.
         pause: polled between chunks; while it returns True, compaction waits (another
-            operation of this process wants the CPU).
+            operation of this process wants the CPU). Given, compaction runs behind training:
+            on ``repo.background_threads`` workers at the lowest CPU priority.
         stop: polled between chunks; once it returns True, compaction ends after switching
             what it has written (the rest stays loose for the next compaction).
     """
@@ -172,13 +174,17 @@ def _rewrite(
     writer = repo.objects.new_pack_writer(repo.config.pack_bytes)
     batch: list[tuple[Job, int]] = []  # (job, depth) in the pack being filled
     window: deque[tuple[Job, Future[tuple[str, bytes, float, float]]]] = deque()
-    with ThreadPoolExecutor(
-        max_workers=max(1, repo.threads), thread_name_prefix="ckstore-compact"
+    behind = pause is not None  # behind training: polite workers (engine/background.py)
+    threads = max(1, repo.background_threads if behind else repo.threads)
+    with (
+        polite_pool(threads, "ckstore-compact")
+        if behind
+        else ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ckstore-compact")
     ) as pool:
         todo = iter(jobs)
         try:
             while True:
-                while len(window) < 2 * max(1, repo.threads):
+                while len(window) < 2 * threads:
                     job = next(todo, None)
                     if job is None or (stop is not None and stop()):
                         break
@@ -428,6 +434,7 @@ class AutoCompactor:
             thread.join()
 
     def _loop(self) -> None:
+        lower_priority()  # behind training (engine/background.py)
         while True:
             self._wake.wait()
             if self._stop.is_set():

@@ -45,6 +45,8 @@ it carries the store's URL and reopens it where it is used. ``teardown`` (the en
 ``fit``/``validate``/``test``) ends the store's background compaction thread and closes a store
 the plugin opened itself. It is a ``TorchCheckpointIO`` of the unified ``lightning`` package
 and of ``pytorch_lightning``'s ``lightning_fabric`` alike, whichever are installed.
+:class:`CkstoreInterval` (a callback) saves whenever a :class:`ckstore.TakeInterval` says a take is
+due, so checkpoints cost at most its overhead of the wall clock.
 """
 
 from __future__ import annotations
@@ -62,9 +64,10 @@ from ..errors import (
     SnapshotNotFoundError,
 )
 from ..interop import SOURCE_APP, app_state_of
+from ..interval import TakeInterval
 from ..store import Store
 from ..store_ref import StoreRef
-from ._lightning_base import TorchCheckpointIO, register_everywhere
+from ._lightning_base import Callback, TorchCheckpointIO, register_everywhere
 from ._paths import identity, is_url, path_tag
 from ._values import from_plain, to_plain
 from .pointer import Pointer, read_file, resolve, saveable
@@ -285,3 +288,44 @@ def _exists(path: str) -> bool:
 
 
 register_everywhere(CkstoreCheckpointIO)
+
+
+class CkstoreInterval(Callback):
+    """A Lightning callback that saves a checkpoint whenever a :class:`ckstore.TakeInterval`
+    says a take is due, so checkpointing costs at most its overhead of the wall clock.
+
+    ::
+
+        io = CkstoreCheckpointIO(store, run="lit")
+        every = CkstoreInterval(ckstore.TakeInterval(overhead=0.02), dirpath="ckpts")
+        trainer = Trainer(plugins=[io], callbacks=[every])
+
+    After each training batch every process asks; the global rank 0's answer is broadcast, so
+    all save together (``trainer.save_checkpoint`` is collective). The path is ``dirpath`` /
+    ``filename`` formatted with ``step`` (the global step): with
+    :class:`CkstoreCheckpointIO` each save is a snapshot, its pointer file at that path.
+
+    Args:
+        interval: decides when (its step and save costs measured as training runs).
+        dirpath: the folder the checkpoint paths are in.
+        filename: the file name, ``{step}`` replaced by the global step.
+    """
+
+    def __init__(
+        self, interval: TakeInterval, dirpath: Any = ".", filename: str = "interval-{step}.ckpt"
+    ) -> None:
+        super().__init__()
+        self.interval = interval
+        self.dirpath = os.fspath(dirpath)
+        self.filename = filename
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Save now when the interval (rank 0's) says a take is due."""
+        due = self.interval.due()
+        if trainer.world_size > 1:
+            due = bool(trainer.strategy.broadcast(due, src=0))
+        if due:
+            name = self.filename.format(step=trainer.global_step)
+            trainer.save_checkpoint(os.path.join(self.dirpath, name))

@@ -36,6 +36,10 @@ reclaimed as soon as nothing else writes to the store; the best checkpoint
 (``state.best_model_checkpoint``) is tagged ``<run>/best``. Each imported folder is tagged
 ``<run>/<folder digest>/checkpoint-<step>`` while it lives.
 
+With ``interval=ckstore.TakeInterval(overhead=0.02)`` the callback also asks the Trainer to save
+whenever the interval says a take is due, so saving costs at most 2% of the wall clock however
+long steps and saves take.
+
 :func:`checkout` writes a snapshot back as a checkpoint folder (``StoredSnapshot.export(dir,
 "hf")``), which ``trainer.train(resume_from_checkpoint=...)`` resumes from exactly: weights,
 optimizer, scheduler, RNG and trainer state.
@@ -51,6 +55,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from ..errors import ConflictError, NotFoundError, SnapshotNotFoundError
+from ..interval import TakeInterval
 from ..snapshot import StoredSnapshot
 from ..store import Store
 from ..store_ref import StoreRef
@@ -71,6 +76,10 @@ class CkstoreCallback(TrainerCallback):
             folder, with its torch files as pointers into the store; True: the folder as the
             Trainer wrote it; False: nothing (the folder is deleted after the import).
         tags: tags to move to every new snapshot (e.g. ``["latest"]``).
+        interval: a :class:`ckstore.TakeInterval`: the Trainer also saves whenever it says a
+            take is due (its step and save costs measured as training runs), so saves cost
+            at most its overhead of the wall clock. None (default): the Trainer's own
+            ``save_steps`` alone decide.
         index, storage_options: for a store given by URL.
 
     ``snapshots`` lists the snapshots taken, oldest first. Only the main process imports.
@@ -82,6 +91,7 @@ class CkstoreCallback(TrainerCallback):
         run: str = "hf",
         keep_local: bool | None = None,
         tags: tuple[str, ...] = (),
+        interval: TakeInterval | None = None,
         *,
         index: str | None = None,
         storage_options: dict[str, Any] | None = None,
@@ -90,6 +100,7 @@ class CkstoreCallback(TrainerCallback):
         self.run = run
         self.keep_local = keep_local
         self.tags = tuple(tags)
+        self.interval = interval
         self.snapshots: list[StoredSnapshot] = []
         self._watched: dict[str, str] = {}  # folder identity -> snapshot id it was imported as
         self._deleted = False
@@ -110,6 +121,12 @@ class CkstoreCallback(TrainerCallback):
                 sid = self._imported_at(ident)
                 if sid is not None:
                     self._watched[ident] = sid
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """With an ``interval``: save at this step when it says a take is due (every process
+        follows the main one's decision)."""
+        if self.interval is not None and agreed(self.interval.due()):
+            control.should_save = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Import the folder just saved; follow the Trainer's rotation and its best checkpoint."""
@@ -242,6 +259,19 @@ def _point(store: Store, snap: StoredSnapshot, folder: str, ident: str) -> None:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+
+
+def agreed(decision: bool) -> bool:
+    """The main process's ``decision`` on every process of a distributed job (each measures
+    its own steps, and a save must happen on all of them or none); ``decision`` itself
+    otherwise."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return decision
+    box = [decision]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
 
 
 def checkout(store: Store, ref: str, path: str | os.PathLike[str], *, force: bool = False) -> str:

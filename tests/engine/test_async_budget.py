@@ -18,6 +18,13 @@ def _state():
     )
 
 
+def _reserved(store) -> int:
+    from ckstore.engine.take.packing import TakeOptions
+
+    store.background_threads = 1
+    return single.reserved_bytes(TakeOptions.of(store.repository), 1, 1 << 40)
+
+
 def _mutate(state):
     for k in ("a", "b", "c"):
         state[k].mul_(-1).add_(3.0)
@@ -39,7 +46,7 @@ def test_past_the_budget_tensors_are_stored_before_returning(store):
 def test_a_partial_budget_copies_what_fits_and_stores_the_rest_now(store):
     state = _state()
     want = {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
-    budget = 128 * 64 * 4  # exactly one of the big tensors
+    budget = _reserved(store) + 128 * 64 * 4  # one big tensor, once the take's work is kept
     pending = store.async_take({"s": state}, run="r", staging_budget=budget)
     assert 0 < pending.staged_bytes <= budget and pending.sync_bytes > 0
     _mutate(state)
@@ -69,8 +76,8 @@ def test_a_loop_of_async_takes_reuses_its_staging_memory_and_each_snapshot_stays
     wants, snaps, arenas = [], [], []
     real = single.arena_for
 
-    def spy(repo, nbytes: int, pinned: bool = False):
-        arena = real(repo, nbytes, pinned)
+    def spy(repo, nbytes: int, pinned: bool = False, shared: bool = False):
+        arena = real(repo, nbytes, pinned, shared)
         arenas.append(arena)
         return arena
 
@@ -92,3 +99,90 @@ def test_a_loop_of_async_takes_reuses_its_staging_memory_and_each_snapshot_stays
     ):  # the copies were overwritten since: the snapshots were not
         got = snap.read_object("s")
         assert all(torch.equal(got[k], v) for k, v in want.items())
+
+
+def test_the_budget_covers_the_copies_and_the_take_buffers(store):
+    """What an async take may add to memory: its copies and its encode buffers, within the
+    budget; the report says how the budget was split and what was stored before returning."""
+    state = _state()
+    reserved = _reserved(store)
+    budget = reserved + 128 * 64 * 4  # room for one big tensor once the buffers are kept out
+    pending = store.async_take({"s": state}, run="r", staging_budget=budget)
+    b = pending.blocking
+    assert b.budget == budget and b.reserved_bytes == reserved
+    assert pending.staged_bytes == b.staged_bytes == 128 * 64 * 4
+    assert pending.sync_bytes == b.sync_bytes == (128 + 64) * 64 * 4
+    assert b.staged_bytes + b.reserved_bytes <= budget
+    assert 0 < b.copy_seconds <= b.seconds and 0 < b.sync_seconds <= b.seconds
+    assert pending.wait(timeout=60).step is None
+    tiny = store.async_take({"s": state}, run="r", staging_budget=reserved - 1)
+    assert tiny.staged_bytes == 0 and tiny.blocking.reserved_bytes == reserved - 1
+    tiny.wait(timeout=60)
+
+
+def test_the_blocking_report_predicts_from_size_budget_and_rates():
+    from ckstore.engine.take.blocking import BlockingReport
+
+    b = BlockingReport(
+        staged_bytes=100,
+        sync_bytes=50,
+        budget=110,
+        reserved_bytes=10,
+        copy_seconds=1.0,
+        sync_seconds=5.0,
+        seconds=6.0,
+        persist_rate=10.0,
+    )
+    assert b.copy_rate == 100.0
+    assert b.predict(150) == 1.0 + 5.0  # the call's own split: 100 copied, 50 stored
+    assert b.predict(300, budget=210) == 2.0 + 10.0  # 200 copied, 100 stored
+    assert b.predict(80) == 0.8  # fits: a copy only
+    assert b.predict(80, budget=0) == 8.0  # nothing fits: stored at the persist rate
+    unknown = BlockingReport(0, 50, 0, 0, 0.0, 5.0, 5.0, None)
+    assert unknown.predict(50) is None and unknown.copy_rate is None
+    assert b.to_dict()["copy_rate"] == 100.0 and b.to_dict()["persist_rate"] == 10.0
+
+
+def test_a_store_measures_the_persist_rate_a_take_past_its_budget_blocks_at(store_path):
+    s = ckstore.open(store_path, create=True)  # default chunks: a take of 16 MiB measures it
+    try:
+        assert s.repository.persist_rate is None
+        big = ckstore.StateDict(w=torch.randn(5 << 20))  # 20 MiB
+        s.take({"m": big}, run="r", step=1)
+        rate = s.repository.persist_rate
+        assert rate is not None and rate > 0
+        pending = s.async_take({"m": big}, run="r", step=2, staging_budget=0)
+        assert pending.blocking.persist_rate is not None
+        pending.wait(timeout=60)
+    finally:
+        s.close()
+
+
+def test_prepare_staging_readies_the_arena_the_first_async_take_copies_into(store, monkeypatch):
+    state = _state()
+    arenas = []
+    real = single.arena_for
+
+    def spy(repo, nbytes: int, pinned: bool = False, shared: bool = False):
+        arena = real(repo, nbytes, pinned, shared)
+        arenas.append(arena)
+        return arena
+
+    monkeypatch.setattr(single, "arena_for", spy)
+    prepared = store.prepare_staging({"s": state}).result(timeout=60)
+    assert prepared == arenas[0].size >= (2 * 128 + 64) * 64 * 4
+    want = {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+    pending = store.async_take({"s": state}, run="r", step=1)
+    assert arenas[1] is arenas[0]  # the prepared memory, not a new block
+    _mutate(state)
+    got = pending.wait(timeout=60).read_object("s")
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+
+
+def test_prepare_staging_refuses_what_async_take_refuses(store):
+    import pytest
+
+    with pytest.raises(ckstore.InvalidInputError, match="staging_budget"):
+        store.prepare_staging({"s": _state()}, staging_budget=-1)
+    with pytest.raises(ckstore.InvalidInputError, match="app_state"):
+        store.prepare_staging({"s": {"a": torch.zeros(3)}})

@@ -20,6 +20,8 @@ from ckstore.errors import InvalidInputError
 KNOBS = {
     "threads": ("CKSTORE_THREADS", max(2, os.cpu_count() or 2)),
     "io_threads": ("CKSTORE_IO_THREADS", 4),
+    "background_threads": ("CKSTORE_BACKGROUND_THREADS", "measured"),
+    "background_process": ("CKSTORE_BACKGROUND_PROCESS", False),
     "memory_budget": ("CKSTORE_MEMORY_BUDGET", None),
     "staging_budget": ("CKSTORE_STAGING_BUDGET", "measured"),
     "lease_seconds": ("CKSTORE_LEASE_SECONDS", 600.0),
@@ -64,6 +66,7 @@ def test_defaults_with_the_environment_unset(clean_env):
         ("CKSTORE_IO_THREADS", "16", "io_threads", 16),
         ("CKSTORE_MEMORY_BUDGET", "0", "memory_budget", 0),
         ("CKSTORE_STAGING_BUDGET", "777", "staging_budget", 777),
+        ("CKSTORE_BACKGROUND_THREADS", "3", "background_threads", 3),
         ("CKSTORE_LEASE_SECONDS", "1.5", "lease_seconds", 1.5),
         ("CKSTORE_DELTA_DEPTH", "0", "delta_depth", 0),
         ("CKSTORE_TAKE_CODEC", "fast", "take_codec", "fast"),

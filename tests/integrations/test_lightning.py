@@ -31,7 +31,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 import ckstore
 from ckstore.errors import CheckpointNotFoundError, SnapshotNotFoundError
 from ckstore.integrations import pointer
-from ckstore.integrations.lightning import CkstoreCheckpointIO
+from ckstore.integrations.lightning import CkstoreCheckpointIO, CkstoreInterval
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning"
@@ -353,4 +353,26 @@ def test_the_pointer_file_is_what_torch_load_reads(tmp_path: Path) -> None:
     found = pointer.read_file(str(path))
     assert found is not None and found.path == str(path) and found.values == "lightning"
     assert found.snapshot == store.get(io.ref(path)).id
+    store.close()
+
+
+def test_the_interval_callback_saves_when_a_take_is_due(tmp_path: Path) -> None:
+    """CkstoreInterval asks its TakeInterval after every batch and saves through the plugin
+    when it says so (pinned here to every 3 steps: the costs it measures do not matter); each
+    save leaves a pointer file at its path."""
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    every = ckstore.TakeInterval(start=3, min_steps=3, max_steps=3)
+    ckpts = tmp_path / "ckpts"
+    trainer = _trainer(
+        tmp_path, io, 2, CkstoreInterval(every, dirpath=ckpts), enable_checkpointing=False
+    )  # 4 batches an epoch: 8 steps
+    trainer.fit(_Regressor(seed=0), _data())
+    assert [s.step for s in store.log("lit")] == [6, 3]
+    paths = [ckpts / "interval-3.ckpt", ckpts / "interval-6.ckpt"]
+    assert sorted(store.tags()) == sorted(io.tag_of(p) for p in paths)
+    assert sorted(ckpts.iterdir()) == paths
+    assert all(pointer.read_file(str(p)) is not None for p in paths)
+    assert io.load_checkpoint(paths[1])["global_step"] == 6
+    assert every.state()["takes"] == 2
     store.close()

@@ -163,3 +163,15 @@ def test_keep_local_keeps_the_folder_whole(tmp_path: Path) -> None:
     assert torch.load(out / "checkpoint-4" / "optimizer.pt", weights_only=True)["state"]
     assert [s.step for s in store.log("sft")] == [8, 4]
     store.close()
+
+
+def test_an_interval_makes_the_trainer_save_when_a_take_is_due(tmp_path: Path) -> None:
+    """With ``interval``, the callback asks the Trainer to save whenever its TakeInterval says
+    so (pinned here to every 3 steps), on top of the Trainer's own save_steps (4)."""
+    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64, create=True)
+    every = ckstore.TakeInterval(start=3, min_steps=3, max_steps=3)
+    callback = CkstoreCallback(store, run="hf", interval=every)
+    _trainer(_model(0), tmp_path / "out", [callback]).train()
+    assert sorted(s.step for s in store.log("hf")) == [3, 4, 6, 8]
+    assert every.state()["takes"] == 2
+    store.close()

@@ -61,6 +61,7 @@ ALLOWED: dict[str, set[str]] = {
 FACADE = {
     "ckstore",
     "ckstore._history_verbs",
+    "ckstore.interval",
     "ckstore._locate",
     "ckstore._open",
     "ckstore._ref_verbs",

@@ -17,6 +17,7 @@ and the manifest before the commit names it (I1).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -26,6 +27,7 @@ from typing import Any
 from ...errors import InvalidInputError, NotFoundError
 from ...format.manifest import Entry, Manifest
 from ...index import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
+from ..background import lower_priority, polite_pool
 from ..interfaces import WriteIndex
 from ..lease import Lease
 from ..progress import Meter, ProgressFn, meter
@@ -41,6 +43,9 @@ HASH_BATCH_BYTES = 128 << 20
 """A take hashes and looks up chunks in batches of about this many bytes..."""
 HASH_BATCH_CHUNKS = 4096
 """...or of at most this many chunks."""
+RATE_MIN_BYTES = 16 << 20
+"""A store of at least this many bytes at normal priority measures the repository's
+``persist_rate`` (what an async take's part past its staging budget will block for)."""
 FIRST_BATCH_BYTES = 16 << 20
 """The first batch is this small (each next one twice the last), so encoding and pack writes
 start early instead of after a whole batch was hashed."""
@@ -101,13 +106,14 @@ class LocalTake:
         self._lease: Lease | None = None
         self._staging: Lease | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._buffers: deque[Any] = deque()  # encode buffers, shared by every store() call
         self._activity = ExitStack()
 
     # --- the session ------------------------------------------------------------------------
     def open(self) -> LocalTake:
         """Begin the write session (its lease beats until :meth:`close`) and the workers."""
         self._activity.enter_context(self.repo.activity())  # background compaction waits meanwhile
-        self._pool = ThreadPoolExecutor(max_workers=self.opts.threads, thread_name_prefix="ckstore")
+        self._pool = self._new_pool()
         try:
             self._lease = Lease(self.repo.index, self.opts.lease_seconds, eager=False).__enter__()
         except BaseException:
@@ -130,6 +136,22 @@ class LocalTake:
             if pool is not None:
                 pool.shutdown()
             self._activity.close()
+
+    def behind_training(self, threads: int) -> None:
+        """Run the rest of the take as work behind training: on ``threads`` workers at the
+        lowest CPU priority, pack writes too (``engine/background.py``); call it from the
+        thread that goes on with the take, which is lowered as well. A take's blocking part
+        (what a caller waits for) runs before, on the full ``threads`` at normal priority."""
+        lower_priority()
+        self.opts = replace(self.opts, threads=threads, polite=True)
+        if self._pool is not None:
+            old, self._pool = self._pool, self._new_pool()
+            old.shutdown()
+
+    def _new_pool(self) -> ThreadPoolExecutor:
+        if self.opts.polite:
+            return polite_pool(self.opts.threads, "ckstore")
+        return ThreadPoolExecutor(max_workers=self.opts.threads, thread_name_prefix="ckstore")
 
     def __enter__(self) -> LocalTake:
         return self.open()
@@ -193,6 +215,7 @@ class LocalTake:
         one pack). Only for a take that commits in this process with nobody else waiting for
         its chunks: another rank's commit, or a hand-over, needs them indexed now.
         """
+        started = time.perf_counter()
         stager = DeviceStager(self.opts.chunk_bytes)
         device = any(c.source is not None for c in chunks)
         max_bytes = min(HASH_BATCH_BYTES, stager.batch_bytes) if device else HASH_BATCH_BYTES
@@ -206,6 +229,7 @@ class LocalTake:
                 self._workers(),
                 self._deferred if defer else None,
                 on_added=self._tick,
+                buffers=self._buffers,
             ) as pipe:
                 for batch in batches(chunks, max_bytes, max_count, FIRST_BATCH_BYTES):
                     stager.stage(batch)
@@ -221,6 +245,9 @@ class LocalTake:
             stager.close()
         self.stats.add(pipe.stats)
         self.check_lease()
+        nbytes = sum(c.nbytes for c in chunks)
+        if not self.opts.polite and nbytes >= RATE_MIN_BYTES:
+            self.repo.persist_rate = nbytes / max(time.perf_counter() - started, 1e-9)
 
     def _store_batch(self, batch: list[Chunk], pipe: PackPipeline) -> None:
         new: dict[str, Chunk] = {}

@@ -20,11 +20,16 @@ import numpy as np
 from ... import objects
 from ...errors import CorruptionError, ObjectNotFoundError
 from ...index import ChunkRecord, PackRecord
+from ..background import polite_pool
 from ..interfaces import WriteIndex
 from ..locations import to_records
 
 if TYPE_CHECKING:
     from ..repository import Repository
+
+
+WORKING_EXTRA = 16 << 20
+"""What a take's memory reaches beyond its buffers (see ``TakeOptions.working_bytes``)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,18 @@ class TakeOptions:
     take does; compaction encodes densely (``fast=False``)."""
     raw: bool = False
     """Store whole chunks as they are (codec ``none``, no encoding work), in loose packs."""
+    polite: bool = False
+    """Run the workers at the lowest CPU priority: work that finishes behind training
+    (``engine/background.py``)."""
+
+    def working_bytes(self) -> int:
+        """Memory a take's own work reaches besides the chunks' bytes, on a store whose packs
+        stream to disk: one encode buffer per chunk in flight (:class:`PackPipeline`'s window
+        and the one being filled), a chunk of scratch per worker (a codec's planes and
+        frames), and ``WORKING_EXTRA`` for the rest (index, thread stacks, compressor
+        contexts, allocator slack; measured with the bench's RSS sampler)."""
+        window = (max(2, 2 * self.threads) + 1) * objects.grouped_size(self.chunk_bytes, 16)
+        return window + self.threads * self.chunk_bytes + WORKING_EXTRA
 
     @classmethod
     def of(cls, repo: Repository, deltas: bool = False) -> TakeOptions:
@@ -136,6 +153,7 @@ class PackPipeline:
         pool: ThreadPoolExecutor,
         deferred: list[tuple[PackRecord, list[ChunkRecord]]] | None = None,
         on_added: Callable[[int], None] | None = None,
+        buffers: deque[np.ndarray] | None = None,
     ) -> None:
         self._store, self._index, self._session, self._opts, self._pool = (
             store,
@@ -147,8 +165,12 @@ class PackPipeline:
         self._deferred = deferred
         self._on_added = on_added  # told the raw bytes of each chunk once it is in a pack
         self._window = max(2, 2 * opts.threads)
-        self._io = ThreadPoolExecutor(
-            max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack"
+        self._io = (
+            polite_pool(opts.io_threads, "ckstore-pack")
+            if opts.polite
+            else ThreadPoolExecutor(
+                max_workers=max(1, opts.io_threads), thread_name_prefix="ckstore-pack"
+            )
         )
         self._encoding: deque[tuple[Chunk, np.ndarray | None, Future[tuple[str, Any]]]] = deque()
         self._depths: dict[str, int] = {}  # chain depth of each delta written
@@ -159,7 +181,9 @@ class PackPipeline:
         self._writer = store.new_pack_writer(opts.pack_bytes)
         self._submitted = False  # whether self._writer is handed to the io threads
         self._held: list[np.ndarray] = []  # buffers the current pack's payloads live in
-        self._free: deque[np.ndarray] = deque()  # buffers whose pack is written: reused
+        # buffers whose pack is written, reused (``buffers``: a pool several pipelines of one
+        # take share, so the take holds one window of them however many calls store chunks)
+        self._free: deque[np.ndarray] = deque() if buffers is None else buffers
         self.stats = WriteStats()
 
     def __enter__(self) -> PackPipeline:

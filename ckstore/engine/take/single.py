@@ -9,9 +9,10 @@ commit (I1).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -19,15 +20,20 @@ import torch
 
 from ...format.manifest import Manifest
 from ...format.tensors import check_tensor
-from ...format.tree import flatten, is_array, unflatten
+from ...format.tree import Flat, flatten, is_array, unflatten
 from ...index import SnapshotRecord
+from ..background import lower_priority
 from ..progress import ProgressFn
 from ..repository import Repository
+from . import offload
+from .blocking import BlockingReport
 from .deltas import base_manifest
+from .guard import remember
 from .local import LocalTake
-from .plan import dtypes_of, finish_entries, plan, with_base
+from .packing import TakeOptions
+from .plan import Plan, dtypes_of, finish_entries, plan, with_base
 from .spec import TakeSpec
-from .staging import StagingArena, arena_bytes, arena_for, give_back
+from .staging import StagingArena, arena_bytes, arena_for, fill, give_back
 
 
 @dataclass
@@ -68,17 +74,44 @@ def stage_within(
     states: Mapping[str, Any],
     budget: int,
     arena_for: Callable[[int, bool], StagingArena] = StagingArena,
-) -> tuple[dict[str, Any], set[str], int, StagingArena]:
+    later: list[tuple[Any, Any]] | None = None,
+    inline_bytes: int = 0,
+) -> tuple[dict[str, Any], set[str], int, StagingArena, dict[str, Flat]]:
     """Copy tensors (to CPU) while their total stays within ``budget`` bytes.
 
     Returns the states rebuilt around the copies, the keys of tensors left uncopied (the
-    caller's own, which must be stored before the caller may change them), the bytes copied
-    and the arena the copies were cut from (``arena_for(bytes, pinned)``: a repository's reused
+    caller's own, which must be stored before the caller may change them), the bytes copied,
+    the arena the copies were cut from (``arena_for(bytes, pinned)``: a repository's reused
     arena, so a training loop's async takes copy into memory already touched; pinned when a
-    tensor to copy is on a GPU). Plain values need no copy: planning encodes them at once.
+    tensor to copy is on a GPU) and each state flattened around the copies. Plain values need
+    no copy: planning encodes them at once.
+
+    With ``later``, the copies of CPU tensors (and arrays) past ``inline_bytes`` are only
+    placed: ``(place, value)`` pairs are appended to ``later`` for :func:`staging.fill`, which
+    must complete before the copies are read (planning may run meanwhile).
     """
     flats = {name: flatten(name, sd) for name, sd in states.items()}
-    chosen: list[tuple[Any, str, Any]] = []
+    chosen, live, used = _choose(flats, budget)
+    arena = arena_for(*_arena_size(chosen))
+    try:
+        for flat, key, value in chosen:
+            if later is not None and not arena.pinned and _deferrable(value, inline_bytes):
+                flat.leaves[key] = arena.place(value)
+                later.append((flat.leaves[key], value))
+            else:
+                flat.leaves[key] = arena.copy(value)
+    finally:
+        arena.finish()  # every copy from a device has landed
+    out = {name: unflatten(flat.tree, flat.leaves.__getitem__) for name, flat in flats.items()}
+    return out, live, used, arena, flats
+
+
+def _choose(
+    flats: Mapping[str, Flat], budget: int
+) -> tuple[list[tuple[Flat, str, Any]], set[str], int]:
+    """The tensors to copy, in order, while their total stays within ``budget``: (flat, key,
+    value) each; the keys of the others; the bytes chosen."""
+    chosen: list[tuple[Flat, str, Any]] = []
     live: set[str] = set()
     used = 0
     for flat in flats.values():
@@ -97,15 +130,63 @@ def stage_within(
                 used += n
             else:
                 live.add(key)
+    return chosen, live, used
+
+
+def _arena_size(chosen: list[tuple[Flat, str, Any]]) -> tuple[int, bool]:
+    """The bytes of an arena for ``chosen`` and whether it is pinned (a tensor is on a GPU)."""
     on_gpu = any(isinstance(v, torch.Tensor) and v.is_cuda and arena_bytes(v) for _, _, v in chosen)
-    arena = arena_for(sum(arena_bytes(v) for _, _, v in chosen), on_gpu)
-    try:
-        for flat, key, value in chosen:
-            flat.leaves[key] = arena.copy(value)
-    finally:
-        arena.finish()  # every copy from a device has landed
-    out = {name: unflatten(flat.tree, flat.leaves.__getitem__) for name, flat in flats.items()}
-    return out, live, used, arena
+    return sum(arena_bytes(v) for _, _, v in chosen), on_gpu
+
+
+def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) -> Future[int]:
+    """Make ready, behind training, the staging arena an async take of ``states`` under
+    ``budget`` (less the take's own buffers) will copy into: allocated (pinned for a state on
+    a GPU, shared with knob ``background_process``, whose helper process starts meanwhile) and
+    every page touched, on a thread at the lowest priority, then kept by ``repo`` for the next
+    async take (:func:`staging.give_back`). The future holds the arena's size in
+    bytes, or the error. Nothing is read from the tensors."""
+    reserved = reserved_bytes(TakeOptions.of(repo), repo.background_threads, budget)
+    flats = {name: flatten(name, sd) for name, sd in states.items()}
+    nbytes, pinned = _arena_size(_choose(flats, budget - reserved)[0])
+    future: Future[int] = Future()
+
+    def run() -> None:
+        lower_priority()
+        try:
+            shared = _offloading(repo, None)
+            if shared:
+                offload.helper_for(repo).start()  # the helper's imports overlap the touching
+            arena = arena_for(repo, nbytes, pinned, shared=shared)
+            arena.touch()
+            give_back(repo, arena)
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the future
+            future.set_exception(exc)
+        else:
+            future.set_result(arena.size)
+
+    threading.Thread(target=run, name="ckstore-prepare-staging", daemon=True).start()
+    return future
+
+
+def _offloading(repo: Repository, progress: ProgressFn | None) -> bool:
+    """Whether an async take into ``repo`` stages into shared memory for the helper process
+    (knob ``background_process``; ``offload.py``)."""
+    return repo.background_process and progress is None and offload.unavailable(repo) is None
+
+
+def reserved_bytes(opts: TakeOptions, background_threads: int, budget: int) -> int:
+    """The part of an async take's staging ``budget`` kept for its own work (at most all of
+    it): ``working_bytes`` on as many workers as either of its parts runs on."""
+    return min(budget, replace(opts, threads=max(opts.threads, background_threads)).working_bytes())
+
+
+def _deferrable(value: Any, inline_bytes: int) -> bool:
+    """A CPU value the arena holds whose copy may wait for :func:`staging.fill` (one planning
+    stores inline is read at once)."""
+    if isinstance(value, torch.Tensor) and (value.device.type != "cpu" or not arena_bytes(value)):
+        return False
+    return arena_bytes(value) > inline_bytes
 
 
 @dataclass
@@ -115,6 +196,7 @@ class AsyncTake:
     future: Future[TakeResult]
     staged_bytes: int
     sync_bytes: int
+    blocking: BlockingReport | None = None
 
 
 def take_async(
@@ -126,30 +208,75 @@ def take_async(
 ) -> AsyncTake:
     """Return once the state at this call is safe: copied within ``budget``, the rest stored.
 
-    Tensors that fit the staging budget are copied; the others are hashed and written now,
-    before returning (so the caller may change them afterwards). Hashing and writing of the
-    copies, the manifest and the commit run in a background thread in the same session.
+    ``budget`` covers the copies and the take's own buffers (``TakeOptions.working_bytes``,
+    kept out of it), so the memory the take adds stays within it. Tensors that fit are copied;
+    the others are hashed and written now, at normal priority on every worker, before
+    returning (so the caller may change them afterwards). The rest (hashing and writing the
+    copies, the manifest, the commit) runs behind training: in a background thread and on
+    ``repo.background_threads`` workers at the lowest CPU priority (``engine/background.py``).
+    When every tensor was copied, the call does nothing more than copy and plan: the write
+    session opens in the background too.
     """
-    staged, live, used, arena = stage_within(states, budget, partial(arena_for, repo))
-    t = LocalTake(repo, spec, progress=progress)
-    p = plan(staged, t.opts)
-    t.guard.watch(dtypes_of(p))
-    with_base(p, base_manifest(repo, spec.delta_base, spec.run), t.opts)
-    t.expect(p.chunks)
-    now = [c for c in p.chunks if c.key in live]
-    t.open()
+    started = time.perf_counter()
+    opts = TakeOptions.of(repo, deltas=spec.delta_base is not None)
+    threads = repo.background_threads  # what finishes the take; the call itself runs on all
+    reserved = reserved_bytes(opts, threads, budget)
+    later: list[tuple[Any, Any]] = []
+    shared = _offloading(repo, progress)
+    staged, live, used, arena, flats = stage_within(
+        states, budget - reserved, partial(arena_for, repo, shared=shared), later, opts.inline_bytes
+    )
+    t = LocalTake(repo, spec, opts, progress=progress)
     try:
-        t.store(now, defer=True)
+        copying = _filling(later)  # the copies land while the take is planned on them
+        try:
+            p = plan(staged, t.opts)  # a value the format refuses is refused here, at the call
+        finally:
+            copying.join()
+        copied = time.perf_counter()
+        now = [c for c in p.chunks if c.key in live]
+        if now:
+            _prepare(t, p)
+            t.open()
+            t.store(now, defer=True)
     except BaseException:
         t.close()
         give_back(repo, arena)
         raise
+    stored = time.perf_counter()
+    blocking = BlockingReport(
+        staged_bytes=used,
+        sync_bytes=sum(c.nbytes for c in now),
+        budget=budget,
+        reserved_bytes=reserved,
+        copy_seconds=copied - started,
+        sync_seconds=stored - copied if now else 0.0,
+        seconds=stored - started,
+        persist_rate=repo.persist_rate,
+    )
     future: Future[TakeResult] = Future()
+    if offload.shareable(flats, arena, live):
+        t.close()  # nothing was opened: the helper process opens its own take
+        try:
+            reply = offload.helper_for(repo).submit(
+                offload.job(repo, spec, flats, arena, threads), arena
+            )
+        except BaseException:
+            give_back(repo, arena)
+            raise
+        threading.Thread(
+            target=_offloaded, args=(repo, reply, arena, future), name="ckstore-async-take"
+        ).start()
+        return AsyncTake(future, used, blocking.sync_bytes, blocking)
 
     def finish() -> None:
         result: TakeResult | None = None
         error: BaseException | None = None
         try:
+            t.behind_training(threads)
+            if not now:
+                _prepare(t, p)
+                t.open()
             t.store([c for c in p.chunks if c.key not in live], defer=True)
             manifest = t.manifest(p.apps, finish_entries(p))
             result = TakeResult(t.commit(manifest), manifest)
@@ -164,4 +291,64 @@ def take_async(
             future.set_result(result)  # type: ignore[arg-type]
 
     threading.Thread(target=finish, name="ckstore-async-take", daemon=False).start()
-    return AsyncTake(future, used, sum(c.nbytes for c in now))
+    return AsyncTake(future, used, blocking.sync_bytes, blocking)
+
+
+def _offloaded(
+    repo: Repository,
+    reply: Future[dict[str, Any]],
+    arena: StagingArena,
+    future: Future[TakeResult],
+) -> None:
+    """Wait for the helper process that stores the take (``offload.py``), then finish it here:
+    this repository's hooks after a commit, the guard's memory of the run's last manifest."""
+    try:
+        with repo.activity():  # this process's compaction waits meanwhile, as for a take here
+            record, manifest = offload.result_of(reply.result())
+    except BaseException as exc:  # surfaced by PendingSnapshot.wait()
+        future.set_exception(exc)
+        return
+    finally:
+        give_back(repo, arena)  # the helper is done reading the copies
+    repo.committed(record)
+    remember(record.manifest_id, manifest)
+    future.set_result(TakeResult(record, manifest))
+
+
+class _Filler(threading.Thread):
+    """:func:`staging.fill` of ``pairs`` on its own thread; :meth:`join` re-raises its error."""
+
+    def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
+        super().__init__(name="ckstore-stage", daemon=True)
+        self.pairs = pairs
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            fill(self.pairs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by join()
+            self.error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.pairs:
+            super().join(timeout)
+        if self.error is not None:
+            raise self.error
+
+
+def _filling(pairs: list[tuple[Any, Any]]) -> _Filler:
+    """A started :class:`_Filler` of ``pairs`` (one that has nothing to do is not started:
+    joining it returns at once)."""
+    filler = _Filler(pairs)
+    if pairs:
+        filler.start()
+    return filler
+
+
+def _prepare(t: LocalTake, p: Plan) -> None:
+    """What a take knows of its chunks before storing them: the guard's dtypes, the delta
+    bases, the progress total (index and manifest reads: left to the background when the
+    call has nothing to store)."""
+    t.guard.watch(dtypes_of(p))
+    with_base(p, base_manifest(t.repo, t.spec.delta_base, t.spec.run), t.opts)
+    t.expect(p.chunks)

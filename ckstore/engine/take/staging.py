@@ -3,6 +3,9 @@ arena single-process async takes cut their copies from."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
 from collections import OrderedDict
 from typing import Any
 
@@ -52,21 +55,48 @@ class StagingArena:
     on the first touch (``defrag=madvise``), a copy stalled for up to 0.3 s.
     """
 
-    def __init__(self, nbytes: int, pinned: bool = False) -> None:
+    def __init__(self, nbytes: int, pinned: bool = False, shared: bool = False) -> None:
         """``pinned``: page-locked memory (CUDA's host allocator), for states on a GPU: copies
         from the device run at the bus's speed and are issued all at once (:meth:`finish`
         waits for them), where pageable memory is copied through a bounce buffer, one tensor
-        after another."""
+        after another. ``shared``: pageable memory in a memfd (:attr:`fd`) that a helper
+        process maps to store the copies (``engine/take/offload.py``; Linux)."""
         self.pinned = pinned
+        self.shared = shared and not pinned
+        self.fd: int | None = None
+        self.pid = os.getpid()
         self._pinned: torch.Tensor | None = None
         self._mem: Any = None
         if pinned:
             self._pinned = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+        elif self.shared:
+            self.fd = os.memfd_create("ckstore-staging")
+            os.ftruncate(self.fd, max(nbytes, 1))
+            self._mem = mmap.mmap(self.fd, max(nbytes, 1), flags=mmap.MAP_SHARED)
         else:
             self._mem = private_memory(max(nbytes, 1))
+        self._base = _address(self._mem) if self._mem is not None else 0
         self.size = nbytes
         self._at = 0
         self._streams: list[Any] = []  # CUDA streams with copies into this arena in flight
+
+    def offset_of(self, value: Any) -> int | None:
+        """Where in a pageable arena a tensor or array cut from it starts (None: not cut from
+        this arena)."""
+        if self._mem is None:
+            return None
+        if isinstance(value, torch.Tensor):
+            at = value.data_ptr() - self._base if value.device.type == "cpu" else -1
+        elif isinstance(value, np.ndarray):
+            at = int(value.__array_interface__["data"][0]) - self._base
+        else:
+            return None
+        n = value.nbytes if isinstance(value, np.ndarray) else value.numel() * value.element_size()
+        return at if 0 <= at and at + n <= self.size else None
+
+    def __del__(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
 
     def reset(self) -> None:
         """Make the whole arena free again (every tensor cut from it is no longer used)."""
@@ -78,6 +108,33 @@ class StagingArena:
         streams, self._streams = self._streams, []
         for stream in streams:
             stream.synchronize()
+
+    def place(self, value: Any) -> Any:
+        """Room for a copy of ``value`` (a CPU tensor or a numpy array, ``arena_bytes`` > 0) in
+        a pageable arena, not filled: a tensor or array of its dtype and shape that
+        :func:`fill` copies ``value`` into later (a take plans its chunks on the copies
+        meanwhile: planning reads no tensor's bytes but an inline one's).
+
+        Raises:
+            InvalidInputError: the arena has no room left, or it is pinned (copies from a
+                device are issued by :meth:`copy`, already asynchronous).
+        """
+        if self._mem is None:
+            raise InvalidInputError("a pinned staging arena copies at once: use copy()")
+        at = self._room(arena_bytes(value))
+        if isinstance(value, np.ndarray):
+            return np.frombuffer(self._mem, dtype=value.dtype, count=value.size, offset=at).reshape(
+                value.shape
+            )
+        return torch.frombuffer(self._mem, dtype=value.dtype, count=value.numel(), offset=at).view(
+            value.shape
+        )
+
+    def _room(self, n: int) -> int:
+        if self._at + n > self.size:
+            raise InvalidInputError(f"staging arena of {self.size} bytes has no room for {n} more")
+        at, self._at = self._at, self._at + n
+        return at
 
     def copy(self, value: Any) -> Any:
         """A copy of ``value`` (a tensor, on any device, or a numpy array) in the arena, on the
@@ -95,41 +152,58 @@ class StagingArena:
                 if isinstance(value, np.ndarray)
                 else value.detach().to("cpu", copy=True)
             )
-        if self._at + n > self.size:
-            raise InvalidInputError(f"staging arena of {self.size} bytes has no room for {n} more")
-        at, self._at = self._at, self._at + n
-        if self._pinned is not None:
-            size = (
-                value.nbytes
-                if isinstance(value, np.ndarray)
-                else value.numel() * value.element_size()
-            )
-            block = self._pinned[at : at + size]
-            if isinstance(value, np.ndarray):
-                out = block.numpy().view(value.dtype).reshape(value.shape)
-                np.copyto(out, value)
-                return out
-            dst = block.view(value.dtype).view(value.shape)
-            src = value.detach()
-            if src.is_cuda:
-                stream = torch.cuda.current_stream(src.device)
-                dst.copy_(src, non_blocking=True)  # ordered after the kernels that wrote it
-                if stream not in self._streams:
-                    self._streams.append(stream)
-            else:
-                dst.copy_(src)
-            return dst
+        if self._mem is not None:
+            out = self.place(value)
+            fill([(out, value)])
+            return out
+        at = self._room(n)
+        assert self._pinned is not None
+        size = (
+            value.nbytes if isinstance(value, np.ndarray) else value.numel() * value.element_size()
+        )
+        block = self._pinned[at : at + size]
         if isinstance(value, np.ndarray):
-            out = np.frombuffer(self._mem, dtype=value.dtype, count=value.size, offset=at).reshape(
-                value.shape
-            )
+            out = block.numpy().view(value.dtype).reshape(value.shape)
             np.copyto(out, value)
             return out
-        dst = torch.frombuffer(self._mem, dtype=value.dtype, count=value.numel(), offset=at).view(
-            value.shape
-        )
-        dst.copy_(value.detach())
+        dst = block.view(value.dtype).view(value.shape)
+        src = value.detach()
+        if src.is_cuda:
+            stream = torch.cuda.current_stream(src.device)
+            dst.copy_(src, non_blocking=True)  # ordered after the kernels that wrote it
+            if stream not in self._streams:
+                self._streams.append(stream)
+        else:
+            dst.copy_(src)
         return dst
+
+    def touch(self) -> None:
+        """Write every page of a pageable arena once, so the copies of the next take that uses
+        it run at memory speed (the page faults are taken here instead; what
+        ``Store.prepare_staging`` runs behind training)."""
+        if self._mem is not None and self.size:
+            pages = np.frombuffer(self._mem, dtype=np.uint8, count=self.size)
+            pages[:: mmap.PAGESIZE] = 0
+
+
+def _address(mem: Any) -> int:
+    """The address of a mapping's first byte (the export taken to read it is released)."""
+    view = ctypes.c_char.from_buffer(mem)
+    try:
+        return ctypes.addressof(view)
+    finally:
+        del view
+
+
+def fill(pairs: list[tuple[Any, Any]]) -> None:
+    """Copy each ``(destination, value)`` that :meth:`StagingArena.place` made room for (a
+    numpy array or a CPU tensor into its place); releases the GIL while it copies."""
+    tensors = [(d, v.detach()) for d, v in pairs if isinstance(v, torch.Tensor)]
+    if tensors:  # one call: the loop over the tensors runs in C++, without the GIL
+        torch._foreach_copy_([d for d, _ in tensors], [v for _, v in tensors])
+    for dst, value in pairs:
+        if isinstance(value, np.ndarray):
+            np.copyto(dst, value)
 
 
 def stage(obj: Any, key: str = "") -> Any:
@@ -173,20 +247,26 @@ def _stage(obj: Any, key: str, depth: int) -> Any:
     return obj
 
 
-def arena_for(repo: Repository, nbytes: int, pinned: bool = False) -> StagingArena:
+def arena_for(
+    repo: Repository, nbytes: int, pinned: bool = False, shared: bool = False
+) -> StagingArena:
     """An arena of at least ``nbytes`` for an async take's copies (``pinned``: page-locked,
-    for a state on a GPU): the one the repository's last async take gave back when it fits (its
-    pages are touched already: copies run at memory speed), else a new one. Give it back with
-    :func:`give_back` once the take is done."""
+    for a state on a GPU; ``shared``: one a helper process can map): the one the repository's
+    last async take gave back when it fits (its pages are touched already: copies run at memory
+    speed), else a new one. A shared arena is reused by the process that made it only (a child
+    forked meanwhile would write into its parent's memory). Give it back with :func:`give_back`
+    once the take is done."""
     arena = repo.spare_staging.take()
     if (
         arena is not None
         and arena.pinned == pinned
+        and arena.shared == (shared and not pinned)
+        and (not arena.shared or arena.pid == os.getpid())
         and nbytes <= arena.size <= 2 * nbytes + (64 << 20)
     ):
         arena.reset()
         return arena
-    return StagingArena(nbytes, pinned)
+    return StagingArena(nbytes, pinned, shared)
 
 
 def give_back(repo: Repository, arena: StagingArena) -> None:
