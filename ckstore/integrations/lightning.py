@@ -69,6 +69,7 @@ from ..store import Store
 from ..store_ref import StoreRef
 from ._lightning_base import Callback, TorchCheckpointIO, register_everywhere
 from ._paths import identity, is_url, path_tag
+from ._retention import reclaim
 from ._values import from_plain, to_plain
 from .pointer import Pointer, read_file, resolve, saveable
 
@@ -229,13 +230,8 @@ class CkstoreCheckpointIO(TorchCheckpointIO):
             pass  # deleted meanwhile, or another tag keeps it
 
     def _reclaim(self, wait: bool) -> None:
-        """Give back what deleted snapshots used (``gc``: at once when nothing else writes the
-        store) once the store's background compaction is idle (with ``wait``, wait for it)."""
-        if not self._deleted:
-            return
-        store = self.store
-        if wait or store.wait_compacted(timeout=0):
-            store.gc()
+        """What deleted snapshots used, given back (``_retention.reclaim``)."""
+        if self._deleted and reclaim(self.store, wait):
             self._deleted = False
 
     def _undo(self, sid: str, tag: str, previous: str | None) -> None:

@@ -60,6 +60,7 @@ from ..snapshot import StoredSnapshot
 from ..store import Store
 from ..store_ref import StoreRef
 from ._paths import identity, path_tag
+from ._retention import reclaim
 from .pointer import Pointer, to_bytes
 
 PREFIX = "checkpoint"
@@ -227,13 +228,8 @@ class CkstoreCallback(TrainerCallback):
             self.store.tag(sid, name, force=True)
 
     def _reclaim(self, wait: bool) -> None:
-        """Give back what deleted snapshots used (``gc``), when the store's background
-        compaction is idle (or, with ``wait``, once it is)."""
-        if not self._deleted:
-            return
-        store = self.store
-        if wait or store.wait_compacted(timeout=0):
-            store.gc()
+        """What deleted snapshots used, given back (``_retention.reclaim``)."""
+        if self._deleted and reclaim(self.store, wait):
             self._deleted = False
 
 
