@@ -23,6 +23,7 @@ EXPECTED = {  # class -> (exit code, HTTP status)
     "SnapshotNotFoundError": (3, 404),
     "KeyNotFoundError": (3, 404),
     "AppNotFoundError": (3, 404),
+    "CheckpointNotFoundError": (3, 404),
     "ConflictError": (4, 409),
     "DestinationExistsError": (4, 409),
     "LeaseExpiredError": (4, 409),
