@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import _takes
+from ._heal_verbs import heal_restore
 from .distributed import is_distributed
 from .engine.progress import ProgressFn
 from .engine.view import SnapshotFields, SnapshotView
@@ -209,6 +210,13 @@ class StoredSnapshot(SnapshotFields):
         ``replicated_read`` (default ``$CKSTORE_REPLICATED_READ`` or ``"once"``): ``"once"``
         reads each chunk once in the job as above (``"broadcast"`` means the same); ``"each"``
         lets every rank read everything it needs itself (no exchange).
+        A chunk that fails its check on a store with remotes (a two-tier store's tier
+        remote, or any remote that holds it) is fetched from the remote, verified against its
+        id, written back into a new local pack, and the restore runs again: it is bit-exact,
+        and a :class:`~ckstore.HealedWarning` names the chunks healed and the remote (a
+        single-process restore; under torch.distributed run ``ckstore repair`` first). Without
+        a remote holding a sound copy, CorruptionError names the snapshot and offers the run's
+        previous healthy snapshot.
         Every chunk read is checked by default against the fast check its manifest records
         beside its id (XXH3-64 of its raw bytes: it covers the stored bytes and the decoder;
         docs/RELIABILITY.md, I3). ``verify="full"`` re-hashes every chunk read with BLAKE3
@@ -236,7 +244,8 @@ class StoredSnapshot(SnapshotFields):
                 ``torch.compile``'d module's ``_orig_mod.`` keys get the fix), or meta tensors
                 were not materialised (see above).
             InvalidInputError: ``cast=True`` with ``verify=True``, or under torch.distributed.
-            CorruptionError: stored bytes are damaged (the key is named).
+            CorruptionError: stored bytes are damaged and no remote holds a sound copy (the
+                key, or the snapshot and the chunks, are named).
             DistributedError: a rank failed (distributed restore; names ranks and causes);
                 RankLostError when a rank never answered within ``dist_timeout``.
         """
@@ -283,11 +292,21 @@ class StoredSnapshot(SnapshotFields):
                     verify=checking,
                 )
             else:
-                reader = Reader.of(view, progress=progress, verify=checking)
-                if is_dcp_manifest(reader.manifest):
-                    overlay = dcp_overlay(reader.manifest, app_state, strict)
-                    reader = replace(reader, manifest=overlay)
-                restore(reader, app_state, strict=strict, budget=budget, atomic=atomic, cast=cast)
+
+                def once() -> None:
+                    reader = Reader.of(view, progress=progress, verify=checking)
+                    if is_dcp_manifest(reader.manifest):
+                        overlay = dcp_overlay(reader.manifest, app_state, strict)
+                        reader = replace(reader, manifest=overlay)
+                    restore(
+                        reader, app_state, strict=strict, budget=budget, atomic=atomic, cast=cast
+                    )
+
+                try:
+                    once()
+                except CorruptionError as exc:
+                    heal_restore(view, exc)  # healed from a remote, else raises
+                    once()
         _takes.loaded(view.repo, view.record.id)
         if verify is True:
             self._check_restored(app_state, strict)

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from . import _remote_verbs, _takes
+from ._heal_verbs import HealVerbs
 from ._history_verbs import HistoryVerbs
 from ._ref_verbs import RefVerbs
 from ._usage_verbs import UsageVerbs
@@ -33,7 +34,7 @@ _REQUIRED: Any = object()
 """``Store.get`` without a default: a ref that names nothing raises."""
 
 
-class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs):
+class Store(HistoryVerbs, HealVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs):
     """A content-addressed checkpoint store. Build one with :func:`ckstore.open`.
 
     Thread-safe for concurrent takes and reads from one process; many processes and hosts may

@@ -60,6 +60,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 FACADE = {
     "ckstore",
+    "ckstore._heal_verbs",
     "ckstore._history_verbs",
     "ckstore._locate",
     "ckstore._open",

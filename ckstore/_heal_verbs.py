@@ -1,0 +1,147 @@
+"""Damaged local chunks healed from a remote: ``Store.repair``, and a restore's own healing.
+
+:class:`HealVerbs` is mixed into :class:`ckstore.Store`; :func:`heal_restore` is what a
+restore that found damage calls before it gives up. The work is in :mod:`ckstore.remote.heal`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import CorruptionError, HealedWarning, warn
+from .history.check import CheckReport
+from .history.check import check as history_check
+from .remote.heal import HealReport, damaged, heal
+
+if TYPE_CHECKING:
+    from .engine.repository import Repository
+    from .engine.view import SnapshotView
+
+MAX_NAMED = 8
+"""Chunks and keys a message names (the report holds them all)."""
+
+
+@dataclass
+class RepairReport:
+    """What :meth:`HealVerbs.repair` found and did: the chunks healed (id -> remote), those
+    no remote could give back, and the check after the repair (``ok``: nothing stays damaged)."""
+
+    healed: dict[str, str] = field(default_factory=dict)
+    unrecoverable: list[str] = field(default_factory=list)
+    check: CheckReport = field(default_factory=CheckReport)
+
+    @property
+    def ok(self) -> bool:
+        return self.check.ok and not self.unrecoverable
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "healed": dict(self.healed),
+            "unrecoverable": list(self.unrecoverable),
+            "problems": [p.message for p in self.check.problems],
+            "ok": self.ok,
+        }
+
+
+class HealVerbs:
+    """``repair``: every damaged local chunk brought back from a remote that holds it."""
+
+    _repo: Repository
+
+    def repair(
+        self,
+        remote: str | None = None,
+        progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+    ) -> RepairReport:
+        """Read every chunk of the store (as ``check(read_data=True)``), heal each damaged one
+        from ``remote`` (None: any configured remote that holds it; a two-tier store's tier
+        remote is one), verified against its id and written into a new local pack, then check
+        again.
+
+        Returns:
+            A :class:`RepairReport`: ``healed`` (chunk id -> remote), ``unrecoverable`` (no
+            remote holds a sound copy), and the check after the repair; ``ok`` is False when
+            anything stays damaged.
+
+        Raises:
+            NotFoundError: ``remote`` is named and not configured.
+            ReadOnlyStoreError: the store is open read-only and a chunk needs healing.
+        """
+        before = history_check(self._repo, read_data=True, progress=progress)
+        suspects = _suspects(self._repo, before)
+        healed = heal(self._repo, damaged(self._repo, suspects), remote)
+        after = before if not suspects else history_check(self._repo, read_data=True)
+        return RepairReport(dict(healed.healed), list(healed.unrecoverable), after)
+
+
+def _suspects(repo: Repository, report: CheckReport) -> set[str]:
+    """The chunks a check's problems name: the chunk itself, or every chunk of a pack named."""
+    chunks = {c.chunk_id: c.pack_id for c in repo.index.all_chunks()}
+    packs = {p.object for p in report.problems}
+    return {c for c, pack in chunks.items() if c in packs or pack in packs}
+
+
+def heal_restore(view: SnapshotView, error: CorruptionError) -> HealReport:
+    """Called when a restore of ``view`` raised ``error``: heal the snapshot's damaged chunks
+    from the store's remotes and warn (:class:`HealedWarning`, naming the chunks and remotes),
+    so the caller can restore again.
+
+    Raises:
+        CorruptionError: ``error`` again when no chunk of the snapshot reads back damaged; a
+            new one naming the snapshot, the chunks no remote could give back, and the run's
+            previous healthy snapshot to restore instead, when some stay damaged.
+    """
+    repo = view.repo
+    bad = damaged(repo, repo.index.snapshot_chunk_ids(view.record.id))
+    if not bad:
+        raise error
+    report = heal(repo, bad) if not repo.read_only else HealReport(unrecoverable=bad)
+    if report.unrecoverable:
+        raise CorruptionError(
+            f"{error}. Snapshot {_label(view)} cannot be read from any tier: "
+            f"{len(report.unrecoverable)} "
+            f"chunk(s) are damaged here and no remote holds a sound copy "
+            f"({_some(report.unrecoverable)}); {_fallback(view)}"
+        ) from error
+    remotes = sorted(set(report.healed.values()))
+    warn(
+        HealedWarning(
+            f"snapshot {_label(view)}: {len(report.healed)} damaged chunk(s) healed from remote(s) "
+            f"{', '.join(remotes)} ({_some(list(report.healed))}); the local copy is sound again. "
+            "Run `ckstore repair` to heal the rest of the store"
+        )
+    )
+    return report
+
+
+def _label(view: SnapshotView) -> str:
+    r = view.record
+    if not r.run:
+        return r.id[:12]
+    return f"{r.run}@{r.step} ({r.id[:12]})" if r.step is not None else f"{r.run} ({r.id[:12]})"
+
+
+def _some(ids: list[str]) -> str:
+    shown = ", ".join(i[:16] for i in ids[:MAX_NAMED])
+    return shown + (f" and {len(ids) - MAX_NAMED} more" if len(ids) > MAX_NAMED else "")
+
+
+def _fallback(view: SnapshotView) -> str:
+    """A sentence offering the run's newest healthy snapshot older than ``view``'s."""
+    r = view.record
+    if not r.run:
+        return "restore another snapshot, or re-take"
+    older = [
+        s
+        for s in view.repo.index.list_snapshots(r.run, healthy=True)
+        if s.id != r.id and s.created_at < r.created_at
+    ]
+    if not older:
+        return f"run {r.run!r} has no earlier healthy snapshot: re-take, or restore another run"
+    prev = older[0]
+    return (
+        f"restore the previous healthy snapshot instead: {r.run}@{prev.step} ({prev.id[:12]}); "
+        f"`ckstore repair --from REMOTE` heals it once a remote holds it"
+    )
