@@ -147,3 +147,20 @@ def test_ckstore_repair_exits_non_zero_when_damage_stays(tmp_path: Path) -> None
     out = _cli(tmp_path / "local", "repair")
     assert out.returncode != 0
     assert hit[0][:16] in out.stdout + out.stderr
+
+
+def test_a_pull_of_a_snapshot_whose_local_chunks_are_damaged_sends_them_again(
+    tmp_path: Path,
+) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    try:
+        fill(store, "r", [1, 2])
+        store.add_remote("backup", tmp_path / "backup")
+        store.push("backup")
+        hit = _damage(store, tmp_path / "local", "r@2")
+        report = store.pull("backup", ["r@2"])
+        assert report.chunks_healed == hit and report.stats.chunks_sent == 1
+        assert store.check(read_data=True).ok and restores(store, "r@2", 2)
+        assert store.pull("backup", ["r@2"]).stats.chunks_sent == 0  # sound now: nothing to send
+    finally:
+        store.close()
