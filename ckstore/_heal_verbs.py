@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import CorruptionError, HealedWarning, warn
+from .errors import CorruptionError, HealedWarning, ObjectNotFoundError, warn
 from .history.check import CheckReport
 from .history.check import check as history_check
 from .remote.heal import HealReport, damaged, heal
@@ -83,15 +83,16 @@ def _suspects(repo: Repository, report: CheckReport) -> set[str]:
     return {c for c, pack in chunks.items() if c in packs or pack in packs}
 
 
-def heal_restore(view: SnapshotView, error: CorruptionError) -> HealReport:
+def heal_restore(view: SnapshotView, error: CorruptionError | ObjectNotFoundError) -> HealReport:
     """Called when a restore of ``view`` raised ``error``: heal the snapshot's damaged chunks
     from the store's remotes and warn (:class:`HealedWarning`, naming the chunks and remotes),
     so the caller can restore again.
 
     Raises:
-        CorruptionError: ``error`` again when no chunk of the snapshot reads back damaged; a
-            new one naming the snapshot, the chunks no remote could give back, and the run's
-            previous healthy snapshot to restore instead, when some stay damaged.
+        CorruptionError, ObjectNotFoundError: ``error`` again when no chunk of the snapshot
+            reads back damaged or missing; one of its class naming the snapshot, the chunks no
+            remote could give back, and the run's previous healthy snapshot to restore
+            instead, when some stay damaged.
     """
     repo = view.repo
     bad = damaged(repo, repo.index.snapshot_chunk_ids(view.record.id))
@@ -99,7 +100,7 @@ def heal_restore(view: SnapshotView, error: CorruptionError) -> HealReport:
         raise error
     report = heal(repo, bad) if not repo.read_only else HealReport(unrecoverable=bad)
     if report.unrecoverable:
-        raise CorruptionError(
+        raise type(error)(
             f"{error}. Snapshot {_label(view)} cannot be read from any tier: "
             f"{len(report.unrecoverable)} "
             f"chunk(s) are damaged here and no remote holds a sound copy "

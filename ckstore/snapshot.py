@@ -20,7 +20,7 @@ from ._heal_verbs import heal_restore
 from .distributed import is_distributed
 from .engine.progress import ProgressFn
 from .engine.view import SnapshotFields, SnapshotView
-from .errors import CorruptionError, InvalidInputError
+from .errors import CorruptionError, InvalidInputError, ObjectNotFoundError
 from .format.health import Health, of_header
 from .format.limits import check_int, check_number
 from .format.manifest import Entry, Manifest, TensorEntry
@@ -304,7 +304,7 @@ class StoredSnapshot(SnapshotFields):
 
                 try:
                     once()
-                except CorruptionError as exc:
+                except (CorruptionError, ObjectNotFoundError) as exc:
                     heal_restore(view, exc)  # healed from a remote, else raises
                     once()
         _takes.loaded(view.repo, view.record.id)

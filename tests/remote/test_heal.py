@@ -164,3 +164,38 @@ def test_a_pull_of_a_snapshot_whose_local_chunks_are_damaged_sends_them_again(
         assert store.pull("backup", ["r@2"]).stats.chunks_sent == 0  # sound now: nothing to send
     finally:
         store.close()
+
+
+def test_check_read_data_repair_heals_as_repair_does(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    fill(store, "r", [1])
+    assert store.wait_pushed(timeout=60)
+    hit = _damage(store, tmp_path / "local", "r@1")
+    store.close()
+    assert _cli(tmp_path / "local", "check", "--read-data").returncode != 0
+    out = _cli(tmp_path / "local", "check", "--read-data", "--repair", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["healed"] == {hit[0]: "tier"}
+    assert _cli(tmp_path / "local", "check", "--read-data").returncode == 0
+
+
+@pytest.mark.parametrize("harm", ["truncate", "delete"])
+def test_a_restore_heals_a_truncated_or_deleted_local_pack(tmp_path: Path, harm: str) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    try:
+        fill(store, "r", [1])
+        assert store.wait_pushed(timeout=60)
+        repo = store.repository
+        ids = repo.index.snapshot_chunk_ids(store.get("r@1").id)
+        pack_id = sorted({r.pack_id for r in repo.index.chunk_locations(ids).values()})[0]
+        path = (tmp_path / "local").joinpath(*objects.pack_name(pack_id).split("/"))
+        if harm == "delete":
+            path.unlink()
+        else:
+            os.chmod(path, 0o644)
+            os.truncate(path, path.stat().st_size // 2)
+        with pytest.warns(ckstore.HealedWarning, match="tier"):
+            assert restores(store, "r@1", 1)
+        assert restores(store, "r@1", 1)
+    finally:
+        store.close()
