@@ -1,4 +1,4 @@
-"""Heal damaged local chunks from a remote that holds them (docs/RELIABILITY.md, I8).
+"""Heal damaged local chunks from a remote that holds them (docs/RELIABILITY.md, I7).
 
 A chunk whose local bytes fail their check (a flipped bit on disk, a truncated or deleted
 pack) is, on a store with remotes, often still whole at one of them: the tier remote of a
