@@ -1,15 +1,18 @@
 """Damaged local chunks healed from a remote: ``Store.repair``, and a restore's own healing.
 
-:class:`HealVerbs` is mixed into :class:`ckstore.Store`; :func:`heal_restore` is what a
-restore that found damage calls before it gives up. The work is in :mod:`ckstore.remote.heal`.
+:class:`HealVerbs` is mixed into :class:`ckstore.Store`; :class:`RestoreHealer` heals the
+chunks a restore's fetcher finds damaged while it runs, and :func:`heal_restore` is what a
+restore that still failed calls before it gives up. The work is in :mod:`ckstore.remote.heal`.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .engine.locations import to_location
 from .errors import CorruptionError, HealedWarning, ObjectNotFoundError, warn
 from .history.check import CheckReport
 from .history.check import check as history_check
@@ -83,6 +86,38 @@ def _suspects(repo: Repository, report: CheckReport) -> set[str]:
     return {c for c, pack in chunks.items() if c in packs or pack in packs}
 
 
+class RestoreHealer:
+    """A restore's :data:`~ckstore.engine.restore.fetch.Healer`: a chunk its fetcher found
+    damaged or missing is healed, with any damaged base of its delta chain, from a configured
+    remote that holds it, while the restore goes on; :meth:`report` warns once after."""
+
+    def __init__(self, view: SnapshotView) -> None:
+        self.view = view
+        self.healed: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, chunk_id: str) -> bool:
+        repo = self.view.repo
+        with self._lock:  # one heal at a time: a chunk two threads need is healed once
+            if repo.read_only or not repo.index.list_remotes():
+                return False
+            rows = repo.index.chunk_locations([chunk_id])
+            if chunk_id not in rows:
+                return False
+            chain = [link.chunk_id for link in to_location(rows[chunk_id], rows).chain()]
+            bad = damaged(repo, chain)
+            if not bad:  # healed by another thread meanwhile, or not damaged here
+                return any(c in self.healed for c in chain)
+            done = heal(repo, bad)
+            self.healed.update(done.healed)
+            return bool(done.healed) and not done.unrecoverable
+
+    def report(self) -> None:
+        """Warn :class:`HealedWarning` naming what this restore healed, if anything."""
+        if self.healed:
+            _warn_healed(self.view, self.healed)
+
+
 def heal_restore(view: SnapshotView, error: CorruptionError | ObjectNotFoundError) -> HealReport:
     """Called when a restore of ``view`` raised ``error``: heal the snapshot's damaged chunks
     from the store's remotes and warn (:class:`HealedWarning`, naming the chunks and remotes),
@@ -106,15 +141,19 @@ def heal_restore(view: SnapshotView, error: CorruptionError | ObjectNotFoundErro
             f"chunk(s) are damaged here and no remote holds a sound copy "
             f"({_some(report.unrecoverable)}); {_fallback(view)}"
         ) from error
-    remotes = sorted(set(report.healed.values()))
+    _warn_healed(view, report.healed)
+    return report
+
+
+def _warn_healed(view: SnapshotView, healed: dict[str, str]) -> None:
+    remotes = sorted(set(healed.values()))
     warn(
         HealedWarning(
-            f"snapshot {_label(view)}: {len(report.healed)} damaged chunk(s) healed from remote(s) "
-            f"{', '.join(remotes)} ({_some(list(report.healed))}); the local copy is sound again. "
+            f"snapshot {_label(view)}: {len(healed)} damaged chunk(s) healed from remote(s) "
+            f"{', '.join(remotes)} ({_some(list(healed))}); the local copy is sound again. "
             "Run `ckstore repair` to heal the rest of the store"
         )
     )
-    return report
 
 
 def _label(view: SnapshotView) -> str:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import _takes
-from ._heal_verbs import heal_restore
+from ._heal_verbs import RestoreHealer, heal_restore
 from .distributed import is_distributed
 from .engine.progress import ProgressFn
 from .engine.view import SnapshotFields, SnapshotView
@@ -292,9 +292,10 @@ class StoredSnapshot(SnapshotFields):
                     verify=checking,
                 )
             else:
+                healer = RestoreHealer(view)
 
                 def once() -> None:
-                    reader = Reader.of(view, progress=progress, verify=checking)
+                    reader = Reader.of(view, progress=progress, verify=checking, heal=healer)
                     if is_dcp_manifest(reader.manifest):
                         overlay = dcp_overlay(reader.manifest, app_state, strict)
                         reader = replace(reader, manifest=overlay)
@@ -307,6 +308,7 @@ class StoredSnapshot(SnapshotFields):
                 except (CorruptionError, ObjectNotFoundError) as exc:
                     heal_restore(view, exc)  # healed from a remote, else raises
                     once()
+                healer.report()
         _takes.loaded(view.repo, view.record.id)
         if verify is True:
             self._check_restored(app_state, strict)

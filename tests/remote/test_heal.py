@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import ckstore
 from ckstore import objects
 from ckstore.index import ChunkRecord
-from tests.support.remotes import KNOBS, fill, restores
+from tests.support.remotes import KNOBS, fill, restores, state_for
 
 OPTS = {**KNOBS, "auto_compact": False}
 
@@ -197,5 +198,50 @@ def test_a_restore_heals_a_truncated_or_deleted_local_pack(tmp_path: Path, harm:
         with pytest.warns(ckstore.HealedWarning, match="tier"):
             assert restores(store, "r@1", 1)
         assert restores(store, "r@1", 1)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_the_restore_heals_in_its_own_pass_without_running_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, atomic: bool
+) -> None:
+    import ckstore.snapshot as snapshot_mod
+
+    def again(*args: object) -> None:
+        raise AssertionError("the restore ran again instead of healing as it read")
+
+    monkeypatch.setattr(snapshot_mod, "heal_restore", again)
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    try:
+        fill(store, "r", [1, 2])
+        assert store.wait_pushed(timeout=60)
+        hit = _damage(store, tmp_path / "local", "r@2", n=3)
+        want = state_for(2)
+        out = {"m": ckstore.StateDict({k: torch.zeros_like(v) for k, v in want.items()})}
+        with pytest.warns(ckstore.HealedWarning, match=r"3 damaged chunk\(s\)") as seen:
+            store.get("r@2").restore(out, atomic=atomic)
+        assert len([w for w in seen if issubclass(w.category, ckstore.HealedWarning)]) == 1
+        assert all(torch.equal(out["m"][k], v) for k, v in want.items())
+        assert all(h[:16] in str(seen[0].message) for h in hit)
+        assert store.check(read_data=True).ok
+    finally:
+        store.close()
+
+
+def test_a_damaged_base_of_deltas_heals_and_its_deltas_read_again(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    try:
+        fill(store, "r", [1, 2, 3, 4])
+        assert store.wait_pushed(timeout=60)
+        store.compact(keep_loose=0)
+        repo = store.repository
+        rows = {c.chunk_id: c for c in repo.index.all_chunks()}
+        bases = {r.base_id for r in rows.values() if r.base_id is not None}
+        assert bases, "compaction stored no delta"
+        _flip(tmp_path / "local", rows[sorted(bases)[0]])
+        with pytest.warns(ckstore.HealedWarning):
+            assert all([restores(store, f"r@{i}", i) for i in (1, 2, 3, 4)])
+        assert store.check(read_data=True).ok
     finally:
         store.close()
