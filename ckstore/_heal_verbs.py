@@ -118,6 +118,16 @@ class RestoreHealer:
             _warn_healed(self.view, self.healed)
 
 
+def with_healing(view: SnapshotView, restore: Callable[[], None]) -> None:
+    """Run ``restore`` (of ``view``); when it still meets damage its fetcher could not heal,
+    :func:`heal_restore` and run it again (it raises when nothing can be healed)."""
+    try:
+        restore()
+    except (CorruptionError, ObjectNotFoundError) as exc:
+        heal_restore(view, exc)
+        restore()
+
+
 def heal_restore(view: SnapshotView, error: CorruptionError | ObjectNotFoundError) -> HealReport:
     """Called when a restore of ``view`` raised ``error``: heal the snapshot's damaged chunks
     from the store's remotes and warn (:class:`HealedWarning`, naming the chunks and remotes),

@@ -16,11 +16,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import _takes
-from ._heal_verbs import RestoreHealer, heal_restore
+from ._heal_verbs import RestoreHealer, with_healing
 from .distributed import is_distributed
 from .engine.progress import ProgressFn
 from .engine.view import SnapshotFields, SnapshotView
-from .errors import CorruptionError, InvalidInputError, ObjectNotFoundError
+from .errors import CorruptionError, InvalidInputError
 from .format.health import Health, of_header
 from .format.limits import check_int, check_number
 from .format.manifest import Entry, Manifest, TensorEntry
@@ -210,13 +210,12 @@ class StoredSnapshot(SnapshotFields):
         ``replicated_read`` (default ``$CKSTORE_REPLICATED_READ`` or ``"once"``): ``"once"``
         reads each chunk once in the job as above (``"broadcast"`` means the same); ``"each"``
         lets every rank read everything it needs itself (no exchange).
-        A chunk that fails its check on a store with remotes (a two-tier store's tier
-        remote, or any remote that holds it) is fetched from the remote, verified against its
-        id, written back into a new local pack, and the restore runs again: it is bit-exact,
-        and a :class:`~ckstore.HealedWarning` names the chunks healed and the remote (a
-        single-process restore; under torch.distributed run ``ckstore repair`` first). Without
-        a remote holding a sound copy, CorruptionError names the snapshot and offers the run's
-        previous healthy snapshot.
+        A chunk that fails its check on a store with remotes (a two-tier store's tier remote,
+        or any remote that holds it) is fetched from the remote, verified against its id,
+        written into a new local pack, read there, and the restore goes on, bit-exact; a
+        :class:`~ckstore.HealedWarning` names the chunks and the remote (under torch.distributed,
+        on the rank that read them). Without a remote holding a sound copy, CorruptionError
+        names the snapshot and offers the run's previous healthy snapshot.
         Every chunk read is checked by default against the fast check its manifest records
         beside its id (XXH3-64 of its raw bytes: it covers the stored bytes and the decoder;
         docs/RELIABILITY.md, I3). ``verify="full"`` re-hashes every chunk read with BLAKE3
@@ -275,6 +274,7 @@ class StoredSnapshot(SnapshotFields):
         view = self._view()
         budget = view.repo.memory_budget if memory_budget is None else memory_budget
         checking = "full" if verify == "full" else "fast"
+        healer = RestoreHealer(view)
         with view.repo.activity():  # background compaction of this process waits meanwhile
             if is_distributed():  # the job reads the manifest (each rank: what it needs) once
                 from .distributed.restore import restore as dist_restore
@@ -290,9 +290,9 @@ class StoredSnapshot(SnapshotFields):
                     atomic=atomic,
                     on_progress=progress,
                     verify=checking,
+                    heal=healer,
                 )
             else:
-                healer = RestoreHealer(view)
 
                 def once() -> None:
                     reader = Reader.of(view, progress=progress, verify=checking, heal=healer)
@@ -303,12 +303,8 @@ class StoredSnapshot(SnapshotFields):
                         reader, app_state, strict=strict, budget=budget, atomic=atomic, cast=cast
                     )
 
-                try:
-                    once()
-                except (CorruptionError, ObjectNotFoundError) as exc:
-                    heal_restore(view, exc)  # healed from a remote, else raises
-                    once()
-                healer.report()
+                with_healing(view, once)
+        healer.report()
         _takes.loaded(view.repo, view.record.id)
         if verify is True:
             self._check_restored(app_state, strict)

@@ -206,12 +206,12 @@ def test_a_restore_heals_a_truncated_or_deleted_local_pack(tmp_path: Path, harm:
 def test_the_restore_heals_in_its_own_pass_without_running_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, atomic: bool
 ) -> None:
-    import ckstore.snapshot as snapshot_mod
+    import ckstore._heal_verbs as heal_verbs
 
     def again(*args: object) -> None:
         raise AssertionError("the restore ran again instead of healing as it read")
 
-    monkeypatch.setattr(snapshot_mod, "heal_restore", again)
+    monkeypatch.setattr(heal_verbs, "heal_restore", again)
     store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
     try:
         fill(store, "r", [1, 2])
@@ -245,3 +245,27 @@ def test_a_damaged_base_of_deltas_heals_and_its_deltas_read_again(tmp_path: Path
         assert store.check(read_data=True).ok
     finally:
         store.close()
+
+
+def _restore_on_rank(rank: int, world: int, path: str) -> bool:
+    import warnings
+
+    warnings.simplefilter("ignore", ckstore.HealedWarning)
+    want = state_for(2)
+    out = {"m": ckstore.StateDict({k: torch.zeros_like(v) for k, v in want.items()})}
+    with ckstore.open(path) as store:
+        store.get("r@2").restore(out)
+    return all(torch.equal(out["m"][k], v) for k, v in want.items())
+
+
+def test_a_distributed_restore_heals_on_the_rank_that_reads_the_chunk(tmp_path: Path) -> None:
+    from tests.support.ranks import run_ranks, values
+
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    fill(store, "r", [1, 2])
+    assert store.wait_pushed(timeout=60)
+    _damage(store, tmp_path / "local", "r@2", n=3)
+    store.close()
+    assert values(run_ranks(_restore_on_rank, 2, tmp_path, str(tmp_path / "local"))) == [True] * 2
+    with ckstore.open(tmp_path / "local") as again:
+        assert again.check(read_data=True).ok
