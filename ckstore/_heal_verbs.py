@@ -105,7 +105,10 @@ class RestoreHealer:
             if chunk_id not in rows:
                 return False
             chain = [link.chunk_id for link in to_location(rows[chunk_id], rows).chain()]
-            bad = damaged(repo, chain)
+            if chunk_id in self.healed:  # by another thread meanwhile
+                return True
+            # a whole chunk the fetcher found damaged is; a chain's links are read to find which
+            bad = [chunk_id] if len(chain) == 1 else damaged(repo, chain)
             if not bad:  # healed by another thread meanwhile, or not damaged here
                 return any(c in self.healed for c in chain)
             done = heal(repo, bad)

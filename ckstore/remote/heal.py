@@ -8,9 +8,10 @@ its chunks. :func:`heal` brings such chunks back:
 1. :func:`damaged` reads each chunk asked about here, verified against its id; those that
    fail (or whose pack is gone) are the damaged ones.
 2. For each damaged chunk, each remote (the one named, else every configured one, in order)
-   is asked where it holds the chunk; its bytes are read there and checked against the
-   chunk's id (:func:`ckstore.objects.received.matches_id`: the remote's own rows and digests
-   prove nothing). A remote that lacks it, or whose copy is damaged too, is passed over.
+   is asked where it holds the chunk; its bytes are read there, decoded (a delta through the
+   remote's chain) and hashed against the id this store asked for (``read_chunk`` without a
+   check: BLAKE3 against the id; the remote's own digests prove nothing, I7). A remote that
+   lacks it, or whose copy is damaged too, is passed over.
 3. The verified bytes are encoded here as a whole chunk (never a delta: the base may be the
    damaged one) into a new local pack, made durable; then one index transaction per damaged
    pack points the chunks' rows at the new pack, each a compare-and-swap on the old pack (a
@@ -40,7 +41,6 @@ from ..errors import (
 )
 from ..index import ChunkRecord, PackRecord, RemoteRecord
 from ..objects.codecs import encode
-from ..objects.received import matches_id
 from . import config
 
 if TYPE_CHECKING:
@@ -146,13 +146,10 @@ def _fetch(
             rec = rows.get(cid)
             if rec is None:
                 continue
-            try:
-                raw = bytes(there.objects.read_chunk(to_location(rec, rows)))
+            try:  # decoded there and hashed against the id asked for, not the remote's word
+                got[cid] = bytes(there.objects.read_chunk(to_location(rec, rows)))
             except CkstoreError as exc:
                 log.warning("chunk %s is damaged at remote %r too: %s", cid, name, exc)
-                continue
-            if matches_id(cid, "none", raw, len(raw)):  # its id, not the remote's word
-                got[cid] = raw
     finally:
         there.close()
     return got
