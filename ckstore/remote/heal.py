@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ from . import config
 if TYPE_CHECKING:
     from ..engine.interfaces import ProofIndex, TierIndex
     from ..engine.repository import Repository
+    from ..objects import PackWriter
 
 log = logging.getLogger("ckstore")
 
@@ -78,10 +79,11 @@ def damaged(local: Repository, chunk_ids: Iterable[str]) -> list[str]:
         StorageError: the store cannot be read (other than a missing pack).
     """
     index: TierIndex = local.index
+    ids = sorted(set(chunk_ids))
     evicted = index.remote_pack_ids()
-    rows = index.chunk_locations(chunk_ids)
+    rows = index.chunk_locations(ids)
     bad = []
-    for cid in sorted(set(chunk_ids)):
+    for cid in ids:
         rec = rows.get(cid)
         if rec is None or rec.pack_id in evicted:
             continue
@@ -111,34 +113,42 @@ def heal(local: Repository, chunk_ids: Iterable[str], remote: str | None = None)
             "healing writes a pack here"
         )
     records = [config.get(index, remote)] if remote is not None else index.list_remotes()
-    fetched: dict[str, bytes] = {}
-    for record in records:
-        missing = [c for c in want if c not in fetched]
-        if not missing:
-            break
-        for cid, raw in _fetch(local, record.name, record, missing).items():
-            fetched[cid] = raw
-            report.healed[cid] = record.name
-    report.unrecoverable = [c for c in want if c not in fetched]
-    if fetched:
-        moved = _write_back(local, fetched)
-        for cid in set(fetched) - moved:  # moved meanwhile: its new place is not ours to judge
-            report.healed.pop(cid, None)
+    old = index.chunk_locations(want)  # the rows to switch, as they are before the fetch
+    writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
+    try:
+        for record in records:  # each chunk written as it arrives: memory stays one chunk
+            missing = [c for c in want if c not in report.healed]
+            if not missing:
+                break
+            for cid, raw in _fetch(local, record, missing):
+                codec, payload = encode(raw, 1, False)
+                writer.add(cid, codec, payload, len(raw))
+                report.healed[cid] = record.name
+    except BaseException:
+        writer.abort()
+        raise
+    report.unrecoverable = [c for c in want if c not in report.healed]
+    if not report.healed:
+        writer.abort()
+        return report
+    moved = _switch(local, writer, old)
+    for cid in set(report.healed) - moved:  # moved meanwhile: its new place is not ours to judge
+        report.healed.pop(cid)
     return report
 
 
 def _fetch(
-    local: Repository, name: str, record: RemoteRecord, chunk_ids: list[str]
-) -> dict[str, bytes]:
-    """The raw bytes of the chunks of ``chunk_ids`` remote ``name`` holds, each verified
-    against its id; a remote that cannot be opened or read gives nothing (logged)."""
+    local: Repository, record: RemoteRecord, chunk_ids: list[str]
+) -> Iterator[tuple[str, bytes]]:
+    """The raw bytes of the chunks of ``chunk_ids`` remote ``record`` holds, each verified
+    against its id, one at a time; a remote that cannot be opened or read gives nothing
+    (logged)."""
     index: TierIndex = local.index
     try:
         there = config.open_remote(index, record)
     except CkstoreError as exc:
-        log.warning("cannot heal from remote %r: %s", name, exc)
-        return {}
-    got: dict[str, bytes] = {}
+        log.warning("cannot heal from remote %r: %s", record.name, exc)
+        return
     try:
         theirs: ProofIndex = there.index
         rows = theirs.chunk_locations(chunk_ids)
@@ -147,27 +157,19 @@ def _fetch(
             if rec is None:
                 continue
             try:  # decoded there and hashed against the id asked for, not the remote's word
-                got[cid] = bytes(there.objects.read_chunk(to_location(rec, rows)))
+                raw = bytes(there.objects.read_chunk(to_location(rec, rows)))
             except CkstoreError as exc:
-                log.warning("chunk %s is damaged at remote %r too: %s", cid, name, exc)
+                log.warning("chunk %s is damaged at remote %r too: %s", cid, record.name, exc)
+                continue
+            yield cid, raw
     finally:
         there.close()
-    return got
 
 
-def _write_back(local: Repository, fetched: dict[str, bytes]) -> set[str]:
-    """Write ``fetched`` (verified raw bytes by chunk id) into a new durable local pack, then
-    switch their rows to it, per old pack; returns the ids whose rows were switched."""
+def _switch(local: Repository, writer: PackWriter, old: dict[str, ChunkRecord]) -> set[str]:
+    """Make the new pack durable, then switch the rows of its chunks to it, per old pack (each
+    a compare-and-swap on the row's old place); returns the ids whose rows were switched."""
     index: TierIndex = local.index
-    old = index.chunk_locations(list(fetched))
-    writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
-    try:
-        for cid, raw in fetched.items():
-            codec, payload = encode(raw, 1, False)
-            writer.add(cid, codec, payload, len(raw))
-    except BaseException:
-        writer.abort()
-        raise
     done = writer.finish()  # durable first...
     assert done is not None
     new_id, size, locs = done
