@@ -146,7 +146,13 @@ def heal_restore(view: SnapshotView, error: CorruptionError | ObjectNotFoundErro
     bad = damaged(repo, repo.index.snapshot_chunk_ids(view.record.id))
     if not bad:
         raise error
-    report = heal(repo, bad) if not repo.read_only else HealReport(unrecoverable=bad)
+    if repo.read_only:
+        raise type(error)(
+            f"{error}. Snapshot {_label(view)}: {len(bad)} chunk(s) are damaged here "
+            f"({_some(bad)}) and the store is open read-only: open it writable to heal them "
+            f"from a remote that holds them (`ckstore repair`), or {_fallback(view)}"
+        ) from error
+    report = heal(repo, bad)
     if report.unrecoverable:
         raise type(error)(
             f"{error}. Snapshot {_label(view)} cannot be read from any tier: "

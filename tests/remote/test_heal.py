@@ -269,3 +269,14 @@ def test_a_distributed_restore_heals_on_the_rank_that_reads_the_chunk(tmp_path: 
     assert values(run_ranks(_restore_on_rank, 2, tmp_path, str(tmp_path / "local"))) == [True] * 2
     with ckstore.open(tmp_path / "local") as again:
         assert again.check(read_data=True).ok
+
+
+def test_a_read_only_store_names_the_damage_and_how_to_heal_it(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    fill(store, "r", [1, 2])
+    assert store.wait_pushed(timeout=60)
+    _damage(store, tmp_path / "local", "r@2")
+    store.close()
+    with ckstore.open(tmp_path / "local", read_only=True) as ro:
+        with pytest.raises(ckstore.CorruptionError, match=r"r@2.*read-only.*ckstore repair.*r@1"):
+            restores(ro, "r@2", 2)
