@@ -34,6 +34,7 @@ from .errors import (
     DistributedError,
     GuardError,
     GuardWarning,
+    HealedWarning,
     IndexCorruptionError,
     IndexDatabaseError,
     InvalidInputError,
@@ -67,7 +68,8 @@ if TYPE_CHECKING:
     from .engine.take.blocking import BlockingReport
     from .format.manifest import TensorEntry, ValueEntry
     from .interval import TakeInterval
-    from .snapshot import PendingSnapshot, StoredSnapshot
+    from .pending import PendingSnapshot
+    from .snapshot import StoredSnapshot
     from .store import Store
     from .torchsnapshot import Snapshot
 
@@ -79,7 +81,7 @@ _LAZY = {
     "TakeInterval": "interval",
     "TensorEntry": "format.manifest",
     "ValueEntry": "format.manifest",
-    "PendingSnapshot": "snapshot",
+    "PendingSnapshot": "pending",
     "Snapshot": "torchsnapshot",
     "StoredSnapshot": "snapshot",
     "RNGState": "engine.stateful",
@@ -124,6 +126,7 @@ __all__ = [
     "DistributedError",
     "GuardError",
     "GuardWarning",
+    "HealedWarning",
     "IndexCorruptionError",
     "IndexDatabaseError",
     "InvalidInputError",

@@ -116,7 +116,9 @@ class RemoteVerbs:
         """Bring snapshots of remote ``remote_name`` here: those ``refs`` name there, or every run
         and tag (as :meth:`push`, the other way). Every payload read from the remote is decoded
         and hashed against its chunk id (a delta onto this store's copy of its base) before it
-        is stored: a digest the remote supplies proves nothing.
+        is stored: a digest the remote supplies proves nothing. A snapshot ``refs`` names that
+        is here already has its local chunks read, and those found damaged are fetched again
+        from the remote and healed (``chunks_healed``, counted in ``chunks_sent``).
 
         Raises:
             NotFoundError: no remote of that name, or no store at its URL.

@@ -186,6 +186,12 @@ class ReplicaDivergenceWarning(GuardWarning):
     committed and recorded unhealthy."""
 
 
+class HealedWarning(UserWarning):
+    """A restore found damaged local chunks and healed them from a remote that holds them
+    (verified against their ids, written into a new local pack): the restore went on and is
+    bit-exact. The message names the snapshot, the chunks and the remotes."""
+
+
 class MetadataWarning(UserWarning):
     """A take's ``metadata`` held a value JSON cannot carry as given: a NaN or infinite float
     (a NaN loss, say), recorded as null. The message names each path; the snapshot is

@@ -10,15 +10,14 @@ for both.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import _takes
+from ._heal_verbs import RestoreHealer, with_healing
 from .distributed import is_distributed
 from .engine.progress import ProgressFn
-from .engine.take.blocking import BlockingReport
 from .engine.view import SnapshotFields, SnapshotView
 from .errors import CorruptionError, InvalidInputError
 from .format.health import Health, of_header
@@ -210,6 +209,12 @@ class StoredSnapshot(SnapshotFields):
         ``replicated_read`` (default ``$CKSTORE_REPLICATED_READ`` or ``"once"``): ``"once"``
         reads each chunk once in the job as above (``"broadcast"`` means the same); ``"each"``
         lets every rank read everything it needs itself (no exchange).
+        A chunk that fails its check on a store with remotes (a two-tier store's tier remote,
+        or any remote that holds it) is fetched from the remote, verified against its id,
+        written into a new local pack, read there, and the restore goes on, bit-exact; a
+        :class:`~ckstore.HealedWarning` names the chunks and the remote (under torch.distributed,
+        on the rank that read them). Without a remote holding a sound copy, CorruptionError
+        names the snapshot and offers the run's previous healthy snapshot.
         Every chunk read is checked by default against the fast check its manifest records
         beside its id (XXH3-64 of its raw bytes: it covers the stored bytes and the decoder;
         docs/RELIABILITY.md, I3). ``verify="full"`` re-hashes every chunk read with BLAKE3
@@ -237,7 +242,8 @@ class StoredSnapshot(SnapshotFields):
                 ``torch.compile``'d module's ``_orig_mod.`` keys get the fix), or meta tensors
                 were not materialised (see above).
             InvalidInputError: ``cast=True`` with ``verify=True``, or under torch.distributed.
-            CorruptionError: stored bytes are damaged (the key is named).
+            CorruptionError: stored bytes are damaged and no remote holds a sound copy (the
+                key, or the snapshot and the chunks, are named).
             DistributedError: a rank failed (distributed restore; names ranks and causes);
                 RankLostError when a rank never answered within ``dist_timeout``.
         """
@@ -267,6 +273,7 @@ class StoredSnapshot(SnapshotFields):
         view = self._view()
         budget = view.repo.memory_budget if memory_budget is None else memory_budget
         checking = "full" if verify == "full" else "fast"
+        healer = RestoreHealer(view)
         with view.repo.activity():  # background compaction of this process waits meanwhile
             if is_distributed():  # the job reads the manifest (each rank: what it needs) once
                 from .distributed.restore import restore as dist_restore
@@ -282,13 +289,21 @@ class StoredSnapshot(SnapshotFields):
                     atomic=atomic,
                     on_progress=progress,
                     verify=checking,
+                    heal=healer,
                 )
             else:
-                reader = Reader.of(view, progress=progress, verify=checking)
-                if is_dcp_manifest(reader.manifest):
-                    overlay = dcp_overlay(reader.manifest, app_state, strict)
-                    reader = replace(reader, manifest=overlay)
-                restore(reader, app_state, strict=strict, budget=budget, atomic=atomic, cast=cast)
+
+                def once() -> None:
+                    reader = Reader.of(view, progress=progress, verify=checking, heal=healer)
+                    if is_dcp_manifest(reader.manifest):
+                        overlay = dcp_overlay(reader.manifest, app_state, strict)
+                        reader = replace(reader, manifest=overlay)
+                    restore(
+                        reader, app_state, strict=strict, budget=budget, atomic=atomic, cast=cast
+                    )
+
+                with_healing(view, once)
+        healer.report()
         _takes.loaded(view.repo, view.record.id)
         if verify is True:
             self._check_restored(app_state, strict)
@@ -435,56 +450,3 @@ class StoredSnapshot(SnapshotFields):
 
     def __repr__(self) -> str:
         return f"Snapshot({self.ref}, store={self._view().repo.url!r})"
-
-
-class PendingSnapshot:
-    """A take running in the background (TorchSnapshot's ``PendingSnapshot``).
-
-    ``staged_bytes``: tensor bytes copied to finish in the background; ``sync_bytes``: bytes
-    past the staging budget, stored before ``async_take`` returned; ``blocking``: how long the
-    call blocked and why, and what another state size or budget would block for
-    (:class:`~ckstore.engine.take.blocking.BlockingReport`; None for a distributed take).
-    """
-
-    def __init__(
-        self,
-        future: Future[Any],
-        staged_bytes: int = 0,
-        sync_bytes: int = 0,
-        blocking: BlockingReport | None = None,
-    ) -> None:
-        self._future = future
-        self.staged_bytes = staged_bytes
-        self.sync_bytes = sync_bytes
-        self.blocking = blocking
-
-    @classmethod
-    def of(
-        cls,
-        job: Future[tuple[SnapshotRecord, Manifest | None]],
-        handle: Callable[[SnapshotRecord, Manifest | None], Any],
-        staged_bytes: int = 0,
-        sync_bytes: int = 0,
-        blocking: BlockingReport | None = None,
-    ) -> PendingSnapshot:
-        """A background take whose committed ``(record, manifest)`` becomes ``handle(...)``."""
-        future: Future[Any] = Future()
-
-        def bind(done: Future[tuple[SnapshotRecord, Manifest | None]]) -> None:
-            exc = done.exception()
-            if exc is not None:
-                future.set_exception(exc)
-            else:
-                future.set_result(handle(*done.result()))
-
-        job.add_done_callback(bind)
-        return cls(future, staged_bytes, sync_bytes, blocking)
-
-    def done(self) -> bool:
-        """True once the snapshot committed or failed."""
-        return self._future.done()
-
-    def wait(self, timeout: float | None = None) -> StoredSnapshot:
-        """Block until committed; return the snapshot or raise the take's error."""
-        result: StoredSnapshot = self._future.result(timeout)
-        return result

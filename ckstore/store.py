@@ -9,6 +9,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from . import _remote_verbs, _takes
+from ._heal_verbs import HealVerbs
 from ._history_verbs import HistoryVerbs
 from ._ref_verbs import RefVerbs
 from ._usage_verbs import UsageVerbs
@@ -22,7 +23,8 @@ from .errors import SnapshotNotFoundError
 from .format.manifest import Manifest
 from .history.compact import attach as attach_compaction
 from .index import SnapshotRecord
-from .snapshot import PendingSnapshot, StoredSnapshot
+from .pending import PendingSnapshot
+from .snapshot import StoredSnapshot
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -34,7 +36,7 @@ _REQUIRED: Any = object()
 """``Store.get`` without a default: a ref that names nothing raises."""
 
 
-class Store(HistoryVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs):
+class Store(HistoryVerbs, HealVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteVerbs, Knobs):
     """A content-addressed checkpoint store. Build one with :func:`ckstore.open`.
 
     Thread-safe for concurrent takes and reads from one process; many processes and hosts may

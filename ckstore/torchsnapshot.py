@@ -32,7 +32,8 @@ from .engine.view import SnapshotView
 from .errors import AppNotFoundError, KeyNotFoundError
 from .format.manifest import Entry, Manifest
 from .index import SnapshotRecord
-from .snapshot import PendingSnapshot, StoredSnapshot
+from .pending import PendingSnapshot
+from .snapshot import StoredSnapshot
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

@@ -53,6 +53,7 @@ from ._log import LOG, LS, SHOW
 from ._maintenance import CHECK, COMPACT, DU, GC, MIGRATE, REINDEX, gc_policy
 from ._refs import RM, TAG
 from ._remote import CLONE, PULL, PUSH, REMOTE
+from ._repair import REPAIR
 from ._setup import DEMO, INIT
 from ._ui import UI
 from ._verify import VERIFY
@@ -87,7 +88,7 @@ DEBUG_ENV = "CKSTORE_DEBUG"
 """Set to 1 to let an unexpected error (a bug) end in its traceback instead of one line."""
 
 COMMANDS: tuple[Command, ...] = (
-    INIT, LOG, SHOW, LS, CAT, DIFF, TAG, RM, GC, COMPACT, CHECK, DU, IMPORT, EXPORT, VERIFY,
+    INIT, LOG, SHOW, LS, CAT, DIFF, TAG, RM, GC, COMPACT, CHECK, REPAIR, DU, IMPORT, EXPORT, VERIFY,
     REMOTE, PUSH, PULL, CLONE, REINDEX, MIGRATE, UI, COMPLETION, DEMO,
 )  # fmt: skip
 """Every command, in the order ``ckstore --help`` lists them; each record lives beside its

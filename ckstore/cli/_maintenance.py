@@ -282,6 +282,11 @@ def _grace_note(d: dict[str, Any]) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.repair:  # `check --read-data --repair` is `repair`
+        from ._repair import cmd_repair
+
+        args.remote = None
+        return cmd_repair(args)
     with open_store(args) as store:
         report = store.check(
             read_data=args.read_data, progress=lambda it: fmt.progress(it, "packs")
@@ -340,12 +345,23 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
         help="also read packs whole: each must hash to its name and each chunk in it to its "
         "id (all packs, or this random fraction of them, at least one)",
     )
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="read every pack and heal each damaged chunk from a remote that holds it, as "
+        "`ckstore repair` does (exit 1 if damage stays)",
+    )
 
 
 CHECK = Command(
     "check",
     "verify the store's integrity (exit 1 on problems)",
-    ("ckstore check", "ckstore check --read-data", "ckstore check --read-data 0.1 --json"),
+    (
+        "ckstore check",
+        "ckstore check --read-data",
+        "ckstore check --read-data 0.1 --json",
+        "ckstore check --read-data --repair",
+    ),
     cmd_check,
     _check_arguments,
 )

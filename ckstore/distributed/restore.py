@@ -45,6 +45,7 @@ import torch
 
 from ..engine.config import restore_budget
 from ..engine.progress import ProgressFn
+from ..engine.restore.fetch import Healer
 from ..engine.restore.jobs import Job, Region
 from ..engine.restore.phases import Prepared, apply, destination_bytes, prepare, validate
 from ..engine.restore.reader import Reader
@@ -88,12 +89,14 @@ def restore(
     atomic: bool = True,
     on_progress: ProgressFn | None = None,
     verify: str = "fast",
+    heal: Healer | None = None,
 ) -> None:
     """Restore ``view``'s snapshot into ``app_state`` on every rank of ``pg`` (see the module
     docstring); every rank loads, or every rank raises DistributedError. ``on_progress`` is
     told each pass's bytes (as :meth:`StoredSnapshot.restore`'s ``progress``); ``verify`` is
     how each chunk read is checked (:class:`~ckstore.engine.restore.reader.Reader`: ``"fast"``
-    its check, ``"full"`` BLAKE3 against its id as well)."""
+    its check, ``"full"`` BLAKE3 against its id as well); ``heal`` heals a chunk the rank
+    reading it finds damaged or missing, before that rank sends it on."""
     mode = replicated_mode(replicated_read)
     comm = Comm(pg, timeout)
     what = f"distributed restore of snapshot {view.ref}"
@@ -110,6 +113,7 @@ def restore(
             rank=comm.rank,
             progress=on_progress,
             verify=verify,
+            heal=heal,
         )
         if not once:
             with phase(comm, "read", what, collect="none"):

@@ -391,8 +391,9 @@ def _read_data(
     progress: Callable[[Iterable[Any]], Iterable[Any]],
     chunks: dict[str, ChunkRecord],
 ) -> None:
-    """Scan ``pack_ids`` whole. A delta the index no longer places in its pack is garbage gc
-    left there (the pack is live enough to keep): its base may be gone, which is no damage."""
+    """Scan ``pack_ids`` whole. A chunk the index no longer places in its pack is garbage gc
+    left there (the pack is live enough to keep): a delta whose base is gone, or a damaged copy
+    healed into another pack (``Store.repair``), which is no damage."""
     known: dict[str, ChunkRecord] = {}
     index: CheckIndex = repo.index
 
@@ -416,9 +417,8 @@ def _read_data(
         report.chunks_read += scan.chunks_read
         report.bytes_read += scan.bytes_read
         for p in scan.problems:
-            dead = p.kind == "missing-base" and (
-                p.object not in chunks or chunks[p.object].pack_id != pack_id
-            )
+            elsewhere = p.object in chunks and chunks[p.object].pack_id != pack_id
+            dead = elsewhere or (p.kind == "missing-base" and p.object not in chunks)
             if p.kind != "pack-id" and not dead:  # the structure pass reported pack-id already
                 report.add(p.kind, p.object, p.message)
         damaged = {p.object for p in scan.problems}

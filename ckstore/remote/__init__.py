@@ -6,16 +6,18 @@ the snapshots and tags to send, :mod:`.copy` sends the chunks the other side lac
 :mod:`.transfer` commits each snapshot there in the destination's crash order. The two-tier
 store (``ckstore.open(..., push_to=...)``) adds :mod:`.uploader` (a background push after every
 commit), :mod:`.tier` (reads of chunks the local tier evicted go to the remote) and
-:mod:`.evict` (the local budget) with :mod:`.hydrate` (its inverse).
+:mod:`.evict` (the local budget) with :mod:`.hydrate` (its inverse); :mod:`.heal` brings back
+damaged local chunks from a remote that holds them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..engine.progress import ProgressFn
-from . import config, hydrate, twotier
+from . import config, heal, hydrate, twotier
 from .select import Selection, select
 from .transfer import TransferReport, transfer
 
@@ -23,10 +25,13 @@ if TYPE_CHECKING:
     from ..engine.interfaces import RemoteIndex
     from ..engine.repository import Repository
 
+log = logging.getLogger("ckstore")
+
 __all__ = [
     "Selection",
     "TransferReport",
     "config",
+    "heal",
     "hydrate",
     "pull",
     "push",
@@ -96,6 +101,8 @@ def pull(
     source: Repository | None = None,
 ) -> TransferReport:
     """Bring the snapshots ``refs`` name at remote ``name`` (none: every run and tag) here.
+    Of the snapshots ``refs`` name that are here already, the chunks whose local bytes are
+    damaged are sent again (healed, :mod:`.heal`; ``chunks_healed``).
     ``source``: the remote's repository, open already (a clone's; left open), else it is opened.
 
     Raises:
@@ -110,7 +117,7 @@ def pull(
     src = source if source is not None else config.open_remote(index, remote)
     try:
         selection = select(src.index, refs)
-        return transfer(
+        report = transfer(
             src,
             local,
             selection,
@@ -120,6 +127,34 @@ def pull(
             progress=progress,
             record=lambda ids: index.mark_pushed(name, ids),
         )
+        if refs:
+            _heal_present(local, name, selection, report)
+        return report
     finally:
         if source is None:
             src.close()
+
+
+def _heal_present(
+    local: Repository, name: str, selection: Selection, report: TransferReport
+) -> None:
+    """The snapshots a pull named that were here already: their damaged local chunks are sent
+    again from remote ``name`` (verified against their ids), so a pull of a snapshot whose
+    local copy is damaged does not answer "nothing to send"."""
+    present = [s.id for s in selection.snapshots if s.id not in report.snapshots_sent]
+    index: RemoteIndex = local.index
+    wanted: set[str] = set()
+    for sid in present:
+        wanted |= index.snapshot_chunk_ids(sid)
+    bad = heal.damaged(local, wanted)
+    if bad:
+        healed = heal.heal(local, bad, name)
+        report.chunks_healed = sorted(healed.healed)
+        report.stats.count(chunks_sent=len(healed.healed))
+        if healed.unrecoverable:
+            log.warning(
+                "pull from %r: %d damaged local chunk(s) the remote holds no sound copy of: %s",
+                name,
+                len(healed.unrecoverable),
+                ", ".join(c[:16] for c in healed.unrecoverable[:8]),
+            )

@@ -71,6 +71,9 @@ class TransferReport:
     """Tags the destination holds at another snapshot (moved only with ``force``)."""
     snapshots_damaged: list[str] = field(default_factory=list)
     """Snapshots not sent: a chunk or the manifest they need is damaged at the source."""
+    chunks_healed: list[str] = field(default_factory=list)
+    """Chunks of snapshots held here already whose local bytes were damaged, sent again from
+    the remote (a pull naming them; counted in ``chunks_sent`` too)."""
     stats: CopyStats = field(default_factory=CopyStats)
     manifest_bytes: int = 0
     seconds: float = 0.0
@@ -87,6 +90,7 @@ class TransferReport:
             "tags_set": list(self.tags_set),
             "tags_rejected": list(self.tags_rejected),
             "snapshots_damaged": list(self.snapshots_damaged),
+            "chunks_healed": list(self.chunks_healed),
         }
         d.update(self.stats.to_dict())
         d["manifest_bytes"] = self.manifest_bytes

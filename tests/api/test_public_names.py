@@ -47,6 +47,7 @@ BUILTIN: dict[type, type] = {
     errors.ReplicaDivergenceWarning: UserWarning,
     errors.MetadataWarning: UserWarning,
     errors.ResaveWarning: UserWarning,
+    errors.HealedWarning: UserWarning,
     errors.DistributedError: Exception,  # another rank failed: no builtin says that
     errors.RankLostError: TimeoutError,
 }

@@ -60,10 +60,12 @@ ALLOWED: dict[str, set[str]] = {
 }
 FACADE = {
     "ckstore",
+    "ckstore._heal_verbs",
     "ckstore._history_verbs",
     "ckstore.interval",
     "ckstore._locate",
     "ckstore._open",
+    "ckstore.pending",
     "ckstore._ref_verbs",
     "ckstore._remote_verbs",
     "ckstore._takes",

@@ -53,16 +53,13 @@ from ..interfaces import LocationIndex
 from ..locations import to_location
 from ..progress import ProgressFn, meter
 from .jobs import Job, raw_bytes
+from .readahead import ReadAhead
 from .staging import Arena, Pools, arena_copier
 
 INLINE_BYTES = 4 << 20
 """A pass over fewer raw bytes than this runs on the calling thread: starting the worker threads
 (and their read buffers) would cost more than it saves. Measured on 2 cores: a 1 MiB state
 restored in 17.5 ms on 2 threads and 10.7 ms on one; at 8 MiB 2 threads win."""
-
-READ_AHEAD = 64 << 20
-"""Stored bytes the first pass over a local store asks the kernel to read ahead of the chunks
-being checked (``Backend.prefetch``): enough to keep the disk busy while the threads work."""
 
 
 _SKIP_CHECKS = [False]
@@ -87,6 +84,13 @@ class ChunkSource(Protocol):
     def get(self, cid: str) -> memoryview | None:
         """The chunk's ``raw_length`` decoded bytes, or None when this source lacks it."""
         ...
+
+
+Healer = Callable[[str], bool]
+"""Given the id of a chunk that failed its check or whose pack is gone, writes a sound copy of
+it (and of any damaged base of its delta chain) into this store and points the index at it;
+True when it did (the chunk is then read again at its new place), False when it could not.
+Called from the fetcher's threads; it serialises itself."""
 
 
 @dataclass
@@ -114,9 +118,12 @@ class Fetcher:
         threads: int,
         progress: ProgressFn | None = None,
         verify: str = "fast",
+        heal: Healer | None = None,
     ) -> None:
         self.objs, self.index, self.where, self.threads = objs, index, where, max(1, threads)
         self.progress = progress
+        self.heal = heal
+        """Heals a chunk found damaged or missing (:data:`Healer`); None: it raises."""
         self.full = verify == "full"
         """Verify every chunk against its id (BLAKE3), not against its check."""
         self._skip = _SKIP_CHECKS[0]
@@ -309,16 +316,23 @@ class Fetcher:
         """Run ``fn`` (which reads ``job.loc`` when it runs) for ``job``: a pack gone since the
         chunk was located is looked up again (:meth:`_moved`) and ``fn`` runs again at the
         chunk's new place, or ``moved`` runs instead when its payload is not the one read before
-        (compaction re-encoded it). Damage raises naming the key (and, unless ``fn`` was
-        ``writing`` into a destination, saying nothing was restored)."""
+        (compaction re-encoded it). A chunk still damaged or missing is healed when a
+        :data:`Healer` can (then read again at its new place: ``moved`` when given, the first
+        pass's checks no longer covering it); else damage raises naming the key (and, unless
+        ``fn`` was ``writing`` into a destination, saying nothing was restored)."""
         try:
             try:
-                return fn()
-            except ObjectNotFoundError:
-                how = self._moved(job)
-                if how is None:
+                try:
+                    return fn()
+                except ObjectNotFoundError:
+                    how = self._moved(job)
+                    if how is None:
+                        raise
+                    return moved() if how == "re-encoded" and moved is not None else fn()
+            except (CorruptionError, ObjectNotFoundError):
+                if self.heal is None or not self.heal(job.cid) or self._moved(job) is None:
                     raise
-                return moved() if how == "re-encoded" and moved is not None else fn()
+                return moved() if moved is not None else fn()
         except CorruptionError as exc:
             done = "" if writing else " nothing was restored."
             raise CorruptionError(
@@ -395,7 +409,7 @@ class Fetcher:
         gauge = (
             meter(self.progress, what, sum(raw_bytes(j) for j in jobs)) if what and jobs else None
         )
-        hints = _ReadAhead(self.objs, jobs) if ahead and jobs else None
+        hints = ReadAhead(self.objs, jobs) if ahead and jobs else None
         inner = fn
 
         def each(job: Job, i: int) -> None:
@@ -415,33 +429,6 @@ class Fetcher:
             )
         for _ in self._executor.map(each, jobs, range(len(jobs))):
             pass
-
-
-class _ReadAhead:
-    """Prefetch hints for a list of jobs in the order they run: by the time job ``i`` starts,
-    the payloads of the jobs up to :data:`READ_AHEAD` stored bytes past it were hinted."""
-
-    def __init__(self, objs: objects.ObjectStore, jobs: list[Job]) -> None:
-        self._objs, self._jobs = objs, jobs
-        self._next = 0  # the first job not hinted yet
-        self._lock = threading.Lock()
-
-    def upto(self, i: int) -> None:
-        todo: list[objects.ChunkLocation] = []
-        with self._lock:
-            span = sum(_stored(self._jobs[k]) for k in range(i, self._next))
-            while self._next < len(self._jobs) and (self._next <= i or span < READ_AHEAD):
-                loc = self._jobs[self._next].loc
-                if loc is not None:
-                    todo.append(loc)
-                span += _stored(self._jobs[self._next])
-                self._next += 1
-        for loc in todo:
-            self._objs.prefetch(loc)
-
-
-def _stored(job: Job) -> int:
-    return sum(link.length for link in job.loc.chain()) if job.loc is not None else 0
 
 
 def _distinct(jobs: list[Job]) -> list[Job]:

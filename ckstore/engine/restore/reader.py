@@ -18,7 +18,7 @@ from ...format.manifest import Entry, Manifest, PerRankEntry, TensorEntry, Value
 from ...format.tensors import empty_for, from_bytes
 from ..interfaces import LocationIndex
 from ..progress import ProgressFn
-from .fetch import Fetcher
+from .fetch import Fetcher, Healer
 from .jobs import Job, Region, plan_jobs, slices
 
 if TYPE_CHECKING:
@@ -45,6 +45,9 @@ class Reader:
     verify: str = "fast"
     """``"fast"``: each chunk's decoded bytes are verified against its check from the manifest
     (its id where it has none); ``"full"``: against its id (BLAKE3), as at a trust boundary."""
+    heal: Healer | None = None
+    """Heals a chunk that failed its check or whose pack is gone (the fetcher then reads it
+    again at its new place); None: such a chunk raises at once."""
 
     @classmethod
     def of(cls, view: SnapshotView, **kw: Any) -> Reader:
@@ -78,7 +81,15 @@ class Reader:
         return not isinstance(entry, PerRankEntry) or (self.rank or 0) < entry.world_size
 
     def fetcher(self) -> Fetcher:
-        return Fetcher(self.objs, self.index, self.where, self.threads, self.progress, self.verify)
+        return Fetcher(
+            self.objs,
+            self.index,
+            self.where,
+            self.threads,
+            self.progress,
+            self.verify,
+            heal=self.heal,
+        )
 
     def read_tensors(self, keys: list[str]) -> dict[str, torch.Tensor]:
         """Return a new CPU tensor per key, each chunk re-hashed against its id."""

@@ -1,0 +1,206 @@
+"""Damaged local chunks healed from a remote: ``Store.repair``, and a restore's own healing.
+
+:class:`HealVerbs` is mixed into :class:`ckstore.Store`; :class:`RestoreHealer` heals the
+chunks a restore's fetcher finds damaged while it runs, and :func:`heal_restore` is what a
+restore that still failed calls before it gives up. The work is in :mod:`ckstore.remote.heal`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .engine.locations import to_location
+from .errors import CorruptionError, HealedWarning, ObjectNotFoundError, warn
+from .history.check import CheckReport
+from .history.check import check as history_check
+from .remote.heal import HealReport, damaged, heal
+
+if TYPE_CHECKING:
+    from .engine.repository import Repository
+    from .engine.view import SnapshotView
+
+MAX_NAMED = 8
+"""Chunks and keys a message names (the report holds them all)."""
+
+
+@dataclass
+class RepairReport:
+    """What :meth:`HealVerbs.repair` found and did: the chunks healed (id -> remote), those
+    no remote could give back, and the check after the repair (``ok``: nothing stays damaged)."""
+
+    healed: dict[str, str] = field(default_factory=dict)
+    unrecoverable: list[str] = field(default_factory=list)
+    check: CheckReport = field(default_factory=CheckReport)
+
+    @property
+    def ok(self) -> bool:
+        return self.check.ok and not self.unrecoverable
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "healed": dict(self.healed),
+            "unrecoverable": list(self.unrecoverable),
+            "problems": [p.message for p in self.check.problems],
+            "ok": self.ok,
+        }
+
+
+class HealVerbs:
+    """``repair``: every damaged local chunk brought back from a remote that holds it."""
+
+    _repo: Repository
+
+    def repair(
+        self,
+        remote: str | None = None,
+        progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+    ) -> RepairReport:
+        """Read every chunk of the store (as ``check(read_data=True)``), heal each damaged one
+        from ``remote`` (None: any configured remote that holds it; a two-tier store's tier
+        remote is one), verified against its id and written into a new local pack, then check
+        again.
+
+        Returns:
+            A :class:`RepairReport`: ``healed`` (chunk id -> remote), ``unrecoverable`` (no
+            remote holds a sound copy), and the check after the repair; ``ok`` is False when
+            anything stays damaged.
+
+        Raises:
+            NotFoundError: ``remote`` is named and not configured.
+            ReadOnlyStoreError: the store is open read-only and a chunk needs healing.
+        """
+        before = history_check(self._repo, read_data=True, progress=progress)
+        suspects = _suspects(self._repo, before)
+        healed = heal(self._repo, damaged(self._repo, suspects), remote)
+        after = before if not suspects else history_check(self._repo, read_data=True)
+        return RepairReport(dict(healed.healed), list(healed.unrecoverable), after)
+
+
+def _suspects(repo: Repository, report: CheckReport) -> set[str]:
+    """The chunks a check's problems name: the chunk itself, or every chunk of a pack named."""
+    chunks = {c.chunk_id: c.pack_id for c in repo.index.all_chunks()}
+    packs = {p.object for p in report.problems}
+    return {c for c, pack in chunks.items() if c in packs or pack in packs}
+
+
+class RestoreHealer:
+    """A restore's :data:`~ckstore.engine.restore.fetch.Healer`: a chunk its fetcher found
+    damaged or missing is healed, with any damaged base of its delta chain, from a configured
+    remote that holds it, while the restore goes on; :meth:`report` warns once after."""
+
+    def __init__(self, view: SnapshotView) -> None:
+        self.view = view
+        self.healed: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, chunk_id: str) -> bool:
+        repo = self.view.repo
+        with self._lock:  # one heal at a time: a chunk two threads need is healed once
+            if repo.read_only or not repo.index.list_remotes():
+                return False
+            rows = repo.index.chunk_locations([chunk_id])
+            if chunk_id not in rows:
+                return False
+            chain = [link.chunk_id for link in to_location(rows[chunk_id], rows).chain()]
+            if chunk_id in self.healed:  # by another thread meanwhile
+                return True
+            # a whole chunk the fetcher found damaged is; a chain's links are read to find which
+            bad = [chunk_id] if len(chain) == 1 else damaged(repo, chain)
+            if not bad:  # healed by another thread meanwhile, or not damaged here
+                return any(c in self.healed for c in chain)
+            done = heal(repo, bad)
+            self.healed.update(done.healed)
+            return bool(done.healed) and not done.unrecoverable
+
+    def report(self) -> None:
+        """Warn :class:`HealedWarning` naming what this restore healed, if anything."""
+        if self.healed:
+            _warn_healed(self.view, self.healed)
+
+
+def with_healing(view: SnapshotView, restore: Callable[[], None]) -> None:
+    """Run ``restore`` (of ``view``); when it still meets damage its fetcher could not heal,
+    :func:`heal_restore` and run it again (it raises when nothing can be healed)."""
+    try:
+        restore()
+    except (CorruptionError, ObjectNotFoundError) as exc:
+        heal_restore(view, exc)
+        restore()
+
+
+def heal_restore(view: SnapshotView, error: CorruptionError | ObjectNotFoundError) -> HealReport:
+    """Called when a restore of ``view`` raised ``error``: heal the snapshot's damaged chunks
+    from the store's remotes and warn (:class:`HealedWarning`, naming the chunks and remotes),
+    so the caller can restore again.
+
+    Raises:
+        CorruptionError, ObjectNotFoundError: ``error`` again when no chunk of the snapshot
+            reads back damaged or missing; one of its class naming the snapshot, the chunks no
+            remote could give back, and the run's previous healthy snapshot to restore
+            instead, when some stay damaged.
+    """
+    repo = view.repo
+    bad = damaged(repo, repo.index.snapshot_chunk_ids(view.record.id))
+    if not bad:
+        raise error
+    if repo.read_only:
+        raise type(error)(
+            f"{error}. Snapshot {_label(view)}: {len(bad)} chunk(s) are damaged here "
+            f"({_some(bad)}) and the store is open read-only: open it writable to heal them "
+            f"from a remote that holds them (`ckstore repair`), or {_fallback(view)}"
+        ) from error
+    report = heal(repo, bad)
+    if report.unrecoverable:
+        raise type(error)(
+            f"{error}. Snapshot {_label(view)} cannot be read from any tier: "
+            f"{len(report.unrecoverable)} "
+            f"chunk(s) are damaged here and no remote holds a sound copy "
+            f"({_some(report.unrecoverable)}); {_fallback(view)}"
+        ) from error
+    _warn_healed(view, report.healed)
+    return report
+
+
+def _warn_healed(view: SnapshotView, healed: dict[str, str]) -> None:
+    remotes = sorted(set(healed.values()))
+    warn(
+        HealedWarning(
+            f"snapshot {_label(view)}: {len(healed)} damaged chunk(s) healed from remote(s) "
+            f"{', '.join(remotes)} ({_some(list(healed))}); the local copy is sound again. "
+            "Run `ckstore repair` to heal the rest of the store"
+        )
+    )
+
+
+def _label(view: SnapshotView) -> str:
+    r = view.record
+    if not r.run:
+        return r.id[:12]
+    return f"{r.run}@{r.step} ({r.id[:12]})" if r.step is not None else f"{r.run} ({r.id[:12]})"
+
+
+def _some(ids: list[str]) -> str:
+    shown = ", ".join(i[:16] for i in ids[:MAX_NAMED])
+    return shown + (f" and {len(ids) - MAX_NAMED} more" if len(ids) > MAX_NAMED else "")
+
+
+def _fallback(view: SnapshotView) -> str:
+    """A sentence offering the run's newest healthy snapshot older than ``view``'s."""
+    r = view.record
+    if not r.run:
+        return "restore another snapshot, or re-take"
+    older = [
+        s
+        for s in view.repo.index.list_snapshots(r.run, healthy=True)
+        if s.id != r.id and s.created_at < r.created_at
+    ]
+    if not older:
+        return f"run {r.run!r} has no earlier healthy snapshot: re-take, or restore another run"
+    prev = older[0]
+    return (
+        f"restore the previous healthy snapshot instead: {r.run}@{prev.step} ({prev.id[:12]}); "
+        f"`ckstore repair --from REMOTE` heals it once a remote holds it"
+    )

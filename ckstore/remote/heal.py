@@ -1,0 +1,186 @@
+"""Heal damaged local chunks from a remote that holds them (docs/RELIABILITY.md, I7).
+
+A chunk whose local bytes fail their check (a flipped bit on disk, a truncated or deleted
+pack) is, on a store with remotes, often still whole at one of them: the tier remote of a
+two-tier store holds every pushed snapshot, and any remote a snapshot was pushed to holds
+its chunks. :func:`heal` brings such chunks back:
+
+1. :func:`damaged` reads each chunk asked about here, verified against its id; those that
+   fail (or whose pack is gone) are the damaged ones.
+2. For each damaged chunk, each remote (the one named, else every configured one, in order)
+   is asked where it holds the chunk; its bytes are read there, decoded (a delta through the
+   remote's chain) and hashed against the id this store asked for (``read_chunk`` without a
+   check: BLAKE3 against the id; the remote's own digests prove nothing, I7). A remote that
+   lacks it, or whose copy is damaged too, is passed over.
+3. The verified bytes are encoded here as a whole chunk (never a delta: the base may be the
+   damaged one) into a new local pack, made durable; then one index transaction per damaged
+   pack points the chunks' rows at the new pack, each a compare-and-swap on the old pack (a
+   chunk gc or compaction moved meanwhile is left alone), as compaction and gc do. Nothing is
+   overwritten in place: the damaged payload is garbage in its old pack, which gc repacks.
+
+Killed after the new pack is durable and before the rows switch, the new pack is an orphan
+gc removes, and the chunk is still damaged (a later read heals it again). Chunks evicted to a
+remote (their rows point at the remote's pack) are not local copies and are left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..engine.locations import to_location, to_records
+from ..errors import (
+    CkstoreError,
+    CorruptionError,
+    ObjectNotFoundError,
+    ReadOnlyStoreError,
+)
+from ..index import ChunkRecord, PackRecord, RemoteRecord
+from ..objects.codecs import encode
+from . import config
+
+if TYPE_CHECKING:
+    from ..engine.interfaces import ProofIndex, TierIndex
+    from ..engine.repository import Repository
+    from ..objects import PackWriter
+
+log = logging.getLogger("ckstore")
+
+
+@dataclass
+class HealReport:
+    """What :func:`heal` did: the chunks healed (id -> the remote their bytes came from) and
+    those no remote could give back."""
+
+    healed: dict[str, str] = field(default_factory=dict)
+    unrecoverable: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no chunk asked about stays damaged."""
+        return not self.unrecoverable
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+def damaged(local: Repository, chunk_ids: Iterable[str]) -> list[str]:
+    """The chunks of ``chunk_ids`` kept locally whose bytes cannot be read back verified
+    against their id (a delta counts as damaged when its base is); chunks the index does not
+    know or that were evicted to a remote are left out.
+
+    Raises:
+        StorageError: the store cannot be read (other than a missing pack).
+    """
+    index: TierIndex = local.index
+    ids = sorted(set(chunk_ids))
+    evicted = index.remote_pack_ids()
+    rows = index.chunk_locations(ids)
+    bad = []
+    for cid in ids:
+        rec = rows.get(cid)
+        if rec is None or rec.pack_id in evicted:
+            continue
+        try:
+            local.objects.read_chunk(to_location(rec, rows))
+        except (CorruptionError, ObjectNotFoundError):
+            bad.append(cid)
+    return bad
+
+
+def heal(local: Repository, chunk_ids: Iterable[str], remote: str | None = None) -> HealReport:
+    """Bring back the damaged local chunks ``chunk_ids`` from ``remote`` (None: any configured
+    remote that holds them), verified against their ids (module docstring).
+
+    Raises:
+        ReadOnlyStoreError: ``local`` is read-only and a chunk needs healing.
+        NotFoundError: ``remote`` is named and not configured.
+    """
+    index: TierIndex = local.index
+    want = sorted(set(chunk_ids))
+    report = HealReport()
+    if not want:
+        return report
+    if local.read_only:
+        raise ReadOnlyStoreError(
+            f"cannot heal {len(want)} damaged chunk(s) of {local.url}: {index.read_only}; "
+            "healing writes a pack here"
+        )
+    records = [config.get(index, remote)] if remote is not None else index.list_remotes()
+    old = index.chunk_locations(want)  # the rows to switch, as they are before the fetch
+    writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
+    try:
+        for record in records:  # each chunk written as it arrives: memory stays one chunk
+            missing = [c for c in want if c not in report.healed]
+            if not missing:
+                break
+            for cid, raw in _fetch(local, record, missing):
+                codec, payload = encode(raw, 1, False)
+                writer.add(cid, codec, payload, len(raw))
+                report.healed[cid] = record.name
+    except BaseException:
+        writer.abort()
+        raise
+    report.unrecoverable = [c for c in want if c not in report.healed]
+    if not report.healed:
+        writer.abort()
+        return report
+    moved = _switch(local, writer, old)
+    for cid in set(report.healed) - moved:  # moved meanwhile: its new place is not ours to judge
+        report.healed.pop(cid)
+    return report
+
+
+def _fetch(
+    local: Repository, record: RemoteRecord, chunk_ids: list[str]
+) -> Iterator[tuple[str, bytes]]:
+    """The raw bytes of the chunks of ``chunk_ids`` remote ``record`` holds, each verified
+    against its id, one at a time; a remote that cannot be opened or read gives nothing
+    (logged)."""
+    index: TierIndex = local.index
+    try:
+        there = config.open_remote(index, record)
+    except CkstoreError as exc:
+        log.warning("cannot heal from remote %r: %s", record.name, exc)
+        return
+    try:
+        theirs: ProofIndex = there.index
+        rows = theirs.chunk_locations(chunk_ids)
+        for cid in chunk_ids:
+            rec = rows.get(cid)
+            if rec is None:
+                continue
+            try:  # decoded there and hashed against the id asked for, not the remote's word
+                raw = bytes(there.objects.read_chunk(to_location(rec, rows)))
+            except CkstoreError as exc:
+                log.warning("chunk %s is damaged at remote %r too: %s", cid, record.name, exc)
+                continue
+            yield cid, raw
+    finally:
+        there.close()
+
+
+def _switch(local: Repository, writer: PackWriter, old: dict[str, ChunkRecord]) -> set[str]:
+    """Make the new pack durable, then switch the rows of its chunks to it, per old pack (each
+    a compare-and-swap on the row's old place); returns the ids whose rows were switched."""
+    index: TierIndex = local.index
+    done = writer.finish()  # durable first...
+    assert done is not None
+    new_id, size, locs = done
+    by_pack: dict[str, list[ChunkRecord]] = defaultdict(list)
+    for rec in to_records(locs):
+        before = old.get(rec.chunk_id)
+        if before is not None:
+            by_pack[before.pack_id].append(rec)
+    switched: set[str] = set()
+    for old_pack, moves in by_pack.items():  # ...then rows, each a compare-and-swap
+        if index.relocate_chunks(PackRecord(new_id, size, len(locs), time.time()), moves, old_pack):
+            now = index.chunk_locations([m.chunk_id for m in moves])
+            switched |= {m.chunk_id for m in moves if now[m.chunk_id].pack_id == new_id}
+    return switched

@@ -1,0 +1,282 @@
+"""A damaged local copy heals from the other tier: a restore that finds a chunk damaged on disk
+fetches it from a remote that holds it, verified against its id, writes it back into a new
+local pack and goes on, bit-exact; without such a remote it names the snapshot and offers the
+previous healthy one; ``Store.repair`` and ``ckstore repair`` heal a whole store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckstore
+from ckstore import objects
+from ckstore.index import ChunkRecord
+from tests.support.remotes import KNOBS, fill, restores, state_for
+
+OPTS = {**KNOBS, "auto_compact": False}
+
+
+def _flip(root: Path, rec: ChunkRecord) -> None:
+    """Flip one bit in the middle of the chunk's payload in its pack file under ``root``."""
+    path = root.joinpath(*objects.pack_name(rec.pack_id).split("/"))
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.seek(rec.offset + rec.length // 2)
+        byte = f.read(1)
+        f.seek(rec.offset + rec.length // 2)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def _damage(store: ckstore.Store, root: Path, ref: str, n: int = 1) -> list[str]:
+    """Flip a byte in the middle of the payloads of ``n`` local chunks ``ref`` uses; their ids."""
+    repo = store.repository
+    ids = sorted(repo.index.snapshot_chunk_ids(store.get(ref).id))
+    rows = repo.index.chunk_locations(ids)
+    hit = []
+    for cid in ids:
+        rec = rows[cid]
+        if rec.base_id is not None or rec.length < 8:
+            continue
+        _flip(root, rec)
+        hit.append(cid)
+        if len(hit) == n:
+            break
+    assert len(hit) == n
+    return hit
+
+
+def test_a_restore_heals_damaged_local_chunks_from_the_tier_remote(tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    store = ckstore.open(local, create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    try:
+        fill(store, "r", [1, 2])
+        assert store.wait_pushed(timeout=60)
+        hit = _damage(store, local, "r@2", n=2)
+        assert not store.check(read_data=True).ok
+        with pytest.warns(ckstore.HealedWarning, match=r"r@2.*2 damaged chunk\(s\) healed.*tier"):
+            assert restores(store, "r@2", 2)
+        report = store.check(read_data=True)
+        assert report.ok, report.problems
+        rows = store.repository.index.chunk_locations(hit)
+        assert all(rows[c].base_id is None for c in hit)
+        assert restores(store, "r@2", 2) and restores(store, "r@1", 1)
+    finally:
+        store.close()
+
+
+def test_without_a_remote_the_damage_names_the_snapshot_and_the_previous_healthy_one(
+    tmp_path: Path,
+) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    try:
+        fill(store, "r", [1, 2, 3])
+        _damage(store, tmp_path / "local", "r@3")
+        with pytest.raises(ckstore.CorruptionError, match=r"r@3.*any tier.*r@2"):
+            restores(store, "r@3", 3)
+    finally:
+        store.close()
+
+
+def test_a_remote_whose_copy_is_damaged_too_heals_nothing(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    try:
+        fill(store, "r", [1])
+        assert store.wait_pushed(timeout=60)
+        with ckstore.open(tmp_path / "remote") as remote:
+            hit = _damage(remote, tmp_path / "remote", "r@1")
+        repo = store.repository
+        _flip(tmp_path / "local", repo.index.chunk_locations(hit)[hit[0]])  # damaged here too
+        with pytest.raises(ckstore.CorruptionError, match="any tier"):
+            restores(store, "r@1", 1)
+    finally:
+        store.close()
+
+
+def test_store_repair_heals_every_damaged_chunk_from_a_named_remote(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    try:
+        fill(store, "r", [1, 2])
+        store.add_remote("backup", tmp_path / "backup")
+        store.push("backup")
+        hit = _damage(store, tmp_path / "local", "r@1") + _damage(store, tmp_path / "local", "r@2")
+        report = store.repair("backup")
+        assert set(report.healed) == set(hit) and report.ok, report.to_dict()
+        assert set(report.healed.values()) == {"backup"}
+        assert store.check(read_data=True).ok
+        assert restores(store, "r@1", 1) and restores(store, "r@2", 2)
+    finally:
+        store.close()
+
+
+def _cli(store: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ckstore.cli", "--store", str(store), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_ckstore_repair_end_to_end(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    fill(store, "r", [1])
+    store.add_remote("backup", tmp_path / "backup")
+    store.push("backup")
+    hit = _damage(store, tmp_path / "local", "r@1")
+    store.close()
+    out = _cli(tmp_path / "local", "repair", "--from", "backup", "--json")
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    assert found["healed"] == {hit[0]: "backup"} and found["ok"] is True
+    out = _cli(tmp_path / "local", "repair", "--json")  # nothing left to heal
+    assert out.returncode == 0 and json.loads(out.stdout)["healed"] == {}
+    with ckstore.open(tmp_path / "local") as again:
+        assert again.check(read_data=True).ok and restores(again, "r@1", 1)
+
+
+def test_ckstore_repair_exits_non_zero_when_damage_stays(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    fill(store, "r", [1])
+    hit = _damage(store, tmp_path / "local", "r@1")
+    store.close()
+    out = _cli(tmp_path / "local", "repair")
+    assert out.returncode != 0
+    assert hit[0][:16] in out.stdout + out.stderr
+
+
+def test_a_pull_of_a_snapshot_whose_local_chunks_are_damaged_sends_them_again(
+    tmp_path: Path,
+) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    try:
+        fill(store, "r", [1, 2])
+        store.add_remote("backup", tmp_path / "backup")
+        store.push("backup")
+        hit = _damage(store, tmp_path / "local", "r@2")
+        report = store.pull("backup", ["r@2"])
+        assert report.chunks_healed == hit and report.stats.chunks_sent == 1
+        assert store.check(read_data=True).ok and restores(store, "r@2", 2)
+        assert store.pull("backup", ["r@2"]).stats.chunks_sent == 0  # sound now: nothing to send
+    finally:
+        store.close()
+
+
+def test_check_read_data_repair_heals_as_repair_does(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    fill(store, "r", [1])
+    assert store.wait_pushed(timeout=60)
+    hit = _damage(store, tmp_path / "local", "r@1")
+    store.close()
+    assert _cli(tmp_path / "local", "check", "--read-data").returncode != 0
+    out = _cli(tmp_path / "local", "check", "--read-data", "--repair", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["healed"] == {hit[0]: "tier"}
+    assert _cli(tmp_path / "local", "check", "--read-data").returncode == 0
+
+
+@pytest.mark.parametrize("harm", ["truncate", "delete"])
+def test_a_restore_heals_a_truncated_or_deleted_local_pack(tmp_path: Path, harm: str) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    try:
+        fill(store, "r", [1])
+        assert store.wait_pushed(timeout=60)
+        repo = store.repository
+        ids = repo.index.snapshot_chunk_ids(store.get("r@1").id)
+        pack_id = sorted({r.pack_id for r in repo.index.chunk_locations(ids).values()})[0]
+        path = (tmp_path / "local").joinpath(*objects.pack_name(pack_id).split("/"))
+        if harm == "delete":
+            path.unlink()
+        else:
+            os.chmod(path, 0o644)
+            os.truncate(path, path.stat().st_size // 2)
+        with pytest.warns(ckstore.HealedWarning, match="tier"):
+            assert restores(store, "r@1", 1)
+        assert restores(store, "r@1", 1)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_the_restore_heals_in_its_own_pass_without_running_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, atomic: bool
+) -> None:
+    import ckstore._heal_verbs as heal_verbs
+
+    def again(*args: object) -> None:
+        raise AssertionError("the restore ran again instead of healing as it read")
+
+    monkeypatch.setattr(heal_verbs, "heal_restore", again)
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    try:
+        fill(store, "r", [1, 2])
+        assert store.wait_pushed(timeout=60)
+        hit = _damage(store, tmp_path / "local", "r@2", n=3)
+        want = state_for(2)
+        out = {"m": ckstore.StateDict({k: torch.zeros_like(v) for k, v in want.items()})}
+        with pytest.warns(ckstore.HealedWarning, match=r"3 damaged chunk\(s\)") as seen:
+            store.get("r@2").restore(out, atomic=atomic)
+        assert len([w for w in seen if issubclass(w.category, ckstore.HealedWarning)]) == 1
+        assert all(torch.equal(out["m"][k], v) for k, v in want.items())
+        assert all(h[:16] in str(seen[0].message) for h in hit)
+        assert store.check(read_data=True).ok
+    finally:
+        store.close()
+
+
+def test_a_damaged_base_of_deltas_heals_and_its_deltas_read_again(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    try:
+        fill(store, "r", [1, 2, 3, 4])
+        assert store.wait_pushed(timeout=60)
+        store.compact(keep_loose=0)
+        repo = store.repository
+        rows = {c.chunk_id: c for c in repo.index.all_chunks()}
+        bases = {r.base_id for r in rows.values() if r.base_id is not None}
+        assert bases, "compaction stored no delta"
+        _flip(tmp_path / "local", rows[sorted(bases)[0]])
+        with pytest.warns(ckstore.HealedWarning):
+            assert all([restores(store, f"r@{i}", i) for i in (1, 2, 3, 4)])
+        assert store.check(read_data=True).ok
+    finally:
+        store.close()
+
+
+def _restore_on_rank(rank: int, world: int, path: str) -> bool:
+    import warnings
+
+    warnings.simplefilter("ignore", ckstore.HealedWarning)
+    want = state_for(2)
+    out = {"m": ckstore.StateDict({k: torch.zeros_like(v) for k, v in want.items()})}
+    with ckstore.open(path) as store:
+        store.get("r@2").restore(out)
+    return all(torch.equal(out["m"][k], v) for k, v in want.items())
+
+
+def test_a_distributed_restore_heals_on_the_rank_that_reads_the_chunk(tmp_path: Path) -> None:
+    from tests.support.ranks import run_ranks, values
+
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    fill(store, "r", [1, 2])
+    assert store.wait_pushed(timeout=60)
+    _damage(store, tmp_path / "local", "r@2", n=3)
+    store.close()
+    assert values(run_ranks(_restore_on_rank, 2, tmp_path, str(tmp_path / "local"))) == [True] * 2
+    with ckstore.open(tmp_path / "local") as again:
+        assert again.check(read_data=True).ok
+
+
+def test_a_read_only_store_names_the_damage_and_how_to_heal_it(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    fill(store, "r", [1, 2])
+    assert store.wait_pushed(timeout=60)
+    _damage(store, tmp_path / "local", "r@2")
+    store.close()
+    with ckstore.open(tmp_path / "local", read_only=True) as ro:
+        with pytest.raises(ckstore.CorruptionError, match=r"r@2.*read-only.*ckstore repair.*r@1"):
+            restores(ro, "r@2", 2)
