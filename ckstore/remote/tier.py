@@ -218,11 +218,12 @@ class TierBackend(WrappingBackend):
         """Why a read of an evicted chunk failed, for people: which remote, where, and which
         snapshots cannot be read until it is back."""
         ids = [r.chunk_id for r in self._index.chunks_in_packs([pack])]
-        users = sorted({s for found in self._index.snapshots_using(ids).values() for s in found})
-        named = []
-        for sid in users[:_NAMED]:
-            rec = self._index.get_snapshot(sid)
-            named.append(f"{rec.run}@{rec.step}" if rec.step is not None else rec.run)
+        users = {s for found in self._index.snapshots_using(ids).values() for s in found}
+        recs = sorted(  # by run and step (ids are hashes: their order says nothing to a person)
+            (self._index.get_snapshot(sid) for sid in users),
+            key=lambda r: (r.run, r.step is None, r.step or 0, r.created_at),
+        )
+        named = [f"{r.run}@{r.step}" if r.step is not None else r.run for r in recs[:_NAMED]]
         more = f" and {len(users) - _NAMED} more" if len(users) > _NAMED else ""
         need = (
             f"snapshot(s) {', '.join(named)}{more} need it and cannot be read until it is back"

@@ -219,7 +219,9 @@ def test_sigkilled_rank_others_fail_within_timeout(tmp_path: Path) -> None:
             v["error"] and v["ranks"] == [2] and "rank(s) [2] stopped responding" in v["error"]
         ), v
         assert "last in phase 'write'" in v["error"], v  # killed while writing its chunks
-        assert v["seconds"] < timeout + 5, v  # named within about 3 s of the kill
+        # named within about 3 s of the kill on an idle machine; the bound leaves room for a
+        # loaded one (11.7 s seen with the whole suite on 2 cores), not for a missed kill
+        assert v["seconds"] < 2 * timeout + 5, v
         print(f"rank {r} raised after {v['seconds']:.1f} s: {v['error'][:200]}")
     with ckstore.open(path, create=True) as store:
         assert store.runs() == ["base"]

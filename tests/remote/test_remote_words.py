@@ -48,5 +48,5 @@ def test_a_missing_remote_pack_names_the_remote_its_place_and_the_snapshots(
             restores(plain, "r@1", 1)
     message = str(exc.value)
     assert "remote 'tier'" in message and str(remote_dir) in message
-    assert "r@1" in message and "cannot be read until it is back" in message
+    assert "r@1" in message and "cannot be read until it is back" in message, message
     assert "found moved there" not in message  # the jargon it replaced
