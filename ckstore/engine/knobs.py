@@ -297,10 +297,11 @@ class Knobs:
     background_process: Knob[bool, bool] = Knob(
         Flag(),
         "Whether an ``async_take`` finishes in a helper process of the store handle, fed "
-        "through shared memory, instead of a thread of this one, so the training thread "
-        "never waits for the GIL behind it (default False, or ``$CKSTORE_BACKGROUND_PROCESS``). "
-        "Linux; for a store and index another process can open, a state that fits the "
-        "staging budget and no ``progress`` callback (other takes use the thread).",
+        "through shared memory, instead of a thread of this one, and the compaction after "
+        "takes runs in another, so the training thread never waits for the GIL behind them "
+        "(default False, or ``$CKSTORE_BACKGROUND_PROCESS``). Linux; for a store and index "
+        "another process can open; takes need a state that fits the staging budget and no "
+        "``progress`` callback (other takes, and compaction elsewhere, use threads).",
         env="CKSTORE_BACKGROUND_PROCESS",
         default=lambda: False,
     )

@@ -40,7 +40,9 @@ orphan gc removes; after it the old pack is garbage. Chunk ids never change, so 
 dedup against a chunk being compacted, and snapshots that reference it, are unaffected.
 
 :class:`AutoCompactor` runs compaction in a background thread after takes (``git gc --auto``),
-pausing while this process takes or restores, at the lowest CPU priority.
+pausing while this process takes or restores, at the lowest CPU priority; with the knob
+``background_process`` on, that thread has a helper process compact (``compact_process.py``),
+so compaction shares no GIL with the training thread.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from ..engine.locations import to_location, to_records
 from ..errors import CorruptionError, InvalidInputError, ObjectNotFoundError
 from ..index import ChunkRecord, PackRecord, SnapshotRecord
 from ..objects.delta import xor_into
+from . import compact_process
 from ._compact_plan import Job, hot, plan, resolve_bases
 
 if TYPE_CHECKING:
@@ -443,12 +446,7 @@ class AutoCompactor:
             self._wake.clear()
             try:
                 if loose_pending(self._repo, self.keep_loose):
-                    self.last = compact(
-                        self._repo,
-                        keep_loose=self.keep_loose,
-                        pause=self._repo.busy,
-                        stop=self._stop.is_set,
-                    )
+                    self.last = self._compact()
             except Exception as exc:  # noqa: BLE001 - the chunks stay loose; the next kick retries
                 log.warning(
                     "ckstore: background compaction of %s failed (%s: %s); its loose chunks stay "
@@ -459,6 +457,19 @@ class AutoCompactor:
                 )
             if not self._wake.is_set():
                 self._idle.set()
+
+    def _compact(self) -> CompactReport:
+        """One compaction behind training: in the helper process where the knob
+        ``background_process`` asks for it (``compact_process.py``), else on this thread."""
+        if compact_process.in_helper(self._repo):
+            return CompactReport(
+                **compact_process.compact_in_helper(
+                    self._repo, self.keep_loose, self._repo.busy, self._stop.is_set
+                )
+            )
+        return compact(
+            self._repo, keep_loose=self.keep_loose, pause=self._repo.busy, stop=self._stop.is_set
+        )
 
 
 def attach(repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> AutoCompactor:

@@ -142,3 +142,16 @@ def test_prepare_staging_readies_the_shared_memory_the_first_offloaded_take_copi
     assert used[0].shared and used[0].size == prepared
     assert used[1] is used[0]  # the take copied into the prepared shared memory
     assert torch.equal(snap.read_object("s/a"), state["a"])
+
+
+def test_the_helper_runs_behind_training_in_its_scheduling_group_too(offloading):
+    """A helper is a session of its own; where the kernel groups processes by session
+    (autogroup), its threads' nice value weighs only within its group, so the group's is set."""
+    offloading.async_take({"s": _state(1)}, run="r", step=1, staging_budget=1 << 30).wait(120)
+    pid = _helper_pid(offloading)
+    assert pid is not None
+    assert os.getpriority(os.PRIO_PROCESS, pid) == 19
+    group = f"/proc/{pid}/autogroup"
+    if os.path.exists(f"/proc/{os.getpid()}/autogroup"):  # a kernel built with autogroups
+        with open(group) as f:
+            assert f.read().split()[-1] == "19"

@@ -8,51 +8,45 @@ preempts keeps the trainer waiting the longer). A process of its own shares no G
 trainer: the training process only copies the state into shared memory and plans the take (as
 it does for a thread), and a helper process, at the lowest CPU priority, stores that copy with
 the ordinary take (:func:`single.take`). Off by default: on a shared, heavily loaded machine
-the bench's ``ckstore-process`` system has not yet shown the steps after a take to lose less
-(the compaction after takes stays in the training process).
+the bench's ``ckstore-process`` system has not yet shown the steps after a take to lose less.
 
-One helper per repository handle, started on its first offloaded take (``python -m
-ckstore.engine.take.offload_server FD``, the helper's side: a Unix socket at FD, a session of its own so a terminal's
-Ctrl-C reaches the training process alone, which waits for its takes), stopped when the
-repository closes. Jobs run one at a time, in order. A job is a pickled dict (the store to
+One helper per repository handle (``engine/helper.py``: started on its first offloaded take,
+stopped when the repository closes; its side is ``offload_server.py``). A job is the store to
 open, the knobs, the spec, each app's tree and leaves, the staged tensors as offsets into the
-arena) with the arena's memfd passed alongside (``SCM_RIGHTS``); the reply holds the committed
-record and manifest and the warnings the take raised (re-raised here), or the error. The
-helper commits: the training process then tells its repository (compaction and pushes follow
-here, as after any take). If the helper dies, the take in flight fails and the next one starts
-a new helper; if the training process dies, the helper finishes the take in flight (committed
-or aborted whole, as any take) and exits.
+arena, with the arena's memfd passed alongside; the reply holds the committed record and
+manifest and the warnings the take raised (re-raised here), or the error. The helper commits:
+the training process then tells its repository (pushes follow here, as after any take; the
+compaction after it runs in a helper of its own, ``history/compact_process.py``). If the helper
+dies, the take in flight fails and the next one starts a new helper; if the training process
+dies, the helper finishes the take in flight (committed or aborted whole, as any take) and
+exits.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 import socket
-import struct
-import subprocess
-import sys
-import threading
 import warnings
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from ... import errors
-from ...errors import StorageError
 from ...format.manifest import Manifest
 from ...format.tree import Flat
+from .. import helper
+from ..helper import Helper
 from ..repository import Repository
 from .spec import TakeSpec
 from .staging import StagingArena
 
-HEADER = struct.Struct("<Q")
+SERVER = f"{__package__}.offload_server"
+"""The module the helper that finishes async takes runs (``engine/helper.py``)."""
+
 KNOBS = ("io_threads", "lease_seconds", "delta_depth", "take_codec")
 """Knobs of the training process's repository the helper's repository takes with (and
 ``threads``, set to the background threads)."""
@@ -145,151 +139,6 @@ class Staged:
         )
 
 
-class Helper:
-    """The helper process that finishes ``repo``'s offloaded takes (see the module docstring)."""
-
-    def __init__(self, repo: Repository) -> None:
-        self._repo = repo
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._sock: socket.socket | None = None
-        self._waiting: deque[Future[dict[str, Any]]] = deque()
-
-    @property
-    def pid(self) -> int | None:
-        """The helper process's id while one runs."""
-        proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
-
-    def start(self) -> None:
-        """Start the helper process now if none runs (its imports then overlap training)."""
-        with self._lock:
-            self._running()
-
-    def submit(self, message: dict[str, Any], arena: StagingArena) -> Future[dict[str, Any]]:
-        """Send one job (the copies in ``arena``, a shared one); its reply, once the helper is
-        done.
-
-        Raises:
-            InvalidInputError: ``arena`` is not shared.
-            StorageError: the helper could not be reached (it is stopped; the next job starts
-                a new one).
-        """
-        if arena.fd is None:
-            raise errors.InvalidInputError(
-                "only copies in a shared staging arena can go to the helper process; "
-                "this take should have finished in a thread (a bug: please report it)"
-            )
-        fd = arena.fd
-        future: Future[dict[str, Any]] = Future()
-        with self._lock:
-            sock = self._running()
-            self._waiting.append(future)
-            try:
-                send(sock, message, [fd])
-            except OSError as exc:
-                self._waiting.remove(future)
-                self._stop()
-                raise StorageError(
-                    f"the helper process of {self._repo.url} took no take ({exc}); the next "
-                    "async take starts a new one"
-                ) from exc
-        return future
-
-    def _running(self) -> socket.socket:
-        if self._sock is not None and self._proc is not None and self._proc.poll() is None:
-            return self._sock
-        self._stop()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        root = str(Path(__file__).resolve().parents[3])  # this ckstore, wherever it was imported
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH", "")] if p),
-        }
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", f"{__package__}.offload_server", str(theirs.fileno())],
-                pass_fds=[theirs.fileno()],
-                start_new_session=True,
-                env=env,
-            )
-        finally:
-            theirs.close()
-        self._sock = ours
-        threading.Thread(
-            target=self._replies, args=(ours,), name="ckstore-helper", daemon=True
-        ).start()
-        return ours
-
-    def _replies(self, sock: socket.socket) -> None:
-        """Resolve each waiting take with its reply, in order; fail them all on EOF."""
-        while True:
-            try:
-                reply, _ = receive(sock)
-            except (OSError, EOFError, pickle.UnpicklingError):
-                reply = None
-            with self._lock:
-                if reply is None or not self._waiting:
-                    waiting, self._waiting = self._waiting, deque()
-                    if self._sock is sock:
-                        self._stop()
-                    break
-                future = self._waiting.popleft()
-            future.set_result(reply)
-        for future in waiting:
-            future.set_exception(
-                StorageError(
-                    f"the helper process that finishes async takes of {self._repo.url} exited "
-                    "before this take was done; nothing was committed for it, and the next "
-                    "async take starts a new helper"
-                )
-            )
-
-    def _stop(self) -> None:
-        sock, self._sock = self._sock, None
-        proc, self._proc = self._proc, None
-        if sock is not None:
-            try:  # wakes the thread reading replies, and the helper sees EOF (closing alone
-                sock.shutdown(socket.SHUT_RDWR)  # does neither while a read is in flight)
-            except OSError:
-                pass
-            sock.close()  # the helper exits once its take in flight is done
-        if proc is not None:
-            threading.Thread(target=proc.wait, daemon=True).start()  # reaped when it exits
-
-    def close(self) -> None:
-        """Stop the helper once the takes sent to it are done (it finishes them first)."""
-        with self._lock:
-            waiting = list(self._waiting)
-        for future in waiting:
-            future.exception()
-        with self._lock:
-            proc = self._proc
-            self._stop()
-        if proc is not None:
-            proc.wait()
-
-
-def helper_for(repo: Repository) -> Helper:
-    """The repository's helper (made on first use, stopped when the repository closes)."""
-    with _HELPERS_LOCK:
-        helper = _HELPERS.get(id(repo))
-        if helper is None:
-            helper = _HELPERS[id(repo)] = Helper(repo)
-
-            def close() -> None:
-                with _HELPERS_LOCK:
-                    _HELPERS.pop(id(repo), None)
-                helper.close()
-
-            repo.before_close.append(close)
-        return helper
-
-
-_HELPERS: dict[int, Helper] = {}
-_HELPERS_LOCK = threading.Lock()
-
-
 def result_of(reply: dict[str, Any]) -> tuple[Any, Manifest]:
     """The committed ``(record, manifest)`` of a reply, after re-raising the take's warnings;
     raises the take's error."""
@@ -304,34 +153,25 @@ def result_of(reply: dict[str, Any]) -> tuple[Any, Manifest]:
     return reply["record"], Manifest.from_json(reply["manifest"])
 
 
-# ---------------------------------------------------------------------------------------------
-# the wire: a length, then a pickle (between this process and its own helper only)
+def helper_for(repo: Repository) -> Helper:
+    """The repository's helper that finishes its offloaded takes (``engine/helper.py``)."""
+    return helper.helper_for(repo, SERVER, "take", "nothing was committed for it")
 
 
-def send(sock: socket.socket, message: Any, fds: Sequence[int] = ()) -> None:
-    """Send ``message`` and the descriptors ``fds`` (duplicated into the receiver)."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    socket.send_fds(sock, [HEADER.pack(len(data))], list(fds))
-    sock.sendall(data)
+def submit(
+    repo: Repository, message: dict[str, Any], arena: StagingArena
+) -> Future[dict[str, Any]]:
+    """Send one take (the copies in ``arena``, a shared one) to ``repo``'s helper; its reply,
+    once the helper is done.
 
-
-def receive(sock: socket.socket) -> tuple[Any, list[int]]:
-    """One message and the descriptors that came with it; EOFError at the end."""
-    head, fds, _, _ = socket.recv_fds(sock, HEADER.size, 4)
-    while head and len(head) < HEADER.size:
-        more = sock.recv(HEADER.size - len(head))
-        if not more:
-            break
-        head += more
-    if len(head) < HEADER.size:
-        for fd in fds:
-            os.close(fd)
-        raise EOFError
-    (n,) = HEADER.unpack(head)
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(min(n - len(data), 1 << 20))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return pickle.loads(data), fds
+    Raises:
+        InvalidInputError: ``arena`` is not shared.
+        StorageError: the helper could not be reached (it is stopped; the next take starts a
+            new one).
+    """
+    if arena.fd is None:
+        raise errors.InvalidInputError(
+            "only copies in a shared staging arena can go to the helper process; "
+            "this take should have finished in a thread (a bug: please report it)"
+        )
+    return helper_for(repo).send(message, arena.fd)

@@ -258,9 +258,7 @@ def take_async(
     if offload.shareable(flats, arena, live):
         t.close()  # nothing was opened: the helper process opens its own take
         try:
-            reply = offload.helper_for(repo).submit(
-                offload.job(repo, spec, flats, arena, threads), arena
-            )
+            reply = offload.submit(repo, offload.job(repo, spec, flats, arena, threads), arena)
         except BaseException:
             give_back(repo, arena)
             raise
