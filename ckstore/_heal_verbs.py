@@ -1,14 +1,17 @@
-"""Damaged local chunks healed from a remote: ``Store.repair``, and a restore's own healing.
+"""Damaged local chunks healed from a remote: ``Store.repair``, and the reads' own healing.
 
-:class:`HealVerbs` is mixed into :class:`ckstore.Store`; :class:`RestoreHealer` heals the
-chunks a restore's fetcher finds damaged while it runs, and :func:`heal_restore` is what a
-restore that still failed calls before it gives up. The work is in :mod:`ckstore.remote.heal`.
+:class:`HealVerbs` is mixed into :class:`ckstore.Store`; :func:`healing` gives every read of a
+snapshot (``restore``, ``read_object``, ``get_state_dict_for_key``, ``export``) a
+:class:`RestoreHealer`, which heals the chunks its fetcher finds damaged while it runs;
+:func:`heal_restore` is what a restore that still failed calls before it gives up. The work is
+in :mod:`ckstore.remote.heal`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,15 +89,28 @@ def _suspects(repo: Repository, report: CheckReport) -> set[str]:
     return {c for c, pack in chunks.items() if c in packs or pack in packs}
 
 
+@contextmanager
+def healing(view: SnapshotView) -> Iterator[SnapshotView]:
+    """A copy of ``view`` for one read call (a restore, ``read_object``, ...) whose readers
+    (``Reader.of``) heal as they read: a chunk found damaged or missing goes to one
+    :class:`RestoreHealer` for the whole call, and after the call :class:`HealedWarning`
+    names what was healed, once. The one path every read of a snapshot heals through."""
+    healer = RestoreHealer(view)
+    yield view.healing_with(healer)
+    healer.report()
+
+
 class RestoreHealer:
-    """A restore's :data:`~ckstore.engine.restore.fetch.Healer`: a chunk its fetcher found
+    """A read's :data:`~ckstore.engine.restore.fetch.Healer`: a chunk its fetcher found
     damaged or missing is healed, with any damaged base of its delta chain, from a configured
-    remote that holds it, while the restore goes on; :meth:`report` warns once after."""
+    remote that holds it, while the read goes on; :meth:`report` warns once after. A remote
+    that cannot be opened or read is tried once per call, not once per chunk."""
 
     def __init__(self, view: SnapshotView) -> None:
         self.view = view
         self.healed: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._passed_over: set[str] = set()
 
     def __call__(self, chunk_id: str) -> bool:
         repo = self.view.repo
@@ -111,7 +127,7 @@ class RestoreHealer:
             bad = [chunk_id] if len(chain) == 1 else damaged(repo, chain)
             if not bad:  # healed by another thread meanwhile, or not damaged here
                 return any(c in self.healed for c in chain)
-            done = heal(repo, bad)
+            done = heal(repo, bad, passed_over=self._passed_over)
             self.healed.update(done.healed)
             return bool(done.healed) and not done.unrecoverable
 
