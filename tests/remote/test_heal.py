@@ -371,3 +371,54 @@ def test_a_remote_that_cannot_be_opened_is_tried_once_per_read(
         assert tries == ["backup"]
     finally:
         store.close()
+
+
+def test_chunks_found_damaged_during_a_heal_are_healed_together_in_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    import ckstore._heal_verbs as heal_verbs
+
+    calls: list[list[str]] = []
+    release = threading.Event()
+    real = heal_verbs.heal
+
+    def gated(repo: Any, chunk_ids: Any, *args: Any, **kw: Any) -> Any:
+        calls.append(list(chunk_ids))
+        if len(calls) == 1:
+            assert release.wait(30)
+        return real(repo, chunk_ids, *args, **kw)
+
+    monkeypatch.setattr(heal_verbs, "heal", gated)
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    try:
+        fill(store, "r", [1])
+        store.add_remote("backup", tmp_path / "backup")
+        store.push("backup")
+        a, b, c = _damage(store, tmp_path / "local", "r@1", n=3)
+        healer = heal_verbs.RestoreHealer(store.get("r@1").view)
+        results: dict[str, bool] = {}
+
+        def ask(cid: str) -> None:
+            results[cid] = healer(cid)
+
+        first = threading.Thread(target=ask, args=(a,))
+        first.start()
+        while not calls:
+            time.sleep(0.01)
+        others = [threading.Thread(target=ask, args=(cid,)) for cid in (b, c)]
+        for t in others:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(healer._queued) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        release.set()
+        for t in [first, *others]:
+            t.join(30)
+        assert results == {a: True, b: True, c: True}
+        assert calls == [[a], sorted([b, c])]  # the two that waited: one heal, one new pack
+        assert store.check(read_data=True).ok
+    finally:
+        store.close()
