@@ -103,8 +103,17 @@ def readers_of(local: Repository) -> Readers:
         found = _READERS.get(local)
         if found is None:
             found = _READERS[local] = Readers(local)
-            local.before_close.append(found.close)
+            local.before_close.append(lambda: _release(local))
         return found
+
+
+def _release(local: Repository) -> None:
+    """Close ``local``'s readers and forget them (they hold ``local``, so the weak key alone
+    would never let it go)."""
+    with _READERS_LOCK:
+        found = _READERS.pop(local, None)
+    if found is not None:
+        found.close()
 
 
 def _same_place(a: RemoteRecord, b: RemoteRecord) -> bool:

@@ -422,3 +422,20 @@ def test_chunks_found_damaged_during_a_heal_are_healed_together_in_the_next(
         assert store.check(read_data=True).ok
     finally:
         store.close()
+
+
+def test_the_remotes_healing_opened_close_with_the_store(tmp_path: Path) -> None:
+    from ckstore.remote import readers
+
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    fill(store, "r", [1])
+    store.add_remote("backup", tmp_path / "backup")
+    store.push("backup")
+    _damage(store, tmp_path / "local", "r@1")
+    repo = store.repository
+    with pytest.warns(ckstore.HealedWarning):
+        assert restores(store, "r@1", 1)
+    there = readers.readers_of(repo).get(repo.index.get_remote("backup"))  # type: ignore[arg-type]
+    assert there.read_only and not there.closed
+    store.close()
+    assert there.closed and repo not in readers._READERS
