@@ -1,14 +1,17 @@
-"""Damaged local chunks healed from a remote: ``Store.repair``, and a restore's own healing.
+"""Damaged local chunks healed from a remote: ``Store.repair``, and the reads' own healing.
 
-:class:`HealVerbs` is mixed into :class:`ckstore.Store`; :class:`RestoreHealer` heals the
-chunks a restore's fetcher finds damaged while it runs, and :func:`heal_restore` is what a
-restore that still failed calls before it gives up. The work is in :mod:`ckstore.remote.heal`.
+:class:`HealVerbs` is mixed into :class:`ckstore.Store`; :func:`healing` gives every read of a
+snapshot (``restore``, ``read_object``, ``get_state_dict_for_key``, ``export``) a
+:class:`RestoreHealer`, which heals the chunks its fetcher finds damaged while it runs;
+:func:`heal_restore` is what a restore that still failed calls before it gives up. The work is
+in :mod:`ckstore.remote.heal`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,34 +89,74 @@ def _suspects(repo: Repository, report: CheckReport) -> set[str]:
     return {c for c, pack in chunks.items() if c in packs or pack in packs}
 
 
+@contextmanager
+def healing(view: SnapshotView) -> Iterator[SnapshotView]:
+    """A copy of ``view`` for one read call (a restore, ``read_object``, ...) whose readers
+    (``Reader.of``) heal as they read: a chunk found damaged or missing goes to one
+    :class:`RestoreHealer` for the whole call, and after the call :class:`HealedWarning`
+    names what was healed, once. The one path every read of a snapshot heals through."""
+    healer = RestoreHealer(view)
+    yield view.healing_with(healer)
+    healer.report()
+
+
 class RestoreHealer:
-    """A restore's :data:`~ckstore.engine.restore.fetch.Healer`: a chunk its fetcher found
+    """A read's :data:`~ckstore.engine.restore.fetch.Healer`: a chunk its fetcher found
     damaged or missing is healed, with any damaged base of its delta chain, from a configured
-    remote that holds it, while the restore goes on; :meth:`report` warns once after."""
+    remote that holds it, while the read goes on; :meth:`report` warns once after.
+
+    Heals are group commits: one runs at a time, and the chunks other threads found damaged
+    meanwhile wait and are then healed together, in one :func:`~ckstore.remote.heal.heal`
+    (one query per remote, one new pack made durable, one row switch per old pack). A remote
+    that cannot be opened or read is tried once per call, not once per chunk."""
 
     def __init__(self, view: SnapshotView) -> None:
         self.view = view
         self.healed: dict[str, str] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one heal at a time
+        self._queued: set[str] = set()  # found damaged, waiting for the next heal
+        self._outcome: dict[str, bool] = {}  # of chunks a heal took, until their caller asks
+        self._queue_lock = threading.Lock()
+        self._passed_over: set[str] = set()
 
     def __call__(self, chunk_id: str) -> bool:
+        with self._queue_lock:
+            self._queued.add(chunk_id)
+        with self._lock:
+            with self._queue_lock:
+                found = self._outcome.pop(chunk_id, None)
+                if found is None:  # no heal took it yet: this one takes it, and all waiting
+                    batch, self._queued = self._queued | {chunk_id}, set()
+            if found is not None:
+                return found
+            outcome = self._heal(sorted(batch))
+            with self._queue_lock:
+                self._outcome.update(outcome)
+                return self._outcome.pop(chunk_id)
+
+    def _heal(self, chunk_ids: list[str]) -> dict[str, bool]:
+        """Heal the damaged links of each chunk's chain, all in one heal; whether each chunk
+        can be read again (every damaged link of its chain healed, now or before)."""
         repo = self.view.repo
-        with self._lock:  # one heal at a time: a chunk two threads need is healed once
-            if repo.read_only or not repo.index.list_remotes():
-                return False
-            rows = repo.index.chunk_locations([chunk_id])
-            if chunk_id not in rows:
-                return False
-            chain = [link.chunk_id for link in to_location(rows[chunk_id], rows).chain()]
-            if chunk_id in self.healed:  # by another thread meanwhile
-                return True
-            # a whole chunk the fetcher found damaged is; a chain's links are read to find which
-            bad = [chunk_id] if len(chain) == 1 else damaged(repo, chain)
-            if not bad:  # healed by another thread meanwhile, or not damaged here
-                return any(c in self.healed for c in chain)
-            done = heal(repo, bad)
-            self.healed.update(done.healed)
-            return bool(done.healed) and not done.unrecoverable
+        if repo.read_only or not repo.index.list_remotes():
+            return dict.fromkeys(chunk_ids, False)
+        rows = repo.index.chunk_locations(chunk_ids)
+        chains = {
+            c: [link.chunk_id for link in to_location(rows[c], rows).chain()]
+            for c in chunk_ids
+            if c in rows
+        }
+        # a whole chunk the fetcher found damaged is; a chain's links are read to find which
+        bad = {c: [c] if len(ch) == 1 else damaged(repo, ch) for c, ch in chains.items()}
+        todo = sorted({link for links in bad.values() for link in links} - set(self.healed))
+        if todo:
+            self.healed.update(heal(repo, todo, passed_over=self._passed_over).healed)
+        return {
+            c: c in chains
+            and all(link in self.healed for link in bad[c])
+            and (bool(bad[c]) or any(link in self.healed for link in chains[c]))
+            for c in chunk_ids
+        }
 
     def report(self) -> None:
         """Warn :class:`HealedWarning` naming what this restore healed, if anything."""

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import _takes
-from ._heal_verbs import RestoreHealer, with_healing
+from ._heal_verbs import healing, with_healing
 from .distributed import is_distributed
 from .engine.progress import ProgressFn
 from .engine.view import SnapshotFields, SnapshotView
@@ -270,11 +270,9 @@ class StoredSnapshot(SnapshotFields):
             check_int("memory_budget", memory_budget)
         if dist_timeout is not None:
             check_number("dist_timeout", dist_timeout, lo_open=True)
-        view = self._view()
-        budget = view.repo.memory_budget if memory_budget is None else memory_budget
+        budget = self._view().repo.memory_budget if memory_budget is None else memory_budget
         checking = "full" if verify == "full" else "fast"
-        healer = RestoreHealer(view)
-        with view.repo.activity():  # background compaction of this process waits meanwhile
+        with healing(self._view()) as view, view.repo.activity():  # compaction waits meanwhile
             if is_distributed():  # the job reads the manifest (each rank: what it needs) once
                 from .distributed.restore import restore as dist_restore
 
@@ -289,12 +287,12 @@ class StoredSnapshot(SnapshotFields):
                     atomic=atomic,
                     on_progress=progress,
                     verify=checking,
-                    heal=healer,
+                    heal=view.heal,
                 )
             else:
 
                 def once() -> None:
-                    reader = Reader.of(view, progress=progress, verify=checking, heal=healer)
+                    reader = Reader.of(view, progress=progress, verify=checking)
                     if is_dcp_manifest(reader.manifest):
                         overlay = dcp_overlay(reader.manifest, app_state, strict)
                         reader = replace(reader, manifest=overlay)
@@ -303,7 +301,6 @@ class StoredSnapshot(SnapshotFields):
                     )
 
                 with_healing(view, once)
-        healer.report()
         _takes.loaded(view.repo, view.record.id)
         if verify is True:
             self._check_restored(app_state, strict)
@@ -325,15 +322,18 @@ class StoredSnapshot(SnapshotFields):
 
         ``path`` is a plain key of :meth:`get_manifest` (``"model/weight"``); a per-rank entry
         comes back as a list with one value per rank. A tensor comes back as a new CPU tensor,
-        or is copied into ``obj_out`` if given (and returned).
+        or is copied into ``obj_out`` if given (and returned). A damaged chunk a remote holds
+        is healed from it, as :meth:`restore` does (:class:`HealedWarning`).
 
         Raises:
             KeyNotFoundError: no such path (the message suggests near matches).
+            CorruptionError: a chunk read is damaged and no remote holds a sound copy.
         """
         from .engine.restore.read import read_object
         from .engine.restore.reader import Reader
 
-        return read_object(Reader.of(self._view()), path, obj_out)
+        with healing(self._view()) as view:
+            return read_object(Reader.of(view), path, obj_out)
 
     def get_manifest(self) -> dict[str, Entry]:
         """Every leaf's key -> its entry (``kind``, ``dtype``, ``shape``, ``nbytes``); a per-rank
@@ -346,10 +346,12 @@ class StoredSnapshot(SnapshotFields):
         Under torch.distributed each rank gets its own per-rank values (rank within this
         handle's ``pg``); with ``replicate_from_rank0`` every rank gets rank 0's. A rank beyond
         the take's world size gets the shared values only (per-rank ones are left out). Reads
-        only ``key``'s entries; no collective.
+        only ``key``'s entries; no collective. A damaged chunk a remote holds is healed from
+        it, as :meth:`restore` does (:class:`HealedWarning`).
 
         Raises:
             KeyNotFoundError: the snapshot has no app_state name ``key``.
+            CorruptionError: a chunk read is damaged and no remote holds a sound copy.
         """
         rank = 0
         if not replicate_from_rank0 and is_distributed():
@@ -361,7 +363,8 @@ class StoredSnapshot(SnapshotFields):
         from .engine.restore.read import read_state
         from .engine.restore.reader import Reader
 
-        return read_state(Reader.of(self._view(), rank=rank), key)
+        with healing(self._view()) as view:
+            return read_state(Reader.of(view, rank=rank), key)
 
     def read_regions(
         self,
@@ -435,18 +438,19 @@ class StoredSnapshot(SnapshotFields):
             DestinationExistsError: ``path`` is not empty and ``force`` is False.
             UnsupportedValueError: a key cannot go to the format (a dtype safetensors lacks,
                 a per-rank value); the message says which and what to do.
-            CorruptionError: stored bytes are damaged; nothing is published.
+            CorruptionError: stored bytes are damaged and no remote holds a sound copy (one
+                that does heals them, as :meth:`restore` does); nothing is published.
         """
         from .interop import DEFAULT_SHARD_BYTES, export_snapshot
 
         globs = [keys] if isinstance(keys, str) else keys
-        view = self._view()
-        view.progress = progress
-        return export_snapshot(
-            view, path, format=format, keys=globs, force=force,
-            shard_bytes=DEFAULT_SHARD_BYTES if shard_bytes is None else shard_bytes,
-            memory_budget=memory_budget,
-        )  # fmt: skip
+        with healing(self._view()) as view:
+            view.progress = progress
+            return export_snapshot(
+                view, path, format=format, keys=globs, force=force,
+                shard_bytes=DEFAULT_SHARD_BYTES if shard_bytes is None else shard_bytes,
+                memory_budget=memory_budget,
+            )  # fmt: skip
 
     def __repr__(self) -> str:
         return f"Snapshot({self.ref}, store={self._view().repo.url!r})"

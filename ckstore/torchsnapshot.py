@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Unpack
 
 from . import _takes
+from ._heal_verbs import healing
 from ._locate import locate, locate_all_ranks, resolve
 from .engine.repository import Repository
 from .engine.restore.logical import ranked_manifest, split_rank
@@ -167,15 +168,18 @@ class Snapshot(StoredSnapshot):
         ``path`` is a logical path of :meth:`get_manifest`, ``"<rank>/<key>"``: rank ``r``'s
         value of a per-rank entry for ``"r/..."``; shared entries serve any rank. A tensor
         comes back as a new CPU tensor, or is copied into ``obj_out`` if given (and returned).
+        A damaged chunk a remote holds is healed from it, as :meth:`restore` does.
 
         Raises:
             KeyNotFoundError: no such path (the message suggests near matches).
+            CorruptionError: a chunk read is damaged and no remote holds a sound copy.
         """
         from .engine.restore.read import read_object
         from .engine.restore.reader import Reader
 
         rank, key = split_rank(path, f"snapshot {self.ref}")
-        return read_object(Reader.of(self._view(), rank=rank), key, obj_out)
+        with healing(self._view()) as view:
+            return read_object(Reader.of(view, rank=rank), key, obj_out)
 
     def get_state_dict_for_key(self, key: str, replicate_from_rank0: bool = False) -> Any:
         """The state dict stored for app_state name ``key`` (see

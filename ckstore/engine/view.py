@@ -4,6 +4,9 @@ its manifest). The public snapshot handles build on them."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..format.manifest import Manifest
@@ -77,6 +80,15 @@ class SnapshotFields:
         }
 
 
+@dataclass
+class _Read:
+    """What a view read of its manifest, shared by the view and its copies (:meth:`SnapshotView.healing_with`)."""
+
+    manifest: Manifest | None = None
+    raw: bytes | None = None
+    header: dict[str, Any] | None = None
+
+
 class SnapshotView(SnapshotFields):
     """One committed snapshot of a repository: its record, its manifest (read on first use)."""
 
@@ -85,11 +97,13 @@ class SnapshotView(SnapshotFields):
     ) -> None:
         self.repo = repo
         self._record = record
-        self._manifest = manifest
-        self._raw: bytes | None = None
-        self._header: dict[str, Any] | None = None
+        self._read = _Read(manifest)
         self.progress: ProgressFn | None = None
         """Given to every reader of it (``Reader.of``: an export's progress)."""
+        self.heal: Callable[[str], bool] | None = None
+        """Given to every reader of it (``Reader.of``): heals a chunk a read finds damaged or
+        missing (``engine.restore.fetch.Healer``); None: such a chunk raises. The facade sets
+        it on a copy of the view for one call (``_heal_verbs.healing``)."""
 
     @property
     def record(self) -> SnapshotRecord:
@@ -98,23 +112,23 @@ class SnapshotView(SnapshotFields):
     @property
     def manifest(self) -> Manifest:
         """The whole manifest (one stored in parts is read whole), validated."""
-        if self._manifest is None:
-            self._manifest = manifests.load(
+        if self._read.manifest is None:
+            self._read.manifest = manifests.load(
                 self.repo.objects, self.repo.index, self.raw(), self.where
             )
-        return self._manifest
+        return self._read.manifest
 
     @property
     def header(self) -> dict[str, Any]:
         """The manifest's snapshot header; of a manifest stored in parts, only its root is read."""
-        if self._manifest is not None:
-            return self._manifest.snapshot or {}
-        if self._header is None:
+        if self._read.manifest is not None:
+            return self._read.manifest.snapshot or {}
+        if self._read.header is None:
             doc = parse_any(self.raw(), self.where)
             if isinstance(doc, Manifest):
-                self._manifest = doc
-            self._header = doc.snapshot or {}
-        return self._header
+                self._read.manifest = doc
+            self._read.header = doc.snapshot or {}
+        return self._read.header
 
     @property
     def where(self) -> str:
@@ -122,6 +136,13 @@ class SnapshotView(SnapshotFields):
 
     def raw(self) -> bytes:
         """The manifest object's bytes (the root of one stored in parts), read once."""
-        if self._raw is None:
-            self._raw = self.repo.objects.get_blob("manifests", self.record.manifest_id)
-        return self._raw
+        if self._read.raw is None:
+            self._read.raw = self.repo.objects.get_blob("manifests", self.record.manifest_id)
+        return self._read.raw
+
+    def healing_with(self, heal: Callable[[str], bool]) -> SnapshotView:
+        """This snapshot for one call whose readers heal through ``heal`` (:attr:`heal`); what
+        either view reads of the manifest is read once for both."""
+        mine = copy.copy(self)
+        mine.heal = heal
+        return mine

@@ -224,9 +224,10 @@ def by_url(index: RemoteIndex, url: str | os.PathLike[str]) -> RemoteRecord | No
     return next((r for r in index.list_remotes() if r.url == text), None)
 
 
-def open_remote(index: RemoteIndex, remote: RemoteRecord) -> Repository:
+def open_remote(index: RemoteIndex, remote: RemoteRecord, read_only: bool = False) -> Repository:
     """Open the store ``remote`` names, and show that it is the one this store knows
-    (module docstring); never creates one.
+    (module docstring); never creates one. ``read_only``: for reading alone (its index opened
+    without writing anything there, every write refused), as healing reads.
 
     Raises:
         NotFoundError: no store there (the message says whether the remote was used before:
@@ -235,7 +236,7 @@ def open_remote(index: RemoteIndex, remote: RemoteRecord) -> Repository:
         StorageError, IndexError_: it cannot be opened.
     """
     try:
-        repo = _open(remote)
+        repo = _open(remote, read_only=read_only or None)
     except NotFoundError as exc:
         raise _missing(index, remote, exc) from exc
     return _checked(index, remote, repo)
@@ -294,14 +295,21 @@ def confirm(repo: Repository, name: str) -> None:
         )
 
 
-def _open(remote: RemoteRecord, create: bool = False, **kw: Any) -> Repository:
+def _open(
+    remote: RemoteRecord, create: bool = False, read_only: bool | None = None, **kw: Any
+) -> Repository:
     index_file = _sqlite_file(remote.url, remote.index)
     if not create and index_file is not None and not os.path.exists(index_file):
         raise NotFoundError(  # opening it would leave an empty database file there
             f"no index at {index_file} for the store at {remote.url}"
         )
     return open_repository(
-        remote.url, index=remote.index, storage_options=remote.options or None, create=create, **kw
+        remote.url,
+        index=remote.index,
+        storage_options=remote.options or None,
+        create=create,
+        read_only=read_only,
+        **kw,
     )
 
 

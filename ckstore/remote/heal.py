@@ -13,7 +13,9 @@ its chunks. :func:`heal` brings such chunks back:
    check: BLAKE3 against the id; the remote's own digests prove nothing, I7). A remote that
    lacks it, or whose copy is damaged too, is passed over.
 3. The verified bytes are encoded here as a whole chunk (never a delta: the base may be the
-   damaged one) into a new local pack, made durable; then one index transaction per damaged
+   damaged one) into a new local pack, made durable: loose (raw, in a pack marked loose, which
+   compaction rewrites densely later) when every chunk healed was loose, as a take writes
+   them, else compressed; then one index transaction per damaged
    pack points the chunks' rows at the new pack, each a compare-and-swap on the old pack (a
    chunk gc or compaction moved meanwhile is left alone), as compaction and gc do. Nothing is
    overwritten in place: the damaged payload is garbage in its old pack, which gc repacks.
@@ -40,8 +42,9 @@ from ..errors import (
     ReadOnlyStoreError,
 )
 from ..index import ChunkRecord, PackRecord, RemoteRecord
-from ..objects.codecs import encode
+from ..objects.codecs import FAST_CODECS, encode
 from . import config
+from .readers import readers_of
 
 if TYPE_CHECKING:
     from ..engine.interfaces import ProofIndex, TierIndex
@@ -94,9 +97,19 @@ def damaged(local: Repository, chunk_ids: Iterable[str]) -> list[str]:
     return bad
 
 
-def heal(local: Repository, chunk_ids: Iterable[str], remote: str | None = None) -> HealReport:
+def heal(
+    local: Repository,
+    chunk_ids: Iterable[str],
+    remote: str | None = None,
+    passed_over: set[str] | None = None,
+) -> HealReport:
     """Bring back the damaged local chunks ``chunk_ids`` from ``remote`` (None: any configured
-    remote that holds them), verified against their ids (module docstring).
+    remote that holds them), verified against their ids (module docstring). Remotes are read
+    through the handles :func:`.readers.readers_of` keeps open for ``local``.
+
+    ``passed_over``: names of remotes not to try (one that could not be opened or read is
+    added): a caller healing chunk by chunk passes one set for its whole call, so a remote
+    that is down costs one try, not one per chunk.
 
     Raises:
         ReadOnlyStoreError: ``local`` is read-only and a chunk needs healing.
@@ -113,15 +126,19 @@ def heal(local: Repository, chunk_ids: Iterable[str], remote: str | None = None)
             "healing writes a pack here"
         )
     records = [config.get(index, remote)] if remote is not None else index.list_remotes()
+    skip = passed_over if passed_over is not None else set()
+    records = [r for r in records if r.name not in skip]
     old = index.chunk_locations(want)  # the rows to switch, as they are before the fetch
+    # loose chunks come back loose, as a take wrote them (compaction rewrites them densely)
+    loose = all(old[c].codec in FAST_CODECS for c in want if c in old)
     writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
     try:
         for record in records:  # each chunk written as it arrives: memory stays one chunk
             missing = [c for c in want if c not in report.healed]
             if not missing:
                 break
-            for cid, raw in _fetch(local, record, missing):
-                codec, payload = encode(raw, 1, False)
+            for cid, raw in _fetch(local, record, missing, skip):
+                codec, payload = encode(raw, 1, False, fast=loose)
                 writer.add(cid, codec, payload, len(raw))
                 report.healed[cid] = record.name
     except BaseException:
@@ -131,44 +148,46 @@ def heal(local: Repository, chunk_ids: Iterable[str], remote: str | None = None)
     if not report.healed:
         writer.abort()
         return report
-    moved = _switch(local, writer, old)
+    moved = _switch(local, writer, old, loose)
     for cid in set(report.healed) - moved:  # moved meanwhile: its new place is not ours to judge
         report.healed.pop(cid)
     return report
 
 
 def _fetch(
-    local: Repository, record: RemoteRecord, chunk_ids: list[str]
+    local: Repository, record: RemoteRecord, chunk_ids: list[str], passed_over: set[str]
 ) -> Iterator[tuple[str, bytes]]:
     """The raw bytes of the chunks of ``chunk_ids`` remote ``record`` holds, each verified
-    against its id, one at a time; a remote that cannot be opened or read gives nothing
-    (logged)."""
-    index: TierIndex = local.index
+    against its id, one at a time, looked up there in one query; a remote that cannot be
+    opened or read gives nothing (logged, and its name added to ``passed_over``)."""
+    readers = readers_of(local)
     try:
-        there = config.open_remote(index, record)
-    except CkstoreError as exc:
-        log.warning("cannot heal from remote %r: %s", record.name, exc)
-        return
-    try:
+        there = readers.get(record)
         theirs: ProofIndex = there.index
         rows = theirs.chunk_locations(chunk_ids)
-        for cid in chunk_ids:
-            rec = rows.get(cid)
-            if rec is None:
-                continue
-            try:  # decoded there and hashed against the id asked for, not the remote's word
-                raw = bytes(there.objects.read_chunk(to_location(rec, rows)))
-            except CkstoreError as exc:
-                log.warning("chunk %s is damaged at remote %r too: %s", cid, record.name, exc)
-                continue
-            yield cid, raw
-    finally:
-        there.close()
+    except CkstoreError as exc:
+        log.warning("cannot heal from remote %r: %s", record.name, exc)
+        passed_over.add(record.name)
+        readers.forget(record.name)
+        return
+    for cid in chunk_ids:
+        rec = rows.get(cid)
+        if rec is None:
+            continue
+        try:  # decoded there and hashed against the id asked for, not the remote's word
+            raw = bytes(there.objects.read_chunk(to_location(rec, rows)))
+        except CkstoreError as exc:
+            log.warning("chunk %s is damaged at remote %r too: %s", cid, record.name, exc)
+            continue
+        yield cid, raw
 
 
-def _switch(local: Repository, writer: PackWriter, old: dict[str, ChunkRecord]) -> set[str]:
-    """Make the new pack durable, then switch the rows of its chunks to it, per old pack (each
-    a compare-and-swap on the row's old place); returns the ids whose rows were switched."""
+def _switch(
+    local: Repository, writer: PackWriter, old: dict[str, ChunkRecord], loose: bool
+) -> set[str]:
+    """Make the new pack (``loose``: of loose chunks) durable, then switch the rows of its
+    chunks to it, per old pack (each a compare-and-swap on the row's old place); returns the
+    ids whose rows were switched."""
     index: TierIndex = local.index
     done = writer.finish()  # durable first...
     assert done is not None
@@ -180,7 +199,8 @@ def _switch(local: Repository, writer: PackWriter, old: dict[str, ChunkRecord]) 
             by_pack[before.pack_id].append(rec)
     switched: set[str] = set()
     for old_pack, moves in by_pack.items():  # ...then rows, each a compare-and-swap
-        if index.relocate_chunks(PackRecord(new_id, size, len(locs), time.time()), moves, old_pack):
+        pack = PackRecord(new_id, size, len(locs), time.time(), loose)
+        if index.relocate_chunks(pack, moves, old_pack):
             now = index.chunk_locations([m.chunk_id for m in moves])
             switched |= {m.chunk_id for m in moves if now[m.chunk_id].pack_id == new_id}
     return switched

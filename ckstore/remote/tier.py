@@ -41,13 +41,19 @@ class RemoteHandle:
     reopened after :meth:`reset`. Only the uploader may create it (:meth:`get` with
     ``create``), and only when the remote was never used (:func:`.config.open_or_create`);
     reads never create. ``options``: storage options for this process only (credentials given
-    to ``ckstore.open``), laid over the recorded ones."""
+    to ``ckstore.open``), laid over the recorded ones. ``read_only``: opened for reading alone
+    (:func:`.config.open_remote`), for a handle nothing writes through."""
 
     def __init__(
-        self, local: Repository, remote: RemoteRecord, options: dict[str, Any] | None = None
+        self,
+        local: Repository,
+        remote: RemoteRecord,
+        options: dict[str, Any] | None = None,
+        read_only: bool = False,
     ) -> None:
         self.local, self.record = local, remote
         self.options = options or {}
+        self.read_only = read_only
         self._repo: Repository | None = None
         self._lock = threading.Lock()
 
@@ -79,7 +85,7 @@ class RemoteHandle:
                 if create:
                     self._repo, _ = config.open_or_create(index, record, self.local)
                 else:
-                    self._repo = config.open_remote(index, record)
+                    self._repo = config.open_remote(index, record, self.read_only)
             return self._repo
 
     def reset(self) -> None:
@@ -171,6 +177,12 @@ class TierBackend(WrappingBackend):
         """Read the packs of remote ``handle.name`` through ``handle`` (the uploader's)."""
         with self._lock:
             self._handles[handle.name] = handle
+
+    def handle(self, name: str) -> RemoteHandle | None:
+        """The handle remote ``name``'s packs are read through, if one was made (the tier
+        remote's is the uploader's, with this process's storage options)."""
+        with self._lock:
+            return self._handles.get(name)
 
     def _remote_of(self, pack_id: str) -> RemoteHandle | None:
         """The remote whose pack ``pack_id`` is, if the index says it is one."""

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -280,3 +281,161 @@ def test_a_read_only_store_names_the_damage_and_how_to_heal_it(tmp_path: Path) -
     with ckstore.open(tmp_path / "local", read_only=True) as ro:
         with pytest.raises(ckstore.CorruptionError, match=r"r@2.*read-only.*ckstore repair.*r@1"):
             restores(ro, "r@2", 2)
+
+
+def _read_all(store: ckstore.Store, how: str, out: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of app ``m`` of ``r@2``, read through the read path ``how``."""
+    snap = store.get("r@2")
+    if how == "read_object":
+        return dict(snap.read_object("m"))
+    if how == "torchsnapshot_read_object":
+        return dict(ckstore.Snapshot.of(snap).read_object("0/m"))
+    if how == "get_state_dict_for_key":
+        return dict(snap.get_state_dict_for_key("m"))
+    snap.export(out, "torch")
+    (saved,) = out.glob("*.pt")
+    return dict(torch.load(saved, weights_only=True)["m"])
+
+
+@pytest.mark.parametrize(
+    "how", ["read_object", "torchsnapshot_read_object", "get_state_dict_for_key", "export"]
+)
+def test_every_read_path_heals_as_a_restore_does(tmp_path: Path, how: str) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
+    try:
+        fill(store, "r", [1, 2])
+        assert store.wait_pushed(timeout=60)
+        hit = _damage(store, tmp_path / "local", "r@2", n=2)
+        with pytest.warns(ckstore.HealedWarning, match=r"r@2.*2 damaged chunk\(s\) healed") as seen:
+            got = _read_all(store, how, tmp_path / "out")
+        assert len([w for w in seen if issubclass(w.category, ckstore.HealedWarning)]) == 1
+        assert all(h[:16] in str(seen[0].message) for h in hit)
+        want = state_for(2)
+        assert set(got) == set(want) and all(torch.equal(got[k], v) for k, v in want.items())
+        assert store.check(read_data=True).ok
+    finally:
+        store.close()
+
+
+def test_a_restore_that_heals_chunk_by_chunk_opens_each_remote_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckstore.remote import config
+
+    opened: list[str] = []
+    real = config.open_remote
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        opened.append(args[1].name)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(config, "open_remote", counting)
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    try:
+        fill(store, "r", [1, 2])
+        store.add_remote("backup", tmp_path / "backup")
+        store.push("backup")
+        opened.clear()
+        _damage(store, tmp_path / "local", "r@2", n=3)
+        with pytest.warns(ckstore.HealedWarning, match=r"3 damaged chunk\(s\)"):
+            assert restores(store, "r@2", 2)
+        _damage(store, tmp_path / "local", "r@1", n=1)
+        with pytest.warns(ckstore.HealedWarning):
+            assert restores(store, "r@1", 1)
+        report = store.repair()
+        assert report.ok and opened == ["backup"]  # kept open for the store handle's life
+    finally:
+        store.close()
+
+
+def test_a_remote_that_cannot_be_opened_is_tried_once_per_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckstore.remote import config
+
+    tries: list[str] = []
+
+    def down(*args: Any, **kw: Any) -> Any:
+        tries.append(args[1].name)
+        raise ckstore.StorageError("the share is not mounted")
+
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    try:
+        fill(store, "r", [1])
+        store.add_remote("backup", tmp_path / "backup")
+        store.push("backup")
+        _damage(store, tmp_path / "local", "r@1", n=3)
+        monkeypatch.setattr(config, "open_remote", down)
+        with pytest.raises(ckstore.CorruptionError):
+            store.get("r@1").read_object("m")
+        assert tries == ["backup"]
+    finally:
+        store.close()
+
+
+def test_chunks_found_damaged_during_a_heal_are_healed_together_in_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    import ckstore._heal_verbs as heal_verbs
+
+    calls: list[list[str]] = []
+    release = threading.Event()
+    real = heal_verbs.heal
+
+    def gated(repo: Any, chunk_ids: Any, *args: Any, **kw: Any) -> Any:
+        calls.append(list(chunk_ids))
+        if len(calls) == 1:
+            assert release.wait(30)
+        return real(repo, chunk_ids, *args, **kw)
+
+    monkeypatch.setattr(heal_verbs, "heal", gated)
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    try:
+        fill(store, "r", [1])
+        store.add_remote("backup", tmp_path / "backup")
+        store.push("backup")
+        a, b, c = _damage(store, tmp_path / "local", "r@1", n=3)
+        healer = heal_verbs.RestoreHealer(store.get("r@1").view)
+        results: dict[str, bool] = {}
+
+        def ask(cid: str) -> None:
+            results[cid] = healer(cid)
+
+        first = threading.Thread(target=ask, args=(a,))
+        first.start()
+        while not calls:
+            time.sleep(0.01)
+        others = [threading.Thread(target=ask, args=(cid,)) for cid in (b, c)]
+        for t in others:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(healer._queued) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        release.set()
+        for t in [first, *others]:
+            t.join(30)
+        assert results == {a: True, b: True, c: True}
+        assert calls == [[a], sorted([b, c])]  # the two that waited: one heal, one new pack
+        assert store.check(read_data=True).ok
+    finally:
+        store.close()
+
+
+def test_the_remotes_healing_opened_close_with_the_store(tmp_path: Path) -> None:
+    from ckstore.remote import readers
+
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    fill(store, "r", [1])
+    store.add_remote("backup", tmp_path / "backup")
+    store.push("backup")
+    _damage(store, tmp_path / "local", "r@1")
+    repo = store.repository
+    with pytest.warns(ckstore.HealedWarning):
+        assert restores(store, "r@1", 1)
+    there = readers.readers_of(repo).get(repo.index.get_remote("backup"))  # type: ignore[arg-type]
+    assert there.read_only and not there.closed
+    store.close()
+    assert there.closed and repo not in readers._READERS

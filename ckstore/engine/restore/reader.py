@@ -51,10 +51,10 @@ class Reader:
 
     @classmethod
     def of(cls, view: SnapshotView, **kw: Any) -> Reader:
-        """A reader of ``view``'s chunks on its repository's threads, with its progress
-        (``kw``: other fields, e.g. ``rank``)."""
+        """A reader of ``view``'s chunks on its repository's threads, with its progress and
+        healer (``kw``: other fields, e.g. ``rank``)."""
         repo = view.repo
-        fields = {"threads": repo.threads, "progress": view.progress, **kw}
+        fields = {"threads": repo.threads, "progress": view.progress, "heal": view.heal, **kw}
         return cls(repo.objects, repo.index, view.manifest, f"snapshot {view.ref}", **fields)
 
     def entry(self, key: str) -> Entry:
