@@ -89,7 +89,8 @@ def _suspects(repo: Repository, report: CheckReport) -> set[str]:
 class RestoreHealer:
     """A restore's :data:`~ckstore.engine.restore.fetch.Healer`: a chunk its fetcher found
     damaged or missing is healed, with any damaged base of its delta chain, from a configured
-    remote that holds it, while the restore goes on; :meth:`report` warns once after."""
+    remote that holds it, while the restore goes on; :meth:`report` warns once after (on
+    leaving the ``with`` block the restore runs in, even when it failed)."""
 
     def __init__(self, view: SnapshotView) -> None:
         self.view = view
@@ -120,6 +121,13 @@ class RestoreHealer:
         if self.healed:
             _warn_healed(self.view, self.healed)
 
+    def __enter__(self) -> RestoreHealer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """The restore ended, well or not: :meth:`report` (every heal is counted)."""
+        self.report()
+
 
 def with_healing(view: SnapshotView, restore: Callable[[], None]) -> None:
     """Run ``restore`` (of ``view``); when it still meets damage its fetcher could not heal,
@@ -136,25 +144,31 @@ def heal_restore(view: SnapshotView, error: CorruptionError | ObjectNotFoundErro
     from the store's remotes and warn (:class:`HealedWarning`, naming the chunks and remotes),
     so the caller can restore again.
 
+    Chunks healed before some stay damaged are warned about all the same: every heal is
+    counted.
+
     Raises:
         CorruptionError, ObjectNotFoundError: ``error`` again when no chunk of the snapshot
-            reads back damaged or missing; one of its class naming the snapshot, the chunks no
-            remote could give back, and the run's previous healthy snapshot to restore
-            instead, when some stay damaged.
+            reads back damaged or missing (a remote that lacks an evicted pack: it may be
+            back later). CorruptionError naming the snapshot, the chunks no remote could give
+            back, and the run's previous healthy snapshot to restore instead, when some stay
+            damaged or missing here (a deleted local pack is damage too).
     """
     repo = view.repo
     bad = damaged(repo, repo.index.snapshot_chunk_ids(view.record.id))
     if not bad:
         raise error
     if repo.read_only:
-        raise type(error)(
+        raise CorruptionError(
             f"{error}. Snapshot {_label(view)}: {len(bad)} chunk(s) are damaged here "
             f"({_some(bad)}) and the store is open read-only: open it writable to heal them "
             f"from a remote that holds them (`ckstore repair`), or {_fallback(view)}"
         ) from error
     report = heal(repo, bad)
     if report.unrecoverable:
-        raise type(error)(
+        if report.healed:  # healed all the same: counted, though the restore fails
+            _warn_healed(view, report.healed)
+        raise CorruptionError(
             f"{error}. Snapshot {_label(view)} cannot be read from any tier: "
             f"{len(report.unrecoverable)} "
             f"chunk(s) are damaged here and no remote holds a sound copy "

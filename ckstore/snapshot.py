@@ -274,7 +274,9 @@ class StoredSnapshot(SnapshotFields):
         budget = view.repo.memory_budget if memory_budget is None else memory_budget
         checking = "full" if verify == "full" else "fast"
         healer = RestoreHealer(view)
-        with view.repo.activity():  # background compaction of this process waits meanwhile
+        # background compaction of this process waits meanwhile; what was healed is counted
+        # when the restore ends, even when it then fails
+        with view.repo.activity(), healer:
             if is_distributed():  # the job reads the manifest (each rank: what it needs) once
                 from .distributed.restore import restore as dist_restore
 
@@ -303,7 +305,6 @@ class StoredSnapshot(SnapshotFields):
                     )
 
                 with_healing(view, once)
-        healer.report()
         _takes.loaded(view.repo, view.record.id)
         if verify is True:
             self._check_restored(app_state, strict)

@@ -208,19 +208,25 @@ def _attempt(store: ckstore.Store, ref: str, tier: Tier, oracle: Oracle) -> tupl
     with _counting() as healed:
         try:
             exact = restores(store, ref, _step(label))
-        except (errors.CorruptionError, errors.ObjectNotFoundError) as exc:
-            msg = str(exc)
-            assert bad - held, f"{label} failed though the remote holds every damaged chunk: {msg}"
-            assert f"Snapshot {label} (" in msg, msg
-            offered = OFFERED.search(msg)
-            assert offered or "no earlier healthy snapshot" in msg, msg
-            oracle.damaged -= held  # healed on the way, for the snapshots sharing them
-            oracle.refused += 1
-            return False, offered.group(1) if offered else None
-    assert exact, f"{label} restored wrong bytes"
-    assert not bad - held, f"{label} restored though chunks no tier holds were damaged"
+        except errors.CorruptionError as exc:  # a deleted pack too: damage, not a lost remote
+            failed: errors.CorruptionError | None = exc
+        else:
+            failed = None
     counted = sum(int(m.group(2)) for m in map(HEALED.search, healed) if m)
     assert all(HEALED.search(h).group(1) == label for h in healed), healed  # type: ignore[union-attr]
+    if failed is not None:
+        msg = str(failed)
+        assert bad - held, f"{label} failed though the remote holds every damaged chunk: {msg}"
+        assert f"Snapshot {label} (" in msg, msg
+        offered = OFFERED.search(msg)
+        assert offered or "no earlier healthy snapshot" in msg, msg
+        assert counted == len(held), f"{label}: {len(held)} chunk(s) healable, warnings {healed}"
+        oracle.damaged -= held
+        oracle.healed += counted
+        oracle.refused += 1
+        return False, offered.group(1) if offered else None
+    assert exact, f"{label} restored wrong bytes"
+    assert not bad - held, f"{label} restored though chunks no tier holds were damaged"
     assert counted == len(bad), f"{label}: {len(bad)} damaged chunk(s), warnings {healed}"
     oracle.damaged -= bad
     oracle.healed += counted
