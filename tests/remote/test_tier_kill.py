@@ -157,7 +157,8 @@ def _damage(root: Path, rng: random.Random, oracle: Oracle) -> None:
         by_pack.setdefault(rec.pack_id, []).append(rec)
     for _ in range(rng.randint(1, 3)):
         harm = rng.choice(["flip", "truncate", "delete"])
-        pack_id = rng.choice(sorted(by_pack))
+        # packs by their first chunk (ids are content hashes; pack ids carry a random nonce)
+        pack_id = rng.choice(sorted(by_pack, key=lambda p: min(r.chunk_id for r in by_pack[p])))
         path = _pack_path(root, pack_id)
         if not path.exists():
             continue
