@@ -69,7 +69,8 @@ class Tier:
         except errors.NotFoundError:
             return set()  # killed before its first push made it
         with there:
-            return set(there.repository.index.chunk_locations(sorted(chunk_ids)))
+            found = there.repository.index.chunk_locations(sorted(chunk_ids))
+            return set(found) & chunk_ids  # the rows come with their delta bases
 
 
 @pytest.fixture
@@ -87,10 +88,11 @@ def tier(seaweed_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 # --- the training process ---------------------------------------------------------------------
 def _training(
-    local: str, open_kw: dict[str, Any], steps: list[int], kill_at: int, when: str
+    local: str, open_kw: dict[str, Any], steps: list[int], kill_at: int, when: str, deltas: bool
 ) -> None:
-    """Take ``steps`` with the uploader pushing, SIGKILLed at event ``kill_at`` (a local pack
-    put or index write, a remote put or index write); past the last event, killed anyway."""
+    """Take ``steps`` (with ``deltas``: stored as deltas on their parents) with the uploader
+    pushing, SIGKILLed at event ``kill_at`` (a local pack put or index write, a remote put or
+    index write); past the last event, killed anyway."""
     uploader_mod.RETRY_SECONDS = (0.05, 0.2)
     arm = Arm(kill_at, when)
     real_open = config.open_or_create
@@ -103,7 +105,7 @@ def _training(
     config.open_or_create = open_or_create  # type: ignore[assignment]
     store = ckstore.open(local, create=True, auto_compact=False, **open_kw, **KNOBS)
     instrument(store.repository, arm, LOCAL_INDEX_CALLS)
-    fill(store, "r", steps)
+    fill(store, "r", steps, delta_base="parent" if deltas else None)
     try:
         store.wait_pushed(timeout=30)
     except errors.CkstoreError:
@@ -111,9 +113,13 @@ def _training(
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _killed(local: Path, tier: Tier, steps: list[int], kill_at: int, when: str) -> None:
+def _killed(
+    local: Path, tier: Tier, steps: list[int], kill_at: int, when: str, deltas: bool
+) -> None:
     ctx = multiprocessing.get_context("fork")
-    proc = ctx.Process(target=_training, args=(str(local), tier.open_kw(), steps, kill_at, when))
+    proc = ctx.Process(
+        target=_training, args=(str(local), tier.open_kw(), steps, kill_at, when, deltas)
+    )
     proc.start()
     proc.join(120)
     if proc.is_alive():
@@ -200,11 +206,16 @@ def _step(ref: str) -> int:
 
 
 def _attempt(store: ckstore.Store, ref: str, tier: Tier, oracle: Oracle) -> tuple[bool, str | None]:
-    """Restore ``ref`` once, checked against the oracle: (restored, the ref its error offers)."""
+    """Restore ``ref`` once, checked against the oracle: (restored, the ref its error offers).
+
+    A heal rewrites a chunk whole into a new pack: the healed chunks are the rows that moved.
+    They must be the damaged chunks the remote holds, and the deltas stored on one of those
+    (which count as damaged while their base is), each counted once in a HealedWarning.
+    """
     snap = store.get(ref)
     label = f"r@{snap.step}"
-    ids = store.repository.index.snapshot_chunk_ids(snap.id)
-    bad = ids & oracle.damaged
+    rows = _needed(store, snap.id)
+    bad = set(rows) & oracle.damaged
     held = tier.holds(bad) if bad else set()
     with _counting() as healed:
         try:
@@ -213,30 +224,51 @@ def _attempt(store: ckstore.Store, ref: str, tier: Tier, oracle: Oracle) -> tupl
             failed: errors.CorruptionError | None = exc
         else:
             failed = None
+    now = store.repository.index.chunk_locations(sorted(rows))
+    moved = {c for c, r in rows.items() if c in now and now[c].pack_id != r.pack_id}
     counted = sum(int(m.group(2)) for m in map(HEALED.search, healed) if m)
     assert all(HEALED.search(h).group(1) == label for h in healed), healed  # type: ignore[union-attr]
+    assert counted == len(moved), f"{label}: {len(moved)} chunk(s) healed, warnings {healed}"
+    assert held <= moved, f"{label}: damaged chunks the remote holds were not healed"
+    assert all(_chain(rows, c) & bad for c in moved), f"{label}: a sound chunk was healed"
+    oracle.damaged -= moved
+    oracle.healed += counted
     if failed is not None:
         msg = str(failed)
         assert bad - held, f"{label} failed though the remote holds every damaged chunk: {msg}"
         assert f"Snapshot {label} (" in msg, msg
         offered = OFFERED.search(msg)
         assert offered or "no earlier healthy snapshot" in msg, msg
-        assert counted == len(held), f"{label}: {len(held)} chunk(s) healable, warnings {healed}"
-        oracle.damaged -= held
-        oracle.healed += counted
         oracle.refused += 1
         return False, offered.group(1) if offered else None
     assert exact, f"{label} restored wrong bytes"
     assert not bad - held, f"{label} restored though chunks no tier holds were damaged"
-    assert counted == len(bad), f"{label}: {len(bad)} damaged chunk(s), warnings {healed}"
-    oracle.damaged -= bad
-    oracle.healed += counted
     return True, None
+
+
+def _needed(store: ckstore.Store, snapshot_id: str) -> dict[str, ChunkRecord]:
+    """The rows of every chunk a restore of the snapshot reads: its own, and their delta bases."""
+    index = store.repository.index
+    rows: dict[str, ChunkRecord] = {}
+    todo = index.snapshot_chunk_ids(snapshot_id)
+    while todo:
+        found = index.chunk_locations(sorted(todo))
+        rows.update({c: r for c, r in found.items() if c in todo})
+        todo = {r.base_id for r in found.values() if r.base_id and r.base_id not in rows}
+    return rows
+
+
+def _chain(rows: dict[str, ChunkRecord], cid: str) -> set[str]:
+    links = {cid}
+    while rows[cid].base_id is not None:
+        cid = rows[cid].base_id  # type: ignore[assignment]
+        links.add(cid)
+    return links
 
 
 def _newest_restorable(store: ckstore.Store, tier: Tier, oracle: Oracle) -> str | None:
     for snap in store.log():  # newest first
-        bad = store.repository.index.snapshot_chunk_ids(snap.id) & oracle.damaged
+        bad = set(_needed(store, snap.id)) & oracle.damaged
         if not bad or tier.holds(bad) == bad:
             return f"r@{snap.step}"
     return None
@@ -268,7 +300,7 @@ def _round_checks(root: Path, tier: Tier, oracle: Oracle) -> None:
         for snap in store.log()[::-1]:
             _attempt(store, f"r@{snap.step}", tier, oracle)
         for snap in store.log():  # healed: now sound without another heal
-            bad = store.repository.index.snapshot_chunk_ids(snap.id) & oracle.damaged
+            bad = set(_needed(store, snap.id)) & oracle.damaged
             if not bad:
                 with _counting() as healed:
                     assert restores(store, f"r@{snap.step}", snap.step)
@@ -286,8 +318,9 @@ def test_two_tier_kills_and_local_damage_restore_or_name_the_fallback(
     for rnd in range(ROUNDS):
         steps = list(range(next_step, next_step + rng.randint(2, 3)))
         kill_at, when = rng.randint(1, MAX_EVENT), rng.choice(["before", "after"])
+        deltas = rng.random() < 0.5
         try:
-            _killed(root, tier, steps, kill_at, when)
+            _killed(root, tier, steps, kill_at, when, deltas)
             if not (root / "ckstore.json").exists():
                 continue  # killed before the store was made
             with ckstore.open(root) as store:
@@ -297,8 +330,9 @@ def test_two_tier_kills_and_local_damage_restore_or_name_the_fallback(
             _round_checks(root, tier, oracle)
         except BaseException as exc:
             exc.add_note(
-                f"seed {seed} (CKSTORE_KILL_SEED={seed}), round {rnd}: steps {steps}, killed at "
-                f"event {kill_at} ({when}); damage so far: {oracle.log}"
+                f"seed {seed} (CKSTORE_KILL_SEED={seed}), round {rnd}: steps {steps}"
+                f"{' as deltas' if deltas else ''}, killed at event {kill_at} ({when}); damage "
+                f"so far: {oracle.log}"
             )
             raise
     print(
