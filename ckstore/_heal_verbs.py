@@ -93,11 +93,14 @@ def _suspects(repo: Repository, report: CheckReport) -> set[str]:
 def healing(view: SnapshotView) -> Iterator[SnapshotView]:
     """A copy of ``view`` for one read call (a restore, ``read_object``, ...) whose readers
     (``Reader.of``) heal as they read: a chunk found damaged or missing goes to one
-    :class:`RestoreHealer` for the whole call, and after the call :class:`HealedWarning`
-    names what was healed, once. The one path every read of a snapshot heals through."""
+    :class:`RestoreHealer` for the whole call, and after the call, whether it succeeded or
+    not, :class:`HealedWarning` names what was healed, once (every heal is counted). The one
+    path every read of a snapshot heals through."""
     healer = RestoreHealer(view)
-    yield view.healing_with(healer)
-    healer.report()
+    try:
+        yield view.healing_with(healer)
+    finally:
+        healer.report()
 
 
 class RestoreHealer:
@@ -118,6 +121,7 @@ class RestoreHealer:
         self._outcome: dict[str, bool] = {}  # of chunks a heal took, until their caller asks
         self._queue_lock = threading.Lock()
         self._passed_over: set[str] = set()
+        self._sound: set[str] = set()  # damaged links found sound again once others healed
 
     def __call__(self, chunk_id: str) -> bool:
         with self._queue_lock:
@@ -148,15 +152,24 @@ class RestoreHealer:
         }
         # a whole chunk the fetcher found damaged is; a chain's links are read to find which
         bad = {c: [c] if len(ch) == 1 else damaged(repo, ch) for c, ch in chains.items()}
-        todo = sorted({link for links in bad.values() for link in links} - set(self.healed))
+        todo = sorted({link for links in bad.values() for link in links} - self._mended())
         if todo:
-            self.healed.update(heal(repo, todo, passed_over=self._passed_over).healed)
+            report = heal(repo, todo, passed_over=self._passed_over)
+            self.healed.update(report.healed)
+            # neither healed nor unrecoverable: reads back sound now (a delta whose damaged
+            # base was healed), or moved meanwhile; the fetcher reads and checks it again
+            self._sound.update(set(todo) - set(report.healed) - set(report.unrecoverable))
+        mended = self._mended()
         return {
             c: c in chains
-            and all(link in self.healed for link in bad[c])
+            and all(link in mended for link in bad[c])
             and (bool(bad[c]) or any(link in self.healed for link in chains[c]))
             for c in chunk_ids
         }
+
+    def _mended(self) -> set[str]:
+        """The chunks this read healed, or found readable again after a heal."""
+        return set(self.healed) | self._sound
 
     def report(self) -> None:
         """Warn :class:`HealedWarning` naming what this restore healed, if anything."""
@@ -179,25 +192,31 @@ def heal_restore(view: SnapshotView, error: CorruptionError | ObjectNotFoundErro
     from the store's remotes and warn (:class:`HealedWarning`, naming the chunks and remotes),
     so the caller can restore again.
 
+    Chunks healed before some stay damaged are warned about all the same: every heal is
+    counted.
+
     Raises:
         CorruptionError, ObjectNotFoundError: ``error`` again when no chunk of the snapshot
-            reads back damaged or missing; one of its class naming the snapshot, the chunks no
-            remote could give back, and the run's previous healthy snapshot to restore
-            instead, when some stay damaged.
+            reads back damaged or missing (a remote that lacks an evicted pack: it may be
+            back later). CorruptionError naming the snapshot, the chunks no remote could give
+            back, and the run's previous healthy snapshot to restore instead, when some stay
+            damaged or missing here (a deleted local pack is damage too).
     """
     repo = view.repo
     bad = damaged(repo, repo.index.snapshot_chunk_ids(view.record.id))
     if not bad:
         raise error
     if repo.read_only:
-        raise type(error)(
+        raise CorruptionError(
             f"{error}. Snapshot {_label(view)}: {len(bad)} chunk(s) are damaged here "
             f"({_some(bad)}) and the store is open read-only: open it writable to heal them "
             f"from a remote that holds them (`ckstore repair`), or {_fallback(view)}"
         ) from error
     report = heal(repo, bad)
     if report.unrecoverable:
-        raise type(error)(
+        if report.healed:  # healed all the same: counted, though the restore fails
+            _warn_healed(view, report.healed)
+        raise CorruptionError(
             f"{error}. Snapshot {_label(view)} cannot be read from any tier: "
             f"{len(report.unrecoverable)} "
             f"chunk(s) are damaged here and no remote holds a sound copy "

@@ -19,6 +19,8 @@ its chunks. :func:`heal` brings such chunks back:
    pack points the chunks' rows at the new pack, each a compare-and-swap on the old pack (a
    chunk gc or compaction moved meanwhile is left alone), as compaction and gc do. Nothing is
    overwritten in place: the damaged payload is garbage in its old pack, which gc repacks.
+4. A chunk no remote gave back is read here again: a delta that counted as damaged only
+   because its base was reads back sound once the base is healed, and is not unrecoverable.
 
 Killed after the new pack is durable and before the rows switch, the new pack is an orphan
 gc removes, and the chunk is still damaged (a later read heals it again). Chunks evicted to a
@@ -151,6 +153,8 @@ def heal(
     moved = _switch(local, writer, old, loose)
     for cid in set(report.healed) - moved:  # moved meanwhile: its new place is not ours to judge
         report.healed.pop(cid)
+    if report.unrecoverable:  # a delta no remote holds reads back sound once its base healed
+        report.unrecoverable = damaged(local, report.unrecoverable)
     return report
 
 
