@@ -25,7 +25,7 @@ from .remote.holdings import unproven
 
 if TYPE_CHECKING:
     from .engine.repository import Repository
-    from .history.compact import AutoCompactor
+    from .history.auto_compact import AutoCompactor
 
 
 class HistoryVerbs:

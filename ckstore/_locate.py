@@ -22,7 +22,7 @@ from .engine.config import CONFIG_NAME
 from .engine.opening import is_local, local_path, open_repository
 from .engine.repository import Repository
 from .errors import SnapshotNotFoundError
-from .history.compact import attach as attach_compaction
+from .history.auto_compact import attach as attach_compaction
 from .index import SnapshotRecord
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def locate(
     path: str, storage_options: dict[str, Any] | None, index: str | None, create: bool
 ) -> tuple[Repository, str | None]:
     """The store holding ``path`` and the snapshot name inside it (None: the store root),
-    with background compaction after takes (``ckstore.history.compact.attach``)."""
+    with background compaction after takes (``ckstore.history.auto_compact.attach``)."""
     repo, name = _locate(path, storage_options, index, create)
     attach_compaction(repo)
     return repo, name

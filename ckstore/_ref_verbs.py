@@ -79,6 +79,7 @@ class RefVerbs:
                 f"snapshot {snap.ref} is tagged {', '.join(tags) or '(tags moved meanwhile)'}: "
                 "untag it first (store.untag(name)), or pass force=True to delete it and its tags"
             ) from exc
+        self._repo.deletion_ages.deleted([snap.id])  # what compaction after takes leaves loose
         self._remember_purged(chunks)
 
     def delete_run(self, run: str, *, force: bool = False) -> list[SnapshotRecord]:

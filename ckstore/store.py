@@ -21,7 +21,7 @@ from .engine.take.spec import AsyncTakeOptions, LiveTakeOptions, TakeOptions, Ta
 from .engine.view import SnapshotView
 from .errors import SnapshotNotFoundError
 from .format.manifest import Manifest
-from .history.compact import attach as attach_compaction
+from .history.auto_compact import attach as attach_compaction
 from .index import SnapshotRecord
 from .pending import PendingSnapshot
 from .snapshot import StoredSnapshot

@@ -22,6 +22,7 @@ from ..format.manifest import Manifest
 from ..index import Index, SnapshotRecord
 from . import manifests
 from .config import StoreConfig
+from .deletion_ages import DeletionAges
 from .knobs import Knobs
 
 log = logging.getLogger("ckstore")
@@ -81,6 +82,8 @@ class Repository(Knobs):
         self.after_commit: list[Callable[[SnapshotRecord], None]] = []
         """Called (in order) with each snapshot a take of this process committed here; a
         failure is logged, never raised (the snapshot is committed)."""
+        self.deletion_ages = DeletionAges()
+        """How old the snapshots this process deleted were, per run (``deletion_ages.py``)."""
         self.before_close: list[Callable[[], None]] = []
         """Called (in order) when the repository closes, before its index and backend."""
         self.closed = False
@@ -116,6 +119,7 @@ class Repository(Knobs):
 
     def committed(self, record: SnapshotRecord) -> None:
         """Run the :attr:`after_commit` hooks for a snapshot a take just committed."""
+        self.deletion_ages.committed(record.run, record.id)
         for hook in list(self.after_commit):
             try:
                 hook(record)

@@ -23,6 +23,7 @@ than planned, :meth:`ckstore.index.Index.rewrite_chunks`).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -50,24 +51,28 @@ class Job:
 
 
 # --- 1. jobs -------------------------------------------------------------------------------------
-def hot(index: CompactIndex, keep_loose: int) -> set[str]:
-    """Chunk ids of every run's newest ``keep_loose`` snapshots."""
+def hot(index: CompactIndex, keep_loose: int, young: AbstractSet[str] = frozenset()) -> set[str]:
+    """Chunk ids of every run's newest ``keep_loose`` snapshots, and of the snapshots
+    ``young`` names that still exist."""
     found: set[str] = set()
-    if keep_loose <= 0:
-        return found
-    for run in index.list_runs():
+    for run in index.list_runs() if keep_loose > 0 else []:
         for rec in index.list_snapshots(run=run, limit=keep_loose):
             found |= index.snapshot_chunk_ids(rec.id)
+    for sid in young:
+        found |= index.snapshot_chunk_ids(sid)
     return found
 
 
-def plan(repo: Repository, keep_loose: int) -> tuple[list[Job], int]:
+def plan(
+    repo: Repository, keep_loose: int, young: AbstractSet[str] = frozenset()
+) -> tuple[list[Job], int]:
     """The loose chunks to rewrite, oldest snapshot first, with their base candidates; and the
-    number of snapshots they come from. A snapshot dropped meanwhile (gc in another process)
-    is skipped: its chunks are either gone or come with another snapshot."""
+    number of snapshots they come from (outside each run's newest ``keep_loose`` and the
+    snapshots ``young`` names). A snapshot dropped meanwhile (gc in another process) is
+    skipped: its chunks are either gone or come with another snapshot."""
     index: CompactIndex = repo.index
     loose = {c.chunk_id: c for c in index.loose_chunks() if c.codec in objects.FAST_CODECS}
-    for cid in hot(index, keep_loose):
+    for cid in hot(index, keep_loose, young):
         loose.pop(cid, None)
     if not loose:
         return [], 0

@@ -65,10 +65,11 @@ def compact_in_helper(
     keep_loose: int,
     pause: Callable[[], bool],
     stop: Callable[[], bool],
+    young: set[str] | None = None,
 ) -> dict[str, Any]:
     """Compact ``repo`` in its compaction helper (started on first use, stopped when the
     repository closes) as :func:`~ckstore.history.compact.compact` with ``pause`` and
-    ``stop`` would, polled here and passed on through the shared flags; the
+    ``stop`` would (and ``young``), polled here and passed on through the shared flags; the
     :class:`~ckstore.history.compact.CompactReport`'s fields.
 
     Raises:
@@ -85,6 +86,7 @@ def compact_in_helper(
             "open": {"url": repo.url, **repo.opened_with},
             "knobs": {k: getattr(repo, k) for k in KNOBS},
             "keep_loose": keep_loose,
+            "young": sorted(young or ()),
         }
         reply_future = helper_for(repo).send(message, fd)
     finally:

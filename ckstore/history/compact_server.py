@@ -31,6 +31,7 @@ def _compact(repo: Repository, message: dict[str, Any], fd: int) -> dict[str, An
             keep_loose=message["keep_loose"],
             pause=lambda: flags[BUSY] == 1,
             stop=lambda: flags[STOP] == 1,
+            young=set(message.get("young", ())),
         )
     finally:
         flags.close()

@@ -201,6 +201,8 @@ def _forget(
             f"{s.run}@{s.step}" if s.step is not None else f"{s.run} {s.id[:12]}"
         )
     report.snapshots_kept = len(snapshots) - len(drop)
+    if not dry_run:  # the job's retention, as compaction after takes reads it
+        repo.deletion_ages.deleted(s.id for s in drop)
     return [s.id for s in drop]
 
 

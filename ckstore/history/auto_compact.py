@@ -1,0 +1,160 @@
+"""Compaction behind training: :class:`AutoCompactor` runs
+:func:`~ckstore.history.compact.compact` in a background thread after takes (``git gc
+--auto``), pausing while this process takes or restores, at the lowest CPU priority; with the
+knob ``background_process`` on, that thread has a helper process compact
+(``compact_process.py``), so compaction shares no GIL with the training thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..engine.background import lower_priority
+from ..index import SnapshotRecord
+from . import compact_process
+from .compact import DEFAULT_KEEP_LOOSE, CompactReport, compact, loose_pending
+
+if TYPE_CHECKING:
+    from ..engine.repository import Repository
+
+log = logging.getLogger("ckstore")
+
+
+class _CompactThread(threading.Thread):
+    """The background compaction's daemon thread, with the ``stop()`` that frameworks which
+    police the threads a test leaves behind call on a daemon thread (Lightning's test suite):
+    it lets the running compaction finish and ends the thread (:meth:`AutoCompactor.quiesce`)."""
+
+    def __init__(self, loop: Callable[[], None], quiesce: Callable[[], bool]) -> None:
+        super().__init__(target=loop, name="ckstore-compact", daemon=True)
+        self._quiesce = quiesce
+
+    def stop(self) -> None:
+        """End the thread once the compaction it runs finished (the next take starts another)."""
+        self._quiesce()
+
+
+class AutoCompactor:
+    """Compaction in a background thread, started by :meth:`kick` after takes (``git gc --auto``).
+
+    One thread per repository handle, started on first use; a kick while it runs makes it run
+    once more afterwards. It waits while the repository is busy (a take or restore of this
+    process runs: ``Repository.busy``), so it does not slow the training job's own calls.
+    Failures are logged (logger ``"ckstore"``), never raised: the loose chunks simply stay loose.
+    """
+
+    def __init__(self, repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> None:
+        self._repo = repo
+        self.keep_loose = keep_loose
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.last: CompactReport | None = None
+
+    def kick(self) -> None:
+        """Ask for a compaction soon (starts the thread on first use)."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self._idle.clear()
+            self._wake.set()
+            if self._thread is None:
+                self._thread = _CompactThread(self._loop, self.quiesce)
+                self._thread.start()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no compaction is running or asked for; False on timeout."""
+        return self._idle.wait(timeout)
+
+    def quiesce(self, timeout: float | None = None) -> bool:
+        """Let a running compaction finish, then end the thread; False on timeout (it runs on).
+
+        A later :meth:`kick` starts a new thread. For a framework's teardown that checks that
+        no thread outlives it (Lightning's).
+        """
+        with self._lock:
+            if self._stop.is_set():  # closed: the thread ends (or ended) by itself
+                thread = self._thread
+                if thread is not None and thread is not threading.current_thread():
+                    thread.join(timeout)
+                return thread is None or not thread.is_alive()
+            if not self._idle.wait(timeout):
+                return False
+            thread, self._thread = self._thread, None
+            if thread is not None and thread is not threading.current_thread():
+                self._stop.set()
+                self._wake.set()
+                thread.join()
+                self._stop.clear()
+                self._wake.clear()
+            return True
+
+    def close(self) -> None:
+        """Stop after the pack being written is switched (idempotent)."""
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _loop(self) -> None:
+        lower_priority()  # behind training (engine/background.py)
+        while True:
+            self._wake.wait()
+            if self._stop.is_set():
+                self._idle.set()
+                return
+            self._wake.clear()
+            try:
+                young = self._repo.deletion_ages.young()
+                if loose_pending(self._repo, self.keep_loose, young):
+                    self.last = self._compact(young)
+            except Exception as exc:  # noqa: BLE001 - the chunks stay loose; the next kick retries
+                log.warning(
+                    "ckstore: background compaction of %s failed (%s: %s); its loose chunks stay "
+                    "loose until the next compaction (`ckstore compact`)",
+                    self._repo.url,
+                    type(exc).__name__,
+                    exc,
+                )
+            if not self._wake.is_set():
+                self._idle.set()
+
+    def _compact(self, young: set[str]) -> CompactReport:
+        """One compaction behind training, leaving loose the snapshots ``young`` names too
+        (what this process's deletions show its retention is about to drop): in the helper
+        process where the knob ``background_process`` asks for it (``compact_process.py``),
+        else on this thread."""
+        if compact_process.in_helper(self._repo):
+            return CompactReport(
+                **compact_process.compact_in_helper(
+                    self._repo, self.keep_loose, self._repo.busy, self._stop.is_set, young
+                )
+            )
+        return compact(
+            self._repo,
+            keep_loose=self.keep_loose,
+            pause=self._repo.busy,
+            stop=self._stop.is_set,
+            young=young,
+        )
+
+
+def attach(repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> AutoCompactor:
+    """Give ``repo`` an :class:`AutoCompactor`: kicked after each snapshot a take of this process
+    commits while ``repo.auto_compact`` is on, stopped when the repository closes."""
+    compactor = AutoCompactor(repo, keep_loose)
+
+    def after(record: SnapshotRecord) -> None:
+        if repo.auto_compact:
+            compactor.kick()
+
+    repo.after_commit.append(after)
+    repo.before_close.append(compactor.close)
+    return compactor
