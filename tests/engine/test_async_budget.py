@@ -186,3 +186,33 @@ def test_prepare_staging_refuses_what_async_take_refuses(store):
         store.prepare_staging({"s": _state()}, staging_budget=-1)
     with pytest.raises(ckstore.InvalidInputError, match="app_state"):
         store.prepare_staging({"s": {"a": torch.zeros(3)}})
+
+
+def test_copies_split_between_threads_all_land_before_the_call_returns(store_path, monkeypatch):
+    """A state past twice ``FILL_SHARE`` is copied by several threads at once (the training
+    thread waits for them): each tensor, big or small, is the value it had at the call."""
+    calls: list[int] = []
+    real = single._Filler.run
+
+    def run(self) -> None:
+        calls.append(len(self.pairs))
+        real(self)
+
+    monkeypatch.setattr(single._Filler, "run", run)
+    store = ckstore.open(store_path, create=True)
+    store.threads = 2
+    gen = torch.Generator().manual_seed(0)
+    n = single.FILL_SHARE // 4  # float32 elements in one share
+    state = ckstore.StateDict(
+        {f"big{i}": torch.randn(n // 2 + i, generator=gen) for i in range(6)}
+        | {f"small{i}": torch.randn(50 + i, generator=gen) for i in range(20)}
+    )
+    want = {k: v.clone() for k, v in state.items()}
+    pending = store.async_take({"s": state}, run="r", step=1, staging_budget=1 << 30)
+    for v in state.values():
+        v.fill_(float("nan"))  # the copies were all made before the call returned
+    snap = pending.wait(120)
+    assert len([c for c in calls if c]) == 2  # the big copies went to two threads
+    got = snap.read_object("s")
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+    store.close()
