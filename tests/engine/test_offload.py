@@ -14,6 +14,7 @@ import torch
 
 import ckstore
 from ckstore.engine.take import offload
+from tests.support.procs import gone
 
 
 def _state(step: int = 1) -> ckstore.StateDict:
@@ -25,14 +26,6 @@ def _state(step: int = 1) -> ckstore.StateDict:
 
 def _helper_pid(store: ckstore.Store) -> int | None:
     return offload.helper_for(store.repository).pid
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.fixture
@@ -67,7 +60,7 @@ def test_a_loop_of_offloaded_takes_reuses_one_helper_and_closing_stops_it(store_
         assert torch.equal(store.get(f"r@{step}").read_object("s/a"), state["a"])
     assert len(pids) == 1 and None not in pids
     store.close()
-    assert _gone(pids.pop())
+    assert gone(pids.pop())
 
 
 def test_the_helpers_warnings_reach_the_caller(offloading):

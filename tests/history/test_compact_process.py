@@ -16,6 +16,7 @@ import ckstore
 from ckstore.errors import StorageError
 from ckstore.history import compact as compact_module
 from ckstore.history import compact_process
+from tests.support.procs import gone
 
 
 def _state(step: int) -> ckstore.StateDict:
@@ -47,14 +48,6 @@ def _restores(store: ckstore.Store, want: dict[int, torch.Tensor]) -> bool:
 
 def _pid(store: ckstore.Store) -> int | None:
     return compact_process.helper_for(store.repository).pid
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.fixture
@@ -153,9 +146,9 @@ def test_closing_the_store_ends_its_compaction_helper(store_path):
     assert pid is not None
     store.close()
     deadline = time.monotonic() + 30
-    while not _gone(pid) and time.monotonic() < deadline:
+    while not gone(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _gone(pid)
+    assert gone(pid)
 
 
 def test_compaction_stays_in_this_process_where_the_helper_cannot_open_the_store(tmp_path):

@@ -33,9 +33,8 @@ import pytest
 import ckstore
 from ckstore import errors, objects
 from ckstore.index import ChunkRecord
-from ckstore.remote import config
 from ckstore.remote import uploader as uploader_mod
-from tests.support.push_kills import DEST_INDEX_CALLS, Arm, instrument
+from tests.support.push_kills import Arm, instrument, instrument_remotes
 from tests.support.remotes import KNOBS, fill, restores
 
 pytestmark = pytest.mark.s3
@@ -95,14 +94,7 @@ def _training(
     index write); past the last event, killed anyway."""
     uploader_mod.RETRY_SECONDS = (0.05, 0.2)
     arm = Arm(kill_at, when)
-    real_open = config.open_or_create
-
-    def open_or_create(index: Any, record: Any, like: Any) -> Any:
-        repo, created = real_open(index, record, like)
-        instrument(repo, arm, DEST_INDEX_CALLS)
-        return repo, created
-
-    config.open_or_create = open_or_create  # type: ignore[assignment]
+    instrument_remotes(arm)
     store = ckstore.open(local, create=True, auto_compact=False, **open_kw, **KNOBS)
     instrument(store.repository, arm, LOCAL_INDEX_CALLS)
     fill(store, "r", steps, delta_base="parent" if deltas else None)

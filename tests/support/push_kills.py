@@ -94,12 +94,11 @@ def instrument(repo: Any, arm: Arm, calls: tuple[str, ...]) -> None:
         )
 
 
-def _child(src: str, kill_at: int | None, when: str, trace: str | None, refs: list[str]) -> None:
-    import ckstore
+def instrument_remotes(arm: Arm) -> None:
+    """Route every remote this process opens (``config.open_or_create``) through ``arm``: its
+    backend and the index methods a push calls there."""
     from ckstore.remote import config
 
-    arm = Arm(kill_at, when)
-    store = ckstore.open(src)
     real_open = config.open_or_create
 
     def open_or_create(index: Any, record: Any, like: Any) -> Any:
@@ -108,6 +107,14 @@ def _child(src: str, kill_at: int | None, when: str, trace: str | None, refs: li
         return repo, created
 
     config.open_or_create = open_or_create  # type: ignore[assignment]
+
+
+def _child(src: str, kill_at: int | None, when: str, trace: str | None, refs: list[str]) -> None:
+    import ckstore
+
+    arm = Arm(kill_at, when)
+    store = ckstore.open(src)
+    instrument_remotes(arm)
     for name in SOURCE_INDEX_CALLS:
         real = getattr(store.repository.index, name)
         setattr(
