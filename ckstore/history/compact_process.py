@@ -29,7 +29,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 from ..engine import helper
-from ..engine.take import offload
 
 if TYPE_CHECKING:
     from ..engine.repository import Repository
@@ -57,7 +56,11 @@ def helper_for(repo: Repository) -> helper.Helper:
 def in_helper(repo: Repository) -> bool:
     """Whether compaction after takes into ``repo`` runs in the helper process: the knob
     ``background_process`` is on and another process can open the store (``offload``)."""
-    return bool(repo.background_process) and offload.unavailable(repo) is None
+    if not repo.background_process:
+        return False
+    from ..engine.take import offload  # torch: only where the knob asks for a helper
+
+    return offload.unavailable(repo) is None
 
 
 def compact_in_helper(
