@@ -17,21 +17,10 @@ import torch
 
 import ckstore
 from ckstore import objects
-from ckstore.index import ChunkRecord
+from tests.support.damage import flip
 from tests.support.remotes import KNOBS, fill, restores, state_for
 
 OPTS = {**KNOBS, "auto_compact": False}
-
-
-def _flip(root: Path, rec: ChunkRecord) -> None:
-    """Flip one bit in the middle of the chunk's payload in its pack file under ``root``."""
-    path = root.joinpath(*objects.pack_name(rec.pack_id).split("/"))
-    os.chmod(path, 0o644)
-    with open(path, "r+b") as f:
-        f.seek(rec.offset + rec.length // 2)
-        byte = f.read(1)
-        f.seek(rec.offset + rec.length // 2)
-        f.write(bytes([byte[0] ^ 0x10]))
 
 
 def _damage(store: ckstore.Store, root: Path, ref: str, n: int = 1) -> list[str]:
@@ -44,7 +33,7 @@ def _damage(store: ckstore.Store, root: Path, ref: str, n: int = 1) -> list[str]
         rec = rows[cid]
         if rec.base_id is not None or rec.length < 8:
             continue
-        _flip(root, rec)
+        flip(root, rec)
         hit.append(cid)
         if len(hit) == n:
             break
@@ -92,7 +81,7 @@ def test_a_remote_whose_copy_is_damaged_too_heals_nothing(tmp_path: Path) -> Non
         with ckstore.open(tmp_path / "remote") as remote:
             hit = _damage(remote, tmp_path / "remote", "r@1")
         repo = store.repository
-        _flip(tmp_path / "local", repo.index.chunk_locations(hit)[hit[0]])  # damaged here too
+        flip(tmp_path / "local", repo.index.chunk_locations(hit)[hit[0]])  # damaged here too
         with pytest.raises(ckstore.CorruptionError, match="any tier"):
             restores(store, "r@1", 1)
     finally:
@@ -240,7 +229,7 @@ def test_a_damaged_base_of_deltas_heals_and_its_deltas_read_again(tmp_path: Path
         rows = {c.chunk_id: c for c in repo.index.all_chunks()}
         bases = {r.base_id for r in rows.values() if r.base_id is not None}
         assert bases, "compaction stored no delta"
-        _flip(tmp_path / "local", rows[sorted(bases)[0]])
+        flip(tmp_path / "local", rows[sorted(bases)[0]])
         with pytest.warns(ckstore.HealedWarning):
             assert all([restores(store, f"r@{i}", i) for i in (1, 2, 3, 4)])
         assert store.check(read_data=True).ok

@@ -5,14 +5,13 @@ the way are counted in a ``HealedWarning`` all the same."""
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
 import pytest
 
 import ckstore
-from ckstore import objects
+from tests.support.damage import flip, pack_path
 from tests.support.remotes import KNOBS, fill, restores
 
 OPTS = {**KNOBS, "auto_compact": False}
@@ -24,15 +23,11 @@ def _packs_of(store: ckstore.Store, ref: str) -> list[str]:
     return sorted({r.pack_id for r in repo.index.chunk_locations(ids).values()})
 
 
-def _pack_path(root: Path, pack_id: str) -> Path:
-    return root.joinpath(*objects.pack_name(pack_id).split("/"))
-
-
 def test_a_deleted_local_pack_no_tier_holds_is_a_corruption_error(tmp_path: Path) -> None:
     store = ckstore.open(tmp_path / "local", create=True, **OPTS)
     try:
         fill(store, "r", [1, 2])
-        _pack_path(tmp_path / "local", _packs_of(store, "r@2")[-1]).unlink()
+        pack_path(tmp_path / "local", _packs_of(store, "r@2")[-1]).unlink()
         with pytest.raises(ckstore.CorruptionError, match=r"Snapshot r@2 .*any tier.*r@1"):
             restores(store, "r@2", 2)
     finally:
@@ -56,8 +51,8 @@ def test_chunks_healed_by_a_restore_that_still_fails_are_counted(tmp_path: Path)
         assert both and mine  # "slow" is the same at steps 1 and 2: a pack the two share
         needed = repo.index.snapshot_chunk_ids(store.get("r@2").id)
         held = {r.chunk_id for r in repo.index.all_chunks() if r.pack_id == both[0]} & needed
-        _pack_path(local, both[0]).unlink()
-        _pack_path(local, mine[0]).unlink()
+        pack_path(local, both[0]).unlink()
+        pack_path(local, mine[0]).unlink()
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             with pytest.raises(ckstore.CorruptionError, match=r"Snapshot r@2 .*any tier.*r@1"):
@@ -90,13 +85,7 @@ def test_a_delta_whose_damaged_base_heals_restores_though_no_remote_holds_the_de
         bases = sorted({r.base_id for r in rows.values() if r.base_id is not None})
         assert bases  # "drift" changes a little each step: stored as deltas
         base = repo.index.chunk_locations(bases[:1])[bases[0]]
-        path = _pack_path(local, base.pack_id)
-        os.chmod(path, 0o644)
-        with open(path, "r+b") as f:
-            f.seek(base.offset + base.length // 2)
-            byte = f.read(1)
-            f.seek(base.offset + base.length // 2)
-            f.write(bytes([byte[0] ^ 0x10]))
+        flip(local, base)
         with pytest.warns(ckstore.HealedWarning, match=r"r@2.*backup"):
             assert restores(store, "r@2", 2)
         assert store.check(read_data=True).ok
