@@ -380,22 +380,26 @@ class StoredSnapshot(SnapshotFields):
         Returns, per key of ``regions``, a new CPU tensor of the region ``(offsets, sizes)``
         (in the entry's global coordinates). Only the chunks overlapping a region are read,
         each verified against its id. ``where`` names what is read in error messages
-        (default: this snapshot).
+        (default: this snapshot). A chunk found damaged is healed from a remote that holds
+        it, as a restore heals (:meth:`restore`).
 
         Raises:
-            CorruptionError: a chunk read is damaged (the key is named).
+            CorruptionError: a chunk read is damaged and no remote gives it back (the key is
+                named).
         """
         from .engine.restore.reader import Reader
 
-        repo = self._view().repo
-        reader = Reader(
-            repo.objects,
-            repo.index,
-            Manifest({}, dict(tensors)),
-            where or f"snapshot {self.ref}",
-            threads=repo.threads,
-        )
-        return reader.read_regions(regions)
+        with healing(self._view()) as view:
+            repo = view.repo
+            reader = Reader(
+                repo.objects,
+                repo.index,
+                Manifest({}, dict(tensors)),
+                where or f"snapshot {self.ref}",
+                threads=repo.threads,
+                heal=view.heal,
+            )
+            return reader.read_regions(regions)
 
     def export(
         self,

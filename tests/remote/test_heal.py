@@ -17,6 +17,7 @@ import torch
 
 import ckstore
 from ckstore import objects
+from ckstore.format.manifest import TensorEntry
 from tests.support.damage import flip
 from tests.support.remotes import KNOBS, fill, restores, state_for
 
@@ -281,13 +282,29 @@ def _read_all(store: ckstore.Store, how: str, out: Path) -> dict[str, torch.Tens
         return dict(ckstore.Snapshot.of(snap).read_object("0/m"))
     if how == "get_state_dict_for_key":
         return dict(snap.get_state_dict_for_key("m"))
+    if how == "read_regions":  # the DCP reader's path: regions of entries it lays out itself
+        entries = {
+            k: e
+            for k, e in snap.manifest.entries.items()
+            if k.startswith("m/") and isinstance(e, TensorEntry)
+        }
+        regions = {k: ((0,) * len(e.shape), tuple(e.shape)) for k, e in entries.items()}
+        got = snap.read_regions(entries, regions)
+        return {k.removeprefix("m/"): v for k, v in got.items()}
     snap.export(out, "torch")
     (saved,) = out.glob("*.pt")
     return dict(torch.load(saved, weights_only=True)["m"])
 
 
 @pytest.mark.parametrize(
-    "how", ["read_object", "torchsnapshot_read_object", "get_state_dict_for_key", "export"]
+    "how",
+    [
+        "read_object",
+        "torchsnapshot_read_object",
+        "get_state_dict_for_key",
+        "read_regions",
+        "export",
+    ],
 )
 def test_every_read_path_heals_as_a_restore_does(tmp_path: Path, how: str) -> None:
     store = ckstore.open(tmp_path / "local", create=True, push_to=str(tmp_path / "remote"), **OPTS)
