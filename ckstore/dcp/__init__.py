@@ -72,12 +72,26 @@ values are stored as their bytes and come back as ``io.BytesIO``. A DCP save can
 with ckstore's own API: entries ``dcp/<fqn>`` for ``read_object``, and ``snap.restore`` maps an
 app_state onto the FQNs (:mod:`ckstore.engine.restore.dcp_keys`).
 
+A plain folder marked for ckstore (torchtitan, no override)
+---------------------------------------------------------
+:func:`mark_folder` (or ``ckstore mark-folder``) marks a trainer's checkpoint folder once for a
+store and a run. In a process started with ``python -m ckstore.dcp.launch`` (or any process
+that imports ckstore), ``dcp.save`` / ``dcp.async_save`` of ``<folder>/step-N`` is a snapshot
+of that run at step N whose ``step-N/.metadata`` pointer (JSON, no pickle) is written only
+after it commits; ``dcp.load`` of that path reads the snapshot the pointer names, by id; and
+the step folders the trainer removed (``shutil.rmtree``, ``keep_latest_k``) are deleted from
+the store by the next save into the folder, with their space given back
+(:func:`forget_removed`, ``ckstore sync-folder``). See :mod:`ckstore.dcp.folder`.
+
 Limits: only process groups spanning all ranks (``dcp.save``'s default group) and
 ``use_collectives=True`` are supported. A rank that fails before reaching ``write_data``
 holds the others in the hand-over until the timeout, then every rank raises
 :class:`~ckstore.errors.RankLostError` naming it.
 """
 
+from .folder import Marker, mark_folder
+from .folder_writer import FolderWriter
+from .forget import ForgetReport, forget_removed
 from .meta import metadata_from_json, metadata_to_json
 from .reader import StorageReader
 from .selection import install as _install_selection
@@ -85,4 +99,14 @@ from .writer import StorageWriter
 
 _install_selection()
 
-__all__ = ["StorageReader", "StorageWriter", "metadata_from_json", "metadata_to_json"]
+__all__ = [
+    "FolderWriter",
+    "ForgetReport",
+    "Marker",
+    "StorageReader",
+    "StorageWriter",
+    "forget_removed",
+    "mark_folder",
+    "metadata_from_json",
+    "metadata_to_json",
+]

@@ -1,0 +1,112 @@
+"""``FolderWriter``: a ``dcp.save`` into a marked folder, as a snapshot plus a step pointer.
+
+The save itself is :class:`~ckstore.dcp.StorageWriter`'s (one snapshot, every rank's lease
+handed over to the coordinator). After the snapshot commits, the coordinator writes the step
+folder's ``.metadata`` pointer (:mod:`ckstore.dcp.folder`), then learns which step folders the
+trainer removed since and deletes their snapshots (:mod:`ckstore.dcp.forget`).
+
+Order, and what a crash at each point leaves:
+
+1. the snapshot commits (docs/RELIABILITY.md I1): before, nothing is visible anywhere;
+2. ``step-N/.metadata`` is written atomically: before this, the store holds a snapshot the
+   trainer does not list (its folder does not exist, so a resume takes the step before);
+   the next save into the folder deletes it, as a removed step;
+3. removed steps are deleted and ``gc`` gives their space back: a crash leaves them for the
+   next save (or ``ckstore sync-folder``).
+
+A failure in step 3 does not fail the save (it committed and is listed): it is reported as
+a warning that says how to finish it.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.storage import WriteResult
+
+from ..errors import CkstoreError, InvalidInputError
+from .folder import METADATA_KEY, MarkedStep, StepPointer, locate, write_pointer
+from .forget import ForgetReport, forget_removed
+from .writer import StorageWriter
+
+
+class FolderWriter(StorageWriter):
+    """Writes a ``dcp.save`` of ``<marked folder>/<name>`` (see :mod:`ckstore.dcp.folder`).
+
+    Args:
+        at: the marked step (:func:`ckstore.dcp.folder.locate` of the checkpoint id).
+        forget: after the pointer is written, delete the snapshots of step folders the trainer
+            removed, and give their space back (default True).
+        **options: as for :class:`~ckstore.dcp.StorageWriter` (``run``, ``step``, ``metadata``
+            and ``index`` come from the marker and the step folder).
+
+    After a save, :attr:`forgotten` (coordinator) reports what step 3 deleted.
+    """
+
+    def __init__(self, at: MarkedStep, *, forget: bool = True, **options: Any) -> None:
+        super().__init__(
+            at.marker.store,
+            run=at.marker.run,
+            step=at.step,
+            metadata=_metadata(at),
+            index=at.marker.index,
+            **options,
+        )
+        self.at = at
+        self.forget = forget
+        self.forgotten: ForgetReport | None = None
+        self.started = time.time()
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return locate(checkpoint_id) is not None
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        at = locate(checkpoint_id) if checkpoint_id else None
+        if at is None:
+            super().reset(checkpoint_id)
+            return
+        if at.marker.store != self.at.marker.store or at.marker.index != self.at.marker.index:
+            raise _refuse_other_store(at, self.at)
+        super().reset(None)
+        self.at = at
+        self.spec = self.spec.evolve(run=at.marker.run, step=at.step, metadata=_metadata(at))
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.started = time.time()
+        self.forgotten = None
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        super().finish(metadata, results)
+        store = self.store
+        index = self.at.marker.index
+        write_pointer(
+            self.at,
+            StepPointer(store.url, self.snapshot.id, self.at.marker.id, self.at.name, index),
+        )
+        if self.forget:
+            try:
+                self.forgotten = forget_removed(self.at.folder, store, before=self.started)
+            except (CkstoreError, OSError) as exc:
+                warnings.warn(
+                    f"dcp.save into {self.at.path} committed, but deleting the snapshots of "
+                    f"removed step folders failed ({type(exc).__name__}: {exc}); the next save "
+                    f"tries again, or run `ckstore sync-folder {self.at.folder}`",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+
+
+def _metadata(at: MarkedStep) -> dict[str, Any]:
+    return {METADATA_KEY: {"marker": at.marker.id, "name": at.name, "path": at.path}}
+
+
+def _refuse_other_store(at: MarkedStep, was: MarkedStep) -> InvalidInputError:
+    return InvalidInputError(
+        f"dcp.save: {at.path} is in a folder marked for store {at.marker.store}, but the writer "
+        f"was made for {was.marker.store}; pass no storage_writer and let the id choose"
+    )
