@@ -48,6 +48,7 @@ from ._common import (
 )
 from ._complete import COMPLETION
 from ._diff import DIFF
+from ._folders import MARK_FOLDER, SYNC_FOLDER
 from ._interop import EXPORT, IMPORT
 from ._log import LOG, LS, SHOW
 from ._maintenance import CHECK, COMPACT, DU, GC, MIGRATE, REINDEX, gc_policy
@@ -89,7 +90,7 @@ DEBUG_ENV = "CKSTORE_DEBUG"
 
 COMMANDS: tuple[Command, ...] = (
     INIT, LOG, SHOW, LS, CAT, DIFF, TAG, RM, GC, COMPACT, CHECK, REPAIR, DU, IMPORT, EXPORT, VERIFY,
-    REMOTE, PUSH, PULL, CLONE, REINDEX, MIGRATE, UI, COMPLETION, DEMO,
+    REMOTE, PUSH, PULL, CLONE, MARK_FOLDER, SYNC_FOLDER, REINDEX, MIGRATE, UI, COMPLETION, DEMO,
 )  # fmt: skip
 """Every command, in the order ``ckstore --help`` lists them; each record lives beside its
 handler (``cli/_command.py``)."""

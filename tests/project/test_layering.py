@@ -55,6 +55,7 @@ ALLOWED: dict[str, set[str]] = {
         "remote",
         "facade",
         "ui",
+        "dcp",
     },
     "testing": {"errors", "objects"},
 }
