@@ -116,6 +116,9 @@ class AutoCompactor:
                 if loose_pending(self._repo, self.keep_loose, young):
                     self.last = self._compact(young)
             except Exception as exc:  # noqa: BLE001 - the chunks stay loose; the next kick retries
+                if _interpreter_exiting(exc):  # a script ended without closing its store
+                    self._idle.set()
+                    return
                 log.warning(
                     "ckstore: background compaction of %s failed (%s: %s); its loose chunks stay "
                     "loose until the next compaction (`ckstore compact`)",
@@ -144,6 +147,14 @@ class AutoCompactor:
             stop=self._stop.is_set,
             young=young,
         )
+
+
+def _interpreter_exiting(exc: BaseException) -> bool:
+    """True for the error the pools raise once the interpreter is exiting (a script that ends
+    without closing its store, as one opened by a ``ckstore://`` id of ``dcp.save``): the
+    compaction stops there, as it would when killed, and its chunks stay loose, which is safe
+    and not worth a warning on the way out."""
+    return isinstance(exc, RuntimeError) and "interpreter shutdown" in str(exc)
 
 
 def attach(repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> AutoCompactor:
