@@ -112,7 +112,7 @@ class HistoryVerbs:
                 f"gc: runs must be a list of run names, got the string {runs!r}"
             )
         purged = frozenset(self._purged)
-        if purged and not dry_run:
+        if purged and not dry_run and not self._compactor.on_own_thread():
             self._compactor.wait_idle()  # this handle's own writer: let it finish first
         report = history_gc(
             self._repo,
@@ -183,8 +183,22 @@ class HistoryVerbs:
             self._repo, keep_loose=keep_loose, dry_run=dry_run, progress=progress
         )
 
+    def reclaim_behind(self) -> None:
+        """Give back what this handle's deletions freed (:meth:`gc` with no policy: at once when
+        no write session is alive, else after the grace period), behind the caller: on the
+        background compaction's thread, after any compaction due, at the lowest CPU priority.
+
+        For a training job's own purges (the integrations' retention): a save that deleted the
+        checkpoints the trainer dropped returns without waiting for the gc (which waits for
+        the compaction, then may rewrite sparse packs). Errors are logged (logger
+        ``"ckstore"``), never raised; :meth:`wait_compacted` waits for it; closing the store
+        lets a running one finish.
+        """
+        self._compactor.reclaim(self.gc)
+
     def wait_compacted(self, timeout: float | None = None) -> bool:
-        """Wait until no background compaction of this handle runs or is due; False on timeout."""
+        """Wait until no background compaction (or :meth:`reclaim_behind`) of this handle runs
+        or is due; False on timeout."""
         return self._compactor.wait_idle(timeout)
 
     def quiesce(self, timeout: float | None = None) -> bool:

@@ -70,7 +70,8 @@ def forget_removed(
         folder: a folder marked with :func:`~ckstore.dcp.mark_folder`.
         store: an open handle of the marker's store (default: opened from the marker).
         before: only snapshots committed before this time (Unix seconds) are considered.
-        reclaim: run ``store.gc()`` after deleting, so the space comes back within the job.
+        reclaim: run ``store.gc()`` after deleting, so the space comes back within the job
+            (False: the caller gives it back, e.g. ``store.reclaim_behind()``).
 
     Returns:
         What was deleted, kept, or why nothing was considered.

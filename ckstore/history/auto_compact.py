@@ -2,7 +2,9 @@
 :func:`~ckstore.history.compact.compact` in a background thread after takes (``git gc
 --auto``), pausing while this process takes or restores, at the lowest CPU priority; with the
 knob ``background_process`` on, that thread has a helper process compact
-(``compact_process.py``), so compaction shares no GIL with the training thread.
+(``compact_process.py``), so compaction shares no GIL with the training thread. The same
+thread gives back, after the compaction due, what a training job's own purges freed
+(:meth:`AutoCompactor.reclaim`), so a trainer's save does not wait for a gc.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
     from ..engine.repository import Repository
 
 log = logging.getLogger("ckstore")
+_LOOSE = "its loose chunks stay loose until the next compaction (`ckstore compact`)"
+_GRACE = "the space stays used until a later gc (`ckstore gc`)"
 
 
 class _CompactThread(threading.Thread):
@@ -55,13 +59,34 @@ class AutoCompactor:
         self._idle.set()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._due = threading.Lock()  # the two flags below (quiesce holds _lock while it waits)
+        self._compact_due = False
+        self._reclaim: Callable[[], object] | None = None
         self.last: CompactReport | None = None
 
     def kick(self) -> None:
         """Ask for a compaction soon (starts the thread on first use)."""
+        self._wake_for(compact=True)
+
+    def reclaim(self, gc: Callable[[], object]) -> None:
+        """Run ``gc`` on this thread soon, after the compaction due (at its low priority,
+        pausing nothing): a training job's purge given back behind it. Calls made before it
+        ran run it once (the latest ``gc``). Failures are logged, as compaction's;
+        :meth:`wait_idle` waits for it too."""
+        with self._due:
+            self._reclaim = gc
+        self._wake_for(compact=False)
+
+    def on_own_thread(self) -> bool:
+        """True when called from this compactor's thread (a ``reclaim`` job)."""
+        return self._thread is not None and self._thread is threading.current_thread()
+
+    def _wake_for(self, compact: bool) -> None:
         with self._lock:
             if self._stop.is_set():
                 return
+            with self._due:
+                self._compact_due = self._compact_due or compact
             self._idle.clear()
             self._wake.set()
             if self._thread is None:
@@ -111,23 +136,38 @@ class AutoCompactor:
                 self._idle.set()
                 return
             self._wake.clear()
-            try:
-                young = self._repo.deletion_ages.young()
-                if loose_pending(self._repo, self.keep_loose, young):
-                    self.last = self._compact(young)
-            except Exception as exc:  # noqa: BLE001 - the chunks stay loose; the next kick retries
-                if _interpreter_exiting(exc):  # a script ended without closing its store
-                    self._idle.set()
-                    return
-                log.warning(
-                    "ckstore: background compaction of %s failed (%s: %s); its loose chunks stay "
-                    "loose until the next compaction (`ckstore compact`)",
-                    self._repo.url,
-                    type(exc).__name__,
-                    exc,
-                )
+            with self._due:
+                compact_due, self._compact_due = self._compact_due, False
+                reclaim, self._reclaim = self._reclaim, None
+            if compact_due and not self._run(self._compact_pending, "compaction", _LOOSE):
+                return
+            if reclaim is not None and not self._run(reclaim, "gc", _GRACE):
+                return
             if not self._wake.is_set():
                 self._idle.set()
+
+    def _run(self, job: Callable[[], object], what: str, then: str) -> bool:
+        """Run one background job; False when the interpreter is exiting (the thread ends)."""
+        try:
+            job()
+        except Exception as exc:  # noqa: BLE001 - nothing is lost; the next kick retries
+            if _interpreter_exiting(exc):  # a script ended without closing its store
+                self._idle.set()
+                return False
+            log.warning(
+                "ckstore: background %s of %s failed (%s: %s); %s",
+                what,
+                self._repo.url,
+                type(exc).__name__,
+                exc,
+                then,
+            )
+        return True
+
+    def _compact_pending(self) -> None:
+        young = self._repo.deletion_ages.young()
+        if loose_pending(self._repo, self.keep_loose, young):
+            self.last = self._compact(young)
 
     def _compact(self, young: set[str]) -> CompactReport:
         """One compaction behind training, leaving loose the snapshots ``young`` names too

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from ckstore.cli import main as cli
 from ckstore.dcp import forget_removed, mark_folder
 from ckstore.dcp.folder import MARKER_NAME, read_marker, read_pointer
 from ckstore.errors import CheckpointNotFoundError, ConflictError
+from ckstore.store_ref import opened
 from tests.dcp import folder_scenarios as fs
 from tests.dcp import scenarios as ds
 from tests.support.paths import REPO
@@ -92,6 +94,13 @@ def _packs_bytes(url: str) -> int:
     )
 
 
+def _reclaimed(url: str) -> None:
+    """Wait for the space a save's purge freed: given back behind the save."""
+    writer_store = opened(url)
+    if writer_store is not None:
+        assert writer_store.wait_compacted(timeout=60)
+
+
 def test_a_torchtitan_checkpointer_saves_lists_purges_and_resumes(tmp_path: Path) -> None:
     url = _store(tmp_path)
     folder = str(tmp_path / "outputs" / "checkpoint")
@@ -105,6 +114,7 @@ def test_a_torchtitan_checkpointer_saves_lists_purges_and_resumes(tmp_path: Path
         ckpt.save(step, app.state(), use_async=step == 4)
         # the save learned the previous purge: the store holds exactly what the folder lists
         assert _steps(url) == ckpt.listed() == list(range(max(1, step - 2), step + 1))
+        _reclaimed(url)
         sizes[step] = _packs_bytes(url)
         ckpt.purge_stale_checkpoints()
         assert ckpt.listed() == list(range(max(1, step - 1), step + 1))
@@ -115,6 +125,40 @@ def test_a_torchtitan_checkpointer_saves_lists_purges_and_resumes(tmp_path: Path
     resumed = _App(seed=9)
     resumed.load(fs.TitanCheckpointer(folder), fs.TitanCheckpointer(folder).find_load_step())
     assert resumed.same_as(app) and resumed.step == 6
+
+
+def test_a_save_gives_a_purge_back_behind_it_not_on_the_trainers_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A synchronous ``dcp.save`` deletes the steps the trainer removed before it returns, but
+    the gc that gives their space back (it waits for the compaction, then may rewrite packs)
+    runs on the store's background thread."""
+    url = _store(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    mark_folder(folder, url, run="titan")
+    ran_on: list[str] = []
+    real_gc = ckstore.Store.gc
+
+    def gc(self: ckstore.Store, *args: Any, **kwargs: Any) -> Any:
+        ran_on.append(threading.current_thread().name)
+        return real_gc(self, *args, **kwargs)
+
+    monkeypatch.setattr(ckstore.Store, "gc", gc)
+
+    def save(step: int) -> None:
+        g = torch.Generator().manual_seed(step)
+        state = {"w": torch.randn(64 * 1024, generator=g)}  # 256 KiB a step, incompressible
+        dcp.save(state, checkpoint_id=os.path.join(folder, f"step-{step}"))
+
+    save(1)
+    save(2)
+    two = _packs_bytes(url)
+    shutil.rmtree(os.path.join(folder, "step-1"))
+    save(3)
+    assert _steps(url) == [2, 3]  # deleted before the save returned
+    _reclaimed(url)
+    assert ran_on == ["ckstore-compact"]  # given back behind it, never on this thread
+    assert _packs_bytes(url) < 1.25 * two  # two steps' worth again, not three
 
 
 def test_two_gloo_ranks_save_purge_and_resume_through_a_marked_folder(tmp_path: Path) -> None:
