@@ -29,6 +29,23 @@ safetensors' own reader and every Hugging Face tool open them by name. So
 ``keep_local=False`` deletes each folder after importing it (only the store holds the
 checkpoints; resume with :func:`checkout`).
 
+``keep_local="pointers"``: the checkpoint's bytes are on disk once, in the store. The weights
+become a pointer too: ``model.safetensors`` (or ``model.safetensors.index.json`` and its
+shards) gives way to one ``pytorch_model.bin``, a pointer to the snapshot's app ``model``
+(:mod:`ckstore.integrations._hf_pointers`; written atomically, only after the import
+committed, and before the real files are deleted, so a crash leaves weights that load). That
+is the file the Trainer's ``_load_from_checkpoint`` and ``_load_best_model`` fall back to, with
+``torch.load(weights_only=True)``, and ``from_pretrained(folder)`` loads it when there is no
+safetensors file: in a process that imported ckstore (which allowlists the pointer's one
+function), resume, ``get_last_checkpoint``, ``load_best_model_at_end``, ``save_total_limit``
+and ``from_pretrained`` work as by default. What does not: anything that opens
+``model.safetensors`` by name (``safetensors.safe_open``, the upstream Trainer tests' check that
+every checkpoint folder holds it), and a process that never imported ckstore (a serving engine
+such as vLLM), where ``torch.load`` refuses the file with ``Unsupported global: GLOBAL
+ckstore.integrations.pointer.load_pointer`` (``import ckstore.integrations.pointer`` first, or
+``checkout`` the snapshot as a real folder). The whole state dict is read at once (no shard by
+shard loading). Hence not the default.
+
 The Trainer's retention is the store's: a folder the Trainer deletes (``save_total_limit``,
 ``save_strategy="best"``) whose snapshot the callback imported from that very path (saved
 during this training, or present when it began) is deleted from the store, and its bytes are
@@ -49,22 +66,27 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
-from typing import Any
+from typing import Any, Literal
 
 from transformers import TrainerCallback
 
-from ..errors import ConflictError, NotFoundError, SnapshotNotFoundError
+from ..errors import ConflictError, InvalidInputError, NotFoundError, SnapshotNotFoundError
 from ..interval import TakeInterval
 from ..snapshot import StoredSnapshot
 from ..store import Store
 from ..store_ref import StoreRef
+from ._hf_pointers import point_torch_files, point_weights
 from ._paths import identity, path_tag
 from ._retention import reclaim
-from .pointer import Pointer, to_bytes
 
 PREFIX = "checkpoint"
-TORCH_FILES = (".pt", ".pth")
+POINTERS = "pointers"
+"""``keep_local=POINTERS``: the folder keeps pointers for every checkpoint file, weights
+included, and its small files."""
+KeepLocal = bool | Literal["pointers"] | None
+_RECORDED = {None: "pointers", True: "full", False: "none", POINTERS: "all-pointers"}
+"""``keep_local`` -> the mode recorded in the snapshot's ``hf.local`` metadata (the default's
+"pointers" predates the ``POINTERS`` mode)."""
 
 
 class CkstoreCallback(TrainerCallback):
@@ -74,8 +96,10 @@ class CkstoreCallback(TrainerCallback):
         store: the store (``ckstore.open(...)``), or its URL.
         run: the run the snapshots go to (step = the Trainer's ``global_step``).
         keep_local: what stays in the Trainer's checkpoint folder. None (default): the
-            folder, with its torch files as pointers into the store; True: the folder as the
-            Trainer wrote it; False: nothing (the folder is deleted after the import).
+            folder, with its torch files as pointers into the store; ``"pointers"``: the
+            folder, with its torch files and its weights (one ``pytorch_model.bin``) as
+            pointers; True: the folder as the Trainer wrote it; False: nothing (the folder is
+            deleted after the import).
         tags: tags to move to every new snapshot (e.g. ``["latest"]``).
         interval: a :class:`ckstore.TakeInterval`: the Trainer also saves whenever it says a
             take is due (its step and save costs measured as training runs), so saves cost
@@ -90,7 +114,7 @@ class CkstoreCallback(TrainerCallback):
         self,
         store: Store | str | os.PathLike[str],
         run: str = "hf",
-        keep_local: bool | None = None,
+        keep_local: KeepLocal = None,
         tags: tuple[str, ...] = (),
         interval: TakeInterval | None = None,
         *,
@@ -99,6 +123,11 @@ class CkstoreCallback(TrainerCallback):
     ) -> None:
         self._ref = StoreRef(store, index, storage_options)
         self.run = run
+        if not (keep_local is None or isinstance(keep_local, bool) or keep_local == POINTERS):
+            raise InvalidInputError(
+                f"CkstoreCallback(keep_local={keep_local!r}): use None (the default), True, "
+                f"False or {POINTERS!r}"
+            )
         self.keep_local = keep_local
         self.tags = tuple(tags)
         self.interval = interval
@@ -153,7 +182,7 @@ class CkstoreCallback(TrainerCallback):
         store = self.store
         ident = identity(folder)
         previous = self._imported_at(ident)
-        local = {None: "pointers", True: "full", False: "none"}[self.keep_local]
+        local = _RECORDED[self.keep_local]
         meta = {
             "hf": {
                 "global_step": state.global_step,
@@ -179,8 +208,10 @@ class CkstoreCallback(TrainerCallback):
             shutil.rmtree(folder, ignore_errors=True)
             return
         self._watched[ident] = snap.id
-        if self.keep_local is None:
-            _point(store, snap, folder, ident)
+        if self.keep_local is None or self.keep_local == POINTERS:
+            point_torch_files(store, snap, folder, ident)
+        if self.keep_local == POINTERS:
+            point_weights(store, snap, folder, ident)
 
     def _imported_at(self, ident: str) -> str | None:
         """The snapshot this store imported from folder ``ident`` (its path tag, checked against
@@ -231,30 +262,6 @@ class CkstoreCallback(TrainerCallback):
         """What deleted snapshots used, given back (``_retention.reclaim``)."""
         if self._deleted and reclaim(self.store, wait):
             self._deleted = False
-
-
-def _point(store: Store, snap: StoredSnapshot, folder: str, ident: str) -> None:
-    """Replace each top-level torch file of ``folder`` imported as an app by a pointer to it."""
-    apps = set(snap.manifest.apps)
-    for name in sorted(os.listdir(folder)):
-        app, dot, suffix = name.rpartition(".")
-        path = os.path.join(folder, name)
-        if not dot or f".{suffix}" not in TORCH_FILES or app not in apps:
-            continue
-        if not os.path.isfile(path) or os.path.islink(path):
-            continue
-        pointer = Pointer.to(store, snap.id, os.path.join(ident, name), app=app)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(to_bytes(pointer))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
 
 
 def agreed(decision: bool) -> bool:

@@ -175,3 +175,223 @@ def test_an_interval_makes_the_trainer_save_when_a_take_is_due(tmp_path: Path) -
     assert sorted(s.step for s in store.log("hf")) == [3, 4, 6, 8]
     assert every.state()["takes"] == 2
     store.close()
+
+
+# --- keep_local="pointers": the checkpoint's bytes on disk once --------------------------------
+class _Sharded(_Recording):
+    """Saves its weights in shards of 4 kB (``model-0000i-of-0000n.safetensors`` + index)."""
+
+    def _save(self, output_dir: str | None = None, state_dict: Any = None) -> None:
+        assert output_dir is not None
+        self.model.save_pretrained(output_dir, max_shard_size="4KB")
+
+
+class _Listing(transformers.TrainerCallback):  # type: ignore[misc]
+    """Records the names in each checkpoint folder as the Trainer wrote it (runs before the
+    ckstore callback, which comes after it in ``callbacks``)."""
+
+    def __init__(self) -> None:
+        self.saved: dict[int, list[str]] = {}
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self.saved[state.global_step] = sorted(p.name for p in folder.iterdir())
+
+
+def _weights_of(snap: Any) -> dict[str, torch.Tensor]:
+    return dict(snap.read_object("model"))
+
+
+def _assert_pointers_only(folder: Path, snap: Any) -> None:
+    """Every file the Trainer loads is a pointer to ``snap``; only small files are real."""
+    names = sorted(p.name for p in folder.iterdir())
+    assert "model.safetensors" not in names and not [n for n in names if n.startswith("model-")]
+    assert "model.safetensors.index.json" not in names
+    assert not [n for n in names if n.startswith(".")]  # no temporary file left
+    for name in ("pytorch_model.bin", "optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        found = pointer.read_file(str(folder / name))
+        assert found is not None and found.snapshot == snap.id, name
+        assert found.app == ("model" if name == "pytorch_model.bin" else name.split(".")[0])
+    kept = {k.split("/", 2)[2] for k in snap.get_manifest() if k.startswith("_source/files/")}
+    for name in names:  # what is neither a pointer nor a kept file: the pickled arguments
+        assert name in kept or pointer.read_file(str(folder / name)) or name == "training_args.bin"
+
+
+def test_keep_local_pointers_leaves_no_weights_and_the_trainer_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    """keep_local="pointers": the weights become a ``pytorch_model.bin`` pointer too; after a
+    relaunch (the store reopened) the Trainer finds its last folder and resumes bit-exactly,
+    and ``from_pretrained(folder)`` loads the weights from the store."""
+    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64, create=True)
+    out = tmp_path / "out"
+    first = _trainer(_model(0), out, [CkstoreCallback(store, run="sft", keep_local="pointers")])
+    first.train()
+    assert transformers.trainer_utils.get_last_checkpoint(str(out)) == str(out / "checkpoint-8")
+    for step in (4, 8):
+        _assert_pointers_only(out / f"checkpoint-{step}", store.get(f"sft@{step}"))
+        assert store.get(f"sft@{step}").metadata["hf"]["local"] == "all-pointers"
+    weights = _weights_of(store.get("sft@8"))
+    for name, value in first.model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    loaded = transformers.AutoModelForSequenceClassification.from_pretrained(out / "checkpoint-4")
+    expected = _weights_of(store.get("sft@4"))
+    assert expected.keys() <= loaded.state_dict().keys()
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in expected.items())
+    store.close()
+
+    shutil.rmtree(out / "checkpoint-8")  # the relaunch resumes from checkpoint-4
+    store = ckstore.open(tmp_path / "store")
+    second = _trainer(_model(1), out, [CkstoreCallback(store, run="sft", keep_local="pointers")])
+    second.train(resume_from_checkpoint=True)
+    assert second.losses == first.losses[4:]
+    for (name, a), b in zip(first.model.state_dict().items(), second.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    _assert_pointers_only(out / "checkpoint-8", store.get("sft@8"))
+    store.close()
+
+
+def test_keep_local_pointers_loads_the_best_model_and_follows_the_rotation(
+    tmp_path: Path,
+) -> None:
+    """``load_best_model_at_end`` reads the best weights through the pointer (the worst loss
+    is "best" here, so that they are not the last weights); ``save_total_limit`` deletes
+    snapshots as in the default mode."""
+    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64, create=True)
+    out = tmp_path / "out"
+    trainer = _trainer(
+        _model(0), out, [CkstoreCallback(store, run="sft", keep_local="pointers")],
+        save_steps=2, save_total_limit=2, eval_strategy="steps", eval_steps=2,
+        metric_for_best_model="loss", greater_is_better=True, load_best_model_at_end=True,
+    )  # fmt: skip
+    trainer.train()
+    best = trainer.state.best_global_step
+    assert best != 8  # so the weights loaded at the end are not those trained last
+    kept = sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-"))
+    assert kept == sorted([f"checkpoint-{best}", "checkpoint-8"])  # 2 of 4 saves rotated out
+    assert sorted(s.step for s in store.log("sft")) == sorted(int(k.split("-")[1]) for k in kept)
+    assert store.get("sft/best").step == best
+    _assert_pointers_only(out / f"checkpoint-{best}", store.get("sft/best"))
+    weights = _weights_of(store.get("sft/best"))
+    assert not torch.equal(
+        weights["classifier.weight"], _weights_of(store.get("sft@8"))["classifier.weight"]
+    )
+    for name, value in weights.items():
+        assert torch.equal(trainer.model.state_dict()[name], value), name
+    assert store.gc(dry_run=True).grace_kept_bytes == 0
+    store.close()
+
+
+def test_keep_local_pointers_replaces_sharded_weights_by_one_pointer(tmp_path: Path) -> None:
+    """Shards and their index give way to one ``pytorch_model.bin`` (the Trainer opens it
+    before any index); the Trainer resumes from the folder exactly."""
+    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64, create=True)
+    out = tmp_path / "out"
+    listing = _Listing()
+    first = _trainer(
+        _model(0), out, [listing, CkstoreCallback(store, run="sft", keep_local="pointers")]
+    )
+    first.__class__ = _Sharded
+    first.train()
+    written = listing.saved[4]
+    assert "model.safetensors.index.json" in written
+    assert len([n for n in written if n.startswith("model-0")]) > 1
+    snap = store.get("sft@4")
+    assert snap.metadata["imported_from"]["format"] == "hf"
+    files = [k for k in snap.get_manifest() if k.startswith("model/")]
+    assert len(files) == len(first.model.state_dict())  # every shard was imported
+    _assert_pointers_only(out / "checkpoint-4", snap)
+    second = _trainer(_model(1), tmp_path / "out2", [])
+    second.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    assert second.losses == first.losses[4:]
+    store.close()
+
+
+def test_a_weights_pointer_is_written_only_over_weights_the_snapshot_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights are never lost: a crash before the pointer is written leaves the real
+    ``model.safetensors`` (and no temporary file); a folder whose weights are not all in the
+    snapshot keeps them."""
+    from ckstore.integrations import _hf_pointers
+
+    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64, create=True)
+    out = tmp_path / "out"
+    written = _hf_pointers.write_atomic
+
+    def crash(path: str, data: bytes) -> None:
+        if path.endswith("pytorch_model.bin"):
+            raise KeyboardInterrupt  # killed between the import and the pointer
+        written(path, data)
+
+    monkeypatch.setattr(_hf_pointers, "write_atomic", crash)
+    trainer = _trainer(
+        _model(0), out, [CkstoreCallback(store, run="sft", keep_local="pointers")], max_steps=4
+    )
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    folder = out / "checkpoint-4"
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith((".", "model", "pyt"))) == [
+        "model.safetensors"
+    ]
+    assert store.get("sft@4").step == 4  # the import had committed
+    monkeypatch.undo()
+
+    snap = store.get("sft@4")
+    other = tmp_path / "other"
+    shutil.copytree(folder, other)
+    transformers.BertForSequenceClassification(_model(0).config).save_pretrained(
+        other, max_shard_size="4KB"
+    )  # the same names: a folder whose weights the snapshot holds with the same shapes
+    assert _hf_pointers.point_weights(store, snap, str(other), str(other))
+    assert pointer.read_file(str(other / "pytorch_model.bin")) is not None
+    bigger = _model(0).config
+    bigger.vocab_size = 60
+    shutil.rmtree(other)
+    shutil.copytree(folder, other)
+    (other / "model.safetensors").unlink()
+    transformers.BertForSequenceClassification(bigger).save_pretrained(other)
+    assert not _hf_pointers.point_weights(store, snap, str(other), str(other))
+    assert (other / "model.safetensors").is_file() and not (other / "pytorch_model.bin").exists()
+    store.close()
+
+
+def test_keep_local_takes_none_true_false_or_pointers(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "store", create=True)
+    with pytest.raises(ckstore.errors.InvalidInputError, match="keep_local='weights'"):
+        CkstoreCallback(store, keep_local="weights")  # type: ignore[arg-type]
+    store.close()
+
+
+def test_a_process_that_never_imported_ckstore_is_told_what_the_pointer_is(
+    tmp_path: Path,
+) -> None:
+    """torch's weights-only loader refuses the pointer's one global and names it
+    (``ckstore.integrations.pointer.load_pointer``); importing that module first (it
+    allowlists that function alone) makes the same load read the weights from the store."""
+    import subprocess
+    import sys
+
+    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64, create=True)
+    out = tmp_path / "out"
+    _trainer(
+        _model(0), out, [CkstoreCallback(store, run="sft", keep_local="pointers")], max_steps=4
+    ).train()
+    expected = _weights_of(store.get("sft@4"))
+    store.close()
+    path = str(out / "checkpoint-4" / "pytorch_model.bin")
+    refused = subprocess.run(
+        [sys.executable, "-c", f"import torch; torch.load({path!r}, weights_only=True)"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "Unsupported global: GLOBAL ckstore.integrations.pointer.load_pointer" in refused.stderr
+    script = (
+        "import sys, torch, ckstore.integrations.pointer\n"
+        f"sd = torch.load({path!r}, weights_only=True)\n"
+        f"torch.save(sd, {str(tmp_path / 'read.pt')!r})\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True)
+    read = torch.load(tmp_path / "read.pt", weights_only=True)
+    assert read.keys() == expected.keys()
+    assert all(torch.equal(read[k], v) for k, v in expected.items())
