@@ -90,7 +90,7 @@ MARK_FOLDER = Command(
     cmd_mark_folder,
     _mark_arguments,
     description=(
-        "Write a small marker file (.ckstore-folder.json) into FOLDER. In a trainer started with "
+        "Write a small marker file (.ckstore-folder.step-0.json) into FOLDER. In a trainer started with "
         "`python -m ckstore.dcp.launch`, dcp.save of FOLDER/step-N is then one snapshot of RUN at "
         "step N, and FOLDER/step-N/.metadata a pointer to it (written after the snapshot "
         "commits); dcp.load of that path reads the snapshot; step folders the trainer removes "

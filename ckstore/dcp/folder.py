@@ -22,8 +22,15 @@ ckstore.dcp.launch``), a checkpoint id whose parent is a marked folder selects c
 The pointer is JSON, never pickle: nothing of ckstore unpickles it, and DCP's own
 ``FileSystemReader`` (a process without ckstore) fails on its first byte
 (``UnpicklingError: invalid load key, '{'``) instead of loading anything; its ``"note"``
-says how to load it. The marker's name contains no ``step-<digits>``, so torchtitan's
-listing (``re.search(r"step-(\\d+)", name)``) never takes it for a step.
+says how to load it.
+
+The marker's name, :data:`MARKER_NAME`, matches ``step-(\\d+)`` on purpose, as step 0: the
+purge of torchtitan's releases before it filtered names (and of trainers copied from them)
+calls ``int(re.search(r"step-(\\d+)", name).group(1))`` on every name in the folder, and
+crashed on a name without a step. With step 0 the marker is the oldest entry, so such a purge
+queues it first for ``shutil.rmtree(path, ignore_errors=True)``, which fails on a file and
+leaves it (the marker takes the place of one of the removed entries, so the steps kept are
+the same); the listing of steps to resume needs ``<name>/.metadata``, which a file never has.
 """
 
 from __future__ import annotations
@@ -38,8 +45,9 @@ from typing import Any
 
 from ..errors import ConflictError, CorruptionError, InvalidInputError
 
-MARKER_NAME = ".ckstore-folder.json"
-"""The marker file's name inside a marked folder."""
+MARKER_NAME = ".ckstore-folder.step-0.json"
+"""The marker file's name inside a marked folder (why it reads as step 0: the module
+docstring)."""
 POINTER_NAME = ".metadata"
 """The pointer file's name inside a step folder (the file DCP and torchtitan look for)."""
 METADATA_KEY = "dcp_folder"

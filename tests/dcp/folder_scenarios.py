@@ -20,11 +20,14 @@ class TitanCheckpointer:
     """torchtitan's CheckpointManager reduced to its file-system use: ``dcp.save`` /
     ``dcp.async_save`` / ``dcp.load`` with ``os.path.join(folder, f"step-{n}")``, the resume
     step from ``os.listdir`` + ``isfile(.metadata)``, and ``keep_latest_k`` purged by
-    ``shutil.rmtree`` in a thread. Nothing here knows of ckstore."""
+    ``shutil.rmtree`` in a thread. Nothing here knows of ckstore. ``filter_names=False`` is
+    the purge of torchtitan's releases before it filtered names: ``match.group(1)`` of every
+    name in the folder."""
 
-    def __init__(self, folder: str, keep_latest_k: int = 0) -> None:
+    def __init__(self, folder: str, keep_latest_k: int = 0, filter_names: bool = True) -> None:
         self.folder = folder
         self.keep_latest_k = keep_latest_k
+        self.filter_names = filter_names
         self.purge_queue: queue.Queue[str | None] = queue.Queue()
         self.purge_thread = threading.Thread(target=self._purge_loop, daemon=True)
         self.purge_thread.start()
@@ -62,7 +65,8 @@ class TitanCheckpointer:
             discovered = []
             for filename in os.listdir(self.folder):
                 match = re.search(r"step-(\d+)", filename)
-                if match:
+                if match or not self.filter_names:
+                    assert match is not None, f"{filename} crashes this purge (no step)"
                     discovered.append((int(match.group(1)), os.path.join(self.folder, filename)))
             discovered.sort()
             for _, path in discovered[: -1 * self.keep_latest_k]:

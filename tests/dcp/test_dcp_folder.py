@@ -161,6 +161,30 @@ def test_a_save_gives_a_purge_back_behind_it_not_on_the_trainers_thread(
     assert _packs_bytes(url) < 1.25 * two  # two steps' worth again, not three
 
 
+def test_a_purge_that_parses_every_name_in_the_folder_meets_the_marker_as_step_0(
+    tmp_path: Path,
+) -> None:
+    """torchtitan's releases before it filtered names (and trainers copied from them) take
+    ``int(re.search(r"step-(\\d+)", name).group(1))`` of every name in the folder: the marker
+    reads as step 0, is queued first, survives ``rmtree(..., ignore_errors=True)`` as a file,
+    and the steps kept are the same as without it."""
+    url = _store(tmp_path)
+    folder = str(tmp_path / "ckpt")
+    mark_folder(folder, url, run="titan")
+    ckpt = fs.TitanCheckpointer(folder, keep_latest_k=2, filter_names=False)
+    app = _App()
+    for step in range(1, 6):
+        app.train()
+        ckpt.save(step, app.state())
+        ckpt.purge_stale_checkpoints()
+        assert ckpt.listed() == list(range(max(1, step - 1), step + 1))
+        assert read_marker(folder) is not None  # still marked
+    assert ckpt.find_load_step() == 5 and _steps(url) == [3, 4, 5]  # step 3 leaves at the next save
+    resumed = _App(seed=9)
+    resumed.load(ckpt, 5)
+    assert resumed.same_as(app)
+
+
 def test_two_gloo_ranks_save_purge_and_resume_through_a_marked_folder(tmp_path: Path) -> None:
     url = _store(tmp_path)
     folder = str(tmp_path / "checkpoint")
