@@ -44,10 +44,15 @@ def path_tag(run: str, ident: str) -> str:
     """The tag of the checkpoint saved at ``ident``: ``<run>/<folder digest>/<file name>``, the
     file name in tag-safe characters (``epoch=3.ckpt`` -> ``epoch_3.ckpt``)."""
     folder, name = posixpath.split(ident) if is_url(ident) else os.path.split(ident)
-    digest = hashlib.sha256(folder.encode()).hexdigest()[:_DIGEST]
     base = _UNSAFE.sub("_", name).strip("._-") or "checkpoint"
-    tag = f"{run}/{digest}/{base}"
+    tag = f"{tag_prefix(run, folder)}{base}"
     if len(tag) > MAX_NAME_LENGTH:
         whole = hashlib.sha256(ident.encode()).hexdigest()[:_DIGEST]
         tag = f"{tag[: MAX_NAME_LENGTH - _DIGEST - 1]}-{whole}"
     return tag
+
+
+def tag_prefix(run: str, folder: str) -> str:
+    """What the :func:`path_tag` of every checkpoint directly in ``folder`` (an
+    :func:`identity`'s folder part) starts with: ``<run>/<folder digest>/``."""
+    return f"{run}/{hashlib.sha256(folder.encode()).hexdigest()[:_DIGEST]}/"

@@ -27,7 +27,9 @@ safetensors' own reader and every Hugging Face tool open them by name. So
 ``resume_from_checkpoint=True``, ``get_last_checkpoint``, ``load_best_model_at_end`` and
 ``from_pretrained(folder)`` work unchanged. ``keep_local=True`` leaves the folders whole;
 ``keep_local=False`` deletes each folder after importing it (only the store holds the
-checkpoints; resume with :func:`checkout`).
+checkpoints; resume with :func:`checkout`). ``keep_local=False`` with
+``load_best_model_at_end=True`` is refused at ``on_train_begin`` (``InvalidInputError``): the
+Trainer would find no best folder to load at the end, warn, and keep the last weights.
 
 ``keep_local="pointers"``: the checkpoint's bytes are on disk once, in the store. The weights
 become a pointer too: ``model.safetensors`` (or ``model.safetensors.index.json`` and its
@@ -49,9 +51,17 @@ shard loading). Hence not the default.
 The Trainer's retention is the store's: a folder the Trainer deletes (``save_total_limit``,
 ``save_strategy="best"``) whose snapshot the callback imported from that very path (saved
 during this training, or present when it began) is deleted from the store, and its bytes are
-reclaimed as soon as nothing else writes to the store; the best checkpoint
+given back behind the save (``Store.reclaim_behind``: a gc on the store's background thread, at
+once when nothing else writes to the store) and before ``train`` returns; the best checkpoint
 (``state.best_model_checkpoint``) is tagged ``<run>/best``. Each imported folder is tagged
-``<run>/<folder digest>/checkpoint-<step>`` while it lives.
+``<run>/<folder digest>/checkpoint-<step>`` while it lives. With ``keep_local=False`` the
+Trainer never sees a folder to rotate, so the callback applies the Trainer's rule itself to
+the snapshots it imported from this ``output_dir`` with ``keep_local=False``, found in the
+store by those tags and their ``hf`` metadata (so a relaunch continues the rotation): the
+oldest go first until ``save_total_limit`` remain, the newest and the best always among them
+(so the best and the newest with ``save_total_limit=1``, and the best alone at the end of
+training). Another run's, another ``output_dir``'s and another mode's snapshots are never
+counted; a tag of anyone else's keeps its snapshot.
 
 With ``interval=ckstore.TakeInterval(overhead=0.02)`` the callback also asks the Trainer to save
 whenever the interval says a take is due, so saving costs at most 2% of the wall clock however
@@ -76,6 +86,7 @@ from ..snapshot import StoredSnapshot
 from ..store import Store
 from ..store_ref import StoreRef
 from ._hf_pointers import point_torch_files, point_weights
+from ._hf_rotation import DELETED_FOLDERS, imported_from, rotated_out
 from ._paths import identity, path_tag
 from ._retention import reclaim
 
@@ -84,7 +95,7 @@ POINTERS = "pointers"
 """``keep_local=POINTERS``: the folder keeps pointers for every checkpoint file, weights
 included, and its small files."""
 KeepLocal = bool | Literal["pointers"] | None
-_RECORDED = {None: "pointers", True: "full", False: "none", POINTERS: "all-pointers"}
+_RECORDED = {None: "pointers", True: "full", False: DELETED_FOLDERS, POINTERS: "all-pointers"}
 """``keep_local`` -> the mode recorded in the snapshot's ``hf.local`` metadata (the default's
 "pointers" predates the ``POINTERS`` mode)."""
 
@@ -133,7 +144,8 @@ class CkstoreCallback(TrainerCallback):
         self.interval = interval
         self.snapshots: list[StoredSnapshot] = []
         self._watched: dict[str, str] = {}  # folder identity -> snapshot id it was imported as
-        self._deleted = False
+        self._deleted = False  # a snapshot deleted since the last gc asked for
+        self._deleted_in_training = False
 
     @property
     def store(self) -> Store:
@@ -141,7 +153,21 @@ class CkstoreCallback(TrainerCallback):
         return self._ref.get()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Watch the checkpoint folders already in ``output_dir`` that this store imported."""
+        """Watch the checkpoint folders already in ``output_dir`` that this store imported.
+
+        Raises:
+            InvalidInputError: ``keep_local=False`` with ``load_best_model_at_end=True`` (the
+                best checkpoint's folder is gone when the Trainer loads it), on every process.
+        """
+        if self.keep_local is False and getattr(args, "load_best_model_at_end", False):
+            raise InvalidInputError(
+                f"CkstoreCallback(run={self.run!r}, keep_local=False) deletes each checkpoint "
+                "folder once imported, so load_best_model_at_end=True would find no best model "
+                "to load at the end of training (the Trainer only warns and keeps the last "
+                f"weights): use keep_local={POINTERS!r} (the checkpoint's bytes on disk once, "
+                "the best model loaded from the store) or the default, or load_best_model_at_end"
+                f"=False and checkout(store, '{self.run}/best', folder) after training"
+            )
         if not state.is_world_process_zero or not os.path.isdir(args.output_dir):
             return
         for name in sorted(os.listdir(args.output_dir)):
@@ -159,21 +185,24 @@ class CkstoreCallback(TrainerCallback):
             control.should_save = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Import the folder just saved; follow the Trainer's rotation and its best checkpoint."""
+        """Import the folder just saved; follow the Trainer's rotation and its best checkpoint;
+        give back behind the save what the deleted snapshots used."""
         if not state.is_world_process_zero:
             return
-        self._follow_rotation()  # the Trainer rotates before it calls on_save
-        self._reclaim(wait=False)  # the compaction after the last import had a save interval
         folder = os.path.join(args.output_dir, f"{PREFIX}-{state.global_step}")
         if os.path.isdir(folder):
             self._import(folder, state)
+        self._follow_rotation()  # the Trainer rotated its folders before it called on_save
+        self._rotate_store(args, state, at_end=False)
         self._tag_best(state)
+        self._reclaim(wait=False)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Follow the last rotation and reclaim what the deleted snapshots used."""
         if not state.is_world_process_zero:
             return
         self._follow_rotation()
+        self._rotate_store(args, state, at_end=True)
         self._tag_best(state)
         self._reclaim(wait=True)
 
@@ -232,6 +261,16 @@ class CkstoreCallback(TrainerCallback):
                 del self._watched[ident]
                 self._forget(sid, ident)
 
+    def _rotate_store(self, args: Any, state: Any, at_end: bool) -> None:
+        """``keep_local=False``: the Trainer's rotation, which never sees the deleted folders,
+        applied to the snapshots imported from them (:mod:`._hf_rotation`)."""
+        if self.keep_local is not False:
+            return
+        here = imported_from(self.store, self.run, args.output_dir)
+        best = _best_folder(args, state)
+        for gone in rotated_out(here, args.save_total_limit, best, at_end):
+            self._forget(gone.id, gone.folder)
+
     def _forget(self, sid: str, ident: str) -> None:
         """Delete snapshot ``sid`` imported from ``ident``: the callback's tags of it go first; a
         tag of anyone else's keeps it."""
@@ -245,7 +284,7 @@ class CkstoreCallback(TrainerCallback):
                     pass
         try:
             store.delete(sid)
-            self._deleted = True
+            self._deleted = self._deleted_in_training = True
         except (SnapshotNotFoundError, ConflictError):
             pass  # deleted meanwhile, or another tag keeps it
 
@@ -259,9 +298,27 @@ class CkstoreCallback(TrainerCallback):
             self.store.tag(sid, name, force=True)
 
     def _reclaim(self, wait: bool) -> None:
-        """What deleted snapshots used, given back (``_retention.reclaim``)."""
-        if self._deleted and reclaim(self.store, wait):
+        """What deleted snapshots used, given back: behind the save, on the store's background
+        thread after the compaction due (``Store.reclaim_behind``), so a save never waits for
+        the gc; with ``wait`` (the end of training), at once and before returning, if anything
+        was deleted during the training (``_retention.reclaim``)."""
+        if wait and self._deleted_in_training:
+            reclaim(self.store, wait=True)
+            self._deleted = self._deleted_in_training = False
+        elif self._deleted and not wait:
+            self.store.reclaim_behind()
             self._deleted = False
+
+
+def _best_folder(args: Any, state: Any) -> str | None:
+    """The folder identity of the Trainer's best checkpoint: ``state.best_model_checkpoint``,
+    else (a relaunch, where the Trainer forgets a best folder that is gone) the folder of
+    ``state.best_global_step`` in ``output_dir``; None when there is no best."""
+    best = getattr(state, "best_model_checkpoint", None)
+    if best:
+        return identity(best)
+    step = getattr(state, "best_global_step", None)
+    return identity(os.path.join(args.output_dir, f"{PREFIX}-{step}")) if step else None
 
 
 def agreed(decision: bool) -> bool:

@@ -395,3 +395,148 @@ def test_a_process_that_never_imported_ckstore_is_told_what_the_pointer_is(
     read = torch.load(tmp_path / "read.pt", weights_only=True)
     assert read.keys() == expected.keys()
     assert all(torch.equal(read[k], v) for k, v in expected.items())
+
+
+# --- keep_local=False: the Trainer's rotation over snapshots whose folders are gone ------------
+def _steps(store: Any, run: str = "hf") -> list[int]:
+    return sorted(s.step for s in store.log(run))
+
+
+def _nothing_left_to_reclaim(store: Any) -> None:
+    """What the deleted snapshots used came back within the job: nothing waits for the grace
+    period, and nothing unreferenced is left for a later gc."""
+    assert store.gc(dry_run=True).grace_kept_bytes == 0
+    assert store.gc(grace_seconds=0, dry_run=True).chunk_bytes_removed == 0
+
+
+@pytest.mark.parametrize(
+    "limit, evaluate",
+    [(2, False), (2, True), (1, True), (3, False)],
+    ids=["limit2", "limit2-best-older", "limit1-best-older", "limit3"],
+)
+def test_keep_local_false_rotates_the_store_as_the_trainer_rotates_its_folders(
+    tmp_path: Path, limit: int, evaluate: bool
+) -> None:
+    """The snapshots left are those whose folders the Trainer itself leaves with the folders
+    kept (``keep_local=True``, same run): the newest ``save_total_limit``, the best always
+    kept (the worst loss is "best" here, so that it is an old one), and the best alone at the
+    end with ``save_total_limit=1``. The kept ones restore the weights they were taken with."""
+    best = dict(eval_strategy="steps", eval_steps=2, metric_for_best_model="loss")
+    options = dict(save_steps=2, save_total_limit=limit, **(best if evaluate else {}))
+    if evaluate:
+        options["greater_is_better"] = True
+    folders = ckstore.open(tmp_path / "kept", chunk_bytes=4096, inline_bytes=64, create=True)
+    out = tmp_path / "out-kept"
+    reference = _trainer(
+        _model(0), out, [CkstoreCallback(folders, run="hf", keep_local=True)], **options
+    )
+    reference.train()
+    expected = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    assert _steps(folders) == expected  # the rotation the store follows with folders
+    folders.close()
+
+    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64, create=True)
+    trainer = _trainer(
+        _model(0), tmp_path / "out", [CkstoreCallback(store, run="hf", keep_local=False)],
+        **options,
+    )  # fmt: skip
+    trainer.train()
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
+    assert _steps(store) == expected
+    if evaluate:
+        older = trainer.state.best_global_step
+        assert older != 8 and older in expected and store.get("hf/best").step == older
+    else:
+        assert expected == [8 - 2 * i for i in range(limit)][::-1]
+    _nothing_left_to_reclaim(store)
+    newest = dict(store.get(f"hf@{expected[-1]}").read_object("model"))
+    if expected[-1] == 8:  # the weights trained last
+        assert all(torch.equal(trainer.model.state_dict()[k], v) for k, v in newest.items())
+    for step in expected:
+        folder = checkout(store, f"hf@{step}", tmp_path / f"restored-{step}")
+        loaded = transformers.BertForSequenceClassification.from_pretrained(folder)
+        weights = dict(store.get(f"hf@{step}").read_object("model"))
+        assert all(torch.equal(loaded.state_dict()[k], v) for k, v in weights.items())
+    store.close()
+
+
+def test_a_relaunch_continues_the_rotation_over_the_previous_process_snapshots(
+    tmp_path: Path,
+) -> None:
+    """A new process (the store reopened, a new callback) that resumes from a checkout counts
+    the snapshots the first one left, and rotates them out; the survivors resume exactly."""
+    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64, create=True)
+    out = tmp_path / "out"
+    callback = CkstoreCallback(store, run="hf", keep_local=False)
+    first = _trainer(_model(0), out, [callback], save_steps=2, save_total_limit=2, max_steps=4)
+    first.train()
+    assert _steps(store) == [2, 4]
+    store.close()
+
+    store = ckstore.open(tmp_path / "store")
+    folder = checkout(store, "hf@4", tmp_path / "resume")
+    callback = CkstoreCallback(store, run="hf", keep_local=False)
+    second = _trainer(_model(1), out, [callback], save_steps=2, save_total_limit=2)
+    second.train(resume_from_checkpoint=folder)
+    assert _steps(store) == [6, 8]
+    _nothing_left_to_reclaim(store)
+    third = _trainer(_model(2), tmp_path / "out3", [], save_steps=2, max_steps=8)
+    third.train(resume_from_checkpoint=checkout(store, "hf@6", tmp_path / "resume6"))
+    assert third.losses == second.losses[2:]  # the kept snapshot resumes exactly
+    store.close()
+
+
+class _TagAt(transformers.TrainerCallback):  # type: ignore[misc]
+    """Tags ``run@step`` as ``name`` once that save was imported (as a user would)."""
+
+    def __init__(self, store: Any, ref: str, name: str) -> None:
+        self.store, self.ref, self.name = store, ref, name
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.store.get(self.ref, None) is not None and self.name not in self.store.tags():
+            self.store.tag(self.ref, self.name)
+
+
+def test_keep_local_false_rotation_deletes_only_this_output_dirs_own_snapshots(
+    tmp_path: Path,
+) -> None:
+    """Another run's snapshots from the same folders, the same run's from another
+    output_dir, one imported from this output_dir with another keep_local, and one the user
+    tagged all stay; the user's tag keeps its snapshot out of the count from then on."""
+    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64, create=True)
+    out = tmp_path / "out"
+    other = CkstoreCallback(store, run="other", keep_local=False)
+    _trainer(_model(0), out, [other], save_steps=2, max_steps=4).train()
+    elsewhere = CkstoreCallback(store, run="hf", keep_local=False)
+    _trainer(_model(0), tmp_path / "out2", [elsewhere], save_steps=3, max_steps=3).train()
+    whole = CkstoreCallback(store, run="hf", keep_local=True)
+    _trainer(_model(0), out, [whole], save_steps=1, max_steps=1).train()
+    shutil.rmtree(out / "checkpoint-1")  # left in the store alone, with its path tag
+    assert _steps(store) == [1, 3] and _steps(store, "other") == [2, 4]
+
+    mine = CkstoreCallback(store, run="hf", keep_local=False)
+    user = _TagAt(store, "hf@2", "keep")
+    _trainer(_model(0), out, [mine, user], save_steps=2, save_total_limit=2).train()
+    assert _steps(store) == [1, 2, 3, 6, 8]  # hf@4 rotated out; hf@2 kept by the user's tag
+    assert store.tags()["keep"] == store.get("hf@2").id
+    assert _steps(store, "other") == [2, 4]
+    assert store.get("hf@1").metadata["hf"]["local"] == "full"
+    assert store.get("hf@3").metadata["hf"]["folder"].endswith(f"out2{os.sep}checkpoint-3")
+    _nothing_left_to_reclaim(store)
+    store.close()
+
+
+def test_keep_local_false_refuses_load_best_model_at_end(tmp_path: Path) -> None:
+    """The best folder would be gone when the Trainer loads it at the end (it only warns, and
+    keeps the last weights): refused before the first step, saying what to use instead."""
+    store = ckstore.open(tmp_path / "store", chunk_bytes=4096, inline_bytes=64, create=True)
+    trainer = _trainer(
+        _model(0), tmp_path / "out", [CkstoreCallback(store, run="hf", keep_local=False)],
+        save_steps=2, eval_strategy="steps", eval_steps=2, metric_for_best_model="loss",
+        load_best_model_at_end=True,
+    )  # fmt: skip
+    with pytest.raises(ckstore.errors.InvalidInputError, match="keep_local='pointers'") as err:
+        trainer.train()
+    assert "load_best_model_at_end=True" in str(err.value) and "run='hf'" in str(err.value)
+    assert trainer.losses == [] and store.log("hf") == []
+    store.close()
