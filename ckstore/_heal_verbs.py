@@ -39,6 +39,8 @@ class RepairReport:
     healed: dict[str, str] = field(default_factory=dict)
     unrecoverable: list[str] = field(default_factory=list)
     check: CheckReport = field(default_factory=CheckReport)
+    unreachable: dict[str, str] = field(default_factory=dict)
+    """Remotes that could not be opened or read (name -> why)."""
 
     @property
     def ok(self) -> bool:
@@ -48,6 +50,7 @@ class RepairReport:
         return {
             "healed": dict(self.healed),
             "unrecoverable": list(self.unrecoverable),
+            "unreachable": dict(self.unreachable),
             "problems": [p.message for p in self.check.problems],
             "ok": self.ok,
         }
@@ -70,8 +73,9 @@ class HealVerbs:
 
         Returns:
             A :class:`RepairReport`: ``healed`` (chunk id -> remote), ``unrecoverable`` (no
-            remote holds a sound copy), and the check after the repair; ``ok`` is False when
-            anything stays damaged.
+            remote that could be read holds a sound copy), ``unreachable`` (remotes that could
+            not be opened or read, name -> why), and the check after the repair; ``ok`` is
+            False when anything stays damaged.
 
         Raises:
             NotFoundError: ``remote`` is named and not configured.
@@ -81,7 +85,9 @@ class HealVerbs:
         suspects = _suspects(self._repo, before)
         healed = heal(self._repo, damaged(self._repo, suspects), remote)
         after = before if not suspects else history_check(self._repo, read_data=True)
-        return RepairReport(dict(healed.healed), list(healed.unrecoverable), after)
+        return RepairReport(
+            dict(healed.healed), list(healed.unrecoverable), after, dict(healed.unreachable)
+        )
 
 
 def _suspects(repo: Repository, report: CheckReport) -> set[str]:
@@ -97,11 +103,17 @@ def healing(view: SnapshotView, budget: int | None = None) -> Iterator[SnapshotV
     (``Reader.of``) heal as they read: a chunk found damaged or missing goes to one
     :class:`RestoreHealer` for the whole call (``budget``: the bytes of healed chunks it may
     hold, None: the store's ``memory_budget``), and after the call, whether it succeeded or
-    not, :class:`HealedWarning` names what was healed, once (every heal is counted). The one
-    path every read of a snapshot heals through."""
+    not, :class:`HealedWarning` names what was healed, once (every heal is counted). Damage
+    it could not heal raises as the read raised it, naming the remotes that could not be
+    opened or read. The one path every read of a snapshot heals through."""
     healer = RestoreHealer(view, budget)
     try:
         yield view.healing_with(healer)
+    except (CorruptionError, ObjectNotFoundError) as exc:
+        said = _unreachable(healer.unreachable)
+        if not said or said in str(exc):
+            raise
+        raise type(exc)(f"{exc}; {said}") from exc
     finally:
         healer.report()
 
@@ -131,6 +143,8 @@ class RestoreHealer:
     def __init__(self, view: SnapshotView, budget: int | None = None) -> None:
         self.view = view
         self.healed: dict[str, str] = {}
+        self.unreachable: dict[str, str] = {}
+        """Remotes that could not be opened or read during the call (name -> why)."""
         self.room = view.repo.memory_budget if budget is None else budget
         """Bytes of healed chunks this call may still hold in memory (None: no limit)."""
         self._lock = threading.Lock()  # one heal at a time
@@ -205,6 +219,7 @@ class RestoreHealer:
         got = fetch(repo, [cid], self._passed_over, None, Known(remotes, rows))
         raw = got.raw.get(cid)
         with self._queue_lock:
+            self.unreachable.update(got.report.unreachable)
             if raw is None:
                 if self.room is not None:
                     self.room += rec.raw_length
@@ -276,6 +291,7 @@ class RestoreHealer:
         if todo:
             report = heal(repo, todo, passed_over=self._passed_over)
             self.healed.update(report.healed)
+            self.unreachable.update(report.unreachable)
             # neither healed nor unrecoverable: reads back sound now (a delta whose damaged
             # base was healed), or moved meanwhile; the fetcher reads and checks it again
             self._sound.update(set(todo) - set(report.healed) - set(report.unrecoverable))
@@ -293,7 +309,7 @@ class RestoreHealer:
         this read healed, if anything."""
         self.flush()
         if self.healed:
-            _warn_healed(self.view, self.healed)
+            _warn_healed(self.view, self.healed, self.unreachable)
 
 
 def with_healing(view: SnapshotView, restore: Callable[[], None]) -> None:
@@ -336,25 +352,40 @@ def heal_restore(view: SnapshotView, error: CorruptionError | ObjectNotFoundErro
     report = heal(repo, bad)
     if report.unrecoverable:
         if report.healed:  # healed all the same: counted, though the restore fails
-            _warn_healed(view, report.healed)
+            _warn_healed(view, report.healed, report.unreachable)
+        down = _unreachable(report.unreachable)
         raise CorruptionError(
             f"{error}. Snapshot {_label(view)} cannot be read from any tier: "
-            f"{len(report.unrecoverable)} "
-            f"chunk(s) are damaged here and no remote holds a sound copy "
-            f"({_some(report.unrecoverable)}); {_fallback(view)}"
+            f"{len(report.unrecoverable)} chunk(s) are damaged here and no remote "
+            f"{'that could be read ' if down else ''}holds a sound copy "
+            f"({_some(report.unrecoverable)}); {down + '; ' if down else ''}{_fallback(view)}"
         ) from error
-    _warn_healed(view, report.healed)
+    _warn_healed(view, report.healed, report.unreachable)
     return report
 
 
-def _warn_healed(view: SnapshotView, healed: dict[str, str]) -> None:
+def _unreachable(unreachable: dict[str, str]) -> str:
+    """A sentence naming the remotes that could not be opened or read, and why ("" if none)."""
+    if not unreachable:
+        return ""
+    why = ", ".join(f"{name!r} ({reason})" for name, reason in sorted(unreachable.items()))
+    return (
+        f"remote(s) that could not be opened or read: {why}; a sound copy may be there: heal "
+        "again once they answer (`ckstore repair`)"
+    )
+
+
+def _warn_healed(
+    view: SnapshotView, healed: dict[str, str], unreachable: dict[str, str] | None = None
+) -> None:
     remotes = sorted(set(healed.values()))
+    down = _unreachable(unreachable or {})
     warn(
         HealedWarning(
             f"snapshot {_label(view)}: {len(healed)} damaged chunk(s) healed from remote(s) "
             f"{', '.join(remotes)} ({_some(list(healed))}); the read used their verified bytes "
             "and the local copy is written back behind it (sound again by the store's close). "
-            "Run `ckstore repair` to heal the rest of the store"
+            f"Run `ckstore repair` to heal the rest of the store{'. ' + down if down else ''}"
         )
     )
 

@@ -67,11 +67,13 @@ log = logging.getLogger("ckstore")
 
 @dataclass
 class HealReport:
-    """What :func:`heal` did: the chunks healed (id -> the remote their bytes came from) and
-    those no remote could give back."""
+    """What :func:`heal` did: the chunks healed (id -> the remote their bytes came from), those
+    no remote could give back, and the remotes that could not be opened or read (name -> why:
+    a sound copy of an unrecoverable chunk may be there once they can)."""
 
     healed: dict[str, str] = field(default_factory=dict)
     unrecoverable: list[str] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -133,7 +135,7 @@ def heal(
         return report
     writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
     try:  # each chunk written as it arrives: memory stays one chunk
-        for cid, name, raw in plan.arrivals(local):
+        for cid, name, raw in plan.arrivals(local, report):
             codec, payload = encode(raw, 1, False, fast=plan.loose)
             writer.add(cid, codec, payload, len(raw))
             report.healed[cid] = name
@@ -183,6 +185,7 @@ class Fetched:
             one.old.update(p.old)
             one.report.healed.update(p.report.healed)
             one.report.unrecoverable += p.report.unrecoverable
+            one.report.unreachable.update(p.report.unreachable)
             one.over += p.over
         return one
 
@@ -217,7 +220,7 @@ def fetch(
             else:
                 got.over.append(cid)
         plan.want = fit
-    for cid, name, raw in plan.arrivals(local):
+    for cid, name, raw in plan.arrivals(local, got.report):
         got.raw[cid] = raw
         got.report.healed[cid] = name
     got.report.unrecoverable = [c for c in plan.want if c not in got.report.healed]
@@ -289,45 +292,53 @@ class _Plan:
         loose = all(old[c].codec in FAST_CODECS for c in want if c in old)
         return cls(want, records, skip, old, loose)
 
-    def arrivals(self, local: Repository) -> Iterator[tuple[str, str, memoryview]]:
+    def arrivals(
+        self, local: Repository, report: HealReport
+    ) -> Iterator[tuple[str, str, memoryview]]:
         """(id, remote, bytes) of each wanted chunk a remote gives back, verified, the remotes
-        asked in order for what the earlier ones lacked."""
+        asked in order for what the earlier ones lacked (those that cannot be opened or read
+        go to ``report.unreachable``)."""
         done: set[str] = set()
         for record in self.records:
             missing = [c for c in self.want if c not in done]
             if not missing:
                 break
-            for cid, raw in _fetch(local, record, missing, self.skip):
+            for cid, raw in _fetch(local, record, missing, self.skip, report.unreachable):
                 done.add(cid)
                 yield cid, record.name, raw
 
 
 def _fetch(
-    local: Repository, record: RemoteRecord, chunk_ids: list[str], passed_over: set[str]
+    local: Repository,
+    record: RemoteRecord,
+    chunk_ids: list[str],
+    passed_over: set[str],
+    unreachable: dict[str, str],
 ) -> Iterator[tuple[str, memoryview]]:
     """The raw bytes of the chunks of ``chunk_ids`` remote ``record`` holds, each verified
-    against its id, one at a time, looked up there in one query; a remote that cannot be
-    opened or read gives nothing (logged, and its name added to ``passed_over``)."""
+    against its id, one at a time, looked up there in one query. A remote that cannot be
+    opened or read (other than a chunk damaged or missing there) gives nothing more: logged,
+    its name added to ``passed_over`` and, with why, to ``unreachable``."""
     readers = readers_of(local)
     try:
         there = readers.get(record)
         theirs: ProofIndex = there.index
         rows = theirs.chunk_locations(chunk_ids)
+        for cid in chunk_ids:
+            rec = rows.get(cid)
+            if rec is None:
+                continue
+            try:  # decoded there and hashed against the id asked for, not the remote's word
+                raw = memoryview(there.objects.read_chunk(to_location(rec, rows)))
+            except (CorruptionError, ObjectNotFoundError) as exc:
+                log.warning("chunk %s is damaged at remote %r too: %s", cid, record.name, exc)
+                continue
+            yield cid, raw
     except CkstoreError as exc:
         log.warning("cannot heal from remote %r: %s", record.name, exc)
         passed_over.add(record.name)
+        unreachable[record.name] = f"{type(exc).__name__}: {exc}"
         readers.forget(record.name)
-        return
-    for cid in chunk_ids:
-        rec = rows.get(cid)
-        if rec is None:
-            continue
-        try:  # decoded there and hashed against the id asked for, not the remote's word
-            raw = memoryview(there.objects.read_chunk(to_location(rec, rows)))
-        except CkstoreError as exc:
-            log.warning("chunk %s is damaged at remote %r too: %s", cid, record.name, exc)
-            continue
-        yield cid, raw
 
 
 def _switch(

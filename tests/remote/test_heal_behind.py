@@ -257,3 +257,32 @@ def test_whole_chunks_are_fetched_in_parallel_each_once(
     finally:
         release.set()
         store.close()
+
+
+def test_a_remote_that_cannot_be_read_is_named_not_taken_for_one_that_lacks_the_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckstore.remote import config
+
+    def down(*args: Any, **kw: Any) -> Any:
+        raise ckstore.StorageError("the share is not mounted")
+
+    store = _store_with_backup(tmp_path)
+    try:
+        _damage(store, tmp_path, 2)
+        monkeypatch.setattr(config, "open_remote", down)
+        unread = r"could not be opened or read: 'backup' \(StorageError: the share is not mounted\)"
+        with pytest.raises(ckstore.CorruptionError, match=r"no remote that could be read") as got:
+            restores(store, "r@1", 1)
+        assert "could not be opened or read: 'backup'" in str(got.value)
+        with pytest.raises(ckstore.CorruptionError, match=unread):
+            store.get("r@1").read_object("m")
+        report = store.repair()
+        assert not report.ok and len(report.unrecoverable) == 2
+        assert report.unreachable == {"backup": "StorageError: the share is not mounted"}
+        assert report.to_dict()["unreachable"] == report.unreachable
+        monkeypatch.undo()  # the share is back: the same chunks heal
+        with pytest.warns(ckstore.HealedWarning, match=r"2 damaged chunk\(s\).*backup"):
+            assert restores(store, "r@1", 1)
+    finally:
+        store.close()
