@@ -180,8 +180,9 @@ class RestoreHealer:
         """Fetch a whole chunk and hand its verified bytes over, its write-back behind the read
         (on the caller's thread: the fetcher's threads fetch in parallel; one chunk asked by
         two threads is fetched once). False when no remote gives it back; None when it is not
-        for this path (a delta, past the room left, or an earlier read's write-back of it not
-        landed yet): the synchronous path takes it."""
+        for this path (a delta, past the room left, or a chunk an earlier read of this handle
+        healed: the fetcher may have located it before that write-back landed): the synchronous
+        path takes it."""
         repo = self.view.repo
         with self._queue_lock:
             if self._remotes is None:  # asked once per call
@@ -203,10 +204,12 @@ class RestoreHealer:
             with self._queue_lock:
                 self._fetching.pop(cid).set()
 
-    def _fetch_one(self, cid: str, remotes: list[RemoteRecord]) -> Healed | None:
+    def _fetch_one(
+        self, cid: str, remotes: list[RemoteRecord], again: bool = False
+    ) -> Healed | None:
         repo = self.view.repo
-        if repo.write_backs.pending([cid]):
-            return None  # an earlier read healed it: the synchronous path waits for it to land
+        if not again and repo.write_backs.submitted([cid]):
+            return None  # an earlier read healed it: the synchronous path looks first
         rows = repo.index.chunk_locations([cid])
         rec = rows.get(cid)
         if rec is None or rec.base_id is not None:
@@ -248,8 +251,15 @@ class RestoreHealer:
         if not links.isdisjoint(self._given):  # a base this read holds: written back first
             self.flush()
         if repo.write_backs.submitted(links):
-            # a link an earlier read of this handle healed: read again once it landed
-            out.update(dict.fromkeys(set(rest) - set(damaged(repo, rest)), True))
+            # a link an earlier read of this handle healed: read again once it landed, unless
+            # damaged anew there (a whole chunk is then handed over as any other)
+            still = damaged(repo, rest)
+            out.update(dict.fromkeys(set(rest) - set(still), True))
+            for c in still:
+                if c in chains and len(chains[c]) == 1:
+                    handed = self._fetch_one(c, self._remotes, again=True)
+                    if handed is not None:
+                        out[c] = handed
             rest = [c for c in rest if c not in out]
         out.update(self._write_here(rest, chains))
         return out

@@ -286,3 +286,19 @@ def test_a_remote_that_cannot_be_read_is_named_not_taken_for_one_that_lacks_the_
             assert restores(store, "r@1", 1)
     finally:
         store.close()
+
+
+def test_a_chunk_damaged_again_after_its_write_back_landed_heals_again(tmp_path: Path) -> None:
+    store = _store_with_backup(tmp_path)
+    try:
+        hit = _damage(store, tmp_path, 1)
+        with pytest.warns(ckstore.HealedWarning, match=r"1 damaged chunk\(s\)"):
+            assert restores(store, "r@1", 1)
+        store.repository.write_backs.wait()
+        cid = next(iter(hit))
+        flip(tmp_path / "local", store.repository.index.chunk_locations([cid])[cid])
+        with pytest.warns(ckstore.HealedWarning, match=rf"1 damaged chunk\(s\).*{cid[:16]}"):
+            assert restores(store, "r@1", 1)
+        assert store.check(read_data=True).ok
+    finally:
+        store.close()

@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -316,12 +316,11 @@ class Fetcher:
         """Run ``fn`` (which reads ``job.loc`` when it runs) for ``job``: a pack gone since the
         chunk was located is looked up again (:meth:`_moved`) and ``fn`` runs again at the
         chunk's new place, or ``moved`` runs instead when its payload is not the one read before
-        (compaction re-encoded it). A chunk still damaged or missing is, when a :data:`Healer`
-        is given, first looked up again (an earlier read's heal may have landed since) and read
-        there, else healed: ``given`` runs on the verified bytes the healer hands back, or the
-        chunk is read again at its new place (``moved`` when given, the first pass's checks no
-        longer covering it); else damage raises naming the key (and, unless ``fn`` was
-        ``writing`` into a destination, saying nothing was restored)."""
+        (compaction re-encoded it). A chunk still damaged or missing is healed when a
+        :data:`Healer` can: ``given`` runs on the verified bytes it hands back, or the chunk is
+        read again at its new place (``moved`` when given, the first pass's checks no longer
+        covering it); else damage raises naming the key (and, unless ``fn`` was ``writing``
+        into a destination, saying nothing was restored)."""
 
         def again(how: str | None) -> Any:
             return moved() if how == "re-encoded" and moved is not None else fn()
@@ -338,10 +337,6 @@ class Fetcher:
             except (CorruptionError, ObjectNotFoundError):
                 if self.heal is None:
                     raise
-                how = self._moved(job)
-                if how is not None:
-                    with suppress(CorruptionError, ObjectNotFoundError):
-                        return again(how)
                 healed = self.heal(job.cid)
                 if isinstance(healed, memoryview) and len(healed) == self._loc(job).raw_length:
                     return given(healed)
