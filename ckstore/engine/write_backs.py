@@ -23,12 +23,14 @@ The contract, for whoever submits work and whoever relies on it having landed:
   caller's thread.
 
 Another process's gc or compaction does not wait: it sees the damaged local copy, as it would
-before any heal.
+before any heal. A child forked from a process with write-backs in flight starts with none: they
+are the parent's to land.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -44,6 +46,7 @@ class WriteBacks:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._jobs: dict[Future[None], frozenset[str]] = {}
@@ -57,6 +60,7 @@ class WriteBacks:
         warning at :meth:`close`). After :meth:`close`, ``job`` runs now, on this thread."""
         keys = frozenset(keys)
         with self._lock:
+            self._forked()
             self._keys |= keys
             if not self._closed:
                 if self._executor is None:
@@ -85,15 +89,11 @@ class WriteBacks:
         if found:
             wait(found)
 
-    def failures(self) -> list[str]:
-        """What the jobs that failed so far did not write (their ``failed`` messages)."""
-        with self._lock:
-            return list(self._failed)
-
     def close(self) -> None:
         """Wait for every job, stop the thread, and warn :class:`WriteBackWarning` naming what
         failed to land (once)."""
         with self._lock:
+            self._forked()
             self._closed = True
             executor, self._executor = self._executor, None
         if executor is not None:
@@ -109,9 +109,16 @@ class WriteBacks:
                 )
             )
 
+    def _forked(self) -> None:
+        """In a child forked while the parent had jobs or a thread: they are the parent's (its
+        thread does not exist here, nor do its jobs run here); start afresh. Under the lock."""
+        if self._pid != os.getpid():
+            self._pid, self._executor, self._jobs, self._failed = os.getpid(), None, {}, []
+
     def _matching(self, keys: Iterable[str] | None) -> list[Future[None]]:
         want = None if keys is None else set(keys)
         with self._lock:
+            self._forked()
             return [f for f, k in self._jobs.items() if want is None or not k.isdisjoint(want)]
 
     def _run(self, job: Callable[[], object], failed: str) -> None:
