@@ -59,6 +59,7 @@ class WriteBacks:
         :meth:`wait`; ``failed`` says what was not written should it raise (named in the
         warning at :meth:`close`). After :meth:`close`, ``job`` runs now, on this thread."""
         keys = frozenset(keys)
+        fut: Future[None] | None = None
         with self._lock:
             self._forked()
             self._keys |= keys
@@ -67,9 +68,10 @@ class WriteBacks:
                     self._executor = polite_pool(1, "ckstore-writeback")
                 fut = self._executor.submit(self._run, job, failed)
                 self._jobs[fut] = keys
-                fut.add_done_callback(self._done)
-                return
-        self._run(job, failed)
+        if fut is None:
+            self._run(job, failed)
+        else:  # outside the lock: a job already done runs the callback here, at once
+            fut.add_done_callback(self._done)
 
     def submitted(self, keys: Iterable[str]) -> bool:
         """Whether a job writing any of ``keys`` was submitted in this handle's life (landed,

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
 import ckstore
+from ckstore.engine import write_backs
 from ckstore.engine.write_backs import WriteBacks
 
 
@@ -63,4 +66,32 @@ def test_a_forked_child_owes_none_of_the_parents_write_backs() -> None:
     child.join(60)
     assert child.exitcode == 0
     gate.set()
+    backs.close()
+
+
+class _Instant:
+    """An executor whose jobs are done before ``submit`` returns (a worker that wins the race)."""
+
+    def submit(self, fn: Any, *args: Any) -> Future[None]:
+        fut: Future[None] = Future()
+        fn(*args)
+        fut.set_result(None)
+        return fut
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+def test_a_job_done_before_submit_returns_does_not_hang_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(write_backs, "polite_pool", lambda *a: _Instant())
+    backs = WriteBacks("file:///store")
+    ran: list[int] = []
+    worker = threading.Thread(target=lambda: backs.submit(["a"], lambda: ran.append(1), "a"))
+    worker.daemon = True  # were it stuck, it must not hold the test run up
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "submit hung on a job already done"
+    assert ran == [1] and not backs.pending()
     backs.close()
