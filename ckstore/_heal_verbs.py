@@ -187,13 +187,13 @@ class RestoreHealer:
         with self._queue_lock:
             if self._remotes is None:  # asked once per call
                 self._remotes = [] if repo.read_only else repo.index.list_remotes()
+            if not self._remotes:
+                return None
             if cid in self._given:
                 return self._given[cid]
             busy = self._fetching.get(cid)
             if busy is None:
                 self._fetching[cid] = threading.Event()
-        if not self._remotes:
-            return None
         if busy is not None:  # another thread fetches it: its outcome is this one's
             busy.wait()
             with self._queue_lock:

@@ -302,3 +302,18 @@ def test_a_chunk_damaged_again_after_its_write_back_landed_heals_again(tmp_path:
         assert store.check(read_data=True).ok
     finally:
         store.close()
+
+
+def test_without_a_remote_a_chunk_asked_twice_is_refused_twice(tmp_path: Path) -> None:
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    try:
+        fill(store, "r", [1])
+        (cid,) = _damage(store, tmp_path, 1)
+        healer = heal_verbs.RestoreHealer(store.get("r@1").view)
+        asked = threading.Thread(target=lambda: [healer(cid), healer(cid)], daemon=True)
+        asked.start()
+        asked.join(30)
+        assert not asked.is_alive(), "the second ask waited for a fetch that never ran"
+        assert healer(cid) is False
+    finally:
+        store.close()
