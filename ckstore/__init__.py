@@ -59,6 +59,7 @@ from .errors import (
     StorageError,
     UnsafePickleError,
     UnsupportedValueError,
+    WriteBackWarning,
 )
 
 if TYPE_CHECKING:
@@ -162,6 +163,7 @@ __all__ = [
     "UnsafePickleError",
     "UnsupportedValueError",
     "ValueEntry",
+    "WriteBackWarning",
     "clone",
     "dcp",
     "errors",

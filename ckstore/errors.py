@@ -188,8 +188,16 @@ class ReplicaDivergenceWarning(GuardWarning):
 
 class HealedWarning(UserWarning):
     """A restore found damaged local chunks and healed them from a remote that holds them
-    (verified against their ids, written into a new local pack): the restore went on and is
-    bit-exact. The message names the snapshot, the chunks and the remotes."""
+    (verified against their ids and used at once; written into a new local pack behind the
+    restore): the restore went on and is bit-exact. The message names the snapshot, the
+    chunks and the remotes."""
+
+
+class WriteBackWarning(UserWarning):
+    """Chunks a read healed (and used, bit-exact) could not be written back into the local
+    store behind it: the local copies stay damaged and the remotes still hold them, so the next
+    read heals them again (or ``ckstore repair``). Warned when the store closes; the message
+    names the store and the chunks."""
 
 
 class MetadataWarning(UserWarning):

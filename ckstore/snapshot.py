@@ -272,7 +272,7 @@ class StoredSnapshot(SnapshotFields):
             check_number("dist_timeout", dist_timeout, lo_open=True)
         budget = self._view().repo.memory_budget if memory_budget is None else memory_budget
         checking = "full" if verify == "full" else "fast"
-        with healing(self._view()) as view, view.repo.activity():  # compaction waits meanwhile
+        with healing(self._view(), budget) as view, view.repo.activity():  # compaction waits
             if is_distributed():  # the job reads the manifest (each rank: what it needs) once
                 from .distributed.restore import restore as dist_restore
 

@@ -23,6 +23,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
         print("\n".join(f"  - {cid[:16]} from {name}" for cid, name in d["healed"].items()))
         print(f"unrecoverable: {len(d['unrecoverable'])}")
         print("\n".join(f"  - {cid[:16]}" for cid in d["unrecoverable"]))
+        if d["unreachable"]:
+            print(f"remotes that could not be read: {len(d['unreachable'])}")
+            print("\n".join(f"  - {name}: {why}" for name, why in d["unreachable"].items()))
         print(f"problems: {len(d['problems'])}")
         print("\n".join(f"  - {p}" for p in d["problems"]))
         print(f"ok: {d['ok']}")

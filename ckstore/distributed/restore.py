@@ -45,10 +45,10 @@ import torch
 
 from ..engine.config import restore_budget
 from ..engine.progress import ProgressFn
-from ..engine.restore.fetch import Healer
 from ..engine.restore.jobs import Job, Region
 from ..engine.restore.phases import Prepared, apply, destination_bytes, prepare, validate
 from ..engine.restore.reader import Reader
+from ..engine.restore.sources import Healer
 from ..errors import DistributedError, InvalidInputError
 from ..format.manifest import TensorEntry
 from ..format.parts import Part as ManifestPart

@@ -24,6 +24,7 @@ from . import manifests
 from .config import StoreConfig
 from .deletion_ages import DeletionAges
 from .knobs import Knobs
+from .write_backs import WriteBacks
 
 log = logging.getLogger("ckstore")
 
@@ -88,6 +89,9 @@ class Repository(Knobs):
         """Called (in order) when the repository closes, before its index and backend."""
         self.closed = False
         """True once :meth:`close` ran."""
+        self.write_backs = WriteBacks(url)
+        """What reads of this process healed and left to write back behind them
+        (``write_backs.py``): awaited by whatever relies on the local copies, and at close."""
 
     @property
     def compacts_later(self) -> bool:
@@ -137,6 +141,7 @@ class Repository(Knobs):
         return self.index.read_only is not None
 
     def close(self) -> None:
+        self.write_backs.close()  # healed chunks land before anything closes
         self.closed = True
         for hook in list(self.before_close):
             hook()

@@ -100,7 +100,7 @@ class SnapshotView(SnapshotFields):
         self._read = _Read(manifest)
         self.progress: ProgressFn | None = None
         """Given to every reader of it (``Reader.of``: an export's progress)."""
-        self.heal: Callable[[str], bool] | None = None
+        self.heal: Callable[[str], bool | memoryview] | None = None
         """Given to every reader of it (``Reader.of``): heals a chunk a read finds damaged or
         missing (``engine.restore.fetch.Healer``); None: such a chunk raises. The facade sets
         it on a copy of the view for one call (``_heal_verbs.healing``)."""
@@ -140,7 +140,7 @@ class SnapshotView(SnapshotFields):
             self._read.raw = self.repo.objects.get_blob("manifests", self.record.manifest_id)
         return self._read.raw
 
-    def healing_with(self, heal: Callable[[str], bool]) -> SnapshotView:
+    def healing_with(self, heal: Callable[[str], bool | memoryview]) -> SnapshotView:
         """This snapshot for one call whose readers heal through ``heal`` (:attr:`heal`); what
         either view reads of the manifest is read once for both."""
         mine = copy.copy(self)

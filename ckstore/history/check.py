@@ -95,6 +95,7 @@ def check(
     """
     index: CheckIndex = repo.index
     fraction = check_fraction("check: read_data", read_data)
+    repo.write_backs.wait()  # healed chunks land before the packs are judged
     report = CheckReport()
     snapshots = index.list_snapshots()  # before the chunks: a take committing meanwhile adds both
     chunks = {c.chunk_id: c for c in index.all_chunks()}

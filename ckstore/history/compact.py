@@ -135,6 +135,7 @@ def compact(
             what it has written (the rest stays loose for the next compaction).
     """
     index: CompactIndex = repo.index
+    repo.write_backs.wait()  # healed chunks land before compaction reads them
     t0, c0 = time.perf_counter(), time.thread_time()
     report = CompactReport(dry_run=dry_run, keep_loose=keep_loose)
     jobs, snaps = plan(repo, keep_loose, young)

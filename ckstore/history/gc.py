@@ -137,6 +137,7 @@ def gc(
             changes.
     """
     index: GcIndex = repo.index
+    repo.write_backs.wait()  # healed chunks land before anything judges the packs
     grace_seconds = check_number("gc: grace_seconds", grace_seconds, 0.0, MAX_SECONDS)
     repack_below = check_number("gc: repack_below", repack_below, 0.0, 1.0)
     policy = Policy(

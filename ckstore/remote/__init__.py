@@ -62,6 +62,7 @@ def push(
         CorruptionError, LeaseExpiredError: see :func:`.transfer.transfer`.
     """
     index: RemoteIndex = local.index
+    local.write_backs.wait()  # healed chunks land before they are read to be sent
     remote = config.get(index, name)
     selection = select(index, refs)
     dst, created = config.open_or_create(index, remote, local)

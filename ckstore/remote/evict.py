@@ -87,6 +87,7 @@ def evict(
         NotFoundError, ConflictError: the remote is no longer the store it was (nothing evicted).
     """
     index: TierIndex = local.index
+    local.write_backs.wait()  # healed chunks land before packs are judged held elsewhere
     if used:
         index.touch_packs(used)
     packs = index.local_packs_by_use()

@@ -22,6 +22,15 @@ its chunks. :func:`heal` brings such chunks back:
 4. A chunk no remote gave back is read here again: a delta that counted as damaged only
    because its base was reads back sound once the base is healed, and is not unrecoverable.
 
+A read that heals (``_heal_verbs.RestoreHealer``) splits this: :func:`fetch` does steps 1-2
+for whole chunks and keeps their verified bytes, which the read uses at once; :func:`write_back`
+does step 3 for them later, behind the read, on the store handle's write-back thread
+(``engine/write_backs.py``). Every guarantee above holds: the bytes are verified against the
+id asked for before anyone uses them, the pack is durable before any row switches, each
+switch is a compare-and-swap on the row's place before the fetch, and nothing is overwritten
+in place. Until the write-back lands the rows still name the damaged copy and the remote still
+holds the chunk: a crash meanwhile loses nothing (the next read heals again).
+
 Killed after the new pack is durable and before the rows switch, the new pack is an orphan
 gc removes, and the chunk is still damaged (a later read heals it again). Chunks evicted to a
 remote (their rows point at the remote's pack) are not local copies and are left alone.
@@ -58,11 +67,13 @@ log = logging.getLogger("ckstore")
 
 @dataclass
 class HealReport:
-    """What :func:`heal` did: the chunks healed (id -> the remote their bytes came from) and
-    those no remote could give back."""
+    """What :func:`heal` did: the chunks healed (id -> the remote their bytes came from), those
+    no remote could give back, and the remotes that could not be opened or read (name -> why:
+    a sound copy of an unrecoverable chunk may be there once they can)."""
 
     healed: dict[str, str] = field(default_factory=dict)
     unrecoverable: list[str] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -85,6 +96,7 @@ def damaged(local: Repository, chunk_ids: Iterable[str]) -> list[str]:
     """
     index: TierIndex = local.index
     ids = sorted(set(chunk_ids))
+    local.write_backs.wait(ids)  # a heal of this process still landing: judge what it leaves
     evicted = index.remote_pack_ids()
     rows = index.chunk_locations(ids)
     bad = []
@@ -117,40 +129,24 @@ def heal(
         ReadOnlyStoreError: ``local`` is read-only and a chunk needs healing.
         NotFoundError: ``remote`` is named and not configured.
     """
-    index: TierIndex = local.index
-    want = sorted(set(chunk_ids))
+    plan = _Plan.of(local, chunk_ids, remote, passed_over)
     report = HealReport()
-    if not want:
+    if not plan.want:
         return report
-    if local.read_only:
-        raise ReadOnlyStoreError(
-            f"cannot heal {len(want)} damaged chunk(s) of {local.url}: {index.read_only}; "
-            "healing writes a pack here"
-        )
-    records = [config.get(index, remote)] if remote is not None else index.list_remotes()
-    skip = passed_over if passed_over is not None else set()
-    records = [r for r in records if r.name not in skip]
-    old = index.chunk_locations(want)  # the rows to switch, as they are before the fetch
-    # loose chunks come back loose, as a take wrote them (compaction rewrites them densely)
-    loose = all(old[c].codec in FAST_CODECS for c in want if c in old)
     writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
-    try:
-        for record in records:  # each chunk written as it arrives: memory stays one chunk
-            missing = [c for c in want if c not in report.healed]
-            if not missing:
-                break
-            for cid, raw in _fetch(local, record, missing, skip):
-                codec, payload = encode(raw, 1, False, fast=loose)
-                writer.add(cid, codec, payload, len(raw))
-                report.healed[cid] = record.name
+    try:  # each chunk written as it arrives: memory stays one chunk
+        for cid, name, raw in plan.arrivals(local, report):
+            codec, payload = encode(raw, 1, False, fast=plan.loose)
+            writer.add(cid, codec, payload, len(raw))
+            report.healed[cid] = name
     except BaseException:
         writer.abort()
         raise
-    report.unrecoverable = [c for c in want if c not in report.healed]
+    report.unrecoverable = [c for c in plan.want if c not in report.healed]
     if not report.healed:
         writer.abort()
         return report
-    moved = _switch(local, writer, old, loose)
+    moved = _switch(local, writer, plan.old, plan.loose)
     for cid in set(report.healed) - moved:  # moved meanwhile: its new place is not ours to judge
         report.healed.pop(cid)
     if report.unrecoverable:  # a delta no remote holds reads back sound once its base healed
@@ -158,32 +154,191 @@ def heal(
     return report
 
 
+@dataclass
+class Known:
+    """What a caller of :func:`fetch` already looked up: the configured remotes, and the rows
+    of (at least) the chunks it asks about."""
+
+    remotes: list[RemoteRecord]
+    rows: dict[str, ChunkRecord]
+
+
+@dataclass
+class Fetched:
+    """Whole chunks :func:`fetch` brought back, verified against their ids and not yet written
+    here: ``raw`` (id -> its decoded bytes), the ``report`` (remotes, and what none gave back),
+    ``over`` (chunks left unfetched, past the room given), and what :func:`write_back` needs
+    (the rows as they were before the fetch)."""
+
+    raw: dict[str, memoryview]
+    report: HealReport
+    old: dict[str, ChunkRecord]
+    loose: bool
+    over: list[str] = field(default_factory=list)
+
+    @classmethod
+    def joined(cls, parts: list[Fetched]) -> Fetched:
+        """Several fetches as one, for one :func:`write_back` (one pack, loose if all were)."""
+        one = cls({}, HealReport(), {}, all(p.loose for p in parts))
+        for p in parts:
+            one.raw.update(p.raw)
+            one.old.update(p.old)
+            one.report.healed.update(p.report.healed)
+            one.report.unrecoverable += p.report.unrecoverable
+            one.report.unreachable.update(p.report.unreachable)
+            one.over += p.over
+        return one
+
+
+def fetch(
+    local: Repository,
+    chunk_ids: Iterable[str],
+    passed_over: set[str] | None = None,
+    room: int | None = None,
+    known: Known | None = None,
+) -> Fetched:
+    """Steps 1-2 of :func:`heal` for whole chunks (no delta chain): fetch each of
+    ``chunk_ids`` from a configured remote that holds it, verified against its id, and keep its
+    bytes, at most ``room`` bytes of them (None: no limit; the chunks past it, in id order, are
+    not fetched: ``over``, for the caller to :func:`heal` instead). The caller uses the bytes
+    at once and hands them to :func:`write_back`; until that lands the local copy is the
+    damaged one and the remote still holds the chunk (a crash loses nothing). ``known``: what
+    the caller looked up moments ago (the configured remotes, the chunks' rows), not asked again.
+
+    Raises:
+        ReadOnlyStoreError: ``local`` is read-only and a chunk needs healing.
+    """
+    plan = _Plan.of(local, chunk_ids, None, passed_over, known)
+    got = Fetched({}, HealReport(), plan.old, plan.loose)
+    if room is not None:
+        fit: list[str] = []
+        for cid in plan.want:
+            size = plan.old[cid].raw_length if cid in plan.old else 0
+            if size <= room:
+                fit.append(cid)
+                room -= size
+            else:
+                got.over.append(cid)
+        plan.want = fit
+    for cid, name, raw in plan.arrivals(local, got.report):
+        got.raw[cid] = raw
+        got.report.healed[cid] = name
+    got.report.unrecoverable = [c for c in plan.want if c not in got.report.healed]
+    return got
+
+
+def write_back(local: Repository, fetched: Fetched) -> set[str]:
+    """Step 3 of :func:`heal` for what :func:`fetch` brought back: the chunks written into a new
+    local pack, made durable, then their rows switched, each a compare-and-swap on the row's
+    place before the fetch (one gc or compaction moved meanwhile is left alone). Returns the
+    ids whose rows now point at the new pack.
+
+    Raises:
+        CkstoreError: the pack could not be written or the index not updated (nothing
+            switched; the local copies stay damaged and the remotes still hold the chunks).
+    """
+    if not fetched.raw:
+        return set()
+    writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
+    try:
+        for cid, raw in fetched.raw.items():
+            codec, payload = encode(raw, 1, False, fast=fetched.loose)
+            writer.add(cid, codec, payload, len(raw))
+    except BaseException:
+        writer.abort()
+        raise
+    return _switch(local, writer, fetched.old, fetched.loose)
+
+
+@dataclass
+class _Plan:
+    """What a heal of some chunks asks, and of whom: the chunks (``want``), the remotes to try
+    in order, the rows as they were before any fetch (``old``), and whether the chunks come
+    back loose."""
+
+    want: list[str]
+    records: list[RemoteRecord]
+    skip: set[str]
+    old: dict[str, ChunkRecord]
+    loose: bool
+
+    @classmethod
+    def of(
+        cls,
+        local: Repository,
+        chunk_ids: Iterable[str],
+        remote: str | None,
+        passed_over: set[str] | None,
+        known: Known | None = None,
+    ) -> _Plan:
+        index: TierIndex = local.index
+        want = sorted(set(chunk_ids))
+        skip = passed_over if passed_over is not None else set()
+        if not want:
+            return cls([], [], skip, {}, False)
+        if local.read_only:
+            raise ReadOnlyStoreError(
+                f"cannot heal {len(want)} damaged chunk(s) of {local.url}: {index.read_only}; "
+                "healing writes a pack here"
+            )
+        if remote is not None:
+            records = [config.get(index, remote)]
+        else:
+            records = known.remotes if known is not None else index.list_remotes()
+        records = [r for r in records if r.name not in skip]
+        # the rows to switch, as they are before the fetch
+        old = known.rows if known is not None else index.chunk_locations(want)
+        # loose chunks come back loose, as a take wrote them (compaction rewrites them densely)
+        loose = all(old[c].codec in FAST_CODECS for c in want if c in old)
+        return cls(want, records, skip, old, loose)
+
+    def arrivals(
+        self, local: Repository, report: HealReport
+    ) -> Iterator[tuple[str, str, memoryview]]:
+        """(id, remote, bytes) of each wanted chunk a remote gives back, verified, the remotes
+        asked in order for what the earlier ones lacked (those that cannot be opened or read
+        go to ``report.unreachable``)."""
+        done: set[str] = set()
+        for record in self.records:
+            missing = [c for c in self.want if c not in done]
+            if not missing:
+                break
+            for cid, raw in _fetch(local, record, missing, self.skip, report.unreachable):
+                done.add(cid)
+                yield cid, record.name, raw
+
+
 def _fetch(
-    local: Repository, record: RemoteRecord, chunk_ids: list[str], passed_over: set[str]
-) -> Iterator[tuple[str, bytes]]:
+    local: Repository,
+    record: RemoteRecord,
+    chunk_ids: list[str],
+    passed_over: set[str],
+    unreachable: dict[str, str],
+) -> Iterator[tuple[str, memoryview]]:
     """The raw bytes of the chunks of ``chunk_ids`` remote ``record`` holds, each verified
-    against its id, one at a time, looked up there in one query; a remote that cannot be
-    opened or read gives nothing (logged, and its name added to ``passed_over``)."""
+    against its id, one at a time, looked up there in one query. A remote that cannot be
+    opened or read (other than a chunk damaged or missing there) gives nothing more: logged,
+    its name added to ``passed_over`` and, with why, to ``unreachable``."""
     readers = readers_of(local)
     try:
         there = readers.get(record)
         theirs: ProofIndex = there.index
         rows = theirs.chunk_locations(chunk_ids)
+        for cid in chunk_ids:
+            rec = rows.get(cid)
+            if rec is None:
+                continue
+            try:  # decoded there and hashed against the id asked for, not the remote's word
+                raw = memoryview(there.objects.read_chunk(to_location(rec, rows)))
+            except (CorruptionError, ObjectNotFoundError) as exc:
+                log.warning("chunk %s is damaged at remote %r too: %s", cid, record.name, exc)
+                continue
+            yield cid, raw
     except CkstoreError as exc:
         log.warning("cannot heal from remote %r: %s", record.name, exc)
         passed_over.add(record.name)
+        unreachable[record.name] = f"{type(exc).__name__}: {exc}"
         readers.forget(record.name)
-        return
-    for cid in chunk_ids:
-        rec = rows.get(cid)
-        if rec is None:
-            continue
-        try:  # decoded there and hashed against the id asked for, not the remote's word
-            raw = bytes(there.objects.read_chunk(to_location(rec, rows)))
-        except CkstoreError as exc:
-            log.warning("chunk %s is damaged at remote %r too: %s", cid, record.name, exc)
-            continue
-        yield cid, raw
 
 
 def _switch(

@@ -48,6 +48,7 @@ BUILTIN: dict[type, type] = {
     errors.MetadataWarning: UserWarning,
     errors.ResaveWarning: UserWarning,
     errors.HealedWarning: UserWarning,
+    errors.WriteBackWarning: UserWarning,
     errors.DistributedError: Exception,  # another rank failed: no builtin says that
     errors.RankLostError: TimeoutError,
 }

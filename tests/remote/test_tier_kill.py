@@ -216,6 +216,7 @@ def _attempt(store: ckstore.Store, ref: str, tier: Tier, oracle: Oracle) -> tupl
             failed: errors.CorruptionError | None = exc
         else:
             failed = None
+    store.repository.write_backs.wait()  # the heal's write-back lands behind the restore
     now = store.repository.index.chunk_locations(sorted(rows))
     moved = {c for c, r in rows.items() if c in now and now[c].pack_id != r.pack_id}
     counted = sum(int(m.group(2)) for m in map(HEALED.search, healed) if m)

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,6 +54,7 @@ from ..locations import to_location
 from ..progress import ProgressFn, meter
 from .jobs import Job, raw_bytes
 from .readahead import ReadAhead
+from .sources import ChunkSource, Healer
 from .staging import Arena, Pools, arena_copier
 
 INLINE_BYTES = 4 << 20
@@ -75,22 +76,6 @@ def unchecked() -> Iterator[None]:
         yield
     finally:
         _SKIP_CHECKS[0] = was
-
-
-class ChunkSource(Protocol):
-    """Chunks whose decoded bytes are already in memory and verified, by id (what a
-    distributed restore received from the rank that read and verified them)."""
-
-    def get(self, cid: str) -> memoryview | None:
-        """The chunk's ``raw_length`` decoded bytes, or None when this source lacks it."""
-        ...
-
-
-Healer = Callable[[str], bool]
-"""Given the id of a chunk that failed its check or whose pack is gone, writes a sound copy of
-it (and of any damaged base of its delta chain) into this store and points the index at it;
-True when it did (the chunk is then read again at its new place), False when it could not.
-Called from the fetcher's threads; it serialises itself."""
 
 
 @dataclass
@@ -180,7 +165,11 @@ class Fetcher:
             c = _Checked(staged=arena.take(loc.raw_length) if job.cid in staging else None)
             if c.staged is None and check is None and loc.digests_known():
                 c.by_id, c.kept = True, {} if mapped else None
-                self._guard(job, lambda: self.objs.check_payloads(self._loc(job), keep=c.kept))
+                self._guard(
+                    job,
+                    lambda: self.objs.check_payloads(self._loc(job), keep=c.kept),
+                    given=lambda data: healed(c, data),
+                )
             else:
                 c.kept = {} if mapped and c.staged is None else None
                 c.fingerprint = self._guard(
@@ -192,10 +181,18 @@ class Fetcher:
                         check=check,
                         keep=c.kept,
                     ),
+                    given=lambda data: healed(c, data),
                 )
             if c.kept is not None:
                 self.objs.drop(self._loc(job))
             self._checked[job.cid] = c
+
+        def healed(c: _Checked, data: memoryview) -> None:  # verified bytes from a healer
+            if c.staged is not None:
+                _memcpy(c.staged, data)
+            else:
+                c.staged = data
+            c.kept, c.fingerprint, c.by_id = None, None, False
 
         self._run(first, one, "verify", ahead=mapped)
         return arena
@@ -287,6 +284,7 @@ class Fetcher:
                 lambda: fill(out),
                 writing=True,
                 moved=None if moved is None else lambda: moved(job, out),
+                given=lambda data: _memcpy(out, data),
             )
             return
         pool = pools.pool(job.dst)
@@ -300,6 +298,7 @@ class Fetcher:
                 lambda: fill(view),
                 writing=True,
                 moved=None if moved is None else lambda: moved(job, view),
+                given=lambda data: _memcpy(view, data),
             )
             transfer = pool.copier.copy(job.dst, _chunk_tensor(job, buf[:n])[job.src])
         finally:
@@ -312,14 +311,20 @@ class Fetcher:
         *,
         writing: bool = False,
         moved: Callable[[], Any] | None = None,
+        given: Callable[[memoryview], Any],
     ) -> Any:
         """Run ``fn`` (which reads ``job.loc`` when it runs) for ``job``: a pack gone since the
         chunk was located is looked up again (:meth:`_moved`) and ``fn`` runs again at the
         chunk's new place, or ``moved`` runs instead when its payload is not the one read before
         (compaction re-encoded it). A chunk still damaged or missing is healed when a
-        :data:`Healer` can (then read again at its new place: ``moved`` when given, the first
-        pass's checks no longer covering it); else damage raises naming the key (and, unless
-        ``fn`` was ``writing`` into a destination, saying nothing was restored)."""
+        :data:`Healer` can: ``given`` runs on the verified bytes it hands back, or the chunk is
+        read again at its new place (``moved`` when given, the first pass's checks no longer
+        covering it); else damage raises naming the key (and, unless ``fn`` was ``writing``
+        into a destination, saying nothing was restored)."""
+
+        def again(how: str | None) -> Any:
+            return moved() if how == "re-encoded" and moved is not None else fn()
+
         try:
             try:
                 try:
@@ -328,11 +333,16 @@ class Fetcher:
                     how = self._moved(job)
                     if how is None:
                         raise
-                    return moved() if how == "re-encoded" and moved is not None else fn()
+                    return again(how)
             except (CorruptionError, ObjectNotFoundError):
-                if self.heal is None or not self.heal(job.cid) or self._moved(job) is None:
+                if self.heal is None:
                     raise
-                return moved() if moved is not None else fn()
+                healed = self.heal(job.cid)
+                if isinstance(healed, memoryview) and len(healed) == self._loc(job).raw_length:
+                    return given(healed)
+                if healed is not True or self._moved(job) is None:
+                    raise
+                return again("re-encoded")
         except CorruptionError as exc:
             done = "" if writing else " nothing was restored."
             raise CorruptionError(

@@ -18,8 +18,9 @@ from ...format.manifest import Entry, Manifest, PerRankEntry, TensorEntry, Value
 from ...format.tensors import empty_for, from_bytes
 from ..interfaces import LocationIndex
 from ..progress import ProgressFn
-from .fetch import Fetcher, Healer
+from .fetch import Fetcher
 from .jobs import Job, Region, plan_jobs, slices
+from .sources import Healer
 
 if TYPE_CHECKING:
     from ..view import SnapshotView
@@ -46,8 +47,9 @@ class Reader:
     """``"fast"``: each chunk's decoded bytes are verified against its check from the manifest
     (its id where it has none); ``"full"``: against its id (BLAKE3), as at a trust boundary."""
     heal: Healer | None = None
-    """Heals a chunk that failed its check or whose pack is gone (the fetcher then reads it
-    again at its new place); None: such a chunk raises at once."""
+    """Heals a chunk that failed its check or whose pack is gone (:data:`~.fetch.Healer`: the
+    fetcher uses the verified bytes it hands back, or reads the chunk again at its new place);
+    None: such a chunk raises at once."""
 
     @classmethod
     def of(cls, view: SnapshotView, **kw: Any) -> Reader:
