@@ -5,6 +5,8 @@ may go on (its staging copy) and returns a handle; ``end(handle)`` waits for the
 
 - ``plain``: no checkpoint (the baseline the others are held against)
 - ``ckstore``: ``store.async_take`` into one store (its staging arena is reused take after take)
+- ``ckstore-buffered``: the same, its background part writing through the page cache (knob
+  ``direct_writes="never"``; the default writes around it)
 - ``ckstore-process``: the same, finished in the store handle's helper process fed through
   shared memory (knob ``background_process``), the helper started before anything is timed
 - ``dcp``: ``dcp.async_save``, thread-based, with ``FileSystemWriter(cache_staged_state_dict=True)``
@@ -117,6 +119,17 @@ class CkstoreProcess(CkstoreAsync):
         self.store.async_take(tiny, run="warm", no_dist=True).wait()
 
 
+class CkstoreBuffered(CkstoreAsync):
+    """ckstore's ``async_take`` with its background part writing through the page cache
+    (knob ``direct_writes="never"``), beside the default's direct writes."""
+
+    name = "ckstore-buffered"
+
+    def setup(self, root: Path) -> None:
+        super().setup(root)
+        self.store.direct_writes = "never"
+
+
 class DcpAsync(AsyncSystem):
     name = "dcp"
     process = False
@@ -217,5 +230,14 @@ def _copy_into(src: Any, dst: Any) -> Any:
 
 
 ASYNC_SYSTEMS: dict[str, type[AsyncSystem]] = {
-    c.name: c for c in (Plain, CkstoreAsync, CkstoreProcess, DcpAsync, DcpProcess, TorchSaveThread)
+    c.name: c
+    for c in (
+        Plain,
+        CkstoreAsync,
+        CkstoreBuffered,
+        CkstoreProcess,
+        DcpAsync,
+        DcpProcess,
+        TorchSaveThread,
+    )
 }

@@ -352,6 +352,18 @@ class Knobs:
         env="CKSTORE_TAKE_CODEC",
         default=lambda: "raw",
     )
+    direct_writes: Knob[str, str] = Knob(
+        Choice(("background", "always", "never")),
+        "Which takes write their packs around the page cache (``O_DIRECT``, on a local disk "
+        'whose file system offers it): ``"background"`` (the default, or '
+        "``$CKSTORE_DIRECT_WRITES``: the part of an ``async_take`` that finishes behind "
+        "training, which then spends about a tenth of the CPU on writing and leaves the "
+        'trainer\'s pages in the cache), ``"always"`` (every take: a synchronous one is '
+        "faster too, but a restore right after it reads from the disk) or "
+        '``"never"``.',
+        env="CKSTORE_DIRECT_WRITES",
+        default=lambda: "background",
+    )
     auto_compact: Knob[bool, bool] = Knob(
         Flag(),
         "Whether takes of this process start a background compaction once older snapshots "

@@ -270,12 +270,14 @@ class Backend(abc.ABC):
     process memory) rather than fetched from storage again: an atomic restore, which reads each
     payload in two passes, keeps a copy of what it read (``StashingBackend``) where it is not."""
 
-    def writer(self) -> ObjectWriter:
+    def writer(self, direct: bool = False) -> ObjectWriter:
         """A new object written piece by piece and published under its name at the end
         (:class:`ObjectWriter`): a pack whose name, the hash of its trailer, is known only once
         every payload went in. The default keeps the pieces in memory and publishes them with
         one :meth:`put`; a backend that can stage bytes elsewhere (the local one: a temporary
-        file) overrides it, so the writer holds nothing in memory."""
+        file) overrides it, so the writer holds nothing in memory. ``direct`` asks that the
+        bytes go around the host's page cache where the backend can (the local one: a take
+        behind training); others ignore it."""
         return ObjectWriter(self)
 
     def sweep_temporary(self, older_than: float) -> int:

@@ -28,6 +28,7 @@ from ckstore.objects.backend import (
     validate_prefix,
     write_failed,
 )
+from ckstore.objects.direct import DirectAppender, open_direct
 from ckstore.objects.mapping import Mappings, ShortFile, prefetch
 
 _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK}
@@ -139,10 +140,11 @@ class LocalBackend(Backend):
 
     cached_locally = True
 
-    def writer(self) -> ObjectWriter:
+    def writer(self, direct: bool = False) -> ObjectWriter:
         """A writer staging its bytes in a temporary file of the store's root (same file system
-        as every object: published with the same link as :meth:`put`)."""
-        return _FileWriter(self)
+        as every object: published with the same link as :meth:`put`); with ``direct``, they
+        go around the page cache where the file system allows (``objects/direct.py``)."""
+        return _FileWriter(self, direct)
 
     def sweep_temporary(self, older_than: float) -> int:
         """Delete temporary files (``.<...>.tmp-<hex>``, ``.writer-<hex>.tmp``) of writes a killed
@@ -288,17 +290,23 @@ class LocalBackend(Backend):
 
 class _FileWriter(ObjectWriter):
     """Bytes go straight into a temporary file (``<root>/.writer-<hex>.tmp``, never listed);
-    :meth:`commit` fsyncs it and publishes it as :meth:`LocalBackend.put` does."""
+    :meth:`commit` fsyncs it and publishes it as :meth:`LocalBackend.put` does. With
+    ``direct``, appended bytes go around the page cache (:class:`DirectAppender`)."""
 
     holds_data = False
 
-    def __init__(self, backend: LocalBackend) -> None:
+    def __init__(self, backend: LocalBackend, direct: bool = False) -> None:
         super().__init__(backend)
         self._local = backend
         self._tmp = os.path.join(backend.root, f".writer-{uuid.uuid4().hex}.tmp")
+        self._appender: DirectAppender | None = None
+        self._fd: int | None = None
         try:
-            self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            if direct:
+                self._appender = DirectAppender(self._fd, open_direct(self._tmp))
         except OSError as exc:
+            self.abort()
             raise write_failed("a new object", backend.url, exc) from exc
 
     def _open(self) -> int:
@@ -310,7 +318,10 @@ class _FileWriter(ObjectWriter):
         fd = self._open()
         (view,) = as_buffers(data)
         try:
-            _write_all(fd, view)
+            if self._appender is not None:
+                self._appender.write(view)
+            else:
+                _write_all(fd, view)
             self.size += len(view)
         except OSError as exc:
             self.abort()
@@ -324,7 +335,9 @@ class _FileWriter(ObjectWriter):
                 f"patch of {len(view)} bytes at {offset} is outside the {self.size} written"
             )
         try:
-            while len(view):
+            if self._appender is not None:
+                self._appender.patch(offset, view)
+            while self._appender is None and len(view):
                 n = os.pwrite(fd, view, offset)
                 view, offset = view[n:], offset + n
         except OSError as exc:
@@ -336,6 +349,9 @@ class _FileWriter(ObjectWriter):
         path = self._local._path(name)
         directory = os.path.dirname(path)
         try:
+            if self._appender is not None:
+                self._appender.finish()
+                self._appender.close()
             os.fsync(fd)
             os.close(fd)
             self._fd = None
@@ -352,6 +368,8 @@ class _FileWriter(ObjectWriter):
         return created
 
     def abort(self) -> None:
+        if self._appender is not None:
+            self._appender.close()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -128,11 +128,13 @@ class PackWriter:
     Args:
         backend: where the pack goes.
         target_size: size at which :attr:`full` turns true.
+        direct: ask the backend to write around the page cache (:meth:`Backend.writer`).
     """
 
-    def __init__(self, backend: Backend, target_size: int = 64 << 20) -> None:
+    def __init__(self, backend: Backend, target_size: int = 64 << 20, direct: bool = False) -> None:
         self._backend = backend
         self._target = target_size
+        self._direct = direct
         self._out: ObjectWriter | None = None
         self._entries: list[tuple[str, int, int, int, str, str | None]] = []
         self._digests: list[str] = []
@@ -168,7 +170,7 @@ class PackWriter:
 
     def _sink(self) -> ObjectWriter:
         if self._out is None:
-            self._out = self._backend.writer()
+            self._out = self._backend.writer(self._direct)
             self._out.write(bytes(HEADER.size))  # filled in by finish(), once the version is known
         return self._out
 

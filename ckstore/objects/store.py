@@ -59,9 +59,10 @@ class ObjectStore:
         """The storage backend."""
         return self._backend
 
-    def new_pack_writer(self, target_size: int = 64 << 20) -> PackWriter:
-        """A writer for one new pack."""
-        return PackWriter(self._backend, target_size)
+    def new_pack_writer(self, target_size: int = 64 << 20, direct: bool = False) -> PackWriter:
+        """A writer for one new pack (``direct``: around the page cache, where the backend can:
+        :meth:`Backend.writer`)."""
+        return PackWriter(self._backend, target_size, direct)
 
     def read_chunk(
         self,

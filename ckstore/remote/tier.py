@@ -150,8 +150,9 @@ class TierBackend(WrappingBackend):
         refresh(self._local, remote.get(), remote.name, pack)  # moved there: the rows follow
         return False
 
-    def writer(self) -> ObjectWriter:
-        return self.inner.writer()  # the local backend's streaming writer (packs never go there)
+    def writer(self, direct: bool = False) -> ObjectWriter:
+        # the local backend's streaming writer (packs never go there)
+        return self.inner.writer(direct)
 
     def put(self, name: str, data: PutData) -> bool:
         return self.inner.put(name, data)

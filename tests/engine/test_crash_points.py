@@ -102,10 +102,10 @@ class _KillAt(WrappingBackend):
     def delete(self, name):
         return self.arm("backend.delete", name, lambda: self.inner.delete(name))
 
-    def writer(self):
+    def writer(self, direct=False):
         """The local backend's streaming writer (packs go to a staging file as they fill):
         its writes are the point ``writer.write``, its commit is the pack's ``backend.put``."""
-        return _KillWriter(self.inner.writer(), self.arm)
+        return _KillWriter(self.inner.writer(direct), self.arm)
 
 
 class _KillWriter:

@@ -28,6 +28,7 @@ KNOBS = {
     "delta_base": (None, None),
     "delta_depth": ("CKSTORE_DELTA_DEPTH", 1),
     "take_codec": ("CKSTORE_TAKE_CODEC", "raw"),
+    "direct_writes": ("CKSTORE_DIRECT_WRITES", "background"),
     "auto_compact": ("CKSTORE_AUTO_COMPACT", True),
 }
 

@@ -60,8 +60,8 @@ class _Backend(WrappingBackend):
     def put(self, name: str, data: Any) -> bool:
         return self.arm(f"put {name.split('/', 1)[0]}", lambda: self.inner.put(name, data))
 
-    def writer(self) -> Any:
-        return _Writer(self.inner.writer(), self.arm)
+    def writer(self, direct: bool = False) -> Any:
+        return _Writer(self.inner.writer(direct), self.arm)
 
 
 class _Writer:

@@ -143,7 +143,8 @@ class LocalTake:
         thread that goes on with the take, which is lowered as well. A take's blocking part
         (what a caller waits for) runs before, on the full ``threads`` at normal priority."""
         lower_priority()
-        self.opts = replace(self.opts, threads=threads, polite=True)
+        direct = self.opts.direct or self.repo.direct_writes == "background"
+        self.opts = replace(self.opts, threads=threads, polite=True, direct=direct)
         if self._pool is not None:
             old, self._pool = self._pool, self._new_pool()
             old.shutdown()

@@ -53,6 +53,9 @@ class TakeOptions:
     polite: bool = False
     """Run the workers at the lowest CPU priority: work that finishes behind training
     (``engine/background.py``)."""
+    direct: bool = False
+    """Write packs around the page cache where the backend can (``objects/direct.py``; the
+    knob ``direct_writes``)."""
 
     def working_bytes(self) -> int:
         """Memory a take's own work reaches besides the chunks' bytes, on a store whose packs
@@ -76,6 +79,7 @@ class TakeOptions:
             delta_depth=repo.delta_depth if deltas else 0,
             fast=repo.take_codec != "dense",
             raw=repo.take_codec == "raw",
+            direct=repo.direct_writes == "always",
         )
 
 
@@ -178,7 +182,7 @@ class PackPipeline:
             str, list[int]
         ] = {}  # leaf name -> [deltas kept, deltas not paying]
         self._flushing: deque[Future[None]] = deque()
-        self._writer = store.new_pack_writer(opts.pack_bytes)
+        self._writer = store.new_pack_writer(opts.pack_bytes, direct=opts.direct)
         self._submitted = False  # whether self._writer is handed to the io threads
         self._held: list[np.ndarray] = []  # buffers the current pack's payloads live in
         # buffers whose pack is written, reused (``buffers``: a pool several pipelines of one
@@ -282,7 +286,7 @@ class PackPipeline:
         if self._writer.full:
             self._submit_flush()
             self._writer, self._submitted = (
-                self._store.new_pack_writer(self._opts.pack_bytes),
+                self._store.new_pack_writer(self._opts.pack_bytes, direct=self._opts.direct),
                 False,
             )
 
