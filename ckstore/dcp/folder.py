@@ -38,11 +38,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..engine.files import write_atomic
 from ..errors import ConflictError, CorruptionError, InvalidInputError
 
 MARKER_NAME = ".ckstore-folder.step-0.json"
@@ -268,28 +268,6 @@ def write_pointer(at: MarkedStep, pointer: StepPointer) -> None:
     """Create the step folder and write its pointer atomically (temporary file, fsync, rename)."""
     os.makedirs(at.path, exist_ok=True)
     write_atomic(os.path.join(at.path, POINTER_NAME), pointer.to_json())
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, fsynced, then
-    renamed over it (a reader sees the old file or the new one, never part of one)."""
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".ckstore-tmp-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _still_marked(marker: Marker) -> bool:

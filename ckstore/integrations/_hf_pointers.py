@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 from safetensors import safe_open
 
+from ..engine.files import write_atomic
 from ..format.manifest import TensorEntry
 from ..snapshot import StoredSnapshot
 from ..store import Store
@@ -127,19 +127,3 @@ def _in_snapshot(snap: StoredSnapshot, paths: list[str]) -> bool:
                 if not isinstance(entry, TensorEntry) or list(entry.shape) != shape:
                     return False
     return True
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` at ``path`` atomically: a temporary file beside it, fsync, rename."""
-    folder, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
