@@ -16,6 +16,45 @@ import torch.distributed.checkpoint as dcp
 from tests.support.states import bits
 
 
+class TitanApp:
+    """model + optimizer + a step counter, as torchtitan's training state (trained once, so
+    the optimizer has its moments and a load fills them); its step after that first training
+    step is ``first_step``."""
+
+    def __init__(self, seed: int = 0, first_step: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8))
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        self.step = first_step - 1
+        self.train()
+
+    def train(self) -> None:
+        loss = self.model(torch.randn(16, 64)).square().mean()
+        self.optim.zero_grad()
+        loss.backward()
+        self.optim.step()
+        self.step += 1
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optim": self.optim.state_dict(),
+            "train_state": {"step": self.step},
+        }
+
+    def put(self, state: dict[str, Any]) -> None:
+        """Take back a ``state()`` that a load filled."""
+        self.model.load_state_dict(state["model"])
+        self.optim.load_state_dict(state["optim"])
+        self.step = int(state["train_state"]["step"])
+
+    def same_as(self, other: TitanApp) -> bool:
+        a, b = self.model.state_dict(), other.model.state_dict()
+        oa, ob = self.optim.state_dict()["state"], other.optim.state_dict()["state"]
+        moments = all(torch.equal(oa[i][k], ob[i][k]) for i in oa for k in oa[i])
+        return all(torch.equal(a[k], b[k]) for k in a) and moments and self.step == other.step
+
+
 class TitanCheckpointer:
     """torchtitan's CheckpointManager reduced to its file-system use: ``dcp.save`` /
     ``dcp.async_save`` / ``dcp.load`` with ``os.path.join(folder, f"step-{n}")``, the resume

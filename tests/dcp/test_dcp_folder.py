@@ -39,42 +39,13 @@ from tests.support.ranks import run_ranks, values
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-class _App:
-    """model + optimizer + a step counter, as torchtitan's training state."""
-
-    def __init__(self, seed: int = 0) -> None:
-        torch.manual_seed(seed)
-        self.model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8))
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
-        self.step = -1
-        self.train()  # the optimizer has its moments, so a load fills them
-
-    def train(self) -> None:
-        loss = self.model(torch.randn(16, 64)).square().mean()
-        self.optim.zero_grad()
-        loss.backward()
-        self.optim.step()
-        self.step += 1
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "optim": self.optim.state_dict(),
-            "train_state": {"step": self.step},
-        }
+class _App(fs.TitanApp):
+    """torchtitan's training state, loaded through the checkpointer."""
 
     def load(self, ckpt: fs.TitanCheckpointer, step: int) -> None:
         state = self.state()
         ckpt.load(step, state)
-        self.model.load_state_dict(state["model"])
-        self.optim.load_state_dict(state["optim"])
-        self.step = int(state["train_state"]["step"])
-
-    def same_as(self, other: _App) -> bool:
-        a, b = self.model.state_dict(), other.model.state_dict()
-        oa, ob = self.optim.state_dict()["state"], other.optim.state_dict()["state"]
-        moments = all(torch.equal(oa[i][k], ob[i][k]) for i in oa for k in oa[i])
-        return all(torch.equal(a[k], b[k]) for k in a) and moments and self.step == other.step
+        self.put(state)
 
 
 def _store(tmp_path: Path) -> str:

@@ -19,47 +19,22 @@ import ckstore
 from ckstore.dcp import StorageReader, StorageWriter
 from ckstore.dcp.url import CheckpointId, is_ckstore_id, parse
 from ckstore.errors import InvalidInputError
+from tests.dcp import folder_scenarios as fs
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-class _App:
-    """model + optimizer + a step counter, as torchtitan's training state."""
-
-    def __init__(self, seed: int = 0) -> None:
-        torch.manual_seed(seed)
-        self.model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8))
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
-        self.step = 0
-        self.train()
-
-    def train(self) -> None:
-        loss = self.model(torch.randn(16, 64)).square().mean()
-        self.optim.zero_grad()
-        loss.backward()
-        self.optim.step()
-        self.step += 1
-
-    def state(self) -> dict[str, object]:
-        return {
-            "model": self.model.state_dict(),
-            "optim": self.optim.state_dict(),
-            "train_state": {"step": self.step},
-        }
-
-    def same_as(self, other: _App) -> bool:
-        a, b = self.model.state_dict(), other.model.state_dict()
-        return all(torch.equal(a[k], b[k]) for k in a) and self.step == other.step
+def _app(seed: int = 0) -> fs.TitanApp:
+    """torchtitan's training state, its first step 1."""
+    return fs.TitanApp(seed, first_step=1)
 
 
-def _loaded(store_url: str, ref: str) -> _App:
-    other = _App(seed=7)
+def _loaded(store_url: str, ref: str) -> fs.TitanApp:
+    other = _app(seed=7)
     state = other.state()
     dcp.load(state, checkpoint_id=f"ckstore://{store_url}/{ref}")
-    other.model.load_state_dict(state["model"])  # type: ignore[arg-type]
-    other.optim.load_state_dict(state["optim"])  # type: ignore[arg-type]
-    other.step = int(state["train_state"]["step"])  # type: ignore[index]
+    other.put(state)
     return other
 
 
@@ -86,7 +61,7 @@ def test_the_forms_of_a_ckstore_id(tmp_path: Path) -> None:
 
 def test_save_async_save_and_load_by_id_alone(tmp_path: Path) -> None:
     url = str(tmp_path / "ckpts")  # created by the first save, as DCP makes its folder
-    app = _App()
+    app = _app()
     dcp.save(app.state(), checkpoint_id=f"ckstore://{url}/titan@1")
     assert _loaded(url, "titan@1").same_as(app)
     app.train()
@@ -146,7 +121,7 @@ def test_a_torchtitan_style_checkpointer_saves_lists_purges_and_resumes(tmp_path
     """Every interval a step-N save by id; keep_latest_k=1 purges the older ones with the
     store's own verbs (delete + gc with its defaults) and the disk comes back at once."""
     url = tmp_path / "ckpts"
-    app = _App()
+    app = _app()
     for _ in range(4):
         app.train()
         dcp.save(app.state(), checkpoint_id=f"ckstore://{url}/titan/step-{app.step}")
