@@ -144,7 +144,24 @@ class AutoCompactor:
             if reclaim is not None and not self._run(reclaim, "gc", _GRACE):
                 return
             if not self._wake.is_set():
+                if not self._repo.auto_compact and self._retire():
+                    return
                 self._idle.set()
+
+    def _retire(self) -> bool:
+        """End this thread, idle, when no take will kick it (auto-compaction off: it ran a
+        :meth:`reclaim`); the next one starts another. False, and it stays, when someone holds
+        the lock (a kick, or :meth:`quiesce` waiting for it to go idle)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._wake.is_set() or self._thread is not threading.current_thread():
+                return False
+            self._thread = None
+            self._idle.set()
+            return True
+        finally:
+            self._lock.release()
 
     def _run(self, job: Callable[[], object], what: str, then: str) -> bool:
         """Run one background job; False when the interpreter is exiting (the thread ends)."""

@@ -225,9 +225,14 @@ def test_quiesce_ends_the_thread_and_the_next_take_starts_it_again(tmp_path: Pat
     """A trainer's teardown checks that no thread outlives it: quiesce lets the background
     compaction finish and ends its thread; the store stays open and the next take compacts."""
     states = _run(4)
+    others = {t.ident for t in threading.enumerate()}  # other tests' stores, not this one's
 
     def threads() -> list[str]:
-        return [t.name for t in threading.enumerate() if t.name == "ckstore-compact"]
+        return [
+            t.name
+            for t in threading.enumerate()
+            if t.name == "ckstore-compact" and t.ident not in others
+        ]
 
     with ckstore.open(tmp_path / "s", create=True, auto_compact=True, **KNOBS) as store:
         ids = _take_all(store, states[:3])
@@ -245,6 +250,40 @@ def test_quiesce_ends_the_thread_and_the_next_take_starts_it_again(tmp_path: Pat
         assert not thread.is_alive() and threads() == []
         assert not loose_pending(store.repository)
     thread.stop()  # type: ignore[attr-defined]  # after close: returns at once
+
+
+def test_a_reclaim_behind_with_auto_compaction_off_gives_the_space_back_and_ends_its_thread(
+    tmp_path: Path,
+) -> None:
+    """``reclaim_behind`` runs the gc on the compaction thread; with auto-compaction off no
+    take kicks that thread again, so once the gc ran it ends (a store opened by URL and never
+    closed, as ``dcp.save`` opens one, keeps no idle thread)."""
+    states = _run(3)
+    others = {t.ident for t in threading.enumerate()}
+
+    def threads() -> list[threading.Thread]:
+        return [
+            t
+            for t in threading.enumerate()
+            if t.name == "ckstore-compact" and t.ident not in others
+        ]
+
+    with ckstore.open(tmp_path / "s", create=True, auto_compact=False, **KNOBS) as store:
+        ids = _take_all(store, states)
+        store.delete(ids[0])
+        store.reclaim_behind()
+        assert store.wait_compacted(timeout=60)
+        for t in threads():
+            t.join(timeout=10)
+        assert threads() == []
+        assert store.gc(dry_run=True).grace_kept_chunks == 0  # nothing left waiting
+        for i, st in zip(ids[1:], states[1:]):
+            assert restores(store, i, st)
+        store.reclaim_behind()  # a second one starts a thread again, and it ends again
+        assert store.wait_compacted(timeout=60)
+        for t in threads():
+            t.join(timeout=10)
+        assert threads() == []
 
 
 def test_compaction_beside_takes_restores_and_gc(tmp_path: Path) -> None:
