@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import errno
+import re
 from collections.abc import Iterator, Sequence
 from typing import Union
 
@@ -26,6 +27,10 @@ Buffer = Union[bytes, bytearray, memoryview]
 
 PutData = Union[Buffer, Sequence[Buffer]]
 """One buffer, or a sequence of buffers written back to back."""
+
+_VISIBLE = re.compile("[\x21-\x7e]+")
+"""Visible ASCII: the characters a name may hold (a regular expression, as every read of a
+chunk checks its pack's name)."""
 
 MAX_NAME_LENGTH = 1024
 """Hard limit on a name, in bytes (S3's key limit)."""
@@ -52,7 +57,7 @@ def validate_name(name: str) -> str:
         raise InvalidInputError(f"object name must be a non-empty str, got {name!r}")
     if len(name) > MAX_NAME_LENGTH:
         raise InvalidInputError(f"object name longer than {MAX_NAME_LENGTH} characters: {name!r}")
-    if any(not ("\x21" <= ch <= "\x7e") for ch in name):
+    if not _VISIBLE.fullmatch(name):
         raise InvalidInputError(f"object name must be visible ASCII only: {name!r}")
     if "\\" in name:
         raise InvalidInputError(f"object name must not contain a backslash: {name!r}")

@@ -48,6 +48,10 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+_PATHS_KEPT = 4096
+"""Object paths a :class:`LocalBackend` remembers (then it starts again)."""
+
+
 class LocalBackend(Backend):
     """Objects as plain files below ``root`` (created if missing).
 
@@ -57,6 +61,8 @@ class LocalBackend(Backend):
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self._root = os.path.abspath(os.fspath(root))
+        self._url = Path(self._root).as_uri()
+        self._paths: dict[str, str] = {}  # name -> path, for names already validated
         self._maps = Mappings()
         try:
             os.makedirs(self._root, exist_ok=True)
@@ -65,7 +71,7 @@ class LocalBackend(Backend):
 
     @property
     def url(self) -> str:
-        return Path(self._root).as_uri()
+        return self._url
 
     @property
     def root(self) -> str:
@@ -73,7 +79,13 @@ class LocalBackend(Backend):
         return self._root
 
     def _path(self, name: str) -> str:
-        return os.path.join(self._root, *validate_name(name).split("/"))
+        path = self._paths.get(name)
+        if path is None:
+            path = os.path.join(self._root, *validate_name(name).split("/"))
+            if len(self._paths) >= _PATHS_KEPT:  # every read of a chunk asks for its pack's
+                self._paths.clear()
+            self._paths[name] = path
+        return path
 
     def _makedirs(self, directory: str) -> None:
         """Create ``directory`` and make every new entry durable in its parent."""

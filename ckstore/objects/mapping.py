@@ -39,6 +39,9 @@ def _identity(st: os.stat_result) -> _Identity:
 
 _EMPTY = memoryview(b"")
 
+DROP_BATCH = 16 << 20
+"""Bytes of one file :meth:`Mappings.drop` gathers before it gives their pages back at once."""
+
 
 class ShortFile(Exception):
     """A range past the end of its file (``size``: the file's length)."""
@@ -57,6 +60,7 @@ class Mappings:
         self._made: weakref.WeakKeyDictionary[mmap.mmap, tuple[str, _Identity]] = (
             weakref.WeakKeyDictionary()
         )
+        self._dropping: dict[str, tuple[int, int]] = {}  # path -> range not given back yet
 
     def view(self, path: str, offset: int, length: int) -> memoryview:
         """A read-only view of ``length`` bytes of the file at ``path`` from ``offset``.
@@ -93,6 +97,7 @@ class Mappings:
             os.close(fd)
         with self._lock:
             self._by_path[path] = m
+            self._dropping.pop(path, None)  # ranges of an earlier mapping of the path
             self._made[m] = (path, now)
         return m, now.size
 
@@ -118,13 +123,27 @@ class Mappings:
     def drop(self, path: str, offset: int, length: int) -> None:
         """Give back the pages of that range of the file's live mapping (if any): a hint that
         they will not be touched for a while. Pages at the range's edges that other ranges
-        share go too; touching them again maps them again from the page cache."""
+        share go too; touching them again maps them again from the page cache.
+
+        Ranges are given back in batches of about :data:`DROP_BATCH` bytes of one file (each
+        ``madvise`` stops every thread of the process to flush its view of the pages: one per
+        chunk cost a restore of 270 MiB 5 ms of its 56 here); until then a range stays mapped.
+        """
+        if length <= 0:
+            return
         with self._lock:
             m = self._by_path.get(path)
-        if m is None or length <= 0:
-            return
-        start = offset - offset % mmap.PAGESIZE
-        end = min(len(m), offset + length)
+            if m is None:
+                self._dropping.pop(path, None)
+                return
+            lo, hi = self._dropping.get(path, (offset, offset + length))
+            lo, hi = min(lo, offset), max(hi, offset + length)
+            if hi - lo < DROP_BATCH:
+                self._dropping[path] = (lo, hi)
+                return
+            self._dropping.pop(path, None)
+        start = lo - lo % mmap.PAGESIZE
+        end = min(len(m), hi)
         if end > start:
             try:
                 m.madvise(mmap.MADV_DONTNEED, start, end - start)
@@ -134,7 +153,11 @@ class Mappings:
 
 def prefetch(path: str, offset: int, length: int) -> None:
     """Ask the kernel to start reading that range of the file into the page cache, without
-    waiting for it (``posix_fadvise(WILLNEED)``); a hint, so any failure is ignored."""
+    waiting for it (``posix_fadvise(WILLNEED)``); a hint, so any failure is ignored.
+
+    Skipped when the range's first and last bytes are in the page cache already (two reads
+    that may not wait, ``RWF_NOWAIT``): the hint walks every page of the range, 40 us for a
+    1 MiB chunk here, a tenth of a warm restore's time spent telling the kernel nothing."""
     if length <= 0 or not hasattr(os, "posix_fadvise"):
         return
     try:
@@ -142,8 +165,24 @@ def prefetch(path: str, offset: int, length: int) -> None:
     except OSError:
         return
     try:
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        if not in_page_cache(fd, offset) or not in_page_cache(fd, offset + length - 1):
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
     except OSError:
         pass
     finally:
         os.close(fd)
+
+
+_PROBE = bytearray(1)
+
+
+def in_page_cache(fd: int, offset: int) -> bool:
+    """Whether the byte at ``offset`` of the file is in the page cache (False when this
+    system cannot tell)."""
+    nowait = getattr(os, "RWF_NOWAIT", None)
+    if nowait is None:
+        return False
+    try:
+        return os.preadv(fd, [_PROBE], offset, nowait) == 1
+    except OSError:  # EAGAIN: not cached; EOPNOTSUPP: no such reads here
+        return False

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+from itertools import accumulate
 
 from ... import objects
 from .jobs import Job
@@ -15,25 +16,27 @@ being checked (``Backend.prefetch``): enough to keep the disk busy while the thr
 
 class ReadAhead:
     """Prefetch hints for a list of jobs in the order they run: by the time job ``i`` starts,
-    the payloads of the jobs up to :data:`READ_AHEAD` stored bytes past it were hinted."""
+    the payloads of the jobs up to :data:`READ_AHEAD` stored bytes past it were hinted.
+
+    One hint per payload, as each comes within reach: hints over longer ranges (payloads back
+    to back merged, or the window topped up in large steps) made the kernel read 1-6% more
+    than a cold restore needs (pages of payloads between them that it does not)."""
 
     def __init__(self, objs: objects.ObjectStore, jobs: list[Job]) -> None:
         self._objs, self._jobs = objs, jobs
+        self._ends = [0, *accumulate(stored(j) for j in jobs)]  # stored bytes before job k
         self._next = 0  # the first job not hinted yet
         self._lock = threading.Lock()
 
     def upto(self, i: int) -> None:
-        todo: list[objects.ChunkLocation] = []
         with self._lock:
-            span = sum(stored(self._jobs[k]) for k in range(i, self._next))
-            while self._next < len(self._jobs) and (self._next <= i or span < READ_AHEAD):
-                loc = self._jobs[self._next].loc
-                if loc is not None:
-                    todo.append(loc)
-                span += stored(self._jobs[self._next])
+            start, ends, n = self._next, self._ends, len(self._jobs)
+            while self._next < n and (self._next <= i or ends[self._next] - ends[i] < READ_AHEAD):
                 self._next += 1
-        for loc in todo:
-            self._objs.prefetch(loc)
+            todo = self._jobs[start : self._next]
+        for job in todo:
+            if job.loc is not None:
+                self._objs.prefetch(job.loc)
 
 
 def stored(job: Job) -> int:

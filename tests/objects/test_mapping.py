@@ -1,0 +1,101 @@
+"""Mapped views of a local store's files: the hints a restore gives the kernel about them.
+
+A restore touches each payload through a read-only mapping and gives the pages back after use
+(``Mappings.drop``), in batches; it tells the kernel which ranges come next
+(``mapping.prefetch``) unless they are in the page cache already.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ckstore.objects import mapping
+from ckstore.objects.mapping import DROP_BATCH, Mappings
+
+MiB = 1 << 20
+
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc/self/smaps and RWF_NOWAIT (Linux)"
+)
+
+
+def _file(path: Path, size: int) -> Path:
+    path.write_bytes(np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8).tobytes())
+    return path
+
+
+def _resident(address: int) -> int:
+    """Bytes of the mapping that starts at ``address`` that this process has mapped in."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start = int(head.split("-")[0], 16)
+                inside = start == address
+            elif inside and line.startswith("Rss:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("mapping not found")
+
+
+@linux_only
+def test_dropped_ranges_go_back_once_a_batch_gathered(tmp_path: Path) -> None:
+    size = 2 * DROP_BATCH + 8 * MiB
+    path = str(_file(tmp_path / "pack", size))
+    maps = Mappings()
+    view = maps.view(path, 0, size)
+    pages = np.frombuffer(view, dtype=np.uint8)
+    int(pages[:: mapping.mmap.PAGESIZE].sum())  # every page mapped in
+    address = pages.__array_interface__["data"][0]
+    assert _resident(address) == size
+
+    for at in range(0, DROP_BATCH - MiB, MiB):  # less than a batch: still mapped
+        maps.drop(path, at, MiB)
+    assert _resident(address) == size
+
+    maps.drop(path, DROP_BATCH - MiB, MiB)  # a batch: given back at once
+    assert _resident(address) == size - DROP_BATCH
+
+    maps.drop(path, size - 4 * MiB, 4 * MiB)  # a new range, less than a batch: kept
+    assert _resident(address) == size - DROP_BATCH
+    maps.drop(path, DROP_BATCH, DROP_BATCH)  # gathered with it: all of it goes
+    assert _resident(address) == 0
+
+    assert bytes(view[:64]) == open(path, "rb").read(64)  # touched again: mapped again
+    del pages, view
+
+
+@linux_only
+def test_a_range_in_the_page_cache_is_not_hinted_and_an_evicted_one_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _file(tmp_path / "pack", 4 * MiB)
+    hints: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+
+    def fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            hints.append((offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    path.read_bytes()  # in the page cache
+    mapping.prefetch(str(path), MiB, 2 * MiB)
+    assert hints == []
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        real(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        evicted = not mapping.in_page_cache(fd, MiB)
+    finally:
+        os.close(fd)
+    if not evicted:
+        pytest.skip("this file system keeps the file in memory (tmpfs): nothing to hint")
+    mapping.prefetch(str(path), MiB, 2 * MiB)
+    assert hints == [(MiB, 2 * MiB)]
