@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _takes
 from ._heal_verbs import healing, with_healing
-from .distributed import is_distributed
+from .distributed import is_distributed, replicated_mode
 from .engine.progress import ProgressFn
 from .engine.view import SnapshotFields, SnapshotView
 from .errors import CorruptionError, InvalidInputError
@@ -247,7 +247,6 @@ class StoredSnapshot(SnapshotFields):
             DistributedError: a rank failed (distributed restore; names ranks and causes);
                 RankLostError when a rank never answered within ``dist_timeout``.
         """
-        from .distributed.restore import replicated_mode
         from .engine.restore.dcp_keys import dcp_overlay, is_dcp_manifest
         from .engine.restore.phases import restore
         from .engine.restore.reader import Reader

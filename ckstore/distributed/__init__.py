@@ -13,6 +13,13 @@ operation reports failures). This module itself stays importable without torch.
 
 from __future__ import annotations
 
+import os
+
+from ..errors import InvalidInputError
+
+REPLICATED_READS = ("once", "broadcast", "each")
+"""How a distributed restore reads a whole tensor every rank needs (``replicated_read``)."""
+
 
 def is_distributed() -> bool:
     """True when torch.distributed is initialised in this process."""
@@ -21,3 +28,19 @@ def is_distributed() -> bool:
     except ImportError:  # pragma: no cover - torch built without distributed
         return False
     return bool(dist.is_available() and dist.is_initialized())
+
+
+def replicated_mode(value: str | None) -> str:
+    """The read mode: the argument, else ``CKSTORE_REPLICATED_READ``, else "once" (here, not
+    in ``restore``: a single-process restore checks its argument without importing the
+    distributed path).
+
+    Raises:
+        InvalidInputError: not one of :data:`REPLICATED_READS`.
+    """
+    mode = value if value is not None else os.environ.get("CKSTORE_REPLICATED_READ", "once")
+    if mode not in REPLICATED_READS:
+        raise InvalidInputError(
+            f"replicated_read must be one of {list(REPLICATED_READS)}, got {mode!r}"
+        )
+    return mode

@@ -36,7 +36,6 @@ manifest's root still comes from rank 0, and each rank reads the parts it needs)
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,10 +48,11 @@ from ..engine.restore.jobs import Job, Region
 from ..engine.restore.phases import Prepared, apply, destination_bytes, prepare, validate
 from ..engine.restore.reader import Reader
 from ..engine.restore.sources import Healer
-from ..errors import DistributedError, InvalidInputError
+from ..errors import DistributedError
 from ..format.manifest import TensorEntry
 from ..format.parts import Part as ManifestPart
 from ..format.tensors import empty_for
+from . import replicated_mode
 from ._exchange import Exchange
 from ._open import open_manifest
 from ._progress import Progress, progress
@@ -64,18 +64,6 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from ..engine.view import SnapshotView
-
-REPLICATED_READS = ("once", "broadcast", "each")
-
-
-def replicated_mode(value: str | None) -> str:
-    """The read mode: the argument, else ``CKSTORE_REPLICATED_READ``, else "once"."""
-    mode = value if value is not None else os.environ.get("CKSTORE_REPLICATED_READ", "once")
-    if mode not in REPLICATED_READS:
-        raise InvalidInputError(
-            f"replicated_read must be one of {list(REPLICATED_READS)}, got {mode!r}"
-        )
-    return mode
 
 
 def restore(
