@@ -197,7 +197,7 @@ def take_async(
     """Return once the state at this call is safe; hash, write and commit in the background."""
     from .engine.take.plan import state_dicts
 
-    spec = with_live_trainable(spec, app_state)
+    spec = replace(with_live_trainable(spec, app_state), asynchronous=True)
     repo.index.check_take(spec.run, spec.tag_specs)
     warn_resave(repo, spec)
     if _ranks(spec.no_dist):
@@ -237,6 +237,22 @@ def prepare_staging(
         check_int("staging_budget", budget)
     states = state_dicts(app_state)
     return prepare(repo, states, repo.staging_budget if budget is None else budget)
+
+
+def stage_after_restore(
+    repo: Repository, header: Mapping[str, Any], app_state: Mapping[str, Any]
+) -> Future[int] | None:
+    """After a restore of ``app_state`` from a snapshot an ``async_take`` took (its header's
+    ``async_take``): ready the staging memory of the next one behind training, as
+    :func:`prepare_staging` (knob ``stage_after_restore``; nothing when the handle keeps an
+    arena already). The first ``async_take`` after a restart then copies into touched memory,
+    not new memory whose every page the kernel must first zero. A hint: the future holds the
+    arena's size, or None when nothing was started."""
+    if not header.get("async_take") or not repo.stage_after_restore:
+        return None
+    if repo.spare_staging.held():  # an async take of this process left one: it is ready
+        return None
+    return prepare_staging(repo, app_state, None)
 
 
 def with_live_trainable(spec: TakeSpec, app_state: Mapping[str, Any]) -> TakeSpec:

@@ -234,7 +234,10 @@ class StoredSnapshot(SnapshotFields):
 
         A later :meth:`Store.take` of this process into the same store records this snapshot
         as the one it forked from (unless it is the run's latest: a resume), so the lineage
-        shows where a fine-tune came from.
+        shows where a fine-tune came from. After a single-process restore of a snapshot that
+        ``async_take`` took, the staging memory of this process's next ``async_take`` is made
+        ready behind training (knob ``stage_after_restore``): a restarted job's first
+        checkpoint blocks about as long as its later ones.
 
         Raises:
             UnsupportedValueError: an app_state value is not stateful (also a TypeError).
@@ -303,6 +306,8 @@ class StoredSnapshot(SnapshotFields):
         _takes.loaded(view.repo, view.record.id)
         if verify is True:
             self._check_restored(app_state, strict)
+        if not is_distributed():  # each rank's state_dict() may be a collective: not here
+            _takes.stage_after_restore(view.repo, view.header, app_state)
 
     def _check_restored(self, app_state: Mapping[str, Any], strict: bool) -> None:
         found = self.verify_live(app_state)

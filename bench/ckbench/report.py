@@ -147,6 +147,11 @@ def targets(b: Bench, res: dict[str, Any]) -> list[dict[str, Any]]:
             ratio(m("async_block_prepared", "ckstore"), m("memcpy", "ckstore")),
             2.0,
         ),
+        row(
+            "first async_take after a restore (a restarted job) / one memcpy",
+            ratio(m("async_block_restored", "ckstore"), m("memcpy", "ckstore")),
+            2.0,
+        ),
         *budget_rows(b),
     ]
 
@@ -307,7 +312,9 @@ def notes(b: Bench, med: Medians) -> list[str]:
     )
     L.append(
         f"async_take: the first of a process blocks {fmt_s(ab)} (its staging memory is new), "
-        f"{fmt_s(prepared)} after prepare_staging, the next ones {fmt_s(again)} (they reuse it); "
+        f"{fmt_s(prepared)} after prepare_staging, "
+        f"{fmt_s(med.get('async_block_restored', {}).get('ckstore'))} as a restarted job's first "
+        f"(after a restore), the next ones {fmt_s(again)} (they reuse it); "
         f"the first is done after {fmt_s(at)}; synchronous take {fmt_s(sy)}; one memcpy of the "
         f"state {fmt_s(mc)}."
     )

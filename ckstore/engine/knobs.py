@@ -305,6 +305,17 @@ class Knobs:
         env="CKSTORE_BACKGROUND_PROCESS",
         default=lambda: False,
     )
+    stage_after_restore: Knob[bool, bool] = Knob(
+        Flag(),
+        "Whether a restore of a snapshot an ``async_take`` took readies, behind training, the "
+        "staging memory of the next ``async_take`` (as ``Store.prepare_staging``), so a "
+        "restarted job's first checkpoint copies at memory speed instead of waiting for the "
+        "kernel to zero new pages (default True, or ``$CKSTORE_STAGE_AFTER_RESTORE``). The "
+        "memory, up to the staging budget, stays with the handle until an ``async_take`` uses "
+        "it or the store closes.",
+        env="CKSTORE_STAGE_AFTER_RESTORE",
+        default=lambda: True,
+    )
     memory_budget: Knob[int | None, int | None] = Knob(
         OrNone(Integer(0)),
         "Bytes a restore may stage (>= 0; default ``$CKSTORE_MEMORY_BUDGET``); None: a share "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
@@ -45,6 +46,11 @@ class Spare(Generic[T]):
             item, self._item = self._item, None
         return item
 
+    def held(self) -> bool:
+        """Whether an object is kept now."""
+        with self._lock:
+            return self._item is not None
+
     def offer(self, item: T, better: Callable[[T], bool]) -> None:
         """Keep ``item`` if nothing is kept, or if ``better(kept)`` says it beats the kept one."""
         with self._lock:
@@ -73,6 +79,9 @@ class Repository(Knobs):
         super().__init__()
         self.spare_staging: Spare[Any] = Spare()
         """The last async take's staging arena, free for the next (``take/staging.py``)."""
+        self.staging_prepared: Future[int] | None = None
+        """The latest ``prepare_staging`` of this handle: an async take that finds it still
+        running waits for its arena rather than make a second one."""
         self.persist_rate: float | None = None
         """Bytes per second the last take of this process stored at in the foreground (hash,
         encode, write), or None: what an async take's part past its budget blocks for."""

@@ -110,7 +110,7 @@ def test_every_option_of_takespec_reaches_a_public_take():
     explicit = {"run", "step", "tags", "metadata"}
     assert of == set(typing.get_type_hints(AsyncTakeOptions)) | explicit
     fields = {f for f in TakeSpec.__dataclass_fields__}
-    assert fields == of | {"trainable_keys"}
+    assert fields == of | {"trainable_keys", "asynchronous"}  # the last: which take, no option
 
 
 def test_every_option_is_documented_in_takespec():

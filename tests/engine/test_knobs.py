@@ -22,6 +22,7 @@ KNOBS = {
     "io_threads": ("CKSTORE_IO_THREADS", 4),
     "background_threads": ("CKSTORE_BACKGROUND_THREADS", "measured"),
     "background_process": ("CKSTORE_BACKGROUND_PROCESS", False),
+    "stage_after_restore": ("CKSTORE_STAGE_AFTER_RESTORE", True),
     "memory_budget": ("CKSTORE_MEMORY_BUDGET", None),
     "staging_budget": ("CKSTORE_STAGING_BUDGET", "measured"),
     "lease_seconds": ("CKSTORE_LEASE_SECONDS", 600.0),

@@ -268,6 +268,31 @@ def async_take(b: Bench, r: int) -> None:
             b.extra["async_error"] = f"{type(exc).__name__}: {exc}"
         finally:
             store.close()
+    restarted(b, b.work / f"round{r}" / "ckstore_async")
+
+
+def restarted(b: Bench, root: Path) -> None:
+    """A restarted job: a new handle on the store the first async takes above wrote, a restore
+    of the latest (which readies the next async take's staging behind training, knob
+    ``stage_after_restore``), then the job's first async take, timed. The wait for the
+    preparation stands for the training steps before a job's first checkpoint."""
+    ck = b.ckstore()
+    store = ck.ck.open(root / "store")
+    try:
+        store.get("bench").restore(ck.app(b.dest))
+        prepared = getattr(store.repository, "staging_prepared", None)
+        if prepared is not None:
+            prepared.result()
+        gc.collect()
+        t0 = time.perf_counter()
+        pending = store.async_take(ck.app(b.dest), run="bench", step=9, on_stale="ignore")
+        b.record("async_block_restored", "ckstore", time.perf_counter() - t0)
+        pending.wait()
+        store.wait_compacted()
+    except Exception as exc:  # noqa: BLE001
+        b.log(f"  !! ckstore async_take after a restore failed: {type(exc).__name__}: {exc}")
+    finally:
+        store.close()
 
 
 def memcpy(state: dict[str, Any], reps: int = 3) -> float:

@@ -165,8 +165,20 @@ def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) ->
         else:
             future.set_result(arena.size)
 
+    repo.staging_prepared = future
     threading.Thread(target=run, name="ckstore-prepare-staging", daemon=True).start()
     return future
+
+
+def _await_prepared(repo: Repository) -> None:
+    """Wait for a ``prepare_staging`` still touching its arena (a restore's, started moments
+    ago): the take would otherwise fault a second arena of the same size in, against it."""
+    pending = repo.staging_prepared
+    if pending is not None and not pending.done():
+        try:
+            pending.result()
+        except BaseException:  # noqa: BLE001 - its caller was told; this take makes its own
+            pass
 
 
 def _offloading(repo: Repository, progress: ProgressFn | None) -> bool:
@@ -218,6 +230,7 @@ def take_async(
     session opens in the background too.
     """
     started = time.perf_counter()
+    _await_prepared(repo)
     opts = TakeOptions.of(repo, deltas=spec.delta_base is not None)
     threads = repo.background_threads  # what finishes the take; the call itself runs on all
     reserved = reserved_bytes(opts, threads, budget)

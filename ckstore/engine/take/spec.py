@@ -118,6 +118,9 @@ class TakeSpec:
             header (docs/FORMAT.md, section 7.5) and drawn as the fork on the lineage. The
             facade resolves the caller's ref, or takes the snapshot a restore of this process
             loaded last (``_takes.fork_of``).
+        asynchronous: taken by ``async_take`` (set by ``_takes.take_async``; not an argument
+            of :meth:`of`): the header says so, and a restore of the snapshot readies the
+            staging memory of the next one (knob ``stage_after_restore``).
     """
 
     run: str = "default"
@@ -138,6 +141,7 @@ class TakeSpec:
     trainable_keys: frozenset[str] = frozenset()
     on_divergence: str = "warn"
     forked_from: str | None = None
+    asynchronous: bool = False
 
     @classmethod
     def of(
@@ -217,7 +221,7 @@ class TakeSpec:
 
     def evolve(self, **changes: Any) -> TakeSpec:
         """This description with ``changes`` (arguments of :meth:`of`), checked again."""
-        return TakeSpec.of(**{**self._fields(), **changes})
+        return _rebuild({**self._fields(), **changes})
 
     @property
     def tag_specs(self) -> tuple[str, ...]:
@@ -240,6 +244,7 @@ class TakeSpec:
             name=self.name,
             session=session,
             **({"forked_from": self.forked_from} if self.forked_from else {}),
+            **({"async_take": True} if self.asynchronous else {}),
             **extra,
         )
 
@@ -264,7 +269,9 @@ def _policy(what: str, value: Any) -> str:
 
 
 def _rebuild(fields: dict[str, Any]) -> TakeSpec:
-    return TakeSpec.of(**fields)
+    given = dict(fields)
+    asynchronous = bool(given.pop("asynchronous", False))
+    return replace(TakeSpec.of(**given), asynchronous=asynchronous)
 
 
 def _names(what: str, kind: str, values: Iterable[str]) -> tuple[str, ...]:
