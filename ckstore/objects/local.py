@@ -79,7 +79,7 @@ class LocalBackend(Backend):
         return self._root
 
     def _path(self, name: str) -> str:
-        path = self._paths.get(name)
+        path = self._paths.get(name) if isinstance(name, str) else None
         if path is None:
             path = os.path.join(self._root, *validate_name(name).split("/"))
             if len(self._paths) >= _PATHS_KEPT:  # every read of a chunk asks for its pack's
