@@ -242,17 +242,37 @@ def prepare_staging(
 def stage_after_restore(
     repo: Repository, header: Mapping[str, Any], app_state: Mapping[str, Any]
 ) -> Future[int] | None:
-    """After a restore of ``app_state`` from a snapshot an ``async_take`` took (its header's
-    ``async_take``): ready the staging memory of the next one behind training, as
-    :func:`prepare_staging` (knob ``stage_after_restore``; nothing when the handle keeps an
-    arena already). The first ``async_take`` after a restart then copies into touched memory,
-    not new memory whose every page the kernel must first zero. A hint: the future holds the
-    arena's size, or None when nothing was started."""
-    if not header.get("async_take") or not repo.stage_after_restore:
+    """After a training job's restore of ``app_state`` from a snapshot an ``async_take`` took
+    (its header's ``async_take``): ready the staging memory of the next one behind training,
+    as :func:`prepare_staging` (knob ``stage_after_restore``). The first ``async_take`` after
+    a restart then copies into touched memory, not new memory whose every page the kernel
+    must first zero. Only a restore that loads an optimizer's state counts as a training
+    job's (an evaluation that loads weights gets nothing it would not use), on a handle that
+    may write and keeps no arena already. A hint: the future holds the arena's size, or None
+    when nothing was started."""
+    if not header.get("async_take") or not repo.stage_after_restore or repo.read_only:
         return None
     if repo.spare_staging.held():  # an async take of this process left one: it is ready
         return None
-    return prepare_staging(repo, app_state, None)
+    from .engine.take.plan import state_dicts
+    from .engine.take.single import prepare_staging as prepare
+
+    states = state_dicts(app_state)
+    if not any(_optimizer_state(sd) for sd in states.values()):
+        return None
+    return prepare(repo, states, repo.staging_budget)
+
+
+def _optimizer_state(state_dict: Any) -> bool:
+    """Whether a state dict is an optimizer's (``torch.optim.Optimizer.state_dict()``'s keys),
+    or holds one at its first level (``StateDict(model=..., optim=opt.state_dict())``)."""
+
+    def optimizer(d: Any) -> bool:
+        return isinstance(d, Mapping) and {"state", "param_groups"} <= d.keys()
+
+    return optimizer(state_dict) or (
+        isinstance(state_dict, Mapping) and any(optimizer(v) for v in state_dict.values())
+    )
 
 
 def with_live_trainable(spec: TakeSpec, app_state: Mapping[str, Any]) -> TakeSpec:

@@ -234,10 +234,11 @@ class StoredSnapshot(SnapshotFields):
 
         A later :meth:`Store.take` of this process into the same store records this snapshot
         as the one it forked from (unless it is the run's latest: a resume), so the lineage
-        shows where a fine-tune came from. After a single-process restore of a snapshot that
-        ``async_take`` took, the staging memory of this process's next ``async_take`` is made
-        ready behind training (knob ``stage_after_restore``): a restarted job's first
-        checkpoint blocks about as long as its later ones.
+        shows where a fine-tune came from. After a training job's single-process restore (one
+        that loads an optimizer's state) of a snapshot that ``async_take`` took, the staging
+        memory of this process's next ``async_take`` is made ready behind training (knob
+        ``stage_after_restore``): a restarted job's first checkpoint blocks about as long as
+        its later ones.
 
         Raises:
             UnsupportedValueError: an app_state value is not stateful (also a TypeError).

@@ -307,8 +307,9 @@ class Knobs:
     )
     stage_after_restore: Knob[bool, bool] = Knob(
         Flag(),
-        "Whether a restore of a snapshot an ``async_take`` took readies, behind training, the "
-        "staging memory of the next ``async_take`` (as ``Store.prepare_staging``), so a "
+        "Whether a training job's restore (one that loads an optimizer's state) of a snapshot "
+        "an ``async_take`` took readies, behind training, the staging memory of the next "
+        "``async_take`` (as ``Store.prepare_staging``), so a "
         "restarted job's first checkpoint copies at memory speed instead of waiting for the "
         "kernel to zero new pages (default True, or ``$CKSTORE_STAGE_AFTER_RESTORE``). The "
         "memory, up to the staging budget, stays with the handle until an ``async_take`` uses "
