@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 
 from .history.du import UsageRow
 from .history.du import du as history_du
-from .index.sessions import HeldSession
-from .index.sharing import Shared
 
 if TYPE_CHECKING:
     from .engine.repository import Repository
+    from .index.sessions import HeldSession
+    from .index.sharing import Shared
 
 
 class UsageVerbs:

@@ -24,7 +24,6 @@ from .format.health import Health, of_header
 from .format.limits import check_int, check_number
 from .format.manifest import Entry, Manifest, TensorEntry
 from .index import EntryRecord, SnapshotRecord
-from .index.sharing import Shared
 
 if TYPE_CHECKING:
     import torch
@@ -32,6 +31,7 @@ if TYPE_CHECKING:
 
     from .engine.restore.jobs import Region
     from .engine.restore.verify_live import LiveCheck
+    from .index.sharing import Shared
     from .interop import ExportReport
 
 

@@ -335,7 +335,7 @@ class Store(HistoryVerbs, HealVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteV
                 an ambiguous id prefix, whatever ``default`` is.
         """
         try:
-            return self._handle(self._repo.index.resolve(ref))
+            return self._handle(self._repo.reads.resolve(ref))
         except SnapshotNotFoundError:
             if default is _REQUIRED:
                 raise

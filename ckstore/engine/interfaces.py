@@ -49,13 +49,13 @@ from ..index import (
     SnapshotRecord,
     TagRecord,
 )
-from ..index.maintenance import PackUsage
-from ..index.sessions import HeldSession
 
 if TYPE_CHECKING:
     import torch
 
     from ..index import Index
+    from ..index.records import PackUsage
+    from ..index.sessions import HeldSession
     from ..index.usage import StoreUsage
 
 

@@ -6,7 +6,7 @@ read-only stores recognised. :func:`open_repository` returns the :class:`Reposit
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from .. import objects
@@ -18,9 +18,12 @@ from ..errors import (
     ObjectNotFoundError,
     StorageError,
 )
-from ..index import Index
+from ..index.lite import LiteReads
 from .config import CONFIG_NAME, StoreConfig
 from .repository import Repository
+
+if TYPE_CHECKING:
+    from ..index import Index
 
 
 def is_local(url: str) -> bool:
@@ -75,6 +78,16 @@ def open_repository(
     why = read_only_reason(url, index_url, read_only)
     objs = objects.ObjectStore(objects.open_backend(url, storage_options))
     config = _load_config(objs.backend, url, create, chunk_bytes, pack_bytes, inline_bytes)
+    if index is None and why is None and is_local(url):
+        lite = LiteReads.open(os.path.join(url, "index.sqlite"), config.store_id)
+        if lite is not None:  # this store's index at this code's schema: SQLAlchemy can wait
+            return _opened(
+                Repository(url, objs, lambda: _index(index_url), config, lite=lite),
+                index,
+                storage_options,
+            )
+    from ..index import Index
+
     idx = Index.open(
         index_url, create=create if create_index is None else create_index, read_only=why
     )
@@ -88,12 +101,25 @@ def open_repository(
             f"index {idx.url} belongs to another store (id {stored}) than {url} (id "
             f"{config.store_id}); point index= at this store's index"
         )
-    repo = Repository(url, objs, idx, config)
+    return _opened(Repository(url, objs, idx, config), index, storage_options)
+
+
+def _opened(
+    repo: Repository, index: str | None, storage_options: dict[str, Any] | None
+) -> Repository:
     repo.opened_with = {
         "index": index,
         "storage_options": dict(storage_options) if storage_options else None,
     }
     return repo
+
+
+def _index(url: str) -> Index:
+    """The full index of a store whose open checked it with :class:`LiteReads` (its schema
+    revision and store id), opened on first use."""
+    from ..index import Index
+
+    return Index.open(url, create=False)
 
 
 def read_only_reason(url: str, index_url: str, asked: bool | None) -> str | None:

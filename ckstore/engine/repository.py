@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .. import objects
 from ..format.manifest import Manifest
-from ..index import Index, SnapshotRecord
+from ..index import ChunkRecord, SnapshotRecord
+from ..index.lite import UNSURE, LiteReads
 from . import manifests
 from .config import StoreConfig
 from .deletion_ages import DeletionAges
 from .knobs import Knobs
 from .write_backs import WriteBacks
+
+if TYPE_CHECKING:
+    from ..index import Index
 
 log = logging.getLogger("ckstore")
 
@@ -62,6 +66,46 @@ class Spare(Generic[T]):
             self._item = None
 
 
+class HotReads:
+    """The index reads of a resume (a ref resolved, chunks located, the packs of remotes),
+    answered by ``lite`` (SQLite through the standard library) where it is sure, else by the
+    full index; the same answers either way (``index/lite.py``)."""
+
+    def __init__(self, lite: LiteReads | None, full: Callable[[], Index]) -> None:
+        self._lite = lite
+        self._full = full
+
+    def resolve(self, ref: str) -> SnapshotRecord:
+        """``Index.resolve``: the snapshot ``ref`` names, or its errors."""
+        if self._lite is not None:
+            found = self._lite.resolve(ref)
+            if found is not UNSURE:
+                return found  # type: ignore[return-value]
+        return self._full().resolve(ref)
+
+    def chunk_locations(self, chunk_ids: Iterable[str]) -> dict[str, ChunkRecord]:
+        """``Index.chunk_locations``: the known chunks among ``chunk_ids`` and their bases."""
+        if self._lite is not None:
+            ids = list(chunk_ids)
+            found = self._lite.chunk_locations(ids)
+            if found is not UNSURE:
+                return found  # type: ignore[return-value]
+            return self._full().chunk_locations(ids)
+        return self._full().chunk_locations(chunk_ids)
+
+    def remote_pack_ids(self) -> dict[str, str]:
+        """``Index.remote_pack_ids``: pack id -> remote, for every pack of a remote."""
+        if self._lite is not None:
+            found = self._lite.remote_pack_ids()
+            if found is not UNSURE:
+                return found  # type: ignore[return-value]
+        return self._full().remote_pack_ids()
+
+    def close(self) -> None:
+        if self._lite is not None:
+            self._lite.close()
+
+
 class Repository(Knobs):
     """One store's objects, index and config, plus the knobs of this process (the rows of
     :class:`~ckstore.engine.knobs.Knobs`: ``threads``, ``memory_budget``, ``delta_base``, ...,
@@ -70,11 +114,23 @@ class Repository(Knobs):
     """
 
     def __init__(
-        self, url: str, objs: objects.ObjectStore, index: Index, config: StoreConfig
+        self,
+        url: str,
+        objs: objects.ObjectStore,
+        index: Index | Callable[[], Index],
+        config: StoreConfig,
+        *,
+        lite: LiteReads | None = None,
     ) -> None:
+        """``index``: the open index, or how to open it on first use (with ``lite``, the reads
+        that answer a resume before it opens; such a repository is writable)."""
         self.url = url
         self.objects = objs
-        self.index = index
+        self._index: Index | None = None if callable(index) else index
+        self._open_index: Callable[[], Index] | None = index if callable(index) else None
+        self._index_lock = threading.Lock()
+        self.reads = HotReads(lite, lambda: self.index)
+        """What a resume asks the index, without opening it where a SQLite file answers."""
         self.config = config
         super().__init__()
         self.spare_staging: Spare[Any] = Spare()
@@ -103,6 +159,18 @@ class Repository(Knobs):
         (``write_backs.py``): awaited by whatever relies on the local copies, and at close."""
 
     @property
+    def index(self) -> Index:
+        """The store's index (SQLAlchemy), opened on first use where the open deferred it."""
+        index = self._index
+        if index is None:
+            with self._index_lock:
+                if self._index is None:
+                    assert self._open_index is not None
+                    self._index = self._open_index()
+                index = self._index
+        return index
+
+    @property
     def compacts_later(self) -> bool:
         """Whether takes write loose chunks that a background compaction packs densely, with
         deltas against each snapshot's parent, after the next take (``auto_compact`` on and a
@@ -113,7 +181,7 @@ class Repository(Knobs):
         """The manifest of a committed snapshot, parsed and validated (one stored in parts is
         read whole: ``engine/manifests.py``)."""
         raw = self.objects.get_blob("manifests", record.manifest_id)
-        return manifests.load(self.objects, self.index, raw, f"manifest of {describe(record)}")
+        return manifests.load(self.objects, self.reads, raw, f"manifest of {describe(record)}")
 
     @contextmanager
     def activity(self) -> Iterator[None]:
@@ -147,7 +215,9 @@ class Repository(Knobs):
     @property
     def read_only(self) -> bool:
         """True when this store refuses writes (see :func:`read_only_reason`)."""
-        return self.index.read_only is not None
+        if self._index is None:
+            return False  # deferred: only a writable store defers opening its index
+        return self._index.read_only is not None
 
     def close(self) -> None:
         self.write_backs.close()  # healed chunks land before anything closes
@@ -156,7 +226,9 @@ class Repository(Knobs):
             hook()
         self.before_close.clear()
         self.spare_staging.clear()
-        self.index.close()
+        self.reads.close()
+        if self._index is not None:
+            self._index.close()
         self.objects.backend.close()
 
     def __enter__(self) -> Repository:

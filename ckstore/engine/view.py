@@ -114,7 +114,7 @@ class SnapshotView(SnapshotFields):
         """The whole manifest (one stored in parts is read whole), validated."""
         if self._read.manifest is None:
             self._read.manifest = manifests.load(
-                self.repo.objects, self.repo.index, self.raw(), self.where
+                self.repo.objects, self.repo.reads, self.raw(), self.where
             )
         return self._read.manifest
 

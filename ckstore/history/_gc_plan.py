@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from .. import objects
 from ..engine.lease import gone
 from ..errors import ObjectNotFoundError
-from ..index.maintenance import PackUsage
+from ..index.records import PackUsage
 
 if TYPE_CHECKING:
     from ..engine.interfaces import GcIndex

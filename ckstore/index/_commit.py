@@ -15,9 +15,10 @@ from sqlalchemy.engine import Connection
 
 from ckstore.errors import ConflictError, InvalidInputError, NotFoundError
 from ckstore.index import _convert, _refnames, _sql
+from ckstore.index._batches import batches
 from ckstore.index._resolve import MAX_STEP
-from ckstore.index._sql import batches, check_lease, insert, insert_ignore
-from ckstore.index.names import validate_name
+from ckstore.index._sql import check_lease, insert, insert_ignore
+from ckstore.index.names import parse_spec, validate_name
 from ckstore.index.records import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
 
 
@@ -56,7 +57,7 @@ def commit(
         reference_staged(conn, snapshot.id, staged)
         finish_session(conn, staged, "committed", now)
     for spec in tags:
-        move_tag(conn, _refnames.parse_spec(spec)[0], snapshot.id, now)
+        move_tag(conn, parse_spec(spec)[0], snapshot.id, now)
     finish_session(conn, session_id, "committed", now)
     return stored
 
@@ -113,7 +114,7 @@ def validate(snapshot: SnapshotRecord, tags: Sequence[str]) -> None:
     if snapshot.name is not None:
         validate_name(snapshot.name, "snapshot")
     for spec in tags:
-        validate_name(_refnames.parse_spec(spec)[0], "tag")
+        validate_name(parse_spec(spec)[0], "tag")
     if not snapshot.id or len(snapshot.id) > 128:
         raise InvalidInputError(f"snapshot id must be 1 to 128 characters, got {snapshot.id!r}")
     if snapshot.world_size < 1:

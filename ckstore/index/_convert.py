@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Row
-
-from ckstore.index._errors import RowError
 from ckstore.index.records import (
     ChunkRecord,
     EntryRecord,
@@ -15,6 +12,13 @@ from ckstore.index.records import (
     SnapshotRecord,
     TagRecord,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy import Row
+
+
+class RowError(ValueError):
+    """A row read from the index does not decode (e.g. a metadata column that is not JSON)."""
 
 
 def chunk(row: Row[Any]) -> ChunkRecord:

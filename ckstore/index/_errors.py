@@ -26,6 +26,7 @@ from ckstore.errors import (
     NotFoundError,
     ReadOnlyStoreError,
 )
+from ckstore.index._convert import RowError
 
 _SQLITE_READONLY = 8
 _SQLITE_FULL = 13
@@ -34,10 +35,6 @@ _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
 _CORRUPT_WORDS = ("malformed", "not a database", "could not decode to utf-8")
 _NO_DATABASE = re.compile(r'database "([^"]+)" does not exist')
-
-
-class RowError(ValueError):
-    """A row read from the index does not decode (e.g. a metadata column that is not JSON)."""
 
 
 @contextmanager

@@ -8,30 +8,19 @@ the name then raises an error naming both (``_resolve``).
 
 Tags given to a commit follow ``set_tag``'s rule: an existing tag is moved only when asked.
 The commit receives them as *specs*: ``"name"`` (create; refused if the tag is elsewhere) or
-``"+name"`` (create or move, as git's ``+refspec``), built by :func:`tag_specs`.
+``"+name"`` (create or move, as git's ``+refspec``), built by :func:`~ckstore.index.names.tag_specs`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from ckstore.errors import ConflictError
 from ckstore.index import _sql
-
-MOVE = "+"
-
-
-def tag_specs(names: Iterable[str], move: bool) -> tuple[str, ...]:
-    """The specs of tag ``names`` for a commit: each may move when ``move`` is True."""
-    return tuple(f"{MOVE}{n}" if move else n for n in names)
-
-
-def parse_spec(spec: str) -> tuple[str, bool]:
-    """``"+best"`` -> ``("best", True)``; ``"best"`` -> ``("best", False)``."""
-    return (spec[len(MOVE) :], True) if spec.startswith(MOVE) else (spec, False)
+from ckstore.index.names import parse_spec
 
 
 def run_head(conn: Connection, run: str) -> tuple[str, str] | None:

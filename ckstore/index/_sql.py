@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import ColumnElement, Table, func, select, text
 from sqlalchemy.engine import Connection
 
 from ckstore.errors import LeaseExpiredError
 from ckstore.index import models
+from ckstore.index._batches import batches
 
 meta = models.meta
 packs = models.packs
@@ -38,31 +39,9 @@ def healthy() -> ColumnElement[bool]:
     )
 
 
-BATCH_SIZE = 500
-"""Most ids bound into one ``IN (...)`` query (well below SQLite's variable limit)."""
-
 ACTIVE = "active"
 EXPIRED = "expired"
 SESSION_STATES = ("active", "committed", "aborted", "expired")
-
-T = TypeVar("T")
-
-
-def batches(items: Iterable[T], size: int = BATCH_SIZE) -> Iterator[list[T]]:
-    """Yields lists of at most ``size`` items."""
-    batch: list[T] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def unique(ids: Iterable[str]) -> list[str]:
-    """Returns the ids without duplicates, in first-seen order."""
-    return list(dict.fromkeys(ids))
 
 
 def insert(conn: Connection, table: Table) -> Any:

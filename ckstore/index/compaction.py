@@ -16,7 +16,8 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
 from ckstore.index import _convert, _sql
-from ckstore.index._sql import batches, check_lease
+from ckstore.index._batches import batches
+from ckstore.index._sql import check_lease
 from ckstore.index.base import IndexBase
 from ckstore.index.records import ChunkRecord, PackRecord
 from ckstore.index.tiering import MAX_DEPTH

@@ -26,11 +26,10 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
 
 from ckstore.errors import InvalidInputError
+from ckstore.index.lite import DEFAULT_BUSY_TIMEOUT_S as DEFAULT_BUSY_TIMEOUT_S
 
 READONLY = "ckstore_readonly"
 """Execution option marking a read-only transaction (SQLite: deferred ``BEGIN``)."""
-
-DEFAULT_BUSY_TIMEOUT_S = 60.0
 
 
 def parse_url(url: str | URL) -> URL:

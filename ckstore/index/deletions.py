@@ -11,7 +11,7 @@ from sqlalchemy import delete, select, update
 
 from ckstore.errors import ConflictError, NotFoundError, SnapshotNotFoundError
 from ckstore.index import _convert, _sql
-from ckstore.index._sql import batches
+from ckstore.index._batches import batches
 from ckstore.index.base import IndexBase
 from ckstore.index.records import SnapshotRecord
 

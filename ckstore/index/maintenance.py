@@ -22,7 +22,6 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, delete, exists, func, select, update
@@ -30,26 +29,10 @@ from sqlalchemy.engine import Connection
 
 from ckstore.errors import IndexError_
 from ckstore.index import _convert, _sql
+from ckstore.index._batches import batches
 from ckstore.index._errors import translated
-from ckstore.index._sql import batches
 from ckstore.index.base import IndexBase
-from ckstore.index.records import ChunkRecord, PackRecord
-
-
-@dataclass(frozen=True)
-class PackUsage:
-    """How much of a pack is still referenced by chunk rows."""
-
-    pack_id: str
-    size: int
-    chunk_count: int
-    created_at: float
-    retired_at: float | None
-    live_chunks: int
-    live_bytes: int
-    loose: bool = False
-    remote: str | None = None
-    """A pack of this remote (evicted chunks point at it), not of the store (revision 0006)."""
+from ckstore.index.records import ChunkRecord, PackRecord, PackUsage
 
 
 def _unreferenced(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from ckstore.errors import InvalidInputError
 
@@ -49,3 +50,18 @@ def _broken_rule(name: object) -> str | None:
     if "//" in name:
         return "must not contain '//'"
     return None
+
+
+# Tags given to a commit are *specs* (``_refnames``): ``"name"`` creates the tag (refused if
+# it is elsewhere), ``"+name"`` creates or moves it, as git's ``+refspec``.
+MOVE = "+"
+
+
+def tag_specs(names: Iterable[str], move: bool) -> tuple[str, ...]:
+    """The specs of tag ``names`` for a commit: each may move when ``move`` is True."""
+    return tuple(f"{MOVE}{n}" if move else n for n in names)
+
+
+def parse_spec(spec: str) -> tuple[str, bool]:
+    """``"+best"`` -> ``("best", True)``; ``"best"`` -> ``("best", False)``."""
+    return (spec[len(MOVE) :], True) if spec.startswith(MOVE) else (spec, False)

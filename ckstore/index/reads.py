@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from ckstore.errors import InvalidInputError, SnapshotNotFoundError
 from ckstore.index import _convert, _resolve, _sql
-from ckstore.index._sql import batches, unique
+from ckstore.index._batches import batches, unique
 from ckstore.index.base import IndexBase
 from ckstore.index.records import ChunkRecord, EntryRecord, SnapshotRecord
 

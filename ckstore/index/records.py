@@ -196,3 +196,19 @@ class RemoteRecord:
     tier: bool = False
     created_at: float = 0.0
     store_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PackUsage:
+    """How much of a pack is still referenced by chunk rows."""
+
+    pack_id: str
+    size: int
+    chunk_count: int
+    created_at: float
+    retired_at: float | None
+    live_chunks: int
+    live_bytes: int
+    loose: bool = False
+    remote: str | None = None
+    """A pack of this remote (evicted chunks point at it), not of the store (revision 0006)."""

@@ -24,7 +24,8 @@ from sqlalchemy import delete, exists, func, select, update
 
 from ckstore.errors import ConflictError, NotFoundError
 from ckstore.index import _convert, _sql
-from ckstore.index._sql import batches, insert_ignore, unique
+from ckstore.index._batches import batches, unique
+from ckstore.index._sql import insert_ignore
 from ckstore.index.base import IndexBase
 from ckstore.index.names import validate_name
 from ckstore.index.records import RemoteRecord, SnapshotRecord

@@ -26,14 +26,13 @@ from sqlalchemy.engine import Connection, Engine
 
 from ckstore.errors import NotFoundError, SchemaError
 from ckstore.index.db import READONLY, display_url, make_engine
+from ckstore.index.lite import HEAD_REVISION as HEAD_REVISION
 from ckstore.index.models import metadata
 
 if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-HEAD_REVISION = "0008"
-"""The newest revision in ``migrations/versions`` (a test checks it against alembic's head)."""
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "alembic_version"
 _PG_LOCK_KEY = 0x636B73746F7265  # "ckstore": serializes schema creation on PostgreSQL

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from ckstore.errors import InvalidInputError
 from ckstore.index import _sql
-from ckstore.index._sql import batches, unique
+from ckstore.index._batches import batches, unique
 from ckstore.index.base import IndexBase
 
 MAX_SAMPLE = 1024

@@ -21,7 +21,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
 from ckstore.index import _convert, _sql
-from ckstore.index._sql import batches, insert_ignore, unique
+from ckstore.index._batches import batches, unique
+from ckstore.index._sql import insert_ignore
 from ckstore.index.base import IndexBase
 from ckstore.index.records import ChunkRecord
 

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import select
 
 from ckstore.index import _commit, _convert, _refnames, _sql
-from ckstore.index._sql import batches, check_lease, insert_ignore, unique
+from ckstore.index._batches import batches, unique
+from ckstore.index._sql import check_lease, insert_ignore
 from ckstore.index.base import IndexBase
 from ckstore.index.records import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
 

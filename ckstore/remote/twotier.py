@@ -111,6 +111,5 @@ def install_reads(repo: Repository) -> TierBackend:
 def attach_reads(repo: Repository) -> None:
     """Install :class:`TierBackend` if chunks of ``repo`` were evicted to a remote (any store
     opened without ``push_to`` still reads them)."""
-    index: TierIndex = repo.index
-    if index.remote_pack_ids():
+    if repo.reads.remote_pack_ids():
         install_reads(repo)

@@ -206,6 +206,7 @@ def _index_changed(store, *statements: str) -> Iterator[None]:
     try:
         yield
     finally:
+        store.repository.reads.close()  # every connection of the handle, before the files go
         store.repository.index.close()
         for f in db.parent.glob("index.sqlite-*"):
             f.unlink()

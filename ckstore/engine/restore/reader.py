@@ -57,7 +57,7 @@ class Reader:
         healer (``kw``: other fields, e.g. ``rank``)."""
         repo = view.repo
         fields = {"threads": repo.threads, "progress": view.progress, "heal": view.heal, **kw}
-        return cls(repo.objects, repo.index, view.manifest, f"snapshot {view.ref}", **fields)
+        return cls(repo.objects, repo.reads, view.manifest, f"snapshot {view.ref}", **fields)
 
     def entry(self, key: str) -> Entry:
         """The entry of ``key`` for this reader's rank (per-rank entries resolved)."""

@@ -1,0 +1,233 @@
+"""The reads a resume makes through the standard library's sqlite3 (``index/lite.py``) answer
+what the full index answers, or leave the answer to it; a fresh process's resume never loads
+SQLAlchemy, and everything else still finds the full index."""
+
+from __future__ import annotations
+
+import ast
+import multiprocessing
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ckstore
+from ckstore.errors import IndexCorruptionError, SnapshotNotFoundError
+from ckstore.index import Index, head_revision
+from ckstore.index.lite import HEAD_REVISION, UNSURE, LiteReads
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(64, 256, generator=g)
+    return {"w": w, "b": torch.randn(4096, generator=g).to(torch.bfloat16)}
+
+
+def _history(root: Path) -> tuple[ckstore.Store, Path]:
+    """A store with runs, repeated steps, names, tags, deltas and health of every kind."""
+    store = ckstore.open(root, create=True, auto_compact=False)
+    base = _state(0)
+    for step in range(4):
+        base["w"][step].add_(1.0)  # most rows unchanged: later snapshots share and delta
+        store.take(
+            {"m": ckstore.StateDict(base)}, run="a", step=step, tags=["best"] if step == 2 else ()
+        )
+    store.take({"m": ckstore.StateDict(base)}, run="a", step=3)  # step 3 twice: the newer wins
+    store.take({"m": ckstore.StateDict(_state(1))}, run="b", step=10, name="named-one")
+    store.take({"m": ckstore.StateDict(_state(2))}, run="c/nested", step=0)
+    store.compact(keep_loose=0)
+    db = root / "index.sqlite"
+    con = sqlite3.connect(db)
+    with con:  # health of every kind, and a pack that lives on a remote
+        ids = [r[0] for r in con.execute("SELECT id FROM snapshots WHERE run = 'a' ORDER BY seq")]
+        con.execute("UPDATE snapshots SET nonfinite = 0, stale = NULL, diverged = NULL")
+        con.execute("UPDATE snapshots SET nonfinite = 3 WHERE id = ?", (ids[-1],))
+        con.execute("UPDATE snapshots SET stale = 1 WHERE id = ?", (ids[-2],))
+        con.execute("UPDATE snapshots SET diverged = 2 WHERE id = ?", (ids[-3],))
+        con.execute("UPDATE snapshots SET nonfinite = NULL WHERE run = 'c/nested'")
+        pack = con.execute("SELECT id FROM packs LIMIT 1").fetchone()[0]
+        con.execute("UPDATE packs SET remote = 'far' WHERE id = ?", (pack,))
+    con.close()
+    return store, db
+
+
+def _refs(index: Index) -> list[str]:
+    snaps = index.list_snapshots()
+    refs = ["a", "b", "c/nested", "best", "named-one", "a@healthy", "b@healthy", "c/nested@healthy"]
+    for s in snaps:
+        refs += [s.id, s.id[:6], s.id[:12].upper(), f"{s.run}@{s.step}", f"{s.run}@+{s.step}"]
+        refs.append(f"x@{s.step} ({s.id[:12]})")
+    refs += ["nope", "a@99", "a@-1", "a@x", "@3", "a@", "a@1_0", "a@ 1", "ffff", "zz@healthy", ""]
+    return refs
+
+
+def test_every_answer_is_the_full_index_answer_and_the_common_refs_are_answered(
+    tmp_path: Path,
+) -> None:
+    store, db = _history(tmp_path / "s")
+    index = store.repository.index
+    lite = LiteReads.open(str(db), store.repository.config.store_id)
+    assert lite is not None
+    answered = 0
+    for ref in _refs(index):
+        mine = lite.resolve(ref)
+        try:
+            theirs: Any = index.resolve(ref)
+        except ckstore.CkstoreError as exc:
+            theirs = type(exc)
+        if mine is not UNSURE:
+            answered += 1
+            assert mine == theirs, ref
+    for ref in ("a", "best", "named-one", "a@healthy", "b@10", "a@3", "c/nested@0"):
+        assert lite.resolve(ref) is not UNSURE, ref  # the forms a resume names are answered here
+    assert lite.resolve("a@healthy") == index.resolve("a@1")  # both step 3s and step 2 are not
+    assert lite.resolve("c/nested@healthy") is UNSURE  # never checked: the full index explains
+    assert answered >= 20
+    ids = sorted(c.chunk_id for c in index.all_chunks()) + ["0" * 64, "not-an-id"]
+    chains = lite.chunk_locations(ids)
+    assert chains == index.chunk_locations(ids)
+    assert any(r.base_id is not None for r in chains.values())  # the deltas' bases are followed
+    assert lite.chunk_locations(ids[:3]) == index.chunk_locations(ids[:3])
+    assert lite.remote_pack_ids() == index.remote_pack_ids() != {}
+    lite.close()
+    assert lite.resolve("a") is UNSURE  # closed: the full index answers
+    store.close()
+
+
+def test_a_tag_named_like_a_run_is_left_to_the_full_index_which_names_both(tmp_path: Path) -> None:
+    store, db = _history(tmp_path / "s")
+    con = sqlite3.connect(db)
+    with con:  # a store made before tags could not take a run's name
+        con.execute("UPDATE tags SET name = 'b' WHERE name = 'best'")
+    con.close()
+    lite = LiteReads.open(str(db), store.repository.config.store_id)
+    assert lite is not None and lite.resolve("b") is UNSURE
+    with pytest.raises(ckstore.InvalidInputError, match="ambiguous"):
+        store.get("b")
+    lite.close()
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "harm", ["missing", "other store", "older schema", "no store id", "garbage"]
+)
+def test_an_index_lite_cannot_vouch_for_opens_the_full_way(tmp_path: Path, harm: str) -> None:
+    store, db = _history(tmp_path / "s")
+    store_id = store.repository.config.store_id
+    store.close()
+    if harm == "missing":
+        db = tmp_path / "elsewhere.sqlite"
+    elif harm == "other store":
+        store_id = "0" * 32
+    elif harm == "garbage":
+        db.write_bytes(b"not a database" * 100)
+        for end in ("-wal", "-shm"):
+            Path(f"{db}{end}").unlink(missing_ok=True)
+    else:
+        con = sqlite3.connect(db)
+        with con:
+            if harm == "older schema":
+                con.execute("UPDATE alembic_version SET version_num = '0007'")
+            else:
+                con.execute("DELETE FROM meta WHERE key = 'store_id'")
+        con.close()
+    assert LiteReads.open(str(db), store_id) is None
+    if harm == "older schema":
+        with pytest.raises(ckstore.SchemaError, match="ckstore migrate"):
+            ckstore.open(tmp_path / "s")
+
+
+def test_lite_knows_the_schema_it_reads() -> None:
+    assert HEAD_REVISION == head_revision()
+
+
+def test_a_damaged_row_is_reported_by_the_full_index(tmp_path: Path) -> None:
+    store, db = _history(tmp_path / "s")
+    store.close()
+    con = sqlite3.connect(db)
+    with con:
+        con.execute("UPDATE snapshots SET metadata = 'not json' WHERE run = 'b'")
+    con.close()
+    again = ckstore.open(tmp_path / "s")
+    assert again.repository.reads._lite is not None  # noqa: SLF001 - the fast path is on
+    with pytest.raises(IndexCorruptionError):
+        again.get("b")
+    with pytest.raises(SnapshotNotFoundError, match="Runs: a, b, c/nested"):
+        again.get("nope")
+    again.close()
+
+
+def test_a_commit_after_the_open_is_seen(tmp_path: Path) -> None:
+    store, _ = _history(tmp_path / "s")
+    reader = ckstore.open(tmp_path / "s")
+    assert reader.get("b").step == 10
+    store.take({"m": ckstore.StateDict(_state(5))}, run="b", step=11)
+    assert reader.get("b").step == 11
+    assert reader.get("b@11").id == store.get("b").id
+    reader.close()
+    store.close()
+
+
+def _resolve_in_child(lite: LiteReads, ref: str, out: Any) -> None:
+    found = lite.resolve(ref)
+    out.put(None if found is UNSURE else found.id)  # type: ignore[union-attr]
+
+
+def test_a_forked_child_reads_through_its_own_connection(tmp_path: Path) -> None:
+    store, db = _history(tmp_path / "s")
+    lite = LiteReads.open(str(db), store.repository.config.store_id)
+    assert lite is not None
+    want = lite.resolve("best")
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_resolve_in_child, args=(lite, "best", out))
+    child.start()
+    got = out.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0 and got == want.id  # type: ignore[union-attr]
+    assert lite.resolve("best") == want  # the parent's connection still serves it
+    lite.close()
+    store.close()
+
+
+def test_a_fresh_process_resumes_without_sqlalchemy_and_still_takes(tmp_path: Path) -> None:
+    """A resume (open, get, restore, close) reads the index through sqlite3 alone; whatever
+    else the handle does opens the full index on first use."""
+    store = ckstore.open(tmp_path / "s", create=True, auto_compact=False)
+    state = _state(0)
+    for step in range(3):
+        state["w"][step].add_(1.0)
+        store.take(
+            {"m": ckstore.StateDict(state)}, run="a", step=step, tags=["best"] if step == 1 else ()
+        )
+    store.compact(keep_loose=0)  # deltas: their bases are located too
+    want = store.get("best").read_object("m/w")
+    store.close()
+    script = (
+        "import sys, torch, ckstore\n"
+        f"store = ckstore.open({str(tmp_path / 's')!r})\n"
+        "state = {'w': torch.zeros(64, 256), 'b': torch.zeros(4096, dtype=torch.bfloat16)}\n"
+        "store.get('best').restore({'m': ckstore.StateDict(state)})\n"
+        "before = 'sqlalchemy' in sys.modules\n"
+        "torch.save(state['w'], sys.argv[1])\n"
+        "store.take({'m': ckstore.StateDict(state)}, run='a', step=7)\n"
+        "print([before, 'sqlalchemy' in sys.modules, store.get('a').step])\n"
+        "store.close()\n"
+    )
+    saved = tmp_path / "w.pt"
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(saved)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+    ).stdout
+    assert ast.literal_eval(out.strip().splitlines()[-1]) == [False, True, 7]
+    assert torch.equal(torch.load(saved, weights_only=True), want)
