@@ -171,6 +171,11 @@ class Repository(Knobs):
         return index
 
     @property
+    def index_opened(self) -> bool:
+        """Whether :attr:`index` is open (a resume's open may leave it for later)."""
+        return self._index is not None
+
+    @property
     def compacts_later(self) -> bool:
         """Whether takes write loose chunks that a background compaction packs densely, with
         deltas against each snapshot's parent, after the next take (``auto_compact`` on and a

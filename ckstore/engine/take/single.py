@@ -160,6 +160,7 @@ def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) ->
             arena = arena_for(repo, nbytes, pinned, shared=shared)
             arena.touch()
             give_back(repo, arena)
+            _open_index(repo)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the future
             future.set_exception(exc)
         else:
@@ -168,6 +169,16 @@ def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) ->
     repo.staging_prepared = future
     threading.Thread(target=run, name="ckstore-prepare-staging", daemon=True).start()
     return future
+
+
+def _open_index(repo: Repository) -> None:
+    """Open the full index the take will need, which a resume's open left for later
+    (``index/lite.py``: importing SQLAlchemy costs a fresh process about 0.2 s), so the
+    take does not block on it. A failure is not this preparation's: the take meets it."""
+    try:
+        repo.index  # noqa: B018 - opens it
+    except Exception:  # noqa: BLE001, S110 - the take that needs it raises it
+        pass
 
 
 def _await_prepared(repo: Repository) -> None:
