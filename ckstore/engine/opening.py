@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from .. import objects
 from ..errors import (
@@ -44,9 +44,17 @@ def local_path(url: str) -> str:
 
 
 def default_index_url(url: str) -> str:
-    """SQLite inside the store for local stores; an in-memory SQLite for memory:// stores."""
+    """SQLite inside the store for local stores; an in-memory SQLite for memory:// stores.
+
+    A path holding ``?`` or ``%`` becomes a ``file:`` URI, escaped twice (once for SQLite's
+    URI, once for the SQLAlchemy URL around it): as a plain ``sqlite:///`` URL, its ``?`` would
+    start the URL's query and a ``%xx`` be decoded, and the index would land in another file,
+    outside the store (``/data/a?b`` used ``/data/a``)."""
     if is_local(url):
-        return f"sqlite:///{os.path.join(local_path(url), 'index.sqlite')}"
+        path = os.path.join(local_path(url), "index.sqlite")
+        if "?" in path or "%" in path:
+            return f"sqlite:///file:{quote(quote(path, safe='/'), safe='/')}?uri=true"
+        return f"sqlite:///{path}"
     if url.startswith("memory://"):
         return "sqlite:///:memory:"
     raise InvalidInputError(

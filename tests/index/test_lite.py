@@ -231,3 +231,24 @@ def test_a_fresh_process_resumes_without_sqlalchemy_and_still_takes(tmp_path: Pa
     ).stdout
     assert ast.literal_eval(out.strip().splitlines()[-1]) == [False, True, 7]
     assert torch.equal(torch.load(saved, weights_only=True), want)
+
+
+def test_a_store_whose_path_holds_uri_characters_resumes_the_fast_way(tmp_path: Path) -> None:
+    """The index file is opened through a ``file:`` URI (the lite reads, and the full index
+    where the path holds ``?`` or ``%``): a folder named with ``?``, ``#``, ``%`` or a space
+    must still name the store's own file, not another one outside it."""
+    root = tmp_path / "a b%20c?mode=ro#x" / "store"
+    with ckstore.open(root, create=True) as store:
+        store.take({"m": ckstore.StateDict(_state(3))}, run="r", step=1)
+    decoy = tmp_path / "a b c"  # what the percent-escape would decode to: must stay untouched
+    decoy.mkdir()
+    with ckstore.open(root) as store:
+        snap = store.get("r@1")
+        assert not store.repository.index_opened  # answered by the lite reads
+        assert torch.equal(snap.read_object("m/w"), _state(3)["w"])
+        assert store.log()[0].id == snap.id  # the full index: the same file
+    with ckstore.open(root, read_only=True) as store:
+        assert torch.equal(store.get("r").read_object("m/w"), _state(3)["w"])
+    assert (root / "index.sqlite").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a b c", "a b%20c?mode=ro#x"]
+    assert list(decoy.iterdir()) == []  # before: the index was made here, as a file
