@@ -276,6 +276,7 @@ class RestoreHealer:
     def _write_back(self, got: Fetched) -> None:
         """Write ``got`` back into this store behind the read (its failure warned at close)."""
         repo = self.view.repo
+        repo.index  # noqa: B018 - opened here, never first on the write-back thread (lowered)
         remotes = ", ".join(sorted(set(got.report.healed.values())))
         repo.write_backs.submit(
             got.raw,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlparse
+from urllib.parse import urlparse
 
 from .. import objects
 from ..errors import (
@@ -19,6 +19,7 @@ from ..errors import (
     StorageError,
 )
 from ..index.lite import LiteReads
+from ..index.sqlite_paths import sqlite_url
 from .config import CONFIG_NAME, StoreConfig
 from .repository import Repository
 
@@ -44,17 +45,10 @@ def local_path(url: str) -> str:
 
 
 def default_index_url(url: str) -> str:
-    """SQLite inside the store for local stores; an in-memory SQLite for memory:// stores.
-
-    A path holding ``?`` or ``%`` becomes a ``file:`` URI, escaped twice (once for SQLite's
-    URI, once for the SQLAlchemy URL around it): as a plain ``sqlite:///`` URL, its ``?`` would
-    start the URL's query and a ``%xx`` be decoded, and the index would land in another file,
-    outside the store (``/data/a?b`` used ``/data/a``)."""
+    """SQLite inside the store for local stores (``sqlite_url``: escaped where the path needs
+    it); an in-memory SQLite for memory:// stores."""
     if is_local(url):
-        path = os.path.join(local_path(url), "index.sqlite")
-        if "?" in path or "%" in path:
-            return f"sqlite:///file:{quote(quote(path, safe='/'), safe='/')}?uri=true"
-        return f"sqlite:///{path}"
+        return sqlite_url(os.path.join(local_path(url), "index.sqlite"))
     if url.startswith("memory://"):
         return "sqlite:///:memory:"
     raise InvalidInputError(

@@ -12,7 +12,9 @@ commands rely on it); only reading tensors does.
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -129,7 +131,8 @@ class Repository(Knobs):
         self._index: Index | None = None if callable(index) else index
         self._open_index: Callable[[], Index] | None = index if callable(index) else None
         self._index_lock = threading.Lock()
-        self.reads = HotReads(lite, lambda: self.index)
+        me = weakref.ref(self)  # no cycle: a dropped handle goes at once
+        self.reads = HotReads(lite, lambda: _alive(me).index)
         """What a resume asks the index, without opening it where a SQLite file answers."""
         self.config = config
         super().__init__()
@@ -174,6 +177,33 @@ class Repository(Knobs):
     def index_opened(self) -> bool:
         """Whether :attr:`index` is open (a resume's open may leave it for later)."""
         return self._index is not None
+
+    def open_index_behind(self) -> None:
+        """Open :attr:`index` on a thread of its own, at this process's normal priority, when a
+        resume's open left it for later: what comes after a restore (a take, ``log``) then
+        finds it open. Never on a thread lowered behind training (``background.py``): whatever
+        needs the index waits for its opening, and would wait behind every busy core. A fork
+        meanwhile waits for it (the child must not inherit a lock or a module import held by
+        a thread that is not there); a close meanwhile leaves nothing open. A failure is left
+        to the caller that needs the index, which meets it."""
+        if self._index is not None or self._open_index is None or self.closed:
+            return
+        thread = threading.Thread(target=self._open_quietly, name="ckstore-open-index")
+        with _OPENING_LOCK:
+            _OPENING.add(thread)
+        thread.start()
+
+    def _open_quietly(self) -> None:
+        try:
+            with self._index_lock:
+                if self._index is None and not self.closed:
+                    assert self._open_index is not None
+                    self._index = self._open_index()
+        except Exception:  # noqa: BLE001, S110 - the caller that needs the index meets it
+            pass
+        finally:
+            with _OPENING_LOCK:
+                _OPENING.discard(threading.current_thread())
 
     @property
     def compacts_later(self) -> bool:
@@ -232,8 +262,10 @@ class Repository(Knobs):
         self.before_close.clear()
         self.spare_staging.clear()
         self.reads.close()
-        if self._index is not None:
-            self._index.close()
+        with self._index_lock:  # an opening behind a restore finishes first, or never starts
+            index = self._index
+        if index is not None:
+            index.close()
         self.objects.backend.close()
 
     def __enter__(self) -> Repository:
@@ -244,6 +276,32 @@ class Repository(Knobs):
 
     def __repr__(self) -> str:
         return f"ckstore.{type(self).__name__}({self.url!r})"
+
+
+def _alive(ref: weakref.ref[Repository]) -> Repository:
+    repo = ref()
+    if repo is None:  # a handle's own reads outlived it: cannot happen through the handle
+        raise ReferenceError("the repository of these reads was closed and dropped")
+    return repo
+
+
+_OPENING: set[threading.Thread] = set()
+"""Threads opening an index behind a restore (:meth:`Repository.open_index_behind`)."""
+_OPENING_LOCK = threading.Lock()
+
+
+def _finish_openings() -> None:
+    """Before a fork: let every index opening of this process finish (they run at normal
+    priority: a fraction of a second), so no lock or import is held by a thread the child
+    will not have."""
+    with _OPENING_LOCK:
+        running = [t for t in _OPENING if t is not threading.current_thread()]
+    for thread in running:
+        thread.join()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_finish_openings)
 
 
 def describe(record: SnapshotRecord) -> str:

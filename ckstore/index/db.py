@@ -27,6 +27,7 @@ from sqlalchemy.pool import StaticPool
 
 from ckstore.errors import InvalidInputError
 from ckstore.index.lite import DEFAULT_BUSY_TIMEOUT_S as DEFAULT_BUSY_TIMEOUT_S
+from ckstore.index.sqlite_paths import sqlite_url
 
 READONLY = "ckstore_readonly"
 """Execution option marking a read-only transaction (SQLite: deferred ``BEGIN``)."""
@@ -118,6 +119,7 @@ def display_url(url: URL) -> str:
         database = url.database or ":memory:"
         if database.startswith("file:") and str(url.query.get("uri", "")) == "true":
             database = unquote(database[len("file:") :])
+            return sqlite_url(database)  # a path that needs escaping keeps it: reusable
         return f"sqlite:///{database}"
     return url.render_as_string(hide_password=True)
 

@@ -16,7 +16,8 @@ finds the same thing or raises the typed error with its message. Never writes: a
 needs its schema created, its store id recorded or its revision checked by alembic is not
 opened here (:meth:`LiteReads.open` returns None). Each call is one read transaction (a delta
 chain is seen whole); the connection is used under a lock by any thread, and a process forked
-from the one that opened it opens its own.
+from the one that opened it opens its own (with a new lock: a thread of the parent may have
+held the old one at the fork).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import re
 import sqlite3
 import threading
+import weakref
 from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -76,6 +78,7 @@ class LiteReads:
         self._pid = os.getpid()
         self._con: sqlite3.Connection | None = self._connect()
         self._inherited: list[sqlite3.Connection] = []
+        _ALL.add(self)
 
     @classmethod
     def open(
@@ -161,6 +164,20 @@ class LiteReads:
         """``Tiering.remote_pack_ids``: pack id -> remote, for every pack row of a remote."""
         query = "SELECT id, remote FROM packs WHERE remote IS NOT NULL"
         return self._read(lambda con: {str(i): str(r) for i, r in con.execute(query)})
+
+
+_ALL: weakref.WeakSet[LiteReads] = weakref.WeakSet()
+"""Every instance of this process, whose locks a forked child makes anew."""
+
+
+def _after_fork_in_child() -> None:
+    """A thread of the parent may have held a lock at the fork: it is not in the child."""
+    for lite in list(_ALL):
+        lite._lock = threading.Lock()  # noqa: SLF001 - the class's own fork hook
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _FIELDS: dict[tuple[str, ...], Any] = {}

@@ -107,22 +107,6 @@ def test_a_restore_of_an_async_take_readies_the_arena_the_next_one_copies_into(
         assert all(torch.equal(got[k], v) for k, v in want.items())
 
 
-def test_the_preparation_also_opens_the_index_the_resume_left_for_later(tmp_path: Path) -> None:
-    """A resume reads the index without SQLAlchemy (``index/lite.py``); the take after it needs
-    the full index, which the restore's preparation opens behind training, not the take."""
-    _saved(tmp_path / "s", asynchronous=True)
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:
-        assert not store.repository.index_opened
-        store.get("r").restore(_app(_zeros(), _optim(0.0)))
-        prepared = store.repository.staging_prepared
-        assert prepared is not None and prepared.result(timeout=60) > 0
-        assert store.repository.index_opened
-    with ckstore.open(tmp_path / "s", **KNOBS) as store:  # weights alone: nothing prepared
-        store.get("r").restore({"m": ckstore.StateDict(_zeros())})
-        assert store.repository.staging_prepared is None
-        assert not store.repository.index_opened
-
-
 def test_an_async_take_waits_for_the_arena_a_restore_is_still_preparing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,6 +10,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 
 import ckstore
 from ckstore.errors import IndexCorruptionError, SnapshotNotFoundError
-from ckstore.index import Index, head_revision
+from ckstore.index import Index, current_revision, head_revision, make_engine
 from ckstore.index.lite import HEAD_REVISION, UNSURE, LiteReads
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,6 +181,40 @@ def _resolve_in_child(lite: LiteReads, ref: str, out: Any) -> None:
     out.put(None if found is UNSURE else found.id)  # type: ignore[union-attr]
 
 
+def test_a_child_forked_while_a_thread_reads_is_not_locked_out(tmp_path: Path) -> None:
+    """A thread of the parent inside a read holds the lock at the fork: the child's reads
+    must not wait for a thread it does not have."""
+    store, db = _history(tmp_path / "s")
+    lite = LiteReads.open(str(db), store.repository.config.store_id)
+    assert lite is not None
+    want = lite.resolve("best")
+    held, release = threading.Event(), threading.Event()
+
+    def reader() -> None:
+        with lite._lock:  # noqa: SLF001 - a read in progress, held still
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    held.wait(30)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_resolve_in_child, args=(lite, "best", out), daemon=True)
+    try:
+        child.start()
+        got = out.get(timeout=30)
+        child.join(30)
+    finally:
+        release.set()
+        thread.join()
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0 and got == want.id  # type: ignore[union-attr]
+    lite.close()
+    store.close()
+
+
 def test_a_forked_child_reads_through_its_own_connection(tmp_path: Path) -> None:
     store, db = _history(tmp_path / "s")
     lite = LiteReads.open(str(db), store.repository.config.store_id)
@@ -187,7 +222,7 @@ def test_a_forked_child_reads_through_its_own_connection(tmp_path: Path) -> None
     want = lite.resolve("best")
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
-    child = ctx.Process(target=_resolve_in_child, args=(lite, "best", out))
+    child = ctx.Process(target=_resolve_in_child, args=(lite, "best", out), daemon=True)
     child.start()
     got = out.get(timeout=60)
     child.join(60)
@@ -252,3 +287,24 @@ def test_a_store_whose_path_holds_uri_characters_resumes_the_fast_way(tmp_path: 
     assert (root / "index.sqlite").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a b c", "a b%20c?mode=ro#x"]
     assert list(decoy.iterdir()) == []  # before: the index was made here, as a file
+
+
+def test_the_advice_for_an_old_schema_names_the_stores_own_file(tmp_path: Path) -> None:
+    """The URL a message gives (``ckstore migrate --index URL``) must name the store's index
+    even where its path needs escaping; before, it named a file outside the store."""
+    root = tmp_path / "m?x%41" / "store"
+    with ckstore.open(root, create=True) as store:
+        store.take({"m": ckstore.StateDict(_state(4))}, run="r", step=1)
+    con = sqlite3.connect(root / "index.sqlite")
+    with con:
+        con.execute("UPDATE alembic_version SET version_num = '0007'")
+    con.close()
+    with pytest.raises(ckstore.SchemaError) as info:
+        ckstore.open(root)
+    url = str(info.value).split("ckstore migrate --index ", 1)[1].split()[0]
+    engine = make_engine(url)  # what `ckstore migrate` opens: the store's file, at 0007
+    try:
+        assert current_revision(engine) == "0007"  # another (new, empty) file would say None
+    finally:
+        engine.dispose()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m?x%41"]  # nothing made outside

@@ -62,7 +62,7 @@ def unavailable(repo: Repository) -> str | None:
     index = repo.opened_with.get("index") or ""
     if repo.url.startswith("memory://") or ":memory:" in index:
         return "an in-memory store or index lives in this process alone"
-    if repo.index.remote_pack_ids():
+    if repo.reads.remote_pack_ids():
         return "chunks were evicted to a remote tier, which only this process reads through"
     return None
 

@@ -150,6 +150,7 @@ def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) ->
     flats = {name: flatten(name, sd) for name, sd in states.items()}
     nbytes, pinned = _arena_size(_choose(flats, budget - reserved)[0])
     future: Future[int] = Future()
+    repo.open_index_behind()  # the take needs it; not on the lowered thread below
 
     def run() -> None:
         lower_priority()
@@ -160,7 +161,6 @@ def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) ->
             arena = arena_for(repo, nbytes, pinned, shared=shared)
             arena.touch()
             give_back(repo, arena)
-            _open_index(repo)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the future
             future.set_exception(exc)
         else:
@@ -169,16 +169,6 @@ def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) ->
     repo.staging_prepared = future
     threading.Thread(target=run, name="ckstore-prepare-staging", daemon=True).start()
     return future
-
-
-def _open_index(repo: Repository) -> None:
-    """Open the full index the take will need, which a resume's open left for later
-    (``index/lite.py``: importing SQLAlchemy costs a fresh process about 0.2 s), so the
-    take does not block on it. A failure is not this preparation's: the take meets it."""
-    try:
-        repo.index  # noqa: B018 - opens it
-    except Exception:  # noqa: BLE001, S110 - the take that needs it raises it
-        pass
 
 
 def _await_prepared(repo: Repository) -> None:
