@@ -294,8 +294,10 @@ def _finish_openings() -> None:
     """Before a fork: let every index opening of this process finish (they run at normal
     priority: a fraction of a second), so no lock or import is held by a thread the child
     will not have."""
-    with _OPENING_LOCK:
-        running = [t for t in _OPENING if t is not threading.current_thread()]
+    with _OPENING_LOCK:  # one not started yet holds nothing
+        running = [
+            t for t in _OPENING if t.ident is not None and t is not threading.current_thread()
+        ]
     for thread in running:
         thread.join()
 
