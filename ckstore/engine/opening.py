@@ -6,8 +6,9 @@ read-only stores recognised. :func:`open_repository` returns the :class:`Reposit
 from __future__ import annotations
 
 import os
+import sqlite3
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from .. import objects
 from ..errors import (
@@ -88,6 +89,8 @@ def open_repository(
                 index,
                 storage_options,
             )
+    if index is None and is_local(url):
+        _refuse_misplaced_index(url, config.store_id)
     from ..index import Index
 
     idx = Index.open(
@@ -114,6 +117,43 @@ def _opened(
         "storage_options": dict(storage_options) if storage_options else None,
     }
     return repo
+
+
+def _refuse_misplaced_index(url: str, store_id: str) -> None:
+    """A store whose path holds ``?`` or ``%``, made before its index URL was escaped
+    (``index/sqlite_paths.py``), kept its index outside it, in the file the unescaped URL
+    named: say where, rather than open an empty index here that hides every snapshot.
+
+    Raises:
+        ConflictError: that file holds this store's index and the store's own does not.
+    """
+    here = os.path.join(url, "index.sqlite")
+    if not ("?" in here or "%" in here) or _store_id_in(here) == store_id:
+        return
+    from sqlalchemy.engine import make_url
+
+    there = make_url(f"sqlite:///{here}").database or ""  # what the unescaped URL opened
+    if there != here and os.path.isfile(there) and _store_id_in(there) == store_id:
+        raise ConflictError(
+            f"the index of store {url} is the file {there}, outside it: ckstore before this "
+            "version put it there for a path holding '?' or '%'. Move it (with its -wal and "
+            f"-shm files, if any) to {here}, or rebuild it with `ckstore --store <store> reindex`"
+        )
+
+
+def _store_id_in(path: str) -> str | None:
+    """The store id a SQLite index file records, or None (no file, not an index, unreadable)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        con = sqlite3.connect(f"file:{quote(path, safe='/')}?mode=ro", uri=True)
+        try:
+            rows = con.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchall()
+        finally:
+            con.close()
+    except (sqlite3.Error, ValueError):
+        return None
+    return str(rows[0][0]) if len(rows) == 1 else None
 
 
 def _index(url: str) -> Index:

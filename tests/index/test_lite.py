@@ -308,3 +308,24 @@ def test_the_advice_for_an_old_schema_names_the_stores_own_file(tmp_path: Path) 
     finally:
         engine.dispose()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m?x%41"]  # nothing made outside
+
+
+@pytest.mark.parametrize("create", [False, True])
+def test_an_index_left_outside_by_an_older_ckstore_is_named_not_replaced(
+    tmp_path: Path, create: bool
+) -> None:
+    """Before the URL was escaped, the store ``.../p?q/store`` kept its index in the file
+    ``.../p``. Opening it now must say so, not start an empty index that hides every
+    snapshot (a resume with ``create=True`` would have begun again from step 0)."""
+    root = tmp_path / "p?q" / "store"
+    with ckstore.open(root, create=True) as store:
+        store.take({"m": ckstore.StateDict(_state(5))}, run="r", step=7)
+    legacy = tmp_path / "p"  # where the unescaped URL put it
+    (root / "index.sqlite").rename(legacy)
+    with pytest.raises(ckstore.ConflictError, match="outside it") as info:
+        ckstore.open(root, create=create)
+    assert str(legacy) in str(info.value)
+    assert not (root / "index.sqlite").exists()  # nothing made in its place
+    legacy.rename(root / "index.sqlite")  # what the message says to do
+    with ckstore.open(root, create=create) as store:
+        assert store.get("r").step == 7
