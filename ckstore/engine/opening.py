@@ -6,9 +6,8 @@ read-only stores recognised. :func:`open_repository` returns the :class:`Reposit
 from __future__ import annotations
 
 import os
-import sqlite3
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlparse
+from urllib.parse import urlparse
 
 from .. import objects
 from ..errors import (
@@ -19,8 +18,8 @@ from ..errors import (
     ObjectNotFoundError,
     StorageError,
 )
-from ..index.lite import LiteReads
-from ..index.sqlite_paths import sqlite_url
+from ..index.lite import LiteReads, recorded_store_id
+from ..index.sqlite_paths import sqlite_url, unescaped_file
 from .config import CONFIG_NAME, StoreConfig
 from .repository import Repository
 
@@ -128,32 +127,15 @@ def _refuse_misplaced_index(url: str, store_id: str) -> None:
         ConflictError: that file holds this store's index and the store's own does not.
     """
     here = os.path.join(url, "index.sqlite")
-    if not ("?" in here or "%" in here) or _store_id_in(here) == store_id:
+    if not ("?" in here or "%" in here) or recorded_store_id(here) == store_id:
         return
-    from sqlalchemy.engine import make_url
-
-    there = make_url(f"sqlite:///{here}").database or ""  # what the unescaped URL opened
-    if there != here and os.path.isfile(there) and _store_id_in(there) == store_id:
+    there = unescaped_file(here)  # what the unescaped URL opened
+    if there != here and recorded_store_id(there) == store_id:
         raise ConflictError(
             f"the index of store {url} is the file {there}, outside it: ckstore before this "
             "version put it there for a path holding '?' or '%'. Move it (with its -wal and "
             f"-shm files, if any) to {here}, or rebuild it with `ckstore --store <store> reindex`"
         )
-
-
-def _store_id_in(path: str) -> str | None:
-    """The store id a SQLite index file records, or None (no file, not an index, unreadable)."""
-    if not os.path.isfile(path):
-        return None
-    try:
-        con = sqlite3.connect(f"file:{quote(path, safe='/')}?mode=ro", uri=True)
-        try:
-            rows = con.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchall()
-        finally:
-            con.close()
-    except (sqlite3.Error, ValueError):
-        return None
-    return str(rows[0][0]) if len(rows) == 1 else None
 
 
 def _index(url: str) -> Index:

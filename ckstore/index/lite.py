@@ -166,6 +166,22 @@ class LiteReads:
         return self._read(lambda con: {str(i): str(r) for i, r in con.execute(query)})
 
 
+def recorded_store_id(path: str) -> str | None:
+    """The store id the SQLite index file ``path`` records, or None: no such file, not an
+    index, unreadable. Read-only; never creates the file."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        con = sqlite3.connect(f"file:{quote(path, safe='/')}?mode=ro", uri=True)
+        try:
+            rows = con.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchall()
+        finally:
+            con.close()
+    except _DOUBT:
+        return None
+    return str(rows[0][0]) if len(rows) == 1 else None
+
+
 _ALL: weakref.WeakSet[LiteReads] = weakref.WeakSet()
 """Every instance of this process, whose locks a forked child makes anew."""
 

@@ -16,3 +16,12 @@ def sqlite_url(path: str) -> str:
     if "?" in path or "%" in path:
         return f"sqlite:///file:{quote(quote(path, safe='/'), safe='/')}?uri=true"
     return f"sqlite:///{path}"
+
+
+def unescaped_file(path: str) -> str:
+    """The file ``sqlite:///{path}``, unescaped, named: what ckstore before ``sqlite_url``
+    opened for the SQLite file ``path`` (SQLAlchemy's reading of that URL; imported here,
+    only for a path that needs escaping)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(f"sqlite:///{path}").database or ""
