@@ -12,7 +12,6 @@ commands rely on it); only reading tensors does.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from .. import objects
 from ..format.manifest import Manifest
 from ..index import ChunkRecord, SnapshotRecord
+from ..index.forks import sqlite_work
 from ..index.lite import UNSURE, LiteReads
 from . import manifests
 from .config import StoreConfig
@@ -183,27 +183,22 @@ class Repository(Knobs):
         resume's open left it for later: what comes after a restore (a take, ``log``) then
         finds it open. Never on a thread lowered behind training (``background.py``): whatever
         needs the index waits for its opening, and would wait behind every busy core. A fork
-        meanwhile waits for it (the child must not inherit a lock or a module import held by
-        a thread that is not there); a close meanwhile leaves nothing open. A failure is left
+        meanwhile waits for it (``index/forks.py``: the child must not inherit a lock or a
+        module import held by a thread that is not there); a close meanwhile leaves nothing
+        open. A failure is left
         to the caller that needs the index, which meets it."""
         if self._index is not None or self._open_index is None or self.closed:
             return
-        thread = threading.Thread(target=self._open_quietly, name="ckstore-open-index")
-        with _OPENING_LOCK:
-            _OPENING.add(thread)
-        thread.start()
+        threading.Thread(target=self._open_quietly, name="ckstore-open-index").start()
 
     def _open_quietly(self) -> None:
-        try:
-            with self._index_lock:
+        try:  # inside the fork gate throughout, its imports too (locks in the order of .index)
+            with self._index_lock, sqlite_work():
                 if self._index is None and not self.closed:
                     assert self._open_index is not None
                     self._index = self._open_index()
         except Exception:  # noqa: BLE001, S110 - the caller that needs the index meets it
             pass
-        finally:
-            with _OPENING_LOCK:
-                _OPENING.discard(threading.current_thread())
 
     @property
     def compacts_later(self) -> bool:
@@ -283,27 +278,6 @@ def _alive(ref: weakref.ref[Repository]) -> Repository:
     if repo is None:  # a handle's own reads outlived it: cannot happen through the handle
         raise ReferenceError("the repository of these reads was closed and dropped")
     return repo
-
-
-_OPENING: set[threading.Thread] = set()
-"""Threads opening an index behind a restore (:meth:`Repository.open_index_behind`)."""
-_OPENING_LOCK = threading.Lock()
-
-
-def _finish_openings() -> None:
-    """Before a fork: let every index opening of this process finish (they run at normal
-    priority: a fraction of a second), so no lock or import is held by a thread the child
-    will not have."""
-    with _OPENING_LOCK:  # one not started yet holds nothing
-        running = [
-            t for t in _OPENING if t.ident is not None and t is not threading.current_thread()
-        ]
-    for thread in running:
-        thread.join()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_finish_openings)
 
 
 def describe(record: SnapshotRecord) -> str:

@@ -37,6 +37,7 @@ from ckstore.index.db import (
     sqlite_file,
     wal_files,
 )
+from ckstore.index.forks import sqlite_work
 from ckstore.index.schema import ensure_schema
 
 
@@ -91,13 +92,14 @@ class IndexBase:
             path = sqlite_file(url)  # a mode=ro reader leaves -wal and -shm where it can
             tidy = path if path is not None and not wal_files(path) else None
         engine = make_engine(url, read_only=bool(reason))
-        try:
-            engine = _checked(engine, url, create, reason)
-        except BaseException:
-            engine.dispose()
-            if tidy is not None:
-                release_wal_files(tidy)
-            raise
+        with sqlite_work():
+            try:
+                engine = _checked(engine, url, create, reason)
+            except BaseException:
+                engine.dispose()
+                if tidy is not None:
+                    release_wal_files(tidy)
+                raise
         return cls(engine, reason, tidy=tidy)
 
     @property
@@ -107,9 +109,10 @@ class IndexBase:
 
     def close(self) -> None:
         """Closes every pooled connection. The index must not be used afterwards."""
-        self._engine.dispose()
-        if self._tidy is not None:
-            release_wal_files(self._tidy)
+        with sqlite_work():
+            self._engine.dispose()
+            if self._tidy is not None:
+                release_wal_files(self._tidy)
 
     def __enter__(self) -> Self:
         return self
@@ -133,13 +136,13 @@ class IndexBase:
         """A write transaction for ``what`` (refused on a read-only index)."""
         if self._read_only is not None:
             raise ReadOnlyStoreError(f"cannot {what}: {self._read_only}")
-        with self._lock, translated(what, self._url), self._engine.begin() as conn:
+        with self._lock, translated(what, self._url), sqlite_work(), self._engine.begin() as conn:
             yield conn
 
     @contextmanager
     def _read(self, what: str) -> Iterator[Connection]:
         """A read transaction for ``what``."""
-        with self._lock, translated(what, self._url), self._engine.connect() as conn:
+        with self._lock, translated(what, self._url), sqlite_work(), self._engine.connect() as conn:
             conn.execution_options(**{READONLY: True})
             with conn.begin():
                 yield conn

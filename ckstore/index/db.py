@@ -26,6 +26,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
 
 from ckstore.errors import InvalidInputError
+from ckstore.index.forks import sqlite_work
 from ckstore.index.lite import DEFAULT_BUSY_TIMEOUT_S as DEFAULT_BUSY_TIMEOUT_S
 from ckstore.index.sqlite_paths import sqlite_url
 
@@ -160,11 +161,12 @@ def release_wal_files(path: str) -> None:
     if not wal_files(path):
         return
     try:
-        con = sqlite3.connect(f"file:{quote(path, safe='/')}?mode=rw", uri=True, timeout=1.0)
-        try:
-            con.execute("PRAGMA schema_version").fetchall()
-        finally:
-            con.close()
+        with sqlite_work():
+            con = sqlite3.connect(f"file:{quote(path, safe='/')}?mode=rw", uri=True, timeout=1.0)
+            try:
+                con.execute("PRAGMA schema_version").fetchall()
+            finally:
+                con.close()
     except sqlite3.Error:
         pass
 

@@ -35,6 +35,7 @@ from urllib.parse import quote
 
 from ckstore.index import _convert
 from ckstore.index._batches import BATCH_SIZE, unique
+from ckstore.index.forks import sqlite_work
 from ckstore.index.records import ChunkRecord, SnapshotRecord
 
 T = TypeVar("T")
@@ -108,17 +109,18 @@ class LiteReads:
 
     def _connect(self) -> sqlite3.Connection:
         uri = f"file:{quote(self.path, safe='/')}?mode=rw"  # never creates the file
-        con = sqlite3.connect(
-            uri, uri=True, timeout=self._busy_timeout_s, check_same_thread=False,
-            isolation_level=None,
-        )  # fmt: skip
-        con.row_factory = _row
-        con.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
+        with sqlite_work():
+            con = sqlite3.connect(
+                uri, uri=True, timeout=self._busy_timeout_s, check_same_thread=False,
+                isolation_level=None,
+            )  # fmt: skip
+            con.row_factory = _row
+            con.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
         return con
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        with self._lock, sqlite_work():
             if self._con is not None and self._pid != os.getpid():  # a forked child
                 self._inherited.append(self._con)  # the parent's: never closed here
                 self._con, self._pid = self._connect(), os.getpid()
@@ -143,7 +145,8 @@ class LiteReads:
         with self._lock:
             con, self._con = self._con, None
         if con is not None and self._pid == os.getpid():
-            con.close()
+            with sqlite_work():
+                con.close()
 
     # ------------------------------------------------------------------ the reads
     def resolve(self, ref: str) -> SnapshotRecord | _Unsure:
@@ -172,11 +175,12 @@ def recorded_store_id(path: str) -> str | None:
     if not os.path.isfile(path):
         return None
     try:
-        con = sqlite3.connect(f"file:{quote(path, safe='/')}?mode=ro", uri=True)
-        try:
-            rows = con.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchall()
-        finally:
-            con.close()
+        with sqlite_work():
+            con = sqlite3.connect(f"file:{quote(path, safe='/')}?mode=ro", uri=True)
+            try:
+                rows = con.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchall()
+            finally:
+                con.close()
     except _DOUBT:
         return None
     return str(rows[0][0]) if len(rows) == 1 else None

@@ -32,6 +32,7 @@ from ckstore.index import _convert, _sql
 from ckstore.index._batches import batches
 from ckstore.index._errors import translated
 from ckstore.index.base import IndexBase
+from ckstore.index.forks import sqlite_work
 from ckstore.index.records import ChunkRecord, PackRecord, PackUsage
 
 
@@ -181,7 +182,7 @@ class Maintenance(IndexBase):
         if self.dialect != "sqlite" or self._read_only is not None:
             return
         try:
-            with self._lock, translated("checkpoint the index log", self._url):
+            with self._lock, translated("checkpoint the index log", self._url), sqlite_work():
                 raw = self._engine.raw_connection()  # outside a transaction: no BEGIN
                 try:
                     cursor = raw.cursor()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import socket
@@ -20,11 +21,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class RankResults(list[Any]):
+    """Each rank's result (None: no report), with what the test can say of a rank that gave
+    none: its exit code, and every thread's stack if it was still running near the deadline."""
+
+    def __init__(self, results: list[Any], fates: dict[int, str]) -> None:
+        super().__init__(results)
+        self.fates = fates
+
+
 def _entry(
-    rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple[Any, ...]
+    rank: int,
+    fn: Callable[..., Any],
+    world: int,
+    port: int,
+    out: str,
+    args: tuple[Any, ...],
+    stacks_after: float,
 ) -> None:
     import torch
     import torch.distributed as dist
+
+    # A rank that hangs says where: every thread's stack, shortly before the parent kills it.
+    stacks = open(Path(out, f"rank{rank}.stacks"), "w")  # noqa: SIM115 - lives until os._exit
+    faulthandler.dump_traceback_later(stacks_after, file=stacks)
 
     # A forked child must not enter the intra-op (OpenMP) pool the parent may have started:
     # its threads do not exist after fork, so the first parallel region would hang. One
@@ -57,7 +77,7 @@ def run_ranks(
     out.mkdir(parents=True)
     ctx = mp.start_processes(
         _entry,
-        args=(fn, world, free_port(), str(out), args),
+        args=(fn, world, free_port(), str(out), args, max(1.0, timeout - 3)),
         nprocs=world,
         start_method="fork",
         join=False,
@@ -73,18 +93,27 @@ def run_ranks(
         if p.is_alive():
             p.kill()
             p.join()
-    results = []
-    for r in range(world):
+    results, fates = [], {}
+    for r, p in enumerate(ctx.processes):
         f = out / f"rank{r}.json"
         results.append(json.loads(f.read_text()) if f.exists() else None)
-    return results
+        stacks = out / f"rank{r}.stacks"
+        dumped = stacks.read_text() if stacks.exists() else ""
+        fates[r] = f"exit code {p.exitcode}" + (
+            f"; its threads near the deadline:\n{dumped}" if dumped else ""
+        )
+    return RankResults(results, fates)
 
 
 def values(results: list[Any]) -> list[Any]:
     """Each rank's value; fails with every rank's traceback if any rank failed."""
     bad = [(r, x) for r, x in enumerate(results) if not x or not x["ok"]]
+    fates = getattr(results, "fates", {})
     if bad:
         raise AssertionError(
-            "\n".join(f"rank {r}: {x['tb'] if x else 'no report (died)'}" for r, x in bad)
+            "\n".join(
+                f"rank {r}: {x['tb'] if x else 'no report (' + fates.get(r, 'died') + ')'}"
+                for r, x in bad
+            )
         )
     return [x["value"] for x in results]
