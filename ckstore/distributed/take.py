@@ -45,6 +45,7 @@ causes; nothing is committed unless every rank succeeded.
 from __future__ import annotations
 
 import base64
+import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -381,6 +382,15 @@ def background() -> ThreadPoolExecutor:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckstore-dist-async")
         )
     return _BACKGROUND[0]
+
+
+def _after_fork_in_child() -> None:
+    """The parent's executor has no thread in a forked child: its takes would never run."""
+    _BACKGROUND.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _cut_chunks(local: Local, mine: Sequence[tuple[str, Box]], opts: TakeOptions) -> None:

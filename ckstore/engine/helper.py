@@ -48,6 +48,7 @@ class Helper:
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._waiting: deque[Future[dict[str, Any]]] = deque()
+        self._owner = os.getpid()  # a forked child inherits this object, not the helper
 
     @property
     def pid(self) -> int | None:
@@ -57,6 +58,8 @@ class Helper:
 
     def start(self) -> None:
         """Start the helper process now if none runs (its imports then overlap training)."""
+        if self._owner != os.getpid():
+            self._forget_parents()
         with self._lock:
             self._running()
 
@@ -69,6 +72,8 @@ class Helper:
                 a new one).
         """
         future: Future[dict[str, Any]] = Future()
+        if self._owner != os.getpid():
+            self._forget_parents()
         with self._lock:
             sock = self._running()
             self._waiting.append(future)
@@ -131,6 +136,17 @@ class Helper:
                 )
             )
 
+    def _forget_parents(self) -> None:
+        """In a forked child: let go of the parent's helper without touching it (a shutdown
+        of the socket both share would end it for the parent; its replies are the
+        parent's), and of a lock a thread of the parent may have held at the fork."""
+        self._lock = threading.Lock()
+        sock, self._sock, self._proc = self._sock, None, None
+        self._waiting = deque()
+        self._owner = os.getpid()
+        if sock is not None:
+            sock.close()  # this process's descriptor only
+
     def _stop(self) -> None:
         sock, self._sock = self._sock, None
         proc, self._proc = self._proc, None
@@ -145,6 +161,9 @@ class Helper:
 
     def close(self) -> None:
         """Stop the helper once the takes sent to it are done (it finishes them first)."""
+        if self._owner != os.getpid():
+            self._forget_parents()
+            return
         with self._lock:
             waiting = list(self._waiting)
         for future in waiting:

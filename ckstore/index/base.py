@@ -17,9 +17,11 @@ promises is the contract in ``ckstore/index/index.py``.
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Self
 
 from sqlalchemy.engine import Connection, Engine
@@ -61,6 +63,9 @@ class IndexBase:
         # One shared connection (in-memory SQLite) must not run two transactions at once.
         shared = isinstance(engine.pool, StaticPool)
         self._lock: Any = threading.RLock() if shared else nullcontext()
+        self._gate = _gate_for(engine)
+        if not shared:
+            _POOLED.add(self)
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -92,7 +97,7 @@ class IndexBase:
             path = sqlite_file(url)  # a mode=ro reader leaves -wal and -shm where it can
             tidy = path if path is not None and not wal_files(path) else None
         engine = make_engine(url, read_only=bool(reason))
-        with sqlite_work():
+        with _gate_for(engine)():
             try:
                 engine = _checked(engine, url, create, reason)
             except BaseException:
@@ -109,7 +114,7 @@ class IndexBase:
 
     def close(self) -> None:
         """Closes every pooled connection. The index must not be used afterwards."""
-        with sqlite_work():
+        with self._gate():
             self._engine.dispose()
             if self._tidy is not None:
                 release_wal_files(self._tidy)
@@ -136,13 +141,13 @@ class IndexBase:
         """A write transaction for ``what`` (refused on a read-only index)."""
         if self._read_only is not None:
             raise ReadOnlyStoreError(f"cannot {what}: {self._read_only}")
-        with self._lock, translated(what, self._url), sqlite_work(), self._engine.begin() as conn:
+        with self._lock, translated(what, self._url), self._gate(), self._engine.begin() as conn:
             yield conn
 
     @contextmanager
     def _read(self, what: str) -> Iterator[Connection]:
         """A read transaction for ``what``."""
-        with self._lock, translated(what, self._url), sqlite_work(), self._engine.connect() as conn:
+        with self._lock, translated(what, self._url), self._gate(), self._engine.connect() as conn:
             conn.execution_options(**{READONLY: True})
             with conn.begin():
                 yield conn
@@ -162,3 +167,25 @@ def _checked(engine: Engine, url: str, create: bool, reason: str | None) -> Engi
     with translated("open index", display_url(engine.url)):
         ensure_schema(engine, create=False)
     return engine
+
+
+def _gate_for(engine: Engine) -> Callable[[], AbstractContextManager[None]]:
+    """The fork gate of ``engine``'s work (``forks.py``): SQLite's, or none (a PostgreSQL
+    client holds no process-wide lock a child would need, and waits on the server)."""
+    return sqlite_work if engine.dialect.name == "sqlite" else nullcontext
+
+
+_POOLED: weakref.WeakSet[IndexBase] = weakref.WeakSet()
+"""Every open index of this process with pooled connections."""
+
+
+def _after_fork_in_child() -> None:
+    """A forked child never uses its parent's connections (SQLite forbids it; a PostgreSQL
+    connection would interleave two processes' messages): it drops them unclosed, the
+    parent's to keep, and its own pool opens new ones (SQLAlchemy's advice for fork)."""
+    for index in list(_POOLED):
+        index._engine.dispose(close=False)  # noqa: SLF001 - the class's own fork hook
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

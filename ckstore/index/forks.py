@@ -11,14 +11,25 @@ children forked beside two threads reading an index hung in their first ``sqlite
 Every SQLite use of ``ckstore.index`` runs inside :func:`sqlite_work`. Before a fork (an
 ``os.register_at_fork`` hook), the forking thread closes the gate, waits until no other thread
 is inside, and opens it again after the fork, in the parent and in the child; threads that
-come meanwhile wait at the gate. A thread inside never waits for the gate (nested use, or a
-fork from inside a transaction). The wait is bounded (:data:`FORK_WAIT_S`: a transaction
-waiting for another process's write lock holds no process-wide mutex, yet counts as inside);
-past it the fork goes on, with a warning naming the threads still inside.
+come meanwhile wait at the gate (two threads forking at once each keep it closed until their
+own fork is done). A thread inside never waits for the gate (nested use, or a fork from inside
+a transaction). The wait is bounded (:data:`FORK_WAIT_S`: a transaction waiting for another
+process's write lock holds no process-wide mutex, yet counts as inside); past it the fork goes
+on, with a warning naming the threads still inside, and later forks do not wait for those
+threads again until they left. An interrupt (Ctrl-C) during the wait ends it; the fork goes on
+and the interrupt is raised again in the parent's main thread after it.
+
+Only ckstore's own SQLite use passes the gate: another library's thread inside SQLite at a
+fork is that library's hazard.
 """
 
 from __future__ import annotations
 
+# Hooks registered earlier run later before a fork: these modules' own hooks (executors'
+# shutdown lock, logging's lock) must run after this one's wait, or a thread inside the gate
+# that submits work or logs would wait for the fork that waits for it.
+import _thread
+import concurrent.futures.thread  # noqa: F401 - imported for the order of fork hooks
 import logging
 import os
 import threading
@@ -35,9 +46,11 @@ FORK_WAIT_S = 10.0
 
 class _Gate:
     def __init__(self) -> None:
-        self.cond = threading.Condition(threading.Lock())
+        self.cond = threading.Condition(threading.RLock())
         self.inside: Counter[int] = Counter()  # thread ident -> depth
-        self.forking: int | None = None  # the thread forking now
+        self.forking: Counter[int] = Counter()  # threads forking now
+        self.given_up: set[int] = set()  # inside when a fork stopped waiting for them
+        self.interrupted = False
 
 
 _GATE = _Gate()
@@ -49,7 +62,7 @@ def sqlite_work() -> Iterator[None]:
     another thread forks."""
     gate, me = _GATE, threading.get_ident()
     with gate.cond:
-        while gate.forking is not None and gate.forking != me and not gate.inside[me]:
+        while not gate.inside[me] and any(t != me for t in gate.forking):
             gate.cond.wait()
         gate.inside[me] += 1
     try:
@@ -60,6 +73,7 @@ def sqlite_work() -> Iterator[None]:
             gate.inside[me] -= 1
             if gate.inside[me] <= 0:
                 del gate.inside[me]
+                gate.given_up.discard(me)
                 gate.cond.notify_all()
 
 
@@ -70,31 +84,48 @@ def others_inside() -> list[int]:
         return [t for t in _GATE.inside if t != me]
 
 
+def _waited_for(gate: _Gate, me: int) -> list[int]:
+    return [t for t in gate.inside if t != me and t not in gate.given_up]
+
+
 def _before_fork() -> None:
     gate, me = _GATE, threading.get_ident()
     gate.cond.acquire()  # held through the fork: released by the hooks after it
-    gate.forking = me
+    gate.forking[me] += 1
     deadline = time.monotonic() + FORK_WAIT_S
-    while any(t != me for t in gate.inside):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            names = {t.ident: t.name for t in threading.enumerate()}
-            still = ", ".join(names.get(t, str(t)) for t in gate.inside if t != me)
-            log.warning(
-                "ckstore: forking while thread(s) %s still use the store's SQLite index "
-                "(waited %.0f s); the child's SQLite calls may hang",
-                still,
-                FORK_WAIT_S,
-            )
-            break
-        gate.cond.wait(left)
+    try:
+        while _waited_for(gate, me):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _give_up(gate, me)
+                break
+            gate.cond.wait(left)
+    except KeyboardInterrupt:  # a fork hook cannot raise: raised again after the fork
+        gate.interrupted = True
+
+
+def _give_up(gate: _Gate, me: int) -> None:
+    still = _waited_for(gate, me)
+    gate.given_up.update(still)
+    names = {t.ident: t.name for t in threading.enumerate()}
+    log.warning(
+        "ckstore: forking while thread(s) %s still use the store's SQLite index (waited %.0f "
+        "s); the child's SQLite calls may hang",
+        ", ".join(names.get(t, str(t)) for t in still),
+        FORK_WAIT_S,
+    )
 
 
 def _after_fork_in_parent() -> None:
-    gate = _GATE
-    gate.forking = None
+    gate, me = _GATE, threading.get_ident()
+    gate.forking[me] -= 1
+    if gate.forking[me] <= 0:
+        del gate.forking[me]
+    interrupted, gate.interrupted = gate.interrupted, False
     gate.cond.notify_all()
     gate.cond.release()
+    if interrupted:
+        _thread.interrupt_main()
 
 
 def _after_fork_in_child() -> None:

@@ -32,7 +32,6 @@ from ckstore.index import _convert, _sql
 from ckstore.index._batches import batches
 from ckstore.index._errors import translated
 from ckstore.index.base import IndexBase
-from ckstore.index.forks import sqlite_work
 from ckstore.index.records import ChunkRecord, PackRecord, PackUsage
 
 
@@ -182,7 +181,7 @@ class Maintenance(IndexBase):
         if self.dialect != "sqlite" or self._read_only is not None:
             return
         try:
-            with self._lock, translated("checkpoint the index log", self._url), sqlite_work():
+            with self._lock, translated("checkpoint the index log", self._url), self._gate():
                 raw = self._engine.raw_connection()  # outside a transaction: no BEGIN
                 try:
                     cursor = raw.cursor()

@@ -9,6 +9,7 @@ it is closed.
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -36,6 +37,18 @@ _LOCKS_GUARD = threading.Lock()
 def _lock_for(protocol: str, root: str) -> threading.Lock:
     with _LOCKS_GUARD:
         return _LOCKS.setdefault((protocol, root), threading.Lock())
+
+
+def _after_fork_in_child() -> None:
+    """A put of the parent may have held its root's lock at the fork, by a thread the child
+    does not have: the child's backends get locks of their own."""
+    global _LOCKS_GUARD
+    _LOCKS_GUARD = threading.Lock()
+    _LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _protocol(fs: fsspec.AbstractFileSystem) -> str:

@@ -10,13 +10,11 @@ inside SQLite.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,28 +22,9 @@ import torch
 
 import ckstore
 from ckstore.index import forks
+from tests.support.forking import fork_and_run
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork is POSIX-only")
-
-
-def _fork(child: Callable[[], None], deadline_s: float = 10.0) -> str:
-    """Fork, run ``child`` there (exit 0 on success, 1 on an error); the child's fate."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            child()
-        except BaseException:  # noqa: BLE001 - reported by the exit code
-            os._exit(1)
-        os._exit(0)
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return "ok" if os.waitstatus_to_exitcode(status) == 0 else "failed"
-        time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return "hung"
 
 
 def _sqlite_in_child() -> None:
@@ -80,7 +59,7 @@ def test_children_forked_while_threads_read_the_index_can_use_sqlite(tmp_path: P
         t.start()
     try:
         time.sleep(0.2)
-        fates = [_fork(_sqlite_in_child, deadline_s=5.0) for _ in range(40)]
+        fates = [fork_and_run(_sqlite_in_child, deadline_s=5.0) for _ in range(40)]
     finally:
         stop.set()
         for t in threads:
@@ -103,7 +82,7 @@ def test_a_fork_waits_for_a_thread_inside_to_leave() -> None:
     t.start()
     inside.wait()
     assert forks.others_inside() == [t.ident]
-    assert _fork(lambda: None) == "ok"
+    assert fork_and_run(lambda: None) == "ok"
     events.append("forked")
     t.join()
     assert events == ["left", "forked"]
@@ -127,7 +106,7 @@ def test_a_fork_from_inside_the_gate_neither_waits_for_itself_nor_leaves_the_chi
 
     started = time.monotonic()
     with forks.sqlite_work():
-        fate = _fork(child)
+        fate = fork_and_run(child)
     assert fate == "ok"
     assert time.monotonic() - started < forks.FORK_WAIT_S  # did not wait for itself
 
@@ -150,10 +129,115 @@ def test_a_thread_that_never_leaves_delays_a_fork_only_so_long_and_is_named(
     try:
         with caplog.at_level(logging.WARNING, logger="ckstore"):
             started = time.monotonic()
-            assert _fork(lambda: None) == "ok"
+            assert fork_and_run(lambda: None) == "ok"
             waited = time.monotonic() - started
     finally:
         release.set()
         t.join()
     assert 0.25 < waited < 5
     assert "stuck-in-sqlite" in caplog.text and "may hang" in caplog.text
+
+
+def test_two_threads_forking_at_once_keep_the_gate_closed_until_both_forks_are_done() -> None:
+    """The fork hooks called as ``os.fork`` calls them: this thread forks from inside the gate
+    while thread B's fork waits for it to leave. Once this fork is done, B's still is: a
+    thread that comes meanwhile (C) must not enter until B's fork is done too."""
+    b_forking = threading.Event()
+    b_done = threading.Event()
+    entered = threading.Event()
+
+    def b() -> None:
+        forks._before_fork()  # waits for this thread to leave the gate
+        b_forking.set()
+        b_done.wait(5)
+        forks._after_fork_in_parent()
+
+    def c() -> None:
+        with forks.sqlite_work():
+            entered.set()
+
+    tb, tc = threading.Thread(target=b), threading.Thread(target=c)
+    with forks.sqlite_work():
+        tb.start()
+        time.sleep(0.1)  # B waits in its hook
+        forks._before_fork()  # a fork from inside: waits for no one
+        forks._after_fork_in_parent()
+        tc.start()
+        assert not entered.wait(0.3)  # B's fork is still to come
+    assert b_forking.wait(5)  # this thread left: B forks now
+    assert not entered.wait(0.2)
+    b_done.set()
+    tb.join(5)
+    assert entered.wait(5)
+    tc.join(5)
+
+
+def test_a_thread_a_fork_gave_up_on_delays_no_later_fork(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """N DataLoader workers forked while a lowered gc thread sits in a long transaction wait
+    once, not N times."""
+    monkeypatch.setattr(forks, "FORK_WAIT_S", 0.3)
+    release = threading.Event()
+    inside = threading.Event()
+
+    def stuck() -> None:
+        with forks.sqlite_work():
+            inside.set()
+            release.wait(30)
+
+    t = threading.Thread(target=stuck, name="long-transaction")
+    t.start()
+    inside.wait()
+    try:
+        waits = []
+        for _ in range(3):
+            started = time.monotonic()
+            assert fork_and_run(lambda: None) == "ok"
+            waits.append(time.monotonic() - started)
+    finally:
+        release.set()
+        t.join()
+    assert waits[0] > 0.25 and max(waits[1:]) < 0.25, waits
+    inside.clear()  # once it left, a later transaction of that thread is waited for again
+    t = threading.Thread(target=stuck)
+    release.clear()
+    t.start()
+    inside.wait()
+    threading.Timer(0.2, release.set).start()
+    started = time.monotonic()
+    assert fork_and_run(lambda: None) == "ok"
+    assert time.monotonic() - started > 0.15
+    t.join()
+
+
+def test_ctrl_c_during_the_wait_is_raised_again_after_the_fork() -> None:
+    """A fork hook cannot raise (CPython prints and ignores it): an interrupt during the wait
+    ends the wait and reaches the main thread once the fork is done."""
+    release = threading.Event()
+    inside = threading.Event()
+
+    def stuck() -> None:
+        with forks.sqlite_work():
+            inside.set()
+            release.wait(30)
+
+    t = threading.Thread(target=stuck)
+    t.start()
+    inside.wait()
+    previous = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        started = time.monotonic()
+        forks._before_fork()  # as os.fork runs it: interrupted after 0.2 s, not 10
+        assert time.monotonic() - started < 2
+        with pytest.raises(KeyboardInterrupt):
+            forks._after_fork_in_parent()
+            time.sleep(2)  # the interrupt arrives at the next check of the main thread
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        release.set()
+        t.join()
+    with forks.sqlite_work():  # the gate is open again
+        pass
