@@ -17,15 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from .engine.locations import to_location
 from .errors import CorruptionError, HealedWarning, ObjectNotFoundError, warn
-from .history.check import CheckReport
-from .history.check import check as history_check
-from .remote.heal import Fetched, HealReport, Known, damaged, fetch, heal, write_back
 
+# ``history.check`` and ``remote.heal`` are imported where a repair or a heal runs: every read
+# makes a RestoreHealer, and a read that meets no damage (a resume) loads neither.
 if TYPE_CHECKING:
     from .engine.repository import Repository
     from .engine.restore.sources import Healed
     from .engine.view import SnapshotView
+    from .history.check import CheckReport
     from .index import RemoteRecord
+    from .remote.heal import Fetched, HealReport
 
 MAX_NAMED = 8
 """Chunks and keys a message names (the report holds them all)."""
@@ -38,7 +39,7 @@ class RepairReport:
 
     healed: dict[str, str] = field(default_factory=dict)
     unrecoverable: list[str] = field(default_factory=list)
-    check: CheckReport = field(default_factory=CheckReport)
+    check: CheckReport = field(default_factory=lambda: _check_report())
     unreachable: dict[str, str] = field(default_factory=dict)
     """Remotes that could not be opened or read (name -> why)."""
 
@@ -81,6 +82,9 @@ class HealVerbs:
             NotFoundError: ``remote`` is named and not configured.
             ReadOnlyStoreError: the store is open read-only and a chunk needs healing.
         """
+        from .history.check import check as history_check
+        from .remote.heal import damaged, heal
+
         before = history_check(self._repo, read_data=True, progress=progress)
         suspects = _suspects(self._repo, before)
         healed = heal(self._repo, damaged(self._repo, suspects), remote)
@@ -88,6 +92,12 @@ class HealVerbs:
         return RepairReport(
             dict(healed.healed), list(healed.unrecoverable), after, dict(healed.unreachable)
         )
+
+
+def _check_report() -> CheckReport:
+    from .history.check import CheckReport
+
+    return CheckReport()
 
 
 def _suspects(repo: Repository, report: CheckReport) -> set[str]:
@@ -219,6 +229,8 @@ class RestoreHealer:
                 return None
             if self.room is not None:
                 self.room -= rec.raw_length
+        from .remote.heal import Known, fetch
+
         got = fetch(repo, [cid], self._passed_over, None, Known(remotes, rows))
         raw = got.raw.get(cid)
         with self._queue_lock:
@@ -253,6 +265,8 @@ class RestoreHealer:
         if repo.write_backs.submitted(links):
             # a link an earlier read of this handle healed: read again once it landed, unless
             # damaged anew there (a whole chunk is then handed over as any other)
+            from .remote.heal import damaged
+
             still = damaged(repo, rest)
             out.update(dict.fromkeys(set(rest) - set(still), True))
             for c in still:
@@ -271,10 +285,14 @@ class RestoreHealer:
             fetched, self._fetched = self._fetched, []
             self._given.clear()
         if fetched:
+            from .remote.heal import Fetched
+
             self._write_back(Fetched.joined(fetched))
 
     def _write_back(self, got: Fetched) -> None:
         """Write ``got`` back into this store behind the read (its failure warned at close)."""
+        from .remote.heal import write_back
+
         repo = self.view.repo
         repo.index  # noqa: B018 - opened here, never first on the write-back thread (lowered)
         remotes = ", ".join(sorted(set(got.report.healed.values())))
@@ -291,6 +309,8 @@ class RestoreHealer:
         its chain healed, now or before)."""
         if not chunk_ids:
             return {}
+        from .remote.heal import damaged, heal
+
         repo = self.view.repo
         # a whole chunk the fetcher found damaged is; a chain's links are read to find which
         bad = {
@@ -350,6 +370,8 @@ def heal_restore(view: SnapshotView, error: CorruptionError | ObjectNotFoundErro
             back, and the run's previous healthy snapshot to restore instead, when some stay
             damaged or missing here (a deleted local pack is damage too).
     """
+    from .remote.heal import damaged, heal
+
     repo = view.repo
     bad = damaged(repo, repo.index.snapshot_chunk_ids(view.record.id))
     if not bad:

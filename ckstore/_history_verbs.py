@@ -11,21 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 from .engine.progress import ProgressFn
 from .errors import InvalidInputError
-from .history.check import CheckReport
-from .history.check import check as history_check
-from .history.compact import DEFAULT_KEEP_LOOSE, CompactReport
-from .history.compact import compact as history_compact
-from .history.diff import DiffResult
-from .history.diff import diff as history_diff
-from .history.gc import DEFAULT_GRACE_SECONDS, DEFAULT_REPACK_BELOW, GCReport
-from .history.gc import gc as history_gc
-from .history.reindex import ReindexReport
-from .history.reindex import reindex as history_reindex
-from .remote.holdings import unproven
+from .history.defaults import DEFAULT_GRACE_SECONDS, DEFAULT_KEEP_LOOSE, DEFAULT_REPACK_BELOW
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the verbs import their modules when called: a resume loads none of them
     from .engine.repository import Repository
     from .history.auto_compact import AutoCompactor
+    from .history.check import CheckReport
+    from .history.compact import CompactReport
+    from .history.diff import DiffResult
+    from .history.gc import GCReport
+    from .history.reindex import ReindexReport
 
 
 class HistoryVerbs:
@@ -46,6 +41,8 @@ class HistoryVerbs:
             SnapshotNotFoundError: ``a`` or ``b`` names nothing.
             CorruptionError: a manifest or (with ``numeric``) a chunk read is damaged.
         """
+        from .history.diff import diff as history_diff
+
         return history_diff(self._repo, a, b, numeric=numeric)
 
     def gc(
@@ -114,6 +111,9 @@ class HistoryVerbs:
         purged = frozenset(self._purged)
         if purged and not dry_run and not self._compactor.on_own_thread():
             self._compactor.wait_idle()  # this handle's own writer: let it finish first
+        from .history.gc import gc as history_gc
+        from .remote.holdings import unproven
+
         report = history_gc(
             self._repo,
             keep=unproven(self._repo, forget=not dry_run),
@@ -152,6 +152,8 @@ class HistoryVerbs:
         Raises:
             InvalidInputError: ``read_data`` is not a bool or a number in [0, 1].
         """
+        from .history.check import check as history_check
+
         return history_check(self._repo, read_data=read_data, progress=progress)
 
     def compact(
@@ -179,6 +181,8 @@ class HistoryVerbs:
 
         check_int("keep_loose", keep_loose)
         self._compactor.wait_idle()
+        from .history.compact import compact as history_compact
+
         return history_compact(
             self._repo, keep_loose=keep_loose, dry_run=dry_run, progress=progress
         )
@@ -216,4 +220,6 @@ class HistoryVerbs:
 
     def reindex(self) -> ReindexReport:
         """Rebuild this store's empty index from its packs and manifests (I5)."""
+        from .history.reindex import reindex as history_reindex
+
         return history_reindex(self._repo)

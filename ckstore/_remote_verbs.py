@@ -8,19 +8,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from . import remote
 from .engine.progress import ProgressFn
 from .errors import InvalidInputError, NotFoundError, ReadOnlyStoreError
 from .index import RemoteRecord
-from .remote.status import PushStatus, statuses
 
 if TYPE_CHECKING:
+    from . import remote
     from .engine.repository import Repository
     from .remote.evict import EvictReport
     from .remote.hydrate import HydrateReport
+    from .remote.status import PushStatus
     from .remote.uploader import Uploader
+
+
+def _remote() -> ModuleType:
+    """:mod:`ckstore.remote`, imported on first use: opening a store without remotes (a
+    resume) loads none of it."""
+    from . import remote
+
+    return remote
+
 
 Progress = ProgressFn
 """``fn(what, done, total)``: ``what`` is ``"push"`` or ``"pull"``, ``done`` and ``total`` the
@@ -55,7 +65,7 @@ class RemoteVerbs:
                 ``AWS_SECRET_ACCESS_KEY``, or ``~/.aws``).
             ConflictError: a remote of that name exists.
         """
-        return remote.config.add(
+        return _remote().config.add(
             self._repo.index, name, url, remote_index=index, options=storage_options
         )
 
@@ -101,7 +111,7 @@ class RemoteVerbs:
             ConflictError: a tag is held at another snapshot there (without ``force``), or a
                 snapshot's name or run clashes with something there.
         """
-        report = remote.push(self._repo, remote_name, refs, force=force, progress=progress)
+        report = _remote().push(self._repo, remote_name, refs, force=force, progress=progress)
         _refuse_tags(report, remote_name)
         return report
 
@@ -127,13 +137,15 @@ class RemoteVerbs:
                 here; the others are.
             ConflictError: a tag is held here at another snapshot (without ``force``).
         """
-        report = remote.pull(self._repo, remote_name, refs, force=force, progress=progress)
+        report = _remote().pull(self._repo, remote_name, refs, force=force, progress=progress)
         _refuse_tags(report, remote_name)
         return report
 
     # --- the two-tier store -----------------------------------------------------------------
     def push_status(self) -> dict[str, PushStatus]:
         """Snapshot id -> its state (``local``, ``pushing``, ``pushed``) and the remotes holding it."""
+        from .remote.status import statuses
+
         return statuses(self._repo.index)
 
     def wait_pushed(self, timeout: float | None = None) -> bool:
@@ -161,7 +173,7 @@ class RemoteVerbs:
             CorruptionError: a payload at the remote is damaged (named); its pack stays evicted.
             StorageError: the remote cannot be read.
         """
-        return remote.hydrate.hydrate(self._repo, remote_name)
+        return _remote().hydrate.hydrate(self._repo, remote_name)
 
     @property
     def last_push(self) -> remote.TransferReport | None:
@@ -221,8 +233,8 @@ def clone(
     try:
         repo = _new_store(source, dest, dest_index, dest_storage_options)
         try:
-            kept, _ = remote.config.split_credentials(storage_options or {})
-            remote.config.add(
+            kept, _ = _remote().config.split_credentials(storage_options or {})
+            _remote().config.add(
                 repo.index,
                 name,
                 url,
@@ -230,7 +242,7 @@ def clone(
                 options=kept or None,
                 store_id=source.config.store_id,
             )
-            _refuse_tags(remote.pull(repo, name, progress=progress, source=source), name)
+            _refuse_tags(_remote().pull(repo, name, progress=progress, source=source), name)
         except BaseException:
             repo.close()
             raise
@@ -292,11 +304,12 @@ def attach(
             raise InvalidInputError(
                 "remote_index and remote_options describe push_to's store: pass push_to too"
             )
-        remote.twotier.attach_reads(repo)
+        if repo.reads.remote_pack_ids():  # chunks evicted to a remote: read them there
+            _remote().twotier.attach_reads(repo)
         return
     if repo.read_only:
         raise ReadOnlyStoreError(f"cannot push from {repo.url}: {repo.index.read_only}")
-    store._uploader = remote.twotier.attach_tier(
+    store._uploader = _remote().twotier.attach_tier(
         repo,
         push_to,
         remote_index=remote_index,

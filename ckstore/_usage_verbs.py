@@ -11,11 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from .history.du import UsageRow
-from .history.du import du as history_du
-
 if TYPE_CHECKING:
     from .engine.repository import Repository
+    from .history.du import UsageRow
     from .index.sessions import HeldSession
     from .index.sharing import Shared
 
@@ -37,6 +35,8 @@ class UsageVerbs:
         ``progress`` wraps the iteration over the packs (e.g. a progress bar). Cost: a scan of
         the chunk references and one size query per pack.
         """
+        from .history.du import du as history_du  # on call: a resume does not load it
+
         return history_du(self._repo, progress=progress)
 
     def exclusive_bytes(self) -> dict[str, int]:

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 
 from ..engine.background import lower_priority
 from ..index import SnapshotRecord
-from . import compact_process
-from .compact import DEFAULT_KEEP_LOOSE, CompactReport, compact, loose_pending
+from .defaults import DEFAULT_KEEP_LOOSE
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from ..engine.repository import Repository
+    from .compact import CompactReport
 
 log = logging.getLogger("ckstore")
 _LOOSE = "its loose chunks stay loose until the next compaction (`ckstore compact`)"
@@ -82,6 +84,7 @@ class AutoCompactor:
         return self._thread is not None and self._thread is threading.current_thread()
 
     def _wake_for(self, compact: bool) -> None:
+        _modules()  # imported here, never first on the lowered thread
         with self._lock:
             if self._stop.is_set():
                 return
@@ -183,7 +186,7 @@ class AutoCompactor:
 
     def _compact_pending(self) -> None:
         young = self._repo.deletion_ages.young()
-        if loose_pending(self._repo, self.keep_loose, young):
+        if _modules()[0].loose_pending(self._repo, self.keep_loose, young):
             self.last = self._compact(young)
 
     def _compact(self, young: set[str]) -> CompactReport:
@@ -191,19 +194,29 @@ class AutoCompactor:
         (what this process's deletions show its retention is about to drop): in the helper
         process where the knob ``background_process`` asks for it (``compact_process.py``),
         else on this thread."""
+        compact, compact_process = _modules()
         if compact_process.in_helper(self._repo):
-            return CompactReport(
+            return compact.CompactReport(
                 **compact_process.compact_in_helper(
                     self._repo, self.keep_loose, self._repo.busy, self._stop.is_set, young
                 )
             )
-        return compact(
+        return compact.compact(
             self._repo,
             keep_loose=self.keep_loose,
             pause=self._repo.busy,
             stop=self._stop.is_set,
             young=young,
         )
+
+
+def _modules() -> tuple[ModuleType, ModuleType]:
+    """``history.compact`` and ``compact_process``, imported by the thread that first asks for
+    a compaction (a take's): opening a store (a resume) loads neither, and the lowered thread
+    never holds an import's lock that a foreground import would wait on."""
+    from . import compact, compact_process
+
+    return compact, compact_process
 
 
 def _interpreter_exiting(exc: BaseException) -> bool:

@@ -61,13 +61,11 @@ from ..errors import CorruptionError, InvalidInputError, ObjectNotFoundError
 from ..index import ChunkRecord, PackRecord
 from ..objects.delta import xor_into
 from ._compact_plan import Job, hot, plan, resolve_bases
+from .defaults import DEFAULT_KEEP_LOOSE as DEFAULT_KEEP_LOOSE
 
 if TYPE_CHECKING:
     from ..engine.interfaces import CompactIndex
     from ..engine.repository import Repository
-
-DEFAULT_KEEP_LOOSE = 1
-"""Newest snapshots of each run whose chunks stay loose (a resume reads the fast form)."""
 
 log = logging.getLogger("ckstore")
 

@@ -37,14 +37,13 @@ from ..format.limits import check_number
 from ..index import ChunkRecord, PackRecord
 from ..objects.delta import xor_into
 from ._gc_plan import predict, sparse
+from .defaults import DEFAULT_GRACE_SECONDS as DEFAULT_GRACE_SECONDS
+from .defaults import DEFAULT_REPACK_BELOW as DEFAULT_REPACK_BELOW
 from .policy import MAX_SECONDS, Policy
 
 if TYPE_CHECKING:
     from ..engine.interfaces import GcIndex
     from ..engine.repository import Repository
-
-DEFAULT_GRACE_SECONDS = 6 * 3600.0
-DEFAULT_REPACK_BELOW = 0.5
 
 
 @dataclass

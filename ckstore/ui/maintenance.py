@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import InvalidInputError
-from ..history.gc import DEFAULT_GRACE_SECONDS
+from ..history.defaults import DEFAULT_GRACE_SECONDS
 from ..history.policy import MAX_SECONDS, Policy
 from ..store import Store
 from .timeline import History, ref_of

@@ -386,10 +386,11 @@ def test_chunks_found_damaged_during_a_heal_are_healed_together_in_the_next(
     import time
 
     import ckstore._heal_verbs as heal_verbs
+    import ckstore.remote.heal as remote_heal  # what the healer calls (imported on use)
 
     calls: list[list[str]] = []
     release = threading.Event()
-    real = heal_verbs.heal
+    real = remote_heal.heal
 
     def gated(repo: Any, chunk_ids: Any, *args: Any, **kw: Any) -> Any:
         calls.append(list(chunk_ids))
@@ -397,7 +398,7 @@ def test_chunks_found_damaged_during_a_heal_are_healed_together_in_the_next(
             assert release.wait(30)
         return real(repo, chunk_ids, *args, **kw)
 
-    monkeypatch.setattr(heal_verbs, "heal", gated)
+    monkeypatch.setattr(remote_heal, "heal", gated)
     store = ckstore.open(tmp_path / "local", create=True, **OPTS)
     try:
         fill(store, "r", [1])

@@ -20,6 +20,7 @@ import torch
 
 import ckstore
 import ckstore._heal_verbs as heal_verbs
+import ckstore.remote.heal as remote_heal  # what the healer calls (imported on use)
 from ckstore.objects.hashing import chunk_id
 from tests.support.damage import flip
 from tests.support.remotes import KNOBS, fill, restores, state_for
@@ -48,13 +49,13 @@ def _damage(store: ckstore.Store, root: Path, n: int) -> dict[str, str]:
 def _gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Hold every write-back until the event is set."""
     release = threading.Event()
-    real = heal_verbs.write_back
+    real = remote_heal.write_back
 
     def gated(*args: Any) -> Any:
         assert release.wait(60)
         return real(*args)
 
-    monkeypatch.setattr(heal_verbs, "write_back", gated)
+    monkeypatch.setattr(remote_heal, "write_back", gated)
     return release
 
 
@@ -103,13 +104,13 @@ def test_a_second_restore_before_the_write_back_lands_uses_the_landed_copy(
 ) -> None:
     release = _gate(monkeypatch)
     fetched: list[list[str]] = []
-    real = heal_verbs.fetch
+    real = remote_heal.fetch
 
     def counting(repo: Any, chunk_ids: Any, *args: Any, **kw: Any) -> Any:
         fetched.append(list(chunk_ids))
         return real(repo, chunk_ids, *args, **kw)
 
-    monkeypatch.setattr(heal_verbs, "fetch", counting)
+    monkeypatch.setattr(remote_heal, "fetch", counting)
     store = _store_with_backup(tmp_path)
     try:
         hit = _damage(store, tmp_path, 2)
@@ -129,7 +130,7 @@ def test_a_failed_write_back_is_warned_at_close_and_the_next_read_heals_again(
     def broken(*args: Any) -> Any:
         raise ckstore.NoSpaceError("the disk is full")
 
-    monkeypatch.setattr(heal_verbs, "write_back", broken)
+    monkeypatch.setattr(remote_heal, "write_back", broken)
     store = _store_with_backup(tmp_path)
     hit = _damage(store, tmp_path, 2)
     with pytest.warns(ckstore.HealedWarning):
@@ -177,13 +178,13 @@ def test_past_the_memory_budget_the_heal_is_written_before_the_read_goes_on(
 def _restore_then_die(local: str, written: Any) -> None:
     """Restore r@1 (healing it) with every write-back held, say so, and die by SIGKILL."""
     gate = threading.Event()
-    real = heal_verbs.write_back
+    real = remote_heal.write_back
 
     def held(*args: Any) -> Any:
         gate.wait()
         return real(*args)
 
-    heal_verbs.write_back = held  # type: ignore[assignment]
+    remote_heal.write_back = held  # type: ignore[assignment]
     store = ckstore.open(local)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -219,7 +220,7 @@ def test_whole_chunks_are_fetched_in_parallel_each_once(
 ) -> None:
     calls: list[list[str]] = []
     release = threading.Event()
-    real = heal_verbs.fetch
+    real = remote_heal.fetch
 
     def gated(repo: Any, chunk_ids: Any, *args: Any, **kw: Any) -> Any:
         calls.append(list(chunk_ids))
@@ -227,7 +228,7 @@ def test_whole_chunks_are_fetched_in_parallel_each_once(
             assert release.wait(30)
         return real(repo, chunk_ids, *args, **kw)
 
-    monkeypatch.setattr(heal_verbs, "fetch", gated)
+    monkeypatch.setattr(remote_heal, "fetch", gated)
     store = _store_with_backup(tmp_path)
     try:
         a, b, c = _damage(store, tmp_path, 3)
