@@ -15,6 +15,8 @@ import sqlite3
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,26 @@ from ckstore.index import forks
 from tests.support.forking import fork_and_run
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork is POSIX-only")
+
+
+@contextmanager
+def _thread_inside(name: str = "inside") -> Iterator[threading.Event]:
+    """A thread inside the gate until the block ends or the event it yields is set."""
+    release, inside = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        with forks.sqlite_work():
+            inside.set()
+            release.wait(30)
+
+    t = threading.Thread(target=stuck, name=name)
+    t.start()
+    inside.wait()
+    try:
+        yield release
+    finally:
+        release.set()
+        t.join()
 
 
 def _sqlite_in_child() -> None:
@@ -115,25 +137,10 @@ def test_a_thread_that_never_leaves_delays_a_fork_only_so_long_and_is_named(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(forks, "FORK_WAIT_S", 0.3)
-    release = threading.Event()
-    inside = threading.Event()
-
-    def stuck() -> None:
-        with forks.sqlite_work():
-            inside.set()
-            release.wait(30)
-
-    t = threading.Thread(target=stuck, name="stuck-in-sqlite")
-    t.start()
-    inside.wait()
-    try:
-        with caplog.at_level(logging.WARNING, logger="ckstore"):
-            started = time.monotonic()
-            assert fork_and_run(lambda: None) == "ok"
-            waited = time.monotonic() - started
-    finally:
-        release.set()
-        t.join()
+    with _thread_inside("stuck-in-sqlite"), caplog.at_level(logging.WARNING, logger="ckstore"):
+        started = time.monotonic()
+        assert fork_and_run(lambda: None) == "ok"
+        waited = time.monotonic() - started
     assert 0.25 < waited < 5
     assert "stuck-in-sqlite" in caplog.text and "may hang" in caplog.text
 
@@ -178,66 +185,35 @@ def test_a_thread_a_fork_gave_up_on_delays_no_later_fork(
     """N DataLoader workers forked while a lowered gc thread sits in a long transaction wait
     once, not N times."""
     monkeypatch.setattr(forks, "FORK_WAIT_S", 0.3)
-    release = threading.Event()
-    inside = threading.Event()
-
-    def stuck() -> None:
-        with forks.sqlite_work():
-            inside.set()
-            release.wait(30)
-
-    t = threading.Thread(target=stuck, name="long-transaction")
-    t.start()
-    inside.wait()
-    try:
-        waits = []
+    waits = []
+    with _thread_inside("long-transaction"):
         for _ in range(3):
             started = time.monotonic()
             assert fork_and_run(lambda: None) == "ok"
             waits.append(time.monotonic() - started)
-    finally:
-        release.set()
-        t.join()
     assert waits[0] > 0.25 and max(waits[1:]) < 0.25, waits
-    inside.clear()  # once it left, a later transaction of that thread is waited for again
-    t = threading.Thread(target=stuck)
-    release.clear()
-    t.start()
-    inside.wait()
-    threading.Timer(0.2, release.set).start()
-    started = time.monotonic()
-    assert fork_and_run(lambda: None) == "ok"
-    assert time.monotonic() - started > 0.15
-    t.join()
+    with _thread_inside() as release:  # once it left, its next transaction is waited for
+        threading.Timer(0.2, release.set).start()
+        started = time.monotonic()
+        assert fork_and_run(lambda: None) == "ok"
+        assert time.monotonic() - started > 0.15
 
 
 def test_ctrl_c_during_the_wait_is_raised_again_after_the_fork() -> None:
     """A fork hook cannot raise (CPython prints and ignores it): an interrupt during the wait
     ends the wait and reaches the main thread once the fork is done."""
-    release = threading.Event()
-    inside = threading.Event()
-
-    def stuck() -> None:
-        with forks.sqlite_work():
-            inside.set()
-            release.wait(30)
-
-    t = threading.Thread(target=stuck)
-    t.start()
-    inside.wait()
     previous = signal.signal(signal.SIGALRM, signal.default_int_handler)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.2)
-        started = time.monotonic()
-        forks._before_fork()  # as os.fork runs it: interrupted after 0.2 s, not 10
-        assert time.monotonic() - started < 2
-        with pytest.raises(KeyboardInterrupt):
-            forks._after_fork_in_parent()
-            time.sleep(2)  # the interrupt arrives at the next check of the main thread
+        with _thread_inside():
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            started = time.monotonic()
+            forks._before_fork()  # as os.fork runs it: interrupted after 0.2 s, not 10
+            assert time.monotonic() - started < 2
+            with pytest.raises(KeyboardInterrupt):
+                forks._after_fork_in_parent()
+                time.sleep(2)  # the interrupt arrives at the next check of the main thread
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        release.set()
-        t.join()
     with forks.sqlite_work():  # the gate is open again
         pass
