@@ -32,7 +32,10 @@ class _FromStore(Dataset):
             return store.get("data").read_object("d/x")[i]
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="fork workers")
+@pytest.mark.skipif(
+    sys.platform != "linux",
+    reason="DataLoader workers by fork: Linux's default (macOS and Windows spawn)",
+)
 def test_dataloader_workers_forked_beside_background_takes_and_compaction(tmp_path: Path) -> None:
     data = str(tmp_path / "data")
     with ckstore.open(data, create=True) as s:
