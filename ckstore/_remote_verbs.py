@@ -304,8 +304,10 @@ def attach(
             raise InvalidInputError(
                 "remote_index and remote_options describe push_to's store: pass push_to too"
             )
-        if repo.reads.remote_pack_ids():  # chunks evicted to a remote: read them there
-            _remote().twotier.attach_reads(repo)
+        # chunks evicted to a remote are read there (any store opened without push_to);
+        # asked first through the resume's fast reads, so a store with none loads no remote code
+        if repo.reads.remote_pack_ids():
+            _remote().twotier.install_reads(repo)
         return
     if repo.read_only:
         raise ReadOnlyStoreError(f"cannot push from {repo.url}: {repo.index.read_only}")

@@ -106,10 +106,3 @@ def install_reads(repo: Repository) -> TierBackend:
     tier = TierBackend(backend, repo)
     repo.objects = objects.ObjectStore(tier)
     return tier
-
-
-def attach_reads(repo: Repository) -> None:
-    """Install :class:`TierBackend` if chunks of ``repo`` were evicted to a remote (any store
-    opened without ``push_to`` still reads them)."""
-    if repo.reads.remote_pack_ids():
-        install_reads(repo)
