@@ -43,15 +43,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..engine.config import restore_budget
+from ..engine.devices import host_empty
 from ..engine.progress import ProgressFn
 from ..engine.restore.jobs import Job, Region
 from ..engine.restore.phases import Prepared, apply, destination_bytes, prepare, validate
 from ..engine.restore.reader import Reader
 from ..engine.restore.sources import Healer
 from ..errors import DistributedError
+from ..format.dtypes import dtype_from_name
 from ..format.manifest import TensorEntry
 from ..format.parts import Part as ManifestPart
-from ..format.tensors import empty_for
 from . import replicated_mode
 from ._exchange import Exchange
 from ._open import open_manifest
@@ -140,7 +141,7 @@ def _targets(reader: Reader, plans: list[Any]) -> _Targets:
                 continue
             entry = reader.entry(k)
             assert isinstance(entry, TensorEntry)
-            tensors[k] = empty_for(entry.dtype, entry.shape)
+            tensors[k] = host_empty(entry.shape, dtype_from_name(entry.dtype))
             rest[k] = (tensors[k], None)
     reader.copy_inline(rest)  # new tensors, not the caller's: safe now
     return _Targets(plans, direct, tensors, reader.jobs(direct) + reader.jobs(rest))

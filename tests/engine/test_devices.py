@@ -229,6 +229,27 @@ def test_the_arena_keeps_what_fits_the_budget_and_only_the_rest_is_read_again(
     assert len(snap.manifest.chunk_ids()) == 16
 
 
+def test_new_tensors_a_read_fills_ask_for_huge_pages_and_read_back_exactly(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """read_object's new tensors come from ``host_empty``, which asks for huge pages for the
+    large ones (from their first byte, before anything touched them) and not the small."""
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(devices, "advise_huge_pages", lambda a, n: asked.append((a, n)) or True)
+    g = torch.Generator().manual_seed(5)
+    big = torch.randn(3 << 20, generator=g)  # 12 MiB
+    small = torch.randn(1000, generator=g)
+    with ckstore.open(tmp_path / "s", create=True) as s:
+        s.take({"m": ckstore.StateDict({"big": big, "small": small})}, run="r", step=0)
+        got = s.get("r@0").read_object("m/big")
+        assert torch.equal(got, big)
+        assert asked == [(got.data_ptr(), big.numel() * 4)]
+        assert torch.equal(s.get("r@0").read_object("m/small"), small)
+        assert len(asked) == 1
+    t = devices.host_empty((2, 3), torch.bfloat16)
+    assert t.shape == (2, 3) and t.dtype == torch.bfloat16 and t.is_contiguous()
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

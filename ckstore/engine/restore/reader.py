@@ -14,8 +14,10 @@ import torch
 
 from ... import objects
 from ...errors import MismatchError
+from ...format.dtypes import dtype_from_name
 from ...format.manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueEntry
-from ...format.tensors import empty_for, from_bytes
+from ...format.tensors import from_bytes
+from ..devices import host_empty
 from ..interfaces import LocationIndex
 from ..progress import ProgressFn
 from .fetch import Fetcher
@@ -111,7 +113,7 @@ class Reader:
             entry = self.entry(key)
             assert isinstance(entry, TensorEntry)
             sizes = region[1] if region is not None else entry.shape
-            out[key] = empty_for(entry.dtype, sizes)
+            out[key] = host_empty(sizes, dtype_from_name(entry.dtype))
             targets[key] = (out[key], region)
         self.read_into(targets)
         return out

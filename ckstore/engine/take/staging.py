@@ -3,7 +3,6 @@ arena single-process async takes cut their copies from."""
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 from collections import OrderedDict
@@ -17,7 +16,7 @@ from ...format.boxes import is_dtensor
 from ...format.limits import MAX_DEPTH
 from ...format.tensors import check_tensor
 from ...format.tree import join
-from ...objects.memory import private_memory
+from ...objects.memory import address_of, private_memory
 from ..repository import Repository
 
 ALIGN = 64
@@ -51,8 +50,12 @@ class StagingArena:
     last async take (:meth:`reset` and reused by the next one: a training loop's takes copy at
     memory speed from the second on). Private (a child forked meanwhile gets its own pages, see
     ``private_memory``); it goes back to the system once dropped and the last tensor cut from it
-    is gone. Transparent huge pages are not asked for: where the kernel compacts memory for them
-    on the first touch (``defrag=madvise``), a copy stalled for up to 0.3 s.
+    is gone. Huge pages are not asked for (``objects.memory.advise_huge_pages``): on this
+    project's test machines, virtual machines whose balloon reports free 2 MiB blocks to the
+    host, a new arena's huge pages each fault in from the host, and a first copy of 270 MiB
+    took 137-495 ms with them against 117-149 ms without (an earlier measurement saw a 0.3 s
+    stall). Where free memory is not handed back to a host they fill about three times
+    faster; left for a measurement on such a machine.
     """
 
     def __init__(self, nbytes: int, pinned: bool = False, shared: bool = False) -> None:
@@ -75,7 +78,7 @@ class StagingArena:
             self._mem = mmap.mmap(self.fd, max(nbytes, 1), flags=mmap.MAP_SHARED)
         else:
             self._mem = private_memory(max(nbytes, 1))
-        self._base = _address(self._mem) if self._mem is not None else 0
+        self._base = address_of(self._mem) if self._mem is not None else 0
         self.size = nbytes
         self._at = 0
         self._streams: list[Any] = []  # CUDA streams with copies into this arena in flight
@@ -184,15 +187,6 @@ class StagingArena:
         if self._mem is not None and self.size:
             pages = np.frombuffer(self._mem, dtype=np.uint8, count=self.size)
             pages[:: mmap.PAGESIZE] = 0
-
-
-def _address(mem: Any) -> int:
-    """The address of a mapping's first byte (the export taken to read it is released)."""
-    view = ctypes.c_char.from_buffer(mem)
-    try:
-        return ctypes.addressof(view)
-    finally:
-        del view
 
 
 def fill(pairs: list[tuple[Any, Any]]) -> None:
