@@ -158,6 +158,7 @@ class Repository(Knobs):
         self.closed = False
         """True once :meth:`close` ran."""
         self.write_backs = WriteBacks(url)
+        self._manifest: tuple[str, Manifest] | None = None  # the last one parsed, by its id
         """What reads of this process healed and left to write back behind them
         (``write_backs.py``): awaited by whatever relies on the local copies, and at close."""
 
@@ -209,9 +210,30 @@ class Repository(Knobs):
 
     def load_manifest(self, record: SnapshotRecord) -> Manifest:
         """The manifest of a committed snapshot, parsed and validated (one stored in parts is
-        read whole: ``engine/manifests.py``)."""
+        read whole: ``engine/manifests.py``), read from storage every time: what ``check``,
+        ``diff`` and the remotes read (reads of a snapshot share one: :meth:`manifest_of`)."""
         raw = self.objects.get_blob("manifests", record.manifest_id)
         return manifests.load(self.objects, self.reads, raw, f"manifest of {describe(record)}")
+
+    def manifest_of(self, manifest_id: str, load: Callable[[], Manifest]) -> Manifest:
+        """The whole manifest named ``manifest_id`` for a read of its snapshot: the one this
+        handle parsed last if it is that one, else ``load()``'s, kept in its place. A manifest
+        never changes (its id is the hash of its bytes; the parse kept was checked against it)
+        and readers build new containers and values from it on every read, so reads of one
+        snapshot share it: a loop of ``get(ref).read_object(key)`` parses it once (4-5 ms a
+        call for a state of 112 tensors here, more for larger ones). Checks read the stored
+        bytes again (:meth:`load_manifest`)."""
+        kept = self._manifest
+        if kept is not None and kept[0] == manifest_id:
+            return kept[1]
+        manifest = load()
+        self._manifest = (manifest_id, manifest)
+        return manifest
+
+    def kept_manifest(self, manifest_id: str) -> Manifest | None:
+        """The manifest :meth:`manifest_of` keeps, if it is ``manifest_id``'s; else None."""
+        kept = self._manifest
+        return kept[1] if kept is not None and kept[0] == manifest_id else None
 
     @contextmanager
     def activity(self) -> Iterator[None]:
@@ -256,6 +278,7 @@ class Repository(Knobs):
             hook()
         self.before_close.clear()
         self.spare_staging.clear()
+        self._manifest = None
         self.reads.close()
         with self._index_lock:  # an opening behind a restore finishes first, or never starts
             index = self._index

@@ -113,14 +113,17 @@ class SnapshotView(SnapshotFields):
     def manifest(self) -> Manifest:
         """The whole manifest (one stored in parts is read whole), validated."""
         if self._read.manifest is None:
-            self._read.manifest = manifests.load(
-                self.repo.objects, self.repo.reads, self.raw(), self.where
+            self._read.manifest = self.repo.manifest_of(
+                self.record.manifest_id,
+                lambda: manifests.load(self.repo.objects, self.repo.reads, self.raw(), self.where),
             )
         return self._read.manifest
 
     @property
     def header(self) -> dict[str, Any]:
         """The manifest's snapshot header; of a manifest stored in parts, only its root is read."""
+        if self._read.manifest is None:
+            self._read.manifest = self.repo.kept_manifest(self.record.manifest_id)
         if self._read.manifest is not None:
             return self._read.manifest.snapshot or {}
         if self._read.header is None:
