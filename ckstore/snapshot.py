@@ -74,7 +74,9 @@ class StoredSnapshot(SnapshotFields):
 
     @property
     def manifest(self) -> Manifest:
-        """The parsed manifest (read from the store on first use, validated)."""
+        """The parsed manifest (read from the store on first use, validated). Every handle of
+        this snapshot on this store handle shares it (reads build their values anew from
+        it): read it, never change it."""
         return self._view().manifest
 
     @property

@@ -18,13 +18,14 @@ they are free, so filling them runs near memory speed.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from typing import Any, Protocol
 
 import torch
 
-from ..objects.memory import HUGE_MIN_BYTES, advise_huge_pages
+from ..objects.memory import HUGE_MIN_BYTES, huge_memory
 
 DEVICE_TYPES = frozenset({"cuda"})
 """Device types reached through host buffers: a take stages their tensors chunk by chunk (not
@@ -32,15 +33,20 @@ copied whole at planning), a restore decodes into a host buffer and copies each 
 
 
 def host_empty(shape: Any, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
-    """A new contiguous CPU tensor whose pages are first touched by one pass that fills it
-    (contents undefined): backed by huge pages where they are free
-    (:func:`~ckstore.objects.memory.advise_huge_pages`: a 64 MiB tensor filled in 12 ms
-    against 44 ms in 4 KiB pages here)."""
-    t = torch.empty(shape, dtype=dtype)
-    n = t.numel() * t.element_size()
-    if n >= HUGE_MIN_BYTES:
-        advise_huge_pages(t.data_ptr(), n)
-    return t
+    """A new contiguous CPU tensor that one pass fills and the caller keeps (contents
+    undefined): a read's new tensors. From :data:`~ckstore.objects.memory.HUGE_MIN_BYTES`
+    on, in memory of its own backed by huge pages where they are free
+    (:func:`~ckstore.objects.memory.huge_memory`: a 64 MiB tensor filled in 12 ms against 44
+    ms in 4 KiB pages here); such a tensor cannot be resized past its size, as a tensor of
+    ``torch.load(mmap=True)`` or ``torch.from_numpy`` cannot."""
+    n = math.prod(shape if isinstance(shape, (tuple, list, torch.Size)) else (shape,))
+    nbytes = n * dtype.itemsize
+    got = huge_memory(nbytes) if nbytes >= HUGE_MIN_BYTES else None
+    if got is None:
+        return torch.empty(shape, dtype=dtype)
+    mem, start = got
+    flat = torch.frombuffer(mem, dtype=torch.uint8, count=nbytes, offset=start)
+    return flat.view(dtype).reshape(shape)
 
 
 class Transfer(Protocol):

@@ -158,9 +158,10 @@ class Repository(Knobs):
         self.closed = False
         """True once :meth:`close` ran."""
         self.write_backs = WriteBacks(url)
-        self._manifest: tuple[str, Manifest] | None = None  # the last one parsed, by its id
         """What reads of this process healed and left to write back behind them
         (``write_backs.py``): awaited by whatever relies on the local copies, and at close."""
+        self._manifest: tuple[str, Manifest] | None = None
+        """The manifest the reads of a snapshot parsed last, by its id (:meth:`manifest_of`)."""
 
     @property
     def index(self) -> Index:
@@ -211,7 +212,7 @@ class Repository(Knobs):
     def load_manifest(self, record: SnapshotRecord) -> Manifest:
         """The manifest of a committed snapshot, parsed and validated (one stored in parts is
         read whole: ``engine/manifests.py``), read from storage every time: what ``check``,
-        ``diff`` and the remotes read (reads of a snapshot share one: :meth:`manifest_of`)."""
+        ``repair`` and the remotes read (a snapshot's view shares one: :meth:`manifest_of`)."""
         raw = self.objects.get_blob("manifests", record.manifest_id)
         return manifests.load(self.objects, self.reads, raw, f"manifest of {describe(record)}")
 
@@ -222,7 +223,8 @@ class Repository(Knobs):
         and readers build new containers and values from it on every read, so reads of one
         snapshot share it: a loop of ``get(ref).read_object(key)`` parses it once (4-5 ms a
         call for a state of 112 tensors here, more for larger ones). Checks read the stored
-        bytes again (:meth:`load_manifest`)."""
+        bytes again (:meth:`load_manifest`); a take of this process lets it go (a training
+        job's resume does not hold its manifest for the whole run)."""
         kept = self._manifest
         if kept is not None and kept[0] == manifest_id:
             return kept[1]
@@ -253,6 +255,7 @@ class Repository(Knobs):
     def committed(self, record: SnapshotRecord) -> None:
         """Run the :attr:`after_commit` hooks for a snapshot a take just committed."""
         self.deletion_ages.committed(record.run, record.id)
+        self._manifest = None
         for hook in list(self.after_commit):
             try:
                 hook(record)

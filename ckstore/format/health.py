@@ -207,7 +207,7 @@ class Health:
         return cls(
             found if "tensors" in raw else None,
             None if stale is None else tuple(stale),
-            base if isinstance(base, dict) else None,
+            dict(base) if isinstance(base, dict) else None,
             replicas,
         )
 

@@ -1,30 +1,28 @@
 """Memory of this process's own, given back to the system when dropped, and huge pages for the
-large buffers a pass fills at once."""
+large buffers a read fills at once."""
 
 from __future__ import annotations
 
 import mmap
+import os
 import sys
 import threading
 import time
 from typing import Any
 
-HUGE_PAGE = 2 << 20
-"""The size of a transparent huge page (x86-64 and arm64 with 4 KiB base pages)."""
-
 HUGE_MIN_BYTES = 4 << 20
 """Buffers smaller than this are left to the kernel's default (NumPy's threshold for the same
-advice)."""
+advice); nor is one smaller than a huge page."""
 
 HUGE_FREE_SHARE = 0.5
 """At most this share of the huge pages free right now is asked for by one process, so the
-faults that fill them find free blocks and never wait for the kernel to compact memory."""
+faults that fill them find free blocks rather than wait for the kernel to compact memory."""
 
 BUDDYINFO_MAX_AGE_S = 1.0
 """How long one reading of the free huge pages is trusted (less what was asked for since)."""
 
-_MADV_HUGEPAGE = 14
-_THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
+_THP = "/sys/kernel/mm/transparent_hugepage/"
 _BUDDYINFO = "/proc/buddyinfo"
 
 
@@ -54,36 +52,42 @@ def address_of(buf: Any) -> int:
         del view  # the export taken to read it is released
 
 
-def advise_huge_pages(address: int, nbytes: int) -> bool:
-    """Ask the kernel to back the untouched memory at ``address`` with transparent huge pages,
-    when that costs no wait; True if it was asked.
+def huge_memory(n: int) -> tuple[mmap.mmap, int] | None:
+    """A private mapping (:func:`private_memory`) holding ``n`` bytes from the returned offset,
+    backed by transparent huge pages, for a buffer a read fills at once; None where they are
+    not worth asking for (allocate as usual then).
 
     Filling fresh memory costs a page fault per page, each zeroing its page: 4 KiB pages fill
     at about a third of a copy into memory already touched, 2 MiB pages at nearly its speed
-    (64 MiB here: 44 ms against 12 ms). Asked (``madvise(MADV_HUGEPAGE)`` on the whole huge
-    pages inside the range) only where it changes something and is safe:
+    (64 MiB here: 44 ms against 12 ms). The mapping is the buffer's own (the advice goes with
+    it, never left on heap memory a later allocation reuses) and its bytes start on a huge
+    page boundary, so every whole huge page of them is one; it is asked for
+    (``madvise(MADV_HUGEPAGE)``) only where it changes something and costs no wait:
 
-    - Linux, ``nbytes`` at least :data:`HUGE_MIN_BYTES`;
+    - Linux, ``n`` at least :data:`HUGE_MIN_BYTES` and one huge page;
     - the system's mode is ``madvise`` (with ``always`` the kernel already uses them; with
       ``never``, or no transparent huge pages, there is nothing to ask for);
-    - the huge pages are free right now (``/proc/buddyinfo``, blocks of 2 MiB and up): where
-      they are not, a fault in an advised range may wait while the kernel compacts memory
-      (``defrag=madvise``), so nothing is asked. One process asks for at most
+    - the huge pages are free right now (``/proc/buddyinfo``, free blocks of a huge page and
+      larger): where they are not, a fault in an advised range may wait while the kernel
+      compacts memory (``defrag=madvise``), so nothing is asked. One process asks for at most
       :data:`HUGE_FREE_SHARE` of them between two readings. Other processes allocating at the
-      same moment can still take them first; the fault then falls back to compaction, as it
-      does for every NumPy array of this size.
+      same moment, or a shortage on this CPU's NUMA node (the reading sums every node), can
+      still leave a fault to compaction, as for any NumPy array of this size.
 
-    In a virtual machine whose balloon reports free 2 MiB blocks to its host (free page
+    In a virtual machine whose balloon reports free huge-page blocks to its host (free page
     reporting), such a block faults in from the host again when it is used: filling it is
     slower and varies more than above, most for large buffers allocated at once.
     """
-    if sys.platform != "linux" or nbytes < HUGE_MIN_BYTES:
-        return False
-    lo = -(-address // HUGE_PAGE) * HUGE_PAGE
-    hi = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
-    if hi <= lo or not _FREE.take(hi - lo):
-        return False
-    return _madvise(lo, hi - lo, _MADV_HUGEPAGE)
+    if sys.platform != "linux" or n < HUGE_MIN_BYTES:
+        return None
+    huge = _FREE.huge_page()
+    if huge is None or n < huge or not _FREE.take(n // huge * huge):
+        return None
+    mem = private_memory(n + huge)
+    base = address_of(mem)
+    start = -(-base // huge) * huge - base
+    _madvise(base + start, n // huge * huge, _MADV_HUGEPAGE)
+    return mem, start
 
 
 def thp_mode(text: str) -> str | None:
@@ -95,45 +99,54 @@ def thp_mode(text: str) -> str | None:
     return None
 
 
-def free_huge_bytes(buddyinfo: str) -> int:
-    """Bytes free in blocks of at least one huge page, from ``/proc/buddyinfo``'s text (per
-    zone, the free blocks of order 0, 1, ...; an order-9 block is one 2 MiB huge page)."""
-    order = (HUGE_PAGE // 4096).bit_length() - 1
+def free_huge_bytes(buddyinfo: str, page: int = 4096, huge: int = 2 << 20) -> int:
+    """Bytes free in blocks of at least one huge page (``huge`` bytes, of base pages of
+    ``page`` bytes), from ``/proc/buddyinfo``'s text: per zone, the free blocks of order 0,
+    1, ... (a block of order ``o`` is ``page << o`` bytes). The DMA zone does not count."""
+    order = (huge // page).bit_length() - 1
     total = 0
     for line in buddyinfo.splitlines():
         fields = line.split()
-        if "zone" not in fields or fields[-1:] == []:
+        if "zone" not in fields:
             continue
-        zone = fields.index("zone")
-        counts = fields[zone + 2 :]
-        if fields[zone + 1] == "DMA":  # the first 16 MiB: not for user memory in practice
+        at = fields.index("zone")
+        if fields[at + 1 : at + 2] == ["DMA"]:  # the first 16 MiB: not for user memory
             continue
-        for o, count in enumerate(counts):
+        for o, count in enumerate(fields[at + 2 :]):
             if o >= order and count.isdigit():
-                total += int(count) * (4096 << o)
+                total += int(count) * (page << o)
     return total
 
 
 class _FreeHugePages:
-    """What this process may still ask for: a share of the free huge pages, read again once
+    """The huge page size where asking for them makes sense here, and what this process may
+    still ask for: a share of the free huge pages, read again once
     :data:`BUDDYINFO_MAX_AGE_S` old."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._mode: str | None | bool = False  # False: not read yet
+        self._huge: int | None | bool = False  # False: not read yet
         self._left = 0
         self._read_at = -1e9
 
-    def take(self, n: int) -> bool:
+    def huge_page(self) -> int | None:
+        """The huge page size in bytes if the mode is ``madvise``, else None."""
         with self._lock:
-            if self._mode is False:
-                self._mode = _read_text(_THP_ENABLED, thp_mode)
-            if self._mode != "madvise":
+            if self._huge is False:
+                mode = _read_text(_THP + "enabled", thp_mode)
+                size = _read_text(_THP + "hpage_pmd_size", lambda t: int(t.strip()))
+                self._huge = size if mode == "madvise" and size and size > mmap.PAGESIZE else None
+            return self._huge if isinstance(self._huge, int) else None
+
+    def take(self, n: int) -> bool:
+        huge = self.huge_page()
+        with self._lock:
+            if huge is None:
                 return False
             now = time.monotonic()
             if now - self._read_at > BUDDYINFO_MAX_AGE_S:
-                free = _read_text(_BUDDYINFO, free_huge_bytes) or 0
-                self._left, self._read_at = int(free * HUGE_FREE_SHARE), now
+                free = _read_text(_BUDDYINFO, lambda t: free_huge_bytes(t, mmap.PAGESIZE, huge))
+                self._left, self._read_at = int((free or 0) * HUGE_FREE_SHARE), now
             if n > self._left:
                 return False
             self._left -= n
@@ -144,12 +157,22 @@ def _read_text(path: str, parse: Any) -> Any:
     try:
         with open(path, encoding="ascii") as f:
             return parse(f.read())
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError):
         return None
 
 
 _FREE = _FreeHugePages()
 _LIBC: list[Any] = []
+
+
+def _forget_in_child() -> None:
+    """A forked child starts with its own budget (and lock: the parent's may be held)."""
+    global _FREE
+    _FREE = _FreeHugePages()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _madvise(address: int, nbytes: int, advice: int) -> bool:

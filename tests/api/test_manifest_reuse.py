@@ -11,20 +11,21 @@ import pytest
 import torch
 
 import ckstore
-from ckstore.engine import manifests
+from ckstore.engine import manifests, view
 
 
 @pytest.fixture
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts whole-manifest parses (``engine.manifests.load``)."""
+    """Counts manifest parses: whole (``engine.manifests.load``) and for a header alone."""
     calls: list[int] = []
-    real = manifests.load
+    for module, name in ((manifests, "load"), (view, "parse_any")):
+        real = getattr(module, name)
 
-    def load(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        return real(*args, **kwargs)
+        def counted(*args, _real=real, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(1)
+            return _real(*args, **kwargs)
 
-    monkeypatch.setattr(manifests, "load", load)
+        monkeypatch.setattr(module, name, counted)
     return calls
 
 
@@ -44,15 +45,18 @@ def test_every_get_of_one_snapshot_parses_its_manifest_once(tmp_path: Path, pars
         s.take({"a": _state(1)}, run="r", step=1)
         for _ in range(5):
             assert float(s.get("r@0").read_object("a/w")[0, 0]) == 0.0
-        assert s.get("r@0").health is not None  # from the manifest kept: nothing read again
+        assert s.get("r@0").health is not None  # its header too
         assert len(parses) == 1
         for _ in range(3):  # another snapshot takes its place; the first is parsed again after
             assert float(s.get("r@1").read_object("a/w")[0, 0]) == 1.0
         assert float(s.get("r@0").read_object("a/w")[0, 0]) == 0.0
         assert len(parses) == 3
-    with ckstore.open(tmp_path / "s") as s:  # a new handle parses for itself
+        s.take({"a": _state(2)}, run="r", step=2)  # a take lets the kept one go
         s.get("r@0").read_object("a/w")
         assert len(parses) == 4
+    with ckstore.open(tmp_path / "s") as s:  # a new handle parses for itself
+        s.get("r@0").read_object("a/w")
+        assert len(parses) == 5
 
 
 def test_what_a_read_hands_back_is_its_own(tmp_path: Path, parses: list[int]):

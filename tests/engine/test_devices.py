@@ -4,8 +4,11 @@ same round trips on a real GPU when one is present."""
 
 from __future__ import annotations
 
+import re
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +18,7 @@ import ckstore
 from ckstore.engine import devices
 from ckstore.engine.devices import Copier, HostPool
 from ckstore.engine.restore.reader import Reader
-from ckstore.objects import chunk_reader
+from ckstore.objects import chunk_reader, memory
 
 
 class _LateTransfer:
@@ -229,13 +232,26 @@ def test_the_arena_keeps_what_fits_the_budget_and_only_the_rest_is_read_again(
     assert len(snap.manifest.chunk_ids()) == 16
 
 
-def test_new_tensors_a_read_fills_ask_for_huge_pages_and_read_back_exactly(
+class _Free:
+    """A huge-page budget that always says yes (2 MiB pages)."""
+
+    def huge_page(self) -> int:
+        return 2 << 20
+
+    def take(self, n: int) -> bool:
+        return True
+
+
+def test_new_tensors_a_read_fills_sit_on_huge_pages_of_their_own_and_read_back_exactly(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """read_object's new tensors come from ``host_empty``, which asks for huge pages for the
-    large ones (from their first byte, before anything touched them) and not the small."""
-    asked: list[tuple[int, int]] = []
-    monkeypatch.setattr(devices, "advise_huge_pages", lambda a, n: asked.append((a, n)) or True)
+    """read_object's new tensors come from ``host_empty``: a large one in a mapping of its own
+    that starts on a huge page and is advised (never heap memory a later allocation reuses),
+    a small one as before."""
+    asked: list[int] = []
+    real = memory.huge_memory
+    monkeypatch.setattr(memory, "_FREE", _Free())
+    monkeypatch.setattr(devices, "huge_memory", lambda n: asked.append(n) or real(n))
     g = torch.Generator().manual_seed(5)
     big = torch.randn(3 << 20, generator=g)  # 12 MiB
     small = torch.randn(1000, generator=g)
@@ -243,11 +259,30 @@ def test_new_tensors_a_read_fills_ask_for_huge_pages_and_read_back_exactly(
         s.take({"m": ckstore.StateDict({"big": big, "small": small})}, run="r", step=0)
         got = s.get("r@0").read_object("m/big")
         assert torch.equal(got, big)
-        assert asked == [(got.data_ptr(), big.numel() * 4)]
+        assert asked == [big.numel() * 4]
+        if sys.platform == "linux":
+            assert got.data_ptr() % (2 << 20) == 0
+            flags, name = _mapping_of(got.data_ptr())
+            assert name != "[heap]" and ("hg" in flags or not _THP.exists())
         assert torch.equal(s.get("r@0").read_object("m/small"), small)
         assert len(asked) == 1
     t = devices.host_empty((2, 3), torch.bfloat16)
     assert t.shape == (2, 3) and t.dtype == torch.bfloat16 and t.is_contiguous()
+
+
+_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _mapping_of(address: int) -> tuple[list[str], str]:
+    """The VmFlags and the name of this process's mapping holding ``address``."""
+    text = Path("/proc/self/smaps").read_text()
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", text):
+        head = block.split("\n", 1)[0].split()
+        lo, hi = (int(x, 16) for x in head[0].split("-"))
+        if lo <= address < hi:
+            m = re.search(r"^VmFlags:(.*)$", block, re.M)
+            return (m.group(1).split() if m else []), (head[5] if len(head) > 5 else "")
+    raise AssertionError(f"no mapping holds {address:#x}")
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

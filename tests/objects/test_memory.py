@@ -3,13 +3,14 @@ and the pages are free, never for small buffers, and the memory reads back what 
 
 from __future__ import annotations
 
+import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 from ckstore.objects import memory
+from tests.support.forking import fork_and_run
 
 BUDDYINFO = """\
 Node 0, zone      DMA      0      0      0      0      0      0      0      0      1      1      3
@@ -33,14 +34,28 @@ def test_free_huge_bytes_counts_blocks_of_2_mib_and_up_outside_dma() -> None:
     assert memory.free_huge_bytes("Node 0, zone Normal 5 5 5") == 0  # no block that large
 
 
-def _fake_system(monkeypatch: pytest.MonkeyPatch, mode: str, free: int) -> list[int]:
-    """A fresh budget reading ``mode`` and ``free`` bytes of huge pages; returns the list of
-    times /proc/buddyinfo was read (appended to)."""
+def test_free_huge_bytes_counts_in_the_page_sizes_given() -> None:
+    """With 64 KiB base pages a huge page is 512 MiB (order 13): blocks of orders 9-12 (32-256
+    MiB) hold none, where counting in 4 KiB pages would see 340 MiB free."""
+    info = "Node 0, zone   Normal 0 0 0 0 0 0 0 0 0 1 1 1 1 0"
+    assert memory.free_huge_bytes(info, page=64 << 10, huge=512 << 20) == 0
+    assert memory.free_huge_bytes(info) == (2 + 4 + 8 + 16) << 20
+    info13 = info[: -len(" 0")] + " 2"
+    assert memory.free_huge_bytes(info13, page=64 << 10, huge=512 << 20) == 2 * (512 << 20)
+
+
+def _fake_system(
+    monkeypatch: pytest.MonkeyPatch, mode: str, free: int, huge: int = 2 << 20
+) -> list[int]:
+    """A fresh budget reading ``mode``, a huge page of ``huge`` bytes and ``free`` bytes of
+    them; returns the list of times /proc/buddyinfo was read (appended to)."""
     reads: list[int] = []
 
     def read_text(path: str, parse: object) -> object:
         if path.endswith("enabled"):
             return memory.thp_mode(f"always [{mode}] never" if mode else "always madvise never")
+        if path.endswith("hpage_pmd_size"):
+            return huge
         reads.append(1)
         return free
 
@@ -68,20 +83,25 @@ def test_nothing_is_asked_where_the_mode_is_not_madvise(
     monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     reads = _fake_system(monkeypatch, mode, 1 << 40)
-    assert not memory._FREE.take(4 << 20)
+    assert memory.huge_memory(64 << 20) is None
     assert reads == []  # nor is /proc/buddyinfo read
 
 
-def test_small_or_unaligned_ranges_are_not_advised(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_system(monkeypatch, "madvise", 1 << 40)
-    called: list[tuple[int, int]] = []
-    monkeypatch.setattr(memory, "_madvise", lambda a, n, how: called.append((a, n)) or True)
-    assert not memory.advise_huge_pages(0, memory.HUGE_MIN_BYTES - 1)
-    assert called == []
-    # 4 MiB starting 1 byte past a huge page: only the one whole huge page inside is advised
-    assert memory.advise_huge_pages(memory.HUGE_PAGE + 1, 4 << 20) is (sys.platform == "linux")
-    if sys.platform == "linux":
-        assert called == [(2 * memory.HUGE_PAGE, memory.HUGE_PAGE)]
+def test_small_buffers_and_ones_below_a_huge_page_are_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads = _fake_system(monkeypatch, "madvise", 1 << 40, huge=32 << 20)  # 16 KiB-page arm64
+    assert memory.huge_memory(memory.HUGE_MIN_BYTES - 1) is None
+    assert memory.huge_memory(16 << 20) is None  # under one 32 MiB huge page
+    assert reads == []
+
+
+def test_no_advice_when_the_huge_pages_are_not_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_system(monkeypatch, "madvise", 6 << 20)  # half of it: one 2 MiB page may be asked for
+    advised: list[tuple[int, int]] = []
+    monkeypatch.setattr(memory, "_madvise", lambda a, n, how: advised.append((a, n)) or True)
+    assert memory.huge_memory(8 << 20) is None
+    assert advised == []
 
 
 def _vm_flags(address: int) -> list[str]:
@@ -99,19 +119,38 @@ def _vm_flags(address: int) -> list[str]:
     not Path("/sys/kernel/mm/transparent_hugepage/enabled").exists(),
     reason="the kernel has no transparent huge pages (not Linux, or built without them)",
 )
-def test_advised_memory_is_marked_for_huge_pages_and_holds_what_is_written(
+def test_the_buffer_starts_on_a_huge_page_in_its_own_advised_mapping(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _fake_system(monkeypatch, "madvise", 1 << 40)
-    n = 8 << 20
-    m = memory.private_memory(n)
+    advised: list[tuple[int, int]] = []
+    real = memory._madvise
+    monkeypatch.setattr(
+        memory, "_madvise", lambda a, n, how: advised.append((a, n)) or real(a, n, how)
+    )
+    n = (5 << 20) + 123
+    got = memory.huge_memory(n)
+    assert got is not None
+    mem, start = got
     try:
-        address = memory.address_of(m)
-        assert memory.advise_huge_pages(address, n)
-        first_whole = -(-address // memory.HUGE_PAGE) * memory.HUGE_PAGE
-        assert "hg" in _vm_flags(first_whole)
-        m[:] = bytes(range(256)) * (n // 256)
-        assert m[: 1 << 20] == bytes(range(256)) * 4096
-        assert m[-256:] == bytes(range(256))
+        base = memory.address_of(mem)
+        assert (base + start) % (2 << 20) == 0 and start + n <= len(mem)
+        assert advised == [(base + start, 4 << 20)]  # the whole huge pages of the n bytes
+        assert "hg" in _vm_flags(base + start)
+        mem[start : start + n] = bytes(range(256)) * (n // 256) + bytes(range(n % 256))
+        assert mem[start : start + 256] == bytes(range(256))
+        assert mem[start + n - 3 : start + n] == bytes(range(n % 256))[-3:]
     finally:
-        m.close()
+        mem.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+def test_a_child_forked_while_the_budget_is_read_does_not_hang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another thread reading /proc/buddyinfo at the fork holds the budget's lock: the child
+    gets a budget (and lock) of its own, so its first large read does not wait forever."""
+    _fake_system(monkeypatch, "madvise", 1 << 40)
+    with memory._FREE._lock:  # what that thread holds at the fork
+        fate = fork_and_run(lambda: memory.huge_memory(8 << 20) is not None, deadline_s=5)
+    assert fate == "ok"
