@@ -61,7 +61,8 @@ def huge_memory(n: int) -> tuple[mmap.mmap, int] | None:
     at about a third of a copy into memory already touched, 2 MiB pages at nearly its speed
     (64 MiB here: 44 ms against 12 ms). The mapping is the buffer's own (the advice goes with
     it, never left on heap memory a later allocation reuses) and its bytes start on a huge
-    page boundary, so every whole huge page of them is one; it is asked for
+    page boundary, so every whole huge page of them is one (the rest, under one huge page,
+    stays in small pages: a huge page there would hold up to 2 MiB nobody uses); asked for
     (``madvise(MADV_HUGEPAGE)``) only where it changes something and costs no wait:
 
     - Linux, ``n`` at least :data:`HUGE_MIN_BYTES` and one huge page;
@@ -83,10 +84,14 @@ def huge_memory(n: int) -> tuple[mmap.mmap, int] | None:
     huge = _FREE.huge_page()
     if huge is None or n < huge or not _FREE.take(n // huge * huge):
         return None
-    mem = private_memory(n + huge)
+    try:
+        mem = private_memory(n + huge)
+    except OSError:  # out of address space or mappings (vm.max_map_count): as usual then
+        return None
     base = address_of(mem)
     start = -(-base // huge) * huge - base
-    _madvise(base + start, n // huge * huge, _MADV_HUGEPAGE)
+    # from the mapping's start (untouched before ``start``): two mappings per buffer, not three
+    _madvise(base, start + n // huge * huge, _MADV_HUGEPAGE)
     return mem, start
 
 
