@@ -6,11 +6,20 @@ carry the same fields; the layers never import each other, so the layers above c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
+from ..errors import ObjectNotFoundError
 from ..index import ChunkRecord
 from ..objects import ChunkLocation
 from ..objects.delta import MAX_CHAIN
+
+T = TypeVar("T")
+
+MAX_MOVES = 8
+"""Times a read follows a chunk that moved (gc repacking, compaction re-encoding, the old pack
+deleted once its grace period passed) since it was looked up: once a move, as often as it
+moves while the read runs."""
 
 
 def to_location(rec: ChunkRecord, known: Mapping[str, ChunkRecord] | None = None) -> ChunkLocation:
@@ -60,3 +69,32 @@ def to_records(
         )
         for l in locs
     ]
+
+
+def places(loc: ChunkLocation) -> list[tuple[str, int]]:
+    """Where each payload of a chunk's chain lives (pack, offset)."""
+    return [(link.pack_id, link.offset) for link in loc.chain()]
+
+
+def read_following(
+    locate: Callable[[list[str]], Mapping[str, ChunkRecord]],
+    loc: ChunkLocation,
+    read: Callable[[ChunkLocation], T],
+) -> T:
+    """``read(loc)``; where a pack of the chunk's chain is gone, the chunk is looked up again
+    (``locate``: ``Index.chunk_locations``) and read at its new place, up to
+    :data:`MAX_MOVES` times. ``read`` must verify what it reads (a re-encoded chunk is read
+    anew). Raises ``ObjectNotFoundError`` when the chunk is gone or did not move."""
+    for _ in range(MAX_MOVES):
+        try:
+            return read(loc)
+        except ObjectNotFoundError:
+            found = locate([loc.chunk_id])
+            rec = found.get(loc.chunk_id)
+            if rec is None:
+                raise
+            new = to_location(rec, found)
+            if places(new) == places(loc):
+                raise
+            loc = new
+    return read(loc)

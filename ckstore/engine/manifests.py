@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from .. import objects
-from ..errors import CorruptionError, ObjectNotFoundError
+from ..errors import CorruptionError
 from ..format.dtypes import itemsize
 from ..format.grid import Box, Grid
 from ..format.manifest import Manifest
 from ..format.parts import Level, Part, Root, assemble, parse_any, parse_node, partial
 from .interfaces import LocationIndex
-from .locations import to_location
+from .locations import read_following, to_location
 
 ReadChunks = Callable[[list[str]], Mapping[str, bytes]]
 """Reads chunks by id (each verified against it); returns their bytes by id."""
@@ -121,13 +121,9 @@ def chunk_reader(objs: objects.ObjectStore, index: LocationIndex, where: str) ->
             rec = known.get(cid)
             if rec is None:
                 raise CorruptionError(f"{where}: manifest part {cid[:16]}… has no chunk row")
-            try:
-                out[cid] = bytes(objs.read_chunk(to_location(rec, known)))
-            except ObjectNotFoundError:  # moved meanwhile (compaction, gc): look it up again
-                again = index.chunk_locations([cid])
-                if cid not in again:
-                    raise
-                out[cid] = bytes(objs.read_chunk(to_location(again[cid], again)))
+            out[cid] = bytes(  # moved meanwhile (compaction, gc): followed to its place
+                read_following(index.chunk_locations, to_location(rec, known), objs.read_chunk)
+            )
         return out
 
     return read

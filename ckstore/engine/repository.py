@@ -223,14 +223,19 @@ class Repository(Knobs):
         and readers build new containers and values from it on every read, so reads of one
         snapshot share it: a loop of ``get(ref).read_object(key)`` parses it once (4-5 ms a
         call for a state of 112 tensors here, more for larger ones). Checks read the stored
-        bytes again (:meth:`load_manifest`); a take of this process lets it go (a training
-        job's resume does not hold its manifest for the whole run)."""
+        bytes again (:meth:`load_manifest`); a take of this handle lets it go
+        (:meth:`forget_manifest`; a read running meanwhile may keep its own again)."""
         kept = self._manifest
         if kept is not None and kept[0] == manifest_id:
             return kept[1]
         manifest = load()
         self._manifest = (manifest_id, manifest)
         return manifest
+
+    def forget_manifest(self) -> None:
+        """Let the manifest :meth:`manifest_of` keeps go (what every take of this handle does
+        as it opens, on every rank: a training job's resume does not hold it for the run)."""
+        self._manifest = None
 
     def kept_manifest(self, manifest_id: str) -> Manifest | None:
         """The manifest :meth:`manifest_of` keeps, if it is ``manifest_id``'s; else None."""
@@ -255,7 +260,6 @@ class Repository(Knobs):
     def committed(self, record: SnapshotRecord) -> None:
         """Run the :attr:`after_commit` hooks for a snapshot a take just committed."""
         self.deletion_ages.committed(record.run, record.id)
-        self._manifest = None
         for hook in list(self.after_commit):
             try:
                 hook(record)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..engine.locations import to_location
-from ..errors import CorruptionError, ObjectNotFoundError
+from ..engine.locations import read_following, to_location
+from ..errors import CorruptionError
 from ..format.dtypes import dtype_from_name
 from ..format.manifest import ChunkRef, TensorEntry
 from ..format.tensors import empty_for, from_bytes, writable_view
@@ -133,15 +133,12 @@ class _BoxReader:
                     f"{self.where}: chunk {c.id[:16]}… is unknown to the index; run `ckstore check`"
                 )
             t = empty_for(self.entry.dtype, c.sizes)
-            try:
-                self.snap.repo.objects.read_chunk(to_location(rec, self.locs), out=writable_view(t))
-            except ObjectNotFoundError:  # compaction or gc moved it meanwhile: look it up again
-                self.locs.update(index.chunk_locations([c.id]))
-                if c.id not in self.locs:
-                    raise
-                self.snap.repo.objects.read_chunk(
-                    to_location(self.locs[c.id], self.locs), out=writable_view(t)
-                )
+            out = writable_view(t)
+            read_following(  # compaction or gc moved it meanwhile: followed to its place
+                index.chunk_locations,
+                to_location(rec, self.locs),
+                lambda loc: self.snap.repo.objects.read_chunk(loc, out=out),
+            )
             self.cache[i] = t
         return self.cache[i]
 

@@ -50,7 +50,7 @@ from ...errors import CorruptionError, ObjectNotFoundError
 from ...format.dtypes import dtype_from_name
 from ..devices import DONE
 from ..interfaces import LocationIndex
-from ..locations import to_location
+from ..locations import MAX_MOVES, places, to_location
 from ..progress import ProgressFn, meter
 from .jobs import Job, raw_bytes
 from .readahead import ReadAhead
@@ -58,9 +58,8 @@ from .sources import ChunkSource, Healer
 from .staging import Arena, Pools, arena_copier
 
 INLINE_BYTES = 4 << 20
-"""A pass over fewer raw bytes than this runs on the calling thread: starting the worker threads
-(and their read buffers) would cost more than it saves. Measured on 2 cores: a 1 MiB state
-restored in 17.5 ms on 2 threads and 10.7 ms on one; at 8 MiB 2 threads win."""
+"""A pass over fewer raw bytes than this runs on the calling thread: starting worker threads
+costs more (2 cores: a 1 MiB state restored in 17.5 ms on 2 threads, 10.7 ms on one)."""
 
 
 _SKIP_CHECKS = [False]
@@ -146,9 +145,8 @@ class Fetcher:
         """Check every distinct chunk of ``jobs`` without touching any destination, and
         remember what the second pass (:meth:`load`) needs (see the module docstring).
 
-        Compressed chunks are decoded into an arena of at most ``budget`` bytes (less what the
-        host pools of the second pass need; None: no limit) while it has room. Returns the
-        arena (:meth:`apply` empties it).
+        Compressed chunks are decoded into an arena of at most ``budget`` bytes (less the second
+        pass's host pools; None: no limit) while it has room; returned (:meth:`apply` empties it).
         """
         self._locate(jobs)
         self._read_once()
@@ -316,7 +314,7 @@ class Fetcher:
         """Run ``fn`` (which reads ``job.loc`` when it runs) for ``job``: a pack gone since the
         chunk was located is looked up again (:meth:`_moved`) and ``fn`` runs again at the
         chunk's new place, or ``moved`` runs instead when its payload is not the one read before
-        (compaction re-encoded it). A chunk still damaged or missing is healed when a
+        (compaction re-encoded it; at any of up to :data:`MAX_MOVES` moves followed). A chunk still damaged or missing is healed when a
         :data:`Healer` can: ``given`` runs on the verified bytes it hands back, or the chunk is
         read again at its new place (``moved`` when given, the first pass's checks no longer
         covering it); else damage raises naming the key (and, unless ``fn`` was ``writing``
@@ -325,15 +323,20 @@ class Fetcher:
         def again(how: str | None) -> Any:
             return moved() if how == "re-encoded" and moved is not None else fn()
 
+        def followed() -> Any:  # the chunk may move again while it is looked up
+            how: str | None = None
+            for _ in range(MAX_MOVES):
+                try:
+                    return fn() if how is None else again(how)
+                except ObjectNotFoundError:
+                    if (now := self._moved(job)) is None:
+                        raise
+                    how = "re-encoded" if "re-encoded" in (how, now) else now  # once, for good
+            return again(how)
+
         try:
             try:
-                try:
-                    return fn()
-                except ObjectNotFoundError:
-                    how = self._moved(job)
-                    if how is None:
-                        raise
-                    return again(how)
+                return followed()
             except (CorruptionError, ObjectNotFoundError):
                 if self.heal is None:
                     raise
@@ -364,13 +367,11 @@ class Fetcher:
         new = to_location(rec, locs)
         old = self._loc(job)
         try:
-            places = [(l.pack_id, l.offset) for l in new.chain()] != [
-                (l.pack_id, l.offset) for l in old.chain()
-            ]
+            elsewhere = places(new) != places(old)
             same = [_payload_key(l) for l in new.chain()] == [_payload_key(l) for l in old.chain()]
         except CorruptionError:
             return None
-        if not places:
+        if not elsewhere:
             return None
         job.loc = new
         return "moved" if same else "re-encoded"

@@ -112,6 +112,7 @@ class LocalTake:
     # --- the session ------------------------------------------------------------------------
     def open(self) -> LocalTake:
         """Begin the write session (its lease beats until :meth:`close`) and the workers."""
+        self.repo.forget_manifest()  # a training job's resume does not keep its manifest
         self._activity.enter_context(self.repo.activity())  # background compaction waits meanwhile
         self._pool = self._new_pool()
         try:

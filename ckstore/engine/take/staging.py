@@ -50,7 +50,7 @@ class StagingArena:
     last async take (:meth:`reset` and reused by the next one: a training loop's takes copy at
     memory speed from the second on). Private (a child forked meanwhile gets its own pages, see
     ``private_memory``); it goes back to the system once dropped and the last tensor cut from it
-    is gone. Huge pages are not asked for (``objects.memory.advise_huge_pages``): on this
+    is gone. Huge pages are not asked for (``objects.memory.huge_memory``): on this
     project's test machines, virtual machines whose balloon reports free 2 MiB blocks to the
     host, a new arena's huge pages each fault in from the host, and a first copy of 270 MiB
     took 137-495 ms with them against 117-149 ms without (an earlier measurement saw a 0.3 s
