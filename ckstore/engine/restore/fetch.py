@@ -314,11 +314,12 @@ class Fetcher:
         """Run ``fn`` (which reads ``job.loc`` when it runs) for ``job``: a pack gone since the
         chunk was located is looked up again (:meth:`_moved`) and ``fn`` runs again at the
         chunk's new place, or ``moved`` runs instead when its payload is not the one read before
-        (compaction re-encoded it; at any of up to :data:`MAX_MOVES` moves followed). A chunk still damaged or missing is healed when a
-        :data:`Healer` can: ``given`` runs on the verified bytes it hands back, or the chunk is
-        read again at its new place (``moved`` when given, the first pass's checks no longer
-        covering it); else damage raises naming the key (and, unless ``fn`` was ``writing``
-        into a destination, saying nothing was restored)."""
+        (compaction re-encoded it, at any of up to :data:`MAX_MOVES` moves followed). A chunk
+        still damaged or missing is healed when a :data:`Healer` can: ``given`` runs on the
+        verified bytes it hands back, or the chunk is read again at its new place (``moved``
+        when given, the first pass's checks no longer covering it); else damage raises naming
+        the key (and, unless ``fn`` was ``writing`` into a destination, saying nothing was
+        restored)."""
 
         def again(how: str | None) -> Any:
             return moved() if how == "re-encoded" and moved is not None else fn()
