@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
+
+import pytest
 import torch
 
 import ckstore
@@ -188,9 +191,14 @@ def test_prepare_staging_refuses_what_async_take_refuses(store):
         store.prepare_staging({"s": {"a": torch.zeros(3)}})
 
 
-def test_copies_split_between_threads_all_land_before_the_call_returns(store_path, monkeypatch):
-    """A state past twice ``FILL_SHARE`` is copied by several threads at once (the training
-    thread waits for them): each tensor, big or small, is the value it had at the call."""
+@pytest.mark.parametrize("torch_threads", [1, 2])
+def test_copies_split_between_threads_all_land_before_the_call_returns(
+    store_path, monkeypatch, torch_threads
+):
+    """A state past twice ``FILL_SHARE`` is copied on every core the take may use (the
+    training thread waits for it): by two filler threads for a trainer on one torch thread,
+    by the calling thread when torch's own two threads copy each tensor. Each tensor, big or
+    small, is the value it had at the call."""
     calls: list[int] = []
     real = single._Filler.run
 
@@ -199,6 +207,7 @@ def test_copies_split_between_threads_all_land_before_the_call_returns(store_pat
         real(self)
 
     monkeypatch.setattr(single._Filler, "run", run)
+    monkeypatch.setattr(single.torch, "get_num_threads", lambda: torch_threads)
     store = ckstore.open(store_path, create=True)
     store.threads = 2
     gen = torch.Generator().manual_seed(0)
@@ -212,7 +221,43 @@ def test_copies_split_between_threads_all_land_before_the_call_returns(store_pat
     for v in state.values():
         v.fill_(float("nan"))  # the copies were all made before the call returned
     snap = pending.wait(120)
-    assert len([c for c in calls if c]) == 2  # the big copies went to two threads
+    assert len([c for c in calls if c]) == (2 if torch_threads == 1 else 0)
     got = snap.read_object("s")
     assert all(torch.equal(got[k], v) for k, v in want.items())
+    store.close()
+
+
+def test_a_refused_name_stops_the_copies_and_leaves_nothing(store_path):
+    """The index's refusals (a tag that would hide a run) run while the state is copied: the
+    call raises them, nothing is stored, and the staging memory serves the next take."""
+    store = ckstore.open(store_path, create=True)
+    n = single.FILL_SHARE // 2  # float32 elements: two shares in all
+    state = ckstore.StateDict(big=torch.randn(n), other=torch.randn(n), small=torch.randn(9))
+    store.async_take({"s": state}, run="sft", step=1).wait(120)
+    packs = _pack_bytes(store)
+    with pytest.raises(ckstore.ConflictError, match="would hide run 'sft'"):
+        store.async_take({"s": state}, run="sft", step=2, tags=["sft"])
+    assert _pack_bytes(store) == packs and [s.step for s in store.log("sft")] == [1]
+    want = {k: v.clone() for k, v in state.items()}
+    pending = store.async_take({"s": state}, run="sft", step=3)
+    state["big"].zero_()
+    got = pending.wait(120).read_object("s")
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+    store.close()
+
+
+def test_a_resaved_step_warns_at_the_async_take_line(store_path):
+    """The re-save warning, raised while the copies are made, still points at the line of the
+    caller's own ``async_take``."""
+    from ckstore import _takes
+
+    store = ckstore.open(store_path, create=True)
+    state = ckstore.StateDict(w=torch.randn(64, 64))
+    store.take({"s": state}, run="sft", step=7)
+    _takes._SAVED.clear()  # as if another process (a run before a crash) had taken sft@7
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        store.async_take({"s": state}, run="sft", step=7).wait(120)
+    resaves = [w for w in seen if w.category is ckstore.ResaveWarning]
+    assert len(resaves) == 1 and resaves[0].filename == __file__
     store.close()
