@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .distributed import is_distributed
@@ -198,22 +199,18 @@ def take_async(
     from .engine.take.plan import state_dicts
 
     spec = replace(with_live_trainable(spec, app_state), asynchronous=True)
-
-    def checks() -> None:  # a name clash is refused before anything is written
-        repo.index.check_take(spec.run, spec.tag_specs)
-        warn_resave(repo, spec)
-
+    repo.index.check_take(spec.run, spec.tag_specs)  # before any state_dict() call
     if _ranks(spec.no_dist):
         from .distributed.take import take_async as dist_take_async
 
-        checks()
+        warn_resave(repo, spec)
         _no_dist_deltas(spec)
         return Background(dist_take_async(repo, app_state, spec, pg))
     from .engine.take.single import take_async as engine_take_async
 
     budget = repo.staging_budget if spec.staging_budget is None else spec.staging_budget
-    # the checks run once the state's copies are under way: they touch nothing of it
-    job = engine_take_async(repo, state_dicts(app_state), spec, budget, progress, checks)
+    warn = partial(warn_resave, repo, spec)  # an index read: while the state is copied
+    job = engine_take_async(repo, state_dicts(app_state), spec, budget, progress, warn)
     future: Future[Committed] = Future()
 
     def done(job_future: Future[Any]) -> None:

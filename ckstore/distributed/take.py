@@ -61,8 +61,9 @@ from ..engine.take.guard import remember
 from ..engine.take.local import LocalTake
 from ..engine.take.packing import Chunk, TakeOptions
 from ..engine.take.plan import state_dicts
+from ..engine.take.single import await_prepared, reserved_bytes
 from ..engine.take.spec import TakeSpec
-from ..engine.take.staging import stage
+from ..engine.take.staging import arena_for, arena_size, give_back, stage
 from ..errors import DistributedError
 from ..format.dtypes import GROUPED, itemsize
 from ..format.grid import Box, make_grid
@@ -361,12 +362,40 @@ def take_async(
 
     The group is opened now (opening waits for every member), and the state copied; the take
     then runs on one background thread per process (:func:`background`), so the ranks' takes
-    run their collectives in call order.
+    run their collectives in call order. When the copies fit the staging budget
+    (``spec.staging_budget``, else the repository's, less the take's own buffers as in a single
+    process: ``single.reserved_bytes``), they go into the staging arena the
+    repository's last async take gave back (memory already touched: a training loop's takes
+    copy at memory speed from the second on) and the arena is given back once the take is
+    done; past the budget each tensor is copied into new memory that goes with the take.
     """
     comm = Comm(pg, spec.dist_timeout, purpose="async")
     ddp = ddp_apps(app_state)
-    staged = stage(state_dicts(app_state))
-    return background().submit(take, repo, staged, spec, comm, ddp)
+    states = state_dicts(app_state)
+    budget = repo.staging_budget if spec.staging_budget is None else spec.staging_budget
+    budget -= reserved_bytes(TakeOptions.of(repo), repo.background_threads, budget)
+    nbytes, on_gpu = arena_size(states)
+    await_prepared(repo)
+    arena = arena_for(repo, nbytes, pinned=on_gpu) if 0 < nbytes <= budget else None
+    try:
+        try:
+            staged = stage(states, arena=arena)
+        finally:
+            if arena is not None:
+                arena.finish()  # every copy from a device has landed, even when one failed
+    except BaseException:
+        if arena is not None:
+            give_back(repo, arena)
+        raise
+
+    def run() -> Committed:
+        try:
+            return take(repo, staged, spec, comm, ddp)
+        finally:
+            if arena is not None:  # nothing reads the copies any more: the next take reuses them
+                give_back(repo, arena)
+
+    return background().submit(run)
 
 
 _BACKGROUND: list[ThreadPoolExecutor] = []

@@ -261,3 +261,110 @@ def test_a_resaved_step_warns_at_the_async_take_line(store_path):
     resaves = [w for w in seen if w.category is ckstore.ResaveWarning]
     assert len(resaves) == 1 and resaves[0].filename == __file__
     store.close()
+
+
+def _fillers_alive() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name == "ckstore-stage"]
+
+
+def _big_state() -> ckstore.StateDict:
+    n = single.FILL_SHARE // 4  # float32 elements: one share
+    gen = torch.Generator().manual_seed(1)
+    return ckstore.StateDict({f"big{i}": torch.randn(n // 2 + i, generator=gen) for i in range(6)})
+
+
+def test_a_failure_after_the_copies_started_waits_for_them(store_path, monkeypatch):
+    """What raises once the filler threads copy (the take's index fails to open) is raised
+    after they stopped: none writes into staging memory the next take may reuse."""
+    monkeypatch.setattr(single.torch, "get_num_threads", lambda: 1)  # copies on fillers
+    store = ckstore.open(store_path, create=True)
+    store.threads = 2
+
+    def broken(*args, **kwargs):
+        raise OSError("the index is gone")
+
+    monkeypatch.setattr(single, "LocalTake", broken)
+    with pytest.raises(OSError, match="the index is gone"):
+        store.async_take({"s": _big_state()}, run="r", step=1, staging_budget=1 << 30)
+    assert not _fillers_alive()
+    store.close()
+
+
+def test_the_calls_own_error_wins_over_a_copys(store_path, monkeypatch):
+    """A re-save warning made an error is what the call raises, not the error of a copy that
+    failed meanwhile."""
+    import threading
+
+    from ckstore import _takes
+
+    monkeypatch.setattr(single.torch, "get_num_threads", lambda: 1)
+    real = single.fill
+
+    def fill(pairs):
+        if pairs and threading.current_thread().name == "ckstore-stage":
+            raise RuntimeError("a copy failed")
+        real(pairs)
+
+    monkeypatch.setattr(single, "fill", fill)
+    store = ckstore.open(store_path, create=True)
+    store.threads = 2
+    store.take({"s": ckstore.StateDict(w=torch.zeros(4))}, run="r", step=1)
+    _takes._SAVED.clear()  # as if another process had taken r@1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ckstore.ResaveWarning)
+        with pytest.raises(ckstore.ResaveWarning):
+            store.async_take({"s": _big_state()}, run="r", step=1, staging_budget=1 << 30)
+    assert not _fillers_alive()
+    with pytest.raises(RuntimeError, match="a copy failed"):  # alone, the copy's error is raised
+        store.async_take({"s": _big_state()}, run="r", step=2, staging_budget=1 << 30)
+    assert [s.step for s in store.log("r")] == [1]
+    store.close()
+
+
+def test_tensors_torch_copies_on_one_thread_still_go_to_fillers(store_path, monkeypatch):
+    """With torch on every core the store may use, the calling thread copies the large tensors
+    (torch spreads each copy) and filler threads the many mid-size ones, which torch copies on
+    one thread each."""
+    calls: list[int] = []
+    real = single._Filler.run
+
+    def run(self) -> None:
+        calls.append(len(self.pairs))
+        real(self)
+
+    monkeypatch.setattr(single._Filler, "run", run)
+    monkeypatch.setattr(single.torch, "get_num_threads", lambda: 2)
+    store = ckstore.open(store_path, create=True)
+    store.threads = 2
+    gen = torch.Generator().manual_seed(2)
+    mid = single.SPREAD_ELEMENTS  # elements: torch copies each on one thread
+    count = 2 * single.FILL_SHARE // (4 * mid) + 2
+    state = ckstore.StateDict(
+        {f"mid{i}": torch.randn(mid, generator=gen) for i in range(count)}
+        | {"big": torch.randn(4 * mid, generator=gen)}
+    )
+    want = {k: v.clone() for k, v in state.items()}
+    pending = store.async_take({"s": state}, run="r", step=1, staging_budget=1 << 30)
+    for v in state.values():
+        v.fill_(float("nan"))
+    got = pending.wait(120).read_object("s")
+    assert sorted(calls) == [count // 2, count - count // 2]  # every mid-size one, on 2 fillers
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+    store.close()
+
+
+def test_a_numpy_array_of_objects_is_refused_naming_its_key(store_path):
+    """An array of Python objects has no bytes to stage: the call refuses it as a take does,
+    naming the key, and the next take goes on."""
+    import numpy as np
+
+    store = ckstore.open(store_path, create=True)
+    state = ckstore.StateDict(w=torch.randn(64, 64), names=np.array(["a", None], dtype=object))
+    with pytest.raises(ckstore.UnsupportedValueError, match="'s/names'.*dtype object"):
+        store.async_take({"s": state}, run="r", step=1, staging_budget=1 << 30)
+    del state["names"]
+    got = store.async_take({"s": state}, run="r", step=2).wait(120).read_object("s")
+    assert torch.equal(got["w"], state["w"])
+    store.close()

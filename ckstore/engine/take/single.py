@@ -179,7 +179,7 @@ def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) ->
     return future
 
 
-def _await_prepared(repo: Repository) -> None:
+def await_prepared(repo: Repository) -> None:
     """Wait for a ``prepare_staging`` still touching its arena (a restore's, started moments
     ago): the take would otherwise fault a second arena of the same size in, against it."""
     pending = repo.staging_prepared
@@ -226,13 +226,12 @@ def take_async(
     spec: TakeSpec,
     budget: int,
     progress: ProgressFn | None = None,
-    checks: Callable[[], None] | None = None,
+    warn: Callable[[], None] | None = None,
 ) -> AsyncTake:
     """Return once the state at this call is safe: copied within ``budget``, the rest stored.
 
-    ``checks`` (the index's refusals of the take, a name clash) runs once the copies are made
-    or under way on other threads, before anything is stored: what it raises is raised once
-    the copies stopped.
+    ``warn`` (the re-save warning) is issued once the copies are made or under way on other
+    threads.
 
     ``budget`` covers the copies and the take's own buffers (``TakeOptions.working_bytes``,
     kept out of it), so the memory the take adds stays within it. Tensors that fit are copied;
@@ -244,35 +243,34 @@ def take_async(
     session opens in the background too.
     """
     started = time.perf_counter()
-    _await_prepared(repo)
+    await_prepared(repo)
     opts = TakeOptions.of(repo, deltas=spec.delta_base is not None)
     threads = repo.background_threads  # what finishes the take; the call itself runs on all
     reserved = reserved_bytes(opts, threads, budget)
     shared = _offloading(repo, progress)
-    copying = _Fillers([])
-
-    def fill_later(pairs: list[tuple[Any, Any]]) -> None:  # they land while the take is planned
-        copying.fillers = _filling(pairs, opts.threads).fillers
-
+    copying = _Fillers([])  # they land while the take is planned
     try:
         staged, live, used, arena, flats = stage_within(
             states,
             budget - reserved,
             partial(arena_for, repo, shared=shared),
-            fill_later,
+            partial(_filling, threads=opts.threads, into=copying),
             opts.inline_bytes,
         )
     except BaseException:
         copying.join(quiet=True)  # nothing writes into the arena any more: its error is raised
         raise
-    t = LocalTake(repo, spec, opts, progress=progress)
+    t: LocalTake | None = None
     try:
         try:
-            if checks is not None:
-                checks()
+            t = LocalTake(repo, spec, opts, progress=progress)
+            if warn is not None:
+                warn()
             p = plan(staged, t.opts)  # a value the format refuses is refused here, at the call
-        finally:
-            copying.join()
+        except BaseException:
+            copying.join(quiet=True)  # what the call raised is raised, not a copy's error
+            raise
+        copying.join()
         copied = time.perf_counter()
         now = [c for c in p.chunks if c.key in live]
         if now:
@@ -280,7 +278,9 @@ def take_async(
             t.open()
             t.store(now, defer=True)
     except BaseException:
-        t.close()
+        copying.join(quiet=True)  # joined already, unless an interrupt came while joining
+        if t is not None:
+            t.close()
         give_back(repo, arena)
         raise
     stored = time.perf_counter()
@@ -369,7 +369,7 @@ class _Filler(threading.Thread):
 
     def join(self, timeout: float | None = None, quiet: bool = False) -> None:
         """Wait for the copies; re-raise their error unless ``quiet``."""
-        if self.pairs:
+        if self.ident is not None:  # started
             super().join(timeout)
         if self.error is not None and not quiet:
             raise self.error
@@ -394,32 +394,49 @@ class _Fillers:
             raise errors[0]
 
 
-def _filling(pairs: list[tuple[Any, Any]], threads: int) -> _Fillers:
-    """The copies of ``pairs`` on up to ``threads`` cores: made here, on the calling thread,
-    when torch's own threads already copy each tensor on that many (``torch.get_num_threads``),
-    else started on :class:`_Filler` threads that share them, balanced by bytes, each with at
-    least :data:`FILL_SHARE` bytes. The training thread waits for the copies, so the call may
-    use every core. Measured on 2 cores, 270 MiB: a trainer on one torch thread copies in 30 ms
-    where two fillers take 20 ms; with torch on both, the calling thread copies in 19.6 ms
-    where one filler took 21.6 and two 25.9 (each filler's copies spread over torch's threads
-    too, and a new thread starts its own)."""
+def _filling(pairs: list[tuple[Any, Any]], threads: int, into: _Fillers) -> None:
+    """Make the copies of ``pairs`` on up to ``threads`` cores; return once those left to
+    :class:`_Filler` threads (recorded in ``into`` before each starts: join it) are under way
+    and the others are made.
+
+    Where torch copies a tensor on at least ``threads`` threads of its own
+    (``torch.get_num_threads``; a tensor past :data:`SPREAD_ELEMENTS`), the calling thread
+    copies those tensors: a filler thread would start a second team of torch threads. The
+    others (numpy arrays, smaller tensors, and all of them for a trainer that keeps torch on
+    fewer threads) go to filler threads, balanced by bytes, each with at least
+    :data:`FILL_SHARE` bytes, or to the calling thread when they come to less. The training
+    thread waits for the copies, so the call may use every core. Measured on 2 cores, 270
+    MiB: with torch on one thread two fillers copy in 20 ms where one thread takes 30 ms;
+    with torch on both, the calling thread copies in 19.6 ms, where one filler took 21.6 and
+    two 25.9."""
+    here: list[tuple[Any, Any]] = []
+    if torch.get_num_threads() >= threads:
+        here = [p for p in pairs if _spreads(p[1])]
+        pairs = [p for p in pairs if not _spreads(p[1])]
     total = sum(arena_bytes(v) for _, v in pairs)
-    spread = max(1, torch.get_num_threads())
-    n = max(1, min(threads // spread, len(pairs), total // FILL_SHARE))
+    n = max(1, min(threads, len(pairs), total // FILL_SHARE))
     if n == 1:
-        fill(pairs)
-        return _Fillers([])
+        here, pairs = here + pairs, []
     shares: list[list[tuple[Any, Any]]] = [[] for _ in range(n)]
     load = [0] * n
     for pair in sorted(pairs, key=lambda p: arena_bytes(p[1]), reverse=True):
         i = load.index(min(load))
         shares[i].append(pair)
         load[i] += arena_bytes(pair[1])
-    fillers = [_Filler(share) for share in shares]
-    for filler in fillers:
-        if filler.pairs:
+    for share in shares:
+        if share:
+            filler = _Filler(share)
+            into.fillers.append(filler)
             filler.start()
-    return _Fillers(fillers)
+    fill(here)
+
+
+SPREAD_ELEMENTS = 1 << 15
+"""Elements past which torch spreads one tensor's copy over its threads (its grain size)."""
+
+
+def _spreads(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.numel() > SPREAD_ELEMENTS
 
 
 def _prepare(t: LocalTake, p: Plan) -> None:

@@ -28,6 +28,8 @@ def arena_bytes(value: Any) -> int:
     it is copied on its own, as a DTensor or a tensor of an unusual layout is)."""
     if isinstance(value, torch.Tensor) and not _plain(value):
         return 0
+    if isinstance(value, np.ndarray) and value.dtype.hasobject:
+        return 0  # no bytes to copy: planning refuses it, naming its key
     n = (
         value.numel() * value.element_size()
         if isinstance(value, torch.Tensor)
@@ -200,27 +202,33 @@ def fill(pairs: list[tuple[Any, Any]]) -> None:
             np.copyto(dst, value)
 
 
-def stage(obj: Any, key: str = "") -> Any:
+def stage(obj: Any, key: str = "", arena: StagingArena | None = None) -> Any:
     """Copy tensors/arrays (to CPU) and rebuild containers; immutable scalars are shared.
 
     After this returns, nothing the caller does to its tensors, dicts or lists changes the copy.
     Tensors ckstore cannot store are refused before anything is copied (``key`` names where
     ``obj`` sits, for the message); containers nested past ``MAX_DEPTH`` are refused too.
 
+    With ``arena`` (sized by :func:`arena_size`), the tensors and arrays it holds
+    (``arena_bytes`` > 0; those on a GPU only into a pinned one) are copied into it, the others
+    on their own; call ``arena.finish()`` before reading the copies.
+
     Raises:
         UnsupportedValueError: a meta, nested or storage-less tensor (the key is named).
         InvalidInputError: containers nested too deep.
     """
-    return _stage(obj, key, 0)
+    return _stage(obj, key, 0, arena)
 
 
-def _stage(obj: Any, key: str, depth: int) -> Any:
+def _stage(obj: Any, key: str, depth: int, arena: StagingArena | None) -> Any:
     if isinstance(obj, torch.Tensor):
         local = obj.to_local() if is_dtensor(obj) else obj  # type: ignore[attr-defined] # a DTensor: its shard is staged
         check_tensor(local, key)
+        if _in_arena(obj, arena):
+            return arena.copy(obj)  # type: ignore[union-attr]
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, np.ndarray):
-        return obj.copy()
+        return arena.copy(obj) if _in_arena(obj, arena) else obj.copy()  # type: ignore[union-attr]
     if isinstance(obj, (dict, list, tuple)) and not isinstance(obj, torch.Size):
         if depth > MAX_DEPTH:  # depth 0 is the app_state mapping around the state dicts
             raise InvalidInputError(
@@ -229,16 +237,56 @@ def _stage(obj: Any, key: str, depth: int) -> Any:
     if isinstance(obj, dict):
         out: dict[Any, Any] = OrderedDict() if isinstance(obj, OrderedDict) else {}
         for k, v in obj.items():
-            out[k] = _stage(v, join(key, str(k)), depth + 1)
+            out[k] = _stage(v, join(key, str(k)), depth + 1, arena)
         meta = getattr(obj, "_metadata", None)
         if meta is not None:
-            out._metadata = _stage(meta, key, depth + 1)  # type: ignore[attr-defined]
+            out._metadata = _stage(meta, key, depth + 1, arena)  # type: ignore[attr-defined]
         return out
     if isinstance(obj, list):
-        return [_stage(v, join(key, str(i)), depth + 1) for i, v in enumerate(obj)]
+        return [_stage(v, join(key, str(i)), depth + 1, arena) for i, v in enumerate(obj)]
     if isinstance(obj, tuple) and not isinstance(obj, torch.Size):
-        return tuple(_stage(v, join(key, str(i)), depth + 1) for i, v in enumerate(obj))
+        return tuple(_stage(v, join(key, str(i)), depth + 1, arena) for i, v in enumerate(obj))
     return obj
+
+
+def _in_arena(value: Any, arena: StagingArena | None) -> bool:
+    """Whether :func:`stage` copies ``value`` into ``arena``."""
+    if arena is None or not arena_bytes(value):
+        return False
+    return arena.pinned or not (isinstance(value, torch.Tensor) and value.device.type != "cpu")
+
+
+def arena_size(obj: Any, key: str = "", depth: int = 0) -> tuple[int, bool]:
+    """The bytes of an arena for :func:`stage`'s copies of ``obj`` (its tensors and arrays,
+    ``arena_bytes`` each) and whether one of them is on a GPU (the arena must be pinned).
+
+    Tensors ckstore cannot store are refused here, before any memory is allocated for them (a
+    meta tensor's declared size); containers past ``MAX_DEPTH`` are not looked into
+    (:func:`stage` refuses them).
+
+    Raises:
+        UnsupportedValueError: as :func:`stage`, naming the key.
+    """
+    if isinstance(obj, torch.Tensor):
+        check_tensor(obj.to_local() if is_dtensor(obj) else obj, key)  # type: ignore[attr-defined]
+        return arena_bytes(obj), obj.device.type == "cuda" and arena_bytes(obj) > 0
+    if isinstance(obj, np.ndarray):
+        return arena_bytes(obj), False
+    if depth > MAX_DEPTH or isinstance(obj, torch.Size):
+        return 0, False
+    if isinstance(obj, dict):
+        items = [(join(key, str(k)), v) for k, v in obj.items()]
+        meta = getattr(obj, "_metadata", None)
+        items += [(key, meta)] if meta is not None else []
+    elif isinstance(obj, (list, tuple)):
+        items = [(join(key, str(i)), v) for i, v in enumerate(obj)]
+    else:
+        return 0, False
+    total, on_gpu = 0, False
+    for at, item in items:
+        n, gpu = arena_size(item, at, depth + 1)
+        total, on_gpu = total + n, on_gpu or gpu
+    return total, on_gpu
 
 
 def arena_for(
