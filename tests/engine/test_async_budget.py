@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ckstore
-from ckstore.engine.take import single
+from ckstore.engine.take import filling, single
 
 
 def _pack_bytes(store) -> int:
@@ -191,27 +191,31 @@ def test_prepare_staging_refuses_what_async_take_refuses(store):
         store.prepare_staging({"s": {"a": torch.zeros(3)}})
 
 
-@pytest.mark.parametrize("torch_threads", [1, 2])
-def test_copies_split_between_threads_all_land_before_the_call_returns(
-    store_path, monkeypatch, torch_threads
-):
-    """A state past twice ``FILL_SHARE`` is copied on every core the take may use (the
-    training thread waits for it): by two filler threads for a trainer on one torch thread,
-    by the calling thread when torch's own two threads copy each tensor. Each tensor, big or
-    small, is the value it had at the call."""
-    calls: list[int] = []
-    real = single._Filler.run
+def _record_fills(monkeypatch) -> list[tuple[str, int, int]]:
+    """(thread name, thread id, pairs) of each non-empty batch of copies made from now on."""
+    import threading
 
-    def run(self) -> None:
-        calls.append(len(self.pairs))
-        real(self)
+    seen: list[tuple[str, int, int]] = []
+    real = filling.fill
 
-    monkeypatch.setattr(single._Filler, "run", run)
-    monkeypatch.setattr(single.torch, "get_num_threads", lambda: torch_threads)
+    def fill(pairs):
+        if pairs:
+            me = threading.current_thread()
+            seen.append((me.name, me.ident or 0, len(pairs)))
+        real(pairs)
+
+    monkeypatch.setattr(filling, "fill", fill)
+    return seen
+
+
+def test_copies_split_between_threads_all_land_before_the_call_returns(store_path, monkeypatch):
+    """A state past twice ``FILL_SHARE`` is copied by two filler threads at once (the training
+    thread waits for them): each tensor, big or small, is the value it had at the call."""
+    seen = _record_fills(monkeypatch)
     store = ckstore.open(store_path, create=True)
     store.threads = 2
     gen = torch.Generator().manual_seed(0)
-    n = single.FILL_SHARE // 4  # float32 elements in one share
+    n = filling.FILL_SHARE // 4  # float32 elements in one share
     state = ckstore.StateDict(
         {f"big{i}": torch.randn(n // 2 + i, generator=gen) for i in range(6)}
         | {f"small{i}": torch.randn(50 + i, generator=gen) for i in range(20)}
@@ -220,18 +224,17 @@ def test_copies_split_between_threads_all_land_before_the_call_returns(
     pending = store.async_take({"s": state}, run="r", step=1, staging_budget=1 << 30)
     for v in state.values():
         v.fill_(float("nan"))  # the copies were all made before the call returned
-    snap = pending.wait(120)
-    assert len([c for c in calls if c]) == (2 if torch_threads == 1 else 0)
-    got = snap.read_object("s")
+    got = pending.wait(120).read_object("s")
     assert all(torch.equal(got[k], v) for k, v in want.items())
+    assert sorted((name, n) for name, _, n in seen if n > 1) == [("ckstore-stage", 3)] * 2
     store.close()
 
 
-def test_a_refused_name_stops_the_copies_and_leaves_nothing(store_path):
-    """The index's refusals (a tag that would hide a run) run while the state is copied: the
-    call raises them, nothing is stored, and the staging memory serves the next take."""
+def test_a_refused_name_is_refused_before_any_copy_and_leaves_nothing(store_path):
+    """The index's refusals (a tag that would hide a run) come before the state is read or
+    copied: the call raises them, nothing is stored, and the next take goes on."""
     store = ckstore.open(store_path, create=True)
-    n = single.FILL_SHARE // 2  # float32 elements: two shares in all
+    n = filling.FILL_SHARE // 2  # float32 elements: two shares in all
     state = ckstore.StateDict(big=torch.randn(n), other=torch.randn(n), small=torch.randn(9))
     store.async_take({"s": state}, run="sft", step=1).wait(120)
     packs = _pack_bytes(store)
@@ -263,14 +266,22 @@ def test_a_resaved_step_warns_at_the_async_take_line(store_path):
     store.close()
 
 
-def _fillers_alive() -> list[str]:
+def _fillers_alive(within: float = 5.0) -> list[str]:
+    """The filler threads still alive after ``within`` seconds (a filler that has made its
+    copies leaves the thread list a moment later)."""
     import threading
+    import time
 
-    return [t.name for t in threading.enumerate() if t.name == "ckstore-stage"]
+    deadline = time.monotonic() + within
+    while True:
+        alive = [t.name for t in threading.enumerate() if t.name == "ckstore-stage"]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.01)
 
 
 def _big_state() -> ckstore.StateDict:
-    n = single.FILL_SHARE // 4  # float32 elements: one share
+    n = filling.FILL_SHARE // 4  # float32 elements: one share
     gen = torch.Generator().manual_seed(1)
     return ckstore.StateDict({f"big{i}": torch.randn(n // 2 + i, generator=gen) for i in range(6)})
 
@@ -278,7 +289,6 @@ def _big_state() -> ckstore.StateDict:
 def test_a_failure_after_the_copies_started_waits_for_them(store_path, monkeypatch):
     """What raises once the filler threads copy (the take's index fails to open) is raised
     after they stopped: none writes into staging memory the next take may reuse."""
-    monkeypatch.setattr(single.torch, "get_num_threads", lambda: 1)  # copies on fillers
     store = ckstore.open(store_path, create=True)
     store.threads = 2
 
@@ -299,15 +309,14 @@ def test_the_calls_own_error_wins_over_a_copys(store_path, monkeypatch):
 
     from ckstore import _takes
 
-    monkeypatch.setattr(single.torch, "get_num_threads", lambda: 1)
-    real = single.fill
+    real = filling.fill
 
     def fill(pairs):
         if pairs and threading.current_thread().name == "ckstore-stage":
             raise RuntimeError("a copy failed")
         real(pairs)
 
-    monkeypatch.setattr(single, "fill", fill)
+    monkeypatch.setattr(filling, "fill", fill)
     store = ckstore.open(store_path, create=True)
     store.threads = 2
     store.take({"s": ckstore.StateDict(w=torch.zeros(4))}, run="r", step=1)
@@ -323,38 +332,6 @@ def test_the_calls_own_error_wins_over_a_copys(store_path, monkeypatch):
     store.close()
 
 
-def test_tensors_torch_copies_on_one_thread_still_go_to_fillers(store_path, monkeypatch):
-    """With torch on every core the store may use, the calling thread copies the large tensors
-    (torch spreads each copy) and filler threads the many mid-size ones, which torch copies on
-    one thread each."""
-    calls: list[int] = []
-    real = single._Filler.run
-
-    def run(self) -> None:
-        calls.append(len(self.pairs))
-        real(self)
-
-    monkeypatch.setattr(single._Filler, "run", run)
-    monkeypatch.setattr(single.torch, "get_num_threads", lambda: 2)
-    store = ckstore.open(store_path, create=True)
-    store.threads = 2
-    gen = torch.Generator().manual_seed(2)
-    mid = single.SPREAD_ELEMENTS  # elements: torch copies each on one thread
-    count = 2 * single.FILL_SHARE // (4 * mid) + 2
-    state = ckstore.StateDict(
-        {f"mid{i}": torch.randn(mid, generator=gen) for i in range(count)}
-        | {"big": torch.randn(4 * mid, generator=gen)}
-    )
-    want = {k: v.clone() for k, v in state.items()}
-    pending = store.async_take({"s": state}, run="r", step=1, staging_budget=1 << 30)
-    for v in state.values():
-        v.fill_(float("nan"))
-    got = pending.wait(120).read_object("s")
-    assert sorted(calls) == [count // 2, count - count // 2]  # every mid-size one, on 2 fillers
-    assert all(torch.equal(got[k], v) for k, v in want.items())
-    store.close()
-
-
 def test_a_numpy_array_of_objects_is_refused_naming_its_key(store_path):
     """An array of Python objects has no bytes to stage: the call refuses it as a take does,
     naming the key, and the next take goes on."""
@@ -367,4 +344,70 @@ def test_a_numpy_array_of_objects_is_refused_naming_its_key(store_path):
     del state["names"]
     got = store.async_take({"s": state}, run="r", step=2).wait(120).read_object("s")
     assert torch.equal(got["w"], state["w"])
+    store.close()
+
+
+def test_an_interrupt_while_the_copies_are_awaited_never_frees_memory_still_written(
+    store_path, monkeypatch
+):
+    """Ctrl-C while the call waits for its filler threads: the call raises it, and the staging
+    memory is kept for the next take only once no filler writes into it any more (else the
+    next take's copies could be overwritten by this one's)."""
+    import threading
+    import time
+
+    real_fill, real_join = filling.fill, filling.Copies.join
+
+    def slow(pairs):
+        if pairs and threading.current_thread().name == "ckstore-stage":
+            time.sleep(0.5)
+        real_fill(pairs)
+
+    def interrupted(self, quiet=False):
+        monkeypatch.setattr(filling.Copies, "join", real_join)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(filling, "fill", slow)
+    monkeypatch.setattr(filling.Copies, "join", interrupted)
+    store = ckstore.open(store_path, create=True)
+    store.threads = 2
+    with pytest.raises(KeyboardInterrupt):
+        store.async_take({"s": _big_state()}, run="r", step=1, staging_budget=1 << 30)
+    assert store.repository.spare_staging.held()  # joined on the way out, then kept
+    state = _big_state()
+    got = store.async_take({"s": state}, run="r", step=2).wait(120).read_object("s")
+    assert all(torch.equal(got[k], v) for k, v in state.items())
+    store.close()
+
+
+def test_a_second_interrupt_leaves_the_memory_to_the_copies_still_running(store_path, monkeypatch):
+    """Ctrl-C twice, the second while the call waits for its copies on its way out: the call
+    raises, and the staging memory the copies still write into is not kept for a next take,
+    which gets memory of its own and holds its own state."""
+    import threading
+
+    real_fill = filling.fill
+    release = threading.Event()
+
+    def slow(pairs):
+        if pairs and threading.current_thread().name == "ckstore-stage":
+            release.wait(30)
+        real_fill(pairs)
+
+    def interrupted(self, quiet=False):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(filling, "fill", slow)
+    monkeypatch.setattr(filling.Copies, "join", interrupted)
+    store = ckstore.open(store_path, create=True)
+    store.threads = 2
+    with pytest.raises(KeyboardInterrupt):
+        store.async_take({"s": _big_state()}, run="r", step=1, staging_budget=1 << 30)
+    assert not store.repository.spare_staging.held()  # the fillers still write into it
+    monkeypatch.undo()
+    release.set()
+    assert not _fillers_alive()
+    state = ckstore.StateDict({k: v.neg() for k, v in _big_state().items()})
+    got = store.async_take({"s": state}, run="r", step=2).wait(120).read_object("s")
+    assert all(torch.equal(got[k], v) for k, v in state.items())
     store.close()

@@ -25,7 +25,7 @@ from ...index import SnapshotRecord
 from ..background import lower_priority
 from ..progress import ProgressFn
 from ..repository import Repository
-from . import offload
+from . import filling, offload
 from .blocking import BlockingReport
 from .deltas import base_manifest
 from .guard import remember
@@ -33,7 +33,7 @@ from .local import LocalTake
 from .packing import TakeOptions
 from .plan import Plan, dtypes_of, finish_entries, plan, with_base
 from .spec import TakeSpec
-from .staging import StagingArena, arena_bytes, arena_for, fill, give_back
+from .staging import StagingArena, arena_bytes, arena_for, give_back
 
 
 @dataclass
@@ -248,13 +248,13 @@ def take_async(
     threads = repo.background_threads  # what finishes the take; the call itself runs on all
     reserved = reserved_bytes(opts, threads, budget)
     shared = _offloading(repo, progress)
-    copying = _Fillers([])  # they land while the take is planned
+    copying = filling.Copies()  # they land while the take is planned
     try:
         staged, live, used, arena, flats = stage_within(
             states,
             budget - reserved,
             partial(arena_for, repo, shared=shared),
-            partial(_filling, threads=opts.threads, into=copying),
+            partial(filling.start, threads=opts.threads, into=copying),
             opts.inline_bytes,
         )
     except BaseException:
@@ -278,10 +278,13 @@ def take_async(
             t.open()
             t.store(now, defer=True)
     except BaseException:
-        copying.join(quiet=True)  # joined already, unless an interrupt came while joining
-        if t is not None:
-            t.close()
-        give_back(repo, arena)
+        try:
+            copying.join(quiet=True)  # joined already, unless an interrupt came while joining
+        finally:
+            if t is not None:
+                t.close()
+            if copying.done():  # else a filler may still write into it: never reused
+                give_back(repo, arena)
         raise
     stored = time.perf_counter()
     blocking = BlockingReport(
@@ -351,92 +354,6 @@ def _offloaded(
     repo.committed(record)
     remember(record.manifest_id, manifest)
     future.set_result(TakeResult(record, manifest))
-
-
-class _Filler(threading.Thread):
-    """:func:`staging.fill` of ``pairs`` on its own thread; :meth:`join` re-raises its error."""
-
-    def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
-        super().__init__(name="ckstore-stage", daemon=True)
-        self.pairs = pairs
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            fill(self.pairs)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by join()
-            self.error = exc
-
-    def join(self, timeout: float | None = None, quiet: bool = False) -> None:
-        """Wait for the copies; re-raise their error unless ``quiet``."""
-        if self.ident is not None:  # started
-            super().join(timeout)
-        if self.error is not None and not quiet:
-            raise self.error
-
-
-FILL_SHARE = 32 << 20
-"""Bytes of copies per filler thread, at least: a smaller share is not worth a thread."""
-
-
-class _Fillers:
-    """:class:`_Filler` threads that share a list of copies; :meth:`join` joins them all and
-    re-raises the first error."""
-
-    def __init__(self, fillers: list[_Filler]) -> None:
-        self.fillers = fillers
-
-    def join(self, quiet: bool = False) -> None:
-        for filler in self.fillers:
-            filler.join(quiet=True)
-        errors = [f.error for f in self.fillers if f.error is not None]
-        if errors and not quiet:
-            raise errors[0]
-
-
-def _filling(pairs: list[tuple[Any, Any]], threads: int, into: _Fillers) -> None:
-    """Make the copies of ``pairs`` on up to ``threads`` cores; return once those left to
-    :class:`_Filler` threads (recorded in ``into`` before each starts: join it) are under way
-    and the others are made.
-
-    Where torch copies a tensor on at least ``threads`` threads of its own
-    (``torch.get_num_threads``; a tensor past :data:`SPREAD_ELEMENTS`), the calling thread
-    copies those tensors: a filler thread would start a second team of torch threads. The
-    others (numpy arrays, smaller tensors, and all of them for a trainer that keeps torch on
-    fewer threads) go to filler threads, balanced by bytes, each with at least
-    :data:`FILL_SHARE` bytes, or to the calling thread when they come to less. The training
-    thread waits for the copies, so the call may use every core. Measured on 2 cores, 270
-    MiB: with torch on one thread two fillers copy in 20 ms where one thread takes 30 ms;
-    with torch on both, the calling thread copies in 19.6 ms, where one filler took 21.6 and
-    two 25.9."""
-    here: list[tuple[Any, Any]] = []
-    if torch.get_num_threads() >= threads:
-        here = [p for p in pairs if _spreads(p[1])]
-        pairs = [p for p in pairs if not _spreads(p[1])]
-    total = sum(arena_bytes(v) for _, v in pairs)
-    n = max(1, min(threads, len(pairs), total // FILL_SHARE))
-    if n == 1:
-        here, pairs = here + pairs, []
-    shares: list[list[tuple[Any, Any]]] = [[] for _ in range(n)]
-    load = [0] * n
-    for pair in sorted(pairs, key=lambda p: arena_bytes(p[1]), reverse=True):
-        i = load.index(min(load))
-        shares[i].append(pair)
-        load[i] += arena_bytes(pair[1])
-    for share in shares:
-        if share:
-            filler = _Filler(share)
-            into.fillers.append(filler)
-            filler.start()
-    fill(here)
-
-
-SPREAD_ELEMENTS = 1 << 15
-"""Elements past which torch spreads one tensor's copy over its threads (its grain size)."""
-
-
-def _spreads(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.numel() > SPREAD_ELEMENTS
 
 
 def _prepare(t: LocalTake, p: Plan) -> None:
