@@ -362,12 +362,12 @@ def take_async(
 
     The group is opened now (opening waits for every member), and the state copied; the take
     then runs on one background thread per process (:func:`background`), so the ranks' takes
-    run their collectives in call order. When the copies fit the staging budget
+    run their collectives in call order. When all of this rank's copies fit the staging budget
     (``spec.staging_budget``, else the repository's, less the take's own buffers as in a single
-    process: ``single.reserved_bytes``), they go into the staging arena the
-    repository's last async take gave back (memory already touched: a training loop's takes
-    copy at memory speed from the second on) and the arena is given back once the take is
-    done; past the budget each tensor is copied into new memory that goes with the take.
+    process: ``single.reserved_bytes``), they go into the staging arena the repository's last
+    async take gave back (memory already touched: a training loop's takes copy at memory speed
+    from the second on), given back once the take is done; past the budget each tensor is
+    copied into new memory that goes with the take (nothing is stored before returning).
     """
     comm = Comm(pg, spec.dist_timeout, purpose="async")
     ddp = ddp_apps(app_state)

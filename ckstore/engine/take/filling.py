@@ -3,8 +3,8 @@
 The training thread waits for these copies (the call returns once the state is safe), so they
 run on the take's ``threads`` at once: filler threads, balanced by bytes, each with at least
 :data:`FILL_SHARE` bytes (the calling thread makes them itself when they come to less than
-one share), while the calling thread plans the take. On 2 cores, 270 MiB: two fillers copy in 20 ms where one thread
-takes 30 ms with torch on one thread.
+one share), while the calling thread plans the take. On 2 cores, 270 MiB, torch on one
+thread: two fillers copy in 20 ms where one thread takes 30 ms.
 
 Tried and measured (2 cores, torch on both, a copy spread over torch's own threads): the
 calling thread copying alone blocked 2.5 ms less at 270 MiB (26 against 28.5 ms) but 5-14 ms
