@@ -38,7 +38,12 @@ def _tensors(app: dict[str, ckstore.StateDict]) -> dict[str, torch.Tensor]:
 
 
 def _loop(
-    rank: int, world: int, path: str, budget: int | None, overlap: bool = False
+    rank: int,
+    world: int,
+    path: str,
+    budget: int | None,
+    overlap: bool = False,
+    prepare: bool = False,
 ) -> dict[str, Any]:
     from ckstore.engine.take import staging
 
@@ -60,6 +65,8 @@ def _loop(
         store.async_take(app | meta, run="loop", step=99, replicated=["shared/*"])
     except ckstore.UnsupportedValueError as exc:
         refused = str(exc)
+    if prepare:  # a job that readies its staging memory once its model exists
+        store.prepare_staging(app).result(60)
     want: list[dict[str, bytes]] = []
     pending: list[Any] = []
     for step in range(STEPS):
@@ -88,6 +95,12 @@ def test_a_training_loops_async_takes_reuse_one_arena_per_rank(tmp_path: Path) -
     assert [r["arenas"] for r in res] == [1, 1]  # made by the first take, reused by the next two
     assert all(r["kept"] for r in res)
     assert all("'broken/m'" in r["refused"] and "meta tensor" in r["refused"] for r in res)
+
+
+def test_prepare_staging_readies_the_memory_of_a_ranks_first_async_take(tmp_path: Path) -> None:
+    path = str(tmp_path / "store")
+    res = values(run_ranks(_loop, 2, tmp_path, path, None, False, True, timeout=240))
+    assert [r["arenas"] for r in res] == [1, 1]  # the prepared one, used by every take
 
 
 def test_takes_started_before_the_last_one_finished_each_get_their_own(tmp_path: Path) -> None:
