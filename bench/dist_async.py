@@ -18,15 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
+from ckbench.ranks import on_ranks
 
 import ckstore
 
@@ -71,18 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.calls < 2:
         ap.error("--calls must be at least 2: the first call and the ones after it")
-    with tempfile.TemporaryDirectory(prefix="ckstore-dist-async-") as tmp:
-        path = str(Path(tmp) / "store")
-        ckstore.open(path, create=True, auto_compact=False).close()
-        out = Path(tmp) / "out"
-        out.mkdir()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.start_processes(
-            _rank, args=(a.ranks, port, path, a, str(out)), nprocs=a.ranks, start_method="fork"
-        )
-        rank0 = json.loads((out / "rank0.json").read_text())
+    rank0 = on_ranks(_rank, a.ranks, a, "ckstore-dist-async-")[0]
     first = rank0["blocked"][0]
     again = statistics.median(rank0["blocked"][1:])
     memcpy = statistics.median(rank0["memcpy"])

@@ -19,16 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
+from ckbench.ranks import on_ranks
 
 import ckstore
 from ckstore.distributed import _replicas
@@ -94,18 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=4, help="ranks (default 4)")
     ap.add_argument("--rounds", type=int, default=5, help="takes of each kind (default 5)")
     a = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="ckstore-replica-check-") as tmp:
-        path = str(Path(tmp) / "store")
-        ckstore.open(path, create=True, auto_compact=False).close()
-        out = Path(tmp) / "out"
-        out.mkdir()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.start_processes(
-            _rank, args=(a.ranks, port, path, a, str(out)), nprocs=a.ranks, start_method="fork"
-        )
-        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(a.ranks)]
+    ranks = on_ranks(_rank, a.ranks, a, "ckstore-replica-check-")
     on = statistics.median(ranks[0]["times"]["check"])
     off = statistics.median(ranks[0]["times"]["none"])
     check = statistics.median(x for r in ranks for x in r["check"])
