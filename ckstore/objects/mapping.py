@@ -40,7 +40,7 @@ def _identity(st: os.stat_result) -> _Identity:
 _EMPTY = memoryview(b"")
 
 DROP_BATCH = 16 << 20
-"""Bytes of one file :meth:`Mappings.drop` gathers before it gives their pages back at once."""
+"""Bytes :meth:`Mappings.drop` gathers, over all files, before it gives their pages back."""
 
 
 class ShortFile(Exception):
@@ -125,28 +125,33 @@ class Mappings:
         they will not be touched for a while. Pages at the range's edges that other ranges
         share go too; touching them again maps them again from the page cache.
 
-        Ranges are given back in batches of about :data:`DROP_BATCH` bytes of one file (each
-        ``madvise`` stops every thread of the process to flush its view of the pages: one per
-        chunk cost a restore of 270 MiB 5 ms of its 56 here); until then a range stays mapped.
+        Ranges are given back in batches: once the ranges not given back yet, over all files,
+        span :data:`DROP_BATCH` bytes, each file's are given back at once (each ``madvise``
+        stops every thread of the process to flush its view of the pages: one per chunk cost a
+        restore of 270 MiB 5 ms of its 56 here). Until then a range stays mapped, so a reader's
+        resident memory holds at most about that much besides what its threads work on (a
+        bound per file let a restore over 5 packs keep 50 MiB mapped).
         """
         if length <= 0:
             return
         with self._lock:
-            m = self._by_path.get(path)
-            if m is None:
+            if path not in self._by_path:
                 self._dropping.pop(path, None)
                 return
             lo, hi = self._dropping.get(path, (offset, offset + length))
-            lo, hi = min(lo, offset), max(hi, offset + length)
-            if hi - lo < DROP_BATCH:
-                self._dropping[path] = (lo, hi)
+            self._dropping[path] = (min(lo, offset), max(hi, offset + length))
+            if sum(hi - lo for lo, hi in self._dropping.values()) < DROP_BATCH:
                 return
-            self._dropping.pop(path, None)
-        start = lo - lo % mmap.PAGESIZE
-        end = min(len(m), hi)
-        if end > start:
+            due = [(self._by_path.get(p), lo, hi) for p, (lo, hi) in self._dropping.items()]
+            self._dropping.clear()
+        for m, lo, hi in due:
+            if m is None:
+                continue
+            start = lo - lo % mmap.PAGESIZE
             try:
-                m.madvise(mmap.MADV_DONTNEED, start, end - start)
+                end = min(len(m), hi)
+                if end > start:
+                    m.madvise(mmap.MADV_DONTNEED, start, end - start)
             except (OSError, ValueError):  # a hint: a mapping closed meanwhile, an odd platform
                 pass
 
