@@ -150,6 +150,48 @@ def test_a_local_restore_reads_each_payload_once_in_pack_order_hinted_ahead(
     store.close()
 
 
+@pytest.mark.parametrize("how", ["restore(atomic=False)", "read_object"])
+def test_a_one_pass_read_of_raw_chunks_on_a_local_store_reads_them_into_place_unmapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A chunk stored raw that has a destination is read straight into it, not through a
+    mapping of its pack: mapping costs a fault per page and a TLB shootdown when the pages go
+    back (a warm 270 MiB restore(atomic=False) on 2 cores: 59 ms mapped, 42 ms read). A chunk
+    the read damaged on its way is still found by the check."""
+    store = ckstore.open(tmp_path / "s", create=True, **KNOBS)
+    store.take({"m": ckstore.StateDict(_state())}, run="r")
+    calls = {"view": 0, "get_into": 0}
+    for verb in calls:
+        real = getattr(objects.LocalBackend, verb)
+
+        def counted(self: Any, *args: Any, _real: Any = real, _verb: str = verb) -> Any:
+            calls[_verb] += 1
+            return _real(self, *args)
+
+        monkeypatch.setattr(objects.LocalBackend, verb, counted)
+    if how == "read_object":
+        got = store.get("r").read_object("m/w")
+        assert torch.equal(got, _state()["w"])
+    else:
+        _restore(store, "r", atomic=False)
+    assert calls["view"] == 0 and calls["get_into"] > 0, calls
+
+    real_into = objects.LocalBackend.get_into
+
+    def flipped(self: Any, name: str, offset: int, out: memoryview) -> None:
+        real_into(self, name, offset, out)
+        view = memoryview(out).cast("B")
+        view[len(view) // 2] ^= 0x10
+
+    monkeypatch.setattr(objects.LocalBackend, "get_into", flipped)
+    with pytest.raises(ckstore.CorruptionError, match="check"):
+        if how == "read_object":
+            store.get("r").read_object("m/w")
+        else:
+            _restore(store, "r", atomic=False)
+    store.close()
+
+
 def test_a_single_process_resume_does_not_load_the_distributed_restore(tmp_path: Path) -> None:
     """A fresh process that opens a store and restores pays for the modules it runs: the
     distributed restore (its exchange, read plans and communicator: 13 modules, 10-40 ms of a
