@@ -29,6 +29,8 @@ def figures(b: Bench, med: Medians) -> dict[str, float | None]:
     cold = m("restore_cold", "ckstore")
     seq = median(b.extra.get("sequential_read", {}).get("ckstore", []))
     checked, unchecked = m("restore", "ckstore"), m("restore_unchecked", "ckstore")
+    check_pass, copy_pass = m("restore_check_pass", "ckstore"), m("restore_copy_pass", "ckstore")
+    floor = None if check_pass is None or copy_pass is None else check_pass + copy_pass
     return {
         "atomic_vs_torch": _ratio(checked, m("restore", "torch.save")),
         "nonatomic_vs_torch": _ratio(m("restore_nonatomic", "ckstore"), m("restore", "torch.save")),
@@ -44,6 +46,9 @@ def figures(b: Bench, med: Medians) -> dict[str, float | None]:
             m("read_one_tensor", "ckstore"), m("read_one_tensor", "safetensors")
         ),
         "resume_vs_torch": _ratio(m("resume", "ckstore"), m("resume", "torch.save")),
+        "atomic_vs_floor": _ratio(checked, floor),
+        "nonatomic_vs_floor": _ratio(m("restore_nonatomic", "ckstore"), copy_pass),
+        "floor_vs_torch": _ratio(floor, m("restore", "torch.save")),
         "check_share": None
         if checked is None or unchecked is None or not checked
         else max(0.0, 1.0 - unchecked / checked),
@@ -57,6 +62,12 @@ def targets(b: Bench, med: Medians, row: Any) -> list[dict[str, Any]]:
     return [
         row("restore in place (atomic) / torch.load(mmap)+copy_", f["atomic_vs_torch"], 1.5),
         row("restore(atomic=False) / torch.load(mmap)+copy_", f["nonatomic_vs_torch"], 1.3),
+        row(
+            "restore in place (atomic) / its floor here (check pass + copy pass)",
+            f["atomic_vs_floor"],
+            1.2,
+        ),
+        row("restore(atomic=False) / its floor here (copy pass)", f["nonatomic_vs_floor"], 1.2),
         row("restore in place (atomic) / DCP", f["atomic_vs_dcp"], 0.5),
         row("cold restore (atomic) / cold torch.load(mmap)+copy_", f["cold_vs_torch"], 0.9),
         row(
@@ -95,6 +106,24 @@ def notes(b: Bench, med: Medians) -> list[str]:
             f"Checks: an atomic restore took {fmt_s(checked)}, {fmt_s(unchecked)} with the check of "
             f"each chunk skipped (a benchmark's switch): the checks are "
             f"{max(0.0, 1 - unchecked / checked):.0%} of it."
+        )
+    check_pass = med.get("restore_check_pass", {}).get("ckstore")
+    copy_pass = med.get("restore_copy_pass", {}).get("ckstore")
+    torch_load = med.get("restore", {}).get("torch.save")
+    if check_pass is not None and copy_pass is not None:
+        floor = check_pass + copy_pass
+        vs = f", {floor / torch_load:.2f}x torch.load(mmap)+copy_" if torch_load else ""
+        encoded = median(b.sizes.get("floor_encoded_bytes/ckstore", [])) or 0
+        L.append(
+            f"Floor of an atomic restore here (bench/ckbench/floor.py: one XXH3 pass and one "
+            f"copy pass over the snapshot's stored payloads through new mappings, on the "
+            f"restore's threads): {fmt_s(check_pass)} + {fmt_s(copy_pass)} = {fmt_s(floor)}{vs}"
+            + (
+                f"; {fmt_b(encoded)} of the payloads are encoded (decoding not in it)"
+                if encoded
+                else ""
+            )
+            + "."
         )
     stored = median(b.sizes.get("restore_stored_bytes/ckstore", []))
     atomic = median(b.sizes.get("restore_read_bytes/ckstore", []))

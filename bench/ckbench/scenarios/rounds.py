@@ -40,6 +40,7 @@ def one_round(b: Bench, r: int) -> None:
     restore_in_place(b, order, handles, verify_it=r == 0)
     restore_nonatomic(b, handles)
     restore_unchecked(b, handles)
+    restore_floor(b, handles)
     if r == 0:
         restore_reads(b, handles)
     restore_cold(b, order, roots, handles)
@@ -132,6 +133,24 @@ def restore_unchecked(b: Bench, handles: Handles) -> None:
     scramble(b.dest)
     with unchecked():
         b.timed("restore_unchecked", "ckstore", lambda: ck.restore(handles["ckstore"], b.dest))
+
+
+def restore_floor(b: Bench, handles: Handles) -> None:
+    """ckstore only: the floor of its restores here (``floor.py``), measured after them on the
+    same snapshot: one check pass and one copy pass over its stored payloads, on its threads."""
+    if not b.ok("ckstore"):
+        return
+    from ..floor import check_pass, copy_pass, snapshot_payloads
+
+    ck = b.ckstore()
+    root, ref = handles["ckstore"]
+    store = ck.store(root)
+    payloads, encoded = snapshot_payloads(store, ref)
+    b.sizes.setdefault("floor_encoded_bytes/ckstore", []).append(encoded)
+    gc.collect()
+    b.record("restore_check_pass", "ckstore", check_pass(payloads, store.threads))
+    gc.collect()
+    b.record("restore_copy_pass", "ckstore", copy_pass(payloads, store.threads))
 
 
 def restore_reads(b: Bench, handles: Handles) -> None:
