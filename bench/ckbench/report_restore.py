@@ -115,9 +115,10 @@ def notes(b: Bench, med: Medians) -> list[str]:
         vs = f", {floor / torch_load:.2f}x torch.load(mmap)+copy_" if torch_load else ""
         encoded = median(b.sizes.get("floor_encoded_bytes/ckstore", [])) or 0
         L.append(
-            f"Floor of an atomic restore here (bench/ckbench/floor.py: one XXH3 pass and one "
-            f"copy pass over the snapshot's stored payloads through new mappings, on the "
-            f"restore's threads): {fmt_s(check_pass)} + {fmt_s(copy_pass)} = {fmt_s(floor)}{vs}"
+            f"Floor of an atomic restore here (bench/ckbench/floor.py: one XXH3 pass over the "
+            f"snapshot's stored payloads through new mappings and one read of them into place, "
+            f"on the restore's threads): {fmt_s(check_pass)} + {fmt_s(copy_pass)} = "
+            f"{fmt_s(floor)}{vs}"
             + (
                 f"; {fmt_b(encoded)} of the payloads are encoded (decoding not in it)"
                 if encoded
