@@ -56,6 +56,7 @@ from .jobs import Job, raw_bytes
 from .readahead import ReadAhead
 from .sources import ChunkSource, Healer
 from .staging import Arena, Pools, arena_copier
+from .workers import share
 
 INLINE_BYTES = 4 << 20
 """A pass over fewer raw bytes than this runs on the calling thread: starting worker threads
@@ -439,8 +440,7 @@ class Fetcher:
             self._executor = ThreadPoolExecutor(
                 max_workers=self.threads, thread_name_prefix="ckstore-read"
             )
-        for _ in self._executor.map(each, jobs, range(len(jobs))):
-            pass
+        share(self._executor, min(self.threads, len(jobs)), jobs, each)
 
 
 def _distinct(jobs: list[Job]) -> list[Job]:
