@@ -105,7 +105,10 @@ def copy_pass(payloads: list[Payload], threads: int, out: np.ndarray | None = No
                 path, off, n = payloads[i]
                 got = 0
                 while got < n:
-                    got += os.preadv(fds[path], [dest[starts[i] + got : starts[i] + n]], off + got)
+                    k = os.preadv(fds[path], [dest[starts[i] + got : starts[i] + n]], off + got)
+                    if k <= 0:
+                        raise OSError(f"{path} ends before {off + n} bytes")
+                    got += k
 
             list(pool.map(one, range(len(payloads))))
         finally:

@@ -67,7 +67,11 @@ def targets(b: Bench, med: Medians, row: Any) -> list[dict[str, Any]]:
             f["atomic_vs_floor"],
             1.2,
         ),
-        row("restore(atomic=False) / its floor here (copy pass)", f["nonatomic_vs_floor"], 1.2),
+        row(
+            "restore(atomic=False) / a copy pass here (no check in it)",
+            f["nonatomic_vs_floor"],
+            1.2,
+        ),
         row("restore in place (atomic) / DCP", f["atomic_vs_dcp"], 0.5),
         row("cold restore (atomic) / cold torch.load(mmap)+copy_", f["cold_vs_torch"], 0.9),
         row(

@@ -2,8 +2,9 @@
 the chunk's check from its manifest, else its id), delta chains included
 (``objects.store.ObjectStore`` reads through this).
 
-A chunk stored raw is read straight into its destination (``Backend.get_into``) wherever it
-has one, and checked there while it is still in the CPU cache. Where the backend maps its
+A chunk stored raw is read straight into its destination (``Backend.get_into``, in one
+read) wherever it has one and its stored payloads need no digest check first, then hashed
+there (from the CPU's caches, mostly: a 4 MiB chunk fits the last level). Where the backend maps its
 objects (``Backend.mapped_views``: a local disk), any other payload is a view of its mapped
 pack: reading it copies nothing, and a caller may keep the views of what it verified
 (``keep``) to decode them again later without reading them again

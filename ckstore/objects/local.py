@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,8 +177,14 @@ class LocalBackend(Backend):
                     continue
         return swept
 
-    def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
-        check_range(offset, length)
+    def _open(self, name: str) -> int:
+        """A read-only descriptor of object ``name``'s file.
+
+        Raises:
+            ObjectNotFoundError: no file there, or something that is not a regular file (a
+                folder of that name reads as missing, as the mapped view has it).
+            StorageError: it cannot be opened.
+        """
         path = self._path(name)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -185,6 +192,18 @@ class LocalBackend(Backend):
             raise not_found(name, self.url) from exc
         except OSError as exc:
             raise StorageError(f"cannot read object {name!r} in store {self.url}: {exc}") from exc
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except OSError:
+            regular = False
+        if not regular:
+            os.close(fd)
+            raise not_found(name, self.url)
+        return fd
+
+    def get(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        check_range(offset, length)
+        fd = self._open(name)
         try:
             return self._pread(fd, name, offset, length)
         except CkstoreError:
@@ -196,13 +215,7 @@ class LocalBackend(Backend):
 
     def get_into(self, name: str, offset: int, out: memoryview) -> None:
         check_range(offset, len(out))
-        path = self._path(name)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
-            raise not_found(name, self.url) from exc
-        except OSError as exc:
-            raise StorageError(f"cannot read object {name!r} in store {self.url}: {exc}") from exc
+        fd = self._open(name)
         try:
             view = memoryview(out).cast("B")
             got = 0

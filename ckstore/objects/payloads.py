@@ -8,7 +8,7 @@ import threading
 
 from ckstore.errors import CorruptionError
 from ckstore.objects.backend import Backend
-from ckstore.objects.codecs import MAX_RAW_LENGTH
+from ckstore.objects.codecs import MAX_RAW_LENGTH, check_out
 from ckstore.objects.location import ChunkLocation
 from ckstore.objects.memory import private_memory
 from ckstore.objects.packs import pack_name
@@ -82,15 +82,16 @@ class Payloads:
         beyond the read); the flat byte view of ``out`` it filled.
 
         Raises:
+            InvalidInputError: ``out`` is read-only or holds another number of bytes.
             CorruptionError: the stored length is not the raw length, or the pack ends early.
         """
         check_sizes(loc, self._backend.url)
-        if loc.length != loc.raw_length or len(out) != loc.raw_length:
+        target = check_out(out, loc.raw_length)  # the caller's mistake: InvalidInputError
+        assert target is not None
+        if loc.length != loc.raw_length:
             raise CorruptionError(
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
                 f"cannot be decoded: raw chunk has {loc.length} bytes, expected {loc.raw_length}"
             )
-        target = memoryview(out)
-        target = target.cast("B") if target.format != "B" or target.ndim != 1 else target
         self._backend.get_into(pack_name(loc.pack_id), loc.offset, target)
         return target

@@ -217,3 +217,33 @@ def test_a_single_process_resume_does_not_load_the_distributed_restore(tmp_path:
     loaded = ast.literal_eval(out.strip().splitlines()[-1])
     assert "ckstore.distributed.restore" not in loaded, loaded
     assert "ckstore.distributed.comm" not in loaded, loaded
+
+
+def test_a_raw_chunk_read_into_a_buffer_takes_any_shape_of_its_bytes_and_refuses_a_wrong_one(
+    tmp_path: Path,
+) -> None:
+    """The caller's buffer is checked as the decoders check it: a view of the right bytes in
+    any format or shape is filled; one of another size, or read-only, is the caller's mistake
+    (``InvalidInputError``), never reported as damage in storage (which would start a heal)."""
+    import numpy as np
+
+    from ckstore.engine.locations import to_location
+
+    store = ckstore.open(tmp_path / "s", create=True, **KNOBS)
+    store.take({"m": ckstore.StateDict(_state())}, run="r")
+    repo = store.repository
+    rows = repo.index.chunk_locations(repo.index.snapshot_chunk_ids(store.get("r").id))
+    rec = next(r for r in rows.values() if r.codec == "none" and r.base_id is None)
+    loc = to_location(rec, rows)
+    want = bytes(repo.objects.read_chunk(loc))
+    floats = np.zeros(loc.raw_length // 4, dtype=np.float32)
+    repo.objects.read_chunk(loc, memoryview(floats))
+    assert floats.tobytes() == want
+    square = np.zeros((2, loc.raw_length // 2), dtype=np.uint8)
+    repo.objects.read_chunk(loc, memoryview(square))
+    assert square.tobytes() == want
+    with pytest.raises(ckstore.InvalidInputError, match="bytes"):
+        repo.objects.read_chunk(loc, memoryview(bytearray(loc.raw_length - 8)))
+    with pytest.raises(ckstore.InvalidInputError, match="read-only"):
+        repo.objects.read_chunk(loc, memoryview(bytes(loc.raw_length)))
+    store.close()

@@ -120,3 +120,37 @@ def test_an_interrupt_of_the_calling_thread_stops_the_workers_before_it_comes_ba
         _run(jobs, fn, after=lambda: seen.append(running[0]))
     assert seen == [0]  # nothing still writes when the pass comes back
     assert 0 < len(done) < len(jobs)  # they stopped after the job they were on
+
+
+def test_an_interrupt_while_the_tasks_are_handed_out_stops_those_already_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    jobs = _jobs(40)
+    running = [0]
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def fn(job: Job) -> None:
+        with lock:
+            running[0] += 1
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+            done.append(job.key)
+
+    real = concurrent.futures.ThreadPoolExecutor.submit
+    calls = [0]
+
+    def submit(self: concurrent.futures.ThreadPoolExecutor, *args: object) -> object:
+        calls[0] += 1
+        if calls[0] == 2:
+            time.sleep(0.02)  # the first task is inside a job
+            raise KeyboardInterrupt
+        return real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(concurrent.futures.ThreadPoolExecutor, "submit", submit)
+    seen: list[int] = []
+    with pytest.raises(KeyboardInterrupt):
+        _run(jobs, fn, after=lambda: seen.append(running[0]))
+    assert seen == [0]  # the task already running stopped before the pass came back
+    assert 0 < len(done) < len(jobs)

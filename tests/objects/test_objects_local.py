@@ -237,3 +237,21 @@ def test_counting_counts_views_and_keeps_the_mapping(tmp_path: Path) -> None:
     assert counting.mapped_views and counting.current(view)
     assert counting.get_calls == 1 and counting.bytes_read == 200
     assert not FaultyBackend(LocalBackend(tmp_path)).mapped_views  # faults go through its get
+
+
+def test_a_folder_where_an_object_should_be_reads_as_missing_whatever_the_read(
+    tmp_path: Path,
+) -> None:
+    """A read into a buffer refuses a folder of the object's name as a view does: missing (a
+    restore then follows the chunk or heals it), not a storage error."""
+    from ckstore.errors import ObjectNotFoundError
+
+    b = LocalBackend(str(tmp_path))
+    name = "packs/ab/" + "ab" * 32 + ".pack"
+    os.makedirs(tmp_path / name)
+    with pytest.raises(ObjectNotFoundError):
+        b.get_into(name, 0, memoryview(bytearray(8)))
+    with pytest.raises(ObjectNotFoundError):
+        b.get(name, 0, 8)
+    with pytest.raises(ObjectNotFoundError):
+        b.view(name, 0, 8)

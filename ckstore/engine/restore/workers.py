@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from .jobs import Job
 
@@ -36,8 +36,10 @@ def share(
                 stop.set()
                 return
 
-    tasks = [executor.submit(work) for _ in range(workers)]
-    try:
+    tasks: list[Future[None]] = []
+    try:  # an interrupt while the tasks are submitted stops those already running too
+        for _ in range(workers):
+            tasks.append(executor.submit(work))
         for task in tasks:
             task.result()
     finally:

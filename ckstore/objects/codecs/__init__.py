@@ -29,7 +29,7 @@ from typing import Any
 
 from ckstore.objects.codecs import bytegroup, expzstd, none, xor, zstd
 from ckstore.objects.codecs._frames import PLANE_HASH_LOG
-from ckstore.objects.codecs.base import MAX_RAW_LENGTH, ZSTD_MAX_RATIO, Codec
+from ckstore.objects.codecs.base import MAX_RAW_LENGTH, ZSTD_MAX_RATIO, Codec, check_out
 from ckstore.objects.codecs.bytegroup import (
     decoded_planes,
     encode_grouped_xor,
@@ -119,6 +119,7 @@ __all__ = [
     "ZSTD",
     "ZSTD_MAX_RATIO",
     "Codec",
+    "check_out",
     "codec",
     "decode",
     "decode_hashed",
