@@ -19,14 +19,18 @@ what only the commit needs goes to rank 0 alone.
    (say, equal within a data-parallel group): those ranks share its chunks' writes. Meanwhile
    every rank fingerprints its whole copy of the replicated tensors, and the same all-reduce
    compares the copies (``_replicas``); where they differ, a second round names the ranks
-   and regions, recorded in the snapshot's health (``on_divergence``).
+   and regions, recorded in the snapshot's health (``on_divergence``). It fingerprints its
+   DTensor shards that other ranks hold too (a replicating mesh dimension) alike; those are
+   compared by the write phase's all-reduced sum (below).
 3. write: look up (and pin) the chunks this rank writes, write the missing ones (packs
    durable, then indexed); then this rank's part of the manifest (``_parts``: its pieces, its
    differing per-rank values, its figures) as a chunk, and pin every chunk the part names to
    the take's staging session (rank 0's). -> rank 0 gets the part's id and size and the ids of
    the replicated pieces this rank wrote (40 bytes + 32 per replicated piece); every rank
    adds up, key by key, the entries' digests and sizes and the health figures (all-reduces of
-   O(keys)).
+   O(keys)), and the shards' fingerprints weighted to add up to zero where every group holding
+   a box agrees (``_replicas.shard_vector``); where one does not, a second round names the
+   ranks and pieces.
 
 Every piece and every distinct per-rank value has one writer. Identical bytes that happen
 to appear in different places (a zero block in two ranks' shards) are not searched for
@@ -105,7 +109,7 @@ from ._parts import (
 )
 from ._plan import Agreed, agree, assignment, describe, header, ints62, key_vector, same
 from ._progress import progress
-from ._replicas import differing, fingerprints, locate, vector
+from ._replicas import compare_shards, differing, fingerprints, locate, merged, shard_vector, vector
 from .comm import Comm, phase
 
 if TYPE_CHECKING:
@@ -158,8 +162,6 @@ def take(
         }
         apart = differing(fp, ph.maxed, len(equality))
         found = locate(comm, fp, apart) if apart else Replicas(len(fp.keys)) if fp.keys else None
-        if comm.rank == 0:
-            t.guard.replicas = found  # applied with the other findings when the root is built
         layouts = located(local, ph.maxed[len(equality) + len(replicas) : -4])
         staged = session_of(ph.maxed[-4:])
         groups = _groups(comm, [(k, d) for k, d in digests.items() if k not in equal])
@@ -177,11 +179,15 @@ def take(
             record = Record(part_id, len(raw), replicated_ids(local, mine))
         gathered = comm.gather_bytes(record.to_bytes(), "write")
         added = sums(t.guard, local, own, equal, part, comm.rank, comm.world, totals, t.opts)
+        ints = comm.all_reduce_sum(added[0] + shard_vector(fp, local, comm.rank), "write")
         summed = (
-            comm.all_reduce_sum(added[0], "write"),
+            ints[: len(added[0])],
             comm.all_reduce_fsum(added[1], "write"),
             comm.all_reduce_max(added[2], "write"),
         )
+        shards = compare_shards(comm, fp, local, ints[len(added[0]) :], t.opts)
+        if comm.rank == 0:  # applied with the other findings when the root is built
+            t.guard.replicas = merged(found, shards)
 
         # 4. commit (rank 0): the root over every rank's part; the others end their sessions
         # only once it is done, so their pins protect what they wrote until it is referenced

@@ -142,3 +142,80 @@ def saves(rank: int, world: int, path: str) -> dict[str, Any]:
         "warnings": caught,
         "healthy": [s.step for s in store.log("saves", healthy=True)],
     }
+
+
+SHARD_FLIPS = 24
+
+
+def shard_flips(rank: int, world: int, path: str) -> dict[str, Any]:
+    """DTensor shards that several ranks hold (on 4 ranks): ``hsdp/w`` on a (2, 2) mesh with
+    ``[Replicate(), Shard(0)]`` (ranks 0 and 2 hold rows 0-19, ranks 1 and 3 rows 20-39, as
+    HSDP keeps them) and ``rep/w`` on a (4,) mesh with ``[Replicate()]`` (every rank holds it
+    all). A take of the untouched state first; then SHARD_FLIPS takes, each after one bit of
+    one rank's shard was flipped (the same choice on every rank; in ``hsdp/w`` only on ranks 2
+    and 3: of two copies the lower rank's is taken for right); then one flip on rank 0's
+    ``hsdp/w`` shard (that tie), and a take refused with ``on_divergence="raise"``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    store = ckstore.open(path, **TINY, create=True)
+    gen = torch.Generator().manual_seed(11)
+    hsdp_mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("rep", "shard"))
+    flat_mesh = init_device_mesh("cpu", (world,))
+    app = ckstore.StateDict(
+        hsdp=distribute_tensor(
+            torch.randn(40, 24, generator=gen), hsdp_mesh, [Replicate(), Shard(0)]
+        ),
+        rep=distribute_tensor(torch.randn(30, 20, generator=gen), flat_mesh, [Replicate()]),
+    )
+    local = {k: app[k].to_local() for k in ("hsdp", "rep")}
+    rows = {"hsdp": 20 * (rank % 2), "rep": 0}  # where this rank's shard starts
+    rng = random.Random(SEED + 1)
+
+    def take(step: int, **kw: Any) -> dict[str, Any]:
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            snap = store.take({"m": app}, run="shards", step=step, on_stale="ignore", **kw)
+        health = snap.health if rank == 0 else None
+        return {
+            "diverged": snap.record.diverged,
+            "healthy": snap.healthy,
+            "warned": [str(w.message) for w in got if isinstance(w.message, ckstore.GuardWarning)],
+            "recorded": {
+                k: {"ranks": list(d.ranks), "regions": [[list(o), list(s)] for o, s in d.regions]}
+                for k, d in (health.diverged if health else {}).items()
+            },
+            "checked": health.replicas.checked if health and health.replicas else None,
+        }
+
+    clean = take(0)
+    found = []
+    for n in range(1, SHARD_FLIPS + 1):
+        key = ("hsdp", "rep")[n % 2]
+        who = rng.choice((2, 3)) if key == "hsdp" else rng.randrange(world)
+        t = local[key]
+        index, bit = rng.randrange(t.numel()), rng.randrange(32)
+        row, col = divmod(index, t.shape[1])
+        if rank == who:
+            _flip_bit(t, index, bit)
+        got = take(n)
+        if rank == who:
+            _flip_bit(t, index, bit)  # put it back
+        who_rows = 20 * (who % 2) if key == "hsdp" else 0
+        found.append({**got, "key": f"m/{key}", "rank": who, "where": [row + who_rows, col]})
+    if rank == 0:
+        _flip_bit(local["hsdp"], 3, 7)
+    tie = take(SHARD_FLIPS + 1)
+    refused = None
+    try:
+        take(SHARD_FLIPS + 2, on_divergence="raise")
+    except DistributedError as exc:
+        refused = {"causes": {str(k): v for k, v in exc.causes.items()}}
+    return {
+        "clean": clean,
+        "found": found,
+        "tie": tie,
+        "refused": refused,
+        "rows": rows[("hsdp")],
+        "steps": [s.step for s in store.log("shards")],
+    }

@@ -56,3 +56,31 @@ def test_deterministic_saves_raise_no_alarm(tmp_path: Path) -> None:
         assert o["diverged"] == [0] * rs.SAVES
         assert o["warnings"] == []
         assert o["healthy"] == list(reversed(range(rs.SAVES)))
+
+
+def test_shards_held_by_several_ranks_are_compared_too(tmp_path: Path) -> None:
+    """HSDP's replicated shards and a ``Replicate`` DTensor: every flipped bit is flagged with
+    its rank, its key and the piece that holds it; an untouched state raises no alarm; with two
+    copies the lower rank's is taken for right; ``on_divergence="raise"`` commits nothing."""
+    out = values(run_ranks(rs.shard_flips, WORLD, tmp_path, str(tmp_path / "store"), timeout=900))
+    r0 = out[0]
+    assert r0["clean"]["diverged"] == 0 and r0["clean"]["warned"] == []
+    assert r0["clean"]["checked"] == 2  # both DTensors: their shards are held by several ranks
+    assert len(r0["found"]) == rs.SHARD_FLIPS
+    assert {f["rank"] for f in r0["found"] if f["key"] == "m/rep"} == {0, 1, 2, 3}
+    for f in r0["found"]:
+        assert f["diverged"] == 1 and f["healthy"] is False, f
+        assert list(f["recorded"]) == [f["key"]], f
+        got = f["recorded"][f["key"]]
+        assert got["ranks"] == [f["rank"]], f
+        assert len(got["regions"]) == 1 and _holds(got["regions"][0], f["where"]), f
+        assert len(f["warned"]) == 1 and f["key"] in f["warned"][0], f
+    for o in out[1:]:
+        assert [f["diverged"] for f in o["found"]] == [1] * rs.SHARD_FLIPS
+        assert all(f["warned"] == [] for f in o["found"])  # the committing rank warns
+    assert r0["tie"]["recorded"]["m/hsdp"]["ranks"] == [2]  # rank 0 flipped; 0 vs 2: 0 is kept
+    for o in out:
+        assert o["refused"] is not None
+        assert o["steps"][0] == rs.SHARD_FLIPS + 1  # the refused take committed nothing
+    causes = " ".join(out[1]["refused"]["causes"].values())
+    assert "ReplicaDivergenceError" in causes and "m/hsdp" in causes
