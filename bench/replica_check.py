@@ -18,6 +18,7 @@ floor is a share of a take that no code change removes.
 
     python bench/replica_check.py                        # 4 ranks, 64 MiB of 16 tensors, 5 rounds
     python bench/replica_check.py --mib 256 --rounds 3
+    python bench/replica_check.py --dtensor              # the same as DTensors, [Replicate()]
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ def _rank(rank: int, world: int, port: int, path: str, a: argparse.Namespace, ou
     dist.init_process_group("gloo", rank=rank, world_size=world)
     store = ckstore.open(path, auto_compact=False)
     app = {"s": state(a.mib, a.tensors)}
+    if a.dtensor:  # every rank holds every box: compared as shards of DTensors, not by the glob
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (world,))
+        app["s"] = ckstore.StateDict(
+            {k: distribute_tensor(v, mesh, [Replicate()]) for k, v in app["s"].items()}
+        )
     checking = dist_take.fingerprints
     spent: list[float] = []
 
@@ -89,7 +98,8 @@ def _rank(rank: int, world: int, port: int, path: str, a: argparse.Namespace, ou
             times[mode].append(time.perf_counter() - t0)
             assert snap.record.diverged == (0 if mode == "check" else None)
             step += 1
-    floor, floor_cpu = _floor(app["s"], store.threads, a.rounds, dist.barrier)
+    copies = {k: getattr(v, "_local_tensor", v) for k, v in app["s"].items()}
+    floor, floor_cpu = _floor(copies, store.threads, a.rounds, dist.barrier)
     Path(out, f"rank{rank}.json").write_text(
         json.dumps(
             {"times": times, "cpu": cpu, "check": spent, "floor": floor, "floor_cpu": floor_cpu}
@@ -100,7 +110,7 @@ def _rank(rank: int, world: int, port: int, path: str, a: argparse.Namespace, ou
 
 
 def _floor(
-    tensors: ckstore.StateDict, threads: int, rounds: int, barrier: Callable[[], Any]
+    tensors: dict[str, torch.Tensor], threads: int, rounds: int, barrier: Callable[[], Any]
 ) -> tuple[list[float], list[float]]:
     """Seconds (barrier to barrier) and this process's CPU seconds for every rank to XXH3 its
     whole copy at once, ``rounds`` times."""
@@ -127,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tensors", type=int, default=16, help="tensors (default 16)")
     ap.add_argument("--ranks", type=int, default=4, help="ranks (default 4)")
     ap.add_argument("--rounds", type=int, default=5, help="takes of each kind (default 5)")
+    ap.add_argument(
+        "--dtensor",
+        action="store_true",
+        help="the tensors as DTensors replicated over every rank (compared as shards)",
+    )
     a = ap.parse_args(argv)
     ranks = on_ranks(_rank, a.ranks, a, "ckstore-replica-check-")
     on = statistics.median(ranks[0]["times"]["check"])
@@ -139,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in ("check", "none")
     }
     print(
-        f"{a.ranks} ranks, {a.mib} MiB replicated in {a.tensors} tensors, {a.rounds} takes each "
+        f"{a.ranks} ranks, {a.mib} MiB replicated in {a.tensors} "
+        f"{'DTensors' if a.dtensor else 'tensors'}, {a.rounds} takes each "
         f"(medians; {os.cpu_count()} cores)"
     )
     print(f"take with the replica check     {on:8.3f} s")

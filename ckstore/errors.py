@@ -157,8 +157,9 @@ class StaleStateError(GuardError):
 
 
 class ReplicaDivergenceError(GuardError):
-    """Replicated tensors (a DDP module's, keys a ``replicated=`` glob names) held other bytes
-    on some ranks than on the others (raised with ``on_divergence="raise"``). ``keys`` names
+    """Replicated tensors (a DDP module's, keys a ``replicated=`` glob names, a DTensor's shard
+    several ranks hold) held other bytes on some ranks than on the others (raised with
+    ``on_divergence="raise"``). ``keys`` names
     the tensors, ``ranks`` the ranks whose copy differs from the majority's."""
 
     def __init__(

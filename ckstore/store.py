@@ -120,8 +120,8 @@ class Store(HistoryVerbs, HealVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteV
         ``CKSTORE_DIST_TIMEOUT`` or 600 s) bounds how long ranks wait for each other; a rank
         that never comes, dies or stops is named in a RankLostError. Any rank's failure raises
         DistributedError on every rank and commits nothing. Every rank's copy of the
-        replicated tensors (a DDP module's parameters, ``replicated`` keys) is compared by
-        fingerprint: copies that differ are named with their ranks, keys and chunk regions in
+        replicated tensors (a DDP module's parameters, ``replicated`` keys, a DTensor's shard
+        among the ranks holding the same box) is compared by fingerprint: copies that differ are named with their ranks, keys and chunk regions in
         the snapshot's health (``snap.health.diverged``; ``run@healthy`` skips it), and
         ``on_divergence`` says what the take does: ``"warn"`` (default), ``"raise"``
         (ReplicaDivergenceError on the committing rank, DistributedError on every rank,

@@ -265,7 +265,7 @@ def _replica_text(health: Health) -> str:
     assert health.replicas is not None
     diverged = health.diverged
     if not diverged:
-        return f"ok: {health.replicas.checked} replicated tensors equal on every rank"
+        return f"ok: {health.replicas.checked} replicated tensors equal on every rank holding them"
     parts = []
     for key, d in list(diverged.items())[:6]:
         where = ", ".join(f"{list(o)}+{list(s)}" for o, s in d.regions[:2])

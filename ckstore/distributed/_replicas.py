@@ -53,8 +53,9 @@ from ._plan import same
 from .comm import Comm
 
 MAX_KEYS = 16
-_HALF = (1 << 31) - 1
 """Differing tensors located block by block and rank by rank (the others are counted)."""
+
+_HALF = (1 << 31) - 1
 
 
 @dataclass
@@ -67,7 +68,8 @@ class Fingerprints:
         blocks: key -> (region, 62-bit fingerprint) of each grid block, in grid order; for a
             DTensor, of each grid block cut by this rank's box (its pieces), in global
             coordinates.
-        whole: key -> 62-bit fingerprint of its blocks' fingerprints.
+        whole: key -> 62-bit fingerprint of its blocks' fingerprints (for a DTensor, of its
+            box's offsets and sizes and of that).
         shards: the DTensors whose shard on this rank other ranks hold too (a replicating mesh
             dimension: HSDP, a ``Replicate`` placement), in leaf order.
         holders: DTensor key -> the ranks holding this rank's box, this one included, sorted.
@@ -113,6 +115,10 @@ def fingerprints(
     for key in order:  # the order of the views
         out.blocks[key] = [(box, next(found)) for box, _ in out.blocks[key]]
         out.whole[key] = _combine(f for _, f in out.blocks[key])
+    for key in out.shards:  # where the box lies, too: shards swapped between groups must not
+        where = local.leaves[key].box  # cancel out in shard_vector's sum
+        assert where is not None
+        out.whole[key] = _combine([*where[0], *where[1], out.whole[key]])
     return out
 
 
@@ -159,8 +165,10 @@ def shard_vector(fp: Fingerprints, local: Local, rank: int) -> list[int]:
 
     Within each group the lowest rank adds ``(n - 1) * f`` and each other holder ``-f`` (``f``
     its shard's fingerprint, split into two 31-bit halves, ``n`` the group's size), so a group
-    whose copies agree adds 0; a rank holding its box alone adds 0. Flat: O(keys) per rank,
-    whatever the world size or the number of groups."""
+    whose copies agree adds 0; a rank holding its box alone adds 0. ``f`` covers where the box
+    lies as well as its bytes, so copies that differ in one group never cancel those of another
+    by construction (two groups' shards swapped would otherwise add up to zero exactly). Flat:
+    O(keys) per rank, whatever the world size or the number of groups."""
     out: list[int] = []
     for key, leaf in local.leaves.items():
         if leaf.kind != DTENSOR:
@@ -226,7 +234,7 @@ def locate_shards(
             regions += [
                 piece
                 for i, piece in enumerate(pieces(grid, boxes[group]))
-                if len({p[i] for p in copies}) > 1
+                if len({p[i] if i < len(p) else None for p in copies}) > 1
             ]
         regions.sort()
         diverged[key] = Divergence(tuple(sorted(ranks)), tuple(regions[:MAX_REGIONS]), len(regions))

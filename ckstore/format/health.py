@@ -64,10 +64,12 @@ class Divergence:
     """Where one replicated tensor's copies differ between ranks.
 
     Attributes:
-        ranks: the ranks whose copy differs from the majority's (on a tie, from the copy of
-            the lowest rank among the largest groups), sorted.
-        regions: ``(offsets, sizes)`` of the chunk regions (grid boxes) where some rank's copy
-            differs, at most :data:`MAX_REGIONS` of them, in grid order.
+        ranks: the ranks whose copy differs from the majority's (for a DTensor shard, the
+            majority of the ranks holding the same box; on a tie, from the copy of the lowest
+            rank among the largest groups), sorted.
+        regions: ``(offsets, sizes)`` of the chunk regions where some rank's copy differs (grid
+            boxes; for a DTensor shard, grid boxes cut by its box), at most
+            :data:`MAX_REGIONS` of them, in order.
         region_count: how many regions differ in all.
     """
 

@@ -153,8 +153,10 @@ def shard_flips(rank: int, world: int, path: str) -> dict[str, Any]:
     HSDP keeps them) and ``rep/w`` on a (4,) mesh with ``[Replicate()]`` (every rank holds it
     all). A take of the untouched state first; then SHARD_FLIPS takes, each after one bit of
     one rank's shard was flipped (the same choice on every rank; in ``hsdp/w`` only on ranks 2
-    and 3: of two copies the lower rank's is taken for right); then one flip on rank 0's
-    ``hsdp/w`` shard (that tie), and a take refused with ``on_divergence="raise"``."""
+    and 3: of two copies the lower rank's is taken for right); then a take with the shards of
+    ranks 2 and 3 swapped (each holds the bytes of the other's box: their groups' differences
+    must not cancel out); then one flip on rank 0's ``hsdp/w`` shard (that tie), and a take
+    refused with ``on_divergence="raise"``."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -162,10 +164,9 @@ def shard_flips(rank: int, world: int, path: str) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(11)
     hsdp_mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("rep", "shard"))
     flat_mesh = init_device_mesh("cpu", (world,))
+    full = torch.randn(40, 24, generator=gen)
     app = ckstore.StateDict(
-        hsdp=distribute_tensor(
-            torch.randn(40, 24, generator=gen), hsdp_mesh, [Replicate(), Shard(0)]
-        ),
+        hsdp=distribute_tensor(full, hsdp_mesh, [Replicate(), Shard(0)]),
         rep=distribute_tensor(torch.randn(30, 20, generator=gen), flat_mesh, [Replicate()]),
     )
     local = {k: app[k].to_local() for k in ("hsdp", "rep")}
@@ -203,17 +204,22 @@ def shard_flips(rank: int, world: int, path: str) -> dict[str, Any]:
             _flip_bit(t, index, bit)  # put it back
         who_rows = 20 * (who % 2) if key == "hsdp" else 0
         found.append({**got, "key": f"m/{key}", "rank": who, "where": [row + who_rows, col]})
+    if rank in (2, 3):  # rank 2 holds rows 0-19 and gets 20-39; rank 3 the other way
+        local["hsdp"].copy_(full[20:] if rank == 2 else full[:20])
+    swapped = take(SHARD_FLIPS + 1)
+    local["hsdp"].copy_(full[20 * (rank % 2) : 20 * (rank % 2) + 20])
     if rank == 0:
         _flip_bit(local["hsdp"], 3, 7)
-    tie = take(SHARD_FLIPS + 1)
+    tie = take(SHARD_FLIPS + 2)
     refused = None
     try:
-        take(SHARD_FLIPS + 2, on_divergence="raise")
+        take(SHARD_FLIPS + 3, on_divergence="raise")
     except DistributedError as exc:
         refused = {"causes": {str(k): v for k, v in exc.causes.items()}}
     return {
         "clean": clean,
         "found": found,
+        "swapped": swapped,
         "tie": tie,
         "refused": refused,
         "rows": rows[("hsdp")],

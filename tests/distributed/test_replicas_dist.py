@@ -78,9 +78,12 @@ def test_shards_held_by_several_ranks_are_compared_too(tmp_path: Path) -> None:
     for o in out[1:]:
         assert [f["diverged"] for f in o["found"]] == [1] * rs.SHARD_FLIPS
         assert all(f["warned"] == [] for f in o["found"])  # the committing rank warns
+    swapped = r0["swapped"]["recorded"]
+    assert r0["swapped"]["diverged"] == 1 and swapped["m/hsdp"]["ranks"] == [2, 3], swapped
+    assert len(swapped["m/hsdp"]["regions"]) == 4  # every piece of both boxes (2 each)
     assert r0["tie"]["recorded"]["m/hsdp"]["ranks"] == [2]  # rank 0 flipped; 0 vs 2: 0 is kept
     for o in out:
         assert o["refused"] is not None
-        assert o["steps"][0] == rs.SHARD_FLIPS + 1  # the refused take committed nothing
+        assert o["steps"][0] == rs.SHARD_FLIPS + 2  # the refused take committed nothing
     causes = " ".join(out[1]["refused"]["causes"].values())
     assert "ReplicaDivergenceError" in causes and "m/hsdp" in causes

@@ -104,9 +104,10 @@ class TakeSpec:
             (NonFiniteError, nothing committed) or ``"ignore"`` (commit, recorded, silent).
         on_stale: the same for tensors that should train and did not change since the run's
             previous snapshot although the step advanced (StaleStateError on ``"raise"``).
-        on_divergence: the same for replicated tensors (DDP modules, ``replicated`` globs) whose
-            copies differ between the ranks of a distributed take (ReplicaDivergenceError on
-            ``"raise"``; the other ranks raise DistributedError naming it).
+        on_divergence: the same for replicated tensors (DDP modules, ``replicated`` globs, and
+            DTensor shards several ranks hold) whose copies differ between the ranks of a
+            distributed take (ReplicaDivergenceError on ``"raise"``; the other ranks raise
+            DistributedError naming it).
         health: measure NaN, Inf and norms per tensor while hashing (False: skip it; the
             snapshot's health is then unknown). Staleness is checked either way.
         trainable: key globs of tensors that should change on every take, besides the live
