@@ -12,6 +12,7 @@ its own): no alarm.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tests.distributed import replica_scenarios as rs
 from tests.support.ranks import run_ranks, values
@@ -24,6 +25,16 @@ def _holds(region: list[list[int]], where: list[int]) -> bool:
     return all(o <= w < o + s for o, s, w in zip(offsets, sizes, where))
 
 
+def _flagged_alone(f: dict[str, Any]) -> None:
+    """One flip, as the committing rank recorded it: that key alone, diverged and unhealthy,
+    that rank alone, and one region, holding the flipped element."""
+    assert f["diverged"] == 1 and f["healthy"] is False, f
+    assert list(f["recorded"]) == [f["key"]], f
+    got = f["recorded"][f["key"]]
+    assert got["ranks"] == [f["rank"]], f
+    assert len(got["regions"]) == 1 and _holds(got["regions"][0], f["where"]), f
+
+
 def test_every_flipped_bit_is_flagged_with_its_rank_key_and_region(tmp_path: Path) -> None:
     out = values(run_ranks(rs.flips, WORLD, tmp_path, str(tmp_path / "store"), timeout=900))
     r0 = out[0]
@@ -31,11 +42,7 @@ def test_every_flipped_bit_is_flagged_with_its_rank_key_and_region(tmp_path: Pat
     assert {f["key"] for f in r0["found"]} >= {"extra/table", "ddp/module.0.weight"}
     assert len({f["rank"] for f in r0["found"]}) == WORLD
     for f in r0["found"]:
-        assert f["diverged"] == 1 and f["healthy"] is False, f
-        assert list(f["recorded"]) == [f["key"]], f
-        got = f["recorded"][f["key"]]
-        assert got["ranks"] == [f["rank"]], f
-        assert len(got["regions"]) == 1 and _holds(got["regions"][0], f["where"]), f
+        _flagged_alone(f)
         assert f["checked"] == 7  # 6 DDP parameters (not the batch norm's buffers), the table
     for rank in range(1, WORLD):  # every rank gets the committed record
         assert [f["diverged"] for f in out[rank]["found"]] == [1] * rs.FLIPS
@@ -69,11 +76,7 @@ def test_shards_held_by_several_ranks_are_compared_too(tmp_path: Path) -> None:
     assert len(r0["found"]) == rs.SHARD_FLIPS
     assert {f["rank"] for f in r0["found"] if f["key"] == "m/rep"} == {0, 1, 2, 3}
     for f in r0["found"]:
-        assert f["diverged"] == 1 and f["healthy"] is False, f
-        assert list(f["recorded"]) == [f["key"]], f
-        got = f["recorded"][f["key"]]
-        assert got["ranks"] == [f["rank"]], f
-        assert len(got["regions"]) == 1 and _holds(got["regions"][0], f["where"]), f
+        _flagged_alone(f)
         assert len(f["warned"]) == 1 and f["key"] in f["warned"][0], f
     for o in out[1:]:
         assert [f["diverged"] for f in o["found"]] == [1] * rs.SHARD_FLIPS
