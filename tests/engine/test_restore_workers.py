@@ -27,6 +27,24 @@ def _jobs(n: int) -> list[Job]:
     return [Job(key=f"k{i}", cid=f"c{i}", dtype="float32", sizes=(1 << 20,)) for i in range(n)]
 
 
+class _Slow:
+    """A job that takes ``seconds``, counting the jobs running and those done."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.running = 0
+        self.done: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, job: Job) -> None:
+        with self._lock:
+            self.running += 1
+        time.sleep(self.seconds)
+        with self._lock:
+            self.running -= 1
+            self.done.append(job.key)
+
+
 def _run(
     jobs: list[Job], fn: Callable[[Job], None], after: Callable[[], None] = lambda: None
 ) -> None:
@@ -92,18 +110,7 @@ def test_an_interrupt_of_the_calling_thread_stops_the_workers_before_it_comes_ba
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     jobs = _jobs(40)
-    running = [0]
-    done: list[str] = []
-    lock = threading.Lock()
-
-    def fn(job: Job) -> None:
-        with lock:
-            running[0] += 1
-        time.sleep(0.1)
-        with lock:
-            running[0] -= 1
-            done.append(job.key)
-
+    fn = _Slow(0.1)
     real = concurrent.futures.Future.result
     calls = [0]
 
@@ -117,27 +124,16 @@ def test_an_interrupt_of_the_calling_thread_stops_the_workers_before_it_comes_ba
     monkeypatch.setattr(concurrent.futures.Future, "result", interrupted)
     seen: list[int] = []
     with pytest.raises(KeyboardInterrupt):
-        _run(jobs, fn, after=lambda: seen.append(running[0]))
+        _run(jobs, fn, after=lambda: seen.append(fn.running))
     assert seen == [0]  # nothing still writes when the pass comes back
-    assert 0 < len(done) < len(jobs)  # they stopped after the job they were on
+    assert 0 < len(fn.done) < len(jobs)  # they stopped after the job they were on
 
 
 def test_an_interrupt_while_the_tasks_are_handed_out_stops_those_already_running(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     jobs = _jobs(40)
-    running = [0]
-    done: list[str] = []
-    lock = threading.Lock()
-
-    def fn(job: Job) -> None:
-        with lock:
-            running[0] += 1
-        time.sleep(0.05)
-        with lock:
-            running[0] -= 1
-            done.append(job.key)
-
+    fn = _Slow(0.05)
     real = concurrent.futures.ThreadPoolExecutor.submit
     calls = [0]
 
@@ -151,6 +147,6 @@ def test_an_interrupt_while_the_tasks_are_handed_out_stops_those_already_running
     monkeypatch.setattr(concurrent.futures.ThreadPoolExecutor, "submit", submit)
     seen: list[int] = []
     with pytest.raises(KeyboardInterrupt):
-        _run(jobs, fn, after=lambda: seen.append(running[0]))
+        _run(jobs, fn, after=lambda: seen.append(fn.running))
     assert seen == [0]  # the task already running stopped before the pass came back
-    assert 0 < len(done) < len(jobs)
+    assert 0 < len(fn.done) < len(jobs)
