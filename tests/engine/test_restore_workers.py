@@ -106,26 +106,39 @@ def test_the_first_failure_in_order_is_the_one_raised() -> None:
         _run(_jobs(2), fn)
 
 
+def _interrupt_at(
+    monkeypatch: pytest.MonkeyPatch, owner: type, name: str, call: int, after: float
+) -> None:
+    """``owner.name`` raises KeyboardInterrupt at its ``call``-th call, ``after`` seconds in
+    (as a Ctrl-C landing there); the other calls go through."""
+    real = getattr(owner, name)
+    calls = [0]
+
+    def patched(*args: object, **kwargs: object) -> object:
+        calls[0] += 1
+        if calls[0] == call:
+            time.sleep(after)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, patched)
+
+
+def _interrupted(jobs: list[Job], fn: _Slow) -> list[int]:
+    """Run the interrupted pass; the jobs still running when it came back, as it came back."""
+    seen: list[int] = []
+    with pytest.raises(KeyboardInterrupt):
+        _run(jobs, fn, after=lambda: seen.append(fn.running))
+    return seen
+
+
 def test_an_interrupt_of_the_calling_thread_stops_the_workers_before_it_comes_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     jobs = _jobs(40)
     fn = _Slow(0.1)
-    real = concurrent.futures.Future.result
-    calls = [0]
-
-    def interrupted(self: concurrent.futures.Future, timeout: float | None = None) -> object:
-        calls[0] += 1
-        if calls[0] == 1:
-            time.sleep(0.05)  # both workers are inside a job
-            raise KeyboardInterrupt
-        return real(self, timeout)
-
-    monkeypatch.setattr(concurrent.futures.Future, "result", interrupted)
-    seen: list[int] = []
-    with pytest.raises(KeyboardInterrupt):
-        _run(jobs, fn, after=lambda: seen.append(fn.running))
-    assert seen == [0]  # nothing still writes when the pass comes back
+    _interrupt_at(monkeypatch, concurrent.futures.Future, "result", 1, 0.05)  # both in a job
+    assert _interrupted(jobs, fn) == [0]  # nothing still writes when the pass comes back
     assert 0 < len(fn.done) < len(jobs)  # they stopped after the job they were on
 
 
@@ -134,19 +147,7 @@ def test_an_interrupt_while_the_tasks_are_handed_out_stops_those_already_running
 ) -> None:
     jobs = _jobs(40)
     fn = _Slow(0.05)
-    real = concurrent.futures.ThreadPoolExecutor.submit
-    calls = [0]
-
-    def submit(self: concurrent.futures.ThreadPoolExecutor, *args: object) -> object:
-        calls[0] += 1
-        if calls[0] == 2:
-            time.sleep(0.02)  # the first task is inside a job
-            raise KeyboardInterrupt
-        return real(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(concurrent.futures.ThreadPoolExecutor, "submit", submit)
-    seen: list[int] = []
-    with pytest.raises(KeyboardInterrupt):
-        _run(jobs, fn, after=lambda: seen.append(fn.running))
-    assert seen == [0]  # the task already running stopped before the pass came back
+    # the second submit: the first task is inside a job
+    _interrupt_at(monkeypatch, concurrent.futures.ThreadPoolExecutor, "submit", 2, 0.02)
+    assert _interrupted(jobs, fn) == [0]  # the task already running stopped before it came back
     assert 0 < len(fn.done) < len(jobs)
