@@ -98,7 +98,7 @@ def _rank(rank: int, world: int, port: int, path: str, a: argparse.Namespace, ou
             times[mode].append(time.perf_counter() - t0)
             assert snap.record.diverged == (0 if mode == "check" else None)
             step += 1
-    copies = {k: getattr(v, "_local_tensor", v) for k, v in app["s"].items()}
+    copies = {k: v.to_local() if hasattr(v, "to_local") else v for k, v in app["s"].items()}
     floor, floor_cpu = _floor(copies, store.threads, a.rounds, dist.barrier)
     Path(out, f"rank{rank}.json").write_text(
         json.dumps(
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"fingerprinting one rank's copy  {check:8.3f} s  ({100 * check / on:.1f} % of a take)")
     print(
-        f"the floor: every rank's copy      {floor:8.3f} s  ({100 * floor / off:.1f} % of a take "
+        f"the floor: every rank's copy    {floor:8.3f} s  ({100 * floor / off:.1f} % of a take "
         f"without the check), CPU of every rank {floor_cpu:.3f} s "
         f"({100 * floor_cpu / cpu['none']:.1f} %)"
     )
