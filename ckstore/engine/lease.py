@@ -164,9 +164,16 @@ def gone(session_owner: str) -> bool:
     return False
 
 
+def exiting() -> bool:
+    """Whether this process began to exit: its sessions were ended at interpreter exit, so a
+    background job's write that fails its lease check now is that stop, not a fault."""
+    return _exiting.is_set()
+
+
 def _end_at_exit() -> None:
     """At interpreter exit, end the sessions this process still holds (see the module
     docstring); leases a forked child inherited are its parent's, and are left alone."""
+    _exiting.set()
     with _guard:
         mine = [lease for lease in _held if lease._pid == os.getpid()]
     for lease in mine:
@@ -186,6 +193,7 @@ class Terminated(SystemExit):
 
 _held: set[Lease] = set()
 _guard = threading.Lock()
+_exiting = threading.Event()
 _installed = False
 
 

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..engine import lease
 from ..engine.background import lower_priority
 from ..index import SnapshotRecord
 from .defaults import DEFAULT_KEEP_LOOSE
@@ -221,10 +222,12 @@ def _modules() -> tuple[ModuleType, ModuleType]:
 
 def _interpreter_exiting(exc: BaseException) -> bool:
     """True for the error the pools raise once the interpreter is exiting (a script that ends
-    without closing its store, as one opened by a ``ckstore://`` id of ``dcp.save``): the
-    compaction stops there, as it would when killed, and its chunks stay loose, which is safe
-    and not worth a warning on the way out."""
-    return isinstance(exc, RuntimeError) and "interpreter shutdown" in str(exc)
+    without closing its store, as one opened by a ``ckstore://`` id of ``dcp.save``), and for
+    any failure once the process ended its sessions at exit (the compaction's next write then
+    fails its lease check): the compaction stops there, as it would when killed, and its chunks
+    stay loose, which is safe and not worth a warning on the way out."""
+    shutdown = isinstance(exc, RuntimeError) and "interpreter shutdown" in str(exc)
+    return shutdown or lease.exiting()
 
 
 def attach(repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> AutoCompactor:
