@@ -173,13 +173,15 @@ class StoredSnapshot(SnapshotFields):
         writes into the caller's tensors and calls ``load_state_dict``: on any error the
         app_state is left untouched. Verified chunks are staged up to ``memory_budget`` bytes
         (default: ``$CKSTORE_MEMORY_BUDGET``, else 3% of what is restored, at most 512 MiB)
-        and copied into place; the others are read again, checked against a fingerprint of
-        the payload verified in the first pass, and decoded straight into place, so memory
-        above the live state stays near the budget. CUDA destinations are filled through
-        pinned host buffers, counted in the budget.
+        and copied into place; past it, a local store keeps the checked payloads mapped (its
+        packs are immutable) and decodes those very bytes into place, and another store reads
+        each payload again (from a spill file where reading again would fetch it from the
+        store) and compares it with a fingerprint taken when it was checked, so memory above
+        the live state stays near the budget. CUDA destinations are filled through pinned
+        host buffers, counted in the budget.
 
         ``atomic=False`` gives up that guarantee for speed: every tensor is decoded straight
-        into place in one pass (chunks are still re-hashed, and a damaged one still raises
+        into place in one pass (every chunk is still checked, and a damaged one still raises
         CorruptionError naming the key, but the destination is then partly loaded) and
         nothing is staged. Use it to load into a freshly built model at start-up, where a
         failed restore ends the process anyway.

@@ -3,8 +3,9 @@
 One deterministic state (a transformer-like fp32 model + Adam state), every system made durable
 (each file written and its directory fsynced), systems interleaved within each round (the order
 rotates every round) to cancel drift, medians over rounds. Scenarios: first save, save after 10%
-of the weights changed (frozen backbone), restore in place, read one 64 MiB tensor, bytes on disk
-over successive saves, peak RSS of save and restore (each in a child process), resume (a fresh
+of the weights changed (frozen backbone), restore in place (warm, cold, warm again after the cold
+one), restore the weights alone, read one 64 MiB tensor, bytes on disk over successive saves,
+peak RSS of save and restore (each in a child process), resume (a fresh
 process builds the model, restores the latest snapshot and runs a first step, timed end to end),
 async_take blocking time, compression of real trained weights (MiniLM, fp32 and bf16), and full
 training (a small transformer trained with AdamW, a save every 10 steps, fp32 and bf16: bytes per
@@ -17,8 +18,9 @@ ckstore's take has delta_base).
     python bench/run.py --only training  # the full-training phase alone
 
 Writes ``<out>/results.json``, ``<out>/results.md``, ``<out>/bytes_over_saves.png`` and
-``<out>/profile_take.txt``; prints the tables. The page cache is warm throughout (it cannot be
-dropped without privileges), equally for every system.
+``<out>/profile_take.txt``; prints the tables. The page cache is warm unless a row says cold
+(each system's files evicted first with ``posix_fadvise(DONTNEED)``, no privileges needed),
+equally for every system.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """The restore's phases: rebuild tensors in place from verified chunks.
 
 ``restore`` runs in three phases so a bad snapshot never leaves the caller half-loaded:
-validate (keys, dtypes, shapes against the destination), check (every chunk's stored payload
-read with one ranged read; decoded and re-hashed into the staging arena while it has room,
-past it compared with the digest its writer recorded, or, for a chunk without one, decoded
-and re-hashed; a mismatch raises CorruptionError naming the key), apply (staged chunks copied
-into the destination's own tensors, the others read again, checked again and decoded into
-them, re-hashed against their id when checked by digest; then ``load_state_dict``). Nothing
-of the caller's is touched before the check phase succeeded. The chunk passes themselves are
-in ``fetch.py``, the jobs they run in ``jobs.py``.
+validate (keys, dtypes, shapes against the destination), check (every chunk's stored payloads
+read once and its decoded bytes checked against the fast check its manifest records, or, with
+``verify="full"`` or where it has none, against its id; a mismatch raises CorruptionError
+naming the key), apply (each chunk put in place from what the check left: its decoded bytes
+staged in an arena, the mapped views of its payloads in a local store's packs, or a
+fingerprint of its payload, read again and compared before it is decoded into place; then
+``load_state_dict``). Nothing of the caller's is touched before the check phase succeeded.
+The chunk passes themselves are in ``fetch.py`` (whose docstring has each case), the jobs
+they run in ``jobs.py``.
 
 One process (``StoredSnapshot.restore``): ``validate`` -> ``prepare`` (the check pass:
 ``Fetcher.verify`` into an ``Arena``, inline and new tensors read) -> ``apply``
@@ -78,9 +79,10 @@ class Prepared:
     """A validated and verified restore, not yet applied to the destination.
 
     ``tensors`` holds new tensors read for keys without a destination tensor; ``jobs`` fill the
-    destination tensors ``direct``: verified (atomic: staged within the budget, or remembered
-    by payload fingerprint) and put in place by :func:`apply`, or, with ``verified`` False
-    (``atomic=False``), read, verified and decoded into place by :func:`apply` in one pass.
+    destination tensors ``direct``: verified (atomic: staged within the budget, kept as mapped
+    views, or remembered by payload fingerprint) and put in place by :func:`apply`, or, with
+    ``verified`` False (``atomic=False``), read, verified and decoded into place by
+    :func:`apply` in one pass.
     """
 
     plans: list[_AppPlan]
@@ -118,20 +120,22 @@ def prepare(
 ) -> Prepared:
     """Validate and verify everything a restore needs; the destination is not touched.
 
-    Every chunk of the destination tensors is checked here (``Fetcher.verify``). Chunks are
-    decoded and re-hashed into a staging arena of at most ``budget`` bytes (None: the default,
-    :func:`~ckstore.engine.config.restore_budget` of the destination's size), which
-    :func:`apply` copies into place. Past it, a chunk's stored payloads are compared with the
-    digests the index recorded when they were written, undecoded, and :func:`apply` reads them
-    again, compares again, and decodes them into place once, re-hashing against the chunk id as
-    it goes. A chunk without recorded digests (written before index revision 0003, or
-    reindexed) is instead decoded and re-hashed here, and remembered by a fingerprint of its
-    payload that :func:`apply` checks before decoding it into place. Memory stays bounded and a
-    damaged chunk is found before anything of the caller's changes.
+    Every chunk of the destination tensors is checked here (``Fetcher.verify``): its stored
+    payloads read once, its decoded bytes checked against its fast check (or its id). A
+    compressed chunk is decoded into a staging arena of at most ``budget`` bytes (None: the
+    default, :func:`~ckstore.engine.config.restore_budget` of the destination's size) while it
+    has room, which :func:`apply` copies into place. Past it, and for a raw chunk, a local
+    store keeps the mapped views of the payloads checked (immutable packs: :func:`apply`
+    decodes or copies those very bytes into place); another store keeps a fingerprint of each
+    payload, which :func:`apply` compares when it reads the payload again (from a spill copy
+    where reading again would fetch it from the store again). Verifying by id, payloads with
+    digests in the index are compared with them here, undecoded, and hashed against the id as
+    :func:`apply` decodes them into place. Memory stays bounded and a damaged chunk is found
+    before anything of the caller's changes.
 
-    ``atomic=False`` skips this pass: :func:`apply` decodes every destination tensor straight
-    into place, still re-hashing each chunk, in one pass and with no staging memory; a damaged
-    chunk then raises with the destination partly loaded.
+    ``atomic=False`` skips this pass: :func:`apply` reads, checks and decodes every destination
+    tensor straight into place, in one pass and with no staging memory; a damaged chunk then
+    raises with the destination partly loaded.
 
     ``plans`` (from :func:`validate`) skips validating again; keys in ``skip`` are not read
     (the caller puts their tensors into ``Prepared.tensors`` before :func:`apply`).

@@ -1,6 +1,6 @@
 """Random access: read one entry, a subtree, or an app's whole state without restoring.
 
-Each read fetches only the chunks of the entries asked for, re-hashing every one (I3).
+Each read fetches only the chunks of the entries asked for, checking every one (I3).
 """
 
 from __future__ import annotations

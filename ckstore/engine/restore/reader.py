@@ -96,7 +96,7 @@ class Reader:
         )
 
     def read_tensors(self, keys: list[str]) -> dict[str, torch.Tensor]:
-        """Return a new CPU tensor per key, each chunk re-hashed against its id."""
+        """Return a new CPU tensor per key, each chunk checked (its fast check, or its id)."""
         return self.read_regions({k: None for k in keys})
 
     def read_regions(self, wanted: Mapping[str, Region | None]) -> dict[str, torch.Tensor]:
