@@ -2,26 +2,29 @@
 
 The kernel reads a file into large folios (up to 2 MiB each) on a plain ``read`` or a page
 fault, ramping up as a sequential stream goes on, but into 4 KiB pages on a
-``posix_fadvise(WILLNEED)`` hint: the hints a cold restore of ckstore sends ahead of its
-threads so the disk stays busy while they check (``engine/restore/readahead.py``). Mapping
-and copying 4 KiB pages costs more per byte than large folios, so a warm restore of files a
+``posix_fadvise(WILLNEED)`` hint, which a cold restore of ckstore sends ahead of its threads
+so the disk stays busy while they check (``engine/restore/readahead.py``; not in the check
+through mappings where the disk reads 1 MiB or more ahead of a fault on its own). Mapping and
+copying 4 KiB pages costs more per byte than large folios, so a warm restore of files a hinted
 cold restore brought in runs slower than one of the same files as written, until they leave
 the page cache.
 
 One ckstore store holds one snapshot of the benchmark state. For each way of bringing its
-pack files into the page cache (after evicting them), each round records the read's seconds,
-the share of the packs' pages then held in large folios (``/proc/kpageflags``: root only,
-else n/a) and the median of ``--warm`` atomic restores after it:
+pack files into the page cache (after evicting them), each round records the seconds that
+took (for ``as taken``, the take), the share of the packs' pages then held in large folios
+(``/proc/kpageflags``: root only, else n/a) and the median of ``--warm`` atomic restores
+after it:
 
-* ``as taken``: the files as the take wrote them (evicted, then rewritten in 2 MiB writes,
-  which is what a take's page cache holds: large folios);
-* ``cold restore``: an atomic restore with its hints, the way a resume reads;
-* ``cold restore, no hints``: the same with the hints switched off (a benchmark's patch):
-  the threads' own faults then read ahead, in large folios, but the disk waits on them;
+* ``as taken``: the files as a take writes them (the snapshot taken anew into a new store);
+* ``cold restore``: an atomic restore, the way a resume reads (hinted or not as ckstore
+  decides for this disk);
+* ``cold restore, hinted``: the same with every payload hinted (a benchmark's patch: the
+  disk taken to read nothing ahead on its own);
+* ``cold restore, no hints``: the same with no hints at all (a benchmark's patch);
 * ``sequential read``: every pack read start to end (``read``, 8 MiB at a time).
 
 Ways rotate within each round. Prints medians over rounds and each warm restore's ratio to
-``as taken``.
+``as taken``. The disk's read-ahead window is ``/sys/class/bdi/<device>/read_ahead_kb``.
 
     python bench/page_cache.py                      # 270 MiB, 3 rounds
     python bench/page_cache.py --size-mb 1024 --rounds 2
@@ -100,19 +103,18 @@ def large_folio_share(files: list[Path]) -> float | None:
     return large / total if total else None
 
 
-def rewrite(files: list[Path], block: int = 2 << 20) -> None:
-    """Write each file anew in ``block``-byte writes, fsynced (the page cache a take leaves)."""
-    for path in files:
-        data = path.read_bytes()
-        tmp = path.with_suffix(".rewrite")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for at in range(0, len(data), block):
-                os.write(fd, data[at : at + block])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+@contextmanager
+def hints_forced() -> Iterator[None]:
+    """Restores inside send their read-ahead hints whatever the disk's read-ahead window (a
+    benchmark's patch: the device is taken to read nothing ahead on its own)."""
+    from ckstore.objects.local import LocalBackend
+
+    was = LocalBackend.read_ahead
+    LocalBackend.read_ahead = lambda self: 0  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        LocalBackend.read_ahead = was  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -137,23 +139,33 @@ def main() -> None:
     args = ap.parse_args()
     state = build_state(args.size_mb << 20, args.seed)
     work = Path(tempfile.mkdtemp(prefix="ckbench-cache-"))
+    held: list[ckstore.Store] = []
     try:
-        store = ckstore.open(work / "store", create=True)
-        store.take(_app(state), run="bench")
-        store.wait_compacted()
-        files = packs(work / "store")
         dest = empty_like_state(state)
 
+        def take() -> None:  # the snapshot anew, in a new store
+            while held:
+                held.pop().close()
+            shutil.rmtree(work / "store", ignore_errors=True)
+            held.append(ckstore.open(work / "store", create=True))
+            held[0].take(_app(state), run="bench")
+            held[0].wait_compacted()
+
         def restore() -> None:
-            store.get("bench").restore(_app(dest))
+            held[0].get("bench").restore(_app(dest))
 
         def cold_no_hints() -> None:
             with no_hints():
                 restore()
 
+        def cold_hinted() -> None:
+            with hints_forced():
+                restore()
+
         ways: dict[str, Callable[[], Any]] = {
-            "as taken": lambda: rewrite(files),
+            "as taken": take,
             "cold restore": restore,
+            "cold restore, hinted": cold_hinted,
             "cold restore, no hints": cold_no_hints,
             "sequential read": lambda: sequential_read(work / "store" / "packs"),
         }
@@ -161,6 +173,8 @@ def main() -> None:
         warm: dict[str, list[float]] = {k: [] for k in ways}
         share: dict[str, list[float]] = {k: [] for k in ways}
         names = list(ways)
+        take()
+        threads = held[0].threads
         for r in range(args.rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 evict(work / "store")
@@ -168,7 +182,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 ways[name]()
                 read[name].append(time.perf_counter() - t0)
-                s = large_folio_share(files)
+                s = large_folio_share(packs(work / "store"))
                 if s is not None:
                     share[name].append(s)
                 times = []
@@ -181,7 +195,7 @@ def main() -> None:
         base = statistics.median(warm["as taken"])
         print(
             f"a {args.size_mb} MiB snapshot's packs brought into the page cache {len(ways)} ways, "
-            f"{args.rounds} rounds, medians ({os.cpu_count()} CPUs, threads={store.threads})"
+            f"{args.rounds} rounds, medians ({os.cpu_count()} CPUs, threads={threads})"
         )
         print(
             f"{'':24s} {'read':>9s} {'large folios':>13s} {'warm restore':>13s} {'/ as taken':>11s}"
@@ -193,8 +207,9 @@ def main() -> None:
                 f"{k:24s} {statistics.median(read[k]) * 1e3:7.0f}ms {sh:>13s} "
                 f"{w * 1e3:11.1f}ms {w / base:10.2f}x"
             )
-        store.close()
     finally:
+        while held:
+            held.pop().close()
         shutil.rmtree(work, ignore_errors=True)
 
 

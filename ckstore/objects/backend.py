@@ -250,6 +250,12 @@ class Backend(abc.ABC):
         waiting (the local backend: the kernel reads it ahead into the page cache). The
         default does nothing."""
 
+    def read_ahead(self) -> int:
+        """Bytes the storage reads ahead on its own of a read or a page fault in one of its
+        objects (the local backend: the kernel's read-ahead window of the device its root
+        lives on, read anew at each call); 0 where unknown or none. The default: 0."""
+        return 0
+
     @abc.abstractmethod
     def size(self, name: str) -> int:
         """Size of ``name`` in bytes.

@@ -30,7 +30,7 @@ from ckstore.objects.backend import (
     write_failed,
 )
 from ckstore.objects.direct import DirectAppender, open_direct
-from ckstore.objects.mapping import Mappings, ShortFile, prefetch
+from ckstore.objects.mapping import Mappings, ShortFile, prefetch, read_ahead_window
 
 _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK}
 
@@ -271,6 +271,9 @@ class LocalBackend(Backend):
 
     def prefetch(self, name: str, offset: int, length: int) -> None:
         prefetch(self._path(name), offset, length)
+
+    def read_ahead(self) -> int:
+        return read_ahead_window(self._root)
 
     def size(self, name: str) -> int:
         path = self._path(name)

@@ -178,6 +178,23 @@ def prefetch(path: str, offset: int, length: int) -> None:
         os.close(fd)
 
 
+BDI = "/sys/class/bdi"
+"""Where Linux lists each device's backing settings, by ``<major>:<minor>``."""
+
+
+def read_ahead_window(path: str) -> int:
+    """The kernel's read-ahead window, in bytes, of the device the file or directory at
+    ``path`` lives on (``read_ahead_kb`` of its entry under :data:`BDI`): how far the kernel
+    reads ahead of a read or a page fault on its own. 0 where it cannot be told (not Linux, a
+    file system whose device number has no entry there)."""
+    try:
+        dev = os.stat(path).st_dev
+        with open(f"{BDI}/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb") as f:
+            return int(f.read().strip()) * 1024
+    except (OSError, ValueError):
+        return 0
+
+
 _PROBE = bytearray(1)
 
 

@@ -139,6 +139,9 @@ class CountingBackend(WrappingBackend):
     def prefetch(self, name: str, offset: int, length: int) -> None:
         self.inner.prefetch(name, offset, length)
 
+    def read_ahead(self) -> int:
+        return self.inner.read_ahead()
+
     def size(self, name: str) -> int:
         with self._lock:
             self.size_calls += 1

@@ -106,6 +106,7 @@ class BackendConformance:
         assert backend.current(view)
         backend.drop(NAME, 1000, 300)  # hints: never an error, the view still reads
         backend.prefetch(NAME, 0, len(data))
+        assert backend.read_ahead() >= 0
         assert bytes(view) == data[1000:1300]
         backend.delete(NAME)
         assert bytes(view) == data[1000:1300]  # a mapping outlives the object's deletion

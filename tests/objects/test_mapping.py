@@ -122,3 +122,23 @@ def test_a_range_in_the_page_cache_is_not_hinted_and_an_evicted_one_is(
         pytest.skip("this file system keeps the file in memory (tmpfs): nothing to hint")
     mapping.prefetch(str(path), MiB, 2 * MiB)
     assert hints == [(MiB, 2 * MiB)]
+
+
+def test_the_read_ahead_window_is_read_from_the_files_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``read_ahead_window`` reads ``read_ahead_kb`` of the device the path lives on (by its
+    device number) and answers 0 where that cannot be told."""
+    path = _file(tmp_path / "pack", 4096)
+    dev = os.stat(path).st_dev
+    bdi = tmp_path / "bdi"
+    monkeypatch.setattr(mapping, "BDI", str(bdi))
+    assert mapping.read_ahead_window(str(path)) == 0  # no entry for the device
+    entry = bdi / f"{os.major(dev)}:{os.minor(dev)}"
+    entry.mkdir(parents=True)
+    (entry / "read_ahead_kb").write_text("8192\n")
+    assert mapping.read_ahead_window(str(path)) == 8 << 20
+    assert mapping.read_ahead_window(str(tmp_path)) == 8 << 20  # a directory: its device
+    (entry / "read_ahead_kb").write_text("many\n")
+    assert mapping.read_ahead_window(str(path)) == 0
+    assert mapping.read_ahead_window(str(tmp_path / "missing")) == 0

@@ -28,10 +28,11 @@ to run a list of jobs:
 
 The first pass of a local store tells the kernel which byte ranges come next
 (``Backend.prefetch``, about :data:`READ_AHEAD` bytes ahead), so a cold restore reads the disk
-while the threads check what arrived. A destination that is not a contiguous CPU tensor
-(strided, or on a GPU) is reached through host buffers (``staging.Pools``: pinned for CUDA,
-two per thread): a chunk is decoded into one and copied by the device's
-:class:`~ckstore.engine.devices.Copier` while the next one is decoded.
+while the threads check what arrived, unless the kernel reads far enough ahead of the pass's
+faults itself (``readahead.hinted``: hinted pages stay 4 KiB pages). A destination that is not
+a contiguous CPU tensor (strided, or on a GPU) is reached through host buffers
+(``staging.Pools``: pinned for CUDA, two per thread): a chunk is decoded into one and copied
+by the device's :class:`~ckstore.engine.devices.Copier` while the next one is decoded.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from ..interfaces import LocationIndex
 from ..locations import MAX_MOVES, places, to_location
 from ..progress import ProgressFn, meter
 from .jobs import Job, raw_bytes
-from .readahead import ReadAhead
+from .readahead import ReadAhead, hinted
 from .sources import ChunkSource, Healer
 from .staging import Arena, Pools, arena_copier
 from .workers import share
@@ -194,7 +195,7 @@ class Fetcher:
                 c.staged = data
             c.kept, c.fingerprint, c.by_id = None, None, False
 
-        self._run(first, one, "verify", ahead=mapped)
+        self._run(first, one, "verify", ahead=hinted(self.objs, mapped=True))
         return arena
 
     def load(self, jobs: list[Job], source: ChunkSource | None = None) -> None:
@@ -229,7 +230,7 @@ class Fetcher:
                 [j for j in jobs if id(j) in given] + sorted(rest, key=_place_key),
                 one,
                 "restore",
-                ahead=self.objs.backend.mapped_views and not self._checked,
+                ahead=not self._checked and hinted(self.objs, mapped=False),
             )
 
     def apply(self, jobs: list[Job]) -> None:

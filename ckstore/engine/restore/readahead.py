@@ -5,12 +5,13 @@ What the hints leave behind: the kernel reads a hinted range into 4 KiB pages, w
 read or a page fault reads ahead into large folios. A warm restore of files a hinted cold
 restore brought in maps and copies 4 KiB pages, and ran 1.65-1.75x as long as one of the same
 files as a take left them (270 MiB, ``python bench/page_cache.py``), until they leave the page
-cache. Without the hints, a cold atomic restore left 80% of the pages in large folios (warm
-restores after it 1.14-1.18x) and took about as long on the disk measured (medians of 6: 249
-against 248 ms; 266 against 290 ms in another run), whose read-ahead window is 8 MiB; with the
-window set to the common 128 KiB, it took 327 ms against 278 ms with the hints. A cold
-``restore(atomic=False)`` (which reads into place, unmapped) ran 4-18% faster with them at
-either window. A resume is a cold read: the hints stay."""
+cache. So the pass that reads through mappings (an atomic restore's check) sends none where the
+kernel reads far enough ahead of a fault on its own (:func:`hinted`): there its faults read
+ahead into large folios, and cold atomic restores were as fast or faster without the hints
+(270 MiB, medians of 8-10 alternated runs, without against with: 236 against 324 ms at a 1 MiB
+window, 252/279 at 2 MiB, 258/263 at 4 MiB, 191/240 at 8 MiB), where at the common 128 KiB
+window the hints won (278 against 327 ms). A pass that reads into place (``preadv``: a
+``restore(atomic=False)``) keeps them: it ran 4-18% faster with them at either window."""
 
 from __future__ import annotations
 
@@ -23,6 +24,20 @@ from .jobs import Job
 READ_AHEAD = 64 << 20
 """Stored bytes the first pass over a local store asks the kernel to read ahead of the chunks
 being checked (``Backend.prefetch``): enough to keep the disk busy while the threads work."""
+
+FAULTS_READ_AHEAD = 1 << 20
+"""A pass that reads through mappings sends no hints where the storage reads at least this far
+ahead of a fault on its own (``Backend.read_ahead``; see the module docstring)."""
+
+
+def hinted(objs: objects.ObjectStore, mapped: bool) -> bool:
+    """Whether a pass over ``objs`` that reads its payloads through mappings (``mapped``) or
+    into place should send prefetch hints: on a store that maps its packs, unless the pass
+    faults its payloads in and the kernel reads far enough ahead of a fault itself."""
+    backend = objs.backend
+    if not backend.mapped_views:
+        return False
+    return not mapped or backend.read_ahead() < FAULTS_READ_AHEAD
 
 
 class ReadAhead:
