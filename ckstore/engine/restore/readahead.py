@@ -3,15 +3,18 @@
 
 What the hints leave behind: the kernel reads a hinted range into 4 KiB pages, where a plain
 read or a page fault reads ahead into large folios. A warm restore of files a hinted cold
-restore brought in maps and copies 4 KiB pages, and ran 1.65-1.75x as long as one of the same
+restore brought in maps and copies 4 KiB pages, and ran 1.42-1.77x as long as one of the same
 files as a take left them (270 MiB, ``python bench/page_cache.py``), until they leave the page
 cache. So the pass that reads through mappings (an atomic restore's check) sends none where the
 kernel reads far enough ahead of a fault on its own (:func:`hinted`): there its faults read
 ahead into large folios, and cold atomic restores were as fast or faster without the hints
 (270 MiB, medians of 8-10 alternated runs, without against with: 236 against 324 ms at a 1 MiB
 window, 252/279 at 2 MiB, 258/263 at 4 MiB, 191/240 at 8 MiB), where at the common 128 KiB
-window the hints won (278 against 327 ms). A pass that reads into place (``preadv``: a
-``restore(atomic=False)``) keeps them: it ran 4-18% faster with them at either window."""
+window the hints won (278 against 327 ms). Without the hints the kernel also reads the bytes
+between the payloads a restore needs (an earlier snapshot's packs hold the chunks a later one
+replaced): a cold restore of the benchmark's second snapshot read 1.05x its stored bytes,
+1.00x hinted. A pass that reads into place (``preadv``: a ``restore(atomic=False)``) keeps the
+hints: it ran 4-18% faster with them at either window."""
 
 from __future__ import annotations
 
