@@ -24,7 +24,7 @@ after it:
 * ``sequential read``: every pack read start to end (``read``, 8 MiB at a time).
 
 Ways rotate within each round. Prints medians over rounds and each warm restore's ratio to
-``as taken``. The disk's read-ahead window is ``/sys/class/bdi/<device>/read_ahead_kb``.
+``as taken``. The disk's read-ahead window is its ``queue/read_ahead_kb`` in sysfs.
 
     python bench/page_cache.py                      # 270 MiB, 3 rounds
     python bench/page_cache.py --size-mb 1024 --rounds 2
@@ -67,10 +67,15 @@ def packs(root: Path) -> list[Path]:
 
 
 def large_folio_share(files: list[Path]) -> float | None:
-    """The share of the files' pages held in large folios (each file mapped and touched once,
-    then each page's frame looked up in ``/proc/self/pagemap`` and ``/proc/kpageflags``);
-    None where those cannot be read (not root, not Linux)."""
+    """The share of the files' cached pages held in large folios: each page found in the page
+    cache (a read that may not wait) is touched through a mapping, which maps it without
+    reading anything, and its frame looked up in ``/proc/self/pagemap`` and
+    ``/proc/kpageflags``; pages not cached are left alone, so measuring brings nothing in.
+    None where frames cannot be read (not Linux; hidden from a process without
+    ``CAP_SYS_ADMIN``)."""
     import mmap
+
+    from ckstore.objects.mapping import in_page_cache
 
     large = total = 0
     try:
@@ -80,24 +85,29 @@ def large_folio_share(files: list[Path]) -> float | None:
                 if size == 0:
                     continue
                 with open(path, "rb") as f:
+                    cached = [p for p in range(0, size, PAGE) if in_page_cache(f.fileno(), p)]
                     m = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+                a = np.frombuffer(m, dtype=np.uint8)
                 try:
-                    a = np.frombuffer(m, dtype=np.uint8)
-                    int(a[::PAGE].sum())  # map every page (they are cached: no read)
+                    for p in cached:
+                        int(a[p])  # maps the cached page
                     n = (size + PAGE - 1) // PAGE
                     pm.seek(a.ctypes.data // PAGE * 8)
                     frames = struct.unpack(f"{n}Q", pm.read(n * 8))
-                    for entry in frames:
-                        pfn = entry & ((1 << 55) - 1)
-                        if pfn == 0:
-                            return None  # frame numbers hidden: not root
-                        kf.seek(pfn * 8)
-                        (flags,) = struct.unpack("Q", kf.read(8))
-                        large += bool(flags & (_COMPOUND_HEAD | _COMPOUND_TAIL))
-                        total += 1
-                    del a
                 finally:
+                    del a
                     m.close()
+                for p in cached:
+                    entry = frames[p // PAGE]
+                    pfn = entry & ((1 << 55) - 1)
+                    if not entry >> 63:  # not present after all (reclaimed meanwhile)
+                        continue
+                    if pfn == 0:
+                        return None  # frame numbers hidden
+                    kf.seek(pfn * 8)
+                    (flags,) = struct.unpack("Q", kf.read(8))
+                    large += bool(flags & (_COMPOUND_HEAD | _COMPOUND_TAIL))
+                    total += 1
     except OSError:
         return None
     return large / total if total else None
@@ -134,7 +144,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=int, default=270)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warm", type=int, default=5, help="warm restores after each read")
+    ap.add_argument(
+        "--warm", type=lambda v: max(1, int(v)), default=5, help="warm restores after each read"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     state = build_state(args.size_mb << 20, args.seed)

@@ -171,13 +171,16 @@ class StoredSnapshot(SnapshotFields):
 
         Validates keys, dtypes and shapes, then reads and checks every chunk, and only then
         writes into the caller's tensors and calls ``load_state_dict``: on any error the
-        app_state is left untouched. Verified chunks are staged up to ``memory_budget`` bytes
-        (default: ``$CKSTORE_MEMORY_BUDGET``, else 3% of what is restored, at most 512 MiB)
-        and copied into place; past it, a local store keeps the checked payloads mapped (its
-        packs are immutable) and decodes those very bytes into place, and another store reads
-        each payload again (from a spill file where reading again would fetch it from the
-        store) and compares it with a fingerprint taken when it was checked, so memory above
-        the live state stays near the budget. CUDA destinations are filled through pinned
+        app_state is left untouched. Chunks that must be decoded (and, on a store that does not
+        map its files, every chunk) are decoded and checked into staging memory of up to
+        ``memory_budget`` bytes (default: ``$CKSTORE_MEMORY_BUDGET``, else 3% of what is
+        restored, at most 512 MiB) and copied into place. A local store's raw chunks, and the
+        others past the budget, stay mapped where they were checked (packs are immutable) and
+        those very bytes are copied or decoded into place; elsewhere a chunk past the budget is
+        read again (from a spill file where reading again would fetch it from the store),
+        compared with a fingerprint taken when it was checked (verifying by id: with the
+        digests its payloads were written with) and decoded into place. Memory above the live
+        state stays near the budget. CUDA destinations are filled through pinned
         host buffers, counted in the budget.
 
         ``atomic=False`` gives up that guarantee for speed: every tensor is decoded straight

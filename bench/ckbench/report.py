@@ -247,7 +247,7 @@ def time_rows(b: Bench, med: Medians, peers: list[str]) -> list[str]:
             ("incremental_save", "save after 10% changed"),
             ("restore", "restore in place"),
             ("restore_cold", "restore in place, cold (files evicted from the page cache)"),
-            ("restore_after_cold", "restore in place, warm again after the cold restores"),
+            ("restore_after_cold", "restore in place, warm again after its cold restore"),
             ("restore_model", "restore the weights alone (model/**)"),
             ("read_one_tensor", "read one 64 MiB tensor"),
             ("resume", "resume: fresh process, restore, first step"),

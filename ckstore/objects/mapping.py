@@ -178,21 +178,34 @@ def prefetch(path: str, offset: int, length: int) -> None:
         os.close(fd)
 
 
-BDI = "/sys/class/bdi"
-"""Where Linux lists each device's backing settings, by ``<major>:<minor>``."""
+SYS = "/sys"
+"""Where Linux shows its devices (sysfs)."""
 
 
 def read_ahead_window(path: str) -> int:
-    """The kernel's read-ahead window, in bytes, of the device the file or directory at
-    ``path`` lives on (``read_ahead_kb`` of its entry under :data:`BDI`): how far the kernel
-    reads ahead of a read or a page fault on its own. 0 where it cannot be told (not Linux, a
-    file system whose device number has no entry there)."""
+    """The kernel's read-ahead window, in bytes, of the disk holding the file or directory at
+    ``path``: how far the kernel reads ahead of a read or a page fault on its own.
+
+    Found from the file system's device number: the block device's ``queue/read_ahead_kb``
+    (a partition's is its disk's: ``/sys/dev/block/<major>:<minor>``, up one level where it
+    has a ``partition`` file), else the ``read_ahead_kb`` of its backing device
+    (``/sys/class/bdi/<major>:<minor>``: NFS, FUSE). 0 where it cannot be told (not Linux, a
+    file system with neither, such as btrfs's own device numbers or tmpfs)."""
     try:
         dev = os.stat(path).st_dev
-        with open(f"{BDI}/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb") as f:
-            return int(f.read().strip()) * 1024
+        ident = f"{os.major(dev)}:{os.minor(dev)}"
+        block = os.path.realpath(f"{SYS}/dev/block/{ident}")
+        if os.path.exists(os.path.join(block, "partition")):
+            block = os.path.dirname(block)
+        for name in (f"{block}/queue/read_ahead_kb", f"{SYS}/class/bdi/{ident}/read_ahead_kb"):
+            try:
+                with open(name) as f:
+                    return int(f.read().strip()) * 1024
+            except FileNotFoundError:
+                continue
     except (OSError, ValueError):
         return 0
+    return 0
 
 
 _PROBE = bytearray(1)

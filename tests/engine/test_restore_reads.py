@@ -136,7 +136,7 @@ def _hints(monkeypatch: pytest.MonkeyPatch, window: int) -> list[tuple[str, int]
         real(self, name, offset, length)
 
     monkeypatch.setattr(objects.LocalBackend, "prefetch", prefetch)
-    monkeypatch.setattr(objects.LocalBackend, "read_ahead", lambda self: window, raising=False)
+    monkeypatch.setattr(objects.LocalBackend, "read_ahead", lambda self: window)
     return hinted
 
 

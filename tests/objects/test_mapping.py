@@ -124,21 +124,42 @@ def test_a_range_in_the_page_cache_is_not_hinted_and_an_evicted_one_is(
     assert hints == [(MiB, 2 * MiB)]
 
 
-def test_the_read_ahead_window_is_read_from_the_files_device(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _sysfs(root: Path, dev: int, kind: str, kib: str) -> None:
+    """A fake ``/sys`` under ``root`` where the device ``dev`` is ``kind``: a whole disk, a
+    partition of one, or a device known only as a backing device (NFS)."""
+    ident = f"{os.major(dev)}:{os.minor(dev)}"
+    (root / "dev" / "block").mkdir(parents=True)
+    if kind == "bdi only":
+        entry = root / "class" / "bdi" / ident
+        entry.mkdir(parents=True)
+        (entry / "read_ahead_kb").write_text(kib)
+        return
+    disk = root / "devices" / "virtio0" / "block" / "vda"
+    (disk / "queue").mkdir(parents=True)
+    (disk / "queue" / "read_ahead_kb").write_text(kib)
+    target = disk
+    if kind == "partition":
+        target = disk / "vda1"
+        target.mkdir()
+        (target / "partition").write_text("1\n")
+    (root / "dev" / "block" / ident).symlink_to(target)
+
+
+@pytest.mark.parametrize("kind", ["disk", "partition", "bdi only"])
+def test_the_read_ahead_window_is_the_one_of_the_disk_holding_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    """``read_ahead_window`` reads ``read_ahead_kb`` of the device the path lives on (by its
-    device number) and answers 0 where that cannot be told."""
+    """``read_ahead_window`` follows the file's device number to its disk (a partition's
+    window is its disk's), or to its backing device where it is no block device, and answers
+    0 where none can be told or the value makes no sense."""
     path = _file(tmp_path / "pack", 4096)
-    dev = os.stat(path).st_dev
-    bdi = tmp_path / "bdi"
-    monkeypatch.setattr(mapping, "BDI", str(bdi))
-    assert mapping.read_ahead_window(str(path)) == 0  # no entry for the device
-    entry = bdi / f"{os.major(dev)}:{os.minor(dev)}"
-    entry.mkdir(parents=True)
-    (entry / "read_ahead_kb").write_text("8192\n")
+    sys_root = tmp_path / "sys"
+    monkeypatch.setattr(mapping, "SYS", str(sys_root))
+    assert mapping.read_ahead_window(str(path)) == 0  # no such device listed
+    _sysfs(sys_root, os.stat(path).st_dev, kind, "8192\n")
     assert mapping.read_ahead_window(str(path)) == 8 << 20
     assert mapping.read_ahead_window(str(tmp_path)) == 8 << 20  # a directory: its device
-    (entry / "read_ahead_kb").write_text("many\n")
-    assert mapping.read_ahead_window(str(path)) == 0
     assert mapping.read_ahead_window(str(tmp_path / "missing")) == 0
+    for f in sys_root.rglob("read_ahead_kb"):
+        f.write_text("many\n")
+    assert mapping.read_ahead_window(str(path)) == 0

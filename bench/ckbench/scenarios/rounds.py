@@ -44,7 +44,10 @@ def one_round(b: Bench, r: int) -> None:
     if r == 0:
         restore_reads(b, handles)
     # the weights alone before the cold phase, in the page cache the takes left, as the
-    # restore in place above: a cold read leaves other pages behind (``restore_after_cold``)
+    # restore in place above: a cold read leaves other pages behind (``restore_after_cold``).
+    # One tensor is read after it: before it, ckstore's first two reads took 107-117 ms (its
+    # new tensor's huge pages faulting in, no I/O) and the third 28 ms, this VM handing free
+    # huge pages to its host (objects/memory.huge_memory), not a cost of ckstore's read
     restore_model_only(b, handles)
     restore_cold(b, order, roots, handles)
     restore_after_cold(b, order, handles)
@@ -189,20 +192,9 @@ def restore_reads(b: Bench, handles: Handles) -> None:
 def restore_cold(b: Bench, order: list[str], roots: Roots, handles: Handles) -> None:
     """Each system's restore in place with its files evicted from the page cache first (what a
     resume after a failure reads), the bytes it read from the disk (``/proc/self/io``), and
-    the sequential read bandwidth of the disk measured on the same files, evicted again."""
-    for n in order:
-        if not b.ok(n):
-            continue
-        seq_bytes, seq_s = (evict(roots[n]), sequential_read(roots[n]))[1]
-        b.extra.setdefault("sequential_read", {}).setdefault(n, []).append(
-            seq_bytes / seq_s if seq_s else 0.0
-        )
-        scramble(b.dest)
-        evict(roots[n])
-        before = storage_reads()
-        b.timed("restore_cold", n, partial(b.systems[n].restore, handles[n], b.dest))
-        if before >= 0:
-            b.sizes.setdefault(f"cold_read_bytes/{n}", []).append(storage_reads() - before)
+    the sequential read bandwidth of the disk measured on the same files, evicted again.
+    ckstore's cold ``restore(atomic=False)`` runs first, so that every system's last cold read
+    is its restore in place (what ``restore_after_cold`` follows)."""
     if b.ok("ckstore"):
         ck = b.ckstore()
         scramble(b.dest)
@@ -217,14 +209,28 @@ def restore_cold(b: Bench, order: list[str], roots: Roots, handles: Handles) -> 
             b.sizes.setdefault("cold_read_bytes_nonatomic/ckstore", []).append(
                 storage_reads() - before
             )
+    for n in order:
+        if not b.ok(n):
+            continue
+        seq_bytes, seq_s = (evict(roots[n]), sequential_read(roots[n]))[1]
+        b.extra.setdefault("sequential_read", {}).setdefault(n, []).append(
+            seq_bytes / seq_s if seq_s else 0.0
+        )
+        scramble(b.dest)
+        evict(roots[n])
+        before = storage_reads()
+        b.timed("restore_cold", n, partial(b.systems[n].restore, handles[n], b.dest))
+        if before >= 0:
+            b.sizes.setdefault(f"cold_read_bytes/{n}", []).append(storage_reads() - before)
 
 
 def restore_after_cold(b: Bench, order: list[str], handles: Handles) -> None:
-    """Each system's warm restore in place right after its own cold restores: the files are
-    in the page cache again, in the pages those cold reads brought in. The kernel reads
-    ahead into large folios on a plain read or a fault, but into 4 KiB pages on a
-    ``posix_fadvise(WILLNEED)`` hint (ckstore's cold restores send them), and every later
-    mapping of or copy from 4 KiB pages costs more (docs/BENCHMARKS.md)."""
+    """Each system's warm restore in place right after its own cold restore in place: the
+    files are in the page cache again, in the pages that cold read brought in. Linux reads
+    ahead into large folios on a plain read or a fault (on file systems that support them),
+    but into 4 KiB pages on a ``posix_fadvise(WILLNEED)`` hint, and every later mapping of or
+    copy from 4 KiB pages costs more (docs/BENCHMARKS.md; ckstore's atomic restore sends no
+    such hints where the disk reads far enough ahead itself)."""
     for n in order:
         if not b.ok(n):
             continue

@@ -2,12 +2,13 @@
 
 ``restore`` runs in three phases so a bad snapshot never leaves the caller half-loaded:
 validate (keys, dtypes, shapes against the destination), check (every chunk's stored payloads
-read once and its decoded bytes checked against the fast check its manifest records, or, with
-``verify="full"`` or where it has none, against its id; a mismatch raises CorruptionError
-naming the key), apply (each chunk put in place from what the check left: its decoded bytes
-staged in an arena, the mapped views of its payloads in a local store's packs, or a
-fingerprint of its payload, read again and compared before it is decoded into place; then
-``load_state_dict``). Nothing of the caller's is touched before the check phase succeeded.
+read once and checked: its decoded bytes against the fast check its manifest records, or,
+verifying by id (``verify="full"``, or a chunk without a check), against its id, or its
+payloads against the digests the index recorded, the id then hashed as apply decodes; a
+mismatch raises CorruptionError naming the key), apply (each chunk put in place from what the
+check left: its decoded bytes staged in an arena, the mapped views of its payloads in a local
+store's packs, or a fingerprint of its payload, read again and compared before it is decoded
+into place; then ``load_state_dict``). Nothing of the caller's is touched before the check phase succeeded.
 The chunk passes themselves are in ``fetch.py`` (whose docstring has each case), the jobs
 they run in ``jobs.py``.
 
@@ -122,10 +123,11 @@ def prepare(
 
     Every chunk of the destination tensors is checked here (``Fetcher.verify``): its stored
     payloads read once, its decoded bytes checked against its fast check (or its id). A
-    compressed chunk is decoded into a staging arena of at most ``budget`` bytes (None: the
-    default, :func:`~ckstore.engine.config.restore_budget` of the destination's size) while it
-    has room, which :func:`apply` copies into place. Past it, and for a raw chunk, a local
-    store keeps the mapped views of the payloads checked (immutable packs: :func:`apply`
+    compressed chunk (any chunk, on a store that does not map its files) is decoded into a
+    staging arena of at most ``budget`` bytes (None: the default,
+    :func:`~ckstore.engine.config.restore_budget` of the destination's size) while it has
+    room, which :func:`apply` copies into place. Past it, and for a raw chunk, a local store
+    keeps the mapped views of the payloads checked (immutable packs: :func:`apply`
     decodes or copies those very bytes into place); another store keeps a fingerprint of each
     payload, which :func:`apply` compares when it reads the payload again (from a spill copy
     where reading again would fetch it from the store again). Verifying by id, payloads with
