@@ -252,8 +252,8 @@ class Backend(abc.ABC):
 
     def read_ahead(self) -> int:
         """Bytes the storage reads ahead on its own of a read or a page fault in one of its
-        objects (the local backend: the kernel's read-ahead window of the device its root
-        lives on, read anew at each call); 0 where unknown or none. The default: 0."""
+        objects (the local backend: the kernel's read-ahead window of the disk holding its
+        root, read anew at each call); 0 where unknown or none. The default: 0."""
         return 0
 
     @abc.abstractmethod

@@ -8,9 +8,9 @@ payloads against the digests the index recorded, the id then hashed as apply dec
 mismatch raises CorruptionError naming the key), apply (each chunk put in place from what the
 check left: its decoded bytes staged in an arena, the mapped views of its payloads in a local
 store's packs, or a fingerprint of its payload, read again and compared before it is decoded
-into place; then ``load_state_dict``). Nothing of the caller's is touched before the check phase succeeded.
-The chunk passes themselves are in ``fetch.py`` (whose docstring has each case), the jobs
-they run in ``jobs.py``.
+into place; then ``load_state_dict``). Nothing of the caller's is touched before the check
+phase succeeded. The chunk passes themselves are in ``fetch.py`` (whose docstring has each
+case), the jobs they run in ``jobs.py``.
 
 One process (``StoredSnapshot.restore``): ``validate`` -> ``prepare`` (the check pass:
 ``Fetcher.verify`` into an ``Arena``, inline and new tensors read) -> ``apply``
