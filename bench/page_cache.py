@@ -114,30 +114,27 @@ def large_folio_share(files: list[Path]) -> float | None:
 
 
 @contextmanager
-def hints_forced() -> Iterator[None]:
-    """Restores inside send their read-ahead hints whatever the disk's read-ahead window (a
-    benchmark's patch: the device is taken to read nothing ahead on its own)."""
+def patched(method: str, replacement: Callable[..., Any]) -> Iterator[None]:
+    """Restores inside run with ``LocalBackend.<method>`` replaced (a benchmark's patch)."""
     from ckstore.objects.local import LocalBackend
 
-    was = LocalBackend.read_ahead
-    LocalBackend.read_ahead = lambda self: 0  # type: ignore[method-assign]
+    was = getattr(LocalBackend, method)
+    setattr(LocalBackend, method, replacement)
     try:
         yield
     finally:
-        LocalBackend.read_ahead = was  # type: ignore[method-assign]
+        setattr(LocalBackend, method, was)
 
 
-@contextmanager
-def no_hints() -> Iterator[None]:
-    """Restores inside send no read-ahead hints to the kernel (a benchmark's patch)."""
-    from ckstore.objects.local import LocalBackend
+def no_hints() -> Any:
+    """Restores inside send no read-ahead hints to the kernel."""
+    return patched("prefetch", lambda self, name, offset, length: None)
 
-    was = LocalBackend.prefetch
-    LocalBackend.prefetch = lambda self, name, offset, length: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        LocalBackend.prefetch = was  # type: ignore[method-assign]
+
+def hints_forced() -> Any:
+    """Restores inside send their read-ahead hints whatever the disk's read-ahead window (the
+    device taken to read nothing ahead on its own)."""
+    return patched("read_ahead", lambda self: 0)
 
 
 def main() -> None:
