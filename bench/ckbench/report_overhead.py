@@ -86,7 +86,8 @@ def markdown(out: dict[str, Any]) -> list[str]:
         "",
         f"TinyGPT dim {m['dim']}, {m['layers']} layers, vocabulary {m['vocab']}, AdamW; torch on "
         f"{out['torch_threads']} of {out['cpus']} CPUs. One memcpy of the state: "
-        f"{fmt_s(out['memcpy_seconds'])}. First checkpoint of the process blocks: "
+        f"{fmt_s(out['memcpy_seconds'])}{_samples(out.get('memcpy_samples', []))}. "
+        "First checkpoint of the process blocks: "
         + ", ".join(f"{n} {fmt_s(v)}" for n, v in out["first_block"].items() if n != "plain")
         + ".",
     ]
@@ -99,8 +100,9 @@ def markdown(out: dict[str, Any]) -> list[str]:
             "",
             "| system | blocks | / memcpy | 10 steps after a take | wall-clock overhead "
             "| waits per take | CPU outside the trainer per take "
-            "| per step after a take: + running, + waiting for a core, + sleeping |",
-            "|---|---|---|---|---|---|---|---|",
+            "| per step after a take: + running, + waiting for a core, + sleeping "
+            "| retention per take (not in the overhead) |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for n, v in per.items():
             L.append(
@@ -108,7 +110,8 @@ def markdown(out: dict[str, Any]) -> list[str]:
                 + (f"{v['block_over_memcpy']:.2f}x" if v["block_over_memcpy"] else "n/a")
                 + f" | {_spread(v['slowdown_after'])} | {_spread(v['overhead'])} | "
                 f"{fmt_s(v['wait_per_take']['median'])} | "
-                f"{fmt_s(v['background_cpu_per_take']['median'])} | {_extra(v)} |"
+                f"{fmt_s(v['background_cpu_per_take']['median'])} | {_extra(v)} | "
+                f"{_seconds(v.get('tidy_per_take', {}))} |"
             )
     if out.get("unavailable"):
         L += ["", "unavailable: " + "; ".join(f"{n}: {e}" for n, e in out["unavailable"].items())]
@@ -126,6 +129,17 @@ def _extra(v: dict[str, Any]) -> str:
     if not parts or parts["cpu"]["median"] is None:
         return "n/a"
     return ", ".join(f"{parts[f]['median'] * 1000:+.1f} ms" for f in ("cpu", "run_delay", "sleep"))
+
+
+def _samples(xs: list[float]) -> str:
+    """`` (median of N, min-max)`` for the memcpy's samples, empty for one."""
+    if len(xs) < 2:
+        return ""
+    return f" (median of {len(xs)}, {fmt_s(min(xs))}-{fmt_s(max(xs))})"
+
+
+def _seconds(sp: dict[str, Any]) -> str:
+    return "n/a" if sp.get("median") is None else fmt_s(sp["median"])
 
 
 def _spread(sp: dict[str, Any]) -> str:

@@ -9,9 +9,11 @@ runs in turn for every interval k of ``--overhead-ks``, the order rotating every
 
     a run is ``run_steps(k)`` training steps, each timed, with a checkpoint started every k
     steps: the previous one's background work is waited for first (``wait``, as a training
-    loop must before it stages again), then ``begin`` (``block``: the call training waits
-    for); after the last step the last checkpoint is waited for (``wait_end``).
-    A run's wall clock is everything between its first ``begin`` and its end.
+    loop must before it stages again), checkpoints past the last two are deleted (``tidy``,
+    timed on its own), then ``begin`` (``block``: the call training waits for); after the
+    last step the last checkpoint is waited for (``wait_end``) and tidied. A run's wall clock
+    is everything between its first ``begin`` and its end, less its tidies: retention is
+    reported per take beside it, not counted in the overhead.
 
 Per system and k (``report_overhead`` summarises): the blocking of each checkpoint (the first
 of the process apart, from the warm-up), the mean slowdown of the 10 steps after a take against
@@ -113,7 +115,7 @@ def run(b: Bench, group: bool) -> dict[str, Any]:
         "state_bytes": nbytes,
         "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
-        "memcpy_seconds": _memcpy(state),
+        "memcpy_samples": _memcpy(state),
         "first_block": {},
         "runs": {},
         "unavailable": {},
@@ -138,12 +140,14 @@ def run(b: Bench, group: bool) -> dict[str, Any]:
                     continue
                 out["runs"].setdefault(str(k), {}).setdefault(name, []).append(rec)
             b.log(f"  k={k} cycle {c + 1}/{cycles}: " + _line(out["runs"][str(k)], c))
+            out["memcpy_samples"] += _memcpy(fp32_state(t))  # the unit drifts with the VM
     for sys_ in systems.values():
         try:
             sys_.close()
         except Exception:  # noqa: BLE001
             pass
     shutil.rmtree(b.work / "overhead", ignore_errors=True)
+    out["memcpy_seconds"] = statistics.median(out["memcpy_samples"])
     out["summary"] = summarize(out)
     out["targets"] = targets(out)
     return out
@@ -178,11 +182,12 @@ def _first(t: Trainer, sys_: AsyncSystem) -> float:
     """The blocking of the system's first checkpoint in this process (then a few steps and its
     end, untimed)."""
     t0 = time.perf_counter()
-    h = sys_.begin(fp32_state(t), t.step)
+    at = t.step
+    h = sys_.begin(fp32_state(t), at)
     block = time.perf_counter() - t0
     t.steps(WARMUP_STEPS)
     sys_.end(h)
-    sys_.tidy(t.step)
+    sys_.tidy(at)
     return block
 
 
@@ -191,10 +196,10 @@ def one_run(t: Trainer, sys_: AsyncSystem, k: int) -> dict[str, Any]:
     docstring); the figures of each part."""
     n = run_steps(k)
     gc.collect()
-    steps, blocks, waits, reports = [], [], [], []
+    steps, blocks, waits, reports, tidies = [], [], [], [], []
     cpu, delay = [], []  # the training thread's CPU seconds and run-queue waits per step
     handle: Any = None
-    first_step = t.step
+    at = first_step = t.step
     cpu0, main0 = _process_cpu(), time.thread_time()
     t0 = time.perf_counter()
     for j in range(n):
@@ -203,8 +208,12 @@ def one_run(t: Trainer, sys_: AsyncSystem, k: int) -> dict[str, Any]:
             if handle is not None:
                 reports.append(sys_.end(handle))
             w1 = time.perf_counter()
-            handle = sys_.begin(fp32_state(t), t.step)
-            blocks.append(time.perf_counter() - w1)
+            if handle is not None:
+                tidies.append(_timed(sys_.tidy, at))
+            at = t.step
+            b0 = time.perf_counter()
+            handle = sys_.begin(fp32_state(t), at)
+            blocks.append(time.perf_counter() - b0)
             waits.append(w1 - w0)
         s0, c0, d0 = time.perf_counter(), time.thread_time(), _run_delay()
         t.steps(1)
@@ -217,7 +226,7 @@ def one_run(t: Trainer, sys_: AsyncSystem, k: int) -> dict[str, Any]:
     end = time.perf_counter()
     background_cpu = (_process_cpu() - cpu0) - (time.thread_time() - main0)
     if handle is not None:
-        sys_.tidy(t.step)
+        tidies.append(_timed(sys_.tidy, at))
     takes = len(blocks) if sys_.name != "plain" else 0
     return {
         "k": k,
@@ -228,11 +237,18 @@ def one_run(t: Trainer, sys_: AsyncSystem, k: int) -> dict[str, Any]:
         "block": blocks if takes else [],
         "wait": waits if takes else [],
         "wait_end": end - e0,
-        "seconds": end - t0,
+        "seconds": end - t0 - sum(tidies[:-1]),  # the last one ran after ``end``
+        "tidy": tidies if takes else [],
         "takes": takes,
         "background_cpu": background_cpu,
         "reports": [r for r in reports if r],
     }
+
+
+def _timed(fn: Any, *args: Any) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
 
 
 def _run_delay() -> float:
@@ -271,9 +287,10 @@ def _tensors(state: Any) -> list[torch.Tensor]:
     return []
 
 
-def _memcpy(state: dict[str, Any], reps: int = 5) -> float:
-    """Median seconds to copy every tensor of ``state`` into memory already touched, with the
-    trainer's torch threads: the unit an async take's blocking is held against."""
+def _memcpy(state: dict[str, Any], reps: int = 5) -> list[float]:
+    """Seconds to copy every tensor of ``state`` into memory already touched, with the
+    trainer's torch threads, ``reps`` times: the unit an async take's blocking is held against
+    (sampled before the runs and after every cycle, its median over all of them)."""
     src = _tensors(state)
     pin = any(s.is_cuda for s in src)  # from a GPU: into pinned memory, as the peers stage
     dst = [torch.empty(s.shape, dtype=s.dtype, pin_memory=pin).copy_(s) for s in src]
@@ -285,7 +302,7 @@ def _memcpy(state: dict[str, Any], reps: int = 5) -> float:
         if pin:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
 
 
 def _one_rank_group() -> bool:
@@ -365,6 +382,7 @@ def summarize(out: dict[str, Any]) -> dict[str, Any]:
                     f: _spread([e[f] for e in extra]) for f in ("cpu", "run_delay", "sleep")
                 },
                 "wait_per_take": _spread([_mean(r["wait"][1:] + [r["wait_end"]]) for r in recs]),
+                "tidy_per_take": _spread([x for r in recs for x in r.get("tidy", [])]),
             }
         summary[k] = {
             "plain_step": _spread([s for p in plain for s in p["steps"]]),
