@@ -10,6 +10,7 @@ the dtype and ``chunk_bytes``: never on how the tensor is sharded or on which ra
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,6 +60,17 @@ def make_grid(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> Grid:
             return Grid(shape, itemsize, (1,) * d + (k,) + shape[d + 1 :])
         inner *= shape[d]
     return Grid(shape, itemsize, tuple(max(1, s) for s in shape))
+
+
+@functools.lru_cache(maxsize=1024)
+def cuts(
+    shape: tuple[int, ...], itemsize: int, chunk_bytes: int
+) -> tuple[Grid, tuple[tuple[tuple[int, ...], tuple[int, ...], int, int], ...]]:
+    """The grid of :func:`make_grid` and every block's ``(offsets, sizes, start, stop)``
+    (:meth:`Grid.byte_range`), in C order of bytes: what a take cuts a tensor into. Cached:
+    a training loop takes tensors of the same shapes take after take."""
+    grid = make_grid(shape, itemsize, chunk_bytes)
+    return grid, tuple((o, s, *grid.byte_range(o, s)) for o, s in grid.boxes())
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -28,6 +28,8 @@ def as_cpu_tensor(value: Any, key: str) -> torch.Tensor:
                 "use a numeric little-endian dtype"
             )
         return torch.from_numpy(np.ascontiguousarray(value))
+    if _plain_cpu(value):
+        return value.detach()
     check_tensor(value, key)
     t = value.detach()
     if t.device.type != "cpu":
@@ -93,9 +95,55 @@ def check_tensor(value: Any, key: str) -> None:
         )
 
 
+def _plain_cpu(value: Any) -> bool:
+    """A plain tensor (not a subclass) on the CPU, strided, not quantized, not a conjugate or
+    negative-bit view, with storage: nothing :func:`check_tensor` refuses, nothing to resolve
+    (the question costs about a microsecond; a take asks it of every tensor)."""
+    return (
+        type(value) in _PLAIN_TYPES
+        and value.is_cpu
+        and value.layout is torch.strided
+        and not value.is_quantized
+        and not value.is_conj()
+        and not value.is_neg()
+        and not value.is_nested
+        and (value.untyped_storage().data_ptr() != 0 or value.numel() == 0)
+    )
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    }
+)
+"""Dtypes ``Tensor.numpy()`` shares (``bfloat16`` and the float8 types have no NumPy twin)."""
+
+
 def byte_view(t: torch.Tensor) -> memoryview:
     """A C-contiguous uint8 memoryview of a CPU tensor's elements (copies only if strided, or
     to resolve a conjugate or negative-bit view)."""
+    if (
+        t.dtype in _NUMPY_DTYPES  # quantized dtypes are not
+        and type(t) in _PLAIN_TYPES
+        and t.is_cpu
+        and not t.is_nested
+        and t.layout is torch.strided
+        and t.is_contiguous()
+        and not (t.is_conj() or t.is_neg())
+        and t.numel()
+    ):
+        return memoryview(t.detach().numpy()).cast("B")  # type: ignore[arg-type] # fewer calls
     t = t.resolve_conj().resolve_neg().contiguous()
     if t.numel() == 0:
         return memoryview(b"")

@@ -389,3 +389,43 @@ def test_an_interrupt_while_the_copies_are_awaited_never_frees_memory_still_writ
     got = store.async_take({"s": state}, run="r", step=2).wait(120).read_object("s")
     assert all(torch.equal(got[k], v) for k, v in state.items())
     store.close()
+
+
+def test_a_reused_arena_gives_each_placement_its_room_again_and_forgets_the_others():
+    """A training loop's takes place the same tensors at the same offsets: the arena hands
+    back the room it made last time (no new tensor to build); a placement of another dtype or
+    shape at the same offset gets a room of its own, and a reset keeps only the rooms the last
+    take placed."""
+    from ckstore.engine.take.staging import StagingArena
+
+    arena = StagingArena(1 << 16)
+    a, b = torch.randn(16, 8), torch.randn(32)
+    first = [arena.place(a), arena.place(b)]
+    arena.reset()
+    again = [arena.place(a), arena.place(b)]
+    assert again[0] is first[0] and again[1] is first[1]
+    arena.reset()
+    other = arena.place(torch.randn(8, 16))  # same offset, other shape
+    assert other is not first[0] and other.shape == (8, 16)
+    halves = arena.place(torch.randn(32, dtype=torch.float16))  # other dtype
+    assert halves.dtype == torch.float16 and halves.shape == (32,)
+    arena.reset()
+    assert arena.place(a) is not first[0]  # forgotten: the last take did not place it
+
+
+def test_async_takes_of_states_whose_shapes_change_each_store_their_own_bytes(store):
+    """The arena's rooms are reused by placement: a state reshaped or retyped between takes
+    (same sizes, same offsets) is stored with its own shapes, dtypes and bytes."""
+    states = [
+        {"w": torch.arange(96.0).reshape(12, 8), "v": torch.arange(40, dtype=torch.int32)},
+        {"w": torch.arange(96.0).reshape(8, 12) + 1, "v": torch.arange(40, dtype=torch.float32)},
+        {"w": (torch.arange(192) % 7).to(torch.int16).reshape(4, 48), "v": torch.ones(40)},
+    ]
+    snaps = [
+        store.async_take({"s": ckstore.StateDict(s)}, run="shapes", step=i).wait(timeout=60)
+        for i, s in enumerate(states)
+    ]
+    for snap, want in zip(snaps, states):
+        got = snap.read_object("s")
+        for k, v in want.items():
+            assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v)

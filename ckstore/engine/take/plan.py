@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ...format.dtypes import GROUPED, dtype_name
-from ...format.grid import make_grid
+from ...format.grid import cuts
 from ...format.manifest import ChunkRef, Entry, Manifest, TensorEntry, ValueEntry
 from ...format.tensors import as_cpu_tensor, byte_view
 from ...format.tree import flatten, is_array
@@ -89,10 +89,9 @@ def _plan_tensor(p: Plan, key: str, value: Any, opts: TakeOptions) -> None:
             name, shape, data=bytes(view), container=container, device=device
         )
         return
-    grid = make_grid(shape, t.element_size(), opts.chunk_bytes)
+    grid, blocks = cuts(shape, t.element_size(), opts.chunk_bytes)
     boxes = []
-    for offsets, sizes in grid.boxes():
-        start, stop = grid.byte_range(offsets, sizes)
+    for offsets, sizes, start, stop in blocks:
         if flat is not None:
             chunk = Chunk(key, view, t.element_size(), name in GROUPED, source=flat[start:stop])
         else:

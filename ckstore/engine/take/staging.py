@@ -84,6 +84,8 @@ class StagingArena:
         self.size = nbytes
         self._at = 0
         self._streams: list[Any] = []  # CUDA streams with copies into this arena in flight
+        self._rooms: dict[tuple[int, torch.dtype, torch.Size], torch.Tensor] = {}
+        self._placed: list[tuple[int, torch.dtype, torch.Size]] = []  # since the last reset
 
     def offset_of(self, value: Any) -> int | None:
         """Where in a pageable arena a tensor or array cut from it starts (None: not cut from
@@ -106,6 +108,10 @@ class StagingArena:
     def reset(self) -> None:
         """Make the whole arena free again (every tensor cut from it is no longer used)."""
         self._at = 0
+        # the rooms the last take placed are kept for the next (a state of other shapes
+        # must not grow the cache)
+        self._rooms = {where: self._rooms[where] for where in self._placed}
+        self._placed = []
 
     def finish(self) -> None:
         """Wait for the copies from devices issued into this arena (a pinned arena's copies
@@ -131,9 +137,15 @@ class StagingArena:
             return np.frombuffer(self._mem, dtype=value.dtype, count=value.size, offset=at).reshape(
                 value.shape
             )
-        return torch.frombuffer(self._mem, dtype=value.dtype, count=value.numel(), offset=at).view(
-            value.shape
-        )
+        # a training loop places the same tensors at the same offsets take after take: the
+        # room made for the last take is reused (it only ever holds the copy made into it)
+        where = (at, value.dtype, value.shape)
+        room = self._rooms.get(where)
+        if room is None:
+            room = torch.frombuffer(self._mem, dtype=value.dtype, count=value.numel(), offset=at)
+            room = self._rooms[where] = room.view(value.shape)
+        self._placed.append(where)
+        return room
 
     def _room(self, n: int) -> int:
         if self._at + n > self.size:
