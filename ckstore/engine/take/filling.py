@@ -51,17 +51,18 @@ def start(pairs: Pairs, threads: int, into: Copies) -> None:
     starts: join it): up to ``threads``, one per :data:`FILL_SHARE` bytes and at least one; or
     make them here, at once, when they come to less than one share (a thread would cost more
     than it overlaps)."""
-    total = sum(arena_bytes(v) for _, v in pairs)
+    sized = sorted(((arena_bytes(v), i) for i, (_, v) in enumerate(pairs)), reverse=True)
+    total = sum(n for n, _ in sized)
     if total < FILL_SHARE:
         fill(pairs)
         return
     n = max(1, min(threads, len(pairs), total // FILL_SHARE))
     shares: list[Pairs] = [[] for _ in range(n)]
     load = [0] * n
-    for pair in sorted(pairs, key=lambda p: arena_bytes(p[1]), reverse=True):
+    for size, at in sized:  # largest first, each to the least loaded thread
         i = load.index(min(load))
-        shares[i].append(pair)
-        load[i] += arena_bytes(pair[1])
+        shares[i].append(pairs[at])
+        load[i] += size
     for share in shares:
         if share:
             _on_a_thread(share, into)

@@ -17,7 +17,7 @@ from ...format.dtypes import GROUPED, dtype_name
 from ...format.grid import cuts
 from ...format.manifest import ChunkRef, Entry, Manifest, TensorEntry, ValueEntry
 from ...format.tensors import as_cpu_tensor, byte_view
-from ...format.tree import flatten, is_array
+from ...format.tree import Flat, flatten, is_array
 from ...format.values import encode_value
 from ..stateful import RNGState, check_app_state
 from .deltas import attach_bases
@@ -58,9 +58,13 @@ def state_dicts(app_state: Mapping[str, Any]) -> dict[str, Any]:
 
 def plan(states: Mapping[str, Any], opts: TakeOptions) -> Plan:
     """Flatten every state and cut its tensors into grid chunks (zero-copy views)."""
+    return plan_flats({name: flatten(name, sd) for name, sd in states.items()}, opts)
+
+
+def plan_flats(flats: Mapping[str, Flat], opts: TakeOptions) -> Plan:
+    """:func:`plan` of states flattened already (``format.tree.flatten``, one per app name)."""
     p = Plan(apps={})
-    for name, sd in states.items():
-        flat = flatten(name, sd)
+    for name, flat in flats.items():
         p.apps[name] = flat.tree
         for key, value in flat.leaves.items():
             if is_array(value):

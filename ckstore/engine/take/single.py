@@ -20,7 +20,7 @@ import torch
 
 from ...format.manifest import Manifest
 from ...format.tensors import check_tensor
-from ...format.tree import Flat, flatten, is_array, unflatten
+from ...format.tree import Flat, flatten, is_array
 from ...index import SnapshotRecord
 from ..background import lower_priority
 from ..progress import ProgressFn
@@ -31,9 +31,9 @@ from .deltas import base_manifest
 from .guard import remember
 from .local import LocalTake
 from .packing import TakeOptions
-from .plan import Plan, dtypes_of, finish_entries, plan, with_base
+from .plan import Plan, dtypes_of, finish_entries, plan, plan_flats, with_base
 from .spec import TakeSpec
-from .staging import StagingArena, arena_bytes, arena_for, give_back
+from .staging import StagingArena, arena_bytes, arena_for, fill, give_back
 
 
 @dataclass
@@ -76,15 +76,15 @@ def stage_within(
     arena_for: Callable[[int, bool], StagingArena] = StagingArena,
     fill_later: Callable[[list[tuple[Any, Any]]], None] | None = None,
     inline_bytes: int = 0,
-) -> tuple[dict[str, Any], set[str], int, StagingArena, dict[str, Flat]]:
+) -> tuple[set[str], int, StagingArena, dict[str, Flat]]:
     """Copy tensors (to CPU) while their total stays within ``budget`` bytes.
 
-    Returns the states rebuilt around the copies, the keys of tensors left uncopied (the
-    caller's own, which must be stored before the caller may change them), the bytes copied,
-    the arena the copies were cut from (``arena_for(bytes, pinned)``: a repository's reused
-    arena, so a training loop's async takes copy into memory already touched; pinned when a
-    tensor to copy is on a GPU) and each state flattened around the copies. Plain values need
-    no copy: planning encodes them at once.
+    Returns the keys of tensors left uncopied (the caller's own, which must be stored before
+    the caller may change them), the bytes copied, the arena the copies were cut from
+    (``arena_for(bytes, pinned)``: a repository's reused arena, so a training loop's async
+    takes copy into memory already touched; pinned when a tensor to copy is on a GPU) and each
+    state flattened, its copied leaves replaced by their copies (what the take plans). Plain
+    values need no copy: planning encodes them at once.
 
     With ``fill_later``, the copies of CPU tensors (and arrays) past ``inline_bytes`` are only
     placed, first: ``fill_later`` gets their ``(place, value)`` pairs for :func:`staging.fill`
@@ -96,30 +96,34 @@ def stage_within(
     chosen, live, used = _choose(flats, budget)
     arena = arena_for(*_arena_size(chosen))
     try:
-        placed: set[str] = set()
+        later, now = [], []
+        for flat, key, value, n in chosen:
+            if fill_later is not None and not arena.pinned and _deferrable(value, n, inline_bytes):
+                flat.leaves[key] = arena.place(value)
+                later.append((flat.leaves[key], value))
+            else:
+                now.append((flat, key, value, n))
         if fill_later is not None and not arena.pinned:
-            pairs = []
-            for flat, key, value in chosen:
-                if _deferrable(value, inline_bytes):
-                    flat.leaves[key] = arena.place(value)
-                    pairs.append((flat.leaves[key], value))
-                    placed.add(key)
-            fill_later(pairs)
-        for flat, key, value in chosen:
-            if key not in placed:
+            fill_later(later)
+        inline = []  # small CPU copies: made here, in one call
+        for flat, key, value, n in now:
+            if n and not arena.pinned and _on_cpu(value):
+                flat.leaves[key] = arena.place(value)
+                inline.append((flat.leaves[key], value))
+            else:
                 flat.leaves[key] = arena.copy(value)
+        fill(inline)
     finally:
         arena.finish()  # every copy from a device has landed
-    out = {name: unflatten(flat.tree, flat.leaves.__getitem__) for name, flat in flats.items()}
-    return out, live, used, arena, flats
+    return live, used, arena, flats
 
 
 def _choose(
     flats: Mapping[str, Flat], budget: int
-) -> tuple[list[tuple[Flat, str, Any]], set[str], int]:
+) -> tuple[list[tuple[Flat, str, Any, int]], set[str], int]:
     """The tensors to copy, in order, while their total stays within ``budget``: (flat, key,
-    value) each; the keys of the others; the bytes chosen."""
-    chosen: list[tuple[Flat, str, Any]] = []
+    value, its ``arena_bytes``) each; the keys of the others; the bytes chosen."""
+    chosen: list[tuple[Flat, str, Any, int]] = []
     live: set[str] = set()
     used = 0
     for flat in flats.values():
@@ -134,17 +138,17 @@ def _choose(
                 else value.numel() * value.element_size()
             )
             if used + n <= budget:
-                chosen.append((flat, key, value))
+                chosen.append((flat, key, value, arena_bytes(value)))
                 used += n
             else:
                 live.add(key)
     return chosen, live, used
 
 
-def _arena_size(chosen: list[tuple[Flat, str, Any]]) -> tuple[int, bool]:
+def _arena_size(chosen: list[tuple[Flat, str, Any, int]]) -> tuple[int, bool]:
     """The bytes of an arena for ``chosen`` and whether it is pinned (a tensor is on a GPU)."""
-    on_gpu = any(isinstance(v, torch.Tensor) and v.is_cuda and arena_bytes(v) for _, _, v in chosen)
-    return sum(arena_bytes(v) for _, _, v in chosen), on_gpu
+    on_gpu = any(n and isinstance(v, torch.Tensor) and v.is_cuda for _, _, v, n in chosen)
+    return sum(n for _, _, _, n in chosen), on_gpu
 
 
 def prepare_staging(repo: Repository, states: Mapping[str, Any], budget: int) -> Future[int]:
@@ -202,12 +206,15 @@ def reserved_bytes(opts: TakeOptions, background_threads: int, budget: int) -> i
     return min(budget, replace(opts, threads=max(opts.threads, background_threads)).working_bytes())
 
 
-def _deferrable(value: Any, inline_bytes: int) -> bool:
-    """A CPU value the arena holds whose copy may wait for :func:`staging.fill` (one planning
-    stores inline is read at once)."""
-    if isinstance(value, torch.Tensor) and (value.device.type != "cpu" or not arena_bytes(value)):
-        return False
-    return arena_bytes(value) > inline_bytes
+def _deferrable(value: Any, nbytes: int, inline_bytes: int) -> bool:
+    """A CPU value the arena holds (``nbytes``: its ``arena_bytes``) whose copy may wait for
+    :func:`staging.fill` (one planning stores inline is read at once)."""
+    return nbytes > inline_bytes and _on_cpu(value)
+
+
+def _on_cpu(value: Any) -> bool:
+    """A NumPy array, or a tensor on the CPU."""
+    return not isinstance(value, torch.Tensor) or value.device.type == "cpu"
 
 
 @dataclass
@@ -250,7 +257,7 @@ def take_async(
     shared = _offloading(repo, progress)
     copying = filling.Copies()  # they land while the take is planned
     try:
-        staged, live, used, arena, flats = stage_within(
+        live, used, arena, flats = stage_within(
             states,
             budget - reserved,
             partial(arena_for, repo, shared=shared),
@@ -266,7 +273,7 @@ def take_async(
             t = LocalTake(repo, spec, opts, progress=progress)
             if warn is not None:
                 warn()
-            p = plan(staged, t.opts)  # a value the format refuses is refused here, at the call
+            p = plan_flats(flats, t.opts)  # a value the format refuses is refused here, at the call
         except BaseException:
             copying.join(quiet=True)  # what the call raised is raised, not a copy's error
             raise
