@@ -10,12 +10,13 @@ the dtype and ``chunk_bytes``: never on how the tensor is sharded or on which ra
 
 from __future__ import annotations
 
-import functools
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes)
+Cut = tuple[tuple[int, ...], tuple[int, ...], int, int]  # (offsets, sizes, start, stop)
 
 
 @dataclass(frozen=True)
@@ -62,15 +63,33 @@ def make_grid(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> Grid:
     return Grid(shape, itemsize, tuple(max(1, s) for s in shape))
 
 
-@functools.lru_cache(maxsize=1024)
-def cuts(
-    shape: tuple[int, ...], itemsize: int, chunk_bytes: int
-) -> tuple[Grid, tuple[tuple[tuple[int, ...], tuple[int, ...], int, int], ...]]:
+CUTS_CACHED = 512
+"""Shapes whose cuts :func:`cuts` keeps (the oldest forgotten first)."""
+
+CUTS_CACHED_BLOCKS = 64
+"""Cuts of more blocks than this are not kept: a tensor of that many chunks costs far more to
+copy and hash than to cut, and the cache stays within a few MiB whatever the shapes."""
+
+_CUTS: dict[tuple[tuple[int, ...], int, int], tuple[Grid, tuple[Cut, ...]]] = {}
+_CUTS_LOCK = threading.Lock()
+
+
+def cuts(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> tuple[Grid, tuple[Cut, ...]]:
     """The grid of :func:`make_grid` and every block's ``(offsets, sizes, start, stop)``
-    (:meth:`Grid.byte_range`), in C order of bytes: what a take cuts a tensor into. Cached:
-    a training loop takes tensors of the same shapes take after take."""
+    (:meth:`Grid.byte_range`), in C order of bytes: what a take cuts a tensor into. Kept for
+    shapes of few blocks: a training loop takes tensors of the same shapes take after take."""
+    key = (shape, itemsize, chunk_bytes)
+    hit = _CUTS.get(key)
+    if hit is not None:
+        return hit
     grid = make_grid(shape, itemsize, chunk_bytes)
-    return grid, tuple((o, s, *grid.byte_range(o, s)) for o, s in grid.boxes())
+    out = grid, tuple((o, s, *grid.byte_range(o, s)) for o, s in grid.boxes())
+    if len(out[1]) <= CUTS_CACHED_BLOCKS:
+        with _CUTS_LOCK:
+            while len(_CUTS) >= CUTS_CACHED:
+                del _CUTS[next(iter(_CUTS))]
+            _CUTS[key] = out
+    return out
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -107,8 +107,17 @@ def _plain_cpu(value: Any) -> bool:
         and not value.is_conj()
         and not value.is_neg()
         and not value.is_nested
-        and (value.untyped_storage().data_ptr() != 0 or value.numel() == 0)
+        and _has_data(value)
     )
+
+
+def _has_data(t: torch.Tensor) -> bool:
+    """Whether a plain tensor has storage with data (a functional or functorch wrapper, of
+    type ``torch.Tensor`` too, has none: :func:`check_tensor` names it)."""
+    try:
+        return t.untyped_storage().data_ptr() != 0 or t.numel() == 0
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)

@@ -165,6 +165,8 @@ def unflatten(tree: Any, resolve: Callable[[str], Any], depth: int = 0) -> Any:
                 raise CorruptionError(f"manifest tree holds a dict key {str(pair[0])[:100]}")
             out[key] = unflatten(pair[1], resolve, depth + 1)
         if "$meta" in tree:
+            if type(out) is dict:  # a dict subclass carried it: a plain dict cannot
+                out = OrderedDict(out)
             out._metadata = decode_value(tree["$meta"])  # type: ignore[attr-defined]
         return out
     raise CorruptionError(f"manifest tree holds an unknown node {str(tree)[:100]}")

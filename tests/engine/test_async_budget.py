@@ -429,3 +429,33 @@ def test_async_takes_of_states_whose_shapes_change_each_store_their_own_bytes(st
         got = snap.read_object("s")
         for k, v in want.items():
             assert got[k].dtype == v.dtype and got[k].shape == v.shape and torch.equal(got[k], v)
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["small", "past one filler share"])
+def test_an_async_take_under_inference_mode_leaves_the_arena_usable_outside_it(store, big):
+    """An evaluation's take under ``torch.inference_mode()`` places its copies in rooms the
+    next takes reuse; those rooms must be normal tensors, or every take after it outside
+    inference mode fails to copy into them (the filler threads never run in inference mode)."""
+    n = (12 << 20) if big else 4096  # 48 MiB of fp32: copied on filler threads
+    state = {"w": torch.randn(n), "b": torch.randn(64)}
+    with torch.inference_mode():
+        first = store.async_take({"s": ckstore.StateDict(state)}, run="eval", step=0)
+        first.wait(timeout=120)
+    for step in (1, 2):
+        state["w"].add_(1.0)
+        snap = store.async_take({"s": ckstore.StateDict(state)}, run="eval", step=step)
+        got = snap.wait(timeout=120).read_object("s")
+        assert torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"])
+
+
+def test_a_reset_with_nothing_placed_keeps_the_rooms_for_the_next_take():
+    """``prepare_staging`` resets the arena it readies without placing anything: the rooms of
+    the take before stay for the take after."""
+    from ckstore.engine.take.staging import StagingArena
+
+    arena = StagingArena(1 << 16)
+    a = torch.randn(16, 8)
+    room = arena.place(a)
+    arena.reset()
+    arena.reset()  # nothing placed since
+    assert arena.place(a) is room

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 import torch
 
 import ckstore
@@ -140,3 +141,22 @@ def test_round_trip_across_processes(tmp_path):
         text=True,
     )
     assert out.stdout.startswith("OK")
+
+
+class _Attributed(dict):
+    """A dict subclass carrying ``_metadata``, as some trainers' state dicts do."""
+
+
+@pytest.mark.parametrize("how", ["take", "async_take"])
+def test_a_dict_subclass_with_metadata_is_read_back_with_it(store, how):
+    """A plain dict cannot hold ``_metadata``: a snapshot of a dict subclass that carried it
+    was committed but could not be read back (``AttributeError``); it reads back as an
+    OrderedDict holding the metadata, as a module's state dict does."""
+    inner = _Attributed(w=torch.arange(6.0), lr=0.5)
+    inner._metadata = {"": {"version": 2}}
+    take = getattr(store, how)
+    result = take({"s": ckstore.StateDict(net=inner)}, run="meta")
+    snap = result.wait(timeout=60) if how == "async_take" else result
+    got = snap.read_object("s")["net"]
+    assert torch.equal(got["w"], inner["w"]) and got["lr"] == 0.5
+    assert got._metadata == {"": {"version": 2}}

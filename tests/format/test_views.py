@@ -62,3 +62,26 @@ def test_a_byte_view_of_a_contiguous_tensor_shares_its_memory():
     view = byte_view(t)
     t[0] = 1.0
     assert bytes(view[:4]) == torch.tensor([1.0]).numpy().tobytes()
+
+
+def test_cuts_of_many_blocks_are_not_kept_and_the_kept_ones_are_bounded(monkeypatch):
+    from ckstore.format import grid
+
+    monkeypatch.setattr(grid, "_CUTS", {})
+    many = (grid.CUTS_CACHED_BLOCKS + 1, 4)
+    assert len(cuts(many, 4, 16)[1]) == grid.CUTS_CACHED_BLOCKS + 1
+    assert (many, 4, 16) not in grid._CUTS
+    monkeypatch.setattr(grid, "CUTS_CACHED", 3)
+    for rows in range(1, 6):
+        cuts((rows, 4), 4, 16)
+    assert list(grid._CUTS) == [((r, 4), 4, 16) for r in (3, 4, 5)]  # the oldest forgotten
+
+
+def test_a_plain_tensor_without_storage_is_refused_naming_its_key():
+    """A functional wrapper is of type torch.Tensor but holds no storage: the short path to
+    its bytes must leave it to the check that names the key."""
+    from ckstore.errors import UnsupportedValueError
+
+    wrapped = torch._to_functional_tensor(torch.randn(3))
+    with pytest.raises(UnsupportedValueError, match="'s/w'"):
+        as_cpu_tensor(wrapped, "s/w")

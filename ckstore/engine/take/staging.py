@@ -73,7 +73,8 @@ class StagingArena:
         self._pinned: torch.Tensor | None = None
         self._mem: Any = None
         if pinned:
-            self._pinned = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+            with torch.inference_mode(False):  # copied into outside it too (see place)
+                self._pinned = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
         elif self.shared:
             self.fd = os.memfd_create("ckstore-staging")
             os.ftruncate(self.fd, max(nbytes, 1))
@@ -109,9 +110,10 @@ class StagingArena:
         """Make the whole arena free again (every tensor cut from it is no longer used)."""
         self._at = 0
         # the rooms the last take placed are kept for the next (a state of other shapes
-        # must not grow the cache)
-        self._rooms = {where: self._rooms[where] for where in self._placed}
-        self._placed = []
+        # must not grow the cache); a reset with nothing placed since keeps them all
+        if self._placed:
+            self._rooms = {where: self._rooms[where] for where in self._placed}
+            self._placed = []
 
     def finish(self) -> None:
         """Wait for the copies from devices issued into this arena (a pinned arena's copies
@@ -142,8 +144,14 @@ class StagingArena:
         where = (at, value.dtype, value.shape)
         room = self._rooms.get(where)
         if room is None:
-            room = torch.frombuffer(self._mem, dtype=value.dtype, count=value.numel(), offset=at)
-            room = self._rooms[where] = room.view(value.shape)
+            # a normal tensor even under torch.inference_mode() (an evaluation's take): a
+            # later take outside it copies into the same room, and filler threads never run
+            # in inference mode (an inference tensor refuses writes outside it)
+            with torch.inference_mode(False):
+                room = torch.frombuffer(
+                    self._mem, dtype=value.dtype, count=value.numel(), offset=at
+                ).view(value.shape)
+            self._rooms[where] = room
         self._placed.append(where)
         return room
 
