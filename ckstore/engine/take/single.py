@@ -96,18 +96,20 @@ def stage_within(
     chosen, live, used = _choose(flats, budget)
     arena = arena_for(*_arena_size(chosen))
     try:
+        pageable = not arena.pinned  # a pinned arena's copies are issued by arena.copy
+        deferring = fill_later is not None and pageable
         later, now = [], []
         for flat, key, value, n in chosen:
-            if fill_later is not None and not arena.pinned and _deferrable(value, n, inline_bytes):
+            if deferring and _deferrable(value, n, inline_bytes):
                 flat.leaves[key] = arena.place(value)
                 later.append((flat.leaves[key], value))
             else:
                 now.append((flat, key, value, n))
-        if fill_later is not None and not arena.pinned:
+        if fill_later is not None and pageable:  # deferring, as mypy sees it
             fill_later(later)
         inline = []  # small CPU copies: made here, in one call
         for flat, key, value, n in now:
-            if n and not arena.pinned and _on_cpu(value):
+            if n and pageable and _on_cpu(value):
                 flat.leaves[key] = arena.place(value)
                 inline.append((flat.leaves[key], value))
             else:
