@@ -36,11 +36,15 @@ READ_VERSIONS = (1, 2)
 MAX_MANIFEST_BYTES = 1 << 30
 
 
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+)
+"""What ``json.dumps`` with these arguments builds on every call (``encode`` keeps no state)."""
+
+
 def canonical_json(data: Any) -> bytes:
     """The one byte encoding of ``data``: sorted keys, no spaces, ASCII, no NaN."""
-    return json.dumps(
-        data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-    ).encode()
+    return _CANONICAL.encode(data).encode()
 
 
 @dataclass(frozen=True)
@@ -257,15 +261,25 @@ class Manifest:
     ``parts.parted_digest`` for them."""
 
     def to_json(self) -> bytes:
-        doc: dict[str, Any] = {
-            "format": FORMAT,
-            "version": VERSION,
-            "apps": self.apps,
-            "entries": {k: e.to_dict() for k, e in self.entries.items()},
-        }
+        """The canonical JSON of the document ``{"apps", "entries", "format", "snapshot",
+        "version"}``, written entry by entry: the same bytes as encoding the document whole,
+        but each entry's dicts and lists are gone before the next is built (built all at once,
+        a state of a thousand tensors left thousands of them alive for Python's collector to
+        promote)."""
+        enc = _CANONICAL.encode
+        entries = self.entries
+        out = [
+            '{"apps":',
+            enc(self.apps),
+            ',"entries":{',
+            ",".join(f"{enc(k)}:{enc(entries[k].to_dict())}" for k in sorted(entries)),
+            '},"format":',
+            enc(FORMAT),
+        ]
         if self.snapshot is not None:
-            doc["snapshot"] = self.snapshot
-        return canonical_json(doc)
+            out += [',"snapshot":', enc(self.snapshot)]
+        out += [',"version":', enc(VERSION), "}"]
+        return "".join(out).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, where: str = "manifest") -> Manifest:

@@ -29,7 +29,9 @@ def as_cpu_tensor(value: Any, key: str) -> torch.Tensor:
             )
         return torch.from_numpy(np.ascontiguousarray(value))
     if _plain_cpu(value):
-        return value.detach()
+        # a tensor that needs no detaching is used as it is: a new tensor object per tensor
+        # and take is one more for Python's collector to promote
+        return value if type(value) is torch.Tensor and not value.requires_grad else value.detach()
     check_tensor(value, key)
     t = value.detach()
     if t.device.type != "cpu":
@@ -152,7 +154,8 @@ def byte_view(t: torch.Tensor) -> memoryview:
         and not (t.is_conj() or t.is_neg())
         and t.numel()
     ):
-        return memoryview(t.detach().numpy()).cast("B")  # type: ignore[arg-type] # fewer calls
+        plain = t.detach() if t.requires_grad else t
+        return memoryview(plain.numpy()).cast("B")  # type: ignore[arg-type] # fewer calls
     t = t.resolve_conj().resolve_neg().contiguous()
     if t.numel() == 0:
         return memoryview(b"")

@@ -68,9 +68,9 @@ class TakeGuard:
         self._as_parent: set[tuple[str, str]] = (
             set()
         )  # chunks skipped: bytes of a clean parent tensor
-        self._known: dict[
-            str, frozenset[str]
-        ] = {}  # chunk key -> chunk ids of its clean parent tensor
+        # (chunk key, chunk id) of each chunk of a clean parent tensor: pairs of strings,
+        # which Python's collector stops tracking (a set per key was promoted, take after take)
+        self._known: set[tuple[str, str]] = set()
         self._parent: tuple[SnapshotRecord, Manifest] | None | bool = (
             False  # False: not looked up yet
         )
@@ -103,7 +103,7 @@ class TakeGuard:
                 and figures is not None
                 and figures.nan == figures.inf == 0
             ):
-                self._known[key] = frozenset(ref.id for ref in before.chunks)
+                self._known.update((key, ref.id) for ref in before.chunks)
 
     def hash_chunk(self, chunk: Chunk) -> tuple[str, str, Stats | None | bool]:
         """The chunk's id, its check (``objects.raw_check``, from the same bytes) and, if
@@ -115,7 +115,7 @@ class TakeGuard:
         dtype = self._dtypes.get(chunk.key)
         if dtype is None:
             return cid, check, None
-        if cid in self._known.get(chunk.key, ()):
+        if (chunk.key, cid) in self._known:
             return cid, check, True
         return cid, check, chunk_stats(view, dtype)
 

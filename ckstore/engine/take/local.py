@@ -186,11 +186,13 @@ class LocalTake:
         """Fill in every chunk's id (blake3 of its raw bytes) and check (the XXH3-64 every
         read verifies, ``objects.raw_check``), on the workers; the guard measures watched
         chunks in the same pass."""
-        for chunk, (cid, check, stats) in zip(
-            chunks, self._workers().map(self.guard.hash_chunk, chunks)
-        ):
-            chunk.id, chunk.check = cid, check
-            self.guard.record(chunk, stats)
+        hash_chunk = self.guard.hash_chunk
+        groups = hash_groups(chunks, self.opts.threads)
+        done = self._workers().map(lambda group: [hash_chunk(c) for c in group], groups)
+        for group, results in zip(groups, done):
+            for chunk, (cid, check, stats) in zip(group, results):
+                chunk.id, chunk.check = cid, check
+                self.guard.record(chunk, stats)
 
     def pin(self, chunk_ids: Iterable[str]) -> set[str]:
         """Pin the chunks the store has among ``chunk_ids`` to this session; return those."""
@@ -442,3 +444,34 @@ class LocalTake:
                 "LocalTake used outside its session: call open() or use it in a with block"
             )
         return self._pool
+
+
+HASH_GROUP_BYTES = 1 << 20
+"""The least a group of chunks hashed by one worker task holds (``hash_groups``)."""
+
+
+def hash_groups(chunks: list[Chunk], threads: int) -> list[list[Chunk]]:
+    """``chunks`` in order, cut into consecutive groups a worker hashes in one task: about four
+    groups per thread, none under ``HASH_GROUP_BYTES`` unless it is the last.
+
+    One task per chunk made a future, its condition, lock and queue per chunk, alive until
+    the batch was hashed: a take of a thousand small tensors left thousands of objects for
+    Python's collector to promote, and full collections followed every few takes (the
+    training loop's thread pays them). A group keeps the workers as busy as single chunks
+    did: its bytes are a quarter of a thread's share.
+    """
+    total = sum(c.nbytes for c in chunks)
+    limit = max(total // (4 * max(1, threads)), HASH_GROUP_BYTES)
+    groups: list[list[Chunk]] = []
+    group: list[Chunk] = []
+    size = 0
+    for chunk in chunks:
+        n = chunk.nbytes
+        if group and size + n > limit:
+            groups.append(group)
+            group, size = [], 0
+        group.append(chunk)
+        size += n
+    if group:
+        groups.append(group)
+    return groups

@@ -85,8 +85,10 @@ class StagingArena:
         self.size = nbytes
         self._at = 0
         self._streams: list[Any] = []  # CUDA streams with copies into this arena in flight
-        self._rooms: dict[tuple[int, torch.dtype, torch.Size], torch.Tensor] = {}
-        self._placed: list[tuple[int, torch.dtype, torch.Size]] = []  # since the last reset
+        # keyed by (offset, dtype, *shape): a flat tuple of ints and a dtype, which Python's
+        # collector stops tracking (a torch.Size in it would be promoted, take after take)
+        self._rooms: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._placed: list[tuple[Any, ...]] = []  # since the last reset
 
     def offset_of(self, value: Any) -> int | None:
         """Where in a pageable arena a tensor or array cut from it starts (None: not cut from
@@ -141,7 +143,7 @@ class StagingArena:
             )
         # a training loop places the same tensors at the same offsets take after take: the
         # room made for the last take is reused (it only ever holds the copy made into it)
-        where = (at, value.dtype, value.shape)
+        where = (at, value.dtype, *value.shape)
         room = self._rooms.get(where)
         if room is None:
             # a normal tensor even under torch.inference_mode() (an evaluation's take): a
@@ -214,9 +216,13 @@ class StagingArena:
 def fill(pairs: list[tuple[Any, Any]]) -> None:
     """Copy each ``(destination, value)`` that :meth:`StagingArena.place` made room for (a
     numpy array or a CPU tensor into its place); releases the GIL while it copies."""
-    tensors = [(d, v.detach()) for d, v in pairs if isinstance(v, torch.Tensor)]
-    if tensors:  # one call: the loop over the tensors runs in C++, without the GIL
-        torch._foreach_copy_([d for d, _ in tensors], [v for _, v in tensors])
+    # no detached copy of each source nor a pair per tensor: no_grad keeps the destinations
+    # out of autograd, and a take of many tensors leaves fewer objects for Python's collector
+    dsts = [d for d, v in pairs if isinstance(v, torch.Tensor)]
+    if dsts:  # one call: the loop over the tensors runs in C++, without the GIL
+        srcs = [v for _, v in pairs if isinstance(v, torch.Tensor)]
+        with torch.no_grad():
+            torch._foreach_copy_(dsts, srcs)
     for dst, value in pairs:
         if isinstance(value, np.ndarray):
             np.copyto(dst, value)
