@@ -142,3 +142,16 @@ def test_staged_copies_of_tensors_that_need_grad_stay_out_of_autograd():
     fill([(dst, src)])
     assert torch.equal(dst, src.detach())
     assert not dst.requires_grad and dst.grad_fn is None
+
+
+def test_an_async_take_of_a_state_holding_forward_ad_dual_tensors_stores_their_primals(store):
+    import torch.autograd.forward_ad as fwad
+
+    primal = torch.randn(4096)
+    with fwad.dual_level():
+        w = fwad.make_dual(primal, torch.ones(4096))
+        state = {"m": ckstore.StateDict(w=w, b=torch.randn(4096))}
+        store.async_take(state, run="r").wait()
+        store.take(state, run="r")
+    for snap in store.log(run="r"):
+        assert torch.equal(snap.read_object("m/w"), primal)

@@ -216,12 +216,14 @@ class StagingArena:
 def fill(pairs: list[tuple[Any, Any]]) -> None:
     """Copy each ``(destination, value)`` that :meth:`StagingArena.place` made room for (a
     numpy array or a CPU tensor into its place); releases the GIL while it copies."""
-    # no detached copy of each source nor a pair per tensor: no_grad keeps the destinations
-    # out of autograd, and a take of many tensors leaves fewer objects for Python's collector
+    # no detached copy of each source nor a pair per tensor: inference mode keeps the
+    # destinations out of autograd, backward and forward (no_grad leaves forward AD on, and
+    # _foreach_copy_ refuses a dual source), and a take of many tensors leaves fewer objects
+    # for Python's collector
     dsts = [d for d, v in pairs if isinstance(v, torch.Tensor)]
     if dsts:  # one call: the loop over the tensors runs in C++, without the GIL
         srcs = [v for _, v in pairs if isinstance(v, torch.Tensor)]
-        with torch.no_grad():
+        with torch.inference_mode():
             torch._foreach_copy_(dsts, srcs)
     for dst, value in pairs:
         if isinstance(value, np.ndarray):
