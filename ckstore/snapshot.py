@@ -20,7 +20,6 @@ from .distributed import is_distributed, replicated_mode
 from .engine.progress import ProgressFn
 from .engine.view import SnapshotFields, SnapshotView
 from .errors import CorruptionError, InvalidInputError
-from .format.health import Health, of_header
 from .format.limits import check_int, check_number
 from .format.manifest import Entry, Manifest, TensorEntry
 from .index import EntryRecord, SnapshotRecord
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
 
     from .engine.restore.jobs import Region
     from .engine.restore.verify_live import LiveCheck
+    from .format.health import Health
     from .index.sharing import Shared
     from .interop import ExportReport
 
@@ -89,6 +89,8 @@ class StoredSnapshot(SnapshotFields):
         """What its take found (NaN/Inf counts and norms per tensor, stale tensors), from the
         manifest header; None if it recorded nothing (taken before ckstore did). For the
         summary without reading the manifest, see :attr:`healthy`."""
+        from .format.health import of_header  # its patterns are compiled on first use
+
         return of_header(self._view().header)
 
     @property

@@ -33,9 +33,12 @@ import signal
 import socket
 import threading
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from ..errors import CkstoreError
-from .interfaces import LeaseIndex
+
+if TYPE_CHECKING:
+    from .interfaces import LeaseIndex
 
 
 class Lease:

@@ -11,6 +11,7 @@ nodes above them). Every object read is checked against the id it was named by.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from .. import objects
 from ..errors import CorruptionError
@@ -18,8 +19,10 @@ from ..format.dtypes import itemsize
 from ..format.grid import Box, Grid
 from ..format.manifest import Manifest
 from ..format.parts import Level, Part, Root, assemble, parse_any, parse_node, partial
-from .interfaces import LocationIndex
 from .locations import read_following, to_location
+
+if TYPE_CHECKING:
+    from .interfaces import LocationIndex
 
 ReadChunks = Callable[[list[str]], Mapping[str, bytes]]
 """Reads chunks by id (each verified against it); returns their bytes by id."""

@@ -1,7 +1,9 @@
 """The object layer: backends, hashing, codecs, packs and the verified object store.
 
 Never imports torch or the index layer. The fsspec-based backends (``FsspecBackend``,
-``memory_backend``, ``S3Backend``) are imported on first use, so a local store never loads fsspec.
+``memory_backend``, ``S3Backend``) are imported on first use, so a local store never loads fsspec;
+so are the pack scanner (``scan_pack``, for checks) and the backend wrappers, which a restore
+does not need.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -27,7 +29,6 @@ from ckstore.objects.hashing import CHECK_NAME, HASH_NAME, chunk_id, is_chunk_id
 from ckstore.objects.local import LocalBackend
 from ckstore.objects.location import ChunkLocation
 from ckstore.objects.opener import open_backend
-from ckstore.objects.pack_scan import PackProblem, PackScan, scan_pack, verify_pack
 from ckstore.objects.packs import (
     PackIndex,
     PackWriter,
@@ -39,21 +40,30 @@ from ckstore.objects.packs import (
 )
 from ckstore.objects.payloads import Kept
 from ckstore.objects.store import ObjectStore, blob_name
-from ckstore.objects.wrappers import (
-    CountingBackend,
-    FaultyBackend,
-    StashingBackend,
-    WrappingBackend,
-)
 
 if TYPE_CHECKING:
     from ckstore.objects.fsspec_backend import FsspecBackend, memory_backend
+    from ckstore.objects.pack_scan import PackProblem, PackScan, scan_pack, verify_pack
     from ckstore.objects.s3 import S3Backend
+    from ckstore.objects.wrappers import (
+        CountingBackend,
+        FaultyBackend,
+        StashingBackend,
+        WrappingBackend,
+    )
 
 _LAZY = {
     "FsspecBackend": "fsspec_backend",
     "memory_backend": "fsspec_backend",
     "S3Backend": "s3",
+    "PackProblem": "pack_scan",
+    "PackScan": "pack_scan",
+    "scan_pack": "pack_scan",
+    "verify_pack": "pack_scan",
+    "CountingBackend": "wrappers",
+    "FaultyBackend": "wrappers",
+    "StashingBackend": "wrappers",
+    "WrappingBackend": "wrappers",
 }
 
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -51,7 +51,6 @@ from ... import objects
 from ...errors import CorruptionError, ObjectNotFoundError
 from ...format.dtypes import dtype_from_name
 from ..devices import DONE
-from ..interfaces import LocationIndex
 from ..locations import MAX_MOVES, places, to_location
 from ..progress import ProgressFn, meter
 from .jobs import Job, raw_bytes
@@ -59,6 +58,9 @@ from .readahead import ReadAhead, hinted
 from .sources import ChunkSource, Healer
 from .staging import Arena, Pools, arena_copier
 from .workers import share
+
+if TYPE_CHECKING:
+    from ..interfaces import LocationIndex
 
 INLINE_BYTES = 4 << 20
 """A pass over fewer raw bytes than this runs on the calling thread: starting worker threads

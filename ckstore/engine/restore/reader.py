@@ -18,13 +18,13 @@ from ...format.dtypes import dtype_from_name
 from ...format.manifest import Entry, Manifest, PerRankEntry, TensorEntry, ValueEntry
 from ...format.tensors import from_bytes
 from ..devices import host_empty
-from ..interfaces import LocationIndex
 from ..progress import ProgressFn
 from .fetch import Fetcher
 from .jobs import Job, Region, plan_jobs, slices
 from .sources import Healer
 
 if TYPE_CHECKING:
+    from ..interfaces import LocationIndex
     from ..view import SnapshotView
 
 

@@ -7,14 +7,16 @@ conversion as a take.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import objects
 from ...format.health import summary as health_summary
 from ...format.manifest import Manifest, entry_digest
 from ...format.parts import parted_digest
 from ...index import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
-from ..interfaces import WriteIndex
+
+if TYPE_CHECKING:
+    from ..interfaces import WriteIndex
 
 
 def entry_records(manifest: Manifest) -> list[EntryRecord]:

@@ -17,15 +17,17 @@ key, and gc deletes a base only after its last delta).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...format.manifest import Manifest, TensorEntry
 from ...index import ChunkRecord
 from ..config import check_delta_base
-from ..interfaces import WriteIndex
 from ..locations import to_location
 from ..repository import Repository
 from .packing import Chunk
+
+if TYPE_CHECKING:
+    from ..interfaces import WriteIndex
 
 
 def base_manifest(repo: Repository, delta_base: str | None, run: str) -> Manifest | None:

@@ -22,13 +22,12 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidInputError, NotFoundError
 from ...format.manifest import Entry, Manifest
 from ...index import ChunkRecord, EntryRecord, PackRecord, SnapshotRecord
 from ..background import lower_priority, polite_pool
-from ..interfaces import WriteIndex
 from ..lease import Lease
 from ..progress import Meter, ProgressFn, meter
 from ..repository import Repository
@@ -38,6 +37,9 @@ from .device_staging import DeviceStager
 from .guard import Summed, TakeGuard, remember
 from .packing import Chunk, PackPipeline, TakeOptions, WriteStats, batches
 from .spec import TakeSpec
+
+if TYPE_CHECKING:
+    from ..interfaces import WriteIndex
 
 HASH_BATCH_BYTES = 128 << 20
 """A take hashes and looks up chunks in batches of about this many bytes..."""

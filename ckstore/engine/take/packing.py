@@ -21,10 +21,10 @@ from ... import objects
 from ...errors import CorruptionError, ObjectNotFoundError
 from ...index import ChunkRecord, PackRecord
 from ..background import polite_pool
-from ..interfaces import WriteIndex
 from ..locations import to_records
 
 if TYPE_CHECKING:
+    from ..interfaces import WriteIndex
     from ..repository import Repository
 
 

@@ -22,7 +22,6 @@ from types import MappingProxyType
 from typing import Any, TypedDict
 
 from ...errors import InvalidInputError
-from ...format.health import POLICIES
 from ...format.limits import INT64_MAX, check_int, check_metadata, check_number
 from ...format.manifest import canonical_json, snapshot_header
 from ...index import tag_specs, validate_name
@@ -262,6 +261,9 @@ class TakeSpec:
 
 
 def _policy(what: str, value: Any) -> str:
+    # the patterns of format.health are compiled at the first take, not when a store opens
+    from ...format.health import POLICIES
+
     if value not in POLICIES:
         raise InvalidInputError(
             f"{what} must be one of {', '.join(map(repr, POLICIES))}, got {value!r}"
