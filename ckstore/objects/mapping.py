@@ -213,7 +213,9 @@ _PROBE = bytearray(1)
 
 def in_page_cache(fd: int, offset: int) -> bool:
     """Whether the byte at ``offset`` of the file is in the page cache (False when this
-    system cannot tell)."""
+    system cannot tell). A probe that misses does not wait, but the kernel starts its
+    read-ahead there as for any read (Linux): the page may be in soon after, so probe only a
+    range about to be read anyway."""
     nowait = getattr(os, "RWF_NOWAIT", None)
     if nowait is None:
         return False

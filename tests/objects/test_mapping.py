@@ -145,12 +145,8 @@ def test_a_range_out_of_the_page_cache_is_hinted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _uncached_file(tmp_path / "pack", 4 * MiB)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        assert not mapping.in_page_cache(fd, MiB)
-        assert not mapping.in_page_cache(fd, 3 * MiB - 1)
-    finally:
-        os.close(fd)
+    # not probed here first: a probe that misses starts the kernel's read-ahead there, and the
+    # pages may be in by the time prefetch looks (see mapping.in_page_cache)
     hints = _hints(monkeypatch)
     mapping.prefetch(str(path), MiB, 2 * MiB)
     assert hints == [(MiB, 2 * MiB)]
