@@ -185,7 +185,11 @@ class RepackIndex(LocationIndex, Protocol):
     """Chunks moved out of packs, and the emptied packs retired, then their rows deleted."""
 
     def relocate_chunks(
-        self, pack: PackRecord, moves: Sequence[ChunkRecord], old_pack_id: str
+        self,
+        pack: PackRecord,
+        moves: Sequence[ChunkRecord],
+        old_pack_id: str,
+        session_id: str | None = None,
     ) -> int:
         """Record ``pack`` and point the chunks still in ``old_pack_id`` at it (CAS per row)."""
         ...
@@ -209,8 +213,9 @@ class CheckIndex(ReadIndex, InventoryIndex, Protocol):
         ...
 
 
-class GcIndex(ReadIndex, InventoryIndex, RepackIndex, Protocol):
-    """What ``gc`` asks: retention, expired sessions, unreferenced rows and their pruning."""
+class GcIndex(ReadIndex, InventoryIndex, RepackIndex, LeaseIndex, Protocol):
+    """What ``gc`` asks: retention, expired sessions, unreferenced rows and their pruning, and
+    a write session for the packs it rewrites."""
 
     def delete_snapshot(self, snapshot_id: str, *, refuse_tagged: bool = False) -> None:
         """Delete a snapshot, its chunk references and tags (rows are left for gc)."""

@@ -29,10 +29,10 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
-from ..engine.lease import gone
+from ..engine.lease import Lease, gone
 from ..engine.locations import to_location, to_records
 from ..engine.progress import ProgressFn, meter
-from ..errors import CorruptionError, ObjectNotFoundError
+from ..errors import CorruptionError, ObjectNotFoundError, SnapshotNotFoundError
 from ..format.limits import check_number
 from ..index import ChunkRecord, PackRecord
 from ..objects.delta import xor_into
@@ -194,13 +194,19 @@ def _forget(
     selected = policy.select(snapshots, tagged)
     drop = [s for s in selected if s.id not in unpushed]
     report.snapshots_kept_unpushed = len(selected) - len(drop)
+    report.snapshots_kept = len(snapshots) - len(drop)
+    gone_already: set[str] = set()
     for s in drop:
         if not dry_run:
-            index.delete_snapshot(s.id)
+            try:
+                index.delete_snapshot(s.id)
+            except SnapshotNotFoundError:  # another gc (or a delete) took it meanwhile
+                gone_already.add(s.id)
+                continue
         report.snapshots_dropped.append(
             f"{s.run}@{s.step}" if s.step is not None else f"{s.run} {s.id[:12]}"
         )
-    report.snapshots_kept = len(snapshots) - len(drop)
+    drop = [s for s in drop if s.id not in gone_already]
     if not dry_run:  # the job's retention, as compaction after takes reads it
         repo.deletion_ages.deleted(s.id for s in drop)
     return [s.id for s in drop]
@@ -256,21 +262,28 @@ def _repack_sparse(
     retired = index.retire_packs(dead)
     report.packs_retired += len(retired)
     rewrite = sparse(usage, math.inf if any_age else cutoff, repack_below)
+    if not rewrite:
+        return retired
     gauge = meter(progress, "gc", sum(u.live_bytes for u in rewrite))
-    for u in rewrite:
-        if _rewrite_pack(repo, u.pack_id, u.loose):
-            report.packs_rewritten += 1
-            done = index.retire_packs([u.pack_id])
-            report.packs_retired += len(done)
-            retired += done
-        if gauge is not None:
-            gauge.add(u.live_bytes)
+    # the new packs are written inside a write session, as a take's or a compaction's: another
+    # gc that lists them before they are recorded sees a writer alive and deletes no orphan
+    with Lease(index, repo.lease_seconds) as lease:
+        for u in rewrite:
+            if _rewrite_pack(repo, lease, u.pack_id, u.loose):
+                report.packs_rewritten += 1
+                done = index.retire_packs([u.pack_id])
+                report.packs_retired += len(done)
+                retired += done
+            if gauge is not None:
+                gauge.add(u.live_bytes)
+        index.end_session(lease.id, "committed")  # nothing to commit: its packs are recorded
+        lease.committed = True
     if gauge is not None:
         gauge.finish()
     return retired
 
 
-def _rewrite_pack(repo: Repository, pack_id: str, loose: bool) -> bool:
+def _rewrite_pack(repo: Repository, lease: Lease, pack_id: str, loose: bool) -> bool:
     """Copy a pack's live chunks (verified) into a new pack and switch the index to it.
 
     Payloads are copied as they are: a delta stays a delta against the same base (which the
@@ -312,8 +325,10 @@ def _rewrite_pack(repo: Repository, pack_id: str, loose: bool) -> bool:
     assert done is not None
     new_id, size, locs = done
     moves = to_records(locs)
+    if lease.error is not None:  # expired: the pack may be gone as an orphan already
+        raise lease.error
     index.relocate_chunks(
-        PackRecord(new_id, size, len(moves), time.time(), loose=loose), moves, pack_id
+        PackRecord(new_id, size, len(moves), time.time(), loose=loose), moves, pack_id, lease.id
     )
     return True
 

@@ -90,7 +90,13 @@ def add_pack(
     pin_for: str | None = None,
 ) -> None:
     """Inserts a durable pack and its chunks unless present (the first location recorded for a
-    chunk stays its location), pinning them to session ``pin_for`` when given."""
+    chunk stays its location), pinning them to session ``pin_for`` when given.
+
+    A delta's depth is its base's as the index holds it now, plus one: the writer chose the base
+    earlier, and a compaction may have re-encoded it as a delta since (a read refuses a chain
+    whose depths do not fall towards its end, so a stale depth would make the chunk
+    unreadable)."""
+    chunks = _current_depths(conn, chunks)
     created = pack.created_at or now
     row = {
         "id": pack.pack_id,
@@ -106,6 +112,28 @@ def add_pack(
             insert_ignore(
                 conn, _sql.pins, [{"session_id": pin_for, "chunk_id": ch.chunk_id} for ch in batch]
             )
+
+
+def _current_depths(conn: Connection, chunks: Sequence[ChunkRecord]) -> Sequence[ChunkRecord]:
+    """``chunks`` with each delta's depth recomputed from its base's row (locked until the
+    transaction ends, in id order, as a compaction locks the rows it re-encodes); a delta
+    whose base is not indexed yet (written in the same take) keeps the depth it was given."""
+    bases = sorted({ch.base_id for ch in chunks if ch.base_id is not None})
+    if not bases:
+        return chunks
+    c = _sql.chunks
+    depth: dict[str, int] = {}
+    for batch in batches(bases):
+        rows = conn.execute(
+            select(c.c.id, c.c.depth).where(c.c.id.in_(batch)).order_by(c.c.id).with_for_update()
+        )
+        depth.update((str(i), int(d)) for i, d in rows)
+    return [
+        dataclasses.replace(ch, depth=depth[ch.base_id] + 1)
+        if ch.base_id is not None and ch.base_id in depth and ch.depth != depth[ch.base_id] + 1
+        else ch
+        for ch in chunks
+    ]
 
 
 def validate(snapshot: SnapshotRecord, tags: Sequence[str]) -> None:

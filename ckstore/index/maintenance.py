@@ -282,16 +282,27 @@ class Maintenance(IndexBase):
         return ids
 
     def relocate_chunks(
-        self, pack: PackRecord, moves: Sequence[ChunkRecord], old_pack_id: str
+        self,
+        pack: PackRecord,
+        moves: Sequence[ChunkRecord],
+        old_pack_id: str,
+        session_id: str | None = None,
     ) -> int:
         """Record a rewritten pack and point chunks from ``old_pack_id`` at it (CAS per row).
 
         A chunk no longer in the old pack (pruned or moved meanwhile) is left alone. Returns
-        the number of chunk rows switched.
+        the number of chunk rows switched. ``session_id``: the write session the new pack was
+        written in, checked alive in the same transaction (once it expired, another gc may
+        have deleted the pack as an orphan).
+
+        Raises:
+            LeaseExpiredError: ``session_id`` is no longer alive; nothing was recorded.
         """
         p, c = _sql.packs, _sql.chunks
         switched = 0
         with self._write(f"relocate chunks of pack {old_pack_id}") as conn:
+            if session_id is not None:
+                _sql.check_lease(conn, session_id)
             _sql.insert_ignore(
                 conn,
                 p,

@@ -496,3 +496,41 @@ def test_check_and_numeric_diff_across_a_compaction_that_deletes_their_packs(
         victim = next(iter({c.pack_id for c in index.all_chunks()}))
         (tmp_path / "s" / objects.pack_name(victim)).unlink()
         assert {p.kind for p in store.check().problems} == {"missing-pack"}
+
+
+def test_a_take_whose_delta_base_is_compacted_before_it_commits_stays_readable(
+    tmp_path: Path,
+) -> None:
+    """A take stores deltas against a stored snapshot (``delta_base=<id>``, a fine-tune from a
+    base model) while a compaction of another process re-encodes that snapshot's chunks as
+    deltas, between the take's choice of its bases and its commit. The take's deltas are
+    recorded one deeper than their bases are now; before, they kept the depth of when the take
+    chose them, and the reader refused each such chain: the committed snapshot was lost."""
+    url = tmp_path / "s"
+    states = _run(4)
+    with ckstore.open(url, create=True, auto_compact=False, **KNOBS) as store:
+        ids = [
+            store.take({"m": App(dict(s))}, run="base", step=i).id for i, s in enumerate(states[:3])
+        ]
+        other = ckstore.open(url, auto_compact=False)  # the compacting process
+        index = store.repository.index
+        real = index.commit_snapshot
+        reports: list[Any] = []
+
+        def commit_snapshot(*args: Any, **kwargs: Any) -> Any:
+            if not reports:  # the take chose and pinned its bases and wrote its pack
+                reports.append(other.compact())  # base@0 and base@1 are not the newest
+            return real(*args, **kwargs)
+
+        index.commit_snapshot = commit_snapshot  # type: ignore[method-assign]
+        try:
+            tuned = store.take({"m": App(dict(states[3]))}, run="ft", step=0, delta_base=ids[1]).id
+        finally:
+            index.commit_snapshot = real  # type: ignore[method-assign]
+        other.close()
+        assert reports[0].delta_chunks > 0
+    with ckstore.open(url) as store:
+        for i, sid in enumerate(ids):
+            assert restores(store, sid, states[i])
+        assert restores(store, tuned, states[3])
+        assert store.check(read_data=True).ok

@@ -433,3 +433,104 @@ def test_gc_sweeps_staging_files_of_killed_writers(tmp_path) -> None:
     assert store.gc(grace_seconds=3600).orphans_removed == 1
     assert not staged[0].exists() and store.check(read_data=True).ok
     store.close()
+
+
+def test_a_gc_beside_another_does_not_delete_the_pack_the_other_is_rewriting_into(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two gcs at once (a cron's and a job's): one rewrites a sparse pack, the other sweeps
+    orphans after the new pack is written and before it is recorded. The rewrite runs inside
+    a write session, so the sweep sees a writer alive and deletes nothing; before, it deleted
+    the new pack, and the first gc pointed a kept snapshot's chunks at it."""
+    from ckstore.index.maintenance import Maintenance
+
+    url = tmp_path / "store"
+    a = ckstore.open(url, chunk_bytes=1024, pack_bytes=64 * 1024, create=True, auto_compact=False)
+    keep = torch.randn(64, 16)
+    a.take({"s": ckstore.StateDict(keep=keep, big=torch.randn(128, 64))}, run="a")
+    a.take({"s": ckstore.StateDict(keep=keep)}, run="b")
+    a.delete("a")
+    b = ckstore.open(url, auto_compact=False)  # another process, in real life
+    real = Maintenance.relocate_chunks
+    other: list[Any] = []
+
+    def relocate(self: Maintenance, *args: Any, **kwargs: Any) -> int:
+        if not other:
+            other.append(None)
+            other[0] = b.gc(grace_seconds=0, repack_below=0)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Maintenance, "relocate_chunks", relocate)
+    report = a.gc(grace_seconds=0, repack_below=0.5)
+    monkeypatch.setattr(Maintenance, "relocate_chunks", real)
+    assert report.packs_rewritten == 1
+    assert other[0].orphans_removed == 0
+    a.close()
+    b.close()
+    with ckstore.open(url) as store:
+        assert torch.equal(store.get("b").read_object("s/keep"), keep)
+        assert store.check(read_data=True).ok
+    again = ckstore.open(url)
+    try:
+        assert again.gc(grace_seconds=0).orphans_removed == 0  # the session ended: no orphan
+    finally:
+        again.close()
+
+
+def test_a_gc_whose_session_expired_records_no_rewritten_pack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gc paused past its lease (another gc may have deleted its new pack as an orphan by
+    then) refuses to record the pack, and the snapshot still reads from the old one."""
+    from ckstore.errors import LeaseExpiredError
+    from ckstore.index.maintenance import Maintenance
+
+    url = tmp_path / "store"
+    a = ckstore.open(url, chunk_bytes=1024, pack_bytes=64 * 1024, create=True, auto_compact=False)
+    keep = torch.randn(64, 16)
+    a.take({"s": ckstore.StateDict(keep=keep, big=torch.randn(128, 64))}, run="a")
+    a.take({"s": ckstore.StateDict(keep=keep)}, run="b")
+    a.delete("a")
+    index = a.repository.index
+    real = Maintenance.relocate_chunks
+
+    def relocate(self: Maintenance, *args: Any, **kwargs: Any) -> int:
+        for s in index.live_sessions():  # its lease ran out
+            index.end_session(s.id, "aborted")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Maintenance, "relocate_chunks", relocate)
+    with pytest.raises(LeaseExpiredError):
+        a.gc(grace_seconds=0, repack_below=0.5)
+    monkeypatch.setattr(Maintenance, "relocate_chunks", real)
+    assert torch.equal(a.get("b").read_object("s/keep"), keep)
+    a.close()
+
+
+def test_two_gcs_dropping_the_same_snapshot_both_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retention gc that finds a snapshot it selected already deleted (by another gc between
+    its listing and its delete) takes it as done and goes on; before, it raised
+    SnapshotNotFoundError and stopped before its repack and its sweep."""
+    url = tmp_path / "store"
+    a = ckstore.open(url, create=True, auto_compact=False)
+    for step in range(3):
+        a.take({"s": ckstore.StateDict(w=torch.full((64,), float(step)))}, run="r", step=step)
+    b = ckstore.open(url, auto_compact=False)
+    index = a.repository.index
+    real = index.delete_snapshot
+    first = index.list_snapshots(run="r", limit=3)[-1]  # step 0, the oldest
+
+    def delete_snapshot(snapshot_id: str, **kwargs: Any) -> None:
+        if snapshot_id == first.id:
+            b.delete(first.id)  # the other gc's
+        real(snapshot_id, **kwargs)
+
+    monkeypatch.setattr(index, "delete_snapshot", delete_snapshot)
+    report = a.gc(keep_last=1, grace_seconds=0)
+    assert report.snapshots_dropped == ["r@1"]
+    assert [s.step for s in a.log(run="r")] == [2]
+    assert torch.equal(a.get("r@2").read_object("s/w"), torch.full((64,), 2.0))
+    a.close()
+    b.close()
