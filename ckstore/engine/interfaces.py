@@ -378,7 +378,7 @@ class TransferIndex(HistoryIndex, WriteIndex, PlaceIndex, Protocol):
         ...
 
 
-class TierIndex(RemoteIndex, InventoryIndex, RepackIndex, Protocol):
+class TierIndex(RemoteIndex, InventoryIndex, RepackIndex, LeaseIndex, Protocol):
     """The two-tier store: packs by use, and chunk rows pointed at the tier remote."""
 
     def local_packs_by_use(self) -> list[tuple[str, int, float]]:

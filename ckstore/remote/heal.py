@@ -45,6 +45,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..engine.lease import Lease
 from ..engine.locations import to_location, to_records
 from ..errors import (
     CkstoreError,
@@ -133,20 +134,21 @@ def heal(
     report = HealReport()
     if not plan.want:
         return report
-    writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
-    try:  # each chunk written as it arrives: memory stays one chunk
-        for cid, name, raw in plan.arrivals(local, report):
-            codec, payload = encode(raw, 1, False, fast=plan.loose)
-            writer.add(cid, codec, payload, len(raw))
-            report.healed[cid] = name
-    except BaseException:
-        writer.abort()
-        raise
-    report.unrecoverable = [c for c in plan.want if c not in report.healed]
-    if not report.healed:
-        writer.abort()
-        return report
-    moved = _switch(local, writer, plan.old, plan.loose)
+    with Lease(local.index, local.lease_seconds) as lease:  # see _switch
+        writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
+        try:  # each chunk written as it arrives: memory stays one chunk
+            for cid, name, raw in plan.arrivals(local, report):
+                codec, payload = encode(raw, 1, False, fast=plan.loose)
+                writer.add(cid, codec, payload, len(raw))
+                report.healed[cid] = name
+        except BaseException:
+            writer.abort()
+            raise
+        report.unrecoverable = [c for c in plan.want if c not in report.healed]
+        if not report.healed:
+            writer.abort()
+            return report
+        moved = _switch(local, lease, writer, plan.old, plan.loose)
     for cid in set(report.healed) - moved:  # moved meanwhile: its new place is not ours to judge
         report.healed.pop(cid)
     if report.unrecoverable:  # a delta no remote holds reads back sound once its base healed
@@ -239,15 +241,16 @@ def write_back(local: Repository, fetched: Fetched) -> set[str]:
     """
     if not fetched.raw:
         return set()
-    writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
-    try:
-        for cid, raw in fetched.raw.items():
-            codec, payload = encode(raw, 1, False, fast=fetched.loose)
-            writer.add(cid, codec, payload, len(raw))
-    except BaseException:
-        writer.abort()
-        raise
-    return _switch(local, writer, fetched.old, fetched.loose)
+    with Lease(local.index, local.lease_seconds) as lease:  # see _switch
+        writer = local.objects.new_pack_writer(local.config.pack_bytes * 4)
+        try:
+            for cid, raw in fetched.raw.items():
+                codec, payload = encode(raw, 1, False, fast=fetched.loose)
+                writer.add(cid, codec, payload, len(raw))
+        except BaseException:
+            writer.abort()
+            raise
+        return _switch(local, lease, writer, fetched.old, fetched.loose)
 
 
 @dataclass
@@ -342,11 +345,17 @@ def _fetch(
 
 
 def _switch(
-    local: Repository, writer: PackWriter, old: dict[str, ChunkRecord], loose: bool
+    local: Repository,
+    lease: Lease,
+    writer: PackWriter,
+    old: dict[str, ChunkRecord],
+    loose: bool,
 ) -> set[str]:
     """Make the new pack (``loose``: of loose chunks) durable, then switch the rows of its
     chunks to it, per old pack (each a compare-and-swap on the row's old place); returns the
-    ids whose rows were switched."""
+    ids whose rows were switched. The pack is written and recorded inside ``lease``'s write
+    session, which ends here: a gc beside sees a writer alive and does not take the pack for
+    an orphan before it is recorded; an expired session records nothing."""
     index: TierIndex = local.index
     done = writer.finish()  # durable first...
     assert done is not None
@@ -358,8 +367,12 @@ def _switch(
             by_pack[before.pack_id].append(rec)
     switched: set[str] = set()
     for old_pack, moves in by_pack.items():  # ...then rows, each a compare-and-swap
+        if lease.error is not None:
+            raise lease.error
         pack = PackRecord(new_id, size, len(locs), time.time(), loose)
-        if index.relocate_chunks(pack, moves, old_pack):
+        if index.relocate_chunks(pack, moves, old_pack, lease.id):
             now = index.chunk_locations([m.chunk_id for m in moves])
             switched |= {m.chunk_id for m in moves if now[m.chunk_id].pack_id == new_id}
+    index.end_session(lease.id, "committed")  # nothing to commit: its pack is recorded
+    lease.committed = True
     return switched

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import objects
+from ..engine.lease import Lease
 from ..engine.locations import to_location, to_records
 from ..errors import CorruptionError, ReadOnlyStoreError
 from ..index import ChunkRecord, PackRecord
@@ -63,18 +64,23 @@ def hydrate(local: Repository, remote: str | None = None) -> HydrateReport:
         )
     report = HydrateReport()
     packs = sorted(p for p, r in index.remote_pack_ids().items() if remote is None or r == remote)
-    for pack_id in packs:
-        rows = index.chunks_in_packs([pack_id])
-        if rows:
-            report.chunks += _bring_back(local, pack_id, rows)
-            report.bytes += sum(r.length for r in rows)
-            report.packs += 1
+    # the packs written here are a writer's until recorded: a gc beside sees a session alive
+    # and takes none of them for an orphan
+    with Lease(index, local.lease_seconds) as lease:
+        for pack_id in packs:
+            rows = index.chunks_in_packs([pack_id])
+            if rows:
+                report.chunks += _bring_back(local, lease, pack_id, rows)
+                report.bytes += sum(r.length for r in rows)
+                report.packs += 1
+        index.end_session(lease.id, "committed")  # nothing to commit: its packs are recorded
+        lease.committed = True
     retired = index.retire_packs(packs)
     index.delete_retired_packs(time.time(), only=retired)  # rows only: the packs are the remote's
     return report
 
 
-def _bring_back(local: Repository, pack_id: str, rows: list[ChunkRecord]) -> int:
+def _bring_back(local: Repository, lease: Lease, pack_id: str, rows: list[ChunkRecord]) -> int:
     index: TierIndex = local.index
     name = objects.pack_name(pack_id)
     start = min(r.offset for r in rows)
@@ -97,8 +103,10 @@ def _bring_back(local: Repository, pack_id: str, rows: list[ChunkRecord]) -> int
     assert done is not None
     new_id, size, locs = done
     moves = to_records(locs)
+    if lease.error is not None:  # expired: a gc may have deleted the new pack as an orphan
+        raise lease.error
     return index.relocate_chunks(
-        PackRecord(new_id, size, len(moves), time.time()), moves, pack_id
+        PackRecord(new_id, size, len(moves), time.time()), moves, pack_id, lease.id
     )  # ...then rows
 
 

@@ -447,3 +447,40 @@ def test_the_remotes_healing_opened_close_with_the_store(tmp_path: Path) -> None
     assert there.read_only and not there.closed
     store.close()
     assert there.closed and repo not in readers._READERS
+
+
+def test_a_gc_beside_a_repair_does_not_delete_the_pack_it_heals_into(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repair writes the chunks it fetched into a new local pack, then records it. A gc of
+    another handle that sweeps orphans in between sees the repair's write session alive and
+    deletes nothing; before, it deleted the new pack and the repair pointed the healed chunks
+    at it: damaged, they became missing."""
+    from ckstore.index.maintenance import Maintenance
+
+    store = ckstore.open(tmp_path / "local", create=True, **OPTS)
+    other = ckstore.open(tmp_path / "local", **OPTS)
+    try:
+        fill(store, "r", [1, 2])
+        store.add_remote("backup", tmp_path / "backup")
+        store.push("backup")
+        hit = _damage(store, tmp_path / "local", "r@2")
+        real = Maintenance.relocate_chunks
+        swept: list[Any] = []
+
+        def relocate(self: Maintenance, *args: Any, **kwargs: Any) -> int:
+            if not swept:
+                swept.append(None)
+                swept[0] = other.gc(grace_seconds=0, repack_below=0)
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(Maintenance, "relocate_chunks", relocate)
+        report = store.repair("backup")
+        monkeypatch.setattr(Maintenance, "relocate_chunks", real)
+        assert set(report.healed) == set(hit) and report.ok, report.to_dict()
+        assert swept[0].orphans_removed == 0
+        assert store.check(read_data=True).ok
+        assert restores(store, "r@1", 1) and restores(store, "r@2", 2)
+    finally:
+        other.close()
+        store.close()

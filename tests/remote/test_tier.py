@@ -355,3 +355,46 @@ def test_a_training_process_killed_while_its_uploader_pushes(tmp_path) -> None:
             and remote.check(read_data=True).ok
             and local.check(read_data=True).ok
         )
+
+
+def test_a_gc_beside_a_hydrate_does_not_delete_the_packs_it_brings_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hydrate writes each pack it brings back from the tier remote, then records it. A gc of
+    another handle (a cron's) that sweeps orphans in between sees the hydrate's write session
+    alive and deletes nothing; before, it deleted the new pack, the hydrate pointed the chunks
+    at it and dropped the remote's rows, and the snapshots were lost once the remote went."""
+    from ckstore.index.maintenance import Maintenance
+
+    with ckstore.open(
+        tmp_path / "local",
+        create=True,
+        push_to=str(tmp_path / "remote"),
+        local_budget=4 * KNOBS["pack_bytes"],
+        auto_compact=False,
+        **KNOBS,
+    ) as store:
+        fill(store, "r", range(1, 7))
+        assert store.wait_pushed(timeout=60) and store.repository.index.remote_pack_ids()
+    other = ckstore.open(tmp_path / "local", auto_compact=False)
+    real = Maintenance.relocate_chunks
+    swept: list[Any] = []
+
+    def relocate(self: Maintenance, *args: Any, **kwargs: Any) -> int:
+        if not swept:
+            swept.append(None)
+            swept[0] = other.gc(grace_seconds=0, repack_below=0)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Maintenance, "relocate_chunks", relocate)
+    with ckstore.open(tmp_path / "local") as store:
+        assert store.hydrate().packs > 0
+    monkeypatch.setattr(Maintenance, "relocate_chunks", real)
+    other.close()
+    assert swept[0].orphans_removed == 0
+    with ckstore.open(tmp_path / "local") as store:
+        store.remove_remote("tier")
+    shutil.rmtree(tmp_path / "remote")
+    with ckstore.open(tmp_path / "local") as store:
+        assert all(restores(store, f"r@{i}", i) for i in range(1, 7))
+        assert store.check(read_data=True).ok
