@@ -20,6 +20,7 @@ from ckstore.engine.restore.reader import Reader
 from ckstore.errors import ObjectNotFoundError
 from ckstore.history.policy import Policy
 from ckstore.index import ChunkRecord, SnapshotRecord
+from tests.support.gc_beside import sweep_at_first_switch
 from tests.support.gc_workers import drifting_state_for, state_for
 from tests.support.paths import REPO
 
@@ -435,6 +436,19 @@ def test_gc_sweeps_staging_files_of_killed_writers(tmp_path) -> None:
     store.close()
 
 
+def _sparse_pack(url: Path) -> tuple[ckstore.Store, torch.Tensor]:
+    """A store whose only pack is mostly dead: run ``a`` (deleted) and run ``b`` share it, and
+    ``b`` keeps ``keep``; the open handle and ``keep``."""
+    store = ckstore.open(
+        url, chunk_bytes=1024, pack_bytes=64 * 1024, create=True, auto_compact=False
+    )
+    keep = torch.randn(64, 16)
+    store.take({"s": ckstore.StateDict(keep=keep, big=torch.randn(128, 64))}, run="a")
+    store.take({"s": ckstore.StateDict(keep=keep)}, run="b")
+    store.delete("a")
+    return store, keep
+
+
 def test_a_gc_beside_another_does_not_delete_the_pack_the_other_is_rewriting_into(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -442,27 +456,12 @@ def test_a_gc_beside_another_does_not_delete_the_pack_the_other_is_rewriting_int
     orphans after the new pack is written and before it is recorded. The rewrite runs inside
     a write session, so the sweep sees a writer alive and deletes nothing; before, it deleted
     the new pack, and the first gc pointed a kept snapshot's chunks at it."""
-    from ckstore.index.maintenance import Maintenance
-
     url = tmp_path / "store"
-    a = ckstore.open(url, chunk_bytes=1024, pack_bytes=64 * 1024, create=True, auto_compact=False)
-    keep = torch.randn(64, 16)
-    a.take({"s": ckstore.StateDict(keep=keep, big=torch.randn(128, 64))}, run="a")
-    a.take({"s": ckstore.StateDict(keep=keep)}, run="b")
-    a.delete("a")
+    a, keep = _sparse_pack(url)
     b = ckstore.open(url, auto_compact=False)  # another process, in real life
-    real = Maintenance.relocate_chunks
-    other: list[Any] = []
-
-    def relocate(self: Maintenance, *args: Any, **kwargs: Any) -> int:
-        if not other:
-            other.append(None)
-            other[0] = b.gc(grace_seconds=0, repack_below=0)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Maintenance, "relocate_chunks", relocate)
+    other = sweep_at_first_switch(monkeypatch, b)
     report = a.gc(grace_seconds=0, repack_below=0.5)
-    monkeypatch.setattr(Maintenance, "relocate_chunks", real)
+    monkeypatch.undo()
     assert report.packs_rewritten == 1
     assert other[0].orphans_removed == 0
     a.close()
@@ -486,11 +485,7 @@ def test_a_gc_whose_session_expired_records_no_rewritten_pack(
     from ckstore.index.maintenance import Maintenance
 
     url = tmp_path / "store"
-    a = ckstore.open(url, chunk_bytes=1024, pack_bytes=64 * 1024, create=True, auto_compact=False)
-    keep = torch.randn(64, 16)
-    a.take({"s": ckstore.StateDict(keep=keep, big=torch.randn(128, 64))}, run="a")
-    a.take({"s": ckstore.StateDict(keep=keep)}, run="b")
-    a.delete("a")
+    a, keep = _sparse_pack(url)
     index = a.repository.index
     real = Maintenance.relocate_chunks
 

@@ -19,6 +19,7 @@ import ckstore
 from ckstore import objects
 from ckstore.format.manifest import TensorEntry
 from tests.support.damage import flip
+from tests.support.gc_beside import sweep_at_first_switch
 from tests.support.remotes import KNOBS, fill, restores, state_for
 
 OPTS = {**KNOBS, "auto_compact": False}
@@ -456,8 +457,6 @@ def test_a_gc_beside_a_repair_does_not_delete_the_pack_it_heals_into(
     another handle that sweeps orphans in between sees the repair's write session alive and
     deletes nothing; before, it deleted the new pack and the repair pointed the healed chunks
     at it: damaged, they became missing."""
-    from ckstore.index.maintenance import Maintenance
-
     store = ckstore.open(tmp_path / "local", create=True, **OPTS)
     other = ckstore.open(tmp_path / "local", **OPTS)
     try:
@@ -465,18 +464,9 @@ def test_a_gc_beside_a_repair_does_not_delete_the_pack_it_heals_into(
         store.add_remote("backup", tmp_path / "backup")
         store.push("backup")
         hit = _damage(store, tmp_path / "local", "r@2")
-        real = Maintenance.relocate_chunks
-        swept: list[Any] = []
-
-        def relocate(self: Maintenance, *args: Any, **kwargs: Any) -> int:
-            if not swept:
-                swept.append(None)
-                swept[0] = other.gc(grace_seconds=0, repack_below=0)
-            return real(self, *args, **kwargs)
-
-        monkeypatch.setattr(Maintenance, "relocate_chunks", relocate)
+        swept = sweep_at_first_switch(monkeypatch, other)
         report = store.repair("backup")
-        monkeypatch.setattr(Maintenance, "relocate_chunks", real)
+        monkeypatch.undo()
         assert set(report.healed) == set(hit) and report.ok, report.to_dict()
         assert swept[0].orphans_removed == 0
         assert store.check(read_data=True).ok

@@ -22,6 +22,7 @@ import pytest
 import ckstore
 from ckstore import errors, objects
 from ckstore.remote import uploader as uploader_mod
+from tests.support.gc_beside import sweep_at_first_switch
 from tests.support.remotes import KNOBS, fill, restores, same_history
 
 
@@ -364,8 +365,6 @@ def test_a_gc_beside_a_hydrate_does_not_delete_the_packs_it_brings_back(
     another handle (a cron's) that sweeps orphans in between sees the hydrate's write session
     alive and deletes nothing; before, it deleted the new pack, the hydrate pointed the chunks
     at it and dropped the remote's rows, and the snapshots were lost once the remote went."""
-    from ckstore.index.maintenance import Maintenance
-
     with ckstore.open(
         tmp_path / "local",
         create=True,
@@ -377,19 +376,10 @@ def test_a_gc_beside_a_hydrate_does_not_delete_the_packs_it_brings_back(
         fill(store, "r", range(1, 7))
         assert store.wait_pushed(timeout=60) and store.repository.index.remote_pack_ids()
     other = ckstore.open(tmp_path / "local", auto_compact=False)
-    real = Maintenance.relocate_chunks
-    swept: list[Any] = []
-
-    def relocate(self: Maintenance, *args: Any, **kwargs: Any) -> int:
-        if not swept:
-            swept.append(None)
-            swept[0] = other.gc(grace_seconds=0, repack_below=0)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Maintenance, "relocate_chunks", relocate)
+    swept = sweep_at_first_switch(monkeypatch, other)
     with ckstore.open(tmp_path / "local") as store:
         assert store.hydrate().packs > 0
-    monkeypatch.setattr(Maintenance, "relocate_chunks", real)
+    monkeypatch.undo()
     other.close()
     assert swept[0].orphans_removed == 0
     with ckstore.open(tmp_path / "local") as store:
