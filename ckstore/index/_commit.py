@@ -125,7 +125,10 @@ def _current_depths(conn: Connection, chunks: Sequence[ChunkRecord]) -> Sequence
     depth: dict[str, int] = {}
     for batch in batches(bases):
         rows = conn.execute(
-            select(c.c.id, c.c.depth).where(c.c.id.in_(batch)).order_by(c.c.id).with_for_update()
+            select(c.c.id, c.c.depth)
+            .where(c.c.id.in_(batch))
+            .order_by(c.c.id)
+            .with_for_update(read=True)
         )
         depth.update((str(i), int(d)) for i, d in rows)
     return [

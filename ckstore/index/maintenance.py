@@ -301,8 +301,12 @@ class Maintenance(IndexBase):
         p, c = _sql.packs, _sql.chunks
         switched = 0
         with self._write(f"relocate chunks of pack {old_pack_id}") as conn:
-            if session_id is not None:
-                _sql.check_lease(conn, session_id)
+            if session_id is not None:  # locked: not expired before this commits
+                _sql.check_lease(conn, session_id, lock=True)
+            for batch in batches(sorted({m.chunk_id for m in moves})):  # id order, as a take's
+                conn.execute(
+                    select(c.c.id).where(c.c.id.in_(batch)).order_by(c.c.id).with_for_update()
+                )
             _sql.insert_ignore(
                 conn,
                 p,
