@@ -139,7 +139,9 @@ class Remotes(IndexBase):
         """
         c, p, r = _sql.chunks, _sql.packs, _sql.remotes
         with self._write(f"remove remote {name!r}") as conn:
-            if conn.execute(select(r.c.name).where(r.c.name == name)).first() is None:
+            # locked first: an eviction switching chunks there waits, or is counted below
+            found = select(r.c.name).where(r.c.name == name).with_for_update()
+            if conn.execute(found).first() is None:
                 raise NotFoundError(f"no remote named {name!r}")
             held = conn.scalar(
                 select(func.count(c.c.id))
@@ -162,12 +164,22 @@ class Remotes(IndexBase):
     def mark_pushed(
         self, remote: str, snapshot_ids: Iterable[str], now: float | None = None
     ) -> None:
-        """Record that remote ``remote`` holds these snapshots (idempotent)."""
+        """Record that remote ``remote`` holds these snapshots (idempotent).
+
+        Raises:
+            NotFoundError: no remote of that name (removed meanwhile, by another process).
+        """
         now = time.time() if now is None else now
         rows = [
             {"remote": remote, "snapshot_id": s, "pushed_at": now} for s in unique(snapshot_ids)
         ]
+        r = _sql.remotes
         with self._write(f"record snapshots held by remote {remote!r}") as conn:
+            if conn.execute(select(r.c.name).where(r.c.name == remote)).first() is None:
+                raise NotFoundError(
+                    f"remote {remote!r} is no longer one of this store's (removed by another "
+                    "process?): add it again, or reopen the store without it as push_to"
+                )
             for batch in batches(rows):
                 insert_ignore(conn, _sql.remote_snapshots, batch)
 

@@ -92,12 +92,17 @@ class Tiering(IndexBase):
         after this transaction) plus one, and every delta stored against a switched chunk moves
         by as much. A chunk is left alone if a live write session pins it or any of those
         dependents (a take may be writing a delta against it with the depth it read), if the
-        chain would grow past :data:`MAX_DEPTH`, or if its base has no row.
+        chain would grow past :data:`MAX_DEPTH`, if its base has no row, or if its base is
+        stored here as a delta against it (the remote encodes the pair the other way round:
+        switching would make a cycle neither could be read from). Nothing is switched if the
+        remote is no longer one of the store's (removed while the caller proved its packs).
         """
         c, p = _sql.chunks, _sql.packs
         done: list[str] = []
         with self._write(f"point chunks at remote {remote!r}") as conn:
             _sql.gc_barrier(conn)
+            if not _remote_kept(conn, remote):
+                return done  # removed meanwhile: nothing may come to live only there
             now = time.time()
             packs = unique(r.pack_id for r in records)
             insert_ignore(
@@ -143,18 +148,45 @@ def _depth_of_base(conn: Connection, rec: ChunkRecord) -> int | None:
     return None if base is None else int(base) + 1
 
 
+def _remote_kept(conn: Connection, remote: str) -> bool:
+    """Whether ``remote`` is still one of the store's, its row locked against a concurrent
+    ``remove_remote`` until this transaction ends (a share lock: pushes recording snapshots
+    there go on)."""
+    r = _sql.remotes
+    found = select(r.c.name).where(r.c.name == remote).with_for_update(read=True)
+    return conn.execute(found).first() is not None
+
+
+def _leads_back(conn: Connection, base_id: str | None, chunk_id: str) -> bool:
+    """Whether the chain from ``base_id`` down to a whole chunk, as stored, passes ``chunk_id``
+    (or does not end: a cycle already there)."""
+    c = _sql.chunks
+    seen: set[str] = set()
+    while base_id is not None:
+        if base_id == chunk_id or base_id in seen:
+            return True
+        seen.add(base_id)
+        base_id = conn.scalar(select(c.c.base_id).where(c.c.id == base_id))
+    return False
+
+
 def _switch(conn: Connection, rec: ChunkRecord, depth: int, old_depth: int) -> bool:
     """Switch one row (already locked) and shift its dependents' depths; False if refused."""
     c, pins = _sql.chunks, _sql.pins
+    if _leads_back(conn, rec.base_id, rec.chunk_id):
+        return False  # its new base is a delta against it here: this chunk stays local
     tree = [rec.chunk_id]
     if depth != old_depth:  # every delta stored against it, at any distance, moves too
-        todo = [rec.chunk_id]
+        todo, seen = [rec.chunk_id], {rec.chunk_id}
         while todo:
             found = [
                 str(i)
                 for b in batches(todo)
                 for i in conn.scalars(select(c.c.id).where(c.c.base_id.in_(b)).with_for_update())
             ]
+            if seen.intersection(found):
+                return False  # a cycle among its dependents: never make it deeper
+            seen.update(found)
             tree += found
             todo = found
         deepest = max(

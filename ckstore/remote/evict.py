@@ -24,6 +24,11 @@ For each pack that may go, least recently used first (the last read through
    compare-and-swap on the local pack; a chunk a live writer pins stays, chain depths follow).
 3. Once no row is left in the pack, retire its row and delete it, then delete the object.
 
+A pack kept while later ones went is tried again in the same pass (until a round moves
+nothing): a chunk the switch leaves local because the remote stores it as a delta against a
+chunk stored here as a delta against it (the pair encoded the other way round) may go once that
+base has.
+
 Killed after 2, the pack object is an orphan gc removes; before, nothing changed. A reader that
 located a chunk in the pack just before finds it gone, looks the chunk up again and reads it at
 the remote (verified as always). Nothing is deleted at the remote, ever.
@@ -65,7 +70,8 @@ class EvictReport:
     packs_evicted: int = 0
     chunks_evicted: int = 0
     packs_kept: int = 0
-    """Packs over the budget that could not go (a chunk not held by the remote, or pinned)."""
+    """Packs over the budget that could not go (a chunk not held by the remote, or pinned), in
+    the pass's last round (a pass goes over the packs it kept again while others went)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,16 +106,24 @@ def evict(
     confirm(remote, name)
     lost_by(local, remote, name)  # forgotten here: pushed again, nothing evicted for them
     proof = Proof(remote)
-    for pack_id, size, _ in packs:
-        if total <= budget:
+    todo = [(pack_id, size) for pack_id, size, _ in packs]
+    kept: list[tuple[str, int]] = []
+    while todo:  # again over those kept while others went: a chunk kept because its remote
+        kept = []  # base is a delta against it here may go once that base has gone
+        for pack_id, size in todo:
+            if total <= budget:
+                break
+            moved = _evict_pack(local, remote, name, pack_id, remote_packs, proof)
+            if moved is None:
+                kept.append((pack_id, size))
+                continue
+            report.chunks_evicted += moved
+            report.packs_evicted += 1
+            total -= size
+        if total <= budget or len(kept) == len(todo):
             break
-        moved = _evict_pack(local, remote, name, pack_id, remote_packs, proof)
-        if moved is None:
-            report.packs_kept += 1
-            continue
-        report.chunks_evicted += moved
-        report.packs_evicted += 1
-        total -= size
+        todo = kept
+    report.packs_kept = len(kept)
     report.local_bytes_after = total
     return report, remote_packs
 
