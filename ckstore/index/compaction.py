@@ -77,8 +77,10 @@ class Compaction(IndexBase):
         depth is the base's as stored now plus one. A chunk is left as it is when it would
         become a delta while some delta is stored against it (its dependents' chains would
         grow; and a chain that led back to it would become a cycle: another compaction,
-        concurrent, may have planned the other way round), or when its base's chain would grow
-        past :data:`MAX_DEPTH`. ``moves`` are switched in order: bases first.
+        concurrent, may have planned the other way round), when another write session pins it
+        (a take may be writing a delta against it, with the depth it read: its chain would
+        outgrow the store's ``delta_depth``), or when its base's chain would grow past
+        :data:`MAX_DEPTH`. ``moves`` are switched in order: bases first.
 
         Raises:
             LeaseExpiredError: the compaction's session expired (gc may have taken its pins).
@@ -86,7 +88,7 @@ class Compaction(IndexBase):
         c, p = _sql.chunks, _sql.packs
         done: list[str] = []
         with self._write(f"rewrite chunks into pack {pack.pack_id}") as conn:
-            now = check_lease(conn, session_id)
+            now = check_lease(conn, session_id, lock=True)
             _lock_rows(conn, [m.chunk_id for m, _ in moves] + [m.base_id for m, _ in moves])
             _sql.insert_ignore(
                 conn,
@@ -102,7 +104,7 @@ class Compaction(IndexBase):
                 ],
             )
             for new, old_pack in moves:
-                depth = 0 if new.base_id is None else _delta_depth(conn, new)
+                depth = 0 if new.base_id is None else _delta_depth(conn, new, session_id)
                 if depth is None:
                     continue
                 switched = conn.execute(
@@ -143,13 +145,18 @@ def _lock_rows(conn: Connection, chunk_ids: Iterable[str | None]) -> None:
         conn.execute(select(c.c.id).where(c.c.id.in_(batch)).order_by(c.c.id).with_for_update())
 
 
-def _delta_depth(conn: Connection, new: ChunkRecord) -> int | None:
+def _delta_depth(conn: Connection, new: ChunkRecord, session_id: str) -> int | None:
     """The depth a delta row gets now (its base's plus one); None if it must stay as it is."""
-    c = _sql.chunks
+    c, pins = _sql.chunks, _sql.pins
     if new.base_id == new.chunk_id:
         return None
     if conn.scalar(select(c.c.id).where(c.c.base_id == new.chunk_id).limit(1)) is not None:
         return None  # a delta is stored against it
+    pinned = select(pins.c.chunk_id).where(
+        (pins.c.chunk_id == new.chunk_id) & (pins.c.session_id != session_id)
+    )
+    if conn.scalar(pinned.limit(1)) is not None:
+        return None  # a take may be writing a delta against it, at the depth it read
     base = conn.scalar(select(c.c.depth).where(c.c.id == new.base_id))
     if base is None or int(base) + 1 > MAX_DEPTH:
         return None

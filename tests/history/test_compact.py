@@ -534,3 +534,6 @@ def test_a_take_whose_delta_base_is_compacted_before_it_commits_stays_readable(
             assert restores(store, sid, states[i])
         assert restores(store, tuned, states[3])
         assert store.check(read_data=True).ok
+        # the compaction left the take's pinned bases whole: no chain outgrew the knob
+        deepest = max(c.depth for c in store.repository.index.all_chunks())
+        assert deepest <= store.repository.delta_depth

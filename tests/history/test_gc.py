@@ -494,10 +494,16 @@ def test_a_gc_whose_session_expired_records_no_rewritten_pack(
             index.end_session(s.id, "aborted")
         return real(self, *args, **kwargs)
 
+    rows = {c.chunk_id: c.pack_id for c in index.all_chunks()}
+    packs = {p for p, _, _ in index.local_packs_by_use()}
     monkeypatch.setattr(Maintenance, "relocate_chunks", relocate)
     with pytest.raises(LeaseExpiredError):
         a.gc(grace_seconds=0, repack_below=0.5)
     monkeypatch.setattr(Maintenance, "relocate_chunks", real)
+    # the rewritten pack was not recorded: every row still names the pack it was in
+    kept = {c.chunk_id: c.pack_id for c in index.all_chunks()}
+    assert {i: rows[i] for i in kept} == kept
+    assert {p for p, _, _ in index.local_packs_by_use()} <= packs
     assert torch.equal(a.get("b").read_object("s/keep"), keep)
     a.close()
 

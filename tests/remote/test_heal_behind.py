@@ -318,3 +318,29 @@ def test_without_a_remote_a_chunk_asked_twice_is_refused_twice(tmp_path: Path) -
         assert healer(cid) is False
     finally:
         store.close()
+
+
+def test_a_gc_beside_a_write_back_does_not_delete_the_pack_it_lands_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write-back writes the healed chunks into a new pack, then switches their rows. A gc
+    of another handle that sweeps orphans in between sees its write session alive and deletes
+    nothing (the write-back's side of the race closed for repair and hydrate)."""
+    from tests.support.gc_beside import sweep_at_first_switch
+
+    store = _store_with_backup(tmp_path)
+    other = ckstore.open(tmp_path / "local", **OPTS)
+    try:
+        hit = _damage(store, tmp_path, 2)
+        swept = sweep_at_first_switch(monkeypatch, other)
+        with pytest.warns(ckstore.HealedWarning):
+            assert restores(store, "r@1", 1)
+        store.repository.write_backs.wait()
+        monkeypatch.undo()
+        assert swept and swept[0].orphans_removed == 0
+        assert set(_packs(store, hit).values()).isdisjoint(hit.values())  # landed, elsewhere
+        assert store.check(read_data=True).ok
+        assert restores(store, "r@1", 1)
+    finally:
+        other.close()
+        store.close()
