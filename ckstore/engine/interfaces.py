@@ -172,8 +172,8 @@ class InventoryIndex(Protocol):
         """The packs that have a row."""
         ...
 
-    def index_manifest_ids(self) -> set[str]:
-        """Every manifest row."""
+    def index_manifest_ids(self, among: Iterable[str] | None = None) -> set[str]:
+        """Every manifest row (of ``among``, if given)."""
         ...
 
     def remote_pack_ids(self) -> dict[str, str]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -175,9 +175,7 @@ def gc(
     if now_too:
         _delete_retired(repo, report, time.time(), only=retired)
     _delete_retired(repo, report, time.time() - grace_seconds)
-    for mid in index.prune_manifests(cutoff):
-        repo.objects.delete_blob("manifests", mid)
-        report.manifests_removed += 1
+    report.manifests_removed += _delete_manifests(repo, index.prune_manifests(cutoff))
     _delete_orphans(repo, report, cutoff)
     index.shrink_log()
     _grace_kept(repo, report, time.time() - grace_seconds, [])
@@ -376,6 +374,37 @@ def _delete_orphans(repo: Repository, report: GCReport, cutoff: float) -> None:
         report.bytes_reclaimed += repo.objects.pack_size(pack_id)
         repo.objects.delete_pack(pack_id)
         report.orphans_removed += 1
-    for mid in manifests - index.index_manifest_ids():
-        repo.objects.delete_blob("manifests", mid)
-        report.orphans_removed += 1
+    report.orphans_removed += _delete_manifests(
+        repo, sorted(manifests - index.index_manifest_ids())
+    )
+
+
+MANIFEST_BATCH = 64
+"""Manifest objects a gc holds the bytes of at once while it deletes them."""
+
+
+def _delete_manifests(repo: Repository, ids: Sequence[str]) -> int:
+    """Delete these manifest objects, which no index row names (their rows pruned, or never
+    recorded); how many stayed deleted.
+
+    A manifest is named by its bytes, so a writer storing the same bytes again (a push or pull
+    re-sending a snapshot, a take of the same manifest) finds the object in place and writes
+    nothing: nothing of its own stops this gc deleting it before its commit names it. So each
+    is read before it goes, and put back if a row names it once it is gone; the writer checks
+    again after its commit (``ObjectStore.store_blob``). One of the two always sees the other:
+    the object stays whenever a committed record names it.
+    """
+    index: GcIndex = repo.index
+    gone = 0
+    for at in range(0, len(ids), MANIFEST_BATCH):
+        held: dict[str, bytes] = {}
+        for mid in ids[at : at + MANIFEST_BATCH]:
+            raw = repo.objects.blob_bytes("manifests", mid)
+            if raw is not None:
+                held[mid] = raw
+                repo.objects.delete_blob("manifests", mid)
+        named = index.index_manifest_ids(held)  # after the deletes: see the store_blob note
+        for mid in named:
+            repo.objects.put_blob_back("manifests", held[mid])
+        gone += len(held) - len(named)
+    return gone

@@ -371,6 +371,14 @@ class Maintenance(IndexBase):
                     conn.execute(delete(m).where(m.c.id.in_(batch) & cond))
         return ids
 
-    def index_manifest_ids(self) -> set[str]:
+    def index_manifest_ids(self, among: Iterable[str] | None = None) -> set[str]:
+        """Every manifest row (of ``among``, if given)."""
+        m = _sql.manifests
         with self._read("list manifests") as conn:
-            return set(conn.scalars(select(_sql.manifests.c.id)))
+            if among is None:
+                return set(conn.scalars(select(m.c.id)))
+            return {
+                str(i)
+                for b in batches(sorted(set(among)))
+                for i in conn.scalars(select(m.c.id).where(m.c.id.in_(b)))
+            }

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ckstore.errors import CorruptionError, InvalidInputError
+from ckstore.errors import CorruptionError, InvalidInputError, ObjectNotFoundError
 from ckstore.objects.backend import Backend
 from ckstore.objects.chunk_reader import ChunkReader
 from ckstore.objects.hashing import chunk_id, is_chunk_id
@@ -135,9 +135,33 @@ class ObjectStore:
 
     def put_blob(self, kind: str, data: Any) -> str:
         """Store ``data`` as a content-named blob of ``kind``; return its id."""
+        return self.store_blob(kind, data)[0]
+
+    def store_blob(self, kind: str, data: Any) -> tuple[str, bool]:
+        """Store ``data`` as a content-named blob of ``kind``; its id, and whether this call
+        wrote it (False: a blob of that name was there already, and was kept as it is).
+
+        A blob found there is not this writer's: a gc may be deleting it (a manifest no
+        snapshot names any more, or an orphan of a writer that died), and nothing the writer
+        holds stops that. So a caller that goes on to commit a record naming a blob it did not
+        write calls :meth:`put_blob_back` after its commit (gc does its part, after deleting:
+        ``history.gc``), and one of the two always sees the other.
+        """
         blob_id = chunk_id(data)
-        self._backend.put(blob_name(kind, blob_id), data)
-        return blob_id
+        return blob_id, self._backend.put(blob_name(kind, blob_id), data)
+
+    def put_blob_back(self, kind: str, data: Any) -> bool:
+        """Put a content-named blob of ``kind`` back if it is gone (see :meth:`store_blob`);
+        whether it was."""
+        name = blob_name(kind, chunk_id(data))
+        return not self._backend.exists(name) and self._backend.put(name, data)
+
+    def blob_bytes(self, kind: str, blob_id: str) -> bytes | None:
+        """A blob's stored bytes as they are (not checked against its id); None if it is gone."""
+        try:
+            return self._backend.get(blob_name(kind, blob_id))
+        except ObjectNotFoundError:
+            return None
 
     def get_blob(self, kind: str, blob_id: str) -> bytes:
         """Read a blob and verify it hashes to ``blob_id``.

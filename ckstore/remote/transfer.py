@@ -248,12 +248,15 @@ def _send(
         )
         if lease.error is not None:
             raise lease.error
-        stored = (dst.objects.put_blob("manifests", raw), len(raw))
+        manifest_id, wrote = dst.objects.store_blob("manifests", raw)
+        stored = (manifest_id, len(raw))
         if report.direction == "push":  # the remote is still where its packs just went
             confirm(dst, report.remote)
         specs = _tag_specs(dst, tags, snap.id, force, report)
         committed = _commit(dst, lease.id, manifest, stored, specs, snap, report)
         lease.committed = True
+    if not wrote:  # found there (sent before, or an orphan): a gc there may have deleted it
+        dst.objects.put_blob_back("manifests", raw)
     report.manifest_bytes += len(raw)
     report.snapshots_sent.append(describe(snap))
     if committed is not None:

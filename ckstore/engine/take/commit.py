@@ -37,8 +37,9 @@ def entry_records(manifest: Manifest) -> list[EntryRecord]:
 
 def put_manifest(
     objs: objects.ObjectStore, manifest: Manifest, validate: bool = False
-) -> tuple[str, int]:
-    """Store ``manifest`` as a blob (durable); its id and size. Visible to nobody until a
+) -> tuple[bytes, str, bool]:
+    """Store ``manifest`` as a blob (durable); its bytes, its id, and whether this call wrote
+    it (False: found in place, see ``ObjectStore.store_blob``). Visible to nobody until a
     commit names it; if none does, GC removes it as an orphan.
 
     ``validate`` parses the serialised manifest back first (a manifest assembled from several
@@ -47,7 +48,8 @@ def put_manifest(
     raw = manifest.to_json()
     if validate:
         Manifest.from_json(raw, "the manifest being committed")
-    return objs.put_blob("manifests", raw), len(raw)
+    manifest_id, wrote = objs.store_blob("manifests", raw)
+    return raw, manifest_id, wrote
 
 
 def commit_manifest(

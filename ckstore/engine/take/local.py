@@ -101,6 +101,7 @@ class LocalTake:
         self._deferred: list[
             tuple[PackRecord, list[ChunkRecord]]
         ] = []  # durable, recorded at commit
+        self._found_manifests: dict[str, bytes] = {}  # stored, not written: found in place
         self._progress = progress
         self._meter: Meter | None = None
         self.guard = TakeGuard(spec, repo)
@@ -299,7 +300,10 @@ class LocalTake:
 
     def put_manifest(self, manifest: Manifest, validate: bool = False) -> tuple[str, int]:
         """Store ``manifest`` (durable, visible to nobody yet); its id and size."""
-        return put_manifest(self.repo.objects, manifest, validate)
+        raw, manifest_id, wrote = put_manifest(self.repo.objects, manifest, validate)
+        if not wrote:  # found in place: put back after the commit if a gc deleted it meanwhile
+            self._found_manifests[manifest_id] = raw
+        return manifest_id, len(raw)
 
     def commit(
         self,
@@ -332,6 +336,9 @@ class LocalTake:
             **(figures or self.stats.figures()),
         )
         self._live_lease().committed = True
+        found = self._found_manifests.pop(record.manifest_id, None)
+        if found is not None:
+            self.repo.objects.put_blob_back("manifests", found)
         if self._meter is not None:
             self._meter.finish()
         self.repo.committed(record)
@@ -395,9 +402,8 @@ class LocalTake:
         """
         self.check_lease()
         staged = self.staging()
-        record = snapshot_record(
-            header, self.repo.objects.put_blob("manifests", raw), logical_bytes, **figures
-        )
+        manifest_id, wrote = self.repo.objects.store_blob("manifests", raw)
+        record = snapshot_record(header, manifest_id, logical_bytes, **figures)
         committed = self.index.commit_snapshot(
             self.session,
             record,
@@ -411,6 +417,8 @@ class LocalTake:
         self._live_lease().committed = True
         assert self._staging is not None
         self._staging.committed = True
+        if not wrote:  # found in place: a gc may have deleted it before the commit named it
+            self.repo.objects.put_blob_back("manifests", raw)
         if self._meter is not None:
             self._meter.finish()
         self.repo.committed(committed)
