@@ -25,7 +25,13 @@ from ..engine import manifests
 from ..engine.lease import Lease
 from ..engine.locations import to_records
 from ..engine.take.commit import entry_records
-from ..errors import CkstoreError, ConflictError, CorruptionError
+from ..errors import (
+    CkstoreError,
+    ConflictError,
+    CorruptionError,
+    ObjectNotFoundError,
+    StorageError,
+)
 from ..format.health import summary as health_summary
 from ..format.manifest import Manifest, PerRankEntry
 from ..index import PackRecord, SnapshotRecord
@@ -54,6 +60,9 @@ def reindex(repo: Repository) -> ReindexReport:
 
     Raises:
         ConflictError: the index already records snapshots (reindex into a fresh index).
+        StorageError: a pack or manifest could not be read for a reason other than damage (a
+            timeout, a refused request): nothing is committed then, and a second run may
+            follow. A damaged object (or one gone since it was listed) is skipped and reported.
     """
     index: ReindexIndex = repo.index
     if index.list_snapshots(limit=1):
@@ -83,9 +92,11 @@ def _add_packs(repo: Repository, session: str, report: ReindexReport) -> set[str
     for pack_id in repo.objects.list_packs():
         try:
             locs = objects.read_pack_index(repo.objects.backend, pack_id)
-        except CkstoreError as exc:
+        except (CorruptionError, ObjectNotFoundError) as exc:  # damaged, or gone since listed
             report.skipped.append(f"pack {pack_id}: {exc}")
             continue
+        except CkstoreError as exc:
+            raise _stopped(f"pack {pack_id}", exc) from exc
         packs[pack_id] = len(locs)
         for loc in locs:
             have = chosen.get(loc.chunk_id)
@@ -108,6 +119,16 @@ def _add_packs(repo: Repository, session: str, report: ReindexReport) -> set[str
     report.packs += len(packs)
     report.chunks += len(depths)
     return set(depths)
+
+
+def _stopped(what: str, exc: CkstoreError) -> StorageError:
+    """The error a reindex stops with when storage fails (not a damaged object): skipping it
+    would leave the object out of the index, and the next gc would delete it as an orphan."""
+    return StorageError(
+        f"reindex stopped: {what} could not be read ({type(exc).__name__}: {exc}). Nothing was "
+        "lost and no snapshot is recorded yet: run `ckstore reindex` again once the storage "
+        "answers (do not run gc on this store before it succeeds)"
+    )
 
 
 def _depths(chosen: dict[str, objects.ChunkLocation], report: ReindexReport) -> dict[str, int]:
@@ -146,9 +167,11 @@ def _manifests_by_time(repo: Repository, report: ReindexReport) -> list[tuple[st
         try:
             raw = repo.objects.get_blob("manifests", manifest_id)
             manifest = manifests.load(repo.objects, repo.index, raw, f"manifest {manifest_id}")
-        except CkstoreError as exc:
+        except (CorruptionError, ObjectNotFoundError) as exc:
             report.skipped.append(f"manifest {manifest_id}: {exc}")
             continue
+        except CkstoreError as exc:
+            raise _stopped(f"manifest {manifest_id}", exc) from exc
         if manifest.snapshot is None:
             report.skipped.append(f"manifest {manifest_id}: no snapshot header")
             continue
