@@ -49,6 +49,11 @@ MARKER_NAME = ".ckstore-folder.step-0.json"
 """The marker file's name inside a marked folder (why it reads as step 0: the module
 docstring)."""
 POINTER_NAME = ".metadata"
+
+SAVING_NAME = ".ckstore-saving.json"
+"""In a step folder while a save of it runs from before its commit until its pointer is written:
+the write session that holds the save's place (a save beside it must not take the step for a
+removed one in between)."""
 """The pointer file's name inside a step folder (the file DCP and torchtitan look for)."""
 METADATA_KEY = "dcp_folder"
 """The snapshot metadata key recording ``{"marker": <id>, "name": <step folder name>, "path":
@@ -268,6 +273,31 @@ def write_pointer(at: MarkedStep, pointer: StepPointer) -> None:
     """Create the step folder and write its pointer atomically (temporary file, fsync, rename)."""
     os.makedirs(at.path, exist_ok=True)
     write_atomic(os.path.join(at.path, POINTER_NAME), pointer.to_json())
+
+
+def write_saving(at: MarkedStep, session_id: str) -> None:
+    """Create the step folder and say, atomically, that write session ``session_id`` is saving
+    it (:data:`SAVING_NAME`)."""
+    os.makedirs(at.path, exist_ok=True)
+    write_atomic(os.path.join(at.path, SAVING_NAME), json.dumps({"session": session_id}).encode())
+
+
+def clear_saving(at: MarkedStep) -> None:
+    """Remove the step folder's :data:`SAVING_NAME` (idempotent)."""
+    try:
+        os.unlink(os.path.join(at.path, SAVING_NAME))
+    except FileNotFoundError:
+        pass
+
+
+def read_saving(step_folder: str) -> str | None:
+    """The write session a step folder says is saving it, or None (none, or unreadable)."""
+    text = _read_small(os.path.join(step_folder, SAVING_NAME))
+    try:
+        session = json.loads(text)["session"] if text is not None else None
+    except (ValueError, TypeError, KeyError):
+        return None
+    return session if isinstance(session, str) else None
 
 
 def _still_marked(marker: Marker) -> bool:

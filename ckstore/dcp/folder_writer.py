@@ -9,8 +9,12 @@ Order, and what a crash at each point leaves:
 
 1. the snapshot commits (docs/RELIABILITY.md I1): before, nothing is visible anywhere;
 2. ``step-N/.metadata`` is written atomically: before this, the store holds a snapshot the
-   trainer does not list (its folder does not exist, so a resume takes the step before);
-   the next save into the folder deletes it, as a removed step;
+   trainer does not list (its folder holds no pointer, so a resume takes the step before).
+   From before the commit until then, ``step-N/.ckstore-saving.json`` names a write session
+   held for it: a save beside this one (another thread, an async save, another job) that
+   deletes removed steps leaves the step alone while that session lives. After a crash the
+   session runs out and the next save into the folder deletes the snapshot, as a removed
+   step;
 3. removed steps are deleted: a crash leaves them for the next save (or ``ckstore
    sync-folder``);
 4. their space is given back behind the save (``Store.reclaim_behind``: a gc on the store's
@@ -31,8 +35,17 @@ from typing import Any
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.storage import WriteResult
 
+from ..engine.lease import Lease
 from ..errors import CkstoreError, InvalidInputError
-from .folder import METADATA_KEY, MarkedStep, StepPointer, locate, write_pointer
+from .folder import (
+    METADATA_KEY,
+    MarkedStep,
+    StepPointer,
+    clear_saving,
+    locate,
+    write_pointer,
+    write_saving,
+)
 from .forget import ForgetReport, forget_removed
 from .writer import StorageWriter
 
@@ -85,13 +98,21 @@ class FolderWriter(StorageWriter):
         super().set_up_storage_writer(is_coordinator, *args, **kwargs)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        super().finish(metadata, results)
         store = self.store
         index = self.at.marker.index
-        write_pointer(
-            self.at,
-            StepPointer(store.url, self.snapshot.id, self.at.marker.id, self.at.name, index),
-        )
+        # the step's place held from before the commit until the pointer names it (1-2 below)
+        with Lease(store.repository.index, store.repository.lease_seconds) as held:
+            write_saving(self.at, held.id)
+            try:
+                super().finish(metadata, results)
+                write_pointer(
+                    self.at,
+                    StepPointer(
+                        store.url, self.snapshot.id, self.at.marker.id, self.at.name, index
+                    ),
+                )
+            finally:
+                clear_saving(self.at)
         if self.forget:
             try:
                 self.forgotten = forget_removed(

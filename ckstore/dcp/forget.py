@@ -27,9 +27,10 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..engine.lease import gone
 from ..errors import ConflictError, CorruptionError, InvalidInputError, SnapshotNotFoundError
 from ..store_ref import StoreRef
-from .folder import METADATA_KEY, POINTER_NAME, Marker, StepPointer, read_marker
+from .folder import METADATA_KEY, POINTER_NAME, Marker, StepPointer, read_marker, read_saving
 
 if TYPE_CHECKING:
     from ..snapshot import StoredSnapshot
@@ -91,7 +92,10 @@ def forget_removed(
         raise InvalidInputError(
             f"{where} is marked for store {marker.store}, not {store.url}: give that store"
         )
-    removed = [s for s in store.log(run=marker.run) if _removed(s, where, marker, before)]
+    live = {  # saves finishing a step (a session of a process gone from this host is not)
+        s.id for s in store.repository.index.live_sessions() if not gone(s.owner)
+    }
+    removed = [s for s in store.log(run=marker.run) if _removed(s, where, marker, before, live)]
     deleted, tagged = [], []
     for snap in removed:
         if read_marker(where) != marker:  # re-marked or removed meanwhile: stop
@@ -119,8 +123,11 @@ def _paused(where: str, marker: Marker | None) -> str | None:
     return None
 
 
-def _removed(snap: StoredSnapshot, where: str, marker: Marker, before: float | None) -> bool:
-    """True when ``snap`` was saved through ``marker`` and no pointer names it any more."""
+def _removed(
+    snap: StoredSnapshot, where: str, marker: Marker, before: float | None, live: set[str]
+) -> bool:
+    """True when ``snap`` was saved through ``marker`` and no pointer names it any more (nor
+    will: no save holding one of the ``live`` write sessions is finishing its step)."""
     record = snap.metadata.get(METADATA_KEY)
     if not isinstance(record, dict) or record.get("marker") != marker.id:
         return False
@@ -133,8 +140,8 @@ def _removed(snap: StoredSnapshot, where: str, marker: Marker, before: float | N
     try:
         with open(pointer_path, encoding="utf-8") as f:
             text = f.read(64 * 1024)
-    except (FileNotFoundError, NotADirectoryError):
-        return True  # the step folder (or its pointer) was removed
+    except (FileNotFoundError, NotADirectoryError):  # the step folder (or its pointer) was
+        return read_saving(os.path.join(where, name)) not in live  # removed, or is coming
     except (OSError, UnicodeDecodeError):
         return False  # unreadable: keep, in doubt
     try:

@@ -373,3 +373,49 @@ def test_the_command_line_marks_and_syncs_a_folder(
     report = json.loads(capsys.readouterr().out)
     assert len(report["deleted"]) == 1 and report["paused"] is None
     assert report["purged_now"] > 0 and _steps(url) == [2]
+
+
+def test_a_save_beside_another_does_not_delete_its_snapshot_before_its_pointer_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two saves into one marked folder at once (another thread, an async save, another job):
+    save B has committed step 2 and is about to write its pointer when save A of step 3 runs
+    through, commit and retention. A judges only what was committed when it began; before, it
+    took B's step for a removed one and deleted it, and B's pointer then named a snapshot that
+    was gone."""
+    import importlib
+
+    folder_writer = importlib.import_module("ckstore.dcp.folder_writer")
+    url = str(tmp_path / "store")
+    ckstore.open(url, chunk_bytes=1024, pack_bytes=8192, create=True).close()
+    folder = str(tmp_path / "ckpt")
+    mark_folder(folder, url, run="titan")
+
+    def state(step: int) -> dict[str, torch.Tensor]:
+        return {"w": torch.randn(4096, generator=torch.Generator().manual_seed(step))}
+
+    dcp.save(state(1), checkpoint_id=os.path.join(folder, "step-1"))
+    real = folder_writer.write_pointer
+    beside: list[int] = []
+
+    def write_pointer(at: Any, pointer: Any) -> Any:  # step 2 committed; its pointer is next
+        if at.step == 2 and not beside:
+            beside.append(3)
+            dcp.save(state(3), checkpoint_id=os.path.join(folder, "step-3"))
+        return real(at, pointer)
+
+    monkeypatch.setattr(folder_writer, "write_pointer", write_pointer)
+    dcp.save(state(2), checkpoint_id=os.path.join(folder, "step-2"))
+    monkeypatch.setattr(folder_writer, "write_pointer", real)
+    assert beside
+    with ckstore.open(url) as store:
+        assert sorted(int(s.step or 0) for s in store.log("titan")) == [1, 2, 3]
+    for step in (1, 2, 3):
+        out = {"w": torch.zeros(4096)}
+        dcp.load(out, checkpoint_id=os.path.join(folder, f"step-{step}"))
+        assert torch.equal(out["w"], state(step)["w"])
+    # a step folder the trainer removes is still forgotten by the next save
+    shutil.rmtree(os.path.join(folder, "step-1"))
+    dcp.save(state(4), checkpoint_id=os.path.join(folder, "step-4"))
+    with ckstore.open(url) as store:
+        assert sorted(int(s.step or 0) for s in store.log("titan")) == [2, 3, 4]
