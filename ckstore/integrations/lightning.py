@@ -100,6 +100,7 @@ class CkstoreCheckpointIO(TorchCheckpointIO):
         self.run = run
         self.metadata = dict(metadata or {})
         self._deleted = False  # snapshots deleted since the last gc
+        self._resumed: str | None = None  # the snapshot loaded by a ref (Lightning keeps it)
 
     @property
     def store(self) -> Store:
@@ -132,7 +133,11 @@ class CkstoreCheckpointIO(TorchCheckpointIO):
         step = checkpoint.get("global_step")
         meta = {
             **self.metadata,
-            "lightning": {"path": ident, "epoch": checkpoint.get("epoch")},
+            "lightning": {
+                "path": ident,
+                "epoch": checkpoint.get("epoch"),
+                "best_tags": sorted(name for name, _ in self._best(checkpoint)),
+            },
         }
         apps = app_state_of(to_plain(checkpoint), f"Lightning checkpoint {ident!r}")
         snap = store.take(
@@ -180,6 +185,9 @@ class CkstoreCheckpointIO(TorchCheckpointIO):
                 f"Checkpoint file not found: {text} (no file there, and no snapshot of store "
                 f"{self.store.url} by that ref; see `ckstore log --run {self.run}`)"
             ) from None
+        # Lightning never removes the checkpoint a fit resumed from; given a ref, it cannot tell
+        # which file that is, so remove_checkpoint keeps any file that points at it
+        self._resumed = snap.id
         apps = [a for a in snap.manifest.apps if a != SOURCE_APP]
         return {app: from_plain(snap.read_object(app)) for app in apps}
 
@@ -187,10 +195,14 @@ class CkstoreCheckpointIO(TorchCheckpointIO):
         """Remove the file at ``path``; delete its snapshot if this plugin wrote it there.
 
         A snapshot another tag still points at (one you set) is kept; so is every snapshot a
-        link, a copied pointer or another store's pointer names.
+        link, a copied pointer or another store's pointer names. The checkpoint the fit resumed
+        from by a ref (``ckpt_path="lit@2000"``) is kept, file and snapshot, as Lightning keeps
+        the file it resumed from by its path.
         """
         ident = identity(path)
         sid = self._written_here(path, ident)
+        if sid is not None and sid == self._resumed:
+            return  # the checkpoint this fit resumed from, by a ref: kept, file and snapshot
         super().remove_checkpoint(path)
         if sid is not None:
             self._forget(sid, ident)
@@ -216,7 +228,7 @@ class CkstoreCheckpointIO(TorchCheckpointIO):
         """Delete snapshot ``sid`` written at ``ident``: the plugin's own tags of it go first,
         a tag of anyone else's keeps it."""
         store = self.store
-        mine = {path_tag(self.run, ident), *self._best_tags()}
+        mine = {path_tag(self.run, ident), *self._best_tags(sid)}
         for name, target in store.tags().items():
             if target == sid and name in mine:
                 try:
@@ -246,14 +258,24 @@ class CkstoreCheckpointIO(TorchCheckpointIO):
         except (NotFoundError, ConflictError):
             pass
 
-    def _best_tags(self) -> set[str]:
-        return {name for name in self.store.tags() if name.startswith(f"{self.run}/best")}
+    def _best_tags(self, sid: str) -> set[str]:
+        """The plugin's own best tags that may name ``sid``: ``<run>/best``, and those its save
+        recorded (``best_tags``); a tag of yours, whatever its name, is not one of them."""
+        names = {f"{self.run}/best"}
+        try:
+            recorded = self.store.get(sid).metadata.get("lightning", {}).get("best_tags")
+        except CkstoreError:
+            return names
+        if isinstance(recorded, list):
+            names.update(n for n in recorded if isinstance(n, str))
+        return names
 
-    def _tag_best(self, checkpoint: dict[str, Any], ident: str, sid: str) -> None:
-        """Tag each monitored ModelCheckpoint's best checkpoint (``<run>/best``)."""
+    def _best(self, checkpoint: dict[str, Any]) -> list[tuple[str, str]]:
+        """(tag name, best model path) of each monitored ModelCheckpoint in ``checkpoint``:
+        ``<run>/best``, or ``<run>/best-<monitor>`` with several."""
         states = checkpoint.get("callbacks")
         if not isinstance(states, dict):
-            return
+            return []
         monitored = [
             s
             for s in states.values()
@@ -262,14 +284,24 @@ class CkstoreCheckpointIO(TorchCheckpointIO):
             and s.get("monitor")
             and s.get("best_model_path")
         ]
-        store = self.store
-        tags = store.tags()
+        found = []
         for state in monitored:
             name = f"{self.run}/best"
             if len(monitored) > 1:
                 name += "-" + (_UNSAFE.sub("_", str(state["monitor"])).strip("._-") or "monitor")
-            best = identity(state["best_model_path"])
-            target = sid if best == ident else self._written_here(state["best_model_path"], best)
+            found.append((name, str(state["best_model_path"])))
+        return found
+
+    def _tag_best(self, checkpoint: dict[str, Any], ident: str, sid: str) -> None:
+        """Tag each monitored ModelCheckpoint's best checkpoint (:meth:`_best`)."""
+        best = self._best(checkpoint)
+        if not best:
+            return
+        store = self.store
+        tags = store.tags()
+        for name, path in best:
+            at = identity(path)
+            target = sid if at == ident else self._written_here(path, at)
             if target is not None and tags.get(name) != target:
                 store.tag(target, name, force=True)
 

@@ -167,7 +167,9 @@ def resolve(pointer: Pointer, store: Store | None = None) -> Any:
         raise CheckpointNotFoundError(
             f"Checkpoint file not found: {pointer.path} points to snapshot "
             f"{pointer.snapshot[:12]} of store {pointer.store}, which is no longer there (it was "
-            "deleted); see `ckstore log` for what the store holds"
+            "deleted: the trainer removed or replaced the checkpoint at that path; a copy of a "
+            "pointer file is not a copy of the checkpoint, tag the snapshot or `ckstore export` "
+            "it to keep it); see `ckstore log` for what the store holds"
         ) from None
     if pointer.app is not None:
         obj: Any = snap.read_object(pointer.app)

@@ -376,3 +376,77 @@ def test_the_interval_callback_saves_when_a_take_is_due(tmp_path: Path) -> None:
     assert io.load_checkpoint(paths[1])["global_step"] == 6
     assert every.state()["takes"] == 2
     store.close()
+
+
+@pytest.mark.parametrize("by", ["path", "ref"])
+def test_the_checkpoint_a_fit_resumed_from_is_kept_by_path_and_by_ref(
+    tmp_path: Path, by: str
+) -> None:
+    """Lightning never removes the checkpoint the Trainer resumed from (it compares
+    ``trainer.ckpt_path`` with the file it drops). Resumed by a ref (``io.ref(path)``, which the
+    docs offer), that comparison never matched, and top-k removal deleted the snapshot the job
+    resumed from; now the plugin keeps it, file and snapshot, as by its path."""
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    latest = ModelCheckpoint(dirpath=tmp_path / "ck", save_top_k=1)  # the newest only
+    _trainer(tmp_path, io, 2, latest).fit(_Regressor(), _data())
+    first = tmp_path / "ck" / "epoch=1-step=8.ckpt"
+    sid = store.get(io.ref(first)).id
+    again = ModelCheckpoint(dirpath=tmp_path / "ck", save_top_k=1)
+    resume_from = str(first) if by == "path" else io.ref(first)
+    _trainer(tmp_path, io, 3, again).fit(_Regressor(), _data(), ckpt_path=resume_from)
+    try:
+        assert first.exists()
+        assert store.get(sid, None) is not None, "the snapshot resumed from was deleted"
+        assert io.load_checkpoint(first)["global_step"] == 8
+    finally:
+        store.close()
+
+
+def test_a_tag_of_yours_named_like_the_best_tag_keeps_its_snapshot(tmp_path: Path) -> None:
+    """ "A tag of yours keeps a snapshot", whatever its name: one that starts with
+    ``<run>/best`` (``lit/best-phase1``, the best of an earlier phase) was taken for one of the
+    plugin's own best tags, untagged, and its snapshot deleted at the file's removal."""
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    path = tmp_path / "ck" / "epoch=1.ckpt"
+    io.save_checkpoint({"global_step": 1, "state_dict": {"w": torch.ones(300)}}, path)
+    store.tag(io.ref(path), "lit/best-phase1")
+    io.remove_checkpoint(path)
+    try:
+        assert not path.exists()
+        assert store.get("lit/best-phase1").step == 1
+    finally:
+        store.close()
+
+
+def test_the_plugins_own_best_tags_of_several_monitors_go_with_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """With two monitored ModelCheckpoints the best tags are ``<run>/best-<monitor>``; the save
+    records their names, so a removal still untags them (and deletes the snapshot)."""
+    store = _store(tmp_path)
+    io = CkstoreCheckpointIO(store, run="lit")
+    path = tmp_path / "ck" / "epoch=1.ckpt"
+    callbacks = {
+        f"ModelCheckpoint{{'monitor': '{m}'}}": {
+            "monitor": m,
+            "best_k_models": {str(path): 0.5},
+            "best_model_path": str(path),
+        }
+        for m in ("val/loss", "val/acc")
+    }
+    io.save_checkpoint(
+        {"global_step": 1, "state_dict": {"w": torch.ones(300)}, "callbacks": callbacks}, path
+    )
+    sid = store.get(io.ref(path)).id
+    assert {t for t, s in store.tags().items() if s == sid} >= {
+        "lit/best-val_loss",
+        "lit/best-val_acc",
+    }
+    io.remove_checkpoint(path)
+    try:
+        assert store.get(sid, None) is None
+        assert not any(t.startswith("lit/best") for t in store.tags())
+    finally:
+        store.close()
