@@ -35,7 +35,6 @@ from typing import Any
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.storage import WriteResult
 
-from ..engine.lease import Lease
 from ..errors import CkstoreError, InvalidInputError
 from .folder import (
     METADATA_KEY,
@@ -101,8 +100,8 @@ class FolderWriter(StorageWriter):
         store = self.store
         index = self.at.marker.index
         # the step's place held from before the commit until the pointer names it (1-2 below)
-        with Lease(store.repository.index, store.repository.lease_seconds) as held:
-            write_saving(self.at, held.id)
+        with store.holding() as session:
+            write_saving(self.at, session)
             try:
                 super().finish(metadata, results)
                 write_pointer(

@@ -24,6 +24,7 @@ not write):
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -92,10 +93,15 @@ def forget_removed(
         raise InvalidInputError(
             f"{where} is marked for store {marker.store}, not {store.url}: give that store"
         )
+    snapshots = store.log(run=marker.run)
+    # listed after the snapshots: a step committed by then had its save's session begun before
+    now = time.time()
     live = {  # saves finishing a step (a session of a process gone from this host is not)
-        s.id for s in store.repository.index.live_sessions() if not gone(s.owner)
+        h.session.id
+        for h in store.sessions()
+        if h.session.expires_at >= now and not gone(h.session.owner)
     }
-    removed = [s for s in store.log(run=marker.run) if _removed(s, where, marker, before, live)]
+    removed = [s for s in snapshots if _removed(s, where, marker, before, live)]
     deleted, tagged = [], []
     for snap in removed:
         if read_marker(where) != marker:  # re-marked or removed meanwhile: stop

@@ -226,8 +226,12 @@ def _interpreter_exiting(exc: BaseException) -> bool:
     any failure once the process ended its sessions at exit (the compaction's next write then
     fails its lease check): the compaction stops there, as it would when killed, and its chunks
     stay loose, which is safe and not worth a warning on the way out."""
+    import concurrent.futures.thread as pools
+
     shutdown = isinstance(exc, RuntimeError) and "interpreter shutdown" in str(exc)
-    return shutdown or lease.exiting()
+    # the pools stopped for the exit: a failure that followed (a pack pipeline closed by the
+    # first one, whose own error said "after shutdown") is the same stop
+    return shutdown or bool(getattr(pools, "_shutdown", False)) or lease.exiting()
 
 
 def attach(repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> AutoCompactor:

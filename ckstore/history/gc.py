@@ -398,13 +398,15 @@ def _delete_manifests(repo: Repository, ids: Sequence[str]) -> int:
     gone = 0
     for at in range(0, len(ids), MANIFEST_BATCH):
         held: dict[str, bytes] = {}
-        for mid in ids[at : at + MANIFEST_BATCH]:
-            raw = repo.objects.blob_bytes("manifests", mid)
-            if raw is not None:
-                held[mid] = raw
-                repo.objects.delete_blob("manifests", mid)
-        named = index.index_manifest_ids(held)  # after the deletes: see the store_blob note
-        for mid in named:
-            repo.objects.put_blob_back("manifests", held[mid])
+        try:
+            for mid in ids[at : at + MANIFEST_BATCH]:
+                raw = repo.objects.blob_bytes("manifests", mid)
+                if raw is not None:
+                    held[mid] = raw
+                    repo.objects.delete_blob("manifests", mid)
+        finally:  # a read or delete that failed part way: what went is checked all the same
+            named = index.index_manifest_ids(held)  # after the deletes: see store_blob
+            for mid in named:
+                repo.objects.put_blob_back("manifests", held[mid])
         gone += len(held) - len(named)
     return gone

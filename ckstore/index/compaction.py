@@ -10,6 +10,7 @@ old packs are then retired like any pack gc emptied.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import select, update
@@ -152,8 +153,13 @@ def _delta_depth(conn: Connection, new: ChunkRecord, session_id: str) -> int | N
         return None
     if conn.scalar(select(c.c.id).where(c.c.base_id == new.chunk_id).limit(1)) is not None:
         return None  # a delta is stored against it
+    live = select(_sql.sessions.c.id).where(  # a crashed take's pins count no more
+        (_sql.sessions.c.state == _sql.ACTIVE) & (_sql.sessions.c.expires_at >= time.time())
+    )
     pinned = select(pins.c.chunk_id).where(
-        (pins.c.chunk_id == new.chunk_id) & (pins.c.session_id != session_id)
+        (pins.c.chunk_id == new.chunk_id)
+        & (pins.c.session_id != session_id)
+        & pins.c.session_id.in_(live)
     )
     if conn.scalar(pinned.limit(1)) is not None:
         return None  # a take may be writing a delta against it, at the depth it read

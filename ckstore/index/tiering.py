@@ -159,14 +159,18 @@ def _remote_kept(conn: Connection, remote: str) -> bool:
 
 def _leads_back(conn: Connection, base_id: str | None, chunk_id: str) -> bool:
     """Whether the chain from ``base_id`` down to a whole chunk, as stored, passes ``chunk_id``
-    (or does not end: a cycle already there)."""
+    (or does not end: a cycle already there). Each row walked is share-locked until the
+    transaction ends: a compaction beside cannot re-encode one of them (making it a delta of
+    something that leads back here) between this walk and the switch."""
     c = _sql.chunks
     seen: set[str] = set()
     while base_id is not None:
         if base_id == chunk_id or base_id in seen:
             return True
         seen.add(base_id)
-        base_id = conn.scalar(select(c.c.base_id).where(c.c.id == base_id))
+        base_id = conn.scalar(
+            select(c.c.base_id).where(c.c.id == base_id).with_for_update(read=True)
+        )
     return False
 
 
@@ -175,6 +179,11 @@ def _switch(conn: Connection, rec: ChunkRecord, depth: int, old_depth: int) -> b
     c, pins = _sql.chunks, _sql.pins
     if _leads_back(conn, rec.base_id, rec.chunk_id):
         return False  # its new base is a delta against it here: this chunk stays local
+    if rec.base_id is not None:  # its base's depth as locked by the walk, not as first read
+        base_depth = conn.scalar(select(c.c.depth).where(c.c.id == rec.base_id))
+        if base_depth is None:
+            return False
+        depth = int(base_depth) + 1
     tree = [rec.chunk_id]
     if depth != old_depth:  # every delta stored against it, at any distance, moves too
         todo, seen = [rec.chunk_id], {rec.chunk_id}

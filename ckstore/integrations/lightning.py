@@ -259,16 +259,16 @@ class CkstoreCheckpointIO(TorchCheckpointIO):
             pass
 
     def _best_tags(self, sid: str) -> set[str]:
-        """The plugin's own best tags that may name ``sid``: ``<run>/best``, and those its save
-        recorded (``best_tags``); a tag of yours, whatever its name, is not one of them."""
-        names = {f"{self.run}/best"}
+        """The plugin's own best tags that may name ``sid``: those its save recorded
+        (``best_tags``; ``<run>/best`` for a snapshot saved before they were); a tag of yours,
+        whatever its name, is not one of them."""
         try:
             recorded = self.store.get(sid).metadata.get("lightning", {}).get("best_tags")
         except CkstoreError:
-            return names
-        if isinstance(recorded, list):
-            names.update(n for n in recorded if isinstance(n, str))
-        return names
+            recorded = None
+        if not isinstance(recorded, list):  # saved before the names were recorded
+            return {f"{self.run}/best"}
+        return {n for n in recorded if isinstance(n, str)}
 
     def _best(self, checkpoint: dict[str, Any]) -> list[tuple[str, str]]:
         """(tag name, best model path) of each monitored ModelCheckpoint in ``checkpoint``:

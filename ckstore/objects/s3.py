@@ -318,7 +318,9 @@ class S3Backend(FsspecBackend):
 
         :meth:`_multipart` aborts its upload when it fails, but a writer killed mid-upload
         (SIGKILL, a lost node) leaves the parts on the server, billed and invisible to
-        :meth:`list`, until an abort. Keys that are no object name are left alone.
+        :meth:`list`, until an abort. Only keys a store writes (:func:`_own_object`) are listed:
+        another store's root may lie below this one's (``s3://bucket`` and
+        ``s3://bucket/team-b``), and its uploads are not this store's to abort.
         """
         bucket, _, base = self._root.partition("/")
         base = f"{base}/" if base else ""
@@ -329,7 +331,7 @@ class S3Backend(FsspecBackend):
                 page = self._s3("list_multipart_uploads", **args)
                 for up in page.get("Uploads", []):
                     key = str(up["Key"])
-                    if key.startswith(base) and _is_name(key[len(base) :]):
+                    if key.startswith(base) and _own_object(key[len(base) :]):
                         found.append((key[len(base) :], str(up["UploadId"])))
                 if not page.get("IsTruncated"):
                     break
@@ -432,6 +434,25 @@ class S3Backend(FsspecBackend):
             if not _is_not_found(exc):
                 raise StorageError(f"cannot list {prefix!r} in store {self.url}: {exc}") from exc
         yield from sorted(names)
+
+
+def _own_object(name: str) -> bool:
+    """Whether ``name`` (relative to a store's root) is an object a store writes: a pack
+    (``packs/<2 hex>/<id>.pack``) or a blob (``<kind>/<2 hex>/<id>``, a manifest), not a key
+    of another store whose root lies below (``team-b/packs/...``)."""
+    from ckstore.objects.hashing import is_chunk_id
+    from ckstore.objects.packs import pack_id_from_name
+
+    if pack_id_from_name(name) is not None:
+        return True
+    parts = name.split("/")
+    return (
+        len(parts) == 3
+        and parts[0] != "packs"
+        and is_chunk_id(parts[2])
+        and parts[1] == parts[2][:2]
+        and _is_name(name)
+    )
 
 
 def _is_name(key: str) -> bool:

@@ -36,11 +36,13 @@ from ..engine.progress import ProgressFn, meter
 from ..engine.repository import describe
 from ..engine.take.commit import commit_manifest
 from ..errors import (
+    CkstoreError,
     ConflictError,
     CorruptionError,
     InvalidInputError,
     LeaseExpiredError,
     SnapshotNotFoundError,
+    StorageError,
 )
 from ..format.manifest import Manifest
 from ..index import SnapshotRecord
@@ -49,7 +51,7 @@ from .copy import ChunkCopier, CopyStats, shapes_of
 from .select import Selection
 
 if TYPE_CHECKING:
-    from ..engine.interfaces import TransferIndex
+    from ..engine.interfaces import GcIndex, TransferIndex
     from ..engine.repository import Repository
 
 
@@ -248,19 +250,52 @@ def _send(
         )
         if lease.error is not None:
             raise lease.error
-        manifest_id, wrote = dst.objects.store_blob("manifests", raw)
-        stored = (manifest_id, len(raw))
+        stored = (dst.objects.put_blob("manifests", raw), len(raw))
         if report.direction == "push":  # the remote is still where its packs just went
             confirm(dst, report.remote)
         specs = _tag_specs(dst, tags, snap.id, force, report)
         committed = _commit(dst, lease.id, manifest, stored, specs, snap, report)
         lease.committed = True
-    if not wrote:  # found there (sent before, or an orphan): a gc there may have deleted it
-        dst.objects.put_blob_back("manifests", raw)
+    if committed is not None:
+        _manifest_kept(dst, raw, committed)
     report.manifest_bytes += len(raw)
     report.snapshots_sent.append(describe(snap))
     if committed is not None:
         dst.committed(committed)
+
+
+PUT_BACK_TRIES = 3
+"""Attempts at putting back a manifest a gc at the destination deleted (``_manifest_kept``)."""
+
+
+def _manifest_kept(dst: Repository, raw: bytes, committed: SnapshotRecord) -> None:
+    """After the commit, put the manifest back if a gc at the destination deleted it meanwhile
+    (``ObjectStore.store_blob``: a manifest is named by its bytes, so it may have been there
+    already, listed by a gc as an orphan or with its row pruned; even one this push wrote may
+    carry a name such a gc listed before). If that fails, the snapshot, unreadable without it,
+    is deleted there again so that the next transfer sends it again, and the error raised.
+
+    Raises:
+        StorageError: the manifest could not be put back (the snapshot was deleted there).
+    """
+    for attempt in range(PUT_BACK_TRIES):
+        try:
+            dst.objects.put_blob_back("manifests", raw)
+            return
+        except StorageError as exc:
+            if attempt + 1 < PUT_BACK_TRIES:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            try:
+                index: GcIndex = dst.index
+                index.delete_snapshot(committed.id)
+            except CkstoreError:
+                pass
+            raise StorageError(
+                f"snapshot {describe(committed)} was committed at {dst.url}, but its manifest, "
+                f"deleted there by a gc meanwhile, could not be put back ({exc}); the snapshot "
+                "was deleted there again: transfer it again once the storage answers"
+            ) from exc
 
 
 def _commit(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import ckstore
 from ckstore.objects import Backend, S3Backend
@@ -66,3 +67,47 @@ def test_gc_aborts_unfinished_uploads_once_no_writer_is_alive(
         assert len(backend.partial_uploads()) == 1  # ...and a dry run changes nothing
         assert store.gc().uploads_aborted == 1
         assert backend.partial_uploads() == []
+
+
+@pytest.mark.parametrize(("upper", "sibling"), [("", False), ("ckpts", False), ("a", True)])
+def test_gc_of_one_store_leaves_the_uploads_of_a_store_below_its_root_alone(
+    s3_server: Any, tmp_path: Path, upper: str, sibling: bool
+) -> None:
+    """Store A at the bucket's root (or a parent prefix) and store B below it, each with its own
+    index: A's routine gc, with no session of its own alive, aborted B's multipart upload in
+    flight (a key ``team-b/packs/...`` passed for one of A's), and B's take failed. A sibling
+    (``s3://bucket/a`` beside ``s3://bucket/ab``) was never affected."""
+    bucket = f"sh-{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(bucket)
+    opts = s3_server.storage_options()
+    top = f"s3://{bucket}/{upper}".rstrip("/")
+    lower = f"{top}b" if sibling else f"{top}/team-b"
+    with (
+        ckstore.open(
+            top, create=True, index=f"sqlite:///{tmp_path / 'a.db'}", storage_options=opts
+        ) as a,
+        ckstore.open(
+            lower, create=True, index=f"sqlite:///{tmp_path / 'b.db'}", storage_options=opts
+        ) as b,
+    ):
+        backend = b.repository.objects.backend
+        assert isinstance(backend, S3Backend)
+        backend._threshold = 1024  # every pack of B's take goes up in parts
+        real = backend._s3
+        swept: list[Any] = []
+
+        def s3(method: str, *args: Any, **kwargs: Any) -> Any:
+            if method == "complete_multipart_upload" and not swept:
+                swept.append(a.gc(grace_seconds=0))  # A's gc, while B uploads its first pack
+            return real(method, *args, **kwargs)
+
+        backend._s3 = s3  # type: ignore[method-assign]
+        state = ckstore.StateDict(w=torch.arange(4096, dtype=torch.float32))
+        snap = b.take({"m": state}, run="b", step=1)
+        assert swept and swept[0].uploads_aborted == 0
+        assert torch.equal(snap.read_object("m/w"), state["w"])
+        a.take({"m": ckstore.StateDict(v=torch.ones(4096))}, run="a", step=1)
+        a.delete_run("a")
+        a.gc(grace_seconds=0)  # A's own objects go; B's stay
+        assert b.check(read_data=True).ok
+        assert torch.equal(b.get("b@1").read_object("m/w"), state["w"])
