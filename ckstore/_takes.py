@@ -176,8 +176,8 @@ def _take(
     warn_resave(repo, spec)
     if _ranks(spec.no_dist):
         from .distributed.comm import Comm
-        from .distributed.take import ddp_apps
         from .distributed.take import take as dist_take
+        from .distributed.take_async import ddp_apps
 
         _no_dist_deltas(spec)
         comm = Comm(pg, spec.dist_timeout)
@@ -201,7 +201,7 @@ def take_async(
     spec = replace(with_live_trainable(spec, app_state), asynchronous=True)
     repo.index.check_take(spec.run, spec.tag_specs)  # before any state_dict() call
     if _ranks(spec.no_dist):
-        from .distributed.take import take_async as dist_take_async
+        from .distributed.take_async import take_async as dist_take_async
 
         warn_resave(repo, spec)
         _no_dist_deltas(spec)

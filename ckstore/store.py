@@ -4,8 +4,10 @@ and hands out snapshot handles."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, overload
 
 from . import _remote_verbs, _takes
@@ -215,6 +217,9 @@ class Store(HistoryVerbs, HealVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteV
         )
         spec = _takes.fork_of(self._repo, spec)
         job = _takes.take_async(self._repo, app_state, spec, pg, progress)
+        from .engine.take import inflight  # close and the process's exit wait for it
+
+        inflight.track(self._repo, job.future, spec.run if step is None else f"{spec.run}@{step}")
         return PendingSnapshot.of(
             job.future, self._handle, job.staged_bytes, job.sync_bytes, job.blocking
         )
@@ -381,8 +386,27 @@ class Store(HistoryVerbs, HealVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteV
         return LocalTake(self._repo, spec).open()
 
     # --- history and maintenance ---------------------------------------------------------
+    @contextmanager
+    def holding(self) -> Iterator[str]:
+        """A write session of this handle, alive (its lease renewed) until the block ends; its
+        id. While it lives, a gc deletes no unindexed object (it may be this writer's), and
+        :meth:`sessions` lists it: a writer names it where others look (a DCP step folder
+        being saved says so, ``ckstore.dcp.folder_writer``).
+
+        Raises:
+            ReadOnlyStoreError: the store is read-only.
+        """
+        from .engine.lease import Lease
+
+        with Lease(self._repo.index, self._repo.lease_seconds) as lease:
+            yield lease.id
+
     def close(self) -> None:
-        """Close the index connections and the object backend."""
+        """Wait for this handle's async takes in flight (warning, ``RuntimeWarning``, of any
+        that failed), then close the index connections and the object backend."""
+        inflight = sys.modules.get("ckstore.engine.take.inflight")  # loaded by an async take
+        if inflight is not None and not self._repo.closed:
+            inflight.close_waits(self._repo)
         self._repo.close()
 
     def __enter__(self) -> Store:

@@ -359,3 +359,15 @@ def _store(timeout: float) -> Any:
         return mine
     except Exception:  # noqa: BLE001 - stores without clone (HashStore, FileStore): share it
         return store
+
+
+_NUMBERS: dict[tuple[tuple[int, ...], str], int] = {}
+_NUMBERS_LOCK = threading.Lock()
+
+
+def take_number(members: list[int], purpose: str) -> int:
+    """The next number (1, 2, ...) of this process's takes over ``members`` for ``purpose``."""
+    key = (tuple(members), purpose)
+    with _NUMBERS_LOCK:
+        _NUMBERS[key] = number = _NUMBERS.get(key, 0) + 1
+    return number

@@ -93,6 +93,34 @@ def header(local: Local, tree: str) -> list[int]:
     return [a, -a, b, -b]
 
 
+def in_step(maxed: list[int], number: int, run: str, step: int | None) -> bool:
+    """From a plan phase's maxima (``[..., number, -number, which, -which]`` at 6-9): whether
+    every rank runs the same take (True), or whether this rank should plan again with the
+    others' next take (False): async takes out of step, one rank's ``async_take`` having raised
+    before its background part began, and this rank is ahead.
+
+    Raises:
+        DistributedError: this rank's take has no partner (it is behind: given up, the later
+            takes go on), or the ranks run different takes (a caller's bug).
+    """
+    if same(maxed, 6) and same(maxed, 8):
+        return True
+    at = run if step is None else f"{run}@{step}"
+    if number < maxed[6]:
+        raise DistributedError(
+            f"distributed take: the ranks are not taking the same snapshot: this rank's async "
+            f"take of {at} (number {number} here) has no partner; another rank is at number "
+            f"{maxed[6]} (an async_take of it raised, or was not called, on some rank). Nothing "
+            "of it is committed; the later takes go on"
+        )
+    if number == -maxed[7]:  # the same number everywhere: different takes
+        raise DistributedError(
+            f"distributed take: the ranks are not taking the same snapshot: this rank takes {at}, "
+            "another rank a different run, step or name; call it with the same ones on every rank"
+        )
+    return False
+
+
 def key_vector(local: Local) -> list[int]:
     """Per key (in this rank's order, the same everywhere once :func:`header` agreed): whether
     it is marked replicated, whether it is a plain value, and a replicated tensor's dtype and

@@ -36,7 +36,7 @@ import torch
 
 from ..errors import DistributedError, InvalidInputError, RankLostError
 from ..format.limits import check_number
-from ._group import Group, open_group
+from ._group import Group, open_group, take_number
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -109,6 +109,7 @@ class Comm:
         import torch.distributed as dist
 
         self.timeout = dist_timeout(timeout)
+        self._purpose = purpose
         self.members = [int(m) for m in members] if members is not None else members_of(pg)
         me = dist.get_rank()
         if me not in self.members:
@@ -120,6 +121,15 @@ class Comm:
         self._group = (
             open_group(self.members, self.rank, self.timeout, purpose) if self.world > 1 else None
         )
+        self.number = 0
+        """Which take of this process over these members and purpose this is (1, 2, ...;
+        :meth:`count`), 0 if not counted: the ranks compare it in a take's plan phase."""
+
+    def count(self) -> int:
+        """Number this take among those of this process over the same members and purpose
+        (an async take counts as it opens its group, before anything can fail on one rank)."""
+        self.number = take_number(self.members, self._purpose)
+        return self.number
 
     def enter(self, step: str) -> None:
         """Post the phase this rank is entering: a rank that stops or dies in it is named with it."""

@@ -49,10 +49,9 @@ causes; nothing is committed unless every rank succeeded.
 from __future__ import annotations
 
 import base64
-import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -64,10 +63,7 @@ from ..engine.repository import describe as describe_record
 from ..engine.take.guard import remember
 from ..engine.take.local import LocalTake
 from ..engine.take.packing import Chunk, TakeOptions
-from ..engine.take.plan import state_dicts
-from ..engine.take.single import await_prepared, reserved_bytes
 from ..engine.take.spec import TakeSpec
-from ..engine.take.staging import arena_for, arena_size, give_back, stage
 from ..errors import DistributedError
 from ..format.dtypes import GROUPED, itemsize
 from ..format.grid import Box, make_grid
@@ -93,7 +89,6 @@ from ._classify import (
     check_same_structure,
     classify,
     coalesce_replicated,
-    ddp_apps,
 )
 from ._parts import (
     Record,
@@ -107,13 +102,23 @@ from ._parts import (
     session_vector,
     sums,
 )
-from ._plan import Agreed, agree, assignment, describe, header, ints62, key_vector, same
+from ._plan import (
+    Agreed,
+    agree,
+    assignment,
+    describe,
+    header,
+    in_step,
+    ints62,
+    key_vector,
+    same,
+)
 from ._progress import progress
 from ._replicas import compare_shards, differing, fingerprints, locate, merged, shard_vector, vector
 from .comm import Comm, phase
 
 if TYPE_CHECKING:
-    from torch.distributed import ProcessGroup
+    pass
 
 Committed = tuple[SnapshotRecord, "Manifest | None"]
 WHAT = "distributed take"
@@ -276,15 +281,31 @@ def _plan(
     opts: TakeOptions,
 ) -> tuple[Local, Agreed]:
     """Phase 1: describe this rank's leaves; agree on the layout and the replicated keys."""
-    with phase(comm, "plan", f"{WHAT} (plan)", collect="none") as ph:
-        local = classify(states, ddp, spec.replicated, opts, comm.members)
-        tree = blake3.blake3(canonical_json(local.apps)).hexdigest()
-        ph.send_max(header(local, tree) + [len(local.leaves), -len(local.leaves)])
+    which, number = _which(spec, comm), comm.number
+    described: tuple[Local, str] | None = None
+    while True:
+        with phase(comm, "plan", f"{WHAT} (plan)", collect="none") as ph:
+            if described is None:
+                local = classify(states, ddp, spec.replicated, opts, comm.members)
+                described = local, blake3.blake3(canonical_json(local.apps)).hexdigest()
+            local, tree = described
+            ph.send_max(
+                header(local, tree)
+                + [len(local.leaves), -len(local.leaves), number, -number, which, -which]
+            )
+        if in_step(ph.maxed, number, spec.run, spec.step):  # every rank decides alike
+            break
     if not (same(ph.maxed, 0) and same(ph.maxed, 2) and same(ph.maxed, 4)):
         _refuse_mismatch(comm, local, tree)  # every rank saw the same maxima: all go here
     agreed = agree(list(local.leaves), comm.all_reduce_max(key_vector(local), "plan"))
     coalesce_replicated(agreed.demoted, local, comm.rank)
     return local, agreed
+
+
+def _which(spec: TakeSpec, comm: Comm) -> int:
+    """A digest of which take this is: its run, step and name, and its number among this
+    process's async takes over the group (``Comm.count``), equal on every rank of one take."""
+    return ints62(canonical_json([spec.run, spec.step, spec.name, comm.number]))[0]
 
 
 def _refuse_mismatch(comm: Comm, local: Local, tree: str) -> None:
@@ -359,73 +380,6 @@ def _writes(
         or (key not in equal and key not in groups)
         or (key, c.id) in share
     ]
-
-
-def take_async(
-    repo: Repository, app_state: Mapping[str, Any], spec: TakeSpec, pg: ProcessGroup | None
-) -> Future[Committed]:
-    """Stage this rank's state now; take it with every rank in the background.
-
-    The group is opened now (opening waits for every member), and the state copied; the take
-    then runs on one background thread per process (:func:`background`), so the ranks' takes
-    run their collectives in call order. When all of this rank's copies fit the staging budget
-    (``spec.staging_budget``, else the repository's, less the take's own buffers as in a single
-    process: ``single.reserved_bytes``), they go into the staging arena the repository's last
-    async take gave back (memory already touched: a training loop's takes copy at memory speed
-    from the second on), given back once the take is done; past the budget each tensor is
-    copied into new memory that goes with the take (nothing is stored before returning).
-    """
-    comm = Comm(pg, spec.dist_timeout, purpose="async")
-    ddp = ddp_apps(app_state)
-    states = state_dicts(app_state)
-    budget = repo.staging_budget if spec.staging_budget is None else spec.staging_budget
-    budget -= reserved_bytes(TakeOptions.of(repo), repo.background_threads, budget)
-    nbytes, on_gpu = arena_size(states)
-    await_prepared(repo)
-    arena = arena_for(repo, nbytes, pinned=on_gpu) if 0 < nbytes <= budget else None
-    try:
-        try:
-            staged = stage(states, arena=arena)
-        finally:
-            if arena is not None:
-                arena.finish()  # every copy from a device has landed, even when one failed
-    except BaseException:
-        if arena is not None:
-            give_back(repo, arena)
-        raise
-
-    def run() -> Committed:
-        try:
-            return take(repo, staged, spec, comm, ddp)
-        finally:
-            if arena is not None:  # nothing reads the copies any more: the next take reuses them
-                give_back(repo, arena)
-
-    return background().submit(run)
-
-
-_BACKGROUND: list[ThreadPoolExecutor] = []
-
-
-def background() -> ThreadPoolExecutor:
-    """The one thread that runs this process's async distributed takes, in call order.
-
-    One thread keeps the order of collectives the same on every rank.
-    """
-    if not _BACKGROUND:
-        _BACKGROUND.append(
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckstore-dist-async")
-        )
-    return _BACKGROUND[0]
-
-
-def _after_fork_in_child() -> None:
-    """The parent's executor has no thread in a forked child: its takes would never run."""
-    _BACKGROUND.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _cut_chunks(local: Local, mine: Sequence[tuple[str, Box]], opts: TakeOptions) -> None:

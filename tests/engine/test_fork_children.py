@@ -19,7 +19,7 @@ from typing import Any
 import fsspec
 import pytest
 
-from ckstore.distributed.take import background
+from ckstore.distributed.take_async import background
 from ckstore.engine.helper import Helper
 from ckstore.index import Index
 from ckstore.objects.fsspec_backend import FsspecBackend

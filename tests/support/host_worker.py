@@ -190,6 +190,7 @@ def _preimport() -> None:
         "sqlalchemy.dialects.postgresql.psycopg",
         "psycopg",
         "ckstore.distributed.take",
+        "ckstore.distributed.take_async",
         "ckstore.distributed.restore",
     ):
         importlib.import_module(name)

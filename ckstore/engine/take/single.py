@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -319,6 +320,8 @@ def take_async(
         ).start()
         return AsyncTake(future, used, blocking.sync_bytes, blocking)
 
+    previous = _in_call_order(repo, future)
+
     def finish() -> None:
         result: TakeResult | None = None
         error: BaseException | None = None
@@ -329,6 +332,8 @@ def take_async(
                 t.open()
             t.store([c for c in p.chunks if c.key not in live], defer=True)
             manifest = t.manifest(p.apps, finish_entries(p))
+            if previous is not None:  # the handle's earlier async take commits first
+                wait([previous])
             result = TakeResult(t.commit(manifest), manifest)
         except BaseException as exc:  # surfaced by PendingSnapshot.wait()
             error = exc
@@ -342,6 +347,22 @@ def take_async(
 
     threading.Thread(target=finish, name="ckstore-async-take", daemon=False).start()
     return AsyncTake(future, used, blocking.sync_bytes, blocking)
+
+
+_LAST_ASYNC: weakref.WeakKeyDictionary[Repository, Future[TakeResult]] = weakref.WeakKeyDictionary()
+_LAST_LOCK = threading.Lock()
+
+
+def _in_call_order(repo: Repository, future: Future[TakeResult]) -> Future[TakeResult] | None:
+    """Make ``future`` the repository's last async take; the one before it, whose commit this
+    take's waits for. A run's latest snapshot and ``run@step`` are its last commit: two async
+    takes in flight at once (the first slower: a bigger state, a slow disk) must commit in the
+    order they were called, or a resume takes the older state (the work before the commit
+    overlaps as before)."""
+    with _LAST_LOCK:
+        previous = _LAST_ASYNC.get(repo)
+        _LAST_ASYNC[repo] = future
+    return previous
 
 
 def _offloaded(
