@@ -8,6 +8,7 @@ import queue
 import re
 import shutil
 import threading
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -166,3 +167,22 @@ def titan_ranks(rank: int, world: int, folder: str, store_url: str) -> dict[str,
             b = v if type(v) is torch.Tensor else v.to_local()
             assert bits(a) == bits(b), k  # bit-exact (the states hold NaN payloads)
     return {"step": step, "held": held, "listed": listed}
+
+
+def marked_titan(root: Path) -> tuple[str, str]:
+    """A store (tiny knobs) and a folder marked for it, run ``titan``, with step 1 saved in it
+    (:func:`step_state`); the store's URL and the folder."""
+    import ckstore
+    from ckstore.dcp import mark_folder
+
+    url = str(root / "store")
+    ckstore.open(url, chunk_bytes=1024, pack_bytes=8192, create=True).close()
+    folder = str(root / "ckpt")
+    mark_folder(folder, url, run="titan")
+    dcp.save(step_state(1), checkpoint_id=os.path.join(folder, "step-1"))
+    return url, folder
+
+
+def step_state(step: int) -> dict[str, torch.Tensor]:
+    """A 16 KiB state that is a function of ``step``."""
+    return {"w": torch.randn(4096, generator=torch.Generator().manual_seed(step))}

@@ -380,21 +380,15 @@ def test_a_save_beside_another_does_not_delete_its_snapshot_before_its_pointer_i
 ) -> None:
     """Two saves into one marked folder at once (another thread, an async save, another job):
     save B has committed step 2 and is about to write its pointer when save A of step 3 runs
-    through, commit and retention. A judges only what was committed when it began; before, it
-    took B's step for a removed one and deleted it, and B's pointer then named a snapshot that
-    was gone."""
+    through, commit and retention. B holds a write session from before its commit until its
+    pointer is written, named in its step folder, and A leaves that step alone; before, A took
+    B's step for a removed one and deleted it, and B's pointer then named a snapshot that was
+    gone."""
     import importlib
 
     folder_writer = importlib.import_module("ckstore.dcp.folder_writer")
-    url = str(tmp_path / "store")
-    ckstore.open(url, chunk_bytes=1024, pack_bytes=8192, create=True).close()
-    folder = str(tmp_path / "ckpt")
-    mark_folder(folder, url, run="titan")
-
-    def state(step: int) -> dict[str, torch.Tensor]:
-        return {"w": torch.randn(4096, generator=torch.Generator().manual_seed(step))}
-
-    dcp.save(state(1), checkpoint_id=os.path.join(folder, "step-1"))
+    url, folder = fs.marked_titan(tmp_path)
+    state = fs.step_state
     real = folder_writer.write_pointer
     beside: list[int] = []
 

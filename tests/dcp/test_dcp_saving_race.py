@@ -16,22 +16,15 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import ckstore
-from ckstore.dcp import mark_folder
+from tests.dcp import folder_scenarios as fs
 
 
 def test_a_save_committing_between_the_live_sessions_and_the_log_of_another_saves_retention(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder_writer = importlib.import_module("ckstore.dcp.folder_writer")
-    url = str(tmp_path / "store")
-    ckstore.open(url, chunk_bytes=1024, pack_bytes=8192, create=True).close()
-    folder = str(tmp_path / "ckpt")
-    mark_folder(folder, url, run="titan")
-
-    def state(step: int) -> dict[str, torch.Tensor]:
-        return {"w": torch.randn(4096, generator=torch.Generator().manual_seed(step))}
-
-    dcp.save(state(1), checkpoint_id=os.path.join(folder, "step-1"))
+    url, folder = fs.marked_titan(tmp_path)
+    state = fs.step_state
 
     at_finish, go_finish = threading.Event(), threading.Event()
     committed, go_pointer = threading.Event(), threading.Event()

@@ -15,6 +15,7 @@ import sqlite3
 import pytest
 
 import ckstore
+from tests.support.manifest_races import killed_push, pushed_yesterday
 from tests.support.remotes import KNOBS, fill, restores
 
 transfer = importlib.import_module("ckstore.remote.transfer")
@@ -23,13 +24,7 @@ transfer = importlib.import_module("ckstore.remote.transfer")
 def test_a_snapshot_pushed_again_while_the_remotes_gc_prunes_its_old_manifest(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    src = ckstore.open(tmp_path / "src", create=True, **KNOBS)
-    fill(src, "r", [1, 2, 3])
-    src.add_remote("origin", tmp_path / "remote")
-    src.push("origin")
-    with sqlite3.connect(tmp_path / "remote" / "index.sqlite") as db:  # that push was yesterday
-        db.execute("UPDATE manifests SET created_at = created_at - 86400")
-    remote = ckstore.open(tmp_path / "remote")
+    src, remote = pushed_yesterday(tmp_path, [1, 2, 3])
     snap = src.get("r@2")
     remote.delete(snap.id)  # the remote's retention dropped it (or someone deleted it there)
 
@@ -69,15 +64,7 @@ def test_a_push_retried_while_the_remotes_orphan_sweep_runs(
     src.add_remote("origin", tmp_path / "remote")
     snap = src.get("r@1")
 
-    real_commit = transfer.commit_manifest
-
-    def dies(*a, **k):
-        raise KeyboardInterrupt("killed between the manifest put and the commit")
-
-    monkeypatch.setattr(transfer, "commit_manifest", dies)
-    with pytest.raises(KeyboardInterrupt):
-        src.push("origin")
-    monkeypatch.setattr(transfer, "commit_manifest", real_commit)
+    killed_push(src, monkeypatch)
 
     remote = ckstore.open(tmp_path / "remote")
     assert remote.log() == []
@@ -148,13 +135,7 @@ def test_a_snapshot_pushed_again_between_the_gcs_read_and_delete_of_its_manifest
     after its delete, sees the row the push recorded and puts the manifest back."""
     from ckstore.objects.store import ObjectStore
 
-    src = ckstore.open(tmp_path / "src", create=True, **KNOBS)
-    fill(src, "r", [1, 2, 3])
-    src.add_remote("origin", tmp_path / "remote")
-    src.push("origin")
-    with sqlite3.connect(tmp_path / "remote" / "index.sqlite") as db:
-        db.execute("UPDATE manifests SET created_at = created_at - 86400")
-    remote = ckstore.open(tmp_path / "remote")
+    src, remote = pushed_yesterday(tmp_path, [1, 2, 3])
     snap = src.get("r@2")
     remote.delete(snap.id)
 

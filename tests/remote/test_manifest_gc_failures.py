@@ -5,13 +5,13 @@ another gc runs beside: each test failed before its fix (``history.gc._delete_ma
 from __future__ import annotations
 
 import importlib
-import sqlite3
 import threading
 
 import pytest
 
 import ckstore
 from ckstore.errors import StorageError
+from tests.support.manifest_races import killed_push, pushed_yesterday
 from tests.support.remotes import KNOBS, fill, restores
 
 transfer = importlib.import_module("ckstore.remote.transfer")
@@ -24,13 +24,7 @@ def test_a_gc_whose_read_fails_midway_leaves_a_deleted_manifest_a_row_names(
     stops before its index check, so X, which a push committed meanwhile, is never put back."""
     from ckstore.objects.store import ObjectStore
 
-    src = ckstore.open(tmp_path / "src", create=True, **KNOBS)
-    fill(src, "r", [1, 2, 3])
-    src.add_remote("origin", tmp_path / "remote")
-    src.push("origin")
-    with sqlite3.connect(tmp_path / "remote" / "index.sqlite") as db:
-        db.execute("UPDATE manifests SET created_at = created_at - 86400")
-    remote = ckstore.open(tmp_path / "remote")
+    src, remote = pushed_yesterday(tmp_path, [1, 2, 3])
     s2, s3 = src.get("r@2"), src.get("r@3")
     remote.delete(s2.id)
     remote.delete(s3.id)
@@ -74,15 +68,7 @@ def test_two_orphan_sweeps_and_a_retried_push_lose_the_manifest_the_push_wrote(
     src.add_remote("origin", tmp_path / "remote")
     snap = src.get("r@1")
 
-    real_commit = transfer.commit_manifest
-
-    def dies(*a, **k):
-        raise KeyboardInterrupt("killed between the manifest put and the commit")
-
-    monkeypatch.setattr(transfer, "commit_manifest", dies)
-    with pytest.raises(KeyboardInterrupt):
-        src.push("origin")
-    monkeypatch.setattr(transfer, "commit_manifest", real_commit)
+    killed_push(src, monkeypatch)
 
     gc_a = ckstore.open(tmp_path / "remote")
     gc_b = ckstore.open(tmp_path / "remote")
@@ -165,13 +151,7 @@ def test_a_push_whose_put_back_keeps_failing_deletes_the_snapshot_there_and_the_
     the snapshot there and raises; the next push sends it again."""
     from ckstore.objects.store import ObjectStore
 
-    src = ckstore.open(tmp_path / "src", create=True, **KNOBS)
-    fill(src, "r", [1, 2, 3])
-    src.add_remote("origin", tmp_path / "remote")
-    src.push("origin")
-    with sqlite3.connect(tmp_path / "remote" / "index.sqlite") as db:
-        db.execute("UPDATE manifests SET created_at = created_at - 86400")
-    remote = ckstore.open(tmp_path / "remote")
+    src, remote = pushed_yesterday(tmp_path, [1, 2, 3])
     snap = src.get("r@2")
     remote.delete(snap.id)
 
