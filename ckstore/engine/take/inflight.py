@@ -7,7 +7,7 @@ end, ``sys.exit(0)``, ``store.close()`` first) used to lose it without a word: a
 interpreter stops every thread pool before it joins the take's thread, so the take's next
 step failed, and nobody was left to read the error. Now:
 
-- :func:`wait_for` (``Store.close``) waits for the handle's takes in flight, and warns
+- ``Store.close`` (:func:`close_waits`) waits for the handle's takes in flight, and warns
   (``RuntimeWarning``) naming each that failed and so was not committed;
 - an exit hook, run before the thread pools stop (``threading._register_atexit``: its hooks
   run last registered first, and this module registers after ``concurrent.futures``' own),
