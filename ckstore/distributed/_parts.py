@@ -100,14 +100,18 @@ def located(local: Local, maxed: list[int]) -> dict[str, Layout]:
     return out
 
 
-def session_vector(session: str | None) -> list[int]:
-    """Rank 0's staging session id as four ints (every other rank: zeros, so the maximum is
-    rank 0's)."""
-    if session is None:
-        return [0, 0, 0, 0]
-    if len(session) != 32:
-        raise DistributedError(f"distributed take: unexpected session id {session!r}")
-    return [int(session[i : i + 8], 16) for i in range(0, 32, 8)]
+def session_vector(*sessions: str | None) -> list[int]:
+    """Rank 0's session ids (its staging session's, its own), four ints each (every other
+    rank: zeros, so the maximum is rank 0's)."""
+    out = []
+    for session in sessions:
+        if session is None:
+            out += [0, 0, 0, 0]
+        elif len(session) != 32:
+            raise DistributedError(f"distributed take: unexpected session id {session!r}")
+        else:
+            out += [int(session[i : i + 8], 16) for i in range(0, 32, 8)]
+    return out
 
 
 def session_of(maxed: list[int]) -> str:

@@ -43,7 +43,9 @@ and ``gc``'s repack reclaims the other copy.
    now, so their pins protect what they wrote or reused until the snapshot references it.
 
 Any failure raises :class:`DistributedError` on every rank, naming the failed ranks and their
-causes; nothing is committed unless every rank succeeded.
+causes; nothing is committed unless every rank succeeded. A rank whose commit phase fails asks
+the index what the commit did (``_outcome``): a snapshot committed without word reaching it
+(rank 0 died right after) is returned, not reported as failed.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ from ._classify import (
     classify,
     coalesce_replicated,
 )
+from ._outcome import settled
 from ._parts import (
     Record,
     layout_vector,
@@ -161,14 +164,15 @@ def take(
             digests = {k: entry_digest(e) for k, e in own.items()}
             equality = [x for d in digests.values() for a in ints62(d.encode()) for x in (a, -a)]
             replicas = vector(fp)
-            ph.send_max(equality + replicas + layout_vector(local) + session_vector(staging))
+            sessions = session_vector(staging, t.session if comm.rank == 0 else None)
+            ph.send_max(equality + replicas + layout_vector(local) + sessions)
         equal = {
             k for n, k in enumerate(own) if same(ph.maxed, 4 * n) and same(ph.maxed, 4 * n + 2)
         }
         apart = differing(fp, ph.maxed, len(equality))
         found = locate(comm, fp, apart) if apart else Replicas(len(fp.keys)) if fp.keys else None
-        layouts = located(local, ph.maxed[len(equality) + len(replicas) : -4])
-        staged = session_of(ph.maxed[-4:])
+        layouts = located(local, ph.maxed[len(equality) + len(replicas) : -8])
+        staged, owner = session_of(ph.maxed[-8:-4]), session_of(ph.maxed[-4:])
         groups = _groups(comm, [(k, d) for k, d in digests.items() if k not in equal])
 
         # 3. write this rank's chunks, then its part of the manifest (a chunk), whose chunks it
@@ -195,13 +199,24 @@ def take(
             t.guard.replicas = merged(found, shards)
 
         # 4. commit (rank 0): the root over every rank's part; the others end their sessions
-        # only once it is done, so their pins protect what they wrote until it is referenced
-        with phase(comm, "commit", f"{WHAT} (commit)", root=0) as ph:
-            if comm.rank == 0:
-                assert gathered is not None
-                records = [Record.from_bytes(x, r) for r, x in enumerate(gathered)]
-                committed = _commit(t, local, own, equal, layouts, agreed, records, summed)
-                ph.send(committed)
+        # only once it is done, so their pins protect what they wrote until it is referenced.
+        # If word of it is lost (rank 0 dies right after), the index tells what happened.
+        committed: dict[str, Any] | None = None
+        try:
+            with phase(comm, "commit", f"{WHAT} (commit)", root=0) as ph:
+                if comm.rank == 0:
+                    assert gathered is not None
+                    records = [Record.from_bytes(x, r) for r, x in enumerate(gathered)]
+                    committed = _commit(t, local, own, equal, layouts, agreed, records, summed)
+                    ph.send(committed)
+        except DistributedError as exc:
+            ours = None if committed is None else SnapshotRecord(**committed["record"])
+            landed = settled(t.repo, exc, staged, owner, part_id, ours)
+            if landed is None:
+                raise
+            if comm.rank != 0:
+                t.hand_over()
+            return landed, None
         done = SnapshotRecord(**ph.received["record"])
         if comm.rank != 0:
             t.hand_over()

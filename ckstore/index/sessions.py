@@ -114,6 +114,28 @@ class Sessions(IndexBase):
             if _commit.finish_session(conn, session_id, state) != 1:
                 raise NotFoundError(f"no write session {session_id}")
 
+    def settle_session(self, session_id: str) -> str | None:
+        """Decide an active session's outcome from outside: abort it unless it already ended;
+        return its final state (``"committed"``, ``"aborted"``, ``"expired"``), or None if it
+        is unknown (ended sessions are purged a day after their end).
+
+        A commit ends its sessions in its own transaction and checks them under a lock first,
+        so this and a commit are ordered: what a process that lost word of a commit reads here
+        is what happened, and a commit that had not happened yet never will (its lease check
+        finds the session aborted)."""
+        s = _sql.sessions
+        with self._write(f"settle session {session_id}") as conn:
+            aborted = conn.execute(
+                update(s)
+                .where((s.c.id == session_id) & (s.c.state == _sql.ACTIVE))
+                .values(state="aborted", heartbeat_at=time.time())
+            ).rowcount
+            if aborted:
+                conn.execute(delete(_sql.pins).where(_sql.pins.c.session_id == session_id))
+                return "aborted"
+            state = conn.scalar(select(s.c.state).where(s.c.id == session_id))
+        return None if state is None else str(state)
+
     # ------------------------------------------------------------------ for gc
     def expire_sessions(
         self, now: float | None = None, purge_after: float = 86400.0, gone: Iterable[str] = ()

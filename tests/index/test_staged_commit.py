@@ -55,3 +55,24 @@ def test_an_expired_staging_session_commits_nothing(ix: Index) -> None:
         ix.commit_snapshot(take, snapshot("r", 1), ENTRIES, own, 10, staged=staging)
     assert ix.list_snapshots() == []
     ix.commit_snapshot(take, snapshot("r", 1), ENTRIES, own, 10)  # the take's session lives on
+
+
+def test_settling_a_committed_staging_session_says_committed_and_changes_nothing(
+    ix: Index,
+) -> None:
+    """What a rank that lost word of its take's commit asks (distributed/_outcome.py)."""
+    take, staging, own, parts = _staged(ix)
+    rec = ix.commit_snapshot(take, snapshot("r", 1), ENTRIES, own, 10, staged=staging)
+    assert ix.settle_session(staging) == "committed"
+    assert ix.settle_session(staging) == "committed"
+    assert ix.snapshot_chunk_ids(rec.id) == {*own, *parts}
+
+
+def test_settling_a_staging_session_first_means_its_commit_never_happens(ix: Index) -> None:
+    take, staging, own, parts = _staged(ix)
+    assert ix.settle_session(staging) == "aborted"
+    with pytest.raises(LeaseExpiredError, match="aborted"):
+        ix.commit_snapshot(take, snapshot("r", 1), ENTRIES, own, 10, staged=staging)
+    assert ix.list_snapshots() == []
+    assert ix.settle_session(staging) == "aborted"
+    assert ix.settle_session("0" * 32) is None
