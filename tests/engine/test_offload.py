@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 import warnings
 
@@ -39,11 +40,11 @@ def test_an_offloaded_take_stores_the_state_at_the_call(offloading):
     want = {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
     pending = offloading.async_take({"s": state}, run="r", step=1, staging_budget=1 << 30)
     assert pending.sync_bytes == 0 and pending.staged_bytes == (128 + 64) * 64 * 4
-    pid = _helper_pid(offloading)
-    assert pid is not None and pid != os.getpid()  # the take went to a helper process
     state["a"].mul_(-1)
     state["step"] = 2
     snap = pending.wait(timeout=120)
+    pid = _helper_pid(offloading)
+    assert pid is not None and pid != os.getpid()  # the take went to a helper process
     got = snap.read_object("s")
     assert all(torch.equal(got[k], v) for k, v in want.items()) and got["step"] == 1
     assert offloading.get("r@1").id == snap.id  # committed in the store this process opened
@@ -148,3 +149,32 @@ def test_the_helper_runs_behind_training_in_its_scheduling_group_too(offloading)
     if os.path.exists(f"/proc/{os.getpid()}/autogroup"):  # a kernel built with autogroups
         with open(group) as f:
             assert f.read().split()[-1] == "19"
+
+
+def test_a_take_past_its_budget_then_an_offloaded_one_commit_in_call_order(offloading, monkeypatch):
+    """The first finishes in a thread here (past its budget), slowly; the second goes to the
+    helper. Before, the helper committed the second first and the first became the run's
+    latest: a resume took the older state."""
+    import threading
+
+    from ckstore.engine.take.local import LocalTake
+
+    gate = threading.Event()
+    real = LocalTake.manifest
+
+    def manifest(self, *a, **k):
+        if self.spec.step == 1:  # only this process's take: the helper has its own LocalTake
+            assert gate.wait(60)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(LocalTake, "manifest", manifest)
+    first = offloading.async_take({"s": _state(1)}, run="r", step=1, staging_budget=0)
+    second = offloading.async_take({"s": _state(2)}, run="r", step=2, staging_budget=1 << 30)
+    deadline = time.monotonic() + 6  # before, the helper committed the second meanwhile
+    while not second.done() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    gate.set()
+    assert first.wait(timeout=120).step == 1
+    assert second.wait(timeout=120).step == 2
+    assert _helper_pid(offloading) is not None  # the second went to the helper
+    assert offloading.get("r").step == 2

@@ -308,19 +308,16 @@ def take_async(
         persist_rate=repo.persist_rate,
     )
     future: Future[TakeResult] = Future()
+    previous = _in_call_order(repo, future)
     if offload.shareable(flats, arena, live):
         t.close()  # nothing was opened: the helper process opens its own take
-        try:
-            reply = offload.submit(repo, offload.job(repo, spec, flats, arena, threads), arena)
-        except BaseException:
-            give_back(repo, arena)
-            raise
+        message = offload.job(repo, spec, flats, arena, threads)
         threading.Thread(
-            target=_offloaded, args=(repo, reply, arena, future), name="ckstore-async-take"
+            target=_offloaded,
+            args=(repo, message, arena, future, previous),
+            name="ckstore-async-take",
         ).start()
         return AsyncTake(future, used, blocking.sync_bytes, blocking)
-
-    previous = _in_call_order(repo, future)
 
     def finish() -> None:
         result: TakeResult | None = None
@@ -367,13 +364,20 @@ def _in_call_order(repo: Repository, future: Future[TakeResult]) -> Future[TakeR
 
 def _offloaded(
     repo: Repository,
-    reply: Future[dict[str, Any]],
+    message: dict[str, Any],
     arena: StagingArena,
     future: Future[TakeResult],
+    previous: Future[TakeResult] | None,
 ) -> None:
-    """Wait for the helper process that stores the take (``offload.py``), then finish it here:
-    this repository's hooks after a commit, the guard's memory of the run's last manifest."""
+    """Send the take to the helper process that stores it (``offload.py``) once the handle's
+    previous async take is done (the helper commits its jobs in the order they come, but the
+    previous one may be finishing in a thread of this process: a take past its budget), wait
+    for it, then finish it here: this repository's hooks after a commit, the guard's memory of
+    the run's last manifest."""
     try:
+        if previous is not None:
+            wait([previous])
+        reply = offload.submit(repo, message, arena)
         with repo.activity():  # this process's compaction waits meanwhile, as for a take here
             record, manifest = offload.result_of(reply.result())
     except BaseException as exc:  # surfaced by PendingSnapshot.wait()
