@@ -139,7 +139,9 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
         metavar="GLOB",
         help="only keys matching this glob, e.g. 'model/**' (repeatable)",
     )
-    p.add_argument("--force", action="store_true", help="replace a non-empty directory")
+    p.add_argument(
+        "--force", action="store_true", help="replace a non-empty directory (never a store)"
+    )
     p.add_argument(
         "--shard-size",
         type=size_arg,

@@ -115,7 +115,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
             usage_error(args, "give snapshots (REF ...) or --run NAME, not both")
         return _rm_runs(args)
     with open_store(args) as store:
-        snaps = [store.get(ref) for ref in args.refs]  # resolve all before deleting any
+        found = [store.get(ref) for ref in args.refs]  # resolve all before deleting any
+        snaps = list({s.id: s for s in found}.values())  # two refs to one snapshot: once
         tags = tags_by_snapshot(store)
         tagged = [(s, sorted(tags[s.id])) for s in snaps if s.id in tags]
         if tagged and not args.force:  # refuse before deleting any

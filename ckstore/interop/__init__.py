@@ -224,7 +224,7 @@ def export_snapshot(
     budget = view.repo.memory_budget if memory_budget is None else memory_budget
     if budget is None:  # the store's default: the most a restore stages by default
         budget = budget_cap()
-    with _outdir.staged(dest, force) as out:
+    with _outdir.staged(dest, force, _local_folder(view.repo.url)) as out:
         if format == "torch":
             done = _torchfile.export(view, out, selected, src, budget)
         elif format == "dcp":
@@ -240,3 +240,10 @@ def export_snapshot(
         done.get("skipped_values", []),
         skipped_apps,
     )
+
+
+def _local_folder(url: str) -> str | None:
+    """The local folder of a store at ``url`` (None: a store elsewhere, e.g. ``s3://``)."""
+    if url.startswith("file://"):
+        return url[len("file://") :]
+    return None if "://" in url else url

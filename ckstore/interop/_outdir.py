@@ -14,23 +14,50 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..engine.config import CONFIG_NAME
 from ..errors import CorruptionError, DestinationExistsError
 
 
-def check_destination(dest: str, force: bool) -> None:
-    """Refuse a destination that is a file, or a non-empty directory without ``force``."""
+def check_destination(dest: str, force: bool, store: str | None = None) -> None:
+    """Refuse a destination that is a file, a non-empty directory without ``force``, a store
+    (``force`` never replaces one), or one that is, holds or lies inside ``store`` (the local
+    folder of the store exported from: replacing it would delete the store).
+
+    Raises:
+        DestinationExistsError: for each of those, naming the destination.
+    """
+    if store is not None and _overlaps(dest, store):
+        raise DestinationExistsError(
+            f"export destination {dest!r} is, holds or lies inside the store's own folder "
+            f"{store!r}; choose a directory outside the store"
+        )
     if os.path.isfile(dest) or (os.path.lexists(dest) and not os.path.isdir(dest)):
         raise DestinationExistsError(f"export destination {dest!r} exists and is not a directory")
-    if os.path.isdir(dest) and os.listdir(dest) and not force:
-        raise DestinationExistsError(
-            f"export destination {dest!r} is not empty; choose another directory or pass "
-            "force=True (--force) to replace it"
-        )
+    if os.path.isdir(dest) and os.listdir(dest):
+        if os.path.exists(os.path.join(dest, STORE_MARK)):
+            raise DestinationExistsError(
+                f"export destination {dest!r} is a ckstore store ({STORE_MARK}), which an "
+                "export never replaces; choose another directory"
+            )
+        if not force:
+            raise DestinationExistsError(
+                f"export destination {dest!r} is not empty; choose another directory or pass "
+                "force=True (--force) to replace it"
+            )
+
+
+STORE_MARK = CONFIG_NAME
+
+
+def _overlaps(dest: str, store: str) -> bool:
+    d, s = os.path.realpath(dest), os.path.realpath(store)
+    return d == s or s.startswith(d.rstrip(os.sep) + os.sep) or d.startswith(s + os.sep)
 
 
 @contextmanager
-def staged(dest: str, force: bool) -> Iterator[str]:
-    """Yield a temporary directory to fill; on success it becomes ``dest``.
+def staged(dest: str, force: bool, store: str | None = None) -> Iterator[str]:
+    """Yield a temporary directory to fill; on success it becomes ``dest`` (refused as
+    :func:`check_destination` says; ``store``: the local folder of the store exported from).
 
     A ``dest`` that is a symbolic link to a directory stands for that directory: the export
     is published there (renaming onto the link itself would fail once everything is written).
@@ -38,7 +65,7 @@ def staged(dest: str, force: bool) -> Iterator[str]:
     dest = os.path.abspath(dest)
     if os.path.islink(dest) and os.path.isdir(dest):
         dest = os.path.realpath(dest)  # the directory the link names is the one to fill
-    check_destination(dest, force)
+    check_destination(dest, force, store)
     parent = os.path.dirname(dest)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.tmp-", dir=parent)
@@ -48,7 +75,7 @@ def staged(dest: str, force: bool) -> Iterator[str]:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)
-        _publish(tmp, dest, force)
+        _publish(tmp, dest, force, store)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -69,8 +96,8 @@ def inside(out: str, rel: str, where: str) -> str:
     return os.path.join(out, *parts)
 
 
-def _publish(tmp: str, dest: str, force: bool) -> None:
-    check_destination(dest, force)
+def _publish(tmp: str, dest: str, force: bool, store: str | None) -> None:
+    check_destination(dest, force, store)
     if os.path.isdir(dest) and os.listdir(dest):
         old = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.old-", dir=os.path.dirname(dest))
         os.rename(dest, os.path.join(old, "d"))

@@ -74,3 +74,38 @@ def test_an_import_record_cannot_make_an_export_write_outside_its_directory(
     )
     assert not (tmp_path / "out" / "dest").exists()  # nothing published
     store.close()
+
+
+@pytest.mark.parametrize("where", ["the store", "its parent", "inside it", "via a link"])
+def test_an_export_with_force_never_replaces_the_store_it_reads(tmp_path: Path, where: str) -> None:
+    """Before, ``export(<the store's folder>, force=True)`` (``ckstore export REF <store>
+    --force``) moved the store aside, deleted it and reported a successful export."""
+    store = _store(tmp_path)
+    snap = store.take({"model": torch.nn.Linear(8, 8)}, run="r", step=1)
+    root = tmp_path / "s"
+    if where == "via a link":
+        (tmp_path / "link").symlink_to(root)
+    dest = {
+        "the store": root,
+        "its parent": tmp_path,
+        "inside it": root / "objects",
+        "via a link": tmp_path / "link",
+    }[where]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(ckstore.errors.DestinationExistsError, match="store's own folder"):
+        snap.export(dest, format="torch", force=True)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    store.close()
+    with ckstore.open(root) as again:
+        assert again.check(read_data=True).ok and again.get("r@1").id == snap.id
+
+
+def test_an_export_with_force_never_replaces_another_store(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    snap = store.take({"model": torch.nn.Linear(8, 8)}, run="r", step=1)
+    other = tmp_path / "other"
+    ckstore.open(other, create=True).close()
+    with pytest.raises(ckstore.errors.DestinationExistsError, match="is a ckstore store"):
+        snap.export(other, format="torch", force=True)
+    assert (other / "ckstore.json").exists()
+    store.close()
