@@ -81,3 +81,36 @@ def test_a_failed_async_take_does_not_hold_up_the_next(
     with pytest.raises(OSError, match="injected"):
         first.wait(timeout=60)
     assert second.wait(timeout=60).step == 2
+
+
+@pytest.mark.parametrize("offloaded", [False, True], ids=["thread", "helper-process"])
+def test_an_async_take_whose_call_failed_to_start_its_thread_does_not_hold_up_the_next(
+    store: ckstore.Store, monkeypatch: pytest.MonkeyPatch, offloaded: bool
+) -> None:
+    """The process is at its thread limit once (a container's ``pids.max``): the call raises.
+    Before, its take stayed the handle's last async take, never resolved, and every later
+    async take (then ``Store.close``) waited for it forever."""
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    store.background_process = offloaded
+    real_start = threading.Thread.start
+    failed: list[threading.Thread] = []
+
+    def start(self: threading.Thread) -> None:
+        if self.name == "ckstore-async-take" and not failed:
+            failed.append(self)
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    state = ckstore.StateDict(w=torch.zeros(4096), step=1)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        store.async_take({"m": state}, run="r", step=1, staging_budget=1 << 30)
+    state["w"].add_(1.0)
+    second = store.async_take({"m": state}, run="r", step=2, staging_budget=1 << 30)
+    try:
+        assert second.wait(timeout=60).step == 2
+    except FutureTimeout:
+        pytest.fail("the next async_take waits for the failed call's take")
+    assert [s.step for s in store.log("r")] == [2]
+    assert torch.equal(store.get("r").read_object("m/w"), torch.ones(4096))

@@ -309,41 +309,84 @@ def take_async(
     )
     future: Future[TakeResult] = Future()
     previous = _in_call_order(repo, future)
-    if offload.shareable(flats, arena, live):
-        t.close()  # nothing was opened: the helper process opens its own take
-        message = offload.job(repo, spec, flats, arena, threads)
-        threading.Thread(
-            target=_offloaded,
-            args=(repo, message, arena, future, previous),
-            name="ckstore-async-take",
-        ).start()
-        return AsyncTake(future, used, blocking.sync_bytes, blocking)
-
-    def finish() -> None:
-        result: TakeResult | None = None
-        error: BaseException | None = None
-        try:
-            t.behind_training(threads)
-            if not now:
-                _prepare(t, p)
-                t.open()
-            t.store([c for c in p.chunks if c.key not in live], defer=True)
-            manifest = t.manifest(p.apps, finish_entries(p))
-            if previous is not None:  # the handle's earlier async take commits first
-                wait([previous])
-            result = TakeResult(t.commit(manifest), manifest)
-        except BaseException as exc:  # surfaced by PendingSnapshot.wait()
-            error = exc
-        finally:
-            t.close()
-            give_back(repo, arena)  # nothing reads the copies any more: the next take reuses them
-        if error is not None:
-            future.set_exception(error)
+    gate = _Gate()
+    try:
+        if offload.shareable(flats, arena, live):
+            t.close()  # nothing was opened: the helper process opens its own take
+            message = offload.job(repo, spec, flats, arena, threads)
+            work = partial(_offloaded, repo, message, arena, future, previous)
         else:
-            future.set_result(result)  # type: ignore[arg-type]
-
-    threading.Thread(target=finish, name="ckstore-async-take", daemon=False).start()
+            work = partial(_finish, repo, t, p, now, live, threads, arena, future, previous)
+        threading.Thread(
+            target=gate.run, args=(work,), name="ckstore-async-take", daemon=False
+        ).start()
+    except BaseException as exc:
+        if gate.cancel():  # the handle's next async take waits for this one: it must end
+            future.set_exception(exc)
+            t.close()
+            give_back(repo, arena)
+        raise
     return AsyncTake(future, used, blocking.sync_bytes, blocking)
+
+
+class _Gate:
+    """What decides, once, whether an async take's background part runs: the thread that
+    runs it (:meth:`run`), or the call when it fails before the thread began (:meth:`cancel`,
+    which then ends the take itself). Neither both nor none."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = "pending"
+
+    def run(self, work: Callable[[], None]) -> None:
+        with self._lock:
+            if self._state != "pending":
+                return
+            self._state = "running"
+        work()
+
+    def cancel(self) -> bool:
+        """True if the work will never run (the caller ends the take)."""
+        with self._lock:
+            if self._state == "pending":
+                self._state = "cancelled"
+            return self._state == "cancelled"
+
+
+def _finish(
+    repo: Repository,
+    t: LocalTake,
+    p: Plan,
+    now: list[Any],
+    live: set[str],
+    threads: int,
+    arena: StagingArena,
+    future: Future[TakeResult],
+    previous: Future[TakeResult] | None,
+) -> None:
+    """The background part of an async take finished in this process: store the copies,
+    commit once the handle's previous async take is done, and resolve ``future``."""
+    result: TakeResult | None = None
+    error: BaseException | None = None
+    try:
+        t.behind_training(threads)
+        if not now:
+            _prepare(t, p)
+            t.open()
+        t.store([c for c in p.chunks if c.key not in live], defer=True)
+        manifest = t.manifest(p.apps, finish_entries(p))
+        if previous is not None:  # the handle's earlier async take commits first
+            wait([previous])
+        result = TakeResult(t.commit(manifest), manifest)
+    except BaseException as exc:  # surfaced by PendingSnapshot.wait()
+        error = exc
+    finally:
+        t.close()
+        give_back(repo, arena)  # nothing reads the copies any more: the next take reuses them
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)  # type: ignore[arg-type]
 
 
 _LAST_ASYNC: weakref.WeakKeyDictionary[Repository, Future[TakeResult]] = weakref.WeakKeyDictionary()
