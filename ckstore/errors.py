@@ -258,6 +258,13 @@ class RankLostError(DistributedError, TimeoutError):
     """
 
 
+class CommitUnknownError(DistributedError):
+    """A distributed take's commit phase failed on this rank, and whether its snapshot was
+    committed could not be told (the index did not answer, or the snapshot was deleted since):
+    it may be in the store, or be committed yet while rank 0 lives (``ckstore log RUN``
+    tells). ``ranks`` and ``causes`` are those of the commit phase's failure."""
+
+
 # --- how each kind of error surfaces ------------------------------------------------------------
 @dataclass(frozen=True)
 class ErrorKind:

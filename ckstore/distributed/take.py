@@ -51,6 +51,7 @@ the index what the commit did (``_outcome``): a snapshot committed without word 
 from __future__ import annotations
 
 import base64
+import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -123,6 +124,7 @@ from .comm import Comm, phase
 if TYPE_CHECKING:
     pass
 
+log = logging.getLogger("ckstore")
 Committed = tuple[SnapshotRecord, "Manifest | None"]
 WHAT = "distributed take"
 
@@ -210,11 +212,16 @@ def take(
                     committed = _commit(t, local, own, equal, layouts, agreed, records, summed)
                     ph.send(committed)
         except DistributedError as exc:
-            ours = None if committed is None else SnapshotRecord(**committed["record"])
-            landed = settled(t.repo, exc, staged, owner, part_id, ours)
+            if committed is not None:  # rank 0 committed; another rank was lost meanwhile
+                ours = SnapshotRecord(**committed["record"])
+                log.warning("distributed take: %s is committed, though: %s", ours.id, exc)
+                return ours, None
+            landed = settled(t.repo, exc, staged, owner, part_id, t.spec.run)
             if landed is None:
                 raise
-            if comm.rank != 0:
+            if comm.rank == 0:  # its commit went through, but its answer was lost
+                t.adopt(landed)
+            else:
                 t.hand_over()
             return landed, None
         done = SnapshotRecord(**ph.received["record"])

@@ -41,7 +41,7 @@ def commit(
     for pack, chunks in packs:
         add_pack(conn, pack, chunks, now)
     require_chunks(conn, chunk_ids)
-    _refnames.check_take(conn, snapshot.run, tags, snapshot.id)
+    _refnames.check_take(conn, snapshot.run, tags, snapshot.id, snapshot.name)
     lock_run(conn, snapshot.run, now)
     parent_id, seq = run_head(conn, snapshot.run)
     require_free(conn, snapshot)
@@ -218,10 +218,13 @@ def move_tag(conn: Connection, name: str, snapshot_id: str, now: float) -> None:
 
 
 def finish_session(conn: Connection, session_id: str, state: str, now: float | None = None) -> int:
-    """Sets a session's final state and drops its pins; returns how many sessions matched."""
+    """Sets an active session's final state and drops its pins; returns how many sessions
+    changed (0: unknown, or ended already: a final state is never overwritten, so what
+    :meth:`~ckstore.index.Index.settle_session` read stays true)."""
+    s = _sql.sessions
     result = conn.execute(
-        update(_sql.sessions)
-        .where(_sql.sessions.c.id == session_id)
+        update(s)
+        .where((s.c.id == session_id) & (s.c.state == _sql.ACTIVE))
         .values(state=state, heartbeat_at=now if now is not None else time.time())
     )
     conn.execute(delete(_sql.pins).where(_sql.pins.c.session_id == session_id))

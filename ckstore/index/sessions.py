@@ -102,7 +102,9 @@ class Sessions(IndexBase):
                 raise LeaseExpiredError(f"write session {session_id} could not be extended")
 
     def end_session(self, session_id: str, state: str) -> None:
-        """Ends a session as ``"committed"`` or ``"aborted"`` and drops its pins.
+        """Ends an active session as ``"committed"`` or ``"aborted"`` and drops its pins. A
+        session that ended already (by its commit, a settle or its lease) keeps its state:
+        ending a committed one as aborted changes nothing.
 
         Raises:
             InvalidInputError: For any other state.
@@ -111,7 +113,10 @@ class Sessions(IndexBase):
         if state not in FINAL_STATES:
             raise InvalidInputError(f"a session ends as one of {FINAL_STATES}, not {state!r}")
         with self._write(f"end session {session_id}") as conn:
-            if _commit.finish_session(conn, session_id, state) != 1:
+            if _commit.finish_session(conn, session_id, state) == 1:
+                return
+            s = _sql.sessions
+            if conn.scalar(select(s.c.id).where(s.c.id == session_id)) is None:
                 raise NotFoundError(f"no write session {session_id}")
 
     def settle_session(self, session_id: str) -> str | None:

@@ -51,6 +51,7 @@ BUILTIN: dict[type, type] = {
     errors.WriteBackWarning: UserWarning,
     errors.DistributedError: Exception,  # another rank failed: no builtin says that
     errors.RankLostError: TimeoutError,
+    errors.CommitUnknownError: Exception,  # neither failed nor done: no builtin says that
 }
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import update
 
-from ckstore.errors import LeaseExpiredError
+from ckstore.errors import LeaseExpiredError, NotFoundError
 from ckstore.index import Index, _sql
 
 from .helpers import ENTRIES, add_chunks, cid, snapshot
@@ -76,3 +76,16 @@ def test_settling_a_staging_session_first_means_its_commit_never_happens(ix: Ind
     assert ix.list_snapshots() == []
     assert ix.settle_session(staging) == "aborted"
     assert ix.settle_session("0" * 32) is None
+
+
+def test_ending_a_session_that_ended_keeps_its_final_state(ix: Index) -> None:
+    """Before, a take's exit ending its staging session as aborted overwrote the committed
+    state its commit had written, and a rank settling after that was told "aborted"."""
+    take, staging, own, parts = _staged(ix)
+    rec = ix.commit_snapshot(take, snapshot("r", 1), ENTRIES, own, 10, staged=staging)
+    ix.end_session(staging, "aborted")
+    ix.end_session(take, "aborted")
+    assert ix.settle_session(staging) == "committed"
+    assert ix.snapshot_chunk_ids(rec.id) == {*own, *parts}
+    with pytest.raises(NotFoundError):
+        ix.end_session("0" * 32, "aborted")

@@ -424,6 +424,17 @@ class LocalTake:
         self.repo.committed(committed)
         return committed
 
+    def adopt(self, record: SnapshotRecord) -> None:
+        """This take's commit happened though :meth:`commit_root` raised (the index's answer
+        was lost, and the index said so since): its sessions ended with it; run the
+        repository's hooks after a commit, as :meth:`commit_root` does."""
+        self._live_lease().committed = True
+        if self._staging is not None:
+            self._staging.committed = True
+        if self._meter is not None:
+            self._meter.finish()
+        self.repo.committed(record)
+
     def hand_over(self) -> None:
         """End the session as committed without committing here: the process that commits
         has pinned (or committed) everything this one stored."""
