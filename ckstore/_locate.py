@@ -117,9 +117,21 @@ def locate_all_ranks(
 
 
 def resolve(repo: Repository, name: str | None) -> SnapshotRecord:
-    """The snapshot called ``name``, or the store's latest when ``name`` is None."""
+    """The snapshot taken at the path named ``name`` (its name, and nothing else a ref could
+    mean: a tag, a run or an id prefix of the same spelling would open another snapshot), or
+    the store's latest when ``name`` is None (the path is the store's root).
+
+    Raises:
+        SnapshotNotFoundError: no snapshot was taken at that path (the message names it).
+    """
     if name:
-        return repo.index.resolve(name)
+        try:
+            return repo.index.snapshot_named(name)
+        except SnapshotNotFoundError:
+            raise SnapshotNotFoundError(
+                f"no snapshot was taken at {name!r} in store {repo.url}; list them with "
+                f"`ckstore log --store {repo.url}`"
+            ) from None
     records = repo.index.list_snapshots(limit=1)
     if not records:
         raise SnapshotNotFoundError(f"store {repo.url} holds no snapshot yet")

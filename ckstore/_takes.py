@@ -170,9 +170,8 @@ def _take(
     from .engine.take.plan import state_dicts
 
     spec = with_live_trainable(spec, app_state)
-    repo.index.check_take(
-        spec.run, spec.tag_specs
-    )  # a name clash is refused before anything is written
+    # a name clash is refused before anything is written
+    repo.index.check_take(spec.run, spec.tag_specs, spec.name)
     warn_resave(repo, spec)
     if _ranks(spec.no_dist):
         from .distributed.comm import Comm
@@ -199,7 +198,7 @@ def take_async(
     from .engine.take.plan import state_dicts
 
     spec = replace(with_live_trainable(spec, app_state), asynchronous=True)
-    repo.index.check_take(spec.run, spec.tag_specs)  # before any state_dict() call
+    repo.index.check_take(spec.run, spec.tag_specs, spec.name)  # before any state_dict() call
     if _ranks(spec.no_dist):
         from .distributed.take_async import take_async as dist_take_async
 

@@ -10,7 +10,9 @@ thread gives back, after the compaction due, what a training job's own purges fr
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -66,6 +68,21 @@ class AutoCompactor:
         self._compact_due = False
         self._reclaim: Callable[[], object] | None = None
         self.last: CompactReport | None = None
+        _COMPACTORS.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """In a child forked from the process that owns this compactor: its thread, the jobs
+        due on it and the locks it may have held are the parent's. Start idle, with no thread
+        (the next kick starts one here); before, the child's ``compact()``, ``gc()`` after a
+        delete and ``wait_compacted()`` waited forever for the parent's thread."""
+        stopped = self._stop.is_set()
+        self._wake, self._stop, self._idle = threading.Event(), threading.Event(), threading.Event()
+        if stopped:
+            self._stop.set()
+        self._idle.set()
+        self._thread = None
+        self._lock, self._due = threading.Lock(), threading.Lock()
+        self._compact_due, self._reclaim = False, None
 
     def kick(self) -> None:
         """Ask for a compaction soon (starts the thread on first use)."""
@@ -246,3 +263,15 @@ def attach(repo: Repository, keep_loose: int = DEFAULT_KEEP_LOOSE) -> AutoCompac
     repo.after_commit.append(after)
     repo.before_close.append(compactor.close)
     return compactor
+
+
+_COMPACTORS: weakref.WeakSet[AutoCompactor] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for compactor in list(_COMPACTORS):
+        compactor._after_fork_in_child()  # noqa: SLF001 - the class's own fork hook
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -32,7 +32,7 @@ from .. import objects
 from ..engine.lease import Lease, gone
 from ..engine.locations import to_location, to_records
 from ..engine.progress import ProgressFn, meter
-from ..errors import CorruptionError, ObjectNotFoundError, SnapshotNotFoundError
+from ..errors import ConflictError, CorruptionError, ObjectNotFoundError, SnapshotNotFoundError
 from ..format.limits import check_number
 from ..index import ChunkRecord, PackRecord
 from ..objects.delta import xor_into
@@ -196,10 +196,14 @@ def _forget(
     gone_already: set[str] = set()
     for s in drop:
         if not dry_run:
-            try:
-                index.delete_snapshot(s.id)
+            try:  # a tag set since the list above is seen here, or waits for the delete
+                index.delete_snapshot(s.id, refuse_tagged=policy.keep_tagged)
             except SnapshotNotFoundError:  # another gc (or a delete) took it meanwhile
                 gone_already.add(s.id)
+                continue
+            except ConflictError:  # tagged meanwhile: kept, as the policy keeps tagged ones
+                gone_already.add(s.id)
+                report.snapshots_kept += 1
                 continue
         report.snapshots_dropped.append(
             f"{s.run}@{s.step}" if s.step is not None else f"{s.run} {s.id[:12]}"

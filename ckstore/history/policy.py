@@ -24,7 +24,9 @@ class Policy:
     Attributes:
         keep_last: keep the N newest snapshots of each run: the N highest steps where every
             snapshot of the run has a step (several hosts may commit one run's steps out of
-            order, and a pull brings older steps in later), else the N last committed.
+            order, and a pull brings older steps in later), else the N last committed; with
+            N >= 1 the run's last commit too (what ``get(run)`` resumes from: a run rewound
+            to an earlier step and trained on has its newest state at lower steps).
         keep_every_steps: keep snapshots whose step is a multiple of N.
         keep_tagged: keep every tagged snapshot.
         older_than: only snapshots older than this many seconds are eligible.
@@ -97,7 +99,9 @@ class Policy:
         rank = _ranks(snapshots)
         best = self._best(snapshots)
         healthy: dict[str, str] = {}  # run -> its newest healthy snapshot (as run@healthy finds)
+        latest: dict[str, str] = {}  # run -> its last commit (what get(run) resumes from)
         for s in snapshots:
+            latest.setdefault(s.run, s.id)
             if s.healthy:
                 healthy.setdefault(s.run, s.id)
         drop = []
@@ -112,6 +116,8 @@ class Policy:
             if self.keep_healthy and healthy.get(s.run) == s.id:
                 continue
             if self.keep_last is not None and position < self.keep_last:
+                continue
+            if self.keep_last and latest[s.run] == s.id:  # a run rewound to an earlier step
                 continue
             if self.keep_every_steps and s.step is not None and s.step % self.keep_every_steps == 0:
                 continue

@@ -39,6 +39,20 @@ class Reads(IndexBase):
                 raise SnapshotNotFoundError(f"no snapshot with id {snapshot_id}")
             return _convert.snapshot(row)
 
+    def snapshot_named(self, name: str) -> SnapshotRecord:
+        """Returns the snapshot named ``name`` (its ``name``: a TorchSnapshot path's), and
+        nothing else a ref could mean (a tag, a run, an id prefix).
+
+        Raises:
+            SnapshotNotFoundError: If no snapshot has that name.
+        """
+        s = _sql.snapshots
+        with self._read(f"read snapshot named {name!r}") as conn:
+            row = conn.execute(select(s).where(s.c.name == name)).first()
+            if row is None:
+                raise SnapshotNotFoundError(f"no snapshot was taken at {name!r} (its name)")
+            return _convert.snapshot(row)
+
     def resolve(self, ref: str) -> SnapshotRecord:
         """Finds the snapshot a ref names.
 

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 
 from ckstore.errors import ConflictError, InvalidInputError, NotFoundError, SnapshotNotFoundError
 from ckstore.index import _commit, _convert, _sql
-from ckstore.index._refnames import refuse_tag_named_like_a_run
+from ckstore.index._refnames import refuse_tag_named_like_a_run, refuse_tag_named_like_a_snapshot
 from ckstore.index._sql import insert_ignore
 from ckstore.index.base import IndexBase
 from ckstore.index.names import validate_name
@@ -86,6 +86,7 @@ def _set(
 ) -> TagRecord:
     validate_name(name, "tag")
     refuse_tag_named_like_a_run(conn, name)
+    refuse_tag_named_like_a_snapshot(conn, name)
     s = _sql.snapshots
     if not conn.scalar(select(func.count()).where(s.c.id == snapshot_id)):
         raise SnapshotNotFoundError(f"cannot tag {name!r}: no snapshot with id {snapshot_id}")

@@ -112,13 +112,14 @@ class TakeWrites(IndexBase):
                 conn, session_id, snapshot, entries, ids, manifest_size, list(tags), packs, staged
             )
 
-    def check_take(self, run: str, tags: Sequence[str] = ()) -> None:
+    def check_take(self, run: str, tags: Sequence[str] = (), name: str | None = None) -> None:
         """Refuses, before anything is written, a take the commit would refuse for its names:
         a tag (spec, see :meth:`commit_snapshot`) that exists and may not move, a tag named like
-        a run with snapshots, a new run named like a tag. The commit checks again.
+        a run with snapshots or a snapshot, a new run named like a tag or a snapshot, a
+        snapshot ``name`` that is a tag's or a run's. The commit checks again.
 
         Raises:
             ConflictError: Naming the clash and what to do instead.
         """
         with self._read(f"check names for a take into run {run!r}") as conn:
-            _refnames.check_take(conn, run, tags)
+            _refnames.check_take(conn, run, tags, name=name)

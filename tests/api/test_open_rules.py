@@ -12,8 +12,14 @@ import pytest
 import torch
 
 import ckstore
-from ckstore import cli
-from ckstore.errors import DestinationExistsError, InvalidInputError, NotFoundError
+from ckstore import Snapshot, cli
+from ckstore.errors import (
+    ConflictError,
+    DestinationExistsError,
+    InvalidInputError,
+    NotFoundError,
+    SnapshotNotFoundError,
+)
 from tests.support.cli import run
 
 TINY = {"chunk_bytes": 1024, "pack_bytes": 8192, "inline_bytes": 64}
@@ -161,3 +167,29 @@ def test_a_foreign_parent_or_the_way_out_keeps_a_store_per_path(tmp_path, monkey
     assert dest["model"]["step"] == 1
     Snapshot(path=str(tmp_path / "old" / "step_3")).restore(dest)
     assert dest["model"]["step"] == 3
+
+
+def _linear(value: float) -> torch.nn.Linear:
+    m = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        m.weight.fill_(value)
+        m.bias.fill_(value)
+    return m
+
+
+def test_a_path_opens_the_snapshot_taken_there_and_nothing_else(tmp_path) -> None:
+    """A path inside a store names the snapshot taken at it. Before, its name was looked up as
+    any ref: ``ckpts/eval`` opened run ``eval``'s latest, ``ckpts/<hex digits>`` any
+    snapshot whose id began so (a step folder ``ckpts/1500`` could), and a tag took the name."""
+    root = tmp_path / "ckpts"
+    first = Snapshot.take(path=str(root / "step_100"), app_state={"m": _linear(1.0)})
+    with ckstore.open(root) as store:
+        store.take({"m": _linear(3.0)}, run="eval", step=5, tags=["final"])
+    for never in ("eval", first.id[:8], "final", "eval@5"):
+        with pytest.raises(SnapshotNotFoundError, match="no snapshot was taken at"):
+            Snapshot(path=str(root / never)).restore({"m": _linear(0.0)})
+    with pytest.raises(ConflictError, match="is a tag's"):  # the tag keeps its meaning
+        Snapshot.take(path=str(root / "final"), app_state={"m": _linear(2.0)})
+    dest = _linear(0.0)
+    Snapshot(path=str(root / "step_100")).restore({"m": dest})
+    assert torch.equal(dest.weight, torch.full((2, 2), 1.0))

@@ -138,3 +138,28 @@ def test_missing_runs_and_malformed_refs(store, capsys) -> None:
     assert "Runs: sft;" in str(exc.value)
     code, _, err = run(capsys, *s, "log", "--run", "gone")
     assert code == 3 and "no run 'gone'" in err
+
+
+# --- snapshot names (a TorchSnapshot path's, name=) keep one meaning too -----------------------
+def test_a_snapshot_name_never_takes_a_runs_or_a_tags_name(store) -> None:
+    """Before, ``take(..., name="sft")`` with run ``sft`` existing was accepted, and
+    ``get("sft")`` kept answering that snapshot after newer takes of the run."""
+    packs = _packs(Path(store.url))
+    with pytest.raises(ConflictError, match="snapshot name 'sft' would hide run 'sft'"):
+        store.take(_state(2), run="eval", step=0, name="sft")
+    with pytest.raises(ConflictError, match="would hide run 'eval'"):
+        store.take(_state(2), run="eval", step=0, name="eval")
+    store.tag("sft@1", "final")
+    with pytest.raises(ConflictError, match="snapshot name 'final' is a tag's"):
+        store.take(_state(2), run="eval", step=0, name="final")
+    assert _packs(Path(store.url)) == packs  # refused before anything was written
+    store.take(_state(2), run="eval", step=0, name="warmup")
+    store.take(_state(3), run="sft", step=3)
+    assert store.get("sft").step == 3 and store.get("warmup").run == "eval"
+    with pytest.raises(ConflictError, match="would hide the snapshot named 'warmup'"):
+        store.tag("sft@1", "warmup")
+    with pytest.raises(ConflictError, match="would hide the snapshot named 'warmup'"):
+        store.take(_state(4), run="sft", step=4, tags=["warmup"])
+    with pytest.raises(ConflictError, match="run 'warmup' would be hidden by the snapshot"):
+        store.take(_state(4), run="warmup", step=1)
+    assert store.get("warmup").run == "eval"

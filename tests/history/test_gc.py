@@ -49,6 +49,23 @@ def test_keep_last_keeps_the_highest_steps_when_a_run_commits_out_of_order():
     assert [s.id[:2] for s in Policy(keep_last=3).select(no_steps, set(), now)] == ["n0"]
 
 
+def test_keep_last_keeps_a_rewound_runs_last_commit_too(tmp_path):
+    """Steps 100, 200, 300; the run rolled back to 200 and trained on at 210 and 220. Before,
+    ``keep_last=1`` kept step 300 (the abandoned branch) and dropped 220, the state
+    ``get(run)`` resumes from, so the next resume restored the abandoned state."""
+    with ckstore.open(tmp_path / "s", chunk_bytes=1024, pack_bytes=4096, create=True) as store:
+        for step in (100, 200, 300, 210, 220):
+            store.take({"s": ckstore.StateDict(state_for(step))}, run="sft", step=step)
+        latest = store.get("sft")
+        assert latest.step == 220
+        report = store.gc(keep_last=1, keep_healthy=False, grace_seconds=0)
+        assert sorted(report.snapshots_dropped) == ["sft@100", "sft@200", "sft@210"]
+        assert store.get("sft").id == latest.id and [s.step for s in store.log()] == [220, 300]
+        got = store.get("sft").read_object("s")
+        assert all(torch.equal(got[k], v) for k, v in state_for(220).items())
+        assert store.check(read_data=True).ok
+
+
 def test_policy_rules():
     now = 1e6
     snaps = [_rec("a", s, age=100 - s, now=now) for s in range(10, 0, -1)] + [
@@ -573,3 +590,40 @@ def test_two_gcs_dropping_the_same_snapshot_both_finish(
     assert torch.equal(a.get("r@2").read_object("s/w"), torch.full((64,), 2.0))
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize(
+    "dialect", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
+def test_a_snapshot_tagged_while_gc_plans_its_retention_is_kept_with_its_tag(
+    tmp_path, dialect, request
+):
+    """gc lists the tags once, then deletes what its policy drops. Before, a tag another handle
+    set in between (its call returned) was deleted with the snapshot it named, in silence."""
+    url = str(tmp_path / "store")
+    index = "" if dialect == "sqlite" else request.getfixturevalue("pg").new_database()
+    store = ckstore.open(url, index=index or None, chunk_bytes=1024, pack_bytes=4096, create=True)
+    for step in range(1, 6):
+        store.take({"s": ckstore.StateDict(state_for(step))}, run="r", step=step)
+    other = ckstore.open(url, index=index or None)  # another process tags r@2 to keep it
+    gc_index = store.repository.index
+    real = gc_index.list_tags
+
+    def listed_then_tagged_elsewhere():
+        tags = real()  # what gc's retention saw: no tag yet
+        other.tag("r@2", "keep-me")
+        return tags
+
+    gc_index.list_tags = listed_then_tagged_elsewhere
+    try:
+        report = store.gc(keep_last=2, grace_seconds=0)
+    finally:
+        gc_index.list_tags = real
+    assert other.tags()["keep-me"] == store.get("r@2").id
+    assert [s.step for s in store.log()] == [5, 4, 2]
+    assert sorted(report.snapshots_dropped) == ["r@1", "r@3"] and report.snapshots_kept == 3
+    got = store.get("keep-me").read_object("s")
+    assert all(torch.equal(got[k], v) for k, v in state_for(2).items())
+    assert store.check(read_data=True).ok
+    other.close()
+    store.close()
