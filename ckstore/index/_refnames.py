@@ -43,14 +43,21 @@ def tag_target(conn: Connection, name: str) -> str | None:
     return conn.scalar(select(_sql.tags.c.snapshot_id).where(_sql.tags.c.name == name))
 
 
-def refuse_tag_named_like_a_run(conn: Connection, name: str) -> None:
-    """Raises ConflictError if a run called ``name`` has snapshots."""
+def refuse_tag_hiding_a_name(conn: Connection, name: str) -> None:
+    """Raises ConflictError if a run called ``name`` has snapshots, or a snapshot is named
+    ``name`` (a TorchSnapshot path's name): a ref names a tag first."""
     head = run_head(conn, name)
     if head is not None:
         raise ConflictError(
             f"tag {name!r} would hide run {name!r} (latest {head[1]}): a ref names a tag before "
             f"a run, so {name!r} would stop meaning the run's latest snapshot; choose another "
             f"tag name (e.g. {name}-best)"
+        )
+    named = name_holder(conn, name)
+    if named is not None:
+        raise ConflictError(
+            f"tag {name!r} would hide the snapshot named {name!r} ({named[:12]}): a ref names "
+            f"a tag before a snapshot's name; choose another tag name (e.g. {name}-tag)"
         )
 
 
@@ -79,16 +86,6 @@ def name_holder(conn: Connection, name: str) -> str | None:
     """The id of the snapshot named ``name``, or None."""
     s = _sql.snapshots
     return conn.scalar(select(s.c.id).where(s.c.name == name))
-
-
-def refuse_tag_named_like_a_snapshot(conn: Connection, name: str) -> None:
-    """Raises ConflictError if a snapshot is named ``name`` (a TorchSnapshot path's name)."""
-    named = name_holder(conn, name)
-    if named is not None:
-        raise ConflictError(
-            f"tag {name!r} would hide the snapshot named {name!r} ({named[:12]}): a ref names "
-            f"a tag before a snapshot's name; choose another tag name (e.g. {name}-tag)"
-        )
 
 
 def refuse_snapshot_name_clash(conn: Connection, name: str, run: str) -> None:
@@ -144,5 +141,4 @@ def check_take(
                 f"tag {tag!r} would hide {'run' if tag == run else 'the snapshot named'} "
                 f"{tag!r}: a ref names a tag first; choose another tag name (e.g. {tag}-best)"
             )
-        refuse_tag_named_like_a_run(conn, tag)
-        refuse_tag_named_like_a_snapshot(conn, tag)
+        refuse_tag_hiding_a_name(conn, tag)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 
 from ckstore.errors import InvalidInputError, SnapshotNotFoundError
 from ckstore.index import _convert, _resolve, _sql
@@ -32,12 +32,8 @@ class Reads(IndexBase):
         Raises:
             SnapshotNotFoundError: If there is none.
         """
-        s = _sql.snapshots
-        with self._read(f"read snapshot {snapshot_id}") as conn:
-            row = conn.execute(select(s).where(s.c.id == snapshot_id)).first()
-            if row is None:
-                raise SnapshotNotFoundError(f"no snapshot with id {snapshot_id}")
-            return _convert.snapshot(row)
+        missing = f"no snapshot with id {snapshot_id}"
+        return self._snapshot_where(_sql.snapshots.c.id == snapshot_id, snapshot_id, missing)
 
     def snapshot_named(self, name: str) -> SnapshotRecord:
         """Returns the snapshot named ``name`` (its ``name``: a TorchSnapshot path's), and
@@ -46,11 +42,16 @@ class Reads(IndexBase):
         Raises:
             SnapshotNotFoundError: If no snapshot has that name.
         """
-        s = _sql.snapshots
-        with self._read(f"read snapshot named {name!r}") as conn:
-            row = conn.execute(select(s).where(s.c.name == name)).first()
+        missing = f"no snapshot was taken at {name!r} (its name)"
+        return self._snapshot_where(_sql.snapshots.c.name == name, repr(name), missing)
+
+    def _snapshot_where(
+        self, where: ColumnElement[bool], what: str, missing: str
+    ) -> SnapshotRecord:
+        with self._read(f"read snapshot {what}") as conn:
+            row = conn.execute(select(_sql.snapshots).where(where)).first()
             if row is None:
-                raise SnapshotNotFoundError(f"no snapshot was taken at {name!r} (its name)")
+                raise SnapshotNotFoundError(missing)
             return _convert.snapshot(row)
 
     def resolve(self, ref: str) -> SnapshotRecord:

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 
 from ckstore.errors import ConflictError, InvalidInputError, NotFoundError, SnapshotNotFoundError
 from ckstore.index import _commit, _convert, _sql
-from ckstore.index._refnames import refuse_tag_named_like_a_run, refuse_tag_named_like_a_snapshot
+from ckstore.index._refnames import refuse_tag_hiding_a_name
 from ckstore.index._sql import insert_ignore
 from ckstore.index.base import IndexBase
 from ckstore.index.names import validate_name
@@ -85,8 +85,7 @@ def _set(
     conn: Connection, name: str, snapshot_id: str, force: bool, expected_version: int | None
 ) -> TagRecord:
     validate_name(name, "tag")
-    refuse_tag_named_like_a_run(conn, name)
-    refuse_tag_named_like_a_snapshot(conn, name)
+    refuse_tag_hiding_a_name(conn, name)
     s = _sql.snapshots
     if not conn.scalar(select(func.count()).where(s.c.id == snapshot_id)):
         raise SnapshotNotFoundError(f"cannot tag {name!r}: no snapshot with id {snapshot_id}")
