@@ -209,8 +209,12 @@ def test_resolve_precedence(ix: Index) -> None:
         ix.set_tag("shadow", target.id)  # a tag would shadow the run of the same name
     ix.set_tag("tagged", target.id)
     assert ix.resolve("tagged").id == target.id
-    named = commit(ix, "b", 1, name="a")  # a snapshot name wins over a run name
-    assert ix.resolve("a").id == named.id
+    with pytest.raises(ConflictError, match="would hide run 'a'"):  # names keep one meaning
+        commit(ix, "b", 1, name="a")
+    named = commit(ix, "b", 1, name="first")  # a snapshot's name resolves to it
+    assert ix.resolve("first").id == named.id
+    with pytest.raises(ConflictError, match="would be hidden by the snapshot named"):
+        commit(ix, "first", 1)
 
 
 def test_resolve_errors(ix: Index) -> None:
