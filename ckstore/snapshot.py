@@ -448,8 +448,8 @@ class StoredSnapshot(SnapshotFields):
         path above it does, so ``"model"`` works too). Every chunk is verified as it is read,
         tensors are read in pieces of about ``memory_budget`` bytes (default: the store's
         restore budget), and the directory appears only once complete. A non-empty ``path``
-        is refused unless ``force=True`` (then it is replaced; never the store's own folder,
-        one holding or inside it, nor another store). ``progress``:
+        is refused unless ``force=True`` (then it is replaced; never a folder that is, holds
+        or lies inside a store, nor one holding the store's index file). ``progress``:
         ``fn(what, done, total)`` told the bytes read as each piece is read (``what``:
         ``"restore"``), as for :meth:`restore`.
 

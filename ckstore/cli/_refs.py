@@ -182,6 +182,7 @@ RM = Command(
 
 def _rm_runs(args: argparse.Namespace) -> int:
     """``rm --run NAME``: every snapshot of each run, one transaction per run."""
+    args.runs = list(dict.fromkeys(args.runs))  # a run named twice: deleted once
     with open_store(args) as store:
         check_runs(store, args.runs)
         snaps = {run: store.log(run=run) for run in args.runs}

@@ -39,7 +39,7 @@ from ..objects.delta import xor_into
 from ._gc_plan import predict, sparse
 from .defaults import DEFAULT_GRACE_SECONDS as DEFAULT_GRACE_SECONDS
 from .defaults import DEFAULT_REPACK_BELOW as DEFAULT_REPACK_BELOW
-from .policy import MAX_SECONDS, Policy
+from .policy import MAX_SECONDS, Policy, heads_of
 
 if TYPE_CHECKING:
     from ..engine.interfaces import GcIndex
@@ -189,7 +189,8 @@ def _forget(
     snapshots = index.list_snapshots()
     tagged = {t.snapshot_id for t in index.list_tags()}
     unpushed = index.unpushed_to_tiers() | keep  # never what only this store has for sure
-    selected = policy.select(snapshots, tagged)
+    heads = heads_of(index, {s.run for s in snapshots})
+    selected = policy.select(snapshots, tagged, heads=heads)
     drop = [s for s in selected if s.id not in unpushed]
     report.snapshots_kept_unpushed = len(selected) - len(drop)
     report.snapshots_kept = len(snapshots) - len(drop)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError
 from ..format.limits import check_int, check_number
 from ..index import SnapshotRecord
+
+if TYPE_CHECKING:
+    from ..engine.interfaces import HistoryIndex
 
 MAX_SECONDS = 1e12
 """Durations (grace period, older_than) are at most about 31,000 years: finite, comparable."""
@@ -90,20 +93,30 @@ class Policy:
         )
 
     def select(
-        self, snapshots: Sequence[SnapshotRecord], tagged: set[str], now: float | None = None
+        self,
+        snapshots: Sequence[SnapshotRecord],
+        tagged: set[str],
+        now: float | None = None,
+        heads: Heads | None = None,
     ) -> list[SnapshotRecord]:
-        """Return the snapshots to drop, given all snapshots (newest first) and tagged ids."""
+        """Return the snapshots to drop, given all snapshots (newest first) and tagged ids.
+
+        ``heads``: each run's last commit and newest healthy snapshot by commit order (what
+        ``get(run)`` and ``run@healthy`` find: :func:`heads_of`); None takes them from the
+        order of ``snapshots``, which across runs is by the takes' clocks, not commit order.
+        """
         if not self.forgets_anything:
             return []
         now = time.time() if now is None else now
         rank = _ranks(snapshots)
         best = self._best(snapshots)
-        healthy: dict[str, str] = {}  # run -> its newest healthy snapshot (as run@healthy finds)
-        latest: dict[str, str] = {}  # run -> its last commit (what get(run) resumes from)
-        for s in snapshots:
-            latest.setdefault(s.run, s.id)
-            if s.healthy:
-                healthy.setdefault(s.run, s.id)
+        if heads is None:
+            heads = Heads({}, {})
+            for s in snapshots:
+                heads.latest.setdefault(s.run, s.id)
+                if s.healthy:
+                    heads.healthy.setdefault(s.run, s.id)
+        latest, healthy = heads.latest, heads.healthy
         drop = []
         for s in snapshots:
             position = rank[s.id]
@@ -138,6 +151,26 @@ class Policy:
             if value is not None:
                 ranked[s.run].append((sign * value, i, s.id))
         return {sid for items in ranked.values() for _, _, sid in sorted(items)[: self.keep_best]}
+
+
+@dataclass(frozen=True)
+class Heads:
+    """Each run's last commit (what ``get(run)`` resumes from) and newest healthy snapshot
+    (what ``run@healthy`` finds), by commit order: run -> snapshot id."""
+
+    latest: dict[str, str]
+    healthy: dict[str, str]
+
+
+def heads_of(index: HistoryIndex, runs: Iterable[str]) -> Heads:
+    """The :class:`Heads` of ``runs`` as the index orders their commits."""
+    out = Heads({}, {})
+    for run in runs:
+        for kept, healthy in ((out.latest, False), (out.healthy, True)):
+            found = index.list_snapshots(run, 1, healthy=healthy)
+            if found:
+                kept[run] = found[0].id
+    return out
 
 
 MODES = ("min", "max")

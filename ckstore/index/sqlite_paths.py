@@ -3,7 +3,7 @@ here: opening a store builds one before anything imports it)."""
 
 from __future__ import annotations
 
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 
 def sqlite_url(path: str) -> str:
@@ -25,3 +25,16 @@ def unescaped_file(path: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(f"sqlite:///{path}").database or ""
+
+
+def file_of(url: str) -> str | None:
+    """The SQLite file an index URL names (what :func:`sqlite_url` built it from), or None
+    for any other database (PostgreSQL, SQLite in memory)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    rest = url[len("sqlite:///") :]
+    if rest.startswith("file:"):
+        rest = unquote(unquote(rest[len("file:") :].split("?", 1)[0]))
+    else:
+        rest = rest.split("?", 1)[0]
+    return None if rest in ("", ":memory:") else rest

@@ -34,6 +34,7 @@ from ..engine.config import budget_cap
 from ..engine.repository import Repository
 from ..engine.view import SnapshotView
 from ..errors import InvalidInputError, NotFoundError
+from ..index.sqlite_paths import file_of
 from . import _dcpdir, _hf, _outdir, _torchfile
 from ._apps import SOURCE_APP, app_state_of, model_apps, select
 from ._digests import torch_file_digests, verify_checkpoint, write_sidecar
@@ -224,7 +225,8 @@ def export_snapshot(
     budget = view.repo.memory_budget if memory_budget is None else memory_budget
     if budget is None:  # the store's default: the most a restore stages by default
         budget = budget_cap()
-    with _outdir.staged(dest, force, _local_folder(view.repo.url)) as out:
+    keep = [p for p in (_local_folder(view.repo.url), file_of(view.repo.index.url)) if p]
+    with _outdir.staged(dest, force, keep) as out:
         if format == "torch":
             done = _torchfile.export(view, out, selected, src, budget)
         elif format == "dcp":

@@ -11,53 +11,82 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from ..engine.config import CONFIG_NAME
 from ..errors import CorruptionError, DestinationExistsError
 
 
-def check_destination(dest: str, force: bool, store: str | None = None) -> None:
-    """Refuse a destination that is a file, a non-empty directory without ``force``, a store
-    (``force`` never replaces one), or one that is, holds or lies inside ``store`` (the local
-    folder of the store exported from: replacing it would delete the store).
+def check_destination(dest: str, force: bool, keep: Sequence[str] = ()) -> None:
+    """Refuse a destination that is a file, or a non-empty directory without ``force``; and,
+    with or without it, one that is, holds or lies inside a store, or holds a path of ``keep``
+    (the store exported from and its index file, which may lie elsewhere).
 
     Raises:
-        DestinationExistsError: for each of those, naming the destination.
+        DestinationExistsError: for each of those, naming the destination and what it hits.
     """
-    if store is not None and _overlaps(dest, store):
+    for path in keep:
+        if _holds(dest, path):
+            raise DestinationExistsError(
+                f"export destination {dest!r} is or holds {path!r}, which the store exported "
+                "from uses; choose a directory outside the store"
+            )
+    inside = _store_above(dest)
+    if inside is not None:
         raise DestinationExistsError(
-            f"export destination {dest!r} is, holds or lies inside the store's own folder "
-            f"{store!r}; choose a directory outside the store"
+            f"export destination {dest!r} lies inside the store {inside!r}; choose a "
+            "directory outside every store"
         )
     if os.path.isfile(dest) or (os.path.lexists(dest) and not os.path.isdir(dest)):
         raise DestinationExistsError(f"export destination {dest!r} exists and is not a directory")
     if os.path.isdir(dest) and os.listdir(dest):
-        if os.path.exists(os.path.join(dest, STORE_MARK)):
-            raise DestinationExistsError(
-                f"export destination {dest!r} is a ckstore store ({STORE_MARK}), which an "
-                "export never replaces; choose another directory"
-            )
         if not force:
             raise DestinationExistsError(
                 f"export destination {dest!r} is not empty; choose another directory or pass "
                 "force=True (--force) to replace it"
+            )
+        held = _store_within(dest)
+        if held is not None:
+            raise DestinationExistsError(
+                f"export destination {dest!r} is or holds the ckstore store {held!r}, which "
+                "an export never replaces; choose another directory"
             )
 
 
 STORE_MARK = CONFIG_NAME
 
 
-def _overlaps(dest: str, store: str) -> bool:
-    d, s = os.path.realpath(dest), os.path.realpath(store)
-    return d == s or s.startswith(d.rstrip(os.sep) + os.sep) or d.startswith(s + os.sep)
+def _holds(dest: str, path: str) -> bool:
+    """Whether ``path`` is ``dest`` or lies under it (links resolved)."""
+    d, p = os.path.realpath(dest), os.path.realpath(path)
+    return p == d or p.startswith(d.rstrip(os.sep) + os.sep)
+
+
+def _store_above(dest: str) -> str | None:
+    """The store a folder above ``dest`` is (its ``ckstore.json``), if any."""
+    here = os.path.dirname(os.path.realpath(dest))
+    while True:
+        if os.path.isfile(os.path.join(here, STORE_MARK)):
+            return here
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
+
+
+def _store_within(dest: str) -> str | None:
+    """A store ``dest`` is or holds (a folder with ``ckstore.json`` in its tree), if any."""
+    for folder, _dirs, files in os.walk(dest):
+        if STORE_MARK in files:
+            return folder
+    return None
 
 
 @contextmanager
-def staged(dest: str, force: bool, store: str | None = None) -> Iterator[str]:
+def staged(dest: str, force: bool, keep: Sequence[str] = ()) -> Iterator[str]:
     """Yield a temporary directory to fill; on success it becomes ``dest`` (refused as
-    :func:`check_destination` says; ``store``: the local folder of the store exported from).
+    :func:`check_destination` says; ``keep``: the paths of the store exported from).
 
     A ``dest`` that is a symbolic link to a directory stands for that directory: the export
     is published there (renaming onto the link itself would fail once everything is written).
@@ -65,7 +94,7 @@ def staged(dest: str, force: bool, store: str | None = None) -> Iterator[str]:
     dest = os.path.abspath(dest)
     if os.path.islink(dest) and os.path.isdir(dest):
         dest = os.path.realpath(dest)  # the directory the link names is the one to fill
-    check_destination(dest, force, store)
+    check_destination(dest, force, keep)
     parent = os.path.dirname(dest)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.tmp-", dir=parent)
@@ -75,7 +104,7 @@ def staged(dest: str, force: bool, store: str | None = None) -> Iterator[str]:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)
-        _publish(tmp, dest, force, store)
+        _publish(tmp, dest, force, keep)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -96,8 +125,8 @@ def inside(out: str, rel: str, where: str) -> str:
     return os.path.join(out, *parts)
 
 
-def _publish(tmp: str, dest: str, force: bool, store: str | None) -> None:
-    check_destination(dest, force, store)
+def _publish(tmp: str, dest: str, force: bool, keep: Sequence[str]) -> None:
+    check_destination(dest, force, keep)
     if os.path.isdir(dest) and os.listdir(dest):
         old = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.old-", dir=os.path.dirname(dest))
         os.rename(dest, os.path.join(old, "d"))

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import InvalidInputError
 from ..history.defaults import DEFAULT_GRACE_SECONDS
-from ..history.policy import MAX_SECONDS, Policy
+from ..history.policy import MAX_SECONDS, Heads, Policy
 from ..store import Store
 from .timeline import History, ref_of
 
@@ -119,7 +119,12 @@ def gc_preview(store: Store, history: History, req: GcRequest) -> dict[str, Any]
     """What ``gc`` with this policy would drop and reclaim; changes nothing."""
     pos = history.position()
     newest_first = list(reversed(history.records))
-    drop = req.policy().select(newest_first, set(history.tags.values()))
+    runs = {r.run for r in newest_first}
+    heads = Heads(  # by commit order, as gc finds them
+        {r: s.id for r in runs if (s := store.latest(r)) is not None},
+        {r: s.id for r in runs if (s := store.latest(r, healthy=True)) is not None},
+    )
+    drop = req.policy().select(newest_first, set(history.tags.values()), heads=heads)
     report = store.gc(
         keep_last=req.keep_last,
         keep_every_steps=req.keep_every_steps,

@@ -32,7 +32,7 @@ def test_export_force_onto_the_store_itself_refuses_and_keeps_it(
     path = tmp_path / "ckpts"
     _store(path)
     code, _out, err = run(capsys, "--store", str(path), "export", "best", str(path), "--force")
-    assert code != 0 and "store's own folder" in err, (code, err)
+    assert code != 0 and "which the store exported from uses" in err, (code, err)
     with ckstore.open(path) as store:
         assert [s.step for s in store.log()] == [3, 2, 1]
 
@@ -52,3 +52,18 @@ def test_rm_of_two_refs_to_one_snapshot_deletes_each_once_and_says_so(
         assert [s.step for s in store.log()] == [s for s in (3, 2, 1) if s not in gone]
     for step in gone:
         assert f"r@{step}" in out, out
+
+
+def test_rm_of_one_run_named_twice_deletes_it_once_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: the run deleted, then "no run 'r'" and exit 3, nothing said of the deletion."""
+    path = tmp_path / "s"
+    _store(path)
+    code, out, err = run(
+        capsys, "--store", str(path), "rm", "--run", "r", "--run", "r", "--yes", "--force"
+    )
+    assert code == 0, err
+    with ckstore.open(path) as store:
+        assert store.runs() == []
+    assert out.count("deleted run r:") == 1, out

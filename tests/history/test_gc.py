@@ -66,6 +66,25 @@ def test_keep_last_keeps_a_rewound_runs_last_commit_too(tmp_path):
         assert store.check(read_data=True).ok
 
 
+def test_keep_last_keeps_the_runs_last_commit_whatever_the_takes_clocks(tmp_path, monkeypatch):
+    """A run rewound and resumed on a host whose clock is a minute behind: its last commit is
+    not the newest by the takes' clocks (gc's listing across runs), yet ``get(run)`` resumes
+    from it. Before, gc found "the last commit" by that listing and dropped it."""
+    import ckstore.engine.take.local as local
+
+    with ckstore.open(tmp_path / "s", chunk_bytes=1024, pack_bytes=4096, create=True) as store:
+        for step in (100, 200):
+            store.take({"s": ckstore.StateDict(state_for(step))}, run="r", step=step)
+        real = time.time
+        monkeypatch.setattr(local.time, "time", lambda: real() - 60.0)
+        rewound = store.take({"s": ckstore.StateDict(state_for(110))}, run="r", step=110)
+        monkeypatch.undo()
+        assert store.get("r").id == rewound.id and store.get("r@healthy").id == rewound.id
+        store.gc(keep_last=1, grace_seconds=0)
+        assert store.get("r").id == rewound.id, [s.ref for s in store.log()]
+        assert store.get("r@healthy").id == rewound.id
+
+
 def test_policy_rules():
     now = 1e6
     snaps = [_rec("a", s, age=100 - s, now=now) for s in range(10, 0, -1)] + [

@@ -92,7 +92,7 @@ def test_an_export_with_force_never_replaces_the_store_it_reads(tmp_path: Path, 
         "via a link": tmp_path / "link",
     }[where]
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    with pytest.raises(ckstore.errors.DestinationExistsError, match="store's own folder"):
+    with pytest.raises(ckstore.errors.DestinationExistsError, match="uses|inside the store"):
         snap.export(dest, format="torch", force=True)
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     store.close()
@@ -105,7 +105,44 @@ def test_an_export_with_force_never_replaces_another_store(tmp_path: Path) -> No
     snap = store.take({"model": torch.nn.Linear(8, 8)}, run="r", step=1)
     other = tmp_path / "other"
     ckstore.open(other, create=True).close()
-    with pytest.raises(ckstore.errors.DestinationExistsError, match="is a ckstore store"):
+    with pytest.raises(ckstore.errors.DestinationExistsError, match="holds the ckstore store"):
         snap.export(other, format="torch", force=True)
     assert (other / "ckstore.json").exists()
     store.close()
+
+
+def test_an_export_with_force_never_harms_a_store_it_holds_or_lies_in(tmp_path: Path) -> None:
+    """Before, only a destination that was a store itself was refused: a folder holding
+    another store (``runs/`` with ``runs/other``) was deleted with it, and one inside another
+    store (``other/manifests``) replaced."""
+    store = _store(tmp_path)
+    snap = store.take({"model": torch.nn.Linear(8, 8)}, run="r", step=1)
+    other = tmp_path / "runs" / "other"
+    with ckstore.open(other, create=True) as o:
+        o.take({"model": torch.nn.Linear(4, 4)}, run="keep", step=1)
+    (tmp_path / "runs" / "notes.txt").write_text("mine")
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "runs").rglob("*"))
+    with pytest.raises(ckstore.errors.DestinationExistsError, match="holds the ckstore store"):
+        snap.export(tmp_path / "runs", format="torch", force=True)
+    for inner in ("manifests", "packs", "nothing-yet"):
+        with pytest.raises(ckstore.errors.DestinationExistsError, match="inside the store"):
+            snap.export(other / inner, format="torch", force=True)
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "runs").rglob("*")) == before
+    with ckstore.open(other) as o:
+        assert o.check(read_data=True).ok
+    store.close()
+
+
+def test_an_export_with_force_never_replaces_the_folder_of_the_stores_own_index(
+    tmp_path: Path,
+) -> None:
+    idx = tmp_path / "idx"
+    idx.mkdir()
+    db = idx / "index.sqlite"
+    with ckstore.open(tmp_path / "s", create=True, index=f"sqlite:///{db}") as store:
+        snap = store.take({"model": torch.nn.Linear(8, 8)}, run="r", step=1)
+        with pytest.raises(ckstore.errors.DestinationExistsError, match="uses"):
+            snap.export(idx, format="torch", force=True)
+        assert db.exists() and store.get("r@1").id == snap.id
+        report = snap.export(tmp_path / "out", format="torch")  # elsewhere: fine
+        assert report.files
