@@ -225,7 +225,7 @@ class S3Backend(FsspecBackend):
                 raise
             except Exception as exc:
                 if is_precondition_failed(exc):
-                    return self._check_existing(name, exc)
+                    return self._check_existing(name, total, exc)
                 if is_bad_digest(exc):  # changed in transit, nothing stored: send it again
                     last = exc
                     continue
@@ -240,16 +240,25 @@ class S3Backend(FsspecBackend):
             ) from last
         raise self._fail("write", name, last or RuntimeError("conflict")) from last
 
-    def _check_existing(self, name: str, exc: BaseException) -> bool:
-        """After a 412: confirm that an object holds ``name`` (its content is not compared:
-        the name is the content's hash, see :class:`Backend`)."""
-        if self._head(name) is None:
+    def _check_existing(self, name: str, size: int, exc: BaseException) -> bool:
+        """After a 412: confirm that an object of ``size`` bytes holds ``name`` (its content
+        is not compared: the name is the content's hash, see :class:`Backend`; its size is,
+        for the 412 may answer a retry below this call whose first attempt the server stored
+        in part, its acknowledgement lost)."""
+        head = self._head(name)
+        if head is None:
             # SeaweedFS (and other file-system-backed servers) answer 412 when the name is a
             # directory, i.e. a prefix of other objects' names.
             raise StorageError(
                 f"cannot write object {name!r} in store {self.url}: the server reports it as "
                 "existing (HTTP 412) but holds no such object; is the name also a prefix of "
                 "other objects on a server that cannot store both?"
+            ) from exc
+        if int(head["ContentLength"]) != size:
+            raise StorageError(
+                f"cannot write object {name!r} in store {self.url}: the server holds "
+                f"{int(head['ContentLength'])} bytes under that name where {size} were written "
+                "(an earlier attempt stored in part); nothing was recorded, retry the call"
             ) from exc
         return False
 
