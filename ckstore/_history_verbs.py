@@ -7,6 +7,7 @@ is); the work is in :mod:`ckstore.history`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .engine.progress import ProgressFn
@@ -112,11 +113,12 @@ class HistoryVerbs:
         if purged and not dry_run and not self._compactor.on_own_thread():
             self._compactor.wait_idle()  # this handle's own writer: let it finish first
         from .history.gc import gc as history_gc
-        from .remote.holdings import unproven
+        from .remote.holdings import unproven, unshown
 
         report = history_gc(
             self._repo,
             keep=unproven(self._repo, forget=not dry_run),
+            unshown=partial(unshown, self._repo),
             keep_last=keep_last,
             keep_every_steps=keep_every_steps,
             keep_tagged=keep_tagged,

@@ -253,7 +253,13 @@ def _load_config(
             raise NotFoundError(f"no ckstore store at {url!r}; {how_to_create(url)}") from None
     if not is_local(url):
         _refuse_foreign_prefix(backend, url)
-    backend.put(CONFIG_NAME, StoreConfig.new(chunk, pack, inline).to_json())
+    try:
+        backend.put(CONFIG_NAME, StoreConfig.new(chunk, pack, inline).to_json())
+    except StorageError as exc:  # another creator's config in place, of another size (S3)
+        try:
+            return StoreConfig.from_json(backend.get(CONFIG_NAME), url)
+        except ObjectNotFoundError:
+            raise exc from None
     return StoreConfig.from_json(backend.get(CONFIG_NAME), url)  # whoever created it first wins
 
 

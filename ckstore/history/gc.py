@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +106,7 @@ def gc(
     progress: ProgressFn | None = None,
     purged: frozenset[str] = frozenset(),
     keep: Collection[str] = (),
+    unshown: Callable[[list[str]], set[str]] | None = None,
 ) -> GCReport:
     """Forget the snapshots the policy drops, then prune what nothing references.
 
@@ -117,6 +118,8 @@ def gc(
         keep: ids of snapshots kept whatever the policy says, as those no tier remote holds yet
             are: those a tier remote is recorded to hold but was not shown to hold now (the
             caller asks the remote; ``snapshots_kept_unpushed`` counts both).
+        unshown: of the ids of the snapshots the policy drops, those a tier remote is recorded
+            to hold but whose copy there was not shown whole (kept, counted as ``keep``).
         grace_seconds: unreferenced data younger than this, and retired packs retired more
             recently than this, are kept (readers that resolved a location just before may still
             be reading it).
@@ -153,7 +156,7 @@ def gc(
     report = GCReport(dry_run=dry_run, grace_seconds=grace_seconds)
     now = time.time()
     cutoff = now - grace_seconds
-    dropped = _forget(repo, policy, report, dry_run, set(keep))
+    dropped = _forget(repo, policy, report, dry_run, set(keep), unshown)
     if dry_run:  # the same rules on the same rows, nothing written (history/_gc_plan.py)
         found = predict(repo, now, grace_seconds, dropped, repack_below)
         for name, value in asdict(found).items():
@@ -183,7 +186,12 @@ def gc(
 
 
 def _forget(
-    repo: Repository, policy: Policy, report: GCReport, dry_run: bool, keep: set[str]
+    repo: Repository,
+    policy: Policy,
+    report: GCReport,
+    dry_run: bool,
+    keep: set[str],
+    unshown: Callable[[list[str]], set[str]] | None,
 ) -> list[str]:
     index: GcIndex = repo.index
     snapshots = index.list_snapshots()
@@ -192,6 +200,9 @@ def _forget(
     heads = heads_of(index, {s.run for s in snapshots})
     selected = policy.select(snapshots, tagged, heads=heads)
     drop = [s for s in selected if s.id not in unpushed]
+    if drop and unshown is not None:  # a tier remote's copy, whole before it is the only one
+        kept = unshown([s.id for s in drop])
+        drop = [s for s in drop if s.id not in kept]
     report.snapshots_kept_unpushed = len(selected) - len(drop)
     report.snapshots_kept = len(snapshots) - len(drop)
     gone_already: set[str] = set()

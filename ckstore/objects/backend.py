@@ -158,7 +158,9 @@ class Backend(abc.ABC):
       visible or nothing; readers never see a partial object. When it returns, the object is
       durable (local: fsynced file and directory; S3: acknowledged). If the name already exists,
       ``put`` does not touch it and returns ``False`` (names are content-addressed, so the
-      existing content is assumed identical). Of several concurrent puts of one name, at most one
+      existing content is assumed identical; a backend MAY raise :class:`StorageError` when
+      the object in place is not of the size written: S3's, whose retries below a put may meet
+      an earlier attempt the server stored in part). Of several concurrent puts of one name, at most one
       returns ``True`` (the generic fsspec backend guarantees this only within one process).
     * **Read-after-write.** Once ``put`` returns, ``get``/``size``/``exists``/``list`` see the
       object (in this process and, for shared stores, in any other).

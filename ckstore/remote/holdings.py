@@ -10,16 +10,22 @@ So before a gc forgets anything (docs/RELIABILITY.md, I7):
 - every snapshot recorded as held there must be in its index: one it lost is forgotten here
   (``unmark_pushed``: ``pushing`` again, the uploader sends it again) and kept;
 - a tier remote that cannot be opened or is another store now keeps every snapshot recorded
-  as held there (nothing is dropped on its word until it is back).
+  as held there (nothing is dropped on its word until it is back);
+- and once retention chose what to drop, each such snapshot held by a tier remote is shown to
+  be there in fact (:func:`unshown`: its chunks in the remote's index, every remote pack they
+  lie in of its recorded size, a sample read back and checked, as an eviction does): a remote
+  whose packs were cut short or lost keeps the snapshot here.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from ..errors import CkstoreError
 from .config import open_remote
+from .proof import Proof
 
 if TYPE_CHECKING:
     from ..engine.interfaces import ProofIndex, TierIndex
@@ -76,4 +82,51 @@ def unproven(local: Repository, forget: bool = True) -> set[str]:
                 exc,
             )
             out |= held
+    return out
+
+
+def unshown(local: Repository, snapshot_ids: Collection[str]) -> set[str]:
+    """Of ``snapshot_ids`` (what a gc is about to drop), those a tier remote is recorded to
+    hold but was not shown to hold in fact (module docstring): what the gc must keep."""
+    index: TierIndex = local.index
+    wanted = set(snapshot_ids)
+    out: set[str] = set()
+    for record in index.list_remotes():
+        held = index.held_by(record.name) & wanted if record.tier else set()
+        if not held:
+            continue
+        try:
+            remote = open_remote(index, record)
+            try:
+                out |= _unshown_at(local, remote, record.name, held)
+            finally:
+                remote.close()
+        except CkstoreError as exc:
+            log.warning(
+                "ckstore: gc keeps %d snapshot(s) recorded as pushed to tier remote %r: it "
+                "cannot show it holds them (%s)",
+                len(held),
+                record.name,
+                exc,
+            )
+            out |= held
+    return out
+
+
+def _unshown_at(local: Repository, remote: Repository, name: str, held: set[str]) -> set[str]:
+    proof = Proof(remote)
+    theirs: ProofIndex = remote.index
+    out = set()
+    for snapshot_id in sorted(held):
+        ids = sorted(local.index.snapshot_chunk_ids(snapshot_id))
+        found = theirs.chunk_locations(ids)
+        if any(i not in found for i in ids) or not proof.holds(found, ids):
+            log.warning(
+                "ckstore: gc keeps snapshot %s: tier remote %r (%s) is recorded to hold it, but "
+                "its packs do not (missing, cut short or damaged there)",
+                snapshot_id[:12],
+                name,
+                remote.url,
+            )
+            out.add(snapshot_id)
     return out

@@ -60,3 +60,28 @@ def test_a_partial_object_met_by_a_retried_put_refuses_the_take(
         snap = store.take({"m": ckstore.StateDict(dict(state))}, run="r", step=1)  # again
         assert torch.equal(snap.read_object("m/w"), state["w"])
         assert store.check(read_data=True).ok
+
+
+def test_two_creators_of_one_s3_store_both_open_the_first_ones_config(
+    tmp_path: Path, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second creator found no config, then met the first's at its put (412, another
+    size): a partial object for any other name, here whoever created the store first wins."""
+    bucket = f"ck-two-{uuid.uuid4().hex[:8]}"
+    s3_server.create_bucket(bucket)
+    url, opts = f"s3://{bucket}/ckpts", s3_server.storage_options()
+    index = f"sqlite:///{tmp_path / 'index.sqlite'}"
+    ckstore.open(url, index=index, storage_options=opts, create=True, chunk_bytes=1024).close()
+    real, missed = s3_mod.S3Backend.get, []
+
+    def get(self: Any, name: str, *a: Any, **k: Any) -> Any:
+        if name == "ckstore.json" and not missed:  # read before the first creator's put
+            missed.append(name)
+            raise ckstore.errors.ObjectNotFoundError(f"no object {name!r}")
+        return real(self, name, *a, **k)
+
+    monkeypatch.setattr(s3_mod.S3Backend, "get", get)
+    with ckstore.open(
+        url, index=index, storage_options=opts, create=True, chunk_bytes=4 << 20
+    ) as second:
+        assert missed and second.config.chunk_bytes == 1024
