@@ -12,9 +12,10 @@ So before a gc forgets anything (docs/RELIABILITY.md, I7):
 - a tier remote that cannot be opened or is another store now keeps every snapshot recorded
   as held there (nothing is dropped on its word until it is back);
 - and once retention chose what to drop, each such snapshot held by a tier remote is shown to
-  be there in fact (:func:`unshown`: its chunks in the remote's index, every remote pack they
-  lie in of its recorded size, a sample read back and checked, as an eviction does): a remote
-  whose packs were cut short or lost keeps the snapshot here.
+  be there in fact (:func:`unshown`: its manifest read there and hashed; its chunks in the
+  remote's index, every remote pack they lie in of its recorded size, a sample read back and
+  checked, as an eviction does): a remote whose manifests or packs were cut short or lost
+  keeps the snapshot here.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from ..errors import CkstoreError
+from ..errors import CkstoreError, CorruptionError, ObjectNotFoundError
 from .config import open_remote
 from .proof import Proof
 
@@ -120,13 +121,25 @@ def _unshown_at(local: Repository, remote: Repository, name: str, held: set[str]
     for snapshot_id in sorted(held):
         ids = sorted(local.index.snapshot_chunk_ids(snapshot_id))
         found = theirs.chunk_locations(ids)
-        if any(i not in found for i in ids) or not proof.holds(found, ids):
+        whole = not any(i not in found for i in ids) and proof.holds(found, ids)
+        if not whole or not _manifest_there(local, remote, snapshot_id):
             log.warning(
                 "ckstore: gc keeps snapshot %s: tier remote %r (%s) is recorded to hold it, but "
-                "its packs do not (missing, cut short or damaged there)",
+                "its manifest or packs there are missing, cut short or damaged",
                 snapshot_id[:12],
                 name,
                 remote.url,
             )
             out.add(snapshot_id)
     return out
+
+
+def _manifest_there(local: Repository, remote: Repository, snapshot_id: str) -> bool:
+    """Whether the remote holds the snapshot's manifest, whole (read, hashed against its id)."""
+    manifest_id = local.index.get_snapshot(snapshot_id).manifest_id
+    try:
+        remote.objects.get_blob("manifests", manifest_id)
+    except (CorruptionError, ObjectNotFoundError) as exc:
+        log.warning("ckstore: manifest %s at the remote: %s", manifest_id[:12], exc)
+        return False
+    return True
