@@ -21,7 +21,7 @@ So before a gc forgets anything (docs/RELIABILITY.md, I7):
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from ..errors import CkstoreError, CorruptionError, ObjectNotFoundError
@@ -62,49 +62,43 @@ def unproven(local: Repository, forget: bool = True) -> set[str]:
     """Ids of the snapshots recorded as held by a tier remote that the remote was not shown to
     hold now (module docstring): what retention must keep besides what no tier holds yet.
     ``forget`` (False for a dry run) forgets the ones a remote's index lacks."""
-    index: TierIndex = local.index
-    out: set[str] = set()
-    for record in index.list_remotes():
-        held = index.held_by(record.name) if record.tier else set()
-        if not held:
-            continue
-        try:
-            remote = open_remote(index, record)  # the store it was, or an error
-            try:
-                out |= lost_by(local, remote, record.name, forget=forget)
-            finally:
-                remote.close()
-        except CkstoreError as exc:
-            log.warning(
-                "ckstore: gc keeps the %d snapshot(s) recorded as pushed to tier remote %r: it "
-                "cannot show it holds them (%s)",
-                len(held),
-                record.name,
-                exc,
-            )
-            out |= held
-    return out
+    return _per_tier(
+        local, None, lambda remote, name, held: lost_by(local, remote, name, forget=forget)
+    )
 
 
 def unshown(local: Repository, snapshot_ids: Collection[str]) -> set[str]:
     """Of ``snapshot_ids`` (what a gc is about to drop), those a tier remote is recorded to
     hold but was not shown to hold in fact (module docstring): what the gc must keep."""
+    return _per_tier(
+        local, set(snapshot_ids), lambda remote, name, held: _unshown_at(local, remote, name, held)
+    )
+
+
+def _per_tier(
+    local: Repository,
+    among: set[str] | None,
+    check: Callable[[Repository, str, set[str]], set[str]],
+) -> set[str]:
+    """Union over the tier remotes of ``check(remote, name, held)``: ``held`` the snapshots
+    (of ``among``; None: all) recorded as held there. A remote that cannot be opened, or
+    whose check fails, keeps every one of them."""
     index: TierIndex = local.index
-    wanted = set(snapshot_ids)
     out: set[str] = set()
     for record in index.list_remotes():
-        held = index.held_by(record.name) & wanted if record.tier else set()
+        held = index.held_by(record.name) if record.tier else set()
+        held = held if among is None else held & among
         if not held:
             continue
         try:
-            remote = open_remote(index, record)
+            remote = open_remote(index, record)  # the store it was, or an error
             try:
-                out |= _unshown_at(local, remote, record.name, held)
+                out |= check(remote, record.name, held)
             finally:
                 remote.close()
         except CkstoreError as exc:
             log.warning(
-                "ckstore: gc keeps %d snapshot(s) recorded as pushed to tier remote %r: it "
+                "ckstore: gc keeps the %d snapshot(s) recorded as pushed to tier remote %r: it "
                 "cannot show it holds them (%s)",
                 len(held),
                 record.name,

@@ -15,21 +15,11 @@ from pathlib import Path
 import pytest
 
 import ckstore
-from tests.support.remotes import KNOBS, fill, restores
-
-
-def _tiered(tmp_path: Path) -> ckstore.Store:
-    store = ckstore.open(tmp_path / "local", create=True, auto_compact=False, **KNOBS)
-    store.add_remote("tier", tmp_path / "remote")
-    store.repository.index.set_remote_tier("tier", True)
-    fill(store, "r", [1, 2, 3])
-    store.push("tier")
-    assert {s.state for s in store.push_status().values()} == {"pushed"}
-    return store
+from tests.support.remotes import KNOBS, fill, restores, tiered
 
 
 def test_a_snapshot_the_remote_lost_is_kept_and_pushed_again(tmp_path: Path, caplog) -> None:
-    with _tiered(tmp_path) as store:
+    with tiered(tmp_path) as store:
         with ckstore.open(tmp_path / "remote") as remote:
             remote.delete("r@1", force=True)  # its index restored from an older backup
         r1 = store.get("r@1").id
@@ -50,7 +40,7 @@ def test_a_snapshot_the_remote_lost_is_kept_and_pushed_again(tmp_path: Path, cap
 def test_while_the_remote_cannot_be_opened_nothing_pushed_there_is_dropped(
     tmp_path: Path, caplog
 ) -> None:
-    with _tiered(tmp_path) as store:
+    with tiered(tmp_path) as store:
         shutil.move(tmp_path / "remote", tmp_path / "away")  # an unmounted share
         caplog.set_level(logging.WARNING, "ckstore")
         report = store.gc(keep_last=1, grace_seconds=0)

@@ -18,7 +18,7 @@ import pytest
 import ckstore
 from ckstore.objects import s3 as s3_mod
 from ckstore.remote import uploader as uploader_mod
-from tests.support.remotes import KNOBS, fill, restores
+from tests.support.remotes import KNOBS, fill, restores, tiered
 
 pytestmark = pytest.mark.s3
 
@@ -69,23 +69,13 @@ def test_gc_keeps_what_a_tier_remote_is_recorded_to_hold_but_holds_cut_short(
         assert store.check(read_data=True).ok
 
 
-def _tiered(tmp_path: Path) -> ckstore.Store:
-    store = ckstore.open(tmp_path / "local", create=True, auto_compact=False, **KNOBS)
-    store.add_remote("tier", tmp_path / "remote")
-    store.repository.index.set_remote_tier("tier", True)
-    fill(store, "r", [1, 2, 3])
-    store.push("tier")
-    assert {s.state for s in store.push_status().values()} == {"pushed"}
-    return store
-
-
 @pytest.mark.parametrize("damage", ["missing", "cut_short"])
 def test_gc_keeps_what_a_tier_remote_holds_without_its_manifest(
     tmp_path: Path, damage: str
 ) -> None:
     """The remote's packs whole, its manifest of r@1 lost or cut short: before, the proof
     checked only the packs, and gc dropped r@1 here, the last copy of its manifest."""
-    with _tiered(tmp_path) as store:
+    with tiered(tmp_path) as store:
         r1 = store.get("r@1").id
         manifest = tmp_path / "remote" / "manifests" / r1[:2] / r1
         if damage == "missing":

@@ -4,6 +4,7 @@ two stores hold the same history, bit for bit (importable from worker processes 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -71,3 +72,15 @@ def history(store: ckstore.Store) -> list[tuple[Any, ...]]:
 
 def same_history(a: ckstore.Store, b: ckstore.Store) -> bool:
     return history(a) == history(b) and a.tags() == b.tags()
+
+
+def tiered(tmp_path: Path) -> ckstore.Store:
+    """A store at ``tmp_path/local`` whose tier remote (``tier``, a folder at
+    ``tmp_path/remote``) holds r@1, r@2 and r@3, pushed."""
+    store = ckstore.open(tmp_path / "local", create=True, auto_compact=False, **KNOBS)
+    store.add_remote("tier", tmp_path / "remote")
+    store.repository.index.set_remote_tier("tier", True)
+    fill(store, "r", [1, 2, 3])
+    store.push("tier")
+    assert {s.state for s in store.push_status().values()} == {"pushed"}
+    return store
