@@ -110,10 +110,11 @@ def _per_tier(
 
 def _unshown_at(local: Repository, remote: Repository, name: str, held: set[str]) -> set[str]:
     proof = Proof(remote)
+    index: TierIndex = local.index
     theirs: ProofIndex = remote.index
     out = set()
     for snapshot_id in sorted(held):
-        ids = sorted(local.index.snapshot_chunk_ids(snapshot_id))
+        ids = sorted(index.snapshot_chunk_ids(snapshot_id))
         found = theirs.chunk_locations(ids)
         whole = not any(i not in found for i in ids) and proof.holds(found, ids)
         if not whole or not _manifest_there(local, remote, snapshot_id):
@@ -130,7 +131,8 @@ def _unshown_at(local: Repository, remote: Repository, name: str, held: set[str]
 
 def _manifest_there(local: Repository, remote: Repository, snapshot_id: str) -> bool:
     """Whether the remote holds the snapshot's manifest, whole (read, hashed against its id)."""
-    manifest_id = local.index.get_snapshot(snapshot_id).manifest_id
+    index: TierIndex = local.index
+    manifest_id = index.get_snapshot(snapshot_id).manifest_id
     try:
         remote.objects.get_blob("manifests", manifest_id)
     except (CorruptionError, ObjectNotFoundError) as exc:
