@@ -225,8 +225,7 @@ def export_snapshot(
     budget = view.repo.memory_budget if memory_budget is None else memory_budget
     if budget is None:  # the store's default: the most a restore stages by default
         budget = budget_cap()
-    keep = [p for p in (_local_folder(view.repo.url), file_of(view.repo.index.url)) if p]
-    with _outdir.staged(dest, force, keep) as out:
+    with _outdir.staged(dest, force, _in_use(view.repo)) as out:
         if format == "torch":
             done = _torchfile.export(view, out, selected, src, budget)
         elif format == "dcp":
@@ -242,6 +241,22 @@ def export_snapshot(
         done.get("skipped_values", []),
         skipped_apps,
     )
+
+
+def _in_use(repo: Repository) -> dict[str, str]:
+    """The local paths an export must never replace, and who uses each: the store exported
+    from, its index file, and each of its remotes' store and index file (the index of a
+    remote may lie outside every store: deleting it loses the remote's snapshots)."""
+    found = {
+        _local_folder(repo.url): "the store exported from",
+        file_of(repo.index.url): "the index of the store exported from",
+    }
+    for remote in repo.index.list_remotes():
+        found[_local_folder(remote.url)] = f"remote {remote.name!r}"
+        found[file_of(remote.index) if remote.index else None] = (
+            f"the index of remote {remote.name!r}"
+        )
+    return {path: user for path, user in found.items() if path}
 
 
 def _local_folder(url: str) -> str | None:

@@ -11,26 +11,27 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from ..engine.config import CONFIG_NAME
 from ..errors import CorruptionError, DestinationExistsError
 
 
-def check_destination(dest: str, force: bool, keep: Sequence[str] = ()) -> None:
+def check_destination(dest: str, force: bool, keep: Mapping[str, str] | None = None) -> None:
     """Refuse a destination that is a file, or a non-empty directory without ``force``; and,
     with or without it, one that is, holds or lies inside a store, or holds a path of ``keep``
-    (the store exported from and its index file, which may lie elsewhere).
+    (path -> who uses it: the store exported from, its remotes, and their index files, which
+    may lie elsewhere).
 
     Raises:
         DestinationExistsError: for each of those, naming the destination and what it hits.
     """
-    for path in keep:
+    for path, user in (keep or {}).items():
         if _holds(dest, path):
             raise DestinationExistsError(
-                f"export destination {dest!r} is or holds {path!r}, which the store exported "
-                "from uses; choose a directory outside the store"
+                f"export destination {dest!r} is or holds {path!r}, which {user} uses; "
+                "choose a directory outside every store and index"
             )
     inside = _store_above(dest)
     if inside is not None:
@@ -84,9 +85,9 @@ def _store_within(dest: str) -> str | None:
 
 
 @contextmanager
-def staged(dest: str, force: bool, keep: Sequence[str] = ()) -> Iterator[str]:
+def staged(dest: str, force: bool, keep: Mapping[str, str] | None = None) -> Iterator[str]:
     """Yield a temporary directory to fill; on success it becomes ``dest`` (refused as
-    :func:`check_destination` says; ``keep``: the paths of the store exported from).
+    :func:`check_destination` says; ``keep``: the paths the store exported from uses).
 
     A ``dest`` that is a symbolic link to a directory stands for that directory: the export
     is published there (renaming onto the link itself would fail once everything is written).
@@ -125,7 +126,7 @@ def inside(out: str, rel: str, where: str) -> str:
     return os.path.join(out, *parts)
 
 
-def _publish(tmp: str, dest: str, force: bool, keep: Sequence[str]) -> None:
+def _publish(tmp: str, dest: str, force: bool, keep: Mapping[str, str] | None) -> None:
     check_destination(dest, force, keep)
     if os.path.isdir(dest) and os.listdir(dest):
         old = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.old-", dir=os.path.dirname(dest))

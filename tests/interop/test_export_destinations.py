@@ -146,3 +146,26 @@ def test_an_export_with_force_never_replaces_the_folder_of_the_stores_own_index(
         assert db.exists() and store.get("r@1").id == snap.id
         report = snap.export(tmp_path / "out", format="torch")  # elsewhere: fine
         assert report.files
+
+
+def test_an_export_with_force_never_replaces_a_remotes_store_or_its_index(
+    tmp_path: Path,
+) -> None:
+    """A remote's store folder is refused as any store is; its index file, kept outside that
+    folder, was not: ``--force`` deleted the only index of the remote's snapshots."""
+    idx = tmp_path / "remote-idx"
+    idx.mkdir()
+    db = idx / "index.sqlite"
+    with ckstore.open(tmp_path / "s", create=True) as store:
+        store.add_remote("backup", str(tmp_path / "r"), index=f"sqlite:///{db}")
+        snap = store.take({"model": torch.nn.Linear(8, 8)}, run="r", step=1)
+        store.push("backup")
+        assert db.exists()
+        with pytest.raises(ckstore.errors.DestinationExistsError, match="remote 'backup'"):
+            snap.export(idx, format="torch", force=True)
+        with pytest.raises(ckstore.errors.DestinationExistsError):
+            snap.export(tmp_path / "r", format="torch", force=True)
+        assert db.exists()
+    with ckstore.open(tmp_path / "r", index=f"sqlite:///{db}") as remote:
+        assert remote.get("r@1").id == snap.id
+        assert remote.check(read_data=True).ok
