@@ -124,6 +124,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--child-system", help=argparse.SUPPRESS)
     ap.add_argument("--child-state", help=argparse.SUPPRESS)
     ap.add_argument("--child-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--child-build", choices=("module", "tensors"), help=argparse.SUPPRESS)
     return ap
 
 
@@ -131,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     if args.child_op == "resume":
-        return resume_child(args.child_system, args.child_dir, args.size_mb)
+        return resume_child(
+            args.child_system, args.child_dir, args.size_mb, args.child_build or "tensors"
+        )
     if args.child_op == "async":
         return budget_child(args.child_budget, args.child_state, args.child_dir)
     if args.child_op:

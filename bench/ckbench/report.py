@@ -251,6 +251,7 @@ def time_rows(b: Bench, med: Medians, peers: list[str]) -> list[str]:
             ("restore_model", "restore the weights alone (model/**)"),
             ("read_one_tensor", "read one 64 MiB tensor"),
             ("resume", "resume: fresh process, restore, first step"),
+            ("resume_script", "resume as a script does (nn.Module + AdamW built first)"),
         )
     ]
 

@@ -46,6 +46,9 @@ def figures(b: Bench, med: Medians) -> dict[str, float | None]:
             m("read_one_tensor", "ckstore"), m("read_one_tensor", "safetensors")
         ),
         "resume_vs_torch": _ratio(m("resume", "ckstore"), m("resume", "torch.save")),
+        "resume_script_vs_torch": _ratio(
+            m("resume_script", "ckstore"), m("resume_script", "torch.save")
+        ),
         "atomic_vs_floor": _ratio(checked, floor),
         "nonatomic_vs_floor": _ratio(m("restore_nonatomic", "ckstore"), copy_pass),
         "floor_vs_torch": _ratio(floor, m("restore", "torch.save")),
@@ -90,6 +93,11 @@ def targets(b: Bench, med: Medians, row: Any) -> list[dict[str, Any]]:
         ),
         row("read one 64 MiB tensor / safetensors", f["tensor_vs_safetensors"], 1.2),
         row("resume end to end / torch.save", f["resume_vs_torch"], 1.05),
+        row(
+            "resume as a script does (nn.Module + AdamW built) / torch.save",
+            f["resume_script_vs_torch"],
+            1.05,
+        ),
         row(
             "restore peak RSS above live / state",
             rss.get("restore", {}).get("peak_above_live_fraction"),
