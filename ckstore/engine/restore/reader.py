@@ -151,7 +151,7 @@ class Reader:
             with torch.no_grad():
                 t.copy_(
                     from_bytes(entry.data or b"", entry.dtype, entry.shape)[
-                        slices(offs, offs, sizes)
+                        slices(offs, (0,) * len(offs), sizes)  # the whole tensor is inline
                     ]
                 )
 
