@@ -87,6 +87,21 @@ def gc_barrier(conn: Connection, *, exclusive: bool = False) -> None:
         conn.execute(text(f"SELECT {fn}(:key)"), {"key": GC_BARRIER_KEY})
 
 
+NAMES_KEY = 0x636B_7374_6E6D  # an advisory-lock key of our own ("ckstnm")
+
+
+def names_lock(conn: Connection) -> None:
+    """Serialise the transactions that give a name a meaning on PostgreSQL (SQLite already
+    serialises writes): a tag created or moved, a commit that starts a run, names a snapshot or
+    tags it. The rules of ``_refnames`` read one table and write another, and under READ
+    COMMITTED two such transactions would each pass the other's check unseen (a tag and a run
+    of one name; two takes both creating one tag). Taken before the rules are read and held to
+    the transaction's end; a writer holds no other lock it takes after this one, so the lock
+    adds no lock-order cycle."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": NAMES_KEY})
+
+
 def check_lease(conn: Connection, session_id: str, *, lock: bool = False) -> float:
     """Checks that a write session is active and unexpired; returns the current time.
 

@@ -85,6 +85,7 @@ def _set(
     conn: Connection, name: str, snapshot_id: str, force: bool, expected_version: int | None
 ) -> TagRecord:
     validate_name(name, "tag")
+    _sql.names_lock(conn)
     refuse_tag_hiding_a_name(conn, name)
     s = _sql.snapshots
     if not conn.scalar(select(func.count()).where(s.c.id == snapshot_id)):
