@@ -101,7 +101,7 @@ def stage_within(
         deferring = fill_later is not None and pageable
         later, now = [], []
         for flat, key, value, n in chosen:
-            if deferring and _deferrable(value, n, inline_bytes):
+            if deferring and _deferrable(value, inline_bytes):
                 flat.leaves[key] = arena.place(value)
                 later.append((flat.leaves[key], value))
             else:
@@ -209,9 +209,13 @@ def reserved_bytes(opts: TakeOptions, background_threads: int, budget: int) -> i
     return min(budget, replace(opts, threads=max(opts.threads, background_threads)).working_bytes())
 
 
-def _deferrable(value: Any, nbytes: int, inline_bytes: int) -> bool:
-    """A CPU value the arena holds (``nbytes``: its ``arena_bytes``) whose copy may wait for
-    :func:`staging.fill` (one planning stores inline is read at once)."""
+def _deferrable(value: Any, inline_bytes: int) -> bool:
+    """A CPU value the arena holds whose copy may wait for :func:`staging.fill`: one planning
+    stores inline (its own bytes, not its room rounded up to ``ALIGN``, at most
+    ``inline_bytes``) is read at once, so it is copied at once."""
+    nbytes = (
+        value.numel() * value.element_size() if isinstance(value, torch.Tensor) else value.nbytes
+    )
     return nbytes > inline_bytes and _on_cpu(value)
 
 
