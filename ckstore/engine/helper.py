@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from ..errors import StorageError
+from ..errors import StorageError, UnsupportedValueError
 from .opening import open_repository
 from .repository import Repository
 
@@ -63,17 +63,20 @@ class Helper:
         with self._lock:
             self._running()
 
-    def send(self, message: dict[str, Any], fd: int) -> Future[dict[str, Any]]:
-        """Send one job with the descriptor ``fd`` (duplicated into the helper); its reply,
-        once the helper is done.
+    def send(self, message: dict[str, Any] | bytes, fd: int) -> Future[dict[str, Any]]:
+        """Send one job (or the bytes :func:`encode` made of it) with the descriptor ``fd``
+        (duplicated into the helper); its reply, once the helper is done.
 
         Raises:
+            UnsupportedValueError: the job cannot be encoded (nothing was sent).
             StorageError: the helper could not be reached (it is stopped; the next job starts
                 a new one).
         """
         future: Future[dict[str, Any]] = Future()
         if self._owner != os.getpid():
             self._forget_parents()
+        if not isinstance(message, bytes):
+            message = encode(message)  # before its reply is awaited: one that fails leaves none
         with self._lock:
             sock = self._running()
             self._waiting.append(future)
@@ -201,9 +204,26 @@ _HELPERS_LOCK = threading.Lock()
 # the wire: a length, then a pickle (between this process and its own helper only)
 
 
+def encode(message: Any) -> bytes:
+    """``message`` as :func:`send` sends it: encoded now, so the values it holds are those of
+    this moment, whatever their owner does to them after.
+
+    Raises:
+        UnsupportedValueError: something in it cannot go to another process (a class defined
+            inside a function, a lock).
+    """
+    try:
+        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise UnsupportedValueError(
+            f"a message for the helper process cannot be encoded: {exc}"
+        ) from exc
+
+
 def send(sock: socket.socket, message: Any, fds: Sequence[int] = ()) -> None:
-    """Send ``message`` and the descriptors ``fds`` (duplicated into the receiver)."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    """Send ``message`` (or the bytes :func:`encode` made of it) and the descriptors ``fds``
+    (duplicated into the receiver)."""
+    data = message if isinstance(message, bytes) else encode(message)
     socket.send_fds(sock, [HEADER.pack(len(data))], list(fds))
     sock.sendall(data)
 

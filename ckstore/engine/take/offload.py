@@ -86,9 +86,12 @@ def job(
     flats: Mapping[str, Flat],
     arena: StagingArena,
     threads: int,
-) -> dict[str, Any]:
-    """The message that has the helper take ``flats`` (staged in ``arena``) as ``spec`` says."""
-    return {
+) -> bytes | None:
+    """The message that has the helper take ``flats`` (staged in ``arena``) as ``spec`` says,
+    encoded at once, so the plain values it holds (a list, a ``bytearray`` the training loop
+    changes after the call) are those of the call; None if one of them cannot go to another
+    process (the take then finishes in a thread of this one)."""
+    message = {
         "open": {"url": repo.url, **repo.opened_with},
         "knobs": {"threads": threads, **{k: getattr(repo, k) for k in KNOBS}},
         "spec": {
@@ -101,6 +104,10 @@ def job(
         },
         "size": arena.size,
     }
+    try:
+        return helper.encode(message)
+    except errors.UnsupportedValueError:
+        return None
 
 
 def _describe(arena: StagingArena, value: Any) -> Any:
@@ -158,9 +165,7 @@ def helper_for(repo: Repository) -> Helper:
     return helper.helper_for(repo, SERVER, "take", "nothing was committed for it")
 
 
-def submit(
-    repo: Repository, message: dict[str, Any], arena: StagingArena
-) -> Future[dict[str, Any]]:
+def submit(repo: Repository, message: bytes, arena: StagingArena) -> Future[dict[str, Any]]:
     """Send one take (the copies in ``arena``, a shared one) to ``repo``'s helper; its reply,
     once the helper is done.
 

@@ -315,9 +315,13 @@ def take_async(
     previous = _in_call_order(repo, future)
     gate = _Gate()
     try:
-        if offload.shareable(flats, arena, live):
+        message = (
+            offload.job(repo, spec, flats, arena, threads)
+            if offload.shareable(flats, arena, live)
+            else None
+        )
+        if message is not None:
             t.close()  # nothing was opened: the helper process opens its own take
-            message = offload.job(repo, spec, flats, arena, threads)
             work = partial(_offloaded, repo, message, arena, future, previous)
         else:
             work = partial(_finish, repo, t, p, now, live, threads, arena, future, previous)
@@ -411,7 +415,7 @@ def _in_call_order(repo: Repository, future: Future[TakeResult]) -> Future[TakeR
 
 def _offloaded(
     repo: Repository,
-    message: dict[str, Any],
+    message: bytes,
     arena: StagingArena,
     future: Future[TakeResult],
     previous: Future[TakeResult] | None,
