@@ -3,6 +3,7 @@ arena single-process async takes cut their copies from."""
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 from collections import OrderedDict
@@ -231,7 +232,8 @@ def fill(pairs: list[tuple[Any, Any]]) -> None:
 
 
 def stage(obj: Any, key: str = "", arena: StagingArena | None = None) -> Any:
-    """Copy tensors/arrays (to CPU) and rebuild containers; immutable scalars are shared.
+    """Copy tensors/arrays (to CPU), ``bytearray`` and ``io.BytesIO`` values, and rebuild
+    containers; immutable scalars are shared.
 
     After this returns, nothing the caller does to its tensors, dicts or lists changes the copy.
     Tensors ckstore cannot store are refused before anything is copied (``key`` names where
@@ -274,6 +276,10 @@ def _stage(obj: Any, key: str, depth: int, arena: StagingArena | None) -> Any:
         return [_stage(v, join(key, str(i)), depth + 1, arena) for i, v in enumerate(obj)]
     if isinstance(obj, tuple) and not isinstance(obj, torch.Size):
         return tuple(_stage(v, join(key, str(i)), depth + 1, arena) for i, v in enumerate(obj))
+    if isinstance(obj, bytearray):  # the plain values that can change in place
+        return bytearray(obj)
+    if isinstance(obj, io.BytesIO):
+        return io.BytesIO(obj.getvalue())
     return obj
 
 
