@@ -73,6 +73,7 @@ class _AppPlan:
     )  # per-rank keys with no value here: left as they are
     meta: list[str] = field(default_factory=list)  # destinations on the meta device: replaced
     cast: dict[str, torch.Tensor] = field(default_factory=dict)  # read anew, then cast into these
+    cast_meta: dict[str, torch.dtype] = field(default_factory=dict)  # meta ones: read, converted
 
 
 @dataclass
@@ -267,8 +268,18 @@ def _validate(
         if not isinstance(entry, TensorEntry):
             continue
         stored = dtype_from_name(entry.dtype)
+        if dest.is_meta and is_dtensor_dest(dest):
+            raise MismatchError(
+                f"{reader.where}: key {key!r} of app_state[{name!r}] is a DTensor on the meta "
+                "device: its shard has no memory to load into. Materialise the model first "
+                "(module.to_empty(device=...), as FSDP2 models are before loading), then restore"
+            )
         if cast and castable(dest, stored) and tuple(dest.shape) == entry.shape:
-            plan.cast[key] = dest  # read as a new tensor of the stored dtype, then converted
+            if dest.is_meta:  # read as a new tensor, converted, assigned
+                plan.meta.append(key)
+                plan.cast_meta[key] = dest.dtype
+            else:
+                plan.cast[key] = dest  # read as a new tensor of the stored dtype, then converted
             continue
         check_destination(dest, stored, entry.shape, key, reader.where, cast_hint=not cast)
         if dest.is_meta and not is_dtensor_dest(dest):
@@ -368,6 +379,8 @@ def _apply(reader: Reader, plan: _AppPlan, tensors: Mapping[str, torch.Tensor]) 
             return plan.cast[key]
         if key in plan.dest:
             return own.get(key, plan.dest[key])
+        if key in plan.cast_meta:
+            return tensors[key].to(plan.cast_meta[key])
         return reader.value_of(key, tensors)
 
     state = unflatten(reader.manifest.apps[plan.name], resolve)

@@ -1,0 +1,34 @@
+"""``restore(cast=True)`` into a model built on the meta device in another float dtype (a bf16
+model from an fp32 snapshot) loads the weights, converted, as new tensors. Before, the cast
+branch copied into the meta tensors (a no-op) and the meta check never ran: the restore
+returned normally with nothing loaded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ckstore
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = ckstore.open(
+        tmp_path / "store", chunk_bytes=1024, pack_bytes=8192, inline_bytes=64, create=True
+    )
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_cast_restore_into_meta_model_loads_or_raises(store, atomic):
+    torch.manual_seed(0)
+    src = torch.nn.Linear(30, 20)  # float32
+    store.take({"model": src}, run="r", step=1)
+
+    with torch.device("meta"):
+        model = torch.nn.Linear(30, 20).to(torch.bfloat16)
+    store.get("r@1").restore({"model": model}, cast=True, atomic=atomic)
+    assert model.weight.dtype == torch.bfloat16
+    assert not model.weight.is_meta and not model.bias.is_meta, model.weight.device
+    assert torch.equal(model.weight.float(), src.weight.detach().bfloat16().float())
