@@ -27,7 +27,8 @@ def as_cpu_tensor(value: Any, key: str) -> torch.Tensor:
                 f"key {key!r}: NumPy arrays of dtype {value.dtype} are not supported; "
                 "use a numeric little-endian dtype"
             )
-        return torch.from_numpy(np.ascontiguousarray(value))
+        # ascontiguousarray makes a 0-d array 1-d: keep its shape
+        return torch.from_numpy(np.ascontiguousarray(value).reshape(value.shape))
     if _plain_cpu(value):
         # a tensor that needs no detaching is used as it is: a new tensor object per tensor
         # and take is one more for Python's collector to promote

@@ -35,11 +35,14 @@ def join(prefix: str, part: str) -> str:
 
 
 def is_array(value: Any) -> bool:
-    """True for values stored as tensor entries."""
+    """True for values stored as tensor entries (not a NumPy masked array: its mask would be
+    lost, so it is refused as a value)."""
     import numpy as np
     import torch
 
-    return isinstance(value, (torch.Tensor, np.ndarray))
+    return isinstance(value, torch.Tensor) or (
+        isinstance(value, np.ndarray) and not isinstance(value, np.ma.MaskedArray)
+    )
 
 
 def _is_plain_seq(value: Any) -> bool:

@@ -28,6 +28,13 @@ _NP_KINDS = frozenset("biufc")
 
 
 def _refuse(value: Any, key: str) -> UnsupportedValueError:
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.ma.MaskedArray):
+        return UnsupportedValueError(
+            f"key {key!r}: a NumPy masked array would lose its mask; store its data and its "
+            "mask as two arrays (np.ma.getdata(x), np.ma.getmaskarray(x)) and rebuild it with "
+            "np.ma.array(data, mask=mask)"
+        )
     return UnsupportedValueError(
         f"key {key!r}: cannot store a value of type {type(value).__module__}."
         f"{type(value).__qualname__}. ckstore stores tensors, NumPy arrays and plain data "

@@ -16,7 +16,7 @@ from ...errors import InvalidInputError
 from ...format.boxes import is_dtensor
 from ...format.limits import MAX_DEPTH
 from ...format.tensors import check_tensor
-from ...format.tree import join
+from ...format.tree import is_array, join
 from ...objects.memory import address_of, private_memory
 from ..repository import Repository
 
@@ -257,7 +257,7 @@ def _stage(obj: Any, key: str, depth: int, arena: StagingArena | None) -> Any:
         if _in_arena(obj, arena):
             return arena.copy(obj)  # type: ignore[union-attr]
         return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, np.ndarray) and is_array(obj):  # a masked array is refused by planning
         return arena.copy(obj) if _in_arena(obj, arena) else obj.copy()  # type: ignore[union-attr]
     if isinstance(obj, (dict, list, tuple)) and not isinstance(obj, torch.Size):
         if depth > MAX_DEPTH:  # depth 0 is the app_state mapping around the state dicts
