@@ -53,7 +53,7 @@ from ..stateful import RNGState, check_app_state, rng_last
 from .fetch import Arena, Fetcher
 from .hints import castable, compiled_hint
 from .jobs import Job, Region
-from .reader import Reader, check_destination, is_dtensor_dest
+from .reader import Reader, check_destination, is_dtensor_dest, refuse_overlapping
 
 log = logging.getLogger("ckstore")
 
@@ -279,6 +279,7 @@ def _validate(
                 plan.meta.append(key)
                 plan.cast_meta[key] = dest.dtype
             else:
+                refuse_overlapping(dest, key, reader.where)
                 plan.cast[key] = dest  # read as a new tensor of the stored dtype, then converted
             continue
         check_destination(dest, stored, entry.shape, key, reader.where, cast_hint=not cast)

@@ -186,6 +186,19 @@ def check_destination(
             f"{dest.dtype} {list(dest.shape)} in the destination; {cast}build the destination "
             "with the same shapes/dtypes, or read it with read_object() and convert"
         )
+    refuse_overlapping(dest, key, where)
+
+
+def refuse_overlapping(dest: torch.Tensor, key: str, where: str) -> None:
+    """Refuse a destination whose elements share memory (an ``expand``-ed view: a stride of 0
+    along a dimension of more than one element), which cannot hold distinct values: found
+    before anything is written, not by ``copy_`` after other keys were."""
+    if any(st == 0 and n > 1 for st, n in zip(dest.stride(), dest.shape)):
+        raise MismatchError(
+            f"{where}: key {key!r}: the destination is an expanded view (shape "
+            f"{list(dest.shape)}, strides {list(dest.stride())}) whose elements share memory, "
+            "so it cannot hold the stored values; give it a tensor of its own (e.g. .clone())"
+        )
 
 
 def is_dtensor_dest(t: torch.Tensor) -> bool:
