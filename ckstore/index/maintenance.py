@@ -357,13 +357,19 @@ class Maintenance(IndexBase):
     def prune_manifests(
         self, cutoff: float, dry_run: bool = False, ignoring: Sequence[str] = ()
     ) -> list[str]:
-        """Delete (or list) manifest rows no snapshot uses, older than ``cutoff``."""
+        """Delete (or list) manifest rows no snapshot uses, older than ``cutoff``.
+
+        Holds the GC barrier exclusive (PostgreSQL): a commit naming one of these manifests
+        again (a pull re-sending a snapshot deleted here) runs wholly before or after, so it
+        never keeps a manifest row whose entries this deleted."""
         m, e, s = _sql.manifests, _sql.manifest_entries, _sql.snapshots
         used = select(s.c.id).where(s.c.manifest_id == m.c.id)
         if ignoring:
             used = used.where(s.c.id.not_in(list(ignoring)))
         cond = (m.c.created_at < cutoff) & ~exists(used)
         with (self._read if dry_run else self._write)("prune manifests") as conn:
+            if not dry_run:
+                _sql.gc_barrier(conn, exclusive=True)
             ids = list(conn.scalars(select(m.c.id).where(cond)))
             if not dry_run:
                 for batch in batches(ids):
