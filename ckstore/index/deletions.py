@@ -36,6 +36,12 @@ class Deletions(IndexBase):
         """
         s, sc, t = _sql.snapshots, _sql.snapshot_chunks, _sql.tags
         with self._write(f"delete snapshot {snapshot_id}") as conn:
+            run = conn.scalar(select(s.c.run).where(s.c.id == snapshot_id))
+            if run is not None:  # as a commit to the run does: its new snapshot's parent is
+                # read under this lock, so it is never the one deleted here
+                conn.execute(
+                    select(_sql.runs.c.name).where(_sql.runs.c.name == run).with_for_update()
+                )
             row = conn.execute(
                 select(s.c.parent_id).where(s.c.id == snapshot_id).with_for_update()
             ).first()
