@@ -355,12 +355,18 @@ def _delete_retired(
     for pack_id in index.delete_retired_packs(cutoff, only):  # rows first...
         if pack_id in remote:
             continue
-        try:
-            report.bytes_reclaimed += repo.objects.pack_size(pack_id)
-        except ObjectNotFoundError:
-            pass  # deleted by an earlier, interrupted gc
+        report.bytes_reclaimed += _pack_size(repo, pack_id) or 0  # None: an earlier gc's
         repo.objects.delete_pack(pack_id)  # ...then the object
         report.packs_removed += 1
+
+
+def _pack_size(repo: Repository, pack_id: str) -> int | None:
+    """The size of a pack, or None if it is gone (deleted by another gc meanwhile, or by an
+    earlier one that was interrupted)."""
+    try:
+        return repo.objects.pack_size(pack_id)
+    except ObjectNotFoundError:
+        return None
 
 
 def _delete_orphans(repo: Repository, report: GCReport, cutoff: float) -> None:
@@ -387,7 +393,10 @@ def _delete_orphans(repo: Repository, report: GCReport, cutoff: float) -> None:
         repo.objects.discard_upload(name, upload_id)
         report.uploads_aborted += 1
     for pack_id in packs - index.index_pack_ids():
-        report.bytes_reclaimed += repo.objects.pack_size(pack_id)
+        size = _pack_size(repo, pack_id)
+        if size is None:
+            continue  # another gc deleted it after this one listed it
+        report.bytes_reclaimed += size
         repo.objects.delete_pack(pack_id)
         report.orphans_removed += 1
     report.orphans_removed += _delete_manifests(
