@@ -41,7 +41,14 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    """Drops them again (only possible while no delta is stored)."""
+    """Drops them again; refused while a delta is stored (its base would be forgotten and its
+    bytes read as a full chunk's: PostgreSQL drops the columns in place, without a word)."""
+    deltas = op.get_bind().scalar(sa.text("SELECT COUNT(*) FROM chunks WHERE base_id IS NOT NULL"))
+    if deltas:
+        raise RuntimeError(
+            f"cannot downgrade the index below revision 0002: {deltas} chunk(s) are stored as "
+            "deltas, which revision 0001 cannot describe; keep revision 0002 or later"
+        )
     with op.batch_alter_table("chunks") as batch:
         batch.drop_index("ix_chunks_base_id")
         batch.drop_constraint("fk_chunks_base_id_chunks", type_="foreignkey")
