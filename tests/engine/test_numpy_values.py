@@ -12,15 +12,6 @@ import ckstore
 from ckstore import errors
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = ckstore.open(
-        tmp_path / "store", chunk_bytes=1024, pack_bytes=8192, inline_bytes=64, create=True
-    )
-    yield s
-    s.close()
-
-
 def test_zero_dim_numpy_array_keeps_its_shape(store):
     value = np.array(3.5, dtype=np.float32)  # shape ()
     store.take({"s": ckstore.StateDict(x=value)}, run="r", step=1)

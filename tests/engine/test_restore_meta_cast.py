@@ -8,17 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ckstore
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = ckstore.open(
-        tmp_path / "store", chunk_bytes=1024, pack_bytes=8192, inline_bytes=64, create=True
-    )
-    yield s
-    s.close()
-
 
 @pytest.mark.parametrize("atomic", [True, False])
 def test_cast_restore_into_meta_model_loads_or_raises(store, atomic):

@@ -11,15 +11,6 @@ import torch
 import ckstore
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = ckstore.open(
-        tmp_path / "store", chunk_bytes=1024, pack_bytes=8192, inline_bytes=64, create=True
-    )
-    yield s
-    s.close()
-
-
 def test_failed_atomic_restore_leaves_destination_untouched(store):
     store.take(
         {"m": ckstore.StateDict(a=torch.ones(40, 30), z=torch.arange(500.0))}, run="r", step=1
