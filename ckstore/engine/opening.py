@@ -21,6 +21,7 @@ from ..errors import (
 from ..index.lite import LiteReads, recorded_store_id
 from ..index.sqlite_paths import sqlite_url, unescaped_file
 from .config import CONFIG_NAME, StoreConfig
+from .one_folder import check_folder
 from .repository import Repository
 
 if TYPE_CHECKING:
@@ -105,6 +106,12 @@ def open_repository(
             f"index {idx.url} belongs to another store (id {stored}) than {url} (id "
             f"{config.store_id}); point index= at this store's index"
         )
+    if index is not None and is_local(url):
+        try:
+            check_folder(idx, url, config.store_id)
+        except BaseException:
+            idx.close()
+            raise
     return _opened(Repository(url, objs, idx, config), index, storage_options)
 
 
