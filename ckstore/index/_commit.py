@@ -41,11 +41,11 @@ def commit(
     for pack, chunks in packs:
         add_pack(conn, pack, chunks, now)
     require_chunks(conn, chunk_ids)
-    if tags or snapshot.name is not None or _refnames.run_head(conn, snapshot.run) is None:
+    lock_run(conn, snapshot.run, now)  # no delete of the run's snapshots is half done now
+    parent_id, seq = run_head(conn, snapshot.run)
+    if tags or snapshot.name is not None or parent_id is None:
         _sql.names_lock(conn)  # this commit gives a name a meaning: one at a time
     _refnames.check_take(conn, snapshot.run, tags, snapshot.id, snapshot.name)
-    lock_run(conn, snapshot.run, now)
-    parent_id, seq = run_head(conn, snapshot.run)
     require_free(conn, snapshot)
     stored = dataclasses.replace(snapshot, parent_id=parent_id)
     add_manifest(conn, snapshot.manifest_id, manifest_size, entries, now)

@@ -10,6 +10,11 @@ the commit holds.
   a run could both take one name (after which ``get("x")`` of the run raised).
 - ``rm`` of a run's latest snapshot while a commit to the run chooses its parent: before the
   delete took the run's row lock, r@3 recorded the deleted r@2 as its parent.
+- A take into a run that exists, with no tags, skips the names lock; the run's last snapshot
+  deleted and a tag of its name set before the take locks the run made a tag and a run of one
+  name. The take now reads the run's head under the run's row lock, which every delete of the
+  run's snapshots takes first (also the order that keeps ``rm`` beside ``delete_run`` of the
+  run from deadlocking, which taking it in ``delete_snapshot`` alone did).
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from typing import Any
 
 import pytest
 import torch
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 import ckstore
-from ckstore.errors import ConflictError
+from ckstore.errors import CkstoreError, ConflictError
 from ckstore.index import _commit
 from tests.conftest import TINY
 from tests.support.pgserver import PgServer
@@ -134,3 +141,68 @@ def test_a_delete_of_the_head_beside_a_commit_keeps_the_run_a_chain(
         assert ids == {first.id, third.id}
         parent = other.get(third.id).record.parent_id
         assert parent in ids, f"r@3's parent is {parent}, the deleted r@2, not r@1 ({first.id})"
+
+
+@pytest.mark.parametrize("how", ["rm", "delete_run"])
+def test_a_take_into_a_run_emptied_and_tagged_meanwhile_keeps_one_meaning(
+    tmp_path: Path, pg: PgServer, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    with _two_handles(tmp_path, pg) as (taker, other):
+        old = taker.take(_state(1), run="foo", step=1)
+        elsewhere = taker.take(_state(2), run="bar", step=1)
+
+        def empty_and_tag() -> None:
+            if how == "rm":
+                other.delete(old.id, force=True)
+            else:
+                other.delete_run("foo", force=True)
+            other.tag(elsewhere.id, "foo")  # `ckstore tag bar@1 foo`: run foo is empty now
+
+        meanwhile = _Meanwhile(monkeypatch, empty_and_tag)
+        new = _first_take(taker, _state(3), run="foo", step=2)
+        monkeypatch.undo()
+        meanwhile.outcome()
+        tagged = "foo" in other.tags()
+        assert not (tagged and any(True for _ in other.log(run="foo"))), (
+            f"tag 'foo' and run 'foo' (with snapshot {getattr(new, 'id', new)}) both exist"
+        )
+
+
+def test_rm_beside_delete_run_does_not_deadlock(tmp_path: Path, pg: PgServer) -> None:
+    with _two_handles(tmp_path, pg) as (mine, other):
+        mine.take(_state(1), run="r", step=1)
+        second = mine.take(_state(2), run="r", step=2)
+        main = threading.current_thread()
+        results: list[Any] = []
+
+        def drop_run() -> None:
+            try:
+                results.append(other.delete_run("r", force=True))
+            except CkstoreError as exc:
+                results.append(exc)
+
+        thread = threading.Thread(target=drop_run)
+
+        def hook(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if (
+                threading.current_thread() is main
+                and not thread.ident
+                and "FROM runs" in statement
+                and "FOR UPDATE" in statement
+            ):
+                thread.start()  # `ckstore rm --run r` elsewhere, right after rm locked the run
+                thread.join(timeout=3.0)
+
+        event.listen(Engine, "after_cursor_execute", hook)
+        try:
+            try:
+                mine.delete(second.id, force=True)
+                rm: Any = None
+            except CkstoreError as exc:
+                rm = exc
+        finally:
+            event.remove(Engine, "after_cursor_execute", hook)
+        thread.join(timeout=60)
+        assert thread.ident and not thread.is_alive()
+        for outcome in (rm, *results):
+            assert "deadlock" not in str(outcome), f"{type(outcome).__name__}: {outcome}"
