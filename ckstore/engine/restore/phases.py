@@ -376,8 +376,8 @@ def _apply(reader: Reader, plan: _AppPlan, tensors: Mapping[str, torch.Tensor]) 
     def resolve(key: str) -> Any:
         if key in plan.keep:
             return plan.keep[key]
-        if key in plan.cast:
-            return plan.cast[key]
+        if key in plan.cast:  # the module's own parameter, when meta ones are assigned
+            return own.get(key, plan.cast[key])
         if key in plan.dest:
             return own.get(key, plan.dest[key])
         if key in plan.cast_meta:

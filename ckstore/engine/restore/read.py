@@ -130,6 +130,11 @@ def _copy_into(dest: Any, src: torch.Tensor, key: str, where: str) -> None:
             f"{where}: obj_out for key {key!r} is a DTensor; read the global tensor (no obj_out) "
             "and distribute_tensor() it, or restore() into the DTensor to read only its shard"
         )
+    if dest.is_meta:
+        raise MismatchError(
+            f"{where}: obj_out for key {key!r} is on the meta device, which holds no values; "
+            "read it without obj_out (a new CPU tensor), or materialise it first"
+        )
     check_destination(dest, src.dtype, tuple(src.shape), key, where)
     with torch.no_grad():
         dest.copy_(src)

@@ -190,15 +190,35 @@ def check_destination(
 
 
 def refuse_overlapping(dest: torch.Tensor, key: str, where: str) -> None:
-    """Refuse a destination whose elements share memory (an ``expand``-ed view: a stride of 0
-    along a dimension of more than one element), which cannot hold distinct values: found
-    before anything is written, not by ``copy_`` after other keys were."""
-    if any(st == 0 and n > 1 for st, n in zip(dest.stride(), dest.shape)):
-        raise MismatchError(
-            f"{where}: key {key!r}: the destination is an expanded view (shape "
-            f"{list(dest.shape)}, strides {list(dest.stride())}) whose elements share memory, "
-            "so it cannot hold the stored values; give it a tensor of its own (e.g. .clone())"
-        )
+    """Refuse a destination whose elements share memory (an ``expand``-ed view, an
+    ``as_strided`` one), which cannot hold distinct values: found before anything is written,
+    not by ``copy_`` after other keys were (or never: ``copy_`` writes overlapping views with
+    no error). A meta or empty destination is never written: let it be."""
+    if dest.is_meta or dest.numel() <= 1 or not _overlaps(dest):
+        return
+    raise MismatchError(
+        f"{where}: key {key!r}: the destination is a view whose elements share memory (shape "
+        f"{list(dest.shape)}, strides {list(dest.stride())}, an expanded or as_strided one), "
+        "so it cannot hold the stored values; give it a tensor of its own (e.g. .clone())"
+    )
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of strided ``t`` share memory. Fast when, with the dimensions
+    sorted by stride, each stride passes the span of the ones below it (every dense layout,
+    transposed or sliced); else exact, by listing the elements' offsets."""
+    dims = sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1)
+    span = 0
+    for st, n in dims:
+        if st <= span:
+            break
+        span += st * (n - 1)
+    else:
+        return False
+    offsets = torch.zeros((), dtype=torch.int64)
+    for st, n in zip(t.stride(), t.shape):
+        offsets = offsets.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+    return int(offsets.unique().numel()) < t.numel()
 
 
 def is_dtensor_dest(t: torch.Tensor) -> bool:
