@@ -6,7 +6,9 @@ call returned, and after the handle's previous async take): a list, ``bytearray`
 ``BytesIO`` the training loop changed meanwhile was stored changed. And a value that could not
 be encoded (an ``IntEnum`` defined in a function) failed the take after its reply was awaited:
 that stale wait took the helper's next reply, and every later async take of the handle, and
-``store.close()``, waited forever."""
+``store.close()``, waited forever. And a value of a class the training script defines
+(``__main__``) was encoded, but the helper, whose ``__main__`` is its own, could not decode it:
+the helper died and the take failed, where a thread commits it."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import enum
 import io
 import os
 import signal
+import sys
 
 import pytest
 import torch
@@ -93,3 +96,18 @@ def test_a_value_the_job_cannot_pickle_does_not_wedge_later_takes(offloading):
         pytest.fail(f"the next async take never finished (first take raised {first_error!r})")
     assert snap.step == 2
     assert first_error is None, first_error  # the same take without the helper commits
+
+
+class Phase(enum.IntEnum):
+    WARMUP = 1
+
+
+def test_a_value_of_a_main_class_is_stored_by_an_offloaded_take(store, monkeypatch):
+    main = sys.modules["__main__"]
+    monkeypatch.setattr(Phase, "__module__", "__main__")
+    monkeypatch.setattr(main, "Phase", Phase, raising=False)  # as if defined in train.py
+    store.background_process = True
+    state = ckstore.StateDict(w=torch.randn(64, 64), phase=Phase.WARMUP)
+    pending = store.async_take({"s": state}, run="r", step=1, staging_budget=1 << 30)
+    snap = pending.wait(timeout=120)
+    assert snap.read_object("s")["phase"] == 1

@@ -38,6 +38,7 @@ import torch
 from ... import errors
 from ...format.manifest import Manifest
 from ...format.tree import Flat
+from ...format.values import decode_value, encode_value
 from .. import helper
 from ..helper import Helper
 from ..repository import Repository
@@ -99,7 +100,7 @@ def job(
             "metadata": dict(spec.metadata),
         },
         "apps": {
-            name: (flat.tree, {k: _describe(arena, v) for k, v in flat.leaves.items()})
+            name: (flat.tree, {k: _describe(arena, k, v) for k, v in flat.leaves.items()})
             for name, flat in flats.items()
         },
         "size": arena.size,
@@ -110,15 +111,18 @@ def job(
         return None
 
 
-def _describe(arena: StagingArena, value: Any) -> Any:
-    """A leaf as the helper rebuilds it: a staged tensor or array as where it is in the arena."""
+def _describe(arena: StagingArena, key: str, value: Any) -> Any:
+    """A leaf as the helper rebuilds it: a staged tensor or array as where it is in the arena,
+    a plain value as the snapshot stores it (builtin types: an ``IntEnum`` of the training
+    script's ``__main__`` is its int, which the helper process can unpickle, and stores the same
+    way)."""
     if isinstance(value, torch.Tensor):
         return Staged(
             "torch", str(value.dtype).removeprefix("torch."), value.shape, arena.offset_of(value)
         )
     if isinstance(value, np.ndarray):
         return Staged("numpy", value.dtype.str, value.shape, arena.offset_of(value))
-    return value
+    return decode_value(encode_value(value, key))
 
 
 @dataclasses.dataclass(frozen=True)
