@@ -1,6 +1,8 @@
-"""PostgreSQL: a downgrade of the index below revision 0002 while deltas are stored is refused,
-and the deltas stay readable. Before, PostgreSQL dropped ``base_id``/``depth`` in place, and
-after an upgrade back every compacted snapshot raised CorruptionError."""
+"""A downgrade of the index below revision 0002 while deltas are stored is refused, and the
+index stays as it was. Before, PostgreSQL dropped ``base_id``/``depth`` in place, and after an
+upgrade back every compacted snapshot raised CorruptionError; and on SQLite, the downgrades
+above 0002 ran and were kept before the refusal (every migration now runs in one
+transaction), leaving the index at 0002 without the columns of 0003-0008."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 import torch
 
 import ckstore
@@ -15,8 +18,6 @@ from ckstore.index.db import make_engine
 from ckstore.index.schema import alembic_config, upgrade
 from tests.conftest import TINY
 from tests.support.pgserver import PgServer
-
-pytestmark = pytest.mark.postgres
 
 
 def _state(seed: int) -> dict[str, Any]:
@@ -26,6 +27,7 @@ def _state(seed: int) -> dict[str, Any]:
     return {"w": w}
 
 
+@pytest.mark.postgres
 def test_a_downgrade_that_would_drop_deltas_is_refused(tmp_path: Path, pg: PgServer) -> None:
     from alembic import command
 
@@ -59,3 +61,34 @@ def test_a_downgrade_that_would_drop_deltas_is_refused(tmp_path: Path, pg: PgSer
     finally:
         store.close()
     assert refused
+
+
+def test_a_refused_downgrade_leaves_the_index_as_it_was(tmp_path: Path) -> None:
+    from alembic import command
+
+    store = ckstore.open(tmp_path / "store", create=True, **TINY)
+    try:
+        for step in range(3):
+            store.take({"s": ckstore.StateDict(_state(step))}, run="r", step=step)
+        store.compact(keep_loose=0)
+        assert any(c.base_id is not None for c in store.repository.index.all_chunks())
+        url = store.index_url
+    finally:
+        store.close()
+    engine = make_engine(url)
+    try:
+        with engine.connect() as c:
+            before = c.scalar(sa.text("SELECT version_num FROM alembic_version"))
+        refused = False
+        try:
+            command.downgrade(alembic_config(url=url), "0001")  # as alembic's CLI runs it
+        except RuntimeError as exc:
+            refused = "deltas" in str(exc)
+        assert refused
+        with engine.connect() as c:
+            after = c.scalar(sa.text("SELECT version_num FROM alembic_version"))
+            cols = [r[1] for r in c.execute(sa.text("PRAGMA table_info(packs)"))]
+        assert after == before, f"a refused downgrade left the index at {after} (was {before})"
+        assert "remote" in cols and "loose" in cols, cols
+    finally:
+        engine.dispose()

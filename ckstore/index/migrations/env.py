@@ -22,6 +22,9 @@ def _run(connection: Connection) -> None:
         target_metadata=metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        # one transaction for the whole upgrade or downgrade, on SQLite too (its engine emits
+        # BEGIN itself, ``db.py``): a step that refuses leaves the index as it was
+        transactional_ddl=True,
     )
     with context.begin_transaction():
         context.run_migrations()
