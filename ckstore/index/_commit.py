@@ -170,7 +170,7 @@ def require_chunks(conn: Connection, chunk_ids: list[str]) -> None:
 def lock_run(conn: Connection, run: str, now: float) -> None:
     """Creates the run if missing and locks its row, so commits to one run go one at a time."""
     insert_ignore(conn, _sql.runs, [{"name": run, "created_at": now}])
-    conn.execute(select(_sql.runs.c.name).where(_sql.runs.c.name == run).with_for_update())
+    _sql.lock_run_row(conn, run)
 
 
 def run_head(conn: Connection, run: str) -> tuple[str | None, int]:

@@ -96,10 +96,18 @@ def names_lock(conn: Connection) -> None:
     tags it. The rules of ``_refnames`` read one table and write another, and under READ
     COMMITTED two such transactions would each pass the other's check unseen (a tag and a run
     of one name; two takes both creating one tag). Taken before the rules are read and held to
-    the transaction's end; a writer holds no other lock it takes after this one, so the lock
-    adds no lock-order cycle."""
+    the transaction's end: by a commit after its run's row lock (:func:`lock_run_row`), by a
+    tag's change first; both touch tag rows only after it, so the locks keep one order."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": NAMES_KEY})
+
+
+def lock_run_row(conn: Connection, run: str) -> None:
+    """Lock ``run``'s row (PostgreSQL ``FOR UPDATE``): the first row lock of every transaction
+    that changes the run's snapshots (a commit to it, the delete of one of its snapshots, the
+    delete of the run). One order, so they never wait on each other in a cycle, and a commit
+    reads the run's head and the name rules with no delete of the run's snapshots half done."""
+    conn.execute(select(runs.c.name).where(runs.c.name == run).with_for_update())
 
 
 def check_lease(conn: Connection, session_id: str, *, lock: bool = False) -> float:

@@ -8,7 +8,6 @@ what no snapshot references any more (``maintenance``).
 from __future__ import annotations
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.engine import Connection
 
 from ckstore.errors import ConflictError, NotFoundError, SnapshotNotFoundError
 from ckstore.index import _convert, _sql
@@ -39,7 +38,7 @@ class Deletions(IndexBase):
         with self._write(f"delete snapshot {snapshot_id}") as conn:
             run = conn.scalar(select(s.c.run).where(s.c.id == snapshot_id))
             if run is not None:  # as a commit to the run does: its new snapshot's parent is
-                _lock_run(conn, run)  # read under this lock, so never the one deleted here
+                _sql.lock_run_row(conn, run)  # read under this lock: never the one deleted here
             row = conn.execute(
                 select(s.c.parent_id).where(s.c.id == snapshot_id).with_for_update()
             ).first()
@@ -77,7 +76,7 @@ class Deletions(IndexBase):
         """
         s, sc, t = _sql.snapshots, _sql.snapshot_chunks, _sql.tags
         with self._write(f"delete run {run!r}") as conn:
-            _lock_run(conn, run)  # first, as delete_snapshot and a commit take it: no cycle
+            _sql.lock_run_row(conn, run)  # first, as a commit and delete_snapshot take it
             rows = conn.execute(
                 select(s).where(s.c.run == run).order_by(s.c.seq.desc()).with_for_update()
             ).all()
@@ -99,11 +98,3 @@ class Deletions(IndexBase):
                 conn.execute(delete(s).where(s.c.id.in_(batch)))
             conn.execute(delete(_sql.runs).where(_sql.runs.c.name == run))
             return [_convert.snapshot(r) for r in rows]
-
-
-def _lock_run(conn: Connection, run: str) -> None:
-    """Lock ``run``'s row (PostgreSQL ``FOR UPDATE``), the first row lock of every transaction
-    that changes the run's snapshots: a commit to it (``_commit.lock_run``), the delete of one
-    of its snapshots, the delete of the run. One order, so they never wait on each other in a
-    cycle, and a commit reads the run's head and name rules with no delete half done."""
-    conn.execute(select(_sql.runs.c.name).where(_sql.runs.c.name == run).with_for_update())
