@@ -13,7 +13,7 @@ import ckstore
 
 
 @pytest.mark.parametrize("atomic", [True, False])
-def test_cast_restore_into_meta_model_loads_or_raises(store, atomic):
+def test_cast_restore_into_a_meta_model_loads_converted_weights(store, atomic):
     torch.manual_seed(0)
     src = torch.nn.Linear(30, 20)  # float32
     store.take({"model": src}, run="r", step=1)
