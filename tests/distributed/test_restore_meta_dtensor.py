@@ -39,7 +39,9 @@ def _restore_into_meta_dtensor(rank: int, world: int, path: str) -> Any:
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_restore_into_a_meta_dtensor_is_refused_before_anything_loads(tmp_path: Path, world: int) -> None:
+def test_restore_into_a_meta_dtensor_is_refused_before_anything_loads(
+    tmp_path: Path, world: int
+) -> None:
     path = str(tmp_path / "store")
     with ckstore.open(path, create=True) as store:
         m = torch.nn.Module()
