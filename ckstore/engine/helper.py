@@ -230,6 +230,13 @@ def send(sock: socket.socket, message: Any, fds: Sequence[int] = ()) -> None:
 
 def receive(sock: socket.socket) -> tuple[Any, list[int]]:
     """One message and the descriptors that came with it; EOFError at the end."""
+    data, fds = _frame(sock)
+    return pickle.loads(data), fds
+
+
+def _frame(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """The bytes of one message, not decoded, and the descriptors that came with it; EOFError
+    at the end."""
     head, fds, _, _ = socket.recv_fds(sock, HEADER.size, 4)
     while head and len(head) < HEADER.size:
         more = sock.recv(HEADER.size - len(head))
@@ -247,7 +254,7 @@ def receive(sock: socket.socket) -> tuple[Any, list[int]]:
         if not chunk:
             raise EOFError
         data += chunk
-    return pickle.loads(data), fds
+    return bytes(data), fds
 
 
 def serve(fd: int, run: Callable[[Repository, dict[str, Any], int], dict[str, Any]]) -> None:
@@ -260,10 +267,11 @@ def serve(fd: int, run: Callable[[Repository, dict[str, Any], int], dict[str, An
     opened: dict[str, Any] | None = None
     while True:
         try:
-            message, fds = receive(sock)
+            data, fds = _frame(sock)
         except (EOFError, OSError):
             break
-        try:
+        try:  # a job this process cannot decode is that job's error, not the helper's end
+            message = pickle.loads(data)
             if repo is None or message["open"] != opened:
                 if repo is not None:
                     repo.close()

@@ -111,3 +111,24 @@ def test_a_value_of_a_main_class_is_stored_by_an_offloaded_take(store, monkeypat
     pending = store.async_take({"s": state}, run="r", step=1, staging_budget=1 << 30)
     snap = pending.wait(timeout=120)
     assert snap.read_object("s")["phase"] == 1
+
+
+def test_a_job_the_helper_cannot_decode_fails_alone(
+    offloading: ckstore.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever a job carries, one the helper cannot decode is that job's error: the helper
+    goes on with the next (before, the decoding error ended its loop and it died)."""
+    monkeypatch.setattr(Phase, "__module__", "__main__")
+    monkeypatch.setattr(sys.modules["__main__"], "Phase", Phase, raising=False)
+    helper = offload.helper_for(offloading.repository)
+    helper.start()
+    pid = helper.pid
+    fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        reply = helper.send({"open": {}, "phase": Phase.WARMUP}, fd).result(timeout=120)
+    finally:
+        os.close(fd)
+    assert isinstance(reply["error"], AttributeError), reply
+    state = ckstore.StateDict(w=torch.randn(64, 64))
+    snap = offloading.async_take({"s": state}, run="r", step=1, staging_budget=1 << 30).wait(120)
+    assert snap.step == 1 and helper.pid == pid
