@@ -32,15 +32,17 @@ class TakeWrites(IndexBase):
         Raises:
             LeaseExpiredError: If the session's lease is no longer valid (nothing is pinned).
         """
-        ids = unique(chunk_ids)
+        ids = sorted(unique(chunk_ids))
         c = _sql.chunks
         found: dict[str, ChunkRecord] = {}
         with self._write(f"look up chunks for session {session_id}") as conn:
             check_lease(conn, session_id)
             for batch in batches(ids):
-                query = select(c).where(c.c.id.in_(batch))
+                query = select(c).where(c.c.id.in_(batch)).order_by(c.c.id)
                 # PostgreSQL: FOR KEY SHARE keeps a concurrent GC from deleting these rows
-                # before the pins below commit.
+                # before the pins below commit. In id order, as a compaction, a relocation and
+                # a commit lock chunk rows: in another order a compaction's FOR UPDATE and
+                # this waited on each other (PostgreSQL: "deadlock detected").
                 rows = conn.execute(query.with_for_update(read=True, key_share=True)).all()
                 insert_ignore(
                     conn, _sql.pins, [{"session_id": session_id, "chunk_id": r.id} for r in rows]
