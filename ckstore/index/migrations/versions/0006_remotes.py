@@ -58,9 +58,24 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    """Drops them again (SQLite 3.35 and later drop a plain column without a copy). A store
-    with evicted chunks must not be downgraded: their rows would point at packs it lacks."""
-    if op.get_bind().dialect.name == "sqlite":
+    """Drops them again (SQLite 3.35 and later drop a plain column without a copy); refused
+    while a chunk is evicted to a remote (``packs.remote`` set): its row would then name a
+    local pack the store lacks, and the only record of where its bytes are would be gone."""
+    bind = op.get_bind()
+    evicted = bind.scalar(
+        sa.text(
+            "SELECT COUNT(*) FROM chunks JOIN packs ON chunks.pack_id = packs.id"
+            " WHERE packs.remote IS NOT NULL"
+        )
+    )
+    if evicted:
+        raise RuntimeError(
+            f"cannot downgrade the index below revision 0006: {evicted} chunk(s) are evicted "
+            "to a remote (the store's tier), which revision 0005 cannot describe; bring them "
+            "back first (`Store.hydrate()`, with the store opened without `local_budget`) or "
+            "keep revision 0006 or later"
+        )
+    if bind.dialect.name == "sqlite":
         op.execute("ALTER TABLE packs DROP COLUMN used_at")
         op.execute("ALTER TABLE packs DROP COLUMN remote")
     else:
