@@ -30,8 +30,19 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    """Drops it again, in place (SQLite 3.35 and later drop a plain column without a copy)."""
-    if op.get_bind().dialect.name == "sqlite":
+    """Drops it again, in place (SQLite 3.35 and later drop a plain column without a copy);
+    refused while a snapshot records replicas that diverged: without the column it would pass
+    for healthy (``run@healthy``, ``log --healthy``, and retention's newest healthy, which
+    then keeps it and may delete the one a rollback needs)."""
+    bind = op.get_bind()
+    diverged = bind.scalar(sa.text("SELECT COUNT(*) FROM snapshots WHERE diverged > 0"))
+    if diverged:
+        raise RuntimeError(
+            f"cannot downgrade the index below revision 0008: {diverged} snapshot(s) record "
+            "replicas that diverged, which revision 0007 cannot describe (they would pass for "
+            "healthy); delete them first (`ckstore rm`) or keep revision 0008 or later"
+        )
+    if bind.dialect.name == "sqlite":
         op.execute("ALTER TABLE snapshots DROP COLUMN diverged")
     else:
         op.drop_column("snapshots", "diverged")
