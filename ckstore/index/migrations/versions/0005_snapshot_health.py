@@ -31,8 +31,22 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    """Drops them again, in place (SQLite 3.35 and later drop a plain column without a copy)."""
-    if op.get_bind().dialect.name == "sqlite":
+    """Drops them again, in place (SQLite 3.35 and later drop a plain column without a copy);
+    refused while a snapshot records NaN/Inf or stale tensors: without the columns no snapshot
+    is known healthy, so retention's newest healthy (the one ``run@healthy`` rolls back to)
+    would no longer be kept beside a newer unhealthy one."""
+    bind = op.get_bind()
+    unhealthy = bind.scalar(
+        sa.text("SELECT COUNT(*) FROM snapshots WHERE nonfinite > 0 OR stale > 0")
+    )
+    if unhealthy:
+        raise RuntimeError(
+            f"cannot downgrade the index below revision 0005: {unhealthy} snapshot(s) record "
+            "NaN/Inf or stale tensors, which revision 0004 cannot describe (retention would "
+            "stop keeping the newest healthy snapshot beside them); delete them first "
+            "(`ckstore rm`) or keep revision 0005 or later"
+        )
+    if bind.dialect.name == "sqlite":
         op.execute("ALTER TABLE snapshots DROP COLUMN stale")
         op.execute("ALTER TABLE snapshots DROP COLUMN nonfinite")
     else:
