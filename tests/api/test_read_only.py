@@ -284,19 +284,10 @@ def test_a_read_only_reader_beside_a_writer_sees_its_commits_and_leaves_its_fing
 
 
 def test_hydrate_on_a_read_only_store_refuses_before_writing(tmp_path) -> None:
-    from tests.support.remotes import KNOBS, fill
+    from tests.support.remotes import fill_evicted
 
     local = tmp_path / "local"
-    with ckstore.open(
-        local,
-        create=True,
-        push_to=str(tmp_path / "remote"),
-        local_budget=4 * KNOBS["pack_bytes"],
-        auto_compact=False,
-        **KNOBS,
-    ) as store:
-        fill(store, "r", range(1, 7))
-        assert store.wait_pushed(timeout=60) and store.repository.index.remote_pack_ids()
+    fill_evicted(local, tmp_path / "remote")
     before = _fingerprint(local)
     with ckstore.open(local, read_only=True) as store:
         with pytest.raises(ReadOnlyStoreError, match="cannot hydrate"):

@@ -23,7 +23,7 @@ import ckstore
 from ckstore import errors, objects
 from ckstore.remote import uploader as uploader_mod
 from tests.support.gc_beside import sweep_at_first_switch
-from tests.support.remotes import KNOBS, fill, restores, same_history
+from tests.support.remotes import KNOBS, fill, fill_evicted, restores, same_history
 
 
 @pytest.fixture
@@ -259,16 +259,7 @@ def test_the_tier_on_s3_with_a_budget(tmp_path, s3_server) -> None:
 
 
 def test_hydrate_brings_evicted_chunks_back_and_the_remote_can_go(tmp_path) -> None:
-    with ckstore.open(
-        tmp_path / "local",
-        create=True,
-        push_to=str(tmp_path / "remote"),
-        local_budget=4 * KNOBS["pack_bytes"],
-        auto_compact=False,
-        **KNOBS,
-    ) as store:
-        fill(store, "r", range(1, 7))
-        assert store.wait_pushed(timeout=60) and store.repository.index.remote_pack_ids()
+    fill_evicted(tmp_path / "local", tmp_path / "remote")
     with ckstore.open(
         tmp_path / "local"
     ) as store:  # without local_budget: nothing is evicted again

@@ -46,6 +46,23 @@ def fill(
     ]
 
 
+def fill_evicted(local: Path, remote: Path, steps: Iterable[int] = range(1, 7)) -> str:
+    """A store at ``local`` whose tier is ``remote``, with ``state_for(step)`` taken into run
+    ``r`` for each step under a local budget of four packs: pushed, and some of its chunks
+    evicted (their rows point at the remote's packs). Returns its index URL."""
+    with ckstore.open(
+        local,
+        create=True,
+        push_to=str(remote),
+        local_budget=4 * KNOBS["pack_bytes"],
+        auto_compact=False,
+        **KNOBS,
+    ) as store:
+        fill(store, "r", steps)
+        assert store.wait_pushed(timeout=60) and store.repository.index.remote_pack_ids()
+        return store.index_url
+
+
 def restores(store: ckstore.Store, ref: str, step: int) -> bool:
     """Whether ``ref`` restores ``state_for(step)`` bit for bit."""
     want = state_for(step)
