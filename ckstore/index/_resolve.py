@@ -2,6 +2,10 @@
 
 Tried in order, first match wins:
 
+0. A snapshot's whole id: that snapshot, whatever tag, snapshot name or run is spelled like it
+   (as git takes a full object name over a ref of the same spelling). Tools name snapshots by
+   id (the UI, scripts reading ``log --json``), and a tag or run spelled like one snapshot's id
+   (one pulled from a shared remote, say) must not make them show, tag or delete another.
 1. ``run@step``: the snapshot of that run at that step (the newest if several). Both parts
    are required: ``@5`` and ``run@`` are malformed (InvalidInputError, like a bad step).
    ``run@healthy``: the run's newest healthy snapshot: its take counted no NaN or Inf, found no
@@ -62,6 +66,9 @@ def resolve(conn: Connection, ref: str) -> Row[Any]:
         return row
     if "@" in ref:
         return _by_step(conn, ref)
+    whole = conn.execute(select(s).where(s.c.id == ref)).first()
+    if whole is not None:
+        return whole
     tagged = conn.scalar(select(_sql.tags.c.snapshot_id).where(_sql.tags.c.name == ref))
     if tagged is not None:
         _refuse_tag_run_ambiguity(conn, ref, tagged)

@@ -234,6 +234,9 @@ def _resolve_row(con: sqlite3.Connection, ref: str) -> Any:
         if not _INT.fullmatch(step_text) or not 0 <= int(step_text) <= MAX_STEP:
             return None
         return _latest(con, "run = ? AND step = ?", run, int(step_text))
+    whole = con.execute("SELECT * FROM snapshots WHERE id = ?", (ref,)).fetchone()
+    if whole is not None:  # a whole id first, as _resolve.resolve
+        return whole
     tagged = con.execute("SELECT snapshot_id FROM tags WHERE name = ?", (ref,)).fetchone()
     if tagged is not None:
         latest = _latest(con, "run = ?", ref)
@@ -243,8 +246,6 @@ def _resolve_row(con: sqlite3.Connection, ref: str) -> Any:
     row = con.execute("SELECT * FROM snapshots WHERE name = ?", (ref,)).fetchone()
     if row is None:
         row = _latest(con, "run = ?", ref)
-    if row is None:
-        row = con.execute("SELECT * FROM snapshots WHERE id = ?", (ref,)).fetchone()
     return row
 
 

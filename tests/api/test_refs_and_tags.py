@@ -163,3 +163,19 @@ def test_a_snapshot_name_never_takes_a_runs_or_a_tags_name(store) -> None:
     with pytest.raises(ConflictError, match="run 'warmup' would be hidden by the snapshot"):
         store.take(_state(4), run="warmup", step=1)
     assert store.get("warmup").run == "eval"
+
+
+def test_a_whole_snapshot_id_names_that_snapshot_whatever_is_spelt_like_it(store, capsys) -> None:
+    """A tag, a snapshot name or a run spelt like one snapshot's whole id (one pulled from a
+    shared remote, say) named another snapshot where tools name them by id: ``rm <id>``
+    deleted the other one (refs resolved tags, names and runs before ids)."""
+    clicked = store.get("sft@1").id
+    precious = store.take(_state(2), run="keep", step=1).id
+    store.tag(precious, clicked)  # a tag spelt like the first snapshot's id
+    other = store.take(_state(3), run=precious, step=1).id  # a run spelt like another's
+    assert store.get(clicked).id == clicked and store.get(precious).id == precious
+    assert store.tags()[clicked] == precious
+    code, _, err = run(capsys, "--store", store.url, "rm", clicked, "--yes")
+    assert code == 0, err
+    kept = {s.id for s in store.log(run=None)}
+    assert clicked not in kept and {precious, other} <= kept

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from ckstore.errors import InvalidInputError, SchemaError, SnapshotNotFoundError
 from ckstore.index import Index, make_engine, upgrade
 from ckstore.index.schema import HEAD_REVISION
+from tests.support.downgrades import refused_downgrade
 
 from . import fixture_data_0003 as frozen
 from .helpers import add_chunks, snapshot
@@ -116,7 +117,7 @@ def test_0005_migrates_down_and_up_in_place(index_url: str) -> None:
     from ckstore.index.schema import alembic_config
 
     with Index.open(index_url) as ix:
-        _commit(ix, "r", 1, 5, stale=1)
+        _commit(ix, "r", 1, 0, stale=0)  # healthy: NaN or stale ones refuse it (below)
     engine = make_engine(index_url)
     try:
         with engine.begin() as conn:
@@ -138,7 +139,7 @@ def test_0008_migrates_down_and_up_in_place(index_url: str) -> None:
     from ckstore.index.schema import alembic_config
 
     with Index.open(index_url) as ix:
-        _commit(ix, "r", 1, 0, stale=0, diverged=2)
+        _commit(ix, "r", 1, 0, stale=0, diverged=0)  # diverged ones refuse it (below)
     engine = make_engine(index_url)
     try:
         with engine.begin() as conn:
@@ -152,3 +153,22 @@ def test_0008_migrates_down_and_up_in_place(index_url: str) -> None:
     with Index.open(index_url, create=False) as ix:
         got = ix.resolve("r@1")
         assert (got.nonfinite, got.stale, got.diverged, got.healthy) == (0, 0, None, True)
+
+
+@pytest.mark.parametrize(
+    ("revision", "figures", "match"),
+    [
+        ("0004", (5, 0, None), "NaN"),
+        ("0004", (0, 1, None), "stale"),
+        ("0007", (0, 0, 2), "diverged"),
+    ],
+)
+def test_a_downgrade_that_would_lose_an_unhealthy_record_is_refused(
+    index_url: str, revision: str, figures: tuple[int, int, int | None], match: str
+) -> None:
+    """Below 0005 no snapshot is known healthy any more, below 0008 a diverged one passes for
+    healthy: with such a record, the downgrade is refused (tests/index/test_downgrade_health.py
+    has what gc did after one)."""
+    with Index.open(index_url) as ix:
+        _commit(ix, "r", 1, *figures)
+    refused_downgrade(index_url, revision, match)
