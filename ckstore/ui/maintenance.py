@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import InvalidInputError
+from ..errors import ConflictError, InvalidInputError
 from ..history.defaults import DEFAULT_GRACE_SECONDS
 from ..history.policy import MAX_SECONDS, Heads, Policy
 from ..store import Store
@@ -173,13 +173,45 @@ def do_tag(store: Store, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def do_untag(store: Store, body: dict[str, Any]) -> dict[str, Any]:
-    """Remove a tag (the snapshot stays)."""
-    store.untag(text_field(body, "name"))
+    """Remove a tag (the snapshot stays).
+
+    ``snapshot`` (optional, the page sends it): the id of the snapshot whose panel offered
+    the tag; a tag that now points elsewhere (moved since) is kept: a ConflictError.
+    """
+    name = text_field(body, "name")
+    expected = body.get("snapshot")
+    if expected is not None:
+        if not isinstance(expected, str):
+            raise InvalidInputError("snapshot must be a snapshot id")
+        now = store.tags().get(name)
+        if now is not None and now != expected:
+            raise ConflictError(
+                f"tag {name!r} moved to snapshot {now[:12]} since this page asked (it was at "
+                f"{expected[:12]}): it was kept; look again before removing it"
+            )
+    store.untag(name)
     return {"ok": True}
 
 
 def do_delete(store: Store, body: dict[str, Any]) -> dict[str, Any]:
-    """Forget a snapshot (``gc`` reclaims its bytes); a tagged one only with ``force``."""
+    """Forget a snapshot (``gc`` reclaims its bytes); a tagged one only with ``force``.
+
+    ``tags`` (optional, the page sends it): the tags the confirmation named. With ``force``,
+    a snapshot that holds any other tag (set since the page asked) is kept: a ConflictError
+    naming it, as a tagged snapshot is kept without ``force``.
+    """
     snap = store.get(text_field(body, "ref"))
-    store.delete(snap.id, force=body.get("force") is True)
+    force = body.get("force") is True
+    named = body.get("tags")
+    if named is not None:
+        if not isinstance(named, list) or not all(isinstance(t, str) for t in named):
+            raise InvalidInputError("tags must be a list of tag names")
+        held = sorted(name for name, sid in store.tags().items() if sid == snap.id)
+        unconfirmed = sorted(set(held) - set(named))
+        if force and unconfirmed:
+            raise ConflictError(
+                f"snapshot {snap.ref} was tagged {', '.join(unconfirmed)} since this page "
+                "asked: nothing deleted; look again and confirm with its tags named"
+            )
+    store.delete(snap.id, force=force)
     return {"ok": True, "deleted": snap.id}

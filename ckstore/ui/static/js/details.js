@@ -58,7 +58,7 @@ function actions(d) {
   const name = el("input", {id: "tag-name", placeholder: "tag name", maxlength: "128", disabled: !can});
   const force = el("input", {type: "checkbox", id: "tag-force", disabled: !can});
   const untags = d.tags.map((t) => el("button", {class: "untag", disabled: !can, dataset: {tag: t},
-    onclick: () => act(`Remove tag ${t}?`, "/api/untag", {name: t})}, `untag ${t}`));
+    onclick: () => act(`Remove tag ${t}?`, "/api/untag", {name: t, snapshot: d.id})}, `untag ${t}`));
   return el("div", {class: "actions"},
     el("h4", {}, "Change"),
     can ? null : el("p", {class: "muted", id: "read-only-note"},
@@ -71,7 +71,7 @@ function actions(d) {
     el("div", {class: "row"}, untags),
     el("div", {class: "row"}, el("button", {id: "delete-button", class: "danger", disabled: !can, onclick: () =>
       act(`Delete snapshot ${d.ref}${d.tags.length ? " and its tags " + d.tags.join(", ") : ""}? ` +
-          "Its bytes are reclaimed by the next gc.", "/api/delete", {ref: d.id, force: d.tags.length > 0})},
+          "Its bytes are reclaimed by the next gc.", "/api/delete", {ref: d.id, force: d.tags.length > 0, tags: d.tags})},
       "Delete snapshot…")));
 }
 
