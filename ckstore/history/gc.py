@@ -375,18 +375,25 @@ def _delete_orphans(repo: Repository, report: GCReport, cutoff: float) -> None:
     (S3 multipart uploads of writers killed mid-put, listed before the check), if no write
     session is alive.
 
-    Every object was written inside some write session. If, after listing, no session is
-    alive, each writer of a listed object either committed (so its objects are in the index by
-    now) or ended/expired (and can no longer record anything): what the index lacks is
-    garbage. No clocks are compared, so skew between hosts cannot make this unsafe; the cost
-    is that orphans wait for a moment when no take is running.
+    Every object was written inside some write session. After listing, the sessions past
+    their lease are marked expired in the index, and if then no session is still marked
+    active, each writer of a listed object either committed (so its objects are in the index
+    by now) or ended/expired (and can no longer record anything): what the index lacks is
+    garbage. A lease run out by this host's clock alone is not enough: a writer stopped inside
+    its commit or its ``add_pack`` after the lease check (SIGSTOP, a suspended host, a clock
+    behind this one) would still record what it wrote. Marking the session expired is a write
+    ordered with the writer's own transaction (which holds its session row locked; SQLite
+    serialises writes): the writer either recorded its objects first, and the index read
+    below names them, or can never record them. The cost is that orphans wait for a moment
+    when no take is running.
     """
     index: GcIndex = repo.index
     listed = time.time()
     packs = set(repo.objects.list_packs())
     manifests = set(repo.objects.list_blobs("manifests"))
     uploads = repo.objects.partial_uploads()
-    if index.live_sessions():
+    index.expire_sessions(time.time())  # ordered with the writers' own transactions (above)
+    if index.held_sessions():
         return
     report.orphans_removed += repo.objects.backend.sweep_temporary(min(listed, cutoff))
     for name, upload_id in uploads:  # listed before the check: their writers are gone too

@@ -110,7 +110,9 @@ def lock_run_row(conn: Connection, run: str) -> None:
     conn.execute(select(runs.c.name).where(runs.c.name == run).with_for_update())
 
 
-def check_lease(conn: Connection, session_id: str, *, lock: bool = False) -> float:
+def check_lease(
+    conn: Connection, session_id: str, *, lock: bool = False, share: bool = False
+) -> float:
     """Checks that a write session is active and unexpired; returns the current time.
 
     Args:
@@ -118,6 +120,9 @@ def check_lease(conn: Connection, session_id: str, *, lock: bool = False) -> flo
         session_id: The session to check.
         lock: Lock the session row until the transaction ends (PostgreSQL ``FOR UPDATE``), so
             nothing expires or ends it between this check and the commit.
+        share: Lock the session row shared (PostgreSQL ``FOR SHARE``): several of the
+            session's own writes may run at once, but nothing expires or ends it before this
+            transaction ends (a gc's orphan sweep expires the sessions it outlives first).
 
     Raises:
         LeaseExpiredError: If the session is unknown, no longer active, or past its lease.
@@ -126,6 +131,8 @@ def check_lease(conn: Connection, session_id: str, *, lock: bool = False) -> flo
     query = select(sessions.c.state, sessions.c.expires_at).where(sessions.c.id == session_id)
     if lock:
         query = query.with_for_update()
+    elif share:
+        query = query.with_for_update(read=True)
     row = conn.execute(query).first()
     now = time.time()
     if row is None:

@@ -62,7 +62,7 @@ class TakeWrites(IndexBase):
         """
         _commit.check_pack(pack, chunks)
         with self._write(f"add pack {pack.pack_id}") as conn:
-            now = check_lease(conn, session_id)
+            now = check_lease(conn, session_id, share=True)  # recorded before any expiry
             _commit.add_pack(conn, pack, chunks, now, pin_for=session_id)
 
     def commit_snapshot(
