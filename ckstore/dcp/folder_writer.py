@@ -28,6 +28,7 @@ a warning that says how to finish it.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from typing import Any
@@ -35,13 +36,15 @@ from typing import Any
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.storage import WriteResult
 
-from ..errors import CkstoreError, InvalidInputError
+from ..errors import CkstoreError, InvalidInputError, LeaseExpiredError
 from .folder import (
     METADATA_KEY,
+    POINTER_NAME,
     MarkedStep,
     StepPointer,
     clear_saving,
     locate,
+    read_pointer,
     write_pointer,
     write_saving,
 )
@@ -110,6 +113,7 @@ class FolderWriter(StorageWriter):
                         store.url, self.snapshot.id, self.at.marker.id, self.at.name, index
                     ),
                 )
+                self._still_held(session)
             finally:
                 clear_saving(self.at)
         if self.forget:
@@ -127,6 +131,21 @@ class FolderWriter(StorageWriter):
                     RuntimeWarning,
                     stacklevel=2,
                 )
+
+    def _still_held(self, session: str) -> None:
+        """After the pointer is written: the save's session must still be active. A save
+        beside this one expires a session whose lease ran out before it judges the step (this
+        process stopped past its lease between its commit and its pointer): then the step may
+        have been taken for a removed one and its snapshot deleted, so the pointer goes again
+        and the save fails, instead of listing a step that does not load."""
+        repo = self.store.repository
+        try:
+            repo.index.heartbeat(session, repo.lease_seconds)
+        except LeaseExpiredError:
+            pointer = read_pointer(self.at.path)
+            if pointer is not None and pointer.snapshot == self.snapshot.id:
+                os.unlink(os.path.join(self.at.path, POINTER_NAME))
+            raise
 
 
 def _metadata(at: MarkedStep) -> dict[str, Any]:
