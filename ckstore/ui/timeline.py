@@ -65,10 +65,11 @@ def load_history(store: Store) -> History:
 
 
 def ref_of(r: SnapshotRecord) -> str:
-    """A ref people read: the name, ``run@step``, or the run and a short id."""
+    """A ref people read, and ``store.get`` resolves: the name, ``run@step``, or the run and a
+    short id in the display form ``run (0123456789ab)`` (a snapshot without a step)."""
     if r.name:
         return r.name
-    return f"{r.run}@{r.step}" if r.step is not None else f"{r.run} {r.id[:12]}"
+    return f"{r.run}@{r.step}" if r.step is not None else f"{r.run} ({r.id[:12]})"
 
 
 def overview(store: Store, history: History, workdir: str | None = None) -> dict[str, Any]:

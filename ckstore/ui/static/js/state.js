@@ -32,7 +32,7 @@ export function ref(pos) {
   const s = state.ov.snaps;
   if (s.name[pos]) return s.name[pos];
   const run = state.ov.runs[s.run[pos]];
-  return s.step[pos] === null ? `${run} ${s.id[pos].slice(0, 12)}` : `${run}@${s.step[pos]}`;
+  return s.step[pos] === null ? `${run} (${s.id[pos].slice(0, 12)})` : `${run}@${s.step[pos]}`;
 }
 
 export function positionOf(id) { return state.ov.snaps.id.indexOf(id); }
