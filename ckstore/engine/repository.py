@@ -12,6 +12,7 @@ commands rely on it); only reading tensors does.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -148,6 +149,7 @@ class Repository(Knobs):
         self.opened_with: dict[str, Any] = {"index": None, "storage_options": None}
         self._busy = 0
         self._busy_lock = threading.Lock()
+        self._busy_pid = os.getpid()
         self.after_commit: list[Callable[[SnapshotRecord], None]] = []
         """Called (in order) with each snapshot a take of this process committed here; a
         failure is logged, never raised (the snapshot is committed)."""
@@ -245,6 +247,7 @@ class Repository(Knobs):
     @contextmanager
     def activity(self) -> Iterator[None]:
         """Mark a take or restore of this process as running (background work waits meanwhile)."""
+        self._own_busy()
         with self._busy_lock:
             self._busy += 1
         try:
@@ -255,7 +258,16 @@ class Repository(Knobs):
 
     def busy(self) -> bool:
         """Whether a take or restore of this process is running (:meth:`activity`)."""
+        self._own_busy()
         return self._busy > 0
+
+    def _own_busy(self) -> None:
+        """A forked child inherits the count of its parent's takes and restores running at the
+        fork, whose threads it does not have: counted forever, its background compaction
+        waited for them for ever (and ``wait_compacted`` with it). The child counts its own."""
+        if self._busy_pid != os.getpid():
+            self._busy_lock = threading.Lock()  # a thread of the parent may have held it
+            self._busy, self._busy_pid = 0, os.getpid()
 
     def committed(self, record: SnapshotRecord) -> None:
         """Run the :attr:`after_commit` hooks for a snapshot a take just committed."""

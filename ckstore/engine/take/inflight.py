@@ -20,6 +20,7 @@ all or nothing (docs/RELIABILITY.md, I1).
 from __future__ import annotations
 
 import concurrent.futures.thread  # noqa: F401 - its exit hook registered before ours (above)
+import os
 import sys
 import threading
 import warnings
@@ -89,6 +90,19 @@ def _at_exit() -> None:
             flush=True,
         )
 
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker, a ``multiprocessing`` fork) has none of its
+    parent's take threads: their futures never complete there, so waiting for them at the
+    child's exit (``multiprocessing`` runs the threading exit hooks too) or at its
+    ``close`` would hang it forever. The parent still waits for them."""
+    global _lock
+    _lock = threading.Lock()  # a thread of the parent may have held it at the fork
+    _inflight.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _register = getattr(threading, "_register_atexit", None)
 if _register is not None:  # CPython 3.9+; elsewhere the non-daemon take threads are joined

@@ -8,6 +8,7 @@ commit (I1).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -399,6 +400,19 @@ def _finish(
 
 _LAST_ASYNC: weakref.WeakKeyDictionary[Repository, Future[TakeResult]] = weakref.WeakKeyDictionary()
 _LAST_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's take threads: an async take of the parent in
+    flight at the fork never completes there, so a take of the child on the inherited handle
+    must not wait for it before committing (it waited forever)."""
+    global _LAST_LOCK
+    _LAST_LOCK = threading.Lock()
+    _LAST_ASYNC.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _in_call_order(repo: Repository, future: Future[TakeResult]) -> Future[TakeResult] | None:
