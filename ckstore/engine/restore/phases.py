@@ -37,8 +37,11 @@ each step inside a bounded ``distributed.comm.phase``):
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+import signal
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,7 +224,49 @@ def whole_plain_keys(reader: Reader, plans: list[_AppPlan]) -> list[str]:
 
 
 def apply(prepared: Prepared, reader: Reader) -> None:
-    """Write what :func:`prepare` verified into the destination and call ``load_state_dict``."""
+    """Write what :func:`prepare` verified into the destination and call ``load_state_dict``.
+
+    An atomic restore (``prepared.verified``) runs to its end once it has begun to write: a
+    Ctrl-C or a signal handler of the program's (a preemption handler that raises) arriving
+    meanwhile is held and raised once the destination is wholly restored (see
+    :func:`_interrupts_held`), never leaving it part old, part new."""
+    with _interrupts_held(prepared.verified):
+        _apply_all(prepared, reader)
+
+
+_HELD = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
+
+
+@contextlib.contextmanager
+def _interrupts_held(hold: bool) -> Iterator[None]:
+    """Hold the Python-level handlers of SIGINT, SIGTERM and SIGHUP (a default action that
+    kills the process is left alone) until the block is done, then run each for the signals
+    that came meanwhile. Signal handlers run in the main thread only, so elsewhere nothing
+    needs holding."""
+    if not hold or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[tuple[int, Any]] = []
+    saved: dict[int, Any] = {}
+
+    def note(signum: int, frame: Any) -> None:
+        came.append((signum, frame))
+
+    for sig in _HELD:
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            saved[sig] = handler
+            signal.signal(sig, note)
+    try:
+        yield
+    finally:
+        for held, handler in saved.items():
+            signal.signal(held, handler)
+        for signum, frame in came:
+            saved[signum](signum, frame)
+
+
+def _apply_all(prepared: Prepared, reader: Reader) -> None:
     fetcher = prepared.fetcher or reader.fetcher()
     try:
         reader.copy_inline(prepared.direct)
@@ -236,6 +281,12 @@ def apply(prepared: Prepared, reader: Reader) -> None:
             else "restore(atomic=False) loads as it reads"
         )
         raise CorruptionError(f"{exc} (the destination may be partly loaded: {why})") from exc
+    except BaseException as exc:  # a progress callback's cancel, an interrupt not held (above)
+        exc.add_note(
+            f"ckstore: the restore of {reader.where} stopped while it put the chunks in place: "
+            "the destination is partly loaded; restore it again before using it"
+        )
+        raise
     finally:
         fetcher.close()
         prepared.arena = None
