@@ -8,6 +8,7 @@ export leaves nothing at the destination and removes its temporary directory.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -15,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from ..engine.config import CONFIG_NAME
-from ..errors import CorruptionError, DestinationExistsError
+from ..errors import CorruptionError, DestinationExistsError, NoSpaceError
 
 
 def check_destination(dest: str, force: bool, keep: Mapping[str, str] | None = None) -> None:
@@ -106,9 +107,21 @@ def staged(dest: str, force: bool, keep: Mapping[str, str] | None = None) -> Ite
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)
         _publish(tmp, dest, force, keep)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno in _FULL:
+            raise NoSpaceError(
+                f"no space left to export to {dest} ({exc.strerror}): nothing was published "
+                "there and the partial files are removed; free some space (or export fewer "
+                "keys, `keys=`) and export again"
+            ) from exc
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 def inside(out: str, rel: str, where: str) -> str:

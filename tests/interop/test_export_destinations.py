@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -169,3 +170,28 @@ def test_an_export_with_force_never_replaces_a_remotes_store_or_its_index(
     with ckstore.open(tmp_path / "r", index=f"sqlite:///{db}") as remote:
         assert remote.get("r@1").id == snap.id
         assert remote.check(read_data=True).ok
+
+
+def test_an_export_onto_a_full_disk_says_so_and_publishes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that fills while the files are written: before, a bare ``OSError`` (errno 28)
+    came back, where takes and gc raise the typed ``NoSpaceError`` that says what to do."""
+    import errno
+
+    from ckstore.interop import _hf
+
+    with ckstore.open(tmp_path / "store", create=True) as store:
+        store.take({"m": ckstore.StateDict({"w": torch.randn(64, 64)})}, run="r", step=1)
+        real = _hf.write_stream
+
+        def full(f: Any, *args: Any, **kwargs: Any) -> None:
+            f.write(b"x" * 100)  # a part of the file made it
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(_hf, "write_stream", full)
+        with pytest.raises(ckstore.NoSpaceError, match="nothing was published"):
+            store.get("r@1").export(tmp_path / "out")
+        monkeypatch.setattr(_hf, "write_stream", real)
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["store"]  # no temporary directory left
