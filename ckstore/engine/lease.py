@@ -32,10 +32,11 @@ import re
 import signal
 import socket
 import threading
+import time
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from ..errors import CkstoreError
+from ..errors import CkstoreError, LeaseExpiredError
 
 if TYPE_CHECKING:
     from .interfaces import LeaseIndex
@@ -93,12 +94,20 @@ class Lease:
             self._begin()
         if self._failed is not None:
             return
+        renewed = time.monotonic()
         while not self._stop.wait(self._seconds / 3):
             try:
                 self._index.heartbeat(self._id, self._seconds)
-            except CkstoreError as exc:  # expired: the commit will fail with the typed error
+                renewed = time.monotonic()
+            except LeaseExpiredError as exc:  # the commit will fail with the typed error
                 self.error = exc
                 return
+            except CkstoreError as exc:
+                # The index out of reach for now (a database restarting, a network blip):
+                # beat again while the lease may still run, as the index decides that.
+                if time.monotonic() - renewed >= self._seconds:
+                    self.error = exc
+                    return
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
