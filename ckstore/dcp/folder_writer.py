@@ -139,13 +139,29 @@ class FolderWriter(StorageWriter):
         have been taken for a removed one and its snapshot deleted, so the pointer goes again
         and the save fails, instead of listing a step that does not load."""
         repo = self.store.repository
-        try:
-            repo.index.heartbeat(session, repo.lease_seconds)
-        except LeaseExpiredError:
-            pointer = read_pointer(self.at.path)
-            if pointer is not None and pointer.snapshot == self.snapshot.id:
-                os.unlink(os.path.join(self.at.path, POINTER_NAME))
-            raise
+        deadline = time.monotonic() + repo.lease_seconds
+        while True:
+            try:
+                repo.index.heartbeat(session, repo.lease_seconds)
+                return
+            except LeaseExpiredError:
+                self._unpoint()
+                raise
+            except CkstoreError:
+                # the index out of reach for now (a blip): ask again while the lease may run
+                if time.monotonic() >= deadline:
+                    self._unpoint()
+                    raise
+                time.sleep(min(_RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
+
+    def _unpoint(self) -> None:
+        pointer = read_pointer(self.at.path)
+        if pointer is not None and pointer.snapshot == self.snapshot.id:
+            os.unlink(os.path.join(self.at.path, POINTER_NAME))
+
+
+_RETRY_SECONDS = 0.5
+"""Pause between the checks of :meth:`FolderWriter._still_held` while the index is out of reach."""
 
 
 def _metadata(at: MarkedStep) -> dict[str, Any]:

@@ -98,9 +98,14 @@ def forget_removed(
     # A save whose lease ran out is expired first, in the index: a save stopped past its lease
     # before its pointer (SIGSTOP, a suspended host) checks its session after writing the
     # pointer, so either it sees the expiry and fails, or the pointer is read below.
-    store.repository.index.expire_sessions(time.time())
+    # A read-only store writes nothing (deleting fails there anyway): it judges by the clock.
+    now = time.time()
+    if not store.repository.read_only:
+        store.repository.index.expire_sessions(now)
     live = {  # saves finishing a step (a session of a process gone from this host is not)
-        h.session.id for h in store.sessions() if not gone(h.session.owner)
+        h.session.id
+        for h in store.sessions()
+        if h.session.expires_at >= now and not gone(h.session.owner)
     }
     removed = [s for s in snapshots if _removed(s, where, marker, before, live)]
     deleted, tagged = [], []

@@ -36,6 +36,7 @@ manifest's root still comes from rank 0, and each rank reads the parts it needs)
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,7 +47,14 @@ from ..engine.config import restore_budget
 from ..engine.devices import host_empty
 from ..engine.progress import ProgressFn
 from ..engine.restore.jobs import Job, Region
-from ..engine.restore.phases import Prepared, apply, destination_bytes, prepare, validate
+from ..engine.restore.phases import (
+    Prepared,
+    apply,
+    destination_bytes,
+    interrupts_held,
+    prepare,
+    validate,
+)
 from ..engine.restore.reader import Reader
 from ..engine.restore.sources import Healer
 from ..errors import DistributedError
@@ -165,6 +173,7 @@ def _restore_once(
     held = atomic and bool(common["held"])
     fetcher = reader.fetcher()
     arena: Any = None  # verified chunks of this rank's own reads, until they are put in place
+    placing = contextlib.ExitStack()
     try:
         x = Exchange(
             comm,
@@ -190,6 +199,9 @@ def _restore_once(
             if not atomic and not x.stopped:
                 fetcher.load(own)
             prog.add("read", sum(table.sizes[table.index[c]] for c in {j.cid for j in own}))
+        # from here the caller's tensors are written: an interrupt is held until they are
+        # whole, as phases.apply holds it for a restore of one process
+        placing.enter_context(interrupts_held(atomic))
         if atomic and not held:
             with phase(comm, "broadcast", what, collect="none"):
                 x.run()
@@ -200,14 +212,16 @@ def _restore_once(
             fetcher.apply(own)
     except BaseException:
         fetcher.close()
+        placing.close()
         raise
     del arena
-    apply(
-        Prepared(
-            targets.plans, targets.tensors, targets.direct, [], verified=True, fetcher=fetcher
-        ),
-        reader,
-    )
+    with placing:
+        apply(
+            Prepared(
+                targets.plans, targets.tensors, targets.direct, [], verified=True, fetcher=fetcher
+            ),
+            reader,
+        )
 
 
 def _plan(

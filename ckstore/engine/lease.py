@@ -209,6 +209,19 @@ _exiting = threading.Event()
 _installed = False
 
 
+def _after_fork_in_child() -> None:
+    """A forked child holds none of its parent's leases (they are the parent's to end, and
+    ``_end_at_exit`` leaves them alone): counted, the child's last lease out never put
+    SIGTERM's default back. A thread of the parent may have held ``_guard`` at the fork."""
+    global _guard
+    _guard = threading.Lock()
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     global _installed
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once

@@ -51,6 +51,10 @@ def select(index: HistoryIndex, refs: Sequence[str]) -> Selection:
             chosen.update((s.id, s) for s in index.list_snapshots(run=run))
         out.tags = dict(tags)
     for ref in refs:
+        whole = _whole_id(index, ref)
+        if whole is not None:  # a whole id names that snapshot first (index/_resolve.py)
+            chosen[whole.id] = whole
+            continue
         if ref in tags:
             out.tags[ref] = tags[ref]
             rec = index.get_snapshot(tags[ref])
@@ -68,3 +72,14 @@ def select(index: HistoryIndex, refs: Sequence[str]) -> Selection:
     for run in sorted(by_run):
         out.snapshots += sorted(by_run[run], key=lambda s: seq.get(s.id, 0))
     return out
+
+
+def _whole_id(index: HistoryIndex, ref: str) -> SnapshotRecord | None:
+    """The snapshot whose whole id is ``ref``, or None."""
+    from ..errors import SnapshotNotFoundError
+
+    try:
+        rec = index.get_snapshot(ref)
+    except SnapshotNotFoundError:
+        return None
+    return rec if rec.id == ref else None

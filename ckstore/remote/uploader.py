@@ -31,8 +31,10 @@ it stays local, kept by gc, and the next store opened with ``push_to`` pushes it
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 from ..engine.repository import describe
@@ -75,6 +77,16 @@ class Uploader:
         self.last_eviction: EvictReport | None = None
         self.pushing: set[str] = set()
         """Ids of the snapshots the push under way is sending."""
+        _UPLOADERS.add(self)
+
+    def _forked(self) -> None:
+        """A forked child has no push thread of its parent's (its close waited for it, which
+        never ran there, forever), and pushes nothing itself (locks a thread of the parent held
+        at the fork would hang it): what it commits is in the index, and goes with the parent's
+        next push, or the next store opened with ``push_to``."""
+        self._cond = threading.Condition()
+        self._thread, self._running, self._wanted, self._closing = None, False, False, True
+        self.pushing = set()
 
     @property
     def name(self) -> str:
@@ -111,6 +123,8 @@ class Uploader:
                         raise self.error
                     if not self.pending():
                         return True
+                    if self._closing:  # closed, or a forked child's: nothing pushes here
+                        return False
                     self._wanted = True  # committed meanwhile by another process: once more
                     self._cond.notify_all()
                 left = None if deadline is None else deadline - time.monotonic()
@@ -239,3 +253,15 @@ def _wrap(exc: BaseException, name: str) -> CkstoreError:
     err = StorageError(f"pushing to remote {name!r} failed: {type(exc).__name__}: {exc}")
     err.__cause__ = exc
     return err
+
+
+_UPLOADERS: weakref.WeakSet[Uploader] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for uploader in list(_UPLOADERS):
+        uploader._forked()  # noqa: SLF001 - the class's own fork hook
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

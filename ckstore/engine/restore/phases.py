@@ -229,8 +229,8 @@ def apply(prepared: Prepared, reader: Reader) -> None:
     An atomic restore (``prepared.verified``) runs to its end once it has begun to write: a
     Ctrl-C or a signal handler of the program's (a preemption handler that raises) arriving
     meanwhile is held and raised once the destination is wholly restored (see
-    :func:`_interrupts_held`), never leaving it part old, part new."""
-    with _interrupts_held(prepared.verified):
+    :func:`interrupts_held`), never leaving it part old, part new."""
+    with interrupts_held(prepared.verified):
         _apply_all(prepared, reader)
 
 
@@ -238,7 +238,7 @@ _HELD = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "
 
 
 @contextlib.contextmanager
-def _interrupts_held(hold: bool) -> Iterator[None]:
+def interrupts_held(hold: bool) -> Iterator[None]:
     """Hold the Python-level handlers of SIGINT, SIGTERM and SIGHUP (a default action that
     kills the process is left alone) until the block is done, then run each for the signals
     that came meanwhile. Signal handlers run in the main thread only, so elsewhere nothing
@@ -261,7 +261,8 @@ def _interrupts_held(hold: bool) -> Iterator[None]:
         yield
     finally:
         for held, handler in saved.items():
-            signal.signal(held, handler)
+            if signal.getsignal(held) is note:  # one the program installed meanwhile stays
+                signal.signal(held, handler)
         for signum, frame in came:
             saved[signum](signum, frame)
 
