@@ -18,6 +18,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402  (ships with the torch 
 import ckstore
 from tests.dcp import folder_scenarios as fs
 from tests.support.paths import REPO
+from tests.support.procs import wait_stopped
 
 _PAUSED_SAVE = textwrap.dedent(
     """
@@ -44,11 +45,6 @@ _PAUSED_SAVE = textwrap.dedent(
 )
 
 
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
 def test_a_save_paused_past_its_lease_before_its_pointer_never_reports_a_deleted_step(
     tmp_path: Path,
 ) -> None:
@@ -68,10 +64,7 @@ def test_a_save_paused_past_its_lease_before_its_pointer_never_reports_a_deleted
         env=env,
     )
     try:
-        deadline = time.time() + 120
-        while not _stopped(child.pid):
-            assert time.time() < deadline and child.poll() is None, child.communicate()
-            time.sleep(0.05)
+        wait_stopped(child, within_s=120)
         time.sleep(1.5)  # B's lease runs out while it is stopped
         dcp.save(fs.step_state(3), checkpoint_id=os.path.join(folder, "step-3"))
         os.kill(child.pid, signal.SIGCONT)

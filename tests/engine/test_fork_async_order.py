@@ -7,8 +7,6 @@ returned. Now the child's handle starts with no take before its own."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,25 +14,18 @@ from pathlib import Path
 import pytest
 
 import ckstore
-from tests.support.paths import REPO
+from tests.support.forking import run_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork is POSIX-only")
 
 SCRIPT = textwrap.dedent(
     """
-    import os, sys, time, torch, ckstore
-    from ckstore.objects import local
+    import os, sys, torch, ckstore
+    from tests.support.forking import slow_puts
     store = ckstore.open(sys.argv[1], create=True)
     state = {"m": ckstore.StateDict(w=torch.randn(64, 1024))}
     store.take(state, run="r", step=1)
-    parent, real = os.getpid(), local.LocalBackend.put
-
-    def slow(self, *a, **k):  # the parent's take is in flight at the fork
-        if os.getpid() == parent:
-            time.sleep(1.5)
-        return real(self, *a, **k)
-
-    local.LocalBackend.put = slow
+    slow_puts(1.5, only_pid=os.getpid())  # the parent's take is in flight at the fork
     pending = store.async_take(state, run="r", step=2)
     pid = os.fork()
     if pid == 0:
@@ -57,14 +48,8 @@ SCRIPT = textwrap.dedent(
 def test_a_childs_async_take_does_not_wait_for_its_parents_in_flight_at_the_fork(
     tmp_path: Path,
 ) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
     path = tmp_path / "store"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, str(script), str(path)],
-        capture_output=True, text=True, timeout=300, env=env, check=False,
-    )  # fmt: skip
+    proc = run_script(tmp_path, SCRIPT, str(path))
     out = proc.stdout + proc.stderr[-2000:]
     assert proc.returncode == 0, out
     assert "CHILD 0" in proc.stdout and "PARENT 2" in proc.stdout, out

@@ -6,15 +6,13 @@ lease, never ended there, was counted forever), so a SIGTERM sent to it later ra
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.support.paths import REPO
+from tests.support.forking import run_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork is POSIX-only")
 
@@ -22,14 +20,9 @@ SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time, torch, ckstore
     from ckstore.objects import local
+    from tests.support.forking import slow_puts
     store = ckstore.open(sys.argv[1], create=True)
-    real = local.LocalBackend.put
-
-    def slow(self, *a, **k):  # the take is still in flight at the fork
-        time.sleep(1.5)
-        return real(self, *a, **k)
-
-    local.LocalBackend.put = slow
+    real = slow_puts(1.5)  # the take is still in flight at the fork
     pending = store.async_take({"m": ckstore.StateDict(w=torch.randn(64, 64))}, run="r", step=1)
     time.sleep(0.3)
     pid = os.fork()
@@ -46,13 +39,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_a_child_forked_beside_an_async_take_gets_sigterms_default_back(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "store")],
-        capture_output=True, text=True, timeout=300, env=env, check=False,
-    )  # fmt: skip
+    proc = run_script(tmp_path, SCRIPT, str(tmp_path / "store"))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert "CHILD 0" in proc.stdout, "the child kept ckstore's SIGTERM handler after its take"
     assert "STEP 1" in proc.stdout

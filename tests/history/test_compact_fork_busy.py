@@ -7,8 +7,6 @@ counts its own."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,26 +14,19 @@ from pathlib import Path
 import pytest
 
 import ckstore
-from tests.support.paths import REPO
+from tests.support.forking import run_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork is POSIX-only")
 
 SCRIPT = textwrap.dedent(
     """
     import faulthandler, os, sys, time, torch, ckstore
-    from ckstore.objects import local
+    from tests.support.forking import slow_puts
     store = ckstore.open(sys.argv[1], create=True, chunk_bytes=1 << 12)
     state = {"m": ckstore.StateDict(w=torch.randn(64, 1024))}
     store.take(state, run="r", step=1)
     store.wait_compacted()
-    parent, real = os.getpid(), local.LocalBackend.put
-
-    def slow(self, *a, **k):  # the parent's take is in flight at the fork
-        if os.getpid() == parent:
-            time.sleep(1.5)
-        return real(self, *a, **k)
-
-    local.LocalBackend.put = slow
+    slow_puts(1.5, only_pid=os.getpid())  # the parent's take is in flight at the fork
     pending = store.async_take(state, run="r", step=2)
     time.sleep(0.2)
     pid = os.fork()
@@ -62,14 +53,8 @@ SCRIPT = textwrap.dedent(
 
 
 def test_a_childs_compaction_does_not_wait_for_its_parents_takes(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
     path = tmp_path / "store"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CKSTORE_AUTO_COMPACT": "1"}  # the default
-    proc = subprocess.run(
-        [sys.executable, str(script), str(path)],
-        capture_output=True, text=True, timeout=300, env=env, check=False,
-    )  # fmt: skip
+    proc = run_script(tmp_path, SCRIPT, str(path), env={"CKSTORE_AUTO_COMPACT": "1"})  # the default
     out = proc.stdout + proc.stderr[-2000:]
     assert proc.returncode == 0, out
     assert "CHILD compacted True" in proc.stdout and "CHILD 0" in proc.stdout, out

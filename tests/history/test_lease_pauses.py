@@ -19,18 +19,7 @@ import ckstore
 import ckstore.history.gc as gc_module
 from tests.support.gc_workers import state_for
 from tests.support.paths import REPO
-
-
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
-def _wait_stopped(child: subprocess.Popen[str]) -> None:
-    deadline = time.time() + 60
-    while not _stopped(child.pid):
-        assert time.time() < deadline and child.poll() is None, child.communicate()
-        time.sleep(0.02)
+from tests.support.procs import wait_stopped
 
 
 @pytest.mark.parametrize(
@@ -71,7 +60,7 @@ def test_a_write_stalled_past_its_lease_loses_no_object_to_a_gcs_orphan_sweep(
 
     def sweep_beside_a_stalled_commit(*args: Any, **kwargs: Any) -> None:
         go.touch()  # the take commits now, and stops inside its commit
-        _wait_stopped(child)
+        wait_stopped(child)
         time.sleep(1.5)  # its lease runs out while it is stopped
         errors: list[BaseException] = []
 

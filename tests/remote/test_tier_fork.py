@@ -3,8 +3,6 @@ its inherited handle: it waited for the parent's push thread, which it does not 
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -12,13 +10,14 @@ from pathlib import Path
 import pytest
 
 import ckstore
-from tests.support.paths import REPO
+from tests.support.forking import run_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork is POSIX-only")
 
 SCRIPT = textwrap.dedent(
     """
-    import os, sys, time, torch, ckstore
+    import os, sys, torch, ckstore
+    from tests.support.forking import wait_child
     path, remote = sys.argv[1], sys.argv[2]
     store = ckstore.open(path, create=True, push_to=remote)
     store.take({"m": ckstore.StateDict(w=torch.randn(16, 16))}, run="r", step=1)
@@ -28,14 +27,7 @@ SCRIPT = textwrap.dedent(
         store.wait_pushed()  # returns (False): the child pushes nothing, its parent does
         store.close()  # the child's own use of the inherited handle ends
         os._exit(0)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not os.waitpid(pid, os.WNOHANG)[0]:
-        time.sleep(0.02)
-    else:
-        if time.monotonic() >= deadline:
-            print("CHILD hung", flush=True)
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
+    print("CHILD", wait_child(pid), flush=True)
     store.close()  # pushes what is pending, the child's snapshot too
     print("PARENT done", flush=True)
     """
@@ -43,13 +35,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_a_child_forked_beside_a_tier_push_closes_its_handle(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "local"), str(tmp_path / "remote")],
-        capture_output=True, text=True, timeout=300, env=env, check=False,
-    )  # fmt: skip
+    proc = run_script(tmp_path, SCRIPT, str(tmp_path / "local"), str(tmp_path / "remote"))
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert "CHILD hung" not in proc.stdout and "PARENT done" in proc.stdout, proc.stdout
     with ckstore.open(tmp_path / "remote") as remote:
