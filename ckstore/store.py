@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ from .engine.progress import ProgressFn
 from .engine.repository import Repository
 from .engine.take.spec import AsyncTakeOptions, LiveTakeOptions, TakeOptions, TakeSpec
 from .engine.view import SnapshotView
-from .errors import SnapshotNotFoundError
+from .errors import CkstoreError, LeaseExpiredError, SnapshotNotFoundError
 from .format.manifest import Manifest
 from .history.auto_compact import attach as attach_compaction
 from .index import SnapshotRecord
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from .engine.take.local import LocalTake
+
+RENEW_RETRY_SECONDS = 0.5
+"""Pause between :meth:`Store.renew_session`'s attempts while the index is out of reach."""
 
 T = TypeVar("T")
 _REQUIRED: Any = object()
@@ -400,6 +404,40 @@ class Store(HistoryVerbs, HealVerbs, UsageVerbs, RefVerbs, _remote_verbs.RemoteV
 
         with Lease(self._repo.index, self._repo.lease_seconds) as lease:
             yield lease.id
+
+    def renew_session(self, session: str) -> None:
+        """Renew write session ``session`` (:meth:`holding`'s id) for the lease length now, to
+        know it is still alive at this point (a writer about to publish something that names
+        its snapshot). While the index is out of reach it asks again, as long as the lease
+        may still run.
+
+        Raises:
+            LeaseExpiredError: the session was ended or expired (it stopped past its lease,
+                and a gc or :meth:`expire_sessions` elsewhere ended it).
+            IndexDatabaseError: the index stayed out of reach for the lease's length.
+        """
+        seconds = self._repo.lease_seconds
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                self._repo.index.heartbeat(session, seconds)
+                return
+            except LeaseExpiredError:
+                raise
+            except CkstoreError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(min(RENEW_RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
+
+    def expire_sessions(self) -> int:
+        """Mark the write sessions whose lease ran out (by this host's clock) expired in the
+        index, as gc does before it trusts that no writer is alive. Each waits for its
+        writer's own index transaction, so a writer stopped inside one either recorded what it
+        wrote first or can record nothing now. Returns how many; 0 on a read-only store,
+        where nothing is written (judge :meth:`sessions` by their ``expires_at`` there)."""
+        if self._repo.read_only:
+            return 0
+        return self._repo.index.expire_sessions(time.time())
 
     def close(self) -> None:
         """Wait for this handle's async takes in flight (warning, ``RuntimeWarning``, of any

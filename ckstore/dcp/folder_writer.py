@@ -36,7 +36,7 @@ from typing import Any
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.storage import WriteResult
 
-from ..errors import CkstoreError, InvalidInputError, LeaseExpiredError
+from ..errors import CkstoreError, InvalidInputError
 from .folder import (
     METADATA_KEY,
     POINTER_NAME,
@@ -138,30 +138,16 @@ class FolderWriter(StorageWriter):
         process stopped past its lease between its commit and its pointer): then the step may
         have been taken for a removed one and its snapshot deleted, so the pointer goes again
         and the save fails, instead of listing a step that does not load."""
-        repo = self.store.repository
-        deadline = time.monotonic() + repo.lease_seconds
-        while True:
-            try:
-                repo.index.heartbeat(session, repo.lease_seconds)
-                return
-            except LeaseExpiredError:
-                self._unpoint()
-                raise
-            except CkstoreError:
-                # the index out of reach for now (a blip): ask again while the lease may run
-                if time.monotonic() >= deadline:
-                    self._unpoint()
-                    raise
-                time.sleep(min(_RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
+        try:
+            self.store.renew_session(session)
+        except CkstoreError:  # expired, or the index out of reach for the lease's length
+            self._unpoint()
+            raise
 
     def _unpoint(self) -> None:
         pointer = read_pointer(self.at.path)
         if pointer is not None and pointer.snapshot == self.snapshot.id:
             os.unlink(os.path.join(self.at.path, POINTER_NAME))
-
-
-_RETRY_SECONDS = 0.5
-"""Pause between the checks of :meth:`FolderWriter._still_held` while the index is out of reach."""
 
 
 def _metadata(at: MarkedStep) -> dict[str, Any]:

@@ -100,8 +100,7 @@ def forget_removed(
     # pointer, so either it sees the expiry and fails, or the pointer is read below.
     # A read-only store writes nothing (deleting fails there anyway): it judges by the clock.
     now = time.time()
-    if not store.repository.read_only:
-        store.repository.index.expire_sessions(now)
+    store.expire_sessions()
     live = {  # saves finishing a step (a session of a process gone from this host is not)
         h.session.id
         for h in store.sessions()
