@@ -41,3 +41,12 @@ def browser() -> Iterator[Browser]:
     b = start_or_skip("headless chromium (Debian's chromium package)", Browser)
     yield b
     b.close()
+
+
+@pytest.fixture
+def writable(store_copy: Path) -> Iterator[Served]:
+    """The UI of a copy of the scenario store, which its tests may change (token
+    ``right-token``)."""
+    s = serve(str(store_copy), token="right-token")
+    yield s
+    s.stop()

@@ -5,7 +5,6 @@ protects it, as it does from ``ckstore rm`` without ``--force``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +13,6 @@ import pytest
 import ckstore
 from tests.ui.browser import Served, serve
 from tests.ui.test_security import request
-
-
-@pytest.fixture
-def writable(store_copy: Path) -> Iterator[Served]:
-    s = serve(str(store_copy), token="right-token")
-    yield s
-    s.stop()
 
 
 def test_a_tag_set_after_the_panel_was_drawn_keeps_the_snapshot(

@@ -4,7 +4,6 @@ snapshot's id must not make a click on one snapshot show, tag or delete another.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +12,6 @@ import pytest
 import ckstore
 from tests.ui.browser import Served, serve
 from tests.ui.test_security import request
-
-
-@pytest.fixture
-def writable(store_copy: Path) -> Iterator[Served]:
-    s = serve(str(store_copy), token="right-token")
-    yield s
-    s.stop()
 
 
 def test_a_tag_named_like_a_snapshot_id_cannot_redirect_a_delete(

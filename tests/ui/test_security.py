@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -34,13 +33,6 @@ def request(
     out = (r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
     conn.close()
     return out
-
-
-@pytest.fixture
-def writable(store_copy: Path) -> Iterator[Served]:
-    s = serve(str(store_copy), token="right-token")
-    yield s
-    s.stop()
 
 
 def test_the_page_and_its_assets_are_served_with_security_headers(served: Served) -> None:
