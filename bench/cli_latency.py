@@ -33,10 +33,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
+    import compileall
+
     import torch
 
     import ckstore
 
+    # the bytecode an install writes: a command must not compile ckstore's source when it
+    # runs from a checkout (under PYTHONDONTWRITEBYTECODE, every time)
+    compileall.compile_dir(str(Path(ckstore.__file__).parent), quiet=2)
     root = Path(tempfile.mkdtemp()) / "store"
     with ckstore.open(root, create=True) as store:
         w = torch.arange(1 << 16, dtype=torch.float32)

@@ -19,10 +19,15 @@ garbage collector is one or two young collections from a full one (about 0.1 s o
 167k objects), which the next 8-11k objects a process keeps trigger. With bare tensors it
 falls on whatever allocates next: ckstore's import, not ``torch.load``'s few objects. A script
 that builds its optimizer pays it (and two more) there, for every system. ``resume_phases``
-has each phase."""
+has each phase, and ``full_gc_in_restore`` the seconds of full collections inside the restore
+phase.
+
+The scenario writes the bytecode of ckstore and of this bench first (an install's pip does):
+a child that found it stale would compile the source in its timed import."""
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import subprocess
@@ -36,7 +41,7 @@ from torch import nn
 from ..harness import Bench
 from ..states import READ_KEY, empty_like_shapes, model_shapes, mutate
 from ..systems import SYSTEM_CLASSES
-from ..util import BENCH_DIR, fmt_s
+from ..util import BENCH_DIR, fmt_s, fresh_bytecode
 
 ENTRY = BENCH_DIR / "run.py"
 RESULT_PREFIX = "RESUME "
@@ -46,6 +51,7 @@ BUILDS = {"tensors": "resume", "module": "resume_script"}
 
 def resume(b: Bench) -> None:
     b.log("resume in a fresh process (build the model, restore the latest snapshot, first step)")
+    fresh_bytecode()
     roots = {}
     for n in b.order(0):
         if not b.ok(n):
@@ -171,11 +177,30 @@ def module_state(shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
     return state
 
 
+class _CollectorClock:
+    """Seconds the cyclic garbage collector spent in full (generation 2) collections since it
+    was made: where the interpreter's full collection falls (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.full = 0.0
+        self._start = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.full += time.perf_counter() - self._start
+
+
 def child_main(system: str, directory: str, size_mb: int, build: str = "tensors") -> int:
     """The child: build (``module`` or ``tensors``), restore the latest snapshot, step; print
     the phases on one line."""
     from pathlib import Path
 
+    collections = _CollectorClock()
     t0 = time.perf_counter()
     sys_ = SYSTEM_CLASSES[system]()
     sys_.setup()
@@ -183,13 +208,16 @@ def child_main(system: str, directory: str, size_mb: int, build: str = "tensors"
     shapes = model_shapes(size_mb << 20)
     state = module_state(shapes) if build == "module" else empty_like_shapes(shapes)
     t2 = time.perf_counter()
+    full_before = collections.full
     root = Path(directory)
     sys_.prepare(root)
     sys_.restore(sys_.handle(root, 1), state)
     t3 = time.perf_counter()
+    full_in_restore = collections.full - full_before
     first_step(state)
     t4 = time.perf_counter()
     sys_.close(root)
     res = {"import": t1 - t0, "build": t2 - t1, "restore": t3 - t2, "step": t4 - t3}
+    res["full_gc_in_restore"] = full_in_restore
     print(RESULT_PREFIX + json.dumps(res), flush=True)
     return 0
