@@ -22,7 +22,11 @@ def as_cpu_tensor(value: Any, key: str) -> torch.Tensor:
         UnsupportedValueError: naming ``key`` and saying what to do instead.
     """
     if isinstance(value, np.ndarray):
-        if value.dtype.kind not in "biufc" or value.dtype.byteorder == ">":
+        if (
+            value.dtype.kind not in "biufc"
+            or value.dtype.byteorder == ">"
+            or value.dtype.itemsize > (16 if value.dtype.kind == "c" else 8)  # long double
+        ):
             raise UnsupportedValueError(
                 f"key {key!r}: NumPy arrays of dtype {value.dtype} are not supported; "
                 "use a numeric little-endian dtype"
@@ -142,6 +146,17 @@ _NUMPY_DTYPES = frozenset(
 """Dtypes ``Tensor.numpy()`` shares (``bfloat16`` and the float8 types have no NumPy twin)."""
 
 
+NO_COPY_KERNEL = frozenset(
+    d for d in (getattr(torch, "float4_e2m1fn_x2", None),) if isinstance(d, torch.dtype)
+)
+"""Dtypes of one byte that torch has no copy (nor conversion) kernel for: copied as uint8."""
+
+
+def bits_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or (a dtype torch cannot copy) the same elements viewed as ``uint8``."""
+    return t.view(torch.uint8) if t.dtype in NO_COPY_KERNEL else t
+
+
 def byte_view(t: torch.Tensor) -> memoryview:
     """A C-contiguous uint8 memoryview of a CPU tensor's elements (copies only if strided, or
     to resolve a conjugate or negative-bit view)."""
@@ -157,7 +172,10 @@ def byte_view(t: torch.Tensor) -> memoryview:
     ):
         plain = t.detach() if t.requires_grad else t
         return memoryview(plain.numpy()).cast("B")  # type: ignore[arg-type] # fewer calls
-    t = t.resolve_conj().resolve_neg().contiguous()
+    t = t.resolve_conj().resolve_neg()
+    if t.dtype in NO_COPY_KERNEL:  # torch cannot copy these strided: copy their bytes instead
+        t = t.view(torch.uint8)
+    t = t.contiguous()
     if t.numel() == 0:
         return memoryview(b"")
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]

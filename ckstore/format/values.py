@@ -1,9 +1,12 @@
 """JSON encoding of the plain (non-tensor) values that live inside a manifest.
 
-The encoding is lossless for: None, bool, int, float (NaN/inf and -0.0 included), str, bytes,
+The encoding is lossless for: None, bool, int, float (inf and -0.0 included), str, bytes,
 list, tuple, dict (any JSON-able keys, insertion order kept), ``torch.Size``, ``torch.dtype``,
 ``torch.device``, NumPy scalars and ``io.BytesIO`` (its whole buffer; it comes back positioned
-at 0, as DCP users such as a loss history kept with ``torch.save`` expect). JSON objects are only ever tags (``{"$tuple": [...]}``), so
+at 0, as DCP users such as a loss history kept with ``torch.save`` expect). Three values come
+back as their plainer kin, as JSON keeps them: a Python float NaN as ``float("nan")`` (its sign
+and payload bits are not kept; a NumPy scalar's or a tensor's are), a ``bytearray`` as
+``bytes`` and a named tuple as a ``tuple``. JSON objects are only ever tags (``{"$tuple": [...]}``), so
 a plain JSON array is a list and a plain JSON scalar is itself. Anything else is refused with an
 error naming its key: there is no pickle fallback.
 

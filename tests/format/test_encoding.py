@@ -53,6 +53,24 @@ def test_nan_round_trips():
     assert math.isnan(decode_value(encode_value(float("nan"), "k")))
 
 
+def test_three_values_come_back_as_their_plainer_kin_as_the_docs_say():
+    """USAGE.md and FORMAT.md: a bytearray comes back as bytes, a named tuple as a tuple, and
+    a Python float NaN as the one NaN (no sign or payload bits)."""
+    from collections import namedtuple
+
+    pair = namedtuple("pair", "a b")
+
+    def trip(v: object) -> object:
+        return decode_value(__import__("json").loads(canonical_json(encode_value(v, "k"))))
+
+    back = trip(bytearray(b"\x00\x01"))
+    assert type(back) is bytes and back == b"\x00\x01"
+    back = trip(pair(1, 2))
+    assert type(back) is tuple and back == (1, 2)
+    back = trip(-float("nan"))
+    assert math.isnan(back) and math.copysign(1, back) == 1  # type: ignore[arg-type]
+
+
 def test_unsupported_value_names_its_key():
     with pytest.raises(UnsupportedValueError, match="'model/fn'.*StateDict"):
         flatten("model", {"fn": lambda: 1})

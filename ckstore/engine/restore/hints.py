@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from ...format.tensors import NO_COPY_KERNEL
+
 COMPILED = "_orig_mod."
 """The prefix ``torch.compile``'s ``OptimizedModule`` puts before every key of the module it
 wraps."""
@@ -13,10 +15,17 @@ wraps."""
 
 def castable(dest: torch.Tensor, stored: torch.dtype) -> bool:
     """Whether ``restore(cast=True)`` converts a stored ``stored`` tensor into ``dest``: both
-    floating point (float32, bfloat16, float16, float64, the float8 kinds) and not the same
-    dtype. Integers, booleans and complex numbers are never converted: a step counter or a
-    mask that changed type is a mistake, not a precision choice."""
-    return dest.dtype != stored and dest.is_floating_point() and stored.is_floating_point
+    floating point (float32, bfloat16, float16, float64, the float8 kinds; not the packed
+    ``float4_e2m1fn_x2``, which torch converts nothing to or from) and not the same dtype.
+    Integers, booleans and complex numbers are never converted: a step counter or a mask that
+    changed type is a mistake, not a precision choice."""
+    return (
+        dest.dtype != stored
+        and dest.is_floating_point()
+        and stored.is_floating_point
+        and dest.dtype not in NO_COPY_KERNEL  # packed fp4: torch converts nothing to or from it
+        and stored not in NO_COPY_KERNEL
+    )
 
 
 def compiled_hint(app: str, missing: list[str], unexpected: list[str]) -> str:

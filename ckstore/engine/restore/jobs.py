@@ -55,7 +55,10 @@ def plan_jobs(
     copied in.
     """
     direct = (
-        t.device.type == "cpu" and t.device.type not in devices.DEVICE_TYPES and t.is_contiguous()
+        t.device.type == "cpu"
+        and t.device.type not in devices.DEVICE_TYPES
+        and t.is_contiguous()
+        and not (t.is_conj() or t.is_neg())  # its raw bytes are not its values: copy_ them
     )
     view = writable_view(t) if direct else None
     strides = _strides(sizes)

@@ -57,6 +57,7 @@ from .fetch import Arena, Fetcher
 from .hints import castable, compiled_hint
 from .jobs import Job, Region
 from .reader import Reader, check_destination, is_dtensor_dest, refuse_overlapping
+from .tied import tied_keys
 
 log = logging.getLogger("ckstore")
 
@@ -318,6 +319,12 @@ def _validate(
             continue
         entry = reader.entry(key)
         if not isinstance(entry, TensorEntry):
+            if isinstance(obj, torch.nn.Module):  # load_state_dict would raise midway
+                raise MismatchError(
+                    f"{reader.where}: key {key!r} is a plain value in the snapshot but a tensor "
+                    f"({dest.dtype} {list(dest.shape)}) in app_state[{name!r}]; build the "
+                    "destination as it was taken, or read it with read_object() and convert"
+                )
             continue
         stored = dtype_from_name(entry.dtype)
         if dest.is_meta and is_dtensor_dest(dest):
@@ -424,8 +431,16 @@ def _apply(reader: Reader, plan: _AppPlan, tensors: Mapping[str, torch.Tensor]) 
     with torch.no_grad():
         for key, dest in plan.cast.items():
             dest.copy_(tensors[key])
+    tied = tied_keys(plan.meta, own, tensors)  # one tensor for the keys of one parameter
+    shared: dict[str, Any] = {}
 
     def resolve(key: str) -> Any:
+        key = tied.get(key, key)
+        if key not in shared:
+            shared[key] = _resolved(key)
+        return shared[key]
+
+    def _resolved(key: str) -> Any:
         if key in plan.keep:
             return plan.keep[key]
         if key in plan.cast:  # the module's own parameter, when meta ones are assigned

@@ -15,7 +15,7 @@ import torch
 from ...errors import InvalidInputError
 from ...format.boxes import is_dtensor
 from ...format.limits import MAX_DEPTH
-from ...format.tensors import check_tensor
+from ...format.tensors import bits_view, check_tensor
 from ...format.tree import is_array, join
 from ...objects.memory import address_of, private_memory
 from ..repository import Repository
@@ -221,9 +221,9 @@ def fill(pairs: list[tuple[Any, Any]]) -> None:
     # destinations out of autograd, backward and forward (no_grad leaves forward AD on, and
     # _foreach_copy_ refuses a dual source), and a take of many tensors leaves fewer objects
     # for Python's collector
-    dsts = [d for d, v in pairs if isinstance(v, torch.Tensor)]
+    dsts = [bits_view(d) for d, v in pairs if isinstance(v, torch.Tensor)]
     if dsts:  # one call: the loop over the tensors runs in C++, without the GIL
-        srcs = [v for _, v in pairs if isinstance(v, torch.Tensor)]
+        srcs = [bits_view(v) for _, v in pairs if isinstance(v, torch.Tensor)]
         with torch.inference_mode():
             torch._foreach_copy_(dsts, srcs)
     for dst, value in pairs:

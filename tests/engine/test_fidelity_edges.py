@@ -1,0 +1,124 @@
+"""Odd tensors and destinations come back as stored, or are refused by name before anything
+of the caller's changes.
+
+Before: a plain value stored where the module now has a tensor, and a cast to or from the
+packed ``float4_e2m1fn_x2``, passed the checks and failed with torch's untyped error after
+other keys were loaded; a transposed fp4 tensor could not be taken; a contiguous conjugate or
+negative-bit destination failed with torch's error; a NumPy ``longdouble`` array failed with a
+``TypeError`` naming no key; tied weights of a model built on the meta device came back as two
+tensors, which the first optimizer step made differ.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ckstore
+from ckstore.errors import MismatchError, UnsupportedValueError
+
+ROWS = 3000  # a tensor stored in chunks, not in the manifest
+
+
+def _fp4(rows: int, cols: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randint(0, 256, (rows * cols,), dtype=torch.uint8, generator=g)
+    return raw.view(torch.float4_e2m1fn_x2).reshape(rows, cols)
+
+
+class _Raw:
+    """A stateful whose state dict is whatever it was given."""
+
+    def __init__(self, sd: dict[str, object]) -> None:
+        self.sd = sd
+
+    def state_dict(self) -> dict[str, object]:
+        return self.sd
+
+    def load_state_dict(self, sd: dict[str, object]) -> None:
+        self.sd = sd
+
+
+def test_a_value_where_the_module_has_a_tensor_is_a_mismatch_and_touches_nothing(store):
+    torch.manual_seed(0)
+    sd: dict[str, object] = dict(torch.nn.Linear(3, 3).state_dict())
+    sd["bias"] = 1.5  # a buffer that was a Python float in the code that took it
+    snap = store.take({"a": ckstore.StateDict(v=torch.ones(2)), "model": _Raw(sd)}, run="r")
+    dest_a = ckstore.StateDict(v=torch.zeros(2))
+    model = torch.nn.Linear(3, 3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(MismatchError, match="model/bias"):
+        snap.restore({"a": dest_a, "model": model})
+    assert torch.equal(dest_a["v"], torch.zeros(2))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+@pytest.mark.parametrize("direction", ["to_fp4", "from_fp4"])
+def test_a_cast_to_or_from_packed_fp4_is_refused_before_anything_loads(store, direction):
+    if direction == "to_fp4":
+        stored, dest = torch.randn(ROWS, 4), torch.empty(ROWS, 4, dtype=torch.float4_e2m1fn_x2)
+    else:
+        stored, dest = _fp4(ROWS, 4), torch.zeros(ROWS, 4)
+    app = {"a": ckstore.StateDict(v=torch.ones(ROWS)), "m": ckstore.StateDict(x=stored)}
+    snap = store.take(app, run="r", on_nonfinite="ignore")
+    a = ckstore.StateDict(v=torch.zeros(ROWS))
+    with pytest.raises(MismatchError, match="m/x"):
+        snap.restore({"a": a, "m": ckstore.StateDict(x=dest)}, cast=True)
+    assert torch.equal(a["v"], torch.zeros(ROWS))
+
+
+@pytest.mark.parametrize("take", ["take", "async_take"])
+def test_a_transposed_fp4_tensor_round_trips(store, take):
+    t = _fp4(ROWS, 5).t()
+    snap = getattr(store, take)({"m": ckstore.StateDict(x=t)}, run="r", on_nonfinite="ignore")
+    back = (snap.wait() if take == "async_take" else snap).read_object("m/x")
+    assert back.dtype == torch.float4_e2m1fn_x2 and back.shape == t.shape
+    assert torch.equal(back.view(torch.uint8), t.view(torch.uint8).contiguous())
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+@pytest.mark.parametrize("bit", ["conj", "neg"])
+def test_a_conjugate_or_negative_view_destination_gets_the_stored_values(store, atomic, bit):
+    g = torch.Generator().manual_seed(1)
+    if bit == "conj":
+        src = torch.randn(ROWS, 3, dtype=torch.complex64, generator=g)
+        dest = torch.zeros(ROWS, 3, dtype=torch.complex64).conj()
+    else:
+        src = torch.randn(ROWS, 3, generator=g)
+        dest = torch.zeros(ROWS, 3)._neg_view()
+    assert dest.is_contiguous() and (dest.is_conj() or dest.is_neg())
+    snap = store.take({"m": ckstore.StateDict(x=src)}, run="r")
+    sd = ckstore.StateDict(x=dest)
+    snap.restore({"m": sd}, atomic=atomic)
+    assert torch.equal(sd["x"], src)  # what copy_ into that view would give
+
+
+@pytest.mark.parametrize("dtype", [np.longdouble, np.clongdouble])
+def test_a_numpy_long_double_array_is_refused_by_name(store, dtype):
+    if np.dtype(dtype).itemsize <= (16 if np.dtype(dtype).kind == "c" else 8):
+        pytest.skip("long double is a double on this platform")
+    arr = np.arange(3, dtype=dtype)
+    with pytest.raises(UnsupportedValueError, match="m/arr"):
+        store.take({"m": ckstore.StateDict(arr=arr)}, run="r")
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(100, 16)
+        self.head = torch.nn.Linear(16, 100, bias=False)
+        self.head.weight = self.emb.weight
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_tied_weights_of_a_model_built_on_meta_stay_tied(store, atomic):
+    torch.manual_seed(0)
+    model = _Tied()
+    snap = store.take({"model": model}, run="r")
+    with torch.device("meta"):
+        fresh = _Tied()
+    snap.restore({"model": fresh}, atomic=atomic)
+    assert torch.equal(fresh.emb.weight, model.emb.weight)
+    # one storage, as load_state_dict(assign=True) of torch.load's state dict leaves them
+    assert fresh.head.weight.data_ptr() == fresh.emb.weight.data_ptr()
