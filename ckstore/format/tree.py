@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import CorruptionError, InvalidInputError, UnsupportedValueError
 from .limits import MAX_DEPTH
-from .values import decode_value, encode_value, is_plain
+from .values import DICT_CLASSES, decode_value, dict_class_name, encode_value, is_plain
 
 
 def escape(part: str) -> str:
@@ -130,7 +130,7 @@ def _flatten_dict(
         items.append([encode_value(k, key), _flatten(path, v, leaves, lenient, depth + 1)])
     node: dict[str, Any] = {
         "$dict": items,
-        "$cls": "OrderedDict" if isinstance(obj, OrderedDict) else "dict",
+        "$cls": dict_class_name(obj),
     }
     meta = getattr(obj, "_metadata", None)
     if isinstance(meta, dict) and not lenient:
@@ -156,8 +156,8 @@ def unflatten(tree: Any, resolve: Callable[[str], Any], depth: int = 0) -> Any:
     if "$tuple" in tree and type(tree["$tuple"]) is list:
         return tuple(unflatten(t, resolve, depth + 1) for t in tree["$tuple"])
     if "$dict" in tree and type(tree["$dict"]) is list:
-        cls = OrderedDict if tree.get("$cls") == "OrderedDict" else dict
-        out = cls()
+        cls = DICT_CLASSES.get(tree.get("$cls"), dict)
+        out: dict[Any, Any] = cls()
         for pair in tree["$dict"]:
             if type(pair) is not list or len(pair) != 2:
                 raise CorruptionError(

@@ -3,10 +3,12 @@
 The encoding is lossless for: None, bool, int, float (inf and -0.0 included), str, bytes,
 list, tuple, dict (any JSON-able keys, insertion order kept), ``torch.Size``, ``torch.dtype``,
 ``torch.device``, NumPy scalars and ``io.BytesIO`` (its whole buffer; it comes back positioned
-at 0, as DCP users such as a loss history kept with ``torch.save`` expect). Three values come
-back as their plainer kin, as JSON keeps them: a Python float NaN as ``float("nan")`` (its sign
-and payload bits are not kept; a NumPy scalar's or a tensor's are), a ``bytearray`` as
-``bytes`` and a named tuple as a ``tuple``. JSON objects are only ever tags (``{"$tuple": [...]}``), so
+at 0, as DCP users such as a loss history kept with ``torch.save`` expect); of dicts, an
+``OrderedDict`` and a ``Counter`` keep their class. Some values come back as their plainer
+kin: a Python float NaN as ``float("nan")`` (its sign and payload bits are not kept; a NumPy
+scalar's or a tensor's are), a ``bytearray`` as ``bytes``, a named tuple as a ``tuple``,
+another dict subclass as a ``dict`` and an enum of ``str`` or ``int`` as its ``str`` or ``int``
+(encoded so at once: the handle a take returns holds what a reader will read). JSON objects are only ever tags (``{"$tuple": [...]}``), so
 a plain JSON array is a list and a plain JSON scalar is itself. Anything else is refused with an
 error naming its key: there is no pickle fallback.
 
@@ -20,7 +22,7 @@ import base64
 import io
 import math
 import sys
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 from ..errors import CorruptionError, InvalidInputError, UnsupportedValueError
@@ -71,8 +73,10 @@ def encode_value(value: Any, key: str, depth: int = 0) -> Any:
     import numpy as np
     import torch
 
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or type(value) in (bool, str):
         return value
+    if isinstance(value, str):  # a str enum: its text, as the stored JSON holds it
+        return str.__str__(value)
     if isinstance(value, np.generic):  # before int/float: np.float64 subclasses float
         if value.dtype.kind not in _NP_KINDS:
             raise _refuse(value, key)
@@ -110,7 +114,7 @@ def encode_value(value: Any, key: str, depth: int = 0) -> Any:
                 [encode_value(k, key, depth + 1), encode_value(v, f"{key}/{k}", depth + 1)]
                 for k, v in value.items()
             ],
-            "$cls": "OrderedDict" if isinstance(value, OrderedDict) else "dict",
+            "$cls": dict_class_name(value),
         }
     raise _refuse(value, key)
 
@@ -152,8 +156,8 @@ def _decode_tag(data: dict[str, Any], depth: int) -> Any:
     if "$tuple" in data:
         return tuple(decode_value(v, depth) for v in _list(data["$tuple"]))
     if "$dict" in data:
-        cls = OrderedDict if data.get("$cls") == "OrderedDict" else dict
-        out = cls()
+        cls = DICT_CLASSES.get(data.get("$cls"), dict)
+        out: dict[Any, Any] = cls()
         for pair in _list(data["$dict"]):
             k, v = _list(pair)
             key = decode_value(k, depth)
@@ -205,3 +209,15 @@ def _str(v: Any) -> str:
     if type(v) is not str:
         raise TypeError(f"expected a JSON string, got {type(v).__name__}")
     return v
+
+
+DICT_CLASSES: dict[Any, type] = {"OrderedDict": OrderedDict, "Counter": Counter}
+"""Dict subclasses kept by name (a ``Counter``: MultiStepLR's milestones, whose closed form
+calls ``elements()``); any other name, and any other dict subclass, comes back a ``dict``."""
+
+
+def dict_class_name(value: dict[Any, Any]) -> str:
+    """The ``$cls`` a dict is recorded with (FORMAT.md, section 7.4)."""
+    if isinstance(value, Counter):
+        return "Counter"
+    return "OrderedDict" if isinstance(value, OrderedDict) else "dict"

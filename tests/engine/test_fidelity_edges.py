@@ -6,10 +6,17 @@ packed ``float4_e2m1fn_x2``, passed the checks and failed with torch's untyped e
 other keys were loaded; a transposed fp4 tensor could not be taken; a contiguous conjugate or
 negative-bit destination failed with torch's error; a NumPy ``longdouble`` array failed with a
 ``TypeError`` naming no key; tied weights of a model built on the meta device came back as two
-tensors, which the first optimizer step made differ.
+tensors, which the first optimizer step made differ. After review: extra state stored as a
+value was refused where the module now returns a tensor; a ``Counter`` (MultiStepLR's
+milestones) came back a ``dict``; keys that differ by DataParallel's ``module.`` were told to
+pass ``strict=False``, which loads nothing.
 """
 
 from __future__ import annotations
+
+import collections
+import io
+import warnings
 
 import numpy as np
 import pytest
@@ -122,3 +129,85 @@ def test_tied_weights_of_a_model_built_on_meta_stay_tied(store, atomic):
     assert torch.equal(fresh.emb.weight, model.emb.weight)
     # one storage, as load_state_dict(assign=True) of torch.load's state dict leaves them
     assert fresh.head.weight.data_ptr() == fresh.emb.weight.data_ptr()
+
+
+class _WithExtra(torch.nn.Module):
+    """A module whose extra state was a ``BytesIO`` and is a tensor in newer code."""
+
+    def __init__(self, as_tensor: bool) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.as_tensor = as_tensor
+        self.got: object = None
+
+    def get_extra_state(self) -> object:
+        if self.as_tensor:
+            return torch.tensor([1, 2, 3], dtype=torch.uint8)
+        return io.BytesIO(b"fp8-meta")
+
+    def set_extra_state(self, state: object) -> None:
+        self.got = state
+
+
+def test_extra_state_stored_as_a_value_restores_into_tensor_extra_state(store):
+    """``load_state_dict`` hands any value to ``set_extra_state``; so does a restore."""
+    old = _WithExtra(as_tensor=False)
+    snap = store.take({"m": old}, run="r")
+    new = _WithExtra(as_tensor=True)
+    snap.restore({"m": new})
+    assert isinstance(new.got, io.BytesIO) and new.got.getvalue() == b"fp8-meta"
+    assert torch.equal(new.lin.weight, old.lin.weight)
+
+
+def _multistep() -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.MultiStepLR]:
+    torch.manual_seed(0)
+    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    return opt, torch.optim.lr_scheduler.MultiStepLR(opt, [2, 4], 0.5)
+
+
+def test_multisteplr_keeps_its_counter_and_steps_on(store):
+    """MultiStepLR's milestones are a Counter, whose ``elements()`` its closed form calls."""
+    opt, sched = _multistep()
+    opt.step()
+    sched.step()
+    snap = store.take({"opt": opt, "sched": sched}, run="r")
+    opt2, sched2 = _multistep()
+    store.get(snap.id).restore({"opt": opt2, "sched": sched2})
+    assert type(sched2.milestones) is collections.Counter
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # step(epoch) is deprecated, still supported
+        for o, s in ((opt, sched), (opt2, sched2)):
+            o.step()
+            s.step(3)
+    assert sched2.get_last_lr() == sched.get_last_lr()
+
+
+def test_a_counter_value_comes_back_a_counter(store_path):
+    with ckstore.open(store_path, create=True) as store:
+        snap = store.take({"x": ckstore.StateDict(c=collections.Counter(a=2, b=1))}, run="r")
+    with ckstore.open(store_path) as store:
+        out = ckstore.StateDict()
+        store.get(snap.id).restore({"x": out})
+    assert type(out["c"]) is collections.Counter and out["c"] == {"a": 2, "b": 1}
+
+
+def _seq() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+
+
+@pytest.mark.parametrize("taken_wrapped", [True, False])
+def test_a_dataparallel_prefix_gets_a_hint_that_loads(store, taken_wrapped):
+    """Keys that differ by DataParallel's ``module.`` get the fix, not ``strict=False`` (which
+    would load nothing)."""
+    torch.manual_seed(0)
+    plain = _seq()
+    taken = torch.nn.DataParallel(plain) if taken_wrapped else plain
+    snap = store.take({"model": taken}, run="r")
+    dest = _seq() if taken_wrapped else torch.nn.DataParallel(_seq())
+    with pytest.raises(MismatchError, match="module") as err:
+        snap.restore({"model": dest})
+    assert "strict=False to load what matches" not in str(err.value)
+    fixed = torch.nn.DataParallel(dest) if taken_wrapped else dest.module  # what it says
+    snap.restore({"model": fixed})
+    inner = dest if taken_wrapped else dest.module
+    assert torch.equal(inner[0].weight, plain[0].weight)

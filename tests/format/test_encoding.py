@@ -67,6 +67,13 @@ def test_three_values_come_back_as_their_plainer_kin_as_the_docs_say():
     assert type(back) is bytes and back == b"\x00\x01"
     back = trip(pair(1, 2))
     assert type(back) is tuple and back == (1, 2)
+    import enum
+
+    class Color(str, enum.Enum):  # noqa: UP042 - the older spelling, as most code has it
+        RED = "red"
+
+    encoded = encode_value(Color.RED, "k")  # what the take's own handle holds, too
+    assert type(encoded) is str and encoded == "red"
     back = trip(-float("nan"))
     assert math.isnan(back) and math.copysign(1, back) == 1  # type: ignore[arg-type]
 

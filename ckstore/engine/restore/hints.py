@@ -50,4 +50,41 @@ def compiled_hint(app: str, missing: list[str], unexpected: list[str]) -> str:
             f"and app_state[{app!r}] is the plain module: restore into torch.compile(model), or "
             "take model._orig_mod (the module it wraps) so snapshots keep the plain keys"
         )
+    return _wrapper_hint(app, missing, unexpected)
+
+
+WRAPPED = "module."
+"""The prefix ``DataParallel`` and ``DistributedDataParallel`` put before every key."""
+
+
+def _wrapper_hint(app: str, missing: list[str], unexpected: list[str]) -> str:
+    """The fix when keys differ only by a ``module.`` prefix (``strict=False`` loads nothing)."""
+
+    def tail(k: str) -> str:
+        return k.split("/", 1)[1] if "/" in k else k
+
+    def strip(keys: list[str]) -> set[str]:
+        return {k[: len(k) - len(tail(k))] + tail(k)[len(WRAPPED) :] for k in keys}
+
+    if (
+        missing
+        and all(tail(k).startswith(WRAPPED) for k in missing)
+        and (strip(missing) >= set(unexpected))
+    ):
+        return (
+            f"app_state[{app!r}] is wrapped (DataParallel/DistributedDataParallel: its keys carry "
+            f"{WRAPPED!r}) and the snapshot was taken from the module itself: restore into "
+            f"{app}.module (strict=False would load nothing)"
+        )
+    if (
+        unexpected
+        and all(tail(k).startswith(WRAPPED) for k in unexpected)
+        and (strip(unexpected) >= set(missing))
+    ):
+        return (
+            f"the snapshot was taken from a DataParallel/DistributedDataParallel module (its keys "
+            f"carry {WRAPPED!r}) and app_state[{app!r}] is the plain module: restore into the "
+            "wrapped model, or take model.module so snapshots keep the plain keys (strict=False "
+            "would load nothing)"
+        )
     return ""

@@ -319,7 +319,8 @@ def _validate(
             continue
         entry = reader.entry(key)
         if not isinstance(entry, TensorEntry):
-            if isinstance(obj, torch.nn.Module):  # load_state_dict would raise midway
+            # load_state_dict would raise midway; set_extra_state() takes any value
+            if isinstance(obj, torch.nn.Module) and not _extra_state(key):
                 raise MismatchError(
                     f"{reader.where}: key {key!r} is a plain value in the snapshot but a tensor "
                     f"({dest.dtype} {list(dest.shape)}) in app_state[{name!r}]; build the "
@@ -462,6 +463,11 @@ def _apply(reader: Reader, plan: _AppPlan, tensors: Mapping[str, torch.Tensor]) 
         plan.obj.load_state_dict(state)
     if plan.meta:
         _check_materialised(reader, plan)
+
+
+def _extra_state(key: str) -> bool:
+    """Whether ``key`` is a module's extra state (``get_extra_state``), whatever it holds."""
+    return key.endswith(("/_extra_state", "._extra_state"))
 
 
 def _module_tensors(plan: _AppPlan) -> dict[str, Any]:
