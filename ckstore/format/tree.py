@@ -209,7 +209,10 @@ def prune(obj: Any) -> Any:
     Leaves are returned as they are: a ``torch.Size`` (a tuple subclass) stays a ``torch.Size``.
     """
     if isinstance(obj, dict):
-        out = type(obj)((k, prune(v)) for k, v in obj.items() if v is not ABSENT)
+        out = type(obj)()  # not type(obj)(pairs): a Counter would count the pairs
+        for k, v in obj.items():
+            if v is not ABSENT:
+                out[k] = prune(v)
         meta = getattr(obj, "_metadata", None)
         if meta is not None:
             out._metadata = meta  # type: ignore[attr-defined]

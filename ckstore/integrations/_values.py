@@ -100,7 +100,10 @@ def from_plain(obj: Any) -> Any:
         items = [(k, from_plain(v)) for k, v in obj.items()]
         if all(v is obj[k] for k, v in items):
             return obj
-        return type(obj)(items)
+        out = type(obj)()  # not type(obj)(items): a Counter would count the pairs
+        for k, v in items:
+            out[k] = v
+        return out
     if isinstance(obj, (list, tuple)):
         values = [from_plain(v) for v in obj]
         if all(a is b for a, b in zip(values, obj)):

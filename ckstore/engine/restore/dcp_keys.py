@@ -18,7 +18,6 @@ the ordinary restore.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,7 +26,7 @@ import torch
 from ...errors import MismatchError, UnsupportedValueError
 from ...format.manifest import Entry, Manifest
 from ...format.tree import join
-from ...format.values import decode_value, encode_value, is_plain
+from ...format.values import decode_value, dict_class_name, encode_value, is_plain
 
 DCP_APP = "dcp"
 
@@ -87,7 +86,7 @@ def _walk(key: str, path: tuple[Any, ...], obj: Any, fqns: dict[str, tuple[str, 
             items.append([encode_value(k, key), _walk(join(key, str(k)), (*path, str(k)), v, fqns)])
         node: dict[str, Any] = {
             "$dict": items,
-            "$cls": "OrderedDict" if isinstance(obj, OrderedDict) else "dict",
+            "$cls": dict_class_name(obj) if isinstance(obj, dict) else "dict",
         }
         meta = getattr(obj, "_metadata", None)
         if isinstance(meta, dict):

@@ -36,15 +36,29 @@ def compiled_hint(app: str, missing: list[str], unexpected: list[str]) -> str:
         missing: Destination keys the snapshot lacks.
         unexpected: Snapshot keys the destination lacks.
     """
+    # both sides non-empty, the prefix on one side only: a model that gained or lost a key
+    # has nothing to pair with, and strict=False is its fix
     strip = {k.replace(COMPILED, "", 1) for k in missing}
-    if missing and all(COMPILED in k for k in missing) and strip >= set(unexpected):
+    if (
+        missing
+        and unexpected
+        and all(COMPILED in k for k in missing)
+        and not any(COMPILED in k for k in unexpected)
+        and strip >= set(unexpected)
+    ):
         return (
             f"app_state[{app!r}] is a torch.compile'd module (its keys carry {COMPILED!r}) and "
             f"the snapshot was taken from the module itself: restore into {app}._orig_mod (the "
             "module it wraps; compiled code sees the loaded weights)"
         )
     strip = {k.replace(COMPILED, "", 1) for k in unexpected}
-    if unexpected and all(COMPILED in k for k in unexpected) and strip >= set(missing):
+    if (
+        unexpected
+        and missing
+        and all(COMPILED in k for k in unexpected)
+        and not any(COMPILED in k for k in missing)
+        and strip >= set(missing)
+    ):
         return (
             f"the snapshot was taken from a torch.compile'd module (its keys carry {COMPILED!r}) "
             f"and app_state[{app!r}] is the plain module: restore into torch.compile(model), or "
@@ -66,9 +80,13 @@ def _wrapper_hint(app: str, missing: list[str], unexpected: list[str]) -> str:
     def strip(keys: list[str]) -> set[str]:
         return {k[: len(k) - len(tail(k))] + tail(k)[len(WRAPPED) :] for k in keys}
 
+    # both sides non-empty: a key missing under a real submodule named ``module`` (or a DDP
+    # model whose snapshot lacks one buffer) has nothing unexpected to pair with
     if (
         missing
+        and unexpected
         and all(tail(k).startswith(WRAPPED) for k in missing)
+        and not any(tail(k).startswith(WRAPPED) for k in unexpected)
         and (strip(missing) >= set(unexpected))
     ):
         return (
@@ -78,7 +96,9 @@ def _wrapper_hint(app: str, missing: list[str], unexpected: list[str]) -> str:
         )
     if (
         unexpected
+        and missing
         and all(tail(k).startswith(WRAPPED) for k in unexpected)
+        and not any(tail(k).startswith(WRAPPED) for k in missing)
         and (strip(unexpected) >= set(missing))
     ):
         return (
