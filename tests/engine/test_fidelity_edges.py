@@ -26,6 +26,7 @@ import torch
 
 import ckstore
 from ckstore.errors import MismatchError, UnsupportedValueError
+from tests.support.deltas import App
 
 ROWS = 3000  # a tensor stored in chunks, not in the manifest
 
@@ -36,24 +37,11 @@ def _fp4(rows: int, cols: int) -> torch.Tensor:
     return raw.view(torch.float4_e2m1fn_x2).reshape(rows, cols)
 
 
-class _Raw:
-    """A stateful whose state dict is whatever it was given."""
-
-    def __init__(self, sd: dict[str, object]) -> None:
-        self.sd = sd
-
-    def state_dict(self) -> dict[str, object]:
-        return self.sd
-
-    def load_state_dict(self, sd: dict[str, object]) -> None:
-        self.sd = sd
-
-
 def test_a_value_where_the_module_has_a_tensor_is_a_mismatch_and_touches_nothing(store):
     torch.manual_seed(0)
     sd: dict[str, object] = dict(torch.nn.Linear(3, 3).state_dict())
     sd["bias"] = 1.5  # a buffer that was a Python float in the code that took it
-    snap = store.take({"a": ckstore.StateDict(v=torch.ones(2)), "model": _Raw(sd)}, run="r")
+    snap = store.take({"a": ckstore.StateDict(v=torch.ones(2)), "model": App(sd)}, run="r")
     dest_a = ckstore.StateDict(v=torch.zeros(2))
     model = torch.nn.Linear(3, 3)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ...format.tensors import NO_COPY_KERNEL
@@ -29,78 +31,35 @@ def castable(dest: torch.Tensor, stored: torch.dtype) -> bool:
 
 
 def compiled_hint(app: str, missing: list[str], unexpected: list[str]) -> str:
-    """The fix when keys differ only by ``_orig_mod.``, else "".
+    """The fix when keys differ only by ``_orig_mod.`` (``torch.compile``) or by ``module.``
+    (DataParallel), else "" (and the caller's advice, ``strict=False``, stands).
 
     Args:
         app: The app_state name.
         missing: Destination keys the snapshot lacks.
         unexpected: Snapshot keys the destination lacks.
     """
-    # both sides non-empty, the prefix on one side only: a model that gained or lost a key
-    # has nothing to pair with, and strict=False is its fix
-    strip = {k.replace(COMPILED, "", 1) for k in missing}
-    if (
-        missing
-        and unexpected
-        and all(COMPILED in k for k in missing)
-        and not any(COMPILED in k for k in unexpected)
-        and strip >= set(unexpected)
-    ):
+    compiled = _Prefix(lambda k: COMPILED in k, lambda k: k.replace(COMPILED, "", 1))
+    if compiled.whole_difference(missing, unexpected):
         return (
             f"app_state[{app!r}] is a torch.compile'd module (its keys carry {COMPILED!r}) and "
             f"the snapshot was taken from the module itself: restore into {app}._orig_mod (the "
             "module it wraps; compiled code sees the loaded weights)"
         )
-    strip = {k.replace(COMPILED, "", 1) for k in unexpected}
-    if (
-        unexpected
-        and missing
-        and all(COMPILED in k for k in unexpected)
-        and not any(COMPILED in k for k in missing)
-        and strip >= set(missing)
-    ):
+    if compiled.whole_difference(unexpected, missing):
         return (
             f"the snapshot was taken from a torch.compile'd module (its keys carry {COMPILED!r}) "
             f"and app_state[{app!r}] is the plain module: restore into torch.compile(model), or "
             "take model._orig_mod (the module it wraps) so snapshots keep the plain keys"
         )
-    return _wrapper_hint(app, missing, unexpected)
-
-
-WRAPPED = "module."
-"""The prefix ``DataParallel`` and ``DistributedDataParallel`` put before every key."""
-
-
-def _wrapper_hint(app: str, missing: list[str], unexpected: list[str]) -> str:
-    """The fix when keys differ only by a ``module.`` prefix (``strict=False`` loads nothing)."""
-
-    def tail(k: str) -> str:
-        return k.split("/", 1)[1] if "/" in k else k
-
-    def strip(keys: list[str]) -> set[str]:
-        return {k[: len(k) - len(tail(k))] + tail(k)[len(WRAPPED) :] for k in keys}
-
-    # both sides non-empty: a key missing under a real submodule named ``module`` (or a DDP
-    # model whose snapshot lacks one buffer) has nothing unexpected to pair with
-    if (
-        missing
-        and unexpected
-        and all(tail(k).startswith(WRAPPED) for k in missing)
-        and not any(tail(k).startswith(WRAPPED) for k in unexpected)
-        and (strip(missing) >= set(unexpected))
-    ):
+    wrapped = _Prefix(lambda k: _tail(k).startswith(WRAPPED), _unwrapped)
+    if wrapped.whole_difference(missing, unexpected):
         return (
             f"app_state[{app!r}] is wrapped (DataParallel/DistributedDataParallel: its keys carry "
             f"{WRAPPED!r}) and the snapshot was taken from the module itself: restore into "
             f"{app}.module (strict=False would load nothing)"
         )
-    if (
-        unexpected
-        and missing
-        and all(tail(k).startswith(WRAPPED) for k in unexpected)
-        and not any(tail(k).startswith(WRAPPED) for k in missing)
-        and (strip(unexpected) >= set(missing))
-    ):
+    if wrapped.whole_difference(unexpected, missing):
         return (
             f"the snapshot was taken from a DataParallel/DistributedDataParallel module (its keys "
             f"carry {WRAPPED!r}) and app_state[{app!r}] is the plain module: restore into the "
@@ -108,3 +67,36 @@ def _wrapper_hint(app: str, missing: list[str], unexpected: list[str]) -> str:
             "would load nothing)"
         )
     return ""
+
+
+WRAPPED = "module."
+"""The prefix ``DataParallel`` and ``DistributedDataParallel`` put before every key."""
+
+
+class _Prefix:
+    """A wrapper's mark on a key (``has``) and the key without it (``strip``)."""
+
+    def __init__(self, has: Callable[[str], bool], strip: Callable[[str], str]) -> None:
+        self.has, self.strip = has, strip
+
+    def whole_difference(self, marked: list[str], plain: list[str]) -> bool:
+        """Whether the keys differ by this prefix alone: every key of ``marked`` carries it,
+        none of ``plain`` does, and ``marked`` without it covers ``plain``. Both must be
+        non-empty: a model that only gained or lost a key has nothing to pair with."""
+        return bool(
+            marked
+            and plain
+            and all(self.has(k) for k in marked)
+            and not any(self.has(k) for k in plain)
+            and {self.strip(k) for k in marked} >= set(plain)
+        )
+
+
+def _tail(key: str) -> str:
+    """The key within its app (after ``app/``)."""
+    return key.split("/", 1)[1] if "/" in key else key
+
+
+def _unwrapped(key: str) -> str:
+    tail = _tail(key)
+    return key[: len(key) - len(tail)] + tail[len(WRAPPED) :]
