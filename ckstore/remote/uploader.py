@@ -70,6 +70,7 @@ class Uploader:
         self._running = False
         self._closing = False
         self._failures = 0
+        self._failed_rounds = 0  # every failed push so far (``_failures`` restarts on success)
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         """The last push's failure; None once a push succeeded."""
@@ -115,9 +116,16 @@ class Uploader:
                 retried in the background; the message names the remote).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            seen = self._failed_rounds
         self.kick()
         with self._cond:
             while True:
+                # a push that failed since this call began is its answer, though a retry may
+                # already be due or under way: the retries of a remote that stays away (quick
+                # ones, on a busy machine) can leave no moment with nothing wanted or running
+                if self.error is not None and self._failed_rounds > seen:
+                    raise self.error
                 if not self._wanted and not self._running:
                     if self.error is not None:
                         raise self.error
@@ -227,6 +235,7 @@ class Uploader:
         with self._cond:
             self.error = exc if isinstance(exc, CkstoreError) else _wrap(exc, self.name)
             self._failures += 1
+            self._failed_rounds += 1
             delay = RETRY_SECONDS[min(self._failures, len(RETRY_SECONDS)) - 1]
         log.warning(
             "ckstore: pushing %s to remote %r failed (%s: %s); retrying in %.1f s",
