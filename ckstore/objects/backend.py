@@ -242,6 +242,15 @@ class Backend(abc.ABC):
         are copies: True."""
         return True
 
+    def read_view_into(self, view: memoryview, out: memoryview) -> None:
+        """Fill ``out`` (as long as ``view``) with the bytes of ``view`` (from :meth:`view`).
+        The default copies them; a backend with :attr:`mapped_views` may read them from the
+        very object mapped instead, which touches no page of the mapping. Either way, bytes
+        that were :meth:`current` when the caller last asked."""
+        import numpy as np  # here: reading an index or a raw chunk by itself never loads numpy
+
+        np.frombuffer(out, dtype=np.uint8)[:] = np.frombuffer(view, dtype=np.uint8)
+
     def drop(self, name: str, offset: int, length: int) -> None:  # noqa: B027 - optional hook
         """A hint that the bytes of that range, in views of ``name``, will not be touched for
         a while: a mapping gives their pages back (touching them again maps them again). The

@@ -27,6 +27,7 @@ from ckstore.errors import CorruptionError, InvalidInputError
 from ckstore.objects.backend import Backend
 from ckstore.objects.codecs import (
     NONE,
+    check_out,
     decode_hashed,
     decoded_planes,
     grouped_itemsize,
@@ -275,12 +276,15 @@ class ChunkReader:
         self, loc: ChunkLocation, kept: Kept, out: memoryview, *, verify_id: bool = False
     ) -> None:
         """Decode a chunk into ``out`` from the payload views a verifying read kept
-        (:meth:`verify_chunk` or :meth:`check_payloads` with ``keep``), reading nothing.
+        (:meth:`verify_chunk` or :meth:`check_payloads` with ``keep``).
 
         The views are the very bytes that were verified, mapped from an immutable pack, so
         they are decoded unchecked, once each is shown to be still its pack's
         (``Backend.current``: a pack written in place since would show through the
-        mapping). With ``verify_id`` (the views were only compared with their digests), the
+        mapping). A chunk stored raw is read again from its pack into ``out``
+        (``Backend.read_view_into``: the same bytes, from the page cache, where a copy out of
+        the mapping would map each page in again), or copied out of the view where the pack
+        at its path is no longer the file mapped. With ``verify_id`` (the views were only compared with their digests), the
         decoded bytes are hashed against the chunk's id as they go into ``out``.
 
         Raises:
@@ -302,6 +306,11 @@ class ChunkReader:
         reads = Payloads(self._backend, kept=kept)
         if loc.base_id is not None:
             self._decode_chain(loc, out, hasher, False, reads)
+        elif hasher is None and loc.codec == NONE and len(kept[loc.chunk_id]) == loc.raw_length:
+            # stored as it is: read from its pack again, not copied out of the mapping
+            target = check_out(out, loc.raw_length)
+            assert target is not None
+            self._backend.read_view_into(kept[loc.chunk_id], target)
         else:
             self._decode(loc, kept[loc.chunk_id], out, hasher)
         if hasher is not None and str(hasher.hexdigest()) != loc.chunk_id:

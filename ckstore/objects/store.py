@@ -101,7 +101,7 @@ class ObjectStore:
     def load_kept(
         self, loc: ChunkLocation, kept: Kept, out: memoryview, *, verify_id: bool = False
     ) -> None:
-        """Decode a chunk from the payload views a verifying read kept, reading nothing
+        """Decode a chunk from the payload views a verifying read kept, fetching nothing
         (:meth:`ChunkReader.load_kept`)."""
         self._reader.load_kept(loc, kept, out, verify_id=verify_id)
 

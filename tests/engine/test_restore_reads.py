@@ -223,6 +223,54 @@ def test_a_one_pass_read_of_raw_chunks_on_a_local_store_reads_them_into_place_un
     store.close()
 
 
+@pytest.mark.parametrize("then", ["kept", "replaced", "deleted"])
+def test_an_atomic_restore_puts_raw_chunks_in_place_from_the_very_packs_it_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """The second pass of an atomic restore reads a raw chunk again from the pack its first
+    pass checked through a mapping, not by copying the mapping (which maps each page in again):
+    while the pack at its path is that file. A pack another file was renamed over between
+    the passes, or one deleted, gives the bytes that were checked, out of the mapping (which
+    keeps them), never the other file's."""
+    from ckstore.engine.restore.phases import apply, prepare
+    from ckstore.engine.restore.reader import Reader
+    from ckstore.objects import mapping
+
+    store = ckstore.open(tmp_path / "s", create=True, **KNOBS)
+    store.take({"m": ckstore.StateDict(_state())}, run="r")
+    assert {r.codec for r in store.repository.index.all_chunks()} == {objects.NONE}
+    reads = {"again": 0}
+    real = mapping.Mappings.read_into
+
+    def counted(self: Any, view: memoryview, out: memoryview) -> bool:
+        done = real(self, view, out)
+        reads["again"] += done
+        return done
+
+    monkeypatch.setattr(mapping.Mappings, "read_into", counted)
+    want = _state()
+    dest = {k: torch.zeros_like(v) for k, v in want.items()}
+    app = {"m": ckstore.StateDict(dest)}
+    reader = Reader.of(store.get("r").view)
+    prepared = prepare(reader, app, budget=0)
+    backend = store.repository.objects.backend
+    packs = [backend._path(objects.pack_name(p)) for p in store.repository.objects.list_packs()]  # type: ignore[attr-defined]
+    assert packs
+    for path in packs:
+        if then == "replaced":
+            other = bytearray(Path(path).read_bytes())
+            other[40:-40] = bytes(len(other) - 80)  # the same length, other payloads
+            Path(path + ".new").write_bytes(other)
+            os.replace(path + ".new", path)
+        elif then == "deleted":
+            os.unlink(path)
+    apply(prepared, reader)
+    assert all(torch.equal(dest[k], v) for k, v in want.items())
+    raw = sum(1 for r in store.repository.index.all_chunks() if r.length > KNOBS["inline_bytes"])
+    assert reads["again"] == (raw if then == "kept" else 0)
+    store.close()
+
+
 def test_a_single_process_resume_does_not_load_the_distributed_restore(tmp_path: Path) -> None:
     """A fresh process that opens a store and restores pays for the modules it runs: the
     distributed restore (its exchange, read plans and communicator: 13 modules, 10-40 ms of a

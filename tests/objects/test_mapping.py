@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ckstore.objects import mapping
+from ckstore.objects.local import LocalBackend
 from ckstore.objects.mapping import DROP_BATCH, Mappings
 
 MiB = 1 << 20
@@ -181,3 +182,46 @@ def test_the_read_ahead_window_is_the_one_of_the_disk_holding_the_file(
     for f in sys_root.rglob("read_ahead_kb"):
         f.write_text("many\n")
     assert mapping.read_ahead_window(str(path)) == 0
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@linux_only
+def test_a_view_is_read_again_from_its_file_only_while_the_file_is_the_one_mapped(
+    tmp_path: Path,
+) -> None:
+    """``read_into`` reads a view's bytes from its file while the path still holds the file
+    mapped, unchanged; once it was replaced or deleted it reads nothing (the caller copies the
+    view, whose mapping keeps the old bytes), and a backend's ``read_view_into`` gives the
+    bytes that were mapped either way, never those of another file at the path."""
+    backend = LocalBackend(str(tmp_path))
+    path = _file(tmp_path / "pack", 4 * MiB)
+    old = path.read_bytes()
+    want = old[MiB + 3 : 3 * MiB + 3]
+    maps = backend._maps
+    view = backend.view("pack", MiB + 3, 2 * MiB)
+    out = bytearray(2 * MiB)
+    before = _fds()
+    assert maps.read_into(view, memoryview(out))
+    assert bytes(out) == want
+    assert _fds() == before  # nothing left open
+
+    replaced = tmp_path / "new"
+    replaced.write_bytes(bytes(4 * MiB))  # zeros, renamed over the pack
+    os.replace(replaced, path)
+    out[:] = bytes(2 * MiB)
+    assert not maps.read_into(view, memoryview(out))
+    backend.read_view_into(view, memoryview(out))
+    assert bytes(out) == want
+
+    path.unlink()
+    assert not maps.read_into(view, memoryview(out))
+    out[:] = bytes(2 * MiB)
+    backend.read_view_into(view, memoryview(out))
+    assert bytes(out) == want
+
+    assert not maps.read_into(view, memoryview(bytearray(MiB)))  # another length
+    assert not maps.read_into(memoryview(old)[:MiB], memoryview(bytearray(MiB)))  # no mapping
+    assert _fds() == before

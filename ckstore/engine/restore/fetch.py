@@ -8,22 +8,21 @@ from the manifest, or its id (docs/RELIABILITY.md, I3). Two ways to run a list o
 * :meth:`Fetcher.load` alone: read, check and decode into the destination at once (new
   tensors, ``restore(atomic=False)``, the distributed restore's reads for other ranks).
 * :meth:`Fetcher.verify` then :meth:`Fetcher.load` (atomic restore): the first pass checks
-  every chunk without touching any destination, the second puts them in place, reading nothing
-  the first pass read:
+  every chunk without touching any destination, the second puts them in place, fetching
+  nothing from storage that the first pass fetched:
 
   - On a store that maps its packs (``Backend.mapped_views``: a local disk), the first pass
-    keeps the views of the payloads it checked, and the second decodes (raw: copies) them
-    into place unchecked: they are the very bytes checked, of an immutable pack (a pack
-    written in place meanwhile is refused, ``Backend.current``). Their pages go back after
-    each pass (``Backend.drop``): resident memory stays what the threads work on.
+    keeps the views of the payloads it checked, and the second decodes them into place
+    unchecked (raw: reads them again from the very pack, ``Backend.read_view_into``): they
+    are the very bytes checked, of an immutable pack (one written in place meanwhile is
+    refused, ``Backend.current``). Their pages go back after each pass (``Backend.drop``).
   - A compressed chunk that fits a bounded :class:`~ckstore.engine.restore.staging.Arena`
     (the memory budget) is decoded and checked into it and copied into place: decoded once.
   - Elsewhere (S3, where the first pass also keeps a copy of what it read in a spill file:
     ``objects.StashingBackend``) a chunk is checked and a fingerprint of its payload kept;
     the second pass reads it again, compares the fingerprint and decodes it into place.
-  - Verifying by id (``verify="full"``, or a chunk without a check), a chunk whose payloads
-    have digests in the index is compared with them in the first pass, undecoded, and
-    decoded into place and hashed against its id in the second.
+  - Verifying by id (``verify="full"``, or a chunk without a check), a chunk with payload
+    digests is compared with them in the first pass, decoded and hashed in the second.
 
 The first pass of a local store tells the kernel which byte ranges come next
 (``Backend.prefetch``, about :data:`READ_AHEAD` bytes ahead), so a cold restore reads the disk
@@ -248,7 +247,8 @@ class Fetcher:
             self._deliver(
                 job, pools, lambda out: self.objs.load_kept(loc, kept, out, verify_id=c.by_id)
             )
-            self.objs.drop(loc)
+            if c.by_id or not _raw(loc):  # raw: read again, no page of it mapped back in
+                self.objs.drop(loc)
         elif c.by_id:
             self._deliver(
                 job,
