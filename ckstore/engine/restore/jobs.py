@@ -54,13 +54,7 @@ def plan_jobs(
     is decoded straight into place; any other is decoded into a host buffer and its overlap
     copied in.
     """
-    direct = (
-        t.device.type == "cpu"
-        and t.device.type not in devices.DEVICE_TYPES
-        and t.is_contiguous()
-        and not (t.is_conj() or t.is_neg())  # its raw bytes are not its values: copy_ them
-    )
-    view = writable_view(t) if direct else None
+    view = direct_view(t)
     strides = _strides(sizes)
     jobs = []
     for c in entry.chunks:
@@ -86,6 +80,18 @@ def plan_jobs(
                 )
             )
     return jobs
+
+
+def direct_view(t: torch.Tensor) -> memoryview | None:
+    """The bytes of ``t`` to decode into directly, where they are its values in order (a
+    contiguous CPU tensor, no conjugate or negative view); else None (``copy_`` into it)."""
+    direct = (
+        t.device.type == "cpu"
+        and t.device.type not in devices.DEVICE_TYPES
+        and t.is_contiguous()
+        and not (t.is_conj() or t.is_neg())  # its raw bytes are not its values
+    )
+    return writable_view(t) if direct else None
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:

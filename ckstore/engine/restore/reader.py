@@ -20,7 +20,7 @@ from ...format.tensors import from_bytes
 from ..devices import host_empty
 from ..progress import ProgressFn
 from .fetch import Fetcher
-from .jobs import Job, Region, plan_jobs, slices
+from .jobs import Job, Region, direct_view, plan_jobs, slices
 from .sources import Healer
 
 if TYPE_CHECKING:
@@ -147,10 +147,16 @@ class Reader:
             assert isinstance(entry, TensorEntry)
             if t.numel() == 0 or not entry.inline:
                 continue
+            data = entry.data or b""
+            if region is None and t.dtype == dtype_from_name(entry.dtype):
+                view = direct_view(t)
+                if view is not None and len(view) == len(data):
+                    view[:] = data  # no tensor made for it (a few per layer: a resume's fixed cost)
+                    continue
             offs, sizes = region if region is not None else ((0,) * len(entry.shape), entry.shape)
             with torch.no_grad():
                 t.copy_(
-                    from_bytes(entry.data or b"", entry.dtype, entry.shape)[
+                    from_bytes(data, entry.dtype, entry.shape)[
                         slices(offs, (0,) * len(offs), sizes)  # the whole tensor is inline
                     ]
                 )
