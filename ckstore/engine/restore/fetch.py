@@ -247,8 +247,7 @@ class Fetcher:
             self._deliver(
                 job, pools, lambda out: self.objs.load_kept(loc, kept, out, verify_id=c.by_id)
             )
-            if c.by_id or not _raw(loc):  # raw: read again, no page of it mapped back in
-                self.objs.drop(loc)
+            self.objs.drop(loc)
         elif c.by_id:
             self._deliver(
                 job,

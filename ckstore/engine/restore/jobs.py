@@ -82,11 +82,16 @@ def plan_jobs(
     return jobs
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def direct_view(t: torch.Tensor) -> memoryview | None:
     """The bytes of ``t`` to decode into directly, where they are its values in order (a
-    contiguous CPU tensor, no conjugate or negative view); else None (``copy_`` into it)."""
+    contiguous CPU tensor, no conjugate or negative view, no subclass: a wrapper subclass's
+    values are not its storage's bytes); else None (``copy_`` into it)."""
     direct = (
-        t.device.type == "cpu"
+        type(t) in _PLAIN
+        and t.device.type == "cpu"
         and t.device.type not in devices.DEVICE_TYPES
         and t.is_contiguous()
         and not (t.is_conj() or t.is_neg())  # its raw bytes are not its values
