@@ -30,15 +30,25 @@ import numpy as np
 Payload = tuple[str, int, int]  # pack file, offset, length
 
 
-def snapshot_payloads(store: Any, ref: str) -> tuple[list[Payload], int]:
+def snapshot_payloads(store: Any, ref: str, prefix: str = "") -> tuple[list[Payload], int]:
     """The stored payloads a restore of ``ref`` from the local ``store`` reads, in pack order
     (each chunk and the bases of its deltas once), and the stored bytes among them that are not
-    raw (those need decoding besides, which this floor leaves out)."""
+    raw (those need decoding besides, which this floor leaves out). With ``prefix``, those of
+    the tensors whose keys start with it (``"model/"``: the weights alone)."""
     from ckstore.objects.packs import pack_name
 
     repo = store.repository
     snap = store.get(ref)
-    rows = repo.index.chunk_locations(repo.index.snapshot_chunk_ids(snap.id))
+    ids = repo.index.snapshot_chunk_ids(snap.id)
+    if prefix:
+        ids = {
+            c.id
+            for key, entry in snap.manifest.entries.items()
+            if key.startswith(prefix)
+            for e in (entry.tensors() if hasattr(entry, "tensors") else [entry])
+            for c in getattr(e, "chunks", ())
+        }
+    rows = repo.index.chunk_locations(ids)
     root = Path(store.url)
     out, encoded = [], 0
     for r in sorted(rows.values(), key=lambda r: (r.pack_id, r.offset)):

@@ -138,6 +138,16 @@ def notes(b: Bench, med: Medians) -> list[str]:
             )
             + "."
         )
+    w_check = med.get("restore_model_check_pass", {}).get("ckstore")
+    w_copy = med.get("restore_model_copy_pass", {}).get("ckstore")
+    w_st = med.get("restore_model", {}).get("safetensors")
+    if w_check is not None and w_copy is not None:
+        vs = f", {(w_check + w_copy) / w_st:.2f}x safetensors' weights" if w_st else ""
+        L.append(
+            f"Floor of an atomic restore of the weights alone (model/**, the same two passes "
+            f"over their payloads): {fmt_s(w_check)} + {fmt_s(w_copy)} = "
+            f"{fmt_s(w_check + w_copy)}{vs}."
+        )
     stored = median(b.sizes.get("restore_stored_bytes/ckstore", []))
     atomic = median(b.sizes.get("restore_read_bytes/ckstore", []))
     one = median(b.sizes.get("restore_read_bytes_nonatomic/ckstore", []))

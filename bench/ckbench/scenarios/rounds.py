@@ -157,6 +157,11 @@ def restore_floor(b: Bench, handles: Handles) -> None:
     b.record("restore_check_pass", "ckstore", check_pass(payloads, store.threads))
     gc.collect()
     b.record("restore_copy_pass", "ckstore", copy_pass(payloads, store.threads))
+    weights, _ = snapshot_payloads(store, ref, prefix="model/")
+    gc.collect()
+    b.record("restore_model_check_pass", "ckstore", check_pass(weights, store.threads))
+    gc.collect()
+    b.record("restore_model_copy_pass", "ckstore", copy_pass(weights, store.threads))
 
 
 def restore_reads(b: Bench, handles: Handles) -> None:
