@@ -284,8 +284,9 @@ class ChunkReader:
         mapping). A chunk stored raw is read again from its pack into ``out``
         (``Backend.read_view_into``: the same bytes, from the page cache, where a copy out of
         the mapping would map each page in again), or copied out of the view where the pack
-        at its path is no longer the file mapped. With ``verify_id`` (the views were only compared with their digests), the
-        decoded bytes are hashed against the chunk's id as they go into ``out``.
+        at its path is no longer the file mapped. With ``verify_id`` (the views were only
+        compared with their digests), the decoded bytes are hashed against the chunk's id as
+        they go into ``out``.
 
         Raises:
             CorruptionError: a payload changed since it was kept (nothing decoded into
