@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import errno
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Union
 
 from ckstore.errors import (
@@ -219,6 +219,18 @@ class Backend(abc.ABC):
         if len(data) != len(out):
             raise truncated(name, self.url, offset, len(out), len(data))
         out[:] = data
+
+    def get_into_each(
+        self, name: str, offset: int, out: memoryview, each: Callable[[memoryview], object]
+    ) -> None:
+        """:meth:`get_into`, calling ``each`` with every piece of ``out`` once it holds its
+        bytes: in order, back to back, all of ``out`` covered (a check of what was read).
+        The default reads it all, then calls ``each`` once; a backend that reads from this
+        host's page cache (the local one) reads in pieces small enough to be in the CPU's
+        cache still when ``each`` runs over them. Same errors as :meth:`get`; nothing is
+        passed to ``each`` past a failed read."""
+        self.get_into(name, offset, out)
+        each(out)
 
     mapped_views = False
     """Whether :meth:`view` maps the object instead of reading it (the local backend): a view

@@ -2,12 +2,13 @@
 the chunk's check from its manifest, else its id), delta chains included
 (``objects.store.ObjectStore`` reads through this).
 
-A chunk stored raw is read straight into its destination (``Backend.get_into``, in one
-read) wherever it has one and its stored payloads need no digest check first, then hashed
-there (from the CPU's caches, mostly: a 4 MiB chunk fits the last level). Where the backend maps its
-objects (``Backend.mapped_views``: a local disk), any other payload is a view of its mapped
-pack: reading it copies nothing, and a caller may keep the views of what it verified
-(``keep``) to decode them again later without reading them again
+A chunk stored raw is read straight into its destination wherever it has one and its stored
+payloads need no digest check first, and hashed piece by piece as each lands
+(``Backend.get_into_each``: on a local disk 512 KiB reads, each hashed from the core's L2
+cache, where a whole 4 MiB chunk is hashed from the last level or memory). Where the
+backend maps its objects (``Backend.mapped_views``: a local disk), any other payload is a
+view of its mapped pack: reading it copies nothing, and a caller may keep the views of what
+it verified (``keep``) to decode them again later without reading them again
 (:meth:`ChunkReader.load_kept`). Elsewhere a payload is read into this thread's recycled
 buffer.
 
@@ -242,8 +243,10 @@ class ChunkReader:
             )
         else:
             if loc.codec == NONE and out is not None and keep is None and not check_digests:
-                payload = reads.read_into(loc, out)  # read into place: mapping costs more
-                hasher.update(payload)
+                # read into place (mapping costs more), checked piece by piece as it lands
+                payload = reads.read_into(
+                    loc, out, None if isinstance(hasher, _NoCheck) else hasher.update
+                )
             else:
                 payload = reads.get(loc)
                 if check_digests:

@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ckstore.errors import CkstoreError, CorruptionError, StorageError
@@ -31,6 +31,11 @@ from ckstore.objects.backend import (
 )
 from ckstore.objects.direct import DirectAppender, open_direct
 from ckstore.objects.mapping import Mappings, ShortFile, prefetch, read_ahead_window
+
+EACH_BYTES = 512 << 10
+"""The pieces :meth:`LocalBackend.get_into_each` reads: half a core's L2 cache here (1 MiB);
+256 KiB and 1 MiB measured alike, 128 KiB slower (more reads), a whole 4 MiB chunk slower
+(checked from the L3 cache or memory)."""
 
 _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK}
 
@@ -214,16 +219,40 @@ class LocalBackend(Backend):
             os.close(fd)
 
     def get_into(self, name: str, offset: int, out: memoryview) -> None:
+        self._read_into(name, offset, out, None)
+
+    def get_into_each(
+        self, name: str, offset: int, out: memoryview, each: Callable[[memoryview], object]
+    ) -> None:
+        """Read in pieces of :data:`EACH_BYTES`, each passed to ``each`` while it is still in
+        the CPU's cache (a raw chunk read into place and checked: 270 MiB on 2 threads read
+        and checked in 59-62 ms this way, 69-71 ms read whole then checked; reads alone 50-54)."""
+        self._read_into(name, offset, out, each)
+
+    def _read_into(
+        self,
+        name: str,
+        offset: int,
+        out: memoryview,
+        each: Callable[[memoryview], object] | None,
+    ) -> None:
         check_range(offset, len(out))
         fd = self._open(name)
         try:
             view = memoryview(out).cast("B")
-            got = 0
-            while got < len(view):
-                n = os.preadv(fd, [view[got:]], offset + got)
-                if n == 0:
-                    raise truncated(name, self.url, offset, len(view), got)
-                got += n
+            step = len(view) if each is None else EACH_BYTES
+            start = 0
+            while start < len(view):
+                piece = view[start : start + step]
+                got = 0
+                while got < len(piece):
+                    n = os.preadv(fd, [piece[got:]], offset + start + got)
+                    if n == 0:
+                        raise truncated(name, self.url, offset, len(view), start + got)
+                    got += n
+                if each is not None:
+                    each(piece)
+                start += len(piece)
         except CkstoreError:
             raise
         except OSError as exc:

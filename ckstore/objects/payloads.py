@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import threading
+from collections.abc import Callable
 
 from ckstore.errors import CorruptionError
 from ckstore.objects.backend import Backend
@@ -77,9 +78,16 @@ class Payloads:
         self._backend.get_into(name, loc.offset, view)
         return view
 
-    def read_into(self, loc: ChunkLocation, out: memoryview) -> memoryview:
+    def read_into(
+        self,
+        loc: ChunkLocation,
+        out: memoryview,
+        each: Callable[[memoryview], object] | None = None,
+    ) -> memoryview:
         """Read a raw chunk's payload straight into ``out`` (its decoded bytes, no copy
-        beyond the read); the flat byte view of ``out`` it filled.
+        beyond the read); the flat byte view of ``out`` it filled. With ``each``, every piece
+        of it is passed to ``each`` once read, in order (``Backend.get_into_each``: a check of
+        the bytes while they are in the CPU's cache).
 
         Raises:
             InvalidInputError: ``out`` is read-only or holds another number of bytes.
@@ -93,5 +101,8 @@ class Payloads:
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
                 f"cannot be decoded: raw chunk has {loc.length} bytes, expected {loc.raw_length}"
             )
-        self._backend.get_into(pack_name(loc.pack_id), loc.offset, target)
+        if each is None:
+            self._backend.get_into(pack_name(loc.pack_id), loc.offset, target)
+        else:
+            self._backend.get_into_each(pack_name(loc.pack_id), loc.offset, target, each)
         return target

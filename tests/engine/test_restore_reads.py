@@ -191,7 +191,7 @@ def test_a_one_pass_read_of_raw_chunks_on_a_local_store_reads_them_into_place_un
     the read damaged on its way is still found by the check."""
     store = ckstore.open(tmp_path / "s", create=True, **KNOBS)
     store.take({"m": ckstore.StateDict(_state())}, run="r")
-    calls = {"view": 0, "get_into": 0}
+    calls = {"view": 0, "get_into_each": 0}
     for verb in calls:
         real = getattr(objects.LocalBackend, verb)
 
@@ -205,16 +205,19 @@ def test_a_one_pass_read_of_raw_chunks_on_a_local_store_reads_them_into_place_un
         assert torch.equal(got, _state()["w"])
     else:
         _restore(store, "r", atomic=False)
-    assert calls["view"] == 0 and calls["get_into"] > 0, calls
+    assert calls["view"] == 0 and calls["get_into_each"] > 0, calls
 
-    real_into = objects.LocalBackend.get_into
+    real_into = objects.LocalBackend.get_into_each
 
-    def flipped(self: Any, name: str, offset: int, out: memoryview) -> None:
-        real_into(self, name, offset, out)
-        view = memoryview(out).cast("B")
-        view[len(view) // 2] ^= 0x10
+    def flipped(self: Any, name: str, offset: int, out: memoryview, each: Any) -> None:
+        def damaged(piece: memoryview) -> None:  # a bit flipped on its way, before the check
+            view = memoryview(piece).cast("B")
+            view[len(view) // 2] ^= 0x10
+            each(piece)
 
-    monkeypatch.setattr(objects.LocalBackend, "get_into", flipped)
+        real_into(self, name, offset, out, damaged)
+
+    monkeypatch.setattr(objects.LocalBackend, "get_into_each", flipped)
     with pytest.raises(ckstore.CorruptionError, match="check"):
         if how == "read_object":
             store.get("r").read_object("m/w")

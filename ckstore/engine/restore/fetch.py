@@ -2,7 +2,7 @@
 
 Each payload is read once and checked once, on ``threads`` threads (zstd, numpy, XXH3, BLAKE3
 and file reads release the GIL): decoded and hashed block by block as it goes (a chunk stored
-raw with a destination of its own: read straight into it, then hashed there), against its check
+raw with a destination of its own: read straight into it, hashed piece by piece), against its check
 from the manifest, or its id (docs/RELIABILITY.md, I3). Two ways to run a list of jobs:
 
 * :meth:`Fetcher.load` alone: read, check and decode into the destination at once (new
