@@ -129,8 +129,8 @@ def restore_nonatomic(b: Bench, handles: Handles) -> None:
 
 
 def restore_unchecked(b: Bench, handles: Handles) -> None:
-    """ckstore only: the same atomic restore with the check of each chunk's decoded bytes
-    skipped (a benchmark's switch, never ckstore's), to report the checks' share of a restore."""
+    """ckstore only: the same restores, atomic and not, with the check of each chunk's decoded
+    bytes skipped (a benchmark's switch, never ckstore's), to report the checks' share of each."""
     if not b.ok("ckstore"):
         return
     from ckstore.engine.restore.fetch import unchecked
@@ -139,6 +139,13 @@ def restore_unchecked(b: Bench, handles: Handles) -> None:
     scramble(b.dest)
     with unchecked():
         b.timed("restore_unchecked", "ckstore", lambda: ck.restore(handles["ckstore"], b.dest))
+    scramble(b.dest)
+    with unchecked():
+        b.timed(
+            "restore_nonatomic_unchecked",
+            "ckstore",
+            lambda: ck.restore(handles["ckstore"], b.dest, atomic=False),
+        )
 
 
 def restore_floor(b: Bench, handles: Handles) -> None:
