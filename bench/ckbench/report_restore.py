@@ -140,6 +140,12 @@ def notes(b: Bench, med: Medians) -> list[str]:
     check_pass = med.get("restore_check_pass", {}).get("ckstore")
     copy_pass = med.get("restore_copy_pass", {}).get("ckstore")
     torch_load = med.get("restore", {}).get("torch.save")
+    first = med.get("restore_check_pass_first", {}).get("ckstore")
+    if first is not None and check_pass is not None:
+        L.append(
+            f"The floor's check pass before any restore (the page cache the takes left): "
+            f"{fmt_s(first)}; after the restores: {fmt_s(check_pass)}."
+        )
     if check_pass is not None and copy_pass is not None:
         floor = check_pass + copy_pass
         vs = f", {floor / torch_load:.2f}x torch.load(mmap)+copy_" if torch_load else ""

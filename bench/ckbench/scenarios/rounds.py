@@ -37,6 +37,7 @@ def one_round(b: Bench, r: int) -> None:
     first_take(b, order, roots, handles)
     mutate(b.state, b.trainable, seed=1000 + r)
     incremental_take(b, order, roots, handles)
+    check_pass_first(b, handles)
     restore_in_place(b, order, handles, verify_it=r == 0)
     restore_nonatomic(b, handles)
     restore_unchecked(b, handles)
@@ -146,6 +147,20 @@ def restore_unchecked(b: Bench, handles: Handles) -> None:
             "ckstore",
             lambda: ck.restore(handles["ckstore"], b.dest, atomic=False),
         )
+
+
+def check_pass_first(b: Bench, handles: Handles) -> None:
+    """ckstore only: the floor's check pass (``floor.py``) once before any restore, in the page
+    cache the takes left; :func:`restore_floor` measures it again after the restores."""
+    if not b.ok("ckstore"):
+        return
+    from ..floor import check_pass, snapshot_payloads
+
+    root, ref = handles["ckstore"]
+    store = b.ckstore().store(root)
+    payloads, _ = snapshot_payloads(store, ref)
+    gc.collect()
+    b.record("restore_check_pass_first", "ckstore", check_pass(payloads, store.threads))
 
 
 def restore_floor(b: Bench, handles: Handles) -> None:
