@@ -166,7 +166,8 @@ class Backend(abc.ABC):
       object (in this process and, for shared stores, in any other).
     * **Exact ranged reads.** ``get(name, offset, length)`` returns exactly ``length`` bytes (or
       everything from ``offset`` when ``length`` is None); ``get_into(name, offset, out)`` reads
-      exactly ``len(out)`` bytes into a caller's buffer (the default goes through ``get``), and
+      exactly ``len(out)`` bytes into a caller's buffer (the default goes through ``get``;
+      ``get_into_each`` the same, handing ``each`` its pieces in order as they land), and
       ``view(name, offset, length)`` a read-only view of exactly that range (the default a
       copy; a mapping where :attr:`mapped_views`). A missing object raises
       :class:`ObjectNotFoundError` naming the object and :attr:`url`; an object shorter than

@@ -244,9 +244,7 @@ class ChunkReader:
         else:
             if loc.codec == NONE and out is not None and keep is None and not check_digests:
                 # read into place (mapping costs more), checked piece by piece as it lands
-                payload = reads.read_into(
-                    loc, out, None if isinstance(hasher, _NoCheck) else hasher.update
-                )
+                payload = reads.read_into(loc, out, hasher.update)
             else:
                 payload = reads.get(loc)
                 if check_digests:

@@ -33,9 +33,10 @@ from ckstore.objects.direct import DirectAppender, open_direct
 from ckstore.objects.mapping import Mappings, ShortFile, prefetch, read_ahead_window
 
 EACH_BYTES = 512 << 10
-"""The pieces :meth:`LocalBackend.get_into_each` reads: half a core's L2 cache here (1 MiB);
-256 KiB and 1 MiB measured alike, 128 KiB slower (more reads), a whole 4 MiB chunk slower
-(checked from the L3 cache or memory)."""
+"""The pieces :meth:`LocalBackend.get_into_each` reads: half a core's L2 cache here (1 MiB).
+Over 270 MiB, 256 KiB and 1 MiB measured alike, 128 KiB slower (more reads), a whole 4 MiB
+chunk slower (checked from the L3 cache or memory); over 2 GiB, 256 KiB 3% faster, 1 MiB 2%
+slower (docs/BENCHMARKS.md)."""
 
 _NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK}
 
@@ -226,7 +227,7 @@ class LocalBackend(Backend):
     ) -> None:
         """Read in pieces of :data:`EACH_BYTES`, each passed to ``each`` while it is still in
         the CPU's cache (a raw chunk read into place and checked: 270 MiB on 2 threads read
-        and checked in 59-62 ms this way, 69-71 ms read whole then checked; reads alone 50-54)."""
+        and checked in 60-62 ms this way, 69-71 ms read whole then checked; reads alone 50-54)."""
         self._read_into(name, offset, out, each)
 
     def _read_into(

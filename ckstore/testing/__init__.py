@@ -97,6 +97,16 @@ class BackendConformance:
         with pytest.raises(ObjectNotFoundError):
             backend.get_into("no/such", 0, memoryview(bytearray(1)))
 
+    def test_get_into_each_hands_over_the_whole_read_in_order(self, backend: Backend) -> None:
+        data = bytes(range(256)) * 4
+        backend.put(NAME, data)
+        buf = bytearray(1000)
+        pieces: list[bytes] = []
+        backend.get_into_each(NAME, 7, memoryview(buf), lambda p: pieces.append(bytes(p)))
+        assert bytes(buf) == data[7:1007] and b"".join(pieces) == data[7:1007]
+        with pytest.raises(CorruptionError, match="truncated"):
+            backend.get_into_each(NAME, 1020, memoryview(bytearray(10)), lambda p: None)
+
     def test_view_is_the_range_and_outlives_a_delete(self, backend: Backend) -> None:
         data = bytes(range(256)) * 64
         backend.put(NAME, data)
