@@ -9,7 +9,7 @@ does not need.
 from typing import TYPE_CHECKING, Any
 
 from ckstore.objects.backend import Backend, validate_name
-from ckstore.objects.chunk_reader import UNCHECKED, ChunkReader
+from ckstore.objects.chunk_reader import ChunkReader
 from ckstore.objects.codecs import (
     BYTEGROUP_ZSTD,
     CODECS,
@@ -26,6 +26,7 @@ from ckstore.objects.codecs import (
 )
 from ckstore.objects.delta import encode_delta
 from ckstore.objects.hashing import CHECK_NAME, HASH_NAME, chunk_id, is_chunk_id, raw_check
+from ckstore.objects.into_place import UNCHECKED
 from ckstore.objects.local import LocalBackend
 from ckstore.objects.location import ChunkLocation
 from ckstore.objects.opener import open_backend

@@ -35,7 +35,8 @@ from ckstore.objects.codecs import (
     interleave_planes,
 )
 from ckstore.objects.delta import xor_into
-from ckstore.objects.hashing import fingerprint, new_checker, new_hasher, payload_digest
+from ckstore.objects.hashing import fingerprint, payload_digest
+from ckstore.objects.into_place import decode_checked, verifier
 from ckstore.objects.location import ChunkLocation
 from ckstore.objects.packs import pack_name
 from ckstore.objects.payloads import Kept, Payloads, check_sizes, scratch
@@ -234,7 +235,7 @@ class ChunkReader:
             CorruptionError: the payload is malformed or does not match ``check`` (or
                 ``loc.chunk_id``).
         """
-        hasher, expected = _verifier(loc, check)
+        hasher, expected = verifier(loc, check)
         links: list[tuple[str, int]] | None = [] if trust else None
         reads = Payloads(self._backend, keep=keep)
         if loc.base_id is not None:
@@ -274,25 +275,33 @@ class ChunkReader:
         return prints
 
     def load_kept(
-        self, loc: ChunkLocation, kept: Kept, out: memoryview, *, verify_id: bool = False
+        self,
+        loc: ChunkLocation,
+        kept: Kept,
+        out: memoryview,
+        *,
+        verify_id: bool = False,
+        check: str | None = None,
     ) -> None:
         """Decode a chunk into ``out`` from the payload views a verifying read kept
         (:meth:`verify_chunk` or :meth:`check_payloads` with ``keep``).
 
         The views are the very bytes that were verified, mapped from an immutable pack, so
-        they are decoded unchecked, once each is shown to be still its pack's
-        (``Backend.current``: a pack written in place since would show through the
+        they are decoded without reading anything again, once each is shown to be still its
+        pack's (``Backend.current``: a pack written in place since would show through the
         mapping). A chunk stored raw is read again from its pack into ``out``
         (``Backend.read_view_into``: the same bytes, from the page cache, where a copy out of
         the mapping would map each page in again), or copied out of the view where the pack
         at its path is no longer the file mapped. With ``verify_id`` (the views were only
         compared with their digests), the decoded bytes are hashed against the chunk's id as
-        they go into ``out``.
+        they go into ``out``; else, with ``check`` (the chunk's check), against that
+        (:func:`~ckstore.objects.into_place.decode_checked`: a decoder that errs this time is
+        caught, and the chunk decoded once more).
 
         Raises:
             CorruptionError: a payload changed since it was kept (nothing decoded into
-                ``out``), a payload is malformed, or (``verify_id``) the chunk does not match
-                its id.
+                ``out``), a payload is malformed, or the chunk does not match its id
+                (``verify_id``) or ``check``, decoded twice.
         """
         chain = loc.chain()
         if not all(link.chunk_id in kept for link in chain):
@@ -301,26 +310,45 @@ class ChunkReader:
             )
         if not all(self._backend.current(kept[link.chunk_id]) for link in chain):
             raise CorruptionError(
-                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
-                "changed after it was verified: stored objects must never change"
+                f"{self._where(loc)} changed after it was verified: stored objects must never "
+                "change"
             )
-        hasher = new_hasher() if verify_id else None
         reads = Payloads(self._backend, kept=kept)
-        if loc.base_id is not None:
-            self._decode_chain(loc, out, hasher, False, reads)
-        elif hasher is None and loc.codec == NONE and len(kept[loc.chunk_id]) == loc.raw_length:
+        raw = loc.base_id is None and loc.codec == NONE
+        if raw and not verify_id and len(kept[loc.chunk_id]) == loc.raw_length:
             # stored as it is: read from its pack again, not copied out of the mapping
             target = check_out(out, loc.raw_length)
             assert target is not None
             self._backend.read_view_into(kept[loc.chunk_id], target)
-        else:
-            self._decode(loc, kept[loc.chunk_id], out, hasher)
-        if hasher is not None and str(hasher.hexdigest()) != loc.chunk_id:
-            raise CorruptionError(
-                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
-                "does not match its id: its stored payload is the one its writer recorded, so "
-                "the writer stored a wrong encoding"
-            )
+            return
+
+        def decode(hasher: Any) -> None:
+            if loc.base_id is not None:
+                self._decode_chain(loc, out, hasher, False, reads)
+            else:
+                self._decode(loc, kept[loc.chunk_id], out, hasher)
+
+        self._into_place(loc, decode, None if verify_id else check, verify_id)
+
+    def _into_place(
+        self, loc: ChunkLocation, decode: Callable[[Any], None], check: str | None, by_id: bool
+    ) -> None:
+        """``decode(hasher)`` into place, checked against ``check`` (None: the id when
+        ``by_id``, else unchecked) by :func:`~ckstore.objects.into_place.decode_checked`."""
+        if check is None and not by_id:
+            decode(None)
+            return
+        why = (
+            "does not match its id: its stored payload is the one its writer recorded, so the "
+            "writer stored a wrong encoding"
+            if check is None
+            else "does not match its check, decoded into place twice, though the same payload "
+            "matched it before: a decoder that errs (a bug, or a CPU or memory fault)"
+        )
+        decode_checked(self._where(loc), decode, lambda: verifier(loc, check), why)
+
+    def _where(self, loc: ChunkLocation) -> str:
+        return f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url})"
 
     def drop(self, loc: ChunkLocation) -> None:
         """A hint: the payloads of ``loc``'s chain will not be touched for a while
@@ -333,32 +361,41 @@ class ChunkReader:
         for link in loc.chain():
             self._backend.prefetch(pack_name(link.pack_id), link.offset, link.length)
 
-    def load_verified(self, loc: ChunkLocation, out: memoryview, expected: int) -> None:
+    def load_verified(
+        self, loc: ChunkLocation, out: memoryview, expected: int, check: str | None = None
+    ) -> None:
         """Read a chunk that :meth:`verify_chunk` verified moments ago and decode it into ``out``.
 
-        Instead of hashing the decoded bytes again, the payload is checked against the
-        fingerprint ``verify_chunk`` returned: stored objects are immutable, so the payload
-        that decoded to verified bytes then decodes to the same bytes now, and the check
-        catches the one case left, the object having changed in between anyway.
+        The payload is checked against the fingerprint ``verify_chunk`` returned before
+        anything is decoded: stored objects are immutable, so the payload that decoded to
+        verified bytes then is the one read now unless the object changed in between anyway.
+        With ``check`` (the chunk's check), the bytes decoded into ``out`` are hashed against it
+        too (:func:`~ckstore.objects.into_place.decode_checked`: a decoder that errs this time
+        is caught, and the chunk decoded once more).
 
         Raises:
             ObjectNotFoundError: the pack is missing.
-            CorruptionError: the payload differs from the one verified, or is malformed.
+            CorruptionError: the payload differs from the one verified, or is malformed, or
+                the chunk does not match ``check``, decoded twice.
         """
-        if loc.base_id is not None:
-            prints = self._decode_chain(
-                loc, out, None, True, Payloads(self._backend), expected=expected
-            )
-        else:
-            payload = Payloads(self._backend).get(loc)
-            prints = fingerprint(payload)
-            if prints == expected:
-                self._decode(loc, payload, out, None)
-        if prints != expected:
-            raise CorruptionError(
-                f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
-                "changed after it was verified: stored objects must never change"
-            )
+
+        def decode(hasher: Any) -> None:
+            if loc.base_id is not None:
+                prints = self._decode_chain(
+                    loc, out, hasher, True, Payloads(self._backend), expected=expected
+                )
+            else:
+                payload = Payloads(self._backend).get(loc)
+                prints = fingerprint(payload)
+                if prints == expected:
+                    self._decode(loc, payload, out, hasher)
+            if prints != expected:
+                raise CorruptionError(
+                    f"{self._where(loc)} changed after it was verified: stored objects must "
+                    "never change"
+                )
+
+        self._into_place(loc, decode, check, False)
 
     def _decode_chain(
         self,
@@ -451,29 +488,3 @@ class ChunkReader:
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
                 f"cannot be decoded: {exc}"
             ) from exc
-
-
-UNCHECKED = "unchecked"
-"""A ``check`` that skips the check of the decoded bytes (lengths and formats are still
-checked): what a benchmark measures the checks' cost against; ckstore never passes it."""
-
-
-class _NoCheck:
-    def update(self, data: Any) -> None:
-        pass
-
-    def hexdigest(self) -> str:
-        return UNCHECKED
-
-
-def _verifier(loc: ChunkLocation, check: str | None) -> tuple[Any, str]:
-    """A hasher for the chunk's decoded bytes and the hexdigest it must end with: XXH3-64
-    seeded with the id against ``check``, or BLAKE3 against the id."""
-    if check == UNCHECKED:
-        return _NoCheck(), UNCHECKED
-    if check is None:
-        return new_hasher(), loc.chunk_id
-    try:
-        return new_checker(loc.chunk_id), check
-    except ValueError:  # an id that is not hex: never matches
-        return new_hasher(), loc.chunk_id

@@ -99,11 +99,17 @@ class ObjectStore:
         )
 
     def load_kept(
-        self, loc: ChunkLocation, kept: Kept, out: memoryview, *, verify_id: bool = False
+        self,
+        loc: ChunkLocation,
+        kept: Kept,
+        out: memoryview,
+        *,
+        verify_id: bool = False,
+        check: str | None = None,
     ) -> None:
-        """Decode a chunk from the payload views a verifying read kept, fetching nothing
-        (:meth:`ChunkReader.load_kept`)."""
-        self._reader.load_kept(loc, kept, out, verify_id=verify_id)
+        """Decode a chunk from the payload views a verifying read kept, fetching nothing,
+        checked as it lands (:meth:`ChunkReader.load_kept`)."""
+        self._reader.load_kept(loc, kept, out, verify_id=verify_id, check=check)
 
     def drop(self, loc: ChunkLocation) -> None:
         """A hint: ``loc``'s payloads will not be touched for a while (:meth:`ChunkReader.drop`)."""
@@ -113,10 +119,13 @@ class ObjectStore:
         """A hint: ``loc``'s payloads will be read soon (:meth:`ChunkReader.prefetch`)."""
         self._reader.prefetch(loc)
 
-    def load_verified(self, loc: ChunkLocation, out: memoryview, expected: int) -> None:
+    def load_verified(
+        self, loc: ChunkLocation, out: memoryview, expected: int, check: str | None = None
+    ) -> None:
         """Decode a chunk verified moments ago into ``out``, its payload checked against the
-        fingerprint the verification returned (:meth:`ChunkReader.load_verified`)."""
-        self._reader.load_verified(loc, out, expected)
+        fingerprint the verification returned and the bytes decoded against ``check``
+        (:meth:`ChunkReader.load_verified`)."""
+        self._reader.load_verified(loc, out, expected, check)
 
     def check_payloads(self, loc: ChunkLocation, keep: Kept | None = None) -> None:
         """Compare the stored payloads of a chunk and its chain with their recorded digests,

@@ -15,7 +15,7 @@ import torch
 import ckstore
 from ckstore import objects
 from ckstore.format.manifest import TensorEntry
-from ckstore.objects import chunk_reader
+from ckstore.objects import into_place
 from ckstore.objects.codecs import registry
 
 KNOBS = {"chunk_bytes": 4 << 10, "pack_bytes": 64 << 10, "inline_bytes": 64}
@@ -68,13 +68,13 @@ def test_a_take_records_the_check_of_every_chunk_beside_its_id(store: ckstore.St
 
 def _count_blake3(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls = [0]
-    real = chunk_reader.new_hasher
+    real = into_place.new_hasher
 
     def counted() -> Any:
         calls[0] += 1
         return real()
 
-    monkeypatch.setattr(chunk_reader, "new_hasher", counted)
+    monkeypatch.setattr(into_place, "new_hasher", counted)
     return calls
 
 

@@ -12,9 +12,10 @@ from the manifest, or its id (docs/RELIABILITY.md, I3). Two ways to run a list o
   nothing from storage that the first pass fetched:
 
   - On a store that maps its packs (``Backend.mapped_views``: a local disk), the first pass
-    keeps the views of the payloads it checked, and the second decodes them into place
-    unchecked (raw: reads them again from the very pack, ``Backend.read_view_into``): they
-    are the very bytes checked, of an immutable pack (one written in place meanwhile is
+    keeps the views of the payloads it checked, and the second decodes them into place,
+    hashed against the check again as they land (``objects.into_place``: a decoder that errs
+    only this time), or reads a raw one again from the very pack (``Backend.read_view_into``):
+    they are the very bytes checked, of an immutable pack (one written in place meanwhile is
     refused, ``Backend.current``). Their pages go back after each pass (``Backend.drop``).
   - A compressed chunk that fits a bounded :class:`~ckstore.engine.restore.staging.Arena`
     (the memory budget) is decoded and checked into it and copied into place: decoded once.
@@ -40,6 +41,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -240,13 +242,12 @@ class Fetcher:
             c.staged = None
 
     def _second(self, job: Job, pools: Pools, c: _Checked) -> None:
-        """Put a chunk the first pass checked (and did not stage) in place."""
-        loc = self._loc(job)
+        """Put a chunk the first pass checked (and did not stage) in place, checked again as
+        it is decoded there (against its check; by id after a digests-only first pass)."""
+        loc, check = self._loc(job), objects.UNCHECKED if self._skip else job.check
         if c.kept is not None:
-            kept = c.kept
-            self._deliver(
-                job, pools, lambda out: self.objs.load_kept(loc, kept, out, verify_id=c.by_id)
-            )
+            fill = partial(self.objs.load_kept, loc, c.kept, verify_id=c.by_id, check=check)
+            self._deliver(job, pools, fill)
             self.objs.drop(loc)
         elif c.by_id:
             self._deliver(
@@ -261,7 +262,7 @@ class Fetcher:
             self._deliver(
                 job,
                 pools,
-                lambda out: self.objs.load_verified(self._loc(job), out, expected),
+                lambda out: self.objs.load_verified(self._loc(job), out, expected, check),
                 moved=self._verified_copy,
             )
 
