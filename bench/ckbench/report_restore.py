@@ -172,6 +172,18 @@ def notes(b: Bench, med: Medians) -> list[str]:
             f"over their payloads): {fmt_s(w_check)} + {fmt_s(w_copy)} = "
             f"{fmt_s(w_check + w_copy)}{vs}."
         )
+    dense, dense_one = ck.get("restore_compacted"), ck.get("restore_compacted_nonatomic")
+    if dense is not None and dense_one is not None and torch_load:
+        right = b.extra.get("restore_compacted_correct", {})
+        L.append(
+            f"A compacted snapshot (every chunk dense, as an older checkpoint is): an atomic "
+            f"restore {fmt_s(dense)} ({dense / torch_load:.2f}x torch.load(mmap)+copy_), "
+            f"atomic=False {fmt_s(dense_one)} ({dense_one / torch_load:.2f}x); past the memory "
+            f"budget an atomic restore decodes each chunk twice (checked before anything is "
+            f"touched, then into place)"
+            + ("" if all(right.values()) else "; !! RESTORED BYTES DIFFER")
+            + "."
+        )
     stored = median(b.sizes.get("restore_stored_bytes/ckstore", []))
     atomic = median(b.sizes.get("restore_read_bytes/ckstore", []))
     one = median(b.sizes.get("restore_read_bytes_nonatomic/ckstore", []))

@@ -53,6 +53,7 @@ def one_round(b: Bench, r: int) -> None:
     restore_cold(b, order, roots, handles)
     restore_after_cold(b, order, handles)
     read_one_tensor(b, order, handles, check=r == 0)
+    restore_compacted(b, handles, check=r == 0)
     if b.ok("ckstore"):
         async_take(b, r)
     for n in order:
@@ -302,6 +303,25 @@ def read_one_tensor(b: Bench, order: list[str], handles: Handles, check: bool) -
             good = torch.equal(t, b.state["model"][READ_KEY])
             b.extra.setdefault("read_correct", {})[n] = good
         del t
+
+
+def restore_compacted(b: Bench, handles: Handles, check: bool) -> None:
+    """ckstore only, last of the restores: every snapshot compacted (``keep_loose=0``,
+    untimed), as an older checkpoint is once its job's retention age has passed (a rollback, a
+    milestone kept), then the restore in place, atomic and not. Its chunks are dense: an
+    atomic restore decodes each one past its memory budget twice (checked before anything is
+    touched, then into place, checked again)."""
+    if not b.ok("ckstore") or not b.ckstore().compact_all(handles["ckstore"][0]):
+        return
+    ck = b.ckstore()
+    for name, atomic in (("restore_compacted", True), ("restore_compacted_nonatomic", False)):
+        scramble(b.dest)
+        b.timed(name, "ckstore", partial(ck.restore, handles["ckstore"], b.dest, atomic=atomic))
+        if check:
+            good = all(
+                torch.equal(t, flat_tensors(b.dest)[k]) for k, t in flat_tensors(b.state).items()
+            )
+            b.extra.setdefault("restore_compacted_correct", {})[name] = good
 
 
 def async_take(b: Bench, r: int) -> None:
