@@ -205,7 +205,6 @@ class ChunkReader:
         *,
         fingerprint_it: bool = False,
         trust: bool = False,
-        check_digests: bool = False,
         check: str | None = None,
         keep: Kept | None = None,
     ) -> int | None:
@@ -219,11 +218,7 @@ class ChunkReader:
         its id. Either covers the stored bytes and the decoder.
 
         With ``trust``, the payloads of the chunk (and its chain) are remembered as right once
-        verified (:meth:`trust`). With ``check_digests`` (after :meth:`check_payloads`: the
-        atomic restore's second pass), each payload along the chain is first compared with its
-        recorded digest, and nothing is decoded into ``out`` unless every one matches; a
-        chunk whose intact payload does not decode to its id is still found by the hash, once
-        its bytes are in ``out``. With ``keep``, the views read from a mapping are kept there
+        verified (:meth:`trust`). With ``keep``, the views read from a mapping are kept there
         for :meth:`load_kept`.
 
         Returns:
@@ -239,17 +234,13 @@ class ChunkReader:
         links: list[tuple[str, int]] | None = [] if trust else None
         reads = Payloads(self._backend, keep=keep)
         if loc.base_id is not None:
-            prints = self._decode_chain(
-                loc, out, hasher, fingerprint_it, reads, links, digests=check_digests
-            )
+            prints = self._decode_chain(loc, out, hasher, fingerprint_it, reads, links)
         else:
-            if loc.codec == NONE and out is not None and keep is None and not check_digests:
+            if loc.codec == NONE and out is not None and keep is None:
                 # read into place (mapping costs more), checked piece by piece as it lands
                 payload = reads.read_into(loc, out, hasher.update)
             else:
                 payload = reads.get(loc)
-                if check_digests:
-                    self._check_digest(loc, payload)
                 self._decode(loc, payload, out, hasher)
             prints = fingerprint(payload) if fingerprint_it or links is not None else None
             if links is not None:
@@ -257,12 +248,8 @@ class ChunkReader:
                 links.append((loc.chunk_id, prints))
             prints = prints if fingerprint_it else None
         if str(hasher.hexdigest()) != expected:
-            why = (
-                "its stored payload is the one its writer recorded, so the writer stored a wrong "
-                "encoding"
-                if check_digests
-                else "the stored bytes are corrupt"
-                + (" (or those of a base in its delta chain)" if loc.base_id else "")
+            why = "the stored bytes are corrupt" + (
+                " (or those of a base in its delta chain)" if loc.base_id else ""
             )
             raise CorruptionError(
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
@@ -294,9 +281,9 @@ class ChunkReader:
         the mapping would map each page in again), or copied out of the view where the pack
         at its path is no longer the file mapped. With ``verify_id`` (the views were only
         compared with their digests), the decoded bytes are hashed against the chunk's id as
-        they go into ``out``; else, with ``check`` (the chunk's check), against that
-        (:func:`~ckstore.objects.into_place.decode_checked`: a decoder that errs this time is
-        caught, and the chunk decoded once more).
+        they go into ``out``; else against ``check`` (the chunk's check; None: its id):
+        :func:`~ckstore.objects.into_place.decode_checked`, a decoder that errs this time is
+        caught and the chunk decoded once more (the packs shown unchanged again first).
 
         Raises:
             CorruptionError: a payload changed since it was kept (nothing decoded into
@@ -308,11 +295,12 @@ class ChunkReader:
             raise InvalidInputError(
                 f"chunk {loc.chunk_id}: not every payload of its chain was kept"
             )
-        if not all(self._backend.current(kept[link.chunk_id]) for link in chain):
-            raise CorruptionError(
-                f"{self._where(loc)} changed after it was verified: stored objects must never "
-                "change"
-            )
+
+        def unchanged() -> None:
+            if not all(self._backend.current(kept[link.chunk_id]) for link in chain):
+                raise CorruptionError(f"{self._where(loc)} {_CHANGED}")
+
+        unchanged()
         reads = Payloads(self._backend, kept=kept)
         raw = loc.base_id is None and loc.codec == NONE
         if raw and not verify_id and len(kept[loc.chunk_id]) == loc.raw_length:
@@ -323,29 +311,28 @@ class ChunkReader:
             return
 
         def decode(hasher: Any) -> None:
+            unchanged()  # again before a second attempt: a pack rewritten meanwhile says so
             if loc.base_id is not None:
                 self._decode_chain(loc, out, hasher, False, reads)
             else:
                 self._decode(loc, kept[loc.chunk_id], out, hasher)
 
-        self._into_place(loc, decode, None if verify_id else check, verify_id)
+        self._into_place(loc, decode, None if verify_id else check, not verify_id)
 
     def _into_place(
-        self, loc: ChunkLocation, decode: Callable[[Any], None], check: str | None, by_id: bool
+        self,
+        loc: ChunkLocation,
+        decode: Callable[[Any], None],
+        check: str | None,
+        decoded_before: bool,
     ) -> None:
-        """``decode(hasher)`` into place, checked against ``check`` (None: the id when
-        ``by_id``, else unchecked) by :func:`~ckstore.objects.into_place.decode_checked`."""
-        if check is None and not by_id:
-            decode(None)
-            return
-        why = (
-            "does not match its id: its stored payload is the one its writer recorded, so the "
-            "writer stored a wrong encoding"
-            if check is None
-            else "does not match its check, decoded into place twice, though the same payload "
-            "matched it before: a decoder that errs (a bug, or a CPU or memory fault)"
+        """``decode(hasher)`` into place, checked against ``check`` (None: the id) by
+        :func:`~ckstore.objects.into_place.decode_checked`; ``decoded_before``: whether the
+        first pass decoded the same payloads and checked the result (else it compared them
+        with their digests only)."""
+        decode_checked(
+            self._where(loc), decode, lambda: verifier(loc, check), check is None, decoded_before
         )
-        decode_checked(self._where(loc), decode, lambda: verifier(loc, check), why)
 
     def _where(self, loc: ChunkLocation) -> str:
         return f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url})"
@@ -362,16 +349,16 @@ class ChunkReader:
             self._backend.prefetch(pack_name(link.pack_id), link.offset, link.length)
 
     def load_verified(
-        self, loc: ChunkLocation, out: memoryview, expected: int, check: str | None = None
+        self, loc: ChunkLocation, out: memoryview, expected: int, check: str | None
     ) -> None:
         """Read a chunk that :meth:`verify_chunk` verified moments ago and decode it into ``out``.
 
         The payload is checked against the fingerprint ``verify_chunk`` returned before
         anything is decoded: stored objects are immutable, so the payload that decoded to
         verified bytes then is the one read now unless the object changed in between anyway.
-        With ``check`` (the chunk's check), the bytes decoded into ``out`` are hashed against it
-        too (:func:`~ckstore.objects.into_place.decode_checked`: a decoder that errs this time
-        is caught, and the chunk decoded once more).
+        The bytes decoded into ``out`` are hashed against ``check`` too (None: the id):
+        :func:`~ckstore.objects.into_place.decode_checked`, a decoder that errs this time is
+        caught and the chunk decoded once more.
 
         Raises:
             ObjectNotFoundError: the pack is missing.
@@ -390,12 +377,32 @@ class ChunkReader:
                 if prints == expected:
                     self._decode(loc, payload, out, hasher)
             if prints != expected:
-                raise CorruptionError(
-                    f"{self._where(loc)} changed after it was verified: stored objects must "
-                    "never change"
-                )
+                raise CorruptionError(f"{self._where(loc)} {_CHANGED}")
 
-        self._into_place(loc, decode, check, False)
+        self._into_place(loc, decode, check, True)
+
+    def load_digested(self, loc: ChunkLocation, out: memoryview) -> None:
+        """Decode into ``out`` a chunk whose payloads (its own and its chain's) the first pass
+        compared with their digests (:meth:`check_payloads`), read again: each compared again
+        before anything is decoded, and the bytes hashed against the id as they land, a
+        decode that does not match run once more (:meth:`_into_place`).
+
+        Raises:
+            ObjectNotFoundError: a pack is missing.
+            CorruptionError: a payload differs from its digest (nothing decoded into ``out``),
+                is malformed, or does not decode to the id, twice.
+        """
+
+        def decode(hasher: Any) -> None:
+            reads = Payloads(self._backend)
+            if loc.base_id is not None:
+                self._decode_chain(loc, out, hasher, False, reads, digests=True)
+            else:
+                payload = reads.get(loc)
+                self._check_digest(loc, payload)
+                self._decode(loc, payload, out, hasher)
+
+        self._into_place(loc, decode, None, False)
 
     def _decode_chain(
         self,
@@ -488,3 +495,6 @@ class ChunkReader:
                 f"chunk {loc.chunk_id} in pack {loc.pack_id} (store {self._backend.url}) "
                 f"cannot be decoded: {exc}"
             ) from exc
+
+
+_CHANGED = "changed after it was verified: stored objects must never change"

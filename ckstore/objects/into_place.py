@@ -5,9 +5,11 @@ to check the decoded bytes before anything of the caller's is touched, and in it
 place (``ChunkReader.load_kept``, ``ChunkReader.load_verified``). The payload is the one
 checked, so a decoder gives the same bytes again, unless it errs this time: a CPU or memory
 fault while decoding, which nothing would see once the bytes are in place. So the second
-decode is hashed too, against the same check (XXH3-64, at memory speed), and a decode that
-does not match runs once more (a fault that came and went passes, and is logged); one that
-errs again raises.
+decode is hashed too, against the same check (XXH3-64, at memory speed; a chunk without one:
+its id), and a decode that does not match runs once more (a fault that came and went passes,
+and is logged); one that errs again raises. A restore by id whose first pass only compared
+the payloads with their digests decodes once, into place (``ChunkReader.load_kept``,
+``ChunkReader.load_digested``), hashed against the id the same way.
 """
 
 from __future__ import annotations
@@ -27,17 +29,20 @@ def decode_checked(
     what: str,
     decode: Callable[[Any], None],
     verifier: Callable[[], tuple[Any, str]],
-    why: str,
+    by_id: bool,
+    decoded_before: bool,
 ) -> None:
     """Run ``decode(hasher)`` (which writes the chunk into its destination, feeding ``hasher``
     every byte it writes, in order) with a hasher from ``verifier()``, and compare its
-    hexdigest with the digest ``verifier`` gave with it; when they differ, once more with a
-    new hasher, logging a warning if that one matches. ``what`` names the chunk (its id, pack
-    and store) in the message.
+    hexdigest with the digest ``verifier`` gave with it (the chunk's id when ``by_id``, else
+    its check); when they differ, once more with a new hasher, logging a warning if that one
+    matches. ``what`` names the chunk (its id, pack and store); ``decoded_before`` says
+    whether the same payloads were decoded and checked before (else only compared with their
+    digests), which is what a mismatch then means.
 
     Raises:
-        CorruptionError: both decodes differ from the digest (``why`` says what that means);
-            the destination holds the last one. Whatever ``decode`` raises.
+        CorruptionError: both decodes differ from the digest; the destination holds the last
+            one. Whatever ``decode`` raises (a payload changed or damaged: not retried).
     """
     for attempt in (1, 2):
         hasher, expected = verifier()
@@ -51,6 +56,14 @@ def decode_checked(
                     what,
                 )
             return
+    against = "id" if by_id else "check"
+    why = (
+        f"does not match its {against}, decoded into place twice, though the same payload "
+        "matched it before: a decoder that errs (a bug, or a CPU or memory fault)"
+        if decoded_before
+        else f"does not match its {against}, decoded twice: its stored payload is the one its "
+        "writer recorded, so the writer stored a wrong encoding (or the decoder errs)"
+    )
     raise CorruptionError(f"{what} {why}")
 
 

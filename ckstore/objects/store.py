@@ -82,7 +82,6 @@ class ObjectStore:
         *,
         fingerprint_it: bool = False,
         trust: bool = False,
-        check_digests: bool = False,
         check: str | None = None,
         keep: Kept | None = None,
     ) -> int | None:
@@ -93,7 +92,6 @@ class ObjectStore:
             out,
             fingerprint_it=fingerprint_it,
             trust=trust,
-            check_digests=check_digests,
             check=check,
             keep=keep,
         )
@@ -120,12 +118,17 @@ class ObjectStore:
         self._reader.prefetch(loc)
 
     def load_verified(
-        self, loc: ChunkLocation, out: memoryview, expected: int, check: str | None = None
+        self, loc: ChunkLocation, out: memoryview, expected: int, check: str | None
     ) -> None:
         """Decode a chunk verified moments ago into ``out``, its payload checked against the
         fingerprint the verification returned and the bytes decoded against ``check``
         (:meth:`ChunkReader.load_verified`)."""
         self._reader.load_verified(loc, out, expected, check)
+
+    def load_digested(self, loc: ChunkLocation, out: memoryview) -> None:
+        """Decode a chunk whose payloads were compared with their digests into ``out``, each
+        compared again, hashed against the id as it lands (:meth:`ChunkReader.load_digested`)."""
+        self._reader.load_digested(loc, out)
 
     def check_payloads(self, loc: ChunkLocation, keep: Kept | None = None) -> None:
         """Compare the stored payloads of a chunk and its chain with their recorded digests,

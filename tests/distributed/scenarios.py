@@ -337,7 +337,14 @@ def replicated_restore(rank: int, world: int, path: str) -> dict[str, Any]:
         # object store of its own, over a backend that keeps what its first pass read)
         from ckstore.objects import ObjectStore
 
-        for name in ("read_chunk", "verify_chunk", "check_payloads", "load_kept", "load_verified"):
+        for name in (
+            "read_chunk",
+            "verify_chunk",
+            "check_payloads",
+            "load_kept",
+            "load_verified",
+            "load_digested",
+        ):
             setattr(ObjectStore, name, broken)
     try:
         snap.restore({"ddp": fresh})

@@ -394,7 +394,7 @@ def test_chains_of_mixed_codecs_decode_and_verify(codecs: tuple[str, str, str]) 
     assert bytes(store.read_chunk(l2)) == raws[2]
     fp = store.verify_chunk(l2, fingerprint_it=True)
     out = bytearray(len(raws[2]))
-    store.load_verified(l2, memoryview(out), fp)  # type: ignore[arg-type]
+    store.load_verified(l2, memoryview(out), fp, None)  # type: ignore[arg-type]
     assert bytes(out) == raws[2]
 
 

@@ -253,7 +253,7 @@ class Fetcher:
             self._deliver(
                 job,
                 pools,
-                lambda out: self.objs.verify_chunk(self._loc(job), out, check_digests=True),
+                lambda out: self.objs.load_digested(self._loc(job), out),
                 moved=self._verified_copy,
             )
         else:
