@@ -287,8 +287,8 @@ class ChunkReader:
 
         Raises:
             CorruptionError: a payload changed since it was kept (nothing decoded into
-                ``out``), a payload is malformed, or the chunk does not match its id
-                (``verify_id``) or ``check``, decoded twice.
+                ``out`` at a first attempt), is malformed, or does not decode to its id
+                (``verify_id``) or ``check``, twice.
         """
         chain = loc.chain()
         if not all(link.chunk_id in kept for link in chain):
@@ -300,10 +300,10 @@ class ChunkReader:
             if not all(self._backend.current(kept[link.chunk_id]) for link in chain):
                 raise CorruptionError(f"{self._where(loc)} {_CHANGED}")
 
-        unchanged()
         reads = Payloads(self._backend, kept=kept)
         raw = loc.base_id is None and loc.codec == NONE
         if raw and not verify_id and len(kept[loc.chunk_id]) == loc.raw_length:
+            unchanged()
             # stored as it is: read from its pack again, not copied out of the mapping
             target = check_out(out, loc.raw_length)
             assert target is not None
@@ -311,7 +311,7 @@ class ChunkReader:
             return
 
         def decode(hasher: Any) -> None:
-            unchanged()  # again before a second attempt: a pack rewritten meanwhile says so
+            unchanged()  # before each attempt: a pack rewritten since says so, not a decoder
             if loc.base_id is not None:
                 self._decode_chain(loc, out, hasher, False, reads)
             else:
@@ -389,8 +389,8 @@ class ChunkReader:
 
         Raises:
             ObjectNotFoundError: a pack is missing.
-            CorruptionError: a payload differs from its digest (nothing decoded into ``out``),
-                is malformed, or does not decode to the id, twice.
+            CorruptionError: a payload differs from its digest (nothing decoded into ``out``
+                at a first attempt), is malformed, or does not decode to the id, twice.
         """
 
         def decode(hasher: Any) -> None:

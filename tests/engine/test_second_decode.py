@@ -7,6 +7,7 @@ and one that fails again raises naming the key."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import zlib
 from collections.abc import Iterator
@@ -24,6 +25,9 @@ from ckstore.objects.codecs import registry
 from tests.support.states import forget_payload_digests
 
 KNOBS = {"chunk_bytes": 4 << 10, "pack_bytes": 64 << 10, "inline_bytes": 64}
+_LAYER = itertools.count(1)
+"""Each glitching patch flips its own byte: two patched layers flipping the same one would
+cancel out."""
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -51,6 +55,7 @@ def _glitching_decoders(monkeypatch: pytest.MonkeyPatch, names: set[str], bad: s
     its first decode in this test) is in ``bad``, and hash what it wrongly wrote, as a decoder
     that errs would."""
     seen: dict[bytes, int] = {}
+    layer = next(_LAYER)
     for name in names:
         cls = type(registry.codec(name))
         real_decode = cls.decode
@@ -61,7 +66,7 @@ def _glitching_decoders(monkeypatch: pytest.MonkeyPatch, names: set[str], bad: s
             seen[key] = seen.get(key, 0) + 1
             if n and seen[key] in bad:
                 result = bytearray(result) if out is None else result
-                result[n // 2] ^= 0x10
+                result[(n // 2 + layer) % n] ^= 0x10
             return result
 
         def decode_hashed(
@@ -155,6 +160,7 @@ def _glitching_planes(monkeypatch: pytest.MonkeyPatch, bad: set[int]) -> None:
     """Flip a bit of the planes of a payload's decodes whose ordinal is in ``bad`` (at an
     offset of its own: two links flipped alike would cancel under XOR)."""
     seen: dict[bytes, int] = {}
+    layer = next(_LAYER)
     real = chunk_reader.decoded_planes
 
     def planes(payload: Any, n: int) -> Any:
@@ -163,7 +169,7 @@ def _glitching_planes(monkeypatch: pytest.MonkeyPatch, bad: set[int]) -> None:
         seen[key] = seen.get(key, 0) + 1
         if seen[key] in bad:
             out = [p.copy() for p in out]
-            out[0][zlib.crc32(key) % len(out[0])] ^= 0x10
+            out[0][(zlib.crc32(key) + layer) % len(out[0])] ^= 0x10
         return out
 
     monkeypatch.setattr(chunk_reader, "decoded_planes", planes)
